@@ -1,0 +1,46 @@
+// tern: entry point. Parses the subcommand and runs it; every tern::Error becomes a message and exit status 1.
+#include <cstdio>
+#include <exception>
+
+#include "cli/commands.h"
+#include "core/check.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"tern: an inference engine for Qwen3.6-35B-A3B"};
+  app.require_subcommand(0, 1);
+  bool show_version = false;
+  app.add_flag("--version", show_version, "Print the version and the backends compiled in");
+
+  tern::cli::command_serve(app);
+  tern::cli::command_run(app);
+  tern::cli::command_generate(app);
+  tern::cli::command_bench(app);
+  tern::cli::command_eval(app);
+  tern::cli::command_inspect(app);
+  tern::cli::command_quantize(app);
+  tern::cli::command_logits(app);
+  tern::cli::command_tokenize(app);
+  tern::cli::command_detokenize(app);
+  tern::cli::command_template(app);
+
+  try {
+    app.parse(argc, argv);
+    if (show_version) {
+      std::printf("tern %s (backends: %s)\n", TERN_VERSION, tern::cli::compiled_backends());
+      return 0;
+    }
+    if (app.get_subcommands().empty()) {
+      std::fputs(app.help().c_str(), stdout);
+      return 0;
+    }
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const tern::Error& e) {
+    std::fprintf(stderr, "tern: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tern: internal error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,1 @@
+// Placeholder until config.cpp lands (Foundation helper deletes this file).
