@@ -1,0 +1,267 @@
+// The forward plan of Qwen3.6 on the CPU. It only composes the ops of src/cpu/ops_*.h and names each intermediate
+// (attn_norm.7, ...) so that `tern logits --dump-activations` can write them for diffing against the reference.
+#include "cpu/cpu_runner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <vector>
+
+#include "core/check.h"
+#include "core/npy.h"
+#include "cpu/ops_attention.h"
+#include "cpu/ops_conv1d.h"
+#include "cpu/ops_elementwise.h"
+#include "cpu/ops_embed.h"
+#include "cpu/ops_gdn.h"
+#include "cpu/ops_matmul.h"
+#include "cpu/ops_moe.h"
+#include "cpu/ops_norm.h"
+#include "cpu/ops_rope.h"
+
+namespace tern {
+namespace {
+
+using namespace tern::cpu;
+
+// "attn_norm.7": the name of a per-layer intermediate in activation dumps.
+std::string layer_name(const char* base, int layer) {
+  std::string s(base);
+  s += '.';
+  s += std::to_string(layer);
+  return s;
+}
+
+// Per-layer state of one sequence.
+struct LayerState {
+  // full attention: K and V caches [Hkv, allocated, dh]; grown on demand up to the session capacity.
+  std::vector<float> k_cache, v_cache;
+  // Gated DeltaNet: conv state [Ck-1, C] and recurrent state [Hv, dv, dk].
+  std::vector<float> conv_state, gdn_state;
+};
+
+class CpuSession final : public Session {
+ public:
+  CpuSession(const void* owner, const Config& cfg, int64_t capacity) : owner_(owner), capacity_(capacity) {
+    layers_.resize(cfg.layer_types.size());
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      if (cfg.layer_types[i] == LayerType::linear_attention) {
+        layers_[i].conv_state.assign(size_t((cfg.linear_conv_kernel_dim - 1) * cfg.conv_channels()), 0.0f);
+        layers_[i].gdn_state.assign(size_t(int64_t(cfg.linear_num_value_heads) * cfg.linear_value_head_dim *
+                                           cfg.linear_key_head_dim),
+                                    0.0f);
+      }
+    }
+    kv_width_ = int64_t(cfg.num_key_value_heads) * cfg.head_dim;
+  }
+
+  int64_t position() const override { return position_; }
+  int64_t capacity() const override { return capacity_; }
+  void reset() override {
+    position_ = 0;
+    for (LayerState& l : layers_) {
+      std::fill(l.conv_state.begin(), l.conv_state.end(), 0.0f);
+      std::fill(l.gdn_state.begin(), l.gdn_state.end(), 0.0f);
+    }
+  }
+
+  // Makes room for `needed` positions in every KV cache (amortised doubling, capped at the capacity).
+  void reserve_kv(const Config& cfg, int64_t needed) {
+    if (needed <= allocated_) return;
+    const int64_t next = std::min(capacity_, std::max(needed, std::max<int64_t>(256, 2 * allocated_)));
+    const int Hkv = cfg.num_key_value_heads;
+    const int64_t dh = cfg.head_dim;
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      if (cfg.layer_types[i] != LayerType::full_attention) continue;
+      for (std::vector<float>* c : {&layers_[i].k_cache, &layers_[i].v_cache}) {
+        std::vector<float> grown(static_cast<size_t>(Hkv * next * dh), 0.0f);
+        for (int h = 0; h < Hkv; ++h)
+          if (allocated_ > 0)
+            std::memcpy(grown.data() + h * next * dh, c->data() + h * allocated_ * dh,
+                        size_t(position_ * dh) * sizeof(float));
+        c->swap(grown);
+      }
+    }
+    allocated_ = next;
+  }
+
+  const void* owner_;
+  int64_t capacity_;
+  int64_t position_ = 0;
+  int64_t allocated_ = 0;  // KV positions allocated
+  int64_t kv_width_ = 0;
+  std::vector<LayerState> layers_;
+};
+
+class CpuRunner final : public ModelRunner {
+ public:
+  CpuRunner(std::shared_ptr<const ModelWeights> w, const CpuRunnerOptions& o) : w_(std::move(w)), opt_(o) {
+    TERN_CHECK(w_ != nullptr, "cpu runner: no weights");
+    const Config& c = w_->config;
+    TERN_CHECK(int(w_->layers.size()) == c.num_hidden_layers && c.layer_types.size() == w_->layers.size(),
+               "cpu runner: ", w_->layers.size(), " layers of weights for a config of ", c.num_hidden_layers);
+    TERN_CHECK(w_->embed.rows == c.vocab_size && w_->embed.cols == c.hidden_size, "cpu runner: embedding is [",
+               w_->embed.rows, ", ", w_->embed.cols, "], expected [", c.vocab_size, ", ", c.hidden_size, "]");
+    TERN_CHECK(w_->lm_head.rows == c.vocab_size && w_->lm_head.cols == c.hidden_size, "cpu runner: lm_head is [",
+               w_->lm_head.rows, ", ", w_->lm_head.cols, "], expected [", c.vocab_size, ", ", c.hidden_size, "]");
+    TERN_CHECK(int64_t(w_->final_norm.size()) == c.hidden_size, "cpu runner: final norm has ",
+               w_->final_norm.size(), " values, expected ", c.hidden_size);
+    TERN_CHECK(c.rotary_dims() % 2 == 0 && c.rotary_dims() <= c.head_dim, "cpu runner: rotary dims ",
+               c.rotary_dims(), " for head dim ", c.head_dim);
+  }
+
+  std::string backend_name() const override { return "cpu"; }
+  const Config& config() const override { return w_->config; }
+  int64_t vocab_real() const override {
+    return w_->vocab_real > 0 ? std::min(w_->vocab_real, w_->config.vocab_size) : w_->config.vocab_size;
+  }
+
+  std::unique_ptr<Session> create_session(int64_t max_context) override {
+    TERN_CHECK(max_context > 0, "session capacity must be positive, got ", max_context);
+    return std::make_unique<CpuSession>(this, w_->config, max_context);
+  }
+
+  void set_activation_dump_dir(const std::string& dir) override { dump_dir_ = dir; }
+
+  void forward(Session& session, std::span<const int32_t> tokens, bool all_logits,
+               std::vector<float>& logits) override;
+
+ private:
+  void dump(const std::string& name, const float* data, std::vector<int64_t> shape) const {
+    if (dump_dir_.empty()) return;
+    std::filesystem::create_directories(dump_dir_);
+    npy_write_f32(std::filesystem::path(dump_dir_) / (name + ".npy"), data, shape);
+  }
+  void gdn_layer(int li, CpuSession& s, const float* a, int64_t T, float* out);
+  void attention_layer(int li, CpuSession& s, const float* a, int64_t T, float* out);
+
+  std::shared_ptr<const ModelWeights> w_;
+  CpuRunnerOptions opt_;
+  std::string dump_dir_;
+};
+
+// a [T, D] normed hidden -> out [T, D] mixer output.
+void CpuRunner::gdn_layer(int li, CpuSession& s, const float* a, int64_t T, float* out) {
+  const Config& c = w_->config;
+  const LayerWeights& lw = w_->layers[size_t(li)];
+  LayerState& st = s.layers_[size_t(li)];
+  const GdnDims d{.Hk = c.linear_num_key_heads, .Hv = c.linear_num_value_heads, .dk = c.linear_key_head_dim,
+                  .dv = c.linear_value_head_dim};
+  const int64_t C = c.conv_channels(), HV = int64_t(d.Hv) * d.dv;
+  
+  std::vector<float> raw(static_cast<size_t>(T * C)), qkv(static_cast<size_t>(T * C)), z(static_cast<size_t>(T * HV));
+  std::vector<float> ga(static_cast<size_t>(T * d.Hv)), gb(static_cast<size_t>(T * d.Hv)), g(static_cast<size_t>(T * d.Hv)), beta(static_cast<size_t>(T * d.Hv));
+  matmul(lw.in_proj_qkv, a, T, raw.data());      // [T, C]
+  matmul(lw.in_proj_z, a, T, z.data());          // [T, Hv*dv]
+  matmul(lw.in_proj_b, a, T, gb.data());         // [T, Hv]
+  matmul(lw.in_proj_a, a, T, ga.data());         // [T, Hv]
+  conv1d_causal_silu({.x = raw.data(), .T = T, .C = C, .w = lw.conv1d.data(), .Ck = c.linear_conv_kernel_dim,
+                      .state = st.conv_state.data(), .y = qkv.data()});
+  dump(layer_name("gdn_conv", li), qkv.data(), {T, C});
+  gdn_qk_norm(qkv.data(), T, d);
+  gdn_gates(ga.data(), gb.data(), lw.A_log.data(), lw.dt_bias.data(), T, d.Hv, g.data(), beta.data());
+  std::vector<float> core(static_cast<size_t>(T * HV));
+  const GdnArgs args{.q = qkv.data(), .k = qkv.data() + int64_t(d.Hk) * d.dk,
+                     .v = qkv.data() + 2LL * d.Hk * d.dk, .ld = C, .g = g.data(), .beta = beta.data(), .T = T,
+                     .dims = d, .state = st.gdn_state.data(), .out = core.data()};
+  if (T > 1 && opt_.gdn_chunked)
+    gdn_chunked(args, opt_.gdn_chunk);
+  else
+    gdn_recurrent(args);
+  dump(layer_name("gdn_core", li), core.data(), {T, d.Hv, d.dv});
+  gated_rms_norm(core.data(), z.data(), lw.gdn_norm.data(), T * d.Hv, d.dv, float(c.rms_norm_eps), core.data());
+  matmul(lw.out_proj, core.data(), T, out);
+}
+
+void CpuRunner::attention_layer(int li, CpuSession& s, const float* a, int64_t T, float* out) {
+  const Config& c = w_->config;
+  const LayerWeights& lw = w_->layers[size_t(li)];
+  LayerState& st = s.layers_[size_t(li)];
+  const int Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, dh = c.head_dim;
+    const float eps = float(c.rms_norm_eps);
+
+  std::vector<float> qg(static_cast<size_t>(T * Hq * 2 * dh)), q(static_cast<size_t>(T * Hq * dh)), gate(static_cast<size_t>(T * Hq * dh));
+  std::vector<float> k(static_cast<size_t>(T * Hkv * dh)), v(static_cast<size_t>(T * Hkv * dh));
+  matmul(lw.q_proj, a, T, qg.data());  // [T, Hq, (query dh | gate dh)]
+  matmul(lw.k_proj, a, T, k.data());   // [T, Hkv, dh]
+  matmul(lw.v_proj, a, T, v.data());   // [T, Hkv, dh]
+  for (int64_t i = 0; i < T * Hq; ++i) {
+    std::memcpy(q.data() + i * dh, qg.data() + i * 2 * dh, size_t(dh) * 4);
+    std::memcpy(gate.data() + i * dh, qg.data() + i * 2 * dh + dh, size_t(dh) * 4);
+  }
+  rms_norm(q.data(), lw.q_norm.data(), T * Hq, dh, eps, q.data());
+  rms_norm(k.data(), lw.k_norm.data(), T * Hkv, dh, eps, k.data());
+  const int64_t pos0 = s.position_;
+  rope_apply({.x = q.data(), .T = T, .H = Hq, .dh = dh, .rot = c.rotary_dims(), .theta = c.rope_theta, .pos0 = pos0});
+  rope_apply({.x = k.data(), .T = T, .H = Hkv, .dh = dh, .rot = c.rotary_dims(), .theta = c.rope_theta, .pos0 = pos0});
+  kv_cache_write({.k = k.data(), .v = v.data(), .T = T, .Hkv = Hkv, .dh = dh, .k_cache = st.k_cache.data(),
+                  .v_cache = st.v_cache.data(), .capacity = s.allocated_, .pos0 = pos0});
+  std::vector<float> o(static_cast<size_t>(T * Hq * dh));
+  attention_causal({.q = q.data(), .k_cache = st.k_cache.data(), .v_cache = st.v_cache.data(),
+                    .capacity = s.allocated_, .pos0 = pos0, .T = T, .Hq = Hq, .Hkv = Hkv, .dh = dh,
+                    .scale = 1.0f / std::sqrt(float(dh)), .out = o.data()});
+  dump(layer_name("attn_core", li), o.data(), {T, Hq, dh});
+  mul_sigmoid_inplace(o.data(), gate.data(), T * Hq * dh);
+  matmul(lw.o_proj, o.data(), T, out);
+}
+
+void CpuRunner::forward(Session& session, std::span<const int32_t> tokens, bool all_logits,
+                        std::vector<float>& logits) {
+  auto* sp = dynamic_cast<CpuSession*>(&session);
+  TERN_CHECK(sp != nullptr && sp->owner_ == this, "cpu forward: the session was not created by this runner");
+  CpuSession& s = *sp;
+  const Config& c = w_->config;
+  const int64_t T = int64_t(tokens.size()), D = c.hidden_size, V = c.vocab_size;
+  TERN_CHECK(T > 0, "cpu forward: no tokens");
+  TERN_CHECK(s.position_ + T <= s.capacity_, "the session holds ", s.position_, " tokens; ", T,
+             " more would exceed its capacity of ", s.capacity_, " tokens");
+  const float eps = float(c.rms_norm_eps);
+
+  std::vector<float> x(static_cast<size_t>(T * D)), a(static_cast<size_t>(T * D)), mix(static_cast<size_t>(T * D));
+  embed_lookup(w_->embed, tokens, x.data());  // throws on a bad id before any state changes
+  s.reserve_kv(c, s.position_ + T);
+  dump("embed", x.data(), {T, D});
+
+  for (int li = 0; li < int(w_->layers.size()); ++li) {
+    const LayerWeights& lw = w_->layers[size_t(li)];
+        rms_norm(x.data(), lw.input_norm.data(), T, D, eps, a.data());
+    dump(layer_name("attn_norm", li), a.data(), {T, D});
+    if (c.layer_types[size_t(li)] == LayerType::linear_attention)
+      gdn_layer(li, s, a.data(), T, mix.data());
+    else
+      attention_layer(li, s, a.data(), T, mix.data());
+    dump(layer_name("attn_out", li), mix.data(), {T, D});
+    add_inplace(x.data(), mix.data(), T * D);
+    rms_norm(x.data(), lw.post_attn_norm.data(), T, D, eps, a.data());
+    dump(layer_name("moe_norm", li), a.data(), {T, D});
+    moe_forward({.layer = &lw, .config = &c, .x = a.data(), .T = T, .y = mix.data()});
+    dump(layer_name("moe_out", li), mix.data(), {T, D});
+    add_inplace(x.data(), mix.data(), T * D);
+    dump(layer_name("layer_out", li), x.data(), {T, D});
+  }
+  s.position_ += T;
+
+  const int64_t first = all_logits ? 0 : T - 1, rows = T - first;
+  rms_norm(x.data() + first * D, w_->final_norm.data(), rows, D, eps, a.data());
+  dump("final_norm", a.data(), {rows, D});
+  logits.resize(size_t(rows * V));
+  matmul(w_->lm_head, a.data(), rows, logits.data());
+  const int64_t vr = vocab_real();
+  for (int64_t r = 0; r < rows; ++r)
+    std::fill(logits.begin() + r * V + vr, logits.begin() + (r + 1) * V, -std::numeric_limits<float>::infinity());
+}
+
+}  // namespace
+
+std::unique_ptr<ModelRunner> cpu_runner_create(std::shared_ptr<const ModelWeights> weights) {
+  return cpu_runner_create(std::move(weights), CpuRunnerOptions{});
+}
+
+std::unique_ptr<ModelRunner> cpu_runner_create(std::shared_ptr<const ModelWeights> weights,
+                                               const CpuRunnerOptions& options) {
+  return std::make_unique<CpuRunner>(std::move(weights), options);
+}
+
+}  // namespace tern

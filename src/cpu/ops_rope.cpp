@@ -1,0 +1,40 @@
+#include "cpu/ops_rope.h"
+
+#include <cmath>
+#include <vector>
+
+#include "core/check.h"
+
+namespace tern::cpu {
+
+float rope_inv_freq(int i, int rot, double theta) {
+  // HF: 1 / (base ** (arange(0, rot, 2).float() / rot)), all in fp32.
+  const float expo = float(2 * i) / float(rot);
+  return 1.0f / std::pow(float(theta), expo);
+}
+
+void rope_apply(const RopeArgs& a) {
+  TERN_CHECK(a.rot >= 0 && a.rot % 2 == 0 && a.rot <= a.dh, "rope: rotary dims ", a.rot, " must be even and <= ", a.dh);
+  TERN_CHECK(a.pos0 >= 0, "rope: negative position ", a.pos0);
+  const int half = a.rot / 2;
+  std::vector<float> inv(static_cast<size_t>(half)), cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
+  for (int i = 0; i < half; ++i) inv[size_t(i)] = rope_inv_freq(i, a.rot, a.theta);
+  for (int64_t t = 0; t < a.T; ++t) {
+    const float pos = float(a.pos0 + t);
+    for (int i = 0; i < half; ++i) {
+      const float ang = pos * inv[size_t(i)];  // fp32 product, as HF
+      cs[size_t(i)] = std::cos(ang);
+      sn[size_t(i)] = std::sin(ang);
+    }
+    for (int h = 0; h < a.H; ++h) {
+      float* v = a.x + (t * a.H + h) * a.dh;
+      for (int i = 0; i < half; ++i) {
+        const float x0 = v[i], x1 = v[i + half];
+        v[i] = x0 * cs[size_t(i)] - x1 * sn[size_t(i)];
+        v[i + half] = x1 * cs[size_t(i)] + x0 * sn[size_t(i)];
+      }
+    }
+  }
+}
+
+}  // namespace tern::cpu

@@ -1,0 +1,27 @@
+// Rotary position embedding, rotate-half (NeoX) pairing on the first `rot` dims of each head.
+#pragma once
+
+#include <cstdint>
+
+namespace tern::cpu {
+
+// In place on x [T, H, dh]; token t has position pos0 + t. For i in [0, rot/2), f_i = theta^(-2i/rot) and
+// φ = pos · f_i (frequencies, angles, cos and sin in fp32 as HF computes them):
+//   x'[i]         = x[i] cos φ − x[i + rot/2] sin φ
+//   x'[i + rot/2] = x[i + rot/2] cos φ + x[i] sin φ
+// Dims [rot, dh) are unchanged.
+struct RopeArgs {
+  float* x = nullptr;
+  int64_t T = 0;
+  int H = 0;
+  int dh = 0;
+  int rot = 0;
+  double theta = 1e7;
+  int64_t pos0 = 0;
+};
+void rope_apply(const RopeArgs& args);
+
+// The fp32 inverse frequency f_i = 1 / theta^(2i/rot), computed as HF does (fp32 pow). Shared with CUDA.
+float rope_inv_freq(int i, int rot, double theta);
+
+}  // namespace tern::cpu

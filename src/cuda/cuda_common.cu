@@ -1,0 +1,64 @@
+#include "cuda/cuda_common.cuh"
+
+#include <utility>
+
+namespace tern::cuda {
+
+void check_cuda(cudaError_t e, const char* what, const char* file, int line) {
+  if (e == cudaSuccess) return;
+  fail_at(file, line, detail::concat("CUDA error in ", what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"));
+}
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky error of a missing driver
+    return 0;
+  }
+  return n;
+}
+
+std::string device_description() {
+  cudaDeviceProp p{};
+  TERN_CUDA(cudaGetDeviceProperties(&p, 0));
+  return detail::concat(p.name, ", sm_", p.major, p.minor, ", ", (p.totalGlobalMem >> 30), " GiB, ", p.multiProcessorCount, " SMs");
+}
+
+DeviceArena::DeviceArena(size_t bytes, const char* what) : capacity_(align(bytes)), what_(what) {
+  if (capacity_ == 0) return;
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, capacity_);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    TERN_FAIL("cannot allocate ", (capacity_ >> 20), " MiB of GPU memory for ", what_, " (", (free_b >> 20), " MiB free of ",
+              (total_b >> 20), " MiB): ", cudaGetErrorString(e));
+  }
+  base_ = static_cast<uint8_t*>(p);
+}
+
+DeviceArena::~DeviceArena() {
+  if (base_) cudaFree(base_);
+}
+
+DeviceArena& DeviceArena::operator=(DeviceArena&& o) noexcept {
+  if (this != &o) {
+    if (base_) cudaFree(base_);
+    base_ = std::exchange(o.base_, nullptr);
+    capacity_ = std::exchange(o.capacity_, 0);
+    used_ = std::exchange(o.used_, 0);
+    what_ = std::move(o.what_);
+  }
+  return *this;
+}
+
+void* DeviceArena::take(size_t bytes) {
+  const size_t b = align(bytes);
+  TERN_CHECK(used_ + b <= capacity_, "GPU arena for ", what_, " exhausted: need ", b, " more bytes, ", capacity_ - used_, " left");
+  void* p = base_ + used_;
+  used_ += b;
+  return p;
+}
+
+}  // namespace tern::cuda

@@ -1,0 +1,53 @@
+// CUDA plumbing shared by every kernel family: error checks that throw tern::Error, a device arena that
+// allocates once and hands out aligned slices, and small launch helpers. Host-only header (no device code).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "core/check.h"
+
+namespace tern::cuda {
+
+// Throws tern::Error naming the call and CUDA's message when `e` is not cudaSuccess.
+void check_cuda(cudaError_t e, const char* what, const char* file, int line);
+#define TERN_CUDA(call) ::tern::cuda::check_cuda((call), #call, __FILE__, __LINE__)
+// After a kernel launch: reports launch-configuration errors at once (asynchronous faults surface later).
+#define TERN_CUDA_LAUNCHED(name) ::tern::cuda::check_cuda(cudaGetLastError(), name, __FILE__, __LINE__)
+
+// Number of CUDA devices (0 when there is no driver or no GPU; never throws).
+int device_count();
+// "NVIDIA H200, sm_90, 139 GiB" for device 0.
+std::string device_description();
+
+// One cudaMalloc, carved into 256-byte-aligned slices. Nothing is freed until the arena dies.
+class DeviceArena {
+ public:
+  DeviceArena() = default;
+  explicit DeviceArena(size_t bytes, const char* what);
+  ~DeviceArena();
+  DeviceArena(const DeviceArena&) = delete;
+  DeviceArena& operator=(const DeviceArena&) = delete;
+  DeviceArena(DeviceArena&& o) noexcept { *this = std::move(o); }
+  DeviceArena& operator=(DeviceArena&& o) noexcept;
+
+  void* take(size_t bytes);  // throws tern::Error when the arena is exhausted
+  template <typename T>
+  T* take_n(size_t n) { return static_cast<T*>(take(n * sizeof(T))); }
+  size_t used() const { return used_; }
+  size_t capacity() const { return capacity_; }
+
+  static size_t align(size_t b) { return (b + 255) & ~size_t(255); }
+
+ private:
+  uint8_t* base_ = nullptr;
+  size_t capacity_ = 0, used_ = 0;
+  std::string what_;
+};
+
+inline unsigned blocks_for(int64_t n, int per_block) { return unsigned((n + per_block - 1) / per_block); }
+
+}  // namespace tern::cuda

@@ -1,0 +1,34 @@
+// The CUDA backend's ModelRunner: the whole forward pass on the GPU (fp32 activations, fp32 accumulation, fp32
+// Gated DeltaNet state, bf16 KV cache), weights uploaded once, scratch buffers allocated once per runner, routing
+// and sampling on the device. Plain C++ header: callers need no CUDA headers.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "model/runner.h"
+
+namespace tern {
+
+struct CudaRunnerOptions {
+  int64_t max_chunk = 4096;  // tokens per forward chunk (longer inputs are processed in chunks)
+  bool progress = true;      // progress bar while uploading or generating weights
+};
+
+// Uploads `weights` to GPU 0. Throws tern::Error when there is no GPU or the model does not fit.
+std::unique_ptr<ModelRunner> cuda_runner_create(std::shared_ptr<const ModelWeights> weights,
+                                                const CudaRunnerOptions& options = {});
+
+// A model with full-size random weights in the MLX 4-bit layout generated on the GPU (speed and memory runs).
+std::unique_ptr<ModelRunner> cuda_runner_create_synthetic(const Config& config, uint64_t seed,
+                                                          const CudaRunnerOptions& options = {});
+
+// Number of usable CUDA devices (0 without a driver or GPU) and a one-line description of device 0.
+int cuda_device_count();
+std::string cuda_device_name();
+
+// Bytes the runner's weights occupy on the GPU (0 for another backend).
+int64_t cuda_runner_weight_bytes(const ModelRunner& runner);
+
+}  // namespace tern

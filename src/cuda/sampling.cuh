@@ -1,0 +1,25 @@
+// Logit masking and token sampling on the GPU: greedy, temperature, top-k, top-p, min-p, seeded.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "model/runner.h"
+
+namespace tern::cuda {
+
+// logits[r, i] = -inf for i >= vocab_real, rows r < n.  logits [n, V].
+void mask_padding(float* logits, int64_t n, int64_t V, int64_t vocab_real, cudaStream_t stream);
+
+// Floats of scratch that sample_token needs for a vocabulary of V.
+int64_t sample_scratch_floats(int64_t V);
+
+// Samples one id from logits [V] (padding already -inf) into *out (device):
+//   temperature 0: arg-max (lowest id on ties). Otherwise p ∝ exp((l − max)/T), restricted to the top_k largest
+//   logits (0: all; ties at the k-th value are kept), then to the smallest set of largest p whose mass reaches
+//   top_p, then to p >= min_p·max p; one uniform draw from (seed, step) picks by inverse CDF in id order.
+// Deterministic for a given (logits, sampling).
+void sample_token(const float* logits, int64_t V, const DeviceSampling& s, float* scratch, int* out, cudaStream_t stream);
+
+}  // namespace tern::cuda

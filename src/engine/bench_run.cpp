@@ -1,0 +1,197 @@
+#include "engine/bench_run.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+
+#include "core/check.h"
+
+namespace tern {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double ms_since(clock_type::time_point t0) {
+  return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
+}
+
+int64_t host_peak_rss_bytes() {
+  rusage u{};
+  if (getrusage(RUSAGE_SELF, &u) != 0) return 0;
+  return int64_t(u.ru_maxrss) * 1024;  // Linux: kilobytes
+}
+
+struct Runner {
+  ModelRunner& runner;
+  const BenchOptions& options;
+  BenchReport& report;
+  std::vector<float> logits;
+  enum class DecodePath { unknown, device, host } path = DecodePath::unknown;
+  std::mt19937_64 rng;
+  std::uniform_int_distribution<int32_t> token_dist;
+
+  void sample_memory(int64_t& peak) {
+    const int64_t now = options.memory_in_use ? options.memory_in_use() : host_peak_rss_bytes();
+    peak = std::max(peak, now);
+  }
+
+  void prefill(Session& session, const std::vector<int32_t>& prompt) {
+    const int64_t n = int64_t(prompt.size());
+    const int64_t chunk = options.prefill_chunk > 0 ? options.prefill_chunk : n;
+    for (int64_t b = 0; b < n; b += chunk) {
+      const int64_t e = std::min(n, b + chunk);
+      runner.forward(session, std::span<const int32_t>(prompt).subspan(size_t(b), size_t(e - b)), false, logits);
+    }
+  }
+
+  // One decode step; returns the next input token.
+  int32_t decode_step(Session& session, int32_t token) {
+    const int32_t in[1] = {token};
+    if (path != DecodePath::host) {
+      const int64_t before = session.position();
+      DeviceSampling greedy;
+      std::optional<int32_t> next = runner.forward_sample(session, in, greedy);
+      if (next) {
+        path = DecodePath::device;
+        return *next;
+      }
+      path = DecodePath::host;
+      if (session.position() != before) return token_dist(rng);  // consumed without a sample: count the step
+    }
+    runner.forward(session, in, false, logits);
+    return token_dist(rng);  // the bench does not sample on the host: a random next token
+  }
+
+  // One run at one length: returns {prefill ms, decode ms per token}.
+  std::pair<double, double> run(Session& session, const std::vector<int32_t>& prompt, BenchPoint& point) {
+    session.reset();
+    auto t0 = clock_type::now();
+    prefill(session, prompt);
+    const double prefill_ms = ms_since(t0);
+    sample_memory(point.memory_peak_bytes);
+    double decode_ms = 0;
+    if (options.decode_steps > 0) {
+      int32_t token = token_dist(rng);
+      t0 = clock_type::now();
+      for (int s = 0; s < options.decode_steps; ++s) token = decode_step(session, token);
+      decode_ms = ms_since(t0) / options.decode_steps;
+      sample_memory(point.memory_peak_bytes);
+    }
+    return {prefill_ms, decode_ms};
+  }
+};
+
+}  // namespace
+
+double bench_median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+BenchReport bench_run(ModelRunner& runner, const Roofline& roofline, const BenchOptions& options) {
+  TERN_CHECK(!options.lengths.empty(), "bench: no lengths to measure");
+  TERN_CHECK(options.repeats >= 1, "bench: repeats must be >= 1, got ", options.repeats);
+  TERN_CHECK(options.warmup >= 0, "bench: warmup must be >= 0, got ", options.warmup);
+  TERN_CHECK(options.decode_steps >= 0, "bench: decode steps must be >= 0, got ", options.decode_steps);
+  TERN_CHECK(options.prefill_chunk >= 0, "bench: prefill chunk must be >= 0, got ", options.prefill_chunk);
+  const int64_t vocab_real = runner.vocab_real();
+  TERN_CHECK(vocab_real > 0, "bench: the runner reports no vocabulary");
+  for (int64_t L : options.lengths) {
+    TERN_CHECK(L >= 1, "bench: length ", L, " must be >= 1");
+    TERN_CHECK(L + options.decode_steps <= runner.config().max_position_embeddings, "bench: length ", L, " + ",
+               options.decode_steps, " decode steps exceeds the model's max_position_embeddings ",
+               runner.config().max_position_embeddings);
+  }
+
+  BenchReport report;
+  report.backend = runner.backend_name();
+  report.roofline = roofline;
+  report.options = options;
+  report.options.memory_in_use = nullptr;
+  report.options.log = nullptr;
+  report.memory_kind = options.memory_in_use ? "device memory in use" : "host peak resident set";
+  Runner r{runner, options, report, {}, Runner::DecodePath::unknown, std::mt19937_64(options.seed),
+           std::uniform_int_distribution<int32_t>(0, int32_t(vocab_real - 1))};
+
+  int64_t peak = 0;
+  for (int64_t L : options.lengths) {
+    BenchPoint point;
+    point.length = L;
+    point.memory_peak_bytes = peak;
+    std::vector<int32_t> prompt(static_cast<size_t>(L));
+    for (auto& t : prompt) t = r.token_dist(r.rng);
+    auto session = runner.create_session(L + options.decode_steps);
+    r.sample_memory(point.memory_peak_bytes);
+    if (options.log) options.log("length " + bench_length_label(L) + ": warm-up");
+    for (int w = 0; w < options.warmup; ++w) r.run(*session, prompt, point);
+    for (int i = 0; i < options.repeats; ++i) {
+      auto [p, d] = r.run(*session, prompt, point);
+      point.prefill_ms.push_back(p);
+      if (options.decode_steps > 0) point.decode_ms.push_back(d);
+      if (options.log) {
+        char buf[160];
+        std::snprintf(buf, sizeof buf, "length %s: run %d/%d prefill %.3f ms, decode %.4f ms/token",
+                      bench_length_label(L).c_str(), i + 1, options.repeats, p, d);
+        options.log(buf);
+      }
+    }
+    session.reset();
+    point.prefill_ms_median = bench_median(point.prefill_ms);
+    if (point.prefill_ms_median > 0) {
+      point.prefill_tok_s = double(L) / (point.prefill_ms_median * 1e-3);
+      point.prefill_tflop_s = roofline.prefill_flops(L) / (point.prefill_ms_median * 1e-3) * 1e-12;
+    }
+    point.decode_context = double(L) + 0.5 * double(options.decode_steps);
+    point.decode_ms_median = bench_median(point.decode_ms);
+    if (point.decode_ms_median > 0) {
+      point.decode_tok_s = 1e3 / point.decode_ms_median;
+      point.decode_gb_s = roofline.decode_bytes(point.decode_context) * point.decode_tok_s * 1e-9;
+    }
+    peak = std::max(peak, point.memory_peak_bytes);
+    report.points.push_back(std::move(point));
+  }
+  report.memory_peak_bytes = peak;
+  report.decode_path = r.path == Runner::DecodePath::device ? "forward_sample (greedy on the device)"
+                       : r.path == Runner::DecodePath::host ? "forward (last-token logits to the host)"
+                                                            : "none";
+  return report;
+}
+
+std::vector<int64_t> bench_parse_lengths(const std::string& text) {
+  std::vector<int64_t> out;
+  size_t i = 0;
+  while (i <= text.size()) {
+    size_t j = text.find(',', i);
+    if (j == std::string::npos) j = text.size();
+    std::string item = text.substr(i, j - i);
+    while (!item.empty() && item.front() == ' ') item.erase(item.begin());
+    while (!item.empty() && item.back() == ' ') item.pop_back();
+    TERN_CHECK(!item.empty(), "--lengths: empty item in '", text, "'");
+    int64_t mult = 1;
+    const char last = item.back();
+    if (last == 'k' || last == 'K') mult = 1024, item.pop_back();
+    else if (last == 'm' || last == 'M') mult = 1024 * 1024, item.pop_back();
+    TERN_CHECK(!item.empty() && item.size() <= 9 &&
+                   std::all_of(item.begin(), item.end(), [](char c) { return c >= '0' && c <= '9'; }),
+               "--lengths: '", text.substr(i, j - i), "' is not a length (like 256, 4K, 128K)");
+    const int64_t v = std::stoll(item) * mult;
+    TERN_CHECK(v >= 1, "--lengths: '", text.substr(i, j - i), "' must be >= 1");
+    out.push_back(v);
+    i = j + 1;
+  }
+  return out;
+}
+
+std::string bench_length_label(int64_t length) {
+  if (length >= 1024 * 1024 && length % (1024 * 1024) == 0) return std::to_string(length / (1024 * 1024)) + "M";
+  if (length >= 1024 && length % 1024 == 0) return std::to_string(length / 1024) + "K";
+  return std::to_string(length);
+}
+
+}  // namespace tern

@@ -1,0 +1,78 @@
+// tern bench: prefill and decode speed of a runner at a list of context lengths.
+//
+// Method, per length L (after `warmup` untimed runs of the same shape):
+//   prefill: a fresh (reset) session runs L random prompt tokens in one forward call (logits of the last token
+//            only), timed on the host around the call; the runner returns logits on the host, so the call is
+//            synchronous and the time is time to first token without HTTP;
+//   decode:  `decode_steps` single-token steps follow on the same session (context L .. L+steps), timed together;
+//            forward_sample (greedy, on the device) when the runner offers it, else forward with the last logits.
+// `repeats` timed runs per length; every figure is the median. Achieved GB/s (decode) and TFLOP/s (prefill) come
+// from the roofline (bench_roofline.h) and are set against the ceilings given.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "engine/bench_roofline.h"
+#include "model/runner.h"
+
+namespace tern {
+
+struct BenchOptions {
+  std::vector<int64_t> lengths;      // prompt lengths; each >= 1
+  int repeats = 3;                   // timed runs per length (median)
+  int warmup = 1;                    // untimed runs per length before the timed ones
+  int decode_steps = 16;             // decode tokens timed after each prefill
+  int64_t prefill_chunk = 0;         // tokens per prefill forward call; 0: the whole prompt in one call
+  uint64_t seed = 1;                 // prompt tokens are drawn from it
+  double peak_gb_s = 0;              // memory bandwidth ceiling, GB/s (0: none, no % column)
+  double peak_tflop_s = 0;           // compute ceiling, TFLOP/s (0: none)
+  std::function<int64_t()> memory_in_use;            // bytes now (device memory); empty: host peak RSS
+  std::function<void(const std::string&)> log;       // progress lines; may be empty
+};
+
+struct BenchPoint {
+  int64_t length = 0;
+  std::vector<double> prefill_ms;    // every timed run
+  std::vector<double> decode_ms;     // per token, every timed run
+  double prefill_ms_median = 0;      // = time to first token
+  double prefill_tok_s = 0;
+  double prefill_tflop_s = 0;        // achieved
+  double decode_ms_median = 0;       // per token
+  double decode_tok_s = 0;
+  double decode_gb_s = 0;            // achieved
+  double decode_context = 0;         // mean context of the timed decode steps
+  int64_t memory_peak_bytes = 0;     // highest memory_in_use (or RSS) seen up to this length
+};
+
+struct BenchReport {
+  std::string version;               // tern's version (set by the caller)
+  std::string command;               // the command line (set by the caller)
+  std::string backend;               // runner.backend_name()
+  std::string device;                // what ran it (GPU name, CPU model)
+  std::string model;                 // what model (path, "synthetic", "demo") and its formats
+  std::string memory_kind;           // what memory_peak_bytes measures
+  std::string decode_path;           // "forward_sample" or "forward"
+  Roofline roofline;
+  BenchOptions options;              // as run (functions dropped)
+  std::vector<BenchPoint> points;
+  int64_t memory_peak_bytes = 0;
+};
+
+// Runs the benchmark. Throws tern::Error on bad options or a runner failure.
+BenchReport bench_run(ModelRunner& runner, const Roofline& roofline, const BenchOptions& options);
+
+// "256,1K,4k,128K" -> {256, 1024, 4096, 131072}. Throws tern::Error naming the bad item.
+std::vector<int64_t> bench_parse_lengths(const std::string& text);
+std::string bench_length_label(int64_t length);  // 256, 1K, 128K
+
+// Outputs: the table a person reads, the JSON document, and an SVG plot of tok/s against length (log-log).
+std::string bench_table(const BenchReport& report);
+std::string bench_json(const BenchReport& report);
+std::string bench_svg(const BenchReport& report);
+
+double bench_median(std::vector<double> values);
+
+}  // namespace tern

@@ -1,0 +1,174 @@
+#include "engine/demo_model.h"
+
+#include <cmath>
+#include <deque>
+#include <vector>
+
+#include "core/check.h"
+#include "core/thread_pool.h"
+#include "model/quantize.h"
+
+namespace tern {
+
+namespace {
+
+// Sizes of the demo (the real model's values in brackets).
+constexpr int64_t kD = 256;        // hidden [2048]
+constexpr int kHq = 4, kHkv = 2;   // attention heads [16, 2]
+constexpr int kDh = 64;            // head dim [256]
+constexpr int kHk = 2, kHv = 4;    // GDN key / value heads [16, 32]
+constexpr int kDk = 64, kDv = 64;  // GDN head dims [128, 128]
+constexpr int kE = 16, kTopK = 4;  // experts [256, 8]
+constexpr int64_t kF = 128;        // expert and shared-expert widths [512]
+constexpr int kGroup = 64;
+
+uint64_t mix(uint64_t x) {  // splitmix64 finaliser
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// A deterministic stream of uniform numbers in [-1, 1) for one (tensor, row).
+class Uniform {
+ public:
+  Uniform(uint64_t seed, uint64_t tensor, uint64_t row) : state_(mix(mix(seed ^ mix(tensor)) ^ row)) {}
+  float next() {
+    state_ = mix(state_);
+    return float(int64_t(state_ >> 40) - (int64_t(1) << 23)) / float(int64_t(1) << 23);
+  }
+
+ private:
+  uint64_t state_;
+};
+
+struct DemoStorage : WeightStorage {
+  std::deque<std::vector<uint32_t>> words;  // deque: references stay valid as buffers are added
+  std::deque<std::vector<uint16_t>> halves;
+};
+
+class Builder {
+ public:
+  Builder(uint64_t seed, DemoStorage& storage) : seed_(seed), storage_(storage) {}
+
+  // A stacked [experts][rows, cols] matrix, uniform with standard deviation `stddev`, quantised to `bits`.
+  Matrix matrix(int64_t experts, int64_t rows, int64_t cols, float stddev, int bits = 4) {
+    const uint64_t tensor = next_tensor_++;
+    const int64_t words_per_row = cols * bits / 32, groups = cols / kGroup;
+    auto& packed = storage_.words.emplace_back(size_t(experts * rows * words_per_row));
+    auto& scales = storage_.halves.emplace_back(size_t(experts * rows * groups));
+    auto& biases = storage_.halves.emplace_back(size_t(experts * rows * groups));
+    const float amplitude = stddev * std::sqrt(3.0f);  // uniform on [-a, a] has standard deviation a / sqrt(3)
+    thread_pool_global().parallel_for(experts * rows, 256, [&](int64_t begin, int64_t end) {
+      std::vector<float> row(size_t(cols));
+      for (int64_t r = begin; r < end; ++r) {
+        Uniform u(seed_, tensor, uint64_t(r));
+        for (float& x : row) x = amplitude * u.next();
+        quantize_affine(row.data(), 1, cols, bits, kGroup, packed.data() + r * words_per_row,
+                        scales.data() + r * groups, biases.data() + r * groups);
+      }
+    });
+    Matrix m;
+    m.format = bits == 4 ? WeightFormat::affine4 : WeightFormat::affine8;
+    m.experts = experts;
+    m.rows = rows;
+    m.cols = cols;
+    m.group_size = kGroup;
+    m.data = packed.data();
+    m.scales = scales.data();
+    m.biases = biases.data();
+    return m;
+  }
+
+  // A vector: center + spread * uniform[-1, 1).
+  std::vector<float> vector(int64_t n, float center, float spread) {
+    Uniform u(seed_, next_tensor_++, 0);
+    std::vector<float> v(size_t(n));
+    for (float& x : v) x = center + spread * u.next();
+    return v;
+  }
+
+ private:
+  uint64_t seed_;
+  DemoStorage& storage_;
+  uint64_t next_tensor_ = 1;
+};
+
+}  // namespace
+
+std::string demo_config_json(const DemoModelOptions& o) {
+  TERN_CHECK(o.vocab_real > 0, "demo model: vocabulary size must be positive, got ", o.vocab_real);
+  TERN_CHECK(o.layers > 0, "demo model: layer count must be positive, got ", o.layers);
+  const int64_t vocab = (o.vocab_real + 63) / 64 * 64;
+  return detail::concat(
+      "{\"model_type\": \"qwen3_5_moe_text\", \"hidden_size\": ", kD, ", \"num_hidden_layers\": ", o.layers,
+      ", \"full_attention_interval\": 4, \"vocab_size\": ", vocab, ", \"num_attention_heads\": ", kHq,
+      ", \"num_key_value_heads\": ", kHkv, ", \"head_dim\": ", kDh,
+      ", \"partial_rotary_factor\": 0.25, \"rope_theta\": 10000000, \"attn_output_gate\": true",
+      ", \"linear_num_key_heads\": ", kHk, ", \"linear_num_value_heads\": ", kHv, ", \"linear_key_head_dim\": ", kDk,
+      ", \"linear_value_head_dim\": ", kDv, ", \"linear_conv_kernel_dim\": 4, \"num_experts\": ", kE,
+      ", \"num_experts_per_tok\": ", kTopK, ", \"moe_intermediate_size\": ", kF,
+      ", \"shared_expert_intermediate_size\": ", kF,
+      ", \"norm_topk_prob\": true, \"rms_norm_eps\": 1e-06, \"tie_word_embeddings\": false"
+      ", \"max_position_embeddings\": 32768, \"hidden_act\": \"silu\", \"eos_token_id\": ",
+      o.eos_json, "}");
+}
+
+std::string demo_generation_config_json(const DemoModelOptions& o) {
+  return detail::concat("{\"do_sample\": true, \"eos_token_id\": ", o.eos_json,
+                        ", \"temperature\": 1.0, \"top_k\": 20, \"top_p\": 0.95}");
+}
+
+std::shared_ptr<const ModelWeights> demo_model_build(const DemoModelOptions& o) {
+  auto w = std::make_shared<ModelWeights>();
+  w->config = config_parse(demo_config_json(o), demo_generation_config_json(o));
+  const Config& c = w->config;
+  auto storage = std::make_shared<DemoStorage>();
+  Builder b(o.seed, *storage);
+  const float s_in = 1.0f / std::sqrt(float(kD));  // matrices reading the hidden state
+  const int64_t V = c.vocab_size, C = c.conv_channels();
+
+  w->embed = b.matrix(1, V, kD, 1.0f);
+  // Logits with a standard deviation of about 3: peaked enough to read as a language model's.
+  w->lm_head = b.matrix(1, V, kD, 3.0f * s_in);
+  w->final_norm = b.vector(kD, 1.0f, 0.1f);
+  for (int i = 0; i < c.num_hidden_layers; ++i) {
+    LayerWeights& l = w->layers.emplace_back();
+    l.type = c.layer_types[size_t(i)];
+    l.input_norm = b.vector(kD, 1.0f, 0.1f);
+    l.post_attn_norm = b.vector(kD, 1.0f, 0.1f);
+    if (l.type == LayerType::linear_attention) {
+      l.in_proj_qkv = b.matrix(1, C, kD, s_in);
+      l.in_proj_z = b.matrix(1, int64_t(kHv) * kDv, kD, s_in);
+      l.in_proj_b = b.matrix(1, kHv, kD, s_in);
+      l.in_proj_a = b.matrix(1, kHv, kD, s_in);
+      l.conv1d = b.vector(C * c.linear_conv_kernel_dim, 0.0f, 0.8f);
+      l.A_log = b.vector(kHv, 1.4f, 1.3f);  // exp(A_log) in about [1, 15], as HF initialises A
+      l.dt_bias = b.vector(kHv, 1.0f, 0.1f);
+      l.gdn_norm = b.vector(kDv, 1.0f, 0.1f);
+      l.out_proj = b.matrix(1, kD, int64_t(kHv) * kDv, 1.0f / std::sqrt(float(kHv * kDv)));
+    } else {
+      l.q_proj = b.matrix(1, int64_t(kHq) * 2 * kDh, kD, s_in);
+      l.k_proj = b.matrix(1, int64_t(kHkv) * kDh, kD, s_in);
+      l.v_proj = b.matrix(1, int64_t(kHkv) * kDh, kD, s_in);
+      l.o_proj = b.matrix(1, kD, int64_t(kHq) * kDh, 1.0f / std::sqrt(float(kHq * kDh)));
+      l.q_norm = b.vector(kDh, 1.0f, 0.1f);
+      l.k_norm = b.vector(kDh, 1.0f, 0.1f);
+    }
+    // A router with logits of standard deviation about 2, so the top-k choice is never a near-tie by construction.
+    l.router = b.matrix(1, kE, kD, 2.0f * s_in, 8);
+    l.expert_gate = b.matrix(kE, kF, kD, s_in);
+    l.expert_up = b.matrix(kE, kF, kD, s_in);
+    l.expert_down = b.matrix(kE, kD, kF, 1.0f / std::sqrt(float(kF)));
+    l.shared_gate = b.matrix(1, kF, kD, s_in);
+    l.shared_up = b.matrix(1, kF, kD, s_in);
+    l.shared_down = b.matrix(1, kD, kF, 1.0f / std::sqrt(float(kF)));
+    l.shared_expert_gate = b.matrix(1, 1, kD, s_in, 8);
+  }
+  w->storage.push_back(storage);
+  w->source_layout = "demo";
+  w->vocab_real = o.vocab_real;
+  return w;
+}
+
+}  // namespace tern

@@ -1,0 +1,216 @@
+#include "engine/generator.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/check.h"
+#include "engine/text_stream.h"
+#include "text/tokenizer.h"
+
+namespace tern {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+bool device_sampling_allowed(const GenerationRequest& r) {
+  const SamplingParams& s = r.sampling;
+  return s.logit_bias.empty() && s.presence_penalty == 0.0f && s.frequency_penalty == 0.0f &&
+         s.repetition_penalty == 1.0f && s.top_logprobs < 0 && r.forced_tokens.empty();
+}
+
+}  // namespace
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::stop: return "stop";
+    case FinishReason::length: return "length";
+    case FinishReason::context: return "context";
+    case FinishReason::cancelled: return "cancelled";
+  }
+  return "?";
+}
+
+Generator::Generator(ModelRunner& runner, const Tokenizer& tokenizer, GeneratorOptions options)
+    : Generator(runner,
+                TokenTextSource{
+                    // Ids the tokenizer does not know (the model may have more rows than it) print as nothing.
+                    .bytes = [&tokenizer](int32_t id) {
+                      return tokenizer.contains(id) ? tokenizer.token_bytes(id) : std::string();
+                    },
+                    .is_special = [&tokenizer](int32_t id) { return tokenizer.contains(id) && tokenizer.is_special(id); }},
+                std::move(options)) {}
+
+Generator::Generator(ModelRunner& runner, TokenTextSource text, GeneratorOptions options)
+    : runner_(runner), text_(std::move(text)), options_(std::move(options)) {
+  TERN_CHECK(bool(text_.bytes), "generator: the token text source has no bytes function");
+  if (!text_.is_special) text_.is_special = [](int32_t) { return false; };
+  end_ids_ = runner_.config().eos_token_ids;
+  for (int32_t id : options_.extra_end_ids) end_ids_.push_back(id);
+  std::sort(end_ids_.begin(), end_ids_.end());
+  end_ids_.erase(std::unique(end_ids_.begin(), end_ids_.end()), end_ids_.end());
+  TERN_CHECK(options_.prefill_chunk > 0, "generator: prefill_chunk must be positive, got ", options_.prefill_chunk);
+}
+
+GenerationResult Generator::generate(Session& session, const GenerationRequest& request,
+                                     const std::function<bool(const TokenEvent&)>& on_token) {
+  const int64_t vocab = runner_.vocab_real();
+  const int64_t n_prompt = int64_t(request.prompt.size());
+  TERN_CHECK(n_prompt > 0, "the prompt is empty; at least one token is needed");
+  for (int32_t id : request.prompt)
+    TERN_CHECK(id >= 0 && id < vocab, "prompt token ", id, " is outside the vocabulary [0, ", vocab, ")");
+  for (int32_t id : request.forced_tokens)
+    TERN_CHECK(id >= 0 && id < vocab, "forced token ", id, " is outside the vocabulary [0, ", vocab, ")");
+  TERN_CHECK(request.max_tokens >= -1, "max_tokens must be >= 0 (or -1 for no limit), got ", request.max_tokens);
+  for (const std::string& s : request.stop) TERN_CHECK(!s.empty(), "a stop string is empty");
+  TERN_CHECK(n_prompt <= session.capacity(), "the prompt has ", n_prompt, " tokens but the context holds only ",
+             session.capacity());
+
+  GenerationResult result;
+  result.prompt_tokens = n_prompt;
+  Sampler sampler(request.sampling, vocab, request.prompt);
+  result.seed = sampler.seed();
+  const auto is_end = [&](int32_t id) {
+    return !request.ignore_eos && std::binary_search(end_ids_.begin(), end_ids_.end(), id);
+  };
+  const auto cancelled = [&] { return request.cancel && request.cancel->load(std::memory_order_relaxed); };
+
+  // ---- prefill: feed the part of the prompt the session does not hold yet ----
+  const auto t0 = Clock::now();
+  if (session.position() >= n_prompt) session.reset();
+  result.cached_tokens = session.position();
+  std::vector<float> logits;  // [V] of the last fed token
+  std::span<const int32_t> rest(request.prompt.data() + session.position(), size_t(n_prompt - session.position()));
+  while (!rest.empty()) {
+    if (cancelled()) {
+      result.finish = FinishReason::cancelled;
+      result.prefill_s = seconds_since(t0);
+      return result;
+    }
+    const size_t n = std::min<size_t>(rest.size(), size_t(options_.prefill_chunk));
+    runner_.forward(session, rest.first(n), false, logits);
+    rest = rest.subspan(n);
+  }
+  TERN_CHECK(int64_t(logits.size()) >= vocab, "the backend returned ", logits.size(), " logits for a vocabulary of ",
+             vocab);
+
+  // ---- decode ----
+  TextStream text(request.stop);
+  const bool want_logprobs = request.sampling.top_logprobs >= 0;
+  bool device_ok = options_.use_device_sampling && device_sampling_allowed(request);
+  const uint64_t max_tokens = request.max_tokens < 0 ? UINT64_MAX : uint64_t(request.max_tokens);
+  bool callback_stopped = false;
+  Clock::time_point t_decode = Clock::now();
+  bool first = true;
+  std::optional<int32_t> pending_device_id;  // a token already sampled on the device for this step
+
+  const auto emit = [&](TokenEvent& ev) -> bool {
+    result.text += ev.text;
+    if (!on_token) return true;
+    if (!on_token(ev)) {
+      callback_stopped = true;
+      return false;
+    }
+    return true;
+  };
+
+  for (uint64_t step = 0;; ++step) {
+    if (step >= max_tokens) {
+      result.finish = FinishReason::length;
+      break;
+    }
+    // Choose the next id from the logits of the last fed token.
+    SampleInfo info;
+    int32_t id;
+    if (pending_device_id) {
+      id = *pending_device_id;
+      pending_device_id.reset();
+    } else {
+      id = sampler.sample(logits, want_logprobs ? &info : nullptr);
+    }
+    const bool forced = step < request.forced_tokens.size();
+    if (forced) {
+      id = request.forced_tokens[step];
+      if (want_logprobs) info.logprob = sampler.last_logprob(logits, id);
+    }
+    if (first) {
+      result.prefill_s = seconds_since(t0);
+      t_decode = Clock::now();
+      first = false;
+    }
+    sampler.accept(id);
+    result.tokens.push_back(id);
+
+    if (is_end(id)) {
+      result.stop_id = id;
+      result.finish = FinishReason::stop;
+      break;
+    }
+    TokenEvent ev;
+    ev.id = id;
+    ev.index = int64_t(step);
+    ev.has_logprobs = want_logprobs;
+    ev.logprob = info.logprob;
+    ev.top_logprobs = std::move(info.top);
+    const bool skip = request.skip_special_tokens && text_.is_special(id);
+    const bool stopped = text.push(skip ? std::string() : text_.bytes(id), ev.text);
+    if (!emit(ev)) {
+      result.finish = FinishReason::cancelled;
+      break;
+    }
+    if (stopped) {
+      result.stop_string = text.matched_stop();
+      result.finish = FinishReason::stop;
+      break;
+    }
+    if (!request.forced_tokens.empty() && step + 1 == request.forced_tokens.size()) {
+      result.finish = FinishReason::stop;
+      result.message = "the forced tokens ended";
+      break;
+    }
+    if (step + 1 >= max_tokens) {
+      result.finish = FinishReason::length;
+      break;
+    }
+    if (cancelled()) {
+      result.finish = FinishReason::cancelled;
+      break;
+    }
+    if (session.position() + 1 > session.capacity()) {
+      result.finish = FinishReason::context;
+      result.message = detail::concat("the context limit of ", session.capacity(), " tokens was reached");
+      break;
+    }
+    // Feed the id; get the next logits (or the next id straight from the device).
+    const int32_t fed[1] = {id};
+    if (device_ok) {
+      DeviceSampling ds{.temperature = request.sampling.greedy() ? 0.0f : request.sampling.temperature,
+                        .top_k = std::max(0, request.sampling.top_k),
+                        .top_p = request.sampling.top_p,
+                        .min_p = request.sampling.min_p,
+                        .seed = sampler.seed(),
+                        .step = step + 1};
+      pending_device_id = runner_.forward_sample(session, fed, ds);
+      if (pending_device_id) continue;
+      device_ok = false;  // this backend has no device sampler: use the host one from now on
+    }
+    runner_.forward(session, fed, false, logits);
+  }
+  if (first) result.prefill_s = seconds_since(t0);
+  else result.decode_s = seconds_since(t_decode);
+
+  // Release held-back text (a partial stop string that never completed, an incomplete UTF-8 tail).
+  if (!callback_stopped && result.stop_string.empty()) {
+    TokenEvent ev;
+    ev.id = -1;
+    ev.index = int64_t(result.tokens.size());
+    text.finish(ev.text);
+    if (!ev.text.empty()) emit(ev);
+  }
+  result.completion_tokens = int64_t(result.tokens.size());
+  return result;
+}
+
+}  // namespace tern

@@ -1,0 +1,111 @@
+// The generation loop over one session: prefill the prompt, then decode one token per step until an end id, a
+// stop string, max_tokens, the context limit or cancellation. Streams stop-safe, UTF-8-complete text.
+//
+// Session contract: the session may already hold a prefix of the prompt (multi-turn reuse): generate() feeds only
+// prompt[session.position():]. The caller guarantees those held tokens equal the prompt's first ones; when the
+// session holds as many tokens as the prompt or more, it is reset and the whole prompt is run. After generate()
+// the session holds the prompt followed by every generated token except the last one (that one was never fed).
+//
+// Typical use (server, CLI):
+//   Generator gen(runner, tokenizer);
+//   auto session = runner.create_session(ctx);
+//   GenerationResult r = gen.generate(*session, request, [&](const TokenEvent& e) { out << e.text; return true; });
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/sampler.h"
+#include "model/runner.h"
+
+namespace tern {
+
+class Tokenizer;
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;          // token ids; must not be empty
+  SamplingParams sampling;
+  int64_t max_tokens = -1;              // -1: until an end id, a stop string or the context limit
+  std::vector<std::string> stop;        // stop strings; the matched text never reaches the output
+  bool ignore_eos = false;              // do not stop on end ids (they are still decoded as text, usually "")
+  bool skip_special_tokens = true;      // special tokens (<|im_end|> ...) produce no text
+  std::vector<int32_t> forced_tokens;   // debug: the model still runs, but step i emits forced_tokens[i]; after
+                                        // the list ends, generation stops with FinishReason::stop
+  const std::atomic<bool>* cancel = nullptr;  // optional: set to true to stop within one step
+};
+
+// One generated token. Emitted for every generated id except an end id that stops generation.
+struct TokenEvent {
+  int32_t id = -1;              // -1 only for the final flush event (held-back text released at the end)
+  std::string text;             // new output text: UTF-8-complete, never part of a stop string; may be empty
+  bool has_logprobs = false;    // request.sampling.top_logprobs >= 0
+  float logprob = 0.0f;         // of id, from the distribution the sampler used (after penalties, temperature)
+  std::vector<TokenLogprob> top_logprobs;  // [top_logprobs] alternatives, most probable first
+  int64_t index = 0;            // 0-based index of this token among the generated ones
+};
+
+enum class FinishReason {
+  stop,       // end id, stop string, or the end of forced_tokens
+  length,     // max_tokens reached
+  context,    // the session is full (message says so)
+  cancelled,  // the callback returned false or the cancel flag was set
+};
+const char* finish_reason_name(FinishReason r);  // "stop", "length", "context", "cancelled"
+
+struct GenerationResult {
+  FinishReason finish = FinishReason::stop;
+  std::string message;                  // human-readable detail (e.g. the context limit reached)
+  std::string stop_string;              // the stop string that matched, else ""
+  int32_t stop_id = -1;                 // the end id that stopped generation, else -1
+  std::vector<int32_t> tokens;          // every generated id (including a final end id)
+  std::string text;                     // the whole output text (what the events carried)
+  int64_t prompt_tokens = 0;            // request.prompt.size()
+  int64_t cached_tokens = 0;            // prompt tokens the session already held (not recomputed)
+  int64_t completion_tokens = 0;        // tokens.size()
+  double prefill_s = 0.0;               // prompt forward until the first token is sampled (time to first token)
+  double decode_s = 0.0;                // the remaining steps
+  uint64_t seed = 0;                    // the seed used (drawn at random when the request gave none)
+
+  double prefill_tok_s() const { return prefill_s > 0 ? double(prompt_tokens - cached_tokens) / prefill_s : 0.0; }
+  double decode_tok_s() const { return decode_s > 0 && completion_tokens > 1 ? double(completion_tokens - 1) / decode_s : 0.0; }
+};
+
+// Turns one id into its raw bytes for the output ("" for a special token that is skipped). Lets tests run the
+// loop without a real tokenizer.
+struct TokenTextSource {
+  std::function<std::string(int32_t id)> bytes;       // raw bytes of the token (byte-level BPE decoded)
+  std::function<bool(int32_t id)> is_special;         // skipped when skip_special_tokens
+};
+
+struct GeneratorOptions {
+  int64_t prefill_chunk = 2048;         // prompt tokens per forward call (cancellation is checked between chunks)
+  std::vector<int32_t> extra_end_ids;   // added to the config's eos_token_ids
+  bool use_device_sampling = true;      // use runner.forward_sample when the request allows it
+};
+
+class Generator {
+ public:
+  Generator(ModelRunner& runner, const Tokenizer& tokenizer, GeneratorOptions options = {});
+  Generator(ModelRunner& runner, TokenTextSource text, GeneratorOptions options = {});
+
+  // Runs one request. on_token returns false to cancel (generation stops before the next step). Throws
+  // tern::Error for a bad request (empty prompt, prompt longer than the session, bad sampling values, an id out of
+  // the vocabulary); the session is then left reset.
+  GenerationResult generate(Session& session, const GenerationRequest& request,
+                            const std::function<bool(const TokenEvent&)>& on_token = {});
+
+  const std::vector<int32_t>& end_ids() const { return end_ids_; }
+  ModelRunner& runner() { return runner_; }
+
+ private:
+  ModelRunner& runner_;
+  TokenTextSource text_;
+  GeneratorOptions options_;
+  std::vector<int32_t> end_ids_;
+};
+
+}  // namespace tern

@@ -1,1 +1,0 @@
-// Placeholder until config.cpp lands (Foundation helper deletes this file).

@@ -1,0 +1,68 @@
+// /v1/chat/completions: the prompt from the chat template, and the model's text turned into an OpenAI message or
+// stream deltas: reasoning (before </think>) -> reasoning_content, <tool_call> XML -> tool_calls (incremental
+// deltas when streaming), the rest -> content.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "engine/generator.h"
+#include "server/openai_response.h"
+#include "server/openai_schema.h"
+
+namespace tern {
+class ChatTemplate;
+class OutputParser;
+class Tokenizer;
+}  // namespace tern
+
+namespace tern::server {
+
+struct ChatPrompt {
+  std::string text;
+  bool starts_in_reasoning = false;  // the prompt ends inside an open <think> block
+};
+
+// Renders the request's messages and tools. Template errors (a system message in the middle, no user query, ...)
+// become a 400 that quotes the template's message.
+std::variant<ChatPrompt, ApiError> chat_render_prompt(const ChatRequest& request, const ChatTemplate& chat_template);
+
+// True when `prompt` ends inside a thinking block: its last <think> comes after its last </think>.
+bool prompt_ends_in_reasoning(const std::string& prompt);
+
+class ChatOutput {
+ public:
+  ChatOutput(const ChatRequest& request, const Tokenizer& tokenizer, ResponseMeta meta, bool starts_in_reasoning);
+  ~ChatOutput();
+
+  // The first stream chunk: {"delta":{"role":"assistant","content":""}}.
+  Json first_chunk() const;
+  // Stream chunks for one token event (often none: text held back by the parser).
+  std::vector<Json> on_token(const TokenEvent& event);
+  // The last stream chunks: what the parser still held, the finish_reason, then usage (include_usage).
+  std::vector<Json> finish_chunks(const GenerationResult& result);
+  // The non-streamed response (call after every on_token; finish_chunks is not needed).
+  Json response(const GenerationResult& result);
+
+ private:
+  struct Delta;
+  std::vector<Json> emit(Delta delta, bool final, const GenerationResult* result);
+  Json chunk(Json delta, const Json& finish_reason, Json logprobs) const;
+  void absorb(Delta& delta);
+  const char* finish_reason(const GenerationResult& result) const;
+
+  const ChatRequest& request_;
+  const Tokenizer& tokenizer_;
+  ResponseMeta meta_;
+  std::unique_ptr<OutputParser> parser_;
+  bool finished_ = false;
+  // The whole message so far.
+  std::string reasoning_, content_;
+  Json tool_calls_ = Json::array();   // complete calls: {"id","type","function":{"name","arguments"}}
+  Json logprobs_ = Json::array();     // every token's entry (non-stream response)
+  Json pending_logprobs_ = Json::array();  // entries not yet sent in a chunk
+};
+
+}  // namespace tern::server

@@ -1,0 +1,299 @@
+// POST /v1/chat/completions and /v1/completions: validate, build the prompt, queue a task for the engine loop,
+// then answer with one JSON object or an SSE stream fed by the engine's events. A client that goes away (seen by
+// polling its socket, or by a failed write) cancels its task: withdrawn from the queue if it still waits, else
+// stopped by the engine before its next decode step.
+#include <chrono>
+#include <cstdio>
+
+#include "core/check.h"
+#include "server/chat_output.h"
+#include "server/client_link.h"
+#include "server/openai_response.h"
+#include "server/server_state.h"
+#include "server/sse.h"
+#include "text/tokenizer.h"
+
+namespace tern::server {
+
+namespace {
+
+using namespace std::chrono_literals;
+constexpr auto kPollInterval = 20ms;     // how often a waiting handler checks its client
+constexpr auto kKeepAliveEvery = 2s;     // SSE comment while a stream waits in the queue
+
+ParseOptions parse_options(const ServerState& state) {
+  ParseOptions o;
+  o.model_id = state.model.model_id;
+  o.vocab_size = state.model.vocab_size;
+  o.allow_forced_output = state.options.allow_forced_output;
+  return o;
+}
+
+// generation_config defaults, overridden by the request.
+std::variant<SamplingParams, ApiError> sampling_params(const ServerState& state, const SamplingOverrides& o,
+                                                       int top_logprobs) {
+  SamplingParams p = state.model.defaults;
+  if (o.temperature) p.temperature = *o.temperature;
+  if (o.top_p) p.top_p = *o.top_p;
+  if (o.min_p) p.min_p = *o.min_p;
+  if (o.top_k) p.top_k = *o.top_k < 0 ? 0 : *o.top_k;
+  if (o.presence_penalty) p.presence_penalty = *o.presence_penalty;
+  if (o.frequency_penalty) p.frequency_penalty = *o.frequency_penalty;
+  if (o.repetition_penalty) p.repetition_penalty = *o.repetition_penalty;
+  if (o.seed) p.seed = *o.seed;
+  p.logit_bias = o.logit_bias;
+  p.top_logprobs = top_logprobs;
+  try {
+    p.validate();
+  } catch (const Error& e) {
+    return api_error_invalid("", strip_error_location(e.what()));
+  }
+  return p;
+}
+
+std::optional<ApiError> check_context(const ServerState& state, size_t prompt_tokens, int64_t max_tokens) {
+  if (int64_t(prompt_tokens) >= state.model.context)
+    return api_error_context(int64_t(prompt_tokens), max_tokens, state.model.context);
+  return std::nullopt;
+}
+
+// Everything a streamed response needs after the handler returns (the content provider runs later on the same
+// thread, possibly called several times).
+template <typename Request, typename Output>
+struct Exchange {
+  ServerState* state = nullptr;
+  Request request;
+  std::unique_ptr<Output> output;
+  std::shared_ptr<GenerationTask> task;
+  std::shared_ptr<ClientLink> link;
+  bool started = false;
+  bool finished = false;      // the last event was handled (response complete)
+  std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
+
+  void cancel() {
+    task->cancel = true;
+    if (state->engine) state->engine->withdraw(task);
+  }
+  bool client_gone() const { return link->gone() || state->stopping.load(); }
+};
+
+void log_result(const GenerationResult& r, const std::string& id) {
+  Json& f = request_log().fields;
+  f["id"] = id;
+  f["prompt_tokens"] = r.prompt_tokens;
+  f["completion_tokens"] = r.completion_tokens;
+  f["finish"] = finish_reason_name(r.finish);
+  f["prefill_ms"] = int64_t(r.prefill_s * 1000);
+  f["decode_tok_s"] = int64_t(r.decode_tok_s() * 10) / 10.0;
+}
+
+template <typename Output>
+std::vector<Json> first_chunks(Output& output) {
+  if constexpr (std::is_same_v<Output, ChatOutput>) return {output.first_chunk()};
+  else return {};
+}
+
+// The SSE content provider: returns false to end the response early (client gone, write failed).
+template <typename Ex>
+bool stream_step(Ex& ex, httplib::DataSink& sink) {
+  auto write = [&](const std::string& s) {
+    if (sink.write(s.data(), s.size())) {
+      ex.last_write = std::chrono::steady_clock::now();
+      return true;
+    }
+    ex.link->mark_gone();
+    ex.cancel();
+    return false;
+  };
+  if (!ex.started) {
+    ex.started = true;
+    for (const Json& c : first_chunks(*ex.output))
+      if (!write(sse_data(c))) return false;
+  }
+  for (;;) {
+    std::optional<EngineEvent> event = ex.task->events.pop(kPollInterval);
+    if (!event) {
+      if (ex.client_gone()) {
+        ex.cancel();
+        return false;
+      }
+      if (std::chrono::steady_clock::now() - ex.last_write > kKeepAliveEvery) return write(sse_comment("waiting"));
+      continue;
+    }
+    switch (event->kind) {
+      case EngineEvent::Kind::token:
+        for (const Json& c : ex.output->on_token(event->token))
+          if (!write(sse_data(c))) return false;
+        if (ex.client_gone()) {  // noticed between tokens: stop before the next decode step
+          ex.cancel();
+          return false;
+        }
+        return true;
+      case EngineEvent::Kind::done: {
+        const GenerationResult& r = event->result;
+        log_result(r, ex.task->id);
+        ex.finished = true;
+        if (r.finish == FinishReason::cancelled) return false;
+        for (const Json& c : ex.output->finish_chunks(r))
+          if (!write(sse_data(c))) return false;
+        if (!write(sse_done())) return false;
+        sink.done();
+        return true;
+      }
+      case EngineEvent::Kind::error: {
+        ex.finished = true;
+        request_log().fields["error"] = event->error.message;
+        // Headers are gone already: the error travels as an SSE event, as OpenAI does.
+        const Json body = Json::parse(api_error_body(event->error));
+        if (!write(sse_data(body)) || !write(sse_done())) return false;
+        sink.done();
+        return true;
+      }
+    }
+  }
+}
+
+// Queues the task and answers: a stream, or one JSON object when the generation is done.
+template <typename Request, typename Output>
+void serve(ServerState& state, const httplib::Request& req, httplib::Response& res,
+           std::shared_ptr<Exchange<Request, Output>> ex, bool stream) {
+  ex->link = std::make_shared<ClientLink>(req.local_port, req.remote_addr, req.remote_port);
+  ex->task->client_gone = [link = ex->link] { return link->gone(); };
+  request_log().fields["id"] = ex->task->id;
+  request_log().fields["stream"] = stream;
+  if (!state.engine->submit(ex->task)) {
+    ex->link->release();
+    respond_error(res, api_error_overloaded(state.engine->max_queue(), 1));
+    return;
+  }
+  if (stream) {
+    res.set_header("Cache-Control", "no-cache");
+    res.set_header("X-Accel-Buffering", "no");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [ex](size_t, httplib::DataSink& sink) { return stream_step(*ex, sink); },
+        [ex](bool) {
+          ex->link->release();
+          if (!ex->finished) ex->cancel();
+        });
+    return;
+  }
+  for (;;) {
+    std::optional<EngineEvent> event = ex->task->events.pop(kPollInterval);
+    if (!event) {
+      if (ex->client_gone()) {
+        ex->cancel();
+        ex->link->release();
+        request_log().fields["error"] = "client disconnected";
+        respond_error(res, api_error_invalid("", "The client disconnected; the generation was cancelled."));
+        return;
+      }
+      continue;
+    }
+    if (event->kind == EngineEvent::Kind::token) {
+      ex->output->on_token(event->token);
+      continue;
+    }
+    ex->link->release();
+    if (event->kind == EngineEvent::Kind::error) {
+      request_log().fields["error"] = event->error.message;
+      respond_error(res, event->error);
+      return;
+    }
+    log_result(event->result, ex->task->id);
+    respond_json(res, ex->output->response(event->result));
+    return;
+  }
+}
+
+bool model_ready(ServerState& state, httplib::Response& res) {
+  if (state.ready.load(std::memory_order_acquire)) return true;
+  ApiError e = api_error_internal("The model is still loading; retry shortly (GET /health says when it is ready).");
+  e.status = 503;
+  e.code = "model_loading";
+  e.retry_after_s = 5;
+  respond_error(res, e);
+  return false;
+}
+
+}  // namespace
+
+void handle_chat_completions(ServerState& state, const httplib::Request& req, httplib::Response& res) {
+  request_log().route = "/v1/chat/completions";
+  if (!model_ready(state, res)) return;
+  auto parsed = parse_chat_request(req.body, parse_options(state));
+  if (auto* e = std::get_if<ApiError>(&parsed)) return respond_error(res, *e);
+  auto ex = std::make_shared<Exchange<ChatRequest, ChatOutput>>();
+  ex->state = &state;
+  ex->request = std::move(std::get<ChatRequest>(parsed));
+  const ChatRequest& request = ex->request;
+
+  auto prompt = chat_render_prompt(request, *state.model.chat_template);
+  if (auto* e = std::get_if<ApiError>(&prompt)) return respond_error(res, *e);
+  const ChatPrompt& chat_prompt = std::get<ChatPrompt>(prompt);
+  auto sampling = sampling_params(state, request.sampling, request.logprobs ? request.top_logprobs : -1);
+  if (auto* e = std::get_if<ApiError>(&sampling)) return respond_error(res, *e);
+
+  auto task = std::make_shared<GenerationTask>();
+  task->id = response_id("chatcmpl-");
+  try {
+    task->request.prompt = state.model.tokenizer->encode(chat_prompt.text);
+    if (request.forced_output) task->request.forced_tokens = state.model.tokenizer->encode(*request.forced_output);
+  } catch (const Error& e) {
+    return respond_error(res, api_error_invalid("messages", strip_error_location(e.what())));
+  }
+  if (auto e = check_context(state, task->request.prompt.size(), request.max_tokens.value_or(-1)))
+    return respond_error(res, *e);
+  task->request.sampling = std::get<SamplingParams>(sampling);
+  task->request.max_tokens = request.max_tokens.value_or(-1);
+  task->request.stop = request.stop;
+  ex->task = task;
+  ex->output = std::make_unique<ChatOutput>(ex->request, *state.model.tokenizer,
+                                            ResponseMeta{task->id, unix_now(), state.model.model_id},
+                                            chat_prompt.starts_in_reasoning);
+  serve(state, req, res, ex, request.stream);
+}
+
+void handle_completions(ServerState& state, const httplib::Request& req, httplib::Response& res) {
+  request_log().route = "/v1/completions";
+  if (!model_ready(state, res)) return;
+  auto parsed = parse_completion_request(req.body, parse_options(state));
+  if (auto* e = std::get_if<ApiError>(&parsed)) return respond_error(res, *e);
+  auto ex = std::make_shared<Exchange<CompletionRequest, CompletionOutput>>();
+  ex->state = &state;
+  ex->request = std::move(std::get<CompletionRequest>(parsed));
+  const CompletionRequest& request = ex->request;
+
+  auto sampling = sampling_params(state, request.sampling, request.logprobs);
+  if (auto* e = std::get_if<ApiError>(&sampling)) return respond_error(res, *e);
+  auto task = std::make_shared<GenerationTask>();
+  task->id = response_id("cmpl-");
+  std::string echo_text;
+  try {
+    if (request.prompt_is_ids) {
+      task->request.prompt = request.prompt_ids;
+      if (request.echo) echo_text = state.model.tokenizer->decode(request.prompt_ids);
+    } else {
+      task->request.prompt = state.model.tokenizer->encode(request.prompt_text);
+      echo_text = request.prompt_text;
+    }
+    if (request.forced_output) task->request.forced_tokens = state.model.tokenizer->encode(*request.forced_output);
+  } catch (const Error& e) {
+    return respond_error(res, api_error_invalid("prompt", strip_error_location(e.what())));
+  }
+  if (task->request.prompt.empty()) return respond_error(res, api_error_invalid("prompt", "'prompt' encodes to no tokens."));
+  if (auto e = check_context(state, task->request.prompt.size(), request.max_tokens)) {
+    e->param = "prompt";
+    return respond_error(res, *e);
+  }
+  task->request.sampling = std::get<SamplingParams>(sampling);
+  task->request.max_tokens = request.max_tokens;
+  task->request.stop = request.stop;
+  ex->task = task;
+  ex->output = std::make_unique<CompletionOutput>(ex->request, *state.model.tokenizer,
+                                                  ResponseMeta{task->id, unix_now(), state.model.model_id},
+                                                  std::move(echo_text));
+  serve(state, req, res, ex, request.stream);
+}
+
+}  // namespace tern::server

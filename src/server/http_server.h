@@ -1,0 +1,86 @@
+// The HTTP front: cpp-httplib routes, API key, CORS, body limit, request logs, and the handlers of the
+// OpenAI-compatible API. Handlers parse and validate, tokenize, then hand a GenerationTask to the engine loop
+// and stream its events back; they never throw and never touch the model.
+//
+// The server listens before the model is loaded: /health answers 503 {"status":"loading"} and generation routes
+// 503 until set_model() is called.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "engine/generator.h"
+#include "engine/sampler.h"
+#include "server/metrics.h"
+
+namespace httplib {
+class Server;
+}
+namespace tern {
+class ChatTemplate;
+class Tokenizer;
+}  // namespace tern
+
+namespace tern::server {
+
+class EngineLoop;
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8080;                       // 0: any free port (see HttpServer::port())
+  std::string api_key;                   // "": no authentication
+  std::string cors_origin;               // "": no CORS headers
+  size_t max_queue = 64;                 // requests waiting beyond the running one; more get 503
+  size_t max_body_bytes = 8u << 20;      // larger bodies get 413
+  int http_threads = 0;                  // 0: max_queue + 8 (a streaming request holds a thread)
+  bool allow_forced_output = false;      // --debug-allow-forced-output: accept tern_debug_forced_output
+  bool log_requests = true;              // one JSON line per request on stderr
+};
+
+// The loaded model, as the handlers use it. Everything must outlive the server.
+struct ServerModel {
+  std::string model_id;                  // GET /v1/models id; requests naming another model get 404
+  const Tokenizer* tokenizer = nullptr;
+  const ChatTemplate* chat_template = nullptr;
+  Generator* generator = nullptr;        // used only by the engine loop's thread
+  SamplingParams defaults;               // generation_config.json
+  int64_t context = 0;                   // the session's capacity (--ctx-size)
+  int64_t vocab_size = 0;                // ids below it are valid in logit_bias and prompts
+};
+
+class HttpServer {
+ public:
+  explicit HttpServer(ServerOptions options);
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Binds the socket (throws tern::Error naming host:port when it cannot). Returns the bound port.
+  int bind();
+  // Serves until stop(). Call bind() first.
+  void listen();
+  // Stops listening; running generations are cancelled. Safe from a signal-handling thread.
+  void stop();
+
+  // Makes the generation routes live (creates the engine loop). Call once.
+  void set_model(const ServerModel& model);
+
+  int port() const { return port_; }
+  Metrics& metrics() { return metrics_; }
+
+  struct State;  // the handlers' shared state (defined in http_server.cpp)
+
+ private:
+  void install_routes();
+
+  ServerOptions options_;
+  std::unique_ptr<httplib::Server> http_;
+  std::shared_ptr<State> state_;
+  Metrics metrics_;
+  int port_ = 0;
+};
+
+}  // namespace tern::server

@@ -1,0 +1,288 @@
+// The generation loop against a scripted fake backend: end ids, stop strings, max_tokens, the context limit,
+// cancellation, forced tokens, session reuse, token counts and log-probabilities.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <limits>
+#include <random>
+
+#include "core/check.h"
+#include "engine/generator.h"
+
+namespace tern {
+namespace {
+
+constexpr int64_t kVocab = 40, kPadded = 64;
+constexpr int32_t kEnd = 1;
+
+class FakeSession : public Session {
+ public:
+  explicit FakeSession(int64_t cap) : cap_(cap) {}
+  int64_t position() const override { return int64_t(tokens.size()); }
+  int64_t capacity() const override { return cap_; }
+  void reset() override { tokens.clear(); }
+  std::vector<int32_t> tokens;
+
+ private:
+  int64_t cap_;
+};
+
+// Next token after t is next(t) = (3 * t + 2) % kVocab, the clear favourite; token 0 is never predicted after a
+// non-zero token. script_end: after that many fed tokens, the end id is the favourite.
+class FakeRunner : public ModelRunner {
+ public:
+  FakeRunner() {
+    config_.vocab_size = kPadded;
+    config_.eos_token_ids = {kEnd};
+  }
+  std::string backend_name() const override { return "fake"; }
+  const Config& config() const override { return config_; }
+  int64_t vocab_real() const override { return kVocab; }
+  std::unique_ptr<Session> create_session(int64_t max_context) override {
+    return std::make_unique<FakeSession>(max_context);
+  }
+  void forward(Session& session, std::span<const int32_t> tokens, bool all_logits,
+               std::vector<float>& logits) override {
+    auto& s = static_cast<FakeSession&>(session);
+    TERN_CHECK(s.position() + int64_t(tokens.size()) <= s.capacity(), "fake: over capacity");
+    s.tokens.insert(s.tokens.end(), tokens.begin(), tokens.end());
+    forward_calls++;
+    fed += int64_t(tokens.size());
+    logits.assign(size_t(kPadded), 0.0f);
+    for (int64_t i = kVocab; i < kPadded; ++i) logits[size_t(i)] = -std::numeric_limits<float>::infinity();
+    const int32_t t = tokens.back();
+    const int32_t next = end_after > 0 && s.position() >= end_after ? kEnd : (3 * t + 2) % int32_t(kVocab);
+    logits[size_t(next)] = 8.0f;
+  }
+  static int32_t next(int32_t t) { return (3 * t + 2) % int32_t(kVocab); }
+
+  Config config_;
+  int64_t end_after = 0;
+  int forward_calls = 0;
+  int64_t fed = 0;
+};
+
+// Token t prints as one ASCII character ('0' + t), except the end id (special, "<end>").
+TokenTextSource letters() {
+  return {.bytes = [](int32_t id) { return id == kEnd ? std::string("<end>") : std::string(1, char('0' + id)); },
+          .is_special = [](int32_t id) { return id == kEnd; }};
+}
+
+GenerationRequest greedy_request(std::vector<int32_t> prompt, int64_t max_tokens) {
+  GenerationRequest r;
+  r.prompt = std::move(prompt);
+  r.sampling.temperature = 0.0f;
+  r.max_tokens = max_tokens;
+  return r;
+}
+
+std::string letters_of(const std::vector<int32_t>& ids) {
+  std::string s;
+  for (int32_t id : ids) s += char('0' + id);
+  return s;
+}
+
+TEST(Generator, GreedyFollowsTheModelUntilMaxTokens) {
+  FakeRunner runner;
+  Generator gen(runner, letters());
+  auto session = runner.create_session(100);
+  std::vector<TokenEvent> events;
+  auto r = gen.generate(*session, greedy_request({5, 6}, 6), [&](const TokenEvent& e) {
+    events.push_back(e);
+    return true;
+  });
+  std::vector<int32_t> want;
+  for (int32_t t = 6; want.size() < 6;) want.push_back(t = FakeRunner::next(t));
+  EXPECT_EQ(r.tokens, want);
+  EXPECT_EQ(r.finish, FinishReason::length);
+  EXPECT_EQ(r.prompt_tokens, 2);
+  EXPECT_EQ(r.completion_tokens, 6);
+  EXPECT_EQ(r.text, letters_of(want));
+  ASSERT_EQ(events.size(), 6u);
+  for (size_t i = 0; i < events.size(); ++i) {
+    EXPECT_EQ(events[i].id, want[i]);
+    EXPECT_EQ(events[i].index, int64_t(i));
+  }
+  // The session holds the prompt and every generated token but the last.
+  EXPECT_EQ(session->position(), 2 + 6 - 1);
+  EXPECT_GE(r.prefill_s, 0.0);
+  EXPECT_GE(r.decode_s, 0.0);
+}
+
+TEST(Generator, EndIdStopsAndIsNotShown) {
+  FakeRunner runner;
+  runner.end_after = 5;
+  Generator gen(runner, letters());
+  auto session = runner.create_session(100);
+  auto r = gen.generate(*session, greedy_request({2, 3}, 50));
+  EXPECT_EQ(r.finish, FinishReason::stop);
+  EXPECT_EQ(r.stop_id, kEnd);
+  ASSERT_EQ(r.tokens.size(), 4u);  // 3 normal tokens fed at positions 3..5, then the end id
+  EXPECT_EQ(r.tokens.back(), kEnd);
+  EXPECT_EQ(r.text.find("<end>"), std::string::npos);
+  EXPECT_EQ(r.completion_tokens, 4);
+
+  GenerationRequest ig = greedy_request({2, 3}, 6);
+  ig.ignore_eos = true;
+  session->reset();
+  auto r2 = gen.generate(*session, ig);
+  EXPECT_EQ(r2.finish, FinishReason::length);
+  EXPECT_EQ(r2.tokens.size(), 6u);
+  EXPECT_EQ(r2.text.find("<end>"), std::string::npos);  // special: skipped
+  ig.skip_special_tokens = false;
+  session->reset();
+  auto r3 = gen.generate(*session, ig);
+  EXPECT_NE(r3.text.find("<end>"), std::string::npos);
+}
+
+TEST(Generator, StopStringAcrossTokensNeverReachesTheStream) {
+  FakeRunner runner;
+  Generator gen(runner, letters());
+  auto session = runner.create_session(100);
+  // Greedy from 6 cycles through 20, 22, 28, 6.
+  std::vector<int32_t> seq;
+  for (int32_t t = 6; seq.size() < 8;) seq.push_back(t = FakeRunner::next(t));
+  const std::string all = letters_of(seq);
+  GenerationRequest req = greedy_request({6}, 30);
+  req.stop = {all.substr(2, 3)};
+  std::string streamed;
+  auto r = gen.generate(*session, req, [&](const TokenEvent& e) {
+    streamed += e.text;
+    return true;
+  });
+  EXPECT_EQ(r.finish, FinishReason::stop);
+  EXPECT_EQ(r.stop_string, req.stop[0]);
+  EXPECT_EQ(streamed, all.substr(0, 2));
+  EXPECT_EQ(r.text, streamed);
+  EXPECT_EQ(r.tokens.size(), 5u);
+}
+
+TEST(Generator, ContextLimitEndsWithAClearMessage) {
+  FakeRunner runner;
+  Generator gen(runner, letters());
+  auto session = runner.create_session(10);
+  auto r = gen.generate(*session, greedy_request({3, 4, 6}, -1));
+  EXPECT_EQ(r.finish, FinishReason::context);
+  EXPECT_NE(r.message.find("10"), std::string::npos) << r.message;
+  EXPECT_EQ(session->position(), 10);
+  EXPECT_EQ(r.completion_tokens, 8);
+
+  auto small = runner.create_session(2);
+  try {
+    gen.generate(*small, greedy_request({3, 4, 5}, 4));
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("3 tokens"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("2"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Generator, CallbackAndFlagCancelWithinOneStep) {
+  FakeRunner runner;
+  Generator gen(runner, letters());
+  auto session = runner.create_session(100);
+  int seen = 0;
+  auto r = gen.generate(*session, greedy_request({3}, 50), [&](const TokenEvent&) { return ++seen < 3; });
+  EXPECT_EQ(r.finish, FinishReason::cancelled);
+  EXPECT_EQ(seen, 3);
+  EXPECT_EQ(r.completion_tokens, 3);
+
+  std::atomic<bool> flag{false};
+  GenerationRequest req = greedy_request({3}, 50);
+  req.cancel = &flag;
+  session->reset();
+  int calls = 0;
+  auto r2 = gen.generate(*session, req, [&](const TokenEvent&) {
+    if (++calls == 4) flag = true;
+    return true;
+  });
+  EXPECT_EQ(r2.finish, FinishReason::cancelled);
+  EXPECT_EQ(r2.completion_tokens, 4);
+}
+
+TEST(Generator, ForcedTokensReplaceTheSampledOnes) {
+  FakeRunner runner;
+  Generator gen(runner, letters());
+  auto session = runner.create_session(100);
+  GenerationRequest req = greedy_request({3}, 50);
+  req.forced_tokens = {7, 8, 9};
+  req.sampling.top_logprobs = 2;
+  std::vector<TokenEvent> ev;
+  auto r = gen.generate(*session, req, [&](const TokenEvent& e) {
+    ev.push_back(e);
+    return true;
+  });
+  EXPECT_EQ(r.tokens, req.forced_tokens);
+  EXPECT_EQ(r.text, "789");
+  EXPECT_EQ(r.finish, FinishReason::stop);
+  EXPECT_EQ(runner.fed, 1 + 2);  // the model ran on the prompt and the forced tokens (the last is never fed)
+  ASSERT_EQ(ev.size(), 3u);
+  // The model predicted next(3) = 11 after the prompt; forced 7 had a low log-probability under it.
+  EXPECT_TRUE(ev[0].has_logprobs);
+  EXPECT_LT(ev[0].logprob, -7.0f);
+  ASSERT_EQ(ev[0].top_logprobs.size(), 2u);
+  EXPECT_EQ(ev[0].top_logprobs[0].id, FakeRunner::next(3));
+  EXPECT_GT(ev[0].top_logprobs[0].logprob, -0.01f);
+
+  req.forced_tokens = {7, kEnd, 9};
+  session->reset();
+  auto r2 = gen.generate(*session, req);
+  EXPECT_EQ(r2.tokens, (std::vector<int32_t>{7, kEnd}));
+  EXPECT_EQ(r2.stop_id, kEnd);
+}
+
+TEST(Generator, SessionReuseFeedsOnlyTheNewPart) {
+  FakeRunner runner;
+  Generator gen(runner, letters());
+  auto session = runner.create_session(100);
+  auto r1 = gen.generate(*session, greedy_request({3, 4, 6}, 3));
+  ASSERT_EQ(session->position(), 5);
+  // Next turn: prompt = previous prompt + previous output (all held but the last) + new tokens.
+  std::vector<int32_t> prompt = {3, 4, 6};
+  prompt.insert(prompt.end(), r1.tokens.begin(), r1.tokens.end());
+  prompt.push_back(9);
+  runner.fed = 0;
+  auto r2 = gen.generate(*session, greedy_request(prompt, 2));
+  EXPECT_EQ(r2.cached_tokens, 5);
+  EXPECT_EQ(runner.fed, int64_t(prompt.size()) - 5 + 1);
+  EXPECT_EQ(r2.tokens[0], FakeRunner::next(9));
+  // A session holding more than the prompt is reset and the whole prompt runs.
+  runner.fed = 0;
+  auto r3 = gen.generate(*session, greedy_request({3, 4}, 1));
+  EXPECT_EQ(r3.cached_tokens, 0);
+  EXPECT_EQ(runner.fed, 2);
+}
+
+TEST(Generator, BadRequestsAreErrors) {
+  FakeRunner runner;
+  Generator gen(runner, letters());
+  auto session = runner.create_session(100);
+  EXPECT_THROW(gen.generate(*session, greedy_request({}, 3)), Error);
+  EXPECT_THROW(gen.generate(*session, greedy_request({kVocab}, 3)), Error);  // a padded id
+  GenerationRequest r = greedy_request({3}, 3);
+  r.sampling.top_p = 2.0f;
+  EXPECT_THROW(gen.generate(*session, r), Error);
+  GenerationRequest f = greedy_request({3}, 3);
+  f.forced_tokens = {-1};
+  EXPECT_THROW(gen.generate(*session, f), Error);
+}
+
+TEST(Generator, SeededSamplingIsRepeatable) {
+  FakeRunner runner;
+  Generator gen(runner, letters());
+  auto session = runner.create_session(100);
+  GenerationRequest req;
+  req.prompt = {3};
+  req.max_tokens = 20;
+  req.sampling.temperature = 8.0f;  // flat enough to wander
+  req.sampling.seed = std::random_device{}();
+  std::printf("seed=%llu\n", static_cast<unsigned long long>(*req.sampling.seed));
+  auto a = gen.generate(*session, req);
+  session->reset();
+  auto b = gen.generate(*session, req);
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_EQ(a.seed, *req.sampling.seed);
+}
+
+}  // namespace
+}  // namespace tern
