@@ -1,7 +1,198 @@
+// tern bench: prefill and decode tok/s from 256 to 128K tokens, with achieved GB/s and TFLOP/s against the
+// ceilings, time to first token and peak memory (src/engine/bench_run.h holds the method).
+//
+//   tern bench --synthetic --device cuda --lengths 256,4K,128K --json bench.json --plot bench.svg
+//   tern bench --demo --lengths 256,512          (CPU, the built-in demo model)
+//   tern bench -m DIR                            (a real checkpoint)
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+
 #include "cli/commands.h"
+#include "core/check.h"
+#include "core/thread_pool.h"
+#include "cpu/cpu_runner.h"
+#include "engine/bench_roofline.h"
+#include "engine/bench_run.h"
+#include "engine/demo_model.h"
+#include "model/checkpoint.h"
+#include "model/config.h"
+
+#ifdef TERN_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "cuda/cuda_runner.h"
+#endif
 
 namespace tern::cli {
 
-void command_bench(CLI::App& app) { command_not_built(app, "bench", "Prefill and decode speed table"); }
+namespace {
+
+struct BenchArgs {
+  std::string model_dir;
+  bool synthetic = false, demo = false;
+  std::string device = "auto";
+  std::string dtype = "auto";
+  std::string lengths = "256,512,1K,2K,4K,8K,16K,32K,64K,128K";
+  int repeats = 3, warmup = 1, decode_steps = 32;
+  int64_t prefill_chunk = 0;
+  uint64_t seed = 1;
+  double peak_gb_s = -1, peak_tflop_s = -1;  // -1: the H200 figures of targets.md on CUDA, none on the CPU
+  std::string json_path, plot_path;
+  bool quiet = false;
+};
+
+std::string cpu_description() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, name = "CPU";
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      if (colon != std::string::npos) name = line.substr(colon + 2);
+      break;
+    }
+  return name + ", " + std::to_string(thread_pool_global().size()) + " threads";
+}
+
+std::string weights_description(const ModelWeights& w) {
+  std::string formats;
+  for (const auto& [name, m] : w.all_matrices()) {
+    const std::string f = weight_format_name(m->format);
+    if (formats.find(f) == std::string::npos) formats += (formats.empty() ? "" : "/") + f;
+  }
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "%d layers, %lld experts top-%d, %s, %.2f GB of weights", w.config.num_hidden_layers,
+                (long long)w.config.num_experts, w.config.num_experts_per_tok, formats.c_str(),
+                double(w.total_bytes()) * 1e-9);
+  return buf;
+}
+
+void write_file(const std::string& path, const std::string& text, const char* what) {
+  std::ofstream out(path, std::ios::binary);
+  TERN_CHECK(out.good(), "cannot write the ", what, " file ", path);
+  out << text;
+  out.close();
+  TERN_CHECK(out.good(), "writing the ", what, " file ", path, " failed");
+}
+
+void run_bench(const BenchArgs& a) {
+  TERN_CHECK(int(!a.model_dir.empty()) + int(a.synthetic) + int(a.demo) == 1,
+             "tern bench: give exactly one of -m DIR, --synthetic or --demo");
+  TERN_CHECK(a.device == "auto" || a.device == "cpu" || a.device == "cuda", "--device '", a.device,
+             "' is not auto, cpu or cuda");
+  BenchOptions o;
+  o.lengths = bench_parse_lengths(a.lengths);
+  o.repeats = a.repeats;
+  o.warmup = a.warmup;
+  o.decode_steps = a.decode_steps;
+  o.prefill_chunk = a.prefill_chunk;
+  o.seed = a.seed;
+
+  std::string device = a.device;
+#ifdef TERN_HAVE_CUDA
+  if (device == "auto") device = cuda_device_count() > 0 ? "cuda" : "cpu";
+#else
+  if (device == "auto") device = "cpu";
+  TERN_CHECK(device != "cuda", "--device cuda: this tern was built without the CUDA backend (backends: ",
+             compiled_backends(), ")");
+#endif
+  TERN_CHECK(!a.synthetic || device == "cuda",
+             "--synthetic generates full-size weights on the GPU: it needs --device cuda");
+
+  BenchReport report;
+  std::unique_ptr<ModelRunner> runner;
+  std::shared_ptr<const ModelWeights> weights;
+  Roofline roofline;
+  if (a.synthetic) {
+#ifdef TERN_HAVE_CUDA
+    const Config config = config_parse(R"({"model_type": "qwen3_5_moe_text"})");
+    const ModelWeights shapes = weights_mlx4_shapes(config);
+    roofline = roofline_from_weights(shapes);
+    runner = cuda_runner_create_synthetic(config, a.seed);
+    report.model = "synthetic Qwen3.6-35B-A3B, random weights in the MLX 4-bit layout (routing near uniform), " +
+                   weights_description(shapes);
+#endif
+  } else {
+    if (a.demo) {
+      weights = demo_model_build();
+      report.model = "demo model (random weights), " + weights_description(*weights);
+    } else {
+      LoadOptions lo;
+      lo.dtype = load_dtype_parse(a.dtype);
+      weights = std::make_shared<const ModelWeights>(model_load(a.model_dir, lo));
+      report.model = a.model_dir + " (" + weights->source_layout + "), " + weights_description(*weights);
+    }
+    roofline = roofline_from_weights(*weights);
+    if (device == "cpu") {
+      runner = cpu_runner_create(weights);
+    } else {
+#ifdef TERN_HAVE_CUDA
+      runner = cuda_runner_create(weights);
+#endif
+    }
+  }
+  TERN_CHECK(runner != nullptr, "tern bench: no runner for device ", device);
+
+  if (device == "cuda") {
+#ifdef TERN_HAVE_CUDA
+    report.device = cuda_device_name();
+    // The ceilings measured on the H200 of targets.md.
+    o.peak_gb_s = a.peak_gb_s >= 0 ? a.peak_gb_s : 4600;
+    o.peak_tflop_s = a.peak_tflop_s >= 0 ? a.peak_tflop_s : 790;
+    o.memory_in_use = [] {
+      size_t free_bytes = 0, total_bytes = 0;
+      if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) return int64_t(0);
+      return int64_t(total_bytes - free_bytes);
+    };
+#endif
+  } else {
+    report.device = cpu_description();
+    o.peak_gb_s = a.peak_gb_s > 0 ? a.peak_gb_s : 0;
+    o.peak_tflop_s = a.peak_tflop_s > 0 ? a.peak_tflop_s : 0;
+  }
+  if (!a.quiet) o.log = [](const std::string& line) { std::fprintf(stderr, "bench: %s\n", line.c_str()); };
+
+  BenchReport measured = bench_run(*runner, roofline, o);
+  measured.version = TERN_VERSION;
+  measured.device = report.device;
+  measured.model = report.model;
+  measured.command = "tern bench " +
+                     (a.synthetic ? std::string("--synthetic") : a.demo ? std::string("--demo") : "-m " + a.model_dir) +
+                     " --device " + device + " --lengths " + a.lengths + " --repeats " + std::to_string(a.repeats) +
+                     " --warmup " + std::to_string(a.warmup) + " --decode-steps " + std::to_string(a.decode_steps) +
+                     (a.prefill_chunk ? " --prefill-chunk " + std::to_string(a.prefill_chunk) : std::string());
+  if (device == "cuda") measured.memory_kind = "GPU memory in use (cudaMemGetInfo), highest sample";
+  std::fputs(bench_table(measured).c_str(), stdout);
+  std::fflush(stdout);
+  if (!a.json_path.empty()) write_file(a.json_path, bench_json(measured), "JSON");
+  if (!a.plot_path.empty()) write_file(a.plot_path, bench_svg(measured), "plot");
+}
+
+}  // namespace
+
+void command_bench(CLI::App& app) {
+  auto args = std::make_shared<BenchArgs>();
+  auto* sub = app.add_subcommand("bench", "Prefill and decode speed table from 256 to 128K tokens");
+  sub->add_option("-m,--model", args->model_dir, "Model folder (HF BF16 or MLX)");
+  sub->add_flag("--synthetic", args->synthetic, "Full-size random weights generated on the GPU (needs --device cuda)");
+  sub->add_flag("--demo", args->demo, "The built-in demo model (random weights, small)");
+  sub->add_option("--device", args->device, "auto, cpu or cuda")->capture_default_str();
+  sub->add_option("--dtype", args->dtype, "Weights of -m: auto, q4 or bf16")->capture_default_str();
+  sub->add_option("--lengths", args->lengths, "Prompt lengths, e.g. 256,4K,128K")->capture_default_str();
+  sub->add_option("--repeats", args->repeats, "Timed runs per length (the median is reported)")->capture_default_str();
+  sub->add_option("--warmup", args->warmup, "Untimed runs per length before the timed ones")->capture_default_str();
+  sub->add_option("--decode-steps", args->decode_steps, "Decode tokens timed after each prefill")
+      ->capture_default_str();
+  sub->add_option("--prefill-chunk", args->prefill_chunk, "Prompt tokens per forward call (0: all in one)")
+      ->capture_default_str();
+  sub->add_option("--seed", args->seed, "Seed of the prompt tokens and of synthetic weights")->capture_default_str();
+  sub->add_option("--peak-gbs", args->peak_gb_s, "Memory bandwidth ceiling in GB/s (default on CUDA: 4600, H200)");
+  sub->add_option("--peak-tflops", args->peak_tflop_s, "Compute ceiling in TFLOP/s (default on CUDA: 790, H200 bf16)");
+  sub->add_option("--json", args->json_path, "Write the results as JSON to this file");
+  sub->add_option("--plot", args->plot_path, "Write an SVG plot of tok/s against length to this file");
+  sub->add_flag("-q,--quiet", args->quiet, "No progress lines on stderr");
+  sub->callback([args] { run_bench(*args); });
+}
 
 }  // namespace tern::cli

@@ -1,7 +1,126 @@
+// tern logits: float32 logits of every position as .npy, for checking tern against reference implementations.
+//
+//   tern logits -m DIR --tokens 1,2,3 --out FILE.npy [--prefill N] [--dump-activations DIR] [--dtype stored]
+//
+// The first N tokens (default: all) go through one prefill; the rest are decoded one at a time, continuing the
+// same session, so one command checks both paths. The output is [T, V]; padded ids (>= the tokenizer's id count)
+// are -inf.
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
 #include "cli/commands.h"
+#include "core/check.h"
+#include "core/npy.h"
+#include "cpu/cpu_runner.h"
+#include "model/checkpoint.h"
 
 namespace tern::cli {
+namespace {
 
-void command_logits(CLI::App& app) { command_not_built(app, "logits", "Write the logits of every position as .npy"); }
+struct LogitsArgs {
+  std::string model_dir, tokens, tokens_file, out, dump_dir, dtype = "stored", gdn = "chunked";
+  int64_t prefill = -1;
+  int gdn_chunk = 64;
+};
+
+std::vector<int32_t> parse_token_list(const std::string& text, const std::string& where) {
+  std::vector<int32_t> ids;
+  std::string item;
+  std::istringstream in(text);
+  auto flush = [&] {
+    if (item.empty()) return;
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    TERN_CHECK(used == item.size() && v >= 0 && v <= INT32_MAX, "bad token id '", item, "' in ", where);
+    ids.push_back(int32_t(v));
+    item.clear();
+  };
+  for (char c; in.get(c);) {
+    if (c == ',' || c == ' ' || c == '\n' || c == '\t' || c == '\r')
+      flush();
+    else
+      item += c;
+  }
+  flush();
+  return ids;
+}
+
+std::vector<int32_t> read_tokens(const LogitsArgs& a) {
+  TERN_CHECK(a.tokens.empty() != a.tokens_file.empty(), "give exactly one of --tokens and --tokens-file");
+  if (!a.tokens.empty()) return parse_token_list(a.tokens, "--tokens");
+  if (a.tokens_file.size() > 4 && a.tokens_file.substr(a.tokens_file.size() - 4) == ".npy") {
+    NpyArray arr = npy_read(a.tokens_file);
+    TERN_CHECK(arr.dtype == "<i4", "--tokens-file ", a.tokens_file, " must hold int32 ids, got ", arr.dtype);
+    return arr.i32;
+  }
+  std::ifstream f(a.tokens_file);
+  TERN_CHECK(f.good(), "cannot open --tokens-file ", a.tokens_file);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return parse_token_list(ss.str(), a.tokens_file);
+}
+
+void run_logits(const LogitsArgs& a) {
+  const std::vector<int32_t> tokens = read_tokens(a);
+  const int64_t T = int64_t(tokens.size());
+  TERN_CHECK(T > 0, "no tokens given");
+  const int64_t prefill = a.prefill < 0 ? T : a.prefill;
+  TERN_CHECK(prefill >= 1 && prefill <= T, "--prefill ", prefill, " must be in [1, ", T, "]");
+  TERN_CHECK(a.gdn == "chunked" || a.gdn == "recurrent", "--gdn must be chunked or recurrent, got '", a.gdn, "'");
+
+  LoadOptions lo;
+  lo.dtype = load_dtype_parse(a.dtype);
+  lo.progress = false;
+  auto weights = std::make_shared<ModelWeights>(model_load(a.model_dir, lo));
+  auto runner = cpu_runner_create(weights, CpuRunnerOptions{.gdn_chunked = a.gdn == "chunked", .gdn_chunk = a.gdn_chunk});
+  if (!a.dump_dir.empty()) runner->set_activation_dump_dir(a.dump_dir);
+  const int64_t V = runner->config().vocab_size;
+
+  auto session = runner->create_session(T);
+  std::vector<float> all, step;
+  const auto t0 = std::chrono::steady_clock::now();
+  runner->forward(*session, std::span(tokens).first(size_t(prefill)), true, all);
+  const auto t1 = std::chrono::steady_clock::now();
+  if (!a.dump_dir.empty()) runner->set_activation_dump_dir("");  // dumps describe the prefill
+  for (int64_t t = prefill; t < T; ++t) {
+    runner->forward(*session, std::span(tokens).subspan(size_t(t), 1), false, step);
+    all.insert(all.end(), step.begin(), step.end());
+  }
+  const auto t2 = std::chrono::steady_clock::now();
+  npy_write_f32(a.out, all.data(), {T, V});
+  const double sp = std::chrono::duration<double>(t1 - t0).count(), sd = std::chrono::duration<double>(t2 - t1).count();
+  std::fprintf(stderr, "tern logits: %lld tokens (prefill %lld: %.1f tok/s", (long long)T, (long long)prefill,
+               double(prefill) / sp);
+  if (T > prefill) std::fprintf(stderr, "; decode %lld: %.2f tok/s", (long long)(T - prefill), double(T - prefill) / sd);
+  std::fprintf(stderr, ") -> %s [%lld, %lld]\n", a.out.c_str(), (long long)T, (long long)V);
+}
+
+}  // namespace
+
+void command_logits(CLI::App& app) {
+  auto args = std::make_shared<LogitsArgs>();
+  auto* sub = app.add_subcommand("logits", "Write the float32 logits of every position as .npy (CPU backend)");
+  sub->add_option("-m,--model", args->model_dir, "Checkpoint directory")->required();
+  sub->add_option("--tokens", args->tokens, "Token ids, comma separated");
+  sub->add_option("--tokens-file", args->tokens_file, "File of token ids (text, or int32 .npy)");
+  sub->add_option("--out", args->out, "Output .npy: float32 [T, V]")->required();
+  sub->add_option("--prefill", args->prefill, "Prefill this many tokens at once, decode the rest one by one");
+  sub->add_option("--dump-activations", args->dump_dir, "Write each named intermediate of the prefill here");
+  sub->add_option("--dtype", args->dtype, "Weights: stored (as in the files), auto, q4 or bf16")
+      ->capture_default_str();
+  sub->add_option("--gdn", args->gdn, "Gated DeltaNet prefill: chunked or recurrent")->capture_default_str();
+  sub->add_option("--gdn-chunk", args->gdn_chunk, "Chunk size of the chunked Gated DeltaNet")->capture_default_str();
+  sub->callback([args] { run_logits(*args); });
+}
 
 }  // namespace tern::cli

@@ -163,7 +163,8 @@ class CudaRunner final : public ModelRunner {
     const int E = c.num_experts, k = c.num_experts_per_tok;
     const int64_t F = c.moe_intermediate_size, Fs = c.shared_expert_intermediate_size, V = c.vocab_size;
     const int64_t mixer_gdn = T * (2 * C + 3 * Hv * dv + 4 * Hv);
-    const int64_t attn_parts = attn_partial_floats(T, int(Hq), int(dh), attn_splits_for(T, int(Hkv)));
+    // T·splits <= max(T, 128) for every chunk length up to T (attn_splits_for).
+    const int64_t attn_parts = attn_partial_floats(std::max<int64_t>(T, 128), int(Hq), int(dh), 1);
     const int64_t mixer_attn = T * (Hq * 2 * dh + 2 * Hkv * dh + 2 * Hq * dh) + attn_parts;
     const int64_t floats = 2 * T * D + std::max(mixer_gdn, mixer_attn) + T * E + T * k + T +
                            T * k * (2 * F + D) + T * (2 * Fs + D) + kLmRows * V + sample_scratch_floats(V);

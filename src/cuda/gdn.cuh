@@ -11,7 +11,7 @@ namespace tern::cuda {
 struct GdnDims {
   int64_t T = 0;
   int Hk = 16, Hv = 32, dk = 128, dv = 128;
-  int64_t C() const { return 2LL * Hk * dk + int64_t(Hv) * dv; }
+  __host__ __device__ int64_t C() const { return 2LL * Hk * dk + int64_t(Hv) * dv; }
 };
 
 // In place on qkv [T, C] = [q (Hk·dk) | k (Hk·dk) | v (Hv·dv)] (after conv + SiLU):

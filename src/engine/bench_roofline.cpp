@@ -77,4 +77,70 @@ Roofline roofline_from_weights(const ModelWeights& w, const RooflineAssumptions&
   return r;
 }
 
+namespace {
+
+Matrix shape(WeightFormat f, int64_t rows, int64_t cols, int64_t experts = 1) {
+  Matrix m;
+  m.format = f;
+  m.rows = rows;
+  m.cols = cols;
+  m.experts = experts;
+  m.group_size = 64;
+  return m;
+}
+
+}  // namespace
+
+ModelWeights weights_mlx4_shapes(const Config& c) {
+  TERN_CHECK(int64_t(c.layer_types.size()) == c.num_hidden_layers, "weights_mlx4_shapes: ", c.layer_types.size(),
+             " layer types for num_hidden_layers ", c.num_hidden_layers);
+  ModelWeights w;
+  w.config = c;
+  w.source_layout = "shapes";
+  w.vocab_real = c.vocab_size;
+  const auto q4 = WeightFormat::affine4, q8 = WeightFormat::affine8;
+  const int64_t D = c.hidden_size, V = c.vocab_size, E = c.num_experts, F = c.moe_intermediate_size;
+  const int64_t Fs = c.shared_expert_intermediate_size;
+  w.embed = shape(q4, V, D);
+  if (!c.tie_word_embeddings) w.lm_head = shape(q4, V, D);
+  w.final_norm.resize(size_t(D));
+  for (LayerType t : c.layer_types) {
+    LayerWeights l;
+    l.type = t;
+    l.input_norm.resize(size_t(D));
+    l.post_attn_norm.resize(size_t(D));
+    if (t == LayerType::linear_attention) {
+      const int64_t Hv = c.linear_num_value_heads, vdim = Hv * c.linear_value_head_dim;
+      l.in_proj_qkv = shape(q4, c.conv_channels(), D);
+      l.in_proj_z = shape(q4, vdim, D);
+      l.in_proj_b = shape(q4, Hv, D);
+      l.in_proj_a = shape(q4, Hv, D);
+      l.out_proj = shape(q4, D, vdim);
+      l.conv1d.resize(size_t(c.conv_channels() * c.linear_conv_kernel_dim));
+      l.A_log.resize(size_t(Hv));
+      l.dt_bias.resize(size_t(Hv));
+      l.gdn_norm.resize(size_t(c.linear_value_head_dim));
+    } else {
+      const int64_t qdim = int64_t(c.num_attention_heads) * c.head_dim;
+      const int64_t kvdim = int64_t(c.num_key_value_heads) * c.head_dim;
+      l.q_proj = shape(q4, (c.attn_output_gate ? 2 : 1) * qdim, D);
+      l.k_proj = shape(q4, kvdim, D);
+      l.v_proj = shape(q4, kvdim, D);
+      l.o_proj = shape(q4, D, qdim);
+      l.q_norm.resize(size_t(c.head_dim));
+      l.k_norm.resize(size_t(c.head_dim));
+    }
+    l.router = shape(q8, E, D);
+    l.expert_gate = shape(q4, F, D, E);
+    l.expert_up = shape(q4, F, D, E);
+    l.expert_down = shape(q4, D, F, E);
+    l.shared_gate = shape(q4, Fs, D);
+    l.shared_up = shape(q4, Fs, D);
+    l.shared_down = shape(q4, D, Fs);
+    l.shared_expert_gate = shape(q8, 1, D);
+    w.layers.push_back(std::move(l));
+  }
+  return w;
+}
+
 }  // namespace tern

@@ -45,4 +45,9 @@ struct Roofline {
 
 Roofline roofline_from_weights(const ModelWeights& weights, const RooflineAssumptions& assumptions = {});
 
+// The matrices (shapes and formats, no data) of `config` in the MLX 4-bit layout (model.md §4.2: every matrix
+// 4-bit group 64, the router and shared-expert gate 8-bit, vectors fp32): the roofline of weights that live only on
+// a device (tern bench --synthetic).
+ModelWeights weights_mlx4_shapes(const Config& config);
+
 }  // namespace tern

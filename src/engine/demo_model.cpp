@@ -60,7 +60,7 @@ class Builder {
     auto& biases = storage_.halves.emplace_back(size_t(experts * rows * groups));
     const float amplitude = stddev * std::sqrt(3.0f);  // uniform on [-a, a] has standard deviation a / sqrt(3)
     thread_pool_global().parallel_for(experts * rows, 256, [&](int64_t begin, int64_t end) {
-      std::vector<float> row(size_t(cols));
+      std::vector<float> row(static_cast<size_t>(cols));
       for (int64_t r = begin; r < end; ++r) {
         Uniform u(seed_, tensor, uint64_t(r));
         for (float& x : row) x = amplitude * u.next();
@@ -83,7 +83,7 @@ class Builder {
   // A vector: center + spread * uniform[-1, 1).
   std::vector<float> vector(int64_t n, float center, float spread) {
     Uniform u(seed_, next_tensor_++, 0);
-    std::vector<float> v(size_t(n));
+    std::vector<float> v(static_cast<size_t>(n));
     for (float& x : v) x = center + spread * u.next();
     return v;
   }

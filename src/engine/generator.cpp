@@ -104,7 +104,7 @@ GenerationResult Generator::generate(Session& session, const GenerationRequest& 
   bool callback_stopped = false;
   Clock::time_point t_decode = Clock::now();
   bool first = true;
-  std::optional<int32_t> pending_device_id;  // a token already sampled on the device for this step
+  int32_t pending_device_id = -1;  // >= 0: a token already sampled on the device for this step
 
   const auto emit = [&](TokenEvent& ev) -> bool {
     result.text += ev.text;
@@ -123,11 +123,9 @@ GenerationResult Generator::generate(Session& session, const GenerationRequest& 
     }
     // Choose the next id from the logits of the last fed token.
     SampleInfo info;
-    int32_t id;
-    if (pending_device_id) {
-      id = *pending_device_id;
-      pending_device_id.reset();
-    } else {
+    int32_t id = pending_device_id;
+    pending_device_id = -1;
+    if (id < 0) {
       id = sampler.sample(logits, want_logprobs ? &info : nullptr);
     }
     const bool forced = step < request.forced_tokens.size();
@@ -192,8 +190,11 @@ GenerationResult Generator::generate(Session& session, const GenerationRequest& 
                         .min_p = request.sampling.min_p,
                         .seed = sampler.seed(),
                         .step = step + 1};
-      pending_device_id = runner_.forward_sample(session, fed, ds);
-      if (pending_device_id) continue;
+      const std::optional<int32_t> device_id = runner_.forward_sample(session, fed, ds);
+      if (device_id) {
+        pending_device_id = *device_id;
+        continue;
+      }
       device_ok = false;  // this backend has no device sampler: use the host one from now on
     }
     runner_.forward(session, fed, false, logits);

@@ -79,7 +79,7 @@ std::vector<int32_t> sampler_top_n(std::span<const float> logits, int64_t vocab_
     if (usable(logits[size_t(i)])) c.emplace_back(logits[size_t(i)], int32_t(i));
   n = std::clamp<int64_t>(n, 0, int64_t(c.size()));
   std::partial_sort(c.begin(), c.begin() + n, c.end(), before);
-  std::vector<int32_t> out(size_t(n));
+  std::vector<int32_t> out(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) out[size_t(i)] = c[size_t(i)].second;
   return out;
 }

@@ -406,7 +406,8 @@ class Planner {
       j.group_size = s.group_size;
     } else if (opt_.dtype == LoadOptions::Dtype::bf16) {
       j.format = WeightFormat::bf16;
-    } else if (opt_.dtype == LoadOptions::Dtype::q4 || layout == Layout::hf) {
+    } else if (opt_.dtype == LoadOptions::Dtype::q4 ||
+               (layout == Layout::hf && opt_.dtype != LoadOptions::Dtype::stored)) {
       j.format = quantizable ? affine_format(auto_bits) : WeightFormat::bf16;
     } else {  // MLX file stored unquantised: as stored (F16 widened to f32)
       j.format = s.dtype == Dtype::bf16 ? WeightFormat::bf16 : WeightFormat::f32;
@@ -618,7 +619,8 @@ LoadOptions::Dtype load_dtype_parse(const std::string& text) {
   if (text == "auto") return LoadOptions::Dtype::auto_;
   if (text == "q4") return LoadOptions::Dtype::q4;
   if (text == "bf16") return LoadOptions::Dtype::bf16;
-  TERN_FAIL("--dtype must be auto, q4 or bf16, got '", text, "'");
+  if (text == "stored") return LoadOptions::Dtype::stored;
+  TERN_FAIL("--dtype must be auto, q4, bf16 or stored, got '", text, "'");
 }
 
 int64_t CheckpointSummary::weight_bytes() const {

@@ -14,9 +14,11 @@
 namespace tern {
 
 struct LoadOptions {
-  enum class Dtype { auto_, q4, bf16 } dtype = Dtype::auto_;  // auto_: MLX files as stored; HF BF16 -> 4-bit
+  enum class Dtype { auto_, q4, bf16, stored } dtype = Dtype::auto_;  // auto_: MLX files as stored; HF BF16 -> 4-bit
                                                               // (MLX algorithm, group 64, 8-bit router and
-                                                              // shared_expert_gate as mlx-lm does); bf16 keeps BF16
+                                                              // shared_expert_gate as mlx-lm does); bf16 keeps BF16;
+                                                              // stored: every layout as stored (F32 stays f32,
+                                                              // BF16 bf16, F16 widened to f32; the fp32 tests)
   bool progress = true;     // progress bar on stderr (plain lines when not a terminal)
 };
 

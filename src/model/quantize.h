@@ -23,4 +23,9 @@ void checkpoint_write_mlx(const ModelWeights& weights, const std::filesystem::pa
                           const std::filesystem::path& out_dir, int64_t max_shard_bytes = int64_t(5) << 30,
                           bool progress = true);
 
+// Writes the internal weights as they are (debug and tests: `tern inspect --dump-weights FILE`): each matrix as
+// NAME.weight (U32 for affine, BF16 or F32) plus NAME.scales / NAME.biases (BF16) when affine, stacked experts with
+// a leading axis; each vector (norm multipliers, conv [C, Ck], A_log, dt_bias) as F32.
+void weights_dump(const ModelWeights& weights, const std::filesystem::path& file);
+
 }  // namespace tern

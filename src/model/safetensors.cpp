@@ -281,7 +281,10 @@ void safetensors_write(const std::filesystem::path& path, const std::vector<Tens
   std::string body = "{";
   bool first = true;
   auto add = [&](const std::string& key, const json& value) {
-    body += (first ? "" : ",") + json(key).dump() + ":" + value.dump();
+    if (!first) body.push_back(',');
+    body.append(json(key).dump());
+    body.push_back(':');
+    body.append(value.dump());
     first = false;
   };
   if (!metadata.empty()) add("__metadata__", header["__metadata__"]);

@@ -5,6 +5,7 @@
 #include <functional>
 #include <map>
 
+#include "core/check.h"
 #include "text/jinja_interp.h"
 
 namespace tern::jinja {

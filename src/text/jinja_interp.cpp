@@ -1,6 +1,7 @@
 // Tree-walking interpreter of the Jinja2 subset: scopes, statements, expressions.
 #include "text/jinja_interp.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "text/jinja.h"

@@ -8,7 +8,9 @@
 namespace tern {
 
 std::string split_regex_to_pcre2(const std::string& pattern) {
-  // Oniguruma's Unicode \s is [\t\n\v\f\r\x{85}\p{Z}]; PCRE2 10.42 with UCP leaves out U+0085.
+  static constexpr const char* kSpace = "\\t-\\r\\x{85}\\p{Z}";
+  // Oniguruma's Unicode \s (what Hugging Face runs) is [\t\n\v\f\r\x{85}\p{Z}]. PCRE2 10.42's \s with UCP leaves
+  // out U+0085 and adds U+180E, so both are spelled out.
   std::string out;
   out.reserve(pattern.size() + 16);
   bool in_class = false;
@@ -16,8 +18,8 @@ std::string split_regex_to_pcre2(const std::string& pattern) {
     char c = pattern[i];
     if (c == '\\' && i + 1 < pattern.size()) {
       char n = pattern[++i];
-      if (n == 's') out += in_class ? "\\s\\x{85}" : "[\\s\\x{85}]";
-      else if (n == 'S' && !in_class) out += "[^\\s\\x{85}]";
+      if (n == 's') out += in_class ? kSpace : "[" + std::string(kSpace) + "]";
+      else if (n == 'S' && !in_class) out += "[^" + std::string(kSpace) + "]";
       else { out += c; out += n; }
       continue;
     }

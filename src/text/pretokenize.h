@@ -11,8 +11,10 @@ namespace tern {
 
 class SplitRegex {
  public:
-  // Compiles the pattern as written in tokenizer.json (Oniguruma syntax as Hugging Face uses it). `\s` is widened
-  // to Oniguruma's Unicode meaning (PCRE2 10.42 leaves out U+0085). Throws tern::Error naming the pattern.
+  // Compiles the pattern as written in tokenizer.json (Oniguruma syntax as Hugging Face uses it). `\s` and `\S`
+  // are spelled out as Oniguruma's Unicode classes (PCRE2 differs on U+0085 and U+180E). Throws tern::Error naming
+  // the pattern. Property data is PCRE2's (Unicode 14 in PCRE2 10.42): code points assigned later may split
+  // differently from Hugging Face (Oniguruma, Unicode 16).
   explicit SplitRegex(const std::string& pattern);
   ~SplitRegex();
   SplitRegex(SplitRegex&&) noexcept;

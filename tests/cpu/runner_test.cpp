@@ -28,6 +28,8 @@ void check_prefill_vs_decode(WeightFormat f, int64_t T, int64_t split) {
   test::TinyModelSpec spec;
   spec.format = f;
   spec.D = 64;
+  spec.F = 64;   // affine groups of 64 along every input axis
+  spec.Fs = 64;
   const uint64_t seed = test::fresh_seed("runner");
   auto model = test::make_tiny_model(spec, seed);
   auto runner = cpu_runner_create(model);
@@ -58,15 +60,17 @@ void check_prefill_vs_decode(WeightFormat f, int64_t T, int64_t split) {
       ASSERT_TRUE(std::isinf(prefill[i]) && prefill[i] < 0);
       continue;
     }
-    ASSERT_LE(std::fabs(all[i] - prefill[i]), 1e-5 * scale) << "position " << i / size_t(V);
+    ASSERT_LE(std::fabs(all[i] - prefill[i]), 1e-4 * scale) << "position " << i / size_t(V);
   }
-  // Recurrent-only runner: the same logits to 1e-5.
+  // Recurrent-only runner: the same logits to 1e-4 of max|logit| (the bar; rounding grows through layers).
   auto rec = cpu_runner_create(model, CpuRunnerOptions{.gdn_chunked = false});
   auto s3 = rec->create_session(T);
   std::vector<float> r;
   rec->forward(*s3, tokens, true, r);
   for (size_t i = 0; i < r.size(); ++i) {
-    if (int64_t(i % size_t(V)) < spec.vocab_real) ASSERT_LE(std::fabs(r[i] - prefill[i]), 1e-5 * scale);
+    if (int64_t(i % size_t(V)) < spec.vocab_real) {
+      ASSERT_LE(std::fabs(r[i] - prefill[i]), 1e-4 * scale);
+    }
   }
 }
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
 #include <limits>
 #include <random>
 
@@ -222,7 +223,7 @@ TEST(Generator, ForcedTokensReplaceTheSampledOnes) {
   EXPECT_LT(ev[0].logprob, -7.0f);
   ASSERT_EQ(ev[0].top_logprobs.size(), 2u);
   EXPECT_EQ(ev[0].top_logprobs[0].id, FakeRunner::next(3));
-  EXPECT_GT(ev[0].top_logprobs[0].logprob, -0.01f);
+  EXPECT_NEAR(ev[0].top_logprobs[0].logprob, -std::log1p(39 * std::exp(-8.0)), 1e-4);  // 8 against 39 zeros
 
   req.forced_tokens = {7, kEnd, 9};
   session->reset();

@@ -48,7 +48,8 @@ TEST(TextStream, PartialStopIsReleasedAtTheEnd) {
 }
 
 TEST(TextStream, EarliestStopWins) {
-  EXPECT_EQ(run({"xx", "abcd"}, {"abcd", "bc"}), "xxa");
+  EXPECT_EQ(run({"xx", "abcd"}, {"abcd", "bc"}), "xx");       // both complete at once: "abcd" starts first
+  EXPECT_EQ(run({"xx", "abc", "d"}, {"abcd", "bc"}), "xxa");  // "bc" completes first
   EXPECT_EQ(run({"1\n\n2"}, {"\n\n", "2"}), "1");
 }
 

@@ -1,0 +1,53 @@
+#include "cli/backend_select.h"
+
+#include "core/check.h"
+#include "cpu/cpu_runner.h"
+#ifdef TERN_HAVE_CUDA
+#include "cuda/cuda_runner.h"
+#endif
+
+namespace tern {
+
+bool cuda_available() {
+#ifdef TERN_HAVE_CUDA
+  return cuda_device_count() > 0;
+#else
+  return false;
+#endif
+}
+
+std::string device_resolve(const std::string& device) {
+  if (device == "auto" || device.empty()) return cuda_available() ? "cuda" : "cpu";
+  if (device == "cpu") return "cpu";
+  if (device == "cuda") {
+#ifdef TERN_HAVE_CUDA
+    TERN_CHECK(cuda_available(), "--device cuda: no CUDA GPU is visible to this process (check the driver, "
+                                 "nvidia-smi and CUDA_VISIBLE_DEVICES), or use --device cpu");
+    return "cuda";
+#else
+    TERN_FAIL("--device cuda: this tern binary was built without the CUDA backend (backends: cpu); rebuild on a "
+              "machine with nvcc, or use --device cpu");
+#endif
+  }
+  TERN_FAIL("--device must be auto, cuda or cpu, got '", device, "'");
+}
+
+std::unique_ptr<ModelRunner> runner_create(std::shared_ptr<const ModelWeights> weights, const std::string& device) {
+  const std::string d = device_resolve(device);
+#ifdef TERN_HAVE_CUDA
+  if (d == "cuda") return cuda_runner_create(std::move(weights));
+#endif
+  return cpu_runner_create(std::move(weights));
+}
+
+std::unique_ptr<ModelRunner> runner_create_synthetic(const Config& config, uint64_t seed, const std::string& device) {
+  const std::string d = device_resolve(device == "auto" ? "cuda" : device);
+  TERN_CHECK(d == "cuda", "--synthetic generates full-size weights on the GPU and needs --device cuda");
+#ifdef TERN_HAVE_CUDA
+  return cuda_runner_create_synthetic(config, seed);
+#else
+  TERN_FAIL("--synthetic needs the CUDA backend");
+#endif
+}
+
+}  // namespace tern

@@ -1,0 +1,26 @@
+// Backend choice for every command (--device cuda|cpu|auto): the one place that knows which backends exist.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "model/runner.h"
+
+namespace tern {
+
+// True when this binary has the CUDA backend and a CUDA GPU is visible.
+bool cuda_available();
+
+// "auto" -> "cuda" when cuda_available(), else "cpu"; "cuda" and "cpu" are returned as given after checking that
+// they can be honoured. Throws tern::Error with a clear message otherwise (e.g. cuda asked for without a GPU, or
+// a binary built without CUDA).
+std::string device_resolve(const std::string& device);
+
+// A runner for the weights on the resolved device.
+std::unique_ptr<ModelRunner> runner_create(std::shared_ptr<const ModelWeights> weights, const std::string& device);
+
+// Full-size random weights in the MLX 4-bit layout, generated on the GPU (--synthetic); CUDA only.
+std::unique_ptr<ModelRunner> runner_create_synthetic(const Config& config, uint64_t seed, const std::string& device);
+
+}  // namespace tern

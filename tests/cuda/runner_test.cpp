@@ -1,0 +1,241 @@
+// The whole CUDA forward pass: against the CPU runner on the same random weights (real widths, reduced depth),
+// prefill against token-by-token decode, device sampling against the logits, and (when TERN_GPU_REF_DIR is set
+// by scripts/gpu-check) against transformers' logits written by tests/oracles/gpu_reference.py.
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+
+#include "cpu/cpu_runner.h"
+#include "cuda/cuda_runner.h"
+#include "cuda_test_util.h"
+#include "model/checkpoint.h"
+
+namespace tern::cuda::test {
+namespace {
+
+struct RandomModel {
+  std::vector<std::unique_ptr<HostMatrix>> mats;
+  std::shared_ptr<ModelWeights> w = std::make_shared<ModelWeights>();
+};
+
+// Qwen3.6 widths (D 2048, 256 experts, real heads), `layers` layers [lin, lin, lin, full], vocabulary V.
+std::shared_ptr<const ModelWeights> random_model(uint64_t seed, int layers, int64_t V, RandomModel& rm) {
+  std::mt19937_64 rng(seed);
+  Config& c = rm.w->config;
+  c.num_hidden_layers = layers;
+  c.layer_types.clear();
+  for (int i = 0; i < layers; ++i)
+    c.layer_types.push_back((i + 1) % 4 == 0 ? LayerType::full_attention : LayerType::linear_attention);
+  c.vocab_size = V;
+  rm.w->vocab_real = V - 37;
+  const int64_t D = c.hidden_size, C = c.conv_channels(), Hv = c.linear_num_value_heads, dv = c.linear_value_head_dim;
+  const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, dh = c.head_dim;
+  const int64_t E = c.num_experts, F = c.moe_intermediate_size, Fs = c.shared_expert_intermediate_size;
+  const WeightFormat q4 = WeightFormat::affine4, q8 = WeightFormat::affine8;
+  auto mat = [&](Matrix& m, WeightFormat f, int64_t e, int64_t r, int64_t cols, float scale = 1.0f) {
+    rm.mats.push_back(random_matrix(rng, f, e, r, cols));
+    HostMatrix& h = *rm.mats.back();
+    for (size_t g = 0; scale != 1.0f && g < h.scales.size(); ++g) {
+      h.scales[g] = float_to_bf16(bf16_to_float(h.scales[g]) * scale);
+      h.biases[g] = float_to_bf16(bf16_to_float(h.biases[g]) * scale);
+    }
+    m = h.m;
+  };
+  auto vec = [&](std::vector<float>& v, int64_t n, float lo, float hi) { v = random_floats(rng, size_t(n), lo, hi); };
+  mat(rm.w->embed, q4, 1, V, D, 30.0f);  // embedding rows of rms ~ 1
+  mat(rm.w->lm_head, q4, 1, V, D, 3.0f);
+  vec(rm.w->final_norm, D, 0.8f, 1.2f);
+  rm.w->layers.resize(size_t(layers));
+  for (int i = 0; i < layers; ++i) {
+    LayerWeights& l = rm.w->layers[size_t(i)];
+    l.type = c.layer_types[size_t(i)];
+    vec(l.input_norm, D, 0.8f, 1.2f);
+    vec(l.post_attn_norm, D, 0.8f, 1.2f);
+    if (l.type == LayerType::linear_attention) {
+      mat(l.in_proj_qkv, q4, 1, C, D);
+      mat(l.in_proj_z, q4, 1, Hv * dv, D);
+      mat(l.in_proj_b, q4, 1, Hv, D);
+      mat(l.in_proj_a, q4, 1, Hv, D);
+      mat(l.out_proj, q4, 1, D, Hv * dv);
+      vec(l.conv1d, C * c.linear_conv_kernel_dim, -0.5f, 0.5f);
+      vec(l.A_log, Hv, 0.0f, 2.7f);
+      vec(l.dt_bias, Hv, -1.0f, 1.0f);
+      vec(l.gdn_norm, dv, 0.8f, 1.2f);
+    } else {
+      mat(l.q_proj, q4, 1, Hq * 2 * dh, D);
+      mat(l.k_proj, q4, 1, Hkv * dh, D);
+      mat(l.v_proj, q4, 1, Hkv * dh, D);
+      mat(l.o_proj, q4, 1, D, Hq * dh);
+      vec(l.q_norm, dh, 0.8f, 1.2f);
+      vec(l.k_norm, dh, 0.8f, 1.2f);
+    }
+    mat(l.router, q8, 1, E, D, 20.0f);  // clearly separated routing decisions (model.md §6.10)
+    mat(l.expert_gate, q4, E, F, D);
+    mat(l.expert_up, q4, E, F, D);
+    mat(l.expert_down, q4, E, D, F);
+    mat(l.shared_gate, q4, 1, Fs, D);
+    mat(l.shared_up, q4, 1, Fs, D);
+    mat(l.shared_down, q4, 1, D, Fs);
+    mat(l.shared_expert_gate, q8, 1, 1, D);
+  }
+  return rm.w;
+}
+
+std::vector<int32_t> random_tokens(std::mt19937_64& rng, int64_t n, int64_t V) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = int32_t(rng() % uint64_t(V));
+  return t;
+}
+
+struct Fidelity {
+  double ppl_ref = 0, ppl = 0, kl = 0, top1 = 0, max_abs = 0;
+};
+
+// Teacher-forced over positions 0..n-2 (predicting token i+1), restricted to ids < vocab_real.
+Fidelity compare_logits(const std::vector<float>& ref, const std::vector<float>& got, const std::vector<int32_t>& tokens,
+                        int64_t V, int64_t real) {
+  Fidelity f;
+  const int64_t n = int64_t(tokens.size());
+  double nll_ref = 0, nll = 0;
+  for (int64_t i = 0; i + 1 < n; ++i) {
+    const float* a = ref.data() + i * V;
+    const float* b = got.data() + i * V;
+    const double ma = *std::max_element(a, a + real), mb = *std::max_element(b, b + real);
+    double za = 0, zb = 0;
+    for (int64_t j = 0; j < real; ++j) {
+      za += std::exp(a[j] - ma);
+      zb += std::exp(b[j] - mb);
+    }
+    const double la = ma + std::log(za), lb = mb + std::log(zb);
+    double kl = 0;
+    for (int64_t j = 0; j < real; ++j) {
+      const double pa = std::exp(a[j] - la);
+      kl += pa * ((a[j] - la) - (b[j] - lb));
+      f.max_abs = std::max(f.max_abs, double(std::fabs(a[j] - b[j])));
+    }
+    f.kl += kl;
+    nll_ref += la - a[tokens[size_t(i + 1)]];
+    nll += lb - b[tokens[size_t(i + 1)]];
+    f.top1 += (std::max_element(a, a + real) - a) == (std::max_element(b, b + real) - b);
+  }
+  const double m = double(n - 1);
+  f.ppl_ref = std::exp(nll_ref / m);
+  f.ppl = std::exp(nll / m);
+  f.kl /= m;
+  f.top1 /= m;
+  return f;
+}
+
+TEST(CudaRunner, MatchesCpuRunnerPrefillDecodeAndSampling) {
+  TERN_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed("CudaRunner");
+  RandomModel rm;
+  const int64_t V = 4096;
+  auto weights = random_model(seed, 4, V, rm);
+  std::mt19937_64 rng(seed ^ 0x1234);
+  const int64_t n = 48;
+  const auto tokens = random_tokens(rng, n, weights->vocab_real);
+
+  auto cpu = cpu_runner_create(weights);
+  auto gpu = cuda_runner_create(weights, {.max_chunk = 32, .progress = false});  // 2 chunks: the chunk seam too
+  auto cs = cpu->create_session(256);
+  auto gs = gpu->create_session(256);
+  std::vector<float> ref, got;
+  cpu->forward(*cs, tokens, true, ref);
+  gpu->forward(*gs, tokens, true, got);
+  ASSERT_EQ(got.size(), size_t(n * V));
+  EXPECT_EQ(gs->position(), n);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = weights->vocab_real; j < V; ++j)
+      ASSERT_TRUE(std::isinf(got[size_t(i * V + j)])) << "padding id " << j << " not masked";
+  const Fidelity f = compare_logits(ref, got, tokens, V, weights->vocab_real);
+  std::printf("[cuda vs cpu] ppl %.5f vs %.5f, KL %.3g, top-1 %.3f, max |dlogit| %.4g\n", f.ppl, f.ppl_ref, f.kl, f.top1,
+              f.max_abs);
+  // The only intended difference is the bf16 KV cache (fp32 on the CPU) and summation order.
+  EXPECT_LT(std::fabs(f.ppl / f.ppl_ref - 1.0), 1e-3);
+  EXPECT_LT(f.kl, 1e-4);
+
+  // Prefill logits equal token-by-token decode logits.
+  auto ds = gpu->create_session(256);
+  std::vector<float> step;
+  double worst = 0, scale = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    gpu->forward(*ds, std::span(tokens).subspan(size_t(i), 1), false, step);
+    for (int64_t j = 0; j < weights->vocab_real; ++j) {
+      worst = std::max(worst, double(std::fabs(step[size_t(j)] - got[size_t(i * V + j)])));
+      scale = std::max(scale, double(std::fabs(got[size_t(i * V + j)])));
+    }
+  }
+  std::printf("[prefill vs decode] max |dlogit| %.3g (max |logit| %.3g)\n", worst, scale);
+  EXPECT_LT(worst, 2e-3 * scale + 1e-4);
+
+  // Greedy device sampling returns the arg-max of the same step's logits; one more token on both paths.
+  auto s1 = gpu->create_session(256);
+  auto s2 = gpu->create_session(256);
+  std::vector<float> last;
+  gpu->forward(*s1, tokens, false, last);
+  const auto id = gpu->forward_sample(*s2, tokens, DeviceSampling{});
+  ASSERT_TRUE(id.has_value());
+  const int32_t want = int32_t(std::max_element(last.begin(), last.begin() + weights->vocab_real) - last.begin());
+  EXPECT_EQ(*id, want);
+  EXPECT_EQ(s2->position(), n);
+
+  // Capacity errors throw and consume nothing.
+  auto small = gpu->create_session(8);
+  EXPECT_THROW(gpu->forward(*small, tokens, false, last), Error);
+  EXPECT_EQ(small->position(), 0);
+  const std::vector<int32_t> bad = {int32_t(V)};
+  EXPECT_THROW(gpu->forward(*small, bad, false, last), Error);
+}
+
+// Written by tests/oracles/gpu_reference.py: DIR/model (MLX 4-bit checkpoint), DIR/tokens.bin (int32),
+// DIR/logits.bin (float32 [n, V], transformers on the dequantised weights).
+TEST(CudaRunner, MatchesTransformersOnTheSameDequantisedWeights) {
+  TERN_REQUIRE_GPU();
+  const char* dir = std::getenv("TERN_GPU_REF_DIR");
+  if (!dir) GTEST_SKIP() << "TERN_GPU_REF_DIR not set (scripts/gpu-check sets it after running gpu_reference.py)";
+  const std::string d = dir;
+  auto weights = std::make_shared<ModelWeights>(model_load(d + "/model", {.progress = false}));
+  const int64_t V = weights->config.vocab_size;
+  std::ifstream tf(d + "/tokens.bin", std::ios::binary | std::ios::ate);
+  ASSERT_TRUE(tf.good()) << d << "/tokens.bin";
+  const int64_t n = int64_t(tf.tellg()) / 4;
+  std::vector<int32_t> tokens(static_cast<size_t>(n));
+  tf.seekg(0);
+  tf.read(reinterpret_cast<char*>(tokens.data()), n * 4);
+  std::vector<float> ref(size_t(n * V));
+  std::ifstream lf(d + "/logits.bin", std::ios::binary);
+  lf.read(reinterpret_cast<char*>(ref.data()), int64_t(ref.size()) * 4);
+  ASSERT_TRUE(lf.good()) << d << "/logits.bin holds fewer than " << n << " x " << V << " floats";
+  ASSERT_GE(n, 192);
+
+  auto gpu = cuda_runner_create(weights, {.progress = false});
+  auto s = gpu->create_session(n + 8);
+  std::vector<float> got;
+  gpu->forward(*s, tokens, true, got);
+  const int64_t real = weights->vocab_real > 0 ? weights->vocab_real : V;
+  const Fidelity f = compare_logits(ref, got, tokens, V, real);
+  std::printf("[cuda vs transformers] %lld positions: ppl %.6f vs %.6f (%+.4f%%), mean KL %.3g nats, top-1 %.2f%%, "
+              "max |dlogit| %.4g\n",
+              static_cast<long long>(n - 1), f.ppl, f.ppl_ref, 100.0 * (f.ppl / f.ppl_ref - 1.0), f.kl, 100.0 * f.top1,
+              f.max_abs);
+  EXPECT_LT(std::fabs(f.ppl / f.ppl_ref - 1.0), 0.005);
+  EXPECT_LE(f.kl, 0.005);
+
+  // prefill == decode on the real-width model, first 64 positions
+  auto ds = gpu->create_session(n + 8);
+  std::vector<float> step;
+  double worst = 0, scale = 0;
+  for (int64_t i = 0; i < 64; ++i) {
+    gpu->forward(*ds, std::span(tokens).subspan(size_t(i), 1), false, step);
+    for (int64_t j = 0; j < real; ++j) {
+      worst = std::max(worst, double(std::fabs(step[size_t(j)] - got[size_t(i * V + j)])));
+      scale = std::max(scale, double(std::fabs(got[size_t(i * V + j)])));
+    }
+  }
+  std::printf("[prefill vs decode, transformers model] max |dlogit| %.3g (max |logit| %.3g)\n", worst, scale);
+  EXPECT_LT(worst, 2e-3 * scale + 1e-4);
+}
+
+}  // namespace
+}  // namespace tern::cuda::test

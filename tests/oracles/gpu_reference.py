@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""Reference logits for the CUDA whole-model test: transformers on the same dequantised weights tern reads.
+
+    python3 tests/oracles/gpu_reference.py --out DIR [--seed N] [--layers 4] [--positions 256] [--device cuda]
+
+Builds a random Qwen3.6 text model with the real widths (D 2048, 256 experts top-8, real heads) and reduced depth,
+quantises it the MLX way (affine, group 64, 4-bit; the router and shared-expert gate 8-bit) and writes it as an
+MLX-layout checkpoint DIR/model (config.json + model.safetensors). The transformers model is then given exactly the
+dequantised values (s·q + b) and the stored norms, and runs teacher-forced in fp32 over random tokens:
+DIR/tokens.bin (int32 [n]) and DIR/logits.bin (float32 [n, V]). test_cuda's CudaRunner.MatchesTransformers...
+reads them when TERN_GPU_REF_DIR=DIR. Runs where transformers with qwen3_5_moe is installed (the GPU machine has
+torch 2.11 + transformers 5.17; no mlx needed). The random scheme follows tests/oracles/make_model.py (router
+clearly random, model.md §6.10); the LM head is drawn 5x wider so the distributions are not flat.
+"""
+import argparse
+import contextlib
+import json
+import math
+import pathlib
+import struct
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from make_model import PRESETS, rope_sections  # noqa: E402
+
+ZERO_CENTRED = (".input_layernorm.weight", ".post_attention_layernorm.weight", ".q_norm.weight", ".k_norm.weight")
+EIGHT_BIT = (".mlp.gate.weight", ".mlp.shared_expert_gate.weight")
+
+
+def log(msg):
+    print(f"[gpu_reference {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def bf16_round(t, torch):
+    return t.to(torch.bfloat16).to(torch.float32)
+
+
+def bf16_bytes(t, torch):
+    return t.detach().to(torch.bfloat16).contiguous().view(torch.int16).cpu().numpy().tobytes()
+
+
+def quantise(w, bits, torch, group=64):
+    """MLX affine quantisation along the last axis: returns (packed uint32 ndarray, scales, biases, dequantised).
+
+    s = (max - min) / (2^bits - 1) and b = min per group, both rounded to bf16; q = round((w - b) / s) clamped.
+    The reference uses s·q + b in fp32, exactly what tern's kernels compute from the stored values.
+    """
+    qmax = (1 << bits) - 1
+    shape = w.shape
+    g = w.reshape(*shape[:-1], shape[-1] // group, group).to(torch.float32)
+    mn, mx = g.amin(dim=-1, keepdim=True), g.amax(dim=-1, keepdim=True)
+    s = bf16_round(torch.clamp((mx - mn) / qmax, min=1e-8), torch)
+    b = bf16_round(mn, torch)
+    q = torch.clamp(torch.round((g - b) / s), 0, qmax)
+    deq = (s * q + b).reshape(shape)
+    per = 32 // bits
+    qi = q.to(torch.int64).reshape(*shape[:-1], shape[-1] // per, per)
+    shifts = (torch.arange(per, device=w.device, dtype=torch.int64) * bits)
+    packed = (qi << shifts).sum(dim=-1)  # < 2^32
+    packed_np = packed.cpu().numpy().astype(np.uint32)
+    return packed_np, s.squeeze(-1), b.squeeze(-1), deq
+
+
+def save_safetensors(path, tensors):
+    """tensors: name -> (dtype string, shape, bytes). Writes the safetensors format directly."""
+    header, offset = {}, 0
+    for name, (dtype, shape, data) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for _, (_, _, data) in tensors.items():
+            f.write(data)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seed", type=int, default=None, help="default: fresh, printed")
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="fullwidth")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--positions", type=int, default=256)
+    ap.add_argument("--device", default="cuda")
+    args = ap.parse_args()
+
+    import torch
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+
+    seed = args.seed if args.seed is not None else int.from_bytes(__import__("os").urandom(4), "little")
+    log(f"seed {seed}, preset {args.preset}, {args.layers} layers, {args.positions} positions, device {args.device}")
+    out = pathlib.Path(args.out)
+    mdir = out / "model"
+    mdir.mkdir(parents=True, exist_ok=True)
+    dims = dict(PRESETS[args.preset])
+    L, V = args.layers, dims["vocab_size"]
+    layer_types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(L)]
+    rotary = int(dims["head_dim"] * 0.25)
+    rope = {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
+            "mrope_interleaved": True, "mrope_section": rope_sections(rotary // 2)}
+    cfg = Qwen3_5MoeTextConfig(num_hidden_layers=L, layer_types=layer_types, max_position_embeddings=262144,
+                               rms_norm_eps=1e-6, tie_word_embeddings=False, rope_parameters=rope,
+                               bos_token_id=0, eos_token_id=0, pad_token_id=None, **dims)
+    dev = torch.device(args.device)
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:  # older transformers
+        try:
+            from transformers.modeling_utils import no_init_weights
+        except ImportError:
+            no_init_weights = contextlib.nullcontext
+    with dev, no_init_weights():
+        model = Qwen3_5MoeForCausalLM(cfg)
+    model = model.to(device=dev, dtype=torch.float32).eval()
+    log("model built")
+
+    g = torch.Generator(device=dev).manual_seed(seed)
+    tensors = {}
+    quant = {"group_size": 64, "bits": 4, "mode": "affine"}
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+            shape = tuple(p.shape)
+            randn = lambda: torch.randn(shape, generator=g, device=dev)  # noqa: E731
+            if name.endswith(ZERO_CENTRED) or name == "model.norm.weight":
+                w = randn() * 0.1
+            elif name.endswith("linear_attn.norm.weight"):
+                w = 1.0 + randn() * 0.1
+            elif name.endswith("A_log"):
+                w = torch.empty(shape, device=dev).uniform_(1.0, 16.0, generator=g).log_()
+            elif name.endswith("dt_bias"):
+                w = randn() * 0.5
+            elif name.endswith("conv1d.weight"):
+                w = randn() * 0.3
+            elif name.endswith("mlp.gate.weight"):
+                w = randn()
+            elif name == "lm_head.weight":
+                w = randn() * 0.1
+            elif name.endswith("embed_tokens.weight"):
+                w = randn()
+            else:
+                w = randn() * 0.02
+            mlx = "language_model." + name if name.startswith("model.") else "language_model." + name
+            if name.startswith("model."):
+                mlx = "language_model.model." + name[len("model."):]
+            if name.endswith(ZERO_CENTRED) or name == "model.norm.weight":
+                stored = bf16_round(1.0 + w, torch)          # MLX keeps the multiplier (1 + w)
+                p.copy_(stored - 1.0)                        # exact in fp32: HF's (1 + w) == stored
+                tensors[mlx] = ("BF16", shape, bf16_bytes(stored, torch))
+            elif name.endswith(("linear_attn.norm.weight", "A_log", "dt_bias")):
+                stored = bf16_round(w, torch)
+                p.copy_(stored)
+                tensors[mlx] = ("BF16", shape, bf16_bytes(stored, torch))
+            elif name.endswith("conv1d.weight"):            # HF [C, 1, Ck] -> MLX [C, Ck, 1]
+                stored = bf16_round(w, torch)
+                p.copy_(stored)
+                tensors[mlx] = ("BF16", (shape[0], shape[2], 1), bf16_bytes(stored.permute(0, 2, 1), torch))
+            else:
+                bits = 8 if name.endswith(EIGHT_BIT) else 4
+                if bits == 8:
+                    quant[mlx[: -len(".weight")]] = {"group_size": 64, "bits": 8}
+                packed, s, b, deq = quantise(w, bits, torch)
+                p.copy_(deq)
+                if name.endswith("mlp.experts.gate_up_proj"):  # [E, 2F, D] -> switch_mlp gate/up [E, F, D]
+                    F = shape[1] // 2
+                    base = mlx[: -len("experts.gate_up_proj")] + "switch_mlp."
+                    for part, sl in (("gate_proj", slice(0, F)), ("up_proj", slice(F, 2 * F))):
+                        pk = np.ascontiguousarray(packed[:, sl, :])
+                        tensors[base + part + ".weight"] = ("U32", pk.shape, pk.tobytes())
+                        tensors[base + part + ".scales"] = ("BF16", tuple(s[:, sl].shape), bf16_bytes(s[:, sl], torch))
+                        tensors[base + part + ".biases"] = ("BF16", tuple(b[:, sl].shape), bf16_bytes(b[:, sl], torch))
+                    continue
+                if name.endswith("mlp.experts.down_proj"):
+                    mlx = mlx[: -len("experts.down_proj")] + "switch_mlp.down_proj.weight"
+                base = mlx[: -len(".weight")] if mlx.endswith(".weight") else mlx
+                tensors[base + ".weight"] = ("U32", packed.shape, packed.tobytes())
+                tensors[base + ".scales"] = ("BF16", tuple(s.shape), bf16_bytes(s, torch))
+                tensors[base + ".biases"] = ("BF16", tuple(b.shape), bf16_bytes(b, torch))
+    log(f"{len(tensors)} tensors quantised")
+    save_safetensors(mdir / "model.safetensors", tensors)
+    config = {"model_type": "qwen3_5_moe_text", "architectures": ["Qwen3_5MoeForCausalLM"], "num_hidden_layers": L,
+              "layer_types": layer_types, "max_position_embeddings": 262144, "rms_norm_eps": 1e-6,
+              "tie_word_embeddings": False, "rope_parameters": rope, "partial_rotary_factor": 0.25,
+              "rope_theta": 10000000.0, "attn_output_gate": True, "linear_conv_kernel_dim": 4,
+              "norm_topk_prob": True, "bos_token_id": 0, "eos_token_id": 0, "hidden_act": "silu",
+              "quantization": quant, "quantization_config": quant, **dims}
+    (mdir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    log(f"checkpoint written to {mdir}")
+
+    tg = torch.Generator(device="cpu").manual_seed(seed + 1)
+    tokens = torch.randint(0, V, (args.positions,), generator=tg, dtype=torch.int64)
+    with torch.no_grad():
+        logits = model(input_ids=tokens[None].to(dev), use_cache=False).logits[0].float().cpu().numpy()
+    tokens.numpy().astype(np.int32).tofile(out / "tokens.bin")
+    logits.astype(np.float32).tofile(out / "logits.bin")
+    probs = torch.from_numpy(logits).softmax(-1)
+    ent = float(-(probs * probs.clamp_min(1e-30).log()).sum(-1).mean())
+    log(f"reference logits [{logits.shape[0]}, {logits.shape[1]}] written; mean entropy {ent:.3f} nats "
+        f"(uniform {math.log(V):.3f})")
+
+
+if __name__ == "__main__":
+    main()
