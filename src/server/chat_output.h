@@ -11,10 +11,10 @@
 #include "engine/generator.h"
 #include "server/openai_response.h"
 #include "server/openai_schema.h"
+#include "text/output_parser.h"
 
 namespace tern {
 class ChatTemplate;
-class OutputParser;
 class Tokenizer;
 }  // namespace tern
 
@@ -47,20 +47,21 @@ class ChatOutput {
   Json response(const GenerationResult& result);
 
  private:
-  struct Delta;
-  std::vector<Json> emit(Delta delta, bool final, const GenerationResult* result);
-  Json chunk(Json delta, const Json& finish_reason, Json logprobs) const;
-  void absorb(Delta& delta);
+  // Adds the parser's output to the message; returns it as a stream delta object (empty when nothing new).
+  Json absorb(const ParsedDelta& delta);
+  Json chunk(Json delta, const Json& finish_reason);
   const char* finish_reason(const GenerationResult& result) const;
 
   const ChatRequest& request_;
   const Tokenizer& tokenizer_;
   ResponseMeta meta_;
   std::unique_ptr<OutputParser> parser_;
+  bool parse_tools_ = true;           // false without tools (or tool_choice none): calls stay content
   bool finished_ = false;
   // The whole message so far.
   std::string reasoning_, content_;
   Json tool_calls_ = Json::array();   // complete calls: {"id","type","function":{"name","arguments"}}
+  int dropped_calls_ = 0;             // calls beyond the first with parallel_tool_calls false
   Json logprobs_ = Json::array();     // every token's entry (non-stream response)
   Json pending_logprobs_ = Json::array();  // entries not yet sent in a chunk
 };

@@ -1,6 +1,7 @@
 #include "server/openai_schema.h"
 
 #include <cmath>
+#include <cstdio>
 #include <limits>
 
 namespace tern::server {
@@ -29,8 +30,9 @@ std::string type_name(const Json& v) {
 }
 
 std::string number_text(double v) {
-  Json j = v;
-  return j.dump();
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
 }
 
 // Field access: a missing field and an explicit null both mean "not given".
@@ -58,7 +60,7 @@ std::optional<int64_t> get_integer(const Json& o, const char* key, int64_t lo, i
   const std::string range = "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
   if (v->is_number_unsigned()) {
     const uint64_t u = v->get<uint64_t>();
-    if (u > uint64_t(hi)) bad(key, std::string("'") + key + "' must be an integer in " + range + ", got " + v->dump() + ".");
+    if (u > uint64_t(hi) || (lo > 0 && u < uint64_t(lo))) bad(key, std::string("'") + key + "' must be an integer in " + range + ", got " + v->dump() + ".");
     return int64_t(u);
   }
   if (v->is_number_integer()) {

@@ -66,7 +66,7 @@ def tool_call(rng, i):
     args = {f"arg{j}": json_value(rng) for j in range(rng.randint(0, 3))}
     fn = {"name": f"tool_{i}", "arguments": json.dumps(args, ensure_ascii=rng.random() < 0.5) if rng.random() < 0.5 else args}
     if rng.random() < 0.15:
-        return fn  # a bare call without the "function" wrapper
+        return {"name": fn["name"], "arguments": args}  # a bare call without the "function" wrapper
     return {"id": f"call_{rng.randrange(1 << 30):x}", "type": "function", "function": fn}
 
 

@@ -1,0 +1,83 @@
+#include "cli/model_flags.h"
+
+#include <cstdio>
+#include <sstream>
+
+#include "core/check.h"
+
+namespace tern::cli {
+
+void model_flags_add(CLI::App* sub, ModelFlags& f) {
+  sub->add_option("-m,--model", f.model_dir, "Model folder (HF or MLX checkpoint); without it, the demo model");
+  sub->add_flag("--demo", f.demo, "The built-in demo model (small, RANDOM weights; the default without -m)");
+  sub->add_option("--device", f.device, "auto, cuda or cpu")->capture_default_str();
+  sub->add_option("--dtype", f.dtype, "Weights: auto (MLX as stored, BF16 -> 4-bit), q4 or bf16")->capture_default_str();
+  sub->add_option("--name", f.name, "The model's name (default: the folder's name)");
+  sub->add_option("-c,--ctx-size", f.ctx_size, "Context size in tokens (default: the command's)");
+}
+
+ModelSource model_flags_open(const ModelFlags& f) {
+  ModelSourceOptions o;
+  o.model_dir = f.model_dir;
+  o.demo = f.demo;
+  o.name = f.name;
+  o.load.dtype = load_dtype_parse(f.dtype);
+  o.load.progress = true;
+  ModelSource src = model_source_open(o);
+  std::fprintf(stderr, "tern: %s\n", src.banner.c_str());
+  return src;
+}
+
+void sampling_flags_add(CLI::App* sub, SamplingFlags& f) {
+  sub->add_option("-t,--temperature", f.temperature, "Sampling temperature; 0 is greedy (default: the model's)");
+  sub->add_option("--top-p", f.top_p, "Nucleus sampling mass in (0, 1] (default: the model's)");
+  sub->add_option("--top-k", f.top_k, "Keep the k most likely tokens; 0 is off (default: the model's)");
+  sub->add_option("--min-p", f.min_p, "Drop tokens below min_p times the top probability (default: the model's)");
+  sub->add_option("--presence-penalty", f.presence, "Subtracted from the logit of every generated token")
+      ->each([&f](const std::string&) { f.presence_set = true; });
+  sub->add_option("--frequency-penalty", f.frequency, "Subtracted once per occurrence in the output")
+      ->each([&f](const std::string&) { f.frequency_set = true; });
+  sub->add_option("--repetition-penalty", f.repetition, "HF repetition penalty over prompt and output (1 is off)");
+  sub->add_option("--seed", f.seed, "Random seed: the same seed and request give the same tokens");
+}
+
+SamplingParams sampling_flags_apply(const SamplingFlags& f, SamplingParams p) {
+  if (f.temperature != -1) p.temperature = float(f.temperature);
+  if (f.top_p != -1) p.top_p = float(f.top_p);
+  if (f.min_p != -1) p.min_p = float(f.min_p);
+  if (f.top_k != -2) p.top_k = f.top_k;
+  if (f.presence_set) p.presence_penalty = float(f.presence);
+  if (f.frequency_set) p.frequency_penalty = float(f.frequency);
+  if (f.repetition != -1) p.repetition_penalty = float(f.repetition);
+  if (f.seed >= 0) p.seed = uint64_t(f.seed);
+  p.validate();
+  return p;
+}
+
+std::vector<int32_t> token_list_parse(const std::string& text, const std::string& where) {
+  std::vector<int32_t> ids;
+  std::string item;
+  auto flush = [&] {
+    if (item.empty()) return;
+    size_t used = 0;
+    long long v = -1;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    TERN_CHECK(used == item.size() && v >= 0 && v <= INT32_MAX, "bad token id '", item, "' in ", where);
+    ids.push_back(int32_t(v));
+    item.clear();
+  };
+  for (char c : text) {
+    if (c == ',' || c == ' ' || c == '\n' || c == '\t' || c == '\r')
+      flush();
+    else
+      item += c;
+  }
+  flush();
+  return ids;
+}
+
+}  // namespace tern::cli

@@ -1,0 +1,42 @@
+// Flags shared by the commands that load a model and generate (run, generate; serve may use them too):
+// which model (-m DIR or the demo), where it runs, the context size, and sampling overrides.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/model_source.h"
+#include "engine/sampler.h"
+#include "model/runner.h"
+
+namespace tern::cli {
+
+struct ModelFlags {
+  std::string model_dir;    // empty: the demo model
+  bool demo = false;
+  std::string device = "auto";
+  std::string dtype = "auto";
+  std::string name;
+  int64_t ctx_size = 0;     // 0: the command's default
+};
+void model_flags_add(CLI::App* sub, ModelFlags& f);
+// Loads the model and prints its banner on stderr.
+ModelSource model_flags_open(const ModelFlags& f);
+
+// Sampling flags; a flag not given keeps the model's default (generation_config.json).
+struct SamplingFlags {
+  double temperature = -1, top_p = -1, min_p = -1, presence = 0, frequency = 0, repetition = -1;
+  int top_k = -2;
+  int64_t seed = -1;
+  bool presence_set = false, frequency_set = false;
+};
+void sampling_flags_add(CLI::App* sub, SamplingFlags& f);
+SamplingParams sampling_flags_apply(const SamplingFlags& f, SamplingParams defaults);
+
+// "1,2,3" or "1 2 3" -> ids. Throws tern::Error naming `where` on a bad item.
+std::vector<int32_t> token_list_parse(const std::string& text, const std::string& where);
+
+}  // namespace tern::cli

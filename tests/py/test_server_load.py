@@ -1,0 +1,137 @@
+"""Bounded load on loopback against tern serve --demo: 32 concurrent streaming clients per round, some hanging up
+mid-stream. Every other request completes, the queue metrics add up, a client that leaves cancels its generation
+quickly, a full queue answers 503 with Retry-After, and memory does not grow across rounds."""
+import json
+import threading
+import time
+
+import pytest
+
+from test_server_helpers import (RawStream, Server, dechunk, metrics, post_json, queue_balance, request, sse_events,
+                                 wait_idle)
+
+EOS_BAN = {"151645": -100, "151643": -100}  # the demo tokenizer's end ids: generation runs to max_tokens
+CLIENTS = 32
+ROUNDS = 3
+TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def server(tern_bin):
+    s = Server(tern_bin, "--max-queue", "64", "--ctx-size", "2048", "-q")
+    yield s
+    s.stop()
+
+
+def body(max_tokens, **kw):
+    return {"messages": [{"role": "user", "content": "Count with me."}], "stream": True, "max_tokens": max_tokens,
+            "logit_bias": EOS_BAN, "stream_options": {"include_usage": True}, **kw}
+
+
+def one_client(port, hang_up: bool, results: list, i: int):
+    try:
+        s = RawStream(port, "/v1/chat/completions", body(TOKENS, seed=i))
+        if hang_up:
+            s.read_until(b"data: ")  # the first chunk, then leave
+            s.close()
+            results[i] = "left"
+            return
+        status, data = dechunk(s.read_all())
+        s.close()
+        events, done = sse_events(data)
+        ok = (status == 200 and done and events[-1]["usage"]["completion_tokens"] == TOKENS
+              and events[-2]["choices"][0]["finish_reason"] == "length")
+        results[i] = "ok" if ok else f"bad: {status} {events[-2:]}"
+    except Exception as e:  # reported by the test below
+        results[i] = f"error: {e!r}"
+
+
+def test_rounds_of_concurrent_streams(server):
+    rss = []
+    before = metrics(server.port)
+    for r in range(ROUNDS):
+        results = [None] * CLIENTS
+        threads = [threading.Thread(target=one_client, args=(server.port, i % 4 == 3, results, i))
+                   for i in range(CLIENTS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+        assert not any(t.is_alive() for t in threads), "a client is stuck"
+        bad = [x for x in results if x not in ("ok", "left")]
+        assert not bad, bad
+        m = wait_idle(server.port)
+        assert queue_balance(m) == 0, m
+        assert m["tern_queue_rejected_total"] == 0
+        rss.append(server.rss_kb())
+    after = metrics(server.port)
+    n = CLIENTS * ROUNDS
+    assert after["tern_queue_accepted_total"] - before["tern_queue_accepted_total"] == n
+    done = sum(after[k] - before.get(k, 0) for k in after if k.startswith("tern_queue_finished_total"))
+    assert done == n
+    completed = after['tern_queue_finished_total{outcome="completed"}'] - before['tern_queue_finished_total{outcome="completed"}']
+    assert completed >= n * 3 // 4  # every client that stayed got its answer
+    print("rss kB per round:", rss)
+    assert rss[-1] - rss[0] < 24 * 1024, f"memory grew across rounds: {rss} kB"
+
+
+def test_disconnect_cancels_generation(server):
+    m0 = wait_idle(server.port)
+    s = RawStream(server.port, "/v1/chat/completions", body(1500))
+    s.read_until(b"data: {", limit=1 << 20)
+    s.read_until(b"\"content\"")  # generation under way
+    t_close = time.monotonic()
+    s.close()
+    m = wait_idle(server.port, timeout_s=10)
+    stopped_after = time.monotonic() - t_close
+    cancelled = m['tern_queue_finished_total{outcome="cancelled"}'] - m0['tern_queue_finished_total{outcome="cancelled"}']
+    generated = m["tern_completion_tokens_total"] - m0["tern_completion_tokens_total"]
+    assert cancelled == 1, m
+    assert generated < 1500
+    print(f"stopped {stopped_after * 1000:.0f} ms after the hang-up, {generated:.0f} tokens generated")
+    assert stopped_after < 5
+
+
+def test_full_queue_answers_503(tern_bin):
+    s = Server(tern_bin, "--max-queue", "1", "--ctx-size", "4096", "-q")
+    try:
+        running = RawStream(s.port, "/v1/chat/completions", body(3000))
+        running.read_until(b"\"content\"")            # running
+        waiting = RawStream(s.port, "/v1/chat/completions", body(10))
+        deadline = time.monotonic() + 30
+        while metrics(s.port)["tern_queue_waiting"] < 1:  # queued behind it
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        status, headers, data = request("POST", s.port, "/v1/chat/completions", body(10))
+        assert status == 503 and int(headers["retry-after"]) >= 1
+        assert json.loads(data)["error"]["code"] == "queue_full"
+        waiting.close()  # leaves the queue without running
+        running.close()  # cancels the running generation
+        m = wait_idle(s.port, timeout_s=10)
+        assert m["tern_queue_rejected_total"] == 1
+        assert m['tern_queue_finished_total{outcome="cancelled"}'] == 2
+        assert queue_balance(m) == 0
+        status, _, out = post_json(s.port, "/v1/chat/completions", {**body(3), "stream": False})
+        assert status == 200 and out["usage"]["completion_tokens"] == 3
+    finally:
+        s.stop()
+
+
+def test_api_key_and_forced_output_flag(tern_bin):
+    s = Server(tern_bin, "--api-key", "sekret", "--cors-origin", "http://example.com", "-q")
+    try:
+        msg = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1}
+        status, _, out = post_json(s.port, "/v1/chat/completions", msg)
+        assert status == 401 and out["error"]["type"] == "authentication_error"
+        status, _, out = post_json(s.port, "/v1/chat/completions", msg, {"Authorization": "Bearer wrong"})
+        assert status == 401
+        status, headers, out = post_json(s.port, "/v1/chat/completions", msg, {"Authorization": "Bearer sekret"})
+        assert status == 200 and headers["access-control-allow-origin"] == "http://example.com"
+        assert request("GET", s.port, "/health")[0] == 200  # open without the key
+        status, _, out = post_json(s.port, "/v1/chat/completions", {**msg, "tern_debug_forced_output": "x"},
+                                   {"Authorization": "Bearer sekret"})
+        assert status == 400 and "--debug-allow-forced-output" in out["error"]["message"]
+        status, headers, _ = request("OPTIONS", s.port, "/v1/chat/completions")
+        assert status == 204 and "Authorization" in headers["access-control-allow-headers"]
+    finally:
+        s.stop()
