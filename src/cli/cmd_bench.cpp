@@ -178,7 +178,7 @@ void command_bench(CLI::App& app) {
   sub->add_flag("--synthetic", args->synthetic, "Full-size random weights generated on the GPU (needs --device cuda)");
   sub->add_flag("--demo", args->demo, "The built-in demo model (random weights, small)");
   sub->add_option("--device", args->device, "auto, cpu or cuda")->capture_default_str();
-  sub->add_option("--dtype", args->dtype, "Weights of -m: auto, q4 or bf16")->capture_default_str();
+  sub->add_option("--dtype", args->dtype, "Weights of -m: auto, q4, bf16 or stored (see tern inspect)")->capture_default_str();
   sub->add_option("--lengths", args->lengths, "Prompt lengths, e.g. 256,4K,128K")->capture_default_str();
   sub->add_option("--repeats", args->repeats, "Timed runs per length (the median is reported)")->capture_default_str();
   sub->add_option("--warmup", args->warmup, "Untimed runs per length before the timed ones")->capture_default_str();

@@ -136,7 +136,7 @@ void command_eval(CLI::App& app) {
   sub->add_option("-m,--model", args->model_dir, "Model folder (HF BF16 or MLX)");
   sub->add_flag("--demo", args->demo, "The built-in demo model (random weights)");
   sub->add_option("--device", args->device, "auto, cpu or cuda")->capture_default_str();
-  sub->add_option("--dtype", args->dtype, "Weights of -m: auto, q4 or bf16")->capture_default_str();
+  sub->add_option("--dtype", args->dtype, "Weights of -m: auto, q4, bf16 or stored (see tern inspect)")->capture_default_str();
   sub->add_option("--tokens-file", args->tokens_file, "Token ids: .npy int32, or text (white space, commas)");
   sub->add_option("--reference", args->reference, "Reference logits .npy, float32 [tokens, vocab]");
   sub->add_option("--text", args->text_file, "A text file: perplexity alone");

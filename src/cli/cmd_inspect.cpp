@@ -27,7 +27,9 @@ const char* layer_type_name(LayerType t) {
 
 std::string gb(int64_t bytes) {
   char s[32];
-  std::snprintf(s, sizeof s, "%.3f GB", double(bytes) / 1e9);
+  if (bytes < 1000000) std::snprintf(s, sizeof s, "%.1f KB", double(bytes) / 1e3);
+  else if (bytes < 1000000000) std::snprintf(s, sizeof s, "%.2f MB", double(bytes) / 1e6);
+  else std::snprintf(s, sizeof s, "%.2f GB", double(bytes) / 1e9);
   return s;
 }
 

@@ -213,7 +213,8 @@ void attention(const float* q, const float* qg, const uint16_t* cache_k, const u
   const unsigned threads = unsigned(32 * G);
   auto launch = [&](auto kernel, int DH) {
     const size_t smem = size_t(kKeysPerTile) * (DH / 2 + 1) * 4 + size_t(kKeysPerTile) * DH * 2 + size_t(G) * DH * 4;
-    TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    if (smem > 48 * 1024)  // above the default limit only (keeps the launch capturable in a CUDA graph)
+      TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     kernel<<<grid, threads, smem, stream>>>(q, cache_k, cache_v, pos0, d, splits, po, pm, pl);
   };
   switch (d.dh) {

@@ -1,6 +1,7 @@
 #include "cuda/cuda_runner.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/check.h"
@@ -23,7 +24,8 @@ __global__ void advance_position_kernel(int* pos, int n) { *pos += n; }
 
 class CudaSession final : public Session {
  public:
-  CudaSession(const DeviceWeights& w, int64_t capacity, const void* owner) : owner(owner), capacity_(capacity) {
+  CudaSession(const DeviceWeights& w, int64_t capacity, const void* owner, uint64_t id)
+      : owner(owner), id(id), capacity_(capacity) {
     const Config& c = w.config;
     const int64_t kv_elems = int64_t(c.num_key_value_heads) * capacity * c.head_dim;
     const int64_t conv_elems = int64_t(c.linear_conv_kernel_dim - 1) * c.conv_channels();
@@ -71,6 +73,7 @@ class CudaSession final : public Session {
     size_t conv_bytes = 0, rec_bytes = 0;
   };
   const void* owner;
+  uint64_t id;           // unique per runner: the decode graph is bound to one session's buffers
   int64_t pos = 0;
   int* d_pos = nullptr;  // tokens in the cache, on the device
   std::vector<LayerCache> layers;
@@ -86,9 +89,14 @@ class CudaRunner final : public ModelRunner {
       : w_(std::move(w)), host_(std::move(host)), max_chunk_(std::max<int64_t>(1, o.max_chunk)) {
     TERN_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     allocate_scratch();
+    TERN_CUDA(cudaMallocHost(&pinned_, 256));
+    const char* g = std::getenv("TERN_CUDA_GRAPHS");
+    use_graphs_ = !(g && std::string(g) == "0");
   }
   ~CudaRunner() override {
     cudaStreamSynchronize(stream_);
+    if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
+    cudaFreeHost(pinned_);
     cudaStreamDestroy(stream_);
   }
 
@@ -100,7 +108,7 @@ class CudaRunner final : public ModelRunner {
   std::unique_ptr<Session> create_session(int64_t max_context) override {
     TERN_CHECK(max_context > 0, "session capacity must be positive, got ", max_context);
     TERN_CHECK(max_context < (int64_t(1) << 31), "session capacity ", max_context, " is too large");
-    return std::make_unique<CudaSession>(*w_, max_context, this);
+    return std::make_unique<CudaSession>(*w_, max_context, this, ++session_ids_);
   }
 
   void forward(Session& session, std::span<const int32_t> tokens, bool all_logits, std::vector<float>& logits) override {
@@ -124,8 +132,10 @@ class CudaRunner final : public ModelRunner {
                                         const DeviceSampling& sampling) override {
     CudaSession& s = own(session);
     check_tokens(s, tokens);
+    sample_check(sampling);
     const int64_t n = int64_t(tokens.size());
     const int64_t V = w_->config.vocab_size;
+    if (n == 1 && use_graphs_) return decode_graph_step(s, tokens[0], sampling);
     for (int64_t c0 = 0; c0 < n; c0 += max_chunk_) {
       const int64_t T = std::min(max_chunk_, n - c0);
       run_chunk(s, tokens.subspan(size_t(c0), size_t(T)));
@@ -231,10 +241,18 @@ class CudaRunner final : public ModelRunner {
   }
 
   void run_chunk(CudaSession& s, std::span<const int32_t> tokens) {
-    const Config& c = w_->config;
-    const int64_t T = int64_t(tokens.size()), D = c.hidden_size;
-    const float eps = float(c.rms_norm_eps);
+    const int64_t T = int64_t(tokens.size());
     TERN_CUDA(cudaMemcpyAsync(tokens_, tokens.data(), size_t(T) * 4, cudaMemcpyHostToDevice, stream_));
+    chunk_body(s, T);
+    s.pos += T;
+  }
+
+  // Every kernel of one chunk of T tokens (already in tokens_); no host value depends on the step, so a T = 1
+  // body can be captured once in a CUDA graph and replayed.
+  void chunk_body(CudaSession& s, int64_t T) {
+    const Config& c = w_->config;
+    const int64_t D = c.hidden_size;
+    const float eps = float(c.rms_norm_eps);
     embed_lookup(w_->embed, tokens_, T, hidden_, stream_);
     for (size_t i = 0; i < w_->layers.size(); ++i) {
       const DeviceLayer& l = w_->layers[i];
@@ -250,8 +268,49 @@ class CudaRunner final : public ModelRunner {
     }
     advance_position_kernel<<<1, 1, 0, stream_>>>(s.d_pos, int(T));
     TERN_CUDA_LAUNCHED("advance_position");
-    s.pos += T;
-    last_T_ = T;
+  }
+
+  // One decode step through a CUDA graph (embed, 40 layers, LM head, sampling): the token and the sampling
+  // parameters are copied into device memory, then the graph bound to this session replays.
+  int32_t decode_graph_step(CudaSession& s, int32_t token, const DeviceSampling& sampling) {
+    const int64_t V = w_->config.vocab_size;
+    std::memcpy(pinned_, &token, 4);
+    std::memcpy(static_cast<uint8_t*>(pinned_) + 64, &sampling, sizeof(DeviceSampling));
+    TERN_CUDA(cudaMemcpyAsync(tokens_, pinned_, 4, cudaMemcpyHostToDevice, stream_));
+    TERN_CUDA(cudaMemcpyAsync(sample_params_slot(sample_scratch_, V), static_cast<uint8_t*>(pinned_) + 64,
+                              sizeof(DeviceSampling), cudaMemcpyHostToDevice, stream_));
+    if (!graph_exec_ || graph_session_ != s.id) capture_decode(s);
+    TERN_CUDA(cudaGraphLaunch(graph_exec_, stream_));
+    s.pos += 1;
+    TERN_CUDA(cudaMemcpyAsync(pinned_, sample_out_, 4, cudaMemcpyDeviceToHost, stream_));
+    TERN_CUDA(cudaStreamSynchronize(stream_));
+    int32_t id;
+    std::memcpy(&id, pinned_, 4);
+    return id;
+  }
+
+  void capture_decode(CudaSession& s) {
+    if (graph_exec_) {
+      TERN_CUDA(cudaGraphExecDestroy(graph_exec_));
+      graph_exec_ = nullptr;
+    }
+    const int64_t V = w_->config.vocab_size;
+    TERN_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
+    cudaGraph_t graph = nullptr;
+    try {
+      chunk_body(s, 1);
+      lm_head_device(0, 1);
+      sample_token_device(logits_, V, sample_scratch_, sample_out_, stream_);
+    } catch (...) {
+      cudaStreamEndCapture(stream_, &graph);
+      if (graph) cudaGraphDestroy(graph);
+      throw;
+    }
+    TERN_CUDA(cudaStreamEndCapture(stream_, &graph));
+    const cudaError_t e = cudaGraphInstantiate(&graph_exec_, graph, 0);
+    cudaGraphDestroy(graph);
+    TERN_CUDA(e);
+    graph_session_ = s.id;
   }
 
   void gdn_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, int64_t T) {
@@ -379,7 +438,10 @@ class CudaRunner final : public ModelRunner {
   int64_t max_chunk_;
   cudaStream_t stream_{};
   DeviceArena scratch_;
-  int64_t last_T_ = 0;
+  bool use_graphs_ = true;              // TERN_CUDA_GRAPHS=0 turns the decode graph off
+  cudaGraphExec_t graph_exec_ = nullptr;
+  uint64_t graph_session_ = 0, session_ids_ = 0;
+  void* pinned_ = nullptr;              // [256 B] token in, sampled id out, sampling parameters
   float *hidden_ = nullptr, *normed_ = nullptr;
   float *qkv_raw_ = nullptr, *conv_out_ = nullptr, *z_ = nullptr, *o_ = nullptr, *gated_ = nullptr, *b_ = nullptr,
         *a_ = nullptr, *g_ = nullptr, *beta_ = nullptr;

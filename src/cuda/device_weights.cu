@@ -164,7 +164,7 @@ std::unique_ptr<DeviceWeights> device_weights_upload(const ModelWeights& w, bool
                           &l.k_norm})
       vsize(*v);
   }
-  TERN_CHECK(!dw->embed.empty() && !dw->lm_head.empty(), "weights without embed or lm_head cannot be uploaded");
+  TERN_CHECK(!w.embed.empty() && !w.lm_head.empty(), "weights without embed or lm_head cannot be uploaded");
 
   dw->arena = DeviceArena(total, "model weights");
   dw->bytes = weight_bytes;

@@ -77,8 +77,9 @@ __device__ __forceinline__ uint64_t mix64(uint64_t x) {
   return x;
 }
 
-__global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, int64_t V, DeviceSampling s, float* p,
-                                                          int* out) {
+__global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, int64_t V, const DeviceSampling* params,
+                                                          float* p, int* out) {
+  const DeviceSampling s = *params;
   __shared__ float redf[32];
   __shared__ int redi[32];
   __shared__ float thread_mass[kThreads];
@@ -198,16 +199,30 @@ void mask_padding(float* logits, int64_t n, int64_t V, int64_t vocab_real, cudaS
   TERN_CUDA_LAUNCHED("mask_padding");
 }
 
-int64_t sample_scratch_floats(int64_t V) { return V; }
+int64_t sample_scratch_floats(int64_t V) { return V + 32; }
 
-void sample_token(const float* logits, int64_t V, const DeviceSampling& s, float* scratch, int* out, cudaStream_t stream) {
-  TERN_CHECK(V > 0 && V < (int64_t(1) << 31), "sample_token: vocabulary of ", V);
+DeviceSampling* sample_params_slot(float* scratch, int64_t V) {
+  return reinterpret_cast<DeviceSampling*>(scratch + ((V + 7) / 8) * 8);  // 32-byte aligned after the probabilities
+}
+
+void sample_check(const DeviceSampling& s) {
   TERN_CHECK(s.temperature >= 0.0f && s.top_p > 0.0f && s.top_p <= 1.0f && s.min_p >= 0.0f && s.min_p <= 1.0f &&
                  s.top_k >= 0,
-             "sample_token: bad sampling parameters (temperature ", s.temperature, ", top_p ", s.top_p, ", min_p ",
-             s.min_p, ", top_k ", s.top_k, ")");
-  sample_kernel<<<1, kThreads, 0, stream>>>(logits, V, s, scratch, out);
+             "sampling parameters out of range (temperature ", s.temperature, ", top_p ", s.top_p, ", min_p ", s.min_p,
+             ", top_k ", s.top_k, ")");
+}
+
+void sample_token_device(const float* logits, int64_t V, float* scratch, int* out, cudaStream_t stream) {
+  TERN_CHECK(V > 0 && V < (int64_t(1) << 31), "sample_token: vocabulary of ", V);
+  sample_kernel<<<1, kThreads, 0, stream>>>(logits, V, sample_params_slot(scratch, V), scratch, out);
   TERN_CUDA_LAUNCHED("sample_token");
+}
+
+void sample_token(const float* logits, int64_t V, const DeviceSampling& s, float* scratch, int* out, cudaStream_t stream) {
+  sample_check(s);
+  TERN_CUDA(cudaMemcpyAsync(sample_params_slot(scratch, V), &s, sizeof(DeviceSampling), cudaMemcpyHostToDevice, stream));
+  TERN_CUDA(cudaStreamSynchronize(stream));  // the host struct may go away after return
+  sample_token_device(logits, V, scratch, out, stream);
 }
 
 }  // namespace tern::cuda

@@ -34,7 +34,7 @@ class Scope {
 
 enum class Flow { Normal, Break, Continue };
 
-constexpr int kMaxDepth = 200;  // macro recursion limit
+constexpr int kMaxDepth = 100;  // macro recursion limit
 
 class Interpreter {
  public:

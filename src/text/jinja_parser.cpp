@@ -97,6 +97,7 @@ class Parser {
   }
 
   StmtPtr statement() {
+    Depth guard(*this);
     int line = cur().line;
     std::string name = next().text;
     auto s = std::make_unique<Stmt>();
@@ -223,7 +224,18 @@ class Parser {
     return list;
   }
 
+  // Nesting guard: a hostile template must not exhaust the stack.
+  struct Depth {
+    Parser& p;
+    explicit Depth(Parser& parser) : p(parser) {
+      if (++p.depth_ > kMaxNesting) p.fail("expression nested too deeply");
+    }
+    ~Depth() { --p.depth_; }
+  };
+  static constexpr int kMaxNesting = 256;
+
   ExprPtr expr(bool with_cond = true) {
+    Depth guard(*this);
     if (!with_cond) return or_expr();
     ExprPtr e = or_expr();
     while (is_name("if")) {
@@ -265,6 +277,7 @@ class Parser {
   }
 
   ExprPtr not_expr() {
+    Depth guard(*this);
     if (is_name("not")) {
       auto n = make(ExprKind::Not, next().line);
       n->args.push_back(not_expr());
@@ -347,6 +360,7 @@ class Parser {
   }
 
   ExprPtr unary(bool with_filter) {
+    Depth guard(*this);
     ExprPtr e;
     if (is_op("-")) {
       e = make(ExprKind::Neg, next().line);
@@ -541,6 +555,7 @@ class Parser {
 
   const std::vector<Token>& t_;
   size_t i_ = 0;
+  int depth_ = 0;
 };
 
 }  // namespace

@@ -179,6 +179,22 @@ TEST(CudaRunner, MatchesCpuRunnerPrefillDecodeAndSampling) {
   const int32_t want = int32_t(std::max_element(last.begin(), last.begin() + weights->vocab_real) - last.begin());
   EXPECT_EQ(*id, want);
   EXPECT_EQ(s2->position(), n);
+  // Single-token steps replay a CUDA graph bound to the session; interleaving a second session forces a
+  // re-capture. Each sampled id equals the arg-max of forward()'s logits for the same step.
+  auto s3 = gpu->create_session(256);
+  int32_t next = *id;
+  for (int step = 0; step < 6; ++step) {
+    const std::vector<int32_t> one = {next};
+    gpu->forward(*s1, one, false, last);
+    const int32_t want_step = int32_t(std::max_element(last.begin(), last.begin() + weights->vocab_real) - last.begin());
+    const auto got_step = gpu->forward_sample(*s2, one, DeviceSampling{.seed = 5, .step = uint64_t(step)});
+    ASSERT_TRUE(got_step.has_value());
+    EXPECT_EQ(*got_step, want_step) << "decode step " << step;
+    if (step % 2 == 0) (void)gpu->forward_sample(*s3, one, DeviceSampling{});  // other session in between
+    next = want_step;
+  }
+  EXPECT_EQ(s2->position(), n + 6);
+  EXPECT_EQ(s3->position(), 3);
 
   // Capacity errors throw and consume nothing.
   auto small = gpu->create_session(8);

@@ -1,0 +1,178 @@
+"""tern generate and tern run, end to end.
+
+- Greedy generation on a random-weight model equals transformers' greedy generate, token for token, for 64 tokens.
+- The demo model (default without -m) runs with no files; seeds repeat; stop strings never leak.
+- tern run: a conversation over piped stdin (/reset, /system, /exit), and Ctrl-C through a pseudo-terminal.
+"""
+import json
+import os
+import pathlib
+import pty
+import random
+import select
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+NEAR_TIE = 1e-4  # a greedy divergence at a top-2 logit gap below this is rounding, not a bug
+
+
+def run(cmd, **kw):
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=kw.pop("timeout", 300), **kw)
+    return r
+
+
+def generate_json(tern_bin, *args):
+    r = run([tern_bin, "generate", "--json", *args])
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+@pytest.fixture(scope="module")
+def hf_model(tmp_path_factory):
+    seed = int(os.environ.get("TERN_TEST_SEED", random.SystemRandom().randrange(1 << 31)))
+    out = tmp_path_factory.mktemp("gen_model") / "model"
+    subprocess.run([sys.executable, str(ROOT / "tests/oracles/make_model.py"), "--out", str(out), "--seed", str(seed),
+                    "--preset", "tiny", "--layout", "hf", "--dtype", "float32"], check=True, capture_output=True)
+    return out, seed
+
+
+def test_greedy_equals_transformers_for_64_tokens(tern_bin, hf_model, seed):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    model_dir, model_seed = hf_model
+    print(f"model seed={model_seed}")
+    rng = random.Random(seed)
+    cfg = json.loads((model_dir / "config.json").read_text())
+    vocab_real = len(json.loads((model_dir / "tokenizer.json").read_text())["model"]["vocab"])
+    prompt = [rng.randrange(vocab_real) for _ in range(rng.randrange(3, 24))]
+    n = 64
+
+    r = run([tern_bin, "generate", "-m", str(model_dir), "--dtype", "stored", "--device", "cpu", "--prompt-tokens",
+             ",".join(map(str, prompt)), "-n", str(n), "--temperature", "0", "--ignore-eos", "--print-ids"])
+    assert r.returncode == 0, r.stderr
+    ours = [int(x) for x in r.stdout.strip().split(",")]
+    assert len(ours) == n
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    model.eval()
+    gc = transformers.GenerationConfig(max_new_tokens=n, min_new_tokens=0, do_sample=False, eos_token_id=None,
+                                       pad_token_id=0, bos_token_id=None)
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), generation_config=gc, return_dict_in_generate=True,
+                             output_logits=True)
+    ref = out.sequences[0, len(prompt):].tolist()
+    assert len(ref) == n
+    if ours == ref:
+        return
+    i = next(k for k in range(n) if ours[k] != ref[k])
+    top2 = torch.topk(out.logits[i][0].float(), 2).values
+    gap = float(top2[0] - top2[1])
+    msg = f"first divergence at generated token {i}: tern {ours[i]}, transformers {ref[i]}, top-2 gap {gap:.3g}"
+    if gap < NEAR_TIE:
+        pytest.skip("near-tie, reported not failed: " + msg)
+    assert ours == ref, msg + f" (cfg vocab {cfg.get('vocab_size')})"
+
+
+def test_demo_model_is_the_default_and_says_its_weights_are_random(tern_bin, seed):
+    r = run([tern_bin, "generate", "-p", "Hello", "-n", "8", "--seed", str(seed)])
+    assert r.returncode == 0, r.stderr
+    assert "RANDOM weights" in r.stderr and "tern-demo-random-weights" in r.stderr
+    assert "8 generated tokens" in r.stderr
+    j = generate_json(tern_bin, "--demo", "-p", "Hello", "-n", "5", "--seed", str(seed), "--top-logprobs", "3")
+    assert j["model"] == "tern-demo-random-weights"
+    assert j["completion_tokens"] == 5 == len(j["tokens"]) and j["finish_reason"] == "length"
+    assert j["prompt_tokens"] == 1  # "Hello" is one Qwen3 token
+    assert len(j["logprobs"]) == 5 and all(len(x["top"]) == 3 for x in j["logprobs"])
+    for x in j["logprobs"]:  # the chosen token's log-probability is at most the best alternative's
+        assert x["logprob"] <= x["top"][0]["logprob"] + 1e-6
+        assert all(a["logprob"] >= b["logprob"] for a, b in zip(x["top"], x["top"][1:]))
+
+
+def test_same_seed_same_tokens(tern_bin, seed):
+    args = ["-p", "Once upon a time", "-n", "12", "--temperature", "1.5", "--top-k", "0", "--top-p", "1"]
+    a = generate_json(tern_bin, *args, "--seed", str(seed))
+    b = generate_json(tern_bin, *args, "--seed", str(seed))
+    c = generate_json(tern_bin, *args, "--seed", str(seed + 1))
+    assert a["tokens"] == b["tokens"] and a["seed"] == seed
+    assert a["tokens"] != c["tokens"]  # 12 draws at temperature 1.5 over 151k ids: equal only by accident
+
+
+def test_stop_string_never_leaks_across_tokens(tern_bin):
+    base = generate_json(tern_bin, "-p", "The", "-n", "24", "--temperature", "0")
+    text = base["text"]
+    assert len(text) > 12, text
+    # A stop string that starts inside one token and ends in a later one.
+    start = len(text) // 2
+    stop = text[start:start + 6]
+    want = text[:text.find(stop)]
+    j = generate_json(tern_bin, "-p", "The", "-n", "24", "--temperature", "0", "--stop", stop)
+    assert j["finish_reason"] == "stop" and j["stop_string"] == stop
+    assert j["text"] == want
+    r = run([tern_bin, "generate", "-q", "-p", "The", "-n", "24", "--temperature", "0", "--stop", stop])
+    assert r.returncode == 0 and r.stdout == want + "\n"
+
+
+def test_chat_template_and_bad_flags(tern_bin):
+    j = generate_json(tern_bin, "--chat", "--no-think", "-p", "Hi", "-n", "3", "--temperature", "0")
+    assert j["prompt_tokens"] > 5  # <|im_start|>user ... <|im_start|>assistant <think> ... </think>
+    r = run([tern_bin, "generate", "-p", "Hi", "--top-p", "0"])
+    assert r.returncode == 1 and "top_p" in r.stderr
+    r = run([tern_bin, "generate", "--prompt-tokens", "1,x"])
+    assert r.returncode == 1 and "bad token id" in r.stderr
+    r = run([tern_bin, "generate", "-p", "Hi", "-n", "50", "--ctx-size", "8"])
+    assert r.returncode == 0 and "context" in r.stderr
+
+
+def test_run_over_piped_stdin(tern_bin, seed):
+    script = "Hello there\n/reset\n/system You are terse.\nWhat is 2+2?\n/bogus\n/exit\nnever read\n"
+    r = run([tern_bin, "run", "-n", "6", "--seed", str(seed)], input=script, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "random" in r.stderr.lower()
+    assert "(new conversation)" in r.stdout
+    assert "(system message set; new conversation)" in r.stdout
+    assert "unknown command /bogus" in r.stdout
+    assert r.stderr.count("tok/s") >= 2  # a speed line after each answer
+    assert "thinking..." in r.stdout  # the demo's template opens <think>; thinking is hidden by default
+
+
+def test_run_ctrl_c_stops_the_answer_not_the_program(tern_bin):
+    pid, fd = pty.fork()
+    if pid == 0:  # child: the terminal's side
+        os.execv(tern_bin, [tern_bin, "run", "--no-think"])
+    out = b""
+
+    def read_until(pred, timeout):
+        nonlocal out
+        end = time.time() + timeout
+        while time.time() < end and not pred(out):
+            r, _, _ = select.select([fd], [], [], 0.2)
+            if r:
+                try:
+                    out += os.read(fd, 4096)
+                except OSError:
+                    break
+        return pred(out)
+
+    try:
+        assert read_until(lambda o: b"> " in o, 60), out
+        os.write(fd, b"Tell me a very long story\n")
+        n0 = len(out)
+        assert read_until(lambda o: len(o) > n0 + 40, 60), out  # the answer is streaming
+        os.kill(pid, signal.SIGINT)
+        assert read_until(lambda o: b"stopped" in o, 30), out  # the answer stopped ...
+        assert read_until(lambda o: o.rstrip().endswith(b">") or o.endswith(b"> \x1b[0m") or o.endswith(b"> "), 30), out
+        os.write(fd, b"/exit\n")  # ... and the program still takes commands
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, out
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+        os.close(fd)
