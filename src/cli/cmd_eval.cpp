@@ -4,6 +4,7 @@
 //
 //   tern eval -m DIR --tokens-file tokens.npy --reference logits.npy [--json out.json] [--max-kl 0.005]
 //   tern eval -m DIR --text wiki.txt            (perplexity alone)
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
@@ -46,7 +47,7 @@ void run_eval(const EvalArgs& a) {
              "file)");
   TERN_CHECK(a.device == "auto" || a.device == "cpu" || a.device == "cuda", "--device '", a.device,
              "' is not auto, cpu or cuda");
-  TERN_CHECK(a.reference.empty() ? (a.max_kl < 0 && a.min_top1 < 0 && a.max_ppl_rel < 0) : true,
+  TERN_CHECK(!a.reference.empty() || (a.max_kl < 0 && a.min_top1 < 0 && a.max_ppl_rel < 0),
              "tern eval: --max-kl, --max-ppl-rel and --min-top1 need --reference");
 
   std::shared_ptr<const ModelWeights> weights;
@@ -62,13 +63,10 @@ void run_eval(const EvalArgs& a) {
   if (!a.tokens_file.empty()) {
     tokens = eval_tokens_read(a.tokens_file);
   } else {
-    std::string tok_path = a.tokenizer;
-    if (tok_path.empty()) {
-      TERN_CHECK(!a.model_dir.empty(), "tern eval --text with --demo needs --tokenizer FILE");
-      tok_path = (std::filesystem::path(a.model_dir) / "tokenizer.json").string();
-    }
-    const Tokenizer tokenizer = std::filesystem::is_directory(tok_path) ? Tokenizer::from_model_dir(tok_path)
-                                                                        : Tokenizer::from_file(tok_path);
+    TERN_CHECK(!a.tokenizer.empty() || !a.model_dir.empty(), "tern eval --text with --demo needs --tokenizer FILE");
+    const Tokenizer tokenizer = a.tokenizer.empty()                        ? Tokenizer::from_model_dir(a.model_dir)
+                                : std::filesystem::is_directory(a.tokenizer) ? Tokenizer::from_model_dir(a.tokenizer)
+                                                                             : Tokenizer::from_file(a.tokenizer);
     std::ifstream in(a.text_file, std::ios::binary);
     TERN_CHECK(in.good(), "cannot open the text file ", a.text_file);
     const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -15,6 +15,7 @@
 #include "cli/commands.h"
 #include "core/check.h"
 #include "core/thread_pool.h"
+#include "model/config.h"
 #include "text/tokenizer.h"
 
 namespace tern::cli {
@@ -68,10 +69,14 @@ void append_ids_json(std::string& out, const std::vector<int32_t>& ids) {
 
 }  // namespace
 
-// -m accepts a model folder or a tokenizer.json(.zst) file.
+// -m accepts a model folder or a tokenizer.json(.zst) file. A folder with a config.json is checked: the
+// tokenizer's ids must fit the model's embedding rows.
 Tokenizer load_tokenizer_arg(const std::string& path) {
   if (std::filesystem::is_regular_file(path)) return Tokenizer::from_file(path);
-  return Tokenizer::from_model_dir(path);
+  Tokenizer tok = Tokenizer::from_model_dir(path);
+  if (std::filesystem::exists(std::filesystem::path(path) / "config.json"))
+    tok.check_fits_embedding(config_load(path).vocab_size);
+  return tok;
 }
 
 void command_tokenize(CLI::App& app) {

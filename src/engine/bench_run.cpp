@@ -141,7 +141,7 @@ BenchReport bench_run(ModelRunner& runner, const Roofline& roofline, const Bench
         options.log(buf);
       }
     }
-    session.reset();
+    session = nullptr;  // free this length's caches before the next one
     point.prefill_ms_median = bench_median(point.prefill_ms);
     if (point.prefill_ms_median > 0) {
       point.prefill_tok_s = double(L) / (point.prefill_ms_median * 1e-3);

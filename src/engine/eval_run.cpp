@@ -126,8 +126,8 @@ std::string eval_summary_text(const EvalSummary& s) {
   std::snprintf(buf, sizeof buf, "perplexity       %.6f (mean NLL %.6f nats)\n", s.perplexity, s.nll_mean);
   out += buf;
   if (s.has_reference) {
-    std::snprintf(buf, sizeof buf, "reference ppl    %.6f (tern %+.4f%%)\n", s.reference_perplexity,
-                  100.0 * s.perplexity_rel_diff);
+    std::snprintf(buf, sizeof buf, "reference ppl    %.6f (tern/reference - 1 = %+.3e)\n", s.reference_perplexity,
+                  s.perplexity_rel_diff);
     out += buf;
     std::snprintf(buf, sizeof buf, "mean KL          %.6g nats (max %.6g at position %lld)\n", s.kl_mean, s.kl_max,
                   (long long)s.kl_max_position);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "core/check.h"
 #include "engine/text_stream.h"
@@ -41,7 +42,13 @@ Generator::Generator(ModelRunner& runner, const Tokenizer& tokenizer, GeneratorO
                       return tokenizer.contains(id) ? tokenizer.token_bytes(id) : std::string();
                     },
                     .is_special = [&tokenizer](int32_t id) { return tokenizer.contains(id) && tokenizer.is_special(id); }},
-                std::move(options)) {}
+                std::move(options)) {
+  // Chat turns end with <|im_end|> even when a folder's config names only <|endoftext|> (mlx-vlm does the same).
+  for (const char* t : {"<|im_end|>", "<|endoftext|>"})
+    if (const std::optional<int32_t> id = tokenizer.token_id(t); id && *id < runner.vocab_real()) end_ids_.push_back(*id);
+  std::sort(end_ids_.begin(), end_ids_.end());
+  end_ids_.erase(std::unique(end_ids_.begin(), end_ids_.end()), end_ids_.end());
+}
 
 Generator::Generator(ModelRunner& runner, TokenTextSource text, GeneratorOptions options)
     : runner_(runner), text_(std::move(text)), options_(std::move(options)) {
@@ -192,6 +199,8 @@ GenerationResult Generator::generate(Session& session, const GenerationRequest& 
                         .step = step + 1};
       const std::optional<int32_t> device_id = runner_.forward_sample(session, fed, ds);
       if (device_id) {
+        TERN_CHECK(*device_id >= 0 && *device_id < vocab, "the backend sampled token ", *device_id,
+                   ", outside the vocabulary [0, ", vocab, ")");
         pending_device_id = *device_id;
         continue;
       }

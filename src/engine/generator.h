@@ -89,6 +89,8 @@ struct GeneratorOptions {
 
 class Generator {
  public:
+  // End ids: the config's eos_token_ids (config.json + generation_config.json), options.extra_end_ids, and with a
+  // tokenizer also <|im_end|> and <|endoftext|> when it has them. `tokenizer` must outlive the generator.
   Generator(ModelRunner& runner, const Tokenizer& tokenizer, GeneratorOptions options = {});
   Generator(ModelRunner& runner, TokenTextSource text, GeneratorOptions options = {});
 

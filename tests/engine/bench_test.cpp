@@ -10,7 +10,7 @@
 #include "core/check.h"
 #include "engine/bench_roofline.h"
 #include "engine/bench_run.h"
-#include "engine/eval_fake_runner.h"
+#include "eval_fake_runner.h"
 
 namespace tern {
 namespace {

@@ -11,7 +11,7 @@
 
 #include "core/check.h"
 #include "core/npy.h"
-#include "engine/eval_fake_runner.h"
+#include "eval_fake_runner.h"
 #include "engine/eval_metrics.h"
 #include "engine/eval_run.h"
 

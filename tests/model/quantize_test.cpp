@@ -68,8 +68,10 @@ TEST(QuantizeAffine, RampHitsEveryLevel) {
   EXPECT_EQ(packed[7] >> 28, 0u);           // w = 63 -> q = 0
 }
 
-// Random rows: every element dequantises to within half a step (plus bf16 rounding of scale and bias).
-TEST(QuantizeAffine, RoundTripWithinHalfStep) {
+// Random rows: every element dequantises to within one step (half a step of rounding, plus up to half a step of
+// clipping at the far edge because MLX re-derives the scale so that the near edge maps exactly), plus the bf16
+// rounding of scale and bias.
+TEST(QuantizeAffine, RoundTripWithinOneStep) {
   const uint32_t seed = std::random_device{}();
   std::printf("seed=%u\n", seed);
   std::mt19937 rng(seed);
@@ -90,13 +92,13 @@ TEST(QuantizeAffine, RoundTripWithinHalfStep) {
       m.data = packed.data();
       m.scales = scales.data();
       m.biases = biases.data();
-      std::vector<float> row(size_t(cols));
+      std::vector<float> row(static_cast<size_t>(cols));
       for (int64_t r = 0; r < rows; ++r) {
         matrix_row_to_f32(m, r, row.data());
         for (int64_t c = 0; c < cols; ++c) {
           const float step = std::abs(bf16_to_float(scales[size_t(r * cols / group + c / group)]));
-          // half a step, plus the bf16 rounding of scale (x 2^bits levels) and of bias: 2^-8 relative each
-          const float tol = 0.5f * step + step * float(1 << bits) / 256.0f + 0.2f / 256.0f;
+          // one step, plus the bf16 rounding of scale (x 2^bits levels) and of bias: 2^-8 relative each
+          const float tol = step + step * float(1 << bits) / 256.0f + 0.2f / 256.0f;
           ASSERT_NEAR(row[size_t(c)], w[size_t(r * cols + c)], tol)
               << "bits " << bits << " group " << group << " row " << r << " col " << c;
         }

@@ -165,6 +165,35 @@ def test_realdims_layouts_agree(tern_bin, tmp_path):
             assert x[k] == y[k], k
 
 
+def test_unquantised_and_8bit_mlx(tern_bin, models, tmp_path):
+    """mlx-lm files stored BF16 (--bits 0) load in place and equal the HF checkpoint loaded with --dtype bf16; 8-bit
+    files load as affine8; make_model gives the same weights for the same seed."""
+    seed = models["seed"]
+    again = make_model(tmp_path / "again", seed)
+    assert read_dir(again) == read_dir(models["hf"]), "make_model is not deterministic for a seed"
+    bf16 = make_model(tmp_path / "bf16", seed, "--layout", "mlx", "--bits", "0")
+    q8 = make_model(tmp_path / "q8", seed, "--layout", "mlx", "--bits", "8")
+    s = inspect_json(tern_bin, bf16)
+    assert all(set(k["formats"]) == {"bf16"} for k in s["model"]["weights"]["by_kind"].values())
+    assert s["load"]["heap_bytes"] == s["model"]["weights"]["vector_bytes"]
+    assert s["model"] == inspect_json(tern_bin, models["hf"], "--dtype", "bf16")["model"]
+    run_tern(tern_bin, "inspect", "-m", bf16, "--dump-weights", tmp_path / "a.st", "--no-progress")
+    run_tern(tern_bin, "inspect", "-m", models["hf_official"], "--dtype", "bf16", "--dump-weights", tmp_path / "b.st",
+             "--no-progress")
+    a, b = read_safetensors(tmp_path / "a.st"), read_safetensors(tmp_path / "b.st")
+    assert sorted(a) == sorted(b)
+    for k in a:
+        if k.endswith("_norm") and not k.endswith("gdn_norm"):
+            np.testing.assert_allclose(np.frombuffer(a[k][2], np.float32), np.frombuffer(b[k][2], np.float32),
+                                       rtol=2 ** -8, atol=0, err_msg=k)
+        else:
+            assert a[k] == b[k], k
+    s8 = inspect_json(tern_bin, q8)
+    assert all(set(k["formats"]) == {"affine8"} for k in s8["model"]["weights"]["by_kind"].values())
+    q4 = inspect_json(tern_bin, bf16, "--dtype", "q4")
+    assert q4["model"]["weights"] == inspect_json(tern_bin, models["mlx"])["model"]["weights"]
+
+
 # ---- broken checkpoints: exit code 1 with a message, never a signal ----
 
 def rewrite_header(path, edit):
@@ -296,7 +325,7 @@ def test_fuzz_safetensors_header(tmp_path):
                                    "s": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]}}, 12))
     seed = random.SystemRandom().randrange(1 << 31)
     print(f"fuzz seed={seed}")
-    secs = int(os.environ.get("TERN_FUZZ_SECONDS", "60"))
+    secs = int(os.environ.get("TERN_FUZZ_SECONDS", "45"))
     r = subprocess.run([exe, f"-max_total_time={secs}", f"-seed={seed}", "-max_len=2048", "-timeout=10",
                         "-rss_limit_mb=2048", str(corpus)], capture_output=True, text=True, cwd=tmp_path,
                        timeout=secs + 120)

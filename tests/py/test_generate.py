@@ -48,7 +48,9 @@ def test_greedy_equals_transformers_for_64_tokens(tern_bin, hf_model, seed):
     print(f"model seed={model_seed}")
     rng = random.Random(seed)
     cfg = json.loads((model_dir / "config.json").read_text())
-    vocab_real = len(json.loads((model_dir / "tokenizer.json").read_text())["model"]["vocab"])
+    tok = json.loads((model_dir / "tokenizer.json").read_text())
+    # Ids the tokenizer has (tern masks the padded rows beyond them; transformers must be told to).
+    vocab_real = 1 + max(list(tok["model"]["vocab"].values()) + [t["id"] for t in tok.get("added_tokens", [])])
     prompt = [rng.randrange(vocab_real) for _ in range(rng.randrange(3, 24))]
     n = 64
 
@@ -60,17 +62,18 @@ def test_greedy_equals_transformers_for_64_tokens(tern_bin, hf_model, seed):
 
     model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     model.eval()
-    gc = transformers.GenerationConfig(max_new_tokens=n, min_new_tokens=0, do_sample=False, eos_token_id=None,
-                                       pad_token_id=0, bos_token_id=None)
+    padded = list(range(vocab_real, cfg["vocab_size"]))
+    gc = transformers.GenerationConfig(max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0,
+                                       suppress_tokens=padded or None, return_dict_in_generate=True,
+                                       output_logits=True)
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), generation_config=gc, return_dict_in_generate=True,
-                             output_logits=True)
+        out = model.generate(torch.tensor([prompt]), generation_config=gc)
     ref = out.sequences[0, len(prompt):].tolist()
     assert len(ref) == n
     if ours == ref:
         return
     i = next(k for k in range(n) if ours[k] != ref[k])
-    top2 = torch.topk(out.logits[i][0].float(), 2).values
+    top2 = torch.topk(out.logits[i][0, :vocab_real].float(), 2).values
     gap = float(top2[0] - top2[1])
     msg = f"first divergence at generated token {i}: tern {ours[i]}, transformers {ref[i]}, top-2 gap {gap:.3g}"
     if gap < NEAR_TIE:

@@ -205,3 +205,12 @@ def test_cli_errors(tern_bin, tok_files, args, data, needle):
     args = [str(tok_files["qwen3"]) if a == "QWEN3" else a for a in args]
     r = subprocess.run([tern_bin] + args, input=data, capture_output=True)
     assert r.returncode == 1 and needle in r.stderr.decode(), r.stderr.decode()
+
+
+def test_tokenizer_larger_than_embedding_is_an_error(tern_bin, tok_files, tmp_path):
+    (tmp_path / "tokenizer.json").write_bytes(tok_files["qwen3"].read_bytes())
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_5_moe_text", "vocab_size": 151000}))
+    r = subprocess.run([tern_bin, "tokenize", "-m", str(tmp_path)], input=b"hi", capture_output=True)
+    assert r.returncode == 1 and "151000" in r.stderr.decode() and "embedding" in r.stderr.decode(), r.stderr.decode()
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_5_moe_text", "vocab_size": 151936}))
+    assert json.loads(tern_run(tern_bin, ["tokenize", "-m", str(tmp_path)], b"hi")) == [6023]

@@ -1,0 +1,111 @@
+// The demo model: deterministic weights in the 4-bit layout, the embedded tokenizer and template, and a forward pass
+// and generation through the CPU backend.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "cpu/cpu_runner.h"
+#include "engine/demo_model.h"
+#include "engine/generator.h"
+#include "engine/model_source.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
+
+namespace tern {
+namespace {
+
+bool same_bytes(const Matrix& a, const Matrix& b) {
+  if (a.format != b.format || a.rows != b.rows || a.cols != b.cols || a.experts != b.experts) return false;
+  const size_t words = size_t(a.experts * a.rows * a.row_words()), groups = size_t(a.experts * a.rows * a.groups_per_row());
+  return std::memcmp(a.data, b.data, words * 4) == 0 && std::memcmp(a.scales, b.scales, groups * 2) == 0 &&
+         std::memcmp(a.biases, b.biases, groups * 2) == 0;
+}
+
+TEST(DemoModel, SameSeedSameWeightsOtherSeedOtherWeights) {
+  DemoModelOptions o;
+  o.vocab_real = 1000;
+  const auto a = demo_model_build(o), b = demo_model_build(o);
+  o.seed += 1;
+  const auto c = demo_model_build(o);
+  const auto ma = a->all_matrices(), mb = b->all_matrices(), mc = c->all_matrices();
+  ASSERT_EQ(ma.size(), mb.size());
+  for (size_t i = 0; i < ma.size(); ++i) {
+    EXPECT_TRUE(same_bytes(*ma[i].second, *mb[i].second)) << ma[i].first;
+    EXPECT_FALSE(same_bytes(*ma[i].second, *mc[i].second)) << ma[i].first;
+    EXPECT_TRUE(ma[i].second->quantized()) << ma[i].first;
+  }
+  EXPECT_EQ(a->layers[0].A_log, b->layers[0].A_log);
+}
+
+TEST(DemoModel, RealArchitectureAtASmallSize) {
+  DemoModelOptions o;
+  o.vocab_real = 1000;
+  const auto w = demo_model_build(o);
+  const Config& c = w->config;
+  EXPECT_EQ(c.vocab_size, 1024);  // padded to a multiple of 64
+  EXPECT_EQ(w->vocab_real, 1000);
+  EXPECT_EQ(w->source_layout, "demo");
+  ASSERT_EQ(c.num_hidden_layers, 4);
+  EXPECT_EQ(c.layer_types[3], LayerType::full_attention);
+  EXPECT_EQ(c.layer_types[0], LayerType::linear_attention);
+  EXPECT_EQ(w->layers[0].router.format, WeightFormat::affine8);  // as MLX quantises the router
+  EXPECT_EQ(w->layers[0].expert_gate.format, WeightFormat::affine4);
+  EXPECT_EQ(w->layers[0].expert_gate.experts, c.num_experts);
+  EXPECT_EQ(c.eos_token_ids, (std::vector<int32_t>{151645, 151643}));
+  EXPECT_EQ(c.gen_top_k, 20);
+}
+
+TEST(DemoModel, EmbeddedTokenizerAndTemplate) {
+  const auto tok = demo_tokenizer();
+  EXPECT_EQ(tok->vocab_size(), 151669);
+  EXPECT_EQ(tok->token_id("<|im_end|>"), 151645);
+  EXPECT_EQ(tok->decode(tok->encode("Hello, world!")), "Hello, world!");
+  const ChatTemplate t = ChatTemplate::from_source(demo_chat_template_source());
+  ChatTemplateInputs in;
+  in.messages = nlohmann::ordered_json::array({{{"role", "user"}, {"content", "Hi"}}});
+  const std::string text = t.render(in);
+  EXPECT_NE(text.find("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"), std::string::npos) << text;
+}
+
+TEST(DemoModel, ModelSourceGeneratesThroughTheCpuBackend) {
+  const ModelSource src = model_source_open({});
+  EXPECT_TRUE(src.demo);
+  EXPECT_EQ(src.name, kDemoModelName);
+  EXPECT_NE(src.banner.find("RANDOM"), std::string::npos);
+  EXPECT_EQ(src.weights->vocab_real, 151669);
+  ASSERT_TRUE(src.chat_template);
+  auto runner = cpu_runner_create(src.weights);
+  auto session = runner->create_session(64);
+  std::vector<float> logits;
+  const std::vector<int32_t> prompt = src.tokenizer->encode("The quick brown fox");
+  runner->forward(*session, prompt, false, logits);
+  ASSERT_EQ(int64_t(logits.size()), src.weights->config.vocab_size);
+  for (int64_t i = 0; i < src.weights->config.vocab_size; ++i) {
+    if (i < 151669) ASSERT_TRUE(std::isfinite(logits[size_t(i)])) << i;
+    else ASSERT_TRUE(std::isinf(logits[size_t(i)]) && logits[size_t(i)] < 0) << i;
+  }
+  session->reset();
+  Generator gen(*runner, *src.tokenizer);
+  GenerationRequest req;
+  req.prompt = prompt;
+  req.max_tokens = 8;
+  req.sampling = src.defaults;
+  req.sampling.seed = std::random_device{}();
+  std::printf("seed=%llu\n", static_cast<unsigned long long>(*req.sampling.seed));
+  std::string streamed;
+  const GenerationResult r = gen.generate(*session, req, [&](const TokenEvent& e) {
+    streamed += e.text;
+    return true;
+  });
+  EXPECT_LE(r.completion_tokens, 8);
+  EXPECT_EQ(streamed, r.text);
+  // The streamed text is the detokenized output (minus a final end id).
+  std::vector<int32_t> shown = r.tokens;
+  if (r.stop_id >= 0) shown.pop_back();
+  EXPECT_EQ(r.text, src.tokenizer->decode(shown, true));
+}
+
+}  // namespace
+}  // namespace tern
