@@ -154,26 +154,35 @@ __global__ void attention_split_kernel(const float* q, const uint16_t* cache_k, 
 }
 
 // out[t, h·dh + i] = (Σ_s e^{m_s−M} o_s[i]) / (Σ_s e^{m_s−M} l_s) · sigmoid(gate[t, h, i]).
+// The split weights are computed once per block; every output element then sums independent loads.
 __global__ void attention_merge_kernel(const float* part_o, const float* part_m, const float* part_l, const float* qg,
                                        AttnDims d, int splits, float* out) {
+  __shared__ float wts[64];
   const int64_t th = blockIdx.x;  // t·Hq + h
   const int64_t t = th / d.Hq;
   const int h = int(th % d.Hq);
-  float M = -INFINITY;
-  for (int s = 0; s < splits; ++s) M = fmaxf(M, part_m[th * splits + s]);
-  float L = 0.0f;
-  for (int s = 0; s < splits; ++s) {
-    const float ms = part_m[th * splits + s];
-    L += ms == -INFINITY ? 0.0f : expf(ms - M) * part_l[th * splits + s];
+  if (threadIdx.x < 32) {
+    float M = -INFINITY;
+    for (int s = threadIdx.x; s < splits; s += 32) M = fmaxf(M, part_m[th * splits + s]);
+    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    float L = 0.0f;
+    for (int s = threadIdx.x; s < splits; s += 32) {
+      const float ms = part_m[th * splits + s];
+      const float e = ms == -INFINITY ? 0.0f : expf(ms - M);
+      wts[s] = e;
+      L += e * part_l[th * splits + s];
+    }
+    for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
+    if (threadIdx.x == 0) wts[63] = 1.0f / L;
   }
+  __syncthreads();
+  const float invL = wts[63];
   for (int i = threadIdx.x; i < d.dh; i += blockDim.x) {
     float o = 0.0f;
-    for (int s = 0; s < splits; ++s) {
-      const float ms = part_m[th * splits + s];
-      if (ms != -INFINITY) o += expf(ms - M) * part_o[(th * splits + s) * d.dh + i];
-    }
+#pragma unroll 8
+    for (int s = 0; s < splits; ++s) o += wts[s] * part_o[(th * splits + s) * d.dh + i];
     const float gate = qg[t * d.Hq * 2 * d.dh + int64_t(h) * 2 * d.dh + d.dh + i];
-    out[t * d.Hq * d.dh + int64_t(h) * d.dh + i] = o / L / (1.0f + expf(-gate));
+    out[t * d.Hq * d.dh + int64_t(h) * d.dh + i] = o * invL / (1.0f + expf(-gate));
   }
 }
 
@@ -224,7 +233,7 @@ void attention(const float* q, const float* qg, const uint16_t* cache_k, const u
     default: TERN_FAIL("attention: head dim ", d.dh, " not supported by the CUDA kernel (64, 128 or 256)");
   }
   TERN_CUDA_LAUNCHED("attention_split");
-  attention_merge_kernel<<<unsigned(d.T * d.Hq), 128, 0, stream>>>(po, pm, pl, qg, d, splits, out);
+  attention_merge_kernel<<<unsigned(d.T * d.Hq), 256, 0, stream>>>(po, pm, pl, qg, d, splits, out);
   TERN_CUDA_LAUNCHED("attention_merge");
 }
 

@@ -105,7 +105,7 @@ __global__ void moe_combine_kernel(float* hidden, const float* y, const int* pos
                                    const float* shared, const float* shared_logit, int64_t D, int k) {
   const int64_t t = blockIdx.x;
   const float sg = 1.0f / (1.0f + expf(-shared_logit[t]));
-  for (int64_t dd = threadIdx.x; dd < D; dd += blockDim.x) {
+  for (int64_t dd = blockIdx.y * int64_t(blockDim.x) + threadIdx.x; dd < D; dd += int64_t(gridDim.y) * blockDim.x) {
     float acc = 0.0f;
     for (int j = 0; j < k; ++j) {
       const int64_t p = pos_of ? pos_of[t * k + j] : t * k + j;
@@ -160,7 +160,8 @@ void swiglu(const float* gate, const float* up, int64_t n, float* h, cudaStream_
 void moe_combine(float* hidden, const float* y, const int* pos_of, const float* w, const float* shared,
                  const float* shared_logit, int64_t T, int64_t D, int k, cudaStream_t stream) {
   if (T == 0) return;
-  moe_combine_kernel<<<unsigned(T), 256, 0, stream>>>(hidden, y, pos_of, w, shared, shared_logit, D, k);
+  const dim3 grid(unsigned(T), blocks_for(D, 256));  // a row is spread over several blocks (batch 1 is latency-bound)
+  moe_combine_kernel<<<grid, 256, 0, stream>>>(hidden, y, pos_of, w, shared, shared_logit, D, k);
   TERN_CUDA_LAUNCHED("moe_combine");
 }
 

@@ -5,7 +5,9 @@
 namespace tern::cuda {
 namespace {
 
-constexpr int kGemvWarps = 8;  // rows per block (one warp per row)
+constexpr int kGemvWarps = 8;        // warps per block
+constexpr int kGemvRowsPerWarp = 4;  // rows per warp: each x chunk read once serves 4 rows
+constexpr int kGemvRowsPerBlock = kGemvWarps * kGemvRowsPerWarp;
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -13,65 +15,84 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// One warp per output row. 4-bit rows are read 16 bytes (32 weights) per lane per step; the bias of each group
-// is applied once as b·Σx (w = s·q + b).
-__global__ void gemv_affine4_kernel(GemvArgs a) {
+// A warp owns kGemvRowsPerWarp consecutive rows. Lane l reads the 4-bit words l, l+32, ... of each row (coalesced
+// 128 B per warp per row) and the matching 8 activations once for all its rows. w = s·q + b, so each word adds
+// s·Σx·q + b·Σx.
+__global__ void __launch_bounds__(kGemvWarps * 32) gemv_affine4_kernel(GemvArgs a) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t row = int64_t(blockIdx.x) * kGemvWarps + warp;
+  const int64_t row0 = int64_t(blockIdx.x) * kGemvRowsPerBlock + warp * kGemvRowsPerWarp;
   const int slot = blockIdx.y;
-  if (row >= a.w.rows) return;
+  if (row0 >= a.w.rows) return;
   const int64_t e = a.ids ? a.ids[slot] : 0;
   const float* x = a.x + slot * a.x_stride;
-  const int64_t r = e * a.w.rows + row;
-  const uint4* words = reinterpret_cast<const uint4*>(static_cast<const uint32_t*>(a.w.data) + r * a.w.row_words);
-  const uint16_t* sc = a.w.scales + r * a.w.groups_per_row;
-  const uint16_t* bi = a.w.biases + r * a.w.groups_per_row;
-  const int64_t nvec = a.w.cols / 32;
-  float acc = 0.0f;
-  for (int64_t v = lane; v < nvec; v += 32) {
-    const uint4 q = words[v];
-    const int64_t g = v * 32 / a.w.group_size;
-    const float4* xv = reinterpret_cast<const float4*>(x + v * 32);
-    const uint32_t qw[4] = {q.x, q.y, q.z, q.w};
-    float sxq = 0.0f, sx = 0.0f;
+  const int64_t nrows = a.w.rows - row0 < kGemvRowsPerWarp ? a.w.rows - row0 : kGemvRowsPerWarp;
+  const uint32_t* words[kGemvRowsPerWarp];
+  const uint16_t *sc[kGemvRowsPerWarp], *bi[kGemvRowsPerWarp];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float4 x0 = xv[2 * j], x1 = xv[2 * j + 1];
-      const uint32_t w = qw[j];
-      sxq += x0.x * float(w & 15u) + x0.y * float((w >> 4) & 15u) + x0.z * float((w >> 8) & 15u) +
-             x0.w * float((w >> 12) & 15u) + x1.x * float((w >> 16) & 15u) + x1.y * float((w >> 20) & 15u) +
-             x1.z * float((w >> 24) & 15u) + x1.w * float(w >> 28);
-      sx += x0.x + x0.y + x0.z + x0.w + x1.x + x1.y + x1.z + x1.w;
-    }
-    acc += bf16_bits_to_float(sc[g]) * sxq + bf16_bits_to_float(bi[g]) * sx;
+  for (int r = 0; r < kGemvRowsPerWarp; ++r) {
+    const int64_t rr = e * a.w.rows + row0 + (r < nrows ? r : 0);
+    words[r] = static_cast<const uint32_t*>(a.w.data) + rr * a.w.row_words;
+    sc[r] = a.w.scales + rr * a.w.groups_per_row;
+    bi[r] = a.w.biases + rr * a.w.groups_per_row;
   }
-  acc = warp_sum(acc);
-  if (lane == 0) {
-    float* y = a.y + slot * a.y_stride + row;
-    *y = a.accumulate ? *y + acc : acc;
+  const int words_per_group = a.w.group_size / 8;
+  float acc[kGemvRowsPerWarp] = {};
+#pragma unroll 2
+  for (int64_t w = lane; w < a.w.row_words; w += 32) {
+    const float4 x0 = *reinterpret_cast<const float4*>(x + w * 8), x1 = *reinterpret_cast<const float4*>(x + w * 8 + 4);
+    const float sx = x0.x + x0.y + x0.z + x0.w + x1.x + x1.y + x1.z + x1.w;
+    const int64_t g = w / words_per_group;
+#pragma unroll
+    for (int r = 0; r < kGemvRowsPerWarp; ++r) {
+      const uint32_t q = words[r][w];
+      const float sxq = x0.x * float(q & 15u) + x0.y * float((q >> 4) & 15u) + x0.z * float((q >> 8) & 15u) +
+                        x0.w * float((q >> 12) & 15u) + x1.x * float((q >> 16) & 15u) +
+                        x1.y * float((q >> 20) & 15u) + x1.z * float((q >> 24) & 15u) + x1.w * float(q >> 28);
+      acc[r] += bf16_bits_to_float(sc[r][g]) * sxq + bf16_bits_to_float(bi[r][g]) * sx;
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kGemvRowsPerWarp; ++r) acc[r] = warp_sum(acc[r]);
+  if (lane < nrows) {
+    float v = acc[0];
+#pragma unroll
+    for (int r = 1; r < kGemvRowsPerWarp; ++r)
+      if (lane == r) v = acc[r];
+    float* y = a.y + slot * a.y_stride + row0 + lane;
+    *y = a.accumulate ? *y + v : v;
   }
 }
 
+// Other formats: lane l reads the 8-element chunks l, l+32, ... of each of the warp's rows.
 template <WeightFormat F>
-__global__ void gemv_generic_kernel(GemvArgs a) {
+__global__ void __launch_bounds__(kGemvWarps * 32) gemv_generic_kernel(GemvArgs a) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t row = int64_t(blockIdx.x) * kGemvWarps + warp;
+  const int64_t row0 = int64_t(blockIdx.x) * kGemvRowsPerBlock + warp * kGemvRowsPerWarp;
   const int slot = blockIdx.y;
-  if (row >= a.w.rows) return;
+  if (row0 >= a.w.rows) return;
   const int64_t e = a.ids ? a.ids[slot] : 0;
   const float* x = a.x + slot * a.x_stride;
-  float acc = 0.0f;
-  for (int64_t c = lane * 8; c < a.w.cols; c += 256) {
-    float wv[8];
-    dmat_load8<F>(a.w, e, row, c, wv);
+  const int64_t nrows = a.w.rows - row0 < kGemvRowsPerWarp ? a.w.rows - row0 : kGemvRowsPerWarp;
+  float acc[kGemvRowsPerWarp] = {};
+  for (int64_t c = int64_t(lane) * 8; c < a.w.cols; c += 256) {
     const float4 x0 = *reinterpret_cast<const float4*>(x + c), x1 = *reinterpret_cast<const float4*>(x + c + 4);
-    acc += wv[0] * x0.x + wv[1] * x0.y + wv[2] * x0.z + wv[3] * x0.w + wv[4] * x1.x + wv[5] * x1.y + wv[6] * x1.z +
-           wv[7] * x1.w;
+#pragma unroll
+    for (int r = 0; r < kGemvRowsPerWarp; ++r) {
+      float wv[8];
+      dmat_load8<F>(a.w, e, row0 + (r < nrows ? r : 0), c, wv);
+      acc[r] += wv[0] * x0.x + wv[1] * x0.y + wv[2] * x0.z + wv[3] * x0.w + wv[4] * x1.x + wv[5] * x1.y +
+                wv[6] * x1.z + wv[7] * x1.w;
+    }
   }
-  acc = warp_sum(acc);
-  if (lane == 0) {
-    float* y = a.y + slot * a.y_stride + row;
-    *y = a.accumulate ? *y + acc : acc;
+#pragma unroll
+  for (int r = 0; r < kGemvRowsPerWarp; ++r) acc[r] = warp_sum(acc[r]);
+  if (lane < nrows) {
+    float v = acc[0];
+#pragma unroll
+    for (int r = 1; r < kGemvRowsPerWarp; ++r)
+      if (lane == r) v = acc[r];
+    float* y = a.y + slot * a.y_stride + row0 + lane;
+    *y = a.accumulate ? *y + v : v;
   }
 }
 
@@ -153,7 +174,7 @@ __global__ void __launch_bounds__(256) matmul_kernel(MatmulArgs a) {
 
 void gemv(const GemvArgs& a, cudaStream_t stream) {
   if (a.slots <= 0 || a.w.rows == 0) return;
-  const dim3 grid(blocks_for(a.w.rows, kGemvWarps), unsigned(a.slots));
+  const dim3 grid(blocks_for(a.w.rows, kGemvRowsPerBlock), unsigned(a.slots));
   switch (a.w.format) {
     case WeightFormat::affine4: gemv_affine4_kernel<<<grid, kGemvWarps * 32, 0, stream>>>(a); break;
     case WeightFormat::affine8: gemv_generic_kernel<WeightFormat::affine8><<<grid, kGemvWarps * 32, 0, stream>>>(a); break;

@@ -2,6 +2,9 @@
 // name tensors, and the load-time transforms into the one internal layout (weights.h).
 #include "model/checkpoint.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -480,6 +483,25 @@ void source_row_f32(const Source& s, int64_t e, int64_t r, float* out) {
   }
 }
 
+// Asks the kernel to start reading a job's source bytes (called one job ahead, so disk reads overlap the work).
+void prefetch(const MatrixJob& j) {
+  static const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  auto advise = [](const uint8_t* p, int64_t bytes) {
+    if (!p || bytes <= 0) return;
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(p) / page * page;
+    const uintptr_t end = reinterpret_cast<uintptr_t>(p) + uintptr_t(bytes);
+    ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_WILLNEED);
+  };
+  const Source& s = j.src;
+  for (size_t e = 0; e < s.data.size(); ++e) {
+    advise(s.data[e], s.rows * s.row_bytes());
+    if (s.quantized) {
+      advise(s.scales[e], s.rows * s.group_row_bytes());
+      advise(s.biases[e], s.rows * s.group_row_bytes());
+    }
+  }
+}
+
 // Produces job.target from its source, in parallel over rows. Returns heap storage (or null for zero-copy).
 std::shared_ptr<HeapStorage> run_job(MatrixJob& j, Progress& progress) {
   const Source& s = j.src;
@@ -667,7 +689,10 @@ ModelWeights model_load(const fs::path& dir, const LoadOptions& options) {
   for (const VectorJob& v : p.vectors) total += int64_t(v.ref->bytes());
   Progress progress("loading " + dir.filename().string(), total, options.progress);
   bool any_zero_copy = false;
-  for (MatrixJob& j : p.matrices) {
+  if (!p.matrices.empty() && !p.matrices[0].zero_copy) prefetch(p.matrices[0]);
+  for (size_t i = 0; i < p.matrices.size(); ++i) {
+    MatrixJob& j = p.matrices[i];
+    if (i + 1 < p.matrices.size() && !p.matrices[i + 1].zero_copy) prefetch(p.matrices[i + 1]);
     if (auto heap = run_job(j, progress)) w.storage.push_back(std::move(heap));
     any_zero_copy = any_zero_copy || j.zero_copy;
   }

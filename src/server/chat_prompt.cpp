@@ -2,6 +2,7 @@
 #include "core/check.h"
 #include "server/chat_output.h"
 #include "text/chat_template.h"
+#include "text/jinja.h"
 
 namespace tern::server {
 
@@ -20,7 +21,17 @@ std::variant<ChatPrompt, ApiError> chat_render_prompt(const ChatRequest& request
   in.extra_kwargs = request.chat_template_kwargs;
   try {
     ChatPrompt p;
-    p.text = chat_template.render(in);
+    try {
+      p.text = chat_template.render(in);
+    } catch (const jinja::TemplateException& e) {
+      // Qwen's template refuses a conversation with no user query (one that starts with tool results, as agents
+      // resume). Render it behind an empty user turn instead of failing the request.
+      if (std::string(e.what()).find("No user query found") == std::string::npos) throw;
+      size_t at = 0;
+      while (at < in.messages.size() && in.messages[at]["role"] == "system") ++at;
+      in.messages.insert(in.messages.begin() + ptrdiff_t(at), Json{{"role", "user"}, {"content", ""}});
+      p.text = chat_template.render(in);
+    }
     p.starts_in_reasoning = prompt_ends_in_reasoning(p.text);
     return p;
   } catch (const Error& e) {

@@ -63,12 +63,13 @@ ApiError api_error_context(int64_t prompt_tokens, int64_t max_new, int64_t conte
 }
 
 std::string api_error_body(const ApiError& error) {
-  nlohmann::json e = {{"message", error.message},
-                      {"type", error.type},
-                      {"param", error.param.empty() ? nlohmann::json() : nlohmann::json(error.param)},
-                      {"code", error.code.empty() ? nlohmann::json() : nlohmann::json(error.code)}};
+  using Json = nlohmann::ordered_json;
+  Json e = {{"message", error.message},
+            {"type", error.type},
+            {"param", error.param.empty() ? Json() : Json(error.param)},
+            {"code", error.code.empty() ? Json() : Json(error.code)}};
   // Messages may quote client text that is not valid UTF-8: replace bad bytes rather than throw.
-  return nlohmann::json{{"error", e}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return Json{{"error", e}}.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
 std::string strip_error_location(const std::string& message) {

@@ -200,15 +200,31 @@ bool is_py_space(uint32_t cp) {
 }
 
 std::string py_strip(std::string_view s, std::string_view chars, bool left, bool right, bool chars_given) {
-  std::vector<uint32_t> cps = utf8_decode(s);
   std::vector<uint32_t> set = utf8_decode(chars);
   auto strip_me = [&](uint32_t cp) {
     return chars_given ? std::find(set.begin(), set.end(), cp) != set.end() : is_py_space(cp);
   };
-  size_t b = 0, e = cps.size();
-  if (left) while (b < e && strip_me(cps[b])) ++b;
-  if (right) while (e > b && strip_me(cps[e - 1])) --e;
-  return utf8_encode(std::vector<uint32_t>(cps.begin() + static_cast<long>(b), cps.begin() + static_cast<long>(e)));
+  // Works at the two ends only, so long strings are not decoded as a whole.
+  auto cp_len = [](unsigned char c) -> size_t { return c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1; };
+  size_t b = 0, e = s.size();
+  if (left) {
+    while (b < e) {
+      size_t n = std::min(cp_len(static_cast<unsigned char>(s[b])), e - b);
+      std::vector<uint32_t> cp = utf8_decode(s.substr(b, n));
+      if (cp.empty() || !strip_me(cp[0])) break;
+      b += n;
+    }
+  }
+  if (right) {
+    while (e > b) {
+      size_t k = e - 1;
+      while (k > b && (static_cast<unsigned char>(s[k]) & 0xC0) == 0x80 && e - k < 4) --k;
+      std::vector<uint32_t> cp = utf8_decode(s.substr(k, e - k));
+      if (cp.size() != 1 || !strip_me(cp[0])) break;
+      e = k;
+    }
+  }
+  return std::string(s.substr(b, e - b));
 }
 
 // ---- str / repr ----

@@ -304,3 +304,20 @@ def test_queue_accounting_adds_up(server):
     m = wait_idle(server.port)
     assert queue_balance(m) == 0, m
     assert m["tern_queue_rejected_total"] == 0
+
+
+def test_conversation_starting_with_tool_results(client):
+    """Agents resume with tool results and no user turn: Qwen's template raises "No user query found"; the server
+    renders such a conversation behind an empty user turn instead of failing."""
+    messages = [
+        {"role": "system", "content": "You are an agent."},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Rome\"}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+    ]
+    r = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER], max_tokens=2)
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    with pytest.raises(openai.BadRequestError) as e:  # other template errors still say what is wrong
+        client.chat.completions.create(model=MODEL, max_tokens=2, messages=[
+            {"role": "user", "content": "a"}, {"role": "system", "content": "late system message"}])
+    assert "template" in str(e.value)

@@ -161,6 +161,14 @@ class RawStream:
             assert len(self.buf) < limit
         return self.buf
 
+    def read_events(self, n: int) -> bytes:
+        """Reads until n SSE events have arrived (the first is the role chunk, sent before generation starts)."""
+        while self.buf.count(b"data: ") < n:
+            chunk = self.sock.recv(4096)
+            assert chunk, "the stream ended early"
+            self.buf += chunk
+        return self.buf
+
     def read_all(self) -> bytes:
         while True:
             chunk = self.sock.recv(65536)

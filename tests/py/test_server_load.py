@@ -78,8 +78,7 @@ def test_rounds_of_concurrent_streams(server):
 def test_disconnect_cancels_generation(server):
     m0 = wait_idle(server.port)
     s = RawStream(server.port, "/v1/chat/completions", body(1500))
-    s.read_until(b"data: {", limit=1 << 20)
-    s.read_until(b"\"content\"")  # generation under way
+    s.read_events(3)  # two tokens arrived: the generation is under way
     t_close = time.monotonic()
     s.close()
     m = wait_idle(server.port, timeout_s=10)
@@ -87,16 +86,16 @@ def test_disconnect_cancels_generation(server):
     cancelled = m['tern_queue_finished_total{outcome="cancelled"}'] - m0['tern_queue_finished_total{outcome="cancelled"}']
     generated = m["tern_completion_tokens_total"] - m0["tern_completion_tokens_total"]
     assert cancelled == 1, m
-    assert generated < 1500
+    assert 1 <= generated < 1500
     print(f"stopped {stopped_after * 1000:.0f} ms after the hang-up, {generated:.0f} tokens generated")
-    assert stopped_after < 5
+    assert stopped_after < 3
 
 
 def test_full_queue_answers_503(tern_bin):
     s = Server(tern_bin, "--max-queue", "1", "--ctx-size", "4096", "-q")
     try:
         running = RawStream(s.port, "/v1/chat/completions", body(3000))
-        running.read_until(b"\"content\"")            # running
+        running.read_events(2)  # generating
         waiting = RawStream(s.port, "/v1/chat/completions", body(10))
         deadline = time.monotonic() + 30
         while metrics(s.port)["tern_queue_waiting"] < 1:  # queued behind it
