@@ -171,7 +171,16 @@ void serve(ServerState& state, const httplib::Request& req, httplib::Response& r
     res.set_header("X-Accel-Buffering", "no");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [ex](size_t, httplib::DataSink& sink) { return stream_step(*ex, sink); },
+        [ex](size_t, httplib::DataSink& sink) {
+          try {
+            return stream_step(*ex, sink);
+          } catch (const std::exception& e) {  // never let an exception into cpp-httplib's writer
+            std::fprintf(stderr, "tern serve: internal error while streaming %s: %s\n", ex->task->id.c_str(), e.what());
+            request_log().fields["error"] = std::string("internal error: ") + e.what();
+            ex->cancel();
+            return false;
+          }
+        },
         [ex](bool) {
           ex->link->release();
           if (!ex->finished) ex->cancel();
@@ -191,7 +200,14 @@ void serve(ServerState& state, const httplib::Request& req, httplib::Response& r
       continue;
     }
     if (event->kind == EngineEvent::Kind::token) {
-      ex->output->on_token(event->token);
+      try {
+        ex->output->on_token(event->token);
+      } catch (const std::exception& e) {  // a fault of ours: 500, logged; the generation must not run on
+        ex->cancel();
+        ex->link->release();
+        std::fprintf(stderr, "tern serve: internal error in %s: %s\n", ex->task->id.c_str(), e.what());
+        return respond_error(res, api_error_internal(std::string("internal error: ") + e.what()));
+      }
       continue;
     }
     ex->link->release();

@@ -144,9 +144,8 @@ def main():
                 w = randn()
             else:
                 w = randn() * 0.02
-            mlx = "language_model." + name if name.startswith("model.") else "language_model." + name
-            if name.startswith("model."):
-                mlx = "language_model.model." + name[len("model."):]
+            # HF model.X -> MLX language_model.model.X; lm_head.weight -> language_model.lm_head.weight
+            mlx = "language_model." + name
             if name.endswith(ZERO_CENTRED) or name == "model.norm.weight":
                 stored = bf16_round(1.0 + w, torch)          # MLX keeps the multiplier (1 + w)
                 p.copy_(stored - 1.0)                        # exact in fp32: HF's (1 + w) == stored
