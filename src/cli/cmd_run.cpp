@@ -8,6 +8,7 @@
 // The session keeps the conversation's state between turns, so a turn only runs its new tokens.
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -96,7 +97,7 @@ class AnswerPrinter {
     dim_on_ = false;
   }
   void answer(std::string t) {
-    if (answer_.empty()) t.erase(0, t.find_first_not_of('\n') == std::string::npos ? t.size() : t.find_first_not_of('\n'));
+    if (answer_.empty()) t.erase(0, std::min(t.size(), t.find_first_not_of('\n')));  // the "\n\n" after </think>
     if (t.empty()) return;
     answer_ += t;
     std::fwrite(t.data(), 1, t.size(), stdout);

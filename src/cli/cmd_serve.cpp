@@ -43,7 +43,10 @@ void serve(const ServeArgs& a) {
 
   server::ServerOptions options = a.server;
   options.log_requests = !a.quiet;
-  server::HttpServer http(options);
+  // Declared before the model so that it is torn down (handlers joined, engine thread stopped) before the
+  // generator, runner and weights it uses are destroyed.
+  auto http_owner = std::make_unique<server::HttpServer>(options);
+  server::HttpServer& http = *http_owner;
   const int port = http.bind();
   std::fprintf(stderr, "tern serve: listening on http://%s:%d (loading the model)\n", options.host.c_str(), port);
   std::thread listener([&http] { http.listen(); });
@@ -55,6 +58,10 @@ void serve(const ServeArgs& a) {
   ModelSource src;
   std::unique_ptr<ModelRunner> runner;
   std::unique_ptr<Generator> generator;
+  struct TearDown {  // runs first on every way out: the server goes before the model
+    std::unique_ptr<server::HttpServer>& http;
+    ~TearDown() { http.reset(); }
+  } tear_down{http_owner};
   try {
     src = model_flags_open(a.model);
     TERN_CHECK(src.chat_template, "the model folder has no chat template (chat_template.jinja or "

@@ -11,7 +11,8 @@ void model_flags_add(CLI::App* sub, ModelFlags& f) {
   sub->add_option("-m,--model", f.model_dir, "Model folder (HF or MLX checkpoint); without it, the demo model");
   sub->add_flag("--demo", f.demo, "The built-in demo model (small, RANDOM weights; the default without -m)");
   sub->add_option("--device", f.device, "auto, cuda or cpu")->capture_default_str();
-  sub->add_option("--dtype", f.dtype, "Weights: auto (MLX as stored, BF16 -> 4-bit), q4 or bf16")->capture_default_str();
+  sub->add_option("--dtype", f.dtype, "Weights: auto (MLX as stored, BF16 -> 4-bit), q4, bf16 or stored (as in the files)")
+      ->capture_default_str();
   sub->add_option("--name", f.name, "The model's name (default: the folder's name)");
   sub->add_option("-c,--ctx-size", f.ctx_size, "Context size in tokens (default: the command's)");
 }

@@ -71,7 +71,9 @@ struct GenerationResult {
   uint64_t seed = 0;                    // the seed used (drawn at random when the request gave none)
 
   double prefill_tok_s() const { return prefill_s > 0 ? double(prompt_tokens - cached_tokens) / prefill_s : 0.0; }
-  double decode_tok_s() const { return decode_s > 0 && completion_tokens > 1 ? double(completion_tokens - 1) / decode_s : 0.0; }
+  double decode_tok_s() const {
+    return decode_s > 0 && completion_tokens > 1 ? double(completion_tokens - 1) / decode_s : 0.0;
+  }
 };
 
 // Turns one id into its raw bytes for the output ("" for a special token that is skipped). Lets tests run the

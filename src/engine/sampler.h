@@ -86,7 +86,8 @@ class Sampler {
 };
 
 // Helpers shared with the tests and backends.
-int32_t sampler_argmax(std::span<const float> logits, int64_t vocab_real);  // lowest id among the maxima; -1 if none finite
+// The lowest id among the maxima of [0, vocab_real); -1 when no logit is finite.
+int32_t sampler_argmax(std::span<const float> logits, int64_t vocab_real);
 // Indices of the n largest finite logits among [0, vocab_real), largest first (ties: lower id first).
 std::vector<int32_t> sampler_top_n(std::span<const float> logits, int64_t vocab_real, int64_t n);
 

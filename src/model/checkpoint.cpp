@@ -465,6 +465,14 @@ int64_t planned_bytes(const MatrixJob& j) {
 void source_row_f32(const Source& s, int64_t e, int64_t r, float* out) {
   const uint8_t* row = s.data[size_t(e)] + r * s.row_bytes();
   if (!s.quantized) {
+    if (s.dtype == Dtype::bf16) {  // the common case, kept simple enough to vectorise
+      for (int64_t c = 0; c < s.cols; ++c) {
+        uint16_t b;
+        std::memcpy(&b, row + c * 2, 2);
+        out[c] = bf16_to_float(b);
+      }
+      return;
+    }
     const int es = dtype_size(s.dtype);
     for (int64_t c = 0; c < s.cols; ++c) out[c] = element_to_float(row + c * es, s.dtype);
     return;

@@ -239,7 +239,7 @@ const std::map<std::string, FilterFn>& filters() {
       if (v.kind == Kind::Undefined) return Value::new_list();
       if (v.kind != Kind::Dict) runtime_fail(line, "Can only get item pairs from a mapping.");
       List out;
-      for (const auto& [k, x] : *v.dict) out.push_back(Value::new_list({Value::string(k), x}));
+      for (const auto& [k, x] : *v.dict) out.push_back(Value::new_tuple({Value::string(k), x}));
       return Value::new_list(std::move(out));
     };
     f["list"] = [](const Value& v, const Args&, const Kwargs&, int line) { return Value::new_list(iterate(v, line)); };
@@ -344,7 +344,7 @@ const std::map<std::string, FilterFn>& filters() {
       const Value* by = arg(a, kw, 1, "by");
       bool rev = arg_bool(a, kw, 2, "reverse", false);
       List pairs;
-      for (const auto& [k, x] : *v.dict) pairs.push_back(Value::new_list({Value::string(k), x}));
+      for (const auto& [k, x] : *v.dict) pairs.push_back(Value::new_tuple({Value::string(k), x}));
       Value path = Value::string(by && to_str(*by) == "value" ? "1" : "0");
       return Value::new_list(sorted(std::move(pairs), rev, cs, &path, line));
     };

@@ -169,7 +169,7 @@ class Interpreter {
       case ExprKind::List: {
         List items;
         for (const auto& a : e.args) items.push_back(eval(*a, scope));
-        return Value::new_list(std::move(items));
+        return e.name == "tuple" ? Value::new_tuple(std::move(items)) : Value::new_list(std::move(items));
       }
       case ExprKind::Dict: {
         Dict items;
@@ -387,6 +387,7 @@ class Interpreter {
       out.insert(out.end(), b.list->begin(), b.list->end());
       return Value::new_list(std::move(out));
     }
+    if (op == "*" && a.kind == Kind::Int && (b.kind == Kind::String || b.kind == Kind::List)) return binary(e, b, a);
     if (op == "*" && (a.kind == Kind::String || a.kind == Kind::List) && (b.kind == Kind::Int)) {
       if (a.kind == Kind::String) {
         std::string out;

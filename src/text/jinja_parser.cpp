@@ -215,6 +215,7 @@ class Parser {
     ExprPtr first = expr(with_cond);
     if (!is_op(",")) return first;
     auto list = make(ExprKind::List, line);
+    list->name = "tuple";
     list->args.push_back(std::move(first));
     while (is_op(",")) {
       next();
@@ -412,7 +413,9 @@ class Parser {
       next();
       if (is_op(")")) {
         next();
-        return make(ExprKind::List, line);
+        auto empty = make(ExprKind::List, line);
+        empty->name = "tuple";
+        return empty;
       }
       ExprPtr e = tuple_expr();
       expect_op(")");

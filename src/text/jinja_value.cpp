@@ -252,8 +252,9 @@ std::string to_repr(const Value& v) {
   switch (v.kind) {
     case Kind::String: return repr_string(v.s);
     case Kind::List: {
-      std::string out = "[";
+      std::string out = v.tuple ? "(" : "[";
       for (size_t i = 0; i < v.list->size(); ++i) out += (i ? ", " : "") + to_repr((*v.list)[i]);
+      if (v.tuple) return out + (v.list->size() == 1 ? ",)" : ")");
       return out + "]";
     }
     case Kind::Dict: {

@@ -34,6 +34,7 @@ struct Value {
   std::shared_ptr<List> list;         // List
   std::shared_ptr<Dict> dict;         // Dict, Namespace
   const MacroDef* macro = nullptr;    // Macro (owned by the template)
+  bool tuple = false;                 // List: a Python tuple (only repr differs: "(1, 2)")
 
   static Value undefined(std::string what = "") { Value v; v.s = std::move(what); return v; }
   static Value none() { Value v; v.kind = Kind::None; return v; }
@@ -50,6 +51,7 @@ struct Value {
   static Value new_namespace(Dict items = {}) {
     Value v; v.kind = Kind::Namespace; v.dict = std::make_shared<Dict>(std::move(items)); return v;
   }
+  static Value new_tuple(List items) { Value v = new_list(std::move(items)); v.tuple = true; return v; }
   static Value builtin(std::string name) { Value v; v.kind = Kind::Builtin; v.s = std::move(name); return v; }
 
   bool is_undefined() const { return kind == Kind::Undefined; }

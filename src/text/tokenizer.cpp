@@ -22,6 +22,9 @@ using json = nlohmann::json;
 constexpr const char* kGpt2Pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
+// Ids are dense indices into per-token tables; real vocabularies have < 300K. A larger id is a damaged file.
+constexpr int64_t kMaxTokenId = int64_t(1) << 22;
+
 enum class TokenKind : uint8_t { none, vocab, added, special };
 
 // (left id, right id) -> (merge rank, merged id), open addressing.
@@ -60,6 +63,13 @@ class MergeTable {
   size_t mask_ = 0;
 };
 
+// Lets the maps below be searched with a string_view (no temporary string per lookup).
+struct StringHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+using StringMap = std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>>;
+
 struct AddedToken {
   std::string content;
   int32_t id;
@@ -70,7 +80,7 @@ struct AddedToken {
 struct Tokenizer::Impl {
   std::vector<std::string> bytes;            // [vocab_size] raw bytes of each token (added: content)
   std::vector<TokenKind> kind;               // [vocab_size]
-  std::unordered_map<std::string, int32_t> vocab_by_bytes;  // model vocabulary, raw bytes -> id
+  StringMap vocab_by_bytes;                  // model vocabulary, raw bytes -> id
   std::array<int32_t, 256> byte_id{};        // single-byte tokens
   MergeTable merges;
   bool ignore_merges = false;
@@ -78,7 +88,7 @@ struct Tokenizer::Impl {
   bool nfc = false;
   std::vector<AddedToken> added;             // every added token
   std::array<std::vector<int>, 256> added_by_first;  // indices into added, longest first
-  std::unordered_map<std::string, int32_t> added_by_content;
+  StringMap added_by_content;
 
   void bpe(std::string_view piece, std::vector<int32_t>& out) const;
   void bpe_long(std::string_view piece, std::vector<int32_t>& out) const;
@@ -93,7 +103,7 @@ void Tokenizer::Impl::bpe(std::string_view piece, std::vector<int32_t>& out) con
     return;
   }
   if (ignore_merges) {
-    auto it = vocab_by_bytes.find(std::string(piece));
+    auto it = vocab_by_bytes.find(piece);
     if (it != vocab_by_bytes.end()) {
       out.push_back(it->second);
       return;
@@ -228,7 +238,7 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) c
 }
 
 std::optional<int32_t> Tokenizer::token_id(std::string_view token) const {
-  auto a = impl_->added_by_content.find(std::string(token));
+  auto a = impl_->added_by_content.find(token);
   if (a != impl_->added_by_content.end()) return a->second;
   std::string raw;
   if (!byte_level_alphabet().decode(token, raw)) return std::nullopt;
@@ -404,7 +414,7 @@ Tokenizer Tokenizer::from_json_text(const std::string& text) {
     for (auto it = vocab.begin(); it != vocab.end(); ++it) {
       TERN_CHECK(it.value().is_number_integer(), "vocab entry '", it.key(), "' has no integer id");
       int64_t id = it.value().get<int64_t>();
-      TERN_CHECK(id >= 0 && id < (int64_t(1) << 30), "vocab entry '", it.key(), "' has id ", id, " out of range");
+      TERN_CHECK(id >= 0 && id < kMaxTokenId, "vocab entry '", it.key(), "' has id ", id, " out of range");
       entries.emplace_back(byte_level_to_bytes(it.key()), int32_t(id));
       max_id = std::max(max_id, id);
     }
@@ -414,7 +424,7 @@ Tokenizer Tokenizer::from_json_text(const std::string& text) {
       for (const auto& a : j["added_tokens"]) {
         int64_t id = a.at("id").get<int64_t>();
         std::string content = a.at("content").get<std::string>();
-        TERN_CHECK(id >= 0 && id < (int64_t(1) << 30), "added token '", content, "' has id ", id, " out of range");
+        TERN_CHECK(id >= 0 && id < kMaxTokenId, "added token '", content, "' has id ", id, " out of range");
         TERN_CHECK(!content.empty(), "added token ", id, " is empty");
         TERN_CHECK(json_false(a, "lstrip") && json_false(a, "rstrip") && json_false(a, "single_word"),
                    "added token '", content, "': lstrip, rstrip and single_word are not supported");

@@ -1,6 +1,6 @@
 """Tokenizer speed: tern vs Hugging Face tokenizers, one thread each, same corpus (tokenizer_corpus.make_corpus).
 
-usage: .venv/bin/python tests/oracles/bench_tokenizer.py TERN_BIN TOKENIZER_JSON [--seed N] [--repeat R]
+usage: .venv/bin/python tests/oracles/bench_tokenizer.py TERN_BIN TOKENIZER_JSON [--seed N] [--repeat R] [--kinds K,..]
 
 HF is timed as encode() in a Python loop and as encode_batch() with RAYON_NUM_THREADS=1 (set before import);
 tern as `tern tokenize --lines --threads 1 --repeat R --time`, which times encoding only (not loading or I/O).
@@ -29,7 +29,12 @@ def main():
     ap.add_argument("tokenizer")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--kinds", default="", help="comma-separated generators (e.g. english,code); default: all")
     a = ap.parse_args()
+    if a.kinds:
+        names = a.kinds.split(",")
+        tokenizer_corpus.GENERATORS = [(g, w) for g, w in tokenizer_corpus.GENERATORS if g.__name__[1:] in names]
+        assert tokenizer_corpus.GENERATORS, f"no generator among {names}"
     corpus = tokenizer_corpus.make_corpus(a.seed)
     texts = [b.decode("utf-8", "replace") for b in corpus]
     mb = sum(len(t.encode()) for t in texts) / 1e6

@@ -4,8 +4,8 @@ tiktoken's encoder takes a whole piece that is in the vocabulary as one token, e
 concatenation has the lowest rank. The equivalent tokenizer.json (the construction of transformers'
 TikTokenConverter): ignore_merges true, and every split (a, b) of a token into two tokens is a merge, ordered by the
 token's rank. The ranks are not a pure merge order (232 tokens, e.g. 人力资源, cannot be reached by merging lower
-ranks), so a one-merge-per-token list would not reproduce tiktoken. Added tokens and specials follow docs model.md §5.1. The result
-is checked against tiktoken (the package's own encoder) by tests/py/test_tokenizer.py.
+ranks), so a one-merge-per-token list would not reproduce tiktoken. Added tokens and specials follow model.md §5.1.
+The result is checked against tiktoken (the package's own encoder) by tests/py/test_tokenizer.py.
 
 usage: .venv/bin/python tests/oracles/make_qwen36_tokenizer.py OUT.json   (compress with zstd -19)
 """
@@ -31,19 +31,6 @@ def bytes_to_unicode():
             cs.append(256 + n)
             n += 1
     return dict(zip(bs, map(chr, cs)))
-
-
-def _unused_bpe_parts(ranks, token, max_rank):
-    parts = [bytes([b]) for b in token]
-    while True:
-        best, best_i = None, None
-        for i in range(len(parts) - 1):
-            r = ranks.get(parts[i] + parts[i + 1])
-            if r is not None and r < max_rank and (best is None or r < best):
-                best, best_i = r, i
-        if best is None:
-            return parts
-        parts[best_i:best_i + 2] = [parts[best_i] + parts[best_i + 1]]
 
 
 def main():

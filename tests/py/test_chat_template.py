@@ -226,3 +226,49 @@ def test_unsupported_construct_names_line(tern_bin, tmp_path):
     assert r.returncode == 1
     err = r.stderr.decode()
     assert "include" in err and "line 3" in err, err
+
+
+SNIPPETS = [
+    "a\n  {% if true %}\n  b\n  {% endif %}\nc\n",
+    "{% for m in messages %}{{ loop.index }}:{{ m.role }}{{ ',' if not loop.last }}{% endfor %}",
+    "{% for m in messages[::-1] if m.role != 'system' %}{{ loop.revindex0 }}{{ m.content|length }} {% endfor %}",
+    "{{ messages|map(attribute='role')|join('|') }} {{ messages|selectattr('role', 'equalto', 'user')|list|length }}",
+    "{% set ns = namespace(n=0, s='') %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{% set ns.s = ns.s ~ m.role[0] %}{% endfor %}{{ ns.n }}{{ ns.s }}",
+    "{% macro f(x, y='d', z=none) -%}\n  [{{ x }}|{{ y }}|{{ z }}]\n{%- endmacro %}{{ f(1) }}{{ f(2, z=3) }}{{ f('a', 'b') }}",
+    "{{ tools|tojson }}\n{{ tools[0]|tojson(indent=2) }}\n{{ tools|tojson(sort_keys=true) }}",
+    "{{ {'é': 'ü', 'n': [1.5, 2e-7, 1e22, -0.0, true, none]}|tojson }} {{ {'a': 1}|tojson(separators=(',', ':')) }}",
+    "{{ '  x y  '|trim }}|{{ 'xxaxx'|trim('x') }}|{{ ' \u3000ü\u00a0 '|trim }}|{{ 'abc'|upper }}{{ 'ÀB'|lower }}",
+    "{{ 'a-b c'|title }} {{ 'hello world'.title() }} {{ 'hELLO'|capitalize }}",
+    "{{ 'a,b,,c'.split(',') }} {{ ' a  b '.split() }} {{ 'a b c'.split(' ', 1) }} {{ 'a.b.c'.rsplit('.', 1) }}",
+    "{{ 'abc'.startswith(('x', 'a')) }} {{ 'abc'.endswith('bc') }} {{ 'aXbXc'.replace('X', '-') }} {{ 'abcabc'.find('c') }} {{ 'é1'.count('1') }}",
+    "{{ 'héllo wörld'[1:8:2] }} {{ 'héllo'[-2:] }} {{ [1, 2, 3, 4][1:-1] }} {{ [1, 2, 3][5:] }} {{ 'abc'[::-1] }}",
+    "{{ 7 // 2 }} {{ -7 // 2 }} {{ -7 % 3 }} {{ 7 / 4 }} {{ 2 ** 8 }} {{ 3 * 'ab' }} {{ [1] * 2 }} {{ 0.1 + 0.2 }} {{ 1e100 }}",
+    "{{ x is defined }} {{ x is undefined }} {{ none is none }} {{ messages is iterable }} {{ messages[0] is mapping }} {{ 'a' is sequence }} {{ 1 is number }} {{ 1.0 is float }} {{ true is boolean }}",
+    "{{ [3, 1, 2]|sort }} {{ ['b', 'A', 'c']|sort(reverse=true) }} {{ [1, 1, 2]|unique|list }} {{ [4, 2]|max }} {{ [4, 2]|min }} {{ [1, 2]|sum }}",
+    "{{ {'b': 1, 'a': 2}|dictsort }} {% for k, v in {'z': 1, 'y': 2}.items() %}{{ k }}{{ v }}{% endfor %} {{ {'a': 1}.get('b', 'dflt') }} {{ {'a': 1}.keys()|list }}",
+    "{{ none }} {{ true }} {{ [none, 'it\\'s', \"q\\\"\", 1.0] }} {{ {'k': [1, {'n': none}]} }} {{ '%' }}",
+    "{{ x|default('d') }} {{ ''|default('e', true) }} {{ '12'|int + 1 }} {{ '3.5'|float }} {{ 'x'|int }} {{ -3|abs }} {{ 2.567|round(1) }}",
+    "{% for i in range(10) %}{% if i is even %}{% continue %}{% endif %}{% if i > 6 %}{% break %}{% endif %}{{ i }}{% endfor %}",
+    "{% for x in [] %}a{% else %}empty{% endfor %} {% for a, b in [[1, 2], [3, 4]] %}{{ a + b }}{% endfor %}",
+    "{% set t %}block {{ 1 + 1 }}{% endset %}{{ t|upper }} {% set a, b = 'xy' %}{{ b }}{{ a }}",
+    "{%- if messages[0]['role'] == 'system' -%}\n    SYS: {{ messages[0]['content'] }}\n{%- else -%}\n    none\n{%- endif %}\n   {# comment #}\nend",
+    "{{ 'a' if x else 'b' }} {{ x or 'fallback' }} {{ 0 and 1 }} {{ not messages }} {{ 1 < 2 <= 2 }} {{ 'b' in ['a', 'b'] }} {{ 'z' not in {'z': 1} }}",
+    "{{ (messages|length - 1) - 1 }} {{ messages[-1].content }} {{ messages[0].missing is defined }} {{ 'x' ~ 1 ~ none }}",
+    "{{ 'line1\nline2\n\nline4'|indent(2) }}|{{ 'a b  c'|wordcount }}|{{ '<a href=\"x\">'|e }}|{{ [1, 2]|join(', ') }}|{{ 'ab'|list }}|{{ 'abc'|reverse }}",
+]
+
+
+@pytest.mark.parametrize("index", range(len(SNIPPETS)))
+def test_snippet_matches_jinja2(tern_bin, tmp_path, index):
+    """Features beyond the Qwen templates: each snippet rendered by transformers' jinja2 set-up and by tern."""
+    source = SNIPPETS[index]
+    b = {"messages": [{"role": "system", "content": "Sys ✓"}, {"role": "user", "content": "héllo"},
+                      {"role": "assistant", "content": "ok"}],
+         "tools": [{"type": "function", "function": {"name": "f", "description": "d é",
+                                                     "parameters": {"type": "object", "properties": {"b": {}, "a": {}}}}}]}
+    want = reference(source, b)
+    (tmp_path / "t.jinja").write_text(source, encoding="utf-8")
+    r = subprocess.run([tern_bin, "template", "--template", str(tmp_path / "t.jinja")], input=json.dumps(b).encode(),
+                       capture_output=True, timeout=60)
+    assert r.returncode == 0, f"{source!r}: {r.stderr.decode()}"
+    assert r.stdout.decode() == want, source

@@ -144,10 +144,11 @@ def wait_idle(port, timeout_s=60):
 class RawStream:
     """A streaming POST over a raw socket, so that a test can read part of it and hang up."""
 
-    def __init__(self, port, path, body, timeout=60):
+    def __init__(self, port, path, body, timeout=60, headers=None):
         self.sock = socket.create_connection((HOST, port), timeout=timeout)
         data = json.dumps(body).encode()
-        head = (f"POST {path} HTTP/1.1\r\nHost: {HOST}\r\nContent-Type: application/json\r\n"
+        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+        head = (f"POST {path} HTTP/1.1\r\nHost: {HOST}\r\nContent-Type: application/json\r\n{extra}"
                 f"Content-Length: {len(data)}\r\n\r\n").encode()
         self.sock.sendall(head + data)
         self.buf = b""

@@ -91,6 +91,19 @@ def test_disconnect_cancels_generation(server):
     assert stopped_after < 3
 
 
+def test_disconnect_cancels_non_streaming_generation(server):
+    m0 = wait_idle(server.port)
+    s = RawStream(server.port, "/v1/chat/completions", {**body(1500), "stream": False})
+    deadline = time.monotonic() + 30
+    while metrics(server.port)["tern_requests_running"] < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    s.close()
+    m = wait_idle(server.port, timeout_s=10)
+    assert m['tern_queue_finished_total{outcome="cancelled"}'] - m0['tern_queue_finished_total{outcome="cancelled"}'] == 1
+    assert m["tern_completion_tokens_total"] - m0["tern_completion_tokens_total"] < 1500
+
+
 def test_full_queue_answers_503(tern_bin):
     s = Server(tern_bin, "--max-queue", "1", "--ctx-size", "4096", "-q")
     try:
@@ -132,5 +145,14 @@ def test_api_key_and_forced_output_flag(tern_bin):
         assert status == 400 and "--debug-allow-forced-output" in out["error"]["message"]
         status, headers, _ = request("OPTIONS", s.port, "/v1/chat/completions")
         assert status == 204 and "Authorization" in headers["access-control-allow-headers"]
+        # SIGTERM during a long generation: the stream is cut, the process exits cleanly and promptly.
+        stream = RawStream(s.port, "/v1/chat/completions", body(3000), headers={"Authorization": "Bearer sekret"})
+        stream.read_events(2)
+        t0 = time.monotonic()
+        s.proc.terminate()
+        assert s.proc.wait(timeout=30) == 0
+        assert time.monotonic() - t0 < 10
+        stream.close()
     finally:
         s.stop()
+

@@ -170,5 +170,37 @@ TEST(TinyTokenizer, ErrorsNameTheProblem) {
   EXPECT_THROW(Tokenizer::from_model_dir("/nonexistent"), Error);
 }
 
+TEST(TinyTokenizer, DamagedJsonIsAnErrorNeverACrash) {
+  std::mt19937_64 rng(fresh_seed());
+  const std::string good = tiny_json();
+  for (int trial = 0; trial < 300; ++trial) {
+    std::string j = good;
+    if (trial % 2) {
+      j.resize(rng() % j.size());  // truncated
+    } else {
+      for (int k = 0; k < 3; ++k) j[rng() % j.size()] = "{}[]\",:0a-"[rng() % 12];  // damaged bytes
+    }
+    try {
+      Tokenizer t = Tokenizer::from_json_text(j);
+      (void)t.encode("abc <s> x");  // a damage that still parses must still work
+    } catch (const Error&) {
+    }
+  }
+}
+
+TEST(Qwen3Tokenizer, RandomBytesRoundTripThroughLossyUtf8) {
+  const Tokenizer& t = qwen3();
+  std::mt19937_64 rng(fresh_seed());
+  for (int trial = 0; trial < 500; ++trial) {
+    std::string s(rng() % 64, '\0');
+    for (auto& c : s) c = char(rng() % 4 ? 0x20 + rng() % 0x60 : rng() % 256);  // '<' never starts a token here
+    for (auto& c : s)
+      if (c == '<') c = '(';
+    std::string text = t.decode(t.encode(s));
+    EXPECT_TRUE(utf8_is_valid(text));
+    EXPECT_EQ(text, utf8_nfc(utf8_lossy(s)));
+  }
+}
+
 }  // namespace
 }  // namespace tern
