@@ -55,16 +55,22 @@ std::string cpu_description() {
   return name + ", " + std::to_string(thread_pool_global().size()) + " threads";
 }
 
-std::string weights_description(const ModelWeights& w) {
+// "40 layers, 256 experts top-8, affine4/affine8, 19.51 GB of weights" (bytes from the roofline: shapes only).
+std::string weights_description(const ModelWeights& w, const Roofline& roofline) {
   std::string formats;
-  for (const auto& [name, m] : w.all_matrices()) {
-    const std::string f = weight_format_name(m->format);
-    if (formats.find(f) == std::string::npos) formats += (formats.empty() ? "" : "/") + f;
-  }
-  char buf[160];
+  auto add = [&](const Matrix& m) {
+    const std::string f = weight_format_name(m.format);
+    if (m.rows > 0 && formats.find(f) == std::string::npos) formats += (formats.empty() ? "" : "/") + f;
+  };
+  add(w.embed);
+  add(w.lm_head);
+  for (const LayerWeights& l : w.layers)
+    for (const Matrix* m : {&l.in_proj_qkv, &l.q_proj, &l.router, &l.expert_gate, &l.shared_gate})
+      add(*m);
+  char buf[200];
   std::snprintf(buf, sizeof buf, "%d layers, %lld experts top-%d, %s, %.2f GB of weights", w.config.num_hidden_layers,
                 (long long)w.config.num_experts, w.config.num_experts_per_tok, formats.c_str(),
-                double(w.total_bytes()) * 1e-9);
+                roofline.total_weight_bytes * 1e-9);
   return buf;
 }
 
@@ -111,19 +117,20 @@ void run_bench(const BenchArgs& a) {
     roofline = roofline_from_weights(shapes);
     runner = cuda_runner_create_synthetic(config, a.seed);
     report.model = "synthetic Qwen3.6-35B-A3B, random weights in the MLX 4-bit layout (routing near uniform), " +
-                   weights_description(shapes);
+                   weights_description(shapes, roofline);
 #endif
   } else {
     if (a.demo) {
       weights = demo_model_build();
-      report.model = "demo model (random weights), " + weights_description(*weights);
+      report.model = "demo model (random weights)";
     } else {
       LoadOptions lo;
       lo.dtype = load_dtype_parse(a.dtype);
       weights = std::make_shared<const ModelWeights>(model_load(a.model_dir, lo));
-      report.model = a.model_dir + " (" + weights->source_layout + "), " + weights_description(*weights);
+      report.model = a.model_dir + " (" + weights->source_layout + ")";
     }
     roofline = roofline_from_weights(*weights);
+    report.model += ", " + weights_description(*weights, roofline);
     if (device == "cpu") {
       runner = cpu_runner_create(weights);
     } else {

@@ -82,7 +82,8 @@ void run_logits(const LogitsArgs& a) {
   lo.dtype = load_dtype_parse(a.dtype);
   lo.progress = false;
   auto weights = std::make_shared<ModelWeights>(model_load(a.model_dir, lo));
-  auto runner = cpu_runner_create(weights, CpuRunnerOptions{.gdn_chunked = a.gdn == "chunked", .gdn_chunk = a.gdn_chunk});
+  auto runner =
+      cpu_runner_create(weights, CpuRunnerOptions{.gdn_chunked = a.gdn == "chunked", .gdn_chunk = a.gdn_chunk});
   if (!a.dump_dir.empty()) runner->set_activation_dump_dir(a.dump_dir);
   const int64_t V = runner->config().vocab_size;
 
@@ -101,7 +102,8 @@ void run_logits(const LogitsArgs& a) {
   const double sp = std::chrono::duration<double>(t1 - t0).count(), sd = std::chrono::duration<double>(t2 - t1).count();
   std::fprintf(stderr, "tern logits: %lld tokens (prefill %lld: %.1f tok/s", (long long)T, (long long)prefill,
                double(prefill) / sp);
-  if (T > prefill) std::fprintf(stderr, "; decode %lld: %.2f tok/s", (long long)(T - prefill), double(T - prefill) / sd);
+  if (T > prefill)
+    std::fprintf(stderr, "; decode %lld: %.2f tok/s", (long long)(T - prefill), double(T - prefill) / sd);
   std::fprintf(stderr, ") -> %s [%lld, %lld]\n", a.out.c_str(), (long long)T, (long long)V);
 }
 

@@ -110,6 +110,7 @@ class CpuRunner final : public ModelRunner {
                w_->final_norm.size(), " values, expected ", c.hidden_size);
     TERN_CHECK(c.rotary_dims() % 2 == 0 && c.rotary_dims() <= c.head_dim, "cpu runner: rotary dims ",
                c.rotary_dims(), " for head dim ", c.head_dim);
+    for (size_t i = 0; i < w_->layers.size(); ++i) validate_layer(int(i));
   }
 
   std::string backend_name() const override { return "cpu"; }
@@ -134,6 +135,7 @@ class CpuRunner final : public ModelRunner {
     std::filesystem::create_directories(dump_dir_);
     npy_write_f32(std::filesystem::path(dump_dir_) / (name + ".npy"), data, shape);
   }
+  void validate_layer(int li) const;
   void gdn_layer(int li, CpuSession& s, const float* a, int64_t T, float* out);
   void attention_layer(int li, CpuSession& s, const float* a, int64_t T, float* out);
 
@@ -141,6 +143,64 @@ class CpuRunner final : public ModelRunner {
   CpuRunnerOptions opt_;
   std::string dump_dir_;
 };
+
+// Every shape the forward pass relies on, checked once, so that a malformed ModelWeights is an error up front and
+// never an out-of-bounds read (or a half-updated session) later.
+void CpuRunner::validate_layer(int li) const {
+  const Config& c = w_->config;
+  const LayerWeights& l = w_->layers[size_t(li)];
+  const int64_t D = c.hidden_size;
+  const std::string where = layer_name("layer", li);
+  auto mat = [&](const Matrix& m, const char* name, int64_t rows, int64_t cols, int64_t experts = 1) {
+    TERN_CHECK(!m.empty(), "cpu runner: ", where, " has no ", name);
+    TERN_CHECK(m.rows == rows && m.cols == cols && m.experts == experts, "cpu runner: ", where, " ", name, " is [",
+               m.experts, ", ", m.rows, ", ", m.cols, "], expected [", experts, ", ", rows, ", ", cols, "]");
+    TERN_CHECK(!m.quantized() || (m.group_size > 0 && m.group_size % 8 == 0 && m.cols % m.group_size == 0),
+               "cpu runner: ", where, " ", name, " has group size ", m.group_size, " for ", m.cols, " columns");
+  };
+  auto vec = [&](const std::vector<float>& v, const char* name, int64_t n) {
+    TERN_CHECK(int64_t(v.size()) == n, "cpu runner: ", where, " ", name, " has ", v.size(), " values, expected ", n);
+  };
+  TERN_CHECK(l.type == c.layer_types[size_t(li)], "cpu runner: ", where, " weights do not match the layer type");
+  vec(l.input_norm, "input_layernorm", D);
+  vec(l.post_attn_norm, "post_attention_layernorm", D);
+  if (l.type == LayerType::linear_attention) {
+    const int64_t C = c.conv_channels(), HV = int64_t(c.linear_num_value_heads) * c.linear_value_head_dim;
+    TERN_CHECK(c.linear_num_key_heads > 0 && c.linear_num_value_heads % c.linear_num_key_heads == 0,
+               "cpu runner: ", c.linear_num_value_heads, " value heads do not group over ", c.linear_num_key_heads,
+               " key heads");
+    mat(l.in_proj_qkv, "in_proj_qkv", C, D);
+    mat(l.in_proj_z, "in_proj_z", HV, D);
+    mat(l.in_proj_b, "in_proj_b", c.linear_num_value_heads, D);
+    mat(l.in_proj_a, "in_proj_a", c.linear_num_value_heads, D);
+    mat(l.out_proj, "out_proj", D, HV);
+    vec(l.conv1d, "conv1d", C * c.linear_conv_kernel_dim);
+    vec(l.A_log, "A_log", c.linear_num_value_heads);
+    vec(l.dt_bias, "dt_bias", c.linear_num_value_heads);
+    vec(l.gdn_norm, "linear_attn.norm", c.linear_value_head_dim);
+  } else {
+    const int64_t dh = c.head_dim;
+    TERN_CHECK(c.num_key_value_heads > 0 && c.num_attention_heads % c.num_key_value_heads == 0, "cpu runner: ",
+               c.num_attention_heads, " query heads do not group over ", c.num_key_value_heads, " KV heads");
+    mat(l.q_proj, "q_proj", c.num_attention_heads * 2 * dh, D);
+    mat(l.k_proj, "k_proj", c.num_key_value_heads * dh, D);
+    mat(l.v_proj, "v_proj", c.num_key_value_heads * dh, D);
+    mat(l.o_proj, "o_proj", D, c.num_attention_heads * dh);
+    vec(l.q_norm, "q_norm", dh);
+    vec(l.k_norm, "k_norm", dh);
+  }
+  const int E = c.num_experts;
+  TERN_CHECK(c.num_experts_per_tok > 0 && c.num_experts_per_tok <= E, "cpu runner: top-", c.num_experts_per_tok,
+             " of ", E, " experts");
+  mat(l.router, "router", E, D);
+  mat(l.expert_gate, "expert gate_proj", c.moe_intermediate_size, D, E);
+  mat(l.expert_up, "expert up_proj", c.moe_intermediate_size, D, E);
+  mat(l.expert_down, "expert down_proj", D, c.moe_intermediate_size, E);
+  mat(l.shared_gate, "shared_expert.gate_proj", c.shared_expert_intermediate_size, D);
+  mat(l.shared_up, "shared_expert.up_proj", c.shared_expert_intermediate_size, D);
+  mat(l.shared_down, "shared_expert.down_proj", D, c.shared_expert_intermediate_size);
+  mat(l.shared_expert_gate, "shared_expert_gate", 1, D);
+}
 
 // a [T, D] normed hidden -> out [T, D] mixer output.
 void CpuRunner::gdn_layer(int li, CpuSession& s, const float* a, int64_t T, float* out) {
@@ -152,7 +212,8 @@ void CpuRunner::gdn_layer(int li, CpuSession& s, const float* a, int64_t T, floa
   const int64_t C = c.conv_channels(), HV = int64_t(d.Hv) * d.dv;
   
   std::vector<float> raw(static_cast<size_t>(T * C)), qkv(static_cast<size_t>(T * C)), z(static_cast<size_t>(T * HV));
-  std::vector<float> ga(static_cast<size_t>(T * d.Hv)), gb(static_cast<size_t>(T * d.Hv)), g(static_cast<size_t>(T * d.Hv)), beta(static_cast<size_t>(T * d.Hv));
+  const size_t TH = static_cast<size_t>(T * d.Hv);
+  std::vector<float> ga(TH), gb(TH), g(TH), beta(TH);  // [T, Hv] each
   matmul(lw.in_proj_qkv, a, T, raw.data());      // [T, C]
   matmul(lw.in_proj_z, a, T, z.data());          // [T, Hv*dv]
   matmul(lw.in_proj_b, a, T, gb.data());         // [T, Hv]
@@ -182,7 +243,8 @@ void CpuRunner::attention_layer(int li, CpuSession& s, const float* a, int64_t T
   const int Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, dh = c.head_dim;
     const float eps = float(c.rms_norm_eps);
 
-  std::vector<float> qg(static_cast<size_t>(T * Hq * 2 * dh)), q(static_cast<size_t>(T * Hq * dh)), gate(static_cast<size_t>(T * Hq * dh));
+  const size_t TQ = static_cast<size_t>(T * Hq * dh);
+  std::vector<float> qg(2 * TQ), q(TQ), gate(TQ);
   std::vector<float> k(static_cast<size_t>(T * Hkv * dh)), v(static_cast<size_t>(T * Hkv * dh));
   matmul(lw.q_proj, a, T, qg.data());  // [T, Hq, (query dh | gate dh)]
   matmul(lw.k_proj, a, T, k.data());   // [T, Hkv, dh]

@@ -72,7 +72,8 @@ TERN_CPU_CLONES void gdn_chunked_heads(const GdnArgs& a, int chunk, int64_t h0, 
   const int64_t dk = d.dk, dv = d.dv;
   const int64_t L = chunk;
   std::vector<float> G(static_cast<size_t>(L)), KK(static_cast<size_t>(L * L)), QK(static_cast<size_t>(L * L));
-  std::vector<float> Mk(static_cast<size_t>(L * dv)), Mq(static_cast<size_t>(L * dv)), delta(static_cast<size_t>(L * dv));
+  const size_t Ldv = static_cast<size_t>(L * dv);
+  std::vector<float> Mk(Ldv), Mq(Ldv), delta(Ldv);  // [L, dv] each
   for (int64_t h = h0; h < h1; ++h) {
     const int kh = int(h) / ratio;
     float* M = a.state + h * dv * dk;  // [dv, dk]
@@ -169,13 +170,15 @@ void gdn_qk_norm(float* qkv, int64_t T, const GdnDims& d) {
 
 void gdn_recurrent(const GdnArgs& a) {
   check_args(a, "gdn_recurrent");
-  thread_pool_global().parallel_for(a.dims.Hv, 1, [&](int64_t h0, int64_t h1) { gdn_recurrent_heads(a, h0, h1); });
+  thread_pool_global().parallel_for(a.dims.Hv, 1,
+                                    [&](int64_t h0, int64_t h1) { gdn_recurrent_heads(a, h0, h1); });
 }
 
 void gdn_chunked(const GdnArgs& a, int chunk) {
   check_args(a, "gdn_chunked");
   TERN_CHECK(chunk >= 1 && chunk <= 1024, "gdn_chunked: chunk size ", chunk, " outside [1, 1024]");
-  thread_pool_global().parallel_for(a.dims.Hv, 1, [&](int64_t h0, int64_t h1) { gdn_chunked_heads(a, chunk, h0, h1); });
+  thread_pool_global().parallel_for(a.dims.Hv, 1,
+                                    [&](int64_t h0, int64_t h1) { gdn_chunked_heads(a, chunk, h0, h1); });
 }
 
 }  // namespace tern::cpu

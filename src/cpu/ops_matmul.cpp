@@ -180,11 +180,10 @@ void matmul_strided(const MatmulArgs& a) {
   const int64_t rows = a.w->rows;
   ThreadPool& pool = thread_pool_global();
   // Chunks of kRowChunk rows; enough chunks to balance the threads. The split does not change any result.
-  thread_pool_global().parallel_for((rows + kRowChunk - 1) / kRowChunk, std::max<int64_t>(1, rows / kRowChunk / (8 * pool.size())),
-                                    [&](int64_t c0, int64_t c1) {
-                                      for (int64_t c = c0; c < c1; ++c)
-                                        matmul_rows(a, c * kRowChunk, std::min(rows, (c + 1) * kRowChunk));
-                                    });
+  const int64_t chunks = (rows + kRowChunk - 1) / kRowChunk;
+  pool.parallel_for(chunks, std::max<int64_t>(1, chunks / (8 * pool.size())), [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) matmul_rows(a, c * kRowChunk, std::min(rows, (c + 1) * kRowChunk));
+  });
 }
 
 void matmul(const Matrix& w, const float* x, int64_t n, float* y) {

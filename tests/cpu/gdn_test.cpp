@@ -90,7 +90,8 @@ const cpu::GdnDims kDims{.Hk = 2, .Hv = 4, .dk = 16, .dv = 24};
 TEST(CpuGdn, RecurrentMatchesFormula) {
   test::Rng rng(test::fresh_seed("gdn recurrent"));
   const GdnInputs in = make_inputs(rng, kDims, 40);
-  std::vector<float> state(static_cast<size_t>(kDims.Hv * kDims.dv * kDims.dk), 0.0f), out(static_cast<size_t>(in.T * kDims.Hv * kDims.dv));
+  std::vector<float> state(static_cast<size_t>(kDims.Hv * kDims.dv * kDims.dk), 0.0f);
+  std::vector<float> out(static_cast<size_t>(in.T * kDims.Hv * kDims.dv));
   cpu::gdn_recurrent(args_for(in, 0, in.T, state.data(), out.data()));
   const auto ref = reference_out(in);
   for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], ref[i], 1e-5 * (1 + std::fabs(ref[i]))) << i;

@@ -107,6 +107,66 @@ TEST(QuantizeAffine, RoundTripWithinOneStep) {
   }
 }
 
+// A plain transcription of MLX's encoder (std::rint, scalar loops): the optimised quantiser must match it bit for bit,
+// including ties at .5 that round to even.
+void reference_quantize(const float* x, int n, int bits, uint32_t* packed, uint16_t* scale_out, uint16_t* bias_out) {
+  const float n_bins = float((1 << bits) - 1);
+  float lo = INFINITY, hi = -INFINITY;
+  for (int j = 0; j < n; ++j) {
+    hi = std::max(hi, x[j]);
+    lo = std::min(lo, x[j]);
+  }
+  const bool lo_edge = std::abs(lo) > std::abs(hi);
+  float scale = std::max((hi - lo) / n_bins, 1e-7f);
+  scale = lo_edge ? scale : -scale;
+  const float edge = lo_edge ? lo : hi;
+  const float q0 = std::rint(edge / scale);
+  float bias = 0;
+  if (q0 != 0) {
+    scale = edge / q0;
+    bias = edge;
+  }
+  const int per_word = 32 / bits;
+  for (int j = 0; j < n / per_word; ++j) {
+    uint32_t word = 0;
+    for (int k = 0; k < per_word; ++k) {
+      float v = std::rint((x[j * per_word + k] - bias) / scale);
+      v = std::min(std::max(v, 0.0f), n_bins);
+      word |= uint32_t(v) << (k * bits);
+    }
+    packed[j] = word;
+  }
+  *scale_out = float_to_bf16(scale);
+  *bias_out = float_to_bf16(bias);
+}
+
+TEST(QuantizeAffine, MatchesScalarReferenceIncludingTies) {
+  const uint32_t seed = std::random_device{}();
+  std::printf("seed=%u\n", seed);
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> level(0, 30);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int bits = trial % 2 ? 4 : 8;
+    float x[64];
+    if (trial % 3 == 0) {  // half-integer grid: many exact ties
+      for (float& v : x) v = float(level(rng)) * 0.5f;
+      x[0] = 0.0f;
+      x[1] = 15.0f;
+    } else {
+      const float s = std::exp(nd(rng) * 3.0f);
+      for (float& v : x) v = nd(rng) * s;
+    }
+    uint32_t a[16], b[16];
+    uint16_t sa, ba, sb, bb;
+    quantize_affine(x, 1, 64, bits, 64, a, &sa, &ba);
+    reference_quantize(x, 64, bits, b, &sb, &bb);
+    ASSERT_EQ(sa, sb) << "trial " << trial;
+    ASSERT_EQ(ba, bb) << "trial " << trial;
+    for (int j = 0; j < 64 * bits / 32; ++j) ASSERT_EQ(a[j], b[j]) << "trial " << trial << " word " << j;
+  }
+}
+
 TEST(QuantizeAffine, ConstantGroupIsExact) {
   std::vector<float> w(64, 0.25f);
   uint32_t packed[8];
