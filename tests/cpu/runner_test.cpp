@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 
 #include "cpu/cpu_runner.h"
 #include "core/check.h"
@@ -106,6 +107,34 @@ TEST(CpuRunner, ErrorsNotCrashes) {
   auto fresh = runner->create_session(4);
   runner->forward(*fresh, two, false, b);
   EXPECT_EQ(a, b);
+}
+
+}  // namespace
+}  // namespace tern
+
+namespace tern {
+namespace {
+
+// Malformed weights are refused when the runner is created, naming the tensor; never an out-of-bounds read later.
+TEST(CpuRunner, RejectsMalformedWeights) {
+  const uint64_t seed = test::fresh_seed("malformed");
+  test::TinyModelSpec spec;
+  auto expect_error = [&](auto mutate, const char* needle) {
+    auto model = test::make_tiny_model(spec, seed);
+    mutate(*model);
+    try {
+      cpu_runner_create(model);
+      ADD_FAILURE() << "no error for " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_error([](ModelWeights& w) { w.layers[0].conv1d.pop_back(); }, "conv1d");
+  expect_error([](ModelWeights& w) { w.layers[3].q_proj = Matrix{}; }, "q_proj");
+  expect_error([](ModelWeights& w) { w.layers[1].expert_down.rows -= 1; }, "expert down_proj");
+  expect_error([](ModelWeights& w) { w.layers[2].A_log.clear(); }, "A_log");
+  expect_error([](ModelWeights& w) { w.final_norm.resize(3); }, "final norm");
+  expect_error([](ModelWeights& w) { w.layers.pop_back(); }, "layers");
 }
 
 }  // namespace
