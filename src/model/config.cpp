@@ -133,8 +133,10 @@ int Config::num_linear_attention_layers() const {
 }
 
 void Config::validate() const {
+  // Positive and below a generous cap, so that no size product can overflow.
   auto positive = [](int64_t v, const char* name) {
     TERN_CHECK(v > 0, "config: ", name, " must be positive, got ", v);
+    TERN_CHECK(v <= (int64_t(1) << 24), "config: ", name, " = ", v, " is implausibly large");
   };
   positive(hidden_size, "hidden_size");
   positive(num_hidden_layers, "num_hidden_layers");
@@ -150,7 +152,7 @@ void Config::validate() const {
   positive(num_experts_per_tok, "num_experts_per_tok");
   positive(moe_intermediate_size, "moe_intermediate_size");
   positive(shared_expert_intermediate_size, "shared_expert_intermediate_size");
-  positive(max_position_embeddings, "max_position_embeddings");
+  TERN_CHECK(max_position_embeddings > 0, "config: max_position_embeddings must be positive");
   TERN_CHECK(int64_t(layer_types.size()) == num_hidden_layers, "config: layer_types has ", layer_types.size(),
              " entries but num_hidden_layers is ", num_hidden_layers);
   TERN_CHECK(num_attention_heads % num_key_value_heads == 0, "config: num_attention_heads (", num_attention_heads,
