@@ -25,6 +25,19 @@ std::vector<int32_t> random_tokens(test::Rng& rng, int64_t n, int64_t vocab) {
   return t;
 }
 
+std::vector<float> run_split(ModelRunner& runner, const std::vector<int32_t>& tokens, int64_t split) {
+  auto s = runner.create_session(int64_t(tokens.size()) + 4);
+  std::vector<float> out, all;
+  runner.forward(*s, std::span(tokens).first(size_t(split)), true, out);
+  all = out;
+  for (size_t t = size_t(split); t < tokens.size(); ++t) {
+    runner.forward(*s, std::span(tokens).subspan(t, 1), false, out);
+    all.insert(all.end(), out.begin(), out.end());
+  }
+  EXPECT_EQ(s->position(), int64_t(tokens.size()));
+  return all;
+}
+
 void check_prefill_vs_decode(WeightFormat f, int64_t T, int64_t split) {
   test::TinyModelSpec spec;
   spec.format = f;
@@ -33,44 +46,34 @@ void check_prefill_vs_decode(WeightFormat f, int64_t T, int64_t split) {
   spec.Fs = 64;
   const uint64_t seed = test::fresh_seed("runner");
   auto model = test::make_tiny_model(spec, seed);
-  auto runner = cpu_runner_create(model);
   test::Rng rng(seed ^ 0x5eed);
   const auto tokens = random_tokens(rng, T, spec.vocab_real);
   const int64_t V = spec.V;
 
-  auto s1 = runner->create_session(T + 4);
-  std::vector<float> prefill;
-  runner->forward(*s1, tokens, true, prefill);
-  ASSERT_EQ(prefill.size(), size_t(T * V));
-  EXPECT_EQ(s1->position(), T);
-
-  // Prefill `split` tokens, then decode the rest one at a time.
-  auto s2 = runner->create_session(T + 4);
-  std::vector<float> out, all;
-  runner->forward(*s2, std::span(tokens).first(size_t(split)), true, out);
-  all = out;
-  for (int64_t t = split; t < T; ++t) {
-    runner->forward(*s2, std::span(tokens).subspan(size_t(t), 1), false, out);
-    all.insert(all.end(), out.begin(), out.end());
-  }
-  ASSERT_EQ(all.size(), prefill.size());
-  const double scale = max_abs(prefill, V, spec.vocab_real);
-  for (size_t i = 0; i < all.size(); ++i) {
+  // With the recurrent Gated DeltaNet, every op computes a token's values in the same order whether the token comes
+  // in a prefill or alone: prefill + decode equals one prefill bit for bit.
+  auto rec = cpu_runner_create(model, CpuRunnerOptions{.gdn_chunked = false});
+  const std::vector<float> full = run_split(*rec, tokens, T), split_rec = run_split(*rec, tokens, split);
+  ASSERT_EQ(full.size(), size_t(T * V));
+  for (size_t i = 0; i < full.size(); ++i) {
     if (int64_t(i % size_t(V)) >= spec.vocab_real) {
-      ASSERT_TRUE(std::isinf(all[i]) && all[i] < 0) << "padding id not masked";
-      ASSERT_TRUE(std::isinf(prefill[i]) && prefill[i] < 0);
+      ASSERT_TRUE(std::isinf(full[i]) && full[i] < 0) << "padding id not masked";
+      ASSERT_TRUE(std::isinf(split_rec[i]) && split_rec[i] < 0);
       continue;
     }
-    ASSERT_LE(std::fabs(all[i] - prefill[i]), 1e-4 * scale) << "position " << i / size_t(V);
+    ASSERT_EQ(full[i], split_rec[i]) << "position " << i / size_t(V);
   }
-  // Recurrent-only runner: the same logits to 1e-4 of max|logit| (the bar; rounding grows through layers).
-  auto rec = cpu_runner_create(model, CpuRunnerOptions{.gdn_chunked = false});
-  auto s3 = rec->create_session(T);
-  std::vector<float> r;
-  rec->forward(*s3, tokens, true, r);
-  for (size_t i = 0; i < r.size(); ++i) {
-    if (int64_t(i % size_t(V)) < spec.vocab_real) {
-      ASSERT_LE(std::fabs(r[i] - prefill[i]), 1e-4 * scale);
+  // The chunked prefill (the default) agrees to rounding, alone and continued by decode. Bound 1e-3 of max|logit|:
+  // these hand-built models use 2-of-8 routing, where a near-tie between experts can turn a rounding difference
+  // into a different choice (the tests against transformers hold 1e-4 on checkpoints with clearly random routers).
+  auto chunked = cpu_runner_create(model);
+  const double scale = max_abs(full, V, spec.vocab_real);
+  for (int64_t cut : {T, split}) {
+    const std::vector<float> got = run_split(*chunked, tokens, cut);
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (int64_t(i % size_t(V)) < spec.vocab_real) {
+        ASSERT_LE(std::fabs(got[i] - full[i]), 1e-3 * scale) << "prefill " << cut << " position " << i / size_t(V);
+      }
     }
   }
 }
