@@ -4,9 +4,11 @@
 //   tern bench --synthetic --device cuda --lengths 256,4K,128K --json bench.json --plot bench.svg
 //   tern bench --demo --lengths 256,512          (CPU, the built-in demo model)
 //   tern bench -m DIR                            (a real checkpoint)
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "cli/commands.h"
@@ -109,6 +111,7 @@ void run_bench(const BenchArgs& a) {
   BenchReport report;
   std::unique_ptr<ModelRunner> runner;
   std::shared_ptr<const ModelWeights> weights;
+  std::optional<std::chrono::steady_clock::time_point> load_start;
   Roofline roofline;
   if (a.synthetic) {
 #ifdef TERN_HAVE_CUDA
@@ -126,6 +129,7 @@ void run_bench(const BenchArgs& a) {
     } else {
       LoadOptions lo;
       lo.dtype = load_dtype_parse(a.dtype);
+      load_start = std::chrono::steady_clock::now();
       weights = std::make_shared<const ModelWeights>(model_load(a.model_dir, lo));
       report.model = a.model_dir + " (" + weights->source_layout + ")";
     }
@@ -140,6 +144,11 @@ void run_bench(const BenchArgs& a) {
     }
   }
   TERN_CHECK(runner != nullptr, "tern bench: no runner for device ", device);
+  if (load_start) {  // checkpoint on disk (or page cache) to a runner ready to run
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - *load_start).count();
+    std::fprintf(stderr, "tern bench: model loaded and ready on %s in %.2f s (%.2f GB of weights, %.2f GB/s)\n",
+                 device.c_str(), s, double(weights->total_bytes()) / 1e9, double(weights->total_bytes()) / 1e9 / s);
+  }
 
   if (device == "cuda") {
 #ifdef TERN_HAVE_CUDA

@@ -12,14 +12,19 @@ namespace tern {
 
 namespace {
 
-// Sizes of the demo (the real model's values in brackets).
-constexpr int64_t kD = 256;        // hidden [2048]
-constexpr int kHq = 4, kHkv = 2;   // attention heads [16, 2]
-constexpr int kDh = 64;            // head dim [256]
-constexpr int kHk = 2, kHv = 4;    // GDN key / value heads [16, 32]
-constexpr int kDk = 64, kDv = 64;  // GDN head dims [128, 128]
-constexpr int kE = 16, kTopK = 4;  // experts [256, 8]
-constexpr int64_t kF = 128;        // expert and shared-expert widths [512]
+// Sizes of the demo, and of the real model (full_size: the synthetic full-size checkpoint).
+struct Dims {
+  int64_t D;     // hidden
+  int Hq, Hkv;   // attention heads
+  int Dh;        // attention head dim
+  int Hk, Hv;    // GDN key / value heads
+  int Dk, Dv;    // GDN head dims
+  int E, TopK;   // experts
+  int64_t F;     // expert and shared-expert widths
+};
+constexpr Dims kDemoDims{256, 4, 2, 64, 2, 4, 64, 64, 16, 4, 128};
+constexpr Dims kFullDims{2048, 16, 2, 256, 16, 32, 128, 128, 256, 8, 512};
+const Dims& dims_of(const DemoModelOptions& o) { return o.full_size ? kFullDims : kDemoDims; }
 constexpr int kGroup = 64;
 
 uint64_t mix(uint64_t x) {  // splitmix64 finaliser
@@ -100,17 +105,18 @@ std::string demo_config_json(const DemoModelOptions& o) {
   TERN_CHECK(o.vocab_real > 0, "demo model: vocabulary size must be positive, got ", o.vocab_real);
   TERN_CHECK(o.layers > 0, "demo model: layer count must be positive, got ", o.layers);
   const int64_t vocab = (o.vocab_real + 63) / 64 * 64;
+  const Dims& d = dims_of(o);
   return detail::concat(
-      "{\"model_type\": \"qwen3_5_moe_text\", \"hidden_size\": ", kD, ", \"num_hidden_layers\": ", o.layers,
-      ", \"full_attention_interval\": 4, \"vocab_size\": ", vocab, ", \"num_attention_heads\": ", kHq,
-      ", \"num_key_value_heads\": ", kHkv, ", \"head_dim\": ", kDh,
+      "{\"model_type\": \"qwen3_5_moe_text\", \"hidden_size\": ", d.D, ", \"num_hidden_layers\": ", o.layers,
+      ", \"full_attention_interval\": 4, \"vocab_size\": ", vocab, ", \"num_attention_heads\": ", d.Hq,
+      ", \"num_key_value_heads\": ", d.Hkv, ", \"head_dim\": ", d.Dh,
       ", \"partial_rotary_factor\": 0.25, \"rope_theta\": 10000000, \"attn_output_gate\": true",
-      ", \"linear_num_key_heads\": ", kHk, ", \"linear_num_value_heads\": ", kHv, ", \"linear_key_head_dim\": ", kDk,
-      ", \"linear_value_head_dim\": ", kDv, ", \"linear_conv_kernel_dim\": 4, \"num_experts\": ", kE,
-      ", \"num_experts_per_tok\": ", kTopK, ", \"moe_intermediate_size\": ", kF,
-      ", \"shared_expert_intermediate_size\": ", kF,
+      ", \"linear_num_key_heads\": ", d.Hk, ", \"linear_num_value_heads\": ", d.Hv, ", \"linear_key_head_dim\": ", d.Dk,
+      ", \"linear_value_head_dim\": ", d.Dv, ", \"linear_conv_kernel_dim\": 4, \"num_experts\": ", d.E,
+      ", \"num_experts_per_tok\": ", d.TopK, ", \"moe_intermediate_size\": ", d.F,
+      ", \"shared_expert_intermediate_size\": ", d.F,
       ", \"norm_topk_prob\": true, \"rms_norm_eps\": 1e-06, \"tie_word_embeddings\": false"
-      ", \"max_position_embeddings\": 32768, \"hidden_act\": \"silu\", \"eos_token_id\": ",
+      ", \"max_position_embeddings\": ", (o.full_size ? 262144 : 32768), ", \"hidden_act\": \"silu\", \"eos_token_id\": ",
       o.eos_json, "}");
 }
 
@@ -123,6 +129,9 @@ std::shared_ptr<const ModelWeights> demo_model_build(const DemoModelOptions& o) 
   auto w = std::make_shared<ModelWeights>();
   w->config = config_parse(demo_config_json(o), demo_generation_config_json(o));
   const Config& c = w->config;
+  const Dims& d = dims_of(o);
+  const int64_t kD = d.D, kF = d.F;
+  const int kHq = d.Hq, kHkv = d.Hkv, kDh = d.Dh, kHv = d.Hv, kDv = d.Dv, kE = d.E;
   auto storage = std::make_shared<DemoStorage>();
   Builder b(o.seed, *storage);
   const float s_in = 1.0f / std::sqrt(float(kD));  // matrices reading the hidden state

@@ -17,6 +17,8 @@ struct DemoModelOptions {
   uint64_t seed = 0x7e4e;       // same seed -> same weights, bit for bit
   int layers = 4;               // [lin, lin, lin, full] repeated
   std::string eos_json = "[151645, 151643]";  // <|im_end|>, <|endoftext|> of the Qwen3 tokenizer
+  bool full_size = false;       // the real model's widths (D 2048, 256 experts, ...): the synthetic checkpoint
+                                // of `tern quantize --synthetic` (with layers = 40, vocab_real = 248077)
 };
 
 // The config.json text of the demo model (qwen3_5_moe_text at a small size).
