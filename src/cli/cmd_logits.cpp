@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/model_flags.h"
 #include "core/check.h"
 #include "core/npy.h"
 #include "cpu/cpu_runner.h"
@@ -28,36 +29,9 @@ struct LogitsArgs {
   int gdn_chunk = 64;
 };
 
-std::vector<int32_t> parse_token_list(const std::string& text, const std::string& where) {
-  std::vector<int32_t> ids;
-  std::string item;
-  std::istringstream in(text);
-  auto flush = [&] {
-    if (item.empty()) return;
-    size_t used = 0;
-    long long v = 0;
-    try {
-      v = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    TERN_CHECK(used == item.size() && v >= 0 && v <= INT32_MAX, "bad token id '", item, "' in ", where);
-    ids.push_back(int32_t(v));
-    item.clear();
-  };
-  for (char c; in.get(c);) {
-    if (c == ',' || c == ' ' || c == '\n' || c == '\t' || c == '\r')
-      flush();
-    else
-      item += c;
-  }
-  flush();
-  return ids;
-}
-
 std::vector<int32_t> read_tokens(const LogitsArgs& a) {
   TERN_CHECK(a.tokens.empty() != a.tokens_file.empty(), "give exactly one of --tokens and --tokens-file");
-  if (!a.tokens.empty()) return parse_token_list(a.tokens, "--tokens");
+  if (!a.tokens.empty()) return token_list_parse(a.tokens, "--tokens");
   if (a.tokens_file.size() > 4 && a.tokens_file.substr(a.tokens_file.size() - 4) == ".npy") {
     NpyArray arr = npy_read(a.tokens_file);
     TERN_CHECK(arr.dtype == "<i4", "--tokens-file ", a.tokens_file, " must hold int32 ids, got ", arr.dtype);
@@ -67,7 +41,7 @@ std::vector<int32_t> read_tokens(const LogitsArgs& a) {
   TERN_CHECK(f.good(), "cannot open --tokens-file ", a.tokens_file);
   std::stringstream ss;
   ss << f.rdbuf();
-  return parse_token_list(ss.str(), a.tokens_file);
+  return token_list_parse(ss.str(), a.tokens_file);
 }
 
 void run_logits(const LogitsArgs& a) {
