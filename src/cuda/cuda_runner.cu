@@ -328,7 +328,10 @@ class CudaRunner final : public ModelRunner {
     proj(l.in_proj_a, normed_, T, a_);
     conv1d_silu(qkv_raw_, C, T, C, c.linear_conv_kernel_dim, l.conv1d, lc.conv, conv_out_, stream_);
     gdn_prepare(conv_out_, b_, a_, l.A_log, l.dt_bias, d, g_, beta_, stream_);
-    gdn_recurrent(conv_out_, g_, beta_, lc.rec, d, o_, stream_);
+    if (T >= 64)  // prefill: the chunked (WY) form; short prompts and decode stay on the token-by-token recurrence
+      gdn_chunked(conv_out_, g_, beta_, lc.rec, d, o_, stream_);
+    else
+      gdn_recurrent(conv_out_, g_, beta_, lc.rec, d, o_, stream_);
     gdn_gated_norm(o_, z_, l.gdn_norm, float(c.rms_norm_eps), d, gated_, stream_);
     proj(l.out_proj, gated_, T, hidden_, /*accumulate=*/true);
   }

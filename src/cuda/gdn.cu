@@ -119,6 +119,186 @@ __global__ void gdn_gated_norm_kernel(const float* o, const float* z, const floa
   }
 }
 
+
+// ---- chunked form ----------------------------------------------------------------------------------------------
+// A block owns one v-head and kChunkDv state rows (value dims) of it; it walks the chunks in order, holding its state
+// slice in shared memory. The in-chunk matrices A and P depend only on the head and are recomputed per slice.
+constexpr int kChunkDv = 32, kChunkThreads = 256;  // the forward substitution maps 8 warps × 4 columns × 8 lanes
+constexpr int kMaxChunk = 64;  // the 16×16 threads × 4×4 register tiles of step 2 span 64 token rows
+
+__host__ __device__ inline size_t gdn_chunked_smem_floats(int chunk, int dk) {
+  // sK, sQ [kMaxChunk][dk+1]; sS [kChunkDv][dk+1]; sA, sP [chunk][chunk+1]; sU, sW [chunk][kChunkDv]; sG, sB, sD [chunk]
+  return size_t(2 * kMaxChunk + kChunkDv) * size_t(dk + 1) + 2 * size_t(chunk) * size_t(chunk + 1) +
+         2 * size_t(chunk) * kChunkDv + 3 * size_t(chunk);
+}
+
+template <int KC>  // dk = 32·KC
+__global__ void __launch_bounds__(kChunkThreads) gdn_chunked_kernel(const float* qkv, const float* g_log,
+                                                                    const float* beta, float* state, GdnDims d,
+                                                                    float* o, int chunk) {
+  extern __shared__ float smem[];
+  constexpr int dk = 32 * KC;
+  const int ldk = dk + 1, lda = chunk + 1;
+  float* sK = smem;                      // [kMaxChunk][ldk] keys of the chunk
+  float* sQ = sK + kMaxChunk * ldk;      // [kMaxChunk][ldk] queries
+  float* sS = sQ + kMaxChunk * ldk;      // [kChunkDv][ldk] state rows j0.. of head h
+  float* sA = sS + kChunkDv * ldk;       // [chunk][lda] β_t e^{G_t−G_s} k_t·k_s, s < t (else 0)
+  float* sP = sA + chunk * lda;          // [chunk][lda] e^{G_t−G_s} q_t·k_s, s ≤ t (else 0)
+  float* sU = sP + chunk * lda;          // [chunk][kChunkDv] right-hand side, then the deltas Δ
+  float* sW = sU + chunk * kChunkDv;     // [chunk][kChunkDv] e^{G_t} q_t·S₀ (inter-chunk output)
+  float* sG = sW + chunk * kChunkDv;     // [chunk] inclusive cumulative log decay
+  float* sB = sG + chunk;                // [chunk] β
+  float* sD = sB + chunk;                // [chunk] e^{G_{n−1}−G_s}
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int h = blockIdx.y, kh = h / (d.Hv / d.Hk);
+  const int j0 = blockIdx.x * kChunkDv;
+  const int64_t C = d.C(), ldo = int64_t(d.Hv) * d.dv;
+  const int64_t q_off = int64_t(kh) * dk, k_off = int64_t(d.Hk) * dk + q_off;
+  const int64_t v_off = 2LL * d.Hk * dk + int64_t(h) * d.dv + j0;
+  float* S = state + (int64_t(h) * d.dv + j0) * dk;
+  for (int e = tid; e < kChunkDv * dk; e += kChunkThreads) sS[(e / dk) * ldk + e % dk] = S[e];
+  for (int64_t c0 = 0; c0 < d.T; c0 += chunk) {
+    const int n = int(d.T - c0 < chunk ? d.T - c0 : chunk);
+    // 1. the chunk's keys, queries, β and cumulative decay
+    for (int e = tid; e < n * dk; e += kChunkThreads) {
+      const int t = e / dk, i = e % dk;
+      const float* row = qkv + (c0 + t) * C;
+      sK[t * ldk + i] = row[k_off + i];
+      sQ[t * ldk + i] = row[q_off + i];
+    }
+    if (warp == 0) {
+      float carry = 0.0f;
+      for (int base = 0; base < n; base += 32) {
+        const int t = base + lane;
+        float x = t < n ? g_log[(c0 + t) * d.Hv + h] : 0.0f;
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+          const float y = __shfl_up_sync(0xffffffffu, x, off);
+          if (lane >= off) x += y;
+        }
+        x += carry;
+        if (t < n) {
+          sG[t] = x;
+          sB[t] = beta[(c0 + t) * d.Hv + h];
+        }
+        carry = __shfl_sync(0xffffffffu, x, 31);
+      }
+      __syncwarp();
+      for (int t = lane; t < n; t += 32) sD[t] = expf(carry - sG[t]);
+    }
+    __syncthreads();
+    // 2. A and P over token pairs; U = β(v − e^{G}·S₀k) and W = e^{G}·S₀q over (token, value dim)
+    {  // thread (tt, ss) owns the 4×4 pairs t = tt + 16a, s = ss + 16b (rows past n hold stale data, never stored)
+      const int tt = tid / 16, ss = tid % 16;
+      float a[4][4] = {}, p[4][4] = {};
+      for (int i = 0; i < dk; ++i) {
+        float kt[4], qt[4], ks[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          kt[r] = sK[(tt + 16 * r) * ldk + i];
+          qt[r] = sQ[(tt + 16 * r) * ldk + i];
+          ks[r] = sK[(ss + 16 * r) * ldk + i];
+        }
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            a[r][c] += kt[r] * ks[c];
+            p[r][c] += qt[r] * ks[c];
+          }
+      }
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int t = tt + 16 * r, s2 = ss + 16 * c;
+          if (t >= n || s2 >= n) continue;
+          const float dec = s2 <= t ? expf(sG[t] - sG[s2]) : 0.0f;
+          sA[t * lda + s2] = s2 < t ? sB[t] * dec * a[r][c] : 0.0f;
+          sP[t * lda + s2] = dec * p[r][c];
+        }
+    }
+    {  // thread (tt, jj) owns t = tt + 16a, j = jj + 16b
+      const int tt = tid / 16, jj = tid % 16;
+      float ks[4][2] = {}, qs[4][2] = {};
+      for (int i = 0; i < dk; ++i) {
+        float kt[4], qt[4], sj[2];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          kt[r] = sK[(tt + 16 * r) * ldk + i];
+          qt[r] = sQ[(tt + 16 * r) * ldk + i];
+        }
+        sj[0] = sS[jj * ldk + i];
+        sj[1] = sS[(jj + 16) * ldk + i];
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            ks[r][c] += kt[r] * sj[c];
+            qs[r][c] += qt[r] * sj[c];
+          }
+      }
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int t = tt + 16 * r, j = jj + 16 * c;
+          if (t >= n) continue;
+          const float eg = expf(sG[t]);
+          sU[t * kChunkDv + j] = sB[t] * (qkv[(c0 + t) * C + v_off + j] - eg * ks[r][c]);
+          sW[t * kChunkDv + j] = eg * qs[r][c];
+        }
+    }
+    __syncthreads();
+    // 3. forward substitution (I + A)Δ = U, column by column: warp w owns columns 4w..4w+3, 8 lanes per column
+    {
+      const int j = warp * 4 + lane / 8, sub = lane % 8;
+      for (int t = 1; t < n; ++t) {
+        float acc = 0.0f;
+        for (int s = sub; s < t; s += 8) acc += sA[t * lda + s] * sU[s * kChunkDv + j];
+        acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+        acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+        acc += __shfl_xor_sync(0xffffffffu, acc, 4);
+        if (sub == 0) sU[t * kChunkDv + j] -= acc;
+        __syncwarp();
+      }
+    }
+    __syncthreads();
+    // 4. outputs o = W + P·Δ and the end-of-chunk state S = e^{G_{n−1}}·S₀ + Σ_s e^{G_{n−1}−G_s} δ_s k_sᵀ
+    for (int e = tid; e < n * kChunkDv; e += kChunkThreads) {
+      const int t = e / kChunkDv, j = e % kChunkDv;
+      float acc = sW[t * kChunkDv + j];
+      for (int s = 0; s <= t; ++s) acc += sP[t * lda + s] * sU[s * kChunkDv + j];
+      o[(c0 + t) * ldo + int64_t(h) * d.dv + j0 + j] = acc;
+    }
+    const float gn = expf(sG[n - 1]);
+    {  // thread (warp, lane) owns rows j = warp + 8r and key dims i = lane + 32c
+      float acc[4][KC];
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+#pragma unroll
+        for (int c = 0; c < KC; ++c) acc[r][c] = gn * sS[(warp + 8 * r) * ldk + lane + 32 * c];
+      for (int s2 = 0; s2 < n; ++s2) {
+        float u[4], k[KC];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) u[r] = sD[s2] * sU[s2 * kChunkDv + warp + 8 * r];
+#pragma unroll
+        for (int c = 0; c < KC; ++c) k[c] = sK[s2 * ldk + lane + 32 * c];
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+#pragma unroll
+          for (int c = 0; c < KC; ++c) acc[r][c] += u[r] * k[c];
+      }
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+#pragma unroll
+        for (int c = 0; c < KC; ++c) sS[(warp + 8 * r) * ldk + lane + 32 * c] = acc[r][c];
+    }
+    __syncthreads();
+  }
+  for (int e = tid; e < kChunkDv * dk; e += kChunkThreads) S[e] = sS[(e / dk) * ldk + e % dk];
+}
+
 }  // namespace
 
 void gdn_prepare(float* qkv, const float* b, const float* a, const float* A_log, const float* dt_bias, const GdnDims& d,
@@ -140,6 +320,27 @@ void gdn_recurrent(const float* qkv, const float* g_log, const float* beta, floa
     default: TERN_FAIL("gdn: key head dim ", d.dk, " not supported by the CUDA kernel (32, 64 or 128)");
   }
   TERN_CUDA_LAUNCHED("gdn_recurrent");
+}
+
+void gdn_chunked(const float* qkv, const float* g_log, const float* beta, float* state, const GdnDims& d, float* o,
+                 cudaStream_t stream, int chunk) {
+  if (d.T == 0) return;
+  TERN_CHECK(chunk >= 1 && chunk <= kMaxChunk, "gdn_chunked: chunk ", chunk, " outside 1..", kMaxChunk);
+  TERN_CHECK(d.dv % kChunkDv == 0, "gdn_chunked: dv ", d.dv, " is not a multiple of ", kChunkDv);
+  TERN_CHECK(d.dk == 32 || d.dk == 64 || d.dk == 128, "gdn_chunked: key head dim ", d.dk, " not supported (32, 64 or 128)");
+  TERN_CHECK(d.Hk > 0 && d.Hv % d.Hk == 0, "gdn_chunked: Hv ", d.Hv, " is not a multiple of Hk ", d.Hk);
+  const size_t smem = gdn_chunked_smem_floats(chunk, d.dk) * sizeof(float);
+  const dim3 grid(unsigned(d.dv / kChunkDv), unsigned(d.Hv));
+  auto launch = [&](auto kernel) {
+    TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    kernel<<<grid, kChunkThreads, smem, stream>>>(qkv, g_log, beta, state, d, o, chunk);
+  };
+  switch (d.dk) {
+    case 32: launch(gdn_chunked_kernel<1>); break;
+    case 64: launch(gdn_chunked_kernel<2>); break;
+    default: launch(gdn_chunked_kernel<4>); break;
+  }
+  TERN_CUDA_LAUNCHED("gdn_chunked");
 }
 
 void gdn_gated_norm(const float* o, const float* z, const float* w, float eps, const GdnDims& d, float* out,

@@ -28,6 +28,14 @@ void gdn_prepare(float* qkv, const float* b, const float* a, const float* A_log,
 void gdn_recurrent(const float* qkv, const float* g_log, const float* beta, float* state, const GdnDims& d, float* o,
                    cudaStream_t stream);
 
+// The same function as gdn_recurrent (same inputs, outputs and state layout) in the chunked (WY/UT) form: per v-head
+// and chunk of `chunk` tokens, G = in-chunk cumulative log decay, the deltas solve (I + A)Δ = β(V − e^{G}·K·S₀ᵀ)
+// with A[t,s] = β_t e^{G_t−G_s} k_t·k_s (s < t) by forward substitution; o = e^{G}·Q·S₀ᵀ + (e^{G_t−G_s} q_t·k_s)_{s≤t}·Δ;
+// S ← e^{G_n}·S₀ + Σ_s e^{G_n−G_s} δ_s k_sᵀ. Any T (the last chunk may be short). fp32 throughout.
+// dk 32, 64 or 128; dv a multiple of 32; 1 ≤ chunk ≤ 64.
+void gdn_chunked(const float* qkv, const float* g_log, const float* beta, float* state, const GdnDims& d, float* o,
+                 cudaStream_t stream, int chunk = 64);
+
 // out[t, h, :] = (o·rsqrt(mean(o²) + eps)·w) · silu(z[t, h, :]) per head over dv.  o, z, out [T, Hv·dv]; w [dv].
 void gdn_gated_norm(const float* o, const float* z, const float* w, float eps, const GdnDims& d, float* out,
                     cudaStream_t stream);

@@ -273,6 +273,82 @@ TEST(CudaGdn, PrepareRecurrenceAndGatedNormMatchCpu) {
   }
 }
 
+TEST(CudaGdn, ChunkedMatchesCpuChunkedAndRecurrentWithStateCarried) {
+  TERN_REQUIRE_GPU();
+  std::mt19937_64 rng(fresh_seed("CudaGdnChunked"));
+  cpu::GdnDims cd;  // real dims: Hk 16, Hv 32, dk 128, dv 128
+  GdnDims d;
+  const int64_t C = d.C();
+  // A non-zero state carried in, then carried from each call to the next (GPU, CPU chunked, CPU recurrent alike).
+  std::vector<float> st_rec = random_floats(rng, size_t(d.Hv) * d.dv * d.dk, -0.3f, 0.3f), st_chk(st_rec);
+  DeviceBuf<float> dstate(st_rec), dstate16(st_rec);  // the second runs chunks of 16 tokens
+  const auto A_log = random_floats(rng, size_t(d.Hv), 0.0f, 2.7f), dt_bias = random_floats(rng, size_t(d.Hv), -1.0f, 1.0f);
+  for (int64_t T : {int64_t(1), int64_t(63), int64_t(64), int64_t(65), int64_t(200)}) {
+    d.T = T;
+    auto qkv = random_floats(rng, size_t(T * C), -1.0f, 1.0f);
+    const auto a = random_floats(rng, size_t(T * d.Hv), -3.0f, 3.0f), b = random_floats(rng, size_t(T * d.Hv), -3.0f, 3.0f);
+    std::vector<float> g(size_t(T * d.Hv)), beta(g.size());
+    cpu::gdn_gates(a.data(), b.data(), A_log.data(), dt_bias.data(), T, d.Hv, g.data(), beta.data());
+    cpu::gdn_qk_norm(qkv.data(), T, cd);  // the kernel's inputs as gdn_prepare leaves them
+    DeviceBuf<float> dqkv(qkv), dg(g), db(beta), o(size_t(T * d.Hv * d.dv)), o16(o.n);  // outputs poisoned with NaN
+    gdn_chunked(dqkv.p, dg.p, db.p, dstate.p, d, o.p, nullptr);
+    gdn_chunked(dqkv.p, dg.p, db.p, dstate16.p, d, o16.p, nullptr, 16);
+    std::vector<float> o_rec(size_t(T * d.Hv * d.dv)), o_chk(o_rec.size());
+    cpu::GdnArgs ga;
+    ga.q = qkv.data();
+    ga.k = qkv.data() + cd.Hk * cd.dk;
+    ga.v = qkv.data() + 2 * cd.Hk * cd.dk;
+    ga.ld = C;
+    ga.g = g.data();
+    ga.beta = beta.data();
+    ga.T = T;
+    ga.dims = cd;
+    ga.state = st_rec.data();
+    ga.out = o_rec.data();
+    cpu::gdn_recurrent(ga);
+    ga.state = st_chk.data();
+    ga.out = o_chk.data();
+    cpu::gdn_chunked(ga);
+    // Tolerance: 2e-4 of the largest |value| absolute plus 1e-4 relative (fp32, different summation orders).
+    auto max_abs = [](const std::vector<float>& v) {
+      float m = 0.0f;
+      for (float x : v) m = std::max(m, std::fabs(x));
+      return m;
+    };
+    const std::string tag = " T=" + std::to_string(T);
+    const auto got_o = o.host(), got_s = dstate.host();
+    expect_close(got_o, o_chk, 2e-4f * max_abs(o_chk), 1e-4f, "gdn chunked output vs cpu chunked" + tag);
+    expect_close(got_o, o_rec, 2e-4f * max_abs(o_rec), 1e-4f, "gdn chunked output vs cpu recurrent" + tag);
+    expect_close(got_s, st_chk, 2e-4f * max_abs(st_chk), 1e-4f, "gdn chunked state vs cpu chunked" + tag);
+    expect_close(got_s, st_rec, 2e-4f * max_abs(st_rec), 1e-4f, "gdn chunked state vs cpu recurrent" + tag);
+    expect_close(o16.host(), o_rec, 2e-4f * max_abs(o_rec), 1e-4f, "gdn chunked(16) output vs cpu recurrent" + tag);
+    expect_close(dstate16.host(), st_rec, 2e-4f * max_abs(st_rec), 1e-4f, "gdn chunked(16) state vs cpu recurrent" + tag);
+  }
+  // Timing at a 4K prefill (printed, not asserted): the chunked form against the recurrence.
+  d.T = 4096;
+  DeviceBuf<float> dqkv(random_floats(rng, size_t(d.T * C), -0.05f, 0.05f)), dg(std::vector<float>(size_t(d.T * d.Hv), -0.1f));
+  DeviceBuf<float> db(std::vector<float>(size_t(d.T * d.Hv), 0.5f)), o(size_t(d.T * d.Hv * d.dv));
+  cudaEvent_t e0, e1;
+  TERN_CUDA(cudaEventCreate(&e0));
+  TERN_CUDA(cudaEventCreate(&e1));
+  for (int chunk : {0, 16, 32, 64}) {
+    for (int rep = 0; rep < 2; ++rep) {
+      TERN_CUDA(cudaEventRecord(e0));
+      if (chunk == 0)
+        gdn_recurrent(dqkv.p, dg.p, db.p, dstate.p, d, o.p, nullptr);
+      else
+        gdn_chunked(dqkv.p, dg.p, db.p, dstate.p, d, o.p, nullptr, chunk);
+      TERN_CUDA(cudaEventRecord(e1));
+      TERN_CUDA(cudaEventSynchronize(e1));
+    }
+    float ms = 0.0f;
+    TERN_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+    std::printf("[gdn timing] T=4096 %s chunk %d: %.3f ms per layer\n", chunk ? "chunked" : "recurrent", chunk, ms);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+}
+
 // ---- attention ----------------------------------------------------------------------------------------------
 
 TEST(CudaAttention, PrefillAndDecodeMatchCpu) {

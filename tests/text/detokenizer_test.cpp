@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <cstdlib>
 #include <random>
 
 #include "core/check.h"
@@ -19,8 +20,9 @@ const Tokenizer& qwen3() {
   return tok;
 }
 
-uint64_t fresh_seed() {
-  uint64_t s = std::random_device{}();
+uint64_t fresh_seed() {  // TERN_TEST_SEED repeats a run
+  const char* env = std::getenv("TERN_TEST_SEED");
+  uint64_t s = env ? std::strtoull(env, nullptr, 10) : std::random_device{}();
   std::printf("seed=%llu\n", static_cast<unsigned long long>(s));
   return s;
 }
@@ -69,7 +71,9 @@ TEST(StreamingDetokenizer, RandomIdsConcatenateToDecode) {
   }
 }
 
-// Reference: the text before the earliest stop string (the longest at a tie), and whether one occurs.
+// Reference: the text before the earliest stop string (the longest at a tie), and whether one occurs. The matcher
+// is checked after every push, as a generator checks after every token: the reference is applied to the text fed
+// so far after each chunk, and the first chunk after which a stop occurs decides (as vLLM does).
 std::pair<std::string, bool> stop_reference(const std::string& text, const std::vector<std::string>& stops) {
   size_t best = std::string::npos;
   for (const auto& s : stops)
@@ -90,16 +94,29 @@ TEST(StopMatcher, RandomChunksMatchTheReference) {
   for (int trial = 0; trial < 3000; ++trial) {
     std::vector<std::string> stops;
     for (int k = int(rng() % 4); k > 0; --k) stops.push_back(random_string(4));
-    std::string text = random_string(40);
-    auto [want, want_stop] = stop_reference(text, stops);
+    const std::string text = random_string(40);
+    std::vector<std::string> chunks;
+    for (size_t pos = 0; pos < text.size();) {
+      chunks.push_back(text.substr(pos, 1 + rng() % 5));
+      pos += chunks.back().size();
+    }
+    std::string want = text;
+    bool want_stop = false;
+    std::string so_far;
+    for (const auto& chunk : chunks) {
+      so_far += chunk;
+      auto [prefix, found] = stop_reference(so_far, stops);
+      if (found) {
+        want = prefix;
+        want_stop = true;
+        break;
+      }
+    }
     StopMatcher m(stops);
     std::string got, fed;
     bool stopped = false;
-    size_t pos = 0;
-    while (pos < text.size() && !stopped) {
-      size_t len = 1 + rng() % 5;
-      std::string chunk = text.substr(pos, len);
-      pos += chunk.size();
+    for (size_t c = 0; c < chunks.size() && !stopped; ++c) {
+      const std::string& chunk = chunks[c];
       fed += chunk;
       auto r = m.push(chunk);
       got += r.text;
@@ -118,7 +135,7 @@ TEST(StopMatcher, RandomChunksMatchTheReference) {
     }
     if (!stopped) got += m.flush();
     EXPECT_EQ(stopped, want_stop) << text;
-    EXPECT_EQ(got, want) << text;
+    EXPECT_EQ(got, want) << text << " stops: " << [&] { std::string all; for (auto& s : stops) all += "[" + s + "]"; return all; }();
   }
 }
 
