@@ -4,6 +4,8 @@
 //   tern bench --synthetic --device cuda --lengths 256,4K,128K --json bench.json --plot bench.svg
 //   tern bench --demo --lengths 256,512          (CPU, the built-in demo model)
 //   tern bench -m DIR                            (a real checkpoint)
+//   tern bench --synthetic --device cuda --prefix-reuse   (turn 2 of a 16K conversation, with and without reuse:
+//                                                          src/engine/bench_prefix.h)
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -16,6 +18,7 @@
 #include "core/thread_pool.h"
 #include "cpu/cpu_runner.h"
 #include "engine/bench_roofline.h"
+#include "engine/bench_prefix.h"
 #include "engine/bench_run.h"
 #include "engine/demo_model.h"
 #include "model/checkpoint.h"
@@ -43,6 +46,9 @@ struct BenchArgs {
   double peak_gb_s = -1, peak_tflop_s = -1;  // -1: the H200 figures of targets.md on CUDA, none on the CPU
   std::string json_path, plot_path;
   bool quiet = false;
+  bool prefix_reuse = false;
+  std::string prefix_context = "16K";
+  int64_t prefix_reply = 256, prefix_next = 256, snapshot_every = 2048;
 };
 
 std::string cpu_description() {
@@ -169,6 +175,24 @@ void run_bench(const BenchArgs& a) {
   }
   if (!a.quiet) o.log = [](const std::string& line) { std::fprintf(stderr, "bench: %s\n", line.c_str()); };
 
+  if (a.prefix_reuse) {
+    PrefixBenchOptions po;
+    const std::vector<int64_t> ctx = bench_parse_lengths(a.prefix_context);
+    TERN_CHECK(ctx.size() == 1, "--prefix-context takes one length, got '", a.prefix_context, "'");
+    po.context = ctx[0];
+    po.reply = a.prefix_reply;
+    po.next = a.prefix_next;
+    po.snapshot_every = a.snapshot_every;
+    if (a.prefill_chunk > 0) po.prefill_chunk = a.prefill_chunk;
+    po.repeats = a.repeats;
+    po.seed = a.seed;
+    po.log = o.log;
+    const PrefixBenchReport pr = bench_prefix_reuse(*runner, po);
+    std::printf("tern bench --prefix-reuse on %s, %s\n", report.device.c_str(), report.model.c_str());
+    std::fputs(bench_prefix_table(pr).c_str(), stdout);
+    std::fflush(stdout);
+    return;
+  }
   BenchReport measured = bench_run(*runner, roofline, o);
   measured.version = TERN_VERSION;
   measured.device = report.device;
@@ -207,6 +231,22 @@ void command_bench(CLI::App& app) {
   sub->add_option("--peak-tflops", args->peak_tflop_s, "Compute ceiling in TFLOP/s (default on CUDA: 790, H200 bf16)");
   sub->add_option("--json", args->json_path, "Write the results as JSON to this file");
   sub->add_option("--plot", args->plot_path, "Write an SVG plot of tok/s against length to this file");
+  sub->add_flag("--prefix-reuse", args->prefix_reuse,
+                "Instead of the table: time to first token of a conversation's second turn with and without "
+                "multi-turn prefix reuse (--prefix-context, --prefix-reply, --prefix-next, --cache-snapshot-every; "
+                "--prefill-chunk, default 2048 here)");
+  sub->add_option("--prefix-context", args->prefix_context, "--prefix-reuse: turn 1's prompt length")
+      ->capture_default_str();
+  sub->add_option("--prefix-reply", args->prefix_reply, "--prefix-reuse: turn 1's reply tokens")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  sub->add_option("--prefix-next", args->prefix_next, "--prefix-reuse: turn 2's new tokens")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  sub->add_option("--cache-snapshot-every", args->snapshot_every,
+                  "--prefix-reuse: snapshot every N tokens of turn 1's prefill (0: only at the ends)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   sub->add_flag("-q,--quiet", args->quiet, "No progress lines on stderr");
   sub->callback([args] { run_bench(*args); });
 }

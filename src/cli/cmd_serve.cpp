@@ -2,15 +2,24 @@
 //
 //   tern serve [-m DIR | --demo] [--host 127.0.0.1] [--port 8080] [--api-key KEY] [--cors-origin ORIGIN]
 //              [--max-queue 64] [-c/--ctx-size N] [--max-body-bytes N] [sampling flags: server-wide defaults]
+//              [--no-prefix-cache] [--cache-snapshot-every 2048] [--cache-gpu-mb 4096] [--cache-host-mb 16384]
+//              [--cache-slots 4]
 //
-// The socket is bound first, so /health answers 503 {"status":"loading"} while the model loads. SIGINT/SIGTERM
-// stop the server; running generations are cancelled.
+// The socket is bound first, so /health answers 503 {"status":"loading"} while the model loads. A failed load
+// prints its error and exits 1 at once. SIGINT/SIGTERM end the process at any time: while loading, at once; once
+// serving, gracefully (stop accepting, cancel running generations, whose streams still end with a finish_reason
+// and [DONE], then exit 0), within a bound; a second signal exits at once.
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <memory>
+#include <mutex>
 #include <thread>
 
 #include "cli/backend_select.h"
@@ -18,6 +27,7 @@
 #include "cli/model_flags.h"
 #include "core/check.h"
 #include "engine/generator.h"
+#include "server/connections.h"
 #include "server/http_server.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
@@ -30,10 +40,28 @@ struct ServeArgs {
   SamplingFlags sampling;
   server::ServerOptions server;
   bool quiet = false;
+  bool no_prefix_cache = false;
+  int64_t cache_gpu_mb = 4096, cache_host_mb = 16384;
 };
 
+constexpr double kGracefulStopS = 10;  // after a signal, running requests get this long to end
+
+// Where the signal thread tells the main thread to stop (once the model is loaded).
+struct StopRequest {
+  std::mutex mutex;
+  std::condition_variable cv;
+  int signal_number = 0;
+  bool serving = false;  // the model is loaded: a signal means a graceful stop (else: exit at once)
+};
+
+void exit_now(const char* why, int signal_number, int status) {
+  std::fprintf(stderr, "tern serve: %s (signal %d)\n", why, signal_number);
+  std::fflush(stderr);
+  _exit(status);
+}
+
 void serve(const ServeArgs& a) {
-  // Signals are taken by this thread (sigwait) only: block them before any other thread starts.
+  // Signals are taken by one thread (sigwait) only: block them before any other thread starts.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGINT);
@@ -43,6 +71,33 @@ void serve(const ServeArgs& a) {
 
   server::ServerOptions options = a.server;
   options.log_requests = !a.quiet;
+  if (!server::is_loopback_host(options.host) && options.api_key.empty())
+    std::fprintf(stderr,
+                 "tern serve: warning: listening on %s without --api-key: anyone who can reach this address can use "
+                 "the model\n",
+                 options.host.c_str());
+
+  // The signal thread: from now on SIGINT/SIGTERM always end the process. Model loading cannot be interrupted,
+  // so a signal during it exits at once; once serving, the main thread stops gracefully; a second signal (or a
+  // graceful stop that overruns its bound) exits at once.
+  static StopRequest stop;  // static: the detached thread may outlive this frame
+  std::thread([stop_signals] {
+    for (int count = 0;; ++count) {
+      int signal_number = 0;
+      if (sigwait(&stop_signals, &signal_number) != 0) continue;
+      std::unique_lock lock(stop.mutex);
+      if (!stop.serving) exit_now("stopping while the model loads", signal_number, 128 + signal_number);
+      if (count > 0) exit_now("second signal: exiting now", signal_number, 128 + signal_number);
+      stop.signal_number = signal_number;
+      stop.cv.notify_all();
+      lock.unlock();
+      std::thread([signal_number] {  // the bound on a graceful stop
+        std::this_thread::sleep_for(std::chrono::duration<double>(kGracefulStopS + 5));
+        exit_now("the graceful stop took too long: exiting now", signal_number, 1);
+      }).detach();
+    }
+  }).detach();
+
   // Declared before the model so that it is torn down (handlers joined, engine thread stopped) before the
   // generator, runner and weights it uses are destroyed.
   auto http_owner = std::make_unique<server::HttpServer>(options);
@@ -81,18 +136,26 @@ void serve(const ServeArgs& a) {
     model.context = ctx;
     model.vocab_size = runner->vocab_real();
     http.set_model(model);
-    std::fprintf(stderr, "tern serve: ready: model '%s' on %s, context %lld tokens, queue depth %zu\n",
+    std::fprintf(stderr, "tern serve: ready: model '%s' on %s, context %lld tokens, queue depth %zu, prefix cache %s\n",
                  model.model_id.c_str(), runner->backend_name().c_str(), static_cast<long long>(ctx),
-                 options.max_queue);
+                 options.max_queue, options.prefix_cache.enabled ? "on" : "off");
   } catch (...) {
-    stop_listener();
+    stop_listener();  // closes the listening socket even when the listener has not started yet
     throw;
   }
 
   int signal_number = 0;
-  sigwait(&stop_signals, &signal_number);
-  std::fprintf(stderr, "tern serve: stopping (signal %d)\n", signal_number);
+  {
+    std::unique_lock lock(stop.mutex);
+    stop.serving = true;
+    stop.cv.wait(lock, [] { return stop.signal_number != 0; });
+    signal_number = stop.signal_number;
+  }
+  std::fprintf(stderr, "tern serve: stopping (signal %d): no new connections; running generations are cancelled\n",
+               signal_number);
   stop_listener();
+  http.wait_stopped(kGracefulStopS);
+  std::fprintf(stderr, "tern serve: stopped\n");
 }
 
 }  // namespace
@@ -104,9 +167,34 @@ void command_serve(CLI::App& app) {
   sampling_flags_add(sub, a->sampling);
   server::ServerOptions& s = a->server;
   sub->add_option("--host", s.host, "Address to listen on (0.0.0.0 for every interface)")->capture_default_str();
-  sub->add_option("--port", s.port, "TCP port (0: any free port, printed at start)")->capture_default_str();
+  sub->add_option("--port", s.port, "TCP port, 1-65535 (0: any free port, printed at start)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
   sub->add_option("--api-key", s.api_key, "Require 'Authorization: Bearer KEY' (except /health and /)");
   sub->add_option("--cors-origin", s.cors_origin, "Send CORS headers allowing this origin (e.g. * or http://host)");
+  sub->add_option("--allowed-hosts", s.allowed_hosts,
+                  "On a loopback address, Host names accepted besides the address and localhost (comma-separated; "
+                  "* for any). Others get 403 (DNS rebinding)")
+      ->delimiter(',');
+  sub->add_flag("--allow-special-in-content", s.allow_special_in_content,
+                "Special tokens typed in chat message content (<|im_start|>, ...) stay control tokens (default: "
+                "they are text)");
+  sub->add_option("--max-connections", s.max_connections, "Open connections in all; more get 503")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  sub->add_option("--max-connections-per-address", s.max_connections_per_address,
+                  "Open connections from one client address; more get 503")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  sub->add_option("--header-timeout", s.header_timeout_s, "Seconds for a request's headers to arrive (408 after)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  sub->add_option("--body-timeout", s.body_timeout_s, "Seconds for a request's body to arrive after its headers")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  sub->add_option("--keep-alive-timeout", s.keep_alive_timeout_s, "Seconds an idle connection stays open")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   sub->add_option("--max-queue", s.max_queue, "Requests that may wait behind the running one; more get 503")
       ->capture_default_str();
   sub->add_option("--max-body-bytes", s.max_body_bytes, "Largest request body; larger ones get 413")
@@ -115,8 +203,34 @@ void command_serve(CLI::App& app) {
   sub->add_flag("--debug-allow-forced-output", s.allow_forced_output,
                 "TESTS ONLY: accept the request field tern_debug_forced_output (text forced as the generated "
                 "tokens; see docs/server.md)");
+  sub->add_flag("--no-prefix-cache", a->no_prefix_cache,
+                "Run every request's whole prompt (no multi-turn prefix reuse; one session)");
+  sub->add_option("--cache-snapshot-every", s.prefix_cache.snapshot_every,
+                  "Prefix cache: snapshot the Gated DeltaNet state every N prompt tokens during a prefill (0: only "
+                  "at the end of the prompt and of the request)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  sub->add_option("--cache-gpu-mb", a->cache_gpu_mb,
+                  "Prefix cache: MiB of snapshots kept in GPU memory (RAM on the CPU backend); beyond, the least "
+                  "recently used move to host memory")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  sub->add_option("--cache-host-mb", a->cache_host_mb,
+                  "Prefix cache: MiB of snapshots kept in (pinned) host memory; beyond, the least recently used are "
+                  "dropped")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  sub->add_option("--cache-slots", s.prefix_cache.slots,
+                  "Prefix cache: conversations cached at once, each in its own session (KV cache region)")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
   sub->add_flag("-q,--quiet", a->quiet, "No request log lines on stderr");
-  sub->callback([a] { serve(*a); });
+  sub->callback([a] {
+    a->server.prefix_cache.enabled = !a->no_prefix_cache;
+    a->server.prefix_cache.gpu_bytes = a->cache_gpu_mb << 20;
+    a->server.prefix_cache.host_bytes = a->cache_host_mb << 20;
+    serve(*a);
+  });
 }
 
 }  // namespace tern::cli

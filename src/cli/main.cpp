@@ -11,17 +11,23 @@ int main(int argc, char** argv) {
   bool show_version = false;
   app.add_flag("--version", show_version, "Print the version and the backends compiled in");
 
+#ifndef TERN_GPU_ONLY
   tern::cli::command_serve(app);
   tern::cli::command_run(app);
   tern::cli::command_generate(app);
+#endif
   tern::cli::command_bench(app);
+#ifndef TERN_GPU_ONLY  // a GPU machine's build without the text and server libraries (CMake TERN_GPU_ONLY)
   tern::cli::command_eval(app);
+#endif
   tern::cli::command_inspect(app);
   tern::cli::command_quantize(app);
+#ifndef TERN_GPU_ONLY
   tern::cli::command_logits(app);
   tern::cli::command_tokenize(app);
   tern::cli::command_detokenize(app);
   tern::cli::command_template(app);
+#endif
 
   try {
     app.parse(argc, argv);

@@ -42,6 +42,68 @@ struct LayerState {
   std::vector<float> conv_state, gdn_state;
 };
 
+// The Gated DeltaNet states of every linear-attention layer at one position. "Device" memory on the CPU is the
+// per-layer vectors; to_host() packs them into one contiguous buffer (and back), so that the prefix cache's
+// eviction path runs, and is tested, exactly as on the GPU.
+class CpuSnapshot final : public StateSnapshot {
+ public:
+  int64_t position() const override { return position_; }
+  size_t bytes() const override { return elems_ * sizeof(float); }
+  bool on_host() const override { return host_; }
+  void to_host() override {
+    if (host_) return;
+    packed_.resize(elems_);
+    size_t o = 0;
+    for (const auto& [conv, rec] : layers_) {
+      std::copy(conv.begin(), conv.end(), packed_.begin() + ptrdiff_t(o));
+      o += conv.size();
+      std::copy(rec.begin(), rec.end(), packed_.begin() + ptrdiff_t(o));
+      o += rec.size();
+    }
+    for (auto& [conv, rec] : layers_) {
+      std::vector<float>().swap(conv);
+      std::vector<float>().swap(rec);
+    }
+    host_ = true;
+  }
+  void to_device() override {
+    if (!host_) return;
+    size_t o = 0;
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      layers_[i].first.assign(packed_.begin() + ptrdiff_t(o), packed_.begin() + ptrdiff_t(o + sizes_[i].first));
+      o += sizes_[i].first;
+      layers_[i].second.assign(packed_.begin() + ptrdiff_t(o), packed_.begin() + ptrdiff_t(o + sizes_[i].second));
+      o += sizes_[i].second;
+    }
+    std::vector<float>().swap(packed_);
+    host_ = false;
+  }
+
+  // Copies layer i's states into (conv, rec), from wherever they are.
+  void read(size_t i, std::vector<float>& conv, std::vector<float>& rec) const {
+    TERN_CHECK(i < layers_.size() && conv.size() == sizes_[i].first && rec.size() == sizes_[i].second,
+               "cpu restore: the snapshot's layer ", i, " does not match the session");
+    if (!host_) {
+      std::copy(layers_[i].first.begin(), layers_[i].first.end(), conv.begin());
+      std::copy(layers_[i].second.begin(), layers_[i].second.end(), rec.begin());
+      return;
+    }
+    size_t o = 0;
+    for (size_t j = 0; j < i; ++j) o += sizes_[j].first + sizes_[j].second;
+    std::copy(packed_.begin() + ptrdiff_t(o), packed_.begin() + ptrdiff_t(o + conv.size()), conv.begin());
+    o += conv.size();
+    std::copy(packed_.begin() + ptrdiff_t(o), packed_.begin() + ptrdiff_t(o + rec.size()), rec.begin());
+  }
+
+  const void* owner_ = nullptr;
+  int64_t position_ = 0;
+  size_t elems_ = 0;
+  bool host_ = false;
+  std::vector<std::pair<std::vector<float>, std::vector<float>>> layers_;  // (conv, rec) per layer; empty: attention
+  std::vector<std::pair<size_t, size_t>> sizes_;                           // their element counts
+  std::vector<float> packed_;                                              // on the host: every layer back to back
+};
+
 class CpuSession final : public Session {
  public:
   CpuSession(const void* owner, const Config& cfg, int64_t capacity) : owner_(owner), capacity_(capacity) {
@@ -55,6 +117,7 @@ class CpuSession final : public Session {
       }
     }
     kv_width_ = int64_t(cfg.num_key_value_heads) * cfg.head_dim;
+    cfg_ = &cfg;
   }
 
   int64_t position() const override { return position_; }
@@ -66,6 +129,35 @@ class CpuSession final : public Session {
       std::fill(l.gdn_state.begin(), l.gdn_state.end(), 0.0f);
     }
   }
+
+  bool can_snapshot() const override { return true; }
+
+  std::unique_ptr<StateSnapshot> snapshot() const override {
+    auto snap = std::make_unique<CpuSnapshot>();
+    snap->owner_ = owner_;
+    snap->position_ = position_;
+    for (const LayerState& l : layers_) {
+      snap->layers_.emplace_back(l.conv_state, l.gdn_state);
+      snap->sizes_.emplace_back(l.conv_state.size(), l.gdn_state.size());
+      snap->elems_ += l.conv_state.size() + l.gdn_state.size();
+    }
+    return snap;
+  }
+
+  void restore(const StateSnapshot& snapshot) override {
+    const auto* snap = dynamic_cast<const CpuSnapshot*>(&snapshot);
+    TERN_CHECK(snap != nullptr && snap->owner_ == owner_, "cpu restore: the snapshot was not made by this runner");
+    TERN_CHECK(snap->position_ <= capacity_ && snap->position_ <= allocated_, "cpu restore: the snapshot is at ",
+               snap->position_, " tokens; this session holds ", allocated_, " KV rows (capacity ", capacity_, ")");
+    TERN_CHECK(snap->layers_.size() == layers_.size(), "cpu restore: the snapshot has ", snap->layers_.size(),
+               " layers, the session ", layers_.size());
+    for (size_t i = 0; i < layers_.size(); ++i) snap->read(i, layers_[i].conv_state, layers_[i].gdn_state);
+    position_ = snap->position_;
+  }
+
+  // Implemented below CpuRunner (needs the config): see copy_kv_prefix.
+  void copy_kv_prefix(const Session& from, int64_t n) override;
+  const Config* cfg_ = nullptr;
 
   // Makes room for `needed` positions in every KV cache (amortised doubling, capped at the capacity).
   void reserve_kv(const Config& cfg, int64_t needed) {
@@ -94,6 +186,26 @@ class CpuSession final : public Session {
   int64_t kv_width_ = 0;
   std::vector<LayerState> layers_;
 };
+
+void CpuSession::copy_kv_prefix(const Session& from, int64_t n) {
+  const auto* src = dynamic_cast<const CpuSession*>(&from);
+  TERN_CHECK(src != nullptr && src->owner_ == owner_, "cpu copy_kv_prefix: the session was not made by this runner");
+  TERN_CHECK(n >= 0 && n <= src->allocated_ && n <= capacity_, "cpu copy_kv_prefix: ", n, " rows from a session of ",
+             src->allocated_, " into one of capacity ", capacity_);
+  if (src == this || n == 0) return;
+  reserve_kv(*cfg_, n);
+  const int Hkv = cfg_->num_key_value_heads;
+  const int64_t dh = cfg_->head_dim;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    if (cfg_->layer_types[i] != LayerType::full_attention) continue;
+    for (int h = 0; h < Hkv; ++h) {
+      std::memcpy(layers_[i].k_cache.data() + h * allocated_ * dh, src->layers_[i].k_cache.data() + h * src->allocated_ * dh,
+                  size_t(n * dh) * sizeof(float));
+      std::memcpy(layers_[i].v_cache.data() + h * allocated_ * dh, src->layers_[i].v_cache.data() + h * src->allocated_ * dh,
+                  size_t(n * dh) * sizeof(float));
+    }
+  }
+}
 
 class CpuRunner final : public ModelRunner {
  public:

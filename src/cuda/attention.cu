@@ -1,188 +1,713 @@
 #include "cuda/attention.cuh"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/check.h"
+#include "cpu/ops_rope.h"
 #include "cuda/cuda_common.cuh"
 #include "cuda/dmat_device.cuh"
+#include "cuda/launch.cuh"
+#include "cuda/warp_reduce.cuh"
 
 namespace tern::cuda {
 namespace {
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
+constexpr int kBlockKeys = 64;        // keys per K/V tile in shared memory (both paths)
+constexpr int kPrefillRows = 64;      // new tokens per prefill block: 4 warps × 16 rows
+constexpr int kDecodeMaxTokens = 8;   // T <= 8 takes the split-KV decode path
+constexpr int kDecodeMaxRows = 64;    // T·(Hq/Hkv) query rows per decode block: 4 warps × 16 rows at most
+constexpr int kMaxRopeHalf = 64;      // rot/2 <= 64
+constexpr float kLog2e = 1.4426950408889634f;
+
+// ---- small device helpers -------------------------------------------------------------------------------------
+
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+// 16-byte global -> shared copy (L2 only); the destination is zero-filled and the source not read when !valid.
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
 }
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// Waits until at most n (0..3) committed groups are pending.
+__device__ __forceinline__ void cp_async_wait_dyn(int n) {
+  if (n <= 0) cp_async_wait<0>();
+  else if (n == 1) cp_async_wait<1>();
+  else if (n == 2) cp_async_wait<2>();
+  else cp_async_wait<3>();
 }
 
+// Four 8×8 bf16 matrices; lanes 8i..8i+7 address the rows of matrix i; register i of lane (g = lane/4, c = lane%4)
+// holds matrix i's row g, columns 2c, 2c+1 (.trans: rows 2c, 2c+1 of column g).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// c[16×8] += a[16×16] · b[16×8], bf16 inputs, fp32 accumulators. Fragments (g = lane/4, c = lane%4):
+//   a0 (g, 2c..2c+1), a1 (g+8, 2c..), a2 (g, 2c+8..), a3 (g+8, 2c+8..);  b0 (k 2c..2c+1, n g), b1 (k 2c+8.., n g);
+//   c0 (g, 2c), c1 (g, 2c+1), c2 (g+8, 2c), c3 (g+8, 2c+1).
+__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats -> packed bf16 pair (round to nearest even), `lo` in the low half (the lower column).
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// Byte offset of 16-byte chunk c of row r in a [rows][DH] bf16 tile. The chunk index is XOR-swizzled with r % 8, so
+// the 8 rows an ldmatrix reads at one logical chunk land in 8 distinct bank groups (no conflicts, no padding).
+template <int DH>
+__device__ __forceinline__ uint32_t swz(int r, int c) {
+  return uint32_t(r * (DH * 2) + ((c ^ (r & 7)) << 4));
+}
+
+// 8 fp32 values -> one 16-byte chunk of bf16.
+__device__ __forceinline__ uint4 load8_as_bf16(const float* src) {
+  const float4 a = reinterpret_cast<const float4*>(src)[0], b = reinterpret_cast<const float4*>(src)[1];
+  return make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
+}
+
+__device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// One online-softmax step for a warp's 16 rows (this thread: rows g and g+8, hf = 0/1) over SN·8 new scores s (raw
+// q·k, −inf where masked). m: running raw max; l: this thread's partial row sum (its own columns; the 4 threads of a
+// row are summed at the end); o: the output accumulators, rescaled. On return s holds p = 2^(s·sl − m·sl).
+template <int SN, int NT>
+__device__ __forceinline__ void online_softmax(float (&s)[SN][4], float (&m)[2], float (&l)[2], float (&o)[NT][4],
+                                               float sl) {
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < SN; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * hf], s[n][2 * hf + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m[hf], mx);
+    const float base = m_new == -INFINITY ? 0.0f : m_new * sl;  // a row with no key yet: everything stays 0
+    const float corr = exp2f(m[hf] * sl - base);                 // 0 when m was −inf
+    m[hf] = m_new;
+    float sum = 0.0f;
+#pragma unroll
+    for (int n = 0; n < SN; ++n) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float p = exp2f(fmaf(s[n][2 * hf + e], sl, -base));
+        s[n][2 * hf + e] = p;
+        sum += p;
+      }
+    }
+    l[hf] = l[hf] * corr + sum;
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      o[n][2 * hf] *= corr;
+      o[n][2 * hf + 1] *= corr;
+    }
+  }
+}
+
+// Per-lane byte offsets for ldmatrix over swizzled tiles. A logical chunk c = 8·hi + lo (lo < 8) of row r sits at
+// r·2·DH + 128·hi + 16·(lo ^ (r & 7)); the lanes' rows are ≡ lane (mod 8) in every use below, so the lane-dependent
+// part only depends on lo, and the 4 even values of lo give 4 base offsets; the rest are immediates.
+template <int DH>
+struct LdmOffsets {
+  uint32_t base[4];
+  // rows: row0 + (lane & 7) + 8·row_bit; chunk low part: 2·i + chunk_bit, i < 4.
+  __device__ __forceinline__ LdmOffsets(int row0, int lane, int row_bit, int chunk_bit) {
+    const int r = row0 + (lane & 7) + 8 * row_bit;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) base[i] = uint32_t(r * DH * 2 + (((2 * i + chunk_bit) ^ (r & 7)) << 4));
+  }
+  // Offset of the 8×8 matrix at logical chunk 2·k (k < DH/16) and `rows` rows further down (a multiple of 8).
+  __device__ __forceinline__ uint32_t at(int k, int rows) const {
+    return base[k & 3] + uint32_t((k >> 2) * 128 + rows * DH * 2);
+  }
+};
+
+// S[16 rows][SN·8 keys] = Q[rows q_row0..+15] · K[keys k_row0..]ᵀ over DH dims (both swizzled bf16 tiles in smem).
+template <int DH, int SN>
+__device__ __forceinline__ void scores_qk(float (&s)[SN][4], uint32_t sq, int q_row0, uint32_t sk, int k_row0,
+                                          int lane) {
+  // Q matrices: (rows 0-7, dims 16kk..+7), (rows 8-15, same), (rows 0-7, dims +8..+15), (rows 8-15, +8..)
+  const LdmOffsets<DH> qo(q_row0, lane, (lane >> 3) & 1, lane >> 4);
+  // K matrices: (keys 16p+0-7, dims 16kk..+7), (same keys, +8..+15), (keys 16p+8-15, 16kk..), (keys +8-15, +8..)
+  const LdmOffsets<DH> ko(k_row0, lane, lane >> 4, (lane >> 3) & 1);
+#pragma unroll
+  for (int n = 0; n < SN; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < DH / 16; ++kk) {
+    uint32_t a[4];
+    ldmatrix_x4(a, sq + qo.at(kk, 0));
+#pragma unroll
+    for (int p = 0; p < SN / 2; ++p) {
+      uint32_t b[4];
+      ldmatrix_x4(b, sk + ko.at(kk, 16 * p));
+      mma_bf16(s[2 * p], a, b[0], b[1]);
+      mma_bf16(s[2 * p + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// O[16 rows][DH] += P[16 rows][SN·8 keys] · V[keys v_row0..][DH], P from the score accumulators (bf16-rounded).
+template <int DH, int SN>
+__device__ __forceinline__ void accumulate_pv(float (&o)[DH / 8][4], const float (&p)[SN][4], uint32_t sv, int v_row0,
+                                              int lane) {
+  // .trans matrices: (keys 0-7, dims 16np..+7), (keys 8-15, same dims), (keys 0-7, dims +8..), (keys 8-15, +8..)
+  const LdmOffsets<DH> vo(v_row0, lane, (lane >> 3) & 1, lane >> 4);
+#pragma unroll
+  for (int kk = 0; kk < SN / 2; ++kk) {
+    uint32_t a[4];
+    a[0] = pack_bf16(p[2 * kk][0], p[2 * kk][1]);
+    a[1] = pack_bf16(p[2 * kk][2], p[2 * kk][3]);
+    a[2] = pack_bf16(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+    a[3] = pack_bf16(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+#pragma unroll
+    for (int np = 0; np < DH / 16; ++np) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, sv + vo.at(np, 16 * kk));
+      mma_bf16(o[2 * np], a, b[0], b[1]);
+      mma_bf16(o[2 * np + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// Masks (−inf) the scores of keys past each row's last visible key. rel_limit[hf]: that key minus the first key of
+// the slice (clamped to [-1, SN·8]); this thread's columns are 8n + 2c + e.
+template <int SN>
+__device__ __forceinline__ void mask_scores(float (&s)[SN][4], const int (&rel_limit)[2], int qd) {
+#pragma unroll
+  for (int n = 0; n < SN; ++n)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        if (8 * n + 2 * qd + e > rel_limit[hf]) s[n][2 * hf + e] = -INFINITY;
+}
+
+__device__ __forceinline__ int clamp_rel(int64_t x, int hi) { return x < -1 ? -1 : x > hi ? hi : int(x); }
+
+// This thread's share of copying rows [0, 64) of a [rows][DH] bf16 tile from global (row stride DH) into a
+// swizzled smem tile: rows tid/CH + i·(128/CH), chunk tid%CH. Rows >= valid_rows are zero-filled, not read.
+template <int DH>
+__device__ __forceinline__ void copy_tile_async(uint32_t dst, const uint16_t* src, int valid_rows, int tid) {
+  constexpr int CH = DH / 8, RP = 128 / CH;
+  const int c = tid % CH, r0 = tid / CH;
+  const uint16_t* s = src + r0 * DH + c * 8;
+#pragma unroll
+  for (int i = 0; i < kBlockKeys / RP; ++i) {
+    const int r = r0 + i * RP;
+    cp_async_16(dst + swz<DH>(r, c), s + i * RP * DH, r < valid_rows);
+  }
+}
+
+// ---- attn_prepare -----------------------------------------------------------------------------------------------
+
+struct RopeFreqs {
+  float inv[kMaxRopeHalf];  // f_i = 1/θ^(2i/rot), computed on the host exactly as the CPU twin does
+};
+
 // One warp per (token, head) for Hq query heads then Hkv key heads then Hkv value heads. dh <= 512.
-__global__ void attn_prepare_kernel(const float* qg, const float* k, const float* v, const float* q_norm,
-                                    const float* k_norm, const int* pos0, AttnDims d, float* q_out, uint16_t* cache_k,
-                                    uint16_t* cache_v) {
+__global__ void __launch_bounds__(256) attn_prepare_kernel(const float* qg, const float* k, const float* v,
+                                                           const float* q_norm, const float* k_norm, const int* pos0,
+                                                           AttnDims d, RopeFreqs freqs, float* q_out,
+                                                           uint16_t* cache_k, uint16_t* cache_v) {
   __shared__ float buf[8][512];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int heads = d.Hq + 2 * d.Hkv;
   const int64_t task = int64_t(blockIdx.x) * 8 + warp;
+  pdl_wait();
+  pdl_trigger();
   if (task >= d.T * heads) return;
   const int64_t t = task / heads;
   const int h = int(task % heads);
   const int64_t pos = int64_t(*pos0) + t;
-  float* x = buf[warp];
-  if (h >= d.Hq + d.Hkv) {  // value head: plain copy into the cache
+  if (h >= d.Hq + d.Hkv) {  // value head: plain copy into the cache, 4 values per lane per step
     const int kvh = h - d.Hq - d.Hkv;
-    const float* src = v + t * d.Hkv * d.dh + int64_t(kvh) * d.dh;
-    uint16_t* dst = cache_v + (int64_t(kvh) * d.capacity + pos) * d.dh;
-    for (int i = lane; i < d.dh; i += 32) dst[i] = float_to_bf16_bits(src[i]);
+    const float4* src = reinterpret_cast<const float4*>(v + (t * d.Hkv + kvh) * d.dh);
+    uint2* dst = reinterpret_cast<uint2*>(cache_v + (int64_t(kvh) * d.capacity + pos) * d.dh);
+    for (int i = lane; i < d.dh / 4; i += 32) {
+      const float4 x = src[i];
+      dst[i] = make_uint2(pack_bf16(x.x, x.y), pack_bf16(x.z, x.w));
+    }
     return;
   }
   const bool is_q = h < d.Hq;
-  const float* src = is_q ? qg + t * d.Hq * 2 * d.dh + int64_t(h) * 2 * d.dh : k + t * d.Hkv * d.dh + int64_t(h - d.Hq) * d.dh;
+  const float* src = is_q ? qg + (t * d.Hq + h) * 2 * d.dh : k + (t * d.Hkv + (h - d.Hq)) * d.dh;
   const float* w = is_q ? q_norm : k_norm;
+  float* x = buf[warp];
   float ss = 0.0f;
-  for (int i = lane; i < d.dh; i += 32) {
-    x[i] = src[i];
-    ss += x[i] * x[i];
+  for (int i = lane; i < d.dh / 4; i += 32) {
+    const float4 a = reinterpret_cast<const float4*>(src)[i];
+    reinterpret_cast<float4*>(x)[i] = a;
+    ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
   }
   const float inv = rsqrtf(warp_sum(ss) / float(d.dh) + d.eps);
+  __syncwarp();
   for (int i = lane; i < d.dh; i += 32) x[i] = x[i] * inv * w[i];
   __syncwarp();
   const int half = d.rot / 2;
-  float y[16];  // dh / 32 <= 16
-  int n = 0;
-  for (int i = lane; i < d.dh; i += 32, ++n) {
+  float* q_dst = q_out + (t * d.Hq + h) * int64_t(d.dh);
+  uint16_t* k_dst = cache_k + (int64_t(h - d.Hq) * d.capacity + pos) * d.dh;
+  for (int i = lane; i < d.dh; i += 32) {
     float val = x[i];
     if (i < d.rot) {
       const int j = i < half ? i : i - half;
-      const float inv_freq = 1.0f / powf(d.theta, float(2 * j) / float(d.rot));
-      const float ang = float(pos) * inv_freq;
+      const float ang = float(pos) * freqs.inv[j];  // fp32 product, as the CPU twin
       float sn, cs;
       sincosf(ang, &sn, &cs);
       val = i < half ? x[i] * cs - x[i + half] * sn : x[i] * cs + x[i - half] * sn;
     }
-    y[n] = val;
-  }
-  n = 0;
-  if (is_q) {
-    float* dst = q_out + (t * d.Hq + h) * int64_t(d.dh);
-    for (int i = lane; i < d.dh; i += 32, ++n) dst[i] = y[n];
-  } else {
-    uint16_t* dst = cache_k + (int64_t(h - d.Hq) * d.capacity + pos) * d.dh;
-    for (int i = lane; i < d.dh; i += 32, ++n) dst[i] = float_to_bf16_bits(y[n]);
+    if (is_q)
+      q_dst[i] = val;
+    else
+      k_dst[i] = float_to_bf16_bits(val);
   }
 }
 
-constexpr int kKeysPerTile = 32;
+// ---- prefill: flash attention, one block per (query head, 64 new tokens) ------------------------------------------
+//
+// Warp w owns query rows 16w..16w+15 of the tile (tokens t0 + row), the whole head dim: O is 16×DH fp32 in registers
+// (DH/8 m16n8 accumulators). Shared memory: Q [64][DH], K [64][DH], V [64][DH] bf16, swizzled (96 KB at DH = 256:
+// two blocks per SM). The K and V tiles are single-buffered and overlapped as in FlashAttention-2: V_j streams in
+// while S = Q·K_jᵀ is computed, K_{j+1} while O += P·V_j. Key tiles run 0 → the diagonal; keys past the block's last
+// token (or past the cache rows written) are zero-filled and masked.
 
-// Block = (kv head, split, token); warp w = query head kvh·G + w. Each lane scores one key of the tile, then every
-// lane accumulates dh/32 output dims. Online softmax; writes the unnormalised partial o with its max m and sum l.
 template <int DH>
-__global__ void attention_split_kernel(const float* q, const uint16_t* cache_k, const uint16_t* cache_v,
-                                       const int* pos0, AttnDims d, int splits, float* part_o, float* part_m,
-                                       float* part_l) {
-  constexpr int KW = DH / 2 + 1;  // K row stride in 32-bit words (odd: conflict-free per-lane rows)
-  constexpr int DPL = DH / 32;    // output dims per lane
-  extern __shared__ uint32_t smem[];
-  uint32_t* ks = smem;                                                   // [32][KW] bf16 pairs
-  uint16_t* vs = reinterpret_cast<uint16_t*>(smem + kKeysPerTile * KW);  // [32][DH]
-  float* qs = reinterpret_cast<float*>(vs + kKeysPerTile * DH);          // [G][DH]
-  const int G = d.Hq / d.Hkv;
-  const int kvh = blockIdx.x, split = blockIdx.y;
-  const int64_t t = blockIdx.z;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int h = kvh * G + warp;
-  const int64_t L = int64_t(*pos0) + t + 1;
-  const int64_t chunk = (L + splits - 1) / splits;
-  const int64_t k_begin = split * chunk, k_end = k_begin + chunk < L ? k_begin + chunk : L;
-  for (int i = lane; i < DH; i += 32) qs[warp * DH + i] = q[(t * d.Hq + h) * DH + i];
-  const float scale = rsqrtf(float(DH));
-  float m = -INFINITY, l = 0.0f, acc[DPL];
-#pragma unroll
-  for (int i = 0; i < DPL; ++i) acc[i] = 0.0f;
+constexpr size_t prefill_smem_bytes() {
+  return size_t(kPrefillRows + 2 * kBlockKeys) * DH * 2;
+}
+
+template <int DH>
+__global__ void __launch_bounds__(128, 2)
+    attention_prefill_kernel(const float* q, const float* qg, const uint16_t* cache_k, const uint16_t* cache_v,
+                             const int* pos0_ptr, AttnDims d, float* out) {
+  constexpr int BM = kPrefillRows, BN = kBlockKeys, CH = DH / 8, NT = DH / 8;
+  extern __shared__ __align__(128) uint8_t smem[];
+  const uint32_t sq = smem_addr(smem), sk = sq + BM * DH * 2, sv = sk + BN * DH * 2;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, qd = lane & 3;
+  const int h = blockIdx.x, kvh = h / (d.Hq / d.Hkv);
+  const int64_t t0 = int64_t(gridDim.y - 1 - blockIdx.y) * BM;  // the longest rows (latest tokens) start first
+  const int64_t T = d.T;
+
+  pdl_wait();
+  pdl_trigger();
+  const int64_t pos0 = *pos0_ptr;
+  const int rows = int(T - t0 < BM ? T - t0 : BM);
+  const int64_t kv_end = pos0 + t0 + rows;  // keys [0, kv_end) are read
+  const int n_tiles = int((kv_end + BN - 1) / BN);
   const uint16_t* Kh = cache_k + int64_t(kvh) * d.capacity * DH;
   const uint16_t* Vh = cache_v + int64_t(kvh) * d.capacity * DH;
-  for (int64_t k0 = k_begin; k0 < k_end; k0 += kKeysPerTile) {
-    const int nk = int(k_end - k0 < kKeysPerTile ? k_end - k0 : kKeysPerTile);
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < nk * (DH / 2); idx += blockDim.x) {
-      const int r = idx / (DH / 2), c = idx % (DH / 2);
-      ks[r * KW + c] = reinterpret_cast<const uint32_t*>(Kh + (k0 + r) * DH)[c];
-    }
-    for (int idx = threadIdx.x; idx < nk * (DH / 8); idx += blockDim.x) {
-      const int r = idx / (DH / 8), c = idx % (DH / 8);
-      reinterpret_cast<uint4*>(vs + r * DH)[c] = reinterpret_cast<const uint4*>(Vh + (k0 + r) * DH)[c];
-    }
-    __syncthreads();
-    float s = -INFINITY;
-    if (lane < nk) {
-      const uint32_t* kr = ks + lane * KW;
-      const float* qq = qs + warp * DH;
-      float dot = 0.0f;
-#pragma unroll 8
-      for (int c = 0; c < DH / 2; ++c) {
-        const uint32_t kk = kr[c];
-        dot += qq[2 * c] * __uint_as_float(kk << 16) + qq[2 * c + 1] * __uint_as_float(kk & 0xffff0000u);
-      }
-      s = dot * scale;
-    }
-    const float m_new = fmaxf(m, warp_max(s));
-    const float p = lane < nk ? expf(s - m_new) : 0.0f;
-    const float corr = expf(m - m_new);
-    l = l * corr + warp_sum(p);
-#pragma unroll
-    for (int i = 0; i < DPL; ++i) acc[i] *= corr;
-    for (int j = 0; j < nk; ++j) {
-      const float pj = __shfl_sync(0xffffffffu, p, j);
-      const uint16_t* vr = vs + j * DH + lane * DPL;
-#pragma unroll
-      for (int i = 0; i < DPL; ++i) acc[i] += pj * bf16_bits_to_float(vr[i]);
-    }
-    m = m_new;
+
+  auto load_tile = [&](uint32_t dst, const uint16_t* base, int64_t k0) {
+    copy_tile_async<DH>(dst, base + k0 * DH, int(kv_end - k0 < BN ? kv_end - k0 : BN), tid);
+  };
+
+  load_tile(sk, Kh, 0);
+  cp_async_commit();
+  // Q tile, fp32 -> bf16; rows past T are zero.
+#pragma unroll 4
+  for (int it = 0; it < BM * CH / 128; ++it) {
+    const int i = tid + it * 128, r = i / CH, c = i % CH;
+    uint4 val = make_uint4(0u, 0u, 0u, 0u);
+    if (r < rows) val = load8_as_bf16(q + ((t0 + r) * d.Hq + h) * DH + c * 8);
+    *reinterpret_cast<uint4*>(smem + swz<DH>(r, c)) = val;
   }
-  if (warp >= G) return;
-  const int64_t pi = (t * d.Hq + h) * splits + split;
+
+  const float sl = rsqrtf(float(DH)) * kLog2e;
+  const int row0 = warp * 16;
+  // Last key each of this thread's rows (g, g+8) may see; rows past T see every loaded key (their output is dropped).
+  int64_t limit[2];
 #pragma unroll
-  for (int i = 0; i < DPL; ++i) part_o[pi * DH + lane * DPL + i] = acc[i];
-  if (lane == 0) {
-    part_m[pi] = m;
-    part_l[pi] = l;
+  for (int hf = 0; hf < 2; ++hf) {
+    const int64_t lim = pos0 + t0 + row0 + g + 8 * hf;
+    limit[hf] = lim < kv_end - 1 ? lim : kv_end - 1;
+  }
+  const int64_t warp_first_limit = pos0 + t0 + row0 < kv_end - 1 ? pos0 + t0 + row0 : kv_end - 1;
+
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float o[NT][4];
+#pragma unroll
+  for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+
+  for (int j = 0; j < n_tiles; ++j) {
+    const int64_t k0 = int64_t(j) * BN;
+    cp_async_wait<0>();
+    __syncthreads();  // K_j (and Q) are in; every warp is done with V_{j-1}
+    load_tile(sv, Vh, k0);
+    cp_async_commit();
+
+    float s[BN / 8][4];
+    scores_qk<DH, BN / 8>(s, sq, row0, sk, 0, lane);
+    if (k0 + BN - 1 > warp_first_limit) {  // the diagonal (or the end of the written keys) crosses this tile
+      const int rel[2] = {clamp_rel(limit[0] - k0, BN), clamp_rel(limit[1] - k0, BN)};
+      mask_scores<BN / 8>(s, rel, qd);
+    }
+    online_softmax<BN / 8, NT>(s, m, l, o, sl);
+
+    cp_async_wait<0>();
+    __syncthreads();  // V_j is in; every warp is done with K_j
+    if (j + 1 < n_tiles) load_tile(sk, Kh, k0 + BN);
+    cp_async_commit();
+
+    accumulate_pv<DH, BN / 8>(o, s, sv, 0, lane);
+  }
+  cp_async_wait<0>();
+
+  // out = O / l · sigmoid(gate)
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float lt = l[hf];
+    lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+    lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+    const float inv = 1.0f / lt;
+    const int64_t t = t0 + row0 + g + 8 * hf;
+    if (t < T) {
+      const float* gate = qg + (t * d.Hq + h) * 2 * DH + DH;
+      float* dst = out + (t * d.Hq + h) * DH;
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        const int col = 8 * n + 2 * qd;
+        const float2 gv = *reinterpret_cast<const float2*>(gate + col);
+        *reinterpret_cast<float2*>(dst + col) =
+            make_float2(o[n][2 * hf] * inv * sigmoidf(gv.x), o[n][2 * hf + 1] * inv * sigmoidf(gv.y));
+      }
+    }
   }
 }
 
-// out[t, h·dh + i] = (Σ_s e^{m_s−M} o_s[i]) / (Σ_s e^{m_s−M} l_s) · sigmoid(gate[t, h, i]).
-// The split weights are computed once per block; every output element then sums independent loads.
-__global__ void attention_merge_kernel(const float* part_o, const float* part_m, const float* part_l, const float* qg,
-                                       AttnDims d, int splits, float* out) {
-  __shared__ float wts[64];
-  const int64_t th = blockIdx.x;  // t·Hq + h
-  const int64_t t = th / d.Hq;
-  const int h = int(th % d.Hq);
-  if (threadIdx.x < 32) {
-    float M = -INFINITY;
-    for (int s = threadIdx.x; s < splits; s += 32) M = fmaxf(M, part_m[th * splits + s]);
-    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-    float L = 0.0f;
-    for (int s = threadIdx.x; s < splits; s += 32) {
-      const float ms = part_m[th * splits + s];
-      const float e = ms == -INFINITY ? 0.0f : expf(ms - M);
-      wts[s] = e;
-      L += e * part_l[th * splits + s];
+// ---- decode: split-KV flash decoding with the query heads of a KV head packed on the rows ------------------------
+//
+// Block (KV head, split) over keys [tile_begin·64, tile_end·64) ∩ [0, pos0 + T); query rows r = t·G + hg (token t,
+// head kvh·G + hg), R = T·G <= 16·RW. Warp w = kw·RW + rw handles rows 16rw..16rw+15 and keys 16·(4/RW)… of each tile:
+// KW = 4/RW warps split a tile's 64 keys (T·G <= 16: four warps of 16 keys each). K/V tiles stream through a
+// `stages`-deep cp.async ring; the KW key-warps are combined in shared memory at the end and the block writes the
+// unnormalised partial o with its max m (log2 units) and sum l. Empty splits write m = −inf, l = 0 and no o.
+
+template <int DH, int RW>
+constexpr size_t decode_smem_bytes(int stages) {
+  const size_t q = size_t(16 * RW) * DH * 2, stats = 2 * 4 * 16 * sizeof(float);
+  const size_t tiles = size_t(stages) * 2 * kBlockKeys * DH * 2, merge = 4 * 16 * size_t(DH + 8) * sizeof(float);
+  return q + stats + (tiles > merge ? tiles : merge);
+}
+
+template <int DH, int RW>
+__global__ void __launch_bounds__(128, 1)
+    attention_decode_split_kernel(const float* q, const uint16_t* cache_k, const uint16_t* cache_v,
+                                  const int* pos0_ptr, AttnDims d, int splits, int stages, float* part_o,
+                                  float* part_m, float* part_l) {
+  constexpr int BN = kBlockKeys, CH = DH / 8, NT = DH / 8;
+  constexpr int KW = 4 / RW, KPW = BN / KW, SN = KPW / 8;
+  constexpr int QROWS = 16 * RW, TILE = BN * DH * 2, OSTRIDE = DH + 8;
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint8_t* sQ = smem;                                            // [QROWS][DH] bf16, swizzled
+  float* s_m = reinterpret_cast<float*>(smem + QROWS * DH * 2);  // [4 warps][16 rows]
+  float* s_l = s_m + 4 * 16;
+  uint8_t* ring = reinterpret_cast<uint8_t*>(s_l + 4 * 16);     // stages × {K [64][DH], V [64][DH]}
+  float* sO = reinterpret_cast<float*>(ring);                     // after the loop: [4 warps][16][OSTRIDE] fp32
+  const uint32_t sq = smem_addr(sQ), sring = smem_addr(ring);
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, qd = lane & 3;
+  const int rw = warp % RW, kw = warp / RW;
+  const int kvh = blockIdx.x, split = blockIdx.y;
+  const int G = d.Hq / d.Hkv, R = int(d.T) * G;
+
+  pdl_wait();
+  pdl_trigger();
+  const int64_t pos0 = *pos0_ptr, L = pos0 + d.T;  // keys [0, L)
+  const int64_t n_tiles = (L + BN - 1) / BN;
+  const int64_t tb = split * n_tiles / splits, te = (split + 1) * n_tiles / splits;
+  auto part_index = [&](int r) { return (int64_t(r / G) * d.Hq + kvh * G + r % G) * splits + split; };
+  if (tb >= te) {
+    for (int r = tid; r < R; r += blockDim.x) {
+      part_m[part_index(r)] = -INFINITY;
+      part_l[part_index(r)] = 0.0f;
     }
-    for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
-    if (threadIdx.x == 0) wts[63] = 1.0f / L;
+    return;
+  }
+  const uint16_t* Kh = cache_k + int64_t(kvh) * d.capacity * DH;
+  const uint16_t* Vh = cache_v + int64_t(kvh) * d.capacity * DH;
+  auto load_tile = [&](int64_t tile, int stage) {
+    const uint32_t dk = sring + uint32_t(stage) * 2 * TILE;
+    const int64_t k0 = tile * BN;
+    const int valid = int(L - k0 < BN ? L - k0 : BN);
+    copy_tile_async<DH>(dk, Kh + k0 * DH, valid, tid);
+    copy_tile_async<DH>(dk + TILE, Vh + k0 * DH, valid, tid);
+  };
+  for (int s = 0; s < stages - 1; ++s) {
+    if (tb + s < te) load_tile(tb + s, s);
+    cp_async_commit();
+  }
+  // Q rows, fp32 -> bf16; rows past R are zero.
+#pragma unroll
+  for (int it = 0; it < QROWS * CH / 128; ++it) {
+    const int i = tid + it * 128, r = i / CH, c = i % CH;
+    uint4 val = make_uint4(0u, 0u, 0u, 0u);
+    if (r < R) val = load8_as_bf16(q + ((int64_t(r / G) * d.Hq + kvh * G + r % G) * DH + c * 8));
+    *reinterpret_cast<uint4*>(sQ + swz<DH>(r, c)) = val;
+  }
+
+  const float sl = rsqrtf(float(DH)) * kLog2e;
+  const int row0 = 16 * rw, kb = kw * KPW;
+  int64_t limit[2];  // last key of this thread's rows: pos0 + t; padding rows see all keys
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int r = row0 + g + 8 * hf;
+    limit[hf] = r < R ? pos0 + r / G : L - 1;
+  }
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float o[NT][4];
+#pragma unroll
+  for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+
+  for (int64_t j = tb; j < te; ++j) {
+    const int i = int(j - tb);
+    if (j + stages - 1 < te) load_tile(j + stages - 1, (i + stages - 1) % stages);  // the stage read at i - 1
+    cp_async_commit();
+    cp_async_wait_dyn(stages - 1);
+    __syncthreads();  // tile j is in for every thread
+    const uint32_t sk = sring + uint32_t(i % stages) * 2 * TILE, sv = sk + TILE;
+    float s[SN][4];
+    scores_qk<DH, SN>(s, sq, row0, sk, kb, lane);
+    const int64_t k0 = j * BN + kb;
+    if (k0 + KPW - 1 > pos0) {  // keys past pos0 (the new tokens', or past L) are in this slice
+      const int rel[2] = {clamp_rel(limit[0] - k0, KPW), clamp_rel(limit[1] - k0, KPW)};
+      mask_scores<SN>(s, rel, qd);
+    }
+    online_softmax<SN, NT>(s, m, l, o, sl);
+    accumulate_pv<DH, SN>(o, s, sv, kb, lane);
+    __syncthreads();  // every warp is done with this stage before it is refilled
+  }
+  cp_async_wait<0>();
+
+  // Combine the KW key-warps of each row group through shared memory (the ring is free now).
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float lt = l[hf];
+    lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+    lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+    if (qd == 0) {
+      s_m[warp * 16 + g + 8 * hf] = m[hf];
+      s_l[warp * 16 + g + 8 * hf] = lt;
+    }
+    float* row = sO + (warp * 16 + g + 8 * hf) * OSTRIDE;
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+      *reinterpret_cast<float2*>(row + 8 * n + 2 * qd) = make_float2(o[n][2 * hf], o[n][2 * hf + 1]);
   }
   __syncthreads();
-  const float invL = wts[63];
-  for (int i = threadIdx.x; i < d.dh; i += blockDim.x) {
-    float o = 0.0f;
-#pragma unroll 8
-    for (int s = 0; s < splits; ++s) o += wts[s] * part_o[(th * splits + s) * d.dh + i];
-    const float gate = qg[t * d.Hq * 2 * d.dh + int64_t(h) * 2 * d.dh + d.dh + i];
-    out[t * d.Hq * d.dh + int64_t(h) * d.dh + i] = o * invL / (1.0f + expf(-gate));
+  constexpr int C4 = DH / 4;
+  for (int i = tid; i < R * C4; i += 128) {
+    const int r = i / C4, c = i % C4, rg = r / 16, rr = r % 16;
+    float M = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < KW; ++k) M = fmaxf(M, s_m[(k * RW + rg) * 16 + rr]);
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float lsum = 0.0f;
+    if (M != -INFINITY) {
+#pragma unroll
+      for (int k = 0; k < KW; ++k) {
+        const int w = k * RW + rg;
+        const float wt = exp2f((s_m[w * 16 + rr] - M) * sl);  // 0 for a warp that saw no key of this row
+        const float4 v = *reinterpret_cast<const float4*>(sO + (w * 16 + rr) * OSTRIDE + 4 * c);
+        acc.x += wt * v.x;
+        acc.y += wt * v.y;
+        acc.z += wt * v.z;
+        acc.w += wt * v.w;
+        lsum += wt * s_l[w * 16 + rr];
+      }
+    }
+    const int64_t pi = part_index(r);
+    *reinterpret_cast<float4*>(part_o + pi * DH + 4 * c) = acc;
+    if (c == 0) {
+      part_m[pi] = M == -INFINITY ? -INFINITY : M * sl;
+      part_l[pi] = lsum;
+    }
+  }
+}
+
+// out[t, h·dh + i] = (Σ_s 2^{m_s−M} o_s[i]) / (Σ_s 2^{m_s−M} l_s) · sigmoid(gate[t, h, i]); one block per (t, h).
+// Thread (split group sg, column quad c) sums splits sg, sg + SG, ...; splits of weight 0 (empty) are not read.
+template <int DH>
+__global__ void __launch_bounds__(256)
+    attention_decode_merge_kernel(const float* part_o, const float* part_m, const float* part_l, const float* qg,
+                                  AttnDims d, int splits, float* out) {
+  constexpr int C4 = DH / 4, SG = 256 / C4;
+  __shared__ float wts[kAttnMaxSplits];
+  __shared__ float inv_sum;
+  __shared__ float4 red[256];
+  const int tid = threadIdx.x;
+  const int64_t th = blockIdx.x, t = th / d.Hq;
+  const int h = int(th % d.Hq);
+  pdl_wait();
+  pdl_trigger();
+  if (tid < 32) {
+    float M = -INFINITY;
+    for (int s = tid; s < splits; s += 32) M = fmaxf(M, part_m[th * splits + s]);
+    M = warp_max(M);
+    float L = 0.0f;
+    for (int s = tid; s < splits; s += 32) {
+      const float ms = part_m[th * splits + s];
+      const float w = ms == -INFINITY ? 0.0f : exp2f(ms - M);
+      wts[s] = w;
+      if (w != 0.0f) L += w * part_l[th * splits + s];
+    }
+    L = warp_sum(L);
+    if (tid == 0) inv_sum = 1.0f / L;
+  }
+  __syncthreads();
+  const int c = tid % C4, sg = tid / C4;
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int s = sg; s < splits; s += SG) {
+    const float w = wts[s];
+    if (w != 0.0f) {
+      const float4 v = *reinterpret_cast<const float4*>(part_o + (th * splits + s) * DH + 4 * c);
+      acc.x += w * v.x;
+      acc.y += w * v.y;
+      acc.z += w * v.z;
+      acc.w += w * v.w;
+    }
+  }
+  red[tid] = acc;
+  __syncthreads();
+  if (sg == 0) {
+#pragma unroll
+    for (int k = 1; k < SG; ++k) {
+      const float4 v = red[k * C4 + c];
+      acc.x += v.x;
+      acc.y += v.y;
+      acc.z += v.z;
+      acc.w += v.w;
+    }
+    const float inv = inv_sum;
+    const float4 gv = *reinterpret_cast<const float4*>(qg + (t * d.Hq + h) * 2 * DH + DH + 4 * c);
+    *reinterpret_cast<float4*>(out + (t * d.Hq + h) * DH + 4 * c) =
+        make_float4(acc.x * inv * sigmoidf(gv.x), acc.y * inv * sigmoidf(gv.y), acc.z * inv * sigmoidf(gv.z),
+                    acc.w * inv * sigmoidf(gv.w));
+  }
+}
+
+// ---- host side --------------------------------------------------------------------------------------------------
+
+struct DecodeVariant {
+  int stages = 1;
+  size_t smem = 0;
+  int blocks_per_sm = 1;
+};
+
+struct AttentionSetup {
+  int sms = 1, smem_optin = 0;
+  DecodeVariant decode[3][3];  // [dh 64/128/256][RW 1/2/4]
+};
+
+int dh_index(int dh) { return dh == 64 ? 0 : dh == 128 ? 1 : 2; }
+int rw_index(int rw) { return rw == 1 ? 0 : rw == 2 ? 1 : 2; }
+
+template <int DH, int RW>
+void setup_decode(AttentionSetup& s, int optin) {
+  DecodeVariant& v = s.decode[dh_index(DH)][rw_index(RW)];
+  v.stages = 3;
+  while (v.stages > 1 && decode_smem_bytes<DH, RW>(v.stages) > size_t(optin)) --v.stages;
+  v.smem = decode_smem_bytes<DH, RW>(v.stages);
+  if (v.smem > size_t(optin)) return;  // unusable on this device; attention() reports it
+  auto kernel = attention_decode_split_kernel<DH, RW>;
+  TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(v.smem)));
+  TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 int(cudaSharedmemCarveoutMaxShared)));
+  int n = 0;
+  TERN_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, 128, v.smem));
+  v.blocks_per_sm = std::max(1, n);
+}
+
+template <int DH>
+void setup_dh(AttentionSetup& s, int optin) {
+  constexpr size_t prefill = prefill_smem_bytes<DH>();
+  if (prefill <= size_t(optin)) {
+    TERN_CUDA(cudaFuncSetAttribute(attention_prefill_kernel<DH>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   int(prefill)));
+    TERN_CUDA(cudaFuncSetAttribute(attention_prefill_kernel<DH>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                   int(cudaSharedmemCarveoutMaxShared)));
+  }
+  setup_decode<DH, 1>(s, optin);
+  setup_decode<DH, 2>(s, optin);
+  setup_decode<DH, 4>(s, optin);
+}
+
+// Device properties and kernel attributes, once per process (the first attention call; keep it out of capture).
+const AttentionSetup& attention_setup() {
+  static const AttentionSetup setup = [] {
+    AttentionSetup s;
+    int dev = 0, optin = 0;
+    TERN_CUDA(cudaGetDevice(&dev));
+    TERN_CUDA(cudaDeviceGetAttribute(&s.sms, cudaDevAttrMultiProcessorCount, dev));
+    TERN_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    s.smem_optin = optin;
+    setup_dh<64>(s, optin);
+    setup_dh<128>(s, optin);
+    setup_dh<256>(s, optin);
+    return s;
+  }();
+  return setup;
+}
+
+int decode_rows_warps(int64_t rows) { return rows <= 16 ? 1 : rows <= 32 ? 2 : 4; }
+
+// Splits of the decode grid: enough (KV head, split) blocks to fill every SM once, at most one per 64-key tile of
+// the capacity. Fixed for a given capacity, so a captured decode step stays valid as the length grows.
+int decode_splits(const AttnDims& d, const DecodeVariant& v, int sms) {
+  const int64_t want = (int64_t(sms) * v.blocks_per_sm + d.Hkv - 1) / d.Hkv;
+  const int64_t tiles = (d.capacity + kBlockKeys - 1) / kBlockKeys;
+  return int(std::clamp<int64_t>(std::min(want, tiles), 1, kAttnMaxSplits));
+}
+
+template <int DH>
+void attention_dh(const float* q, const float* qg, const uint16_t* cache_k, const uint16_t* cache_v, const int* pos0,
+                  const AttnDims& d, float* partial, float* out, cudaStream_t stream) {
+  const AttentionSetup& setup = attention_setup();
+  const int G = d.Hq / d.Hkv;
+  if (d.T <= kDecodeMaxTokens && d.T * G <= kDecodeMaxRows) {
+    TERN_CHECK(partial != nullptr, "attention: decode needs the partial scratch");
+    const int RW = decode_rows_warps(d.T * G);
+    const DecodeVariant& v = setup.decode[dh_index(DH)][rw_index(RW)];
+    TERN_CHECK(v.smem <= size_t(setup.smem_optin), "attention: the decode kernel needs ", v.smem,
+               " bytes of shared memory, the device has ", setup.smem_optin);
+    const int splits = decode_splits(d, v, setup.sms);
+    float* po = partial;
+    float* pm = po + d.T * d.Hq * splits * DH;
+    float* pl = pm + d.T * d.Hq * splits;
+    const dim3 grid(unsigned(d.Hkv), unsigned(splits));
+    auto kernel = RW == 1 ? attention_decode_split_kernel<DH, 1>
+                  : RW == 2 ? attention_decode_split_kernel<DH, 2>
+                            : attention_decode_split_kernel<DH, 4>;
+    launch_pdl("attention_decode_split", kernel, grid, dim3(128), v.smem, stream, q, cache_k, cache_v, pos0, d, splits,
+               v.stages, po, pm, pl);
+    launch_pdl("attention_decode_merge", attention_decode_merge_kernel<DH>, dim3(unsigned(d.T * d.Hq)), dim3(256), 0,
+               stream, po, pm, pl, qg, d, splits, out);
+  } else {
+    TERN_CHECK(prefill_smem_bytes<DH>() <= size_t(setup.smem_optin), "attention: the prefill kernel needs ",
+               prefill_smem_bytes<DH>(), " bytes of shared memory, the device has ", setup.smem_optin);
+    const int64_t tiles = (d.T + kPrefillRows - 1) / kPrefillRows;
+    TERN_CHECK(tiles <= 65535, "attention: ", d.T, " tokens in one call exceed the grid limit");
+    launch_pdl("attention_prefill", attention_prefill_kernel<DH>, dim3(unsigned(d.Hq), unsigned(tiles)), dim3(128),
+               prefill_smem_bytes<DH>(), stream, q, qg, cache_k, cache_v, pos0, d, out);
   }
 }
 
@@ -192,49 +717,34 @@ void attn_prepare(const float* qg, const float* k, const float* v, const float* 
                   const int* pos0, const AttnDims& d, float* q_out, uint16_t* cache_k, uint16_t* cache_v,
                   cudaStream_t stream) {
   TERN_CHECK(d.dh % 32 == 0 && d.dh <= 512, "attention: head dim ", d.dh, " not supported");
-  TERN_CHECK(d.rot % 2 == 0 && d.rot <= d.dh, "attention: rotary dims ", d.rot, " not supported");
+  TERN_CHECK(d.rot % 2 == 0 && d.rot <= d.dh && d.rot / 2 <= kMaxRopeHalf, "attention: rotary dims ", d.rot,
+             " not supported");
   if (d.T == 0) return;
+  RopeFreqs freqs = {};
+  for (int i = 0; i < d.rot / 2; ++i) freqs.inv[i] = cpu::rope_inv_freq(i, d.rot, double(d.theta));
   const int64_t tasks = d.T * (d.Hq + 2 * d.Hkv);
-  attn_prepare_kernel<<<blocks_for(tasks, 8), 256, 0, stream>>>(qg, k, v, q_norm, k_norm, pos0, d, q_out, cache_k, cache_v);
-  TERN_CUDA_LAUNCHED("attn_prepare");
+  launch_pdl("attn_prepare", attn_prepare_kernel, dim3(blocks_for(tasks, 8)), dim3(256), 0, stream, qg, k, v, q_norm,
+             k_norm, pos0, d, freqs, q_out, cache_k, cache_v);
 }
 
-int attn_splits_for(int64_t T, int Hkv) {
-  const int64_t s = 128 / (T * Hkv);
-  return int(s < 1 ? 1 : s > 32 ? 32 : s);
-}
+void attention_init() { attention_setup(); }
 
-int64_t attn_partial_floats(int64_t T, int Hq, int dh, int splits) {
-  return T * Hq * splits * (int64_t(dh) + 2);
+int64_t attn_partial_floats(int64_t T, int Hq, int dh) {
+  const int64_t t = std::min<int64_t>(T, kDecodeMaxTokens);
+  return t * Hq * kAttnMaxSplits * (int64_t(dh) + 2);
 }
 
 void attention(const float* q, const float* qg, const uint16_t* cache_k, const uint16_t* cache_v, const int* pos0,
                const AttnDims& d, float* partial, float* out, cudaStream_t stream) {
   if (d.T == 0) return;
-  const int G = d.Hq / d.Hkv;
-  TERN_CHECK(d.Hkv > 0 && d.Hq % d.Hkv == 0 && G <= 32, "attention: ", d.Hq, " query heads over ", d.Hkv, " KV heads");
-  TERN_CHECK(d.T <= 65535, "attention: ", d.T, " tokens in one call exceed the grid limit");
-  const int splits = attn_splits_for(d.T, d.Hkv);
-  float* po = partial;
-  float* pm = po + d.T * d.Hq * splits * d.dh;
-  float* pl = pm + d.T * d.Hq * splits;
-  const dim3 grid(unsigned(d.Hkv), unsigned(splits), unsigned(d.T));
-  const unsigned threads = unsigned(32 * G);
-  auto launch = [&](auto kernel, int DH) {
-    const size_t smem = size_t(kKeysPerTile) * (DH / 2 + 1) * 4 + size_t(kKeysPerTile) * DH * 2 + size_t(G) * DH * 4;
-    if (smem > 48 * 1024)  // above the default limit only (keeps the launch capturable in a CUDA graph)
-      TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    kernel<<<grid, threads, smem, stream>>>(q, cache_k, cache_v, pos0, d, splits, po, pm, pl);
-  };
+  TERN_CHECK(d.Hkv > 0 && d.Hq % d.Hkv == 0, "attention: ", d.Hq, " query heads over ", d.Hkv, " KV heads");
+  TERN_CHECK(d.capacity > 0, "attention: empty KV cache");
   switch (d.dh) {
-    case 64: launch(attention_split_kernel<64>, 64); break;
-    case 128: launch(attention_split_kernel<128>, 128); break;
-    case 256: launch(attention_split_kernel<256>, 256); break;
-    default: TERN_FAIL("attention: head dim ", d.dh, " not supported by the CUDA kernel (64, 128 or 256)");
+    case 64: attention_dh<64>(q, qg, cache_k, cache_v, pos0, d, partial, out, stream); break;
+    case 128: attention_dh<128>(q, qg, cache_k, cache_v, pos0, d, partial, out, stream); break;
+    case 256: attention_dh<256>(q, qg, cache_k, cache_v, pos0, d, partial, out, stream); break;
+    default: TERN_FAIL("attention: head dim ", d.dh, " not supported by the CUDA kernels (64, 128 or 256)");
   }
-  TERN_CUDA_LAUNCHED("attention_split");
-  attention_merge_kernel<<<unsigned(d.T * d.Hq), 256, 0, stream>>>(po, pm, pl, qg, d, splits, out);
-  TERN_CUDA_LAUNCHED("attention_merge");
 }
 
 }  // namespace tern::cuda

@@ -1,6 +1,13 @@
-// Gated full attention (model.md §2.5): q/k RMSNorm + partial rotate-half RoPE + KV-cache append, causal attention
-// over the bf16 KV cache split along the keys (flash-decoding), and the merge with the sigmoid output gate.
-// Positions live in device memory (*pos0 = tokens already in the cache), so a step needs no host value.
+// Gated full attention (model.md §2.5): q/k RMSNorm + partial rotate-half RoPE + KV-cache append (attn_prepare),
+// then causal attention over the bf16 KV cache with the sigmoid output gate (attention). Positions live in device
+// memory (*pos0 = tokens already in the cache), so a decode step needs no host value and replays in a CUDA graph.
+//
+// attention() picks one of two tensor-core paths (mma.sync m16n8k16 bf16, fp32 accumulation, online softmax in fp32):
+//   - prefill (T > 8): flash attention, one block per (query head, 64 new tokens), K/V tiles of 64 keys;
+//   - decode (T <= 8): split-KV flash decoding, one block per (KV head, split) holding the T·(Hq/Hkv) query rows
+//     of that KV head, then a merge kernel that applies the gate. The split count is fixed by the device and the
+//     cache capacity (never by the current length), each split finds its key range from *pos0 on the device.
+// Head dims 64, 128 and 256 are supported. q and the softmax weights are rounded to bf16 for the tensor cores.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -24,11 +31,21 @@ void attn_prepare(const float* qg, const float* k, const float* v, const float* 
                   const int* pos0, const AttnDims& d, float* q_out, uint16_t* cache_k, uint16_t* cache_v,
                   cudaStream_t stream);
 
-// Scratch for the split partials: o [T, Hq, splits, dh], m and l [T, Hq, splits].
-int attn_splits_for(int64_t T, int Hkv);
-int64_t attn_partial_floats(int64_t T, int Hq, int dh, int splits);
+// Floats of scratch (`partial` below) that attention() needs for any call of at most T new tokens, at any capacity:
+// the decode split partials o [min(T,8), Hq, splits, dh], m and l [min(T,8), Hq, splits] for up to
+// kAttnMaxSplits splits. The prefill path needs none.
+constexpr int kAttnMaxSplits = 128;
+int64_t attn_partial_floats(int64_t T, int Hq, int dh);
+// The former signature, kept until the runner calls the one above: `splits` is ignored (same value).
+inline int64_t attn_partial_floats(int64_t T, int Hq, int dh, int /*splits*/) { return attn_partial_floats(T, Hq, dh); }
+
+// Reads the device (SM count, shared memory) and sets the kernels' shared-memory attributes, once per process.
+// attention() calls it on first use; call it before capturing a CUDA graph (e.g. when the runner starts) so that
+// no attribute is set while a stream is capturing.
+void attention_init();
 
 // out [T, Hq·dh] = softmax(q·Kᵀ/√dh, causal over positions 0..pos0+t) · V, times sigmoid(gate) from qg.
+// q fp32 [T, Hq, dh] (from attn_prepare); cache rows [0, pos0 + T) must be written; partial: attn_partial_floats.
 void attention(const float* q, const float* qg, const uint16_t* cache_k, const uint16_t* cache_v, const int* pos0,
                const AttnDims& d, float* partial, float* out, cudaStream_t stream);
 

@@ -1,6 +1,10 @@
 #include "cuda/cuda_common.cuh"
 
+#include <cstdlib>
+#include <cstring>
 #include <utility>
+
+#include "cuda/launch.cuh"
 
 namespace tern::cuda {
 
@@ -59,6 +63,22 @@ void* DeviceArena::take(size_t bytes) {
   void* p = base_ + used_;
   used_ += b;
   return p;
+}
+
+bool pdl_enabled() {
+  static const bool on = [] {
+    // Off unless TERN_PDL=1: on the H200 (2026-12-01) the decode step ran at 367 tok/s without PDL and 334 with it
+    // (docs/benchmarks.md) — the dependents launched at each kernel's start hold SM resources while they wait.
+    const char* e = std::getenv("TERN_PDL");
+    if (!e || std::strcmp(e, "1") != 0) return false;
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return major >= 9;
+  }();
+  return on;
 }
 
 }  // namespace tern::cuda

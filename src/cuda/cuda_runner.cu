@@ -11,8 +11,10 @@
 #include "cuda/device_weights.cuh"
 #include "cuda/gdn.cuh"
 #include "cuda/moe.cuh"
+#include "cuda/moe_decode.cuh"
 #include "cuda/norm.cuh"
 #include "cuda/qmatmul.cuh"
+#include "cuda/qmv.cuh"
 #include "cuda/sampling.cuh"
 
 namespace tern {
@@ -22,11 +24,55 @@ using namespace tern::cuda;
 
 __global__ void advance_position_kernel(int* pos, int n) { *pos += n; }
 
+// The shapes the fused gdn_decode kernel takes (the model's: dk = dv = 128, Hv = 2·Hk); see gdn.cuh.
+bool gdn_decode_supported(const GdnDims& d) { return d.dk == 128 && d.dv == 128 && d.Hv == 2 * d.Hk; }
+
+// The Gated DeltaNet states of a CudaSession at one position (see StateSnapshot): every layer's conv then
+// recurrent state back to back, in one device allocation, or in pinned host memory after to_host().
+class CudaSnapshot final : public StateSnapshot {
+ public:
+  CudaSnapshot(const void* owner, int64_t position, size_t bytes) : owner(owner), pos(position), size(bytes) {
+    if (size) TERN_CUDA(cudaMalloc(&dev, size));
+  }
+  ~CudaSnapshot() override {
+    if (dev) cudaFree(dev);
+    if (host) cudaFreeHost(host);
+  }
+  CudaSnapshot(const CudaSnapshot&) = delete;
+  CudaSnapshot& operator=(const CudaSnapshot&) = delete;
+  int64_t position() const override { return pos; }
+  size_t bytes() const override { return size; }
+  bool on_host() const override { return host != nullptr; }
+  void to_host() override {
+    if (host || !dev) return;
+    TERN_CUDA(cudaMallocHost(&host, size));
+    TERN_CUDA(cudaMemcpy(host, dev, size, cudaMemcpyDeviceToHost));
+    TERN_CUDA(cudaFree(dev));
+    dev = nullptr;
+  }
+  void to_device() override {
+    if (!host) return;
+    TERN_CUDA(cudaMalloc(&dev, size));
+    TERN_CUDA(cudaMemcpy(dev, host, size, cudaMemcpyHostToDevice));
+    TERN_CUDA(cudaFreeHost(host));
+    host = nullptr;
+  }
+  const uint8_t* data() const { return host ? host : dev; }
+
+  const void* owner;
+  int64_t pos;
+  size_t size;
+  uint8_t* dev = nullptr;
+  uint8_t* host = nullptr;
+};
+
 class CudaSession final : public Session {
  public:
   CudaSession(const DeviceWeights& w, int64_t capacity, const void* owner, uint64_t id)
       : owner(owner), id(id), capacity_(capacity) {
     const Config& c = w.config;
+    kv_heads = c.num_key_value_heads;
+    head_dim = c.head_dim;
     const int64_t kv_elems = int64_t(c.num_key_value_heads) * capacity * c.head_dim;
     const int64_t conv_elems = int64_t(c.linear_conv_kernel_dim - 1) * c.conv_channels();
     const int64_t rec_elems = int64_t(c.linear_num_value_heads) * c.linear_value_head_dim * c.linear_key_head_dim;
@@ -65,6 +111,66 @@ class CudaSession final : public Session {
     pos = 0;
   }
 
+  // Prefix reuse (runner.h). The runner's stream is non-blocking: synchronize the device before and after the
+  // copies (plain cudaMemcpy on the legacy stream), so that no kernel of the runner races them. Buffers never
+  // move, so the decode graph bound to this session stays valid.
+  bool can_snapshot() const override { return true; }
+  size_t gdn_state_bytes() const {
+    size_t bytes = 0;
+    for (const LayerCache& lc : layers) bytes += lc.conv_bytes + lc.rec_bytes;
+    return bytes;
+  }
+  std::unique_ptr<StateSnapshot> snapshot() const override {
+    TERN_CUDA(cudaDeviceSynchronize());
+    auto snap = std::make_unique<CudaSnapshot>(owner, pos, gdn_state_bytes());
+    uint8_t* p = snap->dev;
+    for (const LayerCache& lc : layers) {
+      if (lc.conv) TERN_CUDA(cudaMemcpy(p, lc.conv, lc.conv_bytes, cudaMemcpyDeviceToDevice));
+      p += lc.conv_bytes;
+      if (lc.rec) TERN_CUDA(cudaMemcpy(p, lc.rec, lc.rec_bytes, cudaMemcpyDeviceToDevice));
+      p += lc.rec_bytes;
+    }
+    TERN_CUDA(cudaDeviceSynchronize());
+    return snap;
+  }
+  void restore(const StateSnapshot& snapshot) override {
+    const auto* snap = dynamic_cast<const CudaSnapshot*>(&snapshot);
+    TERN_CHECK(snap != nullptr && snap->owner == owner, "cuda restore: the snapshot was not made by this runner");
+    TERN_CHECK(snap->pos >= 0 && snap->pos <= capacity_, "cuda restore: the snapshot is at ", snap->pos,
+               " tokens, over this session's capacity of ", capacity_);
+    TERN_CHECK(snap->size == gdn_state_bytes(), "cuda restore: the snapshot holds ", snap->size,
+               " bytes, the session's states ", gdn_state_bytes());
+    TERN_CUDA(cudaDeviceSynchronize());
+    const uint8_t* p = snap->data();
+    for (const LayerCache& lc : layers) {
+      if (lc.conv) TERN_CUDA(cudaMemcpy(lc.conv, p, lc.conv_bytes, cudaMemcpyDefault));
+      p += lc.conv_bytes;
+      if (lc.rec) TERN_CUDA(cudaMemcpy(lc.rec, p, lc.rec_bytes, cudaMemcpyDefault));
+      p += lc.rec_bytes;
+    }
+    const int p32 = int(snap->pos);
+    TERN_CUDA(cudaMemcpy(d_pos, &p32, sizeof(int), cudaMemcpyHostToDevice));
+    TERN_CUDA(cudaDeviceSynchronize());
+    pos = snap->pos;
+  }
+  void copy_kv_prefix(const Session& from, int64_t n) override {
+    const auto* src = dynamic_cast<const CudaSession*>(&from);
+    TERN_CHECK(src != nullptr && src->owner == owner, "cuda copy_kv_prefix: the session was not made by this runner");
+    TERN_CHECK(n >= 0 && n <= src->capacity_ && n <= capacity_, "cuda copy_kv_prefix: ", n,
+               " rows from a session of capacity ", src->capacity_, " into one of ", capacity_);
+    if (src == this || n == 0) return;
+    TERN_CUDA(cudaDeviceSynchronize());
+    const size_t row = size_t(head_dim) * 2, width = size_t(n) * row;  // bf16 rows of [Hkv, capacity, dh]
+    for (size_t i = 0; i < layers.size(); ++i) {
+      if (!layers[i].k) continue;
+      TERN_CUDA(cudaMemcpy2D(layers[i].k, size_t(capacity_) * row, src->layers[i].k, size_t(src->capacity_) * row,
+                             width, size_t(kv_heads), cudaMemcpyDeviceToDevice));
+      TERN_CUDA(cudaMemcpy2D(layers[i].v, size_t(capacity_) * row, src->layers[i].v, size_t(src->capacity_) * row,
+                             width, size_t(kv_heads), cudaMemcpyDeviceToDevice));
+    }
+    TERN_CUDA(cudaDeviceSynchronize());
+  }
+
   struct LayerCache {
     uint16_t* k = nullptr;  // [Hkv, capacity, dh] bf16
     uint16_t* v = nullptr;
@@ -78,6 +184,7 @@ class CudaSession final : public Session {
   int* d_pos = nullptr;  // tokens in the cache, on the device
   std::vector<LayerCache> layers;
   DeviceArena arena;
+  int kv_heads = 0, head_dim = 0;  // the KV caches' shape (copy_kv_prefix)
 
  private:
   int64_t capacity_;
@@ -92,6 +199,14 @@ class CudaRunner final : public ModelRunner {
     TERN_CUDA(cudaMallocHost(&pinned_, 256));
     const char* g = std::getenv("TERN_CUDA_GRAPHS");
     use_graphs_ = !(g && std::string(g) == "0");
+    // TERN_CUDA_FP32=1: the prefill plan's matrix products and chunked Gated DeltaNet on the fp32 SIMT kernels
+    // (slow; for locating precision differences).
+    const char* f32 = std::getenv("TERN_CUDA_FP32");
+    fp32_prefill_ = f32 && std::string(f32) == "1";
+    const char* dk = std::getenv("TERN_CUDA_DECODE_KERNELS");
+    use_decode_kernels_ = !(dk && std::string(dk) == "0");
+    allocate_decode_scratch();
+    attention_init();  // kernel attributes set once, outside any graph capture
   }
   ~CudaRunner() override {
     cudaStreamSynchronize(stream_);
@@ -135,13 +250,16 @@ class CudaRunner final : public ModelRunner {
     sample_check(sampling);
     const int64_t n = int64_t(tokens.size());
     const int64_t V = w_->config.vocab_size;
-    if (n == 1 && use_graphs_) return decode_graph_step(s, tokens[0], sampling);
+    // The first decode step runs eagerly: kernels set their one-time attributes outside any graph capture.
+    if (n == 1 && use_graphs_ && decode_warm_) return decode_graph_step(s, tokens[0], sampling);
+    if (n == 1) decode_warm_ = true;
     for (int64_t c0 = 0; c0 < n; c0 += max_chunk_) {
       const int64_t T = std::min(max_chunk_, n - c0);
       run_chunk(s, tokens.subspan(size_t(c0), size_t(T)));
       if (c0 + T == n) lm_head_device(T - 1, 1);
     }
     sample_token(logits_, V, sampling, sample_scratch_, sample_out_, stream_);
+    params_valid_ = false;  // sample_token wrote its own copy of the parameters
     int32_t id = 0;
     TERN_CUDA(cudaMemcpyAsync(&id, sample_out_, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
     TERN_CUDA(cudaStreamSynchronize(stream_));
@@ -173,13 +291,14 @@ class CudaRunner final : public ModelRunner {
     const int E = c.num_experts, k = c.num_experts_per_tok;
     const int64_t F = c.moe_intermediate_size, Fs = c.shared_expert_intermediate_size, V = c.vocab_size;
     const int64_t mixer_gdn = T * (2 * C + 3 * Hv * dv + 4 * Hv);
-    // T·splits <= max(T, 128) for every chunk length up to T (attn_splits_for).
-    const int64_t attn_parts = attn_partial_floats(std::max<int64_t>(T, 128), int(Hq), int(dh), 1);
+    const int64_t attn_parts = attn_partial_floats(T, int(Hq), int(dh));  // split-KV partials of the decode plan
     const int64_t mixer_attn = T * (Hq * 2 * dh + 2 * Hkv * dh + 2 * Hq * dh) + attn_parts;
     const int64_t floats = 2 * T * D + std::max(mixer_gdn, mixer_attn) + T * E + T * k + T +
                            T * k * (2 * F + D) + T * (2 * Fs + D) + kLmRows * V + sample_scratch_floats(V);
     const int64_t ints = T + T * k + moe_group_ints(T, E, k) + 1;
-    scratch_ = DeviceArena(size_t(floats) * 4 + size_t(ints) * 4 + 64 * 256, "activation scratch");
+    const int64_t prep_max = std::max({matmul_prepared_bytes(T, D), matmul_prepared_bytes(T, Hv * dv),
+                                       matmul_prepared_bytes(T, Hq * dh), matmul_prepared_bytes(T * k, F)});
+    scratch_ = DeviceArena(size_t(floats) * 4 + size_t(ints) * 4 + size_t(prep_max) + 64 * 256, "activation scratch");
     hidden_ = scratch_.take_n<float>(size_t(T * D));
     normed_ = scratch_.take_n<float>(size_t(T * D));
     float* mixer = scratch_.take_n<float>(size_t(std::max(mixer_gdn, mixer_attn)));
@@ -206,6 +325,10 @@ class CudaRunner final : public ModelRunner {
     hg_ = scratch_.take_n<float>(size_t(T * k * F));
     hu_ = scratch_.take_n<float>(size_t(T * k * F));
     yd_ = scratch_.take_n<float>(size_t(T * k * D));
+    yd_bytes_ = size_t(T * k * D) * 4;
+    prep_bytes_ = size_t(std::max({matmul_prepared_bytes(T, D), matmul_prepared_bytes(T, Hv * dv),
+                                   matmul_prepared_bytes(T, Hq * dh), matmul_prepared_bytes(T * k, F)}));
+    prep_ = scratch_.take(prep_bytes_);
     sg_ = scratch_.take_n<float>(size_t(T * Fs));
     su_ = scratch_.take_n<float>(size_t(T * Fs));
     ys_ = scratch_.take_n<float>(size_t(T * D));
@@ -218,8 +341,87 @@ class CudaRunner final : public ModelRunner {
     sample_out_ = scratch_.take_n<int>(1);
   }
 
+  // The decode plan's buffers: the fused input projection's output and the MoE block's scratch, for up to
+  // kQmvMaxTokens tokens; and the per-layer MoE weight bundles.
+  void allocate_decode_scratch() {
+    const Config& c = w_->config;
+    const int T = kQmvMaxTokens;
+    const int64_t D = c.hidden_size, C = c.conv_channels(), Hv = c.linear_num_value_heads;
+    const int64_t dv = c.linear_value_head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, dh = c.head_dim;
+    proj_cols_ = std::max(C + Hv * dv + 2 * Hv, Hq * 2 * dh + 2 * Hkv * dh);
+    const size_t moe_bytes = moe_decode_scratch_bytes(T, D, c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size);
+    decode_scratch_ = DeviceArena(size_t(T * proj_cols_) * 4 + moe_bytes + 2 * 256, "decode scratch");
+    proj_ = decode_scratch_.take_n<float>(size_t(T * proj_cols_));
+    moe_scratch_ = moe_decode_scratch_view(decode_scratch_.take(moe_bytes), T, D, c.num_experts, c.num_experts_per_tok,
+                                           c.moe_intermediate_size);
+    moe_decode_scratch_init(moe_scratch_, stream_);
+    for (const DeviceLayer& l : w_->layers) {
+      MoeDecodeWeights m;
+      m.norm_w = l.post_attn_norm;
+      m.eps = float(c.rms_norm_eps);
+      m.router = l.router;
+      m.shared_expert_gate = l.shared_expert_gate;
+      m.expert_gate = l.expert_gate;
+      m.expert_up = l.expert_up;
+      m.expert_down = l.expert_down;
+      m.shared_gate = l.shared_gate;
+      m.shared_up = l.shared_up;
+      m.shared_down = l.shared_down;
+      m.top_k = c.num_experts_per_tok;
+      moe_w_.push_back(m);
+    }
+    TERN_CUDA(cudaStreamSynchronize(stream_));
+  }
+
+  GdnDims gdn_dims(int64_t T) const {
+    const Config& c = w_->config;
+    GdnDims d;
+    d.T = T;
+    d.Hk = c.linear_num_key_heads;
+    d.Hv = c.linear_num_value_heads;
+    d.dk = c.linear_key_head_dim;
+    d.dv = c.linear_value_head_dim;
+    return d;
+  }
+  AttnDims attn_dims(int64_t T, int64_t capacity) const {
+    const Config& c = w_->config;
+    AttnDims d;
+    d.T = T;
+    d.Hq = c.num_attention_heads;
+    d.Hkv = c.num_key_value_heads;
+    d.dh = c.head_dim;
+    d.rot = c.rotary_dims();
+    d.theta = float(c.rope_theta);
+    d.eps = float(c.rms_norm_eps);
+    d.capacity = capacity;
+    return d;
+  }
+
+  // Chunks of at most this many tokens run the decode plan (fused decode kernels); longer ones the prefill plan.
+  bool decode_plan(int64_t T) const {
+    return use_decode_kernels_ && T <= std::min<int64_t>(kQmvMaxTokens, max_chunk_) &&
+           w_->config.shared_expert_intermediate_size == w_->config.moe_intermediate_size;
+  }
+
+  // y [T, w.rows] (row stride ldy) (+)= x̂ · Wᵀ with x̂ = x or RMSNorm(x)·norm_w (x [T, w.cols], row stride ldx).
+  void qmv_into(const DMat& w, const float* x, int64_t ldx, int64_t T, const float* norm_w, float* y, int64_t ldy,
+                bool accumulate = false) {
+    QmvArgs a;
+    a.w = w;
+    a.x = x;
+    a.ldx = ldx;
+    a.T = int(T);
+    a.norm_w = norm_w;
+    a.eps = float(w_->config.rms_norm_eps);
+    a.y = y;
+    a.ldy = ldy;
+    a.accumulate = accumulate;
+    qmv(a, stream_);
+  }
+
   // y [T, rows] (+)= x [T, cols] · Wᵀ
-  void proj(const DMat& w, const float* x, int64_t T, float* y, bool accumulate = false) {
+  // prep: x split by prepare_x (the tensor-core kernel reads it instead of converting x in every block).
+  void proj(const DMat& w, const float* x, int64_t T, float* y, bool accumulate = false, const void* prep = nullptr) {
     if (T == 1) {
       GemvArgs a;
       a.w = w;
@@ -236,13 +438,29 @@ class CudaRunner final : public ModelRunner {
       a.ldy = w.rows;
       a.tokens = T;
       a.accumulate = accumulate;
-      matmul(a, stream_);
+      matmul(a, stream_, with_prepared_x(a, prep));
     }
+  }
+
+  // Splits x [T, cols] (row stride ldx) once for the products that read it; nullptr when they will not use it.
+  const void* prepare_x(const float* x, int64_t ldx, int64_t T, int64_t cols) {
+    if (fp32_prefill_ || T <= 1 || cols % 64 != 0 || matmul_prepared_bytes(T, cols) > int64_t(prep_bytes_)) return nullptr;
+    matmul_prepare_x(x, ldx, T, cols, prep_, stream_);
+    return prep_;
+  }
+  // Sets the prepared input on `a` and picks the tile measured fastest with it (docs/benchmarks.md: 128×64 blocks).
+  MatmulTile with_prepared_x(MatmulArgs& a, const void* prep) const {
+    if (fp32_prefill_) return MatmulTile::simt;
+    if (!prep || a.w.format != WeightFormat::affine4) return MatmulTile::automatic;
+    a.x_prep = prep;
+    a.x_prep_cols = a.w.cols;
+    return MatmulTile::tc128x64;
   }
 
   void run_chunk(CudaSession& s, std::span<const int32_t> tokens) {
     const int64_t T = int64_t(tokens.size());
     TERN_CUDA(cudaMemcpyAsync(tokens_, tokens.data(), size_t(T) * 4, cudaMemcpyHostToDevice, stream_));
+    device_token_valid_ = false;
     chunk_body(s, T);
     s.pos += T;
   }
@@ -254,6 +472,19 @@ class CudaRunner final : public ModelRunner {
     const int64_t D = c.hidden_size;
     const float eps = float(c.rms_norm_eps);
     embed_lookup(w_->embed, tokens_, T, hidden_, stream_);
+    if (decode_plan(T)) {
+      for (size_t i = 0; i < w_->layers.size(); ++i) {
+        const DeviceLayer& l = w_->layers[i];
+        if (l.type == LayerType::linear_attention)
+          gdn_decode_mixer(l, s.layers[i], T);
+        else
+          attention_decode_mixer(l, s.layers[i], s, T);
+        moe_decode(moe_w_[i], hidden_, int(T), moe_scratch_, stream_);
+      }
+      advance_position_kernel<<<1, 1, 0, stream_>>>(s.d_pos, int(T));
+      TERN_CUDA_LAUNCHED("advance_position");
+      return;
+    }
     for (size_t i = 0; i < w_->layers.size(); ++i) {
       const DeviceLayer& l = w_->layers[i];
       CudaSession::LayerCache& lc = s.layers[i];
@@ -274,18 +505,31 @@ class CudaRunner final : public ModelRunner {
   // parameters are copied into device memory, then the graph bound to this session replays.
   int32_t decode_graph_step(CudaSession& s, int32_t token, const DeviceSampling& sampling) {
     const int64_t V = w_->config.vocab_size;
-    std::memcpy(pinned_, &token, 4);
-    std::memcpy(static_cast<uint8_t*>(pinned_) + 64, &sampling, sizeof(DeviceSampling));
-    TERN_CUDA(cudaMemcpyAsync(tokens_, pinned_, 4, cudaMemcpyHostToDevice, stream_));
-    TERN_CUDA(cudaMemcpyAsync(sample_params_slot(sample_scratch_, V), static_cast<uint8_t*>(pinned_) + 64,
-                              sizeof(DeviceSampling), cudaMemcpyHostToDevice, stream_));
-    if (!graph_exec_ || graph_session_ != s.id) capture_decode(s);
+    if (!graph_exec_ || graph_session_ != s.id) {
+      capture_decode(s);
+      device_token_valid_ = params_valid_ = false;
+    }
+    // The graph leaves its sampled token in tokens_ for the next step, and the parameters stay where they were put:
+    // copy only what changed.
+    if (!(device_token_valid_ && device_token_ == token)) {
+      std::memcpy(pinned_, &token, 4);
+      TERN_CUDA(cudaMemcpyAsync(tokens_, pinned_, 4, cudaMemcpyHostToDevice, stream_));
+    }
+    if (!(params_valid_ && std::memcmp(&last_params_, &sampling, sizeof(DeviceSampling)) == 0)) {
+      std::memcpy(static_cast<uint8_t*>(pinned_) + 64, &sampling, sizeof(DeviceSampling));
+      TERN_CUDA(cudaMemcpyAsync(sample_params_slot(sample_scratch_, V), static_cast<uint8_t*>(pinned_) + 64,
+                                sizeof(DeviceSampling), cudaMemcpyHostToDevice, stream_));
+      last_params_ = sampling;
+      params_valid_ = true;
+    }
     TERN_CUDA(cudaGraphLaunch(graph_exec_, stream_));
     s.pos += 1;
     TERN_CUDA(cudaMemcpyAsync(pinned_, sample_out_, 4, cudaMemcpyDeviceToHost, stream_));
     TERN_CUDA(cudaStreamSynchronize(stream_));
     int32_t id;
     std::memcpy(&id, pinned_, 4);
+    device_token_ = id;
+    device_token_valid_ = true;
     return id;
   }
 
@@ -301,6 +545,7 @@ class CudaRunner final : public ModelRunner {
       chunk_body(s, 1);
       lm_head_device(0, 1);
       sample_token_device(logits_, V, sample_scratch_, sample_out_, stream_);
+      TERN_CUDA(cudaMemcpyAsync(tokens_, sample_out_, 4, cudaMemcpyDeviceToDevice, stream_));  // the next input
     } catch (...) {
       cudaStreamEndCapture(stream_, &graph);
       if (graph) cudaGraphDestroy(graph);
@@ -313,52 +558,110 @@ class CudaRunner final : public ModelRunner {
     graph_session_ = s.id;
   }
 
+  // Decode plan, Gated DeltaNet layer: fused in_proj (RMSNorm in its prologue) → one GDN kernel (conv, norms,
+  // gates, state update, gated norm) → out_proj added to the residual. proj_ [T, proj_cols_] = [qkv | z | b | a].
+  void gdn_decode_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, int64_t T) {
+    const Config& c = w_->config;
+    const GdnDims d = gdn_dims(T);
+    const int64_t C = d.C(), Z = int64_t(d.Hv) * d.dv, D = c.hidden_size;
+    if (!gdn_decode_supported(d)) {  // other head shapes (small test models): the prefill plan's kernels
+      rmsnorm(hidden_, l.input_norm, float(c.rms_norm_eps), T, D, normed_, stream_);
+      gdn_mixer(l, lc, T);
+      return;
+    }
+    if (l.in_proj_all.rows > 0) {
+      qmv_into(l.in_proj_all, hidden_, D, T, l.input_norm, proj_, proj_cols_);
+    } else {
+      qmv_into(l.in_proj_qkv, hidden_, D, T, l.input_norm, proj_, proj_cols_);
+      qmv_into(l.in_proj_z, hidden_, D, T, l.input_norm, proj_ + C, proj_cols_);
+      qmv_into(l.in_proj_b, hidden_, D, T, l.input_norm, proj_ + C + Z, proj_cols_);
+      qmv_into(l.in_proj_a, hidden_, D, T, l.input_norm, proj_ + C + Z + d.Hv, proj_cols_);
+    }
+    GdnDecodeArgs g;
+    g.proj = proj_;
+    g.ld_proj = proj_cols_;
+    g.conv_w = l.conv1d;
+    g.Ck = c.linear_conv_kernel_dim;
+    g.conv_state = lc.conv;
+    g.rec_state = lc.rec;
+    g.A_log = l.A_log;
+    g.dt_bias = l.dt_bias;
+    g.norm_w = l.gdn_norm;
+    g.eps = float(c.rms_norm_eps);
+    g.d = d;
+    g.out = gated_;
+    gdn_decode(g, stream_);
+    qmv_into(l.out_proj, gated_, Z, T, nullptr, hidden_, D, /*accumulate=*/true);
+  }
+
+  // Decode plan, attention layer: q|k|v in one product for one token (three for several), then the cache append,
+  // split-KV attention with the gate, and o_proj added to the residual.
+  void attention_decode_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, CudaSession& s, int64_t T) {
+    const Config& c = w_->config;
+    const AttnDims d = attn_dims(T, s.capacity());
+    const int64_t D = c.hidden_size, Q = int64_t(d.Hq) * 2 * d.dh, KV = int64_t(d.Hkv) * d.dh;
+    const float *qg = qg_, *k = k_, *v = v_;
+    if (T == 1 && l.attn_qkv.rows > 0) {
+      qmv_into(l.attn_qkv, hidden_, D, T, l.input_norm, proj_, proj_cols_);
+      qg = proj_;
+      k = proj_ + Q;
+      v = proj_ + Q + KV;
+    } else {
+      qmv_into(l.q_proj, hidden_, D, T, l.input_norm, qg_, Q);
+      qmv_into(l.k_proj, hidden_, D, T, l.input_norm, k_, KV);
+      qmv_into(l.v_proj, hidden_, D, T, l.input_norm, v_, KV);
+    }
+    attn_prepare(qg, k, v, l.q_norm, l.k_norm, s.d_pos, d, q_, lc.k, lc.v, stream_);
+    attention(q_, qg, lc.k, lc.v, s.d_pos, d, attn_part_, attn_out_, stream_);
+    qmv_into(l.o_proj, attn_out_, int64_t(d.Hq) * d.dh, T, nullptr, hidden_, D, /*accumulate=*/true);
+  }
+
   void gdn_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, int64_t T) {
     const Config& c = w_->config;
-    GdnDims d;
-    d.T = T;
-    d.Hk = c.linear_num_key_heads;
-    d.Hv = c.linear_num_value_heads;
-    d.dk = c.linear_key_head_dim;
-    d.dv = c.linear_value_head_dim;
+    const GdnDims d = gdn_dims(T);
     const int64_t C = d.C();
-    proj(l.in_proj_qkv, normed_, T, qkv_raw_);
-    proj(l.in_proj_z, normed_, T, z_);
-    proj(l.in_proj_b, normed_, T, b_);
-    proj(l.in_proj_a, normed_, T, a_);
-    conv1d_silu(qkv_raw_, C, T, C, c.linear_conv_kernel_dim, l.conv1d, lc.conv, conv_out_, stream_);
-    gdn_prepare(conv_out_, b_, a_, l.A_log, l.dt_bias, d, g_, beta_, stream_);
-    if (T >= 64)  // prefill: the chunked (WY) form; short prompts and decode stay on the token-by-token recurrence
-      gdn_chunked(conv_out_, g_, beta_, lc.rec, d, o_, stream_);
+    const void* xp = prepare_x(normed_, c.hidden_size, T, c.hidden_size);
+    proj(l.in_proj_qkv, normed_, T, qkv_raw_, false, xp);
+    proj(l.in_proj_z, normed_, T, z_, false, xp);
+    proj(l.in_proj_b, normed_, T, b_, false, xp);
+    proj(l.in_proj_a, normed_, T, a_, false, xp);
+    if (d.dk == 128) {  // the q/k norms inside the convolution (a warp per 128-channel head), then the gates
+      conv1d_silu_qknorm(qkv_raw_, C, T, C, c.linear_conv_kernel_dim, l.conv1d, lc.conv, conv_out_,
+                         int64_t(d.Hk) * d.dk, int64_t(d.Hk) * d.dk, d.dk, stream_);
+      gdn_gates(b_, a_, l.A_log, l.dt_bias, d, g_, beta_, stream_);
+    } else {
+      conv1d_silu(qkv_raw_, C, T, C, c.linear_conv_kernel_dim, l.conv1d, lc.conv, conv_out_, stream_);
+      gdn_prepare(conv_out_, b_, a_, l.A_log, l.dt_bias, d, g_, beta_, stream_);
+    }
+    // Prefill: the chunked (WY) form through a workspace that aliases the MoE down-projection output (yd_, not live
+    // here); short prompts and decode stay on the token-by-token recurrence.
+    if (T >= 64)
+      gdn_chunked(conv_out_, g_, beta_, lc.rec, d, o_, stream_, 64,
+                  fp32_prefill_ ? GdnChunkedKernel::simt : GdnChunkedKernel::automatic, yd_, yd_bytes_);
     else
       gdn_recurrent(conv_out_, g_, beta_, lc.rec, d, o_, stream_);
     gdn_gated_norm(o_, z_, l.gdn_norm, float(c.rms_norm_eps), d, gated_, stream_);
-    proj(l.out_proj, gated_, T, hidden_, /*accumulate=*/true);
+    const int64_t Z = int64_t(d.Hv) * d.dv;
+    proj(l.out_proj, gated_, T, hidden_, /*accumulate=*/true, prepare_x(gated_, Z, T, Z));
   }
 
   void attention_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, CudaSession& s, int64_t T, int64_t cap) {
     const Config& c = w_->config;
-    AttnDims d;
-    d.T = T;
-    d.Hq = c.num_attention_heads;
-    d.Hkv = c.num_key_value_heads;
-    d.dh = c.head_dim;
-    d.rot = c.rotary_dims();
-    d.theta = float(c.rope_theta);
-    d.eps = float(c.rms_norm_eps);
-    d.capacity = cap;
-    proj(l.q_proj, normed_, T, qg_);
-    proj(l.k_proj, normed_, T, k_);
-    proj(l.v_proj, normed_, T, v_);
+    const AttnDims d = attn_dims(T, cap);
+    const void* xp = prepare_x(normed_, c.hidden_size, T, c.hidden_size);
+    proj(l.q_proj, normed_, T, qg_, false, xp);
+    proj(l.k_proj, normed_, T, k_, false, xp);
+    proj(l.v_proj, normed_, T, v_, false, xp);
     attn_prepare(qg_, k_, v_, l.q_norm, l.k_norm, s.d_pos, d, q_, lc.k, lc.v, stream_);
     attention(q_, qg_, lc.k, lc.v, s.d_pos, d, attn_part_, attn_out_, stream_);
-    proj(l.o_proj, attn_out_, T, hidden_, /*accumulate=*/true);
+    const int64_t O = int64_t(d.Hq) * d.dh;
+    proj(l.o_proj, attn_out_, T, hidden_, /*accumulate=*/true, prepare_x(attn_out_, O, T, O));
   }
 
   void moe(const DeviceLayer& l, int64_t T) {
     const Config& c = w_->config;
     const int E = c.num_experts, k = c.num_experts_per_tok;
-    const int64_t D = c.hidden_size, F = c.moe_intermediate_size, Fs = c.shared_expert_intermediate_size;
+    const int64_t D = c.hidden_size, F = c.moe_intermediate_size;
     proj(l.router, normed_, T, router_logits_);
     proj(l.shared_expert_gate, normed_, T, shared_logit_);
     moe_route(router_logits_, T, E, k, route_ids_, route_w_, stream_);
@@ -382,7 +685,10 @@ class CudaRunner final : public ModelRunner {
       a.y = yd_;
       a.y_stride = D;
       gemv(a, stream_);
+      shared_expert(l, T, nullptr);
     } else {
+      // normed_ split once for the routed and the shared gate/up products; hg_ split for the down product.
+      const void* xp = prepare_x(normed_, D, T, D);
       moe_group(route_ids_, T, E, k, kMatmulTileTokens, groups_, stream_);
       MatmulArgs a;
       a.tile_expert = groups_.tile_expert;
@@ -396,33 +702,62 @@ class CudaRunner final : public ModelRunner {
       a.ldy = F;
       a.w = l.expert_gate;
       a.y = hg_;
-      matmul(a, stream_);
-      a.w = l.expert_up;
-      a.y = hu_;
-      matmul(a, stream_);
-      swiglu(hg_, hu_, T * k * F, hg_, stream_);
+      const MatmulTile tile = with_prepared_x(a, xp);
+      if (!fp32_prefill_ && matmul_swiglu_supported(a, l.expert_up)) {  // h = silu(gate·x) ⊙ (up·x) in one pass
+        matmul_swiglu(a, l.expert_up, stream_, tile);
+      } else {
+        matmul(a, stream_, tile);
+        a.w = l.expert_up;
+        a.y = hu_;
+        matmul(a, stream_, tile);
+        swiglu(hg_, hu_, T * k * F, hg_, stream_);
+      }
+      shared_expert(l, T, xp);
       a.gather = nullptr;
       a.x = hg_;
       a.ldx = F;
+      a.x_prep = nullptr;
       a.w = l.expert_down;
       a.y = yd_;
       a.ldy = D;
-      matmul(a, stream_);
+      matmul(a, stream_, with_prepared_x(a, prepare_x(hg_, F, T * k, F)));
       pos_of = groups_.pos_of;
     }
-    proj(l.shared_gate, normed_, T, sg_);
-    proj(l.shared_up, normed_, T, su_);
-    swiglu(sg_, su_, T * Fs, sg_, stream_);
-    proj(l.shared_down, sg_, T, ys_);
     moe_combine(hidden_, yd_, pos_of, route_w_, ys_, shared_logit_, T, D, k, stream_);
+  }
+
+  // The shared expert of the prefill plan: ys_ [T, D] = down(silu(gate·x) ⊙ (up·x)), x = normed_ (split in xp).
+  void shared_expert(const DeviceLayer& l, int64_t T, const void* xp) {
+    const Config& c = w_->config;
+    const int64_t D = c.hidden_size, Fs = c.shared_expert_intermediate_size;
+    MatmulArgs sa;
+    sa.w = l.shared_gate;
+    sa.x = normed_;
+    sa.ldx = D;
+    sa.y = sg_;
+    sa.ldy = Fs;
+    sa.tokens = T;
+    const MatmulTile tile = with_prepared_x(sa, xp);
+    if (T > 1 && !fp32_prefill_ && matmul_swiglu_supported(sa, l.shared_up)) {
+      matmul_swiglu(sa, l.shared_up, stream_, tile);
+    } else {
+      proj(l.shared_gate, normed_, T, sg_, false, xp);
+      proj(l.shared_up, normed_, T, su_, false, xp);
+      swiglu(sg_, su_, T * Fs, sg_, stream_);
+    }
+    proj(l.shared_down, sg_, T, ys_);
   }
 
   // Logits of chunk rows [r0, r0 + n) into logits_ (device), n <= kLmRows.
   void lm_head_device(int64_t r0, int64_t n) {
     const Config& c = w_->config;
     const int64_t D = c.hidden_size;
-    rmsnorm(hidden_ + r0 * D, w_->final_norm, float(c.rms_norm_eps), n, D, normed_, stream_);
-    proj(w_->lm_head, normed_, n, logits_);
+    if (n <= kQmvMaxTokens && use_decode_kernels_) {
+      qmv_into(w_->lm_head, hidden_ + r0 * D, D, n, w_->final_norm, logits_, c.vocab_size);
+    } else {
+      rmsnorm(hidden_ + r0 * D, w_->final_norm, float(c.rms_norm_eps), n, D, normed_, stream_);
+      proj(w_->lm_head, normed_, n, logits_);
+    }
     mask_padding(logits_, n, c.vocab_size, w_->vocab_real, stream_);
   }
 
@@ -442,6 +777,18 @@ class CudaRunner final : public ModelRunner {
   cudaStream_t stream_{};
   DeviceArena scratch_;
   bool use_graphs_ = true;              // TERN_CUDA_GRAPHS=0 turns the decode graph off
+  bool fp32_prefill_ = false;           // TERN_CUDA_FP32=1
+  int32_t device_token_ = 0;            // the token the last graph step left in tokens_ (when valid)
+  bool device_token_valid_ = false;
+  DeviceSampling last_params_{};        // the parameters in sample_params_slot (when valid)
+  bool params_valid_ = false;
+  bool decode_warm_ = false;           // a decode step has run outside capture
+  bool use_decode_kernels_ = true;      // TERN_CUDA_DECODE_KERNELS=0: decode through the prefill plan's kernels
+  DeviceArena decode_scratch_;
+  float* proj_ = nullptr;               // [kQmvMaxTokens, proj_cols_] fused input projection output
+  int64_t proj_cols_ = 0;
+  MoeDecodeScratch moe_scratch_;
+  std::vector<MoeDecodeWeights> moe_w_;  // per layer
   cudaGraphExec_t graph_exec_ = nullptr;
   uint64_t graph_session_ = 0, session_ids_ = 0;
   void* pinned_ = nullptr;              // [256 B] token in, sampled id out, sampling parameters
@@ -451,6 +798,9 @@ class CudaRunner final : public ModelRunner {
   float *qg_ = nullptr, *k_ = nullptr, *v_ = nullptr, *q_ = nullptr, *attn_out_ = nullptr, *attn_part_ = nullptr;
   float *router_logits_ = nullptr, *route_w_ = nullptr, *shared_logit_ = nullptr;
   float *hg_ = nullptr, *hu_ = nullptr, *yd_ = nullptr, *sg_ = nullptr, *su_ = nullptr, *ys_ = nullptr;
+  size_t yd_bytes_ = 0;                 // also the chunked Gated DeltaNet's workspace
+  void* prep_ = nullptr;                // split activations of the prefill products (matmul_prepare_x)
+  size_t prep_bytes_ = 0;
   float *logits_ = nullptr, *sample_scratch_ = nullptr;
   int *tokens_ = nullptr, *route_ids_ = nullptr, *sample_out_ = nullptr;
   MoeGroups groups_;

@@ -51,6 +51,14 @@ DMat dmat_shape(WeightFormat f, int64_t experts, int64_t rows, int64_t cols, int
   return d;
 }
 
+bool fusable(const std::vector<const Matrix*>& parts) {
+  for (const Matrix* m : parts)
+    if (m->empty() || m->experts != 1 || m->format != parts[0]->format || m->cols != parts[0]->cols ||
+        m->group_size != parts[0]->group_size)
+      return false;
+  return true;
+}
+
 // Two pinned buffers; host chunks are copied into one while the other is in flight.
 class Stager {
  public:
@@ -113,6 +121,20 @@ class Stager {
 
 }  // namespace
 
+DMat dmat_rows(const DMat& m, int64_t row0, int64_t rows) {
+  TERN_CHECK(m.experts == 1 && row0 >= 0 && row0 + rows <= m.rows, "dmat_rows: rows [", row0, ", ", row0 + rows,
+             ") outside a matrix of ", m.rows, " rows");
+  DMat v = m;
+  v.rows = rows;
+  const int64_t bytes_per_unit = m.format == WeightFormat::bf16 ? 2 : 4;
+  v.data = static_cast<const uint8_t*>(m.data) + row0 * m.row_words * bytes_per_unit;
+  if (m.scales) {
+    v.scales = m.scales + row0 * m.groups_per_row;
+    v.biases = m.biases + row0 * m.groups_per_row;
+  }
+  return v;
+}
+
 // --------------------------------------------------------------------------------------------------------------
 // Upload from host weights.
 
@@ -132,6 +154,15 @@ std::unique_ptr<DeviceWeights> device_weights_upload(const ModelWeights& w, bool
     total += DeviceArena::align(b.data) + 2 * DeviceArena::align(b.groups);
     weight_bytes += int64_t(b.data + 2 * b.groups);
   };
+  auto shape_fused = [&](DMat& d, const std::vector<const Matrix*>& parts, const std::string& name) {
+    int64_t rows = 0;
+    for (const Matrix* m : parts) rows += m->rows;
+    const Matrix& m0 = *parts[0];
+    d = dmat_shape(m0.format, 1, rows, m0.cols, m0.group_size, name);
+    const MatBytes b = mat_bytes(d);
+    total += DeviceArena::align(b.data) + 2 * DeviceArena::align(b.groups);
+    weight_bytes += int64_t(b.data + 2 * b.groups);
+  };
   auto vsize = [&](const std::vector<float>& v) {
     if (!v.empty()) total += DeviceArena::align(v.size() * 4);
   };
@@ -143,14 +174,25 @@ std::unique_ptr<DeviceWeights> device_weights_upload(const ModelWeights& w, bool
     DeviceLayer& d = dw->layers[i];
     d.type = l.type;
     const std::string p = "layers." + std::to_string(i) + ".";
-    shape(d.in_proj_qkv, l.in_proj_qkv, p + "in_proj_qkv");
-    shape(d.in_proj_z, l.in_proj_z, p + "in_proj_z");
-    shape(d.in_proj_b, l.in_proj_b, p + "in_proj_b");
-    shape(d.in_proj_a, l.in_proj_a, p + "in_proj_a");
+    // Fused groups count once; their parts become views after the copy.
+    const std::vector<const Matrix*> gdn_in = {&l.in_proj_qkv, &l.in_proj_z, &l.in_proj_b, &l.in_proj_a};
+    const std::vector<const Matrix*> attn_in = {&l.q_proj, &l.k_proj, &l.v_proj};
+    if (fusable(gdn_in)) {
+      shape_fused(d.in_proj_all, gdn_in, p + "in_proj_all");
+    } else {
+      shape(d.in_proj_qkv, l.in_proj_qkv, p + "in_proj_qkv");
+      shape(d.in_proj_z, l.in_proj_z, p + "in_proj_z");
+      shape(d.in_proj_b, l.in_proj_b, p + "in_proj_b");
+      shape(d.in_proj_a, l.in_proj_a, p + "in_proj_a");
+    }
     shape(d.out_proj, l.out_proj, p + "out_proj");
-    shape(d.q_proj, l.q_proj, p + "q_proj");
-    shape(d.k_proj, l.k_proj, p + "k_proj");
-    shape(d.v_proj, l.v_proj, p + "v_proj");
+    if (fusable(attn_in)) {
+      shape_fused(d.attn_qkv, attn_in, p + "attn_qkv");
+    } else {
+      shape(d.q_proj, l.q_proj, p + "q_proj");
+      shape(d.k_proj, l.k_proj, p + "k_proj");
+      shape(d.v_proj, l.v_proj, p + "v_proj");
+    }
     shape(d.o_proj, l.o_proj, p + "o_proj");
     shape(d.router, l.router, p + "router");
     shape(d.expert_gate, l.expert_gate, p + "expert_gate");
@@ -190,6 +232,29 @@ std::unique_ptr<DeviceWeights> device_weights_upload(const ModelWeights& w, bool
     d.scales = sc;
     d.biases = bi;
   };
+  // One allocation for the stacked parts; each part's rows are copied at its offset and its DMat becomes a view.
+  auto put_fused = [&](DMat& d, const std::vector<const Matrix*>& parts, const std::vector<DMat*>& views) {
+    const MatBytes b = mat_bytes(d);
+    void* data = dw->arena.take(b.data);
+    uint16_t* sc = b.groups ? dw->arena.take_n<uint16_t>(b.groups / 2) : nullptr;
+    uint16_t* bi = b.groups ? dw->arena.take_n<uint16_t>(b.groups / 2) : nullptr;
+    d.data = data;
+    d.scales = sc;
+    d.biases = bi;
+    int64_t row0 = 0;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const Matrix& m = *parts[i];
+      DMat v = dmat_rows(d, row0, m.rows);
+      const MatBytes pb = mat_bytes(v);
+      st.put(const_cast<void*>(v.data), m.data, pb.data);
+      if (pb.groups) {
+        st.put(const_cast<uint16_t*>(v.scales), m.scales, pb.groups);
+        st.put(const_cast<uint16_t*>(v.biases), m.biases, pb.groups);
+      }
+      *views[i] = v;
+      row0 += m.rows;
+    }
+  };
   auto put_vec = [&](const float*& dst, const std::vector<float>& v) {
     if (v.empty()) return;
     float* p = dw->arena.take_n<float>(v.size());
@@ -202,14 +267,23 @@ std::unique_ptr<DeviceWeights> device_weights_upload(const ModelWeights& w, bool
   for (size_t i = 0; i < w.layers.size(); ++i) {
     const LayerWeights& l = w.layers[i];
     DeviceLayer& d = dw->layers[i];
-    put_mat(d.in_proj_qkv, l.in_proj_qkv);
-    put_mat(d.in_proj_z, l.in_proj_z);
-    put_mat(d.in_proj_b, l.in_proj_b);
-    put_mat(d.in_proj_a, l.in_proj_a);
+    if (d.in_proj_all.rows > 0) {
+      put_fused(d.in_proj_all, {&l.in_proj_qkv, &l.in_proj_z, &l.in_proj_b, &l.in_proj_a},
+                {&d.in_proj_qkv, &d.in_proj_z, &d.in_proj_b, &d.in_proj_a});
+    } else {
+      put_mat(d.in_proj_qkv, l.in_proj_qkv);
+      put_mat(d.in_proj_z, l.in_proj_z);
+      put_mat(d.in_proj_b, l.in_proj_b);
+      put_mat(d.in_proj_a, l.in_proj_a);
+    }
     put_mat(d.out_proj, l.out_proj);
-    put_mat(d.q_proj, l.q_proj);
-    put_mat(d.k_proj, l.k_proj);
-    put_mat(d.v_proj, l.v_proj);
+    if (d.attn_qkv.rows > 0) {
+      put_fused(d.attn_qkv, {&l.q_proj, &l.k_proj, &l.v_proj}, {&d.q_proj, &d.k_proj, &d.v_proj});
+    } else {
+      put_mat(d.q_proj, l.q_proj);
+      put_mat(d.k_proj, l.k_proj);
+      put_mat(d.v_proj, l.v_proj);
+    }
     put_mat(d.o_proj, l.o_proj);
     put_mat(d.router, l.router);
     put_mat(d.expert_gate, l.expert_gate);
@@ -308,19 +382,14 @@ std::unique_ptr<DeviceWeights> device_weights_synthetic(const Config& c, uint64_
     vecs.push_back({&d.input_norm, D, 1.0f, 0.1f});
     vecs.push_back({&d.post_attn_norm, D, 1.0f, 0.1f});
     if (d.type == LayerType::linear_attention) {
-      mat(d.in_proj_qkv, q4, 1, C, D, "in_proj_qkv");
-      mat(d.in_proj_z, q4, 1, Hv * dv, D, "in_proj_z");
-      mat(d.in_proj_b, q4, 1, Hv, D, "in_proj_b");
-      mat(d.in_proj_a, q4, 1, Hv, D, "in_proj_a");
+      mat(d.in_proj_all, q4, 1, C + Hv * dv + 2 * Hv, D, "in_proj_all");  // qkv | z | b | a, views set below
       mat(d.out_proj, q4, 1, D, Hv * dv, "out_proj");
       vecs.push_back({&d.conv1d, C * c.linear_conv_kernel_dim, 0.0f, 0.3f});
       vecs.push_back({&d.A_log, Hv, 0.0f, 1.0f});
       vecs.push_back({&d.dt_bias, Hv, 0.0f, 1.0f});
       vecs.push_back({&d.gdn_norm, dv, 1.0f, 0.1f});
     } else {
-      mat(d.q_proj, q4, 1, Hq * 2 * dh, D, "q_proj");
-      mat(d.k_proj, q4, 1, Hkv * dh, D, "k_proj");
-      mat(d.v_proj, q4, 1, Hkv * dh, D, "v_proj");
+      mat(d.attn_qkv, q4, 1, Hq * 2 * dh + 2 * Hkv * dh, D, "attn_qkv");  // q | k | v, views set below
       mat(d.o_proj, q4, 1, D, Hq * dh, "o_proj");
       vecs.push_back({&d.q_norm, dh, 1.0f, 0.1f});
       vecs.push_back({&d.k_norm, dh, 1.0f, 0.1f});
@@ -369,6 +438,18 @@ std::unique_ptr<DeviceWeights> device_weights_synthetic(const Config& c, uint64_
       last_pct = pct;
       std::fprintf(stderr, "\rsynthetic weights on GPU %3d%% %6.2f GB", pct, double(done) / 1e9);
       if (pct == 100) std::fputc('\n', stderr);
+    }
+  }
+  for (DeviceLayer& d : dw->layers) {
+    if (d.type == LayerType::linear_attention) {
+      d.in_proj_qkv = dmat_rows(d.in_proj_all, 0, C);
+      d.in_proj_z = dmat_rows(d.in_proj_all, C, Hv * dv);
+      d.in_proj_b = dmat_rows(d.in_proj_all, C + Hv * dv, Hv);
+      d.in_proj_a = dmat_rows(d.in_proj_all, C + Hv * dv + Hv, Hv);
+    } else {
+      d.q_proj = dmat_rows(d.attn_qkv, 0, Hq * 2 * dh);
+      d.k_proj = dmat_rows(d.attn_qkv, Hq * 2 * dh, Hkv * dh);
+      d.v_proj = dmat_rows(d.attn_qkv, Hq * 2 * dh + Hkv * dh, Hkv * dh);
     }
   }
   for (const VecSpec& v : vecs) {

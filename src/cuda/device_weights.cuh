@@ -27,8 +27,15 @@ struct DMat {
   bool empty() const { return data == nullptr; }
 };
 
+// Rows [row0, row0 + rows) of a plain (one-expert) DMat, sharing its memory.
+DMat dmat_rows(const DMat& m, int64_t row0, int64_t rows);
+
 struct DeviceLayer {
   LayerType type = LayerType::linear_attention;
+  // Matrices that read the same input, stored back to back so that one product serves them all (empty when their
+  // formats differ): in_proj_all = [in_proj_qkv; in_proj_z; in_proj_b; in_proj_a] (GDN), attn_qkv = [q_proj; k_proj;
+  // v_proj] (attention). The separate matrices below are then row views of these.
+  DMat in_proj_all, attn_qkv;
   const float* input_norm = nullptr;      // [D]
   const float* post_attn_norm = nullptr;  // [D]
   // Gated DeltaNet

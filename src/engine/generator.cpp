@@ -96,9 +96,18 @@ GenerationResult Generator::generate(Session& session, const GenerationRequest& 
       result.prefill_s = seconds_since(t0);
       return result;
     }
-    const size_t n = std::min<size_t>(rest.size(), size_t(options_.prefill_chunk));
+    size_t n = std::min<size_t>(rest.size(), size_t(options_.prefill_chunk));
+    const int64_t every = request.checkpoint_every;
+    if (every > 0) n = std::min<size_t>(n, size_t(every - session.position() % every));
+    for (int64_t at : request.checkpoint_at)
+      if (at > session.position() && at < n_prompt) n = std::min<size_t>(n, size_t(at - session.position()));
     runner_.forward(session, rest.first(n), false, logits);
     rest = rest.subspan(n);
+    const int64_t pos = session.position();
+    if (request.on_checkpoint &&
+        (rest.empty() || (every > 0 && pos % every == 0) ||
+         std::find(request.checkpoint_at.begin(), request.checkpoint_at.end(), pos) != request.checkpoint_at.end()))
+      request.on_checkpoint(session);
   }
   TERN_CHECK(int64_t(logits.size()) >= vocab, "the backend returned ", logits.size(), " logits for a vocabulary of ",
              vocab);

@@ -36,6 +36,13 @@ struct GenerationRequest {
   std::vector<int32_t> forced_tokens;   // debug: the model still runs, but step i emits forced_tokens[i]; after
                                         // the list ends, generation stops with FinishReason::stop
   const std::atomic<bool>* cancel = nullptr;  // optional: set to true to stop within one step
+  // Prefix cache (src/engine/prefix_cache.h): the prefill's forward calls also end at every multiple of
+  // checkpoint_every (absolute positions; 0: none), and on_checkpoint(session) runs there and once the whole
+  // prompt is in (before the first token is sampled).
+  // checkpoint_at: more such positions (e.g. where the chat template's generation prompt begins).
+  int64_t checkpoint_every = 0;
+  std::vector<int64_t> checkpoint_at;
+  std::function<void(Session&)> on_checkpoint;
 };
 
 // One generated token. Emitted for every generated id except an end id that stops generation.

@@ -6,12 +6,28 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "model/weights.h"
 
 namespace tern {
+
+// A copy of a session's recurrent state at one position: the conv and recurrent states of every Gated DeltaNet
+// layer and the position. The attention layers' KV cache is NOT part of it: it stays in place in the session,
+// where rows [0, position) are reused as they are when the snapshot is restored (multi-turn prefix reuse).
+// Made by Session::snapshot(); its memory lives on the backend's device (GPU memory for CUDA) until to_host()
+// moves it to (pinned) host memory; to_device() moves it back. Restoring works from either place.
+class StateSnapshot {
+ public:
+  virtual ~StateSnapshot() = default;
+  virtual int64_t position() const = 0;  // tokens the session had consumed when the snapshot was taken
+  virtual size_t bytes() const = 0;      // memory it holds (wherever it is)
+  virtual bool on_host() const = 0;      // true after to_host() (until to_device())
+  virtual void to_host() = 0;            // no-op when already there
+  virtual void to_device() = 0;          // no-op when already there
+};
 
 // Per-sequence state: KV cache of the attention layers, conv and recurrent state of the Gated DeltaNet layers,
 // and the number of tokens consumed. Created by a runner; only that runner may use it.
@@ -21,6 +37,28 @@ class Session {
   virtual int64_t position() const = 0;   // tokens consumed so far (= next RoPE position)
   virtual int64_t capacity() const = 0;   // maximum tokens (context size)
   virtual void reset() = 0;               // back to an empty sequence; buffers kept
+
+  // The three below are the prefix cache's (src/engine/prefix_cache.h); a backend without them keeps these
+  // defaults (can_snapshot() false: the cache turns itself off; the others throw).
+  virtual bool can_snapshot() const { return false; }
+  // Captures the Gated DeltaNet states and the position (see StateSnapshot).
+  virtual std::unique_ptr<StateSnapshot> snapshot() const {
+    throw std::logic_error("this backend's sessions have no snapshots");
+  }
+  // Sets the position back to snap.position() and the Gated DeltaNet states to the snapshot's. The KV cache is
+  // kept: the caller guarantees that this session's KV rows [0, snap.position()) hold the same tokens as when the
+  // snapshot was taken (the session may have run other tokens after them since: rows from the position on are
+  // simply overwritten by the next forward). `snap` must come from a session of the same runner. Throws
+  // tern::Error when it does not, or when its position exceeds this session's capacity.
+  virtual void restore(const StateSnapshot& snap) {
+    throw std::logic_error("this backend's sessions have no snapshots");
+  }
+  // Copies the KV rows [0, n) of `from` (a session of the same runner) into this session's KV cache, so that a
+  // snapshot of `from` at a position <= n can be restored here (a conversation forked into a second session).
+  // Leaves the position and the Gated DeltaNet states alone. Throws tern::Error when n exceeds either capacity.
+  virtual void copy_kv_prefix(const Session& from, int64_t n) {
+    throw std::logic_error("this backend's sessions cannot copy their KV cache");
+  }
 };
 
 // Sampling that a backend may run on its device (see ModelRunner::forward_sample).

@@ -3,6 +3,7 @@
 // deltas when streaming), the rest -> content.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <variant>
@@ -21,13 +22,23 @@ class Tokenizer;
 namespace tern::server {
 
 struct ChatPrompt {
-  std::string text;
+  std::string text;                  // the rendered prompt; escaped special tokens appear as placeholders
   bool starts_in_reasoning = false;  // the prompt ends inside an open <think> block
+  // Special tokens found in the request's strings (content, tool calls, tools, template kwargs) are replaced by
+  // placeholder code points (plane-16 private use, placeholder_base + i for escaped[i]) before rendering, so
+  // that the template's own special tokens are the only control tokens of the prompt.
+  std::vector<std::string> escaped;
+  uint32_t placeholder_base = 0;
 };
 
 // Renders the request's messages and tools. Template errors (a system message in the middle, no user query, ...)
-// become a 400 that quotes the template's message.
-std::variant<ChatPrompt, ApiError> chat_render_prompt(const ChatRequest& request, const ChatTemplate& chat_template);
+// become a 400 that quotes the template's message. escape_special: the texts of the tokenizer's special tokens
+// to treat as text where the request wrote them (empty: none escaped, --allow-special-in-content).
+std::variant<ChatPrompt, ApiError> chat_render_prompt(const ChatRequest& request, const ChatTemplate& chat_template,
+                                                      const std::vector<std::string>& escape_special = {});
+
+// The prompt's tokens: the template's text with its special tokens, each placeholder as its token's text.
+std::vector<int32_t> chat_prompt_tokens(const ChatPrompt& prompt, const Tokenizer& tokenizer);
 
 // True when `prompt` ends inside a thinking block: its last <think> comes after its last </think>.
 bool prompt_ends_in_reasoning(const std::string& prompt);

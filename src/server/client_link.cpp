@@ -11,9 +11,6 @@
 
 namespace tern::server {
 
-namespace {
-
-// Port and printable address of a sockaddr (IPv4 or IPv6).
 bool socket_address(const sockaddr_storage& a, std::string& addr, int& port) {
   char buf[INET6_ADDRSTRLEN] = {};
   if (a.ss_family == AF_INET) {
@@ -30,6 +27,8 @@ bool socket_address(const sockaddr_storage& a, std::string& addr, int& port) {
   addr = buf;
   return true;
 }
+
+namespace {
 
 bool socket_matches(int fd, int local_port, const std::string& remote_addr, int remote_port) {
   sockaddr_storage local{}, peer{};

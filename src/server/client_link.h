@@ -8,11 +8,16 @@
 // the link was marked so.
 #pragma once
 
+#include <sys/socket.h>
+
 #include <atomic>
 #include <mutex>
 #include <string>
 
 namespace tern::server {
+
+// Port and printable address of a sockaddr (IPv4 or IPv6); false for other families.
+bool socket_address(const sockaddr_storage& a, std::string& addr, int& port);
 
 class ClientLink {
  public:

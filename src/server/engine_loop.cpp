@@ -2,14 +2,17 @@
 
 #include <cstdio>
 #include <exception>
+#include <vector>
 
 #include "core/check.h"
 
 namespace tern::server {
 
-EngineLoop::EngineLoop(Generator& generator, int64_t context, size_t max_queue, Metrics& metrics)
+EngineLoop::EngineLoop(Generator& generator, int64_t context, size_t max_queue, Metrics& metrics,
+                       PrefixCacheOptions cache)
     : generator_(generator), context_(context), metrics_(metrics), queue_(max_queue) {
-  session_ = generator_.runner().create_session(context_);
+  cache_ = std::make_unique<PrefixCache>(generator_.runner(), context_, cache);
+  metrics_.on_prefix_cache(cache_->stats(), cache_->active());
   thread_ = std::thread([this] { run(); });
 }
 
@@ -58,10 +61,18 @@ void EngineLoop::run_task(GenerationTask& task) {
   EngineEvent done;
   TaskOutcome outcome = TaskOutcome::failed;
   GenerationResult result;
+  Session* session = nullptr;
   try {
     task.request.cancel = &task.cancel;
-    session_->reset();  // no prefix reuse yet: every request runs its whole prompt
-    result = generator_.generate(*session_, task.request, [&task](const TokenEvent& e) {
+    const PrefixCache::Lease lease = cache_->begin(task.request.prompt);
+    session = lease.session;
+    if (cache_->active()) {
+      task.request.checkpoint_every = cache_->options().snapshot_every;
+      task.request.on_checkpoint = [this, &task](Session& s) { cache_->checkpoint(s, task.request.prompt); };
+    } else {
+      task.request.checkpoint_at.clear();  // no snapshots: the prefill's chunks as without the cache
+    }
+    result = generator_.generate(*session, task.request, [&task](const TokenEvent& e) {
       if (task.cancel.load(std::memory_order_relaxed)) return false;
       if (task.client_gone && task.client_gone()) {
         task.cancel.store(true);
@@ -72,18 +83,27 @@ void EngineLoop::run_task(GenerationTask& task) {
     });
     outcome = result.finish == FinishReason::cancelled ? TaskOutcome::cancelled : TaskOutcome::completed;
     done = EngineEvent::of_done(result);
+    // What the session holds now: the prompt (or the part of it fed before a cancel), then the generated tokens
+    // that were fed back (all but the last one).
+    const int64_t pos = session->position(), n_prompt = int64_t(task.request.prompt.size());
+    std::vector<int32_t> held(task.request.prompt.begin(), task.request.prompt.begin() + std::min(pos, n_prompt));
+    for (int64_t i = 0; int64_t(held.size()) < pos && i < int64_t(result.tokens.size()); ++i)
+      held.push_back(result.tokens[size_t(i)]);
+    cache_->end(*session, held, int64_t(held.size()) == pos);
   } catch (const Error& e) {
     done = EngineEvent::of_error(api_error_invalid("", strip_error_location(e.what())));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tern serve: internal error in request %s: %s\n", task.id.c_str(), e.what());
     done = EngineEvent::of_error(api_error_internal(std::string("internal error: ") + e.what()));
   }
-  if (outcome == TaskOutcome::failed) {
+  if (outcome == TaskOutcome::failed && session) {
     try {
-      session_->reset();
+      cache_->end(*session, {}, false);  // the session's state is unknown: forget it
     } catch (...) {
     }
   }
+  task.request.on_checkpoint = nullptr;
+  metrics_.on_prefix_cache(cache_->stats(), cache_->active());
   metrics_.on_task_finished(outcome, result.prompt_tokens, result.cached_tokens, result.completion_tokens,
                             result.prefill_s, result.decode_s);
   task.events.push(std::move(done));

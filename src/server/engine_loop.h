@@ -1,5 +1,6 @@
 // The one thread that owns the model: it takes tasks from the FIFO queue, one at a time, and runs the generator
-// over its single session. Handlers never touch the runner, the session or the generator.
+// in the session the prefix cache gives it (engine/prefix_cache.h: the conversation's own session, restored to
+// the longest snapshot its prompt reuses). Handlers never touch the runner, the sessions or the generator.
 #pragma once
 
 #include <atomic>
@@ -9,6 +10,7 @@
 #include <thread>
 
 #include "engine/generator.h"
+#include "engine/prefix_cache.h"
 #include "server/metrics.h"
 #include "server/request_queue.h"
 
@@ -17,7 +19,8 @@ namespace tern::server {
 class EngineLoop {
  public:
   // `generator` and `runner` must outlive the loop. context: the session's capacity in tokens.
-  EngineLoop(Generator& generator, int64_t context, size_t max_queue, Metrics& metrics);
+  EngineLoop(Generator& generator, int64_t context, size_t max_queue, Metrics& metrics,
+             PrefixCacheOptions cache = {});
   ~EngineLoop();  // stops the thread after the running task; waiting tasks get an error event
   EngineLoop(const EngineLoop&) = delete;
   EngineLoop& operator=(const EngineLoop&) = delete;
@@ -41,7 +44,7 @@ class EngineLoop {
   RequestQueue queue_;
   std::atomic<bool> stopping_{false};
   std::mutex accounting_mutex_;  // orders queue pushes/removals with the metrics that count them
-  std::unique_ptr<Session> session_;
+  std::unique_ptr<PrefixCache> cache_;
   std::thread thread_;
 };
 

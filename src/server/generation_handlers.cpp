@@ -51,6 +51,27 @@ std::variant<SamplingParams, ApiError> sampling_params(const ServerState& state,
   return p;
 }
 
+// Before tokenizing: a prompt longer than context x the longest token's bytes cannot fit, whatever its tokens.
+std::optional<ApiError> check_prompt_bytes(const ServerState& state, size_t bytes, const char* param) {
+  const size_t limit = size_t(state.model.context) * state.max_token_bytes;
+  if (bytes <= limit) return std::nullopt;
+  ApiError e = api_error_invalid(param, "The prompt is " + std::to_string(bytes) + " bytes: more than this model's "
+                                        "context of " + std::to_string(state.model.context) + " tokens can hold (" +
+                                        std::to_string(limit) + " bytes at most, " +
+                                        std::to_string(state.max_token_bytes) +
+                                        " bytes being its longest token). Shorten the prompt.");
+  e.code = "context_length_exceeded";
+  return e;
+}
+
+ApiError api_error_shutting_down() {
+  ApiError e = api_error_internal("The server is shutting down; the generation was cancelled.");
+  e.status = 503;
+  e.code = "shutting_down";
+  e.retry_after_s = 1;
+  return e;
+}
+
 std::optional<ApiError> check_context(const ServerState& state, size_t prompt_tokens, int64_t max_tokens) {
   if (int64_t(prompt_tokens) >= state.model.context)
     return api_error_context(int64_t(prompt_tokens), max_tokens, state.model.context);
@@ -68,13 +89,26 @@ struct Exchange {
   std::shared_ptr<ClientLink> link;
   bool started = false;
   bool finished = false;      // the last event was handled (response complete)
+  bool stop_requested = false;  // the server is stopping: the generation was cancelled, its end is still sent
   std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
 
   void cancel() {
     task->cancel = true;
     if (state->engine) state->engine->withdraw(task);
   }
-  bool client_gone() const { return link->gone() || state->stopping.load(); }
+  bool client_gone() const { return link->gone(); }
+  // The server is stopping: cancels the generation. A task that was still waiting in the queue gets no event
+  // from the engine, so its end (finish cancelled, no tokens) is made here.
+  std::optional<EngineEvent> begin_shutdown() {
+    stop_requested = true;
+    task->cancel = true;
+    if (state->engine && state->engine->withdraw(task)) {
+      GenerationResult r;
+      r.finish = FinishReason::cancelled;
+      return EngineEvent::of_done(r);
+    }
+    return std::nullopt;
+  }
 };
 
 void log_result(const GenerationResult& r, const std::string& id) {
@@ -111,7 +145,9 @@ bool stream_step(Ex& ex, httplib::DataSink& sink) {
       if (!write(sse_data(c))) return false;
   }
   for (;;) {
-    std::optional<EngineEvent> event = ex.task->events.pop(kPollInterval);
+    std::optional<EngineEvent> event;
+    if (ex.state->stopping.load() && !ex.stop_requested) event = ex.begin_shutdown();
+    if (!event) event = ex.task->events.pop(kPollInterval);
     if (!event) {
       if (ex.client_gone()) {
         ex.cancel();
@@ -133,7 +169,9 @@ bool stream_step(Ex& ex, httplib::DataSink& sink) {
         const GenerationResult& r = event->result;
         log_result(r, ex.task->id);
         ex.finished = true;
-        if (r.finish == FinishReason::cancelled) return false;
+        // Cancelled because the client left: nobody to write to. Cancelled because the server stops: the stream
+        // still ends properly (finish_reason, usage, [DONE]).
+        if (r.finish == FinishReason::cancelled && !ex.stop_requested) return false;
         for (const Json& c : ex.output->finish_chunks(r))
           if (!write(sse_data(c))) return false;
         if (!write(sse_done())) return false;
@@ -188,7 +226,9 @@ void serve(ServerState& state, const httplib::Request& req, httplib::Response& r
     return;
   }
   for (;;) {
-    std::optional<EngineEvent> event = ex->task->events.pop(kPollInterval);
+    std::optional<EngineEvent> event;
+    if (state.stopping.load() && !ex->stop_requested) event = ex->begin_shutdown();
+    if (!event) event = ex->task->events.pop(kPollInterval);
     if (!event) {
       if (ex->client_gone()) {
         ex->cancel();
@@ -217,6 +257,7 @@ void serve(ServerState& state, const httplib::Request& req, httplib::Response& r
       return;
     }
     log_result(event->result, ex->task->id);
+    if (ex->stop_requested && event->result.finish == FinishReason::cancelled) return respond_error(res, api_error_shutting_down());
     respond_json(res, ex->output->response(event->result));
     return;
   }
@@ -244,22 +285,37 @@ void handle_chat_completions(ServerState& state, const httplib::Request& req, ht
   ex->request = std::move(std::get<ChatRequest>(parsed));
   const ChatRequest& request = ex->request;
 
-  auto prompt = chat_render_prompt(request, *state.model.chat_template);
+  static const std::vector<std::string> kNone;
+  auto prompt = chat_render_prompt(request, *state.model.chat_template,
+                                   state.options.allow_special_in_content ? kNone : state.special_tokens);
   if (auto* e = std::get_if<ApiError>(&prompt)) return respond_error(res, *e);
   const ChatPrompt& chat_prompt = std::get<ChatPrompt>(prompt);
   auto sampling = sampling_params(state, request.sampling, request.logprobs ? request.top_logprobs : -1);
   if (auto* e = std::get_if<ApiError>(&sampling)) return respond_error(res, *e);
 
+  if (auto e = check_prompt_bytes(state, chat_prompt.text.size(), "messages")) return respond_error(res, *e);
+
   auto task = std::make_shared<GenerationTask>();
   task->id = response_id("chatcmpl-");
   try {
-    task->request.prompt = state.model.tokenizer->encode(chat_prompt.text);
+    task->request.prompt = chat_prompt_tokens(chat_prompt, *state.model.tokenizer);
     if (request.forced_output) task->request.forced_tokens = state.model.tokenizer->encode(*request.forced_output);
   } catch (const Error& e) {
     return respond_error(res, api_error_invalid("messages", strip_error_location(e.what())));
   }
   if (auto e = check_context(state, task->request.prompt.size(), request.max_tokens.value_or(-1)))
     return respond_error(res, *e);
+  // The prefix cache also snapshots where the generation prompt starts (the prompt's last <|im_start|>): the next
+  // turn renders this turn's generation prompt and reply as the template renders history, which may differ from
+  // what was generated (thinking dropped), but everything before that point is the same.
+  if (const std::optional<int32_t> im_start = state.model.tokenizer->token_id("<|im_start|>")) {
+    const auto& p = task->request.prompt;
+    for (size_t i = p.size(); i-- > 0;)
+      if (p[i] == *im_start) {
+        task->request.checkpoint_at.push_back(int64_t(i));
+        break;
+      }
+  }
   task->request.sampling = std::get<SamplingParams>(sampling);
   task->request.max_tokens = request.max_tokens.value_or(-1);
   task->request.stop = request.stop;
@@ -282,6 +338,8 @@ void handle_completions(ServerState& state, const httplib::Request& req, httplib
 
   auto sampling = sampling_params(state, request.sampling, request.logprobs);
   if (auto* e = std::get_if<ApiError>(&sampling)) return respond_error(res, *e);
+  if (!request.prompt_is_ids)
+    if (auto e = check_prompt_bytes(state, request.prompt_text.size(), "prompt")) return respond_error(res, *e);
   auto task = std::make_shared<GenerationTask>();
   task->id = response_id("cmpl-");
   std::string echo_text;

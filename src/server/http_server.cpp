@@ -1,12 +1,18 @@
 #include "server/http_server.h"
 
+#include <malloc.h>
+
 #include <cstdio>
 #include <ctime>
+#include <list>
+#include <optional>
 
 #include "core/check.h"
 #include "server/chat_page.h"
+#include "server/connections.h"
 #include "server/server_state.h"
 #include "server/sse.h"
+#include "text/tokenizer.h"
 
 namespace tern::server {
 
@@ -38,14 +44,124 @@ std::string iso_time_now() {
   return buf;
 }
 
-bool authorized(const ServerOptions& options, const httplib::Request& req) {
+std::string lower(std::string s) {
+  for (char& ch : s) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+  return s;
+}
+
+bool authorized(const ServerOptions& options, const std::string& header) {
   if (options.api_key.empty()) return true;
-  const std::string header = req.get_header_value("Authorization");
   const std::string expected = "Bearer " + options.api_key;
   if (header.size() != expected.size()) return false;
   unsigned char diff = 0;  // constant time in the key's length
   for (size_t i = 0; i < header.size(); ++i) diff |= static_cast<unsigned char>(header[i] ^ expected[i]);
   return diff == 0;
+}
+
+// The name part of a Host header: "[::1]:8080" -> "::1", "Example.com.:80" -> "example.com".
+std::string host_name(const std::string& host) {
+  std::string h = host;
+  if (!h.empty() && h.front() == '[') {
+    const size_t close = h.find(']');
+    h = close == std::string::npos ? h.substr(1) : h.substr(1, close - 1);
+  } else if (const size_t colon = h.find(':'); colon != std::string::npos && h.find(':', colon + 1) == std::string::npos) {
+    h = h.substr(0, colon);
+  }
+  if (!h.empty() && h.back() == '.') h.pop_back();
+  return lower(h);
+}
+
+// DNS rebinding: on a loopback address, a page of any web site can reach the server through a name of its own
+// that resolves to 127.0.0.1; its requests carry that name in Host. Only the bound address, loopback addresses,
+// localhost and --allowed-hosts are accepted there.
+bool host_allowed(const ServerState& s, const std::string* host) {
+  if (!s.loopback || host == nullptr || host->empty()) return true;  // no Host: not a browser
+  const std::string name = host_name(*host);
+  if (name == "localhost" || name == lower(s.options.host) || is_loopback_host(name)) return true;
+  for (const std::string& a : s.options.allowed_hosts)
+    if (a == "*" || lower(a) == name) return true;
+  return false;
+}
+
+bool media_type_is_json(const std::string* content_type) {
+  if (!content_type) return false;
+  std::string t = lower(content_type->substr(0, content_type->find(';')));
+  while (!t.empty() && (t.back() == ' ' || t.back() == '\t')) t.pop_back();
+  while (!t.empty() && (t.front() == ' ' || t.front() == '\t')) t.erase(0, 1);
+  return t == "application/json";
+}
+
+// The checks made as soon as a request's headers are in (by the connection poller, before reading the body, and
+// again in cpp-httplib's pre-routing handler, which writes the answer). `header(lower_name)` gives a header or null.
+template <typename HeaderFn>
+std::optional<ApiError> early_rejection(const ServerState& s, const std::string& method, const std::string& path,
+                                        HeaderFn header) {
+  if (s.stopping.load()) {
+    ApiError e = api_error_internal("The server is shutting down.");
+    e.status = 503;
+    e.code = "shutting_down";
+    e.retry_after_s = 1;
+    return e;
+  }
+  if (!host_allowed(s, header("host"))) {
+    ApiError e = api_error_invalid("", "Host '" + *header("host") + "' is not allowed: this server listens on " +
+                                           s.options.host + " and answers only requests addressed to it (or to "
+                                           "localhost); start it with --allowed-hosts NAME to accept another name.");
+    e.status = 403;
+    e.type = "permission_error";
+    e.code = "host_not_allowed";
+    return e;
+  }
+  if (method == "OPTIONS") return std::nullopt;  // CORS preflight: browsers send no credentials
+  const bool open = path == "/health" || path == "/" || path == "/favicon.ico";
+  if (!open) {
+    const std::string* auth = header("authorization");
+    if (!authorized(s.options, auth ? *auth : std::string())) return api_error_unauthorized();
+  }
+  if (method == "POST") {
+    const std::string* type = header("content-type");
+    if (!media_type_is_json(type)) {
+      ApiError e = api_error_invalid("", "POST bodies must be JSON with 'Content-Type: application/json' (got " +
+                                             (type ? "'" + *type + "'" : std::string("none")) + ").");
+      e.status = 415;
+      e.code = "unsupported_media_type";
+      return e;
+    }
+  }
+  if (const std::string* length = header("content-length")) {
+    try {
+      if (std::stoull(*length) > s.options.max_body_bytes) return api_error_too_large(s.options.max_body_bytes);
+    } catch (...) {  // not a number: cpp-httplib answers 400
+    }
+  }
+  return std::nullopt;
+}
+
+// The Access-Control-Allow-Headers of a preflight: what the page asked for (header names only), so that SDKs
+// that add their own headers (the OpenAI JS SDK's x-stainless-*) pass.
+std::string allowed_request_headers(const std::string& requested) {
+  std::string out;
+  for (char ch : requested) {
+    const bool ok = std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' || ch == ',' || ch == ' ';
+    if (!ok) return "Authorization, Content-Type";
+    out += ch;
+  }
+  if (out.size() > 2048 || out.find_first_not_of(" ,") == std::string::npos) return "Authorization, Content-Type";
+  return out;
+}
+
+void add_cors_headers(const ServerOptions& options, const httplib::Request& req, httplib::Response& res) {
+  if (options.cors_origin.empty()) return;
+  res.set_header("Access-Control-Allow-Origin", options.cors_origin);
+  res.set_header("Vary", "Origin");
+  if (req.method != "OPTIONS") return;
+  const std::string origin = req.get_header_value("Origin");
+  const bool allowed = options.cors_origin == "*" || origin == options.cors_origin;
+  res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+  const std::string requested = req.get_header_value("Access-Control-Request-Headers");
+  res.set_header("Access-Control-Allow-Headers",
+                 allowed && !requested.empty() ? allowed_request_headers(requested) : "Authorization, Content-Type");
+  res.set_header("Access-Control-Max-Age", "600");
 }
 
 Json model_entry(const ServerState& state) {
@@ -58,50 +174,65 @@ Json model_entry(const ServerState& state) {
 
 }  // namespace
 
-HttpServer::HttpServer(ServerOptions options)
-    : options_(std::move(options)), http_(std::make_unique<httplib::Server>()), state_(std::make_shared<State>()) {
+HttpServer::HttpServer(ServerOptions options) : options_(std::move(options)), state_(std::make_shared<State>()) {
   TERN_CHECK(options_.max_queue >= 1, "--max-queue must be at least 1, got ", options_.max_queue);
   TERN_CHECK(options_.max_body_bytes >= 1024, "--max-body-bytes must be at least 1024, got ", options_.max_body_bytes);
+  TERN_CHECK(options_.max_connections >= 1 && options_.max_connections_per_address >= 1,
+             "--max-connections and --max-connections-per-address must be at least 1");
+  TERN_CHECK(options_.header_timeout_s > 0 && options_.body_timeout_s > 0 && options_.keep_alive_timeout_s > 0,
+             "--header-timeout, --body-timeout and --keep-alive-timeout must be positive");
   state_->options = options_;
   state_->metrics = &metrics_;
-  const size_t threads = options_.http_threads > 0 ? size_t(options_.http_threads) : options_.max_queue + 8;
-  http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  // Request-sized buffers (bodies, prompts, JSON) of 1 MiB or more come from mmap and go back to the system when
+  // freed. (glibc's default threshold grows with the largest block freed, after which such buffers stay in the
+  // heap arenas of the HTTP threads: hundreds of MB after a few large requests.)
+  ::mallopt(M_MMAP_THRESHOLD, 1 << 20);
+  state_->loopback = is_loopback_host(options_.host);
+  auto ms = [](double s) { return std::chrono::milliseconds(std::max<int64_t>(1, int64_t(s * 1000))); };
+  ConnectionLimits limits;
+  limits.max_connections = options_.max_connections;
+  limits.max_per_address = options_.max_connections_per_address;
+  limits.header_timeout = ms(options_.header_timeout_s);
+  limits.body_timeout = ms(options_.body_timeout_s);
+  limits.idle_timeout = ms(options_.keep_alive_timeout_s);
+  limits.max_body_bytes = options_.max_body_bytes;
+  limits.workers = options_.http_threads > 0 ? size_t(options_.http_threads) : options_.max_queue + 8;
+  State* s = state_.get();
+  http_ = std::make_unique<HttpConnections>(
+      limits,
+      [s](const RequestHead& head) {
+        return early_rejection(*s, head.method, head.path, [&](const char* name) { return head.header(name); })
+            .has_value();
+      },
+      &metrics_);
   http_->set_payload_max_length(options_.max_body_bytes);
   http_->set_keep_alive_max_count(1000);
-  http_->set_read_timeout(30, 0);
-  http_->set_write_timeout(30, 0);
-  if (!options_.cors_origin.empty()) {
-    http_->set_default_headers({{"Access-Control-Allow-Origin", options_.cors_origin},
-                                {"Access-Control-Allow-Headers", "Authorization, Content-Type"},
-                                {"Access-Control-Allow-Methods", "GET, POST, OPTIONS"},
-                                {"Vary", "Origin"}});
-  }
+  http_->set_keep_alive_timeout(std::max<time_t>(1, time_t(options_.keep_alive_timeout_s)));
   install_routes();
 }
 
 HttpServer::~HttpServer() {
   stop();
-  http_.reset();           // joins the handler threads (their streams end: `stopping` is set)
+  http_->shut_down(std::chrono::seconds(10));  // joins the handler threads (their streams end: `stopping` is set)
+  http_.reset();
   state_->engine.reset();  // then the engine thread
 }
 
 int HttpServer::bind() {
-  if (options_.port == 0) {
-    port_ = http_->bind_to_any_port(options_.host);
-    TERN_CHECK(port_ > 0, "cannot listen on ", options_.host, " (any port)");
-  } else {
-    TERN_CHECK(http_->bind_to_port(options_.host, options_.port), "cannot listen on ", options_.host, ":",
-               options_.port, " (address in use, or not an address of this machine)");
-    port_ = options_.port;
-  }
+  const int fd = bind_listener(options_.host, options_.port, &port_);
+  http_->adopt_listener(fd);
   return port_;
 }
 
-void HttpServer::listen() { http_->listen_after_bind(); }
+void HttpServer::listen() { http_->serve_forever(); }
 
 void HttpServer::stop() {
   state_->stopping = true;
-  if (http_) http_->stop();
+  if (http_) http_->stop_accepting();
+}
+
+void HttpServer::wait_stopped(double timeout_s) {
+  http_->shut_down(std::chrono::milliseconds(int64_t(timeout_s * 1000)));
 }
 
 void HttpServer::set_model(const ServerModel& model) {
@@ -109,7 +240,19 @@ void HttpServer::set_model(const ServerModel& model) {
   TERN_CHECK(model.tokenizer && model.chat_template && model.generator && model.context > 0,
              "set_model: incomplete ServerModel");
   state_->model = model;
-  state_->engine = std::make_unique<EngineLoop>(*model.generator, model.context, options_.max_queue, metrics_);
+  // The longest token's bytes: a prompt longer than context x this cannot fit, whatever it tokenizes to.
+  size_t longest = 1;
+  std::vector<std::string> special;
+  for (int32_t id = 0; id < model.tokenizer->vocab_size(); ++id) {
+    if (!model.tokenizer->contains(id)) continue;
+    const std::string bytes = model.tokenizer->token_bytes(id);
+    longest = std::max(longest, bytes.size());
+    if (model.tokenizer->is_special(id)) special.push_back(bytes);
+  }
+  state_->max_token_bytes = longest;
+  state_->special_tokens = std::move(special);
+  state_->engine = std::make_unique<EngineLoop>(*model.generator, model.context, options_.max_queue, metrics_,
+                                               options_.prefix_cache);
   state_->ready.store(true, std::memory_order_release);
 }
 
@@ -122,14 +265,20 @@ void HttpServer::install_routes() {
     log.start = std::chrono::steady_clock::now();
     log.route = "other";
     log.fields = Json::object();
+    add_cors_headers(s.options, req, res);
+    std::list<std::string> values;  // stable addresses for the pointers handed out
+    auto header = [&](const char* name) -> const std::string* {
+      if (!req.has_header(name)) return nullptr;
+      return &values.emplace_back(req.get_header_value(name));
+    };
+    if (auto e = early_rejection(s, req.method, req.path, header)) {
+      HttpConnections::close_after_response();  // the body (if any) was not read
+      respond_error(res, *e);
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (req.method == "OPTIONS") {  // CORS preflight
       log.route = "preflight";
       res.status = 204;
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    const bool open = req.path == "/health" || req.path == "/" || req.path == "/favicon.ico";
-    if (!open && !authorized(s.options, req)) {
-      respond_error(res, api_error_unauthorized());
       return httplib::Server::HandlerResponse::Handled;
     }
     return httplib::Server::HandlerResponse::Unhandled;

@@ -4,6 +4,9 @@
 //
 // The server listens before the model is loaded: /health answers 503 {"status":"loading"} and generation routes
 // 503 until set_model() is called.
+//
+// Under cpp-httplib sits our connection layer (connections.h): caps on connections, read deadlines, pipelining,
+// and the checks made as soon as a request's headers are in (Host, API key, Content-Type, body size).
 #pragma once
 
 #include <atomic>
@@ -11,14 +14,13 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "engine/generator.h"
+#include "engine/prefix_cache.h"
 #include "engine/sampler.h"
 #include "server/metrics.h"
 
-namespace httplib {
-class Server;
-}
 namespace tern {
 class ChatTemplate;
 class Tokenizer;
@@ -27,17 +29,26 @@ class Tokenizer;
 namespace tern::server {
 
 class EngineLoop;
+class HttpConnections;
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;                       // 0: any free port (see HttpServer::port())
   std::string api_key;                   // "": no authentication
   std::string cors_origin;               // "": no CORS headers
+  std::vector<std::string> allowed_hosts;  // Host names accepted besides the bound address and localhost ("*": any)
+  bool allow_special_in_content = false; // special tokens typed in chat content stay control tokens
   size_t max_queue = 64;                 // requests waiting beyond the running one; more get 503
   size_t max_body_bytes = 8u << 20;      // larger bodies get 413
   int http_threads = 0;                  // 0: max_queue + 8 (a streaming request holds a thread)
   bool allow_forced_output = false;      // --debug-allow-forced-output: accept tern_debug_forced_output
   bool log_requests = true;              // one JSON line per request on stderr
+  size_t max_connections = 1024;         // open connections in all; beyond: 503 and close
+  size_t max_connections_per_address = 256;  // open connections from one client address
+  double header_timeout_s = 10;          // a request's headers must arrive within this (408 otherwise)
+  double body_timeout_s = 30;            // and its body within this after the headers
+  double keep_alive_timeout_s = 5;       // an idle connection is closed after this
+  PrefixCacheOptions prefix_cache;       // multi-turn prefix reuse (--no-prefix-cache, --cache-*)
 };
 
 // The loaded model, as the handlers use it. Everything must outlive the server.
@@ -58,12 +69,15 @@ class HttpServer {
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
 
-  // Binds the socket (throws tern::Error naming host:port when it cannot). Returns the bound port.
+  // Binds the socket (throws tern::Error naming host:port and the reason when it cannot). Returns the bound port.
   int bind();
   // Serves until stop(). Call bind() first.
   void listen();
-  // Stops listening; running generations are cancelled. Safe from a signal-handling thread.
+  // Stops accepting and closes idle connections; running generations are cancelled, and their streams end with a
+  // final finish_reason and [DONE]. Returns at once (safe from any thread, also before listen() started).
   void stop();
+  // After stop(): waits up to `timeout_s` for the requests being served to end.
+  void wait_stopped(double timeout_s);
 
   // Makes the generation routes live (creates the engine loop). Call once.
   void set_model(const ServerModel& model);
@@ -77,7 +91,7 @@ class HttpServer {
   void install_routes();
 
   ServerOptions options_;
-  std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<HttpConnections> http_;
   std::shared_ptr<State> state_;
   Metrics metrics_;
   int port_ = 0;

@@ -56,6 +56,12 @@ void Metrics::on_task_finished(TaskOutcome outcome, int64_t prompt_tokens, int64
   }
 }
 
+void Metrics::on_prefix_cache(const PrefixCacheStats& stats, bool enabled) {
+  std::lock_guard lock(mutex_);
+  prefix_cache_ = stats;
+  prefix_cache_enabled_ = enabled;
+}
+
 int64_t Metrics::waiting() const {
   std::lock_guard lock(mutex_);
   return waiting_;
@@ -86,9 +92,38 @@ void value(std::string& out, const std::string& name_and_labels, double v) {
 }
 }  // namespace
 
+void Metrics::on_connection_opened() {
+  std::lock_guard lock(mutex_);
+  ++connections_open_;
+}
+void Metrics::on_connection_closed() {
+  std::lock_guard lock(mutex_);
+  --connections_open_;
+}
+void Metrics::on_connection_refused() {
+  std::lock_guard lock(mutex_);
+  ++connections_refused_;
+}
+void Metrics::on_read_timeout() {
+  std::lock_guard lock(mutex_);
+  ++read_timeouts_;
+}
+int64_t Metrics::connections_open() const {
+  std::lock_guard lock(mutex_);
+  return connections_open_;
+}
+
 std::string Metrics::render_prometheus() const {
   std::lock_guard lock(mutex_);
   std::string o;
+  metric(o, "tern_http_connections_open", "gauge", "Open client connections.");
+  value(o, "tern_http_connections_open", double(connections_open_));
+  metric(o, "tern_http_connections_refused_total", "counter",
+         "Connections refused (503) because the total or per-address cap was reached.");
+  value(o, "tern_http_connections_refused_total", double(connections_refused_));
+  metric(o, "tern_http_read_timeouts_total", "counter",
+         "Requests whose headers or body did not arrive within the deadline (408, connection closed).");
+  value(o, "tern_http_read_timeouts_total", double(read_timeouts_));
   metric(o, "tern_http_responses_total", "counter", "HTTP responses by route and status.");
   for (const auto& [key, n] : http_)
     value(o, "tern_http_responses_total{route=\"" + key.first + "\",status=\"" + std::to_string(key.second) + "\"}",
@@ -126,6 +161,29 @@ std::string Metrics::render_prometheus() const {
   metric(o, "tern_time_to_first_token_seconds", "summary", "Engine time from start of prefill to the first token.");
   value(o, "tern_time_to_first_token_seconds_sum", ttft_sum_s_);
   value(o, "tern_time_to_first_token_seconds_count", double(ttft_count_));
+  const PrefixCacheStats& pc = prefix_cache_;
+  metric(o, "tern_prefix_cache_enabled", "gauge", "1 when the prefix cache is on (--no-prefix-cache: 0).");
+  value(o, "tern_prefix_cache_enabled", prefix_cache_enabled_ ? 1.0 : 0.0);
+  metric(o, "tern_prefix_cache_hits_total", "counter", "Requests that resumed from a cached prefix.");
+  value(o, "tern_prefix_cache_hits_total", double(pc.hits));
+  metric(o, "tern_prefix_cache_misses_total", "counter", "Requests that reused no cached prefix.");
+  value(o, "tern_prefix_cache_misses_total", double(pc.misses));
+  metric(o, "tern_prefix_cache_tokens_reused_total", "counter", "Prompt tokens resumed from the cache, not recomputed.");
+  value(o, "tern_prefix_cache_tokens_reused_total", double(pc.tokens_reused));
+  metric(o, "tern_prefix_cache_snapshots", "gauge", "Gated DeltaNet state snapshots held.");
+  value(o, "tern_prefix_cache_snapshots", double(pc.snapshots));
+  metric(o, "tern_prefix_cache_bytes", "gauge", "Memory held by snapshots, in device (gpu) and host memory.");
+  value(o, "tern_prefix_cache_bytes{where=\"gpu\"}", double(pc.bytes_gpu));
+  value(o, "tern_prefix_cache_bytes{where=\"host\"}", double(pc.bytes_host));
+  metric(o, "tern_prefix_cache_snapshots_taken_total", "counter", "Snapshots taken.");
+  value(o, "tern_prefix_cache_snapshots_taken_total", double(pc.snapshots_taken));
+  metric(o, "tern_prefix_cache_snapshots_to_host_total", "counter", "Snapshots moved to host memory (GPU budget).");
+  value(o, "tern_prefix_cache_snapshots_to_host_total", double(pc.snapshots_to_host));
+  metric(o, "tern_prefix_cache_snapshots_dropped_total", "counter",
+         "Snapshots dropped (host budget, or overwritten by a diverging prompt).");
+  value(o, "tern_prefix_cache_snapshots_dropped_total", double(pc.snapshots_dropped));
+  metric(o, "tern_prefix_cache_sessions", "gauge", "Sessions (conversations with their own KV cache) allocated.");
+  value(o, "tern_prefix_cache_sessions", double(pc.sessions));
   metric(o, "tern_queue_wait_seconds", "summary", "Time requests waited in the queue before running.");
   value(o, "tern_queue_wait_seconds_sum", queue_wait_sum_s_);
   value(o, "tern_queue_wait_seconds_count", double(queue_wait_count_));

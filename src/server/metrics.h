@@ -9,6 +9,8 @@
 #include <mutex>
 #include <string>
 
+#include "engine/prefix_cache.h"
+
 namespace tern::server {
 
 enum class TaskOutcome { completed, cancelled, failed };
@@ -27,7 +29,17 @@ class Metrics {
   void on_task_finished(TaskOutcome outcome, int64_t prompt_tokens, int64_t cached_tokens,
                         int64_t completion_tokens, double prefill_s, double decode_s);
 
+  // The prefix cache's counters and memory (after each task).
+  void on_prefix_cache(const PrefixCacheStats& stats, bool enabled);
+
+  // Connections (the HTTP layer): opened and closed, refused at the cap, closed for a read deadline.
+  void on_connection_opened();
+  void on_connection_closed();
+  void on_connection_refused();
+  void on_read_timeout();
+
   int64_t waiting() const;
+  int64_t connections_open() const;
   int64_t running() const;
 
   std::string render_prometheus() const;
@@ -35,6 +47,7 @@ class Metrics {
  private:
   mutable std::mutex mutex_;
   std::map<std::pair<std::string, int>, int64_t> http_;  // (route, status) -> count
+  int64_t connections_open_ = 0, connections_refused_ = 0, read_timeouts_ = 0;
   int64_t accepted_ = 0, rejected_ = 0, waiting_ = 0, running_ = 0;
   int64_t completed_ = 0, cancelled_ = 0, failed_ = 0;
   int64_t prompt_tokens_ = 0, cached_tokens_ = 0, completion_tokens_ = 0;
@@ -43,6 +56,8 @@ class Metrics {
   double last_prefill_tok_s_ = 0, last_decode_tok_s_ = 0;
   double ttft_sum_s_ = 0; int64_t ttft_count_ = 0;      // prefill time (time to first token, engine side)
   double queue_wait_sum_s_ = 0; int64_t queue_wait_count_ = 0;
+  PrefixCacheStats prefix_cache_;
+  bool prefix_cache_enabled_ = false;
 };
 
 }  // namespace tern::server

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <httplib.h>
 
@@ -21,7 +22,10 @@ struct HttpServer::State {
   Metrics* metrics = nullptr;
   std::atomic<bool> ready{false};       // set_model() done: `model` and `engine` are valid
   std::atomic<bool> stopping{false};    // stop() called: streams cancel their generation and end
+  bool loopback = false;                // bound to a loopback address: the Host header is checked
   ServerModel model;
+  size_t max_token_bytes = 1;           // the longest token (bytes): prompts over context x this cannot fit
+  std::vector<std::string> special_tokens;  // texts of the special tokens (escaped in chat content)
   std::unique_ptr<EngineLoop> engine;
 };
 using ServerState = HttpServer::State;

@@ -190,14 +190,14 @@ void Tokenizer::Impl::encode_plain(std::string_view text, std::vector<int32_t>& 
   else bpe(text, out);
 }
 
-std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool special_as_text) const {
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 4);
-  encode_append(text, out);
+  encode_append(text, out, special_as_text);
   return out;
 }
 
-void Tokenizer::encode_append(std::string_view text, std::vector<int32_t>& out) const {
+void Tokenizer::encode_append(std::string_view text, std::vector<int32_t>& out, bool special_as_text) const {
   std::string clean;
   if (!utf8_is_valid(text)) {
     clean = utf8_lossy(text);
@@ -209,6 +209,7 @@ void Tokenizer::encode_append(std::string_view text, std::vector<int32_t>& out) 
     const auto& cands = m.added_by_first[static_cast<unsigned char>(text[i])];
     if (cands.empty()) continue;
     for (int c : cands) {
+      if (special_as_text && m.kind[size_t(m.added[c].id)] == TokenKind::special) continue;
       const std::string& s = m.added[c].content;
       if (text.compare(i, s.size(), s) == 0) {
         m.encode_plain(text.substr(start, i - start), out);

@@ -30,8 +30,10 @@ class Tokenizer {
   Tokenizer& operator=(Tokenizer&&) noexcept;
   ~Tokenizer();
 
-  std::vector<int32_t> encode(std::string_view text) const;  // added tokens matched first
-  void encode_append(std::string_view text, std::vector<int32_t>& out) const;
+  // special_as_text: added tokens marked special (<|im_start|>, ...) are not matched: their text is encoded as
+  // ordinary text (for text a user typed, which must not become control tokens). Other added tokens still match.
+  std::vector<int32_t> encode(std::string_view text, bool special_as_text = false) const;  // added tokens first
+  void encode_append(std::string_view text, std::vector<int32_t>& out, bool special_as_text = false) const;
   // Throws tern::Error on an id that is not in the vocabulary.
   std::string decode(std::span<const int32_t> ids, bool skip_special = false) const;
   std::string token_bytes(int32_t id) const;  // raw bytes of one token (byte-level decoded), added tokens as text

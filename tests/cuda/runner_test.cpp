@@ -156,19 +156,22 @@ TEST(CudaRunner, MatchesCpuRunnerPrefillDecodeAndSampling) {
   EXPECT_LT(std::fabs(f.ppl / f.ppl_ref - 1.0), 1e-3);
   EXPECT_LT(f.kl, 1e-4);
 
-  // Prefill logits equal token-by-token decode logits.
+  // Prefill logits agree with token-by-token decode logits (the decode plan: fused kernels, fp16 activations in its
+  // products): the same distributions (KL) and arg-max, single logits within 1% of the largest.
   auto ds = gpu->create_session(256);
-  std::vector<float> step;
-  double worst = 0, scale = 0;
+  std::vector<float> step, dec(size_t(n * V));
+  double scale = 0;
   for (int64_t i = 0; i < n; ++i) {
     gpu->forward(*ds, std::span(tokens).subspan(size_t(i), 1), false, step);
-    for (int64_t j = 0; j < weights->vocab_real; ++j) {
-      worst = std::max(worst, double(std::fabs(step[size_t(j)] - got[size_t(i * V + j)])));
-      scale = std::max(scale, double(std::fabs(got[size_t(i * V + j)])));
-    }
+    std::copy(step.begin(), step.end(), dec.begin() + i * V);
+    for (int64_t j = 0; j < weights->vocab_real; ++j) scale = std::max(scale, double(std::fabs(got[size_t(i * V + j)])));
   }
-  std::printf("[prefill vs decode] max |dlogit| %.3g (max |logit| %.3g)\n", worst, scale);
-  EXPECT_LT(worst, 2e-3 * scale + 1e-4);
+  const Fidelity pd = compare_logits(got, dec, tokens, V, weights->vocab_real);
+  std::printf("[prefill vs decode] KL %.3g, top-1 %.3f, max |dlogit| %.3g (max |logit| %.3g)\n", pd.kl, pd.top1,
+              pd.max_abs, scale);
+  EXPECT_LE(pd.kl, 1e-4);
+  EXPECT_GE(pd.top1, 0.97);
+  EXPECT_LT(pd.max_abs, 1e-2 * scale + 1e-4);
 
   // Greedy device sampling returns the arg-max of the same step's logits; one more token on both paths.
   auto s1 = gpu->create_session(256);
@@ -269,21 +272,35 @@ TEST(CudaRunner, MatchesTransformersOnTheSameDequantisedWeights) {
               static_cast<long long>(n - 1), f.ppl, f.ppl_ref, 100.0 * (f.ppl / f.ppl_ref - 1.0), f.kl, 100.0 * f.top1,
               f.max_abs);
   EXPECT_LT(std::fabs(f.ppl / f.ppl_ref - 1.0), 0.005);
-  EXPECT_LE(f.kl, 0.005);
+  EXPECT_LE(f.kl, 0.001);
 
-  // prefill == decode on the real-width model, first 64 positions
+  // The decode plan: every position again, one token per call (the fused decode kernels), against the same reference
+  // and against the prefill plan's logits.
   auto ds = gpu->create_session(n + 8);
-  std::vector<float> step;
-  double worst = 0, scale = 0;
-  for (int64_t i = 0; i < 64; ++i) {
+  std::vector<float> step, dec(size_t(n * V));
+  for (int64_t i = 0; i < n; ++i) {
     gpu->forward(*ds, std::span(tokens).subspan(size_t(i), 1), false, step);
-    for (int64_t j = 0; j < real; ++j) {
-      worst = std::max(worst, double(std::fabs(step[size_t(j)] - got[size_t(i * V + j)])));
-      scale = std::max(scale, double(std::fabs(got[size_t(i * V + j)])));
-    }
+    std::copy(step.begin(), step.end(), dec.begin() + i * V);
   }
-  std::printf("[prefill vs decode, transformers model] max |dlogit| %.3g (max |logit| %.3g)\n", worst, scale);
-  EXPECT_LT(worst, 2e-3 * scale + 1e-4);
+  const Fidelity fd = compare_logits(ref, dec, tokens, V, real);
+  std::printf("[cuda decode vs transformers] %lld positions: ppl %.6f vs %.6f (%+.4f%%), mean KL %.3g nats, top-1 "
+              "%.2f%%, max |dlogit| %.4g\n",
+              static_cast<long long>(n - 1), fd.ppl, fd.ppl_ref, 100.0 * (fd.ppl / fd.ppl_ref - 1.0), fd.kl,
+              100.0 * fd.top1, fd.max_abs);
+  EXPECT_LT(std::fabs(fd.ppl / fd.ppl_ref - 1.0), 0.005);
+  EXPECT_LE(fd.kl, 0.001);
+  const Fidelity pd = compare_logits(got, dec, tokens, V, real);
+  double scale = 0;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < real; ++j) scale = std::max(scale, double(std::fabs(got[size_t(i * V + j)])));
+  std::printf("[prefill vs decode, transformers model] mean KL %.3g nats, top-1 %.2f%%, max |dlogit| %.3g (max |logit| "
+              "%.3g)\n",
+              pd.kl, 100.0 * pd.top1, pd.max_abs, scale);
+  // The two plans round differently (fp16 activations in the decode products, split bf16 in the prefill ones), so
+  // a routing decision near a tie can differ at some position and move single logits: agreement is judged by the
+  // distributions (KL) and the arg-max, not the largest logit difference.
+  EXPECT_LE(pd.kl, 0.001);
+  EXPECT_GE(pd.top1, 0.98);
 }
 
 }  // namespace

@@ -1,0 +1,276 @@
+// Workbench cases of the tiled product (cuda::matmul): the prefill projections of one layer at their real shapes,
+// dense (T tokens) and grouped over the 256 routed experts (top-8; the tile map built once by moe_group in setup),
+// for each block shape of the 4-bit tensor-core kernel, with x fp32 (split into bf16 hi + lo in every block) and x
+// prepared once (MatmulArgs::x_prep; "prepx" in the name), the previous bf16-operand kernel (tc_bf16) and the fp32
+// SIMT kernel for reference, and the preparation pass itself (matmul_prepare_x).
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bench/workbench.h"
+#include "core/check.h"
+#include "cuda/moe.cuh"
+#include "cuda/qmatmul.cuh"
+
+namespace tern::bench {
+namespace {
+
+using cuda::DMat;
+using cuda::MatmulArgs;
+using cuda::MatmulTile;
+
+const char* tile_label(MatmulTile t) {
+  switch (t) {
+    case MatmulTile::automatic: return "auto";
+    case MatmulTile::simt: return "simt";
+    case MatmulTile::tc128x64: return "tc128x64";
+    case MatmulTile::tc256x64: return "tc256x64";
+    case MatmulTile::tc128x128: return "tc128x128";
+    case MatmulTile::tc256x64w: return "tc256x64w";
+    case MatmulTile::tc_bf16: return "tc_bf16";
+  }
+  return "?";
+}
+
+// Random 4-bit weights [experts][rows, cols] (random bits: timing does not depend on the values).
+DMat random_affine4(int64_t experts, int64_t rows, int64_t cols, uint64_t seed) {
+  DMat w;
+  w.format = WeightFormat::affine4;
+  w.experts = experts;
+  w.rows = rows;
+  w.cols = cols;
+  w.group_size = 64;
+  w.row_words = cols / 8;
+  w.groups_per_row = cols / 64;
+  const size_t n = size_t(experts * rows);
+  w.data = bench_alloc_random_bytes(n * size_t(w.row_words) * 4, seed);
+  w.scales = static_cast<const uint16_t*>(bench_alloc_random_bytes(n * size_t(w.groups_per_row) * 2, seed + 1));
+  w.biases = static_cast<const uint16_t*>(bench_alloc_random_bytes(n * size_t(w.groups_per_row) * 2, seed + 2));
+  return w;
+}
+
+double affine4_bytes(int64_t experts, int64_t rows, int64_t cols) {
+  return double(experts * rows) * double(cols / 2 + cols / 64 * 4);
+}
+
+// Inputs of a dense case, shared by its block shapes: `copies` sets of weights and x (so that timed runs read
+// device memory where one set fits in L2), one y.
+struct DenseData {
+  std::vector<DMat> w;
+  std::vector<float*> x;
+  std::vector<void*> xp;  // x prepared by matmul_prepare_x
+  float* y = nullptr;
+};
+
+void* prepared_copy(const float* x, int64_t rows, int64_t cols) {
+  void* p = nullptr;
+  TERN_CUDA(cudaMalloc(&p, size_t(cuda::matmul_prepared_bytes(rows, cols))));
+  cuda::matmul_prepare_x(x, cols, rows, cols, p, nullptr);
+  TERN_CUDA(cudaDeviceSynchronize());
+  return p;
+}
+
+std::shared_ptr<DenseData> dense_data(int64_t rows, int64_t cols, int64_t T) {
+  static std::map<std::string, std::shared_ptr<DenseData>> cache;
+  const std::string key = std::to_string(rows) + "x" + std::to_string(cols) + "T" + std::to_string(T);
+  auto& d = cache[key];
+  if (!d) {
+    d = std::make_shared<DenseData>();
+    const int copies = bench_copies_for(affine4_bytes(1, rows, cols) + double(T * cols) * 4);
+    for (int c = 0; c < copies; ++c) {
+      d->w.push_back(random_affine4(1, rows, cols, 1000 + 17 * c));
+      d->x.push_back(bench_alloc_random_floats(size_t(T * cols), -2.0f, 2.0f, 2000 + 17 * c));
+      d->xp.push_back(prepared_copy(d->x.back(), T, cols));
+    }
+    d->y = bench_alloc_random_floats(size_t(T * rows), -1.0f, 1.0f, 3000);
+  }
+  return d;
+}
+
+// swiglu: matmul_swiglu with two such matrices (the second is the next weight copy). xp: x prepared.
+void add_dense(CaseList& cases, const char* what, int64_t rows, int64_t cols, int64_t T, MatmulTile tile,
+               bool swiglu = false, bool xp = false) {
+  const int mats = swiglu ? 2 : 1;
+  Case c;
+  c.group = "prefill";
+  c.name = std::string(swiglu ? "matmul_swiglu 4-bit " : "matmul 4-bit ") + what + " " + std::to_string(rows) + "x" +
+           std::to_string(cols) + " T=" + std::to_string(T) + " " + tile_label(tile) + (xp ? " prepx" : "");
+  c.flops = 2.0 * mats * double(T) * double(rows) * double(cols);
+  c.bytes = mats * affine4_bytes(1, rows, cols) +
+            (xp ? double(cuda::matmul_prepared_bytes(T, cols)) : double(T) * double(cols) * 4) + double(T * rows) * 4;
+  auto data = std::make_shared<std::shared_ptr<DenseData>>();
+  c.setup = [=] { *data = dense_data(rows, cols, T); };
+  c.run = [=](cudaStream_t stream, int rep) {
+    const DenseData& d = **data;
+    const size_t i = size_t(rep) % d.w.size();
+    MatmulArgs a;
+    a.w = d.w[i];
+    a.x = d.x[i];
+    if (xp) {
+      a.x_prep = d.xp[i];
+      a.x_prep_cols = cols;
+    }
+    a.ldx = cols;
+    a.y = d.y;
+    a.ldy = rows;
+    a.tokens = T;
+    if (swiglu) {
+      cuda::matmul_swiglu(a, d.w[(i + 1) % d.w.size()], stream, tile);
+    } else {
+      cuda::matmul(a, stream, tile);
+    }
+  };
+  cases.push_back(std::move(c));
+}
+
+// A grouped case: all 256 experts of one projection (two for SwiGLU), T tokens routed to 8 distinct random experts
+// each.
+struct GroupedData {
+  DMat w, up;
+  float* x = nullptr;
+  void* xp = nullptr;  // x prepared by matmul_prepare_x
+  float* y = nullptr;
+  int* ids = nullptr;
+  int* scratch = nullptr;
+  cuda::MoeGroups groups;
+  int max_tiles = 0;
+};
+
+std::shared_ptr<GroupedData> grouped_data(int64_t rows, int64_t cols, int64_t T, int E, int k, bool gather) {
+  static std::map<std::string, std::shared_ptr<GroupedData>> cache;
+  const std::string key = std::to_string(rows) + "x" + std::to_string(cols) + "T" + std::to_string(T);
+  auto& d = cache[key];
+  if (!d) {
+    d = std::make_shared<GroupedData>();
+    d->w = random_affine4(E, rows, cols, 4000 + uint64_t(rows));
+    d->up = random_affine4(E, rows, cols, 4500 + uint64_t(rows));
+    const int64_t xrows = gather ? T : T * k;
+    d->x = bench_alloc_random_floats(size_t(xrows * cols), -2.0f, 2.0f, 5000);
+    d->xp = prepared_copy(d->x, xrows, cols);
+    d->y = bench_alloc_random_floats(size_t(T * k * rows), -1.0f, 1.0f, 6000);
+    std::mt19937_64 rng(7);
+    std::vector<int> ids(static_cast<size_t>(T * k)), perm(static_cast<size_t>(E));
+    for (int64_t t = 0; t < T; ++t) {
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), rng);
+      std::copy_n(perm.begin(), k, ids.begin() + t * k);
+    }
+    TERN_CUDA(cudaMalloc(&d->ids, ids.size() * sizeof(int)));
+    TERN_CUDA(cudaMemcpy(d->ids, ids.data(), ids.size() * sizeof(int), cudaMemcpyHostToDevice));
+    TERN_CUDA(cudaMalloc(&d->scratch, size_t(cuda::moe_group_ints(T, E, k)) * sizeof(int)));
+    d->groups = cuda::moe_groups_view(d->scratch, T, E, k);
+    cuda::moe_group(d->ids, T, E, k, cuda::kMatmulTileTokens, d->groups, nullptr);
+    TERN_CUDA(cudaDeviceSynchronize());
+    d->max_tiles = cuda::moe_max_tiles(T, E, k);
+  }
+  return d;
+}
+
+// swiglu: matmul_swiglu over two such projections (gate and up) in one pass. xp: x prepared.
+void add_grouped(CaseList& cases, const char* what, int64_t rows, int64_t cols, int64_t T, bool gather,
+                 MatmulTile tile, bool swiglu = false, bool xp = false) {
+  constexpr int E = 256, k = 8;
+  const int mats = swiglu ? 2 : 1;
+  Case c;
+  c.group = "prefill";
+  c.name = std::string(swiglu ? "matmul_swiglu grouped 4-bit " : "matmul grouped 4-bit ") + what + " 256x " +
+           std::to_string(rows) + "x" + std::to_string(cols) + " T=" + std::to_string(T) + " k=8 " + tile_label(tile) +
+           (xp ? " prepx" : "");
+  const int64_t xrows = gather ? T : T * k;
+  c.flops = 2.0 * mats * double(T * k) * double(rows) * double(cols);
+  c.bytes = mats * affine4_bytes(E, rows, cols) +
+            (xp ? double(cuda::matmul_prepared_bytes(xrows, cols)) : double(xrows) * double(cols) * 4) +
+            double(T * k * rows) * 4;
+  auto data = std::make_shared<std::shared_ptr<GroupedData>>();
+  c.setup = [=] { *data = grouped_data(rows, cols, T, E, k, gather); };
+  c.run = [=](cudaStream_t stream, int) {
+    const GroupedData& d = **data;
+    MatmulArgs a;
+    a.w = d.w;
+    a.x = d.x;
+    if (xp) {
+      a.x_prep = d.xp;
+      a.x_prep_cols = cols;
+    }
+    a.ldx = cols;
+    a.y = d.y;
+    a.ldy = rows;
+    a.tile_expert = d.groups.tile_expert;
+    a.tile_start = d.groups.tile_start;
+    a.tile_count = d.groups.tile_count;
+    a.num_tiles = d.groups.num_tiles;
+    a.max_tiles = d.max_tiles;
+    a.gather = gather ? d.groups.sorted_token : nullptr;
+    if (swiglu) {
+      cuda::matmul_swiglu(a, d.up, stream, tile);
+    } else {
+      cuda::matmul(a, stream, tile);
+    }
+  };
+  cases.push_back(std::move(c));
+}
+
+// The preparation pass alone: x [rows, cols] fp32 -> hi, lo and group sums.
+void add_prepare(CaseList& cases, int64_t rows, int64_t cols) {
+  Case c;
+  c.group = "prefill";
+  c.name = "matmul_prepare_x " + std::to_string(rows) + "x" + std::to_string(cols);
+  c.bytes = double(rows * cols) * 4 + double(cuda::matmul_prepared_bytes(rows, cols));
+  auto data = std::make_shared<std::pair<float*, void*>>();
+  c.setup = [=] {
+    if (!data->first) {
+      data->first = bench_alloc_random_floats(size_t(rows * cols), -2.0f, 2.0f, 7000);
+      TERN_CUDA(cudaMalloc(&data->second, size_t(cuda::matmul_prepared_bytes(rows, cols))));
+    }
+  };
+  c.run = [=](cudaStream_t stream, int) {
+    cuda::matmul_prepare_x(data->first, cols, rows, cols, data->second, stream);
+  };
+  cases.push_back(std::move(c));
+}
+
+}  // namespace
+
+TERN_BENCH_CASES(matmul) {
+  // The exact kernel's shapes, then the previous bf16-operand kernel (tc_bf16: fp32 x only) for comparison.
+  const MatmulTile shapes[] = {MatmulTile::automatic, MatmulTile::tc128x64,  MatmulTile::tc256x64,
+                               MatmulTile::tc128x128, MatmulTile::tc256x64w, MatmulTile::tc_bf16};
+  struct Dense {
+    const char* what;
+    int64_t rows, cols;
+  };
+  const Dense dense[] = {{"GDN in_proj", 12352, 2048}, {"attn qkv", 9216, 2048}, {"out_proj", 2048, 4096},
+                         {"shared up", 512, 2048}};
+  for (bool xp : {false, true})
+    for (const Dense& d : dense)
+      for (MatmulTile t : shapes)
+        if (!xp || t != MatmulTile::tc_bf16) add_dense(cases, d.what, d.rows, d.cols, 4096, t, false, xp);
+  for (bool xp : {false, true}) {
+    for (const Dense& d : dense) add_dense(cases, d.what, d.rows, d.cols, 512, MatmulTile::automatic, false, xp);
+    add_dense(cases, "GDN in_proj", 12352, 2048, 512, MatmulTile::tc128x64, false, xp);
+    add_dense(cases, "shared gate+up", 512, 2048, 4096, MatmulTile::automatic, true, xp);
+  }
+  for (const Dense& d : dense) add_dense(cases, d.what, d.rows, d.cols, 512, MatmulTile::tc_bf16);
+  add_dense(cases, "shared gate+up", 512, 2048, 4096, MatmulTile::tc_bf16, true);
+  add_dense(cases, "out_proj", 2048, 4096, 4096, MatmulTile::simt);
+  add_prepare(cases, 4096, 2048);
+  add_prepare(cases, 4096 * 8, 512);
+  for (bool xp : {false, true}) {
+    for (int64_t T : {int64_t(4096), int64_t(512)}) {
+      for (MatmulTile t : shapes) {
+        if (xp && t == MatmulTile::tc_bf16) continue;
+        if (T != 4096 && t != MatmulTile::automatic && t != MatmulTile::tc_bf16) continue;
+        add_grouped(cases, "gate", 512, 2048, T, true, t, false, xp);
+        add_grouped(cases, "down", 2048, 512, T, false, t, false, xp);
+        add_grouped(cases, "gate+up", 512, 2048, T, true, t, true, xp);
+      }
+    }
+  }
+}
+
+}  // namespace tern::bench

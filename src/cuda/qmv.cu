@@ -1,0 +1,397 @@
+#include "cuda/qmv.cuh"
+
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+
+#include "core/check.h"
+#include "cuda/cuda_common.cuh"
+#include "cuda/launch.cuh"
+#include "cuda/qmv_tile.cuh"
+
+namespace tern::cuda {
+
+namespace qtile {
+
+int max_dynamic_smem() {
+  static const int limit = [] {
+    int dev = 0, v = 0;
+    TERN_CUDA(cudaGetDevice(&dev));
+    TERN_CUDA(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    return v;
+  }();
+  return limit;
+}
+
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    TERN_CUDA(cudaGetDevice(&dev));
+    TERN_CUDA(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    return v;
+  }();
+  return n;
+}
+
+int allow_dynamic_smem(const void* kernel) {
+  static std::mutex mu;
+  static std::map<const void*, int> done;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = done.find(kernel);
+  if (it != done.end()) return it->second;
+  // The opt-in limit covers static and dynamic shared memory together.
+  cudaFuncAttributes fa{};
+  TERN_CUDA(cudaFuncGetAttributes(&fa, kernel));
+  const int limit = max_dynamic_smem() - int(fa.sharedSizeBytes);
+  TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, limit));
+  done.emplace(kernel, limit);
+  return limit;
+}
+
+int persistent_grid(const void* kernel, int smem, int64_t work_blocks) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, int> occ;
+  int fit = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = occ.find({kernel, smem});
+    if (it == occ.end()) {
+      TERN_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, kThreads, size_t(smem)));
+      occ.emplace(std::make_pair(kernel, smem), fit);
+    } else {
+      fit = it->second;
+    }
+  }
+  const int bps = std::max(1, std::min(tuning().blocks_per_sm, fit));
+  return int(std::max<int64_t>(1, std::min<int64_t>(int64_t(sm_count()) * bps, work_blocks)));
+}
+
+namespace {
+Tuning& tuning_ref() {
+  static Tuning t = [] {
+    Tuning v;
+    if (const char* e = std::getenv("TERN_QMV_BPS")) v.blocks_per_sm = std::clamp(std::atoi(e), 1, 4);
+    if (const char* e = std::getenv("TERN_QMV_DEPTH")) {
+      const int d = std::atoi(e);
+      if (d == 4 || d == 6 || d == 8) v.depth = d;
+    }
+    if (const char* e = std::getenv("TERN_QMV_VARIANT")) v.variant = std::clamp(std::atoi(e), 0, 1);
+    return v;
+  }();
+  return t;
+}
+}  // namespace
+
+Tuning tuning() { return tuning_ref(); }
+void set_tuning(const Tuning& t) {
+  Tuning v = t;
+  v.blocks_per_sm = std::clamp(v.blocks_per_sm, 1, 4);
+  if (v.depth != 4 && v.depth != 8) v.depth = 6;
+  v.variant = std::clamp(v.variant, 0, 1);
+  tuning_ref() = v;
+}
+
+}  // namespace qtile
+
+namespace {
+
+using qtile::kTokens;
+
+// ---- tensor-core path (affine4, group 64) ---------------------------------------------------------------------
+
+struct QmvQ4Params {
+  const uint32_t* words;   // expert slice [rows][row_words]
+  const uint16_t* scales;  // [rows][gpr]
+  const uint16_t* biases;
+  int rows, row_words, gpr;
+  const float* x;
+  int64_t ldx;
+  int T;
+  const float* norm_w;
+  float eps;
+  bool vec_x;
+  float* y;
+  int64_t ldy;
+  bool accumulate;
+  qtile::StageLayout layout;  // rows = T, cols = the matrix's cols
+};
+
+// Staged rows = tokens; the staged value is x·norm_w (the RMSNorm factor multiplies the output) or x.
+struct QmvSrc {
+  const float* x;
+  int64_t ldx;
+  const float* norm_w;
+  bool vec;
+  bool norm;
+  __device__ void load8(int r, int c, float xw[8], float& ss) const {
+    qtile::load8_f32(x + r * ldx + c, vec, xw);
+    if (norm) {
+      float w[8];
+      qtile::load8_f32(norm_w + c, true, w);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        ss = fmaf(xw[j], xw[j], ss);
+        xw[j] *= w[j];
+      }
+    }
+  }
+};
+
+// The block's rows [r0, r1) in tiles of 16 rows from r0; mma row m of tile j is row r0 + 16·j + m. UG groups per step.
+template <int UG>
+struct QmvJob {
+  int spt;
+  const uint32_t* words;
+  const uint16_t* scales;
+  const uint16_t* biases;
+  int row_words, gpr;
+  int r0, r1;
+  int g, tig;
+  qtile::StepB bsrc;
+  float* y;
+  int64_t ldy;
+  bool accumulate;
+  int T;
+  const float* rinv;  // shared [kTokens] or nullptr (no norm)
+
+  __device__ bool known(int, int) const { return true; }
+  __device__ int group(int q) const { return UG * q; }
+  __device__ qtile::StepRows rows(int j, int) const {
+    const int ra = r0 + 16 * j + g, rb = ra + 8, end = min(r0 + 16 * j + 16, r1);
+    const int rs = (tig & 1) ? rb : ra;
+    qtile::StepRows r;
+    r.wa = ra < end ? words + ra * row_words : nullptr;
+    r.wb = rb < end ? words + rb * row_words : nullptr;
+    r.sb = rs < end ? (tig < 2 ? scales : biases) + rs * gpr : nullptr;
+    return r;
+  }
+  __device__ qtile::StepB b(int, int) const { return bsrc; }
+  __device__ void store(int j, int m, int t, float v0, float v1) const {
+    if (t >= T) return;
+    const int ra = r0 + 16 * j + m, rb = ra + 8, end = min(r0 + 16 * j + 16, r1);
+    const float f = rinv ? rinv[t] : 1.0f;
+    float* dst = y + t * ldy;
+    if (ra < end) dst[ra] = accumulate ? dst[ra] + v0 * f : v0 * f;
+    if (rb < end) dst[rb] = accumulate ? dst[rb] + v1 * f : v1 * f;
+  }
+};
+
+// Persistent grid: block b owns rows [b·rows/grid, (b+1)·rows/grid); its warps split the block's steps evenly.
+// D steps of UG groups in flight per warp.
+template <int D, int UG>
+__global__ void __launch_bounds__(qtile::kThreads, qtile::min_blocks(D, UG)) qmv_q4_kernel(const QmvQ4Params p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+  const qtile::StageSmem S = qtile::carve_stage(smem, p.layout);
+  const int r0 = int(int64_t(blockIdx.x) * p.rows / gridDim.x);
+  const int r1 = int(int64_t(blockIdx.x + 1) * p.rows / gridDim.x);
+  const int tiles = (r1 - r0 + 15) / 16;
+  const int row_u4 = p.layout.row_u4(), gpr = p.gpr;
+  QmvJob<UG> job;
+  job.spt = gpr / UG;
+  job.words = p.words;
+  job.scales = p.scales;
+  job.biases = p.biases;
+  job.row_words = p.row_words;
+  job.gpr = gpr;
+  job.r0 = r0;
+  job.r1 = r1;
+  job.g = g;
+  job.tig = tig;
+  job.bsrc.brow = g < p.T ? S.xs + g * row_u4 : nullptr;
+  job.bsrc.k0 = 2 * tig < p.T ? S.ktab + (2 * tig) * gpr : nullptr;
+  job.bsrc.k1 = 2 * tig + 1 < p.T ? S.ktab + (2 * tig + 1) * gpr : nullptr;
+  job.y = p.y;
+  job.ldy = p.ldy;
+  job.accumulate = p.accumulate;
+  job.T = p.T;
+  job.rinv = p.norm_w ? S.rinv : nullptr;
+  const int steps = tiles * job.spt;
+  const int lo = qtile::range_lo(warp, steps), hi = qtile::range_lo(warp + 1, steps);
+
+  // Weights do not depend on earlier kernels: the first D steps are in flight before the wait.
+  qtile::Ring<D, UG> ring = {};
+  qtile::ring_fill(ring, job, lo, hi, true, tig);
+  pdl_trigger();
+  pdl_wait();
+  const QmvSrc src{p.x, p.ldx, p.norm_w, p.vec_x, p.norm_w != nullptr};
+  qtile::stage_activations(src, p.layout, S);
+  __syncthreads();
+  if (p.norm_w) {
+    if (int(threadIdx.x) < p.T) S.rinv[threadIdx.x] = qtile::row_rinv(S, p.layout, threadIdx.x, p.eps);
+    __syncthreads();
+  }
+  qtile::ring_run(ring, job, lo, hi, S.slots, warp, lane);
+  __syncthreads();
+  qtile::finish_cut_tiles(job, S.slots, steps, p.T);
+}
+
+// ---- generic path (every format) ------------------------------------------------------------------------------
+
+struct QmvGenericParams {
+  DMat w;
+  int64_t expert;
+  const float* x;
+  int64_t ldx;
+  int T;
+  const float* norm_w;
+  float eps;
+  float* y;
+  int64_t ldy;
+  bool accumulate;
+};
+
+struct GenericX {
+  const float* x;
+  int64_t ldx;
+  const float* norm_w;
+  const float* inv;  // shared [kTokens]
+  __device__ void load8(int t, int64_t c, float v[8]) const {
+    const float f = inv[t];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = x[t * ldx + c + j] * f;
+    if (norm_w) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] *= norm_w[c + j];
+    }
+  }
+};
+
+// One warp per R rows; 8 warps per block.
+template <WeightFormat F, int R>
+__global__ void __launch_bounds__(256) qmv_generic_kernel(const QmvGenericParams p) {
+  __shared__ float red[8 * kTokens];
+  __shared__ float inv[kTokens];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  pdl_wait();
+  qtile::block_rms_factors(p.x, p.ldx, p.w.cols, p.T, p.norm_w != nullptr, p.eps, red, inv);
+  pdl_trigger();
+  const int64_t row0 = (int64_t(blockIdx.x) * 8 + warp) * R;
+  if (row0 >= p.w.rows) return;
+  int64_t rows[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) rows[r] = min(row0 + r, p.w.rows - 1);
+  float acc[R][kTokens] = {};
+  const GenericX xs{p.x, p.ldx, p.norm_w, inv};
+  qtile::generic_dot<F, R>(p.w, p.expert, rows, xs, p.T, acc, lane);
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < kTokens; ++t) {
+      if (t >= p.T) break;
+      const float v = warp_sum(acc[r][t]);
+      if (lane == 0 && row0 + r < p.w.rows) {
+        float* dst = p.y + t * p.ldy + row0 + r;
+        *dst = p.accumulate ? *dst + v : v;
+      }
+    }
+}
+
+template <WeightFormat F>
+void launch_generic(const QmvArgs& a, cudaStream_t stream) {
+  const QmvGenericParams p{a.w, a.expert, a.x, a.ldx, a.T, a.norm_w, a.eps, a.y, a.ldy, a.accumulate};
+  if (a.w.rows >= 4096) {
+    launch_pdl("qmv_generic", qmv_generic_kernel<F, 4>, dim3(blocks_for(a.w.rows, 32)), dim3(256), 0, stream, p);
+  } else {
+    launch_pdl("qmv_generic", qmv_generic_kernel<F, 1>, dim3(blocks_for(a.w.rows, 8)), dim3(256), 0, stream, p);
+  }
+}
+
+template <int D, int UG>
+void launch_q4_depth(const QmvQ4Params& p, int64_t work_blocks, int smem, cudaStream_t stream) {
+  auto kernel = qmv_q4_kernel<D, UG>;
+  const void* k = reinterpret_cast<const void*>(kernel);
+  const int limit = qtile::allow_dynamic_smem(k);
+  TERN_CHECK(smem <= limit, "qmv: ", smem, " bytes of shared memory needed, the device allows ", limit);
+  const int grid = qtile::persistent_grid(k, smem, work_blocks);
+  launch_pdl("qmv_q4", kernel, dim3(unsigned(grid)), dim3(qtile::kThreads), size_t(smem), stream, p);
+}
+
+// Shared memory the tensor-core path needs for T tokens of `cols` columns.
+int q4_smem(int T, int64_t cols) {
+  qtile::StageLayout L;
+  L.rows = T;
+  L.cols = int(cols);
+  return L.bytes();
+}
+
+void launch_q4(const QmvArgs& a, cudaStream_t stream) {
+  const DMat& w = a.w;
+  QmvQ4Params p;
+  const int64_t e = a.expert;
+  p.words = static_cast<const uint32_t*>(w.data) + e * w.rows * w.row_words;
+  p.scales = w.scales + e * w.rows * w.groups_per_row;
+  p.biases = w.biases + e * w.rows * w.groups_per_row;
+  p.rows = int(w.rows);
+  p.row_words = int(w.row_words);
+  p.gpr = int(w.groups_per_row);
+  p.x = a.x;
+  p.ldx = a.ldx;
+  p.T = a.T;
+  p.norm_w = a.norm_w;
+  p.eps = a.eps;
+  p.vec_x = ((reinterpret_cast<uintptr_t>(a.x) | uintptr_t(a.ldx * 4)) & 15) == 0;
+  p.y = a.y;
+  p.ldy = a.ldy;
+  p.accumulate = a.accumulate;
+  p.layout.rows = a.T;
+  p.layout.cols = int(w.cols);
+  const int smem = p.layout.bytes();
+  const int64_t tiles = (w.rows + 15) / 16;
+  const qtile::Tuning tu = qtile::tuning();
+  // Variant 1: 4 groups per step, depth/2 steps in flight (the same bytes as variant 0 at that depth); its scale and
+  // bias loads are 8 bytes (gpr % 4 == 0 as cols % 256 == 0, so only the bases matter).
+  const bool wide = tu.variant == 1 && p.gpr % 4 == 0 &&
+                    ((reinterpret_cast<uintptr_t>(p.scales) | reinterpret_cast<uintptr_t>(p.biases)) & 7) == 0;
+  if (wide) {
+    switch (tu.depth) {
+      case 4: launch_q4_depth<2, 4>(p, tiles, smem, stream); break;
+      case 8: launch_q4_depth<4, 4>(p, tiles, smem, stream); break;
+      default: launch_q4_depth<3, 4>(p, tiles, smem, stream); break;
+    }
+    return;
+  }
+  switch (tu.depth) {
+    case 4: launch_q4_depth<4, 2>(p, tiles, smem, stream); break;
+    case 8: launch_q4_depth<8, 2>(p, tiles, smem, stream); break;
+    default: launch_q4_depth<6, 2>(p, tiles, smem, stream); break;
+  }
+}
+
+}  // namespace
+
+int qmv_variant() { return qtile::tuning().variant; }
+void qmv_set_variant(int v) {
+  qtile::Tuning t = qtile::tuning();
+  t.variant = v;
+  qtile::set_tuning(t);
+}
+
+void qmv(const QmvArgs& a, cudaStream_t stream) {
+  const DMat& w = a.w;
+  TERN_CHECK(!w.empty() && a.x && a.y, "qmv: null matrix, input or output");
+  TERN_CHECK(a.T >= 1 && a.T <= kQmvMaxTokens, "qmv: T = ", a.T, " outside 1..", kQmvMaxTokens);
+  TERN_CHECK(a.expert >= 0 && a.expert < w.experts, "qmv: expert ", a.expert, " of ", w.experts);
+  TERN_CHECK(w.cols % 8 == 0, "qmv: cols = ", w.cols, " not a multiple of 8");
+  TERN_CHECK(a.T == 1 || (a.ldx >= w.cols && a.ldy >= w.rows), "qmv: ldx ", a.ldx, " / ldy ", a.ldy,
+             " smaller than the matrix [", w.rows, ", ", w.cols, "]");
+  TERN_CHECK((reinterpret_cast<uintptr_t>(a.norm_w) & 15) == 0, "qmv: norm_w must be 16-byte aligned");
+  QmvArgs b = a;
+  if (b.T == 1) {  // strides unused for one token; keep them sane for the index arithmetic
+    b.ldx = std::max(b.ldx, w.cols);
+    b.ldy = std::max(b.ldy, w.rows);
+  }
+  if (qtile::q4_fast_ok(w) && q4_smem(b.T, w.cols) <= qtile::max_dynamic_smem() - 1024) {
+    launch_q4(b, stream);
+    return;
+  }
+  switch (w.format) {
+    case WeightFormat::f32: launch_generic<WeightFormat::f32>(b, stream); break;
+    case WeightFormat::bf16: launch_generic<WeightFormat::bf16>(b, stream); break;
+    case WeightFormat::affine4: launch_generic<WeightFormat::affine4>(b, stream); break;
+    case WeightFormat::affine8: launch_generic<WeightFormat::affine8>(b, stream); break;
+  }
+}
+
+}  // namespace tern::cuda

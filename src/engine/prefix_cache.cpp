@@ -1,0 +1,237 @@
+#include "engine/prefix_cache.h"
+
+#include <algorithm>
+
+#include "core/check.h"
+
+namespace tern {
+
+namespace {
+
+int64_t common_prefix(std::span<const int32_t> a, std::span<const int32_t> b) {
+  const size_t n = std::min(a.size(), b.size());
+  size_t i = 0;
+  while (i < n && a[i] == b[i]) ++i;
+  return int64_t(i);
+}
+
+}  // namespace
+
+PrefixCache::PrefixCache(ModelRunner& runner, int64_t context, PrefixCacheOptions options)
+    : runner_(runner), context_(context), options_(options) {
+  TERN_CHECK(context_ > 0, "prefix cache: the context must be positive, got ", context_);
+  TERN_CHECK(options_.snapshot_every >= 0, "--cache-snapshot-every must be >= 0, got ", options_.snapshot_every);
+  TERN_CHECK(options_.gpu_bytes >= 0 && options_.host_bytes >= 0, "prefix cache budgets must be >= 0");
+  TERN_CHECK(options_.slots >= 1, "--cache-slots must be >= 1, got ", options_.slots);
+  Slot& first = new_slot();
+  active_ = options_.enabled && first.session->can_snapshot();
+  if (!active_) options_.slots = 1;
+  publish();
+}
+
+PrefixCache::~PrefixCache() = default;
+
+PrefixCache::Slot& PrefixCache::new_slot() {
+  auto slot = std::make_unique<Slot>();
+  slot->session = runner_.create_session(context_);
+  slots_.push_back(std::move(slot));
+  return *slots_.back();
+}
+
+PrefixCache::Slot& PrefixCache::slot_of(Session& session) {
+  for (auto& s : slots_)
+    if (s->session.get() == &session) return *s;
+  TERN_CHECK(false, "prefix cache: the session is not one of the cache's");
+  return *slots_.front();
+}
+
+void PrefixCache::drop_after(Slot& slot, int64_t position) {
+  const size_t before = slot.snaps.size();
+  std::erase_if(slot.snaps, [&](const Entry& e) { return e.snap->position() > position; });
+  counters_.snapshots_dropped += int64_t(before - slot.snaps.size());
+}
+
+PrefixCache::Lease PrefixCache::begin(std::span<const int32_t> prompt) {
+  ++clock_;
+  if (!active_) {
+    Slot& s = *slots_.front();
+    s.session->reset();
+    ++counters_.misses;
+    publish();
+    return {s.session.get(), 0};
+  }
+  const int64_t n = int64_t(prompt.size());
+  // The best snapshot: the longest at or before the divergence point, and before the prompt's last token.
+  Slot* best = nullptr;
+  Entry* best_entry = nullptr;
+  int64_t best_common = 0;
+  for (auto& sp : slots_) {
+    Slot& s = *sp;
+    const int64_t common = common_prefix(s.tokens, prompt);
+    for (Entry& e : s.snaps) {
+      const int64_t p = e.snap->position();
+      if (p > 0 && p <= common && p <= n - 1 && (!best_entry || p > best_entry->snap->position())) {
+        best = &s;
+        best_entry = &e;
+        best_common = common;
+      }
+    }
+  }
+
+  if (!best_entry) {
+    ++counters_.misses;
+    // A free slot, else one with no snapshots, else the least recently used.
+    Slot* target = nullptr;
+    for (auto& sp : slots_)
+      if (sp->snaps.empty() && (!target || sp->last_use < target->last_use)) target = sp.get();
+    if (!target && int(slots_.size()) < options_.slots) target = &new_slot();
+    if (!target)
+      for (auto& sp : slots_)
+        if (!target || sp->last_use < target->last_use) target = sp.get();
+    drop_after(*target, 0);
+    target->tokens.clear();
+    target->session->reset();
+    target->last_use = clock_;
+    publish();
+    return {target->session.get(), 0};
+  }
+
+  const int64_t q = best_entry->snap->position();
+  best_entry->last_use = clock_;
+  ++counters_.hits;
+  counters_.tokens_reused += q;
+  const bool loses_snapshots = std::any_of(best->snaps.begin(), best->snaps.end(),
+                                           [&](const Entry& e) { return e.snap->position() > best_common; });
+  Slot* target = best;
+  if (loses_snapshots && int(slots_.size()) < options_.slots) {
+    // Fork: copy the reused KV rows into a new session, and keep the old conversation whole.
+    Slot& fresh = new_slot();  // slots are held by pointer: `best` and `best_entry` stay valid
+    fresh.session->copy_kv_prefix(*best->session, q);
+    fresh.session->restore(*best_entry->snap);
+    fresh.tokens.assign(prompt.begin(), prompt.begin() + q);
+    target = &fresh;
+  } else {
+    drop_after(*best, best_common);
+    best->tokens.resize(size_t(best_common));
+    best->session->restore(*best_entry->snap);
+  }
+  target->last_use = clock_;
+  publish();
+  return {target->session.get(), q};
+}
+
+void PrefixCache::take_snapshot(Slot& slot) {
+  const int64_t pos = slot.session->position();
+  if (pos <= 0) return;
+  auto it = std::find_if(slot.snaps.begin(), slot.snaps.end(), [&](const Entry& e) { return e.snap->position() >= pos; });
+  if (it != slot.snaps.end() && it->snap->position() == pos) {  // already held (same tokens: slot invariant)
+    it->last_use = clock_;
+    return;
+  }
+  Entry e;
+  e.snap = slot.session->snapshot();
+  e.last_use = ++clock_;  // the newest snapshot is the most recently used
+  slot.snaps.insert(it, std::move(e));
+  ++counters_.snapshots_taken;
+  enforce_budgets();
+}
+
+void PrefixCache::checkpoint(Session& session, std::span<const int32_t> prompt) {
+  if (!active_) return;
+  Slot& slot = slot_of(session);
+  const int64_t pos = session.position();
+  TERN_CHECK(pos <= int64_t(prompt.size()), "prefix cache: checkpoint at ", pos, " past the prompt's ", prompt.size(),
+             " tokens");
+  if (pos > int64_t(slot.tokens.size())) slot.tokens.assign(prompt.begin(), prompt.begin() + pos);
+  take_snapshot(slot);
+  publish();
+}
+
+void PrefixCache::end(Session& session, std::span<const int32_t> held, bool ok) {
+  Slot& slot = slot_of(session);
+  if (!ok || !active_) {
+    drop_after(slot, 0);
+    slot.tokens.clear();
+    try {
+      session.reset();
+    } catch (...) {
+    }
+    publish();
+    return;
+  }
+  TERN_CHECK(int64_t(held.size()) == session.position(), "prefix cache: ", held.size(),
+             " tokens held for a session at position ", session.position());
+  // The slot's tokens beyond `held` (a prefill cancelled before reaching them) still match: keep the longer.
+  if (held.size() >= slot.tokens.size()) slot.tokens.assign(held.begin(), held.end());
+  take_snapshot(slot);
+  publish();
+}
+
+void PrefixCache::enforce_budgets() {
+  auto bytes = [&](bool host) {
+    int64_t b = 0;
+    for (auto& s : slots_)
+      for (const Entry& e : s->snaps)
+        if (e.snap->on_host() == host) b += int64_t(e.snap->bytes());
+    return b;
+  };
+  // The least recently used snapshot in one place (device or host), or null.
+  auto lru = [&](bool host) -> std::pair<Slot*, size_t> {
+    Slot* slot = nullptr;
+    size_t index = 0;
+    uint64_t oldest = UINT64_MAX;
+    for (auto& s : slots_)
+      for (size_t i = 0; i < s->snaps.size(); ++i) {
+        const Entry& e = s->snaps[i];
+        if (e.snap->on_host() == host && e.last_use < oldest) {
+          oldest = e.last_use;
+          slot = s.get();
+          index = i;
+        }
+      }
+    return {slot, index};
+  };
+  int64_t gpu = bytes(false), host = bytes(true);
+  while (gpu > options_.gpu_bytes) {
+    auto [slot, i] = lru(false);
+    if (!slot) break;
+    StateSnapshot& snap = *slot->snaps[i].snap;
+    const int64_t b = int64_t(snap.bytes());
+    gpu -= b;
+    if (b <= options_.host_bytes) {
+      snap.to_host();
+      host += b;
+      ++counters_.snapshots_to_host;
+    } else {
+      slot->snaps.erase(slot->snaps.begin() + ptrdiff_t(i));
+      ++counters_.snapshots_dropped;
+    }
+  }
+  while (host > options_.host_bytes) {
+    auto [slot, i] = lru(true);
+    if (!slot) break;
+    host -= int64_t(slot->snaps[i].snap->bytes());
+    slot->snaps.erase(slot->snaps.begin() + ptrdiff_t(i));
+    ++counters_.snapshots_dropped;
+  }
+}
+
+void PrefixCache::publish() {
+  PrefixCacheStats s = counters_;
+  s.snapshots = s.bytes_gpu = s.bytes_host = 0;
+  s.sessions = int64_t(slots_.size());
+  for (auto& slot : slots_)
+    for (const Entry& e : slot->snaps) {
+      ++s.snapshots;
+      (e.snap->on_host() ? s.bytes_host : s.bytes_gpu) += int64_t(e.snap->bytes());
+    }
+  std::lock_guard lock(stats_mutex_);
+  stats_ = s;
+}
+
+PrefixCacheStats PrefixCache::stats() const {
+  std::lock_guard lock(stats_mutex_);
+  return stats_;
+}
+
+}  // namespace tern
