@@ -66,7 +66,7 @@ struct QmvData {
 };
 
 // Tuning of the tensor-core kernels for one case: ring depth and blocks per SM (0: the defaults), step variant
-// (-1: the default; 0: 2 groups per step, the previous kernel; 1: 4 groups per step).
+// (-1: the default; 0: 2 groups per step, the previous kernel; 1: 4 groups per step; 2: qmv, 1 through cp.async).
 struct Tune {
   int depth = 0, bps = 0, variant = -1;
   std::string label() const {
@@ -275,14 +275,16 @@ TERN_BENCH_CASES(decode) {
   }
   add_moe(cases, MoePart::router, 1, {}, 1);
   add_moe(cases, MoePart::all, 1, {}, 1);
-  // Step variants (0: the previous kernel, 2 groups per warp step; 1: 4 groups per step) at the default depth.
-  for (int v : {0, 1})
+  // Step variants (0: the previous kernel, 2 groups per warp step; 1: 4 groups per step; 2: qmv only, variant 1's
+  // steps through a cp.async shared-memory pipeline) at the default depth.
+  for (int v : {0, 1, 2})
     for (int T : {1, 8}) {
       const Tune t{0, 0, v};
       add_qmv(cases, "gdn in_proj (norm)", 12352, 2048, T, true, false, t);
       add_qmv(cases, "attn q|k|v (norm)", 9216, 2048, T, true, false, t);
       add_qmv(cases, "out/o proj (+residual)", 2048, 4096, T, false, true, t);
       if (T == 1) add_qmv(cases, "lm head (norm)", 248320, 2048, T, true, false, t);
+      if (v == 2) continue;  // the MoE kernels have no variant 2 (they run variant 0)
       add_moe(cases, MoePart::gate_up, T, t);
       add_moe(cases, MoePart::down, T, t);
       add_moe(cases, MoePart::all, T, t);

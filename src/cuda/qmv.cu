@@ -76,7 +76,7 @@ Tuning& tuning_ref() {
       const int d = std::atoi(e);
       if (d == 4 || d == 6 || d == 8) v.depth = d;
     }
-    if (const char* e = std::getenv("TERN_QMV_VARIANT")) v.variant = std::clamp(std::atoi(e), 0, 1);
+    if (const char* e = std::getenv("TERN_QMV_VARIANT")) v.variant = std::clamp(std::atoi(e), 0, 2);
     return v;
   }();
   return t;
@@ -88,7 +88,7 @@ void set_tuning(const Tuning& t) {
   Tuning v = t;
   v.blocks_per_sm = std::clamp(v.blocks_per_sm, 1, 4);
   if (v.depth != 4 && v.depth != 8) v.depth = 6;
-  v.variant = std::clamp(v.variant, 0, 1);
+  v.variant = std::clamp(v.variant, 0, 2);
   tuning_ref() = v;
 }
 
@@ -227,6 +227,144 @@ __global__ void __launch_bounds__(qtile::kThreads, qtile::min_blocks(D, UG)) qmv
   qtile::finish_cut_tiles(job, S.slots, steps, p.T);
 }
 
+// ---- variant 2: the steps of variant 1 through a per-warp cp.async pipeline ------------------------------------
+//
+// A step (tile j, groups 4q .. 4q+3) is 16 rows × 256 columns: 16 × 128 contiguous bytes of words. Lane l copies
+// 16-byte piece l % 8 of rows l / 8 + 4i (i = 0..3), so each warp-level copy reads 4 whole 128-byte row segments
+// (instead of 8 bytes of 16 rows per load as in the register ring), plus the 16 rows' 4 scales (lanes 0..15) and 4
+// biases (lanes 16..31), 8 bytes each. D stages per warp (one commit group per step, empty groups past the range
+// keep the count uniform); the first D are issued before pdl_wait(). Rows past the block's end are zero-filled.
+// The lane then reads exactly the registers of variant 1's slot from the stage and runs compute_step<4>; the step
+// split is variant 1's, so the results are bit-identical.
+constexpr int kCpRowBytes = 160;                  // 128 bytes + 32 of padding: fragment reads conflict-free
+constexpr int kCpWordBytes = 16 * kCpRowBytes;    // the stage's words [16][40] uint32
+constexpr int kCpStageBytes = kCpWordBytes + 256;  // + [2 (scales, biases)][16 rows][4] bf16
+
+// Shared memory of variant 2 beyond the staging layout: D stages per warp.
+constexpr int cp_stage_smem(int D) { return qtile::kWarps * D * kCpStageBytes; }
+
+__device__ __forceinline__ void cp_issue_step(uint32_t st, const QmvJob<4>& job, int j, int q, int lane) {
+  const int tr = job.r0 + 16 * j, end = min(tr + 16, job.r1), piece = lane & 7;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int row = 4 * i + (lane >> 3), r = tr + row;
+    const bool ok = r < end;
+    const uint32_t* src = job.words + (ok ? r * job.row_words + 32 * q + 4 * piece : 0);
+    qtile::cp_async_16(st + row * kCpRowBytes + piece * 16, src, ok ? 16u : 0u);
+  }
+  const int row = lane & 15, r = tr + row;
+  const bool ok = r < end;
+  const uint16_t* arr = lane < 16 ? job.scales : job.biases;
+  qtile::cp_async_8(st + kCpWordBytes + lane * 8, arr + (ok ? r * job.gpr + 4 * q : 0), ok ? 8u : 0u);
+}
+
+// Variant 1's slot of this lane from a stage: words 2tig, 2tig+1 of the 4 groups of rows g and g+8, and the bf16
+// pairs of its quad role (tig 0: scales of row g, 1: scales of row g+8, 2: biases of row g, 3: biases of row g+8).
+__device__ __forceinline__ void cp_read_slot(const unsigned char* st, qtile::SlotT<4>& sl, int g, int tig) {
+  const unsigned char* ra = st + g * kCpRowBytes + 8 * tig;
+  const unsigned char* rb = ra + 8 * kCpRowBytes;
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    sl.q[0][u] = *reinterpret_cast<const uint2*>(ra + 32 * u);
+    sl.q[1][u] = *reinterpret_cast<const uint2*>(rb + 32 * u);
+  }
+  const uint2 v =
+      *reinterpret_cast<const uint2*>(st + kCpWordBytes + ((tig >> 1) * 16 + g + 8 * (tig & 1)) * 8);
+  sl.sb[0] = v.x;
+  sl.sb[1] = v.y;
+}
+
+template <int D>
+__global__ void __launch_bounds__(qtile::kThreads, 2) qmv_q4_cp_kernel(const QmvQ4Params p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+  const qtile::StageSmem S = qtile::carve_stage(smem, p.layout);
+  unsigned char* stages = smem + p.layout.bytes() + warp * D * kCpStageBytes;
+  const uint32_t stages_s = qtile::smem_addr(stages);
+  const int r0 = int(int64_t(blockIdx.x) * p.rows / gridDim.x);
+  const int r1 = int(int64_t(blockIdx.x + 1) * p.rows / gridDim.x);
+  const int tiles = (r1 - r0 + 15) / 16;
+  const int row_u4 = p.layout.row_u4(), gpr = p.gpr;
+  QmvJob<4> job;
+  job.spt = gpr / 4;
+  job.words = p.words;
+  job.scales = p.scales;
+  job.biases = p.biases;
+  job.row_words = p.row_words;
+  job.gpr = gpr;
+  job.r0 = r0;
+  job.r1 = r1;
+  job.g = g;
+  job.tig = tig;
+  job.bsrc.brow = g < p.T ? S.xs + g * row_u4 : nullptr;
+  job.bsrc.k0 = 2 * tig < p.T ? S.ktab + (2 * tig) * gpr : nullptr;
+  job.bsrc.k1 = 2 * tig + 1 < p.T ? S.ktab + (2 * tig + 1) * gpr : nullptr;
+  job.y = p.y;
+  job.ldy = p.ldy;
+  job.accumulate = p.accumulate;
+  job.T = p.T;
+  job.rinv = p.norm_w ? S.rinv : nullptr;
+  const int spt = job.spt;
+  const int steps = tiles * spt;
+  const int lo = qtile::range_lo(warp, steps), hi = qtile::range_lo(warp + 1, steps);
+
+  // The first D steps in flight before the wait (weights do not depend on earlier kernels).
+  qtile::Cursor lc = qtile::cursor_at(lo, spt);
+#pragma unroll
+  for (int d = 0; d < D; ++d) {
+    if (lc.s < hi) {
+      cp_issue_step(stages_s + d * kCpStageBytes, job, lc.j, lc.q, lane);
+      lc.next(spt);
+    }
+    qtile::cp_async_commit();
+  }
+  pdl_trigger();
+  pdl_wait();
+  const QmvSrc src{p.x, p.ldx, p.norm_w, p.vec_x, p.norm_w != nullptr};
+  qtile::stage_activations(src, p.layout, S);
+  __syncthreads();
+  if (p.norm_w) {
+    if (int(threadIdx.x) < p.T) S.rinv[threadIdx.x] = qtile::row_rinv(S, p.layout, threadIdx.x, p.eps);
+    __syncthreads();
+  }
+
+  // ring_run's bookkeeping, the slot read from stage d (then refilled with step s + D before the MMAs).
+  const int first_tile = lo / spt;
+  qtile::Cursor cc = qtile::cursor_at(lo, spt);
+  int piece_q0 = cc.q;
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  int d = 0;
+#pragma unroll 1
+  for (int s = lo; s < hi; ++s) {
+    qtile::cp_async_wait<D - 1>();  // this lane's copies of step s have landed
+    __syncwarp();                   // and every lane's
+    qtile::SlotT<4> sl;
+    cp_read_slot(stages + d * kCpStageBytes, sl, g, tig);
+    __syncwarp();  // every lane has read stage d
+    if (lc.s < hi) {
+      cp_issue_step(stages_s + d * kCpStageBytes, job, lc.j, lc.q, lane);
+      lc.next(spt);
+    }
+    qtile::cp_async_commit();
+    d = d + 1 == D ? 0 : d + 1;
+    qtile::compute_step<4>(sl, job.group(cc.q), job.bsrc, acc, lane);
+    const bool tile_end = cc.q == spt - 1, range_end = cc.s == hi - 1;
+    if (tile_end || range_end) {
+      if (piece_q0 == 0 && tile_end) {  // the whole tile: epilogue now
+        job.store(cc.j, g, 2 * tig, acc[0], acc[2]);
+        job.store(cc.j, g, 2 * tig + 1, acc[1], acc[3]);
+      } else {
+        qtile::put_slot(S.slots, 2 * warp + (cc.j == first_tile ? 0 : 1), acc, lane);
+      }
+      acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
+      piece_q0 = 0;
+    }
+    cc.next(spt);
+  }
+  __syncthreads();
+  qtile::finish_cut_tiles(job, S.slots, steps, p.T);
+}
+
 // ---- generic path (every format) ------------------------------------------------------------------------------
 
 struct QmvGenericParams {
@@ -308,6 +446,17 @@ void launch_q4_depth(const QmvQ4Params& p, int64_t work_blocks, int smem, cudaSt
   launch_pdl("qmv_q4", kernel, dim3(unsigned(grid)), dim3(qtile::kThreads), size_t(smem), stream, p);
 }
 
+template <int D>
+bool launch_q4_cp(const QmvQ4Params& p, int64_t work_blocks, int smem, cudaStream_t stream) {
+  auto kernel = qmv_q4_cp_kernel<D>;
+  const void* k = reinterpret_cast<const void*>(kernel);
+  const int total = smem + cp_stage_smem(D);
+  if (total > qtile::allow_dynamic_smem(k)) return false;
+  const int grid = qtile::persistent_grid(k, total, work_blocks);
+  launch_pdl("qmv_q4_cp", kernel, dim3(unsigned(grid)), dim3(qtile::kThreads), size_t(total), stream, p);
+  return true;
+}
+
 // Shared memory the tensor-core path needs for T tokens of `cols` columns.
 int q4_smem(int T, int64_t cols) {
   qtile::StageLayout L;
@@ -340,9 +489,23 @@ void launch_q4(const QmvArgs& a, cudaStream_t stream) {
   const int smem = p.layout.bytes();
   const int64_t tiles = (w.rows + 15) / 16;
   const qtile::Tuning tu = qtile::tuning();
-  // Variant 1: 4 groups per step, depth/2 steps in flight (the same bytes as variant 0 at that depth); its scale and
-  // bias loads are 8 bytes (gpr % 4 == 0 as cols % 256 == 0, so only the bases matter).
-  const bool wide = tu.variant == 1 && p.gpr % 4 == 0 &&
+  // Variant 2: variant 1's steps through the cp.async pipeline, depth/2 stages per warp; its 16-byte copies want
+  // 16-byte aligned words (row starts are: row_words % 32 == 0), its 8-byte scale/bias copies 8-byte aligned bases.
+  const bool cp_ok = tu.variant == 2 && p.gpr % 4 == 0 &&
+                     ((reinterpret_cast<uintptr_t>(p.scales) | reinterpret_cast<uintptr_t>(p.biases)) & 7) == 0 &&
+                     (reinterpret_cast<uintptr_t>(p.words) & 15) == 0;
+  if (cp_ok) {
+    bool done = false;
+    switch (tu.depth) {
+      case 4: done = launch_q4_cp<2>(p, tiles, smem, stream); break;
+      case 8: done = launch_q4_cp<4>(p, tiles, smem, stream); break;
+      default: done = launch_q4_cp<3>(p, tiles, smem, stream); break;
+    }
+    if (done) return;
+  }
+  // Variant 1 (and 2 where it cannot run): 4 groups per step, depth/2 steps in flight (the same bytes as variant 0
+  // at that depth); its scale and bias loads are 8 bytes (gpr % 4 == 0 as cols % 256 == 0, so only the bases matter).
+  const bool wide = tu.variant >= 1 && p.gpr % 4 == 0 &&
                     ((reinterpret_cast<uintptr_t>(p.scales) | reinterpret_cast<uintptr_t>(p.biases)) & 7) == 0;
   if (wide) {
     switch (tu.depth) {

@@ -105,6 +105,24 @@ __device__ inline void prefetch_l2_range(const void* base, int64_t bytes, int la
     prefetch_l2_bulk(p + off, uint32_t(bytes - off < kPiece ? bytes - off : kPiece));
 }
 
+// cp.async (sm_80+): copies `bytes` (16: .cg, bypassing L1; 8: .ca) from global src to shared dst (a shared-window
+// address), filling the rest of the cp-size with zeros when src_bytes < cp-size (0: nothing is read).
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_8(uint32_t dst, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Waits until at most N of this thread's committed groups are pending.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 __device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t mask, uint32_t magic) {
   uint32_t d;
   asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(mask), "r"(magic));  // (a & mask) | magic
@@ -611,7 +629,10 @@ int allow_dynamic_smem(const void* kernel);
 // fit beside it and issue their weight loads before their pdl_wait()).
 // variant (qmv only; TERN_QMV_VARIANT): 0 = 2 groups per step (1 KB of weights per warp step), 1 = 4 groups per
 // step (2 KB; the ring holds depth/2 steps, the same bytes in flight); 1 falls back to 0 when the scale or bias
-// arrays are not 8-byte aligned.
+// arrays are not 8-byte aligned. 2 (opt-in, qmv only; the MoE kernels run variant 0 then) = the steps of variant 1
+// copied by cp.async into a per-warp shared-memory pipeline of depth/2 stages, each warp copy reading 4 rows × 128
+// contiguous bytes instead of 16 rows × 8 bytes (qmv.cu); falls back to 1 when the words are not 16-byte aligned
+// or the stages do not fit in shared memory. Results are bit-identical to variant 1.
 struct Tuning {
   int blocks_per_sm = 1;
   int depth = 6;

@@ -5,6 +5,7 @@
 // as the kernel stages them.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -280,7 +281,7 @@ TEST(CudaQmv, MatchesCpuMatmulEveryFormat) {
       {WeightFormat::f32, 1, 1, 512, 0},
   };
   const int v0 = qmv_variant();
-  for (int v : {1, 0}) {  // both step variants of the tensor-core path
+  for (int v : {1, 0, 2}) {  // every step variant of the tensor-core path
     qmv_set_variant(v);
     for (const QmvCase& c : cases) {
       SCOPED_TRACE(std::string(weight_format_name(c.f)) + " " + std::to_string(c.rows) + "x" + std::to_string(c.cols) +
@@ -289,6 +290,56 @@ TEST(CudaQmv, MatchesCpuMatmulEveryFormat) {
       if (HasFatalFailure()) break;
     }
     if (HasFatalFailure()) break;
+  }
+  qmv_set_variant(v0);
+}
+
+// Variant 2 (cp.async shared-memory pipeline) runs variant 1's steps in the same order: bit-identical outputs, with
+// the norm and the accumulate mode, rows that are not a multiple of 16 (zero-filled rows of a tile), a stacked matrix
+// read at expert index > 0, and strided x / y.
+TEST(CudaQmv, Variant2MatchesVariant1Bitwise) {
+  TERN_REQUIRE_GPU();
+  std::mt19937_64 rng(fresh_seed("CudaQmv.Variant2"));
+  const QmvCase cases[] = {
+      {WeightFormat::affine4, 1, 12352, 2048, 0}, {WeightFormat::affine4, 1, 2048, 4096, 0},
+      {WeightFormat::affine4, 1, 100, 2048, 0},   {WeightFormat::affine4, 1, 1, 2048, 0},
+      {WeightFormat::affine4, 4, 520, 2048, 3},
+  };
+  const int v0 = qmv_variant();
+  for (const QmvCase& c : cases) {
+    auto h = random_matrix(rng, c.f, c.experts, c.rows, c.cols);
+    DeviceMatrix dm(*h);
+    const auto nw = random_floats(rng, size_t(c.cols), 0.5f, 1.5f);
+    DeviceBuf<float> dnw(nw);
+    for (int T : {1, 3, 8}) {
+      const int64_t ldx = T == 3 ? c.cols + 4 : c.cols, ldy = T == 3 ? c.rows + 5 : c.rows;
+      const auto x = random_floats(rng, size_t(T * ldx), -2.0f, 2.0f);
+      const auto y0 = random_floats(rng, size_t(T * ldy), -1.0f, 1.0f);
+      DeviceBuf<float> dx(x);
+      for (int mode = 0; mode < 4; ++mode) {
+        std::vector<float> out[2];
+        for (int i = 0; i < 2; ++i) {
+          qmv_set_variant(i == 0 ? 1 : 2);
+          DeviceBuf<float> dy(y0);
+          QmvArgs a;
+          a.w = dm.d;
+          a.expert = c.expert;
+          a.x = dx.p;
+          a.ldx = ldx;
+          a.T = T;
+          a.norm_w = (mode & 1) ? dnw.p : nullptr;
+          a.y = dy.p;
+          a.ldy = ldy;
+          a.accumulate = (mode & 2) != 0;
+          qmv(a, nullptr);
+          out[i] = dy.host();
+        }
+        size_t diff = 0;
+        for (size_t k = 0; k < out[0].size(); ++k)
+          if (std::memcmp(&out[0][k], &out[1][k], sizeof(float)) != 0) ++diff;
+        EXPECT_EQ(diff, 0u) << c.rows << "x" << c.cols << " expert " << c.expert << " T " << T << " mode " << mode;
+      }
+    }
   }
   qmv_set_variant(v0);
 }
