@@ -100,6 +100,7 @@ int main(int argc, char** argv) {
     cudaEvent_t e0, e1;
     TERN_CUDA(cudaEventCreate(&e0));
     TERN_CUDA(cudaEventCreate(&e1));
+    int failed = 0;  // cases that threw: the table is printed whole, the exit status says so
     for (auto& [family, add] : registry()) {
       CaseList cases;
       add(cases);
@@ -156,12 +157,17 @@ int main(int argc, char** argv) {
           if (c.teardown) c.teardown();
         } catch (const tern::Error& e) {
           std::printf("| %s | %s | failed: %s | | | | |\n", c.group.c_str(), c.name.c_str(), e.what());
+          ++failed;
           cudaGetLastError();
         }
         std::fflush(stdout);
       }
     }
     if (out) std::fclose(out);
+    if (failed > 0) {
+      std::fprintf(stderr, "tern_kernels: %d case(s) failed\n", failed);
+      return 1;
+    }
   } catch (const tern::Error& e) {
     std::fprintf(stderr, "tern_kernels: error: %s\n", e.what());
     return 1;

@@ -24,9 +24,6 @@ using namespace tern::cuda;
 
 __global__ void advance_position_kernel(int* pos, int n) { *pos += n; }
 
-// The shapes the fused gdn_decode kernel takes (the model's: dk = dv = 128, Hv = 2·Hk); see gdn.cuh.
-bool gdn_decode_supported(const GdnDims& d) { return d.dk == 128 && d.dv == 128 && d.Hv == 2 * d.Hk; }
-
 // The Gated DeltaNet states of a CudaSession at one position (see StateSnapshot): every layer's conv then
 // recurrent state back to back, in one device allocation, or in pinned host memory after to_host().
 class CudaSnapshot final : public StateSnapshot {
@@ -136,7 +133,7 @@ class CudaSession final : public Session {
   void restore(const StateSnapshot& snapshot) override {
     const auto* snap = dynamic_cast<const CudaSnapshot*>(&snapshot);
     TERN_CHECK(snap != nullptr && snap->owner == owner, "cuda restore: the snapshot was not made by this runner");
-    TERN_CHECK(snap->pos >= 0 && snap->pos <= capacity_, "cuda restore: the snapshot is at ", snap->pos,
+    TERN_CHECK(snap->pos <= capacity_, "cuda restore: the snapshot is at ", snap->pos,
                " tokens, over this session's capacity of ", capacity_);
     TERN_CHECK(snap->size == gdn_state_bytes(), "cuda restore: the snapshot holds ", snap->size,
                " bytes, the session's states ", gdn_state_bytes());
@@ -296,9 +293,10 @@ class CudaRunner final : public ModelRunner {
     const int64_t floats = 2 * T * D + std::max(mixer_gdn, mixer_attn) + T * E + T * k + T +
                            T * k * (2 * F + D) + T * (2 * Fs + D) + kLmRows * V + sample_scratch_floats(V);
     const int64_t ints = T + T * k + moe_group_ints(T, E, k) + 1;
-    const int64_t prep_max = std::max({matmul_prepared_bytes(T, D), matmul_prepared_bytes(T, Hv * dv),
-                                       matmul_prepared_bytes(T, Hq * dh), matmul_prepared_bytes(T * k, F)});
-    scratch_ = DeviceArena(size_t(floats) * 4 + size_t(ints) * 4 + size_t(prep_max) + 64 * 256, "activation scratch");
+    // The split activations of every prefill product input: normed x, the GDN and attention outputs, h of the experts.
+    prep_bytes_ = size_t(std::max({matmul_prepared_bytes(T, D), matmul_prepared_bytes(T, Hv * dv),
+                                   matmul_prepared_bytes(T, Hq * dh), matmul_prepared_bytes(T * k, F)}));
+    scratch_ = DeviceArena(size_t(floats) * 4 + size_t(ints) * 4 + prep_bytes_ + 64 * 256, "activation scratch");
     hidden_ = scratch_.take_n<float>(size_t(T * D));
     normed_ = scratch_.take_n<float>(size_t(T * D));
     float* mixer = scratch_.take_n<float>(size_t(std::max(mixer_gdn, mixer_attn)));
@@ -326,8 +324,6 @@ class CudaRunner final : public ModelRunner {
     hu_ = scratch_.take_n<float>(size_t(T * k * F));
     yd_ = scratch_.take_n<float>(size_t(T * k * D));
     yd_bytes_ = size_t(T * k * D) * 4;
-    prep_bytes_ = size_t(std::max({matmul_prepared_bytes(T, D), matmul_prepared_bytes(T, Hv * dv),
-                                   matmul_prepared_bytes(T, Hq * dh), matmul_prepared_bytes(T * k, F)}));
     prep_ = scratch_.take(prep_bytes_);
     sg_ = scratch_.take_n<float>(size_t(T * Fs));
     su_ = scratch_.take_n<float>(size_t(T * Fs));

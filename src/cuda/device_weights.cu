@@ -126,8 +126,7 @@ DMat dmat_rows(const DMat& m, int64_t row0, int64_t rows) {
              ") outside a matrix of ", m.rows, " rows");
   DMat v = m;
   v.rows = rows;
-  const int64_t bytes_per_unit = m.format == WeightFormat::bf16 ? 2 : 4;
-  v.data = static_cast<const uint8_t*>(m.data) + row0 * m.row_words * bytes_per_unit;
+  v.data = static_cast<const uint8_t*>(m.data) + row0 * m.row_words * storage_bytes(m.format);
   if (m.scales) {
     v.scales = m.scales + row0 * m.groups_per_row;
     v.biases = m.biases + row0 * m.groups_per_row;

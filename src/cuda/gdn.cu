@@ -1472,7 +1472,8 @@ __global__ void __launch_bounds__(NW * 32) gdn_decode_kernel(GdnDecodeArgs a) {
 #endif
 }
 
-// sm_90: clusters of 8 blocks × 8 warps × 4 rows (128 blocks); before: one block of 32 warps × 8 rows per key head.
+// sm_90: clusters of blocks (GdnDecodeArgs::Kernel; automatic: clusters of 4 × 16 warps × 4 rows, 64 blocks); before:
+// one block of 32 warps × 8 rows per key head.
 constexpr int kDecodeClusterCS = 8, kDecodeClusterNW = 8, kDecodeClusterRPW = 4;
 constexpr int kDecodePortableNW = 32, kDecodePortableRPW = 8;
 
@@ -1695,11 +1696,15 @@ void launch_decode(const GdnDecodeArgs& a, cudaStream_t stream) {
 
 }  // namespace
 
+bool gdn_decode_supported(const GdnDims& d) {
+  return d.dk == kDecodeDk && d.dv == kDecodeDv && d.Hk > 0 && d.Hv == kDecodeRatio * d.Hk;
+}
+
 void gdn_decode(const GdnDecodeArgs& a, cudaStream_t stream) {
   const GdnDims& d = a.d;
   if (d.T == 0) return;
   TERN_CHECK(d.T >= 1 && d.T <= kDecodeMaxT, "gdn_decode: ", d.T, " tokens (1..", kDecodeMaxT, ")");
-  TERN_CHECK(d.dk == kDecodeDk && d.dv == kDecodeDv && d.Hk > 0 && d.Hv == kDecodeRatio * d.Hk,
+  TERN_CHECK(gdn_decode_supported(d),
              "gdn_decode: needs dk = dv = 128 and Hv = 2·Hk (got dk ", d.dk, ", dv ", d.dv, ", Hk ", d.Hk, ", Hv ",
              d.Hv, ")");
   TERN_CHECK(a.Ck >= 1 && a.Ck <= kDecodeMaxTaps, "gdn_decode: conv width ", a.Ck, " not in [1, ", kDecodeMaxTaps,

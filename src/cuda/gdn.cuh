@@ -105,8 +105,10 @@ struct GdnDecodeArgs {
 // safe because a layer's state is written only by this layer's own gdn_decode / gdn_chunked, never by the kernel
 // just before it in the stream; callers must not launch two state-writing calls on the same state back to back
 // within one PDL chain (one call per layer per decode graph is fine: graph launches are fully ordered).
-// sm_90+: grid (8, Hk) in clusters of 8 (the 2 v-heads × 4 slices of 32 rows of one key head; the gated norm sums
-// over the cluster through distributed shared memory); before sm_90: one 1024-thread block per key head.
+// sm_90+: a thread-block cluster per key head (its 2 v-heads split into row slices; the gated norm sums over the
+// cluster through distributed shared memory; Kernel picks the shape); before sm_90: one 1024-thread block per key head.
 void gdn_decode(const GdnDecodeArgs& a, cudaStream_t stream);
+// Whether gdn_decode takes these head shapes (the model's: dk = dv = 128, Hv = 2·Hk).
+bool gdn_decode_supported(const GdnDims& d);
 
 }  // namespace tern::cuda

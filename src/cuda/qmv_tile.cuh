@@ -298,7 +298,6 @@ struct SlotT {
   uint2 q[2][UG];
   uint32_t sb[UG / 2];
 };
-using Slot = SlotT<kUG>;
 
 // Where a step's weights are: the matrix rows of mma rows g and g+8 (nullptr: row absent, not loaded), and the
 // scale/bias row of this lane's sb. G is the step's first group.

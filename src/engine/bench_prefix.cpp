@@ -16,9 +16,6 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-double ms_since(clock_type::time_point t0) {
-  return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
-}
 
 }  // namespace
 
@@ -66,7 +63,7 @@ PrefixBenchReport bench_prefix_reuse(ModelRunner& runner, const PrefixBenchOptio
   auto take = [&] {
     const auto t0 = clock_type::now();
     held.push_back(session->snapshot());
-    snapshot_ms.push_back(ms_since(t0));
+    snapshot_ms.push_back(bench_ms_since(t0));
   };
 
   // ---- turn 1 ----
@@ -78,7 +75,7 @@ PrefixBenchReport bench_prefix_reuse(ModelRunner& runner, const PrefixBenchOptio
     runner.forward(*session, all.subspan(size_t(o.context), size_t(o.reply)), false, logits);
     take();
   }
-  rep.turn1_ms = ms_since(t0);
+  rep.turn1_ms = bench_ms_since(t0);
   rep.snapshots = int(held.size());
   StateSnapshot& end_of_turn1 = *held.back();
   TERN_CHECK(end_of_turn1.position() == turn1, "bench --prefix-reuse: the last snapshot is at ",
@@ -91,13 +88,13 @@ PrefixBenchReport bench_prefix_reuse(ModelRunner& runner, const PrefixBenchOptio
     session->reset();
     t0 = clock_type::now();
     prefill(total, 0, nullptr);
-    const double scratch = ms_since(t0);
+    const double scratch = bench_ms_since(t0);
     const std::vector<float> want = logits;
     // With reuse: the session's KV rows [0, turn1) hold turn 1's tokens again (the run above ran them).
     t0 = clock_type::now();
     session->restore(end_of_turn1);
     prefill(total, 0, [&] { held.push_back(session->snapshot()); });
-    const double reuse = ms_since(t0);
+    const double reuse = bench_ms_since(t0);
     held.pop_back();
     for (size_t i = 0; i < size_t(vocab); ++i) {
       rep.max_abs_dlogit = std::max(rep.max_abs_dlogit, double(std::fabs(logits[i] - want[i])));
@@ -106,15 +103,15 @@ PrefixBenchReport bench_prefix_reuse(ModelRunner& runner, const PrefixBenchOptio
     // With reuse from host memory (the snapshot was evicted from the GPU).
     auto t1 = clock_type::now();
     end_of_turn1.to_host();
-    const double th = ms_since(t1);
+    const double th = bench_ms_since(t1);
     t0 = clock_type::now();
     session->restore(end_of_turn1);
     prefill(total, 0, [&] { held.push_back(session->snapshot()); });
-    const double reuse_host = ms_since(t0);
+    const double reuse_host = bench_ms_since(t0);
     held.pop_back();
     t1 = clock_type::now();
     end_of_turn1.to_device();
-    const double td = ms_since(t1);
+    const double td = bench_ms_since(t1);
     if (r == 0) continue;
     rep.scratch_ms.push_back(scratch);
     rep.reuse_ms.push_back(reuse);

@@ -15,9 +15,6 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-double ms_since(clock_type::time_point t0) {
-  return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
-}
 
 int64_t host_peak_rss_bytes() {
   rusage u{};
@@ -71,14 +68,14 @@ struct Runner {
     session.reset();
     auto t0 = clock_type::now();
     prefill(session, prompt);
-    const double prefill_ms = ms_since(t0);
+    const double prefill_ms = bench_ms_since(t0);
     sample_memory(point.memory_peak_bytes);
     double decode_ms = 0;
     if (options.decode_steps > 0) {
       int32_t token = token_dist(rng);
       t0 = clock_type::now();
       for (int s = 0; s < options.decode_steps; ++s) token = decode_step(session, token);
-      decode_ms = ms_since(t0) / options.decode_steps;
+      decode_ms = bench_ms_since(t0) / options.decode_steps;
       sample_memory(point.memory_peak_bytes);
     }
     return {prefill_ms, decode_ms};
@@ -86,6 +83,10 @@ struct Runner {
 };
 
 }  // namespace
+
+double bench_ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
 
 double bench_median(std::vector<double> v) {
   if (v.empty()) return 0;

@@ -10,6 +10,7 @@
 // from the roofline (bench_roofline.h) and are set against the ceilings given.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -74,5 +75,7 @@ std::string bench_json(const BenchReport& report);
 std::string bench_svg(const BenchReport& report);
 
 double bench_median(std::vector<double> values);
+// Milliseconds of the host's steady clock since t0.
+double bench_ms_since(std::chrono::steady_clock::time_point t0);
 
 }  // namespace tern

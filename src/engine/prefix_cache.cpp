@@ -149,7 +149,11 @@ void PrefixCache::checkpoint(Session& session, std::span<const int32_t> prompt) 
 
 void PrefixCache::end(Session& session, std::span<const int32_t> held, bool ok) {
   Slot& slot = slot_of(session);
-  if (!ok || !active_) {
+  if (!active_) {  // begin() resets the session before the next request
+    publish();
+    return;
+  }
+  if (!ok) {
     drop_after(slot, 0);
     slot.tokens.clear();
     try {

@@ -32,7 +32,7 @@ uint32_t four_byte_at(const std::string& text, size_t i) {
 struct Escaper {
   const std::vector<std::string>& specials;
   std::vector<std::string> placeholders;   // placeholders[i] stands for specials[i]
-  std::vector<bool> used;
+  bool used = false;                        // a special token was found and replaced
 
   std::string escape(const std::string& s) {
     if (s.find('<') == std::string::npos) return s;  // every special token of the Qwen family starts with '<'
@@ -43,7 +43,7 @@ struct Escaper {
       for (size_t k = 0; k < specials.size(); ++k) {
         if (!specials[k].empty() && s.compare(i, specials[k].size(), specials[k]) == 0) {
           out += placeholders[k];
-          used[k] = true;
+          used = true;
           i += specials[k].size();
           hit = true;
           break;
@@ -120,12 +120,12 @@ std::variant<ChatPrompt, ApiError> chat_render_prompt(const ChatRequest& request
     if (p.placeholder_base == 0)
       return api_error_invalid("messages", "The messages use every private-use code point that tern needs to keep "
                                            "special tokens in content as text.");
-    Escaper esc{escape_special, {}, std::vector<bool>(escape_special.size(), false)};
+    Escaper esc{escape_special, {}};
     for (size_t i = 0; i < escape_special.size(); ++i) esc.placeholders.push_back(utf8_of(p.placeholder_base + uint32_t(i)));
     esc.walk(in.messages);
     esc.walk(in.tools);
     esc.walk(in.extra_kwargs);
-    if (std::find(esc.used.begin(), esc.used.end(), true) != esc.used.end()) p.escaped = escape_special;
+    if (esc.used) p.escaped = escape_special;
   }
   try {
     try {

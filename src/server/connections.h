@@ -113,7 +113,6 @@ class HttpConnections : public httplib::Server {
   void stop_accepting();
   // After stop_accepting: waits (up to `timeout`) until the workers are idle, then ends the threads.
   void shut_down(std::chrono::milliseconds timeout);
-  bool stopping() const { return stopping_.load(); }
 
   // Called by a handler on a worker thread: close this request's connection after its response.
   static void close_after_response();

@@ -54,6 +54,14 @@ ApiError api_error_internal(std::string message) {
   return make(500, std::move(message), "server_error", "", "internal_error");
 }
 
+ApiError api_error_shutting_down(std::string message) {
+  ApiError e = api_error_internal(std::move(message));
+  e.status = 503;
+  e.code = "shutting_down";
+  e.retry_after_s = 1;
+  return e;
+}
+
 ApiError api_error_context(int64_t prompt_tokens, int64_t max_new, int64_t context) {
   std::string m = "This model's context is " + std::to_string(context) + " tokens, but the prompt has " +
                   std::to_string(prompt_tokens) + " tokens";

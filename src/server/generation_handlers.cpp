@@ -64,14 +64,6 @@ std::optional<ApiError> check_prompt_bytes(const ServerState& state, size_t byte
   return e;
 }
 
-ApiError api_error_shutting_down() {
-  ApiError e = api_error_internal("The server is shutting down; the generation was cancelled.");
-  e.status = 503;
-  e.code = "shutting_down";
-  e.retry_after_s = 1;
-  return e;
-}
-
 std::optional<ApiError> check_context(const ServerState& state, size_t prompt_tokens, int64_t max_tokens) {
   if (int64_t(prompt_tokens) >= state.model.context)
     return api_error_context(int64_t(prompt_tokens), max_tokens, state.model.context);
@@ -257,7 +249,8 @@ void serve(ServerState& state, const httplib::Request& req, httplib::Response& r
       return;
     }
     log_result(event->result, ex->task->id);
-    if (ex->stop_requested && event->result.finish == FinishReason::cancelled) return respond_error(res, api_error_shutting_down());
+    if (ex->stop_requested && event->result.finish == FinishReason::cancelled)
+      return respond_error(res, api_error_shutting_down("The server is shutting down; the generation was cancelled."));
     respond_json(res, ex->output->response(event->result));
     return;
   }

@@ -96,13 +96,7 @@ bool media_type_is_json(const std::string* content_type) {
 template <typename HeaderFn>
 std::optional<ApiError> early_rejection(const ServerState& s, const std::string& method, const std::string& path,
                                         HeaderFn header) {
-  if (s.stopping.load()) {
-    ApiError e = api_error_internal("The server is shutting down.");
-    e.status = 503;
-    e.code = "shutting_down";
-    e.retry_after_s = 1;
-    return e;
-  }
+  if (s.stopping.load()) return api_error_shutting_down("The server is shutting down.");
   if (!host_allowed(s, header("host"))) {
     ApiError e = api_error_invalid("", "Host '" + *header("host") + "' is not allowed: this server listens on " +
                                            s.options.host + " and answers only requests addressed to it (or to "

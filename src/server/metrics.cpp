@@ -108,11 +108,6 @@ void Metrics::on_read_timeout() {
   std::lock_guard lock(mutex_);
   ++read_timeouts_;
 }
-int64_t Metrics::connections_open() const {
-  std::lock_guard lock(mutex_);
-  return connections_open_;
-}
-
 std::string Metrics::render_prometheus() const {
   std::lock_guard lock(mutex_);
   std::string o;

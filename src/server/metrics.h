@@ -39,7 +39,6 @@ class Metrics {
   void on_read_timeout();
 
   int64_t waiting() const;
-  int64_t connections_open() const;
   int64_t running() const;
 
   std::string render_prometheus() const;

@@ -1,5 +1,6 @@
 // Baseline speed on full-size synthetic weights (MLX 4-bit layout generated on the GPU). Disabled by default (it
-// needs ~20 GB of GPU memory and a minute); scripts/gpu-check runs it with --gtest_also_run_disabled_tests.
+// needs ~20 GB of GPU memory and a minute); run it by hand with --gtest_also_run_disabled_tests (scripts/gpu-check
+// measures speed with `tern bench` instead).
 // Prints prefill and decode tok/s at a 4K context; no timing assertions.
 #include <algorithm>
 #include <chrono>

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -163,6 +164,18 @@ inline void expect_close(const std::vector<float>& got, const std::vector<float>
   }
   EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << ref.size() << " elements outside atol " << atol << " + rtol "
                      << rtol << "; worst at " << worst << ": got " << got[worst] << ", want " << ref[worst];
+}
+
+// Root mean square and largest magnitude of a vector (tolerances are scaled by these).
+inline float rms_of(const std::vector<float>& v) {
+  double s = 0;
+  for (float x : v) s += double(x) * x;
+  return float(std::sqrt(s / double(std::max<size_t>(1, v.size()))));
+}
+inline float max_abs(const std::vector<float>& v) {
+  float m = 0.0f;
+  for (float x : v) m = std::max(m, std::fabs(x));
+  return m;
 }
 
 inline bool have_gpu() { return device_count() > 0; }

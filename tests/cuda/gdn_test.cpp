@@ -19,18 +19,6 @@
 namespace tern::cuda::test {
 namespace {
 
-float rms_of(const std::vector<float>& v) {
-  double s = 0;
-  for (float x : v) s += double(x) * x;
-  return float(std::sqrt(s / double(std::max<size_t>(1, v.size()))));
-}
-
-float max_abs(const std::vector<float>& v) {
-  float m = 0.0f;
-  for (float x : v) m = std::max(m, std::fabs(x));
-  return m;
-}
-
 // The per-layer constants of one GDN layer, host and device.
 struct GdnLayer {
   GdnDims d;  // real dims

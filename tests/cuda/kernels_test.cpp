@@ -26,12 +26,6 @@
 namespace tern::cuda::test {
 namespace {
 
-float rms(const std::vector<float>& v) {
-  double s = 0;
-  for (float x : v) s += double(x) * x;
-  return float(std::sqrt(s / std::max<size_t>(1, v.size())));
-}
-
 std::vector<float> cpu_matmul(const Matrix& w, const std::vector<float>& x, int64_t n) {
   std::vector<float> y(size_t(n * w.rows));
   cpu::matmul(w, x.data(), n, y.data());
@@ -81,7 +75,7 @@ TEST(CudaMatmul, GemvAndMatmulMatchCpuAtModelShapes) {
         a.tokens = T;
         matmul(a, nullptr);
       }
-      expect_close(dy.host(), ref, tol * rms(ref) + 1e-5f, 1e-4f, std::string(c.name) + " T=" + std::to_string(T));
+      expect_close(dy.host(), ref, tol * rms_of(ref) + 1e-5f, 1e-4f, std::string(c.name) + " T=" + std::to_string(T));
       // accumulate = true adds to what is there
       if (T == 3) {
         const auto base = random_floats(rng, size_t(T * c.rows));
@@ -97,7 +91,7 @@ TEST(CudaMatmul, GemvAndMatmulMatchCpuAtModelShapes) {
         matmul(a, nullptr);
         std::vector<float> want(ref);
         for (size_t i = 0; i < want.size(); ++i) want[i] += base[i];
-        expect_close(dacc.host(), want, tol * rms(ref) + 1e-5f, 1e-4f, std::string(c.name) + " accumulate");
+        expect_close(dacc.host(), want, tol * rms_of(ref) + 1e-5f, 1e-4f, std::string(c.name) + " accumulate");
       }
     }
   }
@@ -167,7 +161,7 @@ TEST(CudaMatmul, ExpertProductsFollowDeviceRouting) {
     for (size_t i = 0; i < pos.size(); ++i)
       std::copy_n(got.begin() + int64_t(pos[i]) * F, F, got_pairs.begin() + int64_t(i) * F);
     // T > 1: the grouped 4-bit matmul on the tensor cores (fp32-level accuracy)
-    expect_close(got_pairs, ref, 2e-4f * rms(ref) + 1e-6f, 1e-4f,
+    expect_close(got_pairs, ref, 2e-4f * rms_of(ref) + 1e-6f, 1e-4f,
                  "expert gate products T=" + std::to_string(T));
   }
 }
@@ -275,9 +269,9 @@ TEST(CudaGdn, PrepareRecurrenceAndGatedNormMatchCpu) {
     expect_close(g.host(), rg, 1e-6f, 1e-5f, "gdn log decay" + tag);
     expect_close(beta.host(), rb, 1e-6f, 1e-5f, "gdn beta" + tag);
     expect_close(dqkv.host(), qkv, 1e-6f, 1e-5f, "gdn q/k normalisation" + tag);
-    expect_close(o.host(), ro, 1e-5f * rms(ro), 1e-4f, "gdn recurrent output" + tag);
-    expect_close(dstate.host(), state, 1e-5f * rms(state), 1e-4f, "gdn state" + tag);
-    expect_close(y.host(), ry, 1e-5f * rms(ry), 2e-4f, "gdn gated norm" + tag);
+    expect_close(o.host(), ro, 1e-5f * rms_of(ro), 1e-4f, "gdn recurrent output" + tag);
+    expect_close(dstate.host(), state, 1e-5f * rms_of(state), 1e-4f, "gdn state" + tag);
+    expect_close(y.host(), ry, 1e-5f * rms_of(ry), 2e-4f, "gdn gated norm" + tag);
   }
 }
 
@@ -323,11 +317,6 @@ TEST(CudaGdn, ChunkedMatchesCpuChunkedAndRecurrentWithStateCarried) {
     ga.out = o_chk.data();
     cpu::gdn_chunked(ga);
     // Tolerance: 2e-4 of the largest |value| absolute plus 1e-4 relative (fp32, different summation orders).
-    auto max_abs = [](const std::vector<float>& v) {
-      float m = 0.0f;
-      for (float x : v) m = std::max(m, std::fabs(x));
-      return m;
-    };
     const std::string tag = " T=" + std::to_string(T);
     const auto got_o = o.host(), got_s = dstate.host();
     expect_close(got_o, o_chk, 2e-4f * max_abs(o_chk), 1e-4f, "gdn chunked output vs cpu chunked" + tag);

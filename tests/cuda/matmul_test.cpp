@@ -20,12 +20,6 @@
 namespace tern::cuda::test {
 namespace {
 
-float rms_of(const std::vector<float>& v) {
-  double s = 0;
-  for (float x : v) s += double(x) * x;
-  return float(std::sqrt(s / double(std::max<size_t>(1, v.size()))));
-}
-
 std::vector<float> cpu_product(const Matrix& w, const std::vector<float>& x, int64_t n) {
   std::vector<float> y(size_t(n * w.rows));
   if (n > 0) cpu::matmul(w, x.data(), n, y.data());

@@ -21,12 +21,6 @@
 namespace tern::cuda::test {
 namespace {
 
-float rms_of(const std::vector<float>& v) {
-  double s = 0;
-  for (float x : v) s += double(x) * x;
-  return float(std::sqrt(s / double(std::max<size_t>(1, v.size()))));
-}
-
 struct MoeHost {
   Config cfg;
   std::unique_ptr<HostMatrix> router, sgate_logit, gate, up, down, sgate, sup, sdown;

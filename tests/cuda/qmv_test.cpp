@@ -18,12 +18,6 @@
 namespace tern::cuda::test {
 namespace {
 
-float rms_of(const std::vector<float>& v) {
-  double s = 0;
-  for (float x : v) s += double(x) * x;
-  return float(std::sqrt(s / double(std::max<size_t>(1, v.size()))));
-}
-
 // Round to the nearest fp16 value (ties to even), as __float2half_rn does; no overflow in the tests' range.
 float fp16_round(float v) {
   if (v == 0.0f || !std::isfinite(v)) return v;
