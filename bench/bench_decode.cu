@@ -15,6 +15,7 @@
 #include "cuda/cuda_common.cuh"
 #include "cuda/moe_decode.cuh"
 #include "cuda/qmv.cuh"
+#include "cuda/qmv_dp4a.cuh"
 #include "cuda/qmv_tile.cuh"
 
 namespace tern::bench {
@@ -69,10 +70,14 @@ struct QmvData {
 // (-1: the default; 0: 2 groups per step, the previous kernel; 1: 4 groups per step; 2: qmv, 1 through cp.async).
 struct Tune {
   int depth = 0, bps = 0, variant = -1;
+  int dp4a_rows = 0;  // variant 3: rows per warp batch (0: the default)
+  bool hot = false;   // one weight copy: timed runs read it from L2 (what the kernel does without DRAM latency)
   std::string label() const {
     std::string s;
     if (depth) s += "depth " + std::to_string(depth) + ", " + std::to_string(bps) + " block/SM";
     if (variant >= 0) s += (s.empty() ? "" : ", ") + std::string("variant ") + std::to_string(variant);
+    if (dp4a_rows) s += (s.empty() ? "" : ", ") + std::to_string(dp4a_rows) + " rows/batch";
+    if (hot) s += (s.empty() ? "" : ", ") + std::string("L2-hot");
     return s.empty() ? s : " [" + s + "]";
   }
   void apply() const {
@@ -84,6 +89,7 @@ struct Tune {
     }
     if (variant >= 0) t.variant = variant;
     cuda::qtile::set_tuning(t);
+    cuda::qmv_dp4a_set_rows_per_batch(dp4a_rows ? dp4a_rows : 2);
   }
 };
 
@@ -98,9 +104,10 @@ void add_qmv(CaseList& cases, const char* what, int64_t rows, int64_t cols, int 
            " T=" + std::to_string(T) + tune.label();
   c.bytes = bytes;
   c.flops = 2.0 * double(rows) * double(cols) * T;
-  c.setup = [d, rows, cols, T, wbytes] {
+  const bool hot = tune.hot;
+  c.setup = [d, rows, cols, T, wbytes, hot] {
     if (!d->w.empty()) return;
-    const int copies = bench_copies_for(wbytes);
+    const int copies = hot ? 1 : bench_copies_for(wbytes);
     for (int i = 0; i < copies; ++i) {
       d->w.push_back(random_quant(WeightFormat::affine4, 1, rows, cols, 100 + 7 * i));
       d->x.push_back(bench_alloc_random_floats(size_t(T * cols), -2.0f, 2.0f, 200 + 7 * i));
@@ -121,6 +128,57 @@ void add_qmv(CaseList& cases, const char* what, int64_t rows, int64_t cols, int 
     a.ldy = rows;
     a.accumulate = accumulate;
     cuda::qmv(a, stream);
+  };
+  cases.push_back(std::move(c));
+}
+
+// ---- the read roofline ------------------------------------------------------------------------------------------
+
+// Reads n16 uint4 with the weight loads of the qmv kernels (8 in flight per thread), one-wave grid; writes one word
+// only when the XOR of everything is a value random data practically never gives (so nothing is optimised away).
+__global__ void read_roofline_kernel(const uint4* p, int64_t n16, uint32_t* out) {
+  uint32_t acc = 0;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (; i + 7 * stride < n16; i += 8 * stride) {
+    uint4 v[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = cuda::qtile::ld_weights_u4(p + i + k * stride);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) acc ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
+  }
+  for (; i < n16; i += stride) {
+    const uint4 v = cuda::qtile::ld_weights_u4(p + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9e3779b9u) *out = acc;
+}
+
+void add_read_roofline(CaseList& cases, const char* what, double bytes) {
+  struct Data {
+    std::vector<const uint4*> copies;
+    uint32_t* out = nullptr;
+  };
+  auto d = std::make_shared<Data>();
+  const int64_t n16 = int64_t(bytes / 16);
+  Case c;
+  c.group = "decode";
+  c.name = std::string("read roofline ") + what + " (" + std::to_string(int64_t(bytes / 1e3)) + " KB)";
+  c.bytes = double(n16) * 16.0;
+  c.setup = [d, n16] {
+    if (!d->copies.empty()) return;
+    const int copies = bench_copies_for(double(n16) * 16.0);
+    for (int i = 0; i < copies; ++i)
+      d->copies.push_back(static_cast<const uint4*>(bench_alloc_random_bytes(size_t(n16) * 16, 900 + i)));
+    d->out = static_cast<uint32_t*>(bench_alloc_random_bytes(4, 999));
+  };
+  c.run = [d, n16](cudaStream_t stream, int rep) {
+    int dev = 0, sms = 0;
+    TERN_CUDA(cudaGetDevice(&dev));
+    TERN_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    const int64_t blocks = std::min<int64_t>(int64_t(sms) * 4, (n16 + 255) / 256);
+    read_roofline_kernel<<<unsigned(std::max<int64_t>(1, blocks)), 256, 0, stream>>>(
+        d->copies[size_t(rep) % d->copies.size()], n16, d->out);
   };
   cases.push_back(std::move(c));
 }
@@ -259,6 +317,35 @@ void add_moe(CaseList& cases, MoePart part, int T, Tune tune = {}, int prefetch 
 }  // namespace
 
 TERN_BENCH_CASES(decode) {
+  // What reading the same bytes costs with nothing else to do (one kernel of a graph of 20).
+  add_read_roofline(cases, "router 256x2048 8-bit", quant_bytes(WeightFormat::affine8, 256, 2048));
+  add_read_roofline(cases, "out/o proj 2048x4096", quant_bytes(WeightFormat::affine4, 2048, 4096));
+  add_read_roofline(cases, "attn q|k|v 9216x2048", quant_bytes(WeightFormat::affine4, 9216, 2048));
+  add_read_roofline(cases, "gdn in_proj 12352x2048", quant_bytes(WeightFormat::affine4, 12352, 2048));
+  add_read_roofline(cases, "9 experts gate_up+down", 9 * quant_bytes(WeightFormat::affine4, 1536, 2048));
+  add_read_roofline(cases, "lm head 248320x2048", quant_bytes(WeightFormat::affine4, 248320, 2048));
+  // The one-token integer path (variant 3) beside the default, cold and L2-hot, and its rows per batch.
+  for (int v : {1, 3})
+    for (bool hot : {false, true}) {
+      Tune t{0, 0, v};
+      t.hot = hot;
+      add_qmv(cases, "gdn in_proj (norm)", 12352, 2048, 1, true, false, t);
+      add_qmv(cases, "attn q|k|v (norm)", 9216, 2048, 1, true, false, t);
+      add_qmv(cases, "out/o proj (+residual)", 2048, 4096, 1, false, true, t);
+      if (!hot) add_qmv(cases, "lm head (norm)", 248320, 2048, 1, true, false, t);
+    }
+  {
+    const Tune t{0, 0, 3};
+    add_moe(cases, MoePart::gate_up, 1, t);
+    add_moe(cases, MoePart::down, 1, t);
+    add_moe(cases, MoePart::all, 1, t);
+  }
+  for (int rows : {4, 8}) {
+    Tune t{0, 0, 3};
+    t.dp4a_rows = rows;
+    add_qmv(cases, "gdn in_proj (norm)", 12352, 2048, 1, true, false, t);
+    add_qmv(cases, "lm head (norm)", 248320, 2048, 1, true, false, t);
+  }
   add_qmv(cases, "gdn in_proj (norm)", 12352, 2048, 1, true, false);
   add_qmv(cases, "attn q|k|v (norm)", 9216, 2048, 1, true, false);
   add_qmv(cases, "out/o proj (+residual)", 2048, 4096, 1, false, true);

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/model_flags.h"
 #include "core/check.h"
 #include "core/thread_pool.h"
 #include "cpu/cpu_runner.h"
@@ -40,6 +41,7 @@ struct BenchArgs {
   std::string device = "auto";
   std::string dtype = "auto";
   std::string lengths = "256,512,1K,2K,4K,8K,16K,32K,64K,128K";
+  bool lengths_given = false;  // --lengths on the command line (else the default, cut to the model's context)
   int repeats = 3, warmup = 1, decode_steps = 32;
   int64_t prefill_chunk = 0;
   uint64_t seed = 1;
@@ -90,13 +92,31 @@ void write_file(const std::string& path, const std::string& text, const char* wh
   TERN_CHECK(out.good(), "writing the ", what, " file ", path, " failed");
 }
 
-void run_bench(const BenchArgs& a) {
-  TERN_CHECK(int(!a.model_dir.empty()) + int(a.synthetic) + int(a.demo) == 1,
-             "tern bench: give exactly one of -m DIR, --synthetic or --demo");
-  TERN_CHECK(a.device == "auto" || a.device == "cpu" || a.device == "cuda", "--device '", a.device,
-             "' is not auto, cpu or cuda");
+// The lengths to run: those given, each of which must fit the model's positions with its decode steps (else a
+// usage error); or the default ones that fit.
+std::vector<int64_t> lengths_to_run(const BenchArgs& a, int64_t max_positions) {
+  std::vector<int64_t> lengths;
+  try {
+    lengths = bench_parse_lengths(a.lengths);
+  } catch (const Error& e) {
+    throw CLI::ValidationError(e.what());
+  }
+  std::vector<int64_t> fitting;
+  for (int64_t length : lengths) {
+    if (length + a.decode_steps <= max_positions) fitting.push_back(length);
+    else
+      TERN_USAGE_CHECK(!a.lengths_given, "--lengths ", bench_length_label(length), " with ", a.decode_steps,
+                       " decode steps exceeds the model's ", max_positions, " positions");
+  }
+  TERN_USAGE_CHECK(!fitting.empty(), "no benchmark length fits the model's ", max_positions, " positions with ",
+                   a.decode_steps, " decode steps; give --lengths");
+  return fitting;
+}
+
+void run_bench(BenchArgs a) {
+  TERN_USAGE_CHECK(int(!a.model_dir.empty()) + int(a.synthetic) + int(a.demo) == 1,
+                   "tern bench: give exactly one of -m DIR, --synthetic or --demo");
   BenchOptions o;
-  o.lengths = bench_parse_lengths(a.lengths);
   o.repeats = a.repeats;
   o.warmup = a.warmup;
   o.decode_steps = a.decode_steps;
@@ -108,11 +128,11 @@ void run_bench(const BenchArgs& a) {
   if (device == "auto") device = cuda_device_count() > 0 ? "cuda" : "cpu";
 #else
   if (device == "auto") device = "cpu";
-  TERN_CHECK(device != "cuda", "--device cuda: this tern was built without the CUDA backend (backends: ",
-             compiled_backends(), ")");
+  TERN_USAGE_CHECK(device != "cuda", "--device cuda: this tern was built without the CUDA backend (backends: ",
+                   compiled_backends(), ")");
 #endif
-  TERN_CHECK(!a.synthetic || device == "cuda",
-             "--synthetic generates full-size weights on the GPU: it needs --device cuda");
+  TERN_USAGE_CHECK(!a.synthetic || device == "cuda",
+                   "--synthetic generates full-size weights on the GPU: it needs --device cuda");
 
   BenchReport report;
   std::unique_ptr<ModelRunner> runner;
@@ -150,6 +170,15 @@ void run_bench(const BenchArgs& a) {
     }
   }
   TERN_CHECK(runner != nullptr, "tern bench: no runner for device ", device);
+  o.lengths = lengths_to_run(a, runner->config().max_position_embeddings);
+  if (!a.lengths_given) {  // the lengths run, as the command line to repeat them says
+    a.lengths.clear();
+    for (int64_t length : o.lengths) a.lengths += (a.lengths.empty() ? "" : ",") + bench_length_label(length);
+    if (!a.quiet)
+      std::fprintf(stderr, "tern bench: lengths %s (the default ones that fit the model's %lld positions with %d "
+                           "decode steps)\n",
+                   a.lengths.c_str(), (long long)runner->config().max_position_embeddings, a.decode_steps);
+  }
   if (load_start) {  // checkpoint on disk (or page cache) to a runner ready to run
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - *load_start).count();
     std::fprintf(stderr, "tern bench: model loaded and ready on %s in %.2f s (%.2f GB of weights, %.2f GB/s)\n",
@@ -217,14 +246,28 @@ void command_bench(CLI::App& app) {
   sub->add_option("-m,--model", args->model_dir, "Model folder (HF BF16 or MLX)");
   sub->add_flag("--synthetic", args->synthetic, "Full-size random weights generated on the GPU (needs --device cuda)");
   sub->add_flag("--demo", args->demo, "The built-in demo model (random weights, small)");
-  sub->add_option("--device", args->device, "auto, cpu or cuda")->capture_default_str();
-  sub->add_option("--dtype", args->dtype, "Weights of -m: auto, q4, bf16 or stored (see tern inspect)")->capture_default_str();
-  sub->add_option("--lengths", args->lengths, "Prompt lengths, e.g. 256,4K,128K")->capture_default_str();
-  sub->add_option("--repeats", args->repeats, "Timed runs per length (the median is reported)")->capture_default_str();
-  sub->add_option("--warmup", args->warmup, "Untimed runs per length before the timed ones")->capture_default_str();
+  sub->add_option("--device", args->device, "auto, cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
+  sub->add_option("--dtype", args->dtype, "Weights of -m: auto, q4, bf16 or stored (see tern inspect)")
+      ->check(CLI::IsMember({"auto", "q4", "bf16", "stored"}))
+      ->capture_default_str();
+  sub->add_option("--lengths", args->lengths,
+                  "Prompt lengths, e.g. 256,4K,128K (default: those of 256 to 128K that fit the model's context "
+                  "with the decode steps)")
+      ->each([args](const std::string&) { args->lengths_given = true; })
+      ->capture_default_str();
+  sub->add_option("--repeats", args->repeats, "Timed runs per length (the median is reported)")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  sub->add_option("--warmup", args->warmup, "Untimed runs per length before the timed ones")
+      ->check(CLI::Range(0, 1000))
+      ->capture_default_str();
   sub->add_option("--decode-steps", args->decode_steps, "Decode tokens timed after each prefill")
+      ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
   sub->add_option("--prefill-chunk", args->prefill_chunk, "Prompt tokens per forward call (0: all in one)")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   sub->add_option("--seed", args->seed, "Seed of the prompt tokens and of synthetic weights")->capture_default_str();
   sub->add_option("--peak-gbs", args->peak_gb_s, "Memory bandwidth ceiling in GB/s (default on CUDA: 4600, H200)");

@@ -3,6 +3,7 @@
 //   tern generate [-m DIR | --demo] -p TEXT [--chat [--system S] [--no-think]] [-n 256] [sampling flags]
 //   tern generate -m DIR --prompt-tokens 1,2,3 -n 64 --temperature 0 --print-ids     (ids in, ids out)
 //   tern generate ... --json                                                           (one JSON object)
+//   tern generate ... --json-schema schema.json | --json-object      (constrained: the output is one JSON value)
 //
 // Text streams to stdout as it is generated; a summary (token counts, tok/s, finish reason) goes to stderr.
 #include <cstdio>
@@ -33,13 +34,38 @@ struct GenerateArgs {
   int64_t max_tokens = 256;
   int top_logprobs = -1;
   std::vector<std::string> stop;
+  std::string json_schema_file;  // --json-schema: constrain the output to this JSON Schema
+  bool json_object = false;      // --json-object: constrain the output to a JSON object
 };
 
-std::vector<int32_t> build_prompt(const GenerateArgs& a, const ModelSource& src) {
+// The output constraint of --json-schema / --json-object (null without them). A schema the compiler refuses is a
+// usage error naming the keyword.
+grammar::GrammarPtr build_grammar(const GenerateArgs& a) {
+  TERN_CHECK(!(a.json_object && !a.json_schema_file.empty()), "--json-schema and --json-object are exclusive");
+  if (a.json_object) return grammar::compile_json_object();
+  if (a.json_schema_file.empty()) return nullptr;
+  std::ifstream f(a.json_schema_file, std::ios::binary);
+  TERN_CHECK(f.good(), "cannot open --json-schema ", a.json_schema_file);
+  const nlohmann::ordered_json schema = nlohmann::ordered_json::parse(f, nullptr, /*allow_exceptions=*/false);
+  TERN_CHECK(!schema.is_discarded(), "--json-schema ", a.json_schema_file, " is not valid JSON");
+  try {
+    return grammar::compile_json_schema(schema);
+  } catch (const grammar::SchemaError& e) {
+    TERN_FAIL("--json-schema ", a.json_schema_file, ": ", e.what(), " (keyword '", e.keyword(), "')");
+  }
+}
+
+// True when the rendered prompt ends inside an open <think> block (the chat template's thinking is on).
+bool ends_in_reasoning(const std::string& text) {
+  const size_t open = text.rfind("<think>"), close = text.rfind("</think>");
+  return open != std::string::npos && (close == std::string::npos || close < open);
+}
+
+std::vector<int32_t> build_prompt(const GenerateArgs& a, const ModelSource& src, bool* in_reasoning) {
   const int given = int(!a.prompt.empty()) + int(!a.prompt_file.empty()) + int(!a.prompt_tokens.empty());
-  TERN_CHECK(given == 1, "give exactly one of -p/--prompt, --prompt-file and --prompt-tokens");
+  TERN_USAGE_CHECK(given == 1, "give exactly one of -p/--prompt, --prompt-file and --prompt-tokens");
   if (!a.prompt_tokens.empty()) {
-    TERN_CHECK(!a.chat, "--chat applies the chat template to text; it cannot be used with --prompt-tokens");
+    TERN_USAGE_CHECK(!a.chat, "--chat applies the chat template to text; it cannot be used with --prompt-tokens");
     return token_list_parse(a.prompt_tokens, "--prompt-tokens");
   }
   std::string text = a.prompt;
@@ -59,18 +85,22 @@ std::vector<int32_t> build_prompt(const GenerateArgs& a, const ModelSource& src)
     in.messages.push_back({{"role", "user"}, {"content", text}});
     if (a.no_think) in.extra_kwargs = {{"enable_thinking", false}};
     text = src.chat_template->render(in);
+    *in_reasoning = ends_in_reasoning(text);
   } else {
-    TERN_CHECK(a.system.empty() && !a.no_think, "--system and --no-think need --chat");
+    TERN_USAGE_CHECK(a.system.empty() && !a.no_think, "--system and --no-think need --chat");
   }
   return src.tokenizer->encode(text);
 }
 
 void run_generate(const GenerateArgs& a) {
   TERN_CHECK(a.max_tokens >= 0, "-n/--max-tokens must be >= 0, got ", a.max_tokens);
-  TERN_CHECK(!(a.json && a.print_ids), "--json and --print-ids are exclusive");
-  const ModelSource src = model_flags_open(a.model);
+  TERN_USAGE_CHECK(!(a.json && a.print_ids), "--json and --print-ids are exclusive");
+  const ModelSource src = model_flags_open(a.model, a.quiet);  // -q: only the answer, no banner
   GenerationRequest req;
-  req.prompt = build_prompt(a, src);
+  req.grammar = build_grammar(a);
+  bool in_reasoning = false;
+  req.prompt = build_prompt(a, src, &in_reasoning);
+  if (req.grammar && in_reasoning) req.grammar_start_after = "</think>";  // the reasoning stays free
   req.sampling = sampling_flags_apply(a.sampling, src.defaults);
   req.sampling.top_logprobs = a.top_logprobs;
   req.max_tokens = a.max_tokens;
@@ -81,7 +111,7 @@ void run_generate(const GenerateArgs& a) {
   const int64_t max_ctx = runner->config().max_position_embeddings;
   const int64_t ctx = a.model.ctx_size > 0 ? a.model.ctx_size
                                            : std::min<int64_t>(max_ctx, int64_t(req.prompt.size()) + a.max_tokens);
-  TERN_CHECK(ctx <= max_ctx, "--ctx-size ", ctx, " exceeds the model's ", max_ctx, " positions");
+  TERN_USAGE_CHECK(ctx <= max_ctx, "--ctx-size ", ctx, " exceeds the model's ", max_ctx, " positions");
   auto session = runner->create_session(ctx);
   Generator gen(*runner, *src.tokenizer);
 
@@ -144,14 +174,21 @@ void command_generate(CLI::App& app) {
   sub->add_flag("--chat", a->chat, "Apply the chat template to the prompt (a user message)");
   sub->add_option("--system", a->system, "System message (with --chat)");
   sub->add_flag("--no-think", a->no_think, "Chat template with enable_thinking=false (with --chat)");
-  sub->add_option("-n,--max-tokens", a->max_tokens, "Tokens to generate at most")->capture_default_str();
+  sub->add_option("-n,--max-tokens", a->max_tokens, "Tokens to generate at most")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   sampling_flags_add(sub, a->sampling);
   sub->add_option("--stop", a->stop, "Stop string (repeatable); never printed");
   sub->add_flag("--ignore-eos", a->ignore_eos, "Do not stop at the end-of-text ids");
-  sub->add_option("--top-logprobs", a->top_logprobs, "With --json: log-probabilities and this many alternatives (0-20)");
+  sub->add_option("--top-logprobs", a->top_logprobs, "With --json: log-probabilities and this many alternatives (0-20)")
+      ->check(CLI::Range(0, 20));
   sub->add_flag("--print-ids", a->print_ids, "Print the generated token ids (comma separated) instead of text");
   sub->add_flag("--json", a->json, "Print one JSON object: text, tokens, finish_reason, counts, timings");
-  sub->add_flag("-q,--quiet", a->quiet, "No summary line on stderr");
+  sub->add_option("--json-schema", a->json_schema_file,
+                  "Constrain the output to one JSON value valid for the JSON Schema in this file (after </think> "
+                  "when thinking is on)");
+  sub->add_flag("--json-object", a->json_object, "Constrain the output to one JSON object");
+  sub->add_flag("-q,--quiet", a->quiet, "Only the answer: no model banner, load progress or summary on stderr");
   sub->callback([a] { run_generate(*a); });
 }
 

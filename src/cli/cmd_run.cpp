@@ -2,18 +2,22 @@
 //
 //   tern run [-m DIR | --demo] [--system S] [--show-thinking] [--no-think] [sampling flags]
 //
-// Answers stream as they are generated; the thinking part is hidden (a "thinking..." note) or, with
-// --show-thinking, shown dimmed. Commands: /reset (new conversation), /system TEXT (set the system message and
-// reset), /exit. Ctrl-C stops the answer, not the program; Ctrl-D or /exit quits. After each answer: tok/s on stderr.
+// Answers stream as they are generated; the thinking part is hidden behind a live indicator (a spinner with its
+// token count) or, with --show-thinking, shown dimmed. On a terminal the input has line editing and history
+// (cli/line_editor.h) and may span lines (a trailing backslash, """ blocks, pasted text). Commands: /help, /clear
+// (new conversation; /reset too), /system TEXT, /history, /exit. Ctrl-C stops the answer, not the program; Ctrl-D
+// or /exit quits. After each answer: tok/s on stderr. When stdin is not a terminal, each line is one message.
 // The session keeps the conversation's state between turns, so a turn only runs its new tokens.
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +25,7 @@
 
 #include "cli/backend_select.h"
 #include "cli/commands.h"
+#include "cli/line_editor.h"
 #include "cli/model_flags.h"
 #include "core/check.h"
 #include "engine/generator.h"
@@ -69,7 +74,7 @@ class AnswerPrinter {
       thinking(think_end_.flush());
       end_thinking();
     }
-    std::fputs("\n", stdout);
+    if (!at_line_start_) std::fputs("\n", stdout);  // no empty line when the answer never started
     std::fflush(stdout);
   }
 
@@ -80,26 +85,51 @@ class AnswerPrinter {
   void thinking(const std::string& t) {
     if (t.empty()) return;
     thinking_ += t;
+    ++thinking_pieces_;
     if (show_) {
       if (!dim_on_ && tty_) std::fputs("\x1b[2m", stdout);
       dim_on_ = true;
       std::fwrite(t.data(), 1, t.size(), stdout);
+    } else if (tty_) {
+      spin();
     } else if (!noted_) {
-      std::fputs(tty_ ? "\x1b[2mthinking...\x1b[0m" : "thinking...", stdout);
+      std::fputs("thinking...", stdout);
       noted_ = true;
     }
     std::fflush(stdout);
   }
+  // On a terminal, hidden thinking shows as one line redrawn in place: a spinner, the tokens so far, the seconds.
+  void spin() {
+    const auto now = std::chrono::steady_clock::now();
+    if (!noted_) thinking_start_ = now;
+    if (noted_ && now - last_spin_ < std::chrono::milliseconds(80)) return;
+    static constexpr const char* kFrames[] = {"|", "/", "-", "\\"};
+    last_spin_ = now;
+    std::fprintf(stdout, "\r\x1b[2m%s thinking: %lld tokens, %.1f s (Ctrl-C stops)\x1b[0m\x1b[K", kFrames[frame_++ % 4],
+                 (long long)thinking_pieces_, seconds_since(thinking_start_));
+    noted_ = true;
+  }
+  static double seconds_since(std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  }
   void end_thinking() {
     in_thinking_ = false;
     if (dim_on_ && tty_) std::fputs("\x1b[0m", stdout);
-    if (noted_ || dim_on_) std::fputs("\n", stdout);
+    if (noted_ && tty_ && !show_) {  // the spinner's line becomes a summary
+      std::fprintf(stdout, "\r\x1b[2mthought: %lld tokens, %.1f s\x1b[0m\x1b[K", (long long)thinking_pieces_,
+                   seconds_since(thinking_start_));
+    }
+    if (noted_ || dim_on_) {
+      std::fputs("\n", stdout);
+      at_line_start_ = true;
+    }
     dim_on_ = false;
   }
   void answer(std::string t) {
     if (answer_.empty()) t.erase(0, std::min(t.size(), t.find_first_not_of('\n')));  // the "\n\n" after </think>
     if (t.empty()) return;
     answer_ += t;
+    at_line_start_ = false;
     std::fwrite(t.data(), 1, t.size(), stdout);
     std::fflush(stdout);
   }
@@ -107,8 +137,100 @@ class AnswerPrinter {
   StopMatcher think_end_;
   std::string pending_;  // raw text since thinking began (until </think>)
   std::string thinking_, answer_;
-  bool dim_on_ = false, noted_ = false;
+  bool dim_on_ = false, noted_ = false, at_line_start_ = false;
+  int64_t thinking_pieces_ = 0;  // streamed pieces of thinking: one per token, but for bytes held back mid-character
+  unsigned frame_ = 0;
+  std::chrono::steady_clock::time_point thinking_start_, last_spin_;
 };
+
+const char* const kHelp =
+    "Type a message and press Enter. A line ending in \\ goes on to the next line;\n"
+    "\"\"\" opens a block that a line ending in \"\"\" closes; pasted text keeps its lines.\n"
+    "Commands:\n"
+    "  /help          this text\n"
+    "  /clear         a new conversation (/reset does the same)\n"
+    "  /system TEXT   set the system message; a new conversation (/system alone clears it)\n"
+    "  /history       show the conversation so far\n"
+    "  /exit          quit (/quit, or Ctrl-D on an empty line)\n"
+    "Keys: Left/Right, Home/End or Ctrl-A/E, Up/Down for earlier messages,\n"
+    "  Ctrl-U/K/W delete to the start, to the end, the word before;\n"
+    "  Ctrl-C clears the line, or stops an answer while one streams.\n";
+
+// Where messages come from: the line editor on a terminal, plain lines otherwise (scripts pipe into tern run).
+class MessageInput {
+ public:
+  MessageInput() : tty_(isatty(STDIN_FILENO) && isatty(STDOUT_FILENO)) {
+    if (tty_) editor_ = std::make_unique<LineEditor>(STDIN_FILENO, STDOUT_FILENO);
+  }
+  bool tty() const { return tty_; }
+
+  // The next message; nullopt at the end of input. Ctrl-C at the prompt gives an empty message.
+  std::optional<std::string> next() {
+    if (editor_) {
+      LineEditor::Result r = editor_->read("> ", ". ");
+      if (r.status == LineEditor::Status::end_of_input) return std::nullopt;
+      if (r.status == LineEditor::Status::message) editor_->add_history(r.text);
+      return r.text;
+    }
+    std::string line;
+    g_interrupted = false;
+    if (!std::getline(std::cin, line)) {
+      if (g_interrupted && !std::cin.eof()) {  // Ctrl-C at a prompt without the editor: a fresh prompt
+        std::cin.clear();
+        std::fputs("\n(/exit or Ctrl-D quits)\n", stdout);
+        return std::string();
+      }
+      return std::nullopt;
+    }
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    return line;
+  }
+
+  // While an answer streams, typing is not echoed into it (see LineEditor::quiet_input).
+  void answering(bool on) {
+    if (editor_) editor_->quiet_input(on);
+  }
+
+ private:
+  bool tty_;
+  std::unique_ptr<LineEditor> editor_;
+};
+
+// Prints the conversation so far: each message's role and text (thinking left out).
+void print_history(const std::string& system, const nlohmann::ordered_json& messages) {
+  if (!system.empty()) std::printf("[system] %s\n", system.c_str());
+  if (messages.empty()) std::puts("(no messages yet)");
+  for (const auto& m : messages)
+    std::printf("[%s] %s\n", m["role"].get<std::string>().c_str(), m["content"].get<std::string>().c_str());
+}
+
+// The slash commands. Returns true when `line` was one (handled here); sets `quit` for /exit.
+bool run_command(const std::string& line, std::string& system, nlohmann::ordered_json& messages, bool& quit) {
+  if (line.empty() || line[0] != '/' || line.find('\n') != std::string::npos) return false;
+  const std::string name = line.substr(0, line.find(' '));
+  if (name == "/exit" || name == "/quit") {
+    quit = true;
+  } else if (name == "/help") {
+    std::fputs(kHelp, stdout);
+  } else if (name == "/clear" || name == "/reset") {
+    messages = nlohmann::ordered_json::array();
+    std::fputs("(new conversation)\n", stdout);
+  } else if (name == "/system") {
+    system = line.size() > 8 ? line.substr(8) : "";
+    messages = nlohmann::ordered_json::array();
+    std::fputs(system.empty() ? "(system message cleared; new conversation)\n"
+                              : "(system message set; new conversation)\n",
+               stdout);
+  } else if (name == "/history") {
+    print_history(system, messages);
+  } else if (line.find(' ') == std::string::npos) {
+    std::fprintf(stdout, "unknown command %s: /help lists the commands\n", line.c_str());
+  } else {
+    return false;  // "/path/to something": a message that starts with a slash
+  }
+  std::fflush(stdout);
+  return true;
+}
 
 void run_chat(const RunArgs& a) {
   const ModelSource src = model_flags_open(a.model);
@@ -117,16 +239,16 @@ void run_chat(const RunArgs& a) {
   auto runner = runner_create(src.weights, a.model.device);
   const int64_t max_ctx = runner->config().max_position_embeddings;
   const int64_t ctx = a.model.ctx_size > 0 ? a.model.ctx_size : std::min<int64_t>(max_ctx, 16384);
-  TERN_CHECK(ctx <= max_ctx, "--ctx-size ", ctx, " exceeds the model's ", max_ctx, " positions");
+  TERN_USAGE_CHECK(ctx <= max_ctx, "--ctx-size ", ctx, " exceeds the model's ", max_ctx, " positions");  // exit 2
   auto session = runner->create_session(ctx);
   Generator gen(*runner, *src.tokenizer);
   SamplingParams sampling = sampling_flags_apply(a.sampling, src.defaults);
 
-  const bool tty_in = isatty(STDIN_FILENO), tty_out = isatty(STDOUT_FILENO);
+  const bool tty_out = isatty(STDOUT_FILENO);
   struct sigaction sa = {};
   sa.sa_handler = on_sigint;
   sigemptyset(&sa.sa_mask);
-  sa.sa_flags = 0;  // no SA_RESTART: Ctrl-C at the prompt interrupts the read
+  sa.sa_flags = 0;  // no SA_RESTART: Ctrl-C at a plain prompt interrupts the read
   sigaction(SIGINT, &sa, nullptr);
 
   std::string system = a.system;
@@ -134,41 +256,21 @@ void run_chat(const RunArgs& a) {
   std::vector<int32_t> held;  // the tokens the session holds
   if (src.demo)
     std::fprintf(stderr, "tern: this is the demo model: its weights are random, so it answers with noise.\n");
-  std::fprintf(stderr, "tern: type a message; /reset, /system TEXT, /exit. Ctrl-C stops an answer.\n");
+  std::fprintf(stderr, "tern: type a message; /help lists the commands. Ctrl-C stops an answer, Ctrl-D quits.\n");
+  MessageInput input;
 
   for (;;) {
-    if (tty_in) {
-      std::fputs(tty_out ? "\x1b[1m> \x1b[0m" : "> ", stdout);
+    if (!input.tty() && isatty(STDIN_FILENO)) {  // a terminal for input but not for output: a plain prompt
+      std::fputs("> ", stdout);
       std::fflush(stdout);
     }
-    std::string line;
-    g_interrupted = false;
-    if (!std::getline(std::cin, line)) {
-      if (g_interrupted && !std::cin.eof()) {  // Ctrl-C at the prompt: a fresh prompt
-        std::cin.clear();
-        std::fputs("\n(/exit or Ctrl-D quits)\n", stdout);
-        continue;
-      }
-      break;  // end of input
-    }
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.empty()) continue;
-    if (line == "/exit" || line == "/quit") break;
-    if (line == "/reset") {
-      messages = nlohmann::ordered_json::array();
-      std::fputs("(new conversation)\n", stdout);
-      continue;
-    }
-    if (line.rfind("/system", 0) == 0 && (line.size() == 7 || line[7] == ' ')) {
-      system = line.size() > 8 ? line.substr(8) : "";
-      messages = nlohmann::ordered_json::array();
-      std::fputs(system.empty() ? "(system message cleared; new conversation)\n"
-                                : "(system message set; new conversation)\n",
-                 stdout);
-      continue;
-    }
-    if (line[0] == '/' && line.find(' ') == std::string::npos) {
-      std::fprintf(stdout, "unknown command %s: /reset, /system TEXT, /exit\n", line.c_str());
+    const std::optional<std::string> next = input.next();
+    if (!next) break;  // end of input
+    const std::string& line = *next;
+    if (line.find_first_not_of(" \t\n") == std::string::npos) continue;
+    bool quit = false;
+    if (run_command(line, system, messages, quit)) {
+      if (quit) break;
       continue;
     }
 
@@ -198,12 +300,16 @@ void run_chat(const RunArgs& a) {
     const bool thinking_open = open != std::string::npos && (close == std::string::npos || close < open);
     AnswerPrinter printer(thinking_open, a.show_thinking, tty_out);
     GenerationResult r;
+    g_interrupted = false;
+    input.answering(true);
     try {
       r = gen.generate(*session, req, [&](const TokenEvent& e) {
         printer.push(e.text);
         return true;
       });
+      input.answering(false);
     } catch (const Error& e) {
+      input.answering(false);
       session->reset();
       held.clear();
       messages.erase(messages.end() - 1);
@@ -237,7 +343,8 @@ void command_run(CLI::App& app) {
   sub->add_option("--system", a->system, "System message");
   sub->add_flag("--show-thinking", a->show_thinking, "Show the model's thinking, dimmed (default: hidden)");
   sub->add_flag("--no-think", a->no_think, "Chat template with enable_thinking=false");
-  sub->add_option("-n,--max-tokens", a->max_tokens, "Tokens per answer at most (default: until the model stops)");
+  sub->add_option("-n,--max-tokens", a->max_tokens, "Tokens per answer at most (default: until the model stops)")
+      ->check(CLI::PositiveNumber);  // a bad value is a usage error (exit 2)
   sub->callback([a] { run_chat(*a); });
 }
 

@@ -3,7 +3,7 @@
 //   tern serve [-m DIR | --demo] [--host 127.0.0.1] [--port 8080] [--api-key KEY] [--cors-origin ORIGIN]
 //              [--max-queue 64] [-c/--ctx-size N] [--max-body-bytes N] [sampling flags: server-wide defaults]
 //              [--no-prefix-cache] [--cache-snapshot-every 2048] [--cache-gpu-mb 4096] [--cache-host-mb 16384]
-//              [--cache-slots 4]
+//              [--cache-slots 4] [--alias NAME ...]
 //
 // The socket is bound first, so /health answers 503 {"status":"loading"} while the model loads. A failed load
 // prints its error and exits 1 at once. SIGINT/SIGTERM end the process at any time: while loading, at once; once
@@ -18,6 +18,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -42,7 +43,15 @@ struct ServeArgs {
   bool quiet = false;
   bool no_prefix_cache = false;
   int64_t cache_gpu_mb = 4096, cache_host_mb = 16384;
+  std::vector<std::string> aliases;  // more names requests may give for the model
 };
+
+// The address a client on this machine uses: a wildcard bind is reached through loopback; IPv6 in brackets.
+std::string client_url(const std::string& host, int port) {
+  std::string h = host == "0.0.0.0" ? "127.0.0.1" : host == "::" || host == "[::]" ? "[::1]" : host;
+  if (h.find(':') != std::string::npos && h.front() != '[') h = "[" + h + "]";
+  return "http://" + h + ":" + std::to_string(port);
+}
 
 constexpr double kGracefulStopS = 10;  // after a signal, running requests get this long to end
 
@@ -124,11 +133,17 @@ void serve(const ServeArgs& a) {
     runner = runner_create(src.weights, a.model.device);
     const int64_t max_ctx = runner->config().max_position_embeddings;
     const int64_t ctx = a.model.ctx_size > 0 ? a.model.ctx_size : std::min<int64_t>(max_ctx, 32768);
-    TERN_CHECK(ctx >= 16 && ctx <= max_ctx, "--ctx-size must be in [16, ", max_ctx, "] (the model's positions), got ",
-               ctx);
+    TERN_USAGE_CHECK(ctx >= 16 && ctx <= max_ctx, "--ctx-size must be in [16, ", max_ctx,
+                     "] (the model's positions), got ", ctx);
     generator = std::make_unique<Generator>(*runner, *src.tokenizer);
     server::ServerModel model;
     model.model_id = src.name;
+    for (const std::string& alias : a.aliases)
+      if (alias != src.name && std::find(model.aliases.begin(), model.aliases.end(), alias) == model.aliases.end())
+        model.aliases.push_back(alias);
+    model.model_path = a.model.model_dir.empty() ? "" : std::filesystem::absolute(a.model.model_dir).string();
+    model.random_weights = src.demo;
+    model.build_info = std::string("tern ") + TERN_VERSION + " (" + runner->backend_name() + " backend)";
     model.tokenizer = src.tokenizer.get();
     model.chat_template = src.chat_template.get();
     model.generator = generator.get();
@@ -139,6 +154,13 @@ void serve(const ServeArgs& a) {
     std::fprintf(stderr, "tern serve: ready: model '%s' on %s, context %lld tokens, queue depth %zu, prefix cache %s\n",
                  model.model_id.c_str(), runner->backend_name().c_str(), static_cast<long long>(ctx),
                  options.max_queue, options.prefix_cache.enabled ? "on" : "off");
+    std::string names = "\"" + model.model_id + "\"";
+    for (const std::string& alias : model.aliases) names += " or \"" + alias + "\"";
+    const std::string url = client_url(options.host, port);
+    std::fprintf(stderr,
+                 "tern serve: OpenAI API at %s/v1, Anthropic API at %s (POST /v1/messages), chat page at %s/\n"
+                 "tern serve: use model %s\n",
+                 url.c_str(), url.c_str(), url.c_str(), names.c_str());
   } catch (...) {
     stop_listener();  // closes the listening socket even when the listener has not started yet
     throw;
@@ -196,10 +218,13 @@ void command_serve(CLI::App& app) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   sub->add_option("--max-queue", s.max_queue, "Requests that may wait behind the running one; more get 503")
+      ->check(CLI::Range(size_t(1), size_t(1) << 20))
       ->capture_default_str();
   sub->add_option("--max-body-bytes", s.max_body_bytes, "Largest request body; larger ones get 413")
+      ->check(CLI::Range(size_t(1024), size_t(1) << 40))
       ->capture_default_str();
-  sub->add_option("--http-threads", s.http_threads, "HTTP worker threads (default: max-queue + 8)");
+  sub->add_option("--http-threads", s.http_threads, "HTTP worker threads (default: max-queue + 8)")
+      ->check(CLI::Range(0, 4096));
   sub->add_flag("--debug-allow-forced-output", s.allow_forced_output,
                 "TESTS ONLY: accept the request field tern_debug_forced_output (text forced as the generated "
                 "tokens; see docs/server.md)");
@@ -224,6 +249,11 @@ void command_serve(CLI::App& app) {
                   "Prefix cache: conversations cached at once, each in its own session (KV cache region)")
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
+  sub->add_option("--alias", a->aliases,
+                  "Another name requests may give as 'model' (repeatable); listed in /v1/models after the id")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+      ->check([](const std::string& name) { return name.empty() ? std::string("an alias must not be empty") : std::string(); });
   sub->add_flag("-q,--quiet", a->quiet, "No request log lines on stderr");
   sub->callback([a] {
     a->server.prefix_cache.enabled = !a->no_prefix_cache;

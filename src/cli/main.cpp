@@ -1,4 +1,6 @@
-// tern: entry point. Parses the subcommand and runs it; every tern::Error becomes a message and exit status 1.
+// tern: entry point. Parses the subcommand and runs it. Exit status: 0 done; 2 a usage error (unknown flag, bad
+// or missing value, a bad combination: CLI11's parse errors and TERN_USAGE_CHECK in the commands), with the
+// message and a pointer to --help on stderr; 1 any other failure (tern::Error: a model that does not load, ...).
 #include <cstdio>
 #include <exception>
 
@@ -40,7 +42,9 @@ int main(int argc, char** argv) {
       return 0;
     }
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and its kin are ParseErrors with status 0; every other one is a usage error. (CLI11's own statuses,
+    // 104-120, tell its error classes apart; scripts only need "usage" as the Unix tools report it.)
+    return app.exit(e) == 0 ? 0 : 2;
   } catch (const tern::Error& e) {
     std::fprintf(stderr, "tern: error: %s\n", e.what());
     return 1;

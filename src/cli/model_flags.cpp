@@ -1,5 +1,6 @@
 #include "cli/model_flags.h"
 
+#include <cmath>
 #include <cstdio>
 #include <sstream>
 
@@ -10,36 +11,69 @@ namespace tern::cli {
 void model_flags_add(CLI::App* sub, ModelFlags& f) {
   sub->add_option("-m,--model", f.model_dir, "Model folder (HF or MLX checkpoint); without it, the demo model");
   sub->add_flag("--demo", f.demo, "The built-in demo model (small, RANDOM weights; the default without -m)");
-  sub->add_option("--device", f.device, "auto, cuda or cpu")->capture_default_str();
-  sub->add_option("--dtype", f.dtype, "Weights: auto (MLX as stored, BF16 -> 4-bit), q4, bf16 or stored (as in the files)")
+  sub->add_option("--device", f.device, "auto, cuda or cpu")
+      ->check(CLI::IsMember({"auto", "cuda", "cpu"}))
       ->capture_default_str();
-  sub->add_option("--name", f.name, "The model's name (default: the folder's name)");
-  sub->add_option("-c,--ctx-size", f.ctx_size, "Context size in tokens (default: the command's)");
+  sub->add_option("--dtype", f.dtype, "Weights: auto (MLX as stored, BF16 -> 4-bit), q4, bf16 or stored (as in the files)")
+      ->check(CLI::IsMember({"auto", "q4", "bf16", "stored"}))
+      ->capture_default_str();
+  sub->add_option("--name", f.name,
+                  "The model's id (default: ORG/NAME for a Hugging Face cache snapshot or a folder that records its "
+                  "repo id, else the folder's name)");
+  sub->add_option("-c,--ctx-size", f.ctx_size, "Context size in tokens (default: the command's)")
+      ->check(CLI::NonNegativeNumber);
 }
 
-ModelSource model_flags_open(const ModelFlags& f) {
+ModelSource model_flags_open(const ModelFlags& f, bool quiet) {
   ModelSourceOptions o;
   o.model_dir = f.model_dir;
   o.demo = f.demo;
   o.name = f.name;
   o.load.dtype = load_dtype_parse(f.dtype);
-  o.load.progress = true;
+  o.load.progress = !quiet;
   ModelSource src = model_source_open(o);
-  std::fprintf(stderr, "tern: %s\n", src.banner.c_str());
+  if (!quiet) std::fprintf(stderr, "tern: %s\n", src.banner.c_str());
   return src;
 }
 
+namespace {
+
+// A number in [lo, hi] (or (lo, hi] when lo_open), NaN and infinities refused: the ranges of the HTTP API's
+// parameters of the same names (docs/server.md), so that a flag accepts what a request accepts.
+CLI::Validator number_in(double lo, double hi, bool lo_open = false) {
+  const std::string range = (lo_open ? "(" : "[") + CLI::detail::to_string(lo) + ", " + CLI::detail::to_string(hi) + "]";
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        double x = 0;
+        if (!CLI::detail::lexical_cast(text, x)) return "'" + text + "' is not a number";
+        const bool low = lo_open ? !(x > lo) : !(x >= lo);
+        if (!std::isfinite(x) || low || !(x <= hi)) return "'" + text + "' is outside " + range;
+        return "";
+      },
+      "NUMBER in " + range);
+}
+
+}  // namespace
+
 void sampling_flags_add(CLI::App* sub, SamplingFlags& f) {
-  sub->add_option("-t,--temperature", f.temperature, "Sampling temperature; 0 is greedy (default: the model's)");
-  sub->add_option("--top-p", f.top_p, "Nucleus sampling mass in (0, 1] (default: the model's)");
-  sub->add_option("--top-k", f.top_k, "Keep the k most likely tokens; 0 is off (default: the model's)");
-  sub->add_option("--min-p", f.min_p, "Drop tokens below min_p times the top probability (default: the model's)");
-  sub->add_option("--presence-penalty", f.presence, "Subtracted from the logit of every generated token")
+  sub->add_option("-t,--temperature", f.temperature, "Sampling temperature; 0 is greedy (default: the model's)")
+      ->check(number_in(0, 2));
+  sub->add_option("--top-p", f.top_p, "Nucleus sampling mass in (0, 1] (default: the model's)")
+      ->check(number_in(0, 1, /*lo_open=*/true));
+  sub->add_option("--top-k", f.top_k, "Keep the k most likely tokens; 0 or -1 is off (default: the model's)")
+      ->check(CLI::Range(-1, 1000000));
+  sub->add_option("--min-p", f.min_p, "Drop tokens below min_p times the top probability (default: the model's)")
+      ->check(number_in(0, 1));
+  sub->add_option("--presence-penalty", f.presence, "Subtracted from the logit of every generated token, in [-2, 2]")
+      ->check(number_in(-2, 2))
       ->each([&f](const std::string&) { f.presence_set = true; });
-  sub->add_option("--frequency-penalty", f.frequency, "Subtracted once per occurrence in the output")
+  sub->add_option("--frequency-penalty", f.frequency, "Subtracted once per occurrence in the output, in [-2, 2]")
+      ->check(number_in(-2, 2))
       ->each([&f](const std::string&) { f.frequency_set = true; });
-  sub->add_option("--repetition-penalty", f.repetition, "HF repetition penalty over prompt and output (1 is off)");
-  sub->add_option("--seed", f.seed, "Random seed: the same seed and request give the same tokens");
+  sub->add_option("--repetition-penalty", f.repetition, "HF repetition penalty over prompt and output, in (0, 10]; 1 is off")
+      ->check(number_in(0, 10, /*lo_open=*/true));
+  sub->add_option("--seed", f.seed, "Random seed (>= 0): the same seed and request give the same tokens")
+      ->check(CLI::NonNegativeNumber);
 }
 
 SamplingParams sampling_flags_apply(const SamplingFlags& f, SamplingParams p) {
@@ -51,7 +85,7 @@ SamplingParams sampling_flags_apply(const SamplingFlags& f, SamplingParams p) {
   if (f.frequency_set) p.frequency_penalty = float(f.frequency);
   if (f.repetition != -1) p.repetition_penalty = float(f.repetition);
   if (f.seed >= 0) p.seed = uint64_t(f.seed);
-  p.validate();
+  p.validate();  // the flags were checked by their validators: a failure here comes from generation_config.json
   return p;
 }
 

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/check.h"
 #include "engine/model_source.h"
 #include "engine/sampler.h"
 #include "model/runner.h"
@@ -23,8 +24,8 @@ struct ModelFlags {
   int64_t ctx_size = 0;     // 0: the command's default
 };
 void model_flags_add(CLI::App* sub, ModelFlags& f);
-// Loads the model and prints its banner on stderr.
-ModelSource model_flags_open(const ModelFlags& f);
+// Loads the model and prints its banner on stderr (quiet: nothing at all, no load progress either).
+ModelSource model_flags_open(const ModelFlags& f, bool quiet = false);
 
 // Sampling flags; a flag not given keeps the model's default (generation_config.json).
 struct SamplingFlags {
@@ -33,8 +34,16 @@ struct SamplingFlags {
   int64_t seed = -1;
   bool presence_set = false, frequency_set = false;
 };
+// Each flag is checked as the HTTP API checks the same parameter (range, NaN): a bad value is a usage error.
 void sampling_flags_add(CLI::App* sub, SamplingFlags& f);
 SamplingParams sampling_flags_apply(const SamplingFlags& f, SamplingParams defaults);
+
+// A flag value found wrong after parsing (a bad combination, a value out of the model's range): the command
+// stops with status 2 and the message, as for CLI11's own usage errors (main.cpp).
+#define TERN_USAGE_CHECK(cond, ...)                                                 \
+  do {                                                                             \
+    if (!(cond)) throw CLI::ValidationError(::tern::detail::concat(__VA_ARGS__));  \
+  } while (0)
 
 // "1,2,3" or "1 2 3" -> ids. Throws tern::Error naming `where` on a bad item.
 std::vector<int32_t> token_list_parse(const std::string& text, const std::string& where);

@@ -67,10 +67,11 @@ void* DeviceArena::take(size_t bytes) {
 
 bool pdl_enabled() {
   static const bool on = [] {
-    // Off unless TERN_PDL=1: on the H200 (2026-12-01) the decode step ran at 367 tok/s without PDL and 334 with it
-    // (docs/benchmarks.md) — the dependents launched at each kernel's start hold SM resources while they wait.
+    // On unless TERN_PDL=0. H200, 2026-12-01: with the one-token integer kernels (which trigger their dependents once
+    // their inputs are read) the 4K decode step runs at 507 tok/s with PDL and 452 without (docs/benchmarks.md); with
+    // the earlier tensor-core kernels (triggers at their start) PDL had measured slower, 334 against 367.
     const char* e = std::getenv("TERN_PDL");
-    if (!e || std::strcmp(e, "1") != 0) return false;
+    if (e && std::strcmp(e, "0") == 0) return false;
     int dev = 0, major = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
       cudaGetLastError();

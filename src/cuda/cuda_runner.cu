@@ -16,6 +16,7 @@
 #include "cuda/qmatmul.cuh"
 #include "cuda/qmv.cuh"
 #include "cuda/sampling.cuh"
+#include "cuda/token_mask.cuh"
 
 namespace tern {
 namespace {
@@ -208,6 +209,9 @@ class CudaRunner final : public ModelRunner {
   ~CudaRunner() override {
     cudaStreamSynchronize(stream_);
     if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
+    if (mask_graph_exec_) cudaGraphExecDestroy(mask_graph_exec_);  // token mask (constrained decoding)
+    if (mask_pinned_) cudaFreeHost(mask_pinned_);
+    if (mask_device_) cudaFree(mask_device_);
     cudaFreeHost(pinned_);
     cudaStreamDestroy(stream_);
   }
@@ -255,6 +259,7 @@ class CudaRunner final : public ModelRunner {
       run_chunk(s, tokens.subspan(size_t(c0), size_t(T)));
       if (c0 + T == n) lm_head_device(T - 1, 1);
     }
+    apply_step_mask(sampling);  // token mask: filled on the host while the forward above runs
     sample_token(logits_, V, sampling, sample_scratch_, sample_out_, stream_);
     params_valid_ = false;  // sample_token wrote its own copy of the parameters
     int32_t id = 0;
@@ -499,10 +504,13 @@ class CudaRunner final : public ModelRunner {
 
   // One decode step through a CUDA graph (embed, 40 layers, LM head, sampling): the token and the sampling
   // parameters are copied into device memory, then the graph bound to this session replays.
+  // With a token mask (constrained decoding) the graph holds only the forward: the host fills the mask while it
+  // runs, then the mask is uploaded and applied, and the sampler runs outside the graph.
   int32_t decode_graph_step(CudaSession& s, int32_t token, const DeviceSampling& sampling) {
     const int64_t V = w_->config.vocab_size;
-    if (!graph_exec_ || graph_session_ != s.id) {
-      capture_decode(s);
+    const bool masked = sampling.mask != nullptr;
+    if (masked ? (!mask_graph_exec_ || mask_graph_session_ != s.id) : (!graph_exec_ || graph_session_ != s.id)) {
+      capture_decode(s, /*with_sampling=*/!masked);
       device_token_valid_ = params_valid_ = false;
     }
     // The graph leaves its sampled token in tokens_ for the next step, and the parameters stay where they were put:
@@ -511,14 +519,21 @@ class CudaRunner final : public ModelRunner {
       std::memcpy(pinned_, &token, 4);
       TERN_CUDA(cudaMemcpyAsync(tokens_, pinned_, 4, cudaMemcpyHostToDevice, stream_));
     }
-    if (!(params_valid_ && std::memcmp(&last_params_, &sampling, sizeof(DeviceSampling)) == 0)) {
-      std::memcpy(static_cast<uint8_t*>(pinned_) + 64, &sampling, sizeof(DeviceSampling));
+    DeviceSampling params = sampling;
+    params.mask = nullptr;  // a host pointer: not part of what the device reads
+    if (!(params_valid_ && std::memcmp(&last_params_, &params, sizeof(DeviceSampling)) == 0)) {
+      std::memcpy(static_cast<uint8_t*>(pinned_) + 64, &params, sizeof(DeviceSampling));
       TERN_CUDA(cudaMemcpyAsync(sample_params_slot(sample_scratch_, V), static_cast<uint8_t*>(pinned_) + 64,
                                 sizeof(DeviceSampling), cudaMemcpyHostToDevice, stream_));
-      last_params_ = sampling;
+      last_params_ = params;
       params_valid_ = true;
     }
-    TERN_CUDA(cudaGraphLaunch(graph_exec_, stream_));
+    TERN_CUDA(cudaGraphLaunch(masked ? mask_graph_exec_ : graph_exec_, stream_));
+    if (masked) {
+      apply_step_mask(sampling);
+      sample_token_device(logits_, V, sample_scratch_, sample_out_, stream_);
+      TERN_CUDA(cudaMemcpyAsync(tokens_, sample_out_, 4, cudaMemcpyDeviceToDevice, stream_));  // the next input
+    }
     s.pos += 1;
     TERN_CUDA(cudaMemcpyAsync(pinned_, sample_out_, 4, cudaMemcpyDeviceToHost, stream_));
     TERN_CUDA(cudaStreamSynchronize(stream_));
@@ -529,10 +544,12 @@ class CudaRunner final : public ModelRunner {
     return id;
   }
 
-  void capture_decode(CudaSession& s) {
-    if (graph_exec_) {
-      TERN_CUDA(cudaGraphExecDestroy(graph_exec_));
-      graph_exec_ = nullptr;
+  // with_sampling false: the forward only (the token-mask path), kept in mask_graph_exec_.
+  void capture_decode(CudaSession& s, bool with_sampling = true) {
+    cudaGraphExec_t& exec = with_sampling ? graph_exec_ : mask_graph_exec_;
+    if (exec) {
+      TERN_CUDA(cudaGraphExecDestroy(exec));
+      exec = nullptr;
     }
     const int64_t V = w_->config.vocab_size;
     TERN_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
@@ -540,18 +557,38 @@ class CudaRunner final : public ModelRunner {
     try {
       chunk_body(s, 1);
       lm_head_device(0, 1);
-      sample_token_device(logits_, V, sample_scratch_, sample_out_, stream_);
-      TERN_CUDA(cudaMemcpyAsync(tokens_, sample_out_, 4, cudaMemcpyDeviceToDevice, stream_));  // the next input
+      if (with_sampling) {
+        sample_token_device(logits_, V, sample_scratch_, sample_out_, stream_);
+        TERN_CUDA(cudaMemcpyAsync(tokens_, sample_out_, 4, cudaMemcpyDeviceToDevice, stream_));  // the next input
+      }
     } catch (...) {
       cudaStreamEndCapture(stream_, &graph);
       if (graph) cudaGraphDestroy(graph);
       throw;
     }
     TERN_CUDA(cudaStreamEndCapture(stream_, &graph));
-    const cudaError_t e = cudaGraphInstantiate(&graph_exec_, graph, 0);
+    const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
     TERN_CUDA(e);
-    graph_session_ = s.id;
+    (with_sampling ? graph_session_ : mask_graph_session_) = s.id;
+  }
+
+  // ---- token mask (constrained decoding, src/cuda/token_mask.cuh) ----
+  // Asks the request's mask source for this step's mask (the host work overlaps the forward already launched on
+  // the stream), copies it through pinned memory to the device and sets the disallowed logits to -inf.
+  void apply_step_mask(const DeviceSampling& sampling) {
+    if (!sampling.mask) return;
+    const std::span<const uint32_t> mask = sampling.mask->fill();
+    if (mask.empty()) return;
+    const int64_t V = w_->config.vocab_size, words = std::min<int64_t>(int64_t(mask.size()), (V + 31) / 32);
+    if (!mask_device_) {
+      TERN_CUDA(cudaMalloc(&mask_device_, size_t((V + 31) / 32) * 4));
+      TERN_CUDA(cudaMallocHost(&mask_pinned_, size_t((V + 31) / 32) * 4));
+    }
+    // The previous step's copy out of mask_pinned_ has completed: every step ends with a stream synchronize.
+    std::memcpy(mask_pinned_, mask.data(), size_t(words) * 4);
+    TERN_CUDA(cudaMemcpyAsync(mask_device_, mask_pinned_, size_t(words) * 4, cudaMemcpyHostToDevice, stream_));
+    token_mask_apply(logits_, V, mask_device_, words, stream_);
   }
 
   // Decode plan, Gated DeltaNet layer: fused in_proj (RMSNorm in its prologue) → one GDN kernel (conv, norms,
@@ -787,6 +824,9 @@ class CudaRunner final : public ModelRunner {
   std::vector<MoeDecodeWeights> moe_w_;  // per layer
   cudaGraphExec_t graph_exec_ = nullptr;
   uint64_t graph_session_ = 0, session_ids_ = 0;
+  cudaGraphExec_t mask_graph_exec_ = nullptr;  // the decode graph without sampling (token-mask steps)
+  uint64_t mask_graph_session_ = 0;
+  uint32_t *mask_device_ = nullptr, *mask_pinned_ = nullptr;  // [ceil(V / 32)] the step's token mask
   void* pinned_ = nullptr;              // [256 B] token in, sampled id out, sampling parameters
   float *hidden_ = nullptr, *normed_ = nullptr;
   float *qkv_raw_ = nullptr, *conv_out_ = nullptr, *z_ = nullptr, *o_ = nullptr, *gated_ = nullptr, *b_ = nullptr,

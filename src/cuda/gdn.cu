@@ -1676,21 +1676,7 @@ void launch_decode(const GdnDecodeArgs& a, cudaStream_t stream) {
       }();
       (void)allowed;
     }
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(CS, unsigned(a.d.Hk));
-    cfg.blockDim = dim3(NW * 32);
-    cfg.dynamicSmemBytes = 0;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = CS;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[1].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl_enabled() ? 2 : 1;
-    check_cuda(cudaLaunchKernelEx(&cfg, kernel, a), "gdn_decode (cluster)", __FILE__, __LINE__);
+    launch_cluster_pdl("gdn_decode (cluster)", kernel, dim3(CS, unsigned(a.d.Hk)), dim3(NW * 32), CS, 0, stream, a);
   }
 }
 

@@ -7,6 +7,9 @@
 #include "core/check.h"
 #include "cuda/cuda_common.cuh"
 #include "cuda/launch.cuh"
+#include "cuda/moe_dp4a.cuh"
+#include "cuda/moe_route.cuh"
+#include "cuda/moe_router_cluster.cuh"
 #include "cuda/qmv.cuh"
 #include "cuda/qmv_tile.cuh"
 
@@ -78,61 +81,6 @@ struct StagedX {
   }
 };
 
-// One warp per token: p = softmax(logits) (fp32), the k largest (ties: lower index) in descending order, weights
-// renormalised over them — cpu::moe_route. Lane l holds experts l·NP .. l·NP + NP − 1; each of the k rounds is a warp
-// arg-max (redux.sync on the probability bits, then on the index among the equal ones). Returns (in lane j < k) the
-// j-th choice.
-template <int NP>
-__device__ void route_token(const float* logits, int E, int k, int* ids, float* w, int lane, int& my_id) {
-  float p[NP];
-  float mx = -INFINITY;
-#pragma unroll
-  for (int i = 0; i < NP; ++i) {
-    const int e = lane * NP + i;
-    p[i] = e < E ? __ldcg(logits + e) : -INFINITY;
-    mx = fmaxf(mx, p[i]);
-  }
-  mx = warp_max(mx);
-  float sum = 0.0f;
-#pragma unroll
-  for (int i = 0; i < NP; ++i) {
-    p[i] = lane * NP + i < E ? expf(p[i] - mx) : 0.0f;
-    sum += p[i];
-  }
-  sum = warp_sum(sum);
-  const float inv = 1.0f / sum;
-  uint32_t key[NP];  // probability bits + 1 (monotonic for p >= 0); 0: no expert or taken
-#pragma unroll
-  for (int i = 0; i < NP; ++i) key[i] = lane * NP + i < E ? __float_as_uint(p[i] * inv) + 1u : 0u;
-  float top = 0.0f, my_p = 0.0f;
-  my_id = 0;
-  for (int j = 0; j < k; ++j) {
-    uint32_t bk = 0u;
-    int bi = 0x7fffffff;
-#pragma unroll
-    for (int i = 0; i < NP; ++i)
-      if (key[i] > bk) {
-        bk = key[i];
-        bi = lane * NP + i;
-      }
-    const uint32_t m = __reduce_max_sync(0xffffffffu, bk);
-    const int win = __reduce_min_sync(0xffffffffu, bk == m ? bi : 0x7fffffff);
-    const float pv = __uint_as_float(m - 1u);
-    top += pv;
-    if (lane == j) {
-      my_p = pv;
-      my_id = win;
-    }
-#pragma unroll
-    for (int i = 0; i < NP; ++i)
-      if (lane * NP + i == win) key[i] = 0u;
-  }
-  if (lane < k) {
-    ids[lane] = my_id;
-    w[lane] = my_p / top;
-  }
-}
-
 // Blocks of 8 warps, one warp per row of [router; shared_expert_gate]. Fast (affine8, group 64, D % 512 == 0): lane
 // l reads 16 bytes of each 512-column chunk (columns 512·i + 16·l ..), all issued before pdl_wait(). The block stages
 // x·norm_w and the per-token Σx² in shared memory (one pass over x, L2-resident); logits = rinv · (W·(x·norm_w)).
@@ -182,7 +130,7 @@ __global__ void __launch_bounds__(kRouterWarps * 32) moe_router_kernel(const Rou
       float4 xv[kTokens];
 #pragma unroll
       for (int t = 0; t < kTokens; ++t)
-        xv[t] = reinterpret_cast<const float4*>(p.hidden + int64_t(min(t, p.T - 1)) * p.D)[c4];
+        if (t < p.T) xv[t] = reinterpret_cast<const float4*>(p.hidden + int64_t(t) * p.D)[c4];
 #pragma unroll
       for (int t = 0; t < kTokens; ++t) {
         if (t < p.T) {
@@ -227,26 +175,12 @@ __global__ void __launch_bounds__(kRouterWarps * 32) moe_router_kernel(const Rou
       for (int i = 0; i < kRouterMaxChunks; ++i) {
         if (i < nch) {
           const float sg = bf16_bits_to_float(uint16_t(ws[i])), bg = bf16_bits_to_float(uint16_t(wb[i]));
-          const uint32_t wv[4] = {wq[i].x, wq[i].y, wq[i].z, wq[i].w};
           float qf[16];
-#pragma unroll
-          for (int j = 0; j < 16; ++j)
-            qf[j] = __uint_as_float(__byte_perm(wv[j / 4], 0x4B000000u, 0x7440u | uint32_t(j & 3))) - 8388608.0f;
+          router_unpack16(wq[i], qf);
           const int base = router_pad(i * 512 + 16 * lane);
 #pragma unroll
-          for (int t = 0; t < kTokens; ++t) {
-            if (t < p.T) {
-              const float4* xp = reinterpret_cast<const float4*>(rsm + t * ldxs + base);
-              float dq = 0.0f, sx = 0.0f;
-#pragma unroll
-              for (int v = 0; v < 4; ++v) {
-                const float4 x = xp[v];
-                dq = fmaf(qf[4 * v], x.x, fmaf(qf[4 * v + 1], x.y, fmaf(qf[4 * v + 2], x.z, fmaf(qf[4 * v + 3], x.w, dq))));
-                sx += (x.x + x.y) + (x.z + x.w);
-              }
-              acc[t] = fmaf(sg, dq, fmaf(bg, sx, acc[t]));
-            }
-          }
+          for (int t = 0; t < kTokens; ++t)
+            if (t < p.T) acc[t] = router_dot16(qf, rsm + t * ldxs + base, sg, bg, acc[t]);
         }
       }
     } else {
@@ -278,7 +212,7 @@ __global__ void __launch_bounds__(kRouterWarps * 32) moe_router_kernel(const Rou
   __threadfence();
   if (warp < p.T) {
     int my_id = 0;
-    route_token<NP>(p.s.router_logits + int64_t(warp) * p.E, p.E, p.k, p.s.ids + warp * p.k, p.s.w + warp * p.k, lane,
+    route_token<NP, true>(p.s.router_logits + int64_t(warp) * p.E, p.E, p.k, p.s.ids + warp * p.k, p.s.w + warp * p.k, lane,
                     my_id);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (p.pf_gate.words) {  // every chosen expert's gate, up and down; warp 0 adds the shared expert
@@ -677,10 +611,10 @@ void check_shapes(const MoeDecodeWeights& w, int T) {
   TERN_CHECK(D % 8 == 0 && F % 8 == 0, "moe_decode: D and F must be multiples of 8");
 }
 
-// Variant 1 (4 groups per step, 8-byte scale/bias loads): every matrix's scale and bias bases 8-byte aligned (the
-// per-expert and per-row offsets are, as gpr % 4 == 0).
+// Variant 1 (4 groups per step, 8-byte scale/bias loads; also under qmv's variants 2 and 3, which change only qmv):
+// every matrix's scale and bias bases 8-byte aligned (the per-expert and per-row offsets are, as gpr % 4 == 0).
 bool wide_ok(const qtile::Tuning& tu, int gpr, std::initializer_list<const DMat*> ms) {
-  if (tu.variant != 1 || gpr % 4 != 0) return false;
+  if (tu.variant == 0 || gpr % 4 != 0) return false;
   for (const DMat* m : ms)
     if (((reinterpret_cast<uintptr_t>(m->scales) | reinterpret_cast<uintptr_t>(m->biases)) & 7) != 0) return false;
   return true;
@@ -760,6 +694,7 @@ void moe_router_decode(const MoeDecodeWeights& w, const float* hidden, int T, co
   TERN_CHECK(hidden && s.xhat && s.ticket, "moe_router_decode: null hidden or scratch");
   TERN_CHECK((reinterpret_cast<uintptr_t>(hidden) & 15) == 0 && (reinterpret_cast<uintptr_t>(w.norm_w) & 15) == 0,
              "moe_router_decode: hidden and norm_w must be 16-byte aligned");
+  if (T == 1 && qtile::tuning().variant == 3 && !prefetch_flag() && moe_router_cluster(w, hidden, T, s, stream)) return;
   RouterParams p{};
   p.router = w.router;
   p.sgate = w.shared_expert_gate;
@@ -812,6 +747,7 @@ void launch_gate_up_depth(const GateUpQ4Params& p, int64_t work_blocks, int smem
 
 void moe_gate_up_decode(const MoeDecodeWeights& w, int T, const MoeDecodeScratch& s, cudaStream_t stream) {
   check_shapes(w, T);
+  if (T == 1 && qtile::tuning().variant == 3 && moe_gate_up_dp4a(w, s, stream)) return;
   const int k = w.top_k, pairs = T * k + 1;
   const int64_t F = w.expert_gate.rows, D = w.expert_gate.cols;
   const bool fast = qtile::q4_fast_ok(w.expert_gate) && same_layout(w.expert_gate, w.expert_up) &&
@@ -870,6 +806,7 @@ void launch_down_depth(const DownQ4Params& p, int64_t work_blocks, int smem, cud
 void moe_down_decode(const MoeDecodeWeights& w, float* hidden, int T, const MoeDecodeScratch& s, cudaStream_t stream) {
   check_shapes(w, T);
   TERN_CHECK(hidden, "moe_down_decode: null hidden");
+  if (T == 1 && qtile::tuning().variant == 3 && moe_down_dp4a(w, hidden, s, stream)) return;
   const int k = w.top_k;
   const int64_t F = w.expert_down.cols, D = w.expert_down.rows;
   const bool fast = qtile::q4_fast_ok(w.expert_down) && qtile::q4_fast_ok(w.shared_down) &&

@@ -2,7 +2,8 @@
 //   1. moe_router_decode:  x̂ = RMSNorm(hidden)·norm_w; router logits (8-bit, [E, D]) and the shared-expert gate
 //      logit; softmax over E in fp32, top-k (ties: lower index), weights renormalised over the top k; sigmoid of the
 //      shared gate. One warp per row (weights loaded before pdl_wait); the last block to finish (an atomic ticket)
-//      does the softmax and top-k and (Hopper) asks L2 to fetch the chosen experts' weights.
+//      does the softmax and top-k and (Hopper) asks L2 to fetch the chosen experts' weights. One token under qmv
+//      variant 3 on sm_90: one cluster of 8 blocks instead (moe_router_cluster.cuh), same results, no ticket.
 //   2. moe_gate_up_decode: h[t, s] = silu(Wg[e_s]·x̂) ⊙ (Wu[e_s]·x̂) for the k routed slots and the shared expert
 //      (slot k).
 //   3. moe_down_decode:    hidden[t] += Σ_{s<k} w[t, s]·(Wd[e_s]·h[t, s]) + shared_gate[t]·(Wd_shared·h[t, k]),
@@ -52,7 +53,8 @@ void moe_router_decode(const MoeDecodeWeights& w, const float* hidden, int T, co
 void moe_gate_up_decode(const MoeDecodeWeights& w, int T, const MoeDecodeScratch& s, cudaStream_t stream);
 void moe_down_decode(const MoeDecodeWeights& w, float* hidden, int T, const MoeDecodeScratch& s, cudaStream_t stream);
 
-// 4-bit experts (group 64, D and F multiples of 256) run on the tensor-core tile of qmv (fp16 hi + lo activations, ≈ fp32); other
+// One token under qmv variant 3 (the default): gate_up and down run the integer kernels of moe_dp4a.cuh where the
+// shapes fit (the model's do). Otherwise 4-bit experts (group 64, D and F multiples of 256) run on the tensor-core tile of qmv (fp16 hi + lo activations, ≈ fp32); other
 // formats on an fp32 SIMT path. gate_up and down cover T·k routed (token, slot) pairs plus the shared expert, each pair
 // reading its expert's rows once. The first call of gate_up / down sets their shared-memory limit: make it outside
 // graph capture.

@@ -1,4 +1,5 @@
 #include "cuda/qmv.cuh"
+#include "cuda/qmv_dp4a.cuh"
 
 #include <algorithm>
 #include <cstdlib>
@@ -76,7 +77,7 @@ Tuning& tuning_ref() {
       const int d = std::atoi(e);
       if (d == 4 || d == 6 || d == 8) v.depth = d;
     }
-    if (const char* e = std::getenv("TERN_QMV_VARIANT")) v.variant = std::clamp(std::atoi(e), 0, 2);
+    if (const char* e = std::getenv("TERN_QMV_VARIANT")) v.variant = std::clamp(std::atoi(e), 0, 3);
     return v;
   }();
   return t;
@@ -88,7 +89,7 @@ void set_tuning(const Tuning& t) {
   Tuning v = t;
   v.blocks_per_sm = std::clamp(v.blocks_per_sm, 1, 4);
   if (v.depth != 4 && v.depth != 8) v.depth = 6;
-  v.variant = std::clamp(v.variant, 0, 2);
+  v.variant = std::clamp(v.variant, 0, 3);
   tuning_ref() = v;
 }
 
@@ -544,6 +545,10 @@ void qmv(const QmvArgs& a, cudaStream_t stream) {
   if (b.T == 1) {  // strides unused for one token; keep them sane for the index arithmetic
     b.ldx = std::max(b.ldx, w.cols);
     b.ldy = std::max(b.ldy, w.rows);
+  }
+  if (qtile::tuning().variant == 3 && qmv_dp4a_supported(b) && w.rows >= qmv_dp4a_min_rows()) {
+    qmv_dp4a(b, stream);
+    return;
   }
   if (qtile::q4_fast_ok(w) && q4_smem(b.T, w.cols) <= qtile::max_dynamic_smem() - 1024) {
     launch_q4(b, stream);

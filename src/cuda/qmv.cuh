@@ -27,9 +27,10 @@ constexpr int kQmvMaxTokens = 8;  // tokens per call (the mma's N)
 // ring of loads issued before pdl_wait(); with the norm, x·norm_w is staged and the output multiplied by the token's
 // rsqrt(mean(x²) + eps). Every other matrix takes an fp32 SIMT path (dmat_load8). TERN_QMV_DEPTH=4|6|8 and
 // TERN_QMV_BPS=1|2 (ring depth, blocks per SM) are for tuning runs (qtile::set_tuning in the workbench);
-// TERN_QMV_VARIANT=0|1 picks the step width (0: 2 groups per warp step, the previous kernel; 1, the default: 4 groups,
-// half the per-step overhead per weight byte, depth/2 steps in flight; 2, opt-in: variant 1's steps copied by
-// cp.async into per-warp shared-memory stages, 4 rows × 128 contiguous bytes per warp copy, bit-identical to 1).
+// TERN_QMV_VARIANT=0|1|2|3 picks the kernels (0: 2 groups per warp step, the first kernel; 1: 4 groups, half the
+// per-step overhead per weight byte, depth/2 steps in flight; 2: variant 1's steps copied by cp.async into per-warp
+// shared-memory stages, 4 rows × 128 contiguous bytes per warp copy, bit-identical to 1; 3, the default: one-token
+// products through the integer path of qmv_dp4a.cuh where it applies, the rest as variant 1).
 struct QmvArgs {
   DMat w;
   int64_t expert = 0;
@@ -44,8 +45,9 @@ struct QmvArgs {
 };
 void qmv(const QmvArgs& a, cudaStream_t stream);
 
-// The step variant of the 4-bit tensor-core kernels (qmv, MoE gate_up and down): 0 (2 groups per warp step), 1
-// (4 groups, the default) or 2 (qmv: variant 1 through a cp.async shared-memory pipeline; MoE: variant 0);
+// The variant of the 4-bit decode kernels (qmv, MoE gate_up and down): 0 (2 groups per warp step), 1 (4 groups),
+// 2 (qmv: variant 1 through a cp.async shared-memory pipeline; MoE: variant 1) or 3, the default (one token: the
+// integer paths of qmv_dp4a.cuh and moe_dp4a.cuh where they apply; everything else: variant 1);
 // TERN_QMV_VARIANT sets the initial value. For tests and tuning runs; set it outside capture.
 int qmv_variant();
 void qmv_set_variant(int v);

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "core/check.h"
+#include "engine/constrained.h"
 #include "engine/text_stream.h"
 #include "text/tokenizer.h"
 
@@ -43,6 +44,7 @@ Generator::Generator(ModelRunner& runner, const Tokenizer& tokenizer, GeneratorO
                     },
                     .is_special = [&tokenizer](int32_t id) { return tokenizer.contains(id) && tokenizer.is_special(id); }},
                 std::move(options)) {
+  tokenizer_ = &tokenizer;
   // Chat turns end with <|im_end|> even when a folder's config names only <|endoftext|> (mlx-vlm does the same).
   for (const char* t : {"<|im_end|>", "<|endoftext|>"})
     if (const std::optional<int32_t> id = tokenizer.token_id(t); id && *id < runner.vocab_real()) end_ids_.push_back(*id);
@@ -59,6 +61,16 @@ Generator::Generator(ModelRunner& runner, TokenTextSource text, GeneratorOptions
   std::sort(end_ids_.begin(), end_ids_.end());
   end_ids_.erase(std::unique(end_ids_.begin(), end_ids_.end()), end_ids_.end());
   TERN_CHECK(options_.prefill_chunk > 0, "generator: prefill_chunk must be positive, got ", options_.prefill_chunk);
+  vocab_ = options_.vocabulary;
+}
+
+std::shared_ptr<const grammar::TokenVocabulary> Generator::vocabulary() {
+  std::lock_guard lock(vocab_mutex_);
+  if (!vocab_) {
+    TERN_CHECK(tokenizer_ != nullptr, "constrained decoding needs a tokenizer (or GeneratorOptions::vocabulary)");
+    vocab_ = grammar::TokenVocabulary::from_tokenizer(*tokenizer_, runner_.vocab_real(), end_ids_);
+  }
+  return vocab_;
 }
 
 GenerationResult Generator::generate(Session& session, const GenerationRequest& request,
@@ -74,6 +86,9 @@ GenerationResult Generator::generate(Session& session, const GenerationRequest& 
   for (const std::string& s : request.stop) TERN_CHECK(!s.empty(), "a stop string is empty");
   TERN_CHECK(n_prompt <= session.capacity(), "the prompt has ", n_prompt, " tokens but the context holds only ",
              session.capacity());
+
+  std::optional<OutputConstraint> constraint;
+  if (request.grammar) constraint.emplace(request.grammar, vocabulary(), request.grammar_start_after);
 
   GenerationResult result;
   result.prompt_tokens = n_prompt;
@@ -142,12 +157,20 @@ GenerationResult Generator::generate(Session& session, const GenerationRequest& 
     int32_t id = pending_device_id;
     pending_device_id = -1;
     if (id < 0) {
-      id = sampler.sample(logits, want_logprobs ? &info : nullptr);
+      id = sampler.sample(logits, want_logprobs ? &info : nullptr,
+                          constraint ? constraint->fill() : std::span<const uint32_t>());
     }
     const bool forced = step < request.forced_tokens.size();
     if (forced) {
       id = request.forced_tokens[step];
       if (want_logprobs) info.logprob = sampler.last_logprob(logits, id);
+    }
+    bool grammar_ended = false;  // an end id the grammar accepted ends the output even with ignore_eos
+    if (constraint) {
+      const bool was_active = constraint->active();
+      TERN_CHECK(constraint->accept(id, text_.bytes(id)), forced ? "forced token " : "the backend sampled token ", id,
+                 ", which the output constraint does not allow", forced ? "" : " (its sampler ignored the mask)");
+      grammar_ended = was_active && constraint->done() && std::binary_search(end_ids_.begin(), end_ids_.end(), id);
     }
     if (first) {
       result.prefill_s = seconds_since(t0);
@@ -157,7 +180,7 @@ GenerationResult Generator::generate(Session& session, const GenerationRequest& 
     sampler.accept(id);
     result.tokens.push_back(id);
 
-    if (is_end(id)) {
+    if (is_end(id) || grammar_ended) {
       result.stop_id = id;
       result.finish = FinishReason::stop;
       break;
@@ -205,7 +228,8 @@ GenerationResult Generator::generate(Session& session, const GenerationRequest& 
                         .top_p = request.sampling.top_p,
                         .min_p = request.sampling.min_p,
                         .seed = sampler.seed(),
-                        .step = step + 1};
+                        .step = step + 1,
+                        .mask = constraint && constraint->active() ? &*constraint : nullptr};
       const std::optional<int32_t> device_id = runner_.forward_sample(session, fed, ds);
       if (device_id) {
         TERN_CHECK(*device_id >= 0 && *device_id < vocab, "the backend sampled token ", *device_id,

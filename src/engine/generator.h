@@ -16,10 +16,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "engine/sampler.h"
+#include "grammar/grammar.h"
 #include "model/runner.h"
 
 namespace tern {
@@ -35,6 +37,14 @@ struct GenerationRequest {
   bool skip_special_tokens = true;      // special tokens (<|im_end|> ...) produce no text
   std::vector<int32_t> forced_tokens;   // debug: the model still runs, but step i emits forced_tokens[i]; after
                                         // the list ends, generation stops with FinishReason::stop
+  // Constrained decoding (src/grammar): when set, every generated token is one the grammar allows (the others'
+  // logits are -inf before sampling, after logit_bias and penalties; log-probabilities see the same) and an end id
+  // only once the output is a whole sentence of the grammar; then generation stops (also with ignore_eos). When
+  // max_tokens runs out first, the finish is `length` with the output as far as it got.
+  grammar::GrammarPtr grammar;
+  // With a grammar: the constraint starts after the output's raw bytes contain this text (e.g. "</think>": the
+  // reasoning stays free); "": from the first token.
+  std::string grammar_start_after;
   const std::atomic<bool>* cancel = nullptr;  // optional: set to true to stop within one step
   // Prefix cache (src/engine/prefix_cache.h): the prefill's forward calls also end at every multiple of
   // checkpoint_every (absolute positions; 0: none), and on_checkpoint(session) runs there and once the whole
@@ -94,6 +104,9 @@ struct GeneratorOptions {
   int64_t prefill_chunk = 2048;         // prompt tokens per forward call (cancellation is checked between chunks)
   std::vector<int32_t> extra_end_ids;   // added to the config's eos_token_ids
   bool use_device_sampling = true;      // use runner.forward_sample when the request allows it
+  // The token vocabulary for constrained requests; null: built from the tokenizer on the first constrained request
+  // (once per generator, i.e. per loaded model) and kept.
+  std::shared_ptr<const grammar::TokenVocabulary> vocabulary;
 };
 
 class Generator {
@@ -111,12 +124,18 @@ class Generator {
 
   const std::vector<int32_t>& end_ids() const { return end_ids_; }
   ModelRunner& runner() { return runner_; }
+  // The vocabulary constrained requests use (built on the first call; thread-safe). Throws tern::Error when the
+  // generator has neither a tokenizer nor options.vocabulary.
+  std::shared_ptr<const grammar::TokenVocabulary> vocabulary();
 
  private:
   ModelRunner& runner_;
   TokenTextSource text_;
   GeneratorOptions options_;
   std::vector<int32_t> end_ids_;
+  const Tokenizer* tokenizer_ = nullptr;  // for the vocabulary (null with a TokenTextSource)
+  std::mutex vocab_mutex_;
+  std::shared_ptr<const grammar::TokenVocabulary> vocab_;
 };
 
 }  // namespace tern

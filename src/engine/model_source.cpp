@@ -2,6 +2,12 @@
 
 #include <zstd.h>
 
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
 #include "core/check.h"
 #include "engine/demo_assets.h"
 #include "text/chat_template.h"
@@ -38,7 +44,70 @@ ModelSource open_demo(const ModelSourceOptions& o) {
   return src;
 }
 
+std::string read_small_file(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec) || std::filesystem::file_size(path, ec) > (1u << 20)) return "";
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+bool same_name(std::string a, std::string b) {
+  auto lower = [](std::string& s) {
+    for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+  };
+  lower(a);
+  lower(b);
+  return a == b;
+}
+
+// "ORG/NAME" as Hugging Face spells repo ids (letters, digits, '-', '_', '.'; neither part starting with '.').
+bool looks_like_repo_id(const std::string& s) {
+  static const std::regex id(R"([A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9_-][A-Za-z0-9._-]*)");
+  return s.size() <= 200 && std::regex_match(s, id);
+}
+
 }  // namespace
+
+std::string model_id_from_folder(const std::filesystem::path& folder) {
+  const std::filesystem::path dir = std::filesystem::absolute(folder).lexically_normal();
+  std::string name = dir.filename().string();
+  std::filesystem::path parent = dir.parent_path();
+  if (name.empty()) {  // "dir/" normalizes to a trailing empty name
+    name = parent.filename().string();
+    parent = parent.parent_path();
+  }
+  // A hub cache snapshot: .../models--ORG--NAME/snapshots/HASH
+  const std::string repo = parent.parent_path().filename().string();
+  const std::string prefix = "models--";
+  if (parent.filename() == "snapshots" && repo.rfind(prefix, 0) == 0) {
+    const std::string rest = repo.substr(prefix.size());
+    const size_t sep = rest.find("--");
+    if (sep != std::string::npos) {
+      const std::string id = rest.substr(0, sep) + "/" + rest.substr(sep + 2);
+      if (looks_like_repo_id(id)) return id;
+    }
+  }
+  // A name recorded in the folder, when its last part is the folder's name (a fine-tune saved elsewhere records
+  // its base model instead: that is not this folder's id). config.json's _name_or_path (transformers), then a
+  // README link to huggingface.co/ORG/NAME (the model cards of converted checkpoints, e.g. mlx-community's).
+  auto matches_folder = [&](const std::string& id) {
+    return looks_like_repo_id(id) && same_name(id.substr(id.find('/') + 1), name);
+  };
+  const nlohmann::json config = nlohmann::json::parse(read_small_file(dir / "config.json"), nullptr, false);
+  if (config.is_object() && config.contains("_name_or_path") && config["_name_or_path"].is_string()) {
+    const std::string id = config["_name_or_path"].get<std::string>();
+    if (matches_folder(id)) return id;
+  }
+  const std::string readme = read_small_file(dir / "README.md");
+  static const std::regex link(R"(huggingface\.co/([A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9_-][A-Za-z0-9._-]*))");
+  for (auto it = std::sregex_iterator(readme.begin(), readme.end(), link); it != std::sregex_iterator(); ++it) {
+    const std::string id = (*it)[1].str();
+    if (matches_folder(id)) return id;
+  }
+  return name;
+}
 
 std::shared_ptr<const Tokenizer> demo_tokenizer() {
   static const std::shared_ptr<const Tokenizer> tok = std::make_shared<const Tokenizer>(
@@ -66,9 +135,7 @@ ModelSource model_source_open(const ModelSourceOptions& o) {
     src.chat_template = nullptr;  // raw prompts still work; --chat reports the missing template
   }
   src.defaults = sampling_defaults(src.weights->config);
-  std::string name = std::filesystem::absolute(dir).lexically_normal().filename().string();
-  if (name.empty()) name = std::filesystem::absolute(dir).lexically_normal().parent_path().filename().string();
-  src.name = o.name.empty() ? name : o.name;
+  src.name = o.name.empty() ? model_id_from_folder(dir) : o.name;
   const Config& c = src.weights->config;
   src.banner = detail::concat("model '", src.name, "' from ", o.model_dir, " (", src.weights->source_layout, ", ",
                               c.num_hidden_layers, " layers, ", src.weights->total_bytes() / (1 << 20), " MiB of weights)");

@@ -6,6 +6,7 @@
 //   Generator gen(*runner, *src.tokenizer);
 #pragma once
 
+#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -22,7 +23,7 @@ class ChatTemplate;
 struct ModelSourceOptions {
   std::string model_dir;     // empty: the demo model
   bool demo = false;         // the demo model even when model_dir is given (an error then)
-  std::string name;          // the model's name (/v1/models id); default: the folder's name, or the demo's name
+  std::string name;          // the model's name (/v1/models id); default: model_id_from_folder, or the demo's name
   LoadOptions load;          // for model_dir
   DemoModelOptions demo_options;
 };
@@ -32,7 +33,7 @@ struct ModelSource {
   std::shared_ptr<const Tokenizer> tokenizer;
   std::shared_ptr<const ChatTemplate> chat_template;  // null when the folder has none (then --chat fails clearly)
   SamplingParams defaults;   // from generation_config.json
-  std::string name;          // e.g. "Qwen3.6-35B-A3B-4bit", or kDemoModelName
+  std::string name;          // e.g. "mlx-community/Qwen3.6-35B-A3B-4bit", "Qwen3.6-35B-A3B-4bit", or kDemoModelName
   bool demo = false;
   std::string banner;        // one line describing what was loaded (the demo's says its weights are random)
 };
@@ -41,6 +42,11 @@ inline constexpr const char* kDemoModelName = "tern-demo-random-weights";
 
 // Throws tern::Error naming the folder or file on failure.
 ModelSource model_source_open(const ModelSourceOptions& options);
+
+// The model's id for a folder: "ORG/NAME" for a Hugging Face hub cache snapshot (.../models--ORG--NAME/snapshots/
+// HASH), or when the folder records that repo id (config.json's _name_or_path, or a huggingface.co/ORG/NAME link
+// in README.md) and NAME is the folder's own name; otherwise the folder's name.
+std::string model_id_from_folder(const std::filesystem::path& folder);
 
 // The demo's tokenizer (Qwen3's, embedded in the binary, zstd-compressed) and chat template source.
 std::shared_ptr<const Tokenizer> demo_tokenizer();

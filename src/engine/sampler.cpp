@@ -6,6 +6,7 @@
 #include <random>
 
 #include "core/check.h"
+#include "engine/token_mask.h"
 
 namespace tern {
 
@@ -144,12 +145,13 @@ float Sampler::last_logprob(std::span<const float> logits, int32_t id) const {
   return float(double(logits[size_t(id)]) - last_max_ - last_log_z_);
 }
 
-int32_t Sampler::sample(std::span<float> logits, SampleInfo* info) {
+int32_t Sampler::sample(std::span<float> logits, SampleInfo* info, std::span<const uint32_t> allowed) {
   TERN_CHECK(int64_t(logits.size()) >= vocab_real_, "sampler: ", logits.size(), " logits for a vocabulary of ",
              vocab_real_);
   const int64_t n = vocab_real_;
   for (const auto& [id, bias] : params_.logit_bias) logits[size_t(id)] += bias;
   apply_penalties(logits);
+  if (!allowed.empty()) apply_token_mask(logits.first(size_t(n)), allowed);
 
   const bool greedy = params_.greedy();
   if (!greedy) {
@@ -167,8 +169,10 @@ int32_t Sampler::sample(std::span<float> logits, SampleInfo* info) {
       m = std::max(m, l);
     }
   }
-  TERN_CHECK(n_usable > 0, "sampler: no token has a finite logit (every id is banned or the model output is not "
-                           "finite)");
+  TERN_CHECK(n_usable > 0, allowed.empty() ? "sampler: no token has a finite logit (every id is banned or the model "
+                                              "output is not finite)"
+                                            : "sampler: no token that the output constraint allows has a finite "
+                                              "logit (every allowed id is banned or the model output is not finite)");
   double z = 0.0;
   for (int64_t i = 0; i < n; ++i)
     if (usable(logits[size_t(i)])) z += std::exp(double(logits[size_t(i)]) - m);

@@ -3,6 +3,7 @@
 //
 // Order of operations (the one HF and vLLM use):
 //   logits -> logit_bias -> repetition penalty (prompt + output) -> presence/frequency (output only)
+//          -> allowed-token mask (constrained decoding: disallowed ids -> -inf)
 //          -> [log-probabilities are read here, at temperature 1 when greedy]
 //          -> / temperature -> top-k -> top-p (over the top-k mass) -> min-p -> draw
 // Padded ids (>= vocab_real) and non-finite logits are never sampled.
@@ -57,8 +58,9 @@ class Sampler {
 
   // logits: [V >= vocab_real] float32, modified in place (penalties, temperature). Returns the chosen id and, when
   // params.top_logprobs >= 0 and info is given, its log-probability and the top alternatives.
-  // Throws tern::Error when no id has a finite logit.
-  int32_t sample(std::span<float> logits, SampleInfo* info = nullptr);
+  // allowed: an allowed-token bitmask (engine/token_mask.h; empty: every id allowed); masked ids are never chosen
+  // and their log-probability is -inf. Throws tern::Error when no allowed id has a finite logit.
+  int32_t sample(std::span<float> logits, SampleInfo* info = nullptr, std::span<const uint32_t> allowed = {});
 
   // Records a generated id (for the penalties). generate() calls it with each emitted id (sampled or forced).
   void accept(int32_t id);

@@ -61,7 +61,20 @@ class Session {
   }
 };
 
-// Sampling that a backend may run on its device (see ModelRunner::forward_sample).
+// Constrained decoding on the device path: the allowed-token bitmask of one decode step. The runner calls fill()
+// after it has launched the step's forward and before it samples, so the host's mask work (a grammar walk)
+// overlaps the device's forward; the runner then uploads the mask and sets the logits of every id whose bit is
+// clear to -inf before sampling.
+class TokenMaskSource {
+ public:
+  virtual ~TokenMaskSource() = default;
+  // Bit (id % 32) of words[id / 32] set <=> id may be sampled; ids past the last word are never sampled. An empty
+  // span: no mask for this step. The span stays valid until the next fill().
+  virtual std::span<const uint32_t> fill() = 0;
+};
+
+// Sampling that a backend may run on its device (see ModelRunner::forward_sample). Trivially copyable: backends
+// copy it to the device as it is (mask is a host pointer the device never reads).
 struct DeviceSampling {
   float temperature = 0.0f;  // 0: greedy
   int top_k = 0;             // 0: off
@@ -69,6 +82,7 @@ struct DeviceSampling {
   float min_p = 0.0f;
   uint64_t seed = 0;         // with the step index, determines the draw
   uint64_t step = 0;
+  TokenMaskSource* mask = nullptr;  // optional allowed-token mask (constrained decoding); null: every id allowed
 };
 
 class ModelRunner {
@@ -88,6 +102,7 @@ class ModelRunner {
 
   // Optional fast path: forward the tokens and sample the next id on the device, without copying logits to the
   // host. Returns nullopt when the backend has no such path (the engine then samples from forward's logits).
+  // A backend that implements it must honour sampling.mask (never return an id whose bit is clear).
   virtual std::optional<int32_t> forward_sample(Session& session, std::span<const int32_t> tokens,
                                                 const DeviceSampling& sampling) {
     return std::nullopt;

@@ -5,9 +5,6 @@
 
 namespace tern::server {
 
-namespace {
-
-// A call written back as the model's XML: used when the request offered no tools, so that the text stays content.
 std::string tool_call_as_text(const ToolCall& call) {
   std::string s = "<tool_call>\n<function=" + call.name + ">\n";
   const Json args = Json::parse(call.arguments_json, nullptr, false);
@@ -17,8 +14,6 @@ std::string tool_call_as_text(const ToolCall& call) {
   }
   return s + "</function>\n</tool_call>";
 }
-
-}  // namespace
 
 ChatOutput::ChatOutput(const ChatRequest& request, const Tokenizer& tokenizer, ResponseMeta meta,
                        bool starts_in_reasoning)

@@ -43,6 +43,10 @@ std::vector<int32_t> chat_prompt_tokens(const ChatPrompt& prompt, const Tokenize
 // True when `prompt` ends inside a thinking block: its last <think> comes after its last </think>.
 bool prompt_ends_in_reasoning(const std::string& prompt);
 
+// A call written back as the model's XML (<tool_call><function=...><parameter=...>): used when the request offered
+// no tools, so that the text stays text (OpenAI content, an Anthropic text block).
+std::string tool_call_as_text(const ToolCall& call);
+
 class ChatOutput {
  public:
   ChatOutput(const ChatRequest& request, const Tokenizer& tokenizer, ResponseMeta meta, bool starts_in_reasoning);

@@ -1,58 +1,62 @@
+// The chat page's files (src/server/page/) are embedded into the binary by the assembler's .incbin, as the demo
+// model's assets are (src/engine/demo_assets.cpp): CMakeLists.txt passes their folder as TERN_PAGE_DIR and makes
+// this file depend on them. At the first request they are put together into one self-contained HTML page.
 #include "server/chat_page.h"
 
+#include <string_view>
+
+#include "core/check.h"
+
+#ifndef TERN_PAGE_DIR
+#error "TERN_PAGE_DIR must name src/server/page (set by CMakeLists.txt)"
+#endif
+
+#define TERN_PAGE_INCBIN(name, file)  \
+  ".balign 16\n"                      \
+  "tern_page_" name "_begin:\n"       \
+  ".incbin \"" TERN_PAGE_DIR "/" file "\"\n" \
+  "tern_page_" name "_end:\n"
+
+__asm__(".pushsection .rodata\n"
+        TERN_PAGE_INCBIN("html", "index.html")
+        TERN_PAGE_INCBIN("css", "style.css")
+        TERN_PAGE_INCBIN("markdown", "markdown.js")
+        TERN_PAGE_INCBIN("app", "app.js")
+        ".popsection\n");
+
+extern "C" const char tern_page_html_begin[], tern_page_html_end[];
+extern "C" const char tern_page_css_begin[], tern_page_css_end[];
+extern "C" const char tern_page_markdown_begin[], tern_page_markdown_end[];
+extern "C" const char tern_page_app_begin[], tern_page_app_end[];
+
 namespace tern::server {
+namespace {
+
+std::string_view bytes(const char* begin, const char* end) { return {begin, size_t(end - begin)}; }
+
+// Puts `part` where `marker` stands in `page`; the part must not be able to end its <style> or <script> element.
+void splice(std::string& page, std::string_view marker, std::string_view part, std::string_view closing_tag) {
+  const size_t at = page.find(marker);
+  TERN_CHECK(at != std::string::npos, "chat page: index.html lacks the marker ", std::string(marker));
+  TERN_CHECK(part.find(closing_tag) == std::string_view::npos, "chat page: an embedded file contains ",
+             std::string(closing_tag), ", which would end its element early");
+  page.replace(at, marker.size(), part);
+}
+
+std::string assemble() {
+  std::string page(bytes(tern_page_html_begin, tern_page_html_end));
+  std::string script(bytes(tern_page_markdown_begin, tern_page_markdown_end));
+  script += '\n';
+  script += bytes(tern_page_app_begin, tern_page_app_end);
+  splice(page, "/*TERN:STYLE*/", bytes(tern_page_css_begin, tern_page_css_end), "</style");
+  splice(page, "/*TERN:SCRIPT*/", script, "</script");
+  return page;
+}
+
+}  // namespace
 
 const std::string& chat_page_html() {
-  static const std::string page = R"HTML(<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>tern</title>
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<style>
-body{font-family:system-ui,sans-serif;max-width:52rem;margin:0 auto;padding:1rem;background:#fafafa}
-#log div{white-space:pre-wrap;margin:.5rem 0;padding:.5rem .75rem;border-radius:.5rem}
-.user{background:#dbeafe}.assistant{background:#fff;border:1px solid #ddd}
-.reasoning{color:#777;font-size:.9em;border-left:3px solid #ccc;padding-left:.5rem;margin-bottom:.4rem}
-form{display:flex;gap:.5rem}textarea{flex:1;height:4rem}#status{color:#777;font-size:.85em}
-</style></head><body>
-<h3>tern</h3>
-<div id="log"></div>
-<form id="f"><textarea id="q" placeholder="Message (Enter sends, Shift+Enter adds a line)"></textarea>
-<button>Send</button></form>
-<label><input type="checkbox" id="think" checked> thinking</label>
-<label>API key <input type="password" id="key" size="12"></label>
-<div id="status"></div>
-<script>
-const log=document.getElementById('log'),q=document.getElementById('q'),st=document.getElementById('status');
-const history=[];
-function add(cls){const d=document.createElement('div');d.className=cls;log.appendChild(d);return d;}
-q.addEventListener('keydown',e=>{if(e.key==='Enter'&&!e.shiftKey){e.preventDefault();document.getElementById('f').requestSubmit();}});
-document.getElementById('f').onsubmit=async e=>{
-  e.preventDefault();const text=q.value.trim();if(!text)return;q.value='';
-  history.push({role:'user',content:text});add('user').textContent=text;
-  const box=add('assistant'),r=document.createElement('div');r.className='reasoning';box.appendChild(r);
-  const c=document.createElement('span');box.appendChild(c);
-  const headers={'Content-Type':'application/json'};const key=document.getElementById('key').value;
-  if(key)headers['Authorization']='Bearer '+key;
-  const body={messages:history,stream:true,stream_options:{include_usage:true},
-    chat_template_kwargs:{enable_thinking:document.getElementById('think').checked}};
-  st.textContent='...';
-  try{
-    const res=await fetch('/v1/chat/completions',{method:'POST',headers,body:JSON.stringify(body)});
-    if(!res.ok){c.textContent=(await res.json()).error.message;st.textContent='';return;}
-    const reader=res.body.getReader(),dec=new TextDecoder();let buf='',answer='';
-    for(;;){const {value,done}=await reader.read();if(done)break;buf+=dec.decode(value,{stream:true});
-      let i;while((i=buf.indexOf('\n\n'))>=0){const line=buf.slice(0,i);buf=buf.slice(i+2);
-        if(!line.startsWith('data: '))continue;const data=line.slice(6);if(data==='[DONE]')continue;
-        const j=JSON.parse(data);if(j.error){c.textContent+=' ['+j.error.message+']';continue;}
-        if(j.usage)st.textContent=j.usage.prompt_tokens+' prompt tokens, '+j.usage.completion_tokens+' generated';
-        for(const ch of j.choices||[]){const d=ch.delta||{};
-          if(d.reasoning_content)r.textContent+=d.reasoning_content;
-          if(d.content){c.textContent+=d.content;answer+=d.content;}
-          if(d.tool_calls)c.textContent+=JSON.stringify(d.tool_calls);}}}
-    history.push({role:'assistant',content:answer});
-  }catch(err){c.textContent+=' ['+err+']';}
-};
-</script></body></html>
-)HTML";
+  static const std::string page = assemble();
   return page;
 }
 

@@ -1,5 +1,6 @@
-// GET /: a small built-in chat page (vanilla HTML/JS, no external resources) that streams from
-// /v1/chat/completions and shows reasoning apart from the answer.
+// GET /: the built-in chat page, one self-contained HTML document (no external resources) put together from
+// src/server/page/ (index.html, style.css, markdown.js, app.js), which the binary embeds at build time.
+// It streams from /v1/chat/completions; docs/server.md and README.md describe what it offers.
 #pragma once
 
 #include <string>

@@ -3,6 +3,7 @@
 
 #include "core/check.h"
 #include "server/chat_output.h"
+#include "server/server_state.h"
 #include "server/sse.h"
 #include "text/chat_template.h"
 #include "text/jinja.h"
@@ -91,6 +92,13 @@ std::vector<int32_t> chat_prompt_tokens(const ChatPrompt& prompt, const Tokenize
   }
   tokenizer.encode_append(std::string_view(t).substr(start), out);
   return out;
+}
+
+std::vector<int64_t> chat_prompt_checkpoints(const std::vector<int32_t>& prompt, const Tokenizer& tokenizer) {
+  if (const std::optional<int32_t> im_start = tokenizer.token_id("<|im_start|>"))
+    for (size_t i = prompt.size(); i-- > 0;)
+      if (prompt[i] == *im_start) return {int64_t(i)};
+  return {};
 }
 
 bool prompt_ends_in_reasoning(const std::string& prompt) {

@@ -6,9 +6,11 @@
 #include <cstdio>
 
 #include "core/check.h"
+#include "server/anthropic_output.h"
 #include "server/chat_output.h"
 #include "server/client_link.h"
 #include "server/openai_response.h"
+#include "server/response_protocol.h"
 #include "server/server_state.h"
 #include "server/sse.h"
 #include "text/tokenizer.h"
@@ -21,9 +23,12 @@ using namespace std::chrono_literals;
 constexpr auto kPollInterval = 20ms;     // how often a waiting handler checks its client
 constexpr auto kKeepAliveEvery = 2s;     // SSE comment while a stream waits in the queue
 
+}  // namespace
+
 ParseOptions parse_options(const ServerState& state) {
   ParseOptions o;
   o.model_id = state.model.model_id;
+  o.model_aliases = state.model.aliases;
   o.vocab_size = state.model.vocab_size;
   o.allow_forced_output = state.options.allow_forced_output;
   return o;
@@ -69,6 +74,8 @@ std::optional<ApiError> check_context(const ServerState& state, size_t prompt_to
     return api_error_context(int64_t(prompt_tokens), max_tokens, state.model.context);
   return std::nullopt;
 }
+
+namespace {
 
 // Everything a streamed response needs after the handler returns (the content provider runs later on the same
 // thread, possibly called several times).
@@ -116,12 +123,14 @@ void log_result(const GenerationResult& r, const std::string& id) {
 template <typename Output>
 std::vector<Json> first_chunks(Output& output) {
   if constexpr (std::is_same_v<Output, ChatOutput>) return {output.first_chunk()};
+  else if constexpr (std::is_same_v<Output, AnthropicOutput>) return output.first_events();
   else return {};
 }
 
 // The SSE content provider: returns false to end the response early (client gone, write failed).
 template <typename Ex>
 bool stream_step(Ex& ex, httplib::DataSink& sink) {
+  using Protocol = ResponseProtocol<std::remove_reference_t<decltype(*ex.output)>>;
   auto write = [&](const std::string& s) {
     if (sink.write(s.data(), s.size())) {
       ex.last_write = std::chrono::steady_clock::now();
@@ -134,7 +143,7 @@ bool stream_step(Ex& ex, httplib::DataSink& sink) {
   if (!ex.started) {
     ex.started = true;
     for (const Json& c : first_chunks(*ex.output))
-      if (!write(sse_data(c))) return false;
+      if (!write(Protocol::stream_event(c))) return false;
   }
   for (;;) {
     std::optional<EngineEvent> event;
@@ -151,7 +160,7 @@ bool stream_step(Ex& ex, httplib::DataSink& sink) {
     switch (event->kind) {
       case EngineEvent::Kind::token:
         for (const Json& c : ex.output->on_token(event->token))
-          if (!write(sse_data(c))) return false;
+          if (!write(Protocol::stream_event(c))) return false;
         if (ex.client_gone()) {  // noticed between tokens: stop before the next decode step
           ex.cancel();
           return false;
@@ -165,8 +174,8 @@ bool stream_step(Ex& ex, httplib::DataSink& sink) {
         // still ends properly (finish_reason, usage, [DONE]).
         if (r.finish == FinishReason::cancelled && !ex.stop_requested) return false;
         for (const Json& c : ex.output->finish_chunks(r))
-          if (!write(sse_data(c))) return false;
-        if (!write(sse_done())) return false;
+          if (!write(Protocol::stream_event(c))) return false;
+        if (!Protocol::stream_end().empty() && !write(Protocol::stream_end())) return false;
         sink.done();
         return true;
       }
@@ -174,8 +183,8 @@ bool stream_step(Ex& ex, httplib::DataSink& sink) {
         ex.finished = true;
         request_log().fields["error"] = event->error.message;
         // Headers are gone already: the error travels as an SSE event, as OpenAI does.
-        const Json body = Json::parse(api_error_body(event->error));
-        if (!write(sse_data(body)) || !write(sse_done())) return false;
+        if (!write(Protocol::stream_event(Protocol::error_body(event->error)))) return false;
+        if (!Protocol::stream_end().empty() && !write(Protocol::stream_end())) return false;
         sink.done();
         return true;
       }
@@ -187,13 +196,14 @@ bool stream_step(Ex& ex, httplib::DataSink& sink) {
 template <typename Request, typename Output>
 void serve(ServerState& state, const httplib::Request& req, httplib::Response& res,
            std::shared_ptr<Exchange<Request, Output>> ex, bool stream) {
+  using Protocol = ResponseProtocol<Output>;
   ex->link = std::make_shared<ClientLink>(req.local_port, req.remote_addr, req.remote_port);
   ex->task->client_gone = [link = ex->link] { return link->gone(); };
   request_log().fields["id"] = ex->task->id;
   request_log().fields["stream"] = stream;
   if (!state.engine->submit(ex->task)) {
     ex->link->release();
-    respond_error(res, api_error_overloaded(state.engine->max_queue(), 1));
+    Protocol::respond_error(res, api_error_overloaded(state.engine->max_queue(), 1));
     return;
   }
   if (stream) {
@@ -226,7 +236,7 @@ void serve(ServerState& state, const httplib::Request& req, httplib::Response& r
         ex->cancel();
         ex->link->release();
         request_log().fields["error"] = "client disconnected";
-        respond_error(res, api_error_invalid("", "The client disconnected; the generation was cancelled."));
+        Protocol::respond_error(res, api_error_invalid("", "The client disconnected; the generation was cancelled."));
         return;
       }
       continue;
@@ -238,35 +248,35 @@ void serve(ServerState& state, const httplib::Request& req, httplib::Response& r
         ex->cancel();
         ex->link->release();
         std::fprintf(stderr, "tern serve: internal error in %s: %s\n", ex->task->id.c_str(), e.what());
-        return respond_error(res, api_error_internal(std::string("internal error: ") + e.what()));
+        return Protocol::respond_error(res, api_error_internal(std::string("internal error: ") + e.what()));
       }
       continue;
     }
     ex->link->release();
     if (event->kind == EngineEvent::Kind::error) {
       request_log().fields["error"] = event->error.message;
-      respond_error(res, event->error);
+      Protocol::respond_error(res, event->error);
       return;
     }
     log_result(event->result, ex->task->id);
     if (ex->stop_requested && event->result.finish == FinishReason::cancelled)
-      return respond_error(res, api_error_shutting_down("The server is shutting down; the generation was cancelled."));
+      return Protocol::respond_error(res, api_error_shutting_down("The server is shutting down; the generation was cancelled."));
     respond_json(res, ex->output->response(event->result));
     return;
   }
 }
 
-bool model_ready(ServerState& state, httplib::Response& res) {
+}  // namespace
+
+bool model_ready(const ServerState& state, httplib::Response& res, void (*respond)(httplib::Response&, const ApiError&)) {
   if (state.ready.load(std::memory_order_acquire)) return true;
   ApiError e = api_error_internal("The model is still loading; retry shortly (GET /health says when it is ready).");
   e.status = 503;
   e.code = "model_loading";
   e.retry_after_s = 5;
-  respond_error(res, e);
+  respond(res, e);
   return false;
 }
-
-}  // namespace
 
 void handle_chat_completions(ServerState& state, const httplib::Request& req, httplib::Response& res) {
   request_log().route = "/v1/chat/completions";
@@ -301,17 +311,14 @@ void handle_chat_completions(ServerState& state, const httplib::Request& req, ht
   // The prefix cache also snapshots where the generation prompt starts (the prompt's last <|im_start|>): the next
   // turn renders this turn's generation prompt and reply as the template renders history, which may differ from
   // what was generated (thinking dropped), but everything before that point is the same.
-  if (const std::optional<int32_t> im_start = state.model.tokenizer->token_id("<|im_start|>")) {
-    const auto& p = task->request.prompt;
-    for (size_t i = p.size(); i-- > 0;)
-      if (p[i] == *im_start) {
-        task->request.checkpoint_at.push_back(int64_t(i));
-        break;
-      }
-  }
+  task->request.checkpoint_at = chat_prompt_checkpoints(task->request.prompt, *state.model.tokenizer);
   task->request.sampling = std::get<SamplingParams>(sampling);
   task->request.max_tokens = request.max_tokens.value_or(-1);
   task->request.stop = request.stop;
+  // The output constraint (response_format, a forced tool call). With thinking on, the prompt ends inside
+  // <think>: the reasoning stays free and the constraint starts after the model closes it.
+  task->request.grammar = request.grammar;
+  if (request.grammar && chat_prompt.starts_in_reasoning) task->request.grammar_start_after = "</think>";
   ex->task = task;
   ex->output = std::make_unique<ChatOutput>(ex->request, *state.model.tokenizer,
                                             ResponseMeta{task->id, unix_now(), state.model.model_id},
@@ -361,6 +368,17 @@ void handle_completions(ServerState& state, const httplib::Request& req, httplib
                                                   ResponseMeta{task->id, unix_now(), state.model.model_id},
                                                   std::move(echo_text));
   serve(state, req, res, ex, request.stream);
+}
+
+// Anthropic Messages (anthropic_handlers.cpp): the same queueing, streaming and cancellation as the OpenAI routes.
+void serve_anthropic_messages(ServerState& state, const httplib::Request& req, httplib::Response& res,
+                              std::shared_ptr<GenerationTask> task, std::unique_ptr<AnthropicOutput> output,
+                              bool stream) {
+  auto ex = std::make_shared<Exchange<std::monostate, AnthropicOutput>>();
+  ex->state = &state;
+  ex->task = std::move(task);
+  ex->output = std::move(output);
+  serve(state, req, res, ex, stream);
 }
 
 }  // namespace tern::server

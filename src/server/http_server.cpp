@@ -2,12 +2,14 @@
 
 #include <malloc.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <ctime>
 #include <list>
 #include <optional>
 
 #include "core/check.h"
+#include "server/anthropic_output.h"
 #include "server/chat_page.h"
 #include "server/connections.h"
 #include "server/server_state.h"
@@ -49,13 +51,28 @@ std::string lower(std::string s) {
   return s;
 }
 
-bool authorized(const ServerOptions& options, const std::string& header) {
-  if (options.api_key.empty()) return true;
-  const std::string expected = "Bearer " + options.api_key;
-  if (header.size() != expected.size()) return false;
+bool same_secret(const std::string& given, const std::string& expected) {
+  if (given.size() != expected.size()) return false;
   unsigned char diff = 0;  // constant time in the key's length
-  for (size_t i = 0; i < header.size(); ++i) diff |= static_cast<unsigned char>(header[i] ^ expected[i]);
+  for (size_t i = 0; i < given.size(); ++i) diff |= static_cast<unsigned char>(given[i] ^ expected[i]);
   return diff == 0;
+}
+
+// The key comes as "Authorization: Bearer KEY" (OpenAI clients) or "x-api-key: KEY" (Anthropic clients).
+bool authorized(const ServerOptions& options, const std::string* authorization, const std::string* api_key) {
+  if (options.api_key.empty()) return true;
+  return (authorization && same_secret(*authorization, "Bearer " + options.api_key)) ||
+         (api_key && same_secret(*api_key, options.api_key));
+}
+
+// Errors on the Anthropic routes have Anthropic's shape; everywhere else OpenAI's.
+bool anthropic_path(const std::string& path) {
+  return path == "/v1/messages" || path.rfind("/v1/messages/", 0) == 0;
+}
+
+void respond_error_on(const std::string& path, httplib::Response& res, const ApiError& error) {
+  if (anthropic_path(path)) return respond_anthropic_error(res, error);
+  respond_error(res, error);
 }
 
 // The name part of a Host header: "[::1]:8080" -> "::1", "Example.com.:80" -> "example.com".
@@ -108,10 +125,7 @@ std::optional<ApiError> early_rejection(const ServerState& s, const std::string&
   }
   if (method == "OPTIONS") return std::nullopt;  // CORS preflight: browsers send no credentials
   const bool open = path == "/health" || path == "/" || path == "/favicon.ico";
-  if (!open) {
-    const std::string* auth = header("authorization");
-    if (!authorized(s.options, auth ? *auth : std::string())) return api_error_unauthorized();
-  }
+  if (!open && !authorized(s.options, header("authorization"), header("x-api-key"))) return api_error_unauthorized();
   if (method == "POST") {
     const std::string* type = header("content-type");
     if (!media_type_is_json(type)) {
@@ -158,12 +172,27 @@ void add_cors_headers(const ServerOptions& options, const httplib::Request& req,
   res.set_header("Access-Control-Max-Age", "600");
 }
 
-Json model_entry(const ServerState& state) {
-  return Json{{"id", state.model.model_id},
+Json model_entry(const ServerState& state, const std::string& name) {
+  return Json{{"id", name},
               {"object", "model"},
               {"created", 0},
               {"owned_by", "tern"},
-              {"max_model_len", state.model.context}};
+              {"max_model_len", state.model.context},
+              {"root", state.model.model_id}};
+}
+
+bool serves_name(const ServerState& state, const std::string& name) {
+  if (name == state.model.model_id) return true;
+  return std::find(state.model.aliases.begin(), state.model.aliases.end(), name) != state.model.aliases.end();
+}
+
+// The methods each route answers, for 405 + Allow on a known path asked with another method.
+std::string allowed_methods(const ServerState& state, const std::string& path) {
+  std::string allow;
+  for (const ServerState::Route& r : state.routes)
+    if (std::regex_match(path, r.pattern) && allow.find(r.method) == std::string::npos)
+      allow += (allow.empty() ? "" : ", ") + r.method;
+  return allow;
 }
 
 }  // namespace
@@ -267,7 +296,7 @@ void HttpServer::install_routes() {
     };
     if (auto e = early_rejection(s, req.method, req.path, header)) {
       HttpConnections::close_after_response();  // the body (if any) was not read
-      respond_error(res, *e);
+      respond_error_on(req.path, res, *e);
       return httplib::Server::HandlerResponse::Handled;
     }
     if (req.method == "OPTIONS") {  // CORS preflight
@@ -278,47 +307,74 @@ void HttpServer::install_routes() {
     return httplib::Server::HandlerResponse::Unhandled;
   });
 
-  h.Get("/", [](const httplib::Request&, httplib::Response& res) {
+  // Every route is registered through these, which also record it for the 405 answers.
+  auto get = [&s, &h](const std::string& pattern, httplib::Server::Handler handler) {
+    h.Get(pattern, std::move(handler));
+    s.routes.push_back({std::regex(pattern), "GET"});
+  };
+  auto post = [&s, &h](const std::string& pattern, httplib::Server::Handler handler) {
+    h.Post(pattern, std::move(handler));
+    s.routes.push_back({std::regex(pattern), "POST"});
+  };
+  get("/", [](const httplib::Request&, httplib::Response& res) {
     request_log().route = "/";
     res.set_content(chat_page_html(), "text/html; charset=utf-8");
   });
-  h.Get("/health", [&s](const httplib::Request&, httplib::Response& res) {
+  get("/health", [&s](const httplib::Request&, httplib::Response& res) {
     request_log().route = "/health";
     if (s.ready.load(std::memory_order_acquire)) respond_json(res, Json{{"status", "ok"}});
     else respond_json(res, Json{{"status", "loading"}}, 503);
   });
-  h.Get("/metrics", [&s](const httplib::Request&, httplib::Response& res) {
+  get("/metrics", [&s](const httplib::Request&, httplib::Response& res) {
     request_log().route = "/metrics";
     res.set_content(s.metrics->render_prometheus(), "text/plain; version=0.0.4; charset=utf-8");
   });
+  // The id first, then each --alias as an entry of its own (as vLLM lists its served names).
   auto models = [&s](const httplib::Request&, httplib::Response& res) {
     request_log().route = "/v1/models";
     Json data = Json::array();
-    if (s.ready.load(std::memory_order_acquire)) data.push_back(model_entry(s));
+    if (s.ready.load(std::memory_order_acquire)) {
+      data.push_back(model_entry(s, s.model.model_id));
+      for (const std::string& alias : s.model.aliases) data.push_back(model_entry(s, alias));
+    }
     respond_json(res, Json{{"object", "list"}, {"data", data}});
   };
-  h.Get("/v1/models", models);
-  h.Get("/models", models);
-  h.Get(R"(/v1/models/(.+))", [&s](const httplib::Request& req, httplib::Response& res) {
+  get("/v1/models", models);
+  get("/models", models);
+  get(R"(/v1/models/(.+))", [&s](const httplib::Request& req, httplib::Response& res) {
     request_log().route = "/v1/models/{id}";
     const std::string id = req.matches[1];
-    if (s.ready.load(std::memory_order_acquire) && id == s.model.model_id) return respond_json(res, model_entry(s));
+    if (s.ready.load(std::memory_order_acquire) && serves_name(s, id)) return respond_json(res, model_entry(s, id));
     respond_error(res, api_error_not_found_model(id, s.model.model_id));
   });
   auto chat = [&s](const httplib::Request& req, httplib::Response& res) { handle_chat_completions(s, req, res); };
   auto completions = [&s](const httplib::Request& req, httplib::Response& res) { handle_completions(s, req, res); };
-  h.Post("/v1/chat/completions", chat);
-  h.Post("/chat/completions", chat);
-  h.Post("/v1/completions", completions);
-  h.Post("/completions", completions);
+  post("/v1/chat/completions", chat);
+  post("/chat/completions", chat);
+  post("/v1/completions", completions);
+  post("/completions", completions);
+  post("/v1/messages", [&s](const httplib::Request& req, httplib::Response& res) { handle_anthropic_messages(s, req, res); });
+  post("/v1/messages/count_tokens",
+       [&s](const httplib::Request& req, httplib::Response& res) { handle_anthropic_count_tokens(s, req, res); });
+  post("/tokenize", [&s](const httplib::Request& req, httplib::Response& res) { handle_tokenize(s, req, res); });
+  post("/detokenize", [&s](const httplib::Request& req, httplib::Response& res) { handle_detokenize(s, req, res); });
+  get("/props", [&s](const httplib::Request& req, httplib::Response& res) { handle_props(s, req, res); });
 
   // Errors that no handler wrote (unknown route, body over the limit, unreadable request) become JSON here.
   h.set_error_handler(httplib::Server::HandlerWithResponse([&s](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
     ApiError e;
-    if (res.status == 404) {
+    const std::string allow = res.status == 404 ? allowed_methods(s, req.path) : std::string();
+    if (!allow.empty()) {  // a known path asked with another method
+      e = api_error_invalid("", "Method " + req.method + " is not allowed on " + req.path + " (allowed: " + allow + ").");
+      e.status = 405;
+      e.code = "method_not_allowed";
+      res.status = 405;
+      res.set_header("Allow", allow);
+    } else if (res.status == 404) {
       e = api_error_not_found("Unknown route: " + req.method + " " + req.path +
-                              " (see /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics).");
+                              " (see /v1/chat/completions, /v1/completions, /v1/messages, /v1/models, /tokenize, "
+                              "/detokenize, /props, /health, /metrics).");
     } else if (res.status == 413) {
       e = api_error_too_large(s.options.max_body_bytes);
     } else if (res.status >= 500) {
@@ -328,7 +384,7 @@ void HttpServer::install_routes() {
       e.status = res.status;
     }
     const int status = res.status;
-    respond_error(res, e);
+    respond_error_on(req.path, res, e);
     res.status = status;
     return httplib::Server::HandlerResponse::Handled;
   }));
@@ -341,7 +397,7 @@ void HttpServer::install_routes() {
     } catch (...) {
     }
     std::fprintf(stderr, "tern serve: internal error in %s %s: %s\n", req.method.c_str(), req.path.c_str(), what.c_str());
-    respond_error(res, api_error_internal("internal error: " + what));
+    respond_error_on(req.path, res, api_error_internal("internal error: " + what));
   });
   h.set_logger([&s](const httplib::Request& req, const httplib::Response& res) {
     RequestLog& log = request_log();

@@ -54,6 +54,10 @@ struct ServerOptions {
 // The loaded model, as the handlers use it. Everything must outlive the server.
 struct ServerModel {
   std::string model_id;                  // GET /v1/models id; requests naming another model get 404
+  std::vector<std::string> aliases;      // tern serve --alias: also accepted as the model's name, listed too
+  std::string model_path;                // the folder it was loaded from ("" for the demo)
+  bool random_weights = false;           // the demo model or synthetic weights: its output is meaningless
+  std::string build_info;                // GET /props: tern's version and the backend it runs on
   const Tokenizer* tokenizer = nullptr;
   const ChatTemplate* chat_template = nullptr;
   Generator* generator = nullptr;        // used only by the engine loop's thread

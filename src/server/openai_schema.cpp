@@ -1,104 +1,34 @@
 #include "server/openai_schema.h"
 
 #include <cmath>
-#include <cstdio>
 #include <limits>
+
+#include "core/check.h"
+#include "server/request_fields.h"
 
 namespace tern::server {
 
 namespace {
 
-// Thrown inside this file only; parse_*_request turn it into a returned ApiError.
-struct BadRequest {
-  ApiError error;
-};
-
-[[noreturn]] void bad(const std::string& param, const std::string& message) {
-  throw BadRequest{api_error_invalid(param, message)};
-}
-
-std::string type_name(const Json& v) {
-  switch (v.type()) {
-    case Json::value_t::null: return "null";
-    case Json::value_t::boolean: return "a boolean";
-    case Json::value_t::string: return "a string";
-    case Json::value_t::array: return "an array";
-    case Json::value_t::object: return "an object";
-    case Json::value_t::number_float: return "a number";
-    default: return "an integer";
-  }
-}
-
-std::string number_text(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", v);
-  return buf;
-}
-
-// Field access: a missing field and an explicit null both mean "not given".
-const Json* field(const Json& object, const char* key) {
-  auto it = object.find(key);
-  if (it == object.end() || it->is_null()) return nullptr;
-  return &*it;
-}
-
-std::optional<double> get_number(const Json& o, const char* key, double lo, double hi, bool lo_open = false) {
-  const Json* v = field(o, key);
-  if (!v) return std::nullopt;
-  if (!v->is_number()) bad(key, std::string("'") + key + "' must be a number, got " + type_name(*v) + ".");
-  const double x = v->get<double>();
-  const bool below = lo_open ? !(x > lo) : !(x >= lo);
-  if (!std::isfinite(x) || below || !(x <= hi))
-    bad(key, std::string("'") + key + "' must be a number in " + (lo_open ? "(" : "[") + number_text(lo) + ", " +
-                 number_text(hi) + "], got " + v->dump() + ".");
-  return x;
-}
-
-std::optional<int64_t> get_integer(const Json& o, const char* key, int64_t lo, int64_t hi) {
-  const Json* v = field(o, key);
-  if (!v) return std::nullopt;
-  const std::string range = "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
-  if (v->is_number_unsigned()) {
-    const uint64_t u = v->get<uint64_t>();
-    if (u > uint64_t(hi) || (lo > 0 && u < uint64_t(lo))) bad(key, std::string("'") + key + "' must be an integer in " + range + ", got " + v->dump() + ".");
-    return int64_t(u);
-  }
-  if (v->is_number_integer()) {
-    const int64_t x = v->get<int64_t>();
-    if (x < lo || x > hi) bad(key, std::string("'") + key + "' must be an integer in " + range + ", got " + v->dump() + ".");
-    return x;
-  }
-  bad(key, std::string("'") + key + "' must be an integer in " + range + ", got " + type_name(*v) +
-               (v->is_number() ? " " + v->dump() : "") + ".");
-}
+using namespace request_fields;  // bad(), field(), get_integer(), ... shared with anthropic_schema.cpp
 
 std::optional<bool> get_bool(const Json& o, const char* key) {
   const Json* v = field(o, key);
   if (!v) return std::nullopt;
-  if (!v->is_boolean()) bad(key, std::string("'") + key + "' must be a boolean, got " + type_name(*v) + ".");
+  if (!v->is_boolean()) bad(key, std::string("'") + key + "' must be a boolean, got " + json_kind(*v) + ".");
   return v->get<bool>();
 }
 
 std::optional<std::string> get_string(const Json& o, const char* key) {
   const Json* v = field(o, key);
   if (!v) return std::nullopt;
-  if (!v->is_string()) bad(key, std::string("'") + key + "' must be a string, got " + type_name(*v) + ".");
+  if (!v->is_string()) bad(key, std::string("'") + key + "' must be a string, got " + json_kind(*v) + ".");
   return v->get<std::string>();
-}
-
-Json parse_body(std::string_view body, const ParseOptions& options) {
-  if (json_nesting_depth(body, options.max_json_depth) > options.max_json_depth)
-    bad("", "The request body nests JSON deeper than " + std::to_string(options.max_json_depth) + " levels.");
-  Json j = Json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded())
-    bad("", "The request body is not valid JSON (or holds invalid UTF-8); send one JSON object.");
-  if (!j.is_object()) bad("", "The request body must be a JSON object, got " + type_name(j) + ".");
-  return j;
 }
 
 void check_model(const Json& j, const ParseOptions& options, std::string& model) {
   model = get_string(j, "model").value_or(options.model_id);
-  if (!model.empty() && !options.model_id.empty() && model != options.model_id)
+  if (!model_name_served(options, model))
     throw BadRequest{api_error_not_found_model(model, options.model_id)};
   model = options.model_id;
 }
@@ -111,7 +41,7 @@ void check_n(const Json& j) {
 void parse_stream(const Json& j, bool& stream, bool& include_usage) {
   stream = get_bool(j, "stream").value_or(false);
   if (const Json* so = field(j, "stream_options")) {
-    if (!so->is_object()) bad("stream_options", "'stream_options' must be an object, got " + type_name(*so) + ".");
+    if (!so->is_object()) bad("stream_options", "'stream_options' must be an object, got " + json_kind(*so) + ".");
     auto it = so->find("include_usage");
     if (it != so->end() && !it->is_null()) {
       if (!it->is_boolean()) bad("stream_options.include_usage", "'stream_options.include_usage' must be a boolean.");
@@ -131,7 +61,7 @@ void parse_sampling(const Json& j, const ParseOptions& options, SamplingOverride
   if (const Json* v = field(j, "seed")) {
     if (v->is_number_unsigned()) s.seed = v->get<uint64_t>();
     else if (v->is_number_integer()) s.seed = uint64_t(v->get<int64_t>());
-    else bad("seed", "'seed' must be an integer, got " + type_name(*v) + (v->is_number() ? " " + v->dump() : "") + ".");
+    else bad("seed", "'seed' must be an integer, got " + json_kind(*v) + (v->is_number() ? " " + v->dump() : "") + ".");
   }
   if (const Json* v = field(j, "logit_bias")) {
     if (!v->is_object()) bad("logit_bias", "'logit_bias' must be an object mapping token ids to numbers in [-100, 100].");
@@ -157,10 +87,10 @@ std::vector<std::string> parse_stop(const Json& j) {
     if (!v->get<std::string>().empty()) out.push_back(v->get<std::string>());
     return out;
   }
-  if (!v->is_array()) bad("stop", "'stop' must be a string or an array of up to 4 strings, got " + type_name(*v) + ".");
+  if (!v->is_array()) bad("stop", "'stop' must be a string or an array of up to 4 strings, got " + json_kind(*v) + ".");
   if (v->size() > 4) bad("stop", "'stop' may hold at most 4 strings, got " + std::to_string(v->size()) + ".");
   for (const Json& s : *v) {
-    if (!s.is_string()) bad("stop", "'stop' must be a string or an array of up to 4 strings; an entry is " + type_name(s) + ".");
+    if (!s.is_string()) bad("stop", "'stop' must be a string or an array of up to 4 strings; an entry is " + json_kind(s) + ".");
     if (!s.get<std::string>().empty()) out.push_back(s.get<std::string>());
   }
   return out;
@@ -179,7 +109,7 @@ std::optional<std::string> parse_forced_output(const Json& j, const ParseOptions
 std::optional<std::string> parse_content(const Json& content, const std::string& param) {
   if (content.is_null()) return std::nullopt;
   if (content.is_string()) return content.get<std::string>();
-  if (!content.is_array()) bad(param, "'" + param + "' must be a string or an array of text parts, got " + type_name(content) + ".");
+  if (!content.is_array()) bad(param, "'" + param + "' must be a string or an array of text parts, got " + json_kind(content) + ".");
   std::string text;
   for (size_t i = 0; i < content.size(); ++i) {
     const Json& part = content[i];
@@ -198,7 +128,7 @@ std::optional<std::string> parse_content(const Json& content, const std::string&
 }
 
 Json parse_tool_calls(const Json& calls, const std::string& param) {
-  if (!calls.is_array()) bad(param, "'" + param + "' must be an array, got " + type_name(calls) + ".");
+  if (!calls.is_array()) bad(param, "'" + param + "' must be an array, got " + json_kind(calls) + ".");
   Json out = Json::array();
   for (size_t i = 0; i < calls.size(); ++i) {
     const std::string p = param + "[" + std::to_string(i) + "]";
@@ -284,10 +214,8 @@ Json parse_messages(const Json& j) {
 }
 
 Json parse_tools(const Json& j) {
-  const Json* tools = field(j, "tools");
+  const Json* tools = tools_field(j, "'tools' must be an array of {\"type\": \"function\", \"function\": {...}} objects.");
   if (!tools) return Json::array();
-  if (!tools->is_array()) bad("tools", "'tools' must be an array of {\"type\": \"function\", \"function\": {...}} objects.");
-  if (tools->size() > 1024) bad("tools", "'tools' may hold at most 1024 tools.");
   for (size_t i = 0; i < tools->size(); ++i) {
     const std::string p = "tools[" + std::to_string(i) + "]";
     const Json& t = (*tools)[i];
@@ -324,33 +252,91 @@ void parse_tool_choice(const Json& j, ChatRequest& r) {
       r.tool_choice = ToolChoice::tool_choice_named;
       r.tool_choice_name = name->get<std::string>();
     } else {
-      bad("tool_choice", "'tool_choice' must be a string or an object, got " + type_name(*v) + ".");
+      bad("tool_choice", "'tool_choice' must be a string or an object, got " + json_kind(*v) + ".");
     }
   }
-  if (r.tool_choice != ToolChoice::tool_choice_none && r.tool_choice != ToolChoice::tool_choice_auto && r.tools.empty())
-    bad("tool_choice", "'tool_choice' asks for a tool call but 'tools' is empty.");
-  if (r.tool_choice == ToolChoice::tool_choice_none) {
-    r.tools = Json::array();
-  } else if (r.tool_choice == ToolChoice::tool_choice_named) {
-    Json kept = Json::array();
-    for (const Json& t : r.tools)
-      if (t["function"]["name"] == r.tool_choice_name) kept.push_back(t);
-    if (kept.empty()) bad("tool_choice", "'tool_choice' names the function '" + r.tool_choice_name + "', which is not in 'tools'.");
-    r.tools = std::move(kept);
-  }
+  keep_chosen_tools(r, "tool_choice", "'tool_choice' names the function '" + r.tool_choice_name + "', which is not in 'tools'.");
   r.parallel_tool_calls = get_bool(j, "parallel_tool_calls").value_or(true);
 }
 
-void parse_response_format(const Json& j) {
+// A schema the grammar compiler refused: 400 naming the keyword, with `param` the request field it came from.
+[[noreturn]] void bad_schema(const std::string& param, const std::string& where, const grammar::SchemaError& e) {
+  std::string message = "'" + where + "' cannot be used as an output constraint: " + e.what();
+  if (!e.keyword().empty() && message.find(e.keyword()) == std::string::npos)
+    message += " (keyword '" + e.keyword() + "')";
+  bad(param, message);
+}
+
+void parse_response_format(const Json& j, ChatRequest& r) {
   const Json* v = field(j, "response_format");
   if (!v) return;
   if (!v->is_object() || !v->contains("type") || !(*v)["type"].is_string())
-    bad("response_format", "'response_format' must be an object like {\"type\": \"text\"}.");
+    bad("response_format", "'response_format' must be an object like {\"type\": \"text\"}, {\"type\": \"json_object\"} "
+                           "or {\"type\": \"json_schema\", \"json_schema\": {\"name\": ..., \"schema\": {...}}}.");
   const std::string type = (*v)["type"].get<std::string>();
   if (type == "text") return;
-  if (type == "json_object" || type == "json_schema")
-    bad("response_format", "'response_format' of type '" + type + "' is not supported yet by this server; only {\"type\": \"text\"}.");
-  bad("response_format", "'response_format.type' must be \"text\" (json_object and json_schema are not supported yet), got '" + type + "'.");
+  if (type == "json_object") {
+    r.response_format = ResponseFormat::json_object;
+    return;
+  }
+  if (type != "json_schema")
+    bad("response_format", "'response_format.type' must be \"text\", \"json_object\" or \"json_schema\", got '" + type + "'.");
+  r.response_format = ResponseFormat::json_schema;
+  auto js = v->find("json_schema");
+  if (js == v->end() || !js->is_object())
+    bad("response_format", "'response_format.json_schema' must be an object with 'name' and 'schema'.");
+  auto name = js->find("name");
+  if (name != js->end() && !name->is_null()) {
+    if (!name->is_string() || name->get<std::string>().empty() || name->get<std::string>().size() > 64)
+      bad("response_format", "'response_format.json_schema.name' must be a non-empty string of at most 64 characters.");
+    r.response_schema_name = name->get<std::string>();
+  }
+  auto strict = js->find("strict");
+  if (strict != js->end() && !strict->is_null() && !strict->is_boolean())
+    bad("response_format", "'response_format.json_schema.strict' must be a boolean.");
+  auto schema = js->find("schema");
+  if (schema == js->end() || schema->is_null())
+    bad("response_format", "'response_format.json_schema.schema' is required: a JSON Schema object.");
+  if (!schema->is_object() && !schema->is_boolean())
+    bad("response_format", "'response_format.json_schema.schema' must be a JSON Schema object, got " + json_kind(*schema) + ".");
+}
+
+// The output constraint of the request (see ChatRequest::grammar). Run after the tools, tool_choice and
+// response_format are parsed.
+void compile_constraint(ChatRequest& r, const Json& j) {
+  const bool forced_call =
+      r.tool_choice == ToolChoice::tool_choice_required || r.tool_choice == ToolChoice::tool_choice_named;
+  if (forced_call) {
+    std::vector<grammar::ToolSpec> specs;
+    for (const Json& t : r.tools) {
+      const Json& fn = t["function"];
+      auto params = fn.find("parameters");
+      const bool has = params != fn.end() && !params->is_null();
+      // ordered_parameters: the properties are generated in the schema's order (nlohmann::json sorts keys)
+      specs.push_back({fn["name"].get<std::string>(), has ? nlohmann::json(*params) : nlohmann::json::object(),
+                       has ? Json(*params) : Json::object()});
+    }
+    try {
+      r.grammar = grammar::compile_tool_calls(specs, r.parallel_tool_calls);
+    } catch (const grammar::SchemaError& e) {
+      bad_schema("tools", "tools[].function.parameters", e);
+    } catch (const Error& e) {
+      bad("tools", "'tools' cannot be used to force a tool call: " + strip_error_location(e.what()));
+    }
+    return;
+  }
+  if (r.response_format == ResponseFormat::text) return;
+  try {
+    if (r.response_format == ResponseFormat::json_object) {
+      r.grammar = grammar::compile_json_object();
+    } else {
+      r.grammar = grammar::compile_json_schema(j["response_format"]["json_schema"]["schema"]);  // ordered: schema order
+    }
+  } catch (const grammar::SchemaError& e) {
+    bad_schema("response_format", "response_format.json_schema.schema", e);
+  } catch (const Error& e) {
+    bad("response_format", "'response_format' cannot be used as an output constraint: " + strip_error_location(e.what()));
+  }
 }
 
 void parse_template_kwargs(const Json& j, ChatRequest& r) {
@@ -375,6 +361,13 @@ void parse_template_kwargs(const Json& j, ChatRequest& r) {
 
 }  // namespace
 
+bool model_name_served(const ParseOptions& options, const std::string& name) {
+  if (name.empty() || options.model_id.empty() || name == options.model_id) return true;
+  for (const std::string& alias : options.model_aliases)
+    if (name == alias) return true;
+  return false;
+}
+
 int json_nesting_depth(std::string_view text, int limit) {
   int depth = 0, max_depth = 0;
   bool in_string = false, escaped = false;
@@ -394,7 +387,7 @@ int json_nesting_depth(std::string_view text, int limit) {
 }
 
 std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, const ParseOptions& options) {
-  try {
+  return request_fields::parse_or_error<ChatRequest>([&] {
     const Json j = parse_body(body, options);
     ChatRequest r;
     check_model(j, options, r.model);
@@ -413,19 +406,16 @@ std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, co
       if (!r.logprobs && *top > 0) bad("top_logprobs", "'top_logprobs' needs 'logprobs': true.");
       r.top_logprobs = int(*top);
     }
-    parse_response_format(j);
+    parse_response_format(j, r);
     parse_template_kwargs(j, r);
     r.forced_output = parse_forced_output(j, options);
+    compile_constraint(r, j);
     return r;
-  } catch (const BadRequest& e) {
-    return e.error;
-  } catch (const std::exception& e) {  // a JSON access this file did not foresee: still the client's body
-    return api_error_invalid("", std::string("The request body could not be read: ") + e.what());
-  }
+  });
 }
 
 std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_view body, const ParseOptions& options) {
-  try {
+  return request_fields::parse_or_error<CompletionRequest>([&] {
     const Json j = parse_body(body, options);
     CompletionRequest r;
     check_model(j, options, r.model);
@@ -448,7 +438,7 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
       }
       r.prompt_is_ids = true;
     } else {
-      bad("prompt", "'prompt' must be a string or an array of token ids (one prompt per request), got " + type_name(*p) + ".");
+      bad("prompt", "'prompt' must be a string or an array of token ids (one prompt per request), got " + json_kind(*p) + ".");
     }
     parse_stream(j, r.stream, r.include_usage);
     r.max_tokens = get_integer(j, "max_tokens", 1, std::numeric_limits<int32_t>::max()).value_or(16);
@@ -458,11 +448,7 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
     r.echo = get_bool(j, "echo").value_or(false);
     r.forced_output = parse_forced_output(j, options);
     return r;
-  } catch (const BadRequest& e) {
-    return e.error;
-  } catch (const std::exception& e) {
-    return api_error_invalid("", std::string("The request body could not be read: ") + e.what());
-  }
+  });
 }
 
 }  // namespace tern::server

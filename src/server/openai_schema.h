@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "grammar/grammar.h"
 #include "server/errors.h"
 
 namespace tern::server {
@@ -30,6 +31,7 @@ struct SamplingOverrides {
 };
 
 enum class ToolChoice { tool_choice_auto, tool_choice_none, tool_choice_required, tool_choice_named };
+enum class ResponseFormat { text, json_object, json_schema };
 
 struct ChatRequest {
   std::string model;
@@ -48,6 +50,13 @@ struct ChatRequest {
   int top_logprobs = 0;            // 0..20, only with logprobs
   Json chat_template_kwargs = Json::object();  // enable_thinking, preserve_thinking, ... (reasoning_effort folded in)
   std::optional<std::string> forced_output;    // tern_debug_forced_output (only when the server allows it)
+  ResponseFormat response_format = ResponseFormat::text;
+  std::string response_schema_name;            // json_schema: json_schema.name
+  // The output constraint (src/grammar), compiled while parsing: tool_choice required or named -> the tool-call
+  // grammar of the shown tools (exactly one call with parallel_tool_calls false); else response_format
+  // json_object / json_schema -> one JSON value. Null: free text. A forced tool call takes precedence over
+  // response_format (the turn's output is then the call).
+  grammar::GrammarPtr grammar;
 };
 
 struct CompletionRequest {
@@ -66,7 +75,8 @@ struct CompletionRequest {
 };
 
 struct ParseOptions {
-  std::string model_id;                // requests naming another model get 404
+  std::string model_id;                // requests naming another model (not an alias either) get 404
+  std::vector<std::string> model_aliases;  // tern serve --alias: other names accepted for the model
   int64_t vocab_size = 0;              // token ids (logit_bias, prompt ids) must be below it
   bool allow_forced_output = false;    // --debug-allow-forced-output
   int max_json_depth = 64;             // deeper bodies are refused before parsing
@@ -74,6 +84,9 @@ struct ParseOptions {
 
 std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, const ParseOptions& options);
 std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_view body, const ParseOptions& options);
+
+// True when a request's "model" names the served model: its id or one of its aliases (or either is empty).
+bool model_name_served(const ParseOptions& options, const std::string& name);
 
 // Nesting depth of a JSON text ([ and { outside strings); stops counting past `limit` (returns limit + 1).
 int json_nesting_depth(std::string_view text, int limit);

@@ -5,7 +5,10 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <optional>
+#include <regex>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include <httplib.h>
@@ -27,6 +30,11 @@ struct HttpServer::State {
   size_t max_token_bytes = 1;           // the longest token (bytes): prompts over context x this cannot fit
   std::vector<std::string> special_tokens;  // texts of the special tokens (escaped in chat content)
   std::unique_ptr<EngineLoop> engine;
+  struct Route {
+    std::regex pattern;
+    std::string method;
+  };
+  std::vector<Route> routes;            // every registered route (a known path asked with another method: 405)
 };
 using ServerState = HttpServer::State;
 
@@ -45,5 +53,38 @@ void respond_json(httplib::Response& res, const Json& body, int status = 200);
 
 void handle_chat_completions(ServerState& state, const httplib::Request& req, httplib::Response& res);
 void handle_completions(ServerState& state, const httplib::Request& req, httplib::Response& res);
+
+// Shared by the generation routes of both APIs (defined in generation_handlers.cpp).
+// True once the model is loaded; until then false, with a 503 "model_loading" (Retry-After: 5) written by
+// `respond` (the route's API shapes the error: respond_error, respond_anthropic_error).
+bool model_ready(const ServerState& state, httplib::Response& res,
+                 void (*respond)(httplib::Response&, const ApiError&) = respond_error);
+ParseOptions parse_options(const ServerState& state);
+// generation_config defaults, overridden by the request; a 400 naming the value when out of range.
+std::variant<SamplingParams, ApiError> sampling_params(const ServerState& state, const SamplingOverrides& overrides,
+                                                       int top_logprobs);
+// Before tokenizing: a prompt longer than context x the longest token's bytes cannot fit, whatever its tokens.
+std::optional<ApiError> check_prompt_bytes(const ServerState& state, size_t bytes, const char* param);
+// The prompt must leave room for at least one generated token.
+std::optional<ApiError> check_context(const ServerState& state, size_t prompt_tokens, int64_t max_tokens);
+// Queues the task and answers with an Anthropic message or its event stream (cancelled when the client leaves).
+class AnthropicOutput;
+void serve_anthropic_messages(ServerState& state, const httplib::Request& req, httplib::Response& res,
+                              std::shared_ptr<GenerationTask> task, std::unique_ptr<AnthropicOutput> output,
+                              bool stream);
+
+// Anthropic Messages (anthropic_handlers.cpp): POST /v1/messages and /v1/messages/count_tokens.
+void handle_anthropic_messages(ServerState& state, const httplib::Request& req, httplib::Response& res);
+void handle_anthropic_count_tokens(ServerState& state, const httplib::Request& req, httplib::Response& res);
+
+// Utility routes (util_handlers.cpp): POST /tokenize, POST /detokenize, GET /props.
+void handle_tokenize(ServerState& state, const httplib::Request& req, httplib::Response& res);
+void handle_detokenize(ServerState& state, const httplib::Request& req, httplib::Response& res);
+void handle_props(ServerState& state, const httplib::Request& req, httplib::Response& res);
+
+// Where the prefix cache should also snapshot a chat prompt: where its generation prompt starts (the last
+// <|im_start|>). The next turn renders this turn's reply as history, which may differ from what was generated
+// (thinking dropped), but everything before that point stays the same.
+std::vector<int64_t> chat_prompt_checkpoints(const std::vector<int32_t>& prompt, const Tokenizer& tokenizer);
 
 }  // namespace tern::server

@@ -12,6 +12,7 @@
 #include "cpu/ops_matmul.h"
 #include "cpu/ops_norm.h"
 #include "cuda/qmv.cuh"
+#include "cuda/qmv_dp4a.cuh"
 #include "core/bf16.h"
 #include "cuda_test_util.h"
 
@@ -297,7 +298,7 @@ TEST(CudaQmv, Variant2MatchesVariant1Bitwise) {
   const QmvCase cases[] = {
       {WeightFormat::affine4, 1, 12352, 2048, 0}, {WeightFormat::affine4, 1, 2048, 4096, 0},
       {WeightFormat::affine4, 1, 100, 2048, 0},   {WeightFormat::affine4, 1, 1, 2048, 0},
-      {WeightFormat::affine4, 4, 520, 2048, 3},
+      {WeightFormat::affine4, 4, 520, 2048, 3},   {WeightFormat::affine4, 1, 1000, 256, 0},
   };
   const int v0 = qmv_variant();
   for (const QmvCase& c : cases) {
@@ -362,6 +363,97 @@ TEST(CudaQmv, ModelShapesMatchCpu) {
     a.ldy = rows;
     qmv(a, nullptr);
     expect_close(dy.host(), ref, 2e-5f * rms_of(ref), 1e-5f, "qmv 4-bit " + std::to_string(rows) + "x2048 norm");
+  }
+  qmv_set_variant(v0);
+}
+
+
+// The one-token integer path (qmv_dp4a.cuh, variant 3) against a double twin that quantises the activations exactly
+// as the kernel does (per group of 64: m = max|x̂|, v = rint(x̂·(32639/m)) in fp32, x' = v·m/32639), so only the
+// kernel's fp32 sums differ (tolerance 2e-6 of the row magnitude; a wrong nibble, group or scale is ~1e-2 of it), and
+// against the fp32 CPU matmul on the unquantised activations (its quantisation error, ≤ m/65278 per element, bounded
+// per row by 6·sqrt(Σ_c W²·(m_g/65278)²/3), plus 1e-5 of the magnitude). Shapes of the model (the fused GDN
+// in_proj, o_proj with 4096 columns, a LM-head-like slice), an odd row count, an expert > 0, every mode.
+TEST(CudaQmv, OneTokenIntegerPathMatchesTwin) {
+  TERN_REQUIRE_GPU();
+  std::mt19937_64 rng(fresh_seed("CudaQmv.Dp4a"));
+  const QmvCase cases[] = {
+      {WeightFormat::affine4, 1, 12352, 2048, 0}, {WeightFormat::affine4, 1, 2048, 4096, 0},
+      {WeightFormat::affine4, 1, 1001, 1024, 0},  {WeightFormat::affine4, 3, 517, 2048, 2},
+  };
+  const int v0 = qmv_variant();
+  qmv_set_variant(3);
+  for (const QmvCase& c : cases) {
+    auto h = random_matrix(rng, c.f, c.experts, c.rows, c.cols);
+    DeviceMatrix dm(*h);
+    const Matrix we = c.experts > 1 ? h->m.expert(c.expert) : h->m;
+    const auto nw = random_floats(rng, size_t(c.cols), 0.5f, 1.5f);
+    auto x = random_floats(rng, size_t(c.cols), -2.0f, 2.0f);
+    x[size_t(rng() % uint64_t(c.cols))] = 300.0f;  // an outlier: its group's step grows, the others' do not
+    DeviceBuf<float> dx(x), dnw(nw);
+    for (int mode = 0; mode < 4; ++mode) {
+      const bool norm = mode & 1, acc = mode & 2;
+      QmvArgs a;
+      a.w = dm.d;
+      a.expert = c.expert;
+      a.x = dx.p;
+      a.ldx = c.cols;
+      a.norm_w = norm ? dnw.p : nullptr;
+      a.y = nullptr;
+      a.ldy = c.rows;
+      a.accumulate = acc;
+      // x̂ as the kernel forms it, the factor, the quantised activations.
+      std::vector<float> xh(x), xq(x.size());
+      double ssd = 0;
+      for (int64_t k = 0; k < c.cols; ++k) {
+        ssd += double(x[size_t(k)]) * x[size_t(k)];
+        if (norm) xh[size_t(k)] = x[size_t(k)] * nw[size_t(k)];
+      }
+      const double rinv = norm ? 1.0 / std::sqrt(ssd / double(c.cols) + 1e-6) : 1.0;
+      std::vector<float> step(static_cast<size_t>(c.cols / 64));
+      for (int64_t g = 0; g < c.cols / 64; ++g) {
+        float m = 0.0f;
+        for (int k = 0; k < 64; ++k) m = std::max(m, std::fabs(xh[size_t(g * 64 + k)]));
+        const float inv = m > 0.0f ? 32639.0f / m : 0.0f, sig = m / 32639.0f;
+        step[size_t(g)] = sig;
+        for (int k = 0; k < 64; ++k) {
+          const float q = std::nearbyint(xh[size_t(g * 64 + k)] * inv);
+          xq[size_t(g * 64 + k)] = float(double(q) * double(sig));
+        }
+      }
+      const std::vector<float> twin = matmul_double(we, xq, 1), exact = matmul_double(we, xh, 1);
+      const std::vector<float> mag = row_magnitudes(we, xh, 1);
+      std::vector<float> qtol(static_cast<size_t>(c.rows)), row(static_cast<size_t>(c.cols));
+      for (int64_t r = 0; r < c.rows; ++r) {
+        matrix_row_to_f32(we, r, row.data());
+        double e2 = 0;
+        for (int64_t k = 0; k < c.cols; ++k) {
+          const double d = double(row[size_t(k)]) * step[size_t(k / 64)] / 2.0;
+          e2 += d * d / 3.0;
+        }
+        qtol[size_t(r)] = float(6.0 * std::sqrt(e2) * rinv);
+      }
+      const auto y0 = random_floats(rng, size_t(c.rows), -1.0f, 1.0f);
+      DeviceBuf<float> dy(y0);
+      a.y = dy.p;
+      ASSERT_TRUE(qmv_dp4a_supported(a)) << c.rows << "x" << c.cols;
+      qmv(a, nullptr);
+      const auto got = dy.host();
+      std::vector<float> want_twin(static_cast<size_t>(c.rows)), want_exact(static_cast<size_t>(c.rows)),
+          tol_twin(static_cast<size_t>(c.rows)), tol_exact(static_cast<size_t>(c.rows));
+      const float m = float(mag[0] * rinv);
+      for (int64_t r = 0; r < c.rows; ++r) {
+        const float base = acc ? y0[size_t(r)] : 0.0f;
+        want_twin[size_t(r)] = base + float(double(twin[size_t(r)]) * rinv);
+        want_exact[size_t(r)] = base + float(double(exact[size_t(r)]) * rinv);
+        tol_twin[size_t(r)] = 2e-6f * m + 1e-6f;
+        tol_exact[size_t(r)] = qtol[size_t(r)] + 1e-5f * m + 1e-6f;
+      }
+      const std::string what = "dp4a " + std::to_string(c.rows) + "x" + std::to_string(c.cols) + " expert " +
+                               std::to_string(c.expert) + " mode " + std::to_string(mode);
+      expect_close_each(got, want_twin, tol_twin, 1e-6f, what + " (quantised twin)");
+      expect_close_each(got, want_exact, tol_exact, 1e-6f, what + " (unquantised)");
+    }
   }
   qmv_set_variant(v0);
 }

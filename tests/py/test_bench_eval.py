@@ -52,9 +52,9 @@ def test_bench_demo_cpu(tern_bin, tmp_path):
 
 def test_bench_rejects_bad_flags(tern_bin):
     r = run([tern_bin, "bench", "--demo", "--device", "cpu", "--lengths", "16,abc"], check=False)
-    assert r.returncode == 1 and "--lengths" in r.stderr, r.stderr
+    assert r.returncode == 2 and "--lengths" in r.stderr, r.stderr  # usage errors exit 2
     r = run([tern_bin, "bench", "--demo", "--synthetic", "--lengths", "16"], check=False)
-    assert r.returncode == 1 and "exactly one" in r.stderr, r.stderr
+    assert r.returncode == 2 and "exactly one" in r.stderr, r.stderr
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,8 @@ The conversations' texts are drawn from a fresh seed each run (printed; TERN_TES
 import random
 
 import openai
-import pytest
 
-from test_server_helpers import Server, metrics
+from test_server_helpers import demo_server_fixture, metrics
 
 MODEL = "tern-demo-random-weights"
 EOS_BAN = {"151645": -100, "151643": -100}  # <|im_end|>, <|endoftext|>: every reply has max_tokens tokens
@@ -29,25 +28,9 @@ def make_client(server):
     return openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0, timeout=120)
 
 
-@pytest.fixture(scope="module")
-def cached(tern_bin):
-    s = Server(tern_bin, "--ctx-size", "2048")
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def fresh(tern_bin):
-    s = Server(tern_bin, "--ctx-size", "2048", "--no-prefix-cache")
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def host_only(tern_bin):
-    s = Server(tern_bin, "--ctx-size", "2048", "--cache-gpu-mb", "0")
-    yield s
-    s.stop()
+cached = demo_server_fixture("--ctx-size", "2048")
+fresh = demo_server_fixture("--ctx-size", "2048", "--no-prefix-cache")
+host_only = demo_server_fixture("--ctx-size", "2048", "--cache-gpu-mb", "0")
 
 
 def ask(client, messages, max_tokens=8, stream=False):

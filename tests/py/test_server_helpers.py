@@ -10,6 +10,8 @@ import subprocess
 import tempfile
 import time
 
+import pytest
+
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 180  # the demo model builds in well under a second; CI machines are slow and shared
 
@@ -23,10 +25,11 @@ def free_port() -> int:
 class Server:
     """A running `tern serve` process; stop() ends it (SIGTERM, then SIGKILL after a bound)."""
 
-    def __init__(self, tern_bin: str, *args: str):
+    def __init__(self, tern_bin: str, *args: str, demo: bool = True):
+        """demo=False: no --demo (args then name the model with -m DIR)."""
         self.port = free_port()
         self.log = tempfile.NamedTemporaryFile(prefix="tern-serve-", suffix=".log", delete=False)
-        cmd = [tern_bin, "serve", "--demo", "--host", HOST, "--port", str(self.port), *args]
+        cmd = [tern_bin, "serve", *(["--demo"] if demo else []), "--host", HOST, "--port", str(self.port), *args]
         env = dict(os.environ)
         env.setdefault("TERN_THREADS", "2")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
@@ -70,6 +73,19 @@ class Server:
                 self.proc.kill()
                 self.proc.wait(timeout=30)
         self.log.close()
+
+
+def demo_server_fixture(*args: str):
+    """A module-scoped fixture: one `tern serve --demo *args` for the tests of a file, stopped after them. Assign it
+    to the fixture's name: `server = demo_server_fixture("--ctx-size", "512")`."""
+
+    @pytest.fixture(scope="module")
+    def demo_server(tern_bin):
+        s = Server(tern_bin, *args)
+        yield s
+        s.stop()
+
+    return demo_server
 
 
 def request(method, port, path, body=None, headers=None, timeout=60):

@@ -84,7 +84,7 @@ TEST(OpenaiSchema, BadValuesNameTheParameter) {
       {R"("stop":5)", "stop"},                        {R"("logit_bias":{"abc":1})", "logit_bias"},
       {R"("logit_bias":{"5000":1})", "logit_bias"},   {R"("logit_bias":{"5":101})", "logit_bias"},
       {R"("seed":1.5)", "seed"},                      {R"("stream":"yes")", "stream"},
-      {R"("response_format":{"type":"json_object"})", "response_format"},
+      {R"("response_format":{"type":"xml"})", "response_format"},
       {R"("response_format":{"type":"json_schema","json_schema":{}})", "response_format"},
       {R"("tool_choice":"maybe")", "tool_choice"},    {R"("tool_choice":"required")", "tool_choice"},
       {R"("tools":{"a":1})", "tools"},                {R"("tools":[{"type":"function"}])", "tools[0].function"},
@@ -98,6 +98,51 @@ TEST(OpenaiSchema, BadValuesNameTheParameter) {
     EXPECT_EQ(e.status, 400) << c.fields;
     EXPECT_EQ(e.param, c.param) << c.fields << " -> " << e.message;
     EXPECT_FALSE(e.message.empty());
+  }
+}
+
+// ---- structured output (issue 14): response_format and forced tool calls become a grammar ----
+TEST(OpenaiSchema, ResponseFormatAndForcedToolCallsCompileAGrammar) {
+  EXPECT_EQ(chat_ok("{" + kUser + R"(,"response_format":{"type":"text"}})").grammar, nullptr);
+  ChatRequest o = chat_ok("{" + kUser + R"(,"response_format":{"type":"json_object"}})");
+  EXPECT_EQ(o.response_format, ResponseFormat::json_object);
+  EXPECT_NE(o.grammar, nullptr);
+  ChatRequest s = chat_ok("{" + kUser + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"n",
+      "strict":true,"schema":{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]}}}})");
+  EXPECT_EQ(s.response_format, ResponseFormat::json_schema);
+  EXPECT_EQ(s.response_schema_name, "n");
+  EXPECT_NE(s.grammar, nullptr);
+  const std::string tools = R"("tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object",
+      "properties":{"x":{"type":"string"}},"required":["x"]}}},{"type":"function","function":{"name":"g"}}])";
+  EXPECT_EQ(chat_ok("{" + kUser + "," + tools + "}").grammar, nullptr);  // auto: free
+  EXPECT_NE(chat_ok("{" + kUser + "," + tools + R"(,"tool_choice":"required"})").grammar, nullptr);
+  ChatRequest named = chat_ok("{" + kUser + "," + tools + R"(,"tool_choice":{"type":"function","function":{"name":"g"}},
+      "parallel_tool_calls":false})");
+  EXPECT_NE(named.grammar, nullptr);
+  EXPECT_EQ(named.tools.size(), 1u);
+  EXPECT_FALSE(named.parallel_tool_calls);
+}
+
+TEST(OpenaiSchema, RefusedSchemasNameTheKeyword) {
+  struct Case {
+    std::string fields, param, keyword;
+  } cases[] = {
+      {R"("response_format":{"type":"json_schema","json_schema":{"name":"n","schema":{"type":"strin"}}})",
+       "response_format", "type"},
+      {R"("response_format":{"type":"json_schema","json_schema":{"name":"n","schema":{"type":"string","pattern":"(("}}})",
+       "response_format", "pattern"},
+      {R"("response_format":{"type":"json_schema","json_schema":{"name":"n","schema":{"$ref":"#/$defs/no"}}})",
+       "response_format", "$ref"},
+      {R"("response_format":{"type":"json_schema","json_schema":{"name":"n","schema":5}})", "response_format", "schema"},
+      {R"("tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":
+          {"x":{"type":"string","pattern":"(("}}}}}],"tool_choice":"required")",
+       "tools", "pattern"},
+  };
+  for (const Case& c : cases) {
+    ApiError e = chat_error("{" + kUser + "," + c.fields + "}");
+    EXPECT_EQ(e.status, 400) << c.fields;
+    EXPECT_EQ(e.param, c.param) << c.fields << " -> " << e.message;
+    EXPECT_NE(e.message.find(c.keyword), std::string::npos) << c.fields << " -> " << e.message;
   }
 }
 

@@ -1,0 +1,93 @@
+// Device helpers of the one-token integer (dp4a) products: qmv_dp4a.cu and the MoE kernels' T = 1 path
+// (moe_dp4a.cu). Included by .cu files only.
+//
+// Activations: per group of 64 columns, m = max|x|, v = rint(x·(32639/m)) (16-bit), σ = m/32639, v = 256·hi + lo
+// with hi, lo int8. For one 4-bit word (8 columns, nibbles LSB first) the activations are kept as
+//   {even hi, odd hi, even lo, odd lo}: int8x4 of columns 0,2,4,6 / 1,3,5,7 (a uint4),
+// so that w & 0x0F0F0F0F (even nibbles as bytes) and (w >> 4) & 0x0F0F0F0F (odd) meet them in four dp4a; Σ q·v of a
+// group is exact in int32 and the group adds s·σ·Σq·v + b·σ·Σv in fp32.
+#pragma once
+
+#include <cstdint>
+
+namespace tern::cuda::dp4a {
+
+constexpr float kQMax = 32639.0f;  // |v| ≤ 32639 keeps hi = (v + 128) >> 8 within [-127, 127]
+
+__device__ __forceinline__ uint32_t pack_bytes(int a, int b, int c, int d) {
+  return (uint32_t(a) & 0xffu) | ((uint32_t(b) & 0xffu) << 8) | ((uint32_t(c) & 0xffu) << 16) | (uint32_t(d) << 24);
+}
+
+// Quantises the 8 columns v of one word; the 8 consecutive lanes (lane & ~7 .. + 7, all 32 lanes must call) are one
+// group of 64. Returns the word's {even hi, odd hi, even lo, odd lo}; sumv = Σv of the word, m = the group's max|x|.
+__device__ __forceinline__ uint4 quantize_word(const float v[8], int& sumv, float& m) {
+  m = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) m = fmaxf(m, fabsf(v[e]));
+  m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+  m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+  m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
+  const float inv = m > 0.0f ? kQMax / m : 0.0f;
+  int hi[8], lo[8];
+  sumv = 0;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const int q = max(-32639, min(32639, __float2int_rn(v[e] * inv)));
+    sumv += q;
+    hi[e] = (q + 128) >> 8;
+    lo[e] = q - (hi[e] << 8);
+  }
+  return make_uint4(pack_bytes(hi[0], hi[2], hi[4], hi[6]), pack_bytes(hi[1], hi[3], hi[5], hi[7]),
+                    pack_bytes(lo[0], lo[2], lo[4], lo[6]), pack_bytes(lo[1], lo[3], lo[5], lo[7]));
+}
+
+// The whole block quantises x [words·8] (16-byte aligned) into shared memory: xs[w] (the word's activations),
+// xsum[w] (its Σv), xsig[w / 8] (σ of each group of 8 words). Thread t takes words t, t + blockDim.x, ...; whole
+// warps run each pass (quantize_word's shuffles), so the passes cover words rounded up to 32. With scale (norm_w,
+// [words·8]) the block quantises x·scale and each thread adds its Σx² to ss (the RMSNorm factor is applied to the
+// output by the caller). Ends without a barrier: __syncthreads() before reading xs.
+__device__ __forceinline__ void quantize_block(const float* x, const float* scale, int words, uint4* xs, int* xsum,
+                                               float* xsig, float& ss) {
+  const int passes_end = (words + 31) & ~31;
+  for (int word = int(threadIdx.x); word < passes_end; word += int(blockDim.x)) {
+    const bool has = word < words;
+    float v[8] = {};
+    if (has) {
+      const float4 a = reinterpret_cast<const float4*>(x)[2 * word], b = reinterpret_cast<const float4*>(x)[2 * word + 1];
+      v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+      if (scale) {
+        const float4 n0 = reinterpret_cast<const float4*>(scale)[2 * word];
+        const float4 n1 = reinterpret_cast<const float4*>(scale)[2 * word + 1];
+        const float n[8] = {n0.x, n0.y, n0.z, n0.w, n1.x, n1.y, n1.z, n1.w};
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          ss += v[e] * v[e];
+          v[e] *= n[e];
+        }
+      }
+    }
+    int sumv = 0;
+    float m = 0.0f;
+    const uint4 q = quantize_word(v, sumv, m);
+    if (has) {
+      xs[word] = q;
+      xsum[word] = sumv;
+      if ((word & 7) == 0) xsig[word / 8] = m / kQMax;
+    }
+  }
+}
+
+// Σ q·v over one word's 8 columns, as the hi and lo partial sums (dh·256 + dl is the exact dot).
+__device__ __forceinline__ void dot_word(uint32_t w, const uint4& x, int& dh, int& dl) {
+  const int ev = int(w & 0x0F0F0F0Fu), od = int((w >> 4) & 0x0F0F0F0Fu);
+  dh = __dp4a(ev, int(x.x), dh);
+  dh = __dp4a(od, int(x.y), dh);
+  dl = __dp4a(ev, int(x.z), dl);
+  dl = __dp4a(od, int(x.w), dl);
+}
+
+// bf16 scale (low half) and bias (high half) of a packed pair.
+__device__ __forceinline__ float scale_of(uint32_t sb) { return __uint_as_float(sb << 16); }
+__device__ __forceinline__ float bias_of(uint32_t sb) { return __uint_as_float(sb & 0xffff0000u); }
+
+}  // namespace tern::cuda::dp4a

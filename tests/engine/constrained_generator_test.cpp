@@ -1,0 +1,269 @@
+// Constrained decoding in the generation loop (engine/generator.h with a grammar from src/grammar): over a small
+// JSON-ish vocabulary and a runner whose logits are a fixed pseudo-random function, every output is valid for the
+// schema and ends with an end id, greedy and sampled, on the host sampler and on a device sampling path that
+// honours DeviceSampling::mask (both give the same greedy tokens); the log-probabilities report only allowed ids;
+// max_tokens too small for the schema gives `length` with the output so far; a start marker leaves the tokens
+// before it free; a forced token the grammar refuses is an error.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/check.h"
+#include "engine/generator.h"
+#include "engine/token_mask.h"
+#include "grammar/grammar.h"
+
+namespace tern {
+namespace {
+
+using nlohmann::json;
+
+// Id 0 is the end id (no bytes); then JSON pieces, multi-byte ones, free-text tokens, and every lowercase letter
+// and digit alone (like a byte-level BPE, any text can be spelled).
+std::vector<std::string> make_tokens() {
+  std::vector<std::string> t = {"",     "{",     "}",        "[",     "]",     ",",   ":",   "\"",       "name",
+                                "age",  "-",     "true",     "false", "null",  " ",   "\"a\"", "{\"",       "\":",
+                                "hello", "</think>", "\n",  "tags",  "\"name\"", "\"age\"", "\"tags\"", "ok", "."};
+  for (char c = 'a'; c <= 'z'; ++c) t.push_back(std::string(1, c));
+  for (char c = '0'; c <= '9'; ++c) t.push_back(std::string(1, c));
+  return t;
+}
+const std::vector<std::string> kTokens = make_tokens();
+constexpr int32_t kEnd = 0;
+
+int32_t token_of(const std::string& s) {
+  return int32_t(std::find(kTokens.begin(), kTokens.end(), s) - kTokens.begin());
+}
+
+class TestSession : public Session {
+ public:
+  explicit TestSession(int64_t capacity) : capacity_(capacity) {}
+  int64_t position() const override { return position_; }
+  int64_t capacity() const override { return capacity_; }
+  void reset() override { position_ = 0; }
+  int64_t position_ = 0, capacity_;
+};
+
+// Logits: a fixed pseudo-random function of (position, last token, id), plus `boost` at scripted positions.
+// forward_sample (when enabled) runs the forward, then asks the mask source, applies the mask and takes the
+// arg-max, as the CUDA runner does on the device.
+class ScriptedRunner : public ModelRunner {
+ public:
+  ScriptedRunner(int64_t vocab, bool device) : device_(device) { config_.vocab_size = vocab; }
+  std::string backend_name() const override { return "scripted"; }
+  const Config& config() const override { return config_; }
+  int64_t vocab_real() const override { return config_.vocab_size; }
+  std::unique_ptr<Session> create_session(int64_t max_context) override {
+    return std::make_unique<TestSession>(max_context);
+  }
+  void forward(Session& session, std::span<const int32_t> tokens, bool, std::vector<float>& logits) override {
+    auto& s = static_cast<TestSession&>(session);
+    s.position_ += int64_t(tokens.size());
+    const int64_t pos = s.position_;
+    logits.assign(size_t(config_.vocab_size), 0.0f);
+    for (int64_t v = 0; v < config_.vocab_size; ++v)
+      logits[size_t(v)] = 2.0f * float(std::sin(0.91 * double(v + 1) * double(pos) + 0.37 * double(tokens.back())));
+    logits[kEnd] -= 3.0f;  // the end id is unlikely: the constraint has to bring it
+    if (auto it = boost.find(pos); it != boost.end()) logits[size_t(it->second)] += 100.0f;
+  }
+  std::optional<int32_t> forward_sample(Session& session, std::span<const int32_t> tokens,
+                                        const DeviceSampling& sampling) override {
+    if (!device_) return std::nullopt;
+    std::vector<float> l;
+    forward(session, tokens, false, l);
+    if (sampling.mask) {
+      ++masked_steps;
+      const auto m = sampling.mask->fill();
+      if (!m.empty()) apply_token_mask(l, m);
+    }
+    ++device_steps;
+    return int32_t(std::max_element(l.begin(), l.end()) - l.begin());
+  }
+  std::map<int64_t, int32_t> boost;  // position after the forward -> id pushed to the top
+  int masked_steps = 0, device_steps = 0;
+
+ private:
+  Config config_;
+  bool device_;
+};
+
+struct Fixture {
+  explicit Fixture(bool device = false) : runner(int64_t(kTokens.size()), device) {
+    GeneratorOptions o;
+    o.vocabulary = grammar::TokenVocabulary::from_tokens(kTokens, {kEnd});
+    o.extra_end_ids = {kEnd};
+    gen = std::make_unique<Generator>(
+        runner, TokenTextSource{.bytes = [](int32_t id) { return kTokens[size_t(id)]; }, .is_special = {}}, o);
+    session = runner.create_session(512);
+  }
+  GenerationResult run(GenerationRequest r) {
+    if (r.prompt.empty()) r.prompt = {token_of("x"), token_of("hello")};
+    return gen->generate(*session, r);
+  }
+  ScriptedRunner runner;
+  std::unique_ptr<Generator> gen;
+  std::unique_ptr<Session> session;
+};
+
+const json kSchema = json::parse(R"({
+  "type": "object",
+  "properties": {"name": {"type": "string", "maxLength": 6},
+                 "age": {"type": "integer"},
+                 "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}},
+  "required": ["name", "age"],
+  "additionalProperties": false
+})");
+
+// The schema above, checked by hand on a parsed value.
+void expect_valid(const std::string& text) {
+  const json v = json::parse(text, nullptr, false);
+  ASSERT_FALSE(v.is_discarded()) << "not JSON: " << text;
+  ASSERT_TRUE(v.is_object()) << text;
+  ASSERT_TRUE(v.contains("name") && v["name"].is_string()) << text;
+  EXPECT_LE(v["name"].get<std::string>().size(), 6u) << text;
+  ASSERT_TRUE(v.contains("age") && v["age"].is_number_integer()) << text;
+  for (const auto& [k, val] : v.items()) {
+    EXPECT_TRUE(k == "name" || k == "age" || k == "tags") << text;
+    if (k == "tags") {
+      ASSERT_TRUE(val.is_array()) << text;
+      EXPECT_LE(val.size(), 3u) << text;
+      for (const json& t : val) EXPECT_TRUE(t == "a" || t == "b") << text;
+    }
+  }
+}
+
+TEST(ConstrainedGenerator, GreedyAndSampledOutputsAreValid) {
+  Fixture f;
+  const auto g = grammar::compile_json_schema(kSchema);
+  for (int i = 0; i < 12; ++i) {
+    GenerationRequest r;
+    r.grammar = g;
+    r.max_tokens = 200;
+    r.sampling.temperature = i == 0 ? 0.0f : 1.0f;
+    r.sampling.seed = uint64_t(1000 + i);
+    r.prompt = {token_of("x"), int32_t(1 + i % 20)};
+    const GenerationResult res = f.run(r);
+    ASSERT_EQ(res.finish, FinishReason::stop) << res.text;
+    EXPECT_EQ(res.tokens.back(), kEnd);
+    EXPECT_EQ(res.stop_id, kEnd);
+    expect_valid(res.text);
+  }
+}
+
+TEST(ConstrainedGenerator, LogprobsListOnlyAllowedIds) {
+  Fixture f;
+  const auto g = grammar::compile_json_schema(kSchema);
+  const auto vocab = f.gen->vocabulary();
+  GenerationRequest r;
+  r.grammar = g;
+  r.max_tokens = 200;
+  r.sampling.temperature = 0.9f;
+  r.sampling.seed = 7;
+  r.sampling.top_logprobs = 20;
+  r.sampling.logit_bias[token_of("hello")] = 50.0f;  // never allowed by the schema: the mask comes after the bias
+  // Replays the grammar alongside to know each step's allowed set.
+  grammar::Matcher m(g, vocab);
+  std::vector<uint32_t> mask(size_t(vocab->mask_words()));
+  int events = 0;
+  const GenerationResult res = f.gen->generate(*f.session, [&] {
+    r.prompt = {token_of("x")};
+    return r;
+  }(), [&](const TokenEvent& e) {
+    if (e.id < 0) return true;
+    std::fill(mask.begin(), mask.end(), 0u);
+    m.fill_mask(mask);
+    EXPECT_TRUE(token_mask_allows(mask, e.id)) << "token " << e.id;
+    EXPECT_TRUE(e.has_logprobs);
+    EXPECT_TRUE(std::isfinite(e.logprob));
+    for (const TokenLogprob& t : e.top_logprobs) EXPECT_TRUE(token_mask_allows(mask, t.id)) << "alternative " << t.id;
+    EXPECT_TRUE(m.accept(e.id));
+    ++events;
+    return true;
+  });
+  ASSERT_EQ(res.finish, FinishReason::stop);
+  EXPECT_GT(events, 3);
+  expect_valid(res.text);
+}
+
+TEST(ConstrainedGenerator, DeviceSamplingGetsTheMaskAndMatchesTheHostPath) {
+  const auto g = grammar::compile_json_schema(kSchema);
+  GenerationRequest r;
+  r.grammar = g;
+  r.max_tokens = 200;
+  r.sampling.temperature = 0.0f;
+  Fixture host(false), device(true);
+  const GenerationResult a = host.run(r), b = device.run(r);
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_EQ(a.text, b.text);
+  expect_valid(b.text);
+  EXPECT_GT(device.runner.device_steps, 0);
+  EXPECT_EQ(device.runner.masked_steps, device.runner.device_steps);  // every device step carried the mask
+}
+
+TEST(ConstrainedGenerator, MaxTokensTooSmallGivesLengthWithAPrefix) {
+  Fixture f;
+  GenerationRequest r;
+  r.grammar = grammar::compile_json_schema(kSchema);
+  r.max_tokens = 3;  // "{\"name\"" at least needs more
+  r.sampling.temperature = 0.0f;
+  const GenerationResult res = f.run(r);
+  EXPECT_EQ(res.finish, FinishReason::length);
+  EXPECT_EQ(res.tokens.size(), 3u);
+  const size_t start = res.text.find_first_not_of(" \t\n");  // the grammar allows a little leading whitespace
+  if (start != std::string::npos) {
+    EXPECT_EQ(res.text[start], '{') << res.text;
+  }
+  EXPECT_TRUE(json::parse(res.text, nullptr, false).is_discarded()) << res.text;  // unfinished, as far as it got
+}
+
+TEST(ConstrainedGenerator, ConstraintStartsAfterTheMarker) {
+  for (bool device : {false, true}) {
+    Fixture f(device);
+    // Free tokens first ("hello", "x", ".", then "</think>"), pushed by the runner; then the schema.
+    f.runner.boost = {{2, token_of("hello")}, {3, token_of("x")}, {4, token_of(".")}, {5, token_of("</think>")}};
+    GenerationRequest r;
+    r.grammar = grammar::compile_json_schema(kSchema);
+    r.grammar_start_after = "</think>";
+    r.max_tokens = 200;
+    r.sampling.temperature = 0.0f;
+    const GenerationResult res = f.run(r);
+    ASSERT_EQ(res.finish, FinishReason::stop) << res.text;
+    const std::string head = "hellox.</think>";
+    ASSERT_EQ(res.text.substr(0, head.size()), head) << res.text;
+    expect_valid(res.text.substr(head.size()));
+  }
+}
+
+TEST(ConstrainedGenerator, EndIdStopsEvenWithIgnoreEos) {
+  Fixture f;
+  GenerationRequest r;
+  r.grammar = grammar::compile_json_object();
+  r.max_tokens = 200;
+  r.ignore_eos = true;
+  r.sampling.temperature = 0.0f;
+  const GenerationResult res = f.run(r);
+  ASSERT_EQ(res.finish, FinishReason::stop);
+  EXPECT_EQ(res.tokens.back(), kEnd);
+  const json v = json::parse(res.text, nullptr, false);
+  EXPECT_TRUE(v.is_object()) << res.text;
+}
+
+TEST(ConstrainedGenerator, ForcedTokenOutsideTheGrammarIsAnError) {
+  Fixture f;
+  GenerationRequest r;
+  r.grammar = grammar::compile_json_object();
+  r.forced_tokens = {token_of("hello")};
+  EXPECT_THROW(f.run(r), Error);
+}
+
+}  // namespace
+}  // namespace tern

@@ -1,0 +1,206 @@
+"""`tern run --demo` on a pseudo-terminal, typed at as a person would: line editing (arrow keys, Home/End, Ctrl keys),
+history (up arrow), multi-line input (backslash, \"\"\" blocks, bracketed paste), the live thinking indicator,
+/help, /history, /clear, Ctrl-C at the prompt and during an answer, Ctrl-D and /exit with status 0 and a newline.
+
+What the conversation holds is read back through /history, which prints each message as [role] text.
+"""
+import os
+import pty
+import re
+import select
+import signal
+import time
+
+import pytest
+
+PROMPT = b"\x1b[1m> \x1b[0m"
+LEFT, RIGHT, UP, DOWN, HOME, END, DELETE = b"\x1b[D", b"\x1b[C", b"\x1b[A", b"\x1b[B", b"\x1b[H", b"\x1b[F", b"\x1b[3~"
+CTRL_A, CTRL_C, CTRL_D, CTRL_E, CTRL_K, CTRL_U, CTRL_W = b"\x01", b"\x03", b"\x04", b"\x05", b"\x0b", b"\x15", b"\x17"
+ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z~]|\r")
+
+
+class Tty:
+    """tern run on a pseudo-terminal: type(), read until a pattern, exit status."""
+
+    def __init__(self, tern_bin, *args):
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # the child: the program on the terminal's side
+            os.environ["TERN_THREADS"] = "2"
+            os.execv(tern_bin, [tern_bin, "run", "--demo", "--seed", "1", *args])
+        self.out = b""
+
+    def read_until(self, pred, timeout=60):
+        end = time.monotonic() + timeout
+        while not pred(self.out):
+            left = end - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"timed out; the terminal shows:\n{self.out[-3000:]!r}")
+            r, _, _ = select.select([self.fd], [], [], min(left, 0.2))
+            if r:
+                try:
+                    chunk = os.read(self.fd, 65536)
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    raise AssertionError(f"the program ended; the terminal shows:\n{self.out[-3000:]!r}")
+                self.out += chunk
+        return self.out
+
+    def prompt(self, since, timeout=120):
+        """Waits for a fresh prompt after offset `since`; returns the offset after it."""
+        self.read_until(lambda o: o.find(PROMPT, since) >= 0, timeout)
+        return self.out.find(PROMPT, since) + len(PROMPT)
+
+    def type(self, *keys, pause=0.05):
+        for k in keys:  # one write per key, as keys arrive from a person (not as a paste)
+            os.write(self.fd, k)
+            time.sleep(pause)
+
+    def command(self, text, until):
+        """Types a line and Enter; returns the plain text printed up to `until` (a regex over the plain text)."""
+        start = len(self.out)
+        self.type(text.encode(), b"\r")
+        self.read_until(lambda o: re.search(until, plain(o[start:])), 60)
+        return plain(self.out[start:])
+
+    def drain(self):
+        """Reads what is left in the terminal after the program exited (until EOF or nothing for 0.2 s)."""
+        while True:
+            try:
+                r, _, _ = select.select([self.fd], [], [], 0.2)
+                if not r:
+                    return
+                data = os.read(self.fd, 65536)
+            except OSError:  # EIO: the other side is closed and empty
+                return
+            if not data:
+                return
+            self.out += data
+
+    def exit_status(self, timeout=30):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.pid = None
+                self.drain()  # what it wrote just before exiting is still in the terminal's buffer
+                return os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status)
+            try:
+                r, _, _ = select.select([self.fd], [], [], 0.1)
+                if r:
+                    self.out += os.read(self.fd, 65536)
+            except OSError:
+                time.sleep(0.05)
+        raise AssertionError(f"the program did not exit; the terminal shows:\n{self.out[-2000:]!r}")
+
+    def close(self):
+        if self.pid:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+        os.close(self.fd)
+
+
+def plain(b: bytes) -> str:
+    return ANSI.sub(b"", b).decode("utf-8", errors="replace")
+
+
+@pytest.fixture
+def tty(tern_bin):
+    t = Tty(tern_bin, "-n", "4", "--no-think")
+    t.prompt(0)
+    yield t
+    t.close()
+
+
+def history(t):
+    """The conversation as /history prints it: the list of its [user] lines."""
+    text = t.command("/history", r"\[(user|assistant)\][^\n]*\n[\s\S]*> $|\(no messages yet\)")
+    return re.findall(r"^\[user\] (.*)$", text, re.M)
+
+
+def send_and_wait(t, *keys):
+    since = len(t.out)
+    t.type(*keys, b"\r")
+    t.read_until(lambda o: b"tok/s" in o[since:])  # the speed line after the answer
+    t.prompt(since)
+
+
+def test_arrow_keys_edit_the_line_and_history_recalls(tty):
+    t = tty
+    send_and_wait(t, b"h", b"e", b"l", b"o", LEFT, b"l")  # "helo", left, "l" -> "hello"
+    assert history(t) == ["hello"]
+    # Home/End and Ctrl-A/E, Delete and Backspace, Ctrl-W/U/K.
+    send_and_wait(t, b"world", HOME, b"big ", END, b"!", CTRL_A, b"a ", CTRL_E, b"\x7f", LEFT, LEFT, DELETE)
+    assert history(t)[-1] == "a big word"
+    send_and_wait(t, b"one two three", CTRL_W, b"3", CTRL_A, RIGHT, RIGHT, RIGHT, CTRL_K, b"1")
+    assert history(t)[-1] == "one1"
+    # Up recalls earlier messages (and /history itself, typed in between); Down comes back.
+    send_and_wait(t, UP, UP, UP, UP, DOWN, UP, b"?")
+    users = history(t)
+    assert users[-1] == "a big word?", users
+    # Ctrl-U clears what is before the cursor; the conversation never saw an escape sequence.
+    send_and_wait(t, b"garbage", CTRL_U, b"clean")
+    users = history(t)
+    assert users[-1] == "clean" and not any("\x1b" in u or "[D" in u for u in users), users
+
+
+def test_multiline_input(tty):
+    t = tty
+    send_and_wait(t, b"first \\", b"\r", b"second")  # a trailing backslash continues the message
+    send_and_wait(t, b'"""', b"\r", b"  indented", b"\r", b"last", b"\r", b'"""')
+    # Pasted text keeps its newlines (bracketed paste, as terminals send it).
+    send_and_wait(t, b"\x1b[200~pasted one\rpasted two\x1b[201~", b" end")
+    text = t.command("/history", r"pasted two end\n[\s\S]*> $")
+    assert "[user] first \nsecond" in text
+    assert '[user]   indented\nlast\n' in text
+    assert "[user] pasted one\npasted two end" in text
+
+
+def test_help_clear_and_unknown(tty):
+    t = tty
+    text = t.command("/help", r"/exit[\s\S]*> $")
+    for word in ("/clear", "/system", "/history", "/exit", "Ctrl-C", '"""'):
+        assert word in text, word
+    send_and_wait(t, b"remember me")
+    assert history(t) == ["remember me"]
+    assert "(new conversation)" in t.command("/clear", r"new conversation")
+    assert history(t) == []
+    assert "unknown command /bogus" in t.command("/bogus", r"unknown command")
+
+
+def test_ctrl_c_clears_the_line_and_stops_an_answer(tern_bin):
+    t = Tty(tern_bin, "-n", "3000")  # thinking on: the live indicator shows while the demo model "thinks"
+    try:
+        t.prompt(0)
+        since = len(t.out)
+        t.type(b"typed but dropped", CTRL_C)  # Ctrl-C at the prompt clears the line
+        since = t.prompt(since)
+        t.type(b"Tell me a long story", b"\r")
+        t.read_until(lambda o: re.search(rb"thinking: [1-9]\d* tokens", o[since:]))  # the live indicator counts
+        first = int(re.findall(rb"thinking: (\d+) tokens", t.out[since:])[-1])
+        t.read_until(lambda o: int(re.findall(rb"thinking: (\d+) tokens", o[since:])[-1]) > first + 3)
+        t.type(CTRL_C)
+        t.read_until(lambda o: b"stopped" in o[since:], 30)  # the answer stopped ...
+        t.prompt(since)  # ... and the prompt came back
+        users = history(t)
+        assert users == ["Tell me a long story"], users  # the dropped line never became a message
+        start = len(t.out)
+        t.type(b"/exit", b"\r")
+        assert t.exit_status() == 0
+        assert plain(t.out[start:]).endswith("/exit\n")  # the shell prompt starts on a line of its own
+    finally:
+        t.close()
+
+
+def test_ctrl_d_exits_zero_with_a_newline(tty):
+    t = tty
+    t.type(b"some text", CTRL_D)  # not empty: Ctrl-D deletes under the cursor (nothing here), no exit
+    time.sleep(0.3)
+    assert t.pid and os.waitpid(t.pid, os.WNOHANG) == (0, 0)
+    since = len(t.out)
+    t.type(CTRL_U, CTRL_D)
+    assert t.exit_status() == 0
+    assert plain(t.out[since:]).endswith("> \n")
