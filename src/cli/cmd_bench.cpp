@@ -11,6 +11,8 @@
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <span>
+#include <vector>
 #include <string>
 
 #include "cli/commands.h"
@@ -22,6 +24,11 @@
 #include "engine/bench_prefix.h"
 #include "engine/bench_run.h"
 #include "engine/demo_model.h"
+#ifndef TERN_GPU_ONLY
+#include "engine/model_source.h"
+#include "grammar/grammar.h"
+#include "text/tokenizer.h"
+#endif
 #include "model/checkpoint.h"
 #include "model/config.h"
 
@@ -51,7 +58,55 @@ struct BenchArgs {
   bool prefix_reuse = false;
   std::string prefix_context = "16K";
   int64_t prefix_reply = 256, prefix_next = 256, snapshot_every = 2048;
+  std::string json_schema;  // constrained decode steps (not in the GPU-only build)
 };
+
+#ifndef TERN_GPU_ONLY
+// The decode steps of tern bench --json-schema: greedy tokens under the schema's grammar, the mask computed on the
+// host while the device runs each step's forward. A finished document starts a new one, so every step is
+// constrained.
+class SchemaBenchMask final : public BenchMask {
+ public:
+  SchemaBenchMask(grammar::GrammarPtr g, std::shared_ptr<const grammar::TokenVocabulary> v)
+      : grammar_(std::move(g)), vocab_(std::move(v)), matcher_(grammar_, vocab_), mask_(size_t(vocab_->mask_words())) {}
+  std::span<const uint32_t> fill() override {
+    matcher_.fill_mask(mask_);
+    return mask_;
+  }
+  void accept(int32_t id) override {
+    TERN_CHECK(matcher_.accept(id), "bench: the device sampled token ", id, ", which the mask did not allow");
+    if (matcher_.done()) matcher_ = grammar::Matcher(grammar_, vocab_);
+  }
+
+ private:
+  grammar::GrammarPtr grammar_;
+  std::shared_ptr<const grammar::TokenVocabulary> vocab_;
+  grammar::Matcher matcher_;
+  std::vector<uint32_t> mask_;
+};
+
+// --json-schema FILE: the mask factory over the model folder's tokenizer (the demo tokenizer for --synthetic and
+// --demo, whose ids fit the model's rows).
+std::function<std::unique_ptr<BenchMask>()> schema_mask_factory(const BenchArgs& a, int64_t vocab_rows) {
+  std::ifstream f(a.json_schema, std::ios::binary);
+  TERN_USAGE_CHECK(f.good(), "--json-schema: cannot open ", a.json_schema);
+  const nlohmann::ordered_json schema = nlohmann::ordered_json::parse(f, nullptr, /*allow_exceptions=*/false);
+  TERN_USAGE_CHECK(!schema.is_discarded(), "--json-schema ", a.json_schema, " is not valid JSON");
+  grammar::GrammarPtr g;
+  try {
+    g = grammar::compile_json_schema(schema);
+  } catch (const grammar::SchemaError& e) {
+    TERN_USAGE_CHECK(false, "--json-schema ", a.json_schema, ": ", e.what());
+  }
+  const std::shared_ptr<const Tokenizer> tok =
+      a.model_dir.empty() ? demo_tokenizer() : std::make_shared<const Tokenizer>(Tokenizer::from_model_dir(a.model_dir));
+  std::vector<int32_t> end_ids;
+  for (const char* t : {"<|im_end|>", "<|endoftext|>"})
+    if (const std::optional<int32_t> id = tok->token_id(t)) end_ids.push_back(*id);
+  auto vocab = grammar::TokenVocabulary::from_tokenizer(*tok, vocab_rows, end_ids);
+  return [g, vocab] { return std::make_unique<SchemaBenchMask>(g, vocab); };
+}
+#endif
 
 std::string cpu_description() {
   std::ifstream in("/proc/cpuinfo");
@@ -222,6 +277,9 @@ void run_bench(BenchArgs a) {
     std::fflush(stdout);
     return;
   }
+#ifndef TERN_GPU_ONLY
+  if (!a.json_schema.empty()) o.decode_mask = schema_mask_factory(a, runner->config().vocab_size);
+#endif
   BenchReport measured = bench_run(*runner, roofline, o);
   measured.version = TERN_VERSION;
   measured.device = report.device;
@@ -291,6 +349,10 @@ void command_bench(CLI::App& app) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   sub->add_flag("-q,--quiet", args->quiet, "No progress lines on stderr");
+#ifndef TERN_GPU_ONLY
+  sub->add_option("--json-schema", args->json_schema,
+                  "Constrain the decode steps to this JSON Schema (greedy, masks on the host while the device runs)");
+#endif
   sub->callback([args] { run_bench(*args); });
 }
 

@@ -30,6 +30,7 @@ struct Runner {
   enum class DecodePath { unknown, device, host } path = DecodePath::unknown;
   std::mt19937_64 rng;
   std::uniform_int_distribution<int32_t> token_dist;
+  std::unique_ptr<BenchMask> mask;  // this run's decode-step constraint (options.decode_mask), or null
 
   void sample_memory(int64_t& peak) {
     const int64_t now = options.memory_in_use ? options.memory_in_use() : host_peak_rss_bytes();
@@ -51,11 +52,14 @@ struct Runner {
     if (path != DecodePath::host) {
       const int64_t before = session.position();
       DeviceSampling greedy;
+      greedy.mask = mask.get();
       std::optional<int32_t> next = runner.forward_sample(session, in, greedy);
       if (next) {
         path = DecodePath::device;
+        if (mask) mask->accept(*next);
         return *next;
       }
+      TERN_CHECK(!mask, "bench: constrained decode steps need a backend that samples on its device");
       path = DecodePath::host;
       if (session.position() != before) return token_dist(rng);  // consumed without a sample: count the step
     }
@@ -72,6 +76,7 @@ struct Runner {
     sample_memory(point.memory_peak_bytes);
     double decode_ms = 0;
     if (options.decode_steps > 0) {
+      if (options.decode_mask) mask = options.decode_mask();
       int32_t token = token_dist(rng);
       t0 = clock_type::now();
       for (int s = 0; s < options.decode_steps; ++s) token = decode_step(session, token);
@@ -116,9 +121,10 @@ BenchReport bench_run(ModelRunner& runner, const Roofline& roofline, const Bench
   report.options = options;
   report.options.memory_in_use = nullptr;
   report.options.log = nullptr;
+  report.options.decode_mask = nullptr;
   report.memory_kind = options.memory_in_use ? "device memory in use" : "host peak resident set";
   Runner r{runner, options, report, {}, Runner::DecodePath::unknown, std::mt19937_64(options.seed),
-           std::uniform_int_distribution<int32_t>(0, int32_t(vocab_real - 1))};
+           std::uniform_int_distribution<int32_t>(0, int32_t(vocab_real - 1)), nullptr};
 
   int64_t peak = 0;
   for (int64_t L : options.lengths) {
@@ -161,6 +167,8 @@ BenchReport bench_run(ModelRunner& runner, const Roofline& roofline, const Bench
   report.decode_path = r.path == Runner::DecodePath::device ? "forward_sample (greedy on the device)"
                        : r.path == Runner::DecodePath::host ? "forward (last-token logits to the host)"
                                                             : "none";
+  if (options.decode_mask && r.path == Runner::DecodePath::device)
+    report.decode_path += ", constrained by a grammar's token mask (--json-schema)";
   return report;
 }
 

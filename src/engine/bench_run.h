@@ -14,12 +14,20 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <memory>
 #include <vector>
 
 #include "engine/bench_roofline.h"
 #include "model/runner.h"
 
 namespace tern {
+
+// Constrained decode steps (tern bench --json-schema): a mask source the runner fills while each step's forward
+// runs (ModelRunner::forward_sample) and that is told each sampled token.
+class BenchMask : public TokenMaskSource {
+ public:
+  virtual void accept(int32_t id) = 0;
+};
 
 struct BenchOptions {
   std::vector<int64_t> lengths;      // prompt lengths; each >= 1
@@ -32,6 +40,9 @@ struct BenchOptions {
   double peak_tflop_s = 0;           // compute ceiling, TFLOP/s (0: none)
   std::function<int64_t()> memory_in_use;            // bytes now (device memory); empty: host peak RSS
   std::function<void(const std::string&)> log;       // progress lines; may be empty
+  // Called before each run's decode steps; empty: unconstrained. The steps then pass its mask to forward_sample
+  // (the host path, which has no masks, is refused).
+  std::function<std::unique_ptr<BenchMask>()> decode_mask;
 };
 
 struct BenchPoint {

@@ -101,7 +101,9 @@ std::string model_id_from_folder(const std::filesystem::path& folder) {
     if (matches_folder(id)) return id;
   }
   const std::string readme = read_small_file(dir / "README.md");
-  static const std::regex link(R"(huggingface\.co/([A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9_-][A-Za-z0-9._-]*))");
+  // Bounded repeats (hub names have at most 96 characters): libstdc++'s regex recurses once per matched character,
+  // and an unbounded run of name characters in a README (up to 1 MiB) overflows the stack.
+  static const std::regex link(R"(huggingface\.co/([A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9_-][A-Za-z0-9._-]{0,95}))");
   for (auto it = std::sregex_iterator(readme.begin(), readme.end(), link); it != std::sregex_iterator(); ++it) {
     const std::string id = (*it)[1].str();
     if (matches_folder(id)) return id;

@@ -806,13 +806,12 @@ GrammarPtr compile_json_schema(const nlohmann::ordered_json& schema) {
   return cached_grammar(key, [&] {
     GrammarBuilder builder;
     SchemaCompiler c(schema, SchemaCompiler::Mode::Json, builder);
-    ExprPtr body;
-    try {
-      body = expr_seq({c.leading_whitespace(), c.value(schema, "", 0)});
+    int start = 0;
+    try {  // add_rule lowers the body and may throw too (the grammar's size limit)
+      start = c.builder().add_rule(expr_seq({c.leading_whitespace(), c.value(schema, "", 0)}));
     } catch (const GrammarError& e) {
       throw SchemaError("schema", std::string("the schema cannot be compiled: ") + e.what());
     }
-    int start = c.builder().add_rule(body);
     return build_or_throw(c.builder(), start, "json schema");
   });
 }

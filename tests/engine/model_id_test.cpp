@@ -60,5 +60,13 @@ TEST_F(ModelId, RecordedRepoIdWhenItNamesTheFolder) {
   EXPECT_EQ(model_id_from_folder(broken), "broken");
 }
 
+TEST_F(ModelId, LongNameRunInReadmeIsNotACrash) {
+  // 200000 name characters after a hub link: an unbounded regex repeat recursed per character and overflowed.
+  const fs::path card = dir("Qwen3.6-35B-A3B-4bit");
+  write(card / "README.md", "https://huggingface.co/org/" + std::string(200000, 'b') +
+                                " then https://huggingface.co/mlx-community/Qwen3.6-35B-A3B-4bit\n");
+  EXPECT_EQ(model_id_from_folder(card), "mlx-community/Qwen3.6-35B-A3B-4bit");
+}
+
 }  // namespace
 }  // namespace tern

@@ -182,6 +182,13 @@ TEST(JsonSchema, DeepNestingIsAnErrorNotACrash) {
   EXPECT_THROW(compile_json_schema(chain), SchemaError);
 }
 
+TEST(JsonSchema, GrammarSizeLimitIsASchemaError) {
+  // Small alternatives that pass the element limit only when the top rule is lowered (not inside value()).
+  ojson alts = ojson::array();
+  for (int i = 1; i < 2000; ++i) alts.push_back({{"type", "string"}, {"pattern", "[a-z]{" + std::to_string(i) + "}"}});
+  EXPECT_THROW(compile_json_schema(ojson{{"anyOf", alts}}), SchemaError);
+}
+
 // Random JSON values built from a vocabulary of schema-ish keys and values.
 ojson random_json(std::mt19937_64& rng, int depth) {
   static const char* keys[] = {"type", "properties", "required", "items", "enum", "const", "anyOf", "oneOf", "allOf",

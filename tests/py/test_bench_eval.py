@@ -157,3 +157,14 @@ def test_eval_text_gives_the_perplexity_of_its_tokens(tern_bin, tiny, tmp_path):
     assert sa["positions"] == len(ids) and sa["predictions"] == len(ids) - 1
     assert sa["perplexity"] == pytest.approx(sb["perplexity"], rel=1e-12)
     assert np.isfinite(sa["perplexity"]) and "kl_mean" not in sa
+
+
+def test_bench_json_schema_needs_device_sampling_and_a_valid_schema(tern_bin, tmp_path):
+    schema = tmp_path / "s.json"
+    schema.write_text('{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}')
+    r = run([tern_bin, "bench", "--demo", "--device", "cpu", "--lengths", "16", "--repeats", "1", "--warmup", "0",
+             "--decode-steps", "4", "--json-schema", schema], check=False)
+    assert r.returncode == 1 and "samples on its device" in r.stderr, r.stderr  # the CPU runner samples on the host
+    schema.write_text('{"type": "object", "not": {}}')
+    r = run([tern_bin, "bench", "--demo", "--device", "cpu", "--lengths", "16", "--json-schema", schema], check=False)
+    assert r.returncode == 2 and '"not"' in r.stderr, r.stderr

@@ -102,6 +102,17 @@ def test_renderer_is_safe_and_renders_markdown(browser):
     assert r["unsafe"] == 0
 
 
+def test_renderer_refuses_link_targets_with_control_characters(browser):
+    # A browser strips leading C0 controls from a URL before reading its scheme: "\x01javascript:" runs script.
+    md = "[a](\u0001javascript:alert(1)) [b](\u001fjavascript:alert(2)) [c](java\u0001script:alert(3)) [ok](/docs)"
+    r = browser.js(f"""(() => {{
+      const d = document.createElement('div');
+      d.innerHTML = tern.renderMarkdown({json.dumps(md)});
+      return [...d.querySelectorAll('a')].map(a => [a.textContent, a.protocol]);
+    }})()""")
+    assert r == [["ok", "http:"]]
+
+
 def test_warning_and_model_name(browser):
     assert browser.js("document.getElementById('model-name').textContent") == "tern-demo-random-weights"
     assert not browser.js("document.getElementById('warning').hidden")

@@ -318,6 +318,14 @@ def test_bad_schemas_give_400_naming_the_keyword(server):
     assert status == 400 and r["error"]["param"] == "tools" and "pattern" in r["error"]["message"], r
 
 
+def test_schema_over_the_grammar_size_limit_names_response_format(server):
+    # Each alternative is small, but together they pass the grammar's element limit when the top rule is lowered.
+    schema = {"anyOf": [{"type": "string", "pattern": f"[a-z]{{{i}}}"} for i in range(1, 2000)]}
+    status, _, r = post_json(server.port, "/v1/chat/completions", schema_request(schema, 1, 8))
+    assert status == 400, r
+    assert r["error"]["param"] == "response_format" and "too large" in r["error"]["message"], r
+
+
 def mutate(rng, schema):
     """A random structural mutation: a key or value replaced by junk, a keyword renamed, a type changed."""
     s = copy.deepcopy(schema)

@@ -10,6 +10,9 @@ const ternMarkdown = (() => {
   // Link targets arrive HTML-escaped; decode only to check the scheme.
   function safeHref(escapedUrl) {
     const raw = escapedUrl.replace(/&amp;/g, '&').trim();
+    // Browsers drop leading C0 controls and tabs/newlines anywhere before reading the scheme ("\x01javascript:"
+    // is javascript:), so a target holding any control character is refused outright.
+    if (/[\u0000-\u001f\u007f]/.test(raw)) return null;
     if (/^(https?:|mailto:)/i.test(raw) || /^[#/.]/.test(raw) || !/^[a-z][a-z0-9+.-]*:/i.test(raw)) return escapedUrl.trim();
     return null;  // javascript:, data:, vbscript: and any other scheme
   }
