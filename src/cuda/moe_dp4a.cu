@@ -14,8 +14,8 @@
 namespace tern::cuda {
 namespace {
 
-constexpr int kWarps = 8;
-constexpr int kThreads = 32 * kWarps;
+using qtile::kThreads;  // blocks of 8 warps, as qtile::balanced_grid sizes them
+using qtile::kWarps;
 constexpr int kTopK = 8;           // the down kernel's segments: 8 routed + the shared expert
 constexpr int kSeg = kTopK + 1;
 constexpr int kDownCols = 512;     // F: 32 lanes × 16 columns
@@ -235,15 +235,6 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_dp4a_kernel(const DownPa
   }
 }
 
-// One-wave grid with the fewest rounds the resident warps allow, then just enough warps for them (fit: blocks of the
-// kernel that fit on one SM).
-int balanced_blocks(int fit, int64_t batches) {
-  const int64_t max_warps = int64_t(std::max(1, fit)) * qtile::sm_count() * kWarps;
-  const int64_t rounds = (batches + max_warps - 1) / max_warps;
-  const int64_t warps = (batches + rounds - 1) / rounds;
-  return int((warps + kWarps - 1) / kWarps);
-}
-
 bool q4_dp4a_ok(const DMat& m) {
   return m.format == WeightFormat::affine4 && m.group_size == 64 && m.row_words == m.cols / 8 &&
          m.experts * m.rows * m.row_words < (int64_t(1) << 31) && (reinterpret_cast<uintptr_t>(m.data) & 15) == 0;
@@ -251,16 +242,10 @@ bool q4_dp4a_ok(const DMat& m) {
 
 bool same_shape(const DMat& a, const DMat& b) { return a.rows == b.rows && a.cols == b.cols; }
 
-int blocks_per_sm(const void* kernel) {
-  int fit = 0;
-  TERN_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, kThreads, 0));
-  return fit;
-}
-
 template <int S>
 void launch_gate_up(const GateUpParams& p, cudaStream_t stream) {
-  static const int fit = blocks_per_sm(reinterpret_cast<const void*>(moe_gate_up_dp4a_kernel<S>));
-  const int blocks = balanced_blocks(fit, int64_t(p.k + 1) * p.F);
+  const int blocks =
+      qtile::balanced_grid(reinterpret_cast<const void*>(moe_gate_up_dp4a_kernel<S>), int64_t(p.k + 1) * p.F);
   launch_pdl("moe_gate_up_dp4a", moe_gate_up_dp4a_kernel<S>, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, p);
 }
 
@@ -311,8 +296,7 @@ bool moe_down_dp4a(const MoeDecodeWeights& w, float* hidden, const MoeDecodeScra
   p.shared_gate = s.shared_gate;
   p.h = s.h;
   p.hidden = hidden;
-  static const int fit = blocks_per_sm(reinterpret_cast<const void*>(moe_down_dp4a_kernel));
-  const int blocks = balanced_blocks(fit, p.D);
+  const int blocks = qtile::balanced_grid(reinterpret_cast<const void*>(moe_down_dp4a_kernel), p.D);
   launch_pdl("moe_down_dp4a", moe_down_dp4a_kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, p);
   return true;
 }

@@ -50,22 +50,28 @@ int allow_dynamic_smem(const void* kernel) {
   return limit;
 }
 
-int persistent_grid(const void* kernel, int smem, int64_t work_blocks) {
+int blocks_fit(const void* kernel, int smem) {
   static std::mutex mu;
   static std::map<std::pair<const void*, int>, int> occ;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = occ.find({kernel, smem});
+  if (it != occ.end()) return it->second;
   int fit = 0;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = occ.find({kernel, smem});
-    if (it == occ.end()) {
-      TERN_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, kThreads, size_t(smem)));
-      occ.emplace(std::make_pair(kernel, smem), fit);
-    } else {
-      fit = it->second;
-    }
-  }
-  const int bps = std::max(1, std::min(tuning().blocks_per_sm, fit));
+  TERN_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, kThreads, size_t(smem)));
+  occ.emplace(std::make_pair(kernel, smem), fit);
+  return fit;
+}
+
+int persistent_grid(const void* kernel, int smem, int64_t work_blocks) {
+  const int bps = std::max(1, std::min(tuning().blocks_per_sm, blocks_fit(kernel, smem)));
   return int(std::max<int64_t>(1, std::min<int64_t>(int64_t(sm_count()) * bps, work_blocks)));
+}
+
+int balanced_grid(const void* kernel, int64_t batches) {
+  const int64_t max_warps = int64_t(std::max(1, blocks_fit(kernel, 0))) * sm_count() * kWarps;
+  const int64_t rounds = std::max<int64_t>(1, (batches + max_warps - 1) / max_warps);
+  const int64_t warps = (batches + rounds - 1) / rounds;
+  return int(std::max<int64_t>(1, (warps + kWarps - 1) / kWarps));
 }
 
 namespace {

@@ -23,8 +23,8 @@
 namespace tern::cuda {
 namespace {
 
-constexpr int kWarps = 8;
-constexpr int kThreads = 32 * kWarps;
+using qtile::kThreads;  // blocks of 8 warps, as qtile::balanced_grid sizes them
+using qtile::kWarps;
 
 struct Dp4aParams {
   const uint4* w;         // [rows][row_u4]
@@ -152,15 +152,8 @@ int& rows_per_batch_setting() {
 
 template <int S, int R>
 void launch(const Dp4aParams& p, cudaStream_t stream) {
-  // Balanced one-wave grid: the fewest rounds that the resident warps allow, then just enough warps for them.
-  static int fit = 0;
   auto kernel = qmv_dp4a_kernel<S, R>;
-  if (!fit) TERN_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, kThreads, 0));
-  const int64_t batches = (int64_t(p.rows) + R - 1) / R;
-  const int64_t max_warps = int64_t(std::max(1, fit)) * qtile::sm_count() * kWarps;
-  const int64_t rounds = (batches + max_warps - 1) / max_warps;
-  const int64_t warps = (batches + rounds - 1) / rounds;
-  const int blocks = int((warps + kWarps - 1) / kWarps);
+  const int blocks = qtile::balanced_grid(reinterpret_cast<const void*>(kernel), (int64_t(p.rows) + R - 1) / R);
   launch_pdl("qmv_dp4a", kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, p);
 }
 

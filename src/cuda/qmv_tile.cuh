@@ -644,5 +644,10 @@ void set_tuning(const Tuning& t);
 // Blocks of a persistent launch: min(work_blocks, SMs × min(tuning().blocks_per_sm, blocks that fit per SM)), so
 // that every block is resident at once.
 int persistent_grid(const void* kernel, int smem, int64_t work_blocks);
+// Blocks of `kernel` (kThreads threads, smem bytes of dynamic shared memory) that fit on one SM; looked up once.
+int blocks_fit(const void* kernel, int smem);
+// A balanced one-wave grid of kWarps-warp blocks for `batches` warp batches handed out round-robin (the one-token
+// integer kernels): the fewest rounds the resident warps allow, then just enough blocks for them.
+int balanced_grid(const void* kernel, int64_t batches);
 
 }  // namespace tern::cuda::qtile

@@ -15,11 +15,29 @@
 #include <vector>
 
 #include "core/bf16.h"
+#include "cpu/ops_gdn.h"
 #include "cuda/cuda_common.cuh"
 #include "cuda/device_weights.cuh"
 #include "model/weights.h"
 
 namespace tern::cuda::test {
+
+// The CPU GDN arguments for qkv [T, C] (rows q | k | v, as the conv leaves them), g and beta [T, Hv]; the caller sets
+// state and out.
+inline cpu::GdnArgs gdn_args_over_qkv(const std::vector<float>& qkv, int64_t C, const std::vector<float>& g,
+                                      const std::vector<float>& beta, int64_t T, const cpu::GdnDims& cd) {
+  cpu::GdnArgs ga;
+  ga.q = qkv.data();
+  ga.k = qkv.data() + cd.Hk * cd.dk;
+  ga.v = qkv.data() + 2 * cd.Hk * cd.dk;
+  ga.ld = C;
+  ga.g = g.data();
+  ga.beta = beta.data();
+  ga.T = T;
+  ga.dims = cd;
+  return ga;
+}
+
 
 // A fresh seed per test, printed so a failure can be replayed (TERN_TEST_SEED fixes it).
 inline uint64_t fresh_seed(const char* what) {
