@@ -36,6 +36,7 @@ struct GenerateArgs {
   std::vector<std::string> stop;
   std::string json_schema_file;  // --json-schema: constrain the output to this JSON Schema
   bool json_object = false;      // --json-object: constrain the output to a JSON object
+  int64_t thinking_budget = -1;  // --thinking-budget (with --chat): reasoning tokens at most
 };
 
 // The output constraint of --json-schema / --json-object (null without them). A schema the compiler refuses is a
@@ -101,6 +102,12 @@ void run_generate(const GenerateArgs& a) {
   bool in_reasoning = false;
   req.prompt = build_prompt(a, src, &in_reasoning);
   if (req.grammar && in_reasoning) req.grammar_start_after = "</think>";  // the reasoning stays free
+  TERN_USAGE_CHECK(a.thinking_budget < 0 || a.chat, "--thinking-budget needs --chat");
+  req.starts_in_reasoning = in_reasoning;
+  if (a.thinking_budget >= 0) {
+    req.thinking_budget = a.thinking_budget;
+    req.reasoning_close_tokens = src.tokenizer->encode(kReasoningBudgetClose);
+  }
   req.sampling = sampling_flags_apply(a.sampling, src.defaults);
   req.sampling.top_logprobs = a.top_logprobs;
   req.max_tokens = a.max_tokens;
@@ -137,6 +144,7 @@ void run_generate(const GenerateArgs& a) {
                                   {"finish_reason", finish_reason_name(r.finish)},
                                   {"prompt_tokens", r.prompt_tokens},
                                   {"completion_tokens", r.completion_tokens},
+                                  {"reasoning_tokens", r.reasoning_tokens},
                                   {"prefill_s", r.prefill_s},
                                   {"decode_s", r.decode_s},
                                   {"seed", r.seed},
@@ -174,6 +182,9 @@ void command_generate(CLI::App& app) {
   sub->add_flag("--chat", a->chat, "Apply the chat template to the prompt (a user message)");
   sub->add_option("--system", a->system, "System message (with --chat)");
   sub->add_flag("--no-think", a->no_think, "Chat template with enable_thinking=false (with --chat)");
+  sub->add_option("--thinking-budget", a->thinking_budget,
+                  "Reasoning tokens at most (with --chat and thinking on); then the model is told to answer")
+      ->check(CLI::NonNegativeNumber);
   sub->add_option("-n,--max-tokens", a->max_tokens, "Tokens to generate at most")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();

@@ -4,7 +4,8 @@
 //
 // Answers stream as they are generated; the thinking part is hidden behind a live indicator (a spinner with its
 // token count) or, with --show-thinking, shown dimmed. On a terminal the input has line editing and history
-// (cli/line_editor.h) and may span lines (a trailing backslash, """ blocks, pasted text). Commands: /help, /clear
+// (cli/line_editor.h), kept between sessions (cli/history_file.h; --history-file, --no-history), and may span
+// lines (a trailing backslash, """ blocks, pasted text). Commands: /help, /clear
 // (new conversation; /reset too), /system TEXT, /history, /exit. Ctrl-C stops the answer, not the program; Ctrl-D
 // or /exit quits. After each answer: tok/s on stderr. When stdin is not a terminal, each line is one message.
 // The session keeps the conversation's state between turns, so a turn only runs its new tokens.
@@ -25,6 +26,7 @@
 
 #include "cli/backend_select.h"
 #include "cli/commands.h"
+#include "cli/history_file.h"
 #include "cli/line_editor.h"
 #include "cli/model_flags.h"
 #include "core/check.h"
@@ -44,8 +46,10 @@ struct RunArgs {
   ModelFlags model;
   SamplingFlags sampling;
   std::string system;
-  bool show_thinking = false, no_think = false;
+  bool show_thinking = false, no_think = false, no_history = false;
   int64_t max_tokens = -1;
+  int64_t thinking_budget = -1;
+  std::string history_file = default_history_path();
 };
 
 // Splits the streamed answer into thinking (before </think>) and the answer, and prints each its way.
@@ -159,8 +163,12 @@ const char* const kHelp =
 // Where messages come from: the line editor on a terminal, plain lines otherwise (scripts pipe into tern run).
 class MessageInput {
  public:
-  MessageInput() : tty_(isatty(STDIN_FILENO) && isatty(STDOUT_FILENO)) {
-    if (tty_) editor_ = std::make_unique<LineEditor>(STDIN_FILENO, STDOUT_FILENO);
+  // history_path: where the editor's history is kept between sessions (empty: only in memory).
+  explicit MessageInput(const std::string& history_path)
+      : tty_(isatty(STDIN_FILENO) && isatty(STDOUT_FILENO)), history_(history_path, LineEditor::kMaxHistory) {
+    if (!tty_) return;
+    editor_ = std::make_unique<LineEditor>(STDIN_FILENO, STDOUT_FILENO);
+    for (const std::string& m : history_.load()) editor_->add_history(m);
   }
   bool tty() const { return tty_; }
 
@@ -169,7 +177,7 @@ class MessageInput {
     if (editor_) {
       LineEditor::Result r = editor_->read("> ", ". ");
       if (r.status == LineEditor::Status::end_of_input) return std::nullopt;
-      if (r.status == LineEditor::Status::message) editor_->add_history(r.text);
+      if (r.status == LineEditor::Status::message && editor_->add_history(r.text)) history_.append(r.text);
       return r.text;
     }
     std::string line;
@@ -193,6 +201,7 @@ class MessageInput {
 
  private:
   bool tty_;
+  HistoryFile history_;
   std::unique_ptr<LineEditor> editor_;
 };
 
@@ -257,7 +266,7 @@ void run_chat(const RunArgs& a) {
   if (src.demo)
     std::fprintf(stderr, "tern: this is the demo model: its weights are random, so it answers with noise.\n");
   std::fprintf(stderr, "tern: type a message; /help lists the commands. Ctrl-C stops an answer, Ctrl-D quits.\n");
-  MessageInput input;
+  MessageInput input(a.no_history ? std::string() : a.history_file);
 
   for (;;) {
     if (!input.tty() && isatty(STDIN_FILENO)) {  // a terminal for input but not for output: a plain prompt
@@ -298,6 +307,11 @@ void run_chat(const RunArgs& a) {
 
     const size_t open = prompt_text.rfind("<think>"), close = prompt_text.rfind("</think>");
     const bool thinking_open = open != std::string::npos && (close == std::string::npos || close < open);
+    req.starts_in_reasoning = thinking_open;
+    if (a.thinking_budget >= 0) {
+      req.thinking_budget = a.thinking_budget;
+      req.reasoning_close_tokens = src.tokenizer->encode(kReasoningBudgetClose);
+    }
     AnswerPrinter printer(thinking_open, a.show_thinking, tty_out);
     GenerationResult r;
     g_interrupted = false;
@@ -343,6 +357,13 @@ void command_run(CLI::App& app) {
   sub->add_option("--system", a->system, "System message");
   sub->add_flag("--show-thinking", a->show_thinking, "Show the model's thinking, dimmed (default: hidden)");
   sub->add_flag("--no-think", a->no_think, "Chat template with enable_thinking=false");
+  sub->add_option("--thinking-budget", a->thinking_budget,
+                  "Reasoning tokens per answer at most; then the model is told to answer (default: no limit)")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--history-file", a->history_file,
+                  "Where typed messages are kept between sessions (default: $TERN_HISTORY_FILE, else "
+                  "$XDG_STATE_HOME/tern/run_history or ~/.local/state/tern/run_history)");
+  sub->add_flag("--no-history", a->no_history, "Keep the typed messages only for this session");
   sub->add_option("-n,--max-tokens", a->max_tokens, "Tokens per answer at most (default: until the model stops)")
       ->check(CLI::PositiveNumber);  // a bad value is a usage error (exit 2)
   sub->callback([a] { run_chat(*a); });

@@ -19,6 +19,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -225,6 +226,11 @@ void command_serve(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--http-threads", s.http_threads, "HTTP worker threads (default: max-queue + 8)")
       ->check(CLI::Range(0, 4096));
+  sub->add_option("--thinking-budget", s.thinking_budget,
+                  "Reasoning tokens per answer at most, for requests that set none (thinking_budget, Anthropic's "
+                  "budget_tokens); then the model is told to answer. -1: no limit")
+      ->check(CLI::Range(int64_t(-1), int64_t(std::numeric_limits<int32_t>::max())))
+      ->capture_default_str();
   sub->add_flag("--debug-allow-forced-output", s.allow_forced_output,
                 "TESTS ONLY: accept the request field tern_debug_forced_output (text forced as the generated "
                 "tokens; see docs/server.md)");

@@ -247,11 +247,12 @@ void LineEditor::history_step(int delta) {
   set_line(history_pos_ == history_.size() ? scratch_ : history_[history_pos_]);
 }
 
-void LineEditor::add_history(const std::string& entry) {
-  if (entry.empty() || (!history_.empty() && history_.back() == entry)) return;
+bool LineEditor::add_history(const std::string& entry) {
+  if (entry.empty() || (!history_.empty() && history_.back() == entry)) return false;
   history_.push_back(entry);
-  constexpr size_t kMaxHistory = 1000;
   if (history_.size() > kMaxHistory) history_.erase(history_.begin());
+  history_pos_ = history_.size();
+  return true;
 }
 
 // Reads the rest of an escape sequence. Keys it knows move the cursor or the history; any other sequence is

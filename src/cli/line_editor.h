@@ -48,8 +48,10 @@ class LineEditor {
 
   // Reads one message. `prompt` and `continuation` are shown in bold before the first and the following lines.
   Result read(std::string_view prompt, std::string_view continuation);
-  // Adds a message to the history (not empty ones, not a repeat of the last).
-  void add_history(const std::string& entry);
+  // Adds a message to the history (not empty ones, not a repeat of the last: false); the oldest go beyond
+  // kMaxHistory.
+  static constexpr size_t kMaxHistory = 1000;
+  bool add_history(const std::string& entry);
 
   // While an answer streams: the terminal does not echo what is typed (it waits for the next prompt), and Ctrl-C
   // raises SIGINT as usual.

@@ -17,6 +17,55 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+// GenerationRequest::thinking_budget: follows the output's raw bytes for "<think>" / "</think>" (markers may straddle
+// tokens), counts the tokens inside an open block and queues the close tokens once the budget is spent.
+class ReasoningBudget {
+ public:
+  explicit ReasoningBudget(const GenerationRequest& r)
+      : budget_(r.thinking_budget), close_(r.reasoning_close_tokens), open_(r.starts_in_reasoning) {
+    if (open_ && budget_ == 0) next_ = 0;  // no reasoning at all: close at once
+  }
+  bool forcing() const { return next_ >= 0; }
+  int32_t next_forced() { return close_[size_t(next_)]; }
+  // Every emitted token's raw bytes, in order (a forced one included).
+  void accept(const std::string& bytes) {
+    if (forcing()) {  // this token is close_[next_]
+      if (size_t(++next_) == close_.size()) {
+        next_ = -1;
+        open_ = false;
+        closed_ = true;
+        cut_ = true;
+      }
+      return;
+    }
+    if (closed_) return;
+    tail_ += bytes;
+    if (open_) {
+      if (tail_.find("</think>") != std::string::npos) {
+        open_ = false;
+        closed_ = true;
+        return;
+      }
+      ++tokens_;
+      if (budget_ >= 0 && tokens_ >= budget_) next_ = 0;
+    } else if (size_t at = tail_.find("<think>"); at != std::string::npos) {
+      open_ = true;
+      tail_.erase(0, at + 7);
+    }
+    if (tail_.size() > 8) tail_.erase(0, tail_.size() - 8);  // enough for a marker split over tokens
+  }
+  int64_t reasoning_tokens() const { return tokens_; }
+  bool cut() const { return cut_; }
+
+ private:
+  int64_t budget_;
+  const std::vector<int32_t>& close_;
+  bool open_, closed_ = false, cut_ = false;
+  int64_t tokens_ = 0;
+  int next_ = -1;  // >= 0: the index in close_ of the next token to force
+  std::string tail_;
+};
+
 bool device_sampling_allowed(const GenerationRequest& r) {
   const SamplingParams& s = r.sampling;
   return s.logit_bias.empty() && s.presence_penalty == 0.0f && s.frequency_penalty == 0.0f &&
@@ -87,8 +136,14 @@ GenerationResult Generator::generate(Session& session, const GenerationRequest& 
   TERN_CHECK(n_prompt <= session.capacity(), "the prompt has ", n_prompt, " tokens but the context holds only ",
              session.capacity());
 
+  for (int32_t id : request.reasoning_close_tokens)
+    TERN_CHECK(id >= 0 && id < vocab, "reasoning close token ", id, " is outside the vocabulary [0, ", vocab, ")");
+  TERN_CHECK(request.thinking_budget < 0 || !request.reasoning_close_tokens.empty(),
+             "a thinking budget needs the tokens that close the reasoning");
+
   std::optional<OutputConstraint> constraint;
   if (request.grammar) constraint.emplace(request.grammar, vocabulary(), request.grammar_start_after);
+  ReasoningBudget budget(request);
 
   GenerationResult result;
   result.prompt_tokens = n_prompt;
@@ -160,11 +215,12 @@ GenerationResult Generator::generate(Session& session, const GenerationRequest& 
       id = sampler.sample(logits, want_logprobs ? &info : nullptr,
                           constraint ? constraint->fill() : std::span<const uint32_t>());
     }
-    const bool forced = step < request.forced_tokens.size();
+    const bool forced = budget.forcing() || step < request.forced_tokens.size();
     if (forced) {
-      id = request.forced_tokens[step];
+      id = budget.forcing() ? budget.next_forced() : request.forced_tokens[step];
       if (want_logprobs) info.logprob = sampler.last_logprob(logits, id);
     }
+    budget.accept(text_.bytes(id));
     bool grammar_ended = false;  // an end id the grammar accepted ends the output even with ignore_eos
     if (constraint) {
       const bool was_active = constraint->active();
@@ -253,6 +309,8 @@ GenerationResult Generator::generate(Session& session, const GenerationRequest& 
     if (!ev.text.empty()) emit(ev);
   }
   result.completion_tokens = int64_t(result.tokens.size());
+  result.reasoning_tokens = budget.reasoning_tokens();
+  result.reasoning_cut = budget.cut();
   return result;
 }
 

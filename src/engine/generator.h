@@ -18,6 +18,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/sampler.h"
@@ -45,6 +46,14 @@ struct GenerationRequest {
   // With a grammar: the constraint starts after the output's raw bytes contain this text (e.g. "</think>": the
   // reasoning stays free); "": from the first token.
   std::string grammar_start_after;
+  // Reasoning budget: with thinking_budget >= 0, once that many tokens were generated inside an open reasoning
+  // block (the prompt ends inside one: starts_in_reasoning; or the output opened one, "<think>") that is still open,
+  // the next tokens are reasoning_close_tokens (the ids of "</think>"; the model runs as usual, its choice is
+  // replaced), and the answer follows. The close tokens count as output tokens, not as reasoning. They take the
+  // place of forced_tokens (debug) at their steps.
+  int64_t thinking_budget = -1;
+  bool starts_in_reasoning = false;
+  std::vector<int32_t> reasoning_close_tokens;
   const std::atomic<bool>* cancel = nullptr;  // optional: set to true to stop within one step
   // Prefix cache (src/engine/prefix_cache.h): the prefill's forward calls also end at every multiple of
   // checkpoint_every (absolute positions; 0: none), and on_checkpoint(session) runs there and once the whole
@@ -54,6 +63,12 @@ struct GenerationRequest {
   std::vector<int64_t> checkpoint_at;
   std::function<void(Session&)> on_checkpoint;
 };
+
+// What a spent thinking budget forces (callers tokenise it into reasoning_close_tokens): a note that tells the model
+// why its reasoning stops, so that the answer builds on what it has (as the Qwen3 report's budget experiments do),
+// rather than a bare </think> mid-sentence.
+inline constexpr std::string_view kReasoningBudgetClose =
+    "\n\nThe thinking budget is spent; time to answer with what I have.\n</think>\n\n";
 
 // One generated token. Emitted for every generated id except an end id that stops generation.
 struct TokenEvent {
@@ -85,6 +100,8 @@ struct GenerationResult {
   int64_t completion_tokens = 0;        // tokens.size()
   double prefill_s = 0.0;               // prompt forward until the first token is sampled (time to first token)
   double decode_s = 0.0;                // the remaining steps
+  int64_t reasoning_tokens = 0;         // generated inside an open reasoning block (see thinking_budget)
+  bool reasoning_cut = false;           // the budget closed the reasoning block
   uint64_t seed = 0;                    // the seed used (drawn at random when the request gave none)
 
   double prefill_tok_s() const { return prefill_s > 0 ? double(prompt_tokens - cached_tokens) / prefill_s : 0.0; }

@@ -1,7 +1,6 @@
 #include "grammar/automaton.h"
 
 #include <algorithm>
-#include <unordered_set>
 
 #include "core/check.h"
 
@@ -13,16 +12,14 @@ namespace {
 constexpr size_t kMaxStackDepth = 2048;
 constexpr size_t kMaxClosureStacks = 100000;
 
-struct StackHash {
-  size_t operator()(const std::vector<uint32_t>& s) const {
-    uint64_t h = 1469598103934665603ull;
-    for (uint32_t x : s) h = (h ^ x) * 1099511628211ull;
-    return static_cast<size_t>(h ^ (h >> 29));
-  }
-};
+size_t hash_positions(const uint32_t* p, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return static_cast<size_t>(h ^ (h >> 29));
+}
 }  // namespace
 
-size_t Automaton::KeyHash::operator()(const std::vector<uint32_t>& k) const { return StackHash{}(k); }
+size_t Automaton::KeyHash::operator()(std::span<const uint32_t> k) const { return hash_positions(k.data(), k.size()); }
 
 Automaton::Automaton(const Grammar* grammar) : g_(grammar) {
   // Bytes that every byte set of the grammar treats alike share a column of the transition table.
@@ -45,62 +42,106 @@ Automaton::Automaton(const Grammar* grammar) : g_(grammar) {
   for (int b = 255; b >= 0; --b) class_rep_[byte_class_[b]] = static_cast<uint8_t>(b);
   for (int b = 0x7E; b >= 0x20; --b) class_rep_[byte_class_[b]] = static_cast<uint8_t>(b);
 
-  std::vector<std::vector<uint32_t>> work, out;
+  arena_.clear();
+  std::vector<uint32_t> work;
   for (uint32_t a : g_->rules[g_->start_rule]) {
-    if (elem_kind(g_->elems[a]) == ElemKind::End)
-      work.push_back({});
-    else
-      work.push_back({a});
+    bool end = elem_kind(g_->elems[a]) == ElemKind::End;
+    work.push_back(push_record(&a, end ? 0 : 1));
   }
-  closure(work, out);
-  initial_ = intern(std::move(out));
+  closure(work);
+  initial_ = intern_closed();
 }
 
-// Expands references until every stack's top is a byte set (or the stack is empty: complete).
-void Automaton::closure(std::vector<std::vector<uint32_t>>& work, std::vector<std::vector<uint32_t>>& out) const {
+uint32_t Automaton::push_record(const uint32_t* positions, uint32_t length) {
+  uint32_t o = static_cast<uint32_t>(arena_.size());
+  arena_.push_back(length);
+  arena_.insert(arena_.end(), positions, positions + length);
+  return o;
+}
+
+// Expands references until every stack's top is a byte set (or the stack is empty: complete). Records are
+// deduplicated through `seen_`, an open-addressing table of offsets + 1 (0: empty).
+void Automaton::closure(std::vector<uint32_t>& todo) {
   const auto& elems = g_->elems;
-  std::unordered_set<std::vector<uint32_t>, StackHash> seen;
-  std::vector<std::vector<uint32_t>> todo;
-  auto push = [&](std::vector<uint32_t>&& s) {
-    if (s.size() > kMaxStackDepth || seen.size() >= kMaxClosureStacks) return;
-    if (seen.insert(s).second) todo.push_back(std::move(s));
+  closed_.clear();
+  size_t count = 0;
+  seen_.assign(64, 0u);
+  auto insert = [&](uint32_t o) {  // false: a duplicate, or over the bounds
+    if (arena_[o] > kMaxStackDepth || count >= kMaxClosureStacks) return false;
+    if ((count + 1) * 2 > seen_.size()) {  // grow and rehash
+      std::vector<uint32_t> old = std::move(seen_);
+      seen_.assign(old.size() * 2, 0u);
+      for (uint32_t x : old) {
+        if (!x) continue;
+        size_t i = hash_positions(&arena_[x], arena_[x - 1]) & (seen_.size() - 1);  // x - 1: the record
+        while (seen_[i]) i = (i + 1) & (seen_.size() - 1);
+        seen_[i] = x;
+      }
+    }
+    const uint32_t* r = &arena_[o + 1];
+    const uint32_t len = arena_[o];
+    size_t i = hash_positions(r, len) & (seen_.size() - 1);
+    for (; seen_[i]; i = (i + 1) & (seen_.size() - 1)) {
+      uint32_t x = seen_[i] - 1;  // the record
+      if (arena_[x] == len && std::equal(r, r + len, &arena_[x + 1])) return false;
+    }
+    seen_[i] = o + 1;
+    ++count;
+    return true;
   };
-  for (auto& s : work) push(std::move(s));
-  work.clear();
+  size_t kept = 0;
+  for (uint32_t o : todo)
+    if (insert(o)) todo[kept++] = o;
+  todo.resize(kept);
   while (!todo.empty()) {
-    std::vector<uint32_t> s = std::move(todo.back());
+    uint32_t o = todo.back();
     todo.pop_back();
-    if (s.empty() || elem_kind(elems[s.back()]) == ElemKind::Bytes) {
-      out.push_back(std::move(s));
+    uint32_t len = arena_[o];
+    if (len == 0 || elem_kind(elems[arena_[o + len]]) == ElemKind::Bytes) {
+      closed_.push_back(o);
       continue;
     }
     // A reference: continue after it (or return, when it ends its alternative), entering each alternative.
-    uint32_t rule = elem_payload(elems[s.back()]);
-    uint32_t after = s.back() + 1;
-    if (elem_kind(elems[after]) == ElemKind::End)
-      s.pop_back();
-    else
-      s.back() = after;
+    uint32_t top = arena_[o + len];
+    uint32_t rule = elem_payload(elems[top]);
+    uint32_t after = top + 1;
+    bool pop = elem_kind(elems[after]) == ElemKind::End;
+    uint32_t base = pop ? len - 1 : len;
     for (uint32_t a : g_->rules[rule]) {
-      std::vector<uint32_t> t = s;
-      if (elem_kind(elems[a]) != ElemKind::End) t.push_back(a);
-      push(std::move(t));
+      bool enter = elem_kind(elems[a]) != ElemKind::End;
+      uint32_t n = base + (enter ? 1 : 0);
+      uint32_t no = static_cast<uint32_t>(arena_.size());
+      arena_.resize(no + 1 + n);
+      uint32_t* d = arena_.data();
+      d[no] = n;
+      std::copy(d + o + 1, d + o + 1 + base, d + no + 1);
+      if (!pop) d[no + len] = after;
+      if (enter) d[no + 1 + base] = a;
+      if (insert(no))
+        todo.push_back(no);
+      else
+        arena_.resize(no);
     }
   }
 }
 
-int32_t Automaton::intern(std::vector<std::vector<uint32_t>> stacks) {
-  std::sort(stacks.begin(), stacks.end());
-  stacks.erase(std::unique(stacks.begin(), stacks.end()), stacks.end());
-  State st;
-  st.n_stacks = static_cast<uint32_t>(stacks.size());
-  for (const auto& s : stacks) {
-    if (s.empty()) st.complete = true;
-    st.key.push_back(static_cast<uint32_t>(s.size()));
-    st.key.insert(st.key.end(), s.begin(), s.end());
+int32_t Automaton::intern_closed() {
+  const uint32_t* d = arena_.data();
+  std::sort(closed_.begin(), closed_.end(), [d](uint32_t x, uint32_t y) {
+    return std::lexicographical_compare(d + x + 1, d + x + 1 + d[x], d + y + 1, d + y + 1 + d[y]);
+  });
+  key_.clear();
+  bool complete = false;
+  for (uint32_t o : closed_) {
+    if (d[o] == 0) complete = true;
+    key_.insert(key_.end(), d + o, d + o + 1 + d[o]);
   }
-  auto it = ids_.find(st.key);
+  auto it = ids_.find(std::span<const uint32_t>(key_));
   if (it != ids_.end()) return it->second;
+  State st;
+  st.n_stacks = static_cast<uint32_t>(closed_.size());
+  st.complete = complete;
+  st.key = key_;
   int32_t id = static_cast<int32_t>(states_.size());
   ids_.emplace(st.key, id);
   states_.push_back(std::move(st));
@@ -110,32 +151,38 @@ int32_t Automaton::intern(std::vector<std::vector<uint32_t>> stacks) {
 
 int32_t Automaton::compute(int32_t state, uint8_t b) {
   const auto& elems = g_->elems;
-  std::vector<std::vector<uint32_t>> work, out;
+  const size_t column = static_cast<size_t>(state) * n_classes_ + byte_class_[b];
+  const std::vector<uint32_t>& key = states_[static_cast<size_t>(state)].key;
+  std::vector<uint64_t>& signature = signature_;
+  signature.assign((states_[static_cast<size_t>(state)].n_stacks + 63) / 64, 0);
   {
-    const std::vector<uint32_t>& key = states_[static_cast<size_t>(state)].key;
-    for (size_t i = 0; i < key.size();) {
-      size_t len = key[i];
-      if (len > 0) {
-        uint32_t top = key[i + len];
-        if (g_->sets[elem_payload(elems[top])].test(b)) {
-          std::vector<uint32_t> s(key.begin() + static_cast<std::ptrdiff_t>(i + 1),
-                                  key.begin() + static_cast<std::ptrdiff_t>(i + 1 + len));
-          if (elem_kind(elems[top + 1]) == ElemKind::End)
-            s.pop_back();
-          else
-            s.back() = top + 1;
-          work.push_back(std::move(s));
-        }
-      }
-      i += len + 1;
-    }
+    size_t k = 0;
+    for (size_t i = 0; i < key.size(); i += key[i] + 1, ++k)
+      if (key[i] > 0 && g_->sets[elem_payload(elems[key[i + key[i]]])].test(b)) signature[k / 64] |= 1ull << (k % 64);
+    for (const auto& [sig, target] : states_[static_cast<size_t>(state)].by_signature)
+      if (sig == signature) return trans_[column] = target;
+  }
+  arena_.clear();
+  std::vector<uint32_t>& work = work_;
+  work.clear();
+  for (size_t i = 0; i < key.size(); i += key[i] + 1) {
+    uint32_t len = key[i];
+    if (len == 0) continue;
+    uint32_t top = key[i + len];
+    if (!g_->sets[elem_payload(elems[top])].test(b)) continue;
+    // Past the byte: the next element of the alternative, or return when it ends.
+    bool pop = elem_kind(elems[top + 1]) == ElemKind::End;
+    uint32_t o = push_record(&key[i + 1], pop ? len - 1 : len);
+    if (!pop) arena_[o + len] = top + 1;
+    work.push_back(o);
   }
   int32_t result = kDead;
   if (!work.empty()) {
-    closure(work, out);
-    if (!out.empty()) result = intern(std::move(out));
+    closure(work);
+    if (!closed_.empty()) result = intern_closed();  // (may grow states_: `key` is not used after this)
   }
-  trans_[static_cast<size_t>(state) * n_classes_ + byte_class_[b]] = result;
+  trans_[column] = result;
+  states_[static_cast<size_t>(state)].by_signature.emplace_back(signature, result);
   return result;
 }
 
@@ -164,19 +211,36 @@ std::optional<std::string> Automaton::shortest_completion(int32_t state, size_t 
 
 Automaton::Multibyte Automaton::multibyte_kind(int32_t state, int32_t target) {
   // Byte classes are exact (every byte of a class moves every state alike), so one byte per class and range
-  // position covers all characters.
-  auto reps_in = [&](uint8_t lo, uint8_t hi) {
-    std::vector<uint8_t> reps;
-    std::vector<bool> seen(n_classes_, false);
-    for (int b = lo; b <= hi; ++b)
-      if (!seen[byte_class_[b]]) {
-        seen[byte_class_[b]] = true;
-        reps.push_back(static_cast<uint8_t>(b));
-      }
-    return reps;
-  };
-  const std::vector<uint8_t> cont = reps_in(0x80, 0xBF);
-  std::vector<std::pair<int32_t, int>> frontier;  // (state, continuation bytes still due)
+  // position covers all characters, and leads of one class with the same continuation ranges behave alike.
+  if (lead_plan_.empty()) {
+    auto reps_in = [&](uint8_t lo, uint8_t hi) {
+      std::vector<uint8_t> reps;
+      std::vector<bool> seen(n_classes_, false);
+      for (int b = lo; b <= hi; ++b)
+        if (!seen[byte_class_[b]]) {
+          seen[byte_class_[b]] = true;
+          reps.push_back(static_cast<uint8_t>(b));
+        }
+      return reps;
+    };
+    cont_reps_ = reps_in(0x80, 0xBF);
+    for (int lead = 0xC2; lead <= 0xF4; ++lead) {
+      LeadPlan p;
+      p.lead = static_cast<uint8_t>(lead);
+      p.due = lead <= 0xDF ? 1 : lead <= 0xEF ? 2 : 3;
+      uint8_t lo = 0x80, hi = 0xBF;
+      if (lead == 0xE0) lo = 0xA0;
+      if (lead == 0xED) hi = 0x9F;
+      if (lead == 0xF0) lo = 0x90;
+      if (lead == 0xF4) hi = 0x8F;
+      p.second = reps_in(lo, hi);
+      bool same = false;
+      for (const LeadPlan& q : lead_plan_)
+        same = same || (byte_class_[q.lead] == byte_class_[p.lead] && q.due == p.due && q.second == p.second);
+      if (!same) lead_plan_.push_back(std::move(p));
+    }
+  }
+  std::vector<std::pair<int32_t, int>> frontier, visited;  // (state, continuation bytes still due)
   bool any_dead = false, any_target = false;
   auto outcome = [&](int32_t s) {
     if (s == kDead)
@@ -187,29 +251,23 @@ Automaton::Multibyte Automaton::multibyte_kind(int32_t state, int32_t target) {
       return false;
     return !(any_dead && any_target);
   };
-  for (int lead = 0xC2; lead <= 0xF4; ++lead) {
-    int n = lead <= 0xDF ? 1 : lead <= 0xEF ? 2 : 3;
-    uint8_t lo = 0x80, hi = 0xBF;
-    if (lead == 0xE0) lo = 0xA0;
-    if (lead == 0xED) hi = 0x9F;
-    if (lead == 0xF0) lo = 0x90;
-    if (lead == 0xF4) hi = 0x8F;
-    int32_t s1 = next(state, static_cast<uint8_t>(lead));
+  for (const LeadPlan& p : lead_plan_) {
+    int32_t s1 = next(state, p.lead);
     if (s1 == kDead) {
       if (!outcome(kDead)) return Multibyte::Mixed;
       continue;
     }
-    for (uint8_t b2 : reps_in(lo, hi)) {
-      frontier.assign(1, {next(s1, b2), n - 1});
-      while (!frontier.empty()) {
-        auto [s, left] = frontier.back();
-        frontier.pop_back();
-        if (s == kDead || left == 0) {
-          if (!outcome(s)) return Multibyte::Mixed;
-          continue;
-        }
-        for (uint8_t b : cont) frontier.push_back({next(s, b), left - 1});
+    for (uint8_t b2 : p.second) frontier.push_back({next(s1, b2), p.due - 1});
+    while (!frontier.empty()) {
+      std::pair<int32_t, int> at = frontier.back();
+      frontier.pop_back();
+      if (at.first == kDead || at.second == 0) {
+        if (!outcome(at.first)) return Multibyte::Mixed;
+        continue;
       }
+      if (std::find(visited.begin(), visited.end(), at) != visited.end()) continue;
+      visited.push_back(at);
+      for (uint8_t b : cont_reps_) frontier.push_back({next(at.first, b), at.second - 1});
     }
   }
   return any_target ? Multibyte::ToTarget : Multibyte::Dead;
@@ -221,13 +279,12 @@ bool Automaton::shrink_if_above(size_t max_states, std::vector<int32_t*> keep) {
   states_.clear();
   ids_.clear();
   trans_.clear();
-  auto reintern = [&](int32_t id) {
-    std::vector<std::vector<uint32_t>> stacks;
+  auto reintern = [&](int32_t id) {  // its stacks are closed already
     const auto& key = old[static_cast<size_t>(id)].key;
-    for (size_t i = 0; i < key.size(); i += key[i] + 1)
-      stacks.emplace_back(key.begin() + static_cast<std::ptrdiff_t>(i + 1),
-                          key.begin() + static_cast<std::ptrdiff_t>(i + 1 + key[i]));
-    return intern(std::move(stacks));
+    arena_.clear();
+    closed_.clear();
+    for (size_t i = 0; i < key.size(); i += key[i] + 1) closed_.push_back(push_record(&key[i + 1], key[i]));
+    return intern_closed();
   };
   initial_ = reintern(initial_);
   for (int32_t* p : keep)

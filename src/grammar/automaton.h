@@ -10,8 +10,10 @@
 // their engine's mutex around every use.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -56,10 +58,17 @@ class Automaton {
     std::vector<uint32_t> key;  // the sorted stacks, each as [length, positions bottom..top]
     bool complete = false;
     uint32_t n_stacks = 0;
+    // Targets computed so far, by signature (which stacks' tops accept the byte): bytes of different classes that
+    // the same stacks accept lead to the same state, so only the first of them pays for a closure.
+    std::vector<std::pair<std::vector<uint64_t>, int32_t>> by_signature;
   };
   int32_t compute(int32_t state, uint8_t b);
-  int32_t intern(std::vector<std::vector<uint32_t>> stacks);
-  void closure(std::vector<std::vector<uint32_t>>& work, std::vector<std::vector<uint32_t>>& out) const;
+  // Stacks live in `arena_` as records [length, positions bottom..top], named by their offset. closure() expands
+  // the records `work` until every top is a byte set (or the stack is empty: complete) into `closed_`; intern()
+  // names the set of records in `closed_` (the same set -> the same id).
+  uint32_t push_record(const uint32_t* positions, uint32_t length);
+  void closure(std::vector<uint32_t>& work);
+  int32_t intern_closed();
 
   const Grammar* g_;
   uint8_t byte_class_[256];
@@ -68,9 +77,28 @@ class Automaton {
   std::vector<State> states_;
   std::vector<int32_t> trans_;  // [state][class]
   struct KeyHash {
-    size_t operator()(const std::vector<uint32_t>& k) const;
+    using is_transparent = void;
+    size_t operator()(std::span<const uint32_t> k) const;
+    size_t operator()(const std::vector<uint32_t>& k) const { return (*this)(std::span<const uint32_t>(k)); }
   };
-  std::unordered_map<std::vector<uint32_t>, int32_t, KeyHash> ids_;
+  struct KeyEq {
+    using is_transparent = void;
+    bool operator()(std::span<const uint32_t> a, std::span<const uint32_t> b) const {
+      return std::equal(a.begin(), a.end(), b.begin(), b.end());
+    }
+  };
+  std::unordered_map<std::vector<uint32_t>, int32_t, KeyHash, KeyEq> ids_;
+  // Scratch of compute(), kept between calls so that a transition allocates nothing once warm.
+  std::vector<uint32_t> arena_, closed_, seen_, key_, work_;
+  std::vector<uint64_t> signature_;
+  // multibyte_kind(): the distinct lead bytes (by class and continuation ranges), and the continuation bytes.
+  struct LeadPlan {
+    uint8_t lead;
+    int due;                      // continuation bytes after the lead
+    std::vector<uint8_t> second;  // one byte per class of the allowed second byte
+  };
+  std::vector<LeadPlan> lead_plan_;
+  std::vector<uint8_t> cont_reps_;
   int32_t initial_ = 0;
 };
 

@@ -1,9 +1,14 @@
 // Matcher: one request's position in a grammar, and the per-step token mask.
 //
 // fill_mask walks the vocabulary's pre-order trie with the automaton: a node's state is its parent's state advanced
-// by the node's byte (one table lookup once warm); a dead state skips the subtree. Masks are cached per automaton
-// state, because most steps of a JSON document repeat a state (inside a string, after a comma, ...), and the
-// automaton and masks are shared by every Matcher of the same compiled grammar (clones, later requests).
+// by the node's byte (one table lookup once warm); a dead state skips the subtree. Inside text (strings, counted
+// strings and repetitions, formats) a state's mask comes instead from the class table of its character class
+// (class_table.h): a precomputed bitset of the tokens made of class characters, corrected for the chain of states
+// those characters walk (a counted repetition's end), plus walks of only the trie subtrees that leave the class.
+// That keeps a cold mask (a state never seen, e.g. each position of an email's counted local part) cheap. Masks are
+// cached per automaton state, because most steps of a JSON document repeat a state (inside a string, after a
+// comma, ...), and the automaton and masks are shared by every Matcher of the same compiled grammar (clones, later
+// requests).
 #include <algorithm>
 #include <bit>
 #include <cstring>
@@ -32,7 +37,6 @@ struct Uniform {
   int32_t next = -1;        // the state most ASCII bytes lead to (-1: every ASCII byte is dead)
   int count = 0;            // how many ASCII bytes lead there
   uint64_t lo = 0, hi = 0;  // those bytes
-  Automaton::Multibyte multibyte = Automaton::Multibyte::Mixed;  // where whole multi-byte characters lead
 };
 
 // What the Matchers of one grammar and vocabulary share (clones, and later requests with the same compiled
@@ -45,28 +49,42 @@ struct MatcherEngine {
   std::unordered_map<int32_t, CachedMask> masks;             // automaton state -> mask
   size_t mask_bytes = 0;                                     // held by `masks`
   std::unordered_map<int32_t, Uniform> uniforms;             // automaton state -> its looping bytes
+  std::unordered_map<int32_t, std::pair<int32_t, Automaton::Multibyte>> multibytes;  // state -> (target, where
+                                                                                       // its characters go)
+  std::unordered_map<int32_t, std::pair<CharClass, int32_t>> steps;  // automaton state -> class_step()
   std::vector<int32_t> walk_states;                           // per trie depth
+  std::vector<int32_t> chain;                                 // fill_class: S0, S1, ...
 
   MatcherEngine(const Grammar* g, std::shared_ptr<const VocabularyImpl> v) : vocab(std::move(v)), automaton(g) {}
 
   void set_end_ids(std::span<uint32_t> mask) const {
     for (int32_t id : vocab->end_ids()) mask[static_cast<size_t>(id) / 32] |= 1u << (id % 32);
   }
+  void clear_caches() {
+    masks.clear();
+    mask_bytes = 0;
+    uniforms.clear();
+    multibytes.clear();
+    steps.clear();
+  }
 
   // Every token through the trie. The table pointer is re-read only after a transition had to be computed.
   void walk(int32_t from, std::span<uint32_t> mask) {
+    walk_nodes(from, 0, static_cast<uint32_t>(vocab->nodes().size()), mask);
+  }
+  // The trie nodes [begin, end) (whole subtrees, or a single node), `from` being the state at begin's parent.
+  void walk_nodes(int32_t from, uint32_t begin, uint32_t end, std::span<uint32_t> mask) {
     const TrieNode* nodes = vocab->nodes().data();
-    const size_t n = vocab->nodes().size();
     const int32_t* extra = vocab->extra_tokens().data();
     walk_states.resize(static_cast<size_t>(vocab->max_depth()) + 1);
     int32_t* st = walk_states.data();
-    st[0] = from;
+    st[nodes[begin].depth - 1] = from;
     uint32_t* m = mask.data();
     uint32_t sink = 0;
     const uint8_t* cls = automaton.byte_classes();
     const size_t nc = automaton.n_classes();
     const int32_t* table = automaton.table();
-    for (size_t i = 0; i < n;) {
+    for (uint32_t i = begin; i < end;) {
       const TrieNode& nd = nodes[i];
       int32_t parent = st[nd.depth - 1];
       int32_t to = table[static_cast<size_t>(parent) * nc + cls[nd.byte]];
@@ -92,12 +110,10 @@ struct MatcherEngine {
     }
   }
 
-  // Inside free text (a JSON string, raw tool-call text, a counted string) most ASCII bytes, and often every
-  // multi-byte character, move a state to one common next state: to itself in a free string, to the next position
-  // in a counted one. Along such a chain S0 -> S1 -> ... of `length` uniform steps, a token of c <= length whole
-  // characters whose ASCII bytes are all uniform is decided without walking it (accepted; or refused when it has
-  // a multi-byte character and those are dead along the chain). Only the other tokens (a quote, a backslash, a
-  // partial character, too many characters) run through the automaton, one by one.
+  // Inside free text (a JSON string, raw tool-call text, a counted string, an email's local part) most ASCII
+  // bytes, and often every multi-byte character, move a state to one common next state: to itself in a free
+  // string, to the next position in a counted one. Those bytes are a character class (class_table.h), and along
+  // the chain S0 -> S1 -> ... that its characters walk, the precomputed class table decides most tokens at once.
   const Uniform& uniform(int32_t state) {
     auto it = uniforms.find(state);
     if (it != uniforms.end()) return it->second;
@@ -110,61 +126,114 @@ struct MatcherEngine {
     }
     for (const auto& [t, n] : votes)
       if (n > u.count) u.next = t, u.count = n;
-    if (u.next >= 0) {
+    if (u.next >= 0)
       for (int b = 0; b < 128; ++b)
         if (succ[b] == u.next) (b < 64 ? u.lo : u.hi) |= 1ull << (b & 63);
-      // Only states with enough uniform bytes take the shape path; the check costs a few dozen transitions.
-      if (u.count >= kMinUniformAscii) u.multibyte = automaton.multibyte_kind(state, u.next);
+    return uniforms.emplace(state, u).first->second;  // (unordered_map references survive rehashing)
+  }
+  // The state every ASCII byte of the class leads to from `state`, or -1 when they do not all lead to one state.
+  // Only the class's bytes are tried (one per byte class of the automaton): the chain's other transitions (a quote,
+  // a backslash) are computed when a token needs them.
+  int32_t class_step(int32_t state, const CharClass& c) {
+    auto it = steps.find(state);
+    if (it != steps.end() && it->second.first == c) return it->second.second;
+    int32_t target = Automaton::kUnknown;
+    bool seen[256] = {};
+    const uint8_t* byte_class = automaton.byte_classes();
+    for (int b = 0; b < 128 && target != Automaton::kDead; ++b) {
+      if (!c.has_ascii(static_cast<uint8_t>(b)) || seen[byte_class[b]]) continue;
+      seen[byte_class[b]] = true;
+      int32_t s = automaton.next(state, static_cast<uint8_t>(b));
+      target = target == Automaton::kUnknown || s == target ? s : Automaton::kDead;
     }
-    return uniforms.emplace(state, u).first->second;
+    if (target < 0) target = -1;
+    steps[state] = {c, target};
+    return target;
+  }
+  // Where the whole multi-byte characters lead from `state`, relative to its uniform successor. Costs a few dozen
+  // transitions, so it is asked only where a token needs it.
+  Automaton::Multibyte multibyte(int32_t state, int32_t target) {
+    auto it = multibytes.find(state);
+    if (it != multibytes.end() && it->second.first == target) return it->second.second;
+    Automaton::Multibyte kind = automaton.multibyte_kind(state, target);
+    multibytes[state] = {target, kind};
+    return kind;
   }
 
   static constexpr int kMinUniformAscii = 48;  // fewer uniform bytes: the trie prunes well enough
-  static constexpr int kMinChainLength = 24;   // shorter chains: the trie walk stops early anyway
 
-  // Length of the uniform chain from `state` for the byte set of its first step (INT32_MAX: a self loop).
-  int chain_length(int32_t state, const Uniform& first) {
-    int32_t cur = state;
-    int len = 0;
-    while (len < vocab->max_chars()) {
-      const Uniform& u = uniform(cur);
-      if (u.next < 0 || (first.lo & ~u.lo) || (first.hi & ~u.hi) || u.multibyte != first.multibyte) break;
-      ++len;
-      if (u.next == cur) return INT32_MAX;
-      cur = u.next;
-    }
-    return len;
+  // The state after `bytes` from `s`, or kDead.
+  int32_t run(int32_t s, const uint8_t* bytes, size_t n) {
+    for (size_t i = 0; i < n && s != Automaton::kDead; ++i) s = automaton.next(s, bytes[i]);
+    return s;
+  }
+  // No character of the class can follow `state`.
+  bool refuses_class(int32_t state, const CharClass& c) {
+    for (int b = 0; b < 128; ++b)
+      if (c.has_ascii(static_cast<uint8_t>(b)) && automaton.next(state, static_cast<uint8_t>(b)) != Automaton::kDead)
+        return false;
+    if (c.multibyte)
+      for (int lead = 0xC2; lead <= 0xF4; ++lead)
+        if (automaton.next(state, static_cast<uint8_t>(lead)) != Automaton::kDead) return false;
+    return true;
   }
 
-  void walk_uniform(int32_t from, const Uniform& u, int length, std::span<uint32_t> mask) {
-    uint32_t* m = mask.data();
-    const uint64_t not_lo = ~u.lo, not_hi = ~u.hi;
-    const bool multibyte_ok = u.multibyte == Automaton::Multibyte::ToTarget;
-    for (const TokenShape& t : vocab->shapes()) {
-      bool ok;
-      if (t.whole_utf8 && !(t.ascii_lo & not_lo) && !(t.ascii_hi & not_hi) && t.chars <= length) {
-        ok = multibyte_ok || !t.non_ascii;
-      } else {
-        const std::string& bytes = *vocab->bytes(t.id);
-        int32_t s = from;
-        for (char c : bytes) {
-          s = automaton.next(s, static_cast<uint8_t>(c));
-          if (s == Automaton::kDead) break;
-        }
-        ok = s != Automaton::kDead;
+  // The mask from the class table of `state`'s uniform bytes. Exact: a full token of c characters is accepted
+  // exactly when c is within the verified chain (every class character moves Si to Si+1), and every other token
+  // runs through the automaton (its bytes after its class prefix p, from Sp; a group of them is skipped at once
+  // when its first byte is dead there). Tokens with more class characters than the chain holds are refused when
+  // the chain's last state takes no class character (the end of a counted repetition); when it does take one
+  // (rare: a narrower class or other multi-byte rules follow), this returns false with the mask untouched and
+  // the whole-trie walk gives the answer.
+  bool fill_class(int32_t state, const ClassTable& t, std::span<uint32_t> mask) {
+    const CharClass& c = t.cls;
+    chain.assign(1, state);
+    bool loops = false;  // the last chain state moves to itself: the chain never ends
+    while (static_cast<int>(chain.size()) - 1 < t.max_prefix) {
+      int32_t cur = chain.back();
+      int32_t next = class_step(cur, c);
+      if (next < 0) break;
+      if (c.multibyte && static_cast<int>(chain.size()) - 1 < t.multibyte_depth &&
+          multibyte(cur, next) != Automaton::Multibyte::ToTarget)
+        break;
+      if (next == cur) {
+        loops = true;
+        break;
       }
-      if (ok) m[static_cast<uint32_t>(t.id) >> 5] |= 1u << (t.id & 31);
+      chain.push_back(next);
     }
+    const int depth = loops ? INT32_MAX : static_cast<int>(chain.size()) - 1;
+    const int32_t last = chain.back();
+    const bool refused_beyond = !loops && depth < t.max_prefix && refuses_class(last, c);
+    size_t beyond = 0;  // full tokens with more characters than the chain holds
+    while (beyond < t.full_by_chars.size() && t.full_by_chars[beyond].chars > depth) ++beyond;
+    if (!refused_beyond && (beyond > 0 || (!t.groups.empty() && t.groups.back().prefix > depth))) return false;
+    uint32_t* m = mask.data();
+    const uint32_t* full = t.full_bits.data();
+    for (size_t w = 0; w < mask.size(); ++w) m[w] |= full[w];
+    for (size_t k = 0; k < beyond; ++k) {  // refused
+      const uint32_t id = static_cast<uint32_t>(t.full_by_chars[k].id);
+      m[id >> 5] &= ~(1u << (id & 31));
+    }
+    for (const ClassTable::Group& g : t.groups) {
+      if (g.prefix > depth) break;  // refused (groups are ordered by prefix)
+      const int32_t at = chain[std::min(static_cast<size_t>(g.prefix), chain.size() - 1)];
+      if (automaton.next(at, g.byte) == Automaton::kDead) continue;
+      for (uint32_t k = g.begin; k < g.end; ++k) {
+        const ClassTable::Exit& e = t.exits[k];
+        int32_t from = run(at, e.partial, e.n_partial);
+        if (from != Automaton::kDead) walk_nodes(from, e.begin, e.end, mask);
+      }
+    }
+    return true;
   }
 
   void fill(int32_t state, std::span<uint32_t> mask) {
     const Uniform& u = uniform(state);
-    if (u.count >= kMinUniformAscii && u.multibyte != Automaton::Multibyte::Mixed) {
-      int length = chain_length(state, u);
-      if (length >= kMinChainLength) {
-        walk_uniform(state, u, length, mask);  // (unordered_map references survive rehashing)
-        return;
-      }
+    if (u.count >= kMinUniformAscii) {
+      CharClass c{u.lo, u.hi, multibyte(state, u.next) == Automaton::Multibyte::ToTarget};
+      std::shared_ptr<const ClassTable> t = vocab->class_table(c);
+      if (fill_class(state, *t, mask)) return;
     }
     walk(state, mask);
   }
@@ -191,11 +260,7 @@ struct Matcher::Impl {
 
   // The automaton is rebuilt small when it grew too large, unless other Matchers hold ids into it.
   void maybe_shrink() {
-    if (engine->users == 1 && engine->automaton.shrink_if_above(kMaxAutomatonStates, {&state})) {
-      engine->masks.clear();
-      engine->mask_bytes = 0;
-      engine->uniforms.clear();
-    }
+    if (engine->users == 1 && engine->automaton.shrink_if_above(kMaxAutomatonStates, {&state})) engine->clear_caches();
   }
   bool advance(std::string_view bytes) {
     Automaton& a = engine->automaton;

@@ -10,30 +10,6 @@ namespace tern::grammar {
 
 namespace {
 constexpr size_t kMaxTokenBytes = 65535;  // the trie's depth is a uint16
-
-// Whole, valid UTF-8 characters only (shortest forms, no surrogates, at most U+10FFFF).
-bool whole_utf8(const std::string& s) {
-  for (size_t i = 0; i < s.size();) {
-    uint8_t c = static_cast<uint8_t>(s[i]);
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    size_t n = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
-    if (n == 0 || i + n > s.size()) return false;
-    uint8_t lo = 0x80, hi = 0xBF;
-    if (c == 0xE0) lo = 0xA0;
-    if (c == 0xED) hi = 0x9F;
-    if (c == 0xF0) lo = 0x90;
-    if (c == 0xF4) hi = 0x8F;
-    uint8_t c1 = static_cast<uint8_t>(s[i + 1]);
-    if (c1 < lo || c1 > hi) return false;
-    for (size_t k = 2; k < n; ++k)
-      if ((static_cast<uint8_t>(s[i + k]) & 0xC0) != 0x80) return false;
-    i += n;
-  }
-  return true;
-}
 }
 
 VocabularyImpl::VocabularyImpl(std::vector<std::string> tokens, std::vector<bool> allowed, int64_t rows,
@@ -93,22 +69,24 @@ VocabularyImpl::VocabularyImpl(std::vector<std::string> tokens, std::vector<bool
     prev = &t;
   }
   close_to(0);
+}
 
-  for (int32_t id : order) {
-    const std::string& t = tokens_[static_cast<size_t>(id)];
-    TokenShape sh{0, 0, id, 0, whole_utf8(t), false};
-    size_t chars = 0;
-    for (char ch : t) {
-      uint8_t c = static_cast<uint8_t>(ch);
-      if (c < 64) sh.ascii_lo |= 1ull << c;
-      else if (c < 128) sh.ascii_hi |= 1ull << (c - 64);
-      else sh.non_ascii = true;
-      chars += (c & 0xC0) != 0x80;
-    }
-    sh.chars = static_cast<uint16_t>(std::min<size_t>(chars, UINT16_MAX));
-    if (sh.whole_utf8) max_chars_ = std::max(max_chars_, static_cast<int>(sh.chars));
-    shapes_.push_back(sh);
+std::shared_ptr<const ClassTable> VocabularyImpl::class_table(const CharClass& cls) const {
+  {
+    std::lock_guard lock(class_mu_);
+    for (size_t i = 0; i < class_tables_.size(); ++i)
+      if (class_tables_[i]->cls == cls) {
+        auto t = class_tables_[i];
+        class_tables_.erase(class_tables_.begin() + static_cast<std::ptrdiff_t>(i));
+        class_tables_.push_back(t);
+        return t;
+      }
   }
+  auto t = std::make_shared<const ClassTable>(build_class_table(*this, cls));  // outside the lock
+  std::lock_guard lock(class_mu_);
+  class_tables_.push_back(t);
+  if (class_tables_.size() > kMaxClassTables) class_tables_.erase(class_tables_.begin());
+  return t;
 }
 
 std::shared_ptr<const TokenVocabulary> TokenVocabulary::from_tokens(std::vector<std::string> tokens,
@@ -132,7 +110,9 @@ std::shared_ptr<const TokenVocabulary> TokenVocabulary::from_tokenizer(const Tok
     tokens[static_cast<size_t>(i)] = tokenizer.token_bytes(id);
     allowed[static_cast<size_t>(i)] = true;
   }
-  return std::make_shared<VocabularyImpl>(std::move(tokens), std::move(allowed), vocab_rows, end_ids);
+  auto v = std::make_shared<VocabularyImpl>(std::move(tokens), std::move(allowed), vocab_rows, end_ids);
+  v->class_table(json_string_class());  // every JSON grammar's strings: ready before the first mask
+  return v;
 }
 
 }  // namespace tern::grammar

@@ -6,9 +6,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
+#include "grammar/class_table.h"
 #include "grammar/grammar.h"
 
 namespace tern::grammar {
@@ -22,16 +25,6 @@ struct TrieNode {
   uint8_t extra_count;
 };
 
-// Per allowed token, what the "self-loop" mask path needs (see Matcher): the ASCII bytes it contains and whether
-// it is whole UTF-8 characters (no partial character, no invalid byte).
-struct TokenShape {
-  uint64_t ascii_lo, ascii_hi;  // bit b: byte b (0..63), byte 64 + b
-  int32_t id;
-  uint16_t chars;               // code points (when whole_utf8)
-  bool whole_utf8;
-  bool non_ascii;               // has a byte >= 0x80
-};
-
 class VocabularyImpl final : public TokenVocabulary {
  public:
   VocabularyImpl(std::vector<std::string> tokens, std::vector<bool> allowed, int64_t rows,
@@ -40,10 +33,8 @@ class VocabularyImpl final : public TokenVocabulary {
 
   const std::vector<TrieNode>& nodes() const { return nodes_; }
   const std::vector<int32_t>& extra_tokens() const { return extra_tokens_; }
-  const std::vector<TokenShape>& shapes() const { return shapes_; }
   const std::vector<int32_t>& end_ids() const { return end_ids_; }
   int max_depth() const { return max_depth_; }
-  int max_chars() const { return max_chars_; }  // the most code points of a whole-UTF-8 token
   bool is_end(int32_t id) const { return id >= 0 && id < rows_ && is_end_[static_cast<size_t>(id)]; }
   // Bytes of a token a grammar may allow; nullptr for ids that are never allowed (and for end ids).
   const std::string* bytes(int32_t id) const {
@@ -51,6 +42,10 @@ class VocabularyImpl final : public TokenVocabulary {
       return nullptr;
     return &tokens_[static_cast<size_t>(id)];
   }
+  // The class table of `cls` for this vocabulary, built on first use and kept for the next grammars (the
+  // kMaxClassTables most recently used; thread-safe).
+  std::shared_ptr<const ClassTable> class_table(const CharClass& cls) const;
+  static constexpr size_t kMaxClassTables = 16;
 
  private:
   std::vector<std::string> tokens_;  // index = id (may be shorter than rows_)
@@ -60,9 +55,9 @@ class VocabularyImpl final : public TokenVocabulary {
   int64_t rows_;
   std::vector<TrieNode> nodes_;
   std::vector<int32_t> extra_tokens_;
-  std::vector<TokenShape> shapes_;
   int max_depth_ = 0;
-  int max_chars_ = 0;
+  mutable std::mutex class_mu_;
+  mutable std::vector<std::shared_ptr<const ClassTable>> class_tables_;  // most recently used last
 };
 
 }  // namespace tern::grammar

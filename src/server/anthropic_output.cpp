@@ -1,6 +1,9 @@
 // The model's output as Anthropic Messages content blocks and stream events (see anthropic_output.h).
 #include "server/anthropic_output.h"
 
+#include <cstdint>
+#include <cstdio>
+
 #include "server/chat_output.h"
 
 namespace tern::server {
@@ -68,8 +71,30 @@ std::vector<Json> AnthropicOutput::first_events() const {
   return {Json{{"type", "message_start"}, {"message", std::move(message)}}, Json{{"type", "ping"}}};
 }
 
+namespace {
+
+// Anthropic signs each thinking block (an opaque string; clients keep it and send it back with the block). tern has
+// no keys to sign with: the signature is a digest of the text that says it is tern's, so that clients that expect
+// a non-empty one (and its signature_delta before the block's end) get one; tern ignores signatures it is sent.
+std::string thinking_signature(const std::string& text) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a, 64-bit
+  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "tern-%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+}  // namespace
+
 void AnthropicOutput::close_block(std::vector<Json>& events) {
   if (open_ == Block::none) return;
+  if (open_ == Block::thinking) {
+    Json& block = content_.back();
+    block["signature"] = thinking_signature(block["thinking"].get<std::string>());
+    events.push_back(Json{{"type", "content_block_delta"},
+                          {"index", content_.size() - 1},
+                          {"delta", Json{{"type", "signature_delta"}, {"signature", block["signature"]}}}});
+  }
   events.push_back(Json{{"type", "content_block_stop"}, {"index", content_.size() - 1}});
   open_ = Block::none;
 }
@@ -165,6 +190,8 @@ Json AnthropicOutput::response(const GenerationResult& result) {
     std::vector<Json> ignored;
     absorb(parser_->finish(), ignored);
   }
+  std::vector<Json> ignored;
+  close_block(ignored);  // the last block's signature
   return Json{{"id", options_.id},
               {"type", "message"},
               {"role", "assistant"},

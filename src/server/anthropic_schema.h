@@ -24,7 +24,7 @@ namespace tern::server {
 struct AnthropicRequest {
   ChatRequest chat;               // messages, tools, tool_choice, sampling, stop, template kwargs, stream, forced
   int64_t max_tokens = 0;         // required by /v1/messages (>= 1); 0 for count_tokens
-  std::optional<int64_t> thinking_budget;  // thinking.budget_tokens (accepted; the template has no budget)
+  std::optional<int64_t> thinking_budget;  // thinking.budget_tokens: reasoning tokens before </think> is forced
 };
 
 enum class AnthropicEndpoint { messages, count_tokens };

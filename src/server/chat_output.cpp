@@ -114,7 +114,7 @@ std::vector<Json> ChatOutput::finish_chunks(const GenerationResult& result) {
               {"created", meta_.created},
               {"model", meta_.model},
               {"choices", Json::array()}};
-    u["usage"] = usage_json(result.prompt_tokens, result.completion_tokens, result.cached_tokens);
+    u["usage"] = usage_json(result);
     out.push_back(std::move(u));
   }
   return out;
@@ -138,7 +138,7 @@ Json ChatOutput::response(const GenerationResult& result) {
               {"created", meta_.created},
               {"model", meta_.model},
               {"choices", Json::array({std::move(choice)})},
-              {"usage", usage_json(result.prompt_tokens, result.completion_tokens, result.cached_tokens)}};
+              {"usage", usage_json(result)}};
 }
 
 }  // namespace tern::server

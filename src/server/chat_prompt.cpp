@@ -101,6 +101,15 @@ std::vector<int64_t> chat_prompt_checkpoints(const std::vector<int32_t>& prompt,
   return {};
 }
 
+void set_thinking_budget(const ServerState& state, GenerationRequest& request, std::optional<int64_t> budget,
+                         bool starts_in_reasoning) {
+  request.starts_in_reasoning = starts_in_reasoning;
+  const int64_t b = budget.value_or(state.options.thinking_budget);
+  if (b < 0) return;
+  request.thinking_budget = b;
+  request.reasoning_close_tokens = state.model.tokenizer->encode(kReasoningBudgetClose);
+}
+
 bool prompt_ends_in_reasoning(const std::string& prompt) {
   const size_t open = prompt.rfind("<think>");
   if (open == std::string::npos) return false;

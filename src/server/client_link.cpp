@@ -1,13 +1,9 @@
 #include "server/client_link.h"
 
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
-
-#include <cstdlib>
-#include <cstring>
 
 namespace tern::server {
 
@@ -29,41 +25,14 @@ bool socket_address(const sockaddr_storage& a, std::string& addr, int& port) {
 }
 
 namespace {
-
-bool socket_matches(int fd, int local_port, const std::string& remote_addr, int remote_port) {
-  sockaddr_storage local{}, peer{};
-  socklen_t local_len = sizeof local, peer_len = sizeof peer;
-  if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) != 0) return false;  // not a socket
-  std::string addr;
-  int port = -1;
-  if (!socket_address(local, addr, port) || port != local_port) return false;
-  if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) return false;  // listening socket
-  if (!socket_address(peer, addr, port) || port != remote_port) return false;
-  return addr == remote_addr;
-}
-
+thread_local int tl_connection_socket = -1;
 }  // namespace
 
-int find_connection_socket(int local_port, const std::string& remote_addr, int remote_port) {
-  if (local_port <= 0 || remote_port <= 0) return -1;
-  DIR* dir = opendir("/proc/self/fd");
-  if (!dir) return -1;
-  int found = -1;
-  while (dirent* entry = readdir(dir)) {
-    if (entry->d_name[0] < '0' || entry->d_name[0] > '9') continue;
-    const int fd = std::atoi(entry->d_name);
-    if (fd == dirfd(dir)) continue;
-    if (socket_matches(fd, local_port, remote_addr, remote_port)) {
-      found = fd;
-      break;
-    }
-  }
-  closedir(dir);
-  return found;
-}
+int CurrentConnection::socket() { return tl_connection_socket; }
 
-ClientLink::ClientLink(int local_port, const std::string& remote_addr, int remote_port)
-    : fd_(find_connection_socket(local_port, remote_addr, remote_port)) {}
+CurrentConnection::CurrentConnection(int fd) : previous_(tl_connection_socket) { tl_connection_socket = fd; }
+
+CurrentConnection::~CurrentConnection() { tl_connection_socket = previous_; }
 
 ClientLink::~ClientLink() { release(); }
 

@@ -724,6 +724,7 @@ void HttpConnections::serve(Conn& c) {
   ConnStream strm(c.fd, c.buf, c.remote_addr, c.remote_port, c.local_addr, c.local_port,
                   Clock::now() + limits_.body_timeout, limits_.write_timeout);
   bool connection_closed = false;
+  const CurrentConnection current(c.fd);  // the handler's ClientLink polls this socket
   const bool ok = process_request(strm, close_connection, connection_closed,
                                   [](httplib::Request& req) {
                                     // The poller has answered "100 Continue" already (or answered early).

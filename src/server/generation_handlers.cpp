@@ -11,6 +11,7 @@
 #include "server/client_link.h"
 #include "server/openai_response.h"
 #include "server/response_protocol.h"
+#include "server/responses_output.h"
 #include "server/server_state.h"
 #include "server/sse.h"
 #include "text/tokenizer.h"
@@ -123,7 +124,8 @@ void log_result(const GenerationResult& r, const std::string& id) {
 template <typename Output>
 std::vector<Json> first_chunks(Output& output) {
   if constexpr (std::is_same_v<Output, ChatOutput>) return {output.first_chunk()};
-  else if constexpr (std::is_same_v<Output, AnthropicOutput>) return output.first_events();
+  else if constexpr (std::is_same_v<Output, AnthropicOutput> || std::is_same_v<Output, ResponsesOutput>)
+    return output.first_events();
   else return {};
 }
 
@@ -182,8 +184,14 @@ bool stream_step(Ex& ex, httplib::DataSink& sink) {
       case EngineEvent::Kind::error: {
         ex.finished = true;
         request_log().fields["error"] = event->error.message;
-        // Headers are gone already: the error travels as an SSE event, as OpenAI does.
-        if (!write(Protocol::stream_event(Protocol::error_body(event->error)))) return false;
+        // Headers are gone already: the error travels as an SSE event, as OpenAI does. An output that numbers its
+        // events (Responses) makes them itself.
+        if constexpr (requires { ex.output->error_events(event->error); }) {
+          for (const Json& c : ex.output->error_events(event->error))
+            if (!write(Protocol::stream_event(c))) return false;
+        } else if (!write(Protocol::stream_event(Protocol::error_body(event->error)))) {
+          return false;
+        }
         if (!Protocol::stream_end().empty() && !write(Protocol::stream_end())) return false;
         sink.done();
         return true;
@@ -197,7 +205,7 @@ template <typename Request, typename Output>
 void serve(ServerState& state, const httplib::Request& req, httplib::Response& res,
            std::shared_ptr<Exchange<Request, Output>> ex, bool stream) {
   using Protocol = ResponseProtocol<Output>;
-  ex->link = std::make_shared<ClientLink>(req.local_port, req.remote_addr, req.remote_port);
+  ex->link = std::make_shared<ClientLink>(CurrentConnection::socket());
   ex->task->client_gone = [link = ex->link] { return link->gone(); };
   request_log().fields["id"] = ex->task->id;
   request_log().fields["stream"] = stream;
@@ -319,6 +327,7 @@ void handle_chat_completions(ServerState& state, const httplib::Request& req, ht
   // <think>: the reasoning stays free and the constraint starts after the model closes it.
   task->request.grammar = request.grammar;
   if (request.grammar && chat_prompt.starts_in_reasoning) task->request.grammar_start_after = "</think>";
+  set_thinking_budget(state, task->request, request.thinking_budget, chat_prompt.starts_in_reasoning);
   ex->task = task;
   ex->output = std::make_unique<ChatOutput>(ex->request, *state.model.tokenizer,
                                             ResponseMeta{task->id, unix_now(), state.model.model_id},
@@ -375,6 +384,16 @@ void serve_anthropic_messages(ServerState& state, const httplib::Request& req, h
                               std::shared_ptr<GenerationTask> task, std::unique_ptr<AnthropicOutput> output,
                               bool stream) {
   auto ex = std::make_shared<Exchange<std::monostate, AnthropicOutput>>();
+  ex->state = &state;
+  ex->task = std::move(task);
+  ex->output = std::move(output);
+  serve(state, req, res, ex, stream);
+}
+
+// OpenAI Responses (responses_handlers.cpp): the same queueing, streaming and cancellation as the other routes.
+void serve_responses(ServerState& state, const httplib::Request& req, httplib::Response& res,
+                     std::shared_ptr<GenerationTask> task, std::unique_ptr<ResponsesOutput> output, bool stream) {
+  auto ex = std::make_shared<Exchange<std::monostate, ResponsesOutput>>();
   ex->state = &state;
   ex->task = std::move(task);
   ex->output = std::move(output);

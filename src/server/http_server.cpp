@@ -356,6 +356,12 @@ void HttpServer::install_routes() {
   post("/v1/messages", [&s](const httplib::Request& req, httplib::Response& res) { handle_anthropic_messages(s, req, res); });
   post("/v1/messages/count_tokens",
        [&s](const httplib::Request& req, httplib::Response& res) { handle_anthropic_count_tokens(s, req, res); });
+  auto responses = [&s](const httplib::Request& req, httplib::Response& res) { handle_responses(s, req, res); };
+  auto response_lookup = [&s](const httplib::Request& req, httplib::Response& res) { handle_response_lookup(s, req, res); };
+  post("/v1/responses", responses);
+  post("/responses", responses);
+  get(R"(/v1/responses/([^/]+))", response_lookup);
+  get(R"(/responses/([^/]+))", response_lookup);
   post("/tokenize", [&s](const httplib::Request& req, httplib::Response& res) { handle_tokenize(s, req, res); });
   post("/detokenize", [&s](const httplib::Request& req, httplib::Response& res) { handle_detokenize(s, req, res); });
   get("/props", [&s](const httplib::Request& req, httplib::Response& res) { handle_props(s, req, res); });
@@ -373,7 +379,7 @@ void HttpServer::install_routes() {
       res.set_header("Allow", allow);
     } else if (res.status == 404) {
       e = api_error_not_found("Unknown route: " + req.method + " " + req.path +
-                              " (see /v1/chat/completions, /v1/completions, /v1/messages, /v1/models, /tokenize, "
+                              " (see /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages, /v1/models, /tokenize, "
                               "/detokenize, /props, /health, /metrics).");
     } else if (res.status == 413) {
       e = api_error_too_large(s.options.max_body_bytes);

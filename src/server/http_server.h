@@ -49,6 +49,7 @@ struct ServerOptions {
   double body_timeout_s = 30;            // and its body within this after the headers
   double keep_alive_timeout_s = 5;       // an idle connection is closed after this
   PrefixCacheOptions prefix_cache;       // multi-turn prefix reuse (--no-prefix-cache, --cache-*)
+  int64_t thinking_budget = -1;          // --thinking-budget: for requests that set none (-1: no limit)
 };
 
 // The loaded model, as the handlers use it. Everything must outlive the server.

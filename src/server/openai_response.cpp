@@ -19,11 +19,12 @@ int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-Json usage_json(int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens) {
-  Json u = {{"prompt_tokens", prompt_tokens},
-            {"completion_tokens", completion_tokens},
-            {"total_tokens", prompt_tokens + completion_tokens}};
-  u["prompt_tokens_details"] = Json{{"cached_tokens", cached_tokens}};
+Json usage_json(const GenerationResult& r) {
+  Json u = {{"prompt_tokens", r.prompt_tokens},
+            {"completion_tokens", r.completion_tokens},
+            {"total_tokens", r.prompt_tokens + r.completion_tokens}};
+  u["prompt_tokens_details"] = Json{{"cached_tokens", r.cached_tokens}};
+  u["completion_tokens_details"] = Json{{"reasoning_tokens", r.reasoning_tokens}};
   return u;
 }
 
@@ -120,7 +121,7 @@ std::vector<Json> CompletionOutput::finish_chunks(const GenerationResult& result
   if (request_.include_usage) {
     Json u = {{"id", meta_.id},   {"object", "text_completion"}, {"created", meta_.created},
               {"model", meta_.model}, {"choices", Json::array()}};
-    u["usage"] = usage_json(result.prompt_tokens, result.completion_tokens, result.cached_tokens);
+    u["usage"] = usage_json(result);
     out.push_back(std::move(u));
   }
   return out;
@@ -137,7 +138,7 @@ Json CompletionOutput::response(const GenerationResult& result) const {
               {"created", meta_.created},
               {"model", meta_.model},
               {"choices", Json::array({choice})},
-              {"usage", usage_json(result.prompt_tokens, result.completion_tokens, result.cached_tokens)}};
+              {"usage", usage_json(result)}};
 }
 
 }  // namespace tern::server

@@ -25,8 +25,9 @@ struct ResponseMeta {
 std::string response_id(const std::string& prefix);
 int64_t unix_now();
 
-// {"prompt_tokens","completion_tokens","total_tokens","prompt_tokens_details":{"cached_tokens"}}
-Json usage_json(int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens);
+// {"prompt_tokens","completion_tokens","total_tokens","prompt_tokens_details":{"cached_tokens"},
+//  "completion_tokens_details":{"reasoning_tokens"}} (reasoning: the tokens inside an open <think> block)
+Json usage_json(const GenerationResult& result);
 // "stop" / "length" (the context limit is "length" too, as in OpenAI and vLLM).
 const char* finish_reason_text(FinishReason reason);
 

@@ -357,6 +357,7 @@ void parse_template_kwargs(const Json& j, ChatRequest& r) {
     if (*effort == "none" && !r.chat_template_kwargs.contains("enable_thinking"))
       r.chat_template_kwargs["enable_thinking"] = false;
   }
+  r.thinking_budget = get_integer(j, "thinking_budget", 0, std::numeric_limits<int32_t>::max());
 }
 
 }  // namespace

@@ -73,6 +73,16 @@ void serve_anthropic_messages(ServerState& state, const httplib::Request& req, h
                               std::shared_ptr<GenerationTask> task, std::unique_ptr<AnthropicOutput> output,
                               bool stream);
 
+// Queues the task and answers with an OpenAI Responses object or its event stream (cancelled when the client
+// leaves).
+class ResponsesOutput;
+void serve_responses(ServerState& state, const httplib::Request& req, httplib::Response& res,
+                     std::shared_ptr<GenerationTask> task, std::unique_ptr<ResponsesOutput> output, bool stream);
+
+// OpenAI Responses (responses_handlers.cpp): POST /v1/responses; GET /v1/responses/{id} (404: nothing is stored).
+void handle_responses(ServerState& state, const httplib::Request& req, httplib::Response& res);
+void handle_response_lookup(ServerState& state, const httplib::Request& req, httplib::Response& res);
+
 // Anthropic Messages (anthropic_handlers.cpp): POST /v1/messages and /v1/messages/count_tokens.
 void handle_anthropic_messages(ServerState& state, const httplib::Request& req, httplib::Response& res);
 void handle_anthropic_count_tokens(ServerState& state, const httplib::Request& req, httplib::Response& res);
@@ -86,5 +96,11 @@ void handle_props(ServerState& state, const httplib::Request& req, httplib::Resp
 // <|im_start|>). The next turn renders this turn's reply as history, which may differ from what was generated
 // (thinking dropped), but everything before that point stays the same.
 std::vector<int64_t> chat_prompt_checkpoints(const std::vector<int32_t>& prompt, const Tokenizer& tokenizer);
+
+// A thinking budget (thinking_budget, Anthropic's thinking.budget_tokens; else the server's --thinking-budget) for a
+// chat prompt: when the prompt ends inside <think>, at most that many reasoning tokens, then a short closing note and
+// "</think>\n\n" are forced (GenerationRequest::thinking_budget). Nothing without a budget.
+void set_thinking_budget(const ServerState& state, GenerationRequest& request, std::optional<int64_t> budget,
+                         bool starts_in_reasoning);
 
 }  // namespace tern::server

@@ -121,7 +121,8 @@ void handle_props(ServerState& state, const httplib::Request&, httplib::Response
                    {"presence_penalty", d.presence_penalty},
                    {"frequency_penalty", d.frequency_penalty},
                    {"repetition_penalty", d.repetition_penalty},
-                   {"max_tokens", -1}};  // -1: until the model stops or the context is full
+                   {"max_tokens", -1},  // -1: until the model stops or the context is full
+                   {"thinking_budget", state.options.thinking_budget}};  // -1: no limit
   respond_json(res, Json{{"model", m.model_id},
                          {"aliases", m.aliases},
                          {"model_path", m.model_path},

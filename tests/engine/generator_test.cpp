@@ -1,10 +1,11 @@
 // The generation loop against a scripted fake backend: end ids, stop strings, max_tokens, the context limit,
-// cancellation, forced tokens, session reuse, token counts and log-probabilities.
+// cancellation, forced tokens, the thinking budget, session reuse, token counts and log-probabilities.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <random>
 
 #include "core/check.h"
@@ -230,6 +231,90 @@ TEST(Generator, ForcedTokensReplaceTheSampledOnes) {
   auto r2 = gen.generate(*session, req);
   EXPECT_EQ(r2.tokens, (std::vector<int32_t>{7, kEnd}));
   EXPECT_EQ(r2.stop_id, kEnd);
+}
+
+// Letters, except the ids in `words`, which print as their strings (reasoning markers for the budget tests).
+TokenTextSource letters_with(std::map<int32_t, std::string> words) {
+  return {.bytes =
+              [words](int32_t id) {
+                auto it = words.find(id);
+                if (it != words.end()) return it->second;
+                return id == kEnd ? std::string("<end>") : std::string(1, char('0' + id));
+              },
+          .is_special = [](int32_t id) { return id == kEnd; }};
+}
+
+// From prompt {6} the fake model says 20, 22, 28, 6, 20, ... (never the end id); after 31: 15, 7, 23, 31, ...
+GenerationRequest budget_request(int64_t budget, bool starts_in_reasoning, int64_t max_tokens) {
+  GenerationRequest r = greedy_request({6}, max_tokens);
+  r.thinking_budget = budget;
+  r.starts_in_reasoning = starts_in_reasoning;
+  r.reasoning_close_tokens = {30, 31};  // "</thi" "nk>": the marker split over two tokens
+  return r;
+}
+
+TEST(Generator, ThinkingBudgetForcesTheCloseTokensOnceSpent) {
+  FakeRunner runner;
+  Generator gen(runner, letters_with({{30, "</thi"}, {31, "nk>"}}));
+  auto session = runner.create_session(100);
+  std::vector<int32_t> emitted;
+  auto r = gen.generate(*session, budget_request(3, true, 8), [&](const TokenEvent& e) {
+    emitted.push_back(e.id);
+    return true;
+  });
+  // Three reasoning tokens, then the close tokens replace the model's choices; then the model goes on from them.
+  EXPECT_EQ(r.tokens, (std::vector<int32_t>{20, 22, 28, 30, 31, 15, 7, 23}));
+  EXPECT_EQ(emitted, r.tokens);
+  EXPECT_EQ(r.reasoning_tokens, 3);
+  EXPECT_TRUE(r.reasoning_cut);
+  EXPECT_EQ(r.finish, FinishReason::length);
+  // The model ran on every emitted token but the last (forced ones included).
+  EXPECT_EQ(runner.fed, 1 + 7);
+
+  session->reset();  // a budget of 0: no reasoning at all
+  auto r0 = gen.generate(*session, budget_request(0, true, 3));
+  EXPECT_EQ(r0.tokens, (std::vector<int32_t>{30, 31, 15}));
+  EXPECT_EQ(r0.reasoning_tokens, 0);
+  EXPECT_TRUE(r0.reasoning_cut);
+}
+
+TEST(Generator, ThinkingBudgetLeavesReasoningThatClosesInTime) {
+  FakeRunner runner;
+  Generator gen(runner, letters_with({{28, "</think>"}}));  // the model closes its reasoning after 20, 22
+  auto session = runner.create_session(100);
+  auto r = gen.generate(*session, budget_request(3, true, 6));
+  EXPECT_EQ(r.tokens, (std::vector<int32_t>{20, 22, 28, 6, 20, 22}));  // nothing forced, also later
+  EXPECT_EQ(r.reasoning_tokens, 2);
+  EXPECT_FALSE(r.reasoning_cut);
+}
+
+TEST(Generator, ThinkingBudgetCountsFromAnOpeningInTheOutput) {
+  FakeRunner runner;
+  Generator gen(runner, letters_with({{20, "<th"}, {22, "ink>"}, {30, "</thi"}, {31, "nk>"}}));
+  auto session = runner.create_session(100);
+  // Not in reasoning at the start: 20, 22 open it ("<think>" over two tokens), then 28, 6 are reasoning.
+  auto r = gen.generate(*session, budget_request(2, false, 7));
+  EXPECT_EQ(r.tokens, (std::vector<int32_t>{20, 22, 28, 6, 30, 31, 15}));
+  EXPECT_EQ(r.reasoning_tokens, 2);
+  EXPECT_TRUE(r.reasoning_cut);
+  // Without an opening, no budget applies.
+  Generator plain(runner, letters());
+  session->reset();
+  auto r2 = plain.generate(*session, budget_request(1, false, 5));
+  EXPECT_EQ(r2.tokens, (std::vector<int32_t>{20, 22, 28, 6, 20}));
+  EXPECT_EQ(r2.reasoning_tokens, 0);
+  EXPECT_FALSE(r2.reasoning_cut);
+}
+
+TEST(Generator, ThinkingBudgetNeedsValidCloseTokens) {
+  FakeRunner runner;
+  Generator gen(runner, letters());
+  auto session = runner.create_session(100);
+  GenerationRequest r = budget_request(3, true, 5);
+  r.reasoning_close_tokens.clear();
+  EXPECT_THROW(gen.generate(*session, r), Error);
+  r.reasoning_close_tokens = {30, int32_t(kVocab)};
+  EXPECT_THROW(gen.generate(*session, r), Error);
 }
 
 TEST(Generator, SessionReuseFeedsOnlyTheNewPart) {

@@ -123,15 +123,19 @@ def test_stream_event_sequence_with_thinking(server):
     for name, p in events:
         if name == "content_block_start":
             blocks[p["index"]] = {"type": p["content_block"]["type"], "text": "", "stopped": False}
+        elif name == "content_block_delta" and p["delta"]["type"] == "signature_delta":
+            assert blocks[p["index"]]["type"] == "thinking" and not blocks[p["index"]]["stopped"]
+            blocks[p["index"]]["signature"] = p["delta"]["signature"]
         elif name == "content_block_delta":
             key = {"thinking_delta": "thinking", "text_delta": "text"}[p["delta"]["type"]]
-            assert blocks[p["index"]]["type"] == key
+            assert blocks[p["index"]]["type"] == key and "signature" not in blocks[p["index"]]
             blocks[p["index"]]["text"] += p["delta"][key]
         elif name == "content_block_stop":
             blocks[p["index"]]["stopped"] = True
     assert [b["type"] for b in blocks.values()] == ["thinking", "text"]
     assert all(b["stopped"] for b in blocks.values())
     assert blocks[0]["text"].strip() == "I should greet." and blocks[1]["text"] == "Hello!"
+    assert blocks[0]["signature"].startswith("tern-") and "signature" not in blocks[1]
     delta = events[-2][1]
     assert delta["delta"] == {"stop_reason": "end_turn", "stop_sequence": None}
     assert delta["usage"]["output_tokens"] > 0
@@ -141,7 +145,7 @@ def test_thinking_on_and_off(client):
     on = client.messages.create(model=MODEL, max_tokens=2048, messages=user("Why?"), thinking=THINK,
                                 **forced("Because.</think>\n\nIt is so."))
     assert [b.type for b in on.content] == ["thinking", "text"]
-    assert on.content[0].thinking.strip() == "Because." and on.content[0].signature == ""
+    assert on.content[0].thinking.strip() == "Because." and on.content[0].signature.startswith("tern-")
     assert on.content[1].text == "It is so."
     off = client.messages.create(model=MODEL, max_tokens=64, messages=user("Why?"), thinking=NO_THINK,
                                  **forced("It is so."))

@@ -247,3 +247,25 @@ def test_screenshots_desktop_and_phone(browser, artifacts):
         print(f"screenshot: {path}")
     b.resize(1280, 800)
     b.dark(False)
+
+
+def test_thinking_budget_setting(browser):
+    # Last in the file: it adds a chat to the list that the tests above count.
+    b = browser
+    b.js("document.getElementById('new-chat').click(); document.getElementById('open-settings').click()")
+    b.js("document.getElementById('s-thinking-budget').value = '-1'; document.getElementById('s-close').click()")
+    assert b.js("document.getElementById('settings').open"), "a negative thinking budget was accepted"
+    assert "thinking budget" in b.js("document.getElementById('settings-error').textContent")
+    b.js("document.getElementById('s-thinking-budget').value = '0'; document.getElementById('s-max-tokens').value = '30';"
+         "document.getElementById('s-thinking').checked = true; document.getElementById('s-close').click()")
+    assert not b.js("document.getElementById('settings').open")
+    send(b, "Think briefly")
+    wait_done(b)
+    # A budget of 0: the reasoning is only the note the server forces, and the answer follows it.
+    thought = b.js("(() => { const t = document.querySelectorAll('.msg.assistant details');"
+                   " return t[t.length - 1].textContent; })()")
+    assert "The thinking budget is spent" in thought, thought
+    b.js("document.getElementById('open-settings').click(); document.getElementById('s-reset').click();"
+         "document.getElementById('s-close').click()")
+    assert b.js("tern.settings().thinking_budget") == ""
+

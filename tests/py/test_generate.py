@@ -62,18 +62,21 @@ def test_greedy_equals_transformers_for_64_tokens(tern_bin, hf_model, seed):
 
     model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     model.eval()
-    padded = list(range(vocab_real, cfg["vocab_size"]))
-    gc = transformers.GenerationConfig(max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0,
-                                       suppress_tokens=padded or None, return_dict_in_generate=True,
-                                       output_logits=True)
+    # Greedy decoding by hand: generate() would merge in the checkpoint's eos ids and stop early on them, while
+    # tern runs with --ignore-eos. Each step re-runs the whole sequence (tiny model), padded rows masked.
+    ref, logits = [], []
+    seq = list(prompt)
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), generation_config=gc)
-    ref = out.sequences[0, len(prompt):].tolist()
+        for _ in range(n):
+            step = model(torch.tensor([seq])).logits[0, -1, :vocab_real].float()
+            logits.append(step)
+            ref.append(int(torch.argmax(step)))
+            seq.append(ref[-1])
     assert len(ref) == n
     if ours == ref:
         return
     i = next(k for k in range(n) if ours[k] != ref[k])
-    top2 = torch.topk(out.logits[i][0, :vocab_real].float(), 2).values
+    top2 = torch.topk(logits[i], 2).values
     gap = float(top2[0] - top2[1])
     msg = f"first divergence at generated token {i}: tern {ours[i]}, transformers {ref[i]}, top-2 gap {gap:.3g}"
     if gap < NEAR_TIE:
@@ -143,9 +146,31 @@ def test_run_over_piped_stdin(tern_bin, seed):
     assert "thinking..." in r.stdout  # the demo's template opens <think>; thinking is hidden by default
 
 
+def test_generate_thinking_budget(tern_bin, seed):
+    j = generate_json(tern_bin, "-p", "Why?", "--chat", "-n", "40", "--seed", str(seed), "--thinking-budget", "5")
+    assert j["reasoning_tokens"] == 5, j  # then the closing note and </think>, and the answer
+    assert "The thinking budget is spent" in j["text"] and j["text"].index("</think>") > 0
+    j = generate_json(tern_bin, "-p", "Why?", "--chat", "--no-think", "-n", "8", "--seed", str(seed),
+                      "--thinking-budget", "0")
+    assert j["reasoning_tokens"] == 0 and "thinking budget" not in j["text"]  # thinking off: nothing to cut
+    r = run([tern_bin, "generate", "-p", "Why?", "-n", "4", "--thinking-budget", "3"])
+    assert r.returncode == 2 and "--chat" in r.stderr
+
+
+def test_run_thinking_budget(tern_bin, seed):
+    note = "The thinking budget is spent; time to answer with what I have."
+    r = run([tern_bin, "run", "-n", "30", "--seed", str(seed), "--show-thinking", "--thinking-budget", "0"],
+            input="Hello\n/exit\n", timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert note in r.stdout  # the thinking (shown) is only the note: the budget of 0 closed it at once
+    r = run([tern_bin, "run", "-n", "8", "--thinking-budget", "-1"], input="Hi\n", timeout=60)
+    assert r.returncode == 2 and "--thinking-budget" in r.stderr  # a usage error naming the flag
+
+
 def test_run_ctrl_c_stops_the_answer_not_the_program(tern_bin):
     pid, fd = pty.fork()
     if pid == 0:  # child: the terminal's side
+        os.environ["TERN_HISTORY_FILE"] = ""  # nothing kept (never the user's own history)
         os.execv(tern_bin, [tern_bin, "run", "--no-think"])
     out = b""
 

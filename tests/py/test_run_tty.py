@@ -1,6 +1,7 @@
 """`tern run --demo` on a pseudo-terminal, typed at as a person would: line editing (arrow keys, Home/End, Ctrl keys),
 history (up arrow), multi-line input (backslash, \"\"\" blocks, bracketed paste), the live thinking indicator,
-/help, /history, /clear, Ctrl-C at the prompt and during an answer, Ctrl-D and /exit with status 0 and a newline.
+/help, /history, /clear, Ctrl-C at the prompt and during an answer, Ctrl-D and /exit with status 0 and a newline;
+the history kept between sessions (a private file; --no-history keeps none).
 
 What the conversation holds is read back through /history, which prints each message as [role] text.
 """
@@ -9,6 +10,8 @@ import pty
 import re
 import select
 import signal
+import stat
+import tempfile
 import time
 
 import pytest
@@ -22,10 +25,14 @@ ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z~]|\r")
 class Tty:
     """tern run on a pseudo-terminal: type(), read until a pattern, exit status."""
 
-    def __init__(self, tern_bin, *args):
+    def __init__(self, tern_bin, *args, history_file=None):
+        # Each session its own history file unless a test shares one (never the user's own).
+        self.own_history = None if history_file else tempfile.mktemp(prefix="tern-history-")
+        history_file = history_file or self.own_history
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # the child: the program on the terminal's side
             os.environ["TERN_THREADS"] = "2"
+            os.environ["TERN_HISTORY_FILE"] = str(history_file)
             os.execv(tern_bin, [tern_bin, "run", "--demo", "--seed", "1", *args])
         self.out = b""
 
@@ -101,6 +108,8 @@ class Tty:
             except (ProcessLookupError, ChildProcessError):
                 pass
         os.close(self.fd)
+        if self.own_history and os.path.exists(self.own_history):
+            os.unlink(self.own_history)
 
 
 def plain(b: bytes) -> str:
@@ -204,3 +213,36 @@ def test_ctrl_d_exits_zero_with_a_newline(tty):
     t.type(CTRL_U, CTRL_D)
     assert t.exit_status() == 0
     assert plain(t.out[since:]).endswith("> \n")
+
+
+def test_history_is_kept_between_sessions(tern_bin, tmp_path):
+    path = tmp_path / "state" / "tern" / "run_history"  # folders that do not exist yet
+    t = Tty(tern_bin, "-n", "2", "--no-think", history_file=path)
+    try:
+        t.prompt(0)
+        send_and_wait(t, b"first one")
+        send_and_wait(t, b"two \\", b"\r", b"lines \\ here")  # a message of two lines, with a backslash
+        t.type(b"/exit", b"\r")
+        assert t.exit_status() == 0
+    finally:
+        t.close()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600  # private to the user
+    assert path.read_text().splitlines() == ["first one", "two \\n" + "lines \\\\ here", "/exit"]
+    t = Tty(tern_bin, "-n", "2", "--no-think", history_file=path)
+    try:
+        t.prompt(0)
+        send_and_wait(t, UP, UP, b" again")  # Up, Up: the two-line message of the last session (past /exit)
+        text = t.command("/history", r"again\n[\s\S]*> $")
+        assert re.findall(r"^\[user\] ", text, re.M) == ["[user] "] and "[user] two \nlines \\ here again" in text
+    finally:
+        t.close()
+    # --no-history: recalls nothing from the file and adds nothing to it.
+    before = path.read_text()
+    t = Tty(tern_bin, "-n", "2", "--no-think", "--no-history", history_file=path)
+    try:
+        t.prompt(0)
+        send_and_wait(t, UP, b"fresh")
+        assert history(t) == ["fresh"]
+    finally:
+        t.close()
+    assert path.read_text() == before

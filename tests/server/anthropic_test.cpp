@@ -167,7 +167,9 @@ TEST(AnthropicOutput, BlocksAndEventsWhateverTheSplit) {
     auto [events, message] = run_output(text, /*starts_in_reasoning=*/true, rng);
     // The message.
     ASSERT_EQ(message["content"].size(), 3u) << message.dump();
-    EXPECT_EQ(message["content"][0], (Json{{"type", "thinking"}, {"thinking", "Let me look."}, {"signature", ""}}));
+    EXPECT_EQ(message["content"][0]["thinking"], "Let me look.");
+    const std::string signature = message["content"][0]["signature"].get<std::string>();
+    EXPECT_EQ(signature.rfind("tern-", 0), 0u) << signature;  // a digest of the text, the same however it streamed
     EXPECT_EQ(message["content"][1], (Json{{"type", "text"}, {"text", "Checking."}}));
     EXPECT_EQ(message["content"][2]["type"], "tool_use");
     EXPECT_EQ(message["content"][2]["input"], (Json{{"city", "Paris"}, {"days", 3}}));
@@ -195,7 +197,11 @@ TEST(AnthropicOutput, BlocksAndEventsWhateverTheSplit) {
       } else if (ev["type"] == "content_block_delta") {
         ASSERT_EQ(ev["index"].get<int>(), open);
         const Json& d = ev["delta"];
-        if (d["type"] == "thinking_delta") blocks[open]["thinking"] = blocks[open]["thinking"].get<std::string>() + d["thinking"].get<std::string>();
+        if (d["type"] == "signature_delta") {  // once, right before the thinking block's end
+          ASSERT_EQ(blocks[open]["signature"], "");
+          blocks[open]["signature"] = d["signature"];
+          ASSERT_EQ(events[i + 1]["type"], "content_block_stop");
+        } else if (d["type"] == "thinking_delta") blocks[open]["thinking"] = blocks[open]["thinking"].get<std::string>() + d["thinking"].get<std::string>();
         else if (d["type"] == "text_delta") blocks[open]["text"] = blocks[open]["text"].get<std::string>() + d["text"].get<std::string>();
         else json_input += d["partial_json"].get<std::string>();
       } else {

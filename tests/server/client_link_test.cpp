@@ -1,10 +1,12 @@
-// Noticing a client that hung up: the handler finds its connection's socket and polls it.
+// Noticing a client that hung up: the handler polls its connection's socket (CurrentConnection).
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+#include <thread>
 
 #include "server/client_link.h"
 
@@ -38,23 +40,40 @@ struct Loopback {  // a connected pair over 127.0.0.1: client fd, server-side (a
   }
 };
 
-TEST(ClientLink, FindsTheConnectionAndSeesTheHangUp) {
+TEST(ClientLink, SeesTheHangUpOfTheCurrentConnection) {
   Loopback l;
-  EXPECT_EQ(find_connection_socket(l.server_port, "127.0.0.1", l.client_port), l.accepted);
-  EXPECT_EQ(find_connection_socket(l.server_port, "127.0.0.2", l.client_port), -1);
-  ClientLink link(l.server_port, "127.0.0.1", l.client_port);
-  ASSERT_TRUE(link.has_socket());
-  EXPECT_FALSE(link.gone());
-  ASSERT_EQ(write(l.client, "x", 1), 1);  // data from the client is not a hang-up
-  EXPECT_FALSE(link.gone());
-  close(l.client);
-  l.client = -1;
-  EXPECT_TRUE(link.gone());
+  EXPECT_EQ(CurrentConnection::socket(), -1);  // outside a request
+  {
+    const CurrentConnection current(l.accepted);
+    EXPECT_EQ(CurrentConnection::socket(), l.accepted);
+    ClientLink link(CurrentConnection::socket());
+    ASSERT_TRUE(link.has_socket());
+    EXPECT_FALSE(link.gone());
+    ASSERT_EQ(write(l.client, "x", 1), 1);  // data from the client is not a hang-up
+    EXPECT_FALSE(link.gone());
+    close(l.client);
+    l.client = -1;
+    EXPECT_TRUE(link.gone());
+    EXPECT_TRUE(link.gone());  // stays gone
+  }
+  EXPECT_EQ(CurrentConnection::socket(), -1);  // restored when the request ends
+}
+
+TEST(ClientLink, CurrentConnectionIsPerThreadAndNests) {
+  const CurrentConnection outer(7);
+  {
+    const CurrentConnection inner(9);
+    EXPECT_EQ(CurrentConnection::socket(), 9);
+    int other = 0;
+    std::thread([&] { other = CurrentConnection::socket(); }).join();
+    EXPECT_EQ(other, -1);
+  }
+  EXPECT_EQ(CurrentConnection::socket(), 7);
 }
 
 TEST(ClientLink, ReleasedLinkStopsPolling) {
   Loopback l;
-  ClientLink link(l.server_port, "127.0.0.1", l.client_port);
+  ClientLink link(l.accepted);
   link.release();
   close(l.client);
   l.client = -1;
@@ -63,10 +82,12 @@ TEST(ClientLink, ReleasedLinkStopsPolling) {
   EXPECT_TRUE(link.gone());
 }
 
-TEST(ClientLink, UnknownConnectionHasNoSocket) {
-  ClientLink link(1, "127.0.0.1", 1);
+TEST(ClientLink, NoSocketMeansOnlyMarkedGone) {
+  ClientLink link(-1);
   EXPECT_FALSE(link.has_socket());
   EXPECT_FALSE(link.gone());
+  link.mark_gone();
+  EXPECT_TRUE(link.gone());
 }
 
 }  // namespace

@@ -6,7 +6,7 @@
   const $ = id => document.getElementById(id);
   const log = $('log'), input = $('input'), sendBtn = $('send'), stopBtn = $('stop');
   const STORE_CHATS = 'tern.chats', STORE_CURRENT = 'tern.current', STORE_SETTINGS = 'tern.settings';
-  const DEFAULTS = {system: '', temperature: '', top_p: '', max_tokens: 2048, thinking: true};
+  const DEFAULTS = {system: '', temperature: '', top_p: '', max_tokens: 2048, thinking: true, thinking_budget: ''};
 
   // ---- storage ------------------------------------------------------------------------------------------
   const load = (key, fallback) => {
@@ -182,6 +182,8 @@
       chat_template_kwargs: {enable_thinking: !!settings.thinking}};
     if (settings.temperature !== '' && settings.temperature != null) b.temperature = Number(settings.temperature);
     if (settings.top_p !== '' && settings.top_p != null) b.top_p = Number(settings.top_p);
+    if (settings.thinking && settings.thinking_budget !== '' && settings.thinking_budget != null)
+      b.thinking_budget = Number(settings.thinking_budget);
     return Object.assign(b, testHooks.extraBody || {});
   }
 
@@ -351,7 +353,8 @@
   };
 
   const dialog = $('settings');
-  const fields = {system: 's-system', temperature: 's-temperature', top_p: 's-top-p', max_tokens: 's-max-tokens'};
+  const fields = {system: 's-system', temperature: 's-temperature', top_p: 's-top-p', max_tokens: 's-max-tokens',
+    thinking_budget: 's-thinking-budget'};
   function showSettings() {
     for (const [k, id] of Object.entries(fields)) $(id).value = settings[k];
     $('s-thinking').checked = !!settings.thinking;
@@ -361,12 +364,16 @@
   }
   function readSettings() {
     const next = {system: $('s-system').value, temperature: $('s-temperature').value.trim(), top_p: $('s-top-p').value.trim(),
-      max_tokens: $('s-max-tokens').value.trim(), thinking: $('s-thinking').checked};
+      max_tokens: $('s-max-tokens').value.trim(), thinking: $('s-thinking').checked,
+      thinking_budget: $('s-thinking-budget').value.trim()};
     const problems = [];
     const t = Number(next.temperature), p = Number(next.top_p), n = Number(next.max_tokens);
     if (next.temperature !== '' && !(t >= 0 && t <= 2)) problems.push('temperature must be between 0 and 2');
     if (next.top_p !== '' && !(p > 0 && p <= 1)) problems.push('top-p must be above 0 and at most 1');
     if (!(Number.isInteger(n) && n >= 1)) problems.push('max tokens must be a whole number of at least 1');
+    const tb = Number(next.thinking_budget);
+    if (next.thinking_budget !== '' && !(Number.isInteger(tb) && tb >= 0))
+      problems.push('thinking budget must be a whole number of at least 0 (or empty: no limit)');
     return {next, problems};
   }
   $('open-settings').onclick = showSettings;
