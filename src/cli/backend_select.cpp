@@ -41,12 +41,14 @@ std::unique_ptr<ModelRunner> runner_create(std::shared_ptr<const ModelWeights> w
 }
 
 std::unique_ptr<ModelRunner> runner_create_synthetic(const Config& config, uint64_t seed, const std::string& device) {
-  const std::string d = device_resolve(device == "auto" ? "cuda" : device);
-  TERN_CHECK(d == "cuda", "--synthetic generates full-size weights on the GPU and needs --device cuda");
+  TERN_CHECK(device == "auto" || device == "cuda",
+             "--synthetic generates full-size weights on the GPU: it needs --device cuda (or auto), not ", device);
 #ifdef TERN_HAVE_CUDA
+  TERN_CHECK(cuda_available(), "--synthetic generates full-size weights on the GPU, and no CUDA GPU is visible to this "
+                               "process (check the driver, nvidia-smi and CUDA_VISIBLE_DEVICES)");
   return cuda_runner_create_synthetic(config, seed);
 #else
-  TERN_FAIL("--synthetic needs the CUDA backend");
+  TERN_FAIL("--synthetic generates full-size weights on the GPU: this tern was built without the CUDA backend");
 #endif
 }
 

@@ -96,13 +96,13 @@ std::vector<int32_t> build_prompt(const GenerateArgs& a, const ModelSource& src,
 void run_generate(const GenerateArgs& a) {
   TERN_CHECK(a.max_tokens >= 0, "-n/--max-tokens must be >= 0, got ", a.max_tokens);
   TERN_USAGE_CHECK(!(a.json && a.print_ids), "--json and --print-ids are exclusive");
+  TERN_USAGE_CHECK(a.thinking_budget < 0 || a.chat, "--thinking-budget needs --chat");
   const ModelSource src = model_flags_open(a.model, a.quiet);  // -q: only the answer, no banner
   GenerationRequest req;
   req.grammar = build_grammar(a);
   bool in_reasoning = false;
   req.prompt = build_prompt(a, src, &in_reasoning);
   if (req.grammar && in_reasoning) req.grammar_start_after = "</think>";  // the reasoning stays free
-  TERN_USAGE_CHECK(a.thinking_budget < 0 || a.chat, "--thinking-budget needs --chat");
   req.starts_in_reasoning = in_reasoning;
   if (a.thinking_budget >= 0) {
     req.thinking_budget = a.thinking_budget;
@@ -114,7 +114,7 @@ void run_generate(const GenerateArgs& a) {
   req.stop = a.stop;
   req.ignore_eos = a.ignore_eos;
 
-  auto runner = runner_create(src.weights, a.model.device);
+  auto runner = model_flags_runner(a.model, src);
   const int64_t max_ctx = runner->config().max_position_embeddings;
   const int64_t ctx = a.model.ctx_size > 0 ? a.model.ctx_size
                                            : std::min<int64_t>(max_ctx, int64_t(req.prompt.size()) + a.max_tokens);

@@ -245,7 +245,7 @@ void run_chat(const RunArgs& a) {
   const ModelSource src = model_flags_open(a.model);
   TERN_CHECK(src.chat_template, "the model folder has no chat template (chat_template.jinja or tokenizer_config.json); "
                                 "use tern generate for raw prompts");
-  auto runner = runner_create(src.weights, a.model.device);
+  auto runner = model_flags_runner(a.model, src);
   const int64_t max_ctx = runner->config().max_position_embeddings;
   const int64_t ctx = a.model.ctx_size > 0 ? a.model.ctx_size : std::min<int64_t>(max_ctx, 16384);
   TERN_USAGE_CHECK(ctx <= max_ctx, "--ctx-size ", ctx, " exceeds the model's ", max_ctx, " positions");  // exit 2
@@ -263,8 +263,9 @@ void run_chat(const RunArgs& a) {
   std::string system = a.system;
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   std::vector<int32_t> held;  // the tokens the session holds
-  if (src.demo)
-    std::fprintf(stderr, "tern: this is the demo model: its weights are random, so it answers with noise.\n");
+  if (src.random_weights())
+    std::fprintf(stderr, "tern: this is the %s model: its weights are random, so it answers with noise.\n",
+                 src.demo ? "demo" : "synthetic");
   std::fprintf(stderr, "tern: type a message; /help lists the commands. Ctrl-C stops an answer, Ctrl-D quits.\n");
   MessageInput input(a.no_history ? std::string() : a.history_file);
 

@@ -131,7 +131,7 @@ void serve(const ServeArgs& a) {
     src = model_flags_open(a.model);
     TERN_CHECK(src.chat_template, "the model folder has no chat template (chat_template.jinja or "
                                   "tokenizer_config.json); /v1/chat/completions needs one");
-    runner = runner_create(src.weights, a.model.device);
+    runner = model_flags_runner(a.model, src);
     const int64_t max_ctx = runner->config().max_position_embeddings;
     const int64_t ctx = a.model.ctx_size > 0 ? a.model.ctx_size : std::min<int64_t>(max_ctx, 32768);
     TERN_USAGE_CHECK(ctx >= 16 && ctx <= max_ctx, "--ctx-size must be in [16, ", max_ctx,
@@ -143,7 +143,7 @@ void serve(const ServeArgs& a) {
       if (alias != src.name && std::find(model.aliases.begin(), model.aliases.end(), alias) == model.aliases.end())
         model.aliases.push_back(alias);
     model.model_path = a.model.model_dir.empty() ? "" : std::filesystem::absolute(a.model.model_dir).string();
-    model.random_weights = src.demo;
+    model.random_weights = src.random_weights();
     model.build_info = std::string("tern ") + TERN_VERSION + " (" + runner->backend_name() + " backend)";
     model.tokenizer = src.tokenizer.get();
     model.chat_template = src.chat_template.get();
@@ -159,9 +159,10 @@ void serve(const ServeArgs& a) {
     for (const std::string& alias : model.aliases) names += " or \"" + alias + "\"";
     const std::string url = client_url(options.host, port);
     std::fprintf(stderr,
-                 "tern serve: OpenAI API at %s/v1, Anthropic API at %s (POST /v1/messages), chat page at %s/\n"
+                 "tern serve: OpenAI API at %s/v1, Anthropic API at %s (POST /v1/messages), Ollama API at %s "
+                 "(/api/chat), chat page at %s/\n"
                  "tern serve: use model %s\n",
-                 url.c_str(), url.c_str(), url.c_str(), names.c_str());
+                 url.c_str(), url.c_str(), url.c_str(), url.c_str(), names.c_str());
   } catch (...) {
     stop_listener();  // closes the listening socket even when the listener has not started yet
     throw;

@@ -79,13 +79,17 @@ std::vector<std::string> HistoryFile::load() {
     if (errno != ENOENT) report("cannot read");
     return lines;
   }
-  for (std::string line; std::getline(in, line);)
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();  // a file edited elsewhere with CRLF ends (we write \r escaped)
     if (!line.empty()) lines.push_back(std::move(line));
+  }
   const size_t total = lines.size();
   if (total > max_entries_) lines.erase(lines.begin(), lines.end() - std::ptrdiff_t(max_entries_));
   if (total > 2 * max_entries_) {  // keep the file bounded: rewrite it with what was kept (atomically)
-    const std::string tmp = path_ + ".tmp";
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    // A temporary name of its own (two sessions starting at once must not share one). A message another session
+    // appends between the read above and the rename is lost: history, not data.
+    std::string tmp = path_ + ".XXXXXX";
+    const int fd = ::mkostemp(tmp.data(), O_CLOEXEC);  // mode 0600
     bool ok = fd >= 0;
     for (size_t i = 0; ok && i < lines.size(); ++i) {
       const std::string l = lines[i] + "\n";

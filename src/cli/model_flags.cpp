@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "cli/backend_select.h"
 #include "core/check.h"
 
 namespace tern::cli {
@@ -11,6 +12,9 @@ namespace tern::cli {
 void model_flags_add(CLI::App* sub, ModelFlags& f) {
   sub->add_option("-m,--model", f.model_dir, "Model folder (HF or MLX checkpoint); without it, the demo model");
   sub->add_flag("--demo", f.demo, "The built-in demo model (small, RANDOM weights; the default without -m)");
+  sub->add_flag("--synthetic", f.synthetic,
+                "Qwen3.6-35B-A3B at full size with RANDOM weights generated on the GPU, with the demo's tokenizer "
+                "and template: speed checks without a download (CUDA only)");
   sub->add_option("--device", f.device, "auto, cuda or cpu")
       ->check(CLI::IsMember({"auto", "cuda", "cpu"}))
       ->capture_default_str();
@@ -28,12 +32,18 @@ ModelSource model_flags_open(const ModelFlags& f, bool quiet) {
   ModelSourceOptions o;
   o.model_dir = f.model_dir;
   o.demo = f.demo;
+  o.synthetic = f.synthetic;
   o.name = f.name;
   o.load.dtype = load_dtype_parse(f.dtype);
   o.load.progress = !quiet;
   ModelSource src = model_source_open(o);
   if (!quiet) std::fprintf(stderr, "tern: %s\n", src.banner.c_str());
   return src;
+}
+
+std::unique_ptr<ModelRunner> model_flags_runner(const ModelFlags& f, const ModelSource& src) {
+  if (src.synthetic) return runner_create_synthetic(src.synthetic_config, /*seed=*/1, f.device);
+  return runner_create(src.weights, f.device);
 }
 
 namespace {

@@ -18,6 +18,7 @@ namespace tern::cli {
 struct ModelFlags {
   std::string model_dir;    // empty: the demo model
   bool demo = false;
+  bool synthetic = false;   // full-size random weights generated on the GPU (ModelSource::synthetic)
   std::string device = "auto";
   std::string dtype = "auto";
   std::string name;
@@ -26,6 +27,8 @@ struct ModelFlags {
 void model_flags_add(CLI::App* sub, ModelFlags& f);
 // Loads the model and prints its banner on stderr (quiet: nothing at all, no load progress either).
 ModelSource model_flags_open(const ModelFlags& f, bool quiet = false);
+// The runner for what model_flags_open gave, on f.device (synthetic weights: generated there, CUDA only).
+std::unique_ptr<ModelRunner> model_flags_runner(const ModelFlags& f, const ModelSource& src);
 
 // Sampling flags; a flag not given keeps the model's default (generation_config.json).
 struct SamplingFlags {

@@ -17,8 +17,10 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// GenerationRequest::thinking_budget: follows the output's raw bytes for "<think>" / "</think>" (markers may straddle
-// tokens), counts the tokens inside an open block and queues the close tokens once the budget is spent.
+// GenerationRequest::thinking_budget: while the reasoning block the prompt opened (starts_in_reasoning) is open,
+// counts its tokens and follows the output's raw bytes for "</think>" (it may straddle tokens); queues the close
+// tokens once the budget is spent. Only that block: a "<think>" the output writes later (an answer quoting the tag,
+// a JSON string holding it) is text, as the output parser reads it.
 class ReasoningBudget {
  public:
   explicit ReasoningBudget(const GenerationRequest& r)
@@ -33,25 +35,18 @@ class ReasoningBudget {
       if (size_t(++next_) == close_.size()) {
         next_ = -1;
         open_ = false;
-        closed_ = true;
         cut_ = true;
       }
       return;
     }
-    if (closed_) return;
+    if (!open_) return;
     tail_ += bytes;
-    if (open_) {
-      if (tail_.find("</think>") != std::string::npos) {
-        open_ = false;
-        closed_ = true;
-        return;
-      }
-      ++tokens_;
-      if (budget_ >= 0 && tokens_ >= budget_) next_ = 0;
-    } else if (size_t at = tail_.find("<think>"); at != std::string::npos) {
-      open_ = true;
-      tail_.erase(0, at + 7);
+    if (tail_.find("</think>") != std::string::npos) {
+      open_ = false;
+      return;
     }
+    ++tokens_;
+    if (budget_ >= 0 && tokens_ >= budget_) next_ = 0;
     if (tail_.size() > 8) tail_.erase(0, tail_.size() - 8);  // enough for a marker split over tokens
   }
   int64_t reasoning_tokens() const { return tokens_; }
@@ -60,7 +55,7 @@ class ReasoningBudget {
  private:
   int64_t budget_;
   const std::vector<int32_t>& close_;
-  bool open_, closed_ = false, cut_ = false;
+  bool open_, cut_ = false;
   int64_t tokens_ = 0;
   int next_ = -1;  // >= 0: the index in close_ of the next token to force
   std::string tail_;

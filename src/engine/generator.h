@@ -46,11 +46,11 @@ struct GenerationRequest {
   // With a grammar: the constraint starts after the output's raw bytes contain this text (e.g. "</think>": the
   // reasoning stays free); "": from the first token.
   std::string grammar_start_after;
-  // Reasoning budget: with thinking_budget >= 0, once that many tokens were generated inside an open reasoning
-  // block (the prompt ends inside one: starts_in_reasoning; or the output opened one, "<think>") that is still open,
-  // the next tokens are reasoning_close_tokens (the ids of "</think>"; the model runs as usual, its choice is
-  // replaced), and the answer follows. The close tokens count as output tokens, not as reasoning. They take the
-  // place of forced_tokens (debug) at their steps.
+  // Reasoning budget: with thinking_budget >= 0, once that many tokens were generated inside the reasoning block the
+  // prompt opened (starts_in_reasoning: the prompt ends inside <think>) and it is still open, the next tokens are
+  // reasoning_close_tokens (a note and "</think>"; the model runs as usual, its choice is replaced), and the answer
+  // follows. A "<think>" the output writes later is text. The close tokens count as output tokens, not as reasoning
+  // (GenerationResult::reasoning_tokens). They take the place of forced_tokens (debug) at their steps.
   int64_t thinking_budget = -1;
   bool starts_in_reasoning = false;
   std::vector<int32_t> reasoning_close_tokens;
@@ -100,7 +100,7 @@ struct GenerationResult {
   int64_t completion_tokens = 0;        // tokens.size()
   double prefill_s = 0.0;               // prompt forward until the first token is sampled (time to first token)
   double decode_s = 0.0;                // the remaining steps
-  int64_t reasoning_tokens = 0;         // generated inside an open reasoning block (see thinking_budget)
+  int64_t reasoning_tokens = 0;         // generated inside the prompt's open reasoning block (see thinking_budget)
   bool reasoning_cut = false;           // the budget closed the reasoning block
   uint64_t seed = 0;                    // the seed used (drawn at random when the request gave none)
 

@@ -44,6 +44,22 @@ ModelSource open_demo(const ModelSourceOptions& o) {
   return src;
 }
 
+ModelSource open_synthetic(const ModelSourceOptions& o) {
+  ModelSource src;
+  src.tokenizer = demo_tokenizer();
+  src.chat_template = std::make_shared<const ChatTemplate>(ChatTemplate::from_source(demo_chat_template_source()));
+  src.synthetic = true;
+  src.synthetic_config = config_parse(R"({"model_type": "qwen3_5_moe_text"})");  // the real model's defaults
+  src.tokenizer->check_fits_embedding(src.synthetic_config.vocab_size);
+  src.defaults = sampling_defaults(src.synthetic_config);
+  src.name = o.name.empty() ? kSyntheticModelName : o.name;
+  const Config& c = src.synthetic_config;
+  src.banner = detail::concat("synthetic model '", src.name, "': Qwen3.6-35B-A3B at full size (", c.num_hidden_layers,
+                              " layers, ", c.num_experts, " experts, MLX 4-bit layout) with RANDOM weights generated on the "
+                              "GPU and the demo's tokenizer and template: for speed checks, its output is meaningless");
+  return src;
+}
+
 std::string read_small_file(const std::filesystem::path& path) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec) || std::filesystem::file_size(path, ec) > (1u << 20)) return "";
@@ -120,6 +136,10 @@ std::shared_ptr<const Tokenizer> demo_tokenizer() {
 std::string demo_chat_template_source() { return std::string(demo_asset_chat_template()); }
 
 ModelSource model_source_open(const ModelSourceOptions& o) {
+  if (o.synthetic) {
+    TERN_CHECK(!o.demo && o.model_dir.empty(), "--synthetic cannot be combined with --demo or -m DIR; choose one");
+    return open_synthetic(o);
+  }
   if (o.model_dir.empty()) return open_demo(o);
   TERN_CHECK(!o.demo, "--demo and -m ", o.model_dir, " were both given; choose one");
   const std::filesystem::path dir(o.model_dir);

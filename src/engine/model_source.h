@@ -23,6 +23,7 @@ class ChatTemplate;
 struct ModelSourceOptions {
   std::string model_dir;     // empty: the demo model
   bool demo = false;         // the demo model even when model_dir is given (an error then)
+  bool synthetic = false;    // full-size random weights that the CUDA runner generates (runner_create_synthetic)
   std::string name;          // the model's name (/v1/models id); default: model_id_from_folder, or the demo's name
   LoadOptions load;          // for model_dir
   DemoModelOptions demo_options;
@@ -35,8 +36,16 @@ struct ModelSource {
   SamplingParams defaults;   // from generation_config.json
   std::string name;          // e.g. "mlx-community/Qwen3.6-35B-A3B-4bit", "Qwen3.6-35B-A3B-4bit", or kDemoModelName
   bool demo = false;
+  // Synthetic: Qwen3.6-35B-A3B's full size with random weights that the runner generates on the GPU (weights is
+  // null; the runner is made from synthetic_config), with the demo's tokenizer and chat template. For speed checks
+  // of the whole product (server, CLI) without a download; the output is meaningless, as the demo's.
+  bool synthetic = false;
+  Config synthetic_config;
   std::string banner;        // one line describing what was loaded (the demo's says its weights are random)
+  bool random_weights() const { return demo || synthetic; }
 };
+
+inline constexpr const char* kSyntheticModelName = "tern-synthetic-random-weights";
 
 inline constexpr const char* kDemoModelName = "tern-demo-random-weights";
 

@@ -11,6 +11,11 @@ namespace {
 // them (stack depth ~ 3 x JSON nesting); a stack that would exceed them is dropped (its continuations are lost).
 constexpr size_t kMaxStackDepth = 2048;
 constexpr size_t kMaxClosureStacks = 100000;
+// What the states may hold in all (their stacks, kept twice: the state and its lookup key; and the signatures of
+// the transitions computed). A grammar that needs more at some point of its output is refused there, with an error
+// the request sees (a 400), rather than growing the process by gigabytes: schema patterns with many ambiguous
+// continuations can ask for ~1 GB per mask otherwise. Grammars compiled from ordinary schemas use a few MB.
+constexpr size_t kMaxStoredBytes = size_t(64) << 20;
 
 size_t hash_positions(const uint32_t* p, size_t n) {
   uint64_t h = 1469598103934665603ull;
@@ -138,6 +143,10 @@ int32_t Automaton::intern_closed() {
   }
   auto it = ids_.find(std::span<const uint32_t>(key_));
   if (it != ids_.end()) return it->second;
+  stored_bytes_ += 2 * key_.size() * sizeof(uint32_t);
+  TERN_CHECK(stored_bytes_ <= kMaxStoredBytes, "the output constraint is too complex at this point of the output: its "
+             "recogniser would hold more than ", kMaxStoredBytes >> 20, " MB of parse states (", closed_.size(),
+             " ambiguous continuations); simplify the schema (e.g. a pattern with nested or overlapping repetitions)");
   State st;
   st.n_stacks = static_cast<uint32_t>(closed_.size());
   st.complete = complete;
@@ -183,6 +192,7 @@ int32_t Automaton::compute(int32_t state, uint8_t b) {
   }
   trans_[column] = result;
   states_[static_cast<size_t>(state)].by_signature.emplace_back(signature, result);
+  stored_bytes_ += signature.size() * sizeof(uint64_t);
   return result;
 }
 
@@ -279,6 +289,7 @@ bool Automaton::shrink_if_above(size_t max_states, std::vector<int32_t*> keep) {
   states_.clear();
   ids_.clear();
   trans_.clear();
+  stored_bytes_ = 0;
   auto reintern = [&](int32_t id) {  // its stacks are closed already
     const auto& key = old[static_cast<size_t>(id)].key;
     arena_.clear();

@@ -39,6 +39,9 @@ class Automaton {
   // Complete and no byte can follow.
   bool finished(int32_t state) const { return states_[static_cast<size_t>(state)].complete && states_[static_cast<size_t>(state)].n_stacks == 1; }
   size_t state_count() const { return states_.size(); }
+  // Bytes the states hold (stacks and transition signatures); computing a state that would take it past a bound
+  // throws tern::Error (automaton.cpp: kMaxStoredBytes).
+  size_t stored_bytes() const { return stored_bytes_; }
   // The shortest byte string that leads from `state` to a complete state (breadth first over byte classes,
   // visiting at most max_states states); nullopt when none was found within that bound.
   std::optional<std::string> shortest_completion(int32_t state, size_t max_states);
@@ -100,6 +103,7 @@ class Automaton {
   std::vector<LeadPlan> lead_plan_;
   std::vector<uint8_t> cont_reps_;
   int32_t initial_ = 0;
+  size_t stored_bytes_ = 0;
 };
 
 }  // namespace tern::grammar

@@ -9,6 +9,7 @@
 #include "server/anthropic_output.h"
 #include "server/chat_output.h"
 #include "server/client_link.h"
+#include "server/ollama_output.h"
 #include "server/openai_response.h"
 #include "server/response_protocol.h"
 #include "server/responses_output.h"
@@ -129,7 +130,20 @@ std::vector<Json> first_chunks(Output& output) {
   else return {};
 }
 
-// The SSE content provider: returns false to end the response early (client gone, write failed).
+// A protocol's stream media type and its keep-alive text while a request waits in the queue: SSE's (an event-stream,
+// a comment) unless the protocol names its own (Ollama's NDJSON: no comments, so nothing: "" writes nothing).
+template <typename Protocol>
+const char* stream_content_type() {
+  if constexpr (requires { Protocol::content_type(); }) return Protocol::content_type();
+  else return "text/event-stream";
+}
+template <typename Protocol>
+std::string keep_alive_text() {
+  if constexpr (requires { Protocol::keep_alive(); }) return Protocol::keep_alive();
+  else return sse_comment("waiting");
+}
+
+// The stream's content provider: returns false to end the response early (client gone, write failed).
 template <typename Ex>
 bool stream_step(Ex& ex, httplib::DataSink& sink) {
   using Protocol = ResponseProtocol<std::remove_reference_t<decltype(*ex.output)>>;
@@ -156,7 +170,10 @@ bool stream_step(Ex& ex, httplib::DataSink& sink) {
         ex.cancel();
         return false;
       }
-      if (std::chrono::steady_clock::now() - ex.last_write > kKeepAliveEvery) return write(sse_comment("waiting"));
+      if (std::chrono::steady_clock::now() - ex.last_write > kKeepAliveEvery) {
+        const std::string keep_alive = keep_alive_text<Protocol>();
+        if (!keep_alive.empty()) return write(keep_alive);
+      }
       continue;
     }
     switch (event->kind) {
@@ -218,7 +235,7 @@ void serve(ServerState& state, const httplib::Request& req, httplib::Response& r
     res.set_header("Cache-Control", "no-cache");
     res.set_header("X-Accel-Buffering", "no");
     res.set_chunked_content_provider(
-        "text/event-stream",
+        stream_content_type<Protocol>(),
         [ex](size_t, httplib::DataSink& sink) {
           try {
             return stream_step(*ex, sink);
@@ -394,6 +411,16 @@ void serve_anthropic_messages(ServerState& state, const httplib::Request& req, h
 void serve_responses(ServerState& state, const httplib::Request& req, httplib::Response& res,
                      std::shared_ptr<GenerationTask> task, std::unique_ptr<ResponsesOutput> output, bool stream) {
   auto ex = std::make_shared<Exchange<std::monostate, ResponsesOutput>>();
+  ex->state = &state;
+  ex->task = std::move(task);
+  ex->output = std::move(output);
+  serve(state, req, res, ex, stream);
+}
+
+// Ollama (ollama_handlers.cpp): the same queueing, streaming and cancellation as the other routes, framed as NDJSON.
+void serve_ollama(ServerState& state, const httplib::Request& req, httplib::Response& res,
+                  std::shared_ptr<GenerationTask> task, std::unique_ptr<OllamaOutput> output, bool stream) {
+  auto ex = std::make_shared<Exchange<std::monostate, OllamaOutput>>();
   ex->state = &state;
   ex->task = std::move(task);
   ex->output = std::move(output);

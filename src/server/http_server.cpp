@@ -12,6 +12,7 @@
 #include "server/anthropic_output.h"
 #include "server/chat_page.h"
 #include "server/connections.h"
+#include "server/ollama_output.h"
 #include "server/server_state.h"
 #include "server/sse.h"
 #include "text/tokenizer.h"
@@ -70,8 +71,12 @@ bool anthropic_path(const std::string& path) {
   return path == "/v1/messages" || path.rfind("/v1/messages/", 0) == 0;
 }
 
+// Ollama's routes (/api/...): errors as {"error": "message"}.
+bool ollama_path(const std::string& path) { return path.rfind("/api/", 0) == 0; }
+
 void respond_error_on(const std::string& path, httplib::Response& res, const ApiError& error) {
   if (anthropic_path(path)) return respond_anthropic_error(res, error);
+  if (ollama_path(path)) return respond_ollama_error(res, error);
   respond_error(res, error);
 }
 
@@ -126,7 +131,11 @@ std::optional<ApiError> early_rejection(const ServerState& s, const std::string&
   if (method == "OPTIONS") return std::nullopt;  // CORS preflight: browsers send no credentials
   const bool open = path == "/health" || path == "/" || path == "/favicon.ico";
   if (!open && !authorized(s.options, header("authorization"), header("x-api-key"))) return api_error_unauthorized();
-  if (method == "POST") {
+  // Ollama's clients and documented `curl -d` calls send JSON without a JSON Content-Type; on its routes that is
+  // accepted unless the request comes from a web page (an Origin header): a page may send a form or text/plain
+  // cross-site without a preflight, and the JSON media type is what stops that.
+  const bool any_type_ok = ollama_path(path) && header("origin") == nullptr;
+  if (method == "POST" && !any_type_ok) {
     const std::string* type = header("content-type");
     if (!media_type_is_json(type)) {
       ApiError e = api_error_invalid("", "POST bodies must be JSON with 'Content-Type: application/json' (got " +
@@ -365,6 +374,13 @@ void HttpServer::install_routes() {
   post("/tokenize", [&s](const httplib::Request& req, httplib::Response& res) { handle_tokenize(s, req, res); });
   post("/detokenize", [&s](const httplib::Request& req, httplib::Response& res) { handle_detokenize(s, req, res); });
   get("/props", [&s](const httplib::Request& req, httplib::Response& res) { handle_props(s, req, res); });
+  // Ollama's API (ollama_handlers.cpp).
+  post("/api/chat", [&s](const httplib::Request& req, httplib::Response& res) { handle_ollama_chat(s, req, res); });
+  post("/api/generate", [&s](const httplib::Request& req, httplib::Response& res) { handle_ollama_generate(s, req, res); });
+  post("/api/show", [&s](const httplib::Request& req, httplib::Response& res) { handle_ollama_show(s, req, res); });
+  get("/api/tags", [&s](const httplib::Request& req, httplib::Response& res) { handle_ollama_tags(s, req, res); });
+  get("/api/ps", [&s](const httplib::Request& req, httplib::Response& res) { handle_ollama_ps(s, req, res); });
+  get("/api/version", [&s](const httplib::Request& req, httplib::Response& res) { handle_ollama_version(s, req, res); });
 
   // Errors that no handler wrote (unknown route, body over the limit, unreadable request) become JSON here.
   h.set_error_handler(httplib::Server::HandlerWithResponse([&s](const httplib::Request& req, httplib::Response& res) {
@@ -379,8 +395,8 @@ void HttpServer::install_routes() {
       res.set_header("Allow", allow);
     } else if (res.status == 404) {
       e = api_error_not_found("Unknown route: " + req.method + " " + req.path +
-                              " (see /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages, /v1/models, /tokenize, "
-                              "/detokenize, /props, /health, /metrics).");
+                              " (see /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages, /v1/models, /api/chat, "
+                              "/api/generate, /api/tags, /tokenize, /detokenize, /props, /health, /metrics).");
     } else if (res.status == 413) {
       e = api_error_too_large(s.options.max_body_bytes);
     } else if (res.status >= 500) {

@@ -2,7 +2,8 @@
 // stream and cancel alike for every API; only the framing of stream events, the stream's end and the shape of
 // errors differ. OpenAI's (the default): `data: {json}` events ending with `data: [DONE]`, errors as
 // {"error": {...}}. Anthropic's Messages (AnthropicOutput): `event: NAME` + `data:` lines, no terminator,
-// errors as {"type": "error", "error": {...}}.
+// errors as {"type": "error", "error": {...}}. Ollama's (OllamaOutput, ollama_output.h): NDJSON, one object per line
+// (its own content_type(), no keep-alive text), errors as {"error": "message"}.
 #pragma once
 
 #include <string>

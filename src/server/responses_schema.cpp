@@ -207,8 +207,9 @@ class InputTranslator {
   }
 };
 
-// input (+ instructions) -> messages. Instructions and the system/developer messages that open the input become
-// one system message: the template takes a system message only at the start.
+// input (+ instructions) -> messages. Instructions and the system/developer messages become one system message, in
+// their order: the template takes a system message only at the start, while the Responses API allows developer
+// items anywhere (agents add some mid-conversation).
 Json parse_input(const Json& j, ResponsesRequest& r) {
   const Json* input = field(j, "input");
   if (!input) bad("input", "'input' is required: a string or an array of input items.");
@@ -228,11 +229,11 @@ Json parse_input(const Json& j, ResponsesRequest& r) {
     r.instructions = *instructions;
   }
   Json out = Json::array();
-  size_t i = 0;
-  for (; i < t.messages.size() && t.messages[i]["role"] == "system"; ++i)
-    system += (system.empty() ? "" : "\n\n") + t.messages[i]["content"].get<std::string>();
+  for (const Json& m : t.messages)
+    if (m["role"] == "system") system += (system.empty() ? "" : "\n\n") + m["content"].get<std::string>();
   if (!system.empty()) out.push_back(Json{{"role", "system"}, {"content", system}});
-  for (; i < t.messages.size(); ++i) out.push_back(std::move(t.messages[i]));
+  for (Json& m : t.messages)
+    if (m["role"] != "system") out.push_back(std::move(m));
   return out;
 }
 

@@ -79,6 +79,19 @@ class ResponsesOutput;
 void serve_responses(ServerState& state, const httplib::Request& req, httplib::Response& res,
                      std::shared_ptr<GenerationTask> task, std::unique_ptr<ResponsesOutput> output, bool stream);
 
+// Queues the task and answers with Ollama's response object or its NDJSON stream (cancelled when the client leaves).
+class OllamaOutput;
+void serve_ollama(ServerState& state, const httplib::Request& req, httplib::Response& res,
+                  std::shared_ptr<GenerationTask> task, std::unique_ptr<OllamaOutput> output, bool stream);
+
+// Ollama (ollama_handlers.cpp): POST /api/chat, /api/generate, /api/show; GET /api/tags, /api/ps, /api/version.
+void handle_ollama_chat(ServerState& state, const httplib::Request& req, httplib::Response& res);
+void handle_ollama_generate(ServerState& state, const httplib::Request& req, httplib::Response& res);
+void handle_ollama_show(ServerState& state, const httplib::Request& req, httplib::Response& res);
+void handle_ollama_tags(ServerState& state, const httplib::Request& req, httplib::Response& res);
+void handle_ollama_ps(ServerState& state, const httplib::Request& req, httplib::Response& res);
+void handle_ollama_version(ServerState& state, const httplib::Request& req, httplib::Response& res);
+
 // OpenAI Responses (responses_handlers.cpp): POST /v1/responses; GET /v1/responses/{id} (404: nothing is stored).
 void handle_responses(ServerState& state, const httplib::Request& req, httplib::Response& res);
 void handle_response_lookup(ServerState& state, const httplib::Request& req, httplib::Response& res);

@@ -288,22 +288,19 @@ TEST(Generator, ThinkingBudgetLeavesReasoningThatClosesInTime) {
   EXPECT_FALSE(r.reasoning_cut);
 }
 
-TEST(Generator, ThinkingBudgetCountsFromAnOpeningInTheOutput) {
+TEST(Generator, ThinkingBudgetIgnoresAThinkTagTheOutputWrites) {
   FakeRunner runner;
+  // Not in reasoning at the start: 20, 22 write "<think>" (over two tokens) as text; nothing is counted or forced,
+  // with any budget (an answer quoting the tag, a JSON string holding it).
   Generator gen(runner, letters_with({{20, "<th"}, {22, "ink>"}, {30, "</thi"}, {31, "nk>"}}));
   auto session = runner.create_session(100);
-  // Not in reasoning at the start: 20, 22 open it ("<think>" over two tokens), then 28, 6 are reasoning.
-  auto r = gen.generate(*session, budget_request(2, false, 7));
-  EXPECT_EQ(r.tokens, (std::vector<int32_t>{20, 22, 28, 6, 30, 31, 15}));
-  EXPECT_EQ(r.reasoning_tokens, 2);
-  EXPECT_TRUE(r.reasoning_cut);
-  // Without an opening, no budget applies.
-  Generator plain(runner, letters());
-  session->reset();
-  auto r2 = plain.generate(*session, budget_request(1, false, 5));
-  EXPECT_EQ(r2.tokens, (std::vector<int32_t>{20, 22, 28, 6, 20}));
-  EXPECT_EQ(r2.reasoning_tokens, 0);
-  EXPECT_FALSE(r2.reasoning_cut);
+  for (int64_t budget : {0, 1, 2}) {
+    session->reset();
+    auto r = gen.generate(*session, budget_request(budget, false, 7));
+    EXPECT_EQ(r.tokens, (std::vector<int32_t>{20, 22, 28, 6, 20, 22, 28}));
+    EXPECT_EQ(r.reasoning_tokens, 0);
+    EXPECT_FALSE(r.reasoning_cut);
+  }
 }
 
 TEST(Generator, ThinkingBudgetNeedsValidCloseTokens) {

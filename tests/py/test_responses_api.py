@@ -105,6 +105,12 @@ def test_item_list_input(client):
                                  "content": [{"type": "reasoning_text", "text": "France's capital."}]}] + items[2:]
     r2 = client.responses.create(model=MODEL, input=with_reasoning, reasoning=NO_THINK, **forced("Rome."))
     assert r2.status == "completed" and r2.output_text == "Rome."
+    # A developer item later in the conversation (agents add some) joins the system message: the same prompt as
+    # with it at the start.
+    late = [items[1], items[2], items[0], items[3]]
+    r3 = client.responses.create(model=MODEL, input=late, instructions="Be exact.", reasoning=NO_THINK,
+                                 **forced("Rome."))
+    assert r3.status == "completed" and r3.usage.input_tokens == r.usage.input_tokens
 
 
 def collect(stream):

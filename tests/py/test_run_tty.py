@@ -246,3 +246,20 @@ def test_history_is_kept_between_sessions(tern_bin, tmp_path):
     finally:
         t.close()
     assert path.read_text() == before
+
+
+def test_long_history_file_is_trimmed(tern_bin, tmp_path):
+    path = tmp_path / "run_history"
+    path.write_bytes(b"".join(b"message %d\r\n" % i for i in range(2500)))  # CRLF ends, as an editor may write
+    t = Tty(tern_bin, "-n", "2", "--no-think", history_file=path)
+    try:
+        t.prompt(0)
+        send_and_wait(t, UP, b"!")  # Up: the file's last message (its \r dropped)
+        assert history(t) == ["message 2499!"]
+    finally:
+        t.close()
+    lines = path.read_text().splitlines()
+    # Rewritten at start with the last 1,000, then this session's two messages appended.
+    assert lines[0] == "message 1500" and lines[999] == "message 2499" and lines[1000:] == ["message 2499!", "/history"]
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert not list(tmp_path.glob("run_history.*"))  # no temporary file left behind

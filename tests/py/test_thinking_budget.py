@@ -14,7 +14,7 @@ from test_server_helpers import Server, demo_server_fixture, post_json, request,
 MODEL = "tern-demo-random-weights"
 NOTE = "The thinking budget is spent; time to answer with what I have."
 
-server = demo_server_fixture("--ctx-size", "1024")
+server = demo_server_fixture("--ctx-size", "1024", "--debug-allow-forced-output")
 
 
 def chat(server, seed, **extra):
@@ -106,3 +106,14 @@ def test_server_default_budget(tern_bin, seed):
         assert r["usage"]["output_tokens_details"]["reasoning_tokens"] == 0
     finally:
         s.stop()
+
+
+def test_a_think_tag_in_the_answer_is_text(server, seed):
+    # Thinking off, a JSON answer whose string holds "<think>": nothing is counted as reasoning, nothing forced.
+    answer = '{"s": "the tag <think> opens one and more words follow here"}'
+    schema = {"type": "object", "properties": {"s": {"type": "string"}}, "required": ["s"]}
+    j = chat(server, seed, thinking_budget=2, max_tokens=60, chat_template_kwargs={"enable_thinking": False},
+             response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
+             tern_debug_forced_output=answer)
+    assert j["choices"][0]["message"]["content"] == answer
+    assert j["usage"]["completion_tokens_details"]["reasoning_tokens"] == 0

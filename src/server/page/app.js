@@ -76,7 +76,8 @@
     const content = el('div', 'content'), meta = el('div', 'meta');
     box.append(think, content, meta);
     const view = {box, think, summary, body, content, meta, userToggled: false};
-    think.addEventListener('toggle', () => { if (view.programmatic) view.programmatic = false; else view.userToggled = true; });
+    // The user's choice counts from the click itself ('toggle' events arrive later, after a render may have run).
+    summary.addEventListener('click', () => { view.userToggled = true; });
     view.update = (streaming) => {
       box.classList.toggle('streaming', streaming);
       think.hidden = !m.reasoning;
@@ -85,7 +86,7 @@
         const thinkingNow = streaming && !m.content;
         summary.textContent = (thinkingNow ? 'Thinking… ' : 'Thought · ') + (m.reasoning_tokens || 0) + ' tokens';
         // Open while it thinks, folded once the answer starts, unless the user chose.
-        if (!view.userToggled && think.open !== thinkingNow) { view.programmatic = true; think.open = thinkingNow; }
+        if (!view.userToggled && think.open !== thinkingNow) think.open = thinkingNow;
       }
       content.innerHTML = ternMarkdown.render(m.content || '');
       meta.textContent = statsText(m);
