@@ -40,13 +40,16 @@ std::unique_ptr<ModelRunner> runner_create(std::shared_ptr<const ModelWeights> w
   return cpu_runner_create(std::move(weights));
 }
 
-std::unique_ptr<ModelRunner> runner_create_synthetic(const Config& config, uint64_t seed, const std::string& device) {
+std::unique_ptr<ModelRunner> runner_create_synthetic(const Config& config, uint64_t seed, const std::string& device,
+                                                     int64_t vocab_real) {
   TERN_CHECK(device == "auto" || device == "cuda",
              "--synthetic generates full-size weights on the GPU: it needs --device cuda (or auto), not ", device);
 #ifdef TERN_HAVE_CUDA
   TERN_CHECK(cuda_available(), "--synthetic generates full-size weights on the GPU, and no CUDA GPU is visible to this "
                                "process (check the driver, nvidia-smi and CUDA_VISIBLE_DEVICES)");
-  return cuda_runner_create_synthetic(config, seed);
+  CudaRunnerOptions options;
+  options.vocab_real = vocab_real;
+  return cuda_runner_create_synthetic(config, seed, options);
 #else
   TERN_FAIL("--synthetic generates full-size weights on the GPU: this tern was built without the CUDA backend");
 #endif

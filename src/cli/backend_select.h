@@ -20,7 +20,9 @@ std::string device_resolve(const std::string& device);
 // A runner for the weights on the resolved device.
 std::unique_ptr<ModelRunner> runner_create(std::shared_ptr<const ModelWeights> weights, const std::string& device);
 
-// Full-size random weights in the MLX 4-bit layout, generated on the GPU (--synthetic); CUDA only.
-std::unique_ptr<ModelRunner> runner_create_synthetic(const Config& config, uint64_t seed, const std::string& device);
+// Full-size random weights in the MLX 4-bit layout, generated on the GPU (--synthetic); CUDA only. vocab_real > 0:
+// ids from it on are padding, never sampled (the tokenizer that goes with them has fewer ids than the rows).
+std::unique_ptr<ModelRunner> runner_create_synthetic(const Config& config, uint64_t seed, const std::string& device,
+                                                     int64_t vocab_real = 0);
 
 }  // namespace tern

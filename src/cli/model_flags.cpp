@@ -6,6 +6,7 @@
 
 #include "cli/backend_select.h"
 #include "core/check.h"
+#include "text/tokenizer.h"
 
 namespace tern::cli {
 
@@ -42,7 +43,8 @@ ModelSource model_flags_open(const ModelFlags& f, bool quiet) {
 }
 
 std::unique_ptr<ModelRunner> model_flags_runner(const ModelFlags& f, const ModelSource& src) {
-  if (src.synthetic) return runner_create_synthetic(src.synthetic_config, /*seed=*/1, f.device);
+  if (src.synthetic)  // the demo tokenizer's ids only: the rows past them have no text
+    return runner_create_synthetic(src.synthetic_config, /*seed=*/1, f.device, src.tokenizer->vocab_size());
   return runner_create(src.weights, f.device);
 }
 

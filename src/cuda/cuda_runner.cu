@@ -860,6 +860,7 @@ std::unique_ptr<ModelRunner> cuda_runner_create_synthetic(const Config& config, 
                                                           const CudaRunnerOptions& options) {
   require_gpu();
   auto dw = device_weights_synthetic(config, seed, options.progress);
+  if (options.vocab_real > 0) dw->vocab_real = std::min<int64_t>(options.vocab_real, config.vocab_size);
   return std::make_unique<CudaRunner>(std::move(dw), nullptr, options);
 }
 

@@ -14,6 +14,7 @@ namespace tern {
 struct CudaRunnerOptions {
   int64_t max_chunk = 4096;  // tokens per forward chunk (longer inputs are processed in chunks)
   bool progress = true;      // progress bar while uploading or generating weights
+  int64_t vocab_real = 0;    // synthetic weights: ids >= this are padding (the tokenizer's size); 0: every row
 };
 
 // Uploads `weights` to GPU 0. Throws tern::Error when there is no GPU or the model does not fit.
