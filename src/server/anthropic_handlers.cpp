@@ -1,7 +1,7 @@
 // POST /v1/messages and /v1/messages/count_tokens: the Anthropic Messages API over the same machinery as
 // /v1/chat/completions. The body is translated into the internal chat request (anthropic_schema.h), rendered
 // through the chat template and tokenized exactly as a chat completion is, queued to the engine loop with the same
-// prefix-cache checkpoints, and answered through serve_anthropic_messages (generation_handlers.cpp: the queueing,
+// prefix-cache checkpoints, and answered through serve_output (generation_handlers.cpp: the queueing,
 // streaming and cancellation of every generation route) with AnthropicOutput shaping the message and its events.
 // Every error has Anthropic's shape: {"type":"error","error":{"type","message"}}.
 #include <cstdio>
@@ -85,7 +85,7 @@ void handle_anthropic_messages(ServerState& state, const httplib::Request& req, 
   o.parallel_tool_calls = chat.parallel_tool_calls;
   o.starts_in_reasoning = prompt.starts_in_reasoning;
   task->request.prompt = std::move(prompt.tokens);
-  serve_anthropic_messages(state, req, res, std::move(task), std::make_unique<AnthropicOutput>(std::move(o)),
+  serve_output(state, req, res, std::move(task), std::make_unique<AnthropicOutput>(std::move(o)),
                            chat.stream);
 }
 

@@ -396,35 +396,22 @@ void handle_completions(ServerState& state, const httplib::Request& req, httplib
   serve(state, req, res, ex, request.stream);
 }
 
-// Anthropic Messages (anthropic_handlers.cpp): the same queueing, streaming and cancellation as the OpenAI routes.
-void serve_anthropic_messages(ServerState& state, const httplib::Request& req, httplib::Response& res,
-                              std::shared_ptr<GenerationTask> task, std::unique_ptr<AnthropicOutput> output,
-                              bool stream) {
-  auto ex = std::make_shared<Exchange<std::monostate, AnthropicOutput>>();
+template <typename Output>
+void serve_output(ServerState& state, const httplib::Request& req, httplib::Response& res,
+                  std::shared_ptr<GenerationTask> task, std::unique_ptr<Output> output, bool stream) {
+  auto ex = std::make_shared<Exchange<std::monostate, Output>>();
   ex->state = &state;
   ex->task = std::move(task);
   ex->output = std::move(output);
   serve(state, req, res, ex, stream);
 }
 
-// OpenAI Responses (responses_handlers.cpp): the same queueing, streaming and cancellation as the other routes.
-void serve_responses(ServerState& state, const httplib::Request& req, httplib::Response& res,
-                     std::shared_ptr<GenerationTask> task, std::unique_ptr<ResponsesOutput> output, bool stream) {
-  auto ex = std::make_shared<Exchange<std::monostate, ResponsesOutput>>();
-  ex->state = &state;
-  ex->task = std::move(task);
-  ex->output = std::move(output);
-  serve(state, req, res, ex, stream);
-}
-
-// Ollama (ollama_handlers.cpp): the same queueing, streaming and cancellation as the other routes, framed as NDJSON.
-void serve_ollama(ServerState& state, const httplib::Request& req, httplib::Response& res,
-                  std::shared_ptr<GenerationTask> task, std::unique_ptr<OllamaOutput> output, bool stream) {
-  auto ex = std::make_shared<Exchange<std::monostate, OllamaOutput>>();
-  ex->state = &state;
-  ex->task = std::move(task);
-  ex->output = std::move(output);
-  serve(state, req, res, ex, stream);
-}
+// The APIs that serve through serve_output (anthropic_handlers.cpp, responses_handlers.cpp, ollama_handlers.cpp).
+template void serve_output<AnthropicOutput>(ServerState&, const httplib::Request&, httplib::Response&,
+                                            std::shared_ptr<GenerationTask>, std::unique_ptr<AnthropicOutput>, bool);
+template void serve_output<ResponsesOutput>(ServerState&, const httplib::Request&, httplib::Response&,
+                                            std::shared_ptr<GenerationTask>, std::unique_ptr<ResponsesOutput>, bool);
+template void serve_output<OllamaOutput>(ServerState&, const httplib::Request&, httplib::Response&,
+                                         std::shared_ptr<GenerationTask>, std::unique_ptr<OllamaOutput>, bool);
 
 }  // namespace tern::server

@@ -2,7 +2,7 @@
 // machinery as /v1/chat/completions. /api/chat and /api/generate bodies are translated into the internal chat
 // request (ollama_schema.h), rendered through the chat template and tokenized as a chat completion is (raw
 // /api/generate: the prompt's tokens as they are), queued with the same prefix-cache checkpoints, and answered
-// through serve_ollama (generation_handlers.cpp: queueing, streaming, cancellation) with OllamaOutput writing the
+// through serve_output (generation_handlers.cpp: queueing, streaming, cancellation) with OllamaOutput writing the
 // NDJSON objects. /api/tags, /api/show, /api/ps and /api/version describe the one served model. Every error has
 // Ollama's shape: {"error": "message"}.
 #include <cstdio>
@@ -201,7 +201,7 @@ void serve_generation(ServerState& state, const httplib::Request& req, httplib::
   o.tools = chat.tools;
   o.starts_in_reasoning = starts_in_reasoning;
   o.start = start;
-  serve_ollama(state, req, res, std::move(task), std::make_unique<OllamaOutput>(std::move(o)), chat.stream);
+  serve_output(state, req, res, std::move(task), std::make_unique<OllamaOutput>(std::move(o)), chat.stream);
 }
 
 }  // namespace

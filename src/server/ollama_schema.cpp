@@ -127,26 +127,6 @@ Json parse_messages(const Json& j) {
   return out;
 }
 
-Json parse_tools(const Json& j) {
-  const Json* tools = tools_field(j, "'tools' must be an array of {\"type\": \"function\", \"function\": {...}} objects.");
-  if (!tools) return Json::array();
-  for (size_t i = 0; i < tools->size(); ++i) {
-    const std::string p = "tools[" + std::to_string(i) + "]";
-    const Json& t = (*tools)[i];
-    if (!t.is_object()) bad(p, "'" + p + "' must be an object.");
-    if (const Json* type = field(t, "type"); type && !(type->is_string() && type->get<std::string>() == "function"))
-      bad(p + ".type", "'" + p + ".type' must be \"function\".");
-    const Json* fn = field(t, "function");
-    if (!fn || !fn->is_object()) bad(p + ".function", "'" + p + ".function' must be an object with a 'name'.");
-    const Json* name = field(*fn, "name");
-    if (!name || !name->is_string() || name->get<std::string>().empty())
-      bad(p + ".function.name", "'" + p + ".function.name' must be a non-empty string.");
-    if (const Json* params = field(*fn, "parameters"); params && !params->is_object())
-      bad(p + ".function.parameters", "'" + p + ".function.parameters' must be a JSON schema object.");
-  }
-  return *tools;
-}
-
 // think: a boolean, or a level ("high", "medium", "low": gpt-oss style; this template has no levels, so any level
 // means thinking on).
 void parse_think(const Json& j, ChatRequest& r) {
@@ -294,7 +274,7 @@ std::variant<OllamaRequest, ApiError> parse_ollama_request(std::string_view body
     parse_common(j, options, r);
     if (endpoint == OllamaEndpoint::chat) {
       r.chat.messages = parse_messages(j);
-      r.chat.tools = parse_tools(j);
+      r.chat.tools = function_tools(j);
       r.load_only = r.chat.messages.empty();
       return r;
     }

@@ -213,37 +213,11 @@ Json parse_messages(const Json& j) {
   return out;
 }
 
-Json parse_tools(const Json& j) {
-  const Json* tools = tools_field(j, "'tools' must be an array of {\"type\": \"function\", \"function\": {...}} objects.");
-  if (!tools) return Json::array();
-  for (size_t i = 0; i < tools->size(); ++i) {
-    const std::string p = "tools[" + std::to_string(i) + "]";
-    const Json& t = (*tools)[i];
-    if (!t.is_object()) bad(p, "'" + p + "' must be an object.");
-    auto type = t.find("type");
-    if (type != t.end() && !(type->is_string() && type->get<std::string>() == "function"))
-      bad(p + ".type", "'" + p + ".type' must be \"function\".");
-    auto fn = t.find("function");
-    if (fn == t.end() || !fn->is_object()) bad(p + ".function", "'" + p + ".function' must be an object with a 'name'.");
-    auto name = fn->find("name");
-    if (name == fn->end() || !name->is_string() || name->get<std::string>().empty())
-      bad(p + ".function.name", "'" + p + ".function.name' must be a non-empty string.");
-    auto params = fn->find("parameters");
-    if (params != fn->end() && !params->is_null() && !params->is_object())
-      bad(p + ".function.parameters", "'" + p + ".function.parameters' must be a JSON schema object.");
-  }
-  return *tools;
-}
-
 void parse_tool_choice(const Json& j, ChatRequest& r) {
   const Json* v = field(j, "tool_choice");
   if (v) {
     if (v->is_string()) {
-      const std::string s = v->get<std::string>();
-      if (s == "auto") r.tool_choice = ToolChoice::tool_choice_auto;
-      else if (s == "none") r.tool_choice = ToolChoice::tool_choice_none;
-      else if (s == "required") r.tool_choice = ToolChoice::tool_choice_required;
-      else bad("tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}, got \"" + s + "\".");
+      r.tool_choice = tool_choice_word(v->get<std::string>(), "{\"type\": \"function\", \"function\": {\"name\": ...}}");
     } else if (v->is_object()) {
       auto fn = v->find("function");
       auto name = fn != v->end() && fn->is_object() ? fn->find("name") : v->end();
@@ -394,7 +368,7 @@ std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, co
     check_model(j, options, r.model);
     check_n(j);
     r.messages = parse_messages(j);
-    r.tools = parse_tools(j);
+    r.tools = function_tools(j);
     parse_tool_choice(j, r);
     parse_stream(j, r.stream, r.include_usage);
     auto max_completion = get_integer(j, "max_completion_tokens", 1, std::numeric_limits<int32_t>::max());

@@ -76,6 +76,33 @@ const Json* tools_field(const Json& j, const std::string& not_array_message) {
   return tools;
 }
 
+ToolChoice tool_choice_word(const std::string& word, const std::string& object_form) {
+  if (word == "auto") return ToolChoice::tool_choice_auto;
+  if (word == "none") return ToolChoice::tool_choice_none;
+  if (word == "required") return ToolChoice::tool_choice_required;
+  bad("tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" or " + object_form + ", got \"" + word + "\".");
+}
+
+Json function_tools(const Json& j) {
+  const Json* tools = tools_field(j, "'tools' must be an array of {\"type\": \"function\", \"function\": {...}} objects.");
+  if (!tools) return Json::array();
+  for (size_t i = 0; i < tools->size(); ++i) {
+    const std::string p = "tools[" + std::to_string(i) + "]";
+    const Json& t = (*tools)[i];
+    if (!t.is_object()) bad(p, "'" + p + "' must be an object.");
+    if (const Json* type = field(t, "type"); type && !(type->is_string() && type->get<std::string>() == "function"))
+      bad(p + ".type", "'" + p + ".type' must be \"function\".");
+    const Json* fn = field(t, "function");
+    if (!fn || !fn->is_object()) bad(p + ".function", "'" + p + ".function' must be an object with a 'name'.");
+    const Json* name = field(*fn, "name");
+    if (!name || !name->is_string() || name->get<std::string>().empty())
+      bad(p + ".function.name", "'" + p + ".function.name' must be a non-empty string.");
+    if (const Json* params = field(*fn, "parameters"); params && !params->is_object())
+      bad(p + ".function.parameters", "'" + p + ".function.parameters' must be a JSON schema object.");
+  }
+  return *tools;
+}
+
 void keep_chosen_tools(ChatRequest& r, const std::string& unknown_name_param, const std::string& unknown_name_message) {
   if ((r.tool_choice == ToolChoice::tool_choice_required || r.tool_choice == ToolChoice::tool_choice_named) &&
       r.tools.empty())

@@ -48,6 +48,14 @@ std::optional<int64_t> get_integer(const Json& o, const char* key, int64_t lo, i
 // `not_array_message` when it is not an array).
 const Json* tools_field(const Json& j, const std::string& not_array_message);
 
+// OpenAI's tool_choice words: "auto", "none", "required"; another word is a 400 that also shows `object_form` (the
+// API's object spelling of a named function).
+ToolChoice tool_choice_word(const std::string& word, const std::string& object_form);
+
+// The request's "tools" in OpenAI's chat shape ([{"type": "function", "function": {"name", "parameters"?, ...}}],
+// also what Ollama takes), checked entry by entry (400s naming tools[i]...); an empty array when not given.
+Json function_tools(const Json& j);
+
 // After tool_choice is parsed: a forced call (required, named) needs tools ("'tool_choice' asks for a tool call but
 // 'tools' is empty."); none keeps no tools; named keeps only the named one, and a name not among them is a 400 with
 // `unknown_name_param` and `unknown_name_message`.

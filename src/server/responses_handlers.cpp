@@ -1,7 +1,7 @@
 // POST /v1/responses: the OpenAI Responses API over the same machinery as /v1/chat/completions. The body is
 // translated into the internal chat request (responses_schema.h), rendered through the chat template and tokenized
 // exactly as a chat completion is, queued to the engine loop with the same prefix-cache checkpoints, and answered
-// through serve_responses (generation_handlers.cpp: the queueing, streaming and cancellation of every generation
+// through serve_output (generation_handlers.cpp: the queueing, streaming and cancellation of every generation
 // route) with ResponsesOutput shaping the response object and its events. Errors have OpenAI's shape.
 //
 // The server is stateless: nothing is stored, so GET /v1/responses/{id} is a 404 that says so.
@@ -108,7 +108,7 @@ void handle_responses(ServerState& state, const httplib::Request& req, httplib::
   o.tools = chat.tools;
   o.parallel_tool_calls = chat.parallel_tool_calls;
   o.starts_in_reasoning = prompt.starts_in_reasoning;
-  serve_responses(state, req, res, std::move(task), std::make_unique<ResponsesOutput>(std::move(o)), chat.stream);
+  serve_output(state, req, res, std::move(task), std::make_unique<ResponsesOutput>(std::move(o)), chat.stream);
 }
 
 void handle_response_lookup(ServerState& state, const httplib::Request& req, httplib::Response& res) {

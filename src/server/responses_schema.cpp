@@ -268,11 +268,7 @@ void parse_tool_choice(const Json& j, ResponsesRequest& r) {
   if (const Json* v = field(j, "tool_choice")) {
     r.tool_choice = *v;
     if (v->is_string()) {
-      const std::string s = v->get<std::string>();
-      if (s == "auto") c.tool_choice = ToolChoice::tool_choice_auto;
-      else if (s == "none") c.tool_choice = ToolChoice::tool_choice_none;
-      else if (s == "required") c.tool_choice = ToolChoice::tool_choice_required;
-      else bad("tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"name\": ...}, got \"" + s + "\".");
+      c.tool_choice = tool_choice_word(v->get<std::string>(), "{\"type\": \"function\", \"name\": ...}");
     } else if (v->is_object()) {
       const std::string type = str_field(*v, "type");
       if (type != "function")

@@ -67,22 +67,13 @@ std::variant<SamplingParams, ApiError> sampling_params(const ServerState& state,
 std::optional<ApiError> check_prompt_bytes(const ServerState& state, size_t bytes, const char* param);
 // The prompt must leave room for at least one generated token.
 std::optional<ApiError> check_context(const ServerState& state, size_t prompt_tokens, int64_t max_tokens);
-// Queues the task and answers with an Anthropic message or its event stream (cancelled when the client leaves).
-class AnthropicOutput;
-void serve_anthropic_messages(ServerState& state, const httplib::Request& req, httplib::Response& res,
-                              std::shared_ptr<GenerationTask> task, std::unique_ptr<AnthropicOutput> output,
-                              bool stream);
-
-// Queues the task and answers with an OpenAI Responses object or its event stream (cancelled when the client
-// leaves).
-class ResponsesOutput;
-void serve_responses(ServerState& state, const httplib::Request& req, httplib::Response& res,
-                     std::shared_ptr<GenerationTask> task, std::unique_ptr<ResponsesOutput> output, bool stream);
-
-// Queues the task and answers with Ollama's response object or its NDJSON stream (cancelled when the client leaves).
-class OllamaOutput;
-void serve_ollama(ServerState& state, const httplib::Request& req, httplib::Response& res,
-                  std::shared_ptr<GenerationTask> task, std::unique_ptr<OllamaOutput> output, bool stream);
+// Queues a task whose request the handler built and answers with `output` (whole, or as its stream; cancelled when
+// the client leaves): the serving path of the APIs translated onto the chat request. Instantiated in
+// generation_handlers.cpp for AnthropicOutput (Anthropic messages and events), ResponsesOutput (OpenAI Responses)
+// and OllamaOutput (Ollama objects, NDJSON).
+template <typename Output>
+void serve_output(ServerState& state, const httplib::Request& req, httplib::Response& res,
+                  std::shared_ptr<GenerationTask> task, std::unique_ptr<Output> output, bool stream);
 
 // Ollama (ollama_handlers.cpp): POST /api/chat, /api/generate, /api/show; GET /api/tags, /api/ps, /api/version.
 void handle_ollama_chat(ServerState& state, const httplib::Request& req, httplib::Response& res);

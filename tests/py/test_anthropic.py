@@ -10,7 +10,7 @@ import json
 import anthropic
 import pytest
 
-from test_server_helpers import RawStream, Server, demo_server_fixture, post_json, request, wait_idle
+from test_server_helpers import RawStream, Server, demo_server_fixture, named_sse_events, post_json, request, wait_idle
 
 MODEL = "tern-demo-random-weights"
 NO_THINK = {"type": "disabled"}
@@ -94,26 +94,12 @@ def test_stream_assembled_by_client(client):
     assert final.stop_reason == "end_turn" and final.usage.output_tokens > 0
 
 
-def sse_blocks(body: bytes):
-    """[(event name, payload)] of an Anthropic stream; checks that each event: line names its payload's type."""
-    out = []
-    for block in body.decode().split("\n\n"):
-        lines = [ln for ln in block.strip().split("\n") if ln and not ln.startswith(":")]
-        if not lines:
-            continue
-        assert lines[0].startswith("event: ") and lines[1].startswith("data: "), block
-        name, payload = lines[0][len("event: "):], json.loads(lines[1][len("data: "):])
-        assert payload["type"] == name
-        out.append((name, payload))
-    return out
-
-
 def test_stream_event_sequence_with_thinking(server):
     body = {"model": MODEL, "max_tokens": 2048, "stream": True, "thinking": THINK, "messages": user("Think first"),
             "tern_debug_forced_output": "I should greet.</think>\n\nHello!"}
     status, headers, data = request("POST", server.port, "/v1/messages", body)
     assert status == 200 and headers["content-type"].startswith("text/event-stream")
-    events = sse_blocks(data)
+    events = named_sse_events(data)
     names = [n for n, _ in events]
     assert names[:2] == ["message_start", "ping"] and names[-2:] == ["message_delta", "message_stop"]
     assert "[DONE]" not in data.decode()

@@ -16,7 +16,8 @@ import jsonschema
 import openai
 import pytest
 
-from test_server_helpers import RawStream, Server, dechunk, demo_server_fixture, post_json, request, wait_idle
+from test_server_helpers import (MUTATION_INSERTS, RawStream, Server, dechunk, demo_server_fixture, mutate_body,
+                                 named_sse_events, post_json, request, wait_idle)
 
 MODEL = "tern-demo-random-weights"
 NO_THINK = {"effort": "none"}
@@ -167,27 +168,13 @@ def test_stream_helper_assembles_the_response(client):
     assert final.status == "completed" and final.output_text == text
 
 
-def sse_events(body: bytes):
-    """[(event name, payload)] of a Responses stream; each `event:` line names its payload's type."""
-    out = []
-    for block in body.decode().split("\n\n"):
-        lines = [ln for ln in block.strip().split("\n") if ln and not ln.startswith(":")]
-        if not lines:
-            continue
-        assert lines[0].startswith("event: ") and lines[1].startswith("data: "), block
-        name, payload = lines[0][len("event: "):], json.loads(lines[1][len("data: "):])
-        assert payload["type"] == name
-        out.append((name, payload))
-    return out
-
-
 def test_raw_stream_with_reasoning(server):
     body = {"model": MODEL, "input": "Think first", "stream": True, "reasoning": THINK, "max_output_tokens": 256,
             "tern_debug_forced_output": "I should greet.</think>\n\nHello!"}
     status, headers, data = request("POST", server.port, "/v1/responses", body, timeout=TIMEOUT)
     assert status == 200 and headers["content-type"].startswith("text/event-stream")
     assert "[DONE]" not in data.decode()
-    events = sse_events(data)
+    events = named_sse_events(data)
     names = [n for n, _ in events]
     assert names == [
         "response.created", "response.in_progress",
@@ -321,7 +308,7 @@ def test_error_after_the_stream_started_is_an_error_event(server):
             "text": {"format": {"type": "json_object"}}, "tern_debug_forced_output": "plain words"}
     status, _, data = request("POST", server.port, "/v1/responses", body, timeout=TIMEOUT)
     assert status == 200
-    events = sse_events(data)
+    events = named_sse_events(data)
     assert [n for n, _ in events] == ["response.created", "response.in_progress", "error", "response.failed"]
     assert [p["sequence_number"] for _, p in events] == [0, 1, 2, 3]
     error = events[2][1]
@@ -340,7 +327,7 @@ def test_sigterm_ends_a_stream_with_a_final_event(tern_bin):
         s.proc.send_signal(signal.SIGTERM)
         status, data = dechunk(stream.read_all())
         stream.close()
-        events = sse_events(data)
+        events = named_sse_events(data)
         assert status == 200 and events[-1][0] in ("response.failed", "response.completed"), data[-300:]
         assert [p["sequence_number"] for _, p in events] == list(range(len(events)))
         if events[-1][0] == "response.failed":  # cancelled before the 600 words were out
@@ -457,21 +444,11 @@ def test_random_mutations_never_break_the_server(server, seed):
     rng = random.Random(seed)
     text = json.dumps(FUZZ_BASE).encode()
     for _ in range(120):
-        b = bytearray(text)
-        op = rng.randrange(3)
-        if op == 0:
-            b = b[: rng.randrange(len(b))]                     # truncated
-        elif op == 1:
-            for _ in range(rng.randrange(1, 4)):
-                b[rng.randrange(len(b))] = rng.randrange(256)  # flipped bytes
-        else:
-            pos = rng.randrange(len(b))
-            b[pos:pos] = rng.choice([b"[", b"{", b"\"", b"\\", b"\xc3", b"NaN", b"-", b"1e999", b"null", b"0"]) * \
-                rng.randrange(1, 20)
-        status, _, data = request("POST", server.port, "/v1/responses", bytes(b), timeout=TIMEOUT)
-        assert status < 500, (bytes(b), status, data[:200])
+        b = mutate_body(rng, text, MUTATION_INSERTS[:-1] + (b"null", b"0"), 20)
+        status, _, data = request("POST", server.port, "/v1/responses", b, timeout=TIMEOUT)
+        assert status < 500, (b, status, data[:200])
         body = json.loads(data)  # always JSON: an error or a response
-        assert ("error" in body and body.get("object") != "response") == (status >= 400), (bytes(b), status, body)
+        assert ("error" in body and body.get("object") != "response") == (status >= 400), (b, status, body)
     # Every field (top level, items, parts, tools) replaced by a value of another type.
     values = [None, 0, -1, 1.5, "", "x", [], {}, True, [1], {"a": 1}, [{}], 1e300]
 

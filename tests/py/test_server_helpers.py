@@ -128,6 +128,39 @@ def sse_events(data: bytes):
     return events, done
 
 
+def named_sse_events(body: bytes):
+    """[(event name, payload)] of a stream whose events carry `event: NAME` lines (Anthropic, OpenAI Responses);
+    checks that each names its payload's type."""
+    out = []
+    for block in body.decode().split("\n\n"):
+        lines = [ln for ln in block.strip().split("\n") if ln and not ln.startswith(":")]
+        if not lines:
+            continue
+        assert lines[0].startswith("event: ") and lines[1].startswith("data: "), block
+        name, payload = lines[0][len("event: "):], json.loads(lines[1][len("data: "):])
+        assert payload["type"] == name
+        out.append((name, payload))
+    return out
+
+
+MUTATION_INSERTS = (b"[", b"{", b"\"", b"\\", b"\xc3", b"NaN", b"-", b"1e999", b"\x00")
+
+
+def mutate_body(rng, text: bytes, inserts=MUTATION_INSERTS, max_repeat=50) -> bytes:
+    """A random damage of a request body: truncated, a few bytes flipped, or a run of one of `inserts` put in."""
+    b = bytearray(text)
+    op = rng.randrange(3)
+    if op == 0:
+        b = b[: rng.randrange(len(b))]                     # truncated
+    elif op == 1:
+        for _ in range(rng.randrange(1, 4)):
+            b[rng.randrange(len(b))] = rng.randrange(256)  # flipped bytes
+    else:
+        pos = rng.randrange(len(b))
+        b[pos:pos] = rng.choice(inserts) * rng.randrange(1, max_repeat)
+    return bytes(b)
+
+
 def metrics(port) -> dict:
     """The /metrics samples: {"name{labels}": value}."""
     status, _, data = request("GET", port, "/metrics")

@@ -6,6 +6,7 @@
 
 #include "server/anthropic_output.h"
 #include "server/anthropic_schema.h"
+#include "api_test_util.h"
 
 namespace tern::server {
 namespace {
@@ -19,18 +20,11 @@ ParseOptions options() {
 }
 
 AnthropicRequest ok(const std::string& body, AnthropicEndpoint endpoint = AnthropicEndpoint::messages) {
-  auto r = parse_anthropic_request(body, options(), endpoint);
-  if (auto* e = std::get_if<ApiError>(&r)) {
-    ADD_FAILURE() << "rejected: " << body << " -> " << e->message;
-    return {};
-  }
-  return std::get<AnthropicRequest>(r);
+  return expect_accepted(parse_anthropic_request(body, options(), endpoint), body);
 }
 
 ApiError error(const std::string& body, AnthropicEndpoint endpoint = AnthropicEndpoint::messages) {
-  auto r = parse_anthropic_request(body, options(), endpoint);
-  EXPECT_TRUE(std::holds_alternative<ApiError>(r)) << "accepted: " << body;
-  return std::holds_alternative<ApiError>(r) ? std::get<ApiError>(r) : ApiError{};
+  return expect_rejected(parse_anthropic_request(body, options(), endpoint), body);
 }
 
 const char* kTool = R"({"name":"get_weather","input_schema":{"type":"object","properties":{"city":{"type":"string"}}}})";
@@ -141,15 +135,7 @@ std::pair<std::vector<Json>, Json> run_output(const std::string& text, bool star
   o.starts_in_reasoning = starts_in_reasoning;
   AnthropicOutput streamed(o), whole(o);
   std::vector<Json> events = streamed.first_events();
-  for (size_t at = 0; at < text.size();) {
-    const size_t n = std::min(text.size() - at, size_t(1 + rng() % 7));
-    TokenEvent e;
-    e.id = 1;
-    e.text = text.substr(at, n);
-    for (Json& ev : streamed.on_token(e)) events.push_back(std::move(ev));
-    whole.on_token(e);
-    at += n;
-  }
+  for (Json& ev : feed_in_pieces(streamed, whole, text, rng)) events.push_back(std::move(ev));
   GenerationResult r;
   r.prompt_tokens = 10;
   r.cached_tokens = 4;

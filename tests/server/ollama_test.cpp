@@ -7,6 +7,7 @@
 
 #include "server/ollama_output.h"
 #include "server/ollama_schema.h"
+#include "api_test_util.h"
 
 namespace tern::server {
 namespace {
@@ -20,18 +21,11 @@ ParseOptions options() {
 }
 
 OllamaRequest ok(const std::string& body, OllamaEndpoint endpoint = OllamaEndpoint::chat) {
-  auto r = parse_ollama_request(body, options(), endpoint);
-  if (auto* e = std::get_if<ApiError>(&r)) {
-    ADD_FAILURE() << "rejected: " << body << " -> " << e->message;
-    return {};
-  }
-  return std::get<OllamaRequest>(r);
+  return expect_accepted(parse_ollama_request(body, options(), endpoint), body);
 }
 
 ApiError error(const std::string& body, OllamaEndpoint endpoint = OllamaEndpoint::chat) {
-  auto r = parse_ollama_request(body, options(), endpoint);
-  EXPECT_TRUE(std::holds_alternative<ApiError>(r)) << "accepted: " << body;
-  return std::holds_alternative<ApiError>(r) ? std::get<ApiError>(r) : ApiError{};
+  return expect_rejected(parse_ollama_request(body, options(), endpoint), body);
 }
 
 TEST(OllamaSchema, TranslatesAChatWithToolsThinkingAndOptions) {
@@ -134,16 +128,7 @@ TEST(OllamaSchema, BadBodiesNameTheField) {
 // Feeds `text` to fresh outputs in random pieces; returns the stream objects and the non-streamed response.
 std::pair<std::vector<Json>, Json> run_output(const std::string& text, OllamaOutputOptions o, std::mt19937& rng) {
   OllamaOutput streamed(o), whole(o);
-  std::vector<Json> objects;
-  for (size_t at = 0; at < text.size();) {
-    const size_t n = std::min(text.size() - at, size_t(1 + rng() % 7));
-    TokenEvent e;
-    e.id = 1;
-    e.text = text.substr(at, n);
-    for (Json& ob : streamed.on_token(e)) objects.push_back(std::move(ob));
-    whole.on_token(e);
-    at += n;
-  }
+  std::vector<Json> objects = feed_in_pieces(streamed, whole, text, rng);
   GenerationResult r;
   r.prompt_tokens = 10;
   r.completion_tokens = 7;

@@ -5,6 +5,7 @@
 
 #include "server/errors.h"
 #include "server/openai_schema.h"
+#include "api_test_util.h"
 
 namespace tern::server {
 namespace {
@@ -17,18 +18,11 @@ ParseOptions options() {
 }
 
 ApiError chat_error(const std::string& body, ParseOptions o = options()) {
-  auto r = parse_chat_request(body, o);
-  EXPECT_TRUE(std::holds_alternative<ApiError>(r)) << "accepted: " << body;
-  return std::holds_alternative<ApiError>(r) ? std::get<ApiError>(r) : ApiError{};
+  return expect_rejected(parse_chat_request(body, o), body);
 }
 
 ChatRequest chat_ok(const std::string& body, ParseOptions o = options()) {
-  auto r = parse_chat_request(body, o);
-  if (auto* e = std::get_if<ApiError>(&r)) {
-    ADD_FAILURE() << "rejected: " << body << " -> " << e->message;
-    return {};
-  }
-  return std::get<ChatRequest>(r);
+  return expect_accepted(parse_chat_request(body, o), body);
 }
 
 const std::string kUser = R"("messages":[{"role":"user","content":"hi"}])";
