@@ -57,7 +57,7 @@ struct BenchArgs {
   bool quiet = false;
   bool prefix_reuse = false;
   std::string prefix_context = "16K";
-  int64_t prefix_reply = 256, prefix_next = 256, snapshot_every = 2048;
+  int64_t prefix_reply = 256, prefix_next = 256, snapshot_every = 4096;
   std::string json_schema;  // constrained decode steps (not in the GPU-only build)
 };
 
@@ -335,7 +335,7 @@ void command_bench(CLI::App& app) {
   sub->add_flag("--prefix-reuse", args->prefix_reuse,
                 "Instead of the table: time to first token of a conversation's second turn with and without "
                 "multi-turn prefix reuse (--prefix-context, --prefix-reply, --prefix-next, --cache-snapshot-every; "
-                "--prefill-chunk, default 2048 here)");
+                "--prefill-chunk, default 4096 here)");
   sub->add_option("--prefix-context", args->prefix_context, "--prefix-reuse: turn 1's prompt length")
       ->capture_default_str();
   sub->add_option("--prefix-reply", args->prefix_reply, "--prefix-reuse: turn 1's reply tokens")

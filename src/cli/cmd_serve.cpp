@@ -2,7 +2,7 @@
 //
 //   tern serve [-m DIR | --demo] [--host 127.0.0.1] [--port 8080] [--api-key KEY] [--cors-origin ORIGIN]
 //              [--max-queue 64] [-c/--ctx-size N] [--max-body-bytes N] [sampling flags: server-wide defaults]
-//              [--no-prefix-cache] [--cache-snapshot-every 2048] [--cache-gpu-mb 4096] [--cache-host-mb 16384]
+//              [--no-prefix-cache] [--cache-snapshot-every 4096] [--cache-gpu-mb 4096] [--cache-host-mb 16384]
 //              [--cache-slots 4] [--alias NAME ...]
 //
 // The socket is bound first, so /health answers 503 {"status":"loading"} while the model loads. A failed load

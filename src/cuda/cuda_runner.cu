@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <mutex>
+#include <vector>
 
 #include "core/check.h"
 #include "cuda/attention.cuh"
@@ -25,15 +28,66 @@ using namespace tern::cuda;
 
 __global__ void advance_position_kernel(int* pos, int n) { *pos += n; }
 
+// Device buffers of one runner's snapshot size, kept for reuse instead of a cudaMalloc of the model's 66 MB of states
+// per snapshot and a cudaFree (which synchronises the device) per dropped one, inside the time to first token of
+// every request (the prefix cache takes a snapshot at the end of each prompt; H200, a 523-token prompt through the
+// server: 88.5 → 86.8 ms). Also the stream that snapshots and restores copy on (every layer's copy queued, one
+// wait). Shared by the runner and its snapshots (a snapshot may outlive the runner).
+class SnapshotBuffers {
+ public:
+  explicit SnapshotBuffers(size_t bytes) : bytes_(bytes) {
+    TERN_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
+  ~SnapshotBuffers() {
+    for (void* p : free_) cudaFree(p);
+    cudaStreamDestroy(stream_);
+  }
+  cudaStream_t stream() const { return stream_; }
+  SnapshotBuffers(const SnapshotBuffers&) = delete;
+  SnapshotBuffers& operator=(const SnapshotBuffers&) = delete;
+  size_t bytes() const { return bytes_; }
+  uint8_t* take() {
+    {
+      std::lock_guard lock(mu_);
+      if (!free_.empty()) {
+        void* p = free_.back();
+        free_.pop_back();
+        return static_cast<uint8_t*>(p);
+      }
+    }
+    void* p = nullptr;
+    TERN_CUDA(cudaMalloc(&p, bytes_));
+    return static_cast<uint8_t*>(p);
+  }
+  void give(uint8_t* p) {
+    if (!p) return;
+    std::lock_guard lock(mu_);
+    if (free_.size() < kKeep) {
+      free_.push_back(p);
+      return;
+    }
+    cudaFree(p);
+  }
+
+ private:
+  static constexpr size_t kKeep = 4;  // free buffers held at most (the rest are freed)
+  size_t bytes_;
+  cudaStream_t stream_ = nullptr;
+  std::mutex mu_;
+  std::vector<void*> free_;
+};
+
 // The Gated DeltaNet states of a CudaSession at one position (see StateSnapshot): every layer's conv then
-// recurrent state back to back, in one device allocation, or in pinned host memory after to_host().
+// recurrent state back to back, in one device buffer of the runner's SnapshotBuffers, or in pinned host memory
+// after to_host().
 class CudaSnapshot final : public StateSnapshot {
  public:
-  CudaSnapshot(const void* owner, int64_t position, size_t bytes) : owner(owner), pos(position), size(bytes) {
-    if (size) TERN_CUDA(cudaMalloc(&dev, size));
+  CudaSnapshot(const void* owner, int64_t position, std::shared_ptr<SnapshotBuffers> buffers)
+      : owner(owner), pos(position), size(buffers->bytes()), buffers_(std::move(buffers)) {
+    if (size) dev = buffers_->take();
   }
   ~CudaSnapshot() override {
-    if (dev) cudaFree(dev);
+    buffers_->give(dev);
     if (host) cudaFreeHost(host);
   }
   CudaSnapshot(const CudaSnapshot&) = delete;
@@ -45,12 +99,12 @@ class CudaSnapshot final : public StateSnapshot {
     if (host || !dev) return;
     TERN_CUDA(cudaMallocHost(&host, size));
     TERN_CUDA(cudaMemcpy(host, dev, size, cudaMemcpyDeviceToHost));
-    TERN_CUDA(cudaFree(dev));
+    buffers_->give(dev);
     dev = nullptr;
   }
   void to_device() override {
     if (!host) return;
-    TERN_CUDA(cudaMalloc(&dev, size));
+    dev = buffers_->take();
     TERN_CUDA(cudaMemcpy(dev, host, size, cudaMemcpyHostToDevice));
     TERN_CUDA(cudaFreeHost(host));
     host = nullptr;
@@ -62,12 +116,27 @@ class CudaSnapshot final : public StateSnapshot {
   size_t size;
   uint8_t* dev = nullptr;
   uint8_t* host = nullptr;
+
+ private:
+  std::shared_ptr<SnapshotBuffers> buffers_;
 };
+
+// Bytes of a session's Gated DeltaNet states (every linear-attention layer's conv and recurrent state): a snapshot.
+size_t gdn_state_bytes_of(const DeviceWeights& w) {
+  const Config& c = w.config;
+  const int64_t conv_elems = int64_t(c.linear_conv_kernel_dim - 1) * c.conv_channels();
+  const int64_t rec_elems = int64_t(c.linear_num_value_heads) * c.linear_value_head_dim * c.linear_key_head_dim;
+  size_t bytes = 0;
+  for (const DeviceLayer& l : w.layers)
+    if (l.type != LayerType::full_attention) bytes += size_t(conv_elems) * 4 + size_t(rec_elems) * 4;
+  return bytes;
+}
 
 class CudaSession final : public Session {
  public:
-  CudaSession(const DeviceWeights& w, int64_t capacity, const void* owner, uint64_t id)
-      : owner(owner), id(id), capacity_(capacity) {
+  CudaSession(const DeviceWeights& w, int64_t capacity, const void* owner, uint64_t id,
+              std::shared_ptr<SnapshotBuffers> snapshot_buffers)
+      : owner(owner), id(id), capacity_(capacity), snapshot_buffers_(std::move(snapshot_buffers)) {
     const Config& c = w.config;
     kv_heads = c.num_key_value_heads;
     head_dim = c.head_dim;
@@ -120,15 +189,18 @@ class CudaSession final : public Session {
   }
   std::unique_ptr<StateSnapshot> snapshot() const override {
     TERN_CUDA(cudaDeviceSynchronize());
-    auto snap = std::make_unique<CudaSnapshot>(owner, pos, gdn_state_bytes());
+    TERN_CHECK(snapshot_buffers_->bytes() == gdn_state_bytes(), "cuda snapshot: buffers of ", snapshot_buffers_->bytes(),
+               " bytes for states of ", gdn_state_bytes());
+    auto snap = std::make_unique<CudaSnapshot>(owner, pos, snapshot_buffers_);
+    const cudaStream_t cs = snapshot_buffers_->stream();
     uint8_t* p = snap->dev;
     for (const LayerCache& lc : layers) {
-      if (lc.conv) TERN_CUDA(cudaMemcpy(p, lc.conv, lc.conv_bytes, cudaMemcpyDeviceToDevice));
+      if (lc.conv) TERN_CUDA(cudaMemcpyAsync(p, lc.conv, lc.conv_bytes, cudaMemcpyDeviceToDevice, cs));
       p += lc.conv_bytes;
-      if (lc.rec) TERN_CUDA(cudaMemcpy(p, lc.rec, lc.rec_bytes, cudaMemcpyDeviceToDevice));
+      if (lc.rec) TERN_CUDA(cudaMemcpyAsync(p, lc.rec, lc.rec_bytes, cudaMemcpyDeviceToDevice, cs));
       p += lc.rec_bytes;
     }
-    TERN_CUDA(cudaDeviceSynchronize());
+    TERN_CUDA(cudaStreamSynchronize(cs));
     return snap;
   }
   void restore(const StateSnapshot& snapshot) override {
@@ -139,13 +211,15 @@ class CudaSession final : public Session {
     TERN_CHECK(snap->size == gdn_state_bytes(), "cuda restore: the snapshot holds ", snap->size,
                " bytes, the session's states ", gdn_state_bytes());
     TERN_CUDA(cudaDeviceSynchronize());
-    const uint8_t* p = snap->data();
+    const cudaStream_t cs = snapshot_buffers_->stream();
+    const uint8_t* p = snap->data();  // device, or pinned host memory
     for (const LayerCache& lc : layers) {
-      if (lc.conv) TERN_CUDA(cudaMemcpy(lc.conv, p, lc.conv_bytes, cudaMemcpyDefault));
+      if (lc.conv) TERN_CUDA(cudaMemcpyAsync(lc.conv, p, lc.conv_bytes, cudaMemcpyDefault, cs));
       p += lc.conv_bytes;
-      if (lc.rec) TERN_CUDA(cudaMemcpy(lc.rec, p, lc.rec_bytes, cudaMemcpyDefault));
+      if (lc.rec) TERN_CUDA(cudaMemcpyAsync(lc.rec, p, lc.rec_bytes, cudaMemcpyDefault, cs));
       p += lc.rec_bytes;
     }
+    TERN_CUDA(cudaStreamSynchronize(cs));
     const int p32 = int(snap->pos);
     TERN_CUDA(cudaMemcpy(d_pos, &p32, sizeof(int), cudaMemcpyHostToDevice));
     TERN_CUDA(cudaDeviceSynchronize());
@@ -186,6 +260,7 @@ class CudaSession final : public Session {
 
  private:
   int64_t capacity_;
+  std::shared_ptr<SnapshotBuffers> snapshot_buffers_;
 };
 
 class CudaRunner final : public ModelRunner {
@@ -219,12 +294,15 @@ class CudaRunner final : public ModelRunner {
   std::string backend_name() const override { return "cuda"; }
   const Config& config() const override { return w_->config; }
   int64_t vocab_real() const override { return w_->vocab_real; }
+  // The forward chunk: a 4K prompt in one call instead of two of 2K (H200: 225 against 257 ms).
+  int64_t preferred_prefill_chunk() const override { return max_chunk_; }
   int64_t weight_bytes() const { return w_->bytes; }
 
   std::unique_ptr<Session> create_session(int64_t max_context) override {
     TERN_CHECK(max_context > 0, "session capacity must be positive, got ", max_context);
     TERN_CHECK(max_context < (int64_t(1) << 31), "session capacity ", max_context, " is too large");
-    return std::make_unique<CudaSession>(*w_, max_context, this, ++session_ids_);
+    if (!snapshot_buffers_) snapshot_buffers_ = std::make_shared<SnapshotBuffers>(gdn_state_bytes_of(*w_));
+    return std::make_unique<CudaSession>(*w_, max_context, this, ++session_ids_, snapshot_buffers_);
   }
 
   void forward(Session& session, std::span<const int32_t> tokens, bool all_logits, std::vector<float>& logits) override {
@@ -824,6 +902,7 @@ class CudaRunner final : public ModelRunner {
   std::vector<MoeDecodeWeights> moe_w_;  // per layer
   cudaGraphExec_t graph_exec_ = nullptr;
   uint64_t graph_session_ = 0, session_ids_ = 0;
+  std::shared_ptr<SnapshotBuffers> snapshot_buffers_;  // made with the first session
   cudaGraphExec_t mask_graph_exec_ = nullptr;  // the decode graph without sampling (token-mask steps)
   uint64_t mask_graph_session_ = 0;
   uint32_t *mask_device_ = nullptr, *mask_pinned_ = nullptr;  // [ceil(V / 32)] the step's token mask

@@ -28,8 +28,8 @@ struct PrefixBenchOptions {
   int64_t context = 16384;         // turn 1's prompt tokens
   int64_t reply = 256;             // turn 1's reply tokens
   int64_t next = 256;              // turn 2's new tokens
-  int64_t snapshot_every = 2048;   // snapshots during turn 1's prefill (0: only at the ends)
-  int64_t prefill_chunk = 2048;    // tokens per forward call of a prefill (the server's generator uses 2048)
+  int64_t snapshot_every = 4096;   // snapshots during turn 1's prefill (0: only at the ends)
+  int64_t prefill_chunk = 4096;    // tokens per forward call of a prefill (the server's generator uses 4096)
   int repeats = 3;
   uint64_t seed = 1;
   std::function<void(const std::string&)> log;  // progress lines; may be empty

@@ -104,7 +104,7 @@ Generator::Generator(ModelRunner& runner, TokenTextSource text, GeneratorOptions
   for (int32_t id : options_.extra_end_ids) end_ids_.push_back(id);
   std::sort(end_ids_.begin(), end_ids_.end());
   end_ids_.erase(std::unique(end_ids_.begin(), end_ids_.end()), end_ids_.end());
-  TERN_CHECK(options_.prefill_chunk > 0, "generator: prefill_chunk must be positive, got ", options_.prefill_chunk);
+  TERN_CHECK(options_.prefill_chunk >= 0, "generator: prefill_chunk must be >= 0, got ", options_.prefill_chunk);
   vocab_ = options_.vocabulary;
 }
 
@@ -155,13 +155,15 @@ GenerationResult Generator::generate(Session& session, const GenerationRequest& 
   result.cached_tokens = session.position();
   std::vector<float> logits;  // [V] of the last fed token
   std::span<const int32_t> rest(request.prompt.data() + session.position(), size_t(n_prompt - session.position()));
+  const int64_t chunk = options_.prefill_chunk > 0 ? options_.prefill_chunk
+                                                  : std::max<int64_t>(1, runner_.preferred_prefill_chunk());
   while (!rest.empty()) {
     if (cancelled()) {
       result.finish = FinishReason::cancelled;
       result.prefill_s = seconds_since(t0);
       return result;
     }
-    size_t n = std::min<size_t>(rest.size(), size_t(options_.prefill_chunk));
+    size_t n = std::min<size_t>(rest.size(), size_t(chunk));
     const int64_t every = request.checkpoint_every;
     if (every > 0) n = std::min<size_t>(n, size_t(every - session.position() % every));
     for (int64_t at : request.checkpoint_at)

@@ -118,7 +118,8 @@ struct TokenTextSource {
 };
 
 struct GeneratorOptions {
-  int64_t prefill_chunk = 2048;         // prompt tokens per forward call (cancellation is checked between chunks)
+  int64_t prefill_chunk = 0;            // prompt tokens per forward call (cancellation is checked between calls);
+                                        // 0: the runner's preferred_prefill_chunk() (CUDA: its 4096-token chunk)
   std::vector<int32_t> extra_end_ids;   // added to the config's eos_token_ids
   bool use_device_sampling = true;      // use runner.forward_sample when the request allows it
   // The token vocabulary for constrained requests; null: built from the tokenizer on the first constrained request

@@ -34,7 +34,8 @@ namespace tern {
 
 struct PrefixCacheOptions {
   bool enabled = true;                 // false: one session, reset before every request
-  int64_t snapshot_every = 2048;       // snapshot every N prompt tokens during a prefill (0: only at the ends)
+  int64_t snapshot_every = 4096;       // snapshot every N prompt tokens during a prefill (0: only at the ends);
+                                       // each one splits the prefill call there (4096: the CUDA runner's chunk)
   int64_t gpu_bytes = int64_t(4096) << 20;   // snapshots kept in device memory (RAM on the CPU backend)
   int64_t host_bytes = int64_t(16384) << 20; // snapshots spilled to host memory
   int slots = 4;                       // sessions (conversations with their own KV cache region)

@@ -91,6 +91,9 @@ class ModelRunner {
   virtual std::string backend_name() const = 0;  // "cpu", "cuda"
   virtual const Config& config() const = 0;
   virtual int64_t vocab_real() const = 0;        // ids >= this are padding and never sampled
+  // Prompt tokens per forward call for a caller that splits a long prompt (to check for cancellation between
+  // calls): the backend's own chunk where it splits longer calls anyway and a shorter call costs more per token.
+  virtual int64_t preferred_prefill_chunk() const { return 2048; }
 
   virtual std::unique_ptr<Session> create_session(int64_t max_context) = 0;
 

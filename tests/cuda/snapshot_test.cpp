@@ -123,5 +123,55 @@ TEST(CudaSnapshot, ResumeEqualsFromScratch) {
   EXPECT_THROW(u->restore(*snap), Error);
 }
 
+// Snapshot buffers are reused once a snapshot is dropped (the runner keeps a few): a snapshot in a reused buffer
+// holds its own state, many snapshots at once each get their own, and a snapshot may outlive its runner.
+TEST(CudaSnapshot, ReusedBuffersHoldTheirOwnStates) {
+  TERN_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed("CudaSnapshot.Reuse");
+  DemoModelOptions o;
+  o.seed = seed;
+  o.vocab_real = 4096;
+  auto weights = demo_model_build(o);
+  const int64_t V = weights->config.vocab_size, real = weights->vocab_real;
+  std::mt19937_64 rng(seed ^ 0xdef);
+  const std::vector<int32_t> prompt = tokens_of(rng, 60, real);
+  auto gpu = cuda_runner_create(weights, {.progress = false});
+  // want[i]: logits of token 10·i + 10 after the first 10·i + 10 tokens, uninterrupted.
+  std::vector<std::vector<float>> want;
+  for (int i = 0; i < 5; ++i) {
+    auto f = gpu->create_session(256);
+    run(*gpu, *f, std::span(prompt).first(size_t(10 * i + 10)));
+    want.push_back(run(*gpu, *f, std::span(prompt).subspan(size_t(10 * i + 10), 1)));
+  }
+  auto s = gpu->create_session(256);
+  std::vector<std::unique_ptr<StateSnapshot>> snaps;
+  for (int round = 0; round < 2; ++round) {  // round 1 takes its snapshots in the buffers round 0 gave back
+    s->reset();
+    snaps.clear();
+    for (int i = 0; i < 5; ++i) {
+      run(*gpu, *s, std::span(prompt).subspan(size_t(10 * i), 10));
+      snaps.push_back(s->snapshot());
+    }
+    run(*gpu, *s, std::span(prompt).subspan(50, 10));
+    for (int i = 4; i >= 0; --i) {
+      s->restore(*snaps[size_t(i)]);
+      ASSERT_EQ(s->position(), 10 * i + 10);
+      expect_close(want[size_t(i)], run(*gpu, *s, std::span(prompt).subspan(size_t(10 * i + 10), 1)), V, real,
+                   round == 0 ? "snapshot in a new buffer" : "snapshot in a reused buffer");
+    }
+  }
+  // A snapshot that outlives its runner and session is freed without error.
+  std::unique_ptr<StateSnapshot> orphan;
+  {
+    auto gpu2 = cuda_runner_create(weights, {.progress = false});
+    auto u = gpu2->create_session(64);
+    run(*gpu2, *u, std::span(prompt).first(12));
+    orphan = u->snapshot();
+  }
+  EXPECT_EQ(orphan->position(), 12);
+  orphan.reset();
+  TERN_CUDA(cudaDeviceSynchronize());
+}
+
 }  // namespace
 }  // namespace tern::cuda::test

@@ -49,6 +49,7 @@ class FakeRunner : public ModelRunner {
     TERN_CHECK(s.position() + int64_t(tokens.size()) <= s.capacity(), "fake: over capacity");
     s.tokens.insert(s.tokens.end(), tokens.begin(), tokens.end());
     forward_calls++;
+    call_sizes.push_back(int64_t(tokens.size()));
     fed += int64_t(tokens.size());
     logits.assign(size_t(kPadded), 0.0f);
     for (int64_t i = kVocab; i < kPadded; ++i) logits[size_t(i)] = -std::numeric_limits<float>::infinity();
@@ -57,8 +58,11 @@ class FakeRunner : public ModelRunner {
     logits[size_t(next)] = 8.0f;
   }
   static int32_t next(int32_t t) { return (3 * t + 2) % int32_t(kVocab); }
+  int64_t preferred_prefill_chunk() const override { return preferred_chunk; }
 
   Config config_;
+  int64_t preferred_chunk = 2048;
+  std::vector<int64_t> call_sizes;  // tokens of every forward call
   int64_t end_after = 0;
   int forward_calls = 0;
   int64_t fed = 0;
@@ -109,6 +113,44 @@ TEST(Generator, GreedyFollowsTheModelUntilMaxTokens) {
   EXPECT_EQ(session->position(), 2 + 6 - 1);
   EXPECT_GE(r.prefill_s, 0.0);
   EXPECT_GE(r.decode_s, 0.0);
+}
+
+// The prompt goes to the runner in calls of its preferred chunk unless the options set one; checkpoints split a call
+// where they fall (and are taken there).
+TEST(Generator, PrefillCallsFollowTheRunnersChunkAndTheCheckpoints) {
+  std::vector<int32_t> prompt(23);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t(2 + i % 30);
+  {
+    FakeRunner runner;
+    runner.preferred_chunk = 10;
+    Generator gen(runner, letters());
+    auto session = runner.create_session(100);
+    gen.generate(*session, greedy_request(prompt, 1));
+    EXPECT_EQ(runner.call_sizes, (std::vector<int64_t>{10, 10, 3}));
+  }
+  {
+    FakeRunner runner;
+    runner.preferred_chunk = 10;
+    GeneratorOptions opts;
+    opts.prefill_chunk = 8;
+    Generator gen(runner, letters(), opts);
+    auto session = runner.create_session(100);
+    GenerationRequest r = greedy_request(prompt, 1);
+    r.checkpoint_every = 12;
+    std::vector<int64_t> taken;
+    r.on_checkpoint = [&](const Session& s) { taken.push_back(s.position()); };
+    gen.generate(*session, r);
+    EXPECT_EQ(runner.call_sizes, (std::vector<int64_t>{8, 4, 8, 3}));
+    EXPECT_EQ(taken, (std::vector<int64_t>{12, 23}));
+  }
+  {
+    FakeRunner runner;
+    runner.preferred_chunk = 64;  // the whole prompt in one call
+    Generator gen(runner, letters());
+    auto session = runner.create_session(100);
+    gen.generate(*session, greedy_request(prompt, 1));
+    EXPECT_EQ(runner.call_sizes, (std::vector<int64_t>{23}));
+  }
 }
 
 TEST(Generator, EndIdStopsAndIsNotShown) {
