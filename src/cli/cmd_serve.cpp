@@ -7,8 +7,8 @@
 //
 // The socket is bound first, so /health answers 503 {"status":"loading"} while the model loads. A failed load
 // prints its error and exits 1 at once. SIGINT/SIGTERM end the process at any time: while loading, at once; once
-// serving, gracefully (stop accepting, cancel running generations, whose streams still end with a finish_reason
-// and [DONE], then exit 0), within a bound; a second signal exits at once.
+// serving, gracefully (stop accepting, cancel running generations, whose streams still end, with a shutting_down
+// error and [DONE], then exit 0), within a bound; a second signal exits at once.
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
@@ -81,6 +81,12 @@ void serve(const ServeArgs& a) {
 
   server::ServerOptions options = a.server;
   options.log_requests = !a.quiet;
+  // The model's names are known before it loads: /v1/models lists them from the start.
+  options.model_id = model_flags_name(a.model);
+  for (const std::string& alias : a.aliases)
+    if (alias != options.model_id &&
+        std::find(options.model_aliases.begin(), options.model_aliases.end(), alias) == options.model_aliases.end())
+      options.model_aliases.push_back(alias);
   if (!server::is_loopback_host(options.host) && options.api_key.empty())
     std::fprintf(stderr,
                  "tern serve: warning: listening on %s without --api-key: anyone who can reach this address can use "
@@ -139,9 +145,7 @@ void serve(const ServeArgs& a) {
     generator = std::make_unique<Generator>(*runner, *src.tokenizer);
     server::ServerModel model;
     model.model_id = src.name;
-    for (const std::string& alias : a.aliases)
-      if (alias != src.name && std::find(model.aliases.begin(), model.aliases.end(), alias) == model.aliases.end())
-        model.aliases.push_back(alias);
+    model.aliases = options.model_aliases;
     model.model_path = a.model.model_dir.empty() ? "" : std::filesystem::absolute(a.model.model_dir).string();
     model.random_weights = src.random_weights();
     model.build_info = std::string("tern ") + TERN_VERSION + " (" + runner->backend_name() + " backend)";
@@ -232,9 +236,16 @@ void command_serve(CLI::App& app) {
                   "budget_tokens); then the model is told to answer. -1: no limit")
       ->check(CLI::Range(int64_t(-1), int64_t(std::numeric_limits<int32_t>::max())))
       ->capture_default_str();
+  sub->add_option("--stream-keep-alive", s.stream_keep_alive_s,
+                  "Seconds a stream may stay quiet (queued, or generating a tool call) before a keep-alive comment")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   sub->add_flag("--debug-allow-forced-output", s.allow_forced_output,
                 "TESTS ONLY: accept the request field tern_debug_forced_output (text forced as the generated "
                 "tokens; see docs/server.md)");
+  sub->add_option("--debug-stream-fault-after", s.debug_stream_fault_after,
+                  "TESTS ONLY: every stream fails after N token events, as an internal fault would (0: never)")
+      ->check(CLI::NonNegativeNumber);
   sub->add_flag("--no-prefix-cache", a->no_prefix_cache,
                 "Run every request's whole prompt (no multi-turn prefix reuse; one session)");
   sub->add_option("--cache-snapshot-every", s.prefix_cache.snapshot_every,

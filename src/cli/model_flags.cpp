@@ -29,18 +29,27 @@ void model_flags_add(CLI::App* sub, ModelFlags& f) {
       ->check(CLI::NonNegativeNumber);
 }
 
-ModelSource model_flags_open(const ModelFlags& f, bool quiet) {
+namespace {
+ModelSourceOptions source_options(const ModelFlags& f) {
   ModelSourceOptions o;
   o.model_dir = f.model_dir;
   o.demo = f.demo;
   o.synthetic = f.synthetic;
   o.name = f.name;
+  return o;
+}
+}  // namespace
+
+ModelSource model_flags_open(const ModelFlags& f, bool quiet) {
+  ModelSourceOptions o = source_options(f);
   o.load.dtype = load_dtype_parse(f.dtype);
   o.load.progress = !quiet;
   ModelSource src = model_source_open(o);
   if (!quiet) std::fprintf(stderr, "tern: %s\n", src.banner.c_str());
   return src;
 }
+
+std::string model_flags_name(const ModelFlags& f) { return model_source_name(source_options(f)); }
 
 std::unique_ptr<ModelRunner> model_flags_runner(const ModelFlags& f, const ModelSource& src) {
   if (src.synthetic)  // the demo tokenizer's ids only: the rows past them have no text

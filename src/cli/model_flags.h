@@ -27,6 +27,8 @@ struct ModelFlags {
 void model_flags_add(CLI::App* sub, ModelFlags& f);
 // Loads the model and prints its banner on stderr (quiet: nothing at all, no load progress either).
 ModelSource model_flags_open(const ModelFlags& f, bool quiet = false);
+// The name model_flags_open will give the model, without loading it (model_source_name).
+std::string model_flags_name(const ModelFlags& f);
 // The runner for what model_flags_open gave, on f.device (synthetic weights: generated there, CUDA only).
 std::unique_ptr<ModelRunner> model_flags_runner(const ModelFlags& f, const ModelSource& src);
 

@@ -8,9 +8,10 @@
 
 namespace tern::cuda {
 
+// A failed CUDA call is a fault of the device or of our kernels, never of a request: InternalError.
 void check_cuda(cudaError_t e, const char* what, const char* file, int line) {
   if (e == cudaSuccess) return;
-  fail_at(file, line, detail::concat("CUDA error in ", what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"));
+  internal_fail_at(file, line, detail::concat("CUDA error in ", what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"));
 }
 
 int device_count() {
@@ -36,7 +37,7 @@ DeviceArena::DeviceArena(size_t bytes, const char* what) : capacity_(align(bytes
     cudaGetLastError();
     size_t free_b = 0, total_b = 0;
     cudaMemGetInfo(&free_b, &total_b);
-    TERN_FAIL("cannot allocate ", (capacity_ >> 20), " MiB of GPU memory for ", what_, " (", (free_b >> 20), " MiB free of ",
+    TERN_INTERNAL_FAIL("cannot allocate ", (capacity_ >> 20), " MiB of GPU memory for ", what_, " (", (free_b >> 20), " MiB free of ",
               (total_b >> 20), " MiB): ", cudaGetErrorString(e));
   }
   base_ = static_cast<uint8_t*>(p);
@@ -59,7 +60,7 @@ DeviceArena& DeviceArena::operator=(DeviceArena&& o) noexcept {
 
 void* DeviceArena::take(size_t bytes) {
   const size_t b = align(bytes);
-  TERN_CHECK(used_ + b <= capacity_, "GPU arena for ", what_, " exhausted: need ", b, " more bytes, ", capacity_ - used_, " left");
+  TERN_INTERNAL_CHECK(used_ + b <= capacity_, "GPU arena for ", what_, " exhausted: need ", b, " more bytes, ", capacity_ - used_, " left");
   void* p = base_ + used_;
   used_ += b;
   return p;

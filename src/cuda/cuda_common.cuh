@@ -12,7 +12,8 @@
 
 namespace tern::cuda {
 
-// Throws tern::Error naming the call and CUDA's message when `e` is not cudaSuccess.
+// Throws tern::InternalError (a fault of the device, not of the input: the server answers 500) naming the call and
+// CUDA's message when `e` is not cudaSuccess.
 void check_cuda(cudaError_t e, const char* what, const char* file, int line);
 #define TERN_CUDA(call) ::tern::cuda::check_cuda((call), #call, __FILE__, __LINE__)
 // After a kernel launch: reports launch-configuration errors at once (asynchronous faults surface later).

@@ -111,7 +111,8 @@ Generator::Generator(ModelRunner& runner, TokenTextSource text, GeneratorOptions
 std::shared_ptr<const grammar::TokenVocabulary> Generator::vocabulary() {
   std::lock_guard lock(vocab_mutex_);
   if (!vocab_) {
-    TERN_CHECK(tokenizer_ != nullptr, "constrained decoding needs a tokenizer (or GeneratorOptions::vocabulary)");
+    TERN_INTERNAL_CHECK(tokenizer_ != nullptr,
+                        "constrained decoding needs a tokenizer (or GeneratorOptions::vocabulary)");
     vocab_ = grammar::TokenVocabulary::from_tokenizer(*tokenizer_, runner_.vocab_real(), end_ids_);
   }
   return vocab_;
@@ -176,8 +177,8 @@ GenerationResult Generator::generate(Session& session, const GenerationRequest& 
          std::find(request.checkpoint_at.begin(), request.checkpoint_at.end(), pos) != request.checkpoint_at.end()))
       request.on_checkpoint(session);
   }
-  TERN_CHECK(int64_t(logits.size()) >= vocab, "the backend returned ", logits.size(), " logits for a vocabulary of ",
-             vocab);
+  TERN_INTERNAL_CHECK(int64_t(logits.size()) >= vocab, "the backend returned ", logits.size(),
+                      " logits for a vocabulary of ", vocab);
 
   // ---- decode ----
   TextStream text(request.stop);
@@ -221,8 +222,11 @@ GenerationResult Generator::generate(Session& session, const GenerationRequest& 
     bool grammar_ended = false;  // an end id the grammar accepted ends the output even with ignore_eos
     if (constraint) {
       const bool was_active = constraint->active();
-      TERN_CHECK(constraint->accept(id, text_.bytes(id)), forced ? "forced token " : "the backend sampled token ", id,
-                 ", which the output constraint does not allow", forced ? "" : " (its sampler ignored the mask)");
+      // A forced token the grammar refuses is the request's (its forced output); a sampled one is the backend's fault.
+      const bool accepted = constraint->accept(id, text_.bytes(id));
+      TERN_CHECK(accepted || !forced, "forced token ", id, ", which the output constraint does not allow");
+      TERN_INTERNAL_CHECK(accepted, "the backend sampled token ", id,
+                          ", which the output constraint does not allow (its sampler ignored the mask)");
       grammar_ended = was_active && constraint->done() && std::binary_search(end_ids_.begin(), end_ids_.end(), id);
     }
     if (first) {
@@ -285,8 +289,8 @@ GenerationResult Generator::generate(Session& session, const GenerationRequest& 
                         .mask = constraint && constraint->active() ? &*constraint : nullptr};
       const std::optional<int32_t> device_id = runner_.forward_sample(session, fed, ds);
       if (device_id) {
-        TERN_CHECK(*device_id >= 0 && *device_id < vocab, "the backend sampled token ", *device_id,
-                   ", outside the vocabulary [0, ", vocab, ")");
+        TERN_INTERNAL_CHECK(*device_id >= 0 && *device_id < vocab, "the backend sampled token ", *device_id,
+                            ", outside the vocabulary [0, ", vocab, ")");
         pending_device_id = *device_id;
         continue;
       }

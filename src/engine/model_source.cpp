@@ -35,7 +35,7 @@ ModelSource open_demo(const ModelSourceOptions& o) {
   src.weights = demo_model_build(d);
   src.chat_template = std::make_shared<const ChatTemplate>(ChatTemplate::from_source(demo_chat_template_source()));
   src.defaults = sampling_defaults(src.weights->config);
-  src.name = o.name.empty() ? kDemoModelName : o.name;
+  src.name = model_source_name(o);
   src.demo = true;
   const Config& c = src.weights->config;
   src.banner = detail::concat("demo model '", src.name, "': Qwen3.6's architecture at a small size (", c.num_hidden_layers,
@@ -52,7 +52,7 @@ ModelSource open_synthetic(const ModelSourceOptions& o) {
   src.synthetic_config = config_parse(R"({"model_type": "qwen3_5_moe_text"})");  // the real model's defaults
   src.tokenizer->check_fits_embedding(src.synthetic_config.vocab_size);
   src.defaults = sampling_defaults(src.synthetic_config);
-  src.name = o.name.empty() ? kSyntheticModelName : o.name;
+  src.name = model_source_name(o);
   const Config& c = src.synthetic_config;
   src.banner = detail::concat("synthetic model '", src.name, "': Qwen3.6-35B-A3B at full size (", c.num_hidden_layers,
                               " layers, ", c.num_experts, " experts, MLX 4-bit layout) with RANDOM weights generated on the "
@@ -135,6 +135,13 @@ std::shared_ptr<const Tokenizer> demo_tokenizer() {
 
 std::string demo_chat_template_source() { return std::string(demo_asset_chat_template()); }
 
+std::string model_source_name(const ModelSourceOptions& o) {
+  if (!o.name.empty()) return o.name;
+  if (o.synthetic) return kSyntheticModelName;
+  if (o.model_dir.empty()) return kDemoModelName;
+  return model_id_from_folder(o.model_dir);
+}
+
 ModelSource model_source_open(const ModelSourceOptions& o) {
   if (o.synthetic) {
     TERN_CHECK(!o.demo && o.model_dir.empty(), "--synthetic cannot be combined with --demo or -m DIR; choose one");
@@ -157,7 +164,7 @@ ModelSource model_source_open(const ModelSourceOptions& o) {
     src.chat_template = nullptr;  // raw prompts still work; --chat reports the missing template
   }
   src.defaults = sampling_defaults(src.weights->config);
-  src.name = o.name.empty() ? model_id_from_folder(dir) : o.name;
+  src.name = model_source_name(o);
   const Config& c = src.weights->config;
   src.banner = detail::concat("model '", src.name, "' from ", o.model_dir, " (", src.weights->source_layout, ", ",
                               c.num_hidden_layers, " layers, ", src.weights->total_bytes() / (1 << 20), " MiB of weights)");

@@ -52,6 +52,10 @@ inline constexpr const char* kDemoModelName = "tern-demo-random-weights";
 // Throws tern::Error naming the folder or file on failure.
 ModelSource model_source_open(const ModelSourceOptions& options);
 
+// The name model_source_open will give the model (ModelSource::name), found without loading anything: a server
+// lists it while the model loads. Reads at most the folder's config.json and README.md.
+std::string model_source_name(const ModelSourceOptions& options);
+
 // The model's id for a folder: "ORG/NAME" for a Hugging Face hub cache snapshot (.../models--ORG--NAME/snapshots/
 // HASH), or when the folder records that repo id (config.json's _name_or_path, or a huggingface.co/ORG/NAME link
 // in README.md) and NAME is the folder's own name; otherwise the folder's name.

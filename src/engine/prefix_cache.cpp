@@ -41,7 +41,7 @@ PrefixCache::Slot& PrefixCache::new_slot() {
 PrefixCache::Slot& PrefixCache::slot_of(Session& session) {
   for (auto& s : slots_)
     if (s->session.get() == &session) return *s;
-  TERN_CHECK(false, "prefix cache: the session is not one of the cache's");
+  TERN_INTERNAL_CHECK(false, "prefix cache: the session is not one of the cache's");
   return *slots_.front();
 }
 
@@ -140,8 +140,8 @@ void PrefixCache::checkpoint(Session& session, std::span<const int32_t> prompt) 
   if (!active_) return;
   Slot& slot = slot_of(session);
   const int64_t pos = session.position();
-  TERN_CHECK(pos <= int64_t(prompt.size()), "prefix cache: checkpoint at ", pos, " past the prompt's ", prompt.size(),
-             " tokens");
+  TERN_INTERNAL_CHECK(pos <= int64_t(prompt.size()), "prefix cache: checkpoint at ", pos, " past the prompt's ",
+                      prompt.size(), " tokens");
   if (pos > int64_t(slot.tokens.size())) slot.tokens.assign(prompt.begin(), prompt.begin() + pos);
   take_snapshot(slot);
   publish();
@@ -163,8 +163,8 @@ void PrefixCache::end(Session& session, std::span<const int32_t> held, bool ok) 
     publish();
     return;
   }
-  TERN_CHECK(int64_t(held.size()) == session.position(), "prefix cache: ", held.size(),
-             " tokens held for a session at position ", session.position());
+  TERN_INTERNAL_CHECK(int64_t(held.size()) == session.position(), "prefix cache: ", held.size(),
+                      " tokens held for a session at position ", session.position());
   // The slot's tokens beyond `held` (a prefill cancelled before reaching them) still match: keep the longer.
   if (held.size() >= slot.tokens.size()) slot.tokens.assign(held.begin(), held.end());
   take_snapshot(slot);

@@ -2,15 +2,17 @@
 //
 //   <tool_call>\n<function=NAME>\n(<parameter=KEY>\nVALUE\n</parameter>\n)*</function>\n</tool_call>
 //
-// The parser types a VALUE by its property's schema: when the schema's "type" (or the types of its direct
-// anyOf/oneOf members) include "string", or name no type at all, the raw text becomes a JSON string; otherwise the
-// text is parsed as JSON. So a string-typed VALUE is raw text valid for the string part of the schema, and any other
-// VALUE is JSON text of the schema. Neither may contain "</parameter>", "<tool_call>" or "</tool_call>", which would
+// The parser types a VALUE by its property's schema (tool_parameter_is_text, text/output_parser.h): when the types
+// the schema gives (its "type", its anyOf/oneOf members', else what $ref, allOf, enum/const, properties or items
+// imply) include "string", or there are none, the raw text becomes a JSON string; otherwise the text is parsed as
+// JSON. So a string-typed VALUE is raw text valid for the string part of the schema, and any other VALUE is JSON
+// text of the schema. Neither may contain "</parameter>", "<tool_call>" or "</tool_call>", which would
 // end the value or the block early: raw text avoids the words, JSON values write '<' as \u003c.
 #include <algorithm>
 #include <map>
 
 #include "grammar/schema_compiler.h"
+#include "text/output_parser.h"
 
 namespace tern::grammar {
 
@@ -91,24 +93,6 @@ bool tag_safe(const std::string& s) {
   return !ws(s.front()) && !ws(s.back());
 }
 
-// The types OutputParser::typed_value reads from a property schema.
-bool parser_reads_as_string(const ojson& schema) {
-  std::vector<std::string> types;
-  auto add = [&](const ojson& s) {
-    if (!s.is_object() || !s.contains("type")) return;
-    const ojson& t = s["type"];
-    if (t.is_string()) types.push_back(t.get<std::string>());
-    if (t.is_array())
-      for (const auto& x : t)
-        if (x.is_string()) types.push_back(x.get<std::string>());
-  };
-  add(schema);
-  for (const char* alt : {"anyOf", "oneOf"})
-    if (schema.is_object() && schema.contains(alt) && schema[alt].is_array())
-      for (const auto& s : schema[alt]) add(s);
-  return types.empty() || std::find(types.begin(), types.end(), "string") != types.end();
-}
-
 // "<function=NAME>\n" parameters "</function>\n" for one tool.
 ExprPtr function_call(const ToolSpec& tool, GrammarBuilder& b, std::vector<std::unique_ptr<ojson>>& keep,
                       std::vector<std::unique_ptr<SchemaCompiler>>& compilers) {
@@ -166,7 +150,9 @@ ExprPtr function_call(const ToolSpec& tool, GrammarBuilder& b, std::vector<std::
       std::string ppath = path + "/properties/" + names[i];
       bool ok = tag_safe(names[i]);
       ExprPtr v;
-      if (ok) v = parser_reads_as_string(*schemas[i]) ? c.raw_string(*schemas[i], ppath, 1) : c.value(*schemas[i], ppath, 1);
+      if (ok)
+        v = tool_parameter_is_text(*schemas[i], root) ? c.raw_string(*schemas[i], ppath, 1)
+                                                      : c.value(*schemas[i], ppath, 1);
       if (!ok || !v) {
         if (req[i])
           SchemaCompiler::fail("properties", ppath, where + ": required parameter \"" + names[i] +

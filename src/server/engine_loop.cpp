@@ -8,6 +8,14 @@
 
 namespace tern::server {
 
+namespace {
+// A fault of ours while running `task`: printed on stderr (with the source location), answered as a 500.
+ApiError internal_fault(const GenerationTask& task, const std::string& what) {
+  std::fprintf(stderr, "tern serve: internal error in request %s: %s\n", task.id.c_str(), what.c_str());
+  return api_error_internal("internal error: " + strip_error_location(what));
+}
+}  // namespace
+
 EngineLoop::EngineLoop(Generator& generator, int64_t context, size_t max_queue, Metrics& metrics,
                        PrefixCacheOptions cache)
     : generator_(generator), context_(context), metrics_(metrics), queue_(max_queue) {
@@ -48,9 +56,7 @@ void EngineLoop::run() {
     }
     if (stopping_) {
       metrics_.on_task_finished(TaskOutcome::failed, 0, 0, 0, 0, 0);
-      ApiError e = api_error_internal("the server is shutting down");
-      e.status = 503;
-      task->events.push(EngineEvent::of_error(e));
+      task->events.push(EngineEvent::of_error(api_error_shutting_down("The server is shutting down.")));
       continue;
     }
     run_task(*task);
@@ -90,11 +96,12 @@ void EngineLoop::run_task(GenerationTask& task) {
     for (int64_t i = 0; int64_t(held.size()) < pos && i < int64_t(result.tokens.size()); ++i)
       held.push_back(result.tokens[size_t(i)]);
     cache_->end(*session, held, int64_t(held.size()) == pos);
-  } catch (const Error& e) {
+  } catch (const InternalError& e) {  // the device or the engine failed, not the request: 500, logged
+    done = EngineEvent::of_error(internal_fault(task, e.what()));
+  } catch (const Error& e) {  // the request's fault (a prompt token outside the vocabulary, ...): 400
     done = EngineEvent::of_error(api_error_invalid("", strip_error_location(e.what())));
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "tern serve: internal error in request %s: %s\n", task.id.c_str(), e.what());
-    done = EngineEvent::of_error(api_error_internal(std::string("internal error: ") + e.what()));
+    done = EngineEvent::of_error(internal_fault(task, e.what()));
   }
   if (outcome == TaskOutcome::failed && session) {
     try {

@@ -66,7 +66,8 @@ ApiError api_error_context(int64_t prompt_tokens, int64_t max_new, int64_t conte
   std::string m = "This model's context is " + std::to_string(context) + " tokens, but the prompt has " +
                   std::to_string(prompt_tokens) + " tokens";
   if (max_new > 0) m += " and max_tokens asks for " + std::to_string(max_new) + " more";
-  m += ". Shorten the prompt or lower max_tokens (or raise tern serve --ctx-size).";
+  m += ". Shorten the prompt or lower max_tokens (or raise tern serve --ctx-size); truncate_prompt_tokens: N keeps only "
+       "the prompt's last N tokens.";
   return make(400, std::move(m), "invalid_request_error", "messages", "context_length_exceeded");
 }
 

@@ -1,6 +1,7 @@
 // OpenAI-shaped API errors: {"error":{"message","type","param","code"}} with the HTTP status that goes with them.
 // Handlers never throw: request validation produces an ApiError value, and every exception that reaches a handler
-// boundary is turned into one (tern::Error from a component -> 400; anything else -> 500, logged).
+// boundary is turned into one (tern::Error from a component -> 400; tern::InternalError, a fault of the device or
+// of the engine, and anything else -> 500, logged).
 #pragma once
 
 #include <optional>

@@ -4,6 +4,9 @@
 // stopped by the engine before its next decode step.
 #include <chrono>
 #include <cstdio>
+#include <stdexcept>
+#include <utility>
+#include <vector>
 
 #include "core/check.h"
 #include "server/anthropic_output.h"
@@ -23,7 +26,6 @@ namespace {
 
 using namespace std::chrono_literals;
 constexpr auto kPollInterval = 20ms;     // how often a waiting handler checks its client
-constexpr auto kKeepAliveEvery = 2s;     // SSE comment while a stream waits in the queue
 
 }  // namespace
 
@@ -77,6 +79,11 @@ std::optional<ApiError> check_context(const ServerState& state, size_t prompt_to
   return std::nullopt;
 }
 
+void truncate_prompt(std::vector<int32_t>& prompt, const std::optional<int64_t>& keep) {
+  if (!keep || int64_t(prompt.size()) <= *keep) return;
+  prompt.erase(prompt.begin(), prompt.end() - *keep);
+}
+
 namespace {
 
 // Everything a streamed response needs after the handler returns (the content provider runs later on the same
@@ -92,6 +99,7 @@ struct Exchange {
   bool finished = false;      // the last event was handled (response complete)
   bool stop_requested = false;  // the server is stopping: the generation was cancelled, its end is still sent
   std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
+  int64_t token_events = 0;     // token events streamed so far (for --debug-stream-fault-after)
 
   void cancel() {
     task->cancel = true;
@@ -112,6 +120,12 @@ struct Exchange {
   }
 };
 
+// What a generation cancelled by the server's stop answers (503 shutting_down), streamed or not: never a finish,
+// which would tell the client that its answer is complete.
+ApiError shutdown_error() {
+  return api_error_shutting_down("The server is shutting down; the generation was cancelled.");
+}
+
 void log_result(const GenerationResult& r, const std::string& id) {
   Json& f = request_log().fields;
   f["id"] = id;
@@ -130,8 +144,9 @@ std::vector<Json> first_chunks(Output& output) {
   else return {};
 }
 
-// A protocol's stream media type and its keep-alive text while a request waits in the queue: SSE's (an event-stream,
-// a comment) unless the protocol names its own (Ollama's NDJSON: no comments, so nothing: "" writes nothing).
+// A protocol's stream media type and its keep-alive text (written when the stream has been quiet for a while): SSE's
+// (an event-stream, a comment) unless the protocol names its own (Ollama's NDJSON: no comments, so nothing: "" writes
+// nothing).
 template <typename Protocol>
 const char* stream_content_type() {
   if constexpr (requires { Protocol::content_type(); }) return Protocol::content_type();
@@ -143,19 +158,54 @@ std::string keep_alive_text() {
   else return sse_comment("waiting");
 }
 
+template <typename Ex>
+using ProtocolOf = ResponseProtocol<std::remove_reference_t<decltype(*std::declval<Ex&>().output)>>;
+
+// Writes `s` to the stream. False when the write failed: the client is gone and the generation cancelled.
+template <typename Ex>
+bool stream_write(Ex& ex, httplib::DataSink& sink, const std::string& s) {
+  if (sink.write(s.data(), s.size())) {
+    ex.last_write = std::chrono::steady_clock::now();
+    return true;
+  }
+  ex.link->mark_gone();
+  ex.cancel();
+  return false;
+}
+
+// The keep-alive text to write now: when nothing was written for --stream-keep-alive seconds (while the request
+// waits in the queue, or while its tokens produce no output, as inside a tool call); else "".
+template <typename Ex>
+std::string keep_alive_due(const Ex& ex) {
+  const std::chrono::duration<double> quiet = std::chrono::steady_clock::now() - ex.last_write;
+  if (quiet.count() < ex.state->options.stream_keep_alive_s) return "";
+  return keep_alive_text<ProtocolOf<Ex>>();
+}
+
+// Ends the stream with `error`: the headers are gone already, so the error travels as the protocol's error event
+// (as OpenAI does), then the stream's end ([DONE] where the API has one). An output that numbers its events
+// (Responses) makes them itself.
+template <typename Ex>
+bool stream_end_with_error(Ex& ex, httplib::DataSink& sink, const ApiError& error) {
+  using Protocol = ProtocolOf<Ex>;
+  ex.finished = true;
+  request_log().fields["error"] = error.message;
+  if constexpr (requires { ex.output->error_events(error); }) {
+    for (const Json& c : ex.output->error_events(error))
+      if (!stream_write(ex, sink, Protocol::stream_event(c))) return false;
+  } else if (!stream_write(ex, sink, Protocol::stream_event(Protocol::error_body(error)))) {
+    return false;
+  }
+  if (!Protocol::stream_end().empty() && !stream_write(ex, sink, Protocol::stream_end())) return false;
+  sink.done();
+  return true;
+}
+
 // The stream's content provider: returns false to end the response early (client gone, write failed).
 template <typename Ex>
 bool stream_step(Ex& ex, httplib::DataSink& sink) {
-  using Protocol = ResponseProtocol<std::remove_reference_t<decltype(*ex.output)>>;
-  auto write = [&](const std::string& s) {
-    if (sink.write(s.data(), s.size())) {
-      ex.last_write = std::chrono::steady_clock::now();
-      return true;
-    }
-    ex.link->mark_gone();
-    ex.cancel();
-    return false;
-  };
+  using Protocol = ProtocolOf<Ex>;
+  auto write = [&](const std::string& s) { return stream_write(ex, sink, s); };
   if (!ex.started) {
     ex.started = true;
     for (const Json& c : first_chunks(*ex.output))
@@ -170,49 +220,42 @@ bool stream_step(Ex& ex, httplib::DataSink& sink) {
         ex.cancel();
         return false;
       }
-      if (std::chrono::steady_clock::now() - ex.last_write > kKeepAliveEvery) {
-        const std::string keep_alive = keep_alive_text<Protocol>();
-        if (!keep_alive.empty()) return write(keep_alive);
-      }
+      if (const std::string keep_alive = keep_alive_due(ex); !keep_alive.empty()) return write(keep_alive);
       continue;
     }
     switch (event->kind) {
-      case EngineEvent::Kind::token:
-        for (const Json& c : ex.output->on_token(event->token))
+      case EngineEvent::Kind::token: {
+        const int64_t fault_after = ex.state->options.debug_stream_fault_after;
+        if (fault_after > 0 && ++ex.token_events > fault_after)
+          throw std::runtime_error("fault injected by --debug-stream-fault-after");
+        const std::vector<Json> chunks = ex.output->on_token(event->token);
+        for (const Json& c : chunks)
           if (!write(Protocol::stream_event(c))) return false;
+        // Tokens that show nothing yet (a tool call being written) still keep the stream alive.
+        const std::string keep_alive = chunks.empty() ? keep_alive_due(ex) : std::string();
+        if (!keep_alive.empty() && !write(keep_alive)) return false;
         if (ex.client_gone()) {  // noticed between tokens: stop before the next decode step
           ex.cancel();
           return false;
         }
         return true;
+      }
       case EngineEvent::Kind::done: {
         const GenerationResult& r = event->result;
         log_result(r, ex.task->id);
         ex.finished = true;
-        // Cancelled because the client left: nobody to write to. Cancelled because the server stops: the stream
-        // still ends properly (finish_reason, usage, [DONE]).
+        // Cancelled because the client left: nobody to write to. Cancelled because the server stops: the answer is
+        // incomplete, so the stream ends with an error (503 shutting_down) rather than a finish, then its end.
         if (r.finish == FinishReason::cancelled && !ex.stop_requested) return false;
+        if (r.finish == FinishReason::cancelled) return stream_end_with_error(ex, sink, shutdown_error());
         for (const Json& c : ex.output->finish_chunks(r))
           if (!write(Protocol::stream_event(c))) return false;
         if (!Protocol::stream_end().empty() && !write(Protocol::stream_end())) return false;
         sink.done();
         return true;
       }
-      case EngineEvent::Kind::error: {
-        ex.finished = true;
-        request_log().fields["error"] = event->error.message;
-        // Headers are gone already: the error travels as an SSE event, as OpenAI does. An output that numbers its
-        // events (Responses) makes them itself.
-        if constexpr (requires { ex.output->error_events(event->error); }) {
-          for (const Json& c : ex.output->error_events(event->error))
-            if (!write(Protocol::stream_event(c))) return false;
-        } else if (!write(Protocol::stream_event(Protocol::error_body(event->error)))) {
-          return false;
-        }
-        if (!Protocol::stream_end().empty() && !write(Protocol::stream_end())) return false;
-        sink.done();
-        return true;
-      }
+      case EngineEvent::Kind::error:
+        return stream_end_with_error(ex, sink, event->error);
     }
   }
 }
@@ -240,10 +283,14 @@ void serve(ServerState& state, const httplib::Request& req, httplib::Response& r
           try {
             return stream_step(*ex, sink);
           } catch (const std::exception& e) {  // never let an exception into cpp-httplib's writer
+            // A fault of ours: the generation stops, the client gets a 500 error event and the stream's end.
             std::fprintf(stderr, "tern serve: internal error while streaming %s: %s\n", ex->task->id.c_str(), e.what());
-            request_log().fields["error"] = std::string("internal error: ") + e.what();
             ex->cancel();
-            return false;
+            try {
+              return stream_end_with_error(*ex, sink, api_error_internal(std::string("internal error: ") + e.what()));
+            } catch (const std::exception&) {  // the error event itself failed: close the connection
+              return false;
+            }
           }
         },
         [ex](bool) {
@@ -285,7 +332,7 @@ void serve(ServerState& state, const httplib::Request& req, httplib::Response& r
     }
     log_result(event->result, ex->task->id);
     if (ex->stop_requested && event->result.finish == FinishReason::cancelled)
-      return Protocol::respond_error(res, api_error_shutting_down("The server is shutting down; the generation was cancelled."));
+      return Protocol::respond_error(res, shutdown_error());
     respond_json(res, ex->output->response(event->result));
     return;
   }
@@ -321,7 +368,9 @@ void handle_chat_completions(ServerState& state, const httplib::Request& req, ht
   auto sampling = sampling_params(state, request.sampling, request.logprobs ? request.top_logprobs : -1);
   if (auto* e = std::get_if<ApiError>(&sampling)) return respond_error(res, *e);
 
-  if (auto e = check_prompt_bytes(state, chat_prompt.text.size(), "messages")) return respond_error(res, *e);
+  // Asked to truncate, a prompt may be longer than the context: only its last tokens are kept.
+  if (!request.truncate_prompt_tokens)
+    if (auto e = check_prompt_bytes(state, chat_prompt.text.size(), "messages")) return respond_error(res, *e);
 
   auto task = std::make_shared<GenerationTask>();
   task->id = response_id("chatcmpl-");
@@ -331,6 +380,7 @@ void handle_chat_completions(ServerState& state, const httplib::Request& req, ht
   } catch (const Error& e) {
     return respond_error(res, api_error_invalid("messages", strip_error_location(e.what())));
   }
+  truncate_prompt(task->request.prompt, request.truncate_prompt_tokens);
   if (auto e = check_context(state, task->request.prompt.size(), request.max_tokens.value_or(-1)))
     return respond_error(res, *e);
   // The prefix cache also snapshots where the generation prompt starts (the prompt's last <|im_start|>): the next
@@ -364,7 +414,7 @@ void handle_completions(ServerState& state, const httplib::Request& req, httplib
 
   auto sampling = sampling_params(state, request.sampling, request.logprobs);
   if (auto* e = std::get_if<ApiError>(&sampling)) return respond_error(res, *e);
-  if (!request.prompt_is_ids)
+  if (!request.prompt_is_ids && !request.truncate_prompt_tokens)
     if (auto e = check_prompt_bytes(state, request.prompt_text.size(), "prompt")) return respond_error(res, *e);
   auto task = std::make_shared<GenerationTask>();
   task->id = response_id("cmpl-");
@@ -382,6 +432,10 @@ void handle_completions(ServerState& state, const httplib::Request& req, httplib
     return respond_error(res, api_error_invalid("prompt", strip_error_location(e.what())));
   }
   if (task->request.prompt.empty()) return respond_error(res, api_error_invalid("prompt", "'prompt' encodes to no tokens."));
+  if (request.truncate_prompt_tokens && int64_t(task->request.prompt.size()) > *request.truncate_prompt_tokens) {
+    truncate_prompt(task->request.prompt, request.truncate_prompt_tokens);
+    if (request.echo) echo_text = state.model.tokenizer->decode(task->request.prompt);  // what the model saw
+  }
   if (auto e = check_context(state, task->request.prompt.size(), request.max_tokens)) {
     e->param = "prompt";
     return respond_error(res, *e);

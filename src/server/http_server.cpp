@@ -181,18 +181,30 @@ void add_cors_headers(const ServerOptions& options, const httplib::Request& req,
   res.set_header("Access-Control-Max-Age", "600");
 }
 
+// The names the model is served under: the id first, then each alias. While it loads, the names announced in the
+// options (none when they were not given).
+std::vector<std::string> served_names(const ServerState& state) {
+  const bool ready = state.ready.load(std::memory_order_acquire);
+  const std::string& id = ready ? state.model.model_id : state.options.model_id;
+  if (id.empty()) return {};
+  std::vector<std::string> names = {id};
+  const std::vector<std::string>& aliases = ready ? state.model.aliases : state.options.model_aliases;
+  names.insert(names.end(), aliases.begin(), aliases.end());
+  return names;
+}
+
+// One /v1/models entry. max_model_len (the context) is known once the model is loaded.
 Json model_entry(const ServerState& state, const std::string& name) {
-  return Json{{"id", name},
-              {"object", "model"},
-              {"created", 0},
-              {"owned_by", "tern"},
-              {"max_model_len", state.model.context},
-              {"root", state.model.model_id}};
+  const std::vector<std::string> names = served_names(state);
+  Json entry = {{"id", name}, {"object", "model"}, {"created", 0}, {"owned_by", "tern"}};
+  if (state.ready.load(std::memory_order_acquire)) entry["max_model_len"] = state.model.context;
+  entry["root"] = names.empty() ? name : names.front();
+  return entry;
 }
 
 bool serves_name(const ServerState& state, const std::string& name) {
-  if (name == state.model.model_id) return true;
-  return std::find(state.model.aliases.begin(), state.model.aliases.end(), name) != state.model.aliases.end();
+  const std::vector<std::string> names = served_names(state);
+  return std::find(names.begin(), names.end(), name) != names.end();
 }
 
 // The methods each route answers, for 405 + Allow on a known path asked with another method.
@@ -213,6 +225,8 @@ HttpServer::HttpServer(ServerOptions options) : options_(std::move(options)), st
              "--max-connections and --max-connections-per-address must be at least 1");
   TERN_CHECK(options_.header_timeout_s > 0 && options_.body_timeout_s > 0 && options_.keep_alive_timeout_s > 0,
              "--header-timeout, --body-timeout and --keep-alive-timeout must be positive");
+  TERN_CHECK(options_.stream_keep_alive_s > 0, "--stream-keep-alive must be positive, got ",
+             options_.stream_keep_alive_s);
   state_->options = options_;
   state_->metrics = &metrics_;
   // Request-sized buffers (bodies, prompts, JSON) of 1 MiB or more come from mmap and go back to the system when
@@ -271,6 +285,9 @@ void HttpServer::set_model(const ServerModel& model) {
   TERN_CHECK(!state_->ready, "set_model called twice");
   TERN_CHECK(model.tokenizer && model.chat_template && model.generator && model.context > 0,
              "set_model: incomplete ServerModel");
+  const bool as_announced = model.model_id == options_.model_id && model.aliases == options_.model_aliases;
+  TERN_CHECK(options_.model_id.empty() || as_announced, "set_model: the model is named '", model.model_id, "', not '",
+             options_.model_id, "' as announced (or its aliases differ)");
   state_->model = model;
   // The longest token's bytes: a prompt longer than context x this cannot fit, whatever it tokenizes to.
   size_t longest = 1;
@@ -338,14 +355,12 @@ void HttpServer::install_routes() {
     request_log().route = "/metrics";
     res.set_content(s.metrics->render_prometheus(), "text/plain; version=0.0.4; charset=utf-8");
   });
-  // The id first, then each --alias as an entry of its own (as vLLM lists its served names).
+  // The id first, then each --alias as an entry of its own (as vLLM lists its served names); also while the model
+  // loads, so that a client that reads the list once at start sees it.
   auto models = [&s](const httplib::Request&, httplib::Response& res) {
     request_log().route = "/v1/models";
     Json data = Json::array();
-    if (s.ready.load(std::memory_order_acquire)) {
-      data.push_back(model_entry(s, s.model.model_id));
-      for (const std::string& alias : s.model.aliases) data.push_back(model_entry(s, alias));
-    }
+    for (const std::string& name : served_names(s)) data.push_back(model_entry(s, name));
     respond_json(res, Json{{"object", "list"}, {"data", data}});
   };
   get("/v1/models", models);
@@ -353,8 +368,9 @@ void HttpServer::install_routes() {
   get(R"(/v1/models/(.+))", [&s](const httplib::Request& req, httplib::Response& res) {
     request_log().route = "/v1/models/{id}";
     const std::string id = req.matches[1];
-    if (s.ready.load(std::memory_order_acquire) && serves_name(s, id)) return respond_json(res, model_entry(s, id));
-    respond_error(res, api_error_not_found_model(id, s.model.model_id));
+    if (serves_name(s, id)) return respond_json(res, model_entry(s, id));
+    const std::vector<std::string> names = served_names(s);
+    respond_error(res, api_error_not_found_model(id, names.empty() ? std::string() : names.front()));
   });
   auto chat = [&s](const httplib::Request& req, httplib::Response& res) { handle_chat_completions(s, req, res); };
   auto completions = [&s](const httplib::Request& req, httplib::Response& res) { handle_completions(s, req, res); };

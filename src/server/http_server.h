@@ -3,7 +3,7 @@
 // and stream its events back; they never throw and never touch the model.
 //
 // The server listens before the model is loaded: /health answers 503 {"status":"loading"} and generation routes
-// 503 until set_model() is called.
+// 503 until set_model() is called; /v1/models already lists the names in ServerOptions.
 //
 // Under cpp-httplib sits our connection layer (connections.h): caps on connections, read deadlines, pipelining,
 // and the checks made as soon as a request's headers are in (Host, API key, Content-Type, body size).
@@ -50,6 +50,14 @@ struct ServerOptions {
   double keep_alive_timeout_s = 5;       // an idle connection is closed after this
   PrefixCacheOptions prefix_cache;       // multi-turn prefix reuse (--no-prefix-cache, --cache-*)
   int64_t thinking_budget = -1;          // --thinking-budget: for requests that set none (-1: no limit)
+  double stream_keep_alive_s = 2;        // --stream-keep-alive: a stream quiet this long gets a keep-alive comment
+                                         // (waiting in the queue, or while its tokens show nothing, as in a tool call)
+  int64_t debug_stream_fault_after = 0;  // TESTS ONLY (--debug-stream-fault-after): > 0: a stream's provider fails
+                                         // on its token event N + 1, as an internal fault would
+  // The names the model will be served under, known before it loads ("": unknown): /v1/models lists them while it
+  // loads. set_model() checks that the model has these names.
+  std::string model_id;
+  std::vector<std::string> model_aliases;
 };
 
 // The loaded model, as the handlers use it. Everything must outlive the server.
@@ -79,7 +87,7 @@ class HttpServer {
   // Serves until stop(). Call bind() first.
   void listen();
   // Stops accepting and closes idle connections; running generations are cancelled, and their streams end with a
-  // final finish_reason and [DONE]. Returns at once (safe from any thread, also before listen() started).
+  // 503 shutting_down error event and [DONE]. Returns at once (safe from any thread, also before listen() started).
   void stop();
   // After stop(): waits up to `timeout_s` for the requests being served to end.
   void wait_stopped(double timeout_s);

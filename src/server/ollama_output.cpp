@@ -103,7 +103,6 @@ void OllamaOutput::add_timings(Json& out, const GenerationResult& r) const {
   const auto ns = [](double s) { return int64_t(s * 1e9); };
   const char* reason = "stop";
   if (r.finish == FinishReason::length || r.finish == FinishReason::context) reason = "length";
-  else if (r.finish == FinishReason::cancelled) reason = "cancelled";  // only when the server stops mid-stream
   out["done_reason"] = reason;
   out["total_duration"] = std::chrono::duration_cast<std::chrono::nanoseconds>(
                               std::chrono::steady_clock::now() - options_.start).count();

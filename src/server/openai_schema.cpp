@@ -383,6 +383,7 @@ std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, co
     }
     parse_response_format(j, r);
     parse_template_kwargs(j, r);
+    r.truncate_prompt_tokens = get_integer(j, "truncate_prompt_tokens", 1, std::numeric_limits<int32_t>::max());
     r.forced_output = parse_forced_output(j, options);
     compile_constraint(r, j);
     return r;
@@ -421,6 +422,7 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
     r.stop = parse_stop(j);
     if (auto lp = get_integer(j, "logprobs", 0, 20)) r.logprobs = int(*lp);
     r.echo = get_bool(j, "echo").value_or(false);
+    r.truncate_prompt_tokens = get_integer(j, "truncate_prompt_tokens", 1, std::numeric_limits<int32_t>::max());
     r.forced_output = parse_forced_output(j, options);
     return r;
   });

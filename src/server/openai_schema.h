@@ -50,6 +50,7 @@ struct ChatRequest {
   int top_logprobs = 0;            // 0..20, only with logprobs
   Json chat_template_kwargs = Json::object();  // enable_thinking, preserve_thinking, ... (reasoning_effort folded in)
   std::optional<int64_t> thinking_budget;      // thinking_budget (tern): reasoning tokens before </think> is forced
+  std::optional<int64_t> truncate_prompt_tokens;  // vLLM's: keep only the prompt's last N tokens (N >= 1)
   std::optional<std::string> forced_output;    // tern_debug_forced_output (only when the server allows it)
   ResponseFormat response_format = ResponseFormat::text;
   std::string response_schema_name;            // json_schema: json_schema.name
@@ -72,6 +73,7 @@ struct CompletionRequest {
   std::vector<std::string> stop;
   int logprobs = -1;                   // -1: off; 0..20 alternatives
   bool echo = false;
+  std::optional<int64_t> truncate_prompt_tokens;  // vLLM's: keep only the prompt's last N tokens (N >= 1)
   std::optional<std::string> forced_output;
 };
 

@@ -128,7 +128,6 @@ const char* ResponsesOutput::status_of(const GenerationResult& r) const {
   switch (r.finish) {
     case FinishReason::length:
     case FinishReason::context: return "incomplete";
-    case FinishReason::cancelled: return "failed";  // only seen when the server stops (a client that left reads nothing)
     default: return "completed";
   }
 }
@@ -153,8 +152,7 @@ std::vector<Json> ResponsesOutput::finish_chunks(const GenerationResult& result)
   const std::string status = status_of(result);
   close_item(events, status == "completed" ? "completed" : "incomplete");
   const Json r = response(result);
-  const char* type = status == "completed" ? "response.completed"
-                     : status == "incomplete" ? "response.incomplete" : "response.failed";
+  const char* type = status == "completed" ? "response.completed" : "response.incomplete";
   events.push_back(event(type, Json{{"response", r}}));
   return events;
 }
@@ -174,9 +172,6 @@ Json ResponsesOutput::response(const GenerationResult& result) {
   if (open_ != Item::none) close_item(ignored, status == "completed" ? "completed" : "incomplete");
   Json r = snapshot(status.c_str());
   if (status == "incomplete") r["incomplete_details"] = Json{{"reason", "max_output_tokens"}};
-  if (status == "failed")
-    r["error"] = Json{{"code", "server_shutting_down"},
-                      {"message", "The server is shutting down; the generation was cancelled."}};
   r["usage"] = usage(result);
   return r;
 }

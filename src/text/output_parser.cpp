@@ -197,36 +197,123 @@ bool OutputParser::parse_call(std::string_view s, ToolCall& call) const {
   }
 }
 
-// The JSON text of a parameter value, typed by the tool's schema.
-std::string OutputParser::typed_value(const std::string& function, const std::string& key,
-                                      const std::string& raw) const {
-  std::vector<std::string> types;
-  auto add_types = [&](const ojson& schema) {
-    if (!schema.is_object() || !schema.contains("type")) return;
+namespace {
+
+constexpr int kMaxSchemaDepth = 32;  // $ref chains and nesting followed at most this deep (a cycle ends there)
+
+// The target of a local "$ref" ("#", "#/$defs/NAME", "#/definitions/NAME", any JSON pointer) in `root`; null when
+// it is not a local reference or points nowhere.
+const ojson* resolve_local_ref(const ojson& ref, const ojson& root) {
+  if (!ref.is_string()) return nullptr;
+  const std::string& r = ref.get_ref<const std::string&>();
+  if (r.empty() || r[0] != '#') return nullptr;
+  const ojson* cur = &root;
+  for (size_t pos = 1; pos < r.size();) {
+    if (r[pos] != '/') return nullptr;
+    size_t next = r.find('/', pos + 1);
+    if (next == std::string::npos) next = r.size();
+    std::string token;  // JSON pointer escapes: ~0 is '~', ~1 is '/'
+    for (size_t i = pos + 1; i < next; ++i) {
+      if (r[i] == '~' && i + 1 < next && (r[i + 1] == '0' || r[i + 1] == '1')) token += r[++i] == '0' ? '~' : '/';
+      else token += r[i];
+    }
+    if (cur->is_object() && cur->contains(token)) {
+      cur = &(*cur)[token];
+    } else if (cur->is_array() && !token.empty() && token.size() < 10 &&
+               token.find_first_not_of("0123456789") == std::string::npos && std::stoul(token) < cur->size()) {
+      cur = &(*cur)[std::stoul(token)];
+    } else {
+      return nullptr;
+    }
+    pos = next;
+  }
+  return cur;
+}
+
+// The JSON type name of a value (an enum's or a const's).
+const char* json_type_of(const ojson& v) {
+  switch (v.type()) {
+    case ojson::value_t::string: return "string";
+    case ojson::value_t::number_integer:
+    case ojson::value_t::number_unsigned: return "integer";
+    case ojson::value_t::number_float: return "number";
+    case ojson::value_t::boolean: return "boolean";
+    case ojson::value_t::object: return "object";
+    case ojson::value_t::array: return "array";
+    default: return "null";
+  }
+}
+
+void add_schema_types(const ojson& schema, const ojson& root, int depth, std::vector<std::string>& types) {
+  if (!schema.is_object() || depth > kMaxSchemaDepth) return;
+  const size_t before = types.size();
+  if (schema.contains("type")) {
     const ojson& t = schema["type"];
     if (t.is_string()) types.push_back(t.get<std::string>());
     if (t.is_array())
       for (const auto& x : t)
         if (x.is_string()) types.push_back(x.get<std::string>());
-  };
+  }
+  for (const char* alt : {"anyOf", "oneOf"})
+    if (schema.contains(alt) && schema[alt].is_array())
+      for (const auto& member : schema[alt]) add_schema_types(member, root, depth + 1, types);
+  if (types.size() > before) return;
+  // Nothing named a type: what the other keywords imply, the first that does.
+  if (schema.contains("$ref"))
+    if (const ojson* target = resolve_local_ref(schema["$ref"], root)) {
+      add_schema_types(*target, root, depth + 1, types);
+      if (types.size() > before) return;
+    }
+  if (schema.contains("allOf") && schema["allOf"].is_array())
+    for (const auto& member : schema["allOf"]) {
+      add_schema_types(member, root, depth + 1, types);
+      if (types.size() > before) return;
+    }
+  if (schema.contains("const")) {
+    types.push_back(json_type_of(schema["const"]));
+    return;
+  }
+  if (schema.contains("enum") && schema["enum"].is_array() && !schema["enum"].empty()) {
+    for (const auto& v : schema["enum"]) types.push_back(json_type_of(v));
+    return;
+  }
+  if (schema.contains("properties")) types.push_back("object");
+  else if (schema.contains("items") || schema.contains("prefixItems")) types.push_back("array");
+}
+
+}  // namespace
+
+std::vector<std::string> tool_parameter_types(const ojson& schema, const ojson& root) {
+  std::vector<std::string> types;
+  add_schema_types(schema, root, 0, types);
+  return types;
+}
+
+bool tool_parameter_is_text(const ojson& schema, const ojson& root) {
+  const std::vector<std::string> types = tool_parameter_types(schema, root);
+  return types.empty() || std::find(types.begin(), types.end(), "string") != types.end();
+}
+
+// The JSON text of a parameter value, typed by the tool's schema.
+std::string OutputParser::typed_value(const std::string& function, const std::string& key,
+                                      const std::string& raw) const {
+  bool as_string = true;
   if (tools_.is_array()) {
     for (const auto& tool : tools_) {
       const ojson* fn = tool.is_object() && tool.contains("function") ? &tool["function"] : &tool;
       if (!fn->is_object() || fn->value("name", "") != function) continue;
       if (!fn->contains("parameters") || !(*fn)["parameters"].is_object()) break;
-      const ojson& params = (*fn)["parameters"];
-      if (!params.contains("properties") || !params["properties"].is_object()) break;
-      const ojson& props = params["properties"];
+      const ojson& root = (*fn)["parameters"];
+      const ojson* params = &root;  // the parameters object itself may be a reference
+      if (params->contains("$ref"))
+        if (const ojson* target = resolve_local_ref((*params)["$ref"], root)) params = target;
+      if (!params->is_object() || !params->contains("properties") || !(*params)["properties"].is_object()) break;
+      const ojson& props = (*params)["properties"];
       if (!props.contains(key)) break;
-      const ojson& schema = props[key];
-      add_types(schema);
-      for (const char* alt : {"anyOf", "oneOf"})
-        if (schema.is_object() && schema.contains(alt) && schema[alt].is_array())
-          for (const auto& s : schema[alt]) add_types(s);
+      as_string = tool_parameter_is_text(props[key], root);
       break;
     }
   }
-  bool as_string = types.empty() || std::find(types.begin(), types.end(), "string") != types.end();
   if (!as_string) {
     std::string_view t = trim(raw);
     if (t == "True") return "true";

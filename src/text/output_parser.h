@@ -11,9 +11,9 @@
 //   after the last call at the end of generation is dropped.
 // - Tool calls: each complete <tool_call>...</tool_call> block whose body is one <function=NAME> element with
 //   <parameter=K> children becomes a ToolCall. Values lose one leading and one trailing newline and are typed by
-//   the tool's JSON schema (function.parameters.properties[K].type): "string" (or no schema) -> a JSON string;
-//   integer, number, boolean, object, array, null -> the raw text parsed as JSON (Python's True/False/None are
-//   accepted), falling back to a string when it does not parse.
+//   the tool's JSON schema (function.parameters.properties[K], see tool_parameter_types): "string" among its types
+//   (or no type at all, or no schema) -> a JSON string; integer, number, boolean, object, array, null -> the raw
+//   text parsed as JSON (Python's True/False/None are accepted), falling back to a string when it does not parse.
 // - Malformed blocks, and a block still open at finish(), become content verbatim: nothing is lost.
 //
 // For the server (OpenAI streaming): send `reasoning` as delta.reasoning_content and `content` as delta.content;
@@ -41,6 +41,16 @@ struct ToolCall {
   std::string arguments_json;  // a JSON object, keys in the order the model wrote them
   int index = 0;               // 0, 1, ... in the order of the response
 };
+
+// The JSON types a tool parameter's schema gives its value, as OutputParser reads them (and as the tool-call grammar
+// writes them, src/grammar/tool_calls.cpp): its "type" (a name or a list) and, recursively, those of its anyOf/oneOf
+// members. When these name none, the first of: a local "$ref"'s target ("#/$defs/NAME", "#/definitions/NAME", any
+// JSON pointer into `root`), the first allOf member that names some, the JSON types of "const" or the "enum" values,
+// "object" for "properties", "array" for "items". root: the tool's parameters schema, which references point into.
+// Empty: untyped.
+std::vector<std::string> tool_parameter_types(const nlohmann::ordered_json& schema, const nlohmann::ordered_json& root);
+// True when the parser keeps a value of this schema as raw text (a JSON string): untyped, or "string" among its types.
+bool tool_parameter_is_text(const nlohmann::ordered_json& schema, const nlohmann::ordered_json& root);
 
 struct ParsedDelta {  // what one push (or finish) produced
   std::string reasoning, content;

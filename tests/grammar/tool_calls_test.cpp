@@ -106,6 +106,42 @@ TEST(ToolCalls, RandomWalksParseIntoValidCalls) {
   }
 }
 
+// Parameters typed only through a $ref, allOf, enum/const or their shape (properties, items): the grammar writes JSON
+// where the parser reads JSON (an integer behind a $ref is 7, not "7"), so the calls it generates still validate.
+const char* kIndirectTools = R"([
+ {"type":"function","function":{"name":"plan","parameters":{"type":"object",
+   "$defs":{"Count":{"type":"integer","minimum":0,"maximum":99},"Name":{"type":"string","maxLength":8}},
+   "definitions":{"Flag":{"type":"boolean"}},
+   "properties":{"count":{"$ref":"#/$defs/Count"},"name":{"$ref":"#/$defs/Name"},"flag":{"$ref":"#/definitions/Flag"},
+     "level":{"enum":[1,2,3]},"mode":{"enum":["fast","slow"]},"fixed":{"const":true},
+     "ratio":{"allOf":[{"type":"number","minimum":0,"maximum":1}]},
+     "point":{"properties":{"x":{"type":"integer"}},"required":["x"],"additionalProperties":false},
+     "tags":{"items":{"type":"string","maxLength":5},"maxItems":2}},
+   "required":["count","name","flag","level","fixed","ratio","point","tags"]}}}
+])";
+
+TEST(ToolCalls, ParametersTypedThroughRefsAllOfEnumsAndShapes) {
+  ojson tools = ojson::parse(kIndirectTools);
+  GrammarPtr g = compile_tool_calls(specs(tools), false);
+  const std::string call =
+      "<tool_call>\n<function=plan>\n<parameter=count>\n7\n</parameter>\n<parameter=name>\nbob\n</parameter>\n"
+      "<parameter=flag>\ntrue\n</parameter>\n<parameter=level>\n2\n</parameter>\n<parameter=mode>\nslow\n</parameter>\n"
+      "<parameter=fixed>\ntrue\n</parameter>\n<parameter=ratio>\n0.5\n</parameter>\n<parameter=point>\n{\"x\":1}\n"
+      "</parameter>\n<parameter=tags>\n[\"a\"]\n</parameter>\n</function>\n</tool_call>";
+  EXPECT_TRUE(test::accepts(g, call));
+  EXPECT_EQ(check_calls(call, tools, false), 1);
+  EXPECT_FALSE(test::accepts(g, call.substr(0, call.find("7")) + "\"7\"" + call.substr(call.find("7") + 1)));
+  auto vocab = test::qwen3_vocab();
+  uint64_t seed = test::fresh_seed();
+  for (int i = 0; i < 10; ++i) {
+    std::mt19937_64 rng(seed + static_cast<uint64_t>(i));
+    test::WalkResult w = test::random_walk(g, vocab, rng, 3000, 50 + static_cast<int>(rng() % 400));
+    ASSERT_FALSE(w.dead_end) << w.text;
+    ASSERT_TRUE(w.ended) << "not finished: " << w.text;
+    check_calls(w.text, tools, false);
+  }
+}
+
 TEST(ToolCalls, BadToolsThrow) {
   EXPECT_THROW(compile_tool_calls({}, false), SchemaError);
   EXPECT_THROW(compile_tool_calls({{"bad<name", nlohmann::json::object()}}, false), SchemaError);

@@ -288,6 +288,37 @@ def test_errors_are_openai_shaped(server, client):
     assert "512" in body["error"]["message"] and "prompt has" in body["error"]["message"]
 
 
+def test_truncate_prompt_tokens_keeps_the_prompts_end(server):
+    """truncate_prompt_tokens (vLLM's field): a prompt longer than the context is cut to its last N tokens instead
+    of a 400; usage counts what the model saw; invalid values are rejected; too large an N still gets the 400."""
+    long_msg = {"messages": [{"role": "user", "content": "word " * 1000}], "max_tokens": 4, "temperature": 0}
+    status, _, body = post_json(server.port, "/v1/chat/completions", {**long_msg, "truncate_prompt_tokens": 100})
+    assert status == 200, body
+    assert body["usage"]["prompt_tokens"] == 100
+    # A prompt already shorter than N is unchanged.
+    short = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    _, _, plain = post_json(server.port, "/v1/chat/completions", short)
+    _, _, kept = post_json(server.port, "/v1/chat/completions", {**short, "truncate_prompt_tokens": 500})
+    assert kept["usage"]["prompt_tokens"] == plain["usage"]["prompt_tokens"] < 500
+    # N at or beyond the context: the truncated prompt still does not fit.
+    status, _, body = post_json(server.port, "/v1/chat/completions", {**long_msg, "truncate_prompt_tokens": 600})
+    assert status == 400 and body["error"]["code"] == "context_length_exceeded", body
+    assert "truncate_prompt_tokens" in body["error"]["message"]
+    for bad in (0, -1, "10", 1.5):
+        status, _, body = post_json(server.port, "/v1/chat/completions", {**short, "truncate_prompt_tokens": bad})
+        assert status == 400 and body["error"]["param"] == "truncate_prompt_tokens", (bad, body)
+    # /v1/completions: the same; echo returns the text the model saw (the prompt's end).
+    status, _, body = post_json(server.port, "/v1/completions",
+                                {"prompt": "alpha " * 900 + "omega", "max_tokens": 1, "truncate_prompt_tokens": 50,
+                                 "echo": True})
+    assert status == 200, body
+    assert body["usage"]["prompt_tokens"] == 50
+    text = body["choices"][0]["text"]
+    assert "omega" in text and text.count("alpha") < 60
+    status, _, body = post_json(server.port, "/v1/completions", {"prompt": "alpha " * 900, "max_tokens": 1})
+    assert status == 400 and body["error"]["code"] == "context_length_exceeded"
+
+
 def test_request_log_lines(server):
     lines = [json.loads(l) for l in server.log_text().splitlines() if l.startswith("{")]
     chats = [l for l in lines if l.get("path") == "/v1/chat/completions" and l.get("status") == 200]

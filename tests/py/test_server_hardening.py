@@ -1,7 +1,7 @@
 """tern serve under failure and attack, on the loopback (issue 15): a failed start exits at once, the port is owned,
 slow and idle clients cannot starve /health or a keyed client, pipelined requests are answered in order, browser
 attacks (no-cors text/plain POSTs, DNS rebinding) are refused, CORS preflights pass SDK headers, huge prompts are
-refused before tokenizing and leave no memory behind, SIGTERM ends streams with a final event, and special tokens
+refused before tokenizing and leave no memory behind, SIGTERM ends streams with an error event, and special tokens
 typed in content stay text.
 
 Every test bounds its connections (at most 100 at once) and its time; everything talks to 127.0.0.1 only.
@@ -18,9 +18,11 @@ import time
 
 import pytest
 
-from test_server_helpers import HOST, RawStream, Server, free_port, post_json, request, sse_events, dechunk
+from test_server_helpers import (HOST, RawStream, Server, dechunk, free_port, named_sse_events, post_json, request,
+                                 sse_events, wait_idle)
 
 CHAT = "/v1/chat/completions"
+DEMO = "tern-demo-random-weights"
 EOS_BAN = {"151645": -100, "151643": -100}
 
 
@@ -291,15 +293,22 @@ def test_huge_prompts_refused_before_tokenizing_and_memory_returns(tern_bin):
 
 # --- 7. SIGTERM and special tokens ------------------------------------------------------------------------------
 
-def test_sigterm_ends_open_streams_with_a_final_event(tern_bin):
+def test_sigterm_ends_open_streams_with_an_error_event(tern_bin):
+    """A generation cut by the server's stop is not a complete answer: each API's stream ends with its error event
+    (503 shutting_down) and its end, never with a finish."""
     s = Server(tern_bin, "-q")
     try:
         body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 3000, "stream": True,
                 "logit_bias": EOS_BAN, "stream_options": {"include_usage": True}}
         running = RawStream(s.port, CHAT, body)
-        running.read_events(3)  # generating before the second request exists: the queue order is then certain
+        running.read_events(3)  # generating before the others exist: the queue order is then certain
         waiting = RawStream(s.port, CHAT, body)  # queued behind the first
         waiting.read_events(1)
+        anthropic = RawStream(s.port, "/v1/messages", {"model": DEMO, "max_tokens": 3000, "stream": True,
+                                                        "messages": [{"role": "user", "content": "x"}]})
+        anthropic.read_events(1)  # message_start, sent while queued
+        ollama = RawStream(s.port, "/api/chat", {"model": DEMO, "messages": [{"role": "user", "content": "x"}],
+                                                 "options": {"num_predict": 3000}})  # NDJSON: nothing while queued
         time.sleep(1)  # the running stream is generating fast (its tokens keep coming)
         t0 = time.monotonic()
         s.proc.send_signal(signal.SIGTERM)
@@ -307,10 +316,20 @@ def test_sigterm_ends_open_streams_with_a_final_event(tern_bin):
             status, data = dechunk(stream.read_all())
             events, done = sse_events(data)
             assert status == 200 and done, data[-300:]
+            assert events[-1]["error"]["code"] == "shutting_down", events[-3:]
             finishes = [c["choices"][0]["finish_reason"] for c in events if c.get("choices")]
-            assert finishes[-1] == "stop", finishes[-3:]
-            assert events[-1]["usage"] is not None
+            assert not any(finishes), finishes[-3:]
             stream.close()
+        status, data = dechunk(anthropic.read_all())
+        anthropic.close()
+        names = [n for n, _ in named_sse_events(data)]
+        assert status == 200 and names[-1] == "error" and "message_stop" not in names, names[-3:]
+        assert named_sse_events(data)[-1][1]["error"]["type"] == "overloaded_error"
+        status, data = dechunk(ollama.read_all())
+        ollama.close()
+        lines = [json.loads(line) for line in data.decode().splitlines() if line.strip()]
+        assert status == 200 and "shutting down" in lines[-1]["error"], lines[-3:]
+        assert not any(line.get("done") for line in lines), lines[-3:]
         assert s.proc.wait(timeout=15) == 0
         assert time.monotonic() - t0 < 10
         # New connections are refused once stopped.
@@ -345,3 +364,70 @@ def test_special_tokens_in_content_are_text(tern_bin):
     finally:
         s.stop()
     assert as_text > as_control + 4
+
+
+# --- 8. streams that fail or go quiet ---------------------------------------------------------------------------
+
+def ndjson(data: bytes) -> list:
+    return [json.loads(line) for line in data.decode().splitlines() if line.strip()]
+
+
+def test_a_fault_inside_a_stream_ends_it_with_an_error_event(tern_bin):
+    """A fault of the server while it writes a stream (injected by --debug-stream-fault-after) ends the stream with
+    the API's error event (500 internal_error) and its end, is logged, and stops the generation."""
+    s = Server(tern_bin, "-q", "--debug-stream-fault-after", "3", "--debug-allow-forced-output")
+    try:
+        long = {"tern_debug_forced_output": "word " * 2000}  # tokens for certain, long after the fault
+        user = [{"role": "user", "content": "x"}]
+        status, _, data = request("POST", s.port, CHAT, {"messages": user, "max_tokens": 3000, "stream": True, **long})
+        events, done = sse_events(data)
+        assert status == 200 and done, data[-300:]
+        error = events[-1]["error"]
+        assert error["code"] == "internal_error" and error["type"] == "server_error", events[-2:]
+        assert "--debug-stream-fault-after" in error["message"]
+        status, _, data = request("POST", s.port, "/v1/messages", {"model": DEMO, "max_tokens": 3000, "stream": True,
+                                                                   "messages": user, **long})
+        events = named_sse_events(data)
+        assert status == 200 and events[-1][0] == "error", events[-2:]
+        assert events[-1][1]["error"]["type"] == "api_error"
+        status, _, data = request("POST", s.port, "/api/chat", {"model": DEMO, "messages": user,
+                                                                "options": {"num_predict": 3000}, **long})
+        lines = ndjson(data)
+        assert status == 200 and "internal error" in lines[-1]["error"], lines[-2:]
+        # The generations stopped (cancelled, far from their 2000 tokens), the fault is logged, the server still
+        # answers.
+        m = wait_idle(s.port)
+        assert m['tern_queue_finished_total{outcome="cancelled"}'] == 3, m
+        assert m["tern_completion_tokens_total"] < 3 * 2000, m
+        assert s.log_text().count("internal error while streaming") == 3, s.log_text()[-2000:]
+        status, _, r = post_json(s.port, CHAT, {"messages": user, "max_tokens": 5})
+        assert status == 200 and r["usage"]["completion_tokens"] <= 5
+    finally:
+        s.stop()
+
+
+def test_a_stream_quiet_inside_a_tool_call_gets_keep_alive_comments(tern_bin):
+    """Tokens inside a tool call show nothing until the call closes; the stream still gets a keep-alive comment each
+    time it has been quiet for --stream-keep-alive seconds, though tokens keep arriving."""
+    s = Server(tern_bin, "-q", "--debug-allow-forced-output", "--stream-keep-alive", "0.05")
+    try:
+        text = ("Checking.\n\n<tool_call>\n<function=write>\n<parameter=body>\n" + "word " * 1500 +
+                "\n</parameter>\n</function>\n</tool_call>")
+        tool = {"type": "function", "function": {"name": "write", "parameters": {
+            "type": "object", "properties": {"body": {"type": "string"}}}}}
+        body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 3000, "stream": True, "tools": [tool],
+                "chat_template_kwargs": {"enable_thinking": False}, "tern_debug_forced_output": text}
+        status, _, data = request("POST", s.port, CHAT, body, timeout=120)
+        assert status == 200
+        blocks = [b for b in data.decode().split("\n\n") if b.strip()]
+        call_at = next(i for i, b in enumerate(blocks) if "tool_calls" in b)
+        content_at = max(i for i, b in enumerate(blocks[:call_at]) if b.startswith("data: "))  # "." of "Checking."
+        assert json.loads(blocks[content_at][len("data: "):])["choices"][0]["delta"]["content"].endswith(".")
+        between = blocks[content_at + 1:call_at]
+        assert between and all(b == ": waiting" for b in between), between[:3]
+        events, done = sse_events(data)
+        assert done and events[-1]["choices"][0]["finish_reason"] == "tool_calls"
+        call = json.loads(blocks[call_at][len("data: "):])["choices"][0]["delta"]["tool_calls"][0]
+        assert json.loads(call["function"]["arguments"])["body"] == "word " * 1500
+    finally:
+        s.stop()

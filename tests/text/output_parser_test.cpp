@@ -114,6 +114,62 @@ TEST(OutputParser, ArgumentTypingFollowsSchema) {
   EXPECT_EQ(r.content, "");
 }
 
+// Types found through local $refs ($defs, definitions, chains), anyOf members that are refs, the first allOf member
+// that names one, enum/const values, and properties/items alone; unresolvable refs and ref cycles stay strings.
+TEST(OutputParser, ArgumentTypingFollowsRefsAllOfEnumsAndShapes) {
+  const ojson tools = ojson::parse(R"([{"type":"function","function":{"name":"plan","parameters":{"type":"object",
+    "$defs":{"Count":{"type":"integer"},"Name":{"type":"string"},"Alias":{"$ref":"#/$defs/Count"},
+             "Loop":{"$ref":"#/$defs/Loop"},"a/b":{"type":"number"}},
+    "definitions":{"Flag":{"type":"boolean"}},
+    "properties":{"count":{"$ref":"#/$defs/Count"},"name":{"$ref":"#/$defs/Name"},"alias":{"$ref":"#/$defs/Alias"},
+      "flag":{"$ref":"#/definitions/Flag"},"escaped":{"$ref":"#/$defs/a~1b"},
+      "maybe":{"anyOf":[{"$ref":"#/$defs/Count"},{"type":"null"}]},
+      "both":{"allOf":[{"description":"no type here"},{"type":"number"}]},
+      "level":{"enum":[1,2,3]},"mode":{"enum":["1","2"]},"mixed":{"enum":[1,"x"]},"fixed":{"const":true},
+      "point":{"properties":{"x":{"type":"number"}}},"list":{"items":{"type":"integer"}},
+      "typed":{"type":"string","$ref":"#/$defs/Count"},
+      "loop":{"$ref":"#/$defs/Loop"},"dangling":{"$ref":"#/$defs/Missing"},"remote":{"$ref":"https://x.org/s.json"}
+    }}}}])");
+  std::string text = "<tool_call>\n<function=plan>\n";
+  for (const auto& [k, v] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"count", "7"}, {"name", "7"}, {"alias", "7"}, {"flag", "true"}, {"escaped", "1.5"}, {"maybe", "None"},
+           {"both", "2.5"}, {"level", "2"}, {"mode", "2"}, {"mixed", "1"}, {"fixed", "True"}, {"point", "{\"x\": 1}"},
+           {"list", "[1, 2]"}, {"typed", "7"}, {"loop", "5"}, {"dangling", "5"}, {"remote", "5"}})
+    text += "<parameter=" + k + ">\n" + v + "\n</parameter>\n";
+  text += "</function>\n</tool_call>";
+  Result r = parse_pieces({text}, false, tools);
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].second,
+            R"({"count":7,"name":"7","alias":7,"flag":true,"escaped":1.5,"maybe":null,"both":2.5,"level":2,"mode":"2",)"
+            R"("mixed":"1","fixed":true,"point":{"x":1},"list":[1,2],"typed":"7","loop":"5","dangling":"5",)"
+            R"("remote":"5"})");
+  // The parameters object itself may be a reference.
+  const ojson by_ref = ojson::parse(R"([{"type":"function","function":{"name":"f","parameters":{
+    "$ref":"#/$defs/Args","$defs":{"Args":{"type":"object","properties":{"n":{"type":"integer"}}}}}}}])");
+  r = parse_pieces({"<tool_call>\n<function=f>\n<parameter=n>\n3\n</parameter>\n</function>\n</tool_call>"}, false,
+                   by_ref);
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].second, R"({"n":3})");
+}
+
+TEST(OutputParser, ToolParameterTypes) {
+  const ojson root = ojson::parse(R"({"$defs":{"N":{"type":"integer"},"S":{"type":"string"}}})");
+  auto types = [&](const char* schema) { return tool_parameter_types(ojson::parse(schema), root); };
+  using V = std::vector<std::string>;
+  EXPECT_EQ(types(R"({"type":["integer","null"]})"), (V{"integer", "null"}));
+  EXPECT_EQ(types(R"({"oneOf":[{"$ref":"#/$defs/N"},{"$ref":"#/$defs/S"}]})"), (V{"integer", "string"}));
+  EXPECT_EQ(types(R"({"allOf":[{"$ref":"#/$defs/N"},{"type":"string"}]})"), (V{"integer"}));  // the first that types
+  EXPECT_EQ(types(R"({"enum":[1, 2.5, "a", null, false]})"), (V{"integer", "number", "string", "null", "boolean"}));
+  EXPECT_EQ(types(R"({"const":{"a":1}})"), (V{"object"}));
+  EXPECT_EQ(types(R"({"items":{}})"), (V{"array"}));
+  EXPECT_EQ(types(R"({"description":"anything"})"), V{});
+  EXPECT_EQ(types("true"), V{});
+  EXPECT_FALSE(tool_parameter_is_text(ojson::parse(R"({"$ref":"#/$defs/N"})"), root));
+  EXPECT_TRUE(tool_parameter_is_text(ojson::parse(R"({"anyOf":[{"$ref":"#/$defs/N"},{"$ref":"#/$defs/S"}]})"), root));
+  EXPECT_TRUE(tool_parameter_is_text(ojson::parse(R"({"$ref":"#/$defs/Missing"})"), root));
+}
+
 TEST(OutputParser, MultilineValuesKeepInnerNewlines) {
   const std::string text =
       "<tool_call>\n<function=write>\n<parameter=body>\nline 1\n\nline 3\n</parameter>\n</function>\n</tool_call>";

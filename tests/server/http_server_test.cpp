@@ -1,0 +1,82 @@
+// The server before its model is loaded (set_model not called yet): /health says loading, generation routes are 503,
+// and /v1/models already lists the names announced in the options, so that a client reading the list once at start
+// finds the model.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include <httplib.h>
+
+#include "server/http_server.h"
+#include "server/openai_schema.h"
+
+namespace tern::server {
+namespace {
+
+// A server listening on a free loopback port, without a model; stopped at the end of the test.
+class LoadingServer {
+ public:
+  explicit LoadingServer(ServerOptions options) : server_(with_test_defaults(std::move(options))) {
+    port_ = server_.bind();
+    listener_ = std::thread([this] { server_.listen(); });
+  }
+  ~LoadingServer() {
+    server_.stop();
+    listener_.join();
+  }
+  httplib::Result get(const std::string& path) {
+    httplib::Client client("127.0.0.1", port_);
+    return client.Get(path);
+  }
+
+ private:
+  static ServerOptions with_test_defaults(ServerOptions o) {
+    o.host = "127.0.0.1";
+    o.port = 0;
+    o.log_requests = false;
+    return o;
+  }
+  HttpServer server_;
+  int port_ = 0;
+  std::thread listener_;
+};
+
+TEST(HttpServer, ModelsListsTheAnnouncedNamesWhileLoading) {
+  ServerOptions o;
+  o.model_id = "org/model";
+  o.model_aliases = {"gpt-4o"};
+  LoadingServer server(o);
+  auto health = server.get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 503);  // still loading
+
+  auto list = server.get("/v1/models");
+  ASSERT_TRUE(list);
+  EXPECT_EQ(list->status, 200);
+  const Json body = Json::parse(list->body);
+  ASSERT_EQ(body["data"].size(), 2u) << list->body;
+  EXPECT_EQ(body["data"][0]["id"], "org/model");
+  EXPECT_EQ(body["data"][1]["id"], "gpt-4o");
+  EXPECT_EQ(body["data"][1]["root"], "org/model");
+  EXPECT_FALSE(body["data"][0].contains("max_model_len")) << "the context is not known before the model loads";
+
+  auto one = server.get("/v1/models/gpt-4o");
+  ASSERT_TRUE(one);
+  EXPECT_EQ(one->status, 200);
+  EXPECT_EQ(Json::parse(one->body)["id"], "gpt-4o");
+  auto other = server.get("/v1/models/other");
+  ASSERT_TRUE(other);
+  EXPECT_EQ(other->status, 404);
+  EXPECT_NE(other->body.find("serves 'org/model'"), std::string::npos) << other->body;
+}
+
+TEST(HttpServer, ModelsIsEmptyWhileLoadingWithoutAnnouncedNames) {
+  LoadingServer server(ServerOptions{});
+  auto list = server.get("/v1/models");
+  ASSERT_TRUE(list);
+  EXPECT_EQ(list->status, 200);
+  EXPECT_TRUE(Json::parse(list->body)["data"].empty()) << list->body;
+}
+
+}  // namespace
+}  // namespace tern::server
