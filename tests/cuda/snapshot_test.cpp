@@ -47,13 +47,18 @@ void expect_close(const std::vector<float>& want, const std::vector<float>& got,
   }
 }
 
-TEST(CudaSnapshot, ResumeEqualsFromScratch) {
-  TERN_REQUIRE_GPU();
-  const uint64_t seed = fresh_seed("CudaSnapshot");
+// The demo model with random weights of `seed` and a 4,096-id vocabulary.
+auto demo_weights(uint64_t seed) {
   DemoModelOptions o;
   o.seed = seed;
   o.vocab_real = 4096;
-  auto weights = demo_model_build(o);
+  return demo_model_build(o);
+}
+
+TEST(CudaSnapshot, ResumeEqualsFromScratch) {
+  TERN_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed("CudaSnapshot");
+  auto weights = demo_weights(seed);
   const int64_t V = weights->config.vocab_size, real = weights->vocab_real;
   std::mt19937_64 rng(seed ^ 0xabc);
   // head: a prefill-plan chunk (> 8 tokens); tail: 5 tokens (decode plan); other: overwrites states and KV rows.
@@ -128,10 +133,7 @@ TEST(CudaSnapshot, ResumeEqualsFromScratch) {
 TEST(CudaSnapshot, ReusedBuffersHoldTheirOwnStates) {
   TERN_REQUIRE_GPU();
   const uint64_t seed = fresh_seed("CudaSnapshot.Reuse");
-  DemoModelOptions o;
-  o.seed = seed;
-  o.vocab_real = 4096;
-  auto weights = demo_model_build(o);
+  auto weights = demo_weights(seed);
   const int64_t V = weights->config.vocab_size, real = weights->vocab_real;
   std::mt19937_64 rng(seed ^ 0xdef);
   const std::vector<int32_t> prompt = tokens_of(rng, 60, real);
