@@ -9,6 +9,7 @@
 
 #include "grammar/regex.h"
 #include "grammar/schema_compiler.h"
+#include "text/json_ref.h"
 
 namespace tern::grammar {
 
@@ -35,20 +36,7 @@ const std::set<std::string>& type_names() {
   return k;
 }
 
-std::string pointer_escape(const std::string& key) {
-  std::string out;
-  for (char c : key) {
-    if (c == '~')
-      out += "~0";
-    else if (c == '/')
-      out += "~1";
-    else
-      out += c;
-  }
-  return out;
-}
-
-std::string child(const std::string& path, const std::string& key) { return path + "/" + pointer_escape(key); }
+std::string child(const std::string& path, const std::string& key) { return path + "/" + json_pointer_escape(key); }
 
 // Regexes of the supported string formats (RFC 3339 date/time, RFC 4122 uuid, a practical email).
 const char* format_regex(const std::string& format) {
@@ -159,43 +147,12 @@ const ojson* SchemaCompiler::resolve_ref(const ojson& s, const std::string& path
   const ojson& r = s["$ref"];
   std::string at = child(path, "$ref");
   if (!r.is_string()) fail("$ref", at, "\"$ref\" must be a string");
-  std::string ref = r.get<std::string>();
+  const std::string ref = r.get<std::string>();
   if (ref.empty() || ref[0] != '#') fail("$ref", at, "only local references (\"#/...\") are supported, got \"" + ref + "\"");
-  std::string ptr = ref.substr(1);
-  if (!ptr.empty() && ptr[0] != '/') fail("$ref", at, "unsupported reference \"" + ref + "\" (anchors are not supported)");
-  const ojson* cur = &root_;
-  std::string normalized;
-  size_t pos = 1;
-  while (pos <= ptr.size() && !ptr.empty()) {
-    size_t next = ptr.find('/', pos);
-    if (next == std::string::npos) next = ptr.size();
-    std::string raw = ptr.substr(pos, next - pos), token;
-    for (size_t i = 0; i < raw.size(); ++i) {  // JSON pointer escapes, and URI percent-escapes
-      if (raw[i] == '~' && i + 1 < raw.size() && (raw[i + 1] == '0' || raw[i + 1] == '1')) {
-        token += raw[i + 1] == '0' ? '~' : '/';
-        ++i;
-      } else if (raw[i] == '%' && i + 2 < raw.size() && std::isxdigit(static_cast<unsigned char>(raw[i + 1])) &&
-                 std::isxdigit(static_cast<unsigned char>(raw[i + 2]))) {
-        token += static_cast<char>(std::stoi(raw.substr(i + 1, 2), nullptr, 16));
-        i += 2;
-      } else {
-        token += raw[i];
-      }
-    }
-    if (cur->is_object() && cur->contains(token)) {
-      cur = &(*cur)[token];
-    } else if (cur->is_array() && !token.empty() && token.size() < 10 &&
-               std::all_of(token.begin(), token.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
-               std::stoul(token) < cur->size()) {
-      cur = &(*cur)[std::stoul(token)];
-    } else {
-      fail("$ref", at, "dangling reference \"" + ref + "\"");
-    }
-    normalized += "/" + pointer_escape(token);
-    pos = next + 1;
-  }
-  *target_path = normalized;
-  return cur;
+  if (ref.size() > 1 && ref[1] != '/') fail("$ref", at, "unsupported reference \"" + ref + "\" (anchors are not supported)");
+  const ojson* target = resolve_local_ref(root_, ref, target_path);
+  if (!target) fail("$ref", at, "dangling reference \"" + ref + "\"");
+  return target;
 }
 
 ExprPtr SchemaCompiler::ws() const { return expr_optional(expr_literal(" ")); }

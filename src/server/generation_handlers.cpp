@@ -79,9 +79,10 @@ std::optional<ApiError> check_context(const ServerState& state, size_t prompt_to
   return std::nullopt;
 }
 
-void truncate_prompt(std::vector<int32_t>& prompt, const std::optional<int64_t>& keep) {
-  if (!keep || int64_t(prompt.size()) <= *keep) return;
+bool truncate_prompt(std::vector<int32_t>& prompt, const std::optional<int64_t>& keep) {
+  if (!keep || int64_t(prompt.size()) <= *keep) return false;
   prompt.erase(prompt.begin(), prompt.end() - *keep);
+  return true;
 }
 
 namespace {
@@ -432,10 +433,8 @@ void handle_completions(ServerState& state, const httplib::Request& req, httplib
     return respond_error(res, api_error_invalid("prompt", strip_error_location(e.what())));
   }
   if (task->request.prompt.empty()) return respond_error(res, api_error_invalid("prompt", "'prompt' encodes to no tokens."));
-  if (request.truncate_prompt_tokens && int64_t(task->request.prompt.size()) > *request.truncate_prompt_tokens) {
-    truncate_prompt(task->request.prompt, request.truncate_prompt_tokens);
-    if (request.echo) echo_text = state.model.tokenizer->decode(task->request.prompt);  // what the model saw
-  }
+  if (truncate_prompt(task->request.prompt, request.truncate_prompt_tokens) && request.echo)
+    echo_text = state.model.tokenizer->decode(task->request.prompt);  // what the model saw
   if (auto e = check_context(state, task->request.prompt.size(), request.max_tokens)) {
     e->param = "prompt";
     return respond_error(res, *e);

@@ -193,18 +193,13 @@ std::vector<std::string> served_names(const ServerState& state) {
   return names;
 }
 
-// One /v1/models entry. max_model_len (the context) is known once the model is loaded.
-Json model_entry(const ServerState& state, const std::string& name) {
-  const std::vector<std::string> names = served_names(state);
+// One /v1/models entry of `names` (served_names: the id first). max_model_len (the context) is known once the model
+// is loaded.
+Json model_entry(const ServerState& state, const std::vector<std::string>& names, const std::string& name) {
   Json entry = {{"id", name}, {"object", "model"}, {"created", 0}, {"owned_by", "tern"}};
   if (state.ready.load(std::memory_order_acquire)) entry["max_model_len"] = state.model.context;
-  entry["root"] = names.empty() ? name : names.front();
+  entry["root"] = names.front();
   return entry;
-}
-
-bool serves_name(const ServerState& state, const std::string& name) {
-  const std::vector<std::string> names = served_names(state);
-  return std::find(names.begin(), names.end(), name) != names.end();
 }
 
 // The methods each route answers, for 405 + Allow on a known path asked with another method.
@@ -360,7 +355,8 @@ void HttpServer::install_routes() {
   auto models = [&s](const httplib::Request&, httplib::Response& res) {
     request_log().route = "/v1/models";
     Json data = Json::array();
-    for (const std::string& name : served_names(s)) data.push_back(model_entry(s, name));
+    const std::vector<std::string> names = served_names(s);
+    for (const std::string& name : names) data.push_back(model_entry(s, names, name));
     respond_json(res, Json{{"object", "list"}, {"data", data}});
   };
   get("/v1/models", models);
@@ -368,8 +364,8 @@ void HttpServer::install_routes() {
   get(R"(/v1/models/(.+))", [&s](const httplib::Request& req, httplib::Response& res) {
     request_log().route = "/v1/models/{id}";
     const std::string id = req.matches[1];
-    if (serves_name(s, id)) return respond_json(res, model_entry(s, id));
     const std::vector<std::string> names = served_names(s);
+    if (std::find(names.begin(), names.end(), id) != names.end()) return respond_json(res, model_entry(s, names, id));
     respond_error(res, api_error_not_found_model(id, names.empty() ? std::string() : names.front()));
   });
   auto chat = [&s](const httplib::Request& req, httplib::Response& res) { handle_chat_completions(s, req, res); };

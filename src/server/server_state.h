@@ -68,7 +68,8 @@ std::optional<ApiError> check_prompt_bytes(const ServerState& state, size_t byte
 // The prompt must leave room for at least one generated token.
 std::optional<ApiError> check_context(const ServerState& state, size_t prompt_tokens, int64_t max_tokens);
 // truncate_prompt_tokens (vLLM's request field): keeps only the prompt's last `keep` tokens (none: unchanged).
-void truncate_prompt(std::vector<int32_t>& prompt, const std::optional<int64_t>& keep);
+// Returns whether tokens were dropped.
+bool truncate_prompt(std::vector<int32_t>& prompt, const std::optional<int64_t>& keep);
 // Queues a task whose request the handler built and answers with `output` (whole, or as its stream; cancelled when
 // the client leaves): the serving path of the APIs translated onto the chat request. Instantiated in
 // generation_handlers.cpp for AnthropicOutput (Anthropic messages and events), ResponsesOutput (OpenAI Responses)

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "text/json_ref.h"
+
 namespace tern {
 namespace {
 
@@ -201,33 +203,10 @@ namespace {
 
 constexpr int kMaxSchemaDepth = 32;  // $ref chains and nesting followed at most this deep (a cycle ends there)
 
-// The target of a local "$ref" ("#", "#/$defs/NAME", "#/definitions/NAME", any JSON pointer) in `root`; null when
-// it is not a local reference or points nowhere.
-const ojson* resolve_local_ref(const ojson& ref, const ojson& root) {
-  if (!ref.is_string()) return nullptr;
-  const std::string& r = ref.get_ref<const std::string&>();
-  if (r.empty() || r[0] != '#') return nullptr;
-  const ojson* cur = &root;
-  for (size_t pos = 1; pos < r.size();) {
-    if (r[pos] != '/') return nullptr;
-    size_t next = r.find('/', pos + 1);
-    if (next == std::string::npos) next = r.size();
-    std::string token;  // JSON pointer escapes: ~0 is '~', ~1 is '/'
-    for (size_t i = pos + 1; i < next; ++i) {
-      if (r[i] == '~' && i + 1 < next && (r[i + 1] == '0' || r[i + 1] == '1')) token += r[++i] == '0' ? '~' : '/';
-      else token += r[i];
-    }
-    if (cur->is_object() && cur->contains(token)) {
-      cur = &(*cur)[token];
-    } else if (cur->is_array() && !token.empty() && token.size() < 10 &&
-               token.find_first_not_of("0123456789") == std::string::npos && std::stoul(token) < cur->size()) {
-      cur = &(*cur)[std::stoul(token)];
-    } else {
-      return nullptr;
-    }
-    pos = next;
-  }
-  return cur;
+// The target of `schema`'s local "$ref" in `root` (json_ref.h); null without one, or when it points nowhere.
+const ojson* ref_target(const ojson& schema, const ojson& root) {
+  const auto r = schema.find("$ref");
+  return r != schema.end() && r->is_string() ? resolve_local_ref(root, r->get_ref<const std::string&>()) : nullptr;
 }
 
 // The JSON type name of a value (an enum's or a const's).
@@ -259,11 +238,10 @@ void add_schema_types(const ojson& schema, const ojson& root, int depth, std::ve
       for (const auto& member : schema[alt]) add_schema_types(member, root, depth + 1, types);
   if (types.size() > before) return;
   // Nothing named a type: what the other keywords imply, the first that does.
-  if (schema.contains("$ref"))
-    if (const ojson* target = resolve_local_ref(schema["$ref"], root)) {
-      add_schema_types(*target, root, depth + 1, types);
-      if (types.size() > before) return;
-    }
+  if (const ojson* target = ref_target(schema, root)) {
+    add_schema_types(*target, root, depth + 1, types);
+    if (types.size() > before) return;
+  }
   if (schema.contains("allOf") && schema["allOf"].is_array())
     for (const auto& member : schema["allOf"]) {
       add_schema_types(member, root, depth + 1, types);
@@ -305,8 +283,7 @@ std::string OutputParser::typed_value(const std::string& function, const std::st
       if (!fn->contains("parameters") || !(*fn)["parameters"].is_object()) break;
       const ojson& root = (*fn)["parameters"];
       const ojson* params = &root;  // the parameters object itself may be a reference
-      if (params->contains("$ref"))
-        if (const ojson* target = resolve_local_ref((*params)["$ref"], root)) params = target;
+      if (const ojson* target = ref_target(*params, root)) params = target;
       if (!params->is_object() || !params->contains("properties") || !(*params)["properties"].is_object()) break;
       const ojson& props = (*params)["properties"];
       if (!props.contains(key)) break;
