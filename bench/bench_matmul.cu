@@ -2,7 +2,9 @@
 // dense (T tokens) and grouped over the 256 routed experts (top-8; the tile map built once by moe_group in setup),
 // for each block shape of the 4-bit tensor-core kernel, with x fp32 (split into bf16 hi + lo in every block) and x
 // prepared once (MatmulArgs::x_prep; "prepx" in the name), the previous bf16-operand kernel (tc_bf16) and the fp32
-// SIMT kernel for reference, and the preparation pass itself (matmul_prepare_x).
+// SIMT kernel for reference, and the preparation pass itself (matmul_prepare_x); then the integer kernel
+// (qmatmul_int8.cuh: x quantised once by matmul_quantize_x, "int8" in the name) for each of its block shapes, with the
+// 8-bit router beside the 4-bit products.
 #include <algorithm>
 #include <map>
 #include <memory>
@@ -16,6 +18,7 @@
 #include "core/check.h"
 #include "cuda/moe.cuh"
 #include "cuda/qmatmul.cuh"
+#include "cuda/qmatmul_int8.cuh"
 
 namespace tern::bench {
 namespace {
@@ -54,6 +57,25 @@ DMat random_affine4(int64_t experts, int64_t rows, int64_t cols, uint64_t seed) 
   return w;
 }
 
+// The same for the 8-bit router.
+DMat random_affine8(int64_t rows, int64_t cols, uint64_t seed) {
+  DMat w = random_affine4(1, rows, cols, seed);
+  w.format = WeightFormat::affine8;
+  w.row_words = cols / 4;
+  w.data = bench_alloc_random_bytes(size_t(rows * w.row_words) * 4, seed + 3);
+  return w;
+}
+
+const char* int8_tile_label(cuda::Int8Tile t) {
+  switch (t) {
+    case cuda::Int8Tile::automatic: return "auto";
+    case cuda::Int8Tile::b64x64: return "64x64";
+    case cuda::Int8Tile::b128x64: return "128x64";
+    case cuda::Int8Tile::b128x128: return "128x128";
+  }
+  return "?";
+}
+
 double affine4_bytes(int64_t experts, int64_t rows, int64_t cols) {
   return double(experts * rows) * double(cols / 2 + cols / 64 * 4);
 }
@@ -64,8 +86,17 @@ struct DenseData {
   std::vector<DMat> w;
   std::vector<float*> x;
   std::vector<void*> xp;  // x prepared by matmul_prepare_x
+  std::vector<void*> xq;  // x quantised by matmul_quantize_x
   float* y = nullptr;
 };
+
+void* quantised_copy(const float* x, int64_t rows, int64_t cols) {
+  void* p = nullptr;
+  TERN_CUDA(cudaMalloc(&p, size_t(cuda::matmul_q16_bytes(rows, cols))));
+  cuda::matmul_quantize_x(x, cols, rows, cols, p, nullptr);
+  TERN_CUDA(cudaDeviceSynchronize());
+  return p;
+}
 
 void* prepared_copy(const float* x, int64_t rows, int64_t cols) {
   void* p = nullptr;
@@ -86,6 +117,7 @@ std::shared_ptr<DenseData> dense_data(int64_t rows, int64_t cols, int64_t T) {
       d->w.push_back(random_affine4(1, rows, cols, 1000 + 17 * c));
       d->x.push_back(bench_alloc_random_floats(size_t(T * cols), -2.0f, 2.0f, 2000 + 17 * c));
       d->xp.push_back(prepared_copy(d->x.back(), T, cols));
+      d->xq.push_back(quantised_copy(d->x.back(), T, cols));
     }
     d->y = bench_alloc_random_floats(size_t(T * rows), -1.0f, 1.0f, 3000);
   }
@@ -134,6 +166,7 @@ struct GroupedData {
   DMat w, up;
   float* x = nullptr;
   void* xp = nullptr;  // x prepared by matmul_prepare_x
+  void* xq = nullptr;  // x quantised by matmul_quantize_x
   float* y = nullptr;
   int* ids = nullptr;
   int* scratch = nullptr;
@@ -152,6 +185,7 @@ std::shared_ptr<GroupedData> grouped_data(int64_t rows, int64_t cols, int64_t T,
     const int64_t xrows = gather ? T : T * k;
     d->x = bench_alloc_random_floats(size_t(xrows * cols), -2.0f, 2.0f, 5000);
     d->xp = prepared_copy(d->x, xrows, cols);
+    d->xq = quantised_copy(d->x, xrows, cols);
     d->y = bench_alloc_random_floats(size_t(T * k * rows), -1.0f, 1.0f, 6000);
     std::mt19937_64 rng(7);
     std::vector<int> ids(static_cast<size_t>(T * k)), perm(static_cast<size_t>(E));
@@ -169,6 +203,23 @@ std::shared_ptr<GroupedData> grouped_data(int64_t rows, int64_t cols, int64_t T,
     d->max_tiles = cuda::moe_max_tiles(T, E, k);
   }
   return d;
+}
+
+// The arguments of a grouped product over d (x rows gathered from the tokens or by sorted position), x fp32 only.
+MatmulArgs grouped_args(const GroupedData& d, int64_t rows, int64_t cols, bool gather) {
+  MatmulArgs a;
+  a.w = d.w;
+  a.x = d.x;
+  a.ldx = cols;
+  a.y = d.y;
+  a.ldy = rows;
+  a.tile_expert = d.groups.tile_expert;
+  a.tile_start = d.groups.tile_start;
+  a.tile_count = d.groups.tile_count;
+  a.num_tiles = d.groups.num_tiles;
+  a.max_tiles = d.max_tiles;
+  a.gather = gather ? d.groups.sorted_token : nullptr;
+  return a;
 }
 
 // swiglu: matmul_swiglu over two such projections (gate and up) in one pass. xp: x prepared.
@@ -190,22 +241,11 @@ void add_grouped(CaseList& cases, const char* what, int64_t rows, int64_t cols, 
   c.setup = [=] { *data = grouped_data(rows, cols, T, E, k, gather); };
   c.run = [=](cudaStream_t stream, int) {
     const GroupedData& d = **data;
-    MatmulArgs a;
-    a.w = d.w;
-    a.x = d.x;
+    MatmulArgs a = grouped_args(d, rows, cols, gather);
     if (xp) {
       a.x_prep = d.xp;
       a.x_prep_cols = cols;
     }
-    a.ldx = cols;
-    a.y = d.y;
-    a.ldy = rows;
-    a.tile_expert = d.groups.tile_expert;
-    a.tile_start = d.groups.tile_start;
-    a.tile_count = d.groups.tile_count;
-    a.num_tiles = d.groups.num_tiles;
-    a.max_tiles = d.max_tiles;
-    a.gather = gather ? d.groups.sorted_token : nullptr;
     if (swiglu) {
       cuda::matmul_swiglu(a, d.up, stream, tile);
     } else {
@@ -215,21 +255,95 @@ void add_grouped(CaseList& cases, const char* what, int64_t rows, int64_t cols, 
   cases.push_back(std::move(c));
 }
 
-// The preparation pass alone: x [rows, cols] fp32 -> hi, lo and group sums.
-void add_prepare(CaseList& cases, int64_t rows, int64_t cols) {
+// The integer kernel on a dense product: 4-bit (or the 8-bit router: bits 8), x quantised once.
+void add_dense_int8(CaseList& cases, const char* what, int64_t rows, int64_t cols, int64_t T, cuda::Int8Tile tile,
+                    bool swiglu = false, int bits = 4) {
+  const int mats = swiglu ? 2 : 1;
   Case c;
   c.group = "prefill";
-  c.name = "matmul_prepare_x " + std::to_string(rows) + "x" + std::to_string(cols);
-  c.bytes = double(rows * cols) * 4 + double(cuda::matmul_prepared_bytes(rows, cols));
+  c.name = std::string(swiglu ? "matmul_swiglu int8 " : "matmul int8 ") + std::to_string(bits) + "-bit " + what + " " +
+           std::to_string(rows) + "x" + std::to_string(cols) + " T=" + std::to_string(T) + " " + int8_tile_label(tile);
+  c.flops = 2.0 * mats * double(T) * double(rows) * double(cols);
+  c.bytes = mats * affine4_bytes(1, rows, cols) * (bits == 8 ? 1.9 : 1.0) + double(cuda::matmul_q16_bytes(T, cols)) +
+            double(T * rows) * 4;
+  auto data = std::make_shared<std::shared_ptr<DenseData>>();
+  auto router = std::make_shared<DMat>();
+  c.setup = [=] {
+    *data = dense_data(rows, cols, T);
+    if (bits == 8 && !router->data) *router = random_affine8(rows, cols, 8100);
+  };
+  c.run = [=](cudaStream_t stream, int rep) {
+    const DenseData& d = **data;
+    const size_t i = size_t(rep) % d.w.size();
+    MatmulArgs a;
+    a.w = bits == 8 ? *router : d.w[i];
+    a.x = d.x[i];
+    a.x_q16 = d.xq[i];
+    a.x_q16_cols = cols;
+    a.ldx = cols;
+    a.y = d.y;
+    a.ldy = rows;
+    a.tokens = T;
+    if (swiglu) {
+      cuda::matmul_int8_swiglu(a, d.w[(i + 1) % d.w.size()], stream, tile);
+    } else {
+      cuda::matmul_int8(a, stream, tile);
+    }
+  };
+  cases.push_back(std::move(c));
+}
+
+// The integer kernel on a grouped product (gate, down, or gate+up with SwiGLU).
+void add_grouped_int8(CaseList& cases, const char* what, int64_t rows, int64_t cols, int64_t T, bool gather,
+                      cuda::Int8Tile tile, bool swiglu = false) {
+  constexpr int E = 256, k = 8;
+  const int mats = swiglu ? 2 : 1;
+  Case c;
+  c.group = "prefill";
+  c.name = std::string(swiglu ? "matmul_swiglu int8 grouped 4-bit " : "matmul int8 grouped 4-bit ") + what + " 256x " +
+           std::to_string(rows) + "x" + std::to_string(cols) + " T=" + std::to_string(T) + " k=8 " +
+           int8_tile_label(tile);
+  const int64_t xrows = gather ? T : T * k;
+  c.flops = 2.0 * mats * double(T * k) * double(rows) * double(cols);
+  c.bytes = mats * affine4_bytes(E, rows, cols) + double(cuda::matmul_q16_bytes(xrows, cols)) + double(T * k * rows) * 4;
+  auto data = std::make_shared<std::shared_ptr<GroupedData>>();
+  c.setup = [=] { *data = grouped_data(rows, cols, T, E, k, gather); };
+  c.run = [=](cudaStream_t stream, int) {
+    const GroupedData& d = **data;
+    MatmulArgs a = grouped_args(d, rows, cols, gather);
+    a.x_q16 = d.xq;
+    a.x_q16_cols = cols;
+    if (swiglu) {
+      cuda::matmul_int8_swiglu(a, d.up, stream, tile);
+    } else {
+      cuda::matmul_int8(a, stream, tile);
+    }
+  };
+  cases.push_back(std::move(c));
+}
+
+// A pass that prepares x [rows, cols] fp32 for the products, alone: matmul_prepare_x (split into bf16 hi, lo and
+// group sums) or matmul_quantize_x (int8 hi, lo, per-group σ and σ·Σv).
+void add_x_pass(CaseList& cases, int64_t rows, int64_t cols, bool quantise) {
+  Case c;
+  c.group = "prefill";
+  c.name = std::string(quantise ? "matmul_quantize_x " : "matmul_prepare_x ") + std::to_string(rows) + "x" +
+           std::to_string(cols);
+  const int64_t out_bytes = quantise ? cuda::matmul_q16_bytes(rows, cols) : cuda::matmul_prepared_bytes(rows, cols);
+  c.bytes = double(rows * cols) * 4 + double(out_bytes);
   auto data = std::make_shared<std::pair<float*, void*>>();
   c.setup = [=] {
     if (!data->first) {
       data->first = bench_alloc_random_floats(size_t(rows * cols), -2.0f, 2.0f, 7000);
-      TERN_CUDA(cudaMalloc(&data->second, size_t(cuda::matmul_prepared_bytes(rows, cols))));
+      TERN_CUDA(cudaMalloc(&data->second, size_t(out_bytes)));
     }
   };
   c.run = [=](cudaStream_t stream, int) {
-    cuda::matmul_prepare_x(data->first, cols, rows, cols, data->second, stream);
+    if (quantise) {
+      cuda::matmul_quantize_x(data->first, cols, rows, cols, data->second, stream);
+    } else {
+      cuda::matmul_prepare_x(data->first, cols, rows, cols, data->second, stream);
+    }
   };
   cases.push_back(std::move(c));
 }
@@ -258,8 +372,8 @@ TERN_BENCH_CASES(matmul) {
   for (const Dense& d : dense) add_dense(cases, d.what, d.rows, d.cols, 512, MatmulTile::tc_bf16);
   add_dense(cases, "shared gate+up", 512, 2048, 4096, MatmulTile::tc_bf16, true);
   add_dense(cases, "out_proj", 2048, 4096, 4096, MatmulTile::simt);
-  add_prepare(cases, 4096, 2048);
-  add_prepare(cases, 4096 * 8, 512);
+  add_x_pass(cases, 4096, 2048, false);
+  add_x_pass(cases, 4096 * 8, 512, false);
   for (bool xp : {false, true}) {
     for (int64_t T : {int64_t(4096), int64_t(512)}) {
       for (MatmulTile t : shapes) {
@@ -271,6 +385,22 @@ TERN_BENCH_CASES(matmul) {
       }
     }
   }
+  // The integer kernel, every block shape at T = 4096 (128x128: dense only), the default at T = 512.
+  using cuda::Int8Tile;
+  const Int8Tile int8_tiles[] = {Int8Tile::b64x64, Int8Tile::b128x64, Int8Tile::b128x128};
+  for (Int8Tile t : int8_tiles) {
+    for (const Dense& d : dense) add_dense_int8(cases, d.what, d.rows, d.cols, 4096, t);
+    add_dense_int8(cases, "shared gate+up", 512, 2048, 4096, t, true);
+    add_dense_int8(cases, "router", 256, 2048, 4096, t, false, 8);
+    if (t == Int8Tile::b128x128) continue;
+    add_grouped_int8(cases, "gate", 512, 2048, 4096, true, t);
+    add_grouped_int8(cases, "down", 2048, 512, 4096, false, t);
+    add_grouped_int8(cases, "gate+up", 512, 2048, 4096, true, t, true);
+  }
+  for (const Dense& d : dense) add_dense_int8(cases, d.what, d.rows, d.cols, 512, Int8Tile::automatic);
+  add_grouped_int8(cases, "gate+up", 512, 2048, 512, true, Int8Tile::automatic, true);
+  add_x_pass(cases, 4096, 2048, true);
+  add_x_pass(cases, 4096 * 8, 512, true);
 }
 
 }  // namespace tern::bench

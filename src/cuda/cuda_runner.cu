@@ -17,6 +17,7 @@
 #include "cuda/moe_decode.cuh"
 #include "cuda/norm.cuh"
 #include "cuda/qmatmul.cuh"
+#include "cuda/qmatmul_int8.cuh"
 #include "cuda/qmv.cuh"
 #include "cuda/sampling.cuh"
 #include "cuda/token_mask.cuh"
@@ -276,6 +277,9 @@ class CudaRunner final : public ModelRunner {
     // (slow; for locating precision differences).
     const char* f32 = std::getenv("TERN_CUDA_FP32");
     fp32_prefill_ = f32 && std::string(f32) == "1";
+    // TERN_PREFILL_INT8=0: the prefill products on the split-x bf16 tensor-core kernel instead of the integer one.
+    const char* i8 = std::getenv("TERN_PREFILL_INT8");
+    int8_prefill_ = !(i8 && std::string(i8) == "0");
     const char* dk = std::getenv("TERN_CUDA_DECODE_KERNELS");
     use_decode_kernels_ = !(dk && std::string(dk) == "0");
     allocate_decode_scratch();
@@ -521,15 +525,31 @@ class CudaRunner final : public ModelRunner {
     }
   }
 
-  // Splits x [T, cols] (row stride ldx) once for the products that read it; nullptr when they will not use it.
+  // Prepares x [T, cols] (row stride ldx) once for the products that read it: quantised to 16 bits for the integer
+  // kernel (matmul_quantize_x), or split into bf16 hi + lo (matmul_prepare_x) with TERN_PREFILL_INT8=0; nullptr
+  // when the products will not use it.
   const void* prepare_x(const float* x, int64_t ldx, int64_t T, int64_t cols) {
-    if (fp32_prefill_ || T <= 1 || cols % 64 != 0 || matmul_prepared_bytes(T, cols) > int64_t(prep_bytes_)) return nullptr;
+    if (fp32_prefill_ || T <= 1) return nullptr;
+    if (int8_prefill_) {
+      if (cols % 128 != 0 || matmul_q16_bytes(T, cols) > int64_t(prep_bytes_)) return nullptr;
+      matmul_quantize_x(x, ldx, T, cols, prep_, stream_);
+      return prep_;
+    }
+    if (cols % 64 != 0 || matmul_prepared_bytes(T, cols) > int64_t(prep_bytes_)) return nullptr;
     matmul_prepare_x(x, ldx, T, cols, prep_, stream_);
     return prep_;
   }
-  // Sets the prepared input on `a` and picks the tile measured fastest with it (docs/benchmarks.md: 128×64 blocks).
+  // Sets the prepared input on `a` (when its kernel takes the matrix) and picks the tile: the integer kernel has one
+  // shape; the split-x kernel's fastest with prepared x is 128×64 (docs/benchmarks.md).
   MatmulTile with_prepared_x(MatmulArgs& a, const void* prep) const {
     if (fp32_prefill_) return MatmulTile::simt;
+    if (prep && int8_prefill_) {
+      if (matmul_int8_takes(a.w)) {
+        a.x_q16 = prep;
+        a.x_q16_cols = a.w.cols;
+      }
+      return MatmulTile::automatic;
+    }
     if (!prep || a.w.format != WeightFormat::affine4) return MatmulTile::automatic;
     a.x_prep = prep;
     a.x_prep_cols = a.w.cols;
@@ -773,8 +793,10 @@ class CudaRunner final : public ModelRunner {
     const Config& c = w_->config;
     const int E = c.num_experts, k = c.num_experts_per_tok;
     const int64_t D = c.hidden_size, F = c.moe_intermediate_size;
-    proj(l.router, normed_, T, router_logits_);
-    proj(l.shared_expert_gate, normed_, T, shared_logit_);
+    // normed_ prepared once for the router, the shared-expert gate and the routed and shared gate/up products.
+    const void* xp = prepare_x(normed_, D, T, D);
+    proj(l.router, normed_, T, router_logits_, false, xp);
+    proj(l.shared_expert_gate, normed_, T, shared_logit_, false, xp);
     moe_route(router_logits_, T, E, k, route_ids_, route_w_, stream_);
     const int* pos_of = nullptr;
     if (T == 1) {
@@ -798,8 +820,7 @@ class CudaRunner final : public ModelRunner {
       gemv(a, stream_);
       shared_expert(l, T, nullptr);
     } else {
-      // normed_ split once for the routed and the shared gate/up products; hg_ split for the down product.
-      const void* xp = prepare_x(normed_, D, T, D);
+      // hg_ prepared for the down product once the gate/up products are done.
       moe_group(route_ids_, T, E, k, kMatmulTileTokens, groups_, stream_);
       MatmulArgs a;
       a.tile_expert = groups_.tile_expert;
@@ -828,6 +849,7 @@ class CudaRunner final : public ModelRunner {
       a.x = hg_;
       a.ldx = F;
       a.x_prep = nullptr;
+      a.x_q16 = nullptr;
       a.w = l.expert_down;
       a.y = yd_;
       a.ldy = D;
@@ -856,7 +878,7 @@ class CudaRunner final : public ModelRunner {
       proj(l.shared_up, normed_, T, su_, false, xp);
       swiglu(sg_, su_, T * Fs, sg_, stream_);
     }
-    proj(l.shared_down, sg_, T, ys_);
+    proj(l.shared_down, sg_, T, ys_, false, prepare_x(sg_, Fs, T, Fs));  // xp is not read after this
   }
 
   // Logits of chunk rows [r0, r0 + n) into logits_ (device), n <= kLmRows.
@@ -889,6 +911,7 @@ class CudaRunner final : public ModelRunner {
   DeviceArena scratch_;
   bool use_graphs_ = true;              // TERN_CUDA_GRAPHS=0 turns the decode graph off
   bool fp32_prefill_ = false;           // TERN_CUDA_FP32=1
+  bool int8_prefill_ = true;            // TERN_PREFILL_INT8=0 turns the integer prefill products off
   int32_t device_token_ = 0;            // the token the last graph step left in tokens_ (when valid)
   bool device_token_valid_ = false;
   DeviceSampling last_params_{};        // the parameters in sample_params_slot (when valid)

@@ -6,6 +6,8 @@
 
 #include "cuda/dmat_device.cuh"
 #include "cuda/launch.cuh"
+#include "cuda/matmul_tile.cuh"
+#include "cuda/qmatmul_int8.cuh"
 #include "cuda/warp_reduce.cuh"
 
 namespace tern::cuda {
@@ -349,33 +351,13 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) matmul_affine4_tc_
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4;
   const int wm = warp % S::kWarpsM, wn = warp / S::kWarpsM;
-  const int64_t rows = a.w.rows, row0 = int64_t(blockIdx.x) * kOutRows;
+  const int64_t row0 = int64_t(blockIdx.x) * kOutRows;
   const bool grouped = a.tile_expert != nullptr;
 
-  int64_t expert = 0, p0 = 0, count = 0;
-  if (grouped) {
-    pdl_wait();  // the tile map is written by moe_group
-    if (int(blockIdx.y) >= *a.num_tiles) return;
-    expert = a.tile_expert[blockIdx.y];
-    p0 = a.tile_start[blockIdx.y];
-    count = a.tile_count[blockIdx.y];
-  } else {
-    p0 = int64_t(blockIdx.y) * S::kTokens;
-    count = a.tokens - p0 < S::kTokens ? a.tokens - p0 : S::kTokens;
-  }
-
-  // Block row i -> (matrix, row): rows past the matrix repeat its last row (their outputs are dropped).
-  auto source = [&](int i, const DMat*& m) {
-    int64_t r = row0 + i;
-    m = &a.w;
-    if constexpr (SwiGLU) {
-      constexpr int kHalf = MT / 2;
-      const int wmi = i / (16 * MT), mi = (i / 16) % MT;
-      r = row0 + wmi * 8 * MT + (mi % kHalf) * 16 + i % 16;
-      if (mi >= kHalf) m = &up;
-    }
-    return expert * rows + (r < rows ? r : rows - 1);
-  };
+  int64_t expert, p0, count;
+  if (!mm::token_tile(a, S::kTokens, expert, p0, count)) return;
+  // Block row i -> (matrix, row).
+  auto source = [&](int i, const DMat*& m) { return mm::block_row_source<SwiGLU, MT>(a, up, row0, expert, i, m); };
   const uint32_t* wsrc[S::kWordCopies];
 #pragma unroll
   for (int c = 0; c < S::kWordCopies; ++c) {
@@ -697,25 +679,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) matmul_affine4_tc_
   }
   pdl_trigger();
 
-  // C fragment: c0, c1 = (row g, tokens 2t, 2t+1), c2, c3 = (row g+8, same tokens).
-  constexpr int kOutTiles = SwiGLU ? MT / 2 : MT;
-#pragma unroll
-  for (int mi = 0; mi < kOutTiles; ++mi) {
-#pragma unroll
-    for (int ni = 0; ni < NT; ++ni) {
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int64_t r = row0 + wm * 16 * kOutTiles + 16 * mi + g + (c / 2) * 8;
-        const int n = wtok0 + 8 * ni + 2 * t + c % 2;
-        if (r < rows && n < count) {
-          float v = acc[mi][ni][c];
-          if constexpr (SwiGLU) v = v / (1.0f + expf(-v)) * acc[mi + kOutTiles][ni][c];
-          float* yp = a.y + (p0 + n) * a.ldy + r;
-          *yp = a.accumulate ? *yp + v : v;
-        }
-      }
-    }
-  }
+  mm::store_warp_tile<SwiGLU>(a, acc, row0 + wm * 16 * (SwiGLU ? MT / 2 : MT), wtok0, g, t, p0, count);
 }
 
 // x (fp32 [rows, cols], row stride ld) -> the prepared layout (matmul_prepared_row_bytes per row): per group of 64
@@ -944,6 +908,10 @@ void gemv(const GemvArgs& a, cudaStream_t stream) {
 }
 
 void matmul(const MatmulArgs& a, cudaStream_t stream, MatmulTile tile) {
+  if (a.x_q16) {
+    matmul_int8(a, stream);
+    return;
+  }
   const bool grouped = a.tile_expert != nullptr;
   if (a.w.rows == 0 || (grouped ? a.max_tiles <= 0 : a.tokens <= 0)) return;
   if (tile != MatmulTile::simt && tc::takes(a)) {
@@ -980,6 +948,10 @@ bool matmul_swiglu_supported(const MatmulArgs& gate, const DMat& up) {
 }
 
 void matmul_swiglu(const MatmulArgs& gate, const DMat& up, cudaStream_t stream, MatmulTile tile) {
+  if (gate.x_q16) {
+    matmul_int8_swiglu(gate, up, stream);
+    return;
+  }
   const bool grouped = gate.tile_expert != nullptr;
   if (gate.w.rows == 0 || (grouped ? gate.max_tiles <= 0 : gate.tokens <= 0)) return;
   TERN_CHECK(matmul_swiglu_supported(gate, up), "matmul_swiglu: needs two 4-bit matrices of one shape (group 64, ",

@@ -55,6 +55,11 @@ struct MatmulArgs {
   // results are bit-identical. x must still be set (the fallback reads it).
   const void* x_prep = nullptr;
   int64_t x_prep_cols = 0;
+  // Optional: x quantised to 16 bits by matmul_quantize_x (qmatmul_int8.cuh) for x_q16_cols == w.cols columns, same
+  // row numbers as x. When set, matmul and matmul_swiglu run the integer tensor-core kernel (matmul_int8), which
+  // must take the matrix (matmul_int8_takes), and ignore `tile`.
+  const void* x_q16 = nullptr;
+  int64_t x_q16_cols = 0;
 };
 constexpr int kMatmulTileTokens = 64;  // tokens per tile (grouped tiles hold at most this many)
 

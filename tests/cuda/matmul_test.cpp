@@ -15,64 +15,15 @@
 #include "cpu/ops_matmul.h"
 #include "cuda/moe.cuh"
 #include "cuda/qmatmul.cuh"
-#include "cuda_test_util.h"
+#include "matmul_test_util.h"
 
 namespace tern::cuda::test {
 namespace {
 
-std::vector<float> cpu_product(const Matrix& w, const std::vector<float>& x, int64_t n) {
-  std::vector<float> y(size_t(n * w.rows));
-  if (n > 0) cpu::matmul(w, x.data(), n, y.data());
-  return y;
-}
-
-// got vs want (both [tokens][row_len]) token by token: the rms and the worst error of each token's row, relative to
-// the rms of that token's row of `prod` (the product alone: want less any accumulated base). Defaults: the exact
-// kernel against the fp32 CPU product.
-void expect_product(const std::vector<float>& got, const std::vector<float>& want, const std::vector<float>& prod,
-                    int64_t row_len, const std::string& what, double rms_tol = 1e-5, double worst_tol = 6e-5) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  ASSERT_EQ(prod.size(), want.size()) << what;
-  double worst_rms = 0, worst_el = 0;
-  int64_t at_rms = 0, at_el = 0;
-  for (int64_t n = 0; n * row_len < int64_t(want.size()); ++n) {
-    double pp = 0, se = 0, mx = 0;
-    for (int64_t r = 0; r < row_len; ++r) {
-      const size_t i = size_t(n * row_len + r);
-      const double e = std::fabs(double(got[i]) - double(want[i]));
-      pp += double(prod[i]) * prod[i];
-      se += e * e;
-      mx = std::isnan(e) ? 1e30 : std::max(mx, e);
-    }
-    const double scale = std::sqrt(pp / double(row_len)) + 1e-30;
-    const double rel_rms = std::sqrt(se / double(row_len)) / scale, rel_el = mx / scale;
-    if (!(rel_rms <= worst_rms)) {
-      worst_rms = std::isnan(rel_rms) ? 1e30 : rel_rms;
-      at_rms = n;
-    }
-    if (!(rel_el <= worst_el)) {
-      worst_el = rel_el;
-      at_el = n;
-    }
-  }
-  EXPECT_LE(worst_rms, rms_tol) << what << ": rms error / rms of the product, worst at token " << at_rms;
-  EXPECT_LE(worst_el, worst_tol) << what << ": worst error / rms of the product, at token " << at_el;
-}
-void expect_product(const std::vector<float>& got, const std::vector<float>& want, int64_t row_len,
-                    const std::string& what, double rms_tol = 1e-5, double worst_tol = 6e-5) {
-  expect_product(got, want, want, row_len, what, rms_tol, worst_tol);
-}
 // The legacy bf16-operand kernel: ~2.5e-3 of the rms per element.
 constexpr double kLegacyRms = 5e-3, kLegacyWorst = 3e-2;
 // SwiGLU multiplies two products' errors into a heavier tail.
 constexpr double kSwigluRms = 1e-4, kSwigluWorst = 2e-3;  // silu amplifies the split-x error on tokens scaled by 2^±8 (measured 2.9e-5 / 4.3e-4)
-
-// h = silu(g) · u, as cpu::swiglu computes it.
-std::vector<float> swiglu_of(const std::vector<float>& g, const std::vector<float>& u) {
-  std::vector<float> h(g.size());
-  for (size_t i = 0; i < g.size(); ++i) h[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
-  return h;
-}
 
 const char* tile_name(MatmulTile t) {
   switch (t) {
@@ -97,19 +48,6 @@ std::unique_ptr<DeviceBuf<unsigned char>> prepared_x(const float* dx, int64_t ld
   return b;
 }
 constexpr int64_t kTokenCounts[] = {2, 63, 64, 65, 300, 1000};
-
-// Activations: uniform in [-2, 2); `ranged`: each token scaled by a random power of two in [2^-8, 2^8] and every
-// 37th column 30x larger (outlier channels), as real activations are.
-std::vector<float> activations(std::mt19937_64& rng, int64_t T, int64_t cols, bool ranged) {
-  auto x = random_floats(rng, size_t(T * cols), -2.0f, 2.0f);
-  if (ranged) {
-    for (int64_t n = 0; n < T; ++n) {
-      const float f = std::ldexp(1.0f, int(rng() % 17) - 8);
-      for (int64_t c = 0; c < cols; ++c) x[size_t(n * cols + c)] *= f * (c % 37 == 0 ? 30.0f : 1.0f);
-    }
-  }
-  return x;
-}
 
 // ---- dense --------------------------------------------------------------------------------------------------
 
@@ -209,19 +147,8 @@ TEST(CudaMatmulTc, DenseStridedGatheredAccumulating) {
     }
     matmul(a, nullptr, tile);
     const auto got = dy.host();
-    std::vector<float> got_prod(ref.size()), want(ref.size());
-    for (int64_t n = 0; n < T; ++n) {
-      for (int64_t r = 0; r < ldy; ++r) {
-        const size_t i = size_t(n * ldy + r);
-        if (r >= rows) {
-          ASSERT_EQ(got[i], base[i]) << "matmul wrote outside its rows (token " << n << ", column " << r << ")";
-          continue;
-        }
-        const size_t j = size_t(n * rows + r);
-        got_prod[j] = got[i];
-        want[j] = ref[j] + base[i];
-      }
-    }
+    std::vector<float> got_prod, want;
+    ASSERT_NO_FATAL_FAILURE(unstride_accumulated(got, base, ref, T, rows, ldy, got_prod, want));
     const std::string what = std::string("strided gathered accumulate ") + tile_name(tile) + (xp ? " prepared x" : "");
     if (legacy) {
       expect_product(got_prod, want, ref, rows, what, kLegacyRms, kLegacyWorst);

@@ -1,0 +1,79 @@
+// Device helpers shared by the tensor-core prefill products (qmatmul.cu: split-x bf16, qmatmul_int8.cu: integer):
+// which tokens a block takes, which matrix row each of its rows reads (plain or SwiGLU blocks), and the epilogue that
+// writes a warp's mma C fragments. Included by .cu files only.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/launch.cuh"
+#include "cuda/qmatmul.cuh"
+
+namespace tern::cuda::mm {
+
+// The block's tokens: dense mode, tokens [p0, p0 + count) of tile blockIdx.y; grouped mode, tile blockIdx.y of the
+// device tile map (after pdl_wait: moe_group writes it). False when the block has no tile (grouped tiles past
+// *num_tiles): the whole block returns.
+__device__ __forceinline__ bool token_tile(const MatmulArgs& a, int tokens_per_block, int64_t& expert, int64_t& p0,
+                                           int64_t& count) {
+  expert = 0;
+  if (a.tile_expert) {
+    pdl_wait();
+    if (int(blockIdx.y) >= *a.num_tiles) return false;
+    expert = a.tile_expert[blockIdx.y];
+    p0 = a.tile_start[blockIdx.y];
+    count = a.tile_count[blockIdx.y];
+  } else {
+    p0 = int64_t(blockIdx.y) * tokens_per_block;
+    count = a.tokens - p0 < tokens_per_block ? a.tokens - p0 : tokens_per_block;
+  }
+  return true;
+}
+
+// Block row i -> its matrix (m: a.w, or `up` for SwiGLU blocks) and row in the stacked matrix. Plain blocks: output
+// row row0 + i. SwiGLU blocks (kMTiles row tiles of 16 per warp, warps stacked along rows): in each warp the first
+// kMTiles/2 row tiles are gate rows, the others the same rows of up. Rows past the matrix repeat its last row (their
+// outputs are dropped).
+template <bool SwiGLU, int kMTiles>
+__device__ __forceinline__ int64_t block_row_source(const MatmulArgs& a, const DMat& up, int64_t row0, int64_t expert,
+                                                    int i, const DMat*& m) {
+  int64_t r = row0 + i;
+  m = &a.w;
+  if constexpr (SwiGLU) {
+    constexpr int kHalf = kMTiles / 2;
+    const int wmi = i / (16 * kMTiles), mi = (i / 16) % kMTiles;
+    r = row0 + wmi * 8 * kMTiles + (mi % kHalf) * 16 + i % 16;
+    if (mi >= kHalf) m = &up;
+  }
+  const int64_t rows = a.w.rows;
+  return expert * rows + (r < rows ? r : rows - 1);
+}
+
+// Writes a warp's outputs: acc[mi][ni] are the C fragments (c0, c1 = row g, tokens 2t, 2t + 1; c2, c3 = row g + 8)
+// of output rows wrow0 + 16·mi and tokens wtok0 + 8·ni of the block's tile (SwiGLU: silu(gate tile mi) · up tile
+// mi + kMTiles/2). Rows past the matrix and tokens past the tile are dropped; y (+)= as a.accumulate says.
+template <bool SwiGLU, int kMTiles, int kNTiles>
+__device__ __forceinline__ void store_warp_tile(const MatmulArgs& a, const float (&acc)[kMTiles][kNTiles][4],
+                                                int64_t wrow0, int wtok0, int g, int t, int64_t p0, int64_t count) {
+  constexpr int kOutTiles = SwiGLU ? kMTiles / 2 : kMTiles;
+#pragma unroll
+  for (int mi = 0; mi < kOutTiles; ++mi) {
+#pragma unroll
+    for (int ni = 0; ni < kNTiles; ++ni) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int64_t r = wrow0 + 16 * mi + g + (c / 2) * 8;
+        const int n = wtok0 + 8 * ni + 2 * t + c % 2;
+        if (r < a.w.rows && n < count) {
+          float v = acc[mi][ni][c];
+          if constexpr (SwiGLU) v = v / (1.0f + expf(-v)) * acc[mi + kOutTiles][ni][c];
+          float* yp = a.y + (p0 + n) * a.ldy + r;
+          *yp = a.accumulate ? *yp + v : v;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace tern::cuda::mm
