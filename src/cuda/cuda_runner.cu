@@ -539,8 +539,8 @@ class CudaRunner final : public ModelRunner {
     matmul_prepare_x(x, ldx, T, cols, prep_, stream_);
     return prep_;
   }
-  // Sets the prepared input on `a` (when its kernel takes the matrix) and picks the tile: the integer kernel has one
-  // shape; the split-x kernel's fastest with prepared x is 128×64 (docs/benchmarks.md).
+  // Sets the prepared input on `a` (when its kernel takes the matrix) and picks the tile: the integer kernel chooses
+  // its own; the split-x kernel's fastest with prepared x is 128×64 (docs/benchmarks.md).
   MatmulTile with_prepared_x(MatmulArgs& a, const void* prep) const {
     if (fp32_prefill_) return MatmulTile::simt;
     if (prep && int8_prefill_) {
