@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "core/check.h"
 #include "cpu/ops_rope.h"
@@ -412,8 +413,8 @@ constexpr size_t decode_smem_bytes(int stages) {
 template <int DH, int RW>
 __global__ void __launch_bounds__(128, 1)
     attention_decode_split_kernel(const float* q, const uint16_t* cache_k, const uint16_t* cache_v,
-                                  const int* pos0_ptr, AttnDims d, int splits, int stages, float* part_o,
-                                  float* part_m, float* part_l) {
+                                  const int* pos0_ptr, AttnDims d, int splits, int stages, bool kv_prefetch_enabled,
+                                  float* part_o, float* part_m, float* part_l) {
   constexpr int BN = kBlockKeys, CH = DH / 8, NT = DH / 8;
   constexpr int KW = 4 / RW, KPW = BN / KW, SN = KPW / 8;
   constexpr int QROWS = 16 * RW, TILE = BN * DH * 2, OSTRIDE = DH + 8;
@@ -430,13 +431,16 @@ __global__ void __launch_bounds__(128, 1)
   const int kvh = blockIdx.x, split = blockIdx.y;
   const int G = d.Hq / d.Hkv, R = int(d.T) * G;
 
-  pdl_wait();
-  pdl_trigger();
+  // The position and the cache rows before it were written by earlier steps, complete before this launch (the
+  // kernel before it, attn_prepare, triggers after its pdl_wait): tiles of keys < pos0 may stream in before the
+  // wait; the tiles holding the new tokens' rows (written by attn_prepare) only after it.
   const int64_t pos0 = *pos0_ptr, L = pos0 + d.T;  // keys [0, L)
   const int64_t n_tiles = (L + BN - 1) / BN;
   const int64_t tb = split * n_tiles / splits, te = (split + 1) * n_tiles / splits;
   auto part_index = [&](int r) { return (int64_t(r / G) * d.Hq + kvh * G + r % G) * splits + split; };
   if (tb >= te) {
+    pdl_wait();
+    pdl_trigger();
     for (int r = tid; r < R; r += blockDim.x) {
       part_m[part_index(r)] = -INFINITY;
       part_l[part_index(r)] = 0.0f;
@@ -452,9 +456,19 @@ __global__ void __launch_bounds__(128, 1)
     copy_tile_async<DH>(dk, Kh + k0 * DH, valid, tid);
     copy_tile_async<DH>(dk + TILE, Vh + k0 * DH, valid, tid);
   };
+  const int64_t prologue_end = tb + stages - 1 < te ? tb + stages - 1 : te;  // tiles [tb, prologue_end) first
+  const bool early = prologue_end * BN <= pos0 && kv_prefetch_enabled;     // none holds a new row
+  if (!early) {
+    pdl_wait();
+    pdl_trigger();
+  }
   for (int s = 0; s < stages - 1; ++s) {
     if (tb + s < te) load_tile(tb + s, s);
     cp_async_commit();
+  }
+  if (early) {
+    pdl_wait();
+    pdl_trigger();
   }
   // Q rows, fp32 -> bf16; rows past R are zero.
 #pragma unroll
@@ -668,6 +682,15 @@ const AttentionSetup& attention_setup() {
   return setup;
 }
 
+// TERN_ATTN_KV_EARLY=0: the decode kernel loads no K/V tile before pdl_wait (for comparison).
+bool kv_early() {
+  static const bool on = [] {
+    const char* e = std::getenv("TERN_ATTN_KV_EARLY");
+    return !(e && e[0] == '0');
+  }();
+  return on;
+}
+
 int decode_rows_warps(int64_t rows) { return rows <= 16 ? 1 : rows <= 32 ? 2 : 4; }
 
 // Splits of the decode grid: enough (KV head, split) blocks to fill every SM once, at most one per 64-key tile of
@@ -698,7 +721,7 @@ void attention_dh(const float* q, const float* qg, const uint16_t* cache_k, cons
                   : RW == 2 ? attention_decode_split_kernel<DH, 2>
                             : attention_decode_split_kernel<DH, 4>;
     launch_pdl("attention_decode_split", kernel, grid, dim3(128), v.smem, stream, q, cache_k, cache_v, pos0, d, splits,
-               v.stages, po, pm, pl);
+               v.stages, kv_early(), po, pm, pl);
     launch_pdl("attention_decode_merge", attention_decode_merge_kernel<DH>, dim3(unsigned(d.T * d.Hq)), dim3(256), 0,
                stream, po, pm, pl, qg, d, splits, out);
   } else {

@@ -46,6 +46,9 @@ void attention_init();
 
 // out [T, Hq·dh] = softmax(q·Kᵀ/√dh, causal over positions 0..pos0+t) · V, times sigmoid(gate) from qg.
 // q fp32 [T, Hq, dh] (from attn_prepare); cache rows [0, pos0 + T) must be written; partial: attn_partial_floats.
+// Decode (T <= 8) reads *pos0 and the cache rows before pos0 before its pdl_wait (launch.cuh), overlapping their
+// loads with the kernel before it: that kernel must be attn_prepare (which triggers only after its own wait) or
+// work that is not a kernel launched with PDL; pos0 and rows < pos0 must not be written by the kernel just before.
 void attention(const float* q, const float* qg, const uint16_t* cache_k, const uint16_t* cache_v, const int* pos0,
                const AttnDims& d, float* partial, float* out, cudaStream_t stream);
 

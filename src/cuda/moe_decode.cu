@@ -625,6 +625,15 @@ bool same_layout(const DMat& a, const DMat& b) {
          a.row_words == b.row_words && a.groups_per_row == b.groups_per_row;
 }
 
+// TERN_MOE_DOWN_EARLY=0: the integer down kernel reads the routing after pdl_wait even after the integer gate_up.
+bool early_routing_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("TERN_MOE_DOWN_EARLY");
+    return !(e && e[0] == '0');
+  }();
+  return on;
+}
+
 bool& prefetch_flag() {
   static bool on = [] {
     const char* e = std::getenv("TERN_MOE_PREFETCH");  // off unless TERN_MOE_PREFETCH=1 (2x slower decode on H200)
@@ -745,9 +754,9 @@ void launch_gate_up_depth(const GateUpQ4Params& p, int64_t work_blocks, int smem
   launch_pdl("moe_gate_up_decode", kernel, dim3(unsigned(grid)), dim3(qtile::kThreads), size_t(smem), stream, p);
 }
 
-void moe_gate_up_decode(const MoeDecodeWeights& w, int T, const MoeDecodeScratch& s, cudaStream_t stream) {
+bool moe_gate_up_decode(const MoeDecodeWeights& w, int T, const MoeDecodeScratch& s, cudaStream_t stream) {
   check_shapes(w, T);
-  if (T == 1 && qtile::tuning().variant == 3 && moe_gate_up_dp4a(w, s, stream)) return;
+  if (T == 1 && qtile::tuning().variant == 3 && moe_gate_up_dp4a(w, s, stream)) return true;
   const int k = w.top_k, pairs = T * k + 1;
   const int64_t F = w.expert_gate.rows, D = w.expert_gate.cols;
   const bool fast = qtile::q4_fast_ok(w.expert_gate) && same_layout(w.expert_gate, w.expert_up) &&
@@ -779,19 +788,20 @@ void moe_gate_up_decode(const MoeDecodeWeights& w, int T, const MoeDecodeScratch
           case 8: launch_gate_up_depth<4, 4>(p, octets, smem, stream); break;
           default: launch_gate_up_depth<3, 4>(p, octets, smem, stream); break;
         }
-        return;
+        return false;
       }
       switch (tu.depth) {
         case 4: launch_gate_up_depth<4, 2>(p, octets, smem, stream); break;
         case 8: launch_gate_up_depth<8, 2>(p, octets, smem, stream); break;
         default: launch_gate_up_depth<6, 2>(p, octets, smem, stream); break;
       }
-      return;
+      return false;
     }
   }
   GateUpGenericParams p{w.expert_gate, w.expert_up, w.shared_gate, w.shared_up, T, k, int(w.expert_gate.experts), s};
   launch_pdl("moe_gate_up_decode", moe_gate_up_generic_kernel, dim3(blocks_for(F, 8), unsigned(pairs)), dim3(256), 0,
              stream, p);
+  return false;
 }
 
 template <int D, int UG>
@@ -803,10 +813,13 @@ void launch_down_depth(const DownQ4Params& p, int64_t work_blocks, int smem, cud
   launch_pdl("moe_down_decode", kernel, dim3(unsigned(grid)), dim3(qtile::kThreads), size_t(smem), stream, p);
 }
 
-void moe_down_decode(const MoeDecodeWeights& w, float* hidden, int T, const MoeDecodeScratch& s, cudaStream_t stream) {
+void moe_down_decode(const MoeDecodeWeights& w, float* hidden, int T, const MoeDecodeScratch& s, cudaStream_t stream,
+                     bool after_integer_gate_up) {
   check_shapes(w, T);
   TERN_CHECK(hidden, "moe_down_decode: null hidden");
-  if (T == 1 && qtile::tuning().variant == 3 && moe_down_dp4a(w, hidden, s, stream)) return;
+  if (T == 1 && qtile::tuning().variant == 3 &&
+      moe_down_dp4a(w, hidden, s, after_integer_gate_up && early_routing_enabled(), stream))
+    return;
   const int k = w.top_k;
   const int64_t F = w.expert_down.cols, D = w.expert_down.rows;
   const bool fast = qtile::q4_fast_ok(w.expert_down) && qtile::q4_fast_ok(w.shared_down) &&

@@ -50,8 +50,12 @@ void moe_decode_scratch_init(const MoeDecodeScratch& s, cudaStream_t stream);
 // hidden [T, D] fp32, updated in place by moe_down_decode.
 void moe_router_decode(const MoeDecodeWeights& w, const float* hidden, int T, const MoeDecodeScratch& s,
                        cudaStream_t stream);
-void moe_gate_up_decode(const MoeDecodeWeights& w, int T, const MoeDecodeScratch& s, cudaStream_t stream);
-void moe_down_decode(const MoeDecodeWeights& w, float* hidden, int T, const MoeDecodeScratch& s, cudaStream_t stream);
+// moe_gate_up_decode returns whether it ran the one-token integer kernel (moe_dp4a.cuh), which lets the kernel after
+// it start only once the routing is complete: pass that to moe_down_decode's after_integer_gate_up when down is the
+// next launch of the same step, and the down kernel reads the routing and its first weights before pdl_wait.
+bool moe_gate_up_decode(const MoeDecodeWeights& w, int T, const MoeDecodeScratch& s, cudaStream_t stream);
+void moe_down_decode(const MoeDecodeWeights& w, float* hidden, int T, const MoeDecodeScratch& s, cudaStream_t stream,
+                     bool after_integer_gate_up = false);
 
 // One token under qmv variant 3 (the default): gate_up and down run the integer kernels of moe_dp4a.cuh where the
 // shapes fit (the model's do). Otherwise 4-bit experts (group 64, D and F multiples of 256) run on the tensor-core tile of qmv (fp16 hi + lo activations, ≈ fp32); other
@@ -69,8 +73,8 @@ void moe_decode_set_l2_prefetch(bool on);
 // All three in order.
 inline void moe_decode(const MoeDecodeWeights& w, float* hidden, int T, const MoeDecodeScratch& s, cudaStream_t stream) {
   moe_router_decode(w, hidden, T, s, stream);
-  moe_gate_up_decode(w, T, s, stream);
-  moe_down_decode(w, hidden, T, s, stream);
+  const bool integer_gate_up = moe_gate_up_decode(w, T, s, stream);
+  moe_down_decode(w, hidden, T, s, stream, integer_gate_up);
 }
 
 }  // namespace tern::cuda

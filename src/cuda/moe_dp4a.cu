@@ -162,6 +162,7 @@ struct DownParams {
   const float* shared_gate;  // [1]
   const float* h;            // [kSeg][512]
   float* hidden;             // [D]
+  bool early_routing;        // ids complete before this launch: read them and the first weights before pdl_wait
 };
 
 struct DownBatch {
@@ -197,14 +198,15 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_dp4a_kernel(const DownPa
   const int lane = threadIdx.x & 31;
   const int warps = int(gridDim.x) * kWarps;
   int row = int(blockIdx.x) * kWarps + int(threadIdx.x >> 5);
-  pdl_wait();
+  if (!p.early_routing) pdl_wait();
   if (int(threadIdx.x) < kTopK) {
-    const int e = p.ids[threadIdx.x];
+    const int e = __ldcg(p.ids + threadIdx.x);  // L2: written by another kernel, maybe while this one was resident
     ids_s[threadIdx.x] = e < 0 ? 0 : (e >= p.E ? p.E - 1 : e);
   }
   __syncthreads();
-  DownBatch cur;  // the first row's weights in flight while the activations are quantised
+  DownBatch cur;  // the first row's weights in flight while gate_up finishes / the activations are quantised
   load_down(p, ids_s, row, lane, cur);
+  if (p.early_routing) pdl_wait();  // h comes from gate_up
   // The k + 1 rows of h (512 columns, 64 words each), quantised as they are; the coefficients scale σ below.
   float unused_ss = 0.0f;
   dp4a::quantize_block(p.h, nullptr, kSeg * 64, xs, xsum, xsig, unused_ss);
@@ -279,7 +281,8 @@ bool moe_gate_up_dp4a(const MoeDecodeWeights& w, const MoeDecodeScratch& s, cuda
   return true;
 }
 
-bool moe_down_dp4a(const MoeDecodeWeights& w, float* hidden, const MoeDecodeScratch& s, cudaStream_t stream) {
+bool moe_down_dp4a(const MoeDecodeWeights& w, float* hidden, const MoeDecodeScratch& s, bool early_routing,
+                   cudaStream_t stream) {
   const DMat& d = w.expert_down;
   if (d.cols != kDownCols || w.top_k != kTopK || !q4_dp4a_ok(d) || !q4_dp4a_ok(w.shared_down) ||
       !same_shape(d, w.shared_down) || (reinterpret_cast<uintptr_t>(s.h) & 15))
@@ -296,6 +299,7 @@ bool moe_down_dp4a(const MoeDecodeWeights& w, float* hidden, const MoeDecodeScra
   p.shared_gate = s.shared_gate;
   p.h = s.h;
   p.hidden = hidden;
+  p.early_routing = early_routing;
   const int blocks = qtile::balanced_grid(reinterpret_cast<const void*>(moe_down_dp4a_kernel), p.D);
   launch_pdl("moe_down_dp4a", moe_down_dp4a_kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, p);
   return true;

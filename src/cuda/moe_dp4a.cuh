@@ -16,7 +16,11 @@ namespace tern::cuda {
 
 // Run the kernel and return true when the shapes fit (4-bit group-64 experts of the same layout; gate_up: D of 1024,
 // 2048 or 4096 columns; down: F = 512 and top_k = 8); false: nothing was launched.
+// The gate_up kernel calls pdl_trigger only after its pdl_wait, so the kernel after it starts only once the routing
+// kernel before it has completed: down with early_routing (the launch right after this gate_up kernel, same step)
+// reads the routing and issues its first weight loads before its own pdl_wait.
 bool moe_gate_up_dp4a(const MoeDecodeWeights& w, const MoeDecodeScratch& s, cudaStream_t stream);
-bool moe_down_dp4a(const MoeDecodeWeights& w, float* hidden, const MoeDecodeScratch& s, cudaStream_t stream);
+bool moe_down_dp4a(const MoeDecodeWeights& w, float* hidden, const MoeDecodeScratch& s, bool early_routing,
+                   cudaStream_t stream);
 
 }  // namespace tern::cuda

@@ -129,8 +129,8 @@ void run_moe_case(std::mt19937_64& rng, const MoeHost& mh, MoeDevice& md, int T,
       TERN_CUDA(cudaMemset(s.shared_gate, 0xff, size_t(T) * 4));
     }
     moe_router_decode(md.w, dh.p, T, s, nullptr);
-    moe_gate_up_decode(md.w, T, s, nullptr);
-    moe_down_decode(md.w, dh.p, T, s, nullptr);
+    const bool integer_gate_up = moe_gate_up_decode(md.w, T, s, nullptr);  // then down reads the routing early
+    moe_down_decode(md.w, dh.p, T, s, nullptr, integer_gate_up);
     TERN_CUDA(cudaGetLastError());
     const auto got = dh.host();
     EXPECT_EQ(to_host(s.ticket, 1)[0], 0u) << what << ": ticket not reset after run " << run;
