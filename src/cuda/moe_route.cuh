@@ -15,17 +15,34 @@ __device__ __forceinline__ void router_unpack16(const uint4& w, float qf[16]) {
     qf[j] = __uint_as_float(__byte_perm(wv[j / 4], 0x4B000000u, 0x7440u | uint32_t(j & 3))) - 8388608.0f;
 }
 
+// Σ x over one lane's 16 columns (x in registers), in the order router_dot16 sums them.
+__device__ __forceinline__ float router_sum16(const float x[16]) {
+  float sx = 0.0f;
+#pragma unroll
+  for (int v = 0; v < 4; ++v) sx += (x[4 * v] + x[4 * v + 1]) + (x[4 * v + 2] + x[4 * v + 3]);
+  return sx;
+}
+
+// acc += s·Σ q·x + b·sx over 16 columns with x in registers and sx = router_sum16(x).
+__device__ __forceinline__ float router_dot16_regs(const float qf[16], const float x[16], float sx, float s, float b,
+                                                   float acc) {
+  float dq = 0.0f;
+#pragma unroll
+  for (int v = 0; v < 4; ++v)
+    dq = fmaf(qf[4 * v], x[4 * v],
+              fmaf(qf[4 * v + 1], x[4 * v + 1], fmaf(qf[4 * v + 2], x[4 * v + 2], fmaf(qf[4 * v + 3], x[4 * v + 3], dq))));
+  return fmaf(s, dq, fmaf(b, sx, acc));
+}
+
 // acc += s·Σ q·x + b·Σ x over 16 columns, x: 16 floats (16-byte aligned) — one lane's slice of an 8-bit router row.
 __device__ __forceinline__ float router_dot16(const float qf[16], const float* x, float s, float b, float acc) {
-  const float4* xp = reinterpret_cast<const float4*>(x);
-  float dq = 0.0f, sx = 0.0f;
+  float xv[16];
 #pragma unroll
   for (int v = 0; v < 4; ++v) {
-    const float4 xv = xp[v];
-    dq = fmaf(qf[4 * v], xv.x, fmaf(qf[4 * v + 1], xv.y, fmaf(qf[4 * v + 2], xv.z, fmaf(qf[4 * v + 3], xv.w, dq))));
-    sx += (xv.x + xv.y) + (xv.z + xv.w);
+    const float4 f = reinterpret_cast<const float4*>(x)[v];
+    xv[4 * v] = f.x, xv[4 * v + 1] = f.y, xv[4 * v + 2] = f.z, xv[4 * v + 3] = f.w;
   }
-  return fmaf(s, dq, fmaf(b, sx, acc));
+  return router_dot16_regs(qf, xv, router_sum16(xv), s, b, acc);
 }
 
 // One warp per token: p = softmax(logits) (fp32), the k largest (ties: lower index) in descending order, weights
