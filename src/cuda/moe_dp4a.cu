@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 #include "core/check.h"
 #include "cuda/cuda_common.cuh"
@@ -163,6 +164,7 @@ struct DownParams {
   const float* h;            // [kSeg][512]
   float* hidden;             // [D]
   bool early_routing;        // ids complete before this launch: read them and the first weights before pdl_wait
+  bool swizzle;              // the conflict-free order of the activation reads (TERN_DOWN_SWIZZLE=0: off)
 };
 
 struct DownBatch {
@@ -219,6 +221,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_dp4a_kernel(const DownPa
     sig[s] = coef * xsig[s * 8 + lane / 4];
     sx[s] = sig[s] * float(xsum[s * 64 + 2 * lane] + xsum[s * 64 + 2 * lane + 1]);
   }
+  const int swap = p.swizzle ? (lane >> 2) & 1 : 0;
   for (; row < p.D; row += warps) {
     DownBatch nxt;
     load_down(p, ids_s, row + warps, lane, nxt);
@@ -226,8 +229,10 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_dp4a_kernel(const DownPa
 #pragma unroll
     for (int s = 0; s < kSeg; ++s) {
       int dh = 0, dl = 0;
-      dp4a::dot_word(cur.w[s].x, xs[s * 64 + 2 * lane], dh, dl);  // the activations stay in shared memory
-      dp4a::dot_word(cur.w[s].y, xs[s * 64 + 2 * lane + 1], dh, dl);
+      // The activations stay in shared memory. Lanes 4..7 of each quarter-warp take their second word first, so
+      // that the 8 lanes' 16-byte reads (32 bytes apart) hit 8 distinct bank quads; integer sums: same result.
+      dp4a::dot_word(swap ? cur.w[s].y : cur.w[s].x, xs[s * 64 + 2 * lane + swap], dh, dl);
+      dp4a::dot_word(swap ? cur.w[s].x : cur.w[s].y, xs[s * 64 + 2 * lane + (swap ^ 1)], dh, dl);
       acc = fmaf(dp4a::scale_of(cur.sb[s]) * sig[s], float(dh * 256 + dl), acc);
       acc = fmaf(dp4a::bias_of(cur.sb[s]), sx[s], acc);
     }
@@ -300,6 +305,11 @@ bool moe_down_dp4a(const MoeDecodeWeights& w, float* hidden, const MoeDecodeScra
   p.h = s.h;
   p.hidden = hidden;
   p.early_routing = early_routing;
+  static const bool swizzle = [] {
+    const char* e = std::getenv("TERN_DOWN_SWIZZLE");
+    return !(e && e[0] == '0');
+  }();
+  p.swizzle = swizzle;
   const int blocks = qtile::balanced_grid(reinterpret_cast<const void*>(moe_down_dp4a_kernel), p.D);
   launch_pdl("moe_down_dp4a", moe_down_dp4a_kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, p);
   return true;
