@@ -22,7 +22,7 @@ constexpr int kCluster = 8;         // blocks (portable cluster size)
 constexpr int kWarps = 16;          // per block
 [[maybe_unused]] constexpr int kRowsPerWarp = 3;  // 8 · 16 · 3 = 384 ≥ E + 1
 constexpr int kMaxE = 256;          // route_token<8>: 8 experts per lane
-constexpr int kSlicePad = 20;       // floats per 16-column slice of x in shared memory
+[[maybe_unused]] constexpr int kSlicePad = 20;      // floats per 16-column slice of x in shared memory
 [[maybe_unused]] constexpr int kMaxD = 2048;        // D = 512 · NCH, NCH ∈ {1, 2, 4} (registers: 3 rows × NCH uint4 per lane)
 
 struct ClusterRouterParams {
@@ -35,7 +35,7 @@ struct ClusterRouterParams {
 };
 
 // Index in xs of float4 number c4 of x (columns 4·c4 .. 4·c4 + 3).
-__device__ __forceinline__ int padded(int c4) { return (c4 / 4) * kSlicePad + (c4 % 4) * 4; }
+[[maybe_unused]] __device__ __forceinline__ int padded(int c4) { return (c4 / 4) * kSlicePad + (c4 % 4) * 4; }
 
 [[maybe_unused]] __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 
