@@ -36,15 +36,29 @@ def post(conn, path, body, headers=None):
 
 
 def prompt_of(conn, n_tokens, rng, headers):
-    """A random text of about n_tokens tokens (measured with the server's /tokenize)."""
-    words = max(1, int(n_tokens * 0.8))
-    for _ in range(4):
-        text = f"[{rng.getrandbits(64):016x}] " + " ".join(rng.choice(WORDS) for _ in range(words))
-        got = len(post(conn, "/tokenize", {"content": text}, headers)["tokens"])
-        if abs(got - n_tokens) <= max(2, n_tokens // 200):
-            return text, got
-        words = max(1, round(words * n_tokens / max(1, got)))
-    return text, got
+    """A random text of n_tokens tokens as the server's /tokenize counts them: a list of random words, then the prefix
+    of it whose count is closest to n_tokens (binary search on the number of words; the count grows with it)."""
+    head = f"[{rng.getrandbits(64):016x}] "
+    words = [rng.choice(WORDS) for _ in range(max(2, int(n_tokens * 1.6)))]
+
+    def count(k):
+        return len(post(conn, "/tokenize", {"content": head + " ".join(words[:k])}, headers)["tokens"])
+
+    while count(len(words)) < n_tokens:
+        words += [rng.choice(WORDS) for _ in range(len(words))]
+    lo, hi = 1, len(words)  # the fewest words whose count reaches n_tokens
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if count(mid) >= n_tokens:
+            hi = mid
+        else:
+            lo = mid + 1
+    k, got = lo, count(lo)
+    if k > 1:
+        below = count(k - 1)
+        if abs(below - n_tokens) < abs(got - n_tokens):
+            k, got = k - 1, below
+    return head + " ".join(words[:k]), got
 
 
 def one_request(url, model, text, headers, timeout):
