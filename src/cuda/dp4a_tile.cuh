@@ -41,7 +41,13 @@ __device__ __forceinline__ uint4 quantize_word(const float v[8], int& sumv, floa
                     pack_bytes(lo[0], lo[2], lo[4], lo[6]), pack_bytes(lo[1], lo[3], lo[5], lo[7]));
 }
 
-// The whole block quantises x [words·8] (16-byte aligned) into shared memory: xs[w] (the word's activations),
+// Shared-memory slot of activation word w: w XOR bits 3..4 of w. The one-token kernels read, per instruction, word
+// 4·lane + k of a slice (qmv, gate_up: 64 bytes apart) or 2·lane + e (down: 32 bytes apart); in order, 4 or 2 lanes of
+// each quarter-warp would hit the same banks. With the XOR the 8 lanes of a quarter-warp read 8 distinct 16-byte bank
+// groups, and the writers (thread t, word t) stay conflict-free: the XOR permutes each aligned run of 8 words.
+__device__ __forceinline__ int xs_slot(int w) { return w ^ ((w >> 3) & 3); }
+
+// The whole block quantises x [words·8] (16-byte aligned) into shared memory: xs[xs_slot(w)] (the word's activations),
 // xsum[w] (its Σv), xsig[w / 8] (σ of each group of 8 words). Thread t takes words t, t + blockDim.x, ...; whole
 // warps run each pass (quantize_word's shuffles), so the passes cover words rounded up to 32. With scale (norm_w,
 // [words·8]) the block quantises x·scale and each thread adds its Σx² to ss (the RMSNorm factor is applied to the
@@ -70,7 +76,7 @@ __device__ __forceinline__ void quantize_block(const float* x, const float* scal
     float m = 0.0f;
     const uint4 q = quantize_word(v, sumv, m);
     if (has) {
-      xs[word] = q;
+      xs[xs_slot(word)] = q;
       xsum[word] = sumv;
       if ((word & 7) == 0) xsig[word / 8] = m / kQMax;
     }

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 
 #include "core/check.h"
 #include "cuda/cuda_common.cuh"
@@ -107,7 +106,7 @@ template <int S>
 __global__ void __launch_bounds__(kThreads) moe_gate_up_dp4a_kernel(const GateUpParams p) {
   __shared__ int ids_s[kTopK];
   __shared__ uint4 xs[S * 128];
-  __shared__ int xsum[S * 128];
+  __shared__ __align__(16) int xsum[S * 128];
   __shared__ float xsig[S * 16];
   const int lane = threadIdx.x & 31;
   const int warps = int(gridDim.x) * kWarps, batches = (p.k + 1) * p.F;
@@ -130,12 +129,10 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_dp4a_kernel(const GateUp
   float sig[S], sx[S];
 #pragma unroll
   for (int j = 0; j < S; ++j) {
-    int sumv = 0;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      xq[j][k] = xs[j * 128 + 4 * lane + k];
-      sumv += xsum[j * 128 + 4 * lane + k];
-    }
+    for (int k = 0; k < 4; ++k) xq[j][k] = xs[dp4a::xs_slot(j * 128 + 4 * lane + k)];
+    const int4 sv = *reinterpret_cast<const int4*>(xsum + j * 128 + 4 * lane);
+    const int sumv = sv.x + sv.y + sv.z + sv.w;
     sig[j] = xsig[j * 16 + lane / 2];
     sx[j] = sig[j] * float(sumv);
   }
@@ -164,7 +161,6 @@ struct DownParams {
   const float* h;            // [kSeg][512]
   float* hidden;             // [D]
   bool early_routing;        // ids complete before this launch: read them and the first weights before pdl_wait
-  bool swizzle;              // the conflict-free order of the activation reads (TERN_DOWN_SWIZZLE=0: off)
 };
 
 struct DownBatch {
@@ -221,7 +217,6 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_dp4a_kernel(const DownPa
     sig[s] = coef * xsig[s * 8 + lane / 4];
     sx[s] = sig[s] * float(xsum[s * 64 + 2 * lane] + xsum[s * 64 + 2 * lane + 1]);
   }
-  const int swap = p.swizzle ? (lane >> 2) & 1 : 0;
   for (; row < p.D; row += warps) {
     DownBatch nxt;
     load_down(p, ids_s, row + warps, lane, nxt);
@@ -229,10 +224,9 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_dp4a_kernel(const DownPa
 #pragma unroll
     for (int s = 0; s < kSeg; ++s) {
       int dh = 0, dl = 0;
-      // The activations stay in shared memory. Lanes 4..7 of each quarter-warp take their second word first, so
-      // that the 8 lanes' 16-byte reads (32 bytes apart) hit 8 distinct bank quads; integer sums: same result.
-      dp4a::dot_word(swap ? cur.w[s].y : cur.w[s].x, xs[s * 64 + 2 * lane + swap], dh, dl);
-      dp4a::dot_word(swap ? cur.w[s].x : cur.w[s].y, xs[s * 64 + 2 * lane + (swap ^ 1)], dh, dl);
+      // The activations stay in shared memory (xs_slot: the 8 lanes of a quarter-warp read distinct bank groups).
+      dp4a::dot_word(cur.w[s].x, xs[dp4a::xs_slot(s * 64 + 2 * lane)], dh, dl);
+      dp4a::dot_word(cur.w[s].y, xs[dp4a::xs_slot(s * 64 + 2 * lane + 1)], dh, dl);
       acc = fmaf(dp4a::scale_of(cur.sb[s]) * sig[s], float(dh * 256 + dl), acc);
       acc = fmaf(dp4a::bias_of(cur.sb[s]), sx[s], acc);
     }
@@ -305,11 +299,6 @@ bool moe_down_dp4a(const MoeDecodeWeights& w, float* hidden, const MoeDecodeScra
   p.h = s.h;
   p.hidden = hidden;
   p.early_routing = early_routing;
-  static const bool swizzle = [] {
-    const char* e = std::getenv("TERN_DOWN_SWIZZLE");
-    return !(e && e[0] == '0');
-  }();
-  p.swizzle = swizzle;
   const int blocks = qtile::balanced_grid(reinterpret_cast<const void*>(moe_down_dp4a_kernel), p.D);
   launch_pdl("moe_down_dp4a", moe_down_dp4a_kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, p);
   return true;

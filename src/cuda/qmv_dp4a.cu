@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(kThreads) qmv_dp4a_kernel(const Dp4aParams p) 
   // Activations, once per block: thread t quantises words t, t + 256, ... (8 columns each) of x̂ = x (·norm_w) per
   // group of 64 (8 consecutive threads), and leaves per word {even hi, odd hi, even lo, odd lo} and Σv, per group σ.
   __shared__ uint4 xs[S * 128];
-  __shared__ int xsum[S * 128];
+  __shared__ __align__(16) int xsum[S * 128];
   __shared__ float xsig[S * 16];
   __shared__ float red[kWarps];
   float ss = 0.0f;  // Σ x² (RMSNorm)
@@ -105,13 +105,10 @@ __global__ void __launch_bounds__(kThreads) qmv_dp4a_kernel(const Dp4aParams p) 
   float sig[S], sx[S];   // σ of the lane's group, σ·Σv of the lane's 32 columns
 #pragma unroll
   for (int j = 0; j < S; ++j) {
-    int sumv = 0;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int word = j * 128 + 4 * lane + k;
-      xq[j][k] = xs[word];
-      sumv += xsum[word];
-    }
+    for (int k = 0; k < 4; ++k) xq[j][k] = xs[dp4a::xs_slot(j * 128 + 4 * lane + k)];
+    const int4 sv = *reinterpret_cast<const int4*>(xsum + j * 128 + 4 * lane);
+    const int sumv = sv.x + sv.y + sv.z + sv.w;
     sig[j] = xsig[j * 16 + lane / 2];
     sx[j] = sig[j] * float(sumv);
   }
