@@ -76,4 +76,27 @@ __device__ __forceinline__ void store_warp_tile(const MatmulArgs& a, const float
   }
 }
 
+// f(in, r, w, v) for every 8-column word w of every row r of x (fp32 [rows, cols], row stride ld, cols % 64 == 0,
+// 16-byte aligned rows), v its 8 values: one thread per word, in a warp-uniform loop so that f may shuffle (the 8
+// words of a group of 64 lie in 8 consecutive lanes, all in or all out). Lanes past the end get in = false, r = w = 0
+// and zeros. The x-preparation kernels of both tensor-core prefill products.
+template <class F>
+__device__ __forceinline__ void for_each_x_word(const float* x, int64_t ld, int64_t rows, int64_t cols, F&& f) {
+  const int64_t words = cols / 8, n = rows * words;
+  const int lane = threadIdx.x % 32;
+  for (int64_t base = int64_t(blockIdx.x) * blockDim.x + (threadIdx.x - lane); base < n;
+       base += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t i = base + lane;
+    const bool in = i < n;
+    const int64_t r = in ? i / words : 0, w = in ? i % words : 0;
+    float v[8] = {};
+    if (in) {
+      const float4* src = reinterpret_cast<const float4*>(x + r * ld + w * 8);
+      const float4 p = src[0], q = src[1];
+      v[0] = p.x; v[1] = p.y; v[2] = p.z; v[3] = p.w; v[4] = q.x; v[5] = q.y; v[6] = q.z; v[7] = q.w;
+    }
+    f(in, r, w, v);
+  }
+}
+
 }  // namespace tern::cuda::mm

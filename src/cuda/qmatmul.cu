@@ -110,16 +110,8 @@ __global__ void __launch_bounds__(256) matmul_simt_kernel(MatmulArgs a) {
   __shared__ int xrow[BT];
   const int tid = threadIdx.x;
   const int64_t n0 = int64_t(blockIdx.x) * BN;
-  int64_t expert = 0, p0, count;
-  if (a.tile_expert) {
-    if (int(blockIdx.y) >= *a.num_tiles) return;
-    expert = a.tile_expert[blockIdx.y];
-    p0 = a.tile_start[blockIdx.y];
-    count = a.tile_count[blockIdx.y];
-  } else {
-    p0 = int64_t(blockIdx.y) * BT;
-    count = a.tokens - p0 < BT ? a.tokens - p0 : BT;
-  }
+  int64_t expert, p0, count;
+  if (!mm::token_tile(a, BT, expert, p0, count)) return;  // (launched without PDL: its pdl_wait is a no-op)
   if (tid < BT) xrow[tid] = tid < count ? (a.gather ? a.gather[p0 + tid] : int(p0 + tid)) : -1;
   __syncthreads();
 
@@ -689,21 +681,10 @@ __global__ void __launch_bounds__(256) prepare_x_kernel(const float* x, int64_t 
                                                         unsigned char* out) {
   pdl_wait();
   pdl_trigger();
-  const int64_t chunks = cols / 8, n = rows * chunks, prow = matmul_prepared_row_bytes(cols);
-  const int lane = threadIdx.x % 32;
-  // Warp-uniform loop (the shuffles need every lane); n is a multiple of 8, so a group is all in or all out.
-  for (int64_t base = int64_t(blockIdx.x) * blockDim.x + (threadIdx.x - lane); base < n;
-       base += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t i = base + lane;
-    const bool in = i < n;
-    const int64_t r = in ? i / chunks : 0, c = in ? i % chunks : 0;
-    float4 p = make_float4(0.f, 0.f, 0.f, 0.f), q = p;
-    if (in) {
-      const float4* src = reinterpret_cast<const float4*>(x + r * ld + c * 8);
-      p = src[0];
-      q = src[1];
-    }
+  const int64_t prow = matmul_prepared_row_bytes(cols);
+  mm::for_each_x_word(x, ld, rows, cols, [&](bool in, int64_t r, int64_t c, const float (&v)[8]) {
     uint4 hi, lo;
+    const float4 p = make_float4(v[0], v[1], v[2], v[3]), q = make_float4(v[4], v[5], v[6], v[7]);
     const float sum = sum8(split_chunk(p, q, hi, lo));
     if (in) {
       unsigned char* row = out + r * prow;
@@ -711,7 +692,7 @@ __global__ void __launch_bounds__(256) prepare_x_kernel(const float* x, int64_t 
       reinterpret_cast<uint4*>(row + (c / 8) * 256 + 128)[c % 8] = lo;
       if (c % 8 == 0) reinterpret_cast<float*>(row + cols * 4)[c / 8] = sum;
     }
-  }
+  });
 }
 
 //                           MTiles NTiles WarpsM WarpsN MinBlocks

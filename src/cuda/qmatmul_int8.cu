@@ -372,20 +372,8 @@ __global__ void __launch_bounds__(256) quantize_x_kernel(const float* x, int64_t
                                                          unsigned char* out) {
   pdl_wait();
   pdl_trigger();
-  const int64_t words = cols / 8, n = rows * words, row_bytes = matmul_q16_row_bytes(cols);
-  const int lane = threadIdx.x % 32;
-  // Warp-uniform loop (the shuffles need every lane); n is a multiple of 8, so a group is all in or all out.
-  for (int64_t base = int64_t(blockIdx.x) * blockDim.x + (threadIdx.x - lane); base < n;
-       base += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t i = base + lane;
-    const bool in = i < n;
-    const int64_t r = in ? i / words : 0, w = in ? i % words : 0;
-    float v[8] = {};
-    if (in) {
-      const float4* src = reinterpret_cast<const float4*>(x + r * ld + w * 8);
-      const float4 p = src[0], q = src[1];
-      v[0] = p.x; v[1] = p.y; v[2] = p.z; v[3] = p.w; v[4] = q.x; v[5] = q.y; v[6] = q.z; v[7] = q.w;
-    }
+  const int64_t row_bytes = matmul_q16_row_bytes(cols);
+  mm::for_each_x_word(x, ld, rows, cols, [&](bool in, int64_t r, int64_t w, const float (&v)[8]) {
     int sumv = 0;
     float m = 0.0f;
     const uint4 word = dp4a::quantize_word(v, sumv, m);
@@ -403,7 +391,7 @@ __global__ void __launch_bounds__(256) quantize_x_kernel(const float* x, int64_t
         tail[cols / 64 + w / 8] = sig * float(sumv);
       }
     }
-  }
+  });
 }
 
 //                          MTiles NTiles WarpsM WarpsN MinBlocks Stages
