@@ -213,11 +213,7 @@ MatmulArgs grouped_args(const GroupedData& d, int64_t rows, int64_t cols, bool g
   a.ldx = cols;
   a.y = d.y;
   a.ldy = rows;
-  a.tile_expert = d.groups.tile_expert;
-  a.tile_start = d.groups.tile_start;
-  a.tile_count = d.groups.tile_count;
-  a.num_tiles = d.groups.num_tiles;
-  a.max_tiles = d.max_tiles;
+  cuda::set_tiles(a, d.groups, d.max_tiles);
   a.gather = gather ? d.groups.sorted_token : nullptr;
   return a;
 }

@@ -823,11 +823,7 @@ class CudaRunner final : public ModelRunner {
       // hg_ prepared for the down product once the gate/up products are done.
       moe_group(route_ids_, T, E, k, kMatmulTileTokens, groups_, stream_);
       MatmulArgs a;
-      a.tile_expert = groups_.tile_expert;
-      a.tile_start = groups_.tile_start;
-      a.tile_count = groups_.tile_count;
-      a.num_tiles = groups_.num_tiles;
-      a.max_tiles = moe_max_tiles(T, E, k);
+      set_tiles(a, groups_, moe_max_tiles(T, E, k));
       a.gather = groups_.sorted_token;
       a.x = normed_;
       a.ldx = D;

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "cuda/qmatmul.cuh"
+
 namespace tern::cuda {
 
 // Per token: p = softmax(logits[t]) over E (fp32); the k largest (ties: lower index) -> ids[t, :], and weights
@@ -29,6 +31,15 @@ struct MoeGroups {
 MoeGroups moe_groups_view(int* scratch, int64_t T, int E, int k);
 // Sorts the T·k pairs by expert (counting sort on the device) and builds tiles of at most `tile` positions.
 void moe_group(const int* ids, int64_t T, int E, int k, int tile, const MoeGroups& g, cudaStream_t stream);
+// Grouped mode of a (qmatmul.cuh) over g's tile map with the grid max_tiles (moe_max_tiles); gather is left to the
+// caller (g.sorted_token for inputs indexed by token, none for inputs already in sorted order).
+inline void set_tiles(MatmulArgs& a, const MoeGroups& g, int max_tiles) {
+  a.tile_expert = g.tile_expert;
+  a.tile_start = g.tile_start;
+  a.tile_count = g.tile_count;
+  a.num_tiles = g.num_tiles;
+  a.max_tiles = max_tiles;
+}
 
 // h[i] = silu(gate[i]) · up[i] for i < n.  h may equal gate.
 void swiglu(const float* gate, const float* up, int64_t n, float* h, cudaStream_t stream);

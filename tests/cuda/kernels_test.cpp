@@ -142,11 +142,7 @@ TEST(CudaMatmul, ExpertProductsFollowDeviceRouting) {
       a.ldx = D;
       a.y = dy.p;
       a.ldy = F;
-      a.tile_expert = g.tile_expert;
-      a.tile_start = g.tile_start;
-      a.tile_count = g.tile_count;
-      a.num_tiles = g.num_tiles;
-      a.max_tiles = moe_max_tiles(T, E, k);
+      set_tiles(a, g, moe_max_tiles(T, E, k));
       a.gather = g.sorted_token;
       matmul(a, nullptr);
       TERN_CUDA(cudaDeviceSynchronize());

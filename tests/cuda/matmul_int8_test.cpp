@@ -344,11 +344,7 @@ TEST(CudaMatmulInt8, GroupedExpertsFollowTheDeviceTileMap) {
       const std::string label = std::string(skewed ? "skewed " : "") + "T=" + std::to_string(T) + " " + tile_name(tile);
       DeviceBuf<float> yg(size_t(T * k * F)), yd(size_t(T * k * D)), ys(size_t(T * k * F));
       MatmulArgs a;
-      a.tile_expert = g.tile_expert;
-      a.tile_start = g.tile_start;
-      a.tile_count = g.tile_count;
-      a.num_tiles = g.num_tiles;
-      a.max_tiles = moe_max_tiles(T, E, k);
+      set_tiles(a, g, moe_max_tiles(T, E, k));
       a.w = dgate.d;
       a.x = dx.p;
       a.ldx = D;

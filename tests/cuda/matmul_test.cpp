@@ -309,11 +309,7 @@ TEST(CudaMatmulTc, GroupedExpertsFollowTheDeviceTileMap) {
     DeviceBuf<float> dx(run.x), dxd(run.xd);
     const auto dxp = prepared_x(dx.p, D, T, D), dxdp = prepared_x(dxd.p, F, T * k, F);
     MatmulArgs a;
-    a.tile_expert = g.tile_expert;
-    a.tile_start = g.tile_start;
-    a.tile_count = g.tile_count;
-    a.num_tiles = g.num_tiles;
-    a.max_tiles = moe_max_tiles(T, E, k);
+    set_tiles(a, g, moe_max_tiles(T, E, k));
     for (int variant = 0; variant <= int(std::size(kTensorCoreTiles)) * 2; ++variant) {
       const bool legacy = variant == int(std::size(kTensorCoreTiles)) * 2;
       const MatmulTile tile = legacy ? MatmulTile::tc_bf16 : kTensorCoreTiles[variant / 2];
