@@ -4,7 +4,8 @@
 // prepared once (MatmulArgs::x_prep; "prepx" in the name), the previous bf16-operand kernel (tc_bf16) and the fp32
 // SIMT kernel for reference, and the preparation pass itself (matmul_prepare_x); then the integer kernel
 // (qmatmul_int8.cuh: x quantised once by matmul_quantize_x, "int8" in the name) for each of its block shapes, with the
-// 8-bit router beside the 4-bit products.
+// 8-bit router beside the 4-bit products; then the Hopper warpgroup kernel (qmatmul_wgmma.cuh: x as fp16 with a scale
+// per token by matmul_prepare_x_f16, "wgmma f16", or the hi + lo split of matmul_prepare_x, "wgmma split").
 #include <algorithm>
 #include <map>
 #include <memory>
@@ -19,6 +20,7 @@
 #include "cuda/moe.cuh"
 #include "cuda/qmatmul.cuh"
 #include "cuda/qmatmul_int8.cuh"
+#include "cuda/qmatmul_wgmma.cuh"
 
 namespace tern::bench {
 namespace {
@@ -36,6 +38,7 @@ const char* tile_label(MatmulTile t) {
     case MatmulTile::tc128x128: return "tc128x128";
     case MatmulTile::tc256x64w: return "tc256x64w";
     case MatmulTile::tc_bf16: return "tc_bf16";
+    case MatmulTile::wgmma: return "wgmma";
   }
   return "?";
 }
@@ -87,6 +90,7 @@ struct DenseData {
   std::vector<float*> x;
   std::vector<void*> xp;  // x prepared by matmul_prepare_x
   std::vector<void*> xq;  // x quantised by matmul_quantize_x
+  std::vector<void*> xb;  // x as fp16 by matmul_prepare_x_f16
   float* y = nullptr;
 };
 
@@ -94,6 +98,14 @@ void* quantised_copy(const float* x, int64_t rows, int64_t cols) {
   void* p = nullptr;
   TERN_CUDA(cudaMalloc(&p, size_t(cuda::matmul_q16_bytes(rows, cols))));
   cuda::matmul_quantize_x(x, cols, rows, cols, p, nullptr);
+  TERN_CUDA(cudaDeviceSynchronize());
+  return p;
+}
+
+void* f16_copy(const float* x, int64_t rows, int64_t cols) {
+  void* p = nullptr;
+  TERN_CUDA(cudaMalloc(&p, size_t(cuda::matmul_f16_bytes(rows, cols))));
+  cuda::matmul_prepare_x_f16(x, cols, rows, cols, p, nullptr);
   TERN_CUDA(cudaDeviceSynchronize());
   return p;
 }
@@ -118,6 +130,7 @@ std::shared_ptr<DenseData> dense_data(int64_t rows, int64_t cols, int64_t T) {
       d->x.push_back(bench_alloc_random_floats(size_t(T * cols), -2.0f, 2.0f, 2000 + 17 * c));
       d->xp.push_back(prepared_copy(d->x.back(), T, cols));
       d->xq.push_back(quantised_copy(d->x.back(), T, cols));
+      d->xb.push_back(f16_copy(d->x.back(), T, cols));
     }
     d->y = bench_alloc_random_floats(size_t(T * rows), -1.0f, 1.0f, 3000);
   }
@@ -167,6 +180,7 @@ struct GroupedData {
   float* x = nullptr;
   void* xp = nullptr;  // x prepared by matmul_prepare_x
   void* xq = nullptr;  // x quantised by matmul_quantize_x
+  void* xb = nullptr;  // x as fp16 by matmul_prepare_x_f16
   float* y = nullptr;
   int* ids = nullptr;
   int* scratch = nullptr;
@@ -186,6 +200,7 @@ std::shared_ptr<GroupedData> grouped_data(int64_t rows, int64_t cols, int64_t T,
     d->x = bench_alloc_random_floats(size_t(xrows * cols), -2.0f, 2.0f, 5000);
     d->xp = prepared_copy(d->x, xrows, cols);
     d->xq = quantised_copy(d->x, xrows, cols);
+    d->xb = f16_copy(d->x, xrows, cols);
     d->y = bench_alloc_random_floats(size_t(T * k * rows), -1.0f, 1.0f, 6000);
     std::mt19937_64 rng(7);
     std::vector<int> ids(static_cast<size_t>(T * k)), perm(static_cast<size_t>(E));
@@ -318,6 +333,76 @@ void add_grouped_int8(CaseList& cases, const char* what, int64_t rows, int64_t c
   cases.push_back(std::move(c));
 }
 
+// The warpgroup kernel on a dense product (xk: x in one bf16 term or hi + lo) or a grouped one (gate, down, gate+up).
+const char* wgmma_label(cuda::WgmmaX xk) { return xk == cuda::WgmmaX::f16 ? "f16" : "split"; }
+void set_wgmma_x(MatmulArgs& a, cuda::WgmmaX xk, void* xb, void* xp, int64_t cols) {
+  if (xk == cuda::WgmmaX::f16) {
+    a.x_f16 = xb;
+    a.x_f16_cols = cols;
+  } else {
+    a.x_prep = xp;
+    a.x_prep_cols = cols;
+  }
+}
+void add_dense_wgmma(CaseList& cases, const char* what, int64_t rows, int64_t cols, int64_t T, cuda::WgmmaX xk,
+                     bool swiglu = false) {
+  const int mats = swiglu ? 2 : 1;
+  Case c;
+  c.group = "prefill";
+  c.name = std::string(swiglu ? "matmul_swiglu wgmma " : "matmul wgmma ") + wgmma_label(xk) + " 4-bit " + what + " " +
+           std::to_string(rows) + "x" + std::to_string(cols) + " T=" + std::to_string(T);
+  c.flops = 2.0 * mats * double(T) * double(rows) * double(cols);
+  c.bytes = mats * affine4_bytes(1, rows, cols) +
+            double(xk == cuda::WgmmaX::f16 ? cuda::matmul_f16_bytes(T, cols) : cuda::matmul_prepared_bytes(T, cols)) +
+            double(T * rows) * 4;
+  auto data = std::make_shared<std::shared_ptr<DenseData>>();
+  c.setup = [=] { *data = dense_data(rows, cols, T); };
+  c.run = [=](cudaStream_t stream, int rep) {
+    const DenseData& d = **data;
+    const size_t i = size_t(rep) % d.w.size();
+    MatmulArgs a;
+    a.w = d.w[i];
+    a.x = d.x[i];
+    set_wgmma_x(a, xk, d.xb[i], d.xp[i], cols);
+    a.ldx = cols;
+    a.y = d.y;
+    a.ldy = rows;
+    a.tokens = T;
+    if (swiglu) {
+      cuda::matmul_wgmma_swiglu(a, d.w[(i + 1) % d.w.size()], stream, xk);
+    } else {
+      cuda::matmul_wgmma(a, stream, xk);
+    }
+  };
+  cases.push_back(std::move(c));
+}
+void add_grouped_wgmma(CaseList& cases, const char* what, int64_t rows, int64_t cols, int64_t T, bool gather,
+                       cuda::WgmmaX xk, bool swiglu = false) {
+  constexpr int E = 256, k = 8;
+  const int mats = swiglu ? 2 : 1;
+  Case c;
+  c.group = "prefill";
+  c.name = std::string(swiglu ? "matmul_swiglu wgmma " : "matmul wgmma ") + wgmma_label(xk) + " grouped 4-bit " +
+           what + " 256x " + std::to_string(rows) + "x" + std::to_string(cols) + " T=" + std::to_string(T) + " k=8";
+  const int64_t xrows = gather ? T : T * k;
+  c.flops = 2.0 * mats * double(T * k) * double(rows) * double(cols);
+  c.bytes = mats * affine4_bytes(E, rows, cols) + double(cuda::matmul_f16_bytes(xrows, cols)) +
+            double(T * k * rows) * 4;
+  auto data = std::make_shared<std::shared_ptr<GroupedData>>();
+  c.setup = [=] { *data = grouped_data(rows, cols, T, E, k, gather); };
+  c.run = [=](cudaStream_t stream, int) {
+    const GroupedData& d = **data;
+    MatmulArgs a = grouped_args(d, rows, cols, gather);
+    set_wgmma_x(a, xk, d.xb, d.xp, cols);
+    if (swiglu) {
+      cuda::matmul_wgmma_swiglu(a, d.up, stream, xk);
+    } else {
+      cuda::matmul_wgmma(a, stream, xk);
+    }
+  };
+  cases.push_back(std::move(c));
+}
+
 // A pass that prepares x [rows, cols] fp32 for the products, alone: matmul_prepare_x (split into bf16 hi, lo and
 // group sums) or matmul_quantize_x (int8 hi, lo, per-group σ and σ·Σv).
 void add_x_pass(CaseList& cases, int64_t rows, int64_t cols, bool quantise) {
@@ -397,6 +482,17 @@ TERN_BENCH_CASES(matmul) {
   add_grouped_int8(cases, "gate+up", 512, 2048, 512, true, Int8Tile::automatic, true);
   add_x_pass(cases, 4096, 2048, true);
   add_x_pass(cases, 4096 * 8, 512, true);
+  // The warpgroup kernel (Hopper only), x in one bf16 term and as hi + lo, at T = 4096 and 512.
+  if (!cuda::matmul_wgmma_available()) return;
+  for (cuda::WgmmaX xk : {cuda::WgmmaX::f16, cuda::WgmmaX::split}) {
+    for (int64_t T : {int64_t(4096), int64_t(512)}) {
+      for (const Dense& d : dense) add_dense_wgmma(cases, d.what, d.rows, d.cols, T, xk);
+      add_dense_wgmma(cases, "shared gate+up", 512, 2048, T, xk, true);
+      add_grouped_wgmma(cases, "gate", 512, 2048, T, true, xk);
+      add_grouped_wgmma(cases, "down", 2048, 512, T, false, xk);
+      add_grouped_wgmma(cases, "gate+up", 512, 2048, T, true, xk, true);
+    }
+  }
 }
 
 }  // namespace tern::bench

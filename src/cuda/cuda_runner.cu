@@ -18,6 +18,7 @@
 #include "cuda/norm.cuh"
 #include "cuda/qmatmul.cuh"
 #include "cuda/qmatmul_int8.cuh"
+#include "cuda/qmatmul_wgmma.cuh"
 #include "cuda/qmv.cuh"
 #include "cuda/sampling.cuh"
 #include "cuda/token_mask.cuh"
@@ -264,6 +265,15 @@ class CudaSession final : public Session {
   std::shared_ptr<SnapshotBuffers> snapshot_buffers_;
 };
 
+// x [T, cols] prepared once for the products that read it. main: the layout of the 4-bit products' kernel (fp16
+// with a per-token scale for the Hopper warpgroup kernel, or bf16 hi + lo with TERN_PREFILL_WGMMA=2; 16 bits for the
+// integer kernel; split into bf16 hi + lo with TERN_PREFILL_INT8=0); q16: the integer kernel's layout for 8-bit
+// matrices (the router and shared-expert gate), the same buffer as main when the integer kernel runs everything.
+struct PreparedX {
+  const void* main = nullptr;
+  const void* q16 = nullptr;
+};
+
 class CudaRunner final : public ModelRunner {
  public:
   CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const ModelWeights> host, const CudaRunnerOptions& o)
@@ -279,7 +289,20 @@ class CudaRunner final : public ModelRunner {
     fp32_prefill_ = f32 && std::string(f32) == "1";
     // TERN_PREFILL_INT8=0: the prefill products on the split-x bf16 tensor-core kernel instead of the integer one.
     const char* i8 = std::getenv("TERN_PREFILL_INT8");
-    int8_prefill_ = !(i8 && std::string(i8) == "0");
+    // TERN_PREFILL_WGMMA=0: the integer kernel for the 4-bit products on Hopper too; 2: the warpgroup kernel with x as
+    // bf16 hi + lo (twice the tensor work, 16 significant bits) instead of one fp16 term (11).
+    const char* wgm = std::getenv("TERN_PREFILL_WGMMA");
+    const std::string wgv = wgm ? wgm : "1";
+    if (i8 && std::string(i8) == "0") {
+      prefill_kernel_ = PrefillKernel::split;
+    } else if (wgv != "0" && !o.exact_prefill && matmul_wgmma_available()) {
+      prefill_kernel_ = wgv == "2" ? PrefillKernel::wgmma_split : PrefillKernel::wgmma_f16;
+    } else {
+      prefill_kernel_ = PrefillKernel::int8;
+    }
+    // TERN_PREFILL_EXACT_GATES=0: the GDN gate products (b, a) on the fp16 kernel too.
+    const char* eg = std::getenv("TERN_PREFILL_EXACT_GATES");
+    exact_gates_ = prefill_kernel_ == PrefillKernel::wgmma_f16 && !(eg && std::string(eg) == "0");
     const char* dk = std::getenv("TERN_CUDA_DECODE_KERNELS");
     use_decode_kernels_ = !(dk && std::string(dk) == "0");
     allocate_decode_scratch();
@@ -383,7 +406,9 @@ class CudaRunner final : public ModelRunner {
     // The split activations of every prefill product input: normed x, the GDN and attention outputs, h of the experts.
     prep_bytes_ = size_t(std::max({matmul_prepared_bytes(T, D), matmul_prepared_bytes(T, Hv * dv),
                                    matmul_prepared_bytes(T, Hq * dh), matmul_prepared_bytes(T * k, F)}));
-    scratch_ = DeviceArena(size_t(floats) * 4 + size_t(ints) * 4 + prep_bytes_ + 64 * 256, "activation scratch");
+    prep_q16_bytes_ = size_t(matmul_q16_bytes(T, D));
+    scratch_ = DeviceArena(size_t(floats) * 4 + size_t(ints) * 4 + prep_bytes_ + prep_q16_bytes_ + 64 * 256,
+                           "activation scratch");
     hidden_ = scratch_.take_n<float>(size_t(T * D));
     normed_ = scratch_.take_n<float>(size_t(T * D));
     float* mixer = scratch_.take_n<float>(size_t(std::max(mixer_gdn, mixer_attn)));
@@ -412,6 +437,7 @@ class CudaRunner final : public ModelRunner {
     yd_ = scratch_.take_n<float>(size_t(T * k * D));
     yd_bytes_ = size_t(T * k * D) * 4;
     prep_ = scratch_.take(prep_bytes_);
+    prep_q16_ = scratch_.take(prep_q16_bytes_);
     sg_ = scratch_.take_n<float>(size_t(T * Fs));
     su_ = scratch_.take_n<float>(size_t(T * Fs));
     ys_ = scratch_.take_n<float>(size_t(T * D));
@@ -504,7 +530,9 @@ class CudaRunner final : public ModelRunner {
 
   // y [T, rows] (+)= x [T, cols] · Wᵀ
   // prep: x split by prepare_x (the tensor-core kernel reads it instead of converting x in every block).
-  void proj(const DMat& w, const float* x, int64_t T, float* y, bool accumulate = false, const void* prep = nullptr) {
+  // exact: the product takes prep.q16 (the integer kernel's 16-bit x) whenever it is there.
+  void proj(const DMat& w, const float* x, int64_t T, float* y, bool accumulate = false, const PreparedX& prep = {},
+            bool exact = false) {
     if (T == 1) {
       GemvArgs a;
       a.w = w;
@@ -521,37 +549,64 @@ class CudaRunner final : public ModelRunner {
       a.ldy = w.rows;
       a.tokens = T;
       a.accumulate = accumulate;
-      matmul(a, stream_, with_prepared_x(a, prep));
+      matmul(a, stream_, with_prepared_x(a, prep, exact));
     }
   }
 
-  // Prepares x [T, cols] (row stride ldx) once for the products that read it: quantised to 16 bits for the integer
-  // kernel (matmul_quantize_x), or split into bf16 hi + lo (matmul_prepare_x) with TERN_PREFILL_INT8=0; nullptr
-  // when the products will not use it.
-  const void* prepare_x(const float* x, int64_t ldx, int64_t T, int64_t cols) {
-    if (fp32_prefill_ || T <= 1) return nullptr;
-    if (int8_prefill_) {
-      if (cols % 128 != 0 || matmul_q16_bytes(T, cols) > int64_t(prep_bytes_)) return nullptr;
-      matmul_quantize_x(x, ldx, T, cols, prep_, stream_);
-      return prep_;
+  PreparedX prepare_x(const float* x, int64_t ldx, int64_t T, int64_t cols, bool with_8bit = false) {
+    PreparedX p;
+    if (fp32_prefill_ || T <= 1) return p;
+    switch (prefill_kernel_) {
+      case PrefillKernel::int8:
+        if (cols % 128 != 0 || matmul_q16_bytes(T, cols) > int64_t(prep_bytes_)) return p;
+        matmul_quantize_x(x, ldx, T, cols, prep_, stream_);
+        p.main = p.q16 = prep_;
+        return p;
+      case PrefillKernel::wgmma_f16:
+        if (cols % 512 != 0 || matmul_f16_bytes(T, cols) > int64_t(prep_bytes_)) return p;
+        matmul_prepare_x_f16(x, ldx, T, cols, prep_, stream_);
+        p.main = prep_;
+        break;
+      case PrefillKernel::wgmma_split:
+      case PrefillKernel::split:
+        if (cols % 64 != 0 || matmul_prepared_bytes(T, cols) > int64_t(prep_bytes_)) return p;
+        matmul_prepare_x(x, ldx, T, cols, prep_, stream_);
+        p.main = prep_;
+        if (prefill_kernel_ == PrefillKernel::split) return p;
+        break;
     }
-    if (cols % 64 != 0 || matmul_prepared_bytes(T, cols) > int64_t(prep_bytes_)) return nullptr;
-    matmul_prepare_x(x, ldx, T, cols, prep_, stream_);
-    return prep_;
+    if (with_8bit && cols % 128 == 0 && matmul_q16_bytes(T, cols) <= int64_t(prep_q16_bytes_)) {
+      matmul_quantize_x(x, ldx, T, cols, prep_q16_, stream_);
+      p.q16 = prep_q16_;
+    }
+    return p;
   }
-  // Sets the prepared input on `a` (when its kernel takes the matrix) and picks the tile: the integer kernel chooses
-  // its own; the split-x kernel's fastest with prepared x is 128×64 (docs/benchmarks.md).
-  MatmulTile with_prepared_x(MatmulArgs& a, const void* prep) const {
+  // Sets the prepared input on `a` (when a kernel that reads it takes the matrix) and picks the tile: the integer and
+  // warpgroup kernels choose their own; the split-x kernel's fastest with prepared x is 128×64 (docs/benchmarks.md).
+  MatmulTile with_prepared_x(MatmulArgs& a, const PreparedX& prep, bool exact = false) const {
     if (fp32_prefill_) return MatmulTile::simt;
-    if (prep && int8_prefill_) {
-      if (matmul_int8_takes(a.w)) {
-        a.x_q16 = prep;
-        a.x_q16_cols = a.w.cols;
-      }
+    if (prep.q16 && matmul_int8_takes(a.w) &&
+        (exact || prefill_kernel_ == PrefillKernel::int8 || a.w.format != WeightFormat::affine4)) {
+      a.x_q16 = prep.q16;
+      a.x_q16_cols = a.w.cols;
       return MatmulTile::automatic;
     }
-    if (!prep || a.w.format != WeightFormat::affine4) return MatmulTile::automatic;
-    a.x_prep = prep;
+    if (!prep.main || a.w.format != WeightFormat::affine4) return MatmulTile::automatic;
+    switch (prefill_kernel_) {
+      case PrefillKernel::int8: return MatmulTile::automatic;
+      case PrefillKernel::wgmma_f16:
+        if (matmul_wgmma_takes(a.w)) {
+          a.x_f16 = prep.main;
+          a.x_f16_cols = a.w.cols;
+        }
+        return MatmulTile::automatic;
+      case PrefillKernel::wgmma_split:
+        a.x_prep = prep.main;
+        a.x_prep_cols = a.w.cols;
+        return matmul_wgmma_takes(a.w) ? MatmulTile::wgmma : MatmulTile::tc128x64;
+      case PrefillKernel::split: break;
+    }
+    a.x_prep = prep.main;
     a.x_prep_cols = a.w.cols;
     return MatmulTile::tc128x64;
   }
@@ -751,11 +806,13 @@ class CudaRunner final : public ModelRunner {
     const Config& c = w_->config;
     const GdnDims d = gdn_dims(T);
     const int64_t C = d.C();
-    const void* xp = prepare_x(normed_, c.hidden_size, T, c.hidden_size);
+    // The decay and write-strength gates (b, a: 32 rows each) steer the recurrence over the whole sequence: with the
+    // fp16 products they take the 16-bit integer x (exact_gates_).
+    const PreparedX xp = prepare_x(normed_, c.hidden_size, T, c.hidden_size, exact_gates_);
     proj(l.in_proj_qkv, normed_, T, qkv_raw_, false, xp);
     proj(l.in_proj_z, normed_, T, z_, false, xp);
-    proj(l.in_proj_b, normed_, T, b_, false, xp);
-    proj(l.in_proj_a, normed_, T, a_, false, xp);
+    proj(l.in_proj_b, normed_, T, b_, false, xp, /*exact=*/true);
+    proj(l.in_proj_a, normed_, T, a_, false, xp, /*exact=*/true);
     if (d.dk == 128) {  // the q/k norms inside the convolution (a warp per 128-channel head), then the gates
       conv1d_silu_qknorm(qkv_raw_, C, T, C, c.linear_conv_kernel_dim, l.conv1d, lc.conv, conv_out_,
                          int64_t(d.Hk) * d.dk, int64_t(d.Hk) * d.dk, d.dk, stream_);
@@ -779,7 +836,7 @@ class CudaRunner final : public ModelRunner {
   void attention_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, CudaSession& s, int64_t T, int64_t cap) {
     const Config& c = w_->config;
     const AttnDims d = attn_dims(T, cap);
-    const void* xp = prepare_x(normed_, c.hidden_size, T, c.hidden_size);
+    const PreparedX xp = prepare_x(normed_, c.hidden_size, T, c.hidden_size);
     proj(l.q_proj, normed_, T, qg_, false, xp);
     proj(l.k_proj, normed_, T, k_, false, xp);
     proj(l.v_proj, normed_, T, v_, false, xp);
@@ -794,7 +851,7 @@ class CudaRunner final : public ModelRunner {
     const int E = c.num_experts, k = c.num_experts_per_tok;
     const int64_t D = c.hidden_size, F = c.moe_intermediate_size;
     // normed_ prepared once for the router, the shared-expert gate and the routed and shared gate/up products.
-    const void* xp = prepare_x(normed_, D, T, D);
+    const PreparedX xp = prepare_x(normed_, D, T, D, /*with_8bit=*/true);
     proj(l.router, normed_, T, router_logits_, false, xp);
     proj(l.shared_expert_gate, normed_, T, shared_logit_, false, xp);
     moe_route(router_logits_, T, E, k, route_ids_, route_w_, stream_);
@@ -818,7 +875,7 @@ class CudaRunner final : public ModelRunner {
       a.y = yd_;
       a.y_stride = D;
       gemv(a, stream_);
-      shared_expert(l, T, nullptr);
+      shared_expert(l, T, PreparedX{});
     } else {
       // hg_ prepared for the down product once the gate/up products are done.
       moe_group(route_ids_, T, E, k, kMatmulTileTokens, groups_, stream_);
@@ -846,6 +903,7 @@ class CudaRunner final : public ModelRunner {
       a.ldx = F;
       a.x_prep = nullptr;
       a.x_q16 = nullptr;
+      a.x_f16 = nullptr;
       a.w = l.expert_down;
       a.y = yd_;
       a.ldy = D;
@@ -856,7 +914,7 @@ class CudaRunner final : public ModelRunner {
   }
 
   // The shared expert of the prefill plan: ys_ [T, D] = down(silu(gate·x) ⊙ (up·x)), x = normed_ (split in xp).
-  void shared_expert(const DeviceLayer& l, int64_t T, const void* xp) {
+  void shared_expert(const DeviceLayer& l, int64_t T, const PreparedX& xp) {
     const Config& c = w_->config;
     const int64_t D = c.hidden_size, Fs = c.shared_expert_intermediate_size;
     MatmulArgs sa;
@@ -907,7 +965,12 @@ class CudaRunner final : public ModelRunner {
   DeviceArena scratch_;
   bool use_graphs_ = true;              // TERN_CUDA_GRAPHS=0 turns the decode graph off
   bool fp32_prefill_ = false;           // TERN_CUDA_FP32=1
-  bool int8_prefill_ = true;            // TERN_PREFILL_INT8=0 turns the integer prefill products off
+  // The 4-bit prefill products' kernel: the Hopper warpgroup kernel (x in one fp16 term, or two bf16), the integer
+  // kernel, or the split-x mma.sync kernel (TERN_PREFILL_INT8=0). 8-bit matrices take the integer kernel in every mode
+  // but split.
+  enum class PrefillKernel { wgmma_f16, wgmma_split, int8, split };
+  PrefillKernel prefill_kernel_ = PrefillKernel::int8;
+  bool exact_gates_ = false;  // the GDN b and a products on the integer kernel (see gdn_mixer)
   int32_t device_token_ = 0;            // the token the last graph step left in tokens_ (when valid)
   bool device_token_valid_ = false;
   DeviceSampling last_params_{};        // the parameters in sample_params_slot (when valid)
@@ -933,8 +996,10 @@ class CudaRunner final : public ModelRunner {
   float *router_logits_ = nullptr, *route_w_ = nullptr, *shared_logit_ = nullptr;
   float *hg_ = nullptr, *hu_ = nullptr, *yd_ = nullptr, *sg_ = nullptr, *su_ = nullptr, *ys_ = nullptr;
   size_t yd_bytes_ = 0;                 // also the chunked Gated DeltaNet's workspace
-  void* prep_ = nullptr;                // split activations of the prefill products (matmul_prepare_x)
+  void* prep_ = nullptr;                // prepared activations of the prefill products (PreparedX::main)
   size_t prep_bytes_ = 0;
+  void* prep_q16_ = nullptr;            // the MoE input quantised for the 8-bit products (PreparedX::q16)
+  size_t prep_q16_bytes_ = 0;
   float *logits_ = nullptr, *sample_scratch_ = nullptr;
   int *tokens_ = nullptr, *route_ids_ = nullptr, *sample_out_ = nullptr;
   MoeGroups groups_;

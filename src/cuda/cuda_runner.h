@@ -15,6 +15,9 @@ struct CudaRunnerOptions {
   int64_t max_chunk = 4096;  // tokens per forward chunk (longer inputs are processed in chunks)
   bool progress = true;      // progress bar while uploading or generating weights
   int64_t vocab_real = 0;    // synthetic weights: ids >= this are padding (the tokenizer's size); 0: every row
+  // The prefill products on the integer kernel (16-bit x) even where the Hopper fp16 kernel runs (tests that hold the
+  // prefill plan to the CPU runner at fp32-level bounds; TERN_PREFILL_WGMMA=0 does the same).
+  bool exact_prefill = false;
 };
 
 // Uploads `weights` to GPU 0. Throws tern::Error when there is no GPU or the model does not fit.

@@ -1,9 +1,12 @@
-// Device helpers shared by the tensor-core prefill products (qmatmul.cu: split-x bf16, qmatmul_int8.cu: integer):
-// which tokens a block takes, which matrix row each of its rows reads (plain or SwiGLU blocks), and the epilogue that
-// writes a warp's mma C fragments. Included by .cu files only.
+// Device helpers shared by the tensor-core prefill products (qmatmul.cu: split-x bf16, qmatmul_int8.cu: integer,
+// qmatmul_wgmma.cu: Hopper warpgroup MMAs): which tokens a block takes, which matrix row each of its rows reads (plain
+// or SwiGLU blocks), the bias term of the affine weights, and the epilogue that writes a warp's mma C fragments.
+// Included by .cu files only.
 #pragma once
 
 #include <cuda_runtime.h>
+
+#include <cuda_bf16.h>
 
 #include <cstdint>
 
@@ -72,6 +75,59 @@ __device__ __forceinline__ void store_warp_tile(const MatmulArgs& a, const float
           *yp = a.accumulate ? *yp + v : v;
         }
       }
+    }
+  }
+}
+
+// d += a · b, m16n8k16, bf16 operands, fp32 accumulators.
+__device__ __forceinline__ void mma_bf16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two fp32 values -> three bf16x2 terms (hi, mid, lo; each pair in one register, the first value in the low half)
+// whose sum is each value to 24 significant bits.
+__device__ __forceinline__ void split3_bf16x2(float a, float b, uint32_t out[3]) {
+#pragma unroll
+  for (int i = 0; i < 3; ++i) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    out[i] = *reinterpret_cast<const uint32_t*>(&h);
+    a -= __low2float(h);
+    b -= __high2float(h);
+  }
+}
+
+// The bias term of affine weights, acc += Σ_g b[r][g]·β[n][g] (β: the token's per-group sum of the x the products
+// saw, scaled as they were), over k-steps of 16 groups on the bf16 tensor cores (m16n8k16: A = the rows' biases, exact
+// in bf16; B = β in three bf16 terms, 24 significant bits). brow[mi][h]: the biases (bf16 [G]) of row g + 8h of the
+// warp's row tile mi; beta[ni]: β (fp32 [G]) of token 8·ni + g of its token tiles, nullptr past the tile. Thread
+// (g, t) takes groups 2t, 2t + 1 (+8) of each k-step. Groups past the row (G not a multiple of 16) are 0.
+template <int MT, int NT>
+__device__ __forceinline__ void add_bias_term(float (&acc)[MT][NT][4], const uint32_t* const (&brow)[MT][2],
+                                              const float* const (&beta)[NT], int G, int t) {
+  for (int kb = 0; kb < G; kb += 16) {
+    auto bias_word = [&](const uint32_t* row, int k) { return k < G ? row[k / 2] : 0u; };  // groups k, k + 1
+    uint32_t bb[NT][2][3];  // [ni][k-slot half][term]
+#pragma unroll
+    for (int ni = 0; ni < NT; ++ni) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int k = kb + 2 * t + 8 * h;
+        float2 b = make_float2(0.f, 0.f);
+        if (beta[ni] && k < G) b = *reinterpret_cast<const float2*>(beta[ni] + k);
+        split3_bf16x2(b.x, b.y, bb[ni][h]);
+      }
+    }
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi) {
+      const uint32_t af[4] = {bias_word(brow[mi][0], kb + 2 * t), bias_word(brow[mi][1], kb + 2 * t),
+                              bias_word(brow[mi][0], kb + 2 * t + 8), bias_word(brow[mi][1], kb + 2 * t + 8)};
+#pragma unroll
+      for (int ni = 0; ni < NT; ++ni)
+#pragma unroll
+        for (int term = 0; term < 3; ++term) mma_bf16(acc[mi][ni], af, bb[ni][0][term], bb[ni][1][term]);
     }
   }
 }

@@ -8,6 +8,7 @@
 #include "cuda/launch.cuh"
 #include "cuda/matmul_tile.cuh"
 #include "cuda/qmatmul_int8.cuh"
+#include "cuda/qmatmul_wgmma.cuh"
 #include "cuda/warp_reduce.cuh"
 
 namespace tern::cuda {
@@ -889,6 +890,10 @@ void gemv(const GemvArgs& a, cudaStream_t stream) {
 }
 
 void matmul(const MatmulArgs& a, cudaStream_t stream, MatmulTile tile) {
+  if (a.x_f16 || tile == MatmulTile::wgmma) {
+    matmul_wgmma(a, stream, a.x_f16 ? WgmmaX::f16 : WgmmaX::split);
+    return;
+  }
   if (a.x_q16) {
     matmul_int8(a, stream);
     return;
@@ -929,6 +934,10 @@ bool matmul_swiglu_supported(const MatmulArgs& gate, const DMat& up) {
 }
 
 void matmul_swiglu(const MatmulArgs& gate, const DMat& up, cudaStream_t stream, MatmulTile tile) {
+  if (gate.x_f16 || tile == MatmulTile::wgmma) {
+    matmul_wgmma_swiglu(gate, up, stream, gate.x_f16 ? WgmmaX::f16 : WgmmaX::split);
+    return;
+  }
   if (gate.x_q16) {
     matmul_int8_swiglu(gate, up, stream);
     return;

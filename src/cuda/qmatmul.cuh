@@ -60,6 +60,12 @@ struct MatmulArgs {
   // must take the matrix (matmul_int8_takes), and ignore `tile`.
   const void* x_q16 = nullptr;
   int64_t x_q16_cols = 0;
+  // Optional: x as fp16 with a per-token scale by matmul_prepare_x_f16 (qmatmul_wgmma.cuh) for x_f16_cols == w.cols
+  // columns, same row numbers as x. When set, matmul and matmul_swiglu run the Hopper warpgroup kernel
+  // (matmul_wgmma), which must take the matrix (matmul_wgmma_available, matmul_wgmma_takes), and ignore `tile`.
+  // Checked before x_q16.
+  const void* x_f16 = nullptr;
+  int64_t x_f16_cols = 0;
 };
 constexpr int kMatmulTileTokens = 64;  // tokens per tile (grouped tiles hold at most this many)
 
@@ -69,7 +75,8 @@ constexpr int kMatmulTileTokens = 64;  // tokens per tile (grouped tiles hold at
 // tensor-core shape falls back to simt where the tensor-core kernel cannot take the matrix. tc_bf16: the previous
 // kernel (x and s·q + b rounded to bf16, ~2.5e-3 of the rms off fp32; its own automatic block shape; never reads
 // x_prep), kept for speed and accuracy comparisons only.
-enum class MatmulTile { automatic, simt, tc128x64, tc256x64, tc128x128, tc256x64w, tc_bf16 };
+// wgmma: the Hopper warpgroup kernel on x_prep (qmatmul_wgmma.cuh, WgmmaX::split; it must take the product).
+enum class MatmulTile { automatic, simt, tc128x64, tc256x64, tc128x128, tc256x64w, tc_bf16, wgmma };
 void matmul(const MatmulArgs& a, cudaStream_t stream, MatmulTile tile = MatmulTile::automatic);
 
 // The split x of matmul_prepare_x: row i at byte i · matmul_prepared_row_bytes(cols) of the buffer (16-byte aligned).

@@ -83,26 +83,6 @@ __device__ __forceinline__ int wchunk(int r, int c) {
 // Position of word w (0..7) of token n in a stage's x tile.
 __device__ __forceinline__ int xword(int n, int w) { return n * 8 + (w ^ ((n & 1) << 2)); }
 
-// d += a · b, m16n8k16, bf16 operands, fp32 accumulators (the bias term).
-__device__ __forceinline__ void mma_bf16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two fp32 values -> three bf16x2 terms (hi, mid, lo; each pair in one register, the first value in the low half)
-// whose sum is each value to 24 significant bits.
-__device__ __forceinline__ void split3_bf16x2(float a, float b, uint32_t out[3]) {
-#pragma unroll
-  for (int i = 0; i < 3; ++i) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    out[i] = *reinterpret_cast<const uint32_t*>(&h);
-    a -= __low2float(h);
-    b -= __high2float(h);
-  }
-}
-
 // d += a · b, m16n8k32, u8 × s8 -> s32.
 __device__ __forceinline__ void mma_u8s8(int d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
   asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
@@ -319,9 +299,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) matmul_int8_kernel
   }
   pdl_trigger();
 
-  // The bias term: acc += Σ_g b[r][g]·β[n][g] over k-steps of 16 groups (bf16 m16n8k16: A = the rows' biases, B = β
-  // of the tokens in three bf16 terms). Thread (g, t) takes groups 2t, 2t + 1 (+8) of each k-step: its A words are
-  // bias pairs of rows g, g + 8, its B words β of token g. Groups past the row (cols/64 not a multiple of 16) are 0.
+  // The bias term: acc += Σ_g b[r][g]·β[n][g], β = σ·Σv of token n's group g (mm::add_bias_term).
   {
     const uint32_t* brow[MT][2];
 #pragma unroll
@@ -332,35 +310,13 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) matmul_int8_kernel
         const int64_t r = source(wm * 16 * MT + 16 * mi + g + 8 * h, m);
         brow[mi][h] = reinterpret_cast<const uint32_t*>(m->biases + r * a.w.groups_per_row);
       }
-    const float* brow_x[NT];  // β of token wtok0 + 8·ni + g (nullptr: past the tile)
+    const float* beta[NT];  // β of token wtok0 + 8·ni + g (nullptr: past the tile)
 #pragma unroll
     for (int ni = 0; ni < NT; ++ni) {
       const int n = wtok0 + 8 * ni + g;
-      brow_x[ni] = n < count ? reinterpret_cast<const float*>(xq + x_row(n) * xrow_bytes + beta_off) : nullptr;
+      beta[ni] = n < count ? reinterpret_cast<const float*>(xq + x_row(n) * xrow_bytes + beta_off) : nullptr;
     }
-    for (int kb = 0; kb < G; kb += 16) {
-      auto bias_word = [&](const uint32_t* row, int k) { return k < G ? row[k / 2] : 0u; };  // groups k, k + 1
-      uint32_t bb[NT][2][3];  // [ni][k-slot half][term]
-#pragma unroll
-      for (int ni = 0; ni < NT; ++ni) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int k = kb + 2 * t + 8 * h;
-          float2 beta = make_float2(0.f, 0.f);
-          if (brow_x[ni] && k < G) beta = *reinterpret_cast<const float2*>(brow_x[ni] + k);
-          split3_bf16x2(beta.x, beta.y, bb[ni][h]);
-        }
-      }
-#pragma unroll
-      for (int mi = 0; mi < MT; ++mi) {
-        const uint32_t af[4] = {bias_word(brow[mi][0], kb + 2 * t), bias_word(brow[mi][1], kb + 2 * t),
-                                bias_word(brow[mi][0], kb + 2 * t + 8), bias_word(brow[mi][1], kb + 2 * t + 8)};
-#pragma unroll
-        for (int ni = 0; ni < NT; ++ni)
-#pragma unroll
-          for (int term = 0; term < 3; ++term) mma_bf16(acc[mi][ni], af, bb[ni][0][term], bb[ni][1][term]);
-      }
-    }
+    mm::add_bias_term(acc, brow, beta, G, t);
   }
 
   mm::store_warp_tile<SwiGLU>(a, acc, row0 + wm * 16 * (SwiGLU ? MT / 2 : MT), wtok0, g, t, p0, count);

@@ -293,18 +293,7 @@ TEST(CudaMatmulInt8, GroupedExpertsFollowTheDeviceTileMap) {
   for (int run = 0; run < 3; ++run) {
     const int64_t T = run == 0 ? 63 : 300;
     const bool skewed = run == 2;
-    std::vector<int> ids(size_t(T * k));
-    for (int64_t t = 0; t < T; ++t) {
-      std::vector<int> perm(E);
-      std::iota(perm.begin(), perm.end(), 0);
-      if (skewed) {  // expert 0 on every token, expert 1 on token 0 only
-        std::shuffle(perm.begin() + 2, perm.end(), rng);
-        if (t != 0) std::swap(perm[1], perm[k]);
-      } else {
-        std::shuffle(perm.begin(), perm.end(), rng);
-      }
-      std::copy_n(perm.begin(), k, ids.begin() + t * k);
-    }
+    const std::vector<int> ids = routing_ids(rng, T, E, k, skewed);
     const auto x = activations(rng, T, D, true), xd = activations(rng, T * k, F, false);
     const Quantised qx = quantise(x, T, D), qxd = quantise(xd, T * k, F);
     DeviceBuf<int> dids(ids);
@@ -316,29 +305,9 @@ TEST(CudaMatmulInt8, GroupedExpertsFollowTheDeviceTileMap) {
     std::vector<int> pos_of(size_t(T * k));
     TERN_CUDA(cudaMemcpy(pos_of.data(), g.pos_of, pos_of.size() * 4, cudaMemcpyDeviceToHost));
 
-    // References by sorted position, expert by expert.
-    std::vector<float> ref_gate(size_t(T * k * F)), ref_down(size_t(T * k * D)), ref_swiglu(size_t(T * k * F));
-    for (int e = 0; e < E; ++e) {
-      std::vector<int> pairs;
-      for (size_t i = 0; i < ids.size(); ++i)
-        if (ids[i] == e) pairs.push_back(int(i));
-      if (pairs.empty()) continue;
-      const int64_t n = int64_t(pairs.size());
-      std::vector<float> xg(size_t(n * D)), xdg(size_t(n * F));
-      for (int64_t p = 0; p < n; ++p) {
-        const int i = pairs[size_t(p)], pos = pos_of[size_t(i)];
-        std::copy_n(qx.xq.begin() + (i / k) * D, D, xg.begin() + p * D);
-        std::copy_n(qxd.xq.begin() + int64_t(pos) * F, F, xdg.begin() + p * F);
-      }
-      const auto rg = cpu_product(gate->m.expert(e), xg, n), rd = cpu_product(down->m.expert(e), xdg, n);
-      const auto rs = swiglu_of(rg, cpu_product(up->m.expert(e), xg, n));
-      for (int64_t p = 0; p < n; ++p) {
-        const int pos = pos_of[size_t(pairs[size_t(p)])];
-        std::copy_n(rg.begin() + p * F, F, ref_gate.begin() + int64_t(pos) * F);
-        std::copy_n(rs.begin() + p * F, F, ref_swiglu.begin() + int64_t(pos) * F);
-        std::copy_n(rd.begin() + p * D, D, ref_down.begin() + int64_t(pos) * D);
-      }
-    }
+    const GroupedReferences refs =
+        grouped_references(gate->m, up->m, down->m, ids, pos_of, qx.xq, qxd.xq, T, E, k, D, F);
+    const std::vector<float>&ref_gate = refs.gate, &ref_swiglu = refs.swiglu, &ref_down = refs.down;
     for (Int8Tile tile : kTiles) {
       if (tile == Int8Tile::b128x128) continue;  // dense only (runs as 64x64 here)
       const std::string label = std::string(skewed ? "skewed " : "") + "T=" + std::to_string(T) + " " + tile_name(tile);

@@ -34,6 +34,7 @@ const char* tile_name(MatmulTile t) {
     case MatmulTile::tc128x128: return "tc128x128";
     case MatmulTile::tc256x64w: return "tc256x64w";
     case MatmulTile::tc_bf16: return "tc_bf16";
+    case MatmulTile::wgmma: return "wgmma";
   }
   return "?";
 }

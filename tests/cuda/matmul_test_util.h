@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -96,6 +98,61 @@ inline std::vector<float> activations(std::mt19937_64& rng, int64_t T, int64_t c
     }
   }
   return x;
+}
+
+// Top-k routing of T tokens over E experts, k distinct per token: random, or skewed (expert 0 on every token, expert
+// 1 on token 0 only).
+inline std::vector<int> routing_ids(std::mt19937_64& rng, int64_t T, int E, int k, bool skewed) {
+  std::vector<int> ids(size_t(T * k));
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<int> perm(static_cast<size_t>(E));
+    std::iota(perm.begin(), perm.end(), 0);
+    if (skewed) {
+      std::shuffle(perm.begin() + 2, perm.end(), rng);
+      if (t != 0) std::swap(perm[1], perm[size_t(k)]);
+    } else {
+      std::shuffle(perm.begin(), perm.end(), rng);
+    }
+    std::copy_n(perm.begin(), k, ids.begin() + t * k);
+  }
+  return ids;
+}
+
+// The fp32 references of the grouped expert products, by sorted position (pos_of, from moe_group): gate [T·k, F] of
+// x [T, D] (the pair's token), swiglu = silu(gate) ⊙ up, and down [T·k, D] of xd [T·k, F] (rows by sorted position).
+struct GroupedReferences {
+  std::vector<float> gate, swiglu, down;
+};
+inline GroupedReferences grouped_references(const Matrix& gate, const Matrix& up, const Matrix& down,
+                                            const std::vector<int>& ids, const std::vector<int>& pos_of,
+                                            const std::vector<float>& x, const std::vector<float>& xd, int64_t T, int E,
+                                            int k, int64_t D, int64_t F) {
+  GroupedReferences r;
+  r.gate.resize(size_t(T * k * F));
+  r.swiglu.resize(size_t(T * k * F));
+  r.down.resize(size_t(T * k * D));
+  for (int e = 0; e < E; ++e) {
+    std::vector<int> pairs;
+    for (size_t i = 0; i < ids.size(); ++i)
+      if (ids[i] == e) pairs.push_back(int(i));
+    if (pairs.empty()) continue;
+    const int64_t n = int64_t(pairs.size());
+    std::vector<float> xg(size_t(n * D)), xdg(size_t(n * F));
+    for (int64_t p = 0; p < n; ++p) {
+      const int i = pairs[size_t(p)], pos = pos_of[size_t(i)];
+      std::copy_n(x.begin() + (i / k) * D, D, xg.begin() + p * D);
+      std::copy_n(xd.begin() + int64_t(pos) * F, F, xdg.begin() + p * F);
+    }
+    const auto rg = cpu_product(gate.expert(e), xg, n), rd = cpu_product(down.expert(e), xdg, n);
+    const auto rs = swiglu_of(rg, cpu_product(up.expert(e), xg, n));
+    for (int64_t p = 0; p < n; ++p) {
+      const int pos = pos_of[size_t(pairs[size_t(p)])];
+      std::copy_n(rg.begin() + p * F, F, r.gate.begin() + int64_t(pos) * F);
+      std::copy_n(rs.begin() + p * F, F, r.swiglu.begin() + int64_t(pos) * F);
+      std::copy_n(rd.begin() + p * D, D, r.down.begin() + int64_t(pos) * D);
+    }
+  }
+  return r;
 }
 
 }  // namespace tern::cuda::test
