@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 
 #include "core/check.h"
 #include "cpu/ops_rope.h"
@@ -684,10 +683,7 @@ const AttentionSetup& attention_setup() {
 
 // TERN_ATTN_KV_EARLY=0: the decode kernel loads no K/V tile before pdl_wait (for comparison).
 bool kv_early() {
-  static const bool on = [] {
-    const char* e = std::getenv("TERN_ATTN_KV_EARLY");
-    return !(e && e[0] == '0');
-  }();
+  static const bool on = !env_is("TERN_ATTN_KV_EARLY", "0");
   return on;
 }
 

@@ -66,13 +66,17 @@ void* DeviceArena::take(size_t bytes) {
   return p;
 }
 
+bool env_is(const char* name, const char* value) {
+  const char* e = std::getenv(name);
+  return e && std::strcmp(e, value) == 0;
+}
+
 bool pdl_enabled() {
   static const bool on = [] {
     // On unless TERN_PDL=0. H200, 2026-12-01: with the one-token integer kernels (which trigger their dependents once
     // their inputs are read) the 4K decode step runs at 507 tok/s with PDL and 452 without (docs/benchmarks.md); with
     // the earlier tensor-core kernels (triggers at their start) PDL had measured slower, 334 against 367.
-    const char* e = std::getenv("TERN_PDL");
-    if (e && std::strcmp(e, "0") == 0) return false;
+    if (env_is("TERN_PDL", "0")) return false;
     int dev = 0, major = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
       cudaGetLastError();

@@ -19,6 +19,9 @@ void check_cuda(cudaError_t e, const char* what, const char* file, int line);
 // After a kernel launch: reports launch-configuration errors at once (asynchronous faults surface later).
 #define TERN_CUDA_LAUNCHED(name) ::tern::cuda::check_cuda(cudaGetLastError(), name, __FILE__, __LINE__)
 
+// Whether the environment variable `name` is set to exactly `value` (the comparison switches: TERN_PDL=0, ...).
+bool env_is(const char* name, const char* value);
+
 // Number of CUDA devices (0 when there is no driver or no GPU; never throws).
 int device_count();
 // "NVIDIA H200, sm_90, 139 GiB" for device 0.

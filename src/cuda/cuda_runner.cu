@@ -281,30 +281,23 @@ class CudaRunner final : public ModelRunner {
     TERN_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     allocate_scratch();
     TERN_CUDA(cudaMallocHost(&pinned_, 256));
-    const char* g = std::getenv("TERN_CUDA_GRAPHS");
-    use_graphs_ = !(g && std::string(g) == "0");
+    use_graphs_ = !env_is("TERN_CUDA_GRAPHS", "0");
     // TERN_CUDA_FP32=1: the prefill plan's matrix products and chunked Gated DeltaNet on the fp32 SIMT kernels
     // (slow; for locating precision differences).
-    const char* f32 = std::getenv("TERN_CUDA_FP32");
-    fp32_prefill_ = f32 && std::string(f32) == "1";
+    fp32_prefill_ = env_is("TERN_CUDA_FP32", "1");
     // TERN_PREFILL_INT8=0: the prefill products on the split-x bf16 tensor-core kernel instead of the integer one.
-    const char* i8 = std::getenv("TERN_PREFILL_INT8");
     // TERN_PREFILL_WGMMA=0: the integer kernel for the 4-bit products on Hopper too; 2: the warpgroup kernel with x as
     // bf16 hi + lo (twice the tensor work, 16 significant bits) instead of one fp16 term (11).
-    const char* wgm = std::getenv("TERN_PREFILL_WGMMA");
-    const std::string wgv = wgm ? wgm : "1";
-    if (i8 && std::string(i8) == "0") {
+    if (env_is("TERN_PREFILL_INT8", "0")) {
       prefill_kernel_ = PrefillKernel::split;
-    } else if (wgv != "0" && !o.exact_prefill && matmul_wgmma_available()) {
-      prefill_kernel_ = wgv == "2" ? PrefillKernel::wgmma_split : PrefillKernel::wgmma_f16;
+    } else if (!env_is("TERN_PREFILL_WGMMA", "0") && !o.exact_prefill && matmul_wgmma_available()) {
+      prefill_kernel_ = env_is("TERN_PREFILL_WGMMA", "2") ? PrefillKernel::wgmma_split : PrefillKernel::wgmma_f16;
     } else {
       prefill_kernel_ = PrefillKernel::int8;
     }
     // TERN_PREFILL_EXACT_GATES=0: the GDN gate products (b, a) on the fp16 kernel too.
-    const char* eg = std::getenv("TERN_PREFILL_EXACT_GATES");
-    exact_gates_ = prefill_kernel_ == PrefillKernel::wgmma_f16 && !(eg && std::string(eg) == "0");
-    const char* dk = std::getenv("TERN_CUDA_DECODE_KERNELS");
-    use_decode_kernels_ = !(dk && std::string(dk) == "0");
+    exact_gates_ = prefill_kernel_ == PrefillKernel::wgmma_f16 && !env_is("TERN_PREFILL_EXACT_GATES", "0");
+    use_decode_kernels_ = !env_is("TERN_CUDA_DECODE_KERNELS", "0");
     allocate_decode_scratch();
     attention_init();  // kernel attributes set once, outside any graph capture
   }
@@ -529,8 +522,8 @@ class CudaRunner final : public ModelRunner {
   }
 
   // y [T, rows] (+)= x [T, cols] · Wᵀ
-  // prep: x split by prepare_x (the tensor-core kernel reads it instead of converting x in every block).
-  // exact: the product takes prep.q16 (the integer kernel's 16-bit x) whenever it is there.
+  // prep: x prepared by prepare_x (the kernels read it instead of converting x in every block); exact: the product
+  // takes prep.q16 (the integer kernel's 16-bit x) whenever it is there.
   void proj(const DMat& w, const float* x, int64_t T, float* y, bool accumulate = false, const PreparedX& prep = {},
             bool exact = false) {
     if (T == 1) {
@@ -567,12 +560,13 @@ class CudaRunner final : public ModelRunner {
         matmul_prepare_x_f16(x, ldx, T, cols, prep_, stream_);
         p.main = prep_;
         break;
+      case PrefillKernel::split:  // no 16-bit x: the 8-bit products take the fp32 SIMT kernel
+        with_8bit = false;
+        [[fallthrough]];
       case PrefillKernel::wgmma_split:
-      case PrefillKernel::split:
         if (cols % 64 != 0 || matmul_prepared_bytes(T, cols) > int64_t(prep_bytes_)) return p;
         matmul_prepare_x(x, ldx, T, cols, prep_, stream_);
         p.main = prep_;
-        if (prefill_kernel_ == PrefillKernel::split) return p;
         break;
     }
     if (with_8bit && cols % 128 == 0 && matmul_q16_bytes(T, cols) <= int64_t(prep_q16_bytes_)) {

@@ -12,6 +12,7 @@
 
 #include "cuda/launch.cuh"
 #include "cuda/qmatmul.cuh"
+#include "cuda/qmv_tile.cuh"
 
 namespace tern::cuda::mm {
 
@@ -51,6 +52,20 @@ __device__ __forceinline__ int64_t block_row_source(const MatmulArgs& a, const D
   }
   const int64_t rows = a.w.rows;
   return expert * rows + (r < rows ? r : rows - 1);
+}
+
+// The block rows' scales (bf16, G per row, G % 8 == 0) into shared memory at dst (a shared-window address), block
+// row i at i·ld bf16, by cp.async in 16-byte pieces over the block's threads; source(i, m) gives block row i's matrix
+// m and stacked row (block_row_source). Launch constants: callers may copy them before pdl_wait.
+template <class Source>
+__device__ __forceinline__ void copy_block_scales(uint32_t dst, int rows, int ld, int G, int64_t groups_per_row,
+                                                  Source&& source) {
+  for (int i = threadIdx.x; i < rows * (G / 8); i += blockDim.x) {
+    const int row = i / (G / 8), piece = i % (G / 8);
+    const DMat* m;
+    const int64_t r = source(row, m);
+    qtile::cp_async_16(dst + (row * ld + piece * 8) * 2, m->scales + r * groups_per_row + piece * 8, 16);
+  }
 }
 
 // Writes a warp's outputs: acc[mi][ni] are the C fragments (c0, c1 = row g, tokens 2t, 2t + 1; c2, c3 = row g + 8)

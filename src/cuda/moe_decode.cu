@@ -627,10 +627,7 @@ bool same_layout(const DMat& a, const DMat& b) {
 
 // TERN_MOE_DOWN_EARLY=0: the integer down kernel reads the routing after pdl_wait even after the integer gate_up.
 bool early_routing_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("TERN_MOE_DOWN_EARLY");
-    return !(e && e[0] == '0');
-  }();
+  static const bool on = !env_is("TERN_MOE_DOWN_EARLY", "0");
   return on;
 }
 

@@ -140,14 +140,8 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) matmul_int8_kernel
   const int G = int(a.w.cols / kStepK);
   const uint32_t smem0 = qtile::smem_addr(smem);
   const int scales_at = kStages * P::kSlotBytes, sigma_at = scales_at + S::kRows * P::ld_scales(G) * 2;
-  // The block rows' scales, once (16-byte pieces of G·2 bytes a row); launch constants, so before any wait.
-  for (int i = tid; i < S::kRows * (G / 8); i += S::kThreads) {
-    const int row = i / (G / 8), piece = i % (G / 8);
-    const DMat* m;
-    const int64_t r = source(row, m);
-    qtile::cp_async_16(smem0 + scales_at + (row * P::ld_scales(G) + piece * 8) * 2,
-                       m->scales + r * a.w.groups_per_row + piece * 8, 16);
-  }
+  // The block rows' scales, once; launch constants, so before any wait.
+  mm::copy_block_scales(smem0 + scales_at, S::kRows, P::ld_scales(G), G, a.w.groups_per_row, source);
   auto stage = [&](int step) { return (step % kStages) * P::kSlotBytes; };
   auto issue_weights = [&](int step) {
     const uint32_t st = smem0 + stage(step);

@@ -15,17 +15,14 @@
 // Shared memory (1024-byte aligned), per pipeline stage: weights [kRows][32 bytes] (16-byte chunks swizzled by row,
 // as the int8 kernel), then per x term a tile [64 tokens][128 bytes] (one group); then, once, the block rows'
 // scales. The x tiles are in the 128-byte-swizzle K-major layout (chunk c of token n at 16·(c ^ n % 8); k-step i's
-// descriptor starts 32·i bytes in, 8-token groups 1024 bytes apart), or with TERN_WGMMA_SWIZZLE=0 in the no-swizzle
-// layout (core matrices of 8 tokens × 16 bytes: the two k halves of a k-step 128 bytes apart, 8-token groups 256).
-// cp.async fills the stages kStages deep, one barrier a step.
+// descriptor starts 32·i bytes in, 8-token groups 1024 bytes apart); the no-swizzle layout measured 1.2–1.5x slower
+// (docs/benchmarks.md). cp.async fills the stages kStages deep, one barrier a step.
 #include "cuda/qmatmul_wgmma.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <string>
 
 #include "core/check.h"
 #include "cuda/cuda_common.cuh"
@@ -53,7 +50,7 @@ struct Shape {
   static constexpr int kMTiles = MT, kTerms = Terms, kStages = Stages, kMinBlocks = MinBlocks;
   static constexpr int kRows = 64 * MT;                   // weight rows per block
   static constexpr int kWBytes = kRows * 32;              // 4-bit: 32 bytes per row and group
-  static constexpr int kXBytes = kTokens * 128 * Terms;   // bf16: 128 bytes per token, group and term
+  static constexpr int kXBytes = kTokens * 128 * Terms;   // 16-bit: 128 bytes per token, group and term
   static constexpr int kSlotBytes = kWBytes + kXBytes;
   static constexpr int kWCopies = kRows * 2 / kThreads;   // 16-byte weight copies per thread and step
   static constexpr int kXCopies = kTokens * 8 * Terms / kThreads;
@@ -68,22 +65,17 @@ struct Shape {
 // Position of 16-byte chunk c (0, 1) of weight row r in a stage: the A loads of a warp (rows g, g + 8, all 8 g at
 // once) fall on distinct banks.
 __device__ __forceinline__ int wchunk(int r, int c) { return r * 2 + (c ^ ((r >> 2) & 1)); }
-// Byte offset, in a stage's x area, of 16-byte chunk c (0 .. 8·Terms − 1) of token n's group (term c / 8, k-step
-// (c % 8) / 2, k half c % 2) in the 128-byte-swizzle layout, or the no-swizzle one.
-__device__ __forceinline__ int xchunk(int n, int c, bool swizzle) {
-  const int h = c >> 3, cc = c & 7;
-  if (swizzle) return h * (kTokens * 128) + n * 128 + ((cc ^ (n & 7)) << 4);
-  return (h * 4 + (cc >> 1)) * (kTokens * 32) + (n >> 3) * 256 + (cc & 1) * 128 + (n & 7) * 16;
+// Byte offset, in a stage's x area, of 16-byte chunk c (0 .. 8·Terms − 1) of token n's group: term c / 8's tile,
+// row n, chunk c % 8 (k-step (c % 8) / 2, k half c % 2) at the 128-byte swizzle's place.
+__device__ __forceinline__ int xchunk(int n, int c) {
+  return (c >> 3) * (kTokens * 128) + n * 128 + (((c & 7) ^ (n & 7)) << 4);
 }
 // The descriptor of term h, k-step i of the x tile at shared address xs: start address >> 4 in bits 0..13, the
-// leading (bits 16..29) and stride (32..45) byte offsets >> 4, the swizzle mode in bits 62..63 (1: 128 bytes).
-__device__ __forceinline__ uint64_t x_descriptor(uint32_t xs, int h, int i, bool swizzle) {
-  if (swizzle) {
-    const uint32_t addr = xs + h * (kTokens * 128) + i * 32;
-    return uint64_t((addr & 0x3FFFFu) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
-  }
-  const uint32_t addr = xs + (h * 4 + i) * (kTokens * 32);
-  return uint64_t((addr & 0x3FFFFu) >> 4) | (uint64_t(128 >> 4) << 16) | (uint64_t(256 >> 4) << 32);
+// leading byte offset (bits 16..29; unused by swizzled K-major tiles: 1) and the stride between 8-token groups
+// (bits 32..45, 1024 bytes, >> 4), the swizzle mode in bits 62..63 (1: 128 bytes).
+__device__ __forceinline__ uint64_t x_descriptor(uint32_t xs, int h, int i) {
+  const uint32_t addr = xs + h * (kTokens * 128) + i * 32;
+  return uint64_t((addr & 0x3FFFFu) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
 }
 
 // The 16-bit pair (nibble t, nibble t + 4) of an 8-nibble word as fp16x2 (F16) or bf16x2, exact: (w >> 4t) &
@@ -165,8 +157,7 @@ __device__ __forceinline__ void wgmma_16bit(float (&d)[32], const uint32_t (&a)[
 #undef TERN_WGMMA_M64N64K16
 template <class S, bool SwiGLU>
 __global__ void __launch_bounds__(kThreads, S::kMinBlocks)
-    matmul_wgmma_kernel(MatmulArgs a, DMat up, const void* xsrc, int64_t xrow_bytes, int64_t sums_off,
-                        bool swizzle) {
+    matmul_wgmma_kernel(MatmulArgs a, DMat up, const void* xsrc, int64_t xrow_bytes, int64_t sums_off) {
   static_assert(!SwiGLU || S::kMTiles % 2 == 0, "SwiGLU pairs gate and up row tiles");
   constexpr int kStages = S::kStages, MT = S::kMTiles, Terms = S::kTerms, NT = kTokens / 8;
   constexpr bool kF16 = Terms == 1;  // one fp16 term with a per-token scale, else bf16 hi + lo
@@ -192,14 +183,8 @@ __global__ void __launch_bounds__(kThreads, S::kMinBlocks)
   const int G = int(a.w.cols / kStepK);
   const uint32_t smem0 = qtile::smem_addr(smem);
   const int scales_at = kStages * S::kSlotBytes;
-  // The block rows' scales, once (launch constants), in 16-byte pieces: G % 8 == 0 (matmul_wgmma_takes).
-  for (int i = tid; i < S::kRows * (G / 8); i += kThreads) {
-    const int row = i / (G / 8), piece = i % (G / 8);
-    const DMat* m;
-    const int64_t r = source(row, m);
-    qtile::cp_async_16(smem0 + scales_at + (row * S::ld_scales(G) + piece * 8) * 2,
-                       m->scales + r * a.w.groups_per_row + piece * 8, 16);
-  }
+  // The block rows' scales, once (launch constants; G % 8 == 0: matmul_wgmma_takes).
+  mm::copy_block_scales(smem0 + scales_at, S::kRows, S::ld_scales(G), G, a.w.groups_per_row, source);
   auto stage = [&](int step) { return (step % kStages) * S::kSlotBytes; };
   auto issue_weights = [&](int step) {
     const uint32_t st = smem0 + stage(step);
@@ -231,7 +216,7 @@ __global__ void __launch_bounds__(kThreads, S::kMinBlocks)
 #pragma unroll
     for (int m = 0; m < S::kXCopies; ++m) {
       const int q = tid + m * kThreads, n = q / kChunksPerToken, c = q % kChunksPerToken;
-      qtile::cp_async_16(st + xchunk(n, c, swizzle), xq + xrow[m] * xrow_bytes + int64_t(step) * (128 * Terms) + c * 16,
+      qtile::cp_async_16(st + xchunk(n, c), xq + xrow[m] * xrow_bytes + int64_t(step) * (128 * Terms) + c * 16,
                          n < count ? 16 : 0);
     }
   };
@@ -288,7 +273,7 @@ __global__ void __launch_bounds__(kThreads, S::kMinBlocks)
       for (int h = 0; h < Terms; ++h)
 #pragma unroll
         for (int i = 0; i < 4; ++i)
-          wgmma_16bit<kF16>(part[mi], af[mi][i], x_descriptor(xs, h, i, swizzle), h + i > 0 ? 1 : 0);
+          wgmma_16bit<kF16>(part[mi], af[mi][i], x_descriptor(xs, h, i), h + i > 0 ? 1 : 0);
       wgmma_commit();
     }
     // Fold each row tile's group sums with its rows' scales as its MMAs complete.
@@ -399,15 +384,6 @@ __global__ void __launch_bounds__(256) prepare_x_f16_kernel(const float* x, int6
 using Plain1 = Shape<2, 1, 4, 2>;  // 128 rows × 64 tokens, x in one fp16 term
 using Plain2 = Shape<2, 2, 4, 2>;  // the same, x as bf16 hi + lo
 
-// The x tiles' layout: 128-byte swizzle unless TERN_WGMMA_SWIZZLE=0 (the no-swizzle layout, for comparisons).
-bool swizzled() {
-  static const bool s = [] {
-    const char* e = std::getenv("TERN_WGMMA_SWIZZLE");
-    return !(e && std::string(e) == "0");
-  }();
-  return s;
-}
-
 template <class S, bool SwiGLU>
 void launch(const MatmulArgs& a, const DMat& up, const void* x, int64_t row_bytes, int64_t sums_off,
             cudaStream_t stream) {
@@ -421,7 +397,7 @@ void launch(const MatmulArgs& a, const DMat& up, const void* x, int64_t row_byte
   TERN_CHECK(tiles <= 65535, "matmul_wgmma: ", tiles, " token tiles exceed the grid limit");
   const dim3 grid(blocks_for(a.w.rows, SwiGLU ? S::kRows / 2 : S::kRows), unsigned(tiles));
   launch_pdl(SwiGLU ? "matmul_swiglu (wgmma)" : "matmul (wgmma)", kernel, grid, dim3(kThreads), smem, stream, a, up,
-             x, row_bytes, sums_off, swizzled());
+             x, row_bytes, sums_off);
 }
 
 template <bool SwiGLU>

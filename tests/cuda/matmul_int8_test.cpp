@@ -161,15 +161,9 @@ TEST(CudaMatmulInt8, DenseMatchesTwinAtModelShapes) {
       std::vector<float> first;
       for (Int8Tile tile : kTiles) {
         DeviceBuf<float> dy(size_t(T * c.rows));
-        MatmulArgs a;
-        a.w = dm.d;
-        a.x = dx.p;
-        a.ldx = c.cols;
+        MatmulArgs a = dense_args(dm.d, dx.p, dy.p, T);
         a.x_q16 = dxq->p;
         a.x_q16_cols = c.cols;
-        a.y = dy.p;
-        a.ldy = c.rows;
-        a.tokens = T;
         matmul_int8(a, nullptr, tile);
         const auto got = dy.host();
         const std::string what = base + " " + tile_name(tile);
@@ -259,15 +253,9 @@ TEST(CudaMatmulInt8, SwigluMatchesTwin) {
       for (Int8Tile tile : kTiles) {
         DeviceBuf<float> dy(size_t(T * c.rows));
         if (accumulate) TERN_CUDA(cudaMemcpy(dy.p, base.data(), base.size() * 4, cudaMemcpyHostToDevice));
-        MatmulArgs a;
-        a.w = dg.d;
-        a.x = dx.p;
-        a.ldx = c.cols;
+        MatmulArgs a = dense_args(dg.d, dx.p, dy.p, T);
         a.x_q16 = dxq->p;
         a.x_q16_cols = c.cols;
-        a.y = dy.p;
-        a.ldy = c.rows;
-        a.tokens = T;
         a.accumulate = accumulate;
         matmul_int8_swiglu(a, du.d, nullptr, tile);
         expect_product(dy.host(), want, ref, c.rows,

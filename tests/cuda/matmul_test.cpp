@@ -184,13 +184,7 @@ TEST(CudaMatmulTc, DenseSwigluMatchesCpu) {
         const bool xp = !legacy && variant % 2 == 1;
         DeviceBuf<float> dy(size_t(T * c.rows));
         if (accumulate) TERN_CUDA(cudaMemcpy(dy.p, base.data(), base.size() * 4, cudaMemcpyHostToDevice));
-        MatmulArgs a;
-        a.w = dg.d;
-        a.x = dx.p;
-        a.ldx = c.cols;
-        a.y = dy.p;
-        a.ldy = c.rows;
-        a.tokens = T;
+        MatmulArgs a = dense_args(dg.d, dx.p, dy.p, T);
         a.accumulate = accumulate;
         if (xp) {
           a.x_prep = dxp->p;
@@ -233,13 +227,7 @@ TEST(CudaMatmulTc, OtherFormatsAndShapesFallBackToFp32) {
       const auto x = random_floats(rng, size_t(T * c.cols), -2.0f, 2.0f);
       const auto ref = cpu_product(h->m, x, T);
       DeviceBuf<float> dx(x), dy(size_t(T * c.rows));
-      MatmulArgs a;
-      a.w = dm.d;
-      a.x = dx.p;
-      a.ldx = c.cols;
-      a.y = dy.p;
-      a.ldy = c.rows;
-      a.tokens = T;
+      MatmulArgs a = dense_args(dm.d, dx.p, dy.p, T);
       matmul(a, nullptr, c.tile);
       const float tol = 1e-5f * std::sqrt(float(c.cols)) * 4.0f;
       expect_close(dy.host(), ref, tol * rms_of(ref) + 1e-5f, 1e-4f, std::string(c.name) + " T=" + std::to_string(T));

@@ -100,6 +100,18 @@ inline std::vector<float> activations(std::mt19937_64& rng, int64_t T, int64_t c
   return x;
 }
 
+// The dense product's arguments: y [T, w.rows] = x [T, w.cols] · Wᵀ, both rows packed.
+inline MatmulArgs dense_args(const DMat& w, const float* x, float* y, int64_t T) {
+  MatmulArgs a;
+  a.w = w;
+  a.x = x;
+  a.ldx = w.cols;
+  a.y = y;
+  a.ldy = w.rows;
+  a.tokens = T;
+  return a;
+}
+
 // Top-k routing of T tokens over E experts, k distinct per token: random, or skewed (expert 0 on every token, expert
 // 1 on token 0 only).
 inline std::vector<int> routing_ids(std::mt19937_64& rng, int64_t T, int E, int k, bool skewed) {

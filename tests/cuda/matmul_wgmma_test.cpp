@@ -166,14 +166,8 @@ TEST(CudaMatmulWgmma, DenseMatchesTwinAtModelShapes) {
         const auto twin = cpu_product(h->m, as_seen(x, xk, c.cols), T);
         const PreparedInput px = prepared(dx.p, c.cols, T, c.cols, xk);
         DeviceBuf<float> dy(std::vector<float>(size_t(T * c.rows), NAN));
-        MatmulArgs a;
-        a.w = dm.d;
-        a.x = dx.p;
-        a.ldx = c.cols;
+        MatmulArgs a = dense_args(dm.d, dx.p, dy.p, T);
         px.set(a, xk, c.cols);
-        a.y = dy.p;
-        a.ldy = c.rows;
-        a.tokens = T;
         run_product(a, xk);
         const auto got = dy.host();
         const std::string what = std::string(c.name) + " T=" + std::to_string(T) + " " + x_name(xk);
@@ -251,14 +245,8 @@ TEST(CudaMatmulWgmma, SwigluMatchesTwin) {
           for (size_t i = 0; i < want.size(); ++i) want[i] += base[i];
         const PreparedInput px = prepared(dx.p, c.cols, T, c.cols, xk);
         DeviceBuf<float> dy(accumulate ? base : std::vector<float>(size_t(T * c.rows), NAN));
-        MatmulArgs a;
-        a.w = dg.d;
-        a.x = dx.p;
-        a.ldx = c.cols;
+        MatmulArgs a = dense_args(dg.d, dx.p, dy.p, T);
         px.set(a, xk, c.cols);
-        a.y = dy.p;
-        a.ldy = c.rows;
-        a.tokens = T;
         a.accumulate = accumulate;
         run_product(a, xk, &du.d);
         expect_product(dy.host(), want, ref, c.rows,
