@@ -14,6 +14,7 @@
 #include "core/check.h"
 #include "cuda/cuda_common.cuh"
 #include "cuda/moe_decode.cuh"
+#include "cuda/moe_dp4a.cuh"
 #include "cuda/qmv.cuh"
 #include "cuda/qmv_dp4a.cuh"
 #include "cuda/qmv_tile.cuh"
@@ -72,8 +73,10 @@ struct Tune {
   int depth = 0, bps = 0, variant = -1;
   int dp4a_rows = 0;  // variant 3: rows per warp batch (0: the default)
   bool hot = false;   // one weight copy: timed runs read it from L2 (what the kernel does without DRAM latency)
+  bool l2_down = false; // the MoE gate_up asks L2 for the chosen experts' down matrices
   std::string label() const {
     std::string s;
+    if (l2_down) s += "L2 down ahead";
     if (depth) s += "depth " + std::to_string(depth) + ", " + std::to_string(bps) + " block/SM";
     if (variant >= 0) s += (s.empty() ? "" : ", ") + std::string("variant ") + std::to_string(variant);
     if (dp4a_rows) s += (s.empty() ? "" : ", ") + std::to_string(dp4a_rows) + " rows/batch";
@@ -90,6 +93,7 @@ struct Tune {
     if (variant >= 0) t.variant = variant;
     cuda::qtile::set_tuning(t);
     cuda::qmv_dp4a_set_rows_per_batch(dp4a_rows ? dp4a_rows : 2);
+    cuda::moe_dp4a_set_down_prefetch(l2_down);
   }
 };
 
@@ -338,6 +342,13 @@ TERN_BENCH_CASES(decode) {
     const Tune t{0, 0, 3};
     add_moe(cases, MoePart::gate_up, 1, t);
     add_moe(cases, MoePart::down, 1, t);
+    add_moe(cases, MoePart::all, 1, t);
+  }
+  // The MoE gate_up asking L2 for the chosen experts' down matrices (TERN_L2_PREFETCH bit 4 of the decode plan).
+  {
+    Tune t{0, 0, 3};
+    t.l2_down = true;
+    add_moe(cases, MoePart::gate_up, 1, t);
     add_moe(cases, MoePart::all, 1, t);
   }
   for (int rows : {4, 8}) {

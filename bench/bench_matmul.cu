@@ -493,6 +493,13 @@ TERN_BENCH_CASES(matmul) {
       add_grouped_wgmma(cases, "gate+up", 512, 2048, T, true, xk, true);
     }
   }
+  // The runner's products at T = 32,768 (a 32K prompt in one product call; the runner itself cuts prompts into
+  // 4,096-token chunks, so these say how the kernel scales, not what a 32K prefill runs).
+  constexpr int64_t kT32 = 32768;
+  for (const Dense& d : dense) add_dense_wgmma(cases, d.what, d.rows, d.cols, kT32, cuda::WgmmaX::f16);
+  add_dense_wgmma(cases, "shared gate+up", 512, 2048, kT32, cuda::WgmmaX::f16, true);
+  add_grouped_wgmma(cases, "down", 2048, 512, kT32, false, cuda::WgmmaX::f16);
+  add_grouped_wgmma(cases, "gate+up", 512, 2048, kT32, true, cuda::WgmmaX::f16, true);
 }
 
 }  // namespace tern::bench

@@ -15,6 +15,7 @@
 #include "cuda/gdn.cuh"
 #include "cuda/moe.cuh"
 #include "cuda/moe_decode.cuh"
+#include "cuda/moe_dp4a.cuh"
 #include "cuda/norm.cuh"
 #include "cuda/qmatmul.cuh"
 #include "cuda/qmatmul_int8.cuh"
@@ -272,7 +273,11 @@ class CudaSession final : public Session {
 struct PreparedX {
   const void* main = nullptr;
   const void* q16 = nullptr;
+  bool split = false;  // main holds bf16 hi + lo (matmul_prepare_x), not fp16, under the fp16 plan
 };
+
+// The prefill plan's product inputs, for choosing which take x as fp16 on Hopper (TERN_PREFILL_F16_SITES).
+enum PrefillSite : int { kGdnIn = 1, kAttnIn = 2, kMixerOut = 4, kMoeIn = 8, kMoeDown = 16, kAllSites = 31 };
 
 class CudaRunner final : public ModelRunner {
  public:
@@ -297,7 +302,17 @@ class CudaRunner final : public ModelRunner {
     }
     // TERN_PREFILL_EXACT_GATES=0: the GDN gate products (b, a) on the fp16 kernel too.
     exact_gates_ = prefill_kernel_ == PrefillKernel::wgmma_f16 && !env_is("TERN_PREFILL_EXACT_GATES", "0");
+    // TERN_PREFILL_F16_SITES (a bit mask of PrefillSite, default 30): the inputs that take x as fp16 under the fp16
+    // plan; the others take bf16 hi + lo (16 significant bits) on the same kernel. The GDN in_proj's input stays off
+    // fp16 by default: against transformers (8 layers, 640 positions, two seeds) it alone moved the prefill's mean KL
+    // from ~4.1e-4 to ~0.9e-4 nats (one fp16 run reached 1.4e-3, over the 1e-3 bar), for ~4% of a 4K prefill.
+    if (const char* e = std::getenv("TERN_PREFILL_F16_SITES")) f16_sites_ = std::atoi(e) & kAllSites;
     use_decode_kernels_ = !env_is("TERN_CUDA_DECODE_KERNELS", "0");
+    // TERN_L2_PREFETCH (a bit mask, default 12 = both; the one-token decode plan on Hopper; l2_prefetch.cuh): 4 the MoE
+    // gate_up asks L2 for the chosen experts' down matrices; 8 each mixer's output projection for the next layer's
+    // first projection; 0 neither.
+    if (const char* e = std::getenv("TERN_L2_PREFETCH")) l2_prefetch_ = std::atoi(e) & 12;
+    moe_dp4a_set_down_prefetch(l2_prefetch_ & 4);
     allocate_decode_scratch();
     attention_init();  // kernel attributes set once, outside any graph capture
   }
@@ -472,7 +487,25 @@ class CudaRunner final : public ModelRunner {
       m.top_k = c.num_experts_per_tok;
       moe_w_.push_back(m);
     }
+    plan_l2_prefetch();
     TERN_CUDA(cudaStreamSynchronize(stream_));
+  }
+
+  // What each mixer's one-token output projection asks L2 for (TERN_L2_PREFETCH bit 8): the next layer's first
+  // projection (in_proj_all or attn_qkv), read ~20 µs later, after the MoE block.
+  void plan_l2_prefetch() {
+    const size_t L = w_->layers.size();
+    l2_output_ahead_.assign(L, {});
+    if (!(l2_prefetch_ & 8)) return;
+    for (size_t i = 0; i + 1 < L; ++i) {
+      const DeviceLayer& n = w_->layers[i + 1];
+      const DMat& m = n.type == LayerType::linear_attention ? n.in_proj_all : n.attn_qkv;
+      if (m.empty() || m.format != WeightFormat::affine4) continue;
+      L2Ranges& r = l2_output_ahead_[i];
+      r.add(m.data, m.rows * m.row_words * 4);
+      r.add(m.scales, m.rows * m.groups_per_row * 2);
+      r.add(m.biases, m.rows * m.groups_per_row * 2);
+    }
   }
 
   GdnDims gdn_dims(int64_t T) const {
@@ -506,9 +539,11 @@ class CudaRunner final : public ModelRunner {
   }
 
   // y [T, w.rows] (row stride ldy) (+)= x̂ · Wᵀ with x̂ = x or RMSNorm(x)·norm_w (x [T, w.cols], row stride ldx).
+  // ahead: ranges to ask L2 for on behalf of later kernels (one token only).
   void qmv_into(const DMat& w, const float* x, int64_t ldx, int64_t T, const float* norm_w, float* y, int64_t ldy,
-                bool accumulate = false) {
+                bool accumulate = false, const L2Ranges& ahead = {}) {
     QmvArgs a;
+    if (T == 1) a.l2_ahead = ahead;
     a.w = w;
     a.x = x;
     a.ldx = ldx;
@@ -546,10 +581,15 @@ class CudaRunner final : public ModelRunner {
     }
   }
 
-  PreparedX prepare_x(const float* x, int64_t ldx, int64_t T, int64_t cols, bool with_8bit = false) {
+  PreparedX prepare_x(const float* x, int64_t ldx, int64_t T, int64_t cols, PrefillSite site, bool with_8bit = false) {
     PreparedX p;
     if (fp32_prefill_ || T <= 1) return p;
-    switch (prefill_kernel_) {
+    PrefillKernel kernel = prefill_kernel_;
+    if (kernel == PrefillKernel::wgmma_f16 && !(f16_sites_ & site)) {
+      kernel = PrefillKernel::wgmma_split;
+      p.split = true;
+    }
+    switch (kernel) {
       case PrefillKernel::int8:
         if (cols % 128 != 0 || matmul_q16_bytes(T, cols) > int64_t(prep_bytes_)) return p;
         matmul_quantize_x(x, ldx, T, cols, prep_, stream_);
@@ -586,7 +626,7 @@ class CudaRunner final : public ModelRunner {
       return MatmulTile::automatic;
     }
     if (!prep.main || a.w.format != WeightFormat::affine4) return MatmulTile::automatic;
-    switch (prefill_kernel_) {
+    switch (prep.split && prefill_kernel_ == PrefillKernel::wgmma_f16 ? PrefillKernel::wgmma_split : prefill_kernel_) {
       case PrefillKernel::int8: return MatmulTile::automatic;
       case PrefillKernel::wgmma_f16:
         if (matmul_wgmma_takes(a.w)) {
@@ -771,7 +811,7 @@ class CudaRunner final : public ModelRunner {
     g.d = d;
     g.out = gated_;
     gdn_decode(g, stream_);
-    qmv_into(l.out_proj, gated_, Z, T, nullptr, hidden_, D, /*accumulate=*/true);
+    qmv_into(l.out_proj, gated_, Z, T, nullptr, hidden_, D, /*accumulate=*/true, output_ahead(l));
   }
 
   // Decode plan, attention layer: q|k|v in one product for one token (three for several), then the cache append,
@@ -793,8 +833,15 @@ class CudaRunner final : public ModelRunner {
     }
     attn_prepare(qg, k, v, l.q_norm, l.k_norm, s.d_pos, d, q_, lc.k, lc.v, stream_);
     attention(q_, qg, lc.k, lc.v, s.d_pos, d, attn_part_, attn_out_, stream_);
-    qmv_into(l.o_proj, attn_out_, int64_t(d.Hq) * d.dh, T, nullptr, hidden_, D, /*accumulate=*/true);
+    qmv_into(l.o_proj, attn_out_, int64_t(d.Hq) * d.dh, T, nullptr, hidden_, D, /*accumulate=*/true, output_ahead(l));
   }
+
+  size_t layer_index(const DeviceLayer& l) const {
+    const size_t i = size_t(&l - w_->layers.data());
+    TERN_CHECK(i < w_->layers.size(), "layer_index: not a layer of this runner's weights");
+    return i;
+  }
+  const L2Ranges& output_ahead(const DeviceLayer& l) const { return l2_output_ahead_[layer_index(l)]; }
 
   void gdn_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, int64_t T) {
     const Config& c = w_->config;
@@ -802,7 +849,7 @@ class CudaRunner final : public ModelRunner {
     const int64_t C = d.C();
     // The decay and write-strength gates (b, a: 32 rows each) steer the recurrence over the whole sequence: with the
     // fp16 products they take the 16-bit integer x (exact_gates_).
-    const PreparedX xp = prepare_x(normed_, c.hidden_size, T, c.hidden_size, exact_gates_);
+    const PreparedX xp = prepare_x(normed_, c.hidden_size, T, c.hidden_size, kGdnIn, exact_gates_);
     proj(l.in_proj_qkv, normed_, T, qkv_raw_, false, xp);
     proj(l.in_proj_z, normed_, T, z_, false, xp);
     proj(l.in_proj_b, normed_, T, b_, false, xp, /*exact=*/true);
@@ -824,20 +871,20 @@ class CudaRunner final : public ModelRunner {
       gdn_recurrent(conv_out_, g_, beta_, lc.rec, d, o_, stream_);
     gdn_gated_norm(o_, z_, l.gdn_norm, float(c.rms_norm_eps), d, gated_, stream_);
     const int64_t Z = int64_t(d.Hv) * d.dv;
-    proj(l.out_proj, gated_, T, hidden_, /*accumulate=*/true, prepare_x(gated_, Z, T, Z));
+    proj(l.out_proj, gated_, T, hidden_, /*accumulate=*/true, prepare_x(gated_, Z, T, Z, kMixerOut));
   }
 
   void attention_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, CudaSession& s, int64_t T, int64_t cap) {
     const Config& c = w_->config;
     const AttnDims d = attn_dims(T, cap);
-    const PreparedX xp = prepare_x(normed_, c.hidden_size, T, c.hidden_size);
+    const PreparedX xp = prepare_x(normed_, c.hidden_size, T, c.hidden_size, kAttnIn);
     proj(l.q_proj, normed_, T, qg_, false, xp);
     proj(l.k_proj, normed_, T, k_, false, xp);
     proj(l.v_proj, normed_, T, v_, false, xp);
     attn_prepare(qg_, k_, v_, l.q_norm, l.k_norm, s.d_pos, d, q_, lc.k, lc.v, stream_);
     attention(q_, qg_, lc.k, lc.v, s.d_pos, d, attn_part_, attn_out_, stream_);
     const int64_t O = int64_t(d.Hq) * d.dh;
-    proj(l.o_proj, attn_out_, T, hidden_, /*accumulate=*/true, prepare_x(attn_out_, O, T, O));
+    proj(l.o_proj, attn_out_, T, hidden_, /*accumulate=*/true, prepare_x(attn_out_, O, T, O, kMixerOut));
   }
 
   void moe(const DeviceLayer& l, int64_t T) {
@@ -845,7 +892,7 @@ class CudaRunner final : public ModelRunner {
     const int E = c.num_experts, k = c.num_experts_per_tok;
     const int64_t D = c.hidden_size, F = c.moe_intermediate_size;
     // normed_ prepared once for the router, the shared-expert gate and the routed and shared gate/up products.
-    const PreparedX xp = prepare_x(normed_, D, T, D, /*with_8bit=*/true);
+    const PreparedX xp = prepare_x(normed_, D, T, D, kMoeIn, /*with_8bit=*/true);
     proj(l.router, normed_, T, router_logits_, false, xp);
     proj(l.shared_expert_gate, normed_, T, shared_logit_, false, xp);
     moe_route(router_logits_, T, E, k, route_ids_, route_w_, stream_);
@@ -901,7 +948,7 @@ class CudaRunner final : public ModelRunner {
       a.w = l.expert_down;
       a.y = yd_;
       a.ldy = D;
-      matmul(a, stream_, with_prepared_x(a, prepare_x(hg_, F, T * k, F)));
+      matmul(a, stream_, with_prepared_x(a, prepare_x(hg_, F, T * k, F, kMoeDown)));
       pos_of = groups_.pos_of;
     }
     moe_combine(hidden_, yd_, pos_of, route_w_, ys_, shared_logit_, T, D, k, stream_);
@@ -926,7 +973,7 @@ class CudaRunner final : public ModelRunner {
       proj(l.shared_up, normed_, T, su_, false, xp);
       swiglu(sg_, su_, T * Fs, sg_, stream_);
     }
-    proj(l.shared_down, sg_, T, ys_, false, prepare_x(sg_, Fs, T, Fs));  // xp is not read after this
+    proj(l.shared_down, sg_, T, ys_, false, prepare_x(sg_, Fs, T, Fs, kMoeDown));  // xp is not read after this
   }
 
   // Logits of chunk rows [r0, r0 + n) into logits_ (device), n <= kLmRows.
@@ -971,6 +1018,9 @@ class CudaRunner final : public ModelRunner {
   bool params_valid_ = false;
   bool decode_warm_ = false;           // a decode step has run outside capture
   bool use_decode_kernels_ = true;      // TERN_CUDA_DECODE_KERNELS=0: decode through the prefill plan's kernels
+  int f16_sites_ = kAllSites & ~kGdnIn;  // TERN_PREFILL_F16_SITES (see the constructor)
+  int l2_prefetch_ = 12;                // TERN_L2_PREFETCH bit mask (see the constructor)
+  std::vector<L2Ranges> l2_output_ahead_;  // per layer: what its output projection asks L2 for (plan_l2_prefetch)
   DeviceArena decode_scratch_;
   float* proj_ = nullptr;               // [kQmvMaxTokens, proj_cols_] fused input projection output
   int64_t proj_cols_ = 0;

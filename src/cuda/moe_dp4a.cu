@@ -7,6 +7,7 @@
 #include "core/check.h"
 #include "cuda/cuda_common.cuh"
 #include "cuda/dp4a_tile.cuh"
+#include "cuda/l2_prefetch.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/qmv_tile.cuh"
 #include "cuda/warp_reduce.cuh"
@@ -48,7 +49,42 @@ struct GateUpParams {
   const int* ids;      // [k]
   const float* xhat;   // [D]
   float* h;            // [k + 1][F]
+  // L2 prefetch (moe_dp4a_set_down_prefetch): the down kernel's matrices (down_rows rows of down_row_words words,
+  // down_gpr groups) of the k chosen experts and the shared expert.
+  bool down_ahead = false;
+  Q4 down, sdown;
+  int down_rows = 0, down_row_words = 0, down_gpr = 0;
 };
+
+// L2 prefetch of the down matrices of the k chosen experts and the shared expert, spread over the grid's threads in
+// pieces of L2Ranges::kPiece bytes: per segment its words, then scales, then biases.
+__device__ inline void prefetch_down(const GateUpParams& p, const int* ids) {
+  const int64_t wbytes = int64_t(p.down_rows) * p.down_row_words * 4, gbytes = int64_t(p.down_rows) * p.down_gpr * 2;
+  const int64_t wp = (wbytes + L2Ranges::kPiece - 1) / L2Ranges::kPiece;
+  const int64_t gp = (gbytes + L2Ranges::kPiece - 1) / L2Ranges::kPiece;
+  const int64_t per_seg = wp + 2 * gp;
+  for (int64_t t = grid_thread(); t < (p.k + 1) * per_seg; t += grid_threads()) {
+    const int seg = int(t / per_seg);
+    int64_t k = t - int64_t(seg) * per_seg;
+    const bool sh = seg == p.k;
+    const Q4 M = pick(sh, p.sdown, p.down);
+    const int64_t e = sh ? 0 : ids[seg];
+    const char* base;
+    int64_t bytes;
+    if (k < wp) {
+      base = reinterpret_cast<const char*>(M.words + e * M.expert_words);
+      bytes = wbytes;
+    } else {
+      k -= wp;
+      const bool sc = k < gp;
+      if (!sc) k -= gp;
+      base = reinterpret_cast<const char*>((sc ? M.scales : M.biases) + e * M.expert_groups);
+      bytes = gbytes;
+    }
+    const int64_t off = k * L2Ranges::kPiece;
+    l2_prefetch_bulk(base + off, uint32_t(bytes - off < L2Ranges::kPiece ? bytes - off : L2Ranges::kPiece));
+  }
+}
 
 template <int S>
 struct GateUpBatch {
@@ -121,6 +157,7 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_dp4a_kernel(const GateUp
   }
   __syncthreads();
   if (!early) load_gate_up<S>(p, ids_s, batch, lane, cur);
+  if (p.down_ahead) prefetch_down(p, ids_s);
   float unused_ss = 0.0f;
   dp4a::quantize_block(p.xhat, nullptr, S * 128, xs, xsum, xsig, unused_ss);
   __syncthreads();
@@ -243,6 +280,17 @@ bool q4_dp4a_ok(const DMat& m) {
 
 bool same_shape(const DMat& a, const DMat& b) { return a.rows == b.rows && a.cols == b.cols; }
 
+// Whether L2 prefetch pieces of m's rows are 16-byte aligned: word, scale and bias bases, rows' groups and experts.
+bool prefetch_aligned(const DMat& m) {
+  const auto al = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+  return al(m.data) && al(m.scales) && al(m.biases) && (m.groups_per_row * 2) % 16 == 0 && (m.row_words * 4) % 16 == 0;
+}
+
+bool& down_prefetch_setting() {
+  static bool on = false;
+  return on;
+}
+
 template <int S>
 void launch_gate_up(const GateUpParams& p, cudaStream_t stream) {
   const int blocks =
@@ -251,6 +299,8 @@ void launch_gate_up(const GateUpParams& p, cudaStream_t stream) {
 }
 
 }  // namespace
+
+void moe_dp4a_set_down_prefetch(bool on) { down_prefetch_setting() = on; }
 
 bool moe_gate_up_dp4a(const MoeDecodeWeights& w, const MoeDecodeScratch& s, cudaStream_t stream) {
   const DMat& g = w.expert_gate;
@@ -272,6 +322,13 @@ bool moe_gate_up_dp4a(const MoeDecodeWeights& w, const MoeDecodeScratch& s, cuda
   p.ids = s.ids;
   p.xhat = s.xhat;
   p.h = s.h;
+  p.down_ahead = down_prefetch_setting() && prefetch_aligned(w.expert_down) && prefetch_aligned(w.shared_down) &&
+                 same_shape(w.expert_down, w.shared_down);
+  p.down = q4_of(w.expert_down);
+  p.sdown = q4_of(w.shared_down);
+  p.down_rows = int(w.expert_down.rows);
+  p.down_row_words = int(w.expert_down.row_words);
+  p.down_gpr = int(w.expert_down.groups_per_row);
   switch (D) {
     case 1024: launch_gate_up<1>(p, stream); break;
     case 2048: launch_gate_up<2>(p, stream); break;

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "cuda/device_weights.cuh"
+#include "cuda/l2_ranges.h"
 
 namespace tern::cuda {
 
@@ -42,6 +43,9 @@ struct QmvArgs {
   float* y = nullptr;
   int64_t ldy = 0;
   bool accumulate = false;        // y += (the residual add) instead of y =
+  // Ranges for the kernels after this one that the kernel asks L2 for before its pdl_wait (l2_prefetch.cuh); one
+  // token on the integer path (qmv_dp4a) only, other paths ignore them.
+  L2Ranges l2_ahead;
 };
 void qmv(const QmvArgs& a, cudaStream_t stream);
 

@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "cuda/dp4a_tile.cuh"
+#include "cuda/l2_prefetch.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/qmv_tile.cuh"
 #include "cuda/warp_reduce.cuh"
@@ -36,6 +37,7 @@ struct Dp4aParams {
   float eps = 1e-6f;
   float* y;               // [rows]
   bool accumulate = false;
+  L2Ranges ahead;         // asked of L2 for later kernels, before pdl_wait, spread over the grid
 };
 
 // The weights, scales and biases of rows [row0, row0 + R) that this lane reads (zeros past the last row).
@@ -77,6 +79,7 @@ __global__ void __launch_bounds__(kThreads) qmv_dp4a_kernel(const Dp4aParams p) 
 
   Batch<S, R> cur;
   load_batch<S, R>(p, batch * R, lane, cur);  // weights are launch constants: read before the wait
+  if (p.ahead.pieces) l2_prefetch_share(p.ahead, grid_thread(), grid_threads());
   pdl_wait();
 
   // Activations, once per block: thread t quantises words t, t + 256, ... (8 columns each) of x̂ = x (·norm_w) per
@@ -200,6 +203,7 @@ void qmv_dp4a(const QmvArgs& a, cudaStream_t stream) {
   p.eps = a.eps;
   p.y = a.y;
   p.accumulate = a.accumulate;
+  p.ahead = a.l2_ahead;
   switch (w.cols) {
     case 1024: launch_rows<1>(p, stream); break;
     case 2048: launch_rows<2>(p, stream); break;

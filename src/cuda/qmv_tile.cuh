@@ -45,6 +45,7 @@
 #include <cstdint>
 
 #include "cuda/dmat_device.cuh"
+#include "cuda/l2_prefetch.cuh"
 #include "cuda/warp_reduce.cuh"
 
 namespace tern::cuda::qtile {
@@ -89,20 +90,13 @@ __device__ __forceinline__ uint32_t ld_const_u16(const uint16_t* p) {
   return v;
 }
 
-// Hopper: asks L2 to fetch [p, p + bytes) (p 16-byte aligned, bytes a multiple of 16); a hint, no-op elsewhere.
-__device__ __forceinline__ void prefetch_l2_bulk(const void* p, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#endif
-}
-
 // [base, base + bytes) in 32 KB pieces, lane l taking pieces l, l + 32, ... (nullptr: nothing).
 __device__ inline void prefetch_l2_range(const void* base, int64_t bytes, int lane) {
   if (!base) return;
   constexpr int64_t kPiece = 32 * 1024;
   const char* p = static_cast<const char*>(base);
   for (int64_t off = int64_t(lane) * kPiece; off < bytes; off += 32 * kPiece)
-    prefetch_l2_bulk(p + off, uint32_t(bytes - off < kPiece ? bytes - off : kPiece));
+    l2_prefetch_bulk(p + off, uint32_t(bytes - off < kPiece ? bytes - off : kPiece));
 }
 
 // cp.async (sm_80+): copies `bytes` (16: .cg, bypassing L1; 8: .ca) from global src to shared dst (a shared-window

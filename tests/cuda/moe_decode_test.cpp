@@ -2,7 +2,8 @@
 // its CPU twin: cpu::rms_norm → cpu::moe_forward (router matmul, moe_route, expert_swiglu per expert, shared expert
 // scaled by its sigmoid gate), then the residual add, at the model's real shapes (E = 256, k = 8, F = 512,
 // D = 2048; 4-bit experts, 8-bit router), T = 1 and T = 3, every kernel launched twice to check that the router's
-// ticket counter resets and that results are deterministic. A small float-format model checks the generic path.
+// ticket counter resets and that results are deterministic (the second run with the L2 prefetch of the down
+// matrices on). A small float-format model checks the generic path.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include "cpu/ops_moe.h"
 #include "cpu/ops_norm.h"
 #include "cuda/moe_decode.cuh"
+#include "cuda/moe_dp4a.cuh"
 #include "cuda/qmv.cuh"
 #include "cuda_test_util.h"
 
@@ -128,9 +130,13 @@ void run_moe_case(std::mt19937_64& rng, const MoeHost& mh, MoeDevice& md, int T,
       TERN_CUDA(cudaMemset(s.h, 0xff, size_t(T * (k + 1) * F) * 4));
       TERN_CUDA(cudaMemset(s.shared_gate, 0xff, size_t(T) * 4));
     }
+    // The second run with the one-token gate_up asking L2 for the down matrices (the decode plan's prefetch), the
+    // first without: the bitwise comparison below also says that the prefetch changes nothing.
+    moe_dp4a_set_down_prefetch(run == 1);
     moe_router_decode(md.w, dh.p, T, s, nullptr);
     const bool integer_gate_up = moe_gate_up_decode(md.w, T, s, nullptr);  // then down reads the routing early
     moe_down_decode(md.w, dh.p, T, s, nullptr, integer_gate_up);
+    moe_dp4a_set_down_prefetch(false);
     TERN_CUDA(cudaGetLastError());
     const auto got = dh.host();
     EXPECT_EQ(to_host(s.ticket, 1)[0], 0u) << what << ": ticket not reset after run " << run;

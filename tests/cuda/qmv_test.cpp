@@ -439,6 +439,17 @@ TEST(CudaQmv, OneTokenIntegerPathMatchesTwin) {
       ASSERT_TRUE(qmv_dp4a_supported(a)) << c.rows << "x" << c.cols;
       qmv(a, nullptr);
       const auto got = dy.host();
+      {  // the same product asking L2 for other ranges (the decode plan's prefetch): the same bits
+        DeviceBuf<float> dy2(y0);
+        QmvArgs b = a;
+        b.y = dy2.p;
+        b.l2_ahead.add(static_cast<const char*>(dm.d.data) + 5, int64_t(c.rows) * dm.d.row_words * 4 - 5);
+        b.l2_ahead.add(dx.p, c.cols * 4);
+        qmv(b, nullptr);
+        const auto got2 = dy2.host();
+        ASSERT_EQ(got2.size(), got.size());
+        EXPECT_EQ(std::memcmp(got2.data(), got.data(), got.size() * 4), 0) << "L2 prefetch changed the product";
+      }
       std::vector<float> want_twin(static_cast<size_t>(c.rows)), want_exact(static_cast<size_t>(c.rows)),
           tol_twin(static_cast<size_t>(c.rows)), tol_exact(static_cast<size_t>(c.rows));
       const float m = float(mag[0] * rinv);
