@@ -14,7 +14,6 @@
 #include "core/check.h"
 #include "cuda/cuda_common.cuh"
 #include "cuda/moe_decode.cuh"
-#include "cuda/moe_dp4a.cuh"
 #include "cuda/qmv.cuh"
 #include "cuda/qmv_dp4a.cuh"
 #include "cuda/qmv_tile.cuh"
@@ -73,7 +72,7 @@ struct Tune {
   int depth = 0, bps = 0, variant = -1;
   int dp4a_rows = 0;  // variant 3: rows per warp batch (0: the default)
   bool hot = false;   // one weight copy: timed runs read it from L2 (what the kernel does without DRAM latency)
-  bool l2_down = false; // the MoE gate_up asks L2 for the chosen experts' down matrices
+  bool l2_down = false; // the MoE gate_up asks L2 for the chosen experts' down matrices (MoeDecodeWeights)
   std::string label() const {
     std::string s;
     if (l2_down) s += "L2 down ahead";
@@ -93,7 +92,6 @@ struct Tune {
     if (variant >= 0) t.variant = variant;
     cuda::qtile::set_tuning(t);
     cuda::qmv_dp4a_set_rows_per_batch(dp4a_rows ? dp4a_rows : 2);
-    cuda::moe_dp4a_set_down_prefetch(l2_down);
   }
 };
 
@@ -308,11 +306,13 @@ void add_moe(CaseList& cases, MoePart part, int T, Tune tune = {}, int prefetch 
     cuda::moe_decode_set_l2_prefetch(prefetch != 0);
     MoeData& d = **holder;
     const size_t i = size_t(rep) % size_t(d.copies);
+    cuda::MoeDecodeWeights w = d.w[i];
+    w.prefetch_down = tune.l2_down;
     switch (part) {
-      case MoePart::router: cuda::moe_router_decode(d.w[i], d.hidden[i], d.T, d.s[i], stream); break;
-      case MoePart::gate_up: cuda::moe_gate_up_decode(d.w[i], d.T, d.s[i], stream); break;
-      case MoePart::down: cuda::moe_down_decode(d.w[i], d.hidden[i], d.T, d.s[i], stream); break;
-      case MoePart::all: cuda::moe_decode(d.w[i], d.hidden[i], d.T, d.s[i], stream); break;
+      case MoePart::router: cuda::moe_router_decode(w, d.hidden[i], d.T, d.s[i], stream); break;
+      case MoePart::gate_up: cuda::moe_gate_up_decode(w, d.T, d.s[i], stream); break;
+      case MoePart::down: cuda::moe_down_decode(w, d.hidden[i], d.T, d.s[i], stream); break;
+      case MoePart::all: cuda::moe_decode(w, d.hidden[i], d.T, d.s[i], stream); break;
     }
   };
   cases.push_back(std::move(c));

@@ -15,7 +15,6 @@
 #include "cuda/gdn.cuh"
 #include "cuda/moe.cuh"
 #include "cuda/moe_decode.cuh"
-#include "cuda/moe_dp4a.cuh"
 #include "cuda/norm.cuh"
 #include "cuda/qmatmul.cuh"
 #include "cuda/qmatmul_int8.cuh"
@@ -312,7 +311,6 @@ class CudaRunner final : public ModelRunner {
     // gate_up asks L2 for the chosen experts' down matrices; 8 each mixer's output projection for the next layer's
     // first projection; 0 neither.
     if (const char* e = std::getenv("TERN_L2_PREFETCH")) l2_prefetch_ = std::atoi(e) & 12;
-    moe_dp4a_set_down_prefetch(l2_prefetch_ & 4);
     allocate_decode_scratch();
     attention_init();  // kernel attributes set once, outside any graph capture
   }
@@ -485,6 +483,7 @@ class CudaRunner final : public ModelRunner {
       m.shared_up = l.shared_up;
       m.shared_down = l.shared_down;
       m.top_k = c.num_experts_per_tok;
+      m.prefetch_down = l2_prefetch_ & 4;
       moe_w_.push_back(m);
     }
     plan_l2_prefetch();
@@ -626,7 +625,7 @@ class CudaRunner final : public ModelRunner {
       return MatmulTile::automatic;
     }
     if (!prep.main || a.w.format != WeightFormat::affine4) return MatmulTile::automatic;
-    switch (prep.split && prefill_kernel_ == PrefillKernel::wgmma_f16 ? PrefillKernel::wgmma_split : prefill_kernel_) {
+    switch (prep.split ? PrefillKernel::wgmma_split : prefill_kernel_) {
       case PrefillKernel::int8: return MatmulTile::automatic;
       case PrefillKernel::wgmma_f16:
         if (matmul_wgmma_takes(a.w)) {

@@ -28,6 +28,9 @@ struct MoeDecodeWeights {
   DMat shared_gate, shared_up;    // [Fs, D], Fs == F
   DMat shared_down;               // [D, Fs]
   int top_k = 8;
+  // One token on the integer path (moe_dp4a.cuh): the gate_up kernel, once it has read the routing, asks L2 for the
+  // down matrices of the chosen experts and the shared expert (l2_prefetch.cuh), so that the down kernel reads L2.
+  bool prefetch_down = false;
 };
 
 // Device scratch of one MoE decode step for T tokens; moe_decode_scratch_bytes() bytes, carved by

@@ -49,7 +49,7 @@ struct GateUpParams {
   const int* ids;      // [k]
   const float* xhat;   // [D]
   float* h;            // [k + 1][F]
-  // L2 prefetch (moe_dp4a_set_down_prefetch): the down kernel's matrices (down_rows rows of down_row_words words,
+  // L2 prefetch (MoeDecodeWeights::prefetch_down): the down kernel's matrices (down_rows rows of down_row_words words,
   // down_gpr groups) of the k chosen experts and the shared expert.
   bool down_ahead = false;
   Q4 down, sdown;
@@ -286,11 +286,6 @@ bool prefetch_aligned(const DMat& m) {
   return al(m.data) && al(m.scales) && al(m.biases) && (m.groups_per_row * 2) % 16 == 0 && (m.row_words * 4) % 16 == 0;
 }
 
-bool& down_prefetch_setting() {
-  static bool on = false;
-  return on;
-}
-
 template <int S>
 void launch_gate_up(const GateUpParams& p, cudaStream_t stream) {
   const int blocks =
@@ -299,8 +294,6 @@ void launch_gate_up(const GateUpParams& p, cudaStream_t stream) {
 }
 
 }  // namespace
-
-void moe_dp4a_set_down_prefetch(bool on) { down_prefetch_setting() = on; }
 
 bool moe_gate_up_dp4a(const MoeDecodeWeights& w, const MoeDecodeScratch& s, cudaStream_t stream) {
   const DMat& g = w.expert_gate;
@@ -322,7 +315,7 @@ bool moe_gate_up_dp4a(const MoeDecodeWeights& w, const MoeDecodeScratch& s, cuda
   p.ids = s.ids;
   p.xhat = s.xhat;
   p.h = s.h;
-  p.down_ahead = down_prefetch_setting() && prefetch_aligned(w.expert_down) && prefetch_aligned(w.shared_down) &&
+  p.down_ahead = w.prefetch_down && prefetch_aligned(w.expert_down) && prefetch_aligned(w.shared_down) &&
                  same_shape(w.expert_down, w.shared_down);
   p.down = q4_of(w.expert_down);
   p.sdown = q4_of(w.shared_down);

@@ -22,9 +22,5 @@ namespace tern::cuda {
 bool moe_gate_up_dp4a(const MoeDecodeWeights& w, const MoeDecodeScratch& s, cudaStream_t stream);
 bool moe_down_dp4a(const MoeDecodeWeights& w, float* hidden, const MoeDecodeScratch& s, bool early_routing,
                    cudaStream_t stream);
-// Whether the gate_up kernel asks L2 (Hopper; l2_prefetch.cuh), once it has read the routing, for the down matrices of
-// the chosen experts and the shared expert, spread over its grid, so that the down kernel after it reads them from L2.
-// Read when a launch is recorded (set it outside capture).
-void moe_dp4a_set_down_prefetch(bool on);
 
 }  // namespace tern::cuda

@@ -16,7 +16,6 @@
 #include "cpu/ops_moe.h"
 #include "cpu/ops_norm.h"
 #include "cuda/moe_decode.cuh"
-#include "cuda/moe_dp4a.cuh"
 #include "cuda/qmv.cuh"
 #include "cuda_test_util.h"
 
@@ -132,11 +131,11 @@ void run_moe_case(std::mt19937_64& rng, const MoeHost& mh, MoeDevice& md, int T,
     }
     // The second run with the one-token gate_up asking L2 for the down matrices (the decode plan's prefetch), the
     // first without: the bitwise comparison below also says that the prefetch changes nothing.
-    moe_dp4a_set_down_prefetch(run == 1);
-    moe_router_decode(md.w, dh.p, T, s, nullptr);
-    const bool integer_gate_up = moe_gate_up_decode(md.w, T, s, nullptr);  // then down reads the routing early
-    moe_down_decode(md.w, dh.p, T, s, nullptr, integer_gate_up);
-    moe_dp4a_set_down_prefetch(false);
+    MoeDecodeWeights w = md.w;
+    w.prefetch_down = run == 1;
+    moe_router_decode(w, dh.p, T, s, nullptr);
+    const bool integer_gate_up = moe_gate_up_decode(w, T, s, nullptr);  // then down reads the routing early
+    moe_down_decode(w, dh.p, T, s, nullptr, integer_gate_up);
     TERN_CUDA(cudaGetLastError());
     const auto got = dh.host();
     EXPECT_EQ(to_host(s.ticket, 1)[0], 0u) << what << ": ticket not reset after run " << run;
