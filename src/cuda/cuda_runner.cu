@@ -306,6 +306,12 @@ class CudaRunner final : public ModelRunner {
     // fp16 by default: against transformers (8 layers, 640 positions, two seeds) it alone moved the prefill's mean KL
     // from ~4.1e-4 to ~0.9e-4 nats (one fp16 run reached 1.4e-3, over the 1e-3 bar), for ~4% of a 4K prefill.
     if (const char* e = std::getenv("TERN_PREFILL_F16_SITES")) f16_sites_ = std::atoi(e) & kAllSites;
+    // TERN_PREFILL_F16_MIN_TOKENS (default 512): chunks of fewer tokens take bf16 hi + lo at every site. The fp16
+    // error concentrates at a sequence's first positions (8 layers against transformers, one seed: 63-65-token
+    // prompts mean KL ~8e-4 and perplexity +1.3% on fp16, ~1e-4 and < 0.1% on hi + lo; the same model's 640-token
+    // prompt 1.6e-4, +0.08%), and a short chunk is where fp16 saves the least time.
+    if (const char* e = std::getenv("TERN_PREFILL_F16_MIN_TOKENS")) f16_min_tokens_ = std::max<int64_t>(0, std::atoll(e));
+    if (o.f16_min_tokens >= 0) f16_min_tokens_ = o.f16_min_tokens;
     use_decode_kernels_ = !env_is("TERN_CUDA_DECODE_KERNELS", "0");
     // TERN_L2_PREFETCH (a bit mask, default 12 = both; the one-token decode plan on Hopper; l2_prefetch.cuh): 4 the MoE
     // gate_up asks L2 for the chosen experts' down matrices; 8 each mixer's output projection for the next layer's
@@ -584,7 +590,7 @@ class CudaRunner final : public ModelRunner {
     PreparedX p;
     if (fp32_prefill_ || T <= 1) return p;
     PrefillKernel kernel = prefill_kernel_;
-    if (kernel == PrefillKernel::wgmma_f16 && !(f16_sites_ & site)) {
+    if (kernel == PrefillKernel::wgmma_f16 && (!(f16_sites_ & site) || chunk_tokens_ < f16_min_tokens_)) {
       kernel = PrefillKernel::wgmma_split;
       p.split = true;
     }
@@ -648,6 +654,7 @@ class CudaRunner final : public ModelRunner {
     const int64_t T = int64_t(tokens.size());
     TERN_CUDA(cudaMemcpyAsync(tokens_, tokens.data(), size_t(T) * 4, cudaMemcpyHostToDevice, stream_));
     device_token_valid_ = false;
+    chunk_tokens_ = T;
     chunk_body(s, T);
     s.pos += T;
   }
@@ -1018,6 +1025,8 @@ class CudaRunner final : public ModelRunner {
   bool decode_warm_ = false;           // a decode step has run outside capture
   bool use_decode_kernels_ = true;      // TERN_CUDA_DECODE_KERNELS=0: decode through the prefill plan's kernels
   int f16_sites_ = kAllSites & ~kGdnIn;  // TERN_PREFILL_F16_SITES (see the constructor)
+  int64_t f16_min_tokens_ = 512;         // TERN_PREFILL_F16_MIN_TOKENS (see the constructor)
+  int64_t chunk_tokens_ = 0;             // tokens of the chunk being run (run_chunk)
   int l2_prefetch_ = 12;                // TERN_L2_PREFETCH bit mask (see the constructor)
   std::vector<L2Ranges> l2_output_ahead_;  // per layer: what its output projection asks L2 for (plan_l2_prefetch)
   DeviceArena decode_scratch_;

@@ -18,6 +18,9 @@ struct CudaRunnerOptions {
   // The prefill products on the integer kernel (16-bit x) even where the Hopper fp16 kernel runs (tests that hold the
   // prefill plan to the CPU runner at fp32-level bounds; TERN_PREFILL_WGMMA=0 does the same).
   bool exact_prefill = false;
+  // Chunks of fewer tokens take the exact (bf16 hi + lo) products under the fp16 plan; -1: the default (512, or
+  // TERN_PREFILL_F16_MIN_TOKENS). Tests of the fp16 products on short prompts set 0.
+  int64_t f16_min_tokens = -1;
 };
 
 // Uploads `weights` to GPU 0. Throws tern::Error when there is no GPU or the model does not fit.

@@ -235,7 +235,8 @@ TEST(CudaRunner, Fp16PrefillWithinTheFidelityBounds) {
   const int64_t n = 96;
   const auto tokens = random_tokens(rng, n, weights->vocab_real);
   auto cpu = cpu_runner_create(weights);
-  auto gpu = cuda_runner_create(weights, {.progress = false});
+  // 96 tokens: below the default floor under which chunks take the exact products, so the floor is set to 0 here.
+  auto gpu = cuda_runner_create(weights, {.progress = false, .f16_min_tokens = 0});
   auto cs = cpu->create_session(256);
   auto gs = gpu->create_session(256);
   std::vector<float> ref, got;
@@ -246,6 +247,17 @@ TEST(CudaRunner, Fp16PrefillWithinTheFidelityBounds) {
               f.kl, f.top1, f.max_abs);
   EXPECT_LT(std::fabs(f.ppl / f.ppl_ref - 1.0), 5e-3);
   EXPECT_LE(f.kl, 1e-3);
+  {  // the default floor (512 tokens): this 96-token prompt takes the exact products, closer to the CPU runner
+    auto exact = cuda_runner_create(weights, {.progress = false});
+    auto es = exact->create_session(256);
+    std::vector<float> eg;
+    exact->forward(*es, tokens, true, eg);
+    const Fidelity fe = compare_logits(ref, eg, tokens, V, weights->vocab_real);
+    std::printf("[short prompt, default floor, vs cpu] KL %.3g, top-1 %.3f, max |dlogit| %.4g\n", fe.kl, fe.top1,
+                fe.max_abs);
+    EXPECT_LT(fe.kl, f.kl) << "a short prompt did not take the exact products";
+    EXPECT_LT(fe.kl, 1e-4);
+  }
   auto ds = gpu->create_session(256);
   std::vector<float> step, dec(size_t(n * V));
   for (int64_t i = 0; i < n; ++i) {
