@@ -590,7 +590,7 @@ class CudaRunner final : public ModelRunner {
     PreparedX p;
     if (fp32_prefill_ || T <= 1) return p;
     PrefillKernel kernel = prefill_kernel_;
-    if (kernel == PrefillKernel::wgmma_f16 && (!(f16_sites_ & site) || chunk_tokens_ < f16_min_tokens_)) {
+    if (kernel == PrefillKernel::wgmma_f16 && !(chunk_f16_sites_ & site)) {
       kernel = PrefillKernel::wgmma_split;
       p.split = true;
     }
@@ -654,7 +654,7 @@ class CudaRunner final : public ModelRunner {
     const int64_t T = int64_t(tokens.size());
     TERN_CUDA(cudaMemcpyAsync(tokens_, tokens.data(), size_t(T) * 4, cudaMemcpyHostToDevice, stream_));
     device_token_valid_ = false;
-    chunk_tokens_ = T;
+    chunk_f16_sites_ = T >= f16_min_tokens_ ? f16_sites_ : 0;
     chunk_body(s, T);
     s.pos += T;
   }
@@ -1026,7 +1026,7 @@ class CudaRunner final : public ModelRunner {
   bool use_decode_kernels_ = true;      // TERN_CUDA_DECODE_KERNELS=0: decode through the prefill plan's kernels
   int f16_sites_ = kAllSites & ~kGdnIn;  // TERN_PREFILL_F16_SITES (see the constructor)
   int64_t f16_min_tokens_ = 512;         // TERN_PREFILL_F16_MIN_TOKENS (see the constructor)
-  int64_t chunk_tokens_ = 0;             // tokens of the chunk being run (run_chunk)
+  int chunk_f16_sites_ = 0;              // f16_sites_, or 0 for a chunk under f16_min_tokens_ (run_chunk)
   int l2_prefetch_ = 12;                // TERN_L2_PREFETCH bit mask (see the constructor)
   std::vector<L2Ranges> l2_output_ahead_;  // per layer: what its output projection asks L2 for (plan_l2_prefetch)
   DeviceArena decode_scratch_;
