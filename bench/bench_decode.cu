@@ -1,4 +1,4 @@
-// Workbench cases of the decode matrix-vector kernels (cuda::qmv) and the decode MoE block (cuda::moe_decode, cuda::moe_block_fused) at the
+// Workbench cases of the decode matrix-vector kernels (cuda::qmv) and the decode MoE block (cuda::moe_decode) at the
 // model's real shapes. Bytes are the fewest the kernel must read: the weight rows it uses (4-bit: cols/2 + 4 bytes of
 // scale and bias per 64 columns), plus activations. Weight copies rotate (bench_copies_for) so that timed runs read
 // device memory; the MoE cases rotate inputs whose routing differs, over 4 copies of the expert stacks.
@@ -14,7 +14,6 @@
 #include "core/check.h"
 #include "cuda/cuda_common.cuh"
 #include "cuda/moe_decode.cuh"
-#include "cuda/moe_fused.cuh"
 #include "cuda/qmv.cuh"
 #include "cuda/qmv_dp4a.cuh"
 #include "cuda/qmv_tile.cuh"
@@ -261,7 +260,7 @@ std::shared_ptr<MoeData> moe_data(int T) {
   return d;
 }
 
-enum class MoePart { router, gate_up, down, all, fused };
+enum class MoePart { router, gate_up, down, all };
 
 // prefetch: whether the router asks L2 for the chosen experts (off by default: a 2x regression on the H200).
 void add_moe(CaseList& cases, MoePart part, int T, Tune tune = {}, int prefetch = 0) {
@@ -297,11 +296,6 @@ void add_moe(CaseList& cases, MoePart part, int T, Tune tune = {}, int prefetch 
       c.bytes = router_b + gate_up_b + down_b;
       c.flops = router_f + gate_up_f + down_f;
       break;
-    case MoePart::fused:
-      c.name = "moe block in one kernel (moe_fused)" + shape;
-      c.bytes = router_b + gate_up_b + down_b;
-      c.flops = router_f + gate_up_f + down_f;
-      break;
   }
   auto holder = std::make_shared<std::shared_ptr<MoeData>>();
   c.setup = [holder, T] { *holder = moe_data(T); };
@@ -318,15 +312,7 @@ void add_moe(CaseList& cases, MoePart part, int T, Tune tune = {}, int prefetch 
       case MoePart::router: cuda::moe_router_decode(w, d.hidden[i], d.T, d.s[i], stream); break;
       case MoePart::gate_up: cuda::moe_gate_up_decode(w, d.T, d.s[i], stream); break;
       case MoePart::down: cuda::moe_down_decode(w, d.hidden[i], d.T, d.s[i], stream); break;
-      case MoePart::all: {  // the three kernels, whatever moe_decode would pick
-        cuda::moe_router_decode(w, d.hidden[i], d.T, d.s[i], stream);
-        const bool integer_gate_up = cuda::moe_gate_up_decode(w, d.T, d.s[i], stream);
-        cuda::moe_down_decode(w, d.hidden[i], d.T, d.s[i], stream, integer_gate_up);
-        break;
-      }
-      case MoePart::fused:
-        TERN_CHECK(cuda::moe_block_fused(w, d.hidden[i], d.T, d.s[i], stream), "moe_block_fused did not take the case");
-        break;
+      case MoePart::all: cuda::moe_decode(w, d.hidden[i], d.T, d.s[i], stream); break;
     }
   };
   cases.push_back(std::move(c));
@@ -357,7 +343,6 @@ TERN_BENCH_CASES(decode) {
     add_moe(cases, MoePart::gate_up, 1, t);
     add_moe(cases, MoePart::down, 1, t);
     add_moe(cases, MoePart::all, 1, t);
-    add_moe(cases, MoePart::fused, 1, t);
   }
   // The MoE gate_up asking L2 for the chosen experts' down matrices (TERN_L2_PREFETCH bit 4 of the decode plan).
   {

@@ -18,18 +18,15 @@ __device__ __forceinline__ uint32_t pack_bytes(int a, int b, int c, int d) {
   return (uint32_t(a) & 0xffu) | ((uint32_t(b) & 0xffu) << 8) | ((uint32_t(c) & 0xffu) << 16) | (uint32_t(d) << 24);
 }
 
-// Quantises the 8 columns v of one word; the kLanes consecutive lanes (all 32 lanes must call) are one group: 8 lanes,
-// 64 columns (the weights' groups); 4 lanes, 32 columns (moe_fused.cu's slices of h). Returns the word's {even hi, odd
-// hi, even lo, odd lo}; sumv = Σv of the word, m = the group's max|x|.
-template <int kLanes = 8>
+// Quantises the 8 columns v of one word; the 8 consecutive lanes (lane & ~7 .. + 7, all 32 lanes must call) are one
+// group of 64. Returns the word's {even hi, odd hi, even lo, odd lo}; sumv = Σv of the word, m = the group's max|x|.
 __device__ __forceinline__ uint4 quantize_word(const float v[8], int& sumv, float& m) {
-  static_assert(kLanes == 4 || kLanes == 8, "quantize_word: groups of 4 or 8 lanes");
   m = 0.0f;
 #pragma unroll
   for (int e = 0; e < 8; ++e) m = fmaxf(m, fabsf(v[e]));
   m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
   m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-  if (kLanes == 8) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
+  m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
   const float inv = m > 0.0f ? kQMax / m : 0.0f;
   int hi[8], lo[8];
   sumv = 0;

@@ -9,7 +9,6 @@
 #include "cuda/launch.cuh"
 #include "cuda/moe_dp4a.cuh"
 #include "cuda/moe_route.cuh"
-#include "cuda/moe_fused.cuh"
 #include "cuda/moe_router_cluster.cuh"
 #include "cuda/qmv.cuh"
 #include "cuda/qmv_tile.cuh"
@@ -665,8 +664,7 @@ void launch_router(const RouterParams& p, int smem, cudaStream_t stream) {
 
 size_t moe_decode_scratch_bytes(int T, int64_t D, int E, int k, int64_t F) {
   const int64_t b = align_up(T * D * 4) + align_up(int64_t(T) * E * 4) + align_up(T * 4) + align_up(int64_t(T) * k * 4) +
-                    align_up(int64_t(T) * k * 4) + align_up(T * 4) + align_up(T * (k + 1) * F * 4) + align_up(4) +
-                    align_up((F + 31) / 32 * D * 4) + align_up(8 * 4);
+                    align_up(int64_t(T) * k * 4) + align_up(T * 4) + align_up(T * (k + 1) * F * 4) + align_up(4);
   return size_t(b);
 }
 
@@ -687,22 +685,11 @@ MoeDecodeScratch moe_decode_scratch_view(void* base, int T, int64_t D, int E, in
   s.shared_gate = static_cast<float*>(take(T * 4));
   s.h = static_cast<float*>(take(T * (k + 1) * F * 4));
   s.ticket = static_cast<unsigned*>(take(4));
-  s.partial = static_cast<float*>(take((F + 31) / 32 * D * 4));
-  s.tickets = static_cast<unsigned*>(take(8 * 4));
   return s;
 }
 
 void moe_decode_scratch_init(const MoeDecodeScratch& s, cudaStream_t stream) {
   TERN_CUDA(cudaMemsetAsync(s.ticket, 0, sizeof(unsigned), stream));
-  TERN_CUDA(cudaMemsetAsync(s.tickets, 0, 8 * sizeof(unsigned), stream));
-}
-
-void moe_decode(const MoeDecodeWeights& w, float* hidden, int T, const MoeDecodeScratch& s, cudaStream_t stream) {
-  if (T == 1 && qtile::tuning().variant == 3 && moe_block_fused_enabled() && moe_block_fused(w, hidden, T, s, stream))
-    return;
-  moe_router_decode(w, hidden, T, s, stream);
-  const bool integer_gate_up = moe_gate_up_decode(w, T, s, stream);
-  moe_down_decode(w, hidden, T, s, stream, integer_gate_up);
 }
 
 void moe_decode_set_l2_prefetch(bool on) { prefetch_flag() = on; }

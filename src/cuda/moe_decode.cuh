@@ -35,7 +35,7 @@ struct MoeDecodeWeights {
 
 // Device scratch of one MoE decode step for T tokens; moe_decode_scratch_bytes() bytes, carved by
 // moe_decode_scratch_view(). Holds x̂, ids, weights, shared gate, h, and the router's ticket counter (zeroed by
-// moe_decode_scratch_init once; each router launch leaves it at zero again), and the fused kernel's partial sums.
+// moe_decode_scratch_init once; each router launch leaves it at zero again).
 struct MoeDecodeScratch {
   float* xhat = nullptr;         // [T, D] normed input (written by the router kernel)
   float* router_logits = nullptr;// [T, E]
@@ -45,10 +45,6 @@ struct MoeDecodeScratch {
   float* shared_gate = nullptr;  // [T] sigmoid(shared logit)
   float* h = nullptr;            // [T, k+1, F]
   unsigned* ticket = nullptr;    // [1]
-  // The fused one-token kernel (moe_fused.cuh): partial down sums per 32 intermediate columns and a ticket per block
-  // rank (zeroed by moe_decode_scratch_init; each run leaves them at zero).
-  float* partial = nullptr;      // [F / 32, D]
-  unsigned* tickets = nullptr;   // [8]
 };
 size_t moe_decode_scratch_bytes(int T, int64_t D, int E, int k, int64_t F);
 MoeDecodeScratch moe_decode_scratch_view(void* base, int T, int64_t D, int E, int k, int64_t F);
@@ -77,8 +73,11 @@ void moe_down_decode(const MoeDecodeWeights& w, float* hidden, int T, const MoeD
 // TERN_QMV_VARIANT / TERN_QMV_DEPTH / TERN_QMV_BPS (qtile::tuning()).
 void moe_decode_set_l2_prefetch(bool on);
 
-// The whole block: the three kernels above in order; with TERN_MOE_FUSED=1, one token under qmv variant 3 (the
-// default) at the model's shapes on sm_90 takes the one-kernel block of moe_fused.cuh instead.
-void moe_decode(const MoeDecodeWeights& w, float* hidden, int T, const MoeDecodeScratch& s, cudaStream_t stream);
+// All three in order.
+inline void moe_decode(const MoeDecodeWeights& w, float* hidden, int T, const MoeDecodeScratch& s, cudaStream_t stream) {
+  moe_router_decode(w, hidden, T, s, stream);
+  const bool integer_gate_up = moe_gate_up_decode(w, T, s, stream);
+  moe_down_decode(w, hidden, T, s, stream, integer_gate_up);
+}
 
 }  // namespace tern::cuda

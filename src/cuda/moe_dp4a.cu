@@ -9,7 +9,6 @@
 #include "cuda/dp4a_tile.cuh"
 #include "cuda/l2_prefetch.cuh"
 #include "cuda/launch.cuh"
-#include "cuda/moe_dp4a_tile.cuh"
 #include "cuda/qmv_tile.cuh"
 #include "cuda/warp_reduce.cuh"
 
@@ -22,13 +21,25 @@ constexpr int kTopK = 8;           // the down kernel's segments: 8 routed + the
 constexpr int kSeg = kTopK + 1;
 constexpr int kDownCols = 512;     // F: 32 lanes × 16 columns
 
-using moe_tile::dot_row;
-using moe_tile::pick;
-using moe_tile::q4_dp4a_ok;
-using moe_tile::q4_of;
-using moe_tile::Q4;
-using moe_tile::same_shape;
-using moe_tile::silu_f;
+__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
+
+// A stacked 4-bit matrix: words, scales, biases and per-expert strides (in words and groups).
+struct Q4 {
+  const uint32_t* words;
+  const uint16_t* scales;
+  const uint16_t* biases;
+  int64_t expert_words, expert_groups;
+};
+
+// a or b, field by field (a reference to one of two kernel-parameter structs would send them to local memory).
+__device__ __forceinline__ Q4 pick(bool first, const Q4& a, const Q4& b) {
+  return Q4{first ? a.words : b.words, first ? a.scales : b.scales, first ? a.biases : b.biases,
+            first ? a.expert_words : b.expert_words, first ? a.expert_groups : b.expert_groups};
+}
+
+Q4 q4_of(const DMat& m) {
+  return Q4{static_cast<const uint32_t*>(m.data), m.scales, m.biases, m.rows * m.row_words, m.rows * m.groups_per_row};
+}
 
 // ---- gate_up + SwiGLU ---------------------------------------------------------------------------------------------
 
@@ -108,6 +119,23 @@ __device__ __forceinline__ void load_gate_up(const GateUpParams& p, const int* i
     out.gsb[j] = qtile::ld_const_u16(G.scales + g) | (qtile::ld_const_u16(G.biases + g) << 16);
     out.usb[j] = qtile::ld_const_u16(U.scales + g) | (qtile::ld_const_u16(U.biases + g) << 16);
   }
+}
+
+template <int S>
+__device__ __forceinline__ float dot_row(const uint4 (&w)[S], const uint32_t (&sb)[S], const uint4 (&xq)[S][4],
+                                         const float (&sig)[S], const float (&sx)[S]) {
+  float acc = 0.0f;
+#pragma unroll
+  for (int j = 0; j < S; ++j) {
+    int dh = 0, dl = 0;
+    dp4a::dot_word(w[j].x, xq[j][0], dh, dl);
+    dp4a::dot_word(w[j].y, xq[j][1], dh, dl);
+    dp4a::dot_word(w[j].z, xq[j][2], dh, dl);
+    dp4a::dot_word(w[j].w, xq[j][3], dh, dl);
+    acc = fmaf(dp4a::scale_of(sb[j]) * sig[j], float(dh * 256 + dl), acc);
+    acc = fmaf(dp4a::bias_of(sb[j]), sx[j], acc);
+  }
+  return acc;
 }
 
 template <int S>
@@ -244,6 +272,13 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_dp4a_kernel(const DownPa
     cur = nxt;
   }
 }
+
+bool q4_dp4a_ok(const DMat& m) {
+  return m.format == WeightFormat::affine4 && m.group_size == 64 && m.row_words == m.cols / 8 &&
+         m.experts * m.rows * m.row_words < (int64_t(1) << 31) && (reinterpret_cast<uintptr_t>(m.data) & 15) == 0;
+}
+
+bool same_shape(const DMat& a, const DMat& b) { return a.rows == b.rows && a.cols == b.cols; }
 
 // Whether L2 prefetch pieces of m's rows are 16-byte aligned: word, scale and bias bases, rows' groups and experts.
 bool prefetch_aligned(const DMat& m) {

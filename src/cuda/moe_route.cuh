@@ -1,12 +1,8 @@
-// The one-token router's pieces (moe_decode.cu's router, the cluster router, the fused MoE block): 8-bit row dots and
-// top-k routing of one token by one warp. Included by .cu files only.
+// Top-k routing of one token by one warp (moe_decode.cu's router and the cluster router). Included by .cu files only.
 #pragma once
 
 #include <cstdint>
 
-#include "cuda/device_weights.cuh"
-#include "cuda/launch.cuh"
-#include "cuda/qmv_tile.cuh"
 #include "cuda/warp_reduce.cuh"
 
 namespace tern::cuda {
@@ -47,91 +43,6 @@ __device__ __forceinline__ float router_dot16(const float qf[16], const float* x
     xv[4 * v] = f.x, xv[4 * v + 1] = f.y, xv[4 * v + 2] = f.z, xv[4 * v + 3] = f.w;
   }
   return router_dot16_regs(qf, xv, router_sum16(xv), s, b, acc);
-}
-
-// ---- one warp's rows of [router; shared-expert gate] (8-bit, group 64, D = 512·NCH) for one token -------------------
-// Row i of the warp is row0 + step·i (rows past E skipped; row E is the shared-expert gate); lane l holds 16 bytes of
-// each 512-column chunk c (columns 512·c + 16·l ..), loaded before pdl_wait, and reads x·norm_w from a shared array
-// padded to 20 floats per 16-column slice (router_padded: the 8 lanes of a quarter-warp hit distinct bank quads).
-constexpr int kRouterSlicePad = 20;
-__device__ __forceinline__ int router_padded(int c4) { return (c4 / 4) * kRouterSlicePad + (c4 % 4) * 4; }
-
-// The whole block: xs (router_padded) = hidden·norm_w over D columns; returns 1/rms(hidden) (ss_part: a shared float
-// per warp, rinv_s: a shared float). Calls pdl_trigger once hidden is read: call it right after pdl_wait.
-__device__ __forceinline__ float router_stage_x(const float* hidden, const float* norm_w, int D, float eps, float* xs,
-                                                float* ss_part, float& rinv_s) {
-  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) & 31, warps = int(blockDim.x) / 32;
-  float ss = 0.0f;
-  for (int c4 = int(threadIdx.x); c4 < D / 4; c4 += int(blockDim.x)) {
-    const float4 x = reinterpret_cast<const float4*>(hidden)[c4];
-    const float4 nw = reinterpret_cast<const float4*>(norm_w)[c4];
-    ss = fmaf(x.x, x.x, fmaf(x.y, x.y, fmaf(x.z, x.z, fmaf(x.w, x.w, ss))));
-    *reinterpret_cast<float4*>(xs + router_padded(c4)) = make_float4(x.x * nw.x, x.y * nw.y, x.z * nw.z, x.w * nw.w);
-  }
-  ss = warp_sum(ss);
-  if (lane == 0) ss_part[warp] = ss;
-  __syncthreads();
-  pdl_trigger();  // the inputs are read
-  if (threadIdx.x == 0) {
-    float v = 0.0f;
-    for (int w = 0; w < warps; ++w) v += ss_part[w];
-    rinv_s = 1.0f / sqrtf(v / float(D) + eps);
-  }
-  __syncthreads();
-  return rinv_s;
-}
-
-template <int R, int NCH>
-struct RouterRows {
-  uint4 wq[R][NCH];
-  uint32_t wsb[R][NCH];  // bf16 scale (low half), bias (high half)
-};
-
-template <int R, int NCH>
-__device__ __forceinline__ void router_load_rows(const DMat& router, const DMat& sgate, int E, int row0, int step,
-                                                 int lane, RouterRows<R, NCH>& out) {
-#pragma unroll
-  for (int i = 0; i < R; ++i) {
-    const int row = row0 + step * i;
-    if (row > E) continue;
-    const bool sh = row == E;
-    const DMat& m = sh ? sgate : router;
-    const int64_t mrow = sh ? 0 : row;
-    const uint32_t* words = static_cast<const uint32_t*>(m.data) + mrow * m.row_words + 4 * lane;
-    const int64_t g0 = mrow * m.groups_per_row + lane / 4;
-#pragma unroll
-    for (int c = 0; c < NCH; ++c) {
-      out.wq[i][c] = qtile::ld_weights_u4(words + c * 128);
-      out.wsb[i][c] = qtile::ld_const_u16(m.scales + g0 + 8 * c) | (qtile::ld_const_u16(m.biases + g0 + 8 * c) << 16);
-    }
-  }
-}
-
-// acc[i] = Σ_g s_g·Σ q·xw + b_g·Σ xw of row i (the lane's part; warp_sum gives the logit before the RMSNorm factor),
-// each slice of xs read once for the warp's rows.
-template <int R, int NCH>
-__device__ __forceinline__ void router_dot_rows(const RouterRows<R, NCH>& w, const float* xs, int E, int row0, int step,
-                                                int lane, float (&acc)[R]) {
-#pragma unroll
-  for (int i = 0; i < R; ++i) acc[i] = 0.0f;
-#pragma unroll
-  for (int c = 0; c < NCH; ++c) {
-    float xv[16];
-#pragma unroll
-    for (int v = 0; v < 4; ++v) {
-      const float4 f = *reinterpret_cast<const float4*>(xs + (c * 32 + lane) * kRouterSlicePad + 4 * v);
-      xv[4 * v] = f.x, xv[4 * v + 1] = f.y, xv[4 * v + 2] = f.z, xv[4 * v + 3] = f.w;
-    }
-    const float sx = router_sum16(xv);
-#pragma unroll
-    for (int i = 0; i < R; ++i) {
-      if (row0 + step * i > E) continue;
-      float qf[16];
-      router_unpack16(w.wq[i][c], qf);
-      acc[i] = router_dot16_regs(qf, xv, sx, __uint_as_float(w.wsb[i][c] << 16),
-                                 __uint_as_float(w.wsb[i][c] & 0xffff0000u), acc[i]);
-    }
-  }
 }
 
 // One warp per token: p = softmax(logits) (fp32), the k largest (ties: lower index) in descending order, weights

@@ -22,6 +22,7 @@ constexpr int kCluster = 8;         // blocks (portable cluster size)
 constexpr int kWarps = 16;          // per block
 [[maybe_unused]] constexpr int kRowsPerWarp = 3;  // 8 · 16 · 3 = 384 ≥ E + 1
 constexpr int kMaxE = 256;          // route_token<8>: 8 experts per lane
+[[maybe_unused]] constexpr int kSlicePad = 20;      // floats per 16-column slice of x in shared memory
 [[maybe_unused]] constexpr int kMaxD = 2048;        // D = 512 · NCH, NCH ∈ {1, 2, 4} (registers: 3 rows × NCH uint4 per lane)
 
 struct ClusterRouterParams {
@@ -33,6 +34,8 @@ struct ClusterRouterParams {
   MoeDecodeScratch s;
 };
 
+// Index in xs of float4 number c4 of x (columns 4·c4 .. 4·c4 + 3).
+[[maybe_unused]] __device__ __forceinline__ int padded(int c4) { return (c4 / 4) * kSlicePad + (c4 % 4) * 4; }
 
 [[maybe_unused]] __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 
@@ -43,7 +46,7 @@ __global__ void __launch_bounds__(kWarps * 32) moe_router_cluster_kernel(const C
 #else
   // x·norm_w, each lane's 16-column slice padded to 20 floats: the 8 lanes of a quarter-warp read their slices'
   // float4s from 8 distinct bank quads (16 floats apart they would hit the same 4 banks: a 4-way conflict).
-  __shared__ __align__(16) float xs[kMaxD / 16 * kRouterSlicePad];
+  __shared__ __align__(16) float xs[kMaxD / 16 * kSlicePad];
   __shared__ float logits[kMaxE + 1];        // block 0's: every block writes its rows here
   __shared__ float ss_part[kWarps];
   __shared__ float rinv_s;
@@ -51,23 +54,73 @@ __global__ void __launch_bounds__(kWarps * 32) moe_router_cluster_kernel(const C
   const int rank = int(cluster.block_rank());
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
 
-  // Weights first (launch constants): rows rw, rw + 128, rw + 256 of [router; shared gate], rw = rank·16 + warp.
-  const int rw = rank * kWarps + warp;
-  RouterRows<kRowsPerWarp, NCH> rr;
-  router_load_rows(p.router, p.sgate, p.E, rw, kCluster * kWarps, lane, rr);
+  // Weights first (launch constants): rows gw, gw + 128, gw + 256 of [router; shared gate], gw = rank·16 + warp.
+  uint4 wq[kRowsPerWarp][NCH];
+  uint32_t wsb[kRowsPerWarp][NCH];  // bf16 scale (low half), bias (high half)
+#pragma unroll
+  for (int i = 0; i < kRowsPerWarp; ++i) {
+    const int row = rank * kWarps + warp + kCluster * kWarps * i;
+    if (row > p.E) continue;
+    const bool sh = row == p.E;
+    const DMat& m = sh ? p.sgate : p.router;
+    const int64_t mrow = sh ? 0 : row;
+    const uint32_t* words = static_cast<const uint32_t*>(m.data) + mrow * m.row_words + 4 * lane;
+    const int64_t g0 = mrow * m.groups_per_row + lane / 4;
+#pragma unroll
+    for (int c = 0; c < NCH; ++c) {
+      wq[i][c] = qtile::ld_weights_u4(words + c * 128);
+      wsb[i][c] = qtile::ld_const_u16(m.scales + g0 + 8 * c) | (qtile::ld_const_u16(m.biases + g0 + 8 * c) << 16);
+    }
+  }
   pdl_wait();
-  const float rinv = router_stage_x(p.hidden, p.norm_w, p.D, p.eps, xs, ss_part, rinv_s);
+  float ss = 0.0f;
+  for (int c4 = threadIdx.x; c4 < p.D / 4; c4 += blockDim.x) {
+    const float4 x = reinterpret_cast<const float4*>(p.hidden)[c4];
+    const float4 nw = reinterpret_cast<const float4*>(p.norm_w)[c4];
+    ss = fmaf(x.x, x.x, fmaf(x.y, x.y, fmaf(x.z, x.z, fmaf(x.w, x.w, ss))));
+    *reinterpret_cast<float4*>(xs + padded(c4)) = make_float4(x.x * nw.x, x.y * nw.y, x.z * nw.z, x.w * nw.w);
+  }
+  ss = warp_sum(ss);
+  if (lane == 0) ss_part[warp] = ss;
+  __syncthreads();
+  pdl_trigger();  // the inputs are read
+  if (threadIdx.x == 0) {
+    float v = 0.0f;
+    for (int w = 0; w < kWarps; ++w) v += ss_part[w];
+    rinv_s = 1.0f / sqrtf(v / float(p.D) + p.eps);
+  }
+  __syncthreads();
+  const float rinv = rinv_s;
   if (rank == 0)  // x̂ for the expert kernels
     for (int c4 = threadIdx.x; c4 < p.D / 4; c4 += blockDim.x) {
-      const float4 v = *reinterpret_cast<const float4*>(xs + router_padded(c4));
+      const float4 v = *reinterpret_cast<const float4*>(xs + padded(c4));
       reinterpret_cast<float4*>(p.s.xhat)[c4] = make_float4(v.x * rinv, v.y * rinv, v.z * rinv, v.w * rinv);
     }
   float* dst = cluster.map_shared_rank(logits, 0);
-  float acc[kRowsPerWarp];
-  router_dot_rows(rr, xs, p.E, rw, kCluster * kWarps, lane, acc);
+  // Σ_g s_g·Σ q·xw + b_g·Σ xw over the lane's 16-column slices (each inside one group), as the multi-block router;
+  // each slice of x read once for the warp's rows.
+  float acc[kRowsPerWarp] = {};
+#pragma unroll
+  for (int c = 0; c < NCH; ++c) {
+    float xv[16];
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {
+      const float4 f = *reinterpret_cast<const float4*>(xs + (c * 32 + lane) * kSlicePad + 4 * v);
+      xv[4 * v] = f.x, xv[4 * v + 1] = f.y, xv[4 * v + 2] = f.z, xv[4 * v + 3] = f.w;
+    }
+    const float sx = router_sum16(xv);
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; ++i) {
+      if (rank * kWarps + warp + kCluster * kWarps * i > p.E) continue;
+      float qf[16];
+      router_unpack16(wq[i][c], qf);
+      acc[i] = router_dot16_regs(qf, xv, sx, __uint_as_float(wsb[i][c] << 16),
+                                 __uint_as_float(wsb[i][c] & 0xffff0000u), acc[i]);
+    }
+  }
 #pragma unroll
   for (int i = 0; i < kRowsPerWarp; ++i) {
-    const int row = rw + kCluster * kWarps * i;
+    const int row = rank * kWarps + warp + kCluster * kWarps * i;
     if (row > p.E) continue;
     const float v = warp_sum(acc[i]) * rinv;
     if (lane == 0) dst[row] = v;

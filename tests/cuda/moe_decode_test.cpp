@@ -3,11 +3,9 @@
 // scaled by its sigmoid gate), then the residual add, at the model's real shapes (E = 256, k = 8, F = 512,
 // D = 2048; 4-bit experts, 8-bit router), T = 1 and T = 3, every kernel launched twice to check that the router's
 // ticket counter resets and that results are deterministic (the second run with the L2 prefetch of the down
-// matrices on); the same for the one-kernel block of moe_fused.cuh. A small float-format model checks the generic
-// path.
+// matrices on). A small float-format model checks the generic path.
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <set>
 #include <string>
@@ -18,7 +16,6 @@
 #include "cpu/ops_moe.h"
 #include "cpu/ops_norm.h"
 #include "cuda/moe_decode.cuh"
-#include "cuda/moe_fused.cuh"
 #include "cuda/qmv.cuh"
 #include "cuda_test_util.h"
 
@@ -102,9 +99,7 @@ std::vector<float> cpu_swiglu_hidden(const Matrix& gate, const Matrix& up, const
   return g;
 }
 
-// fused: the one-kernel block of moe_fused.cuh (T = 1, model shapes) instead of the three kernels.
-void run_moe_case(std::mt19937_64& rng, const MoeHost& mh, MoeDevice& md, int T, bool quantised, const std::string& what,
-                  bool fused = false, int clusters = 0) {
+void run_moe_case(std::mt19937_64& rng, const MoeHost& mh, MoeDevice& md, int T, bool quantised, const std::string& what) {
   const Config& c = mh.cfg;
   const int64_t D = c.hidden_size, F = c.moe_intermediate_size;
   const int E = c.num_experts, k = c.num_experts_per_tok;
@@ -138,17 +133,12 @@ void run_moe_case(std::mt19937_64& rng, const MoeHost& mh, MoeDevice& md, int T,
     // first without: the bitwise comparison below also says that the prefetch changes nothing.
     MoeDecodeWeights w = md.w;
     w.prefetch_down = run == 1;
-    if (fused) {
-      ASSERT_TRUE(moe_block_fused(w, dh.p, T, s, nullptr, clusters)) << what << ": the fused kernel did not take the case";
-    } else {
-      moe_router_decode(w, dh.p, T, s, nullptr);
-      const bool integer_gate_up = moe_gate_up_decode(w, T, s, nullptr);  // then down reads the routing early
-      moe_down_decode(w, dh.p, T, s, nullptr, integer_gate_up);
-    }
+    moe_router_decode(w, dh.p, T, s, nullptr);
+    const bool integer_gate_up = moe_gate_up_decode(w, T, s, nullptr);  // then down reads the routing early
+    moe_down_decode(w, dh.p, T, s, nullptr, integer_gate_up);
     TERN_CUDA(cudaGetLastError());
     const auto got = dh.host();
     EXPECT_EQ(to_host(s.ticket, 1)[0], 0u) << what << ": ticket not reset after run " << run;
-    for (unsigned t : to_host(s.tickets, 8)) EXPECT_EQ(t, 0u) << what << ": a fused-kernel ticket not reset after run " << run;
     if (run == 0) {
       first = got;
       continue;
@@ -201,7 +191,7 @@ void run_moe_case(std::mt19937_64& rng, const MoeHost& mh, MoeDevice& md, int T,
     }
   // 4-bit: hi + lo activations, ≈ fp32 (was 5e-3 with fp16); T = 1 under variant 3, the integer path: activations
   // rounded to 16 bits per group of 64 (≤ 2^-16 of the group's largest), measured up to ~1.6e-4·rms here.
-  const bool int_path = quantised && T == 1 && (fused || qmv_variant() == 3);
+  const bool int_path = quantised && T == 1 && qmv_variant() == 3;
   const float htol = int_path ? 5e-4f : quantised ? 1e-4f : 1e-5f;
   expect_close(h, h_ref, htol * rms_of(h_ref) + 1e-7f, 1e-4f, what + " SwiGLU hidden");
 
@@ -236,24 +226,6 @@ TEST(CudaMoeDecode, MatchesCpuMoeForwardAtModelShapes) {
       run_moe_case(rng, *mh, md, T, true, "4-bit experts T=" + std::to_string(T) + " variant " + std::to_string(v));
   }
   qmv_set_variant(v0);
-}
-
-// The one-kernel block (moe_fused.cuh) at the model's shapes, on the GPUs that run it (sm_90); the bitwise check of
-// run_moe_case's second run also says that its per-rank tickets and cross-cluster sums are deterministic.
-TEST(CudaMoeDecode, FusedBlockMatchesCpuMoeForward) {
-  TERN_REQUIRE_GPU();
-  std::mt19937_64 rng(fresh_seed("CudaMoeDecode.Fused"));
-  auto mh = make_moe(rng, WeightFormat::affine4, WeightFormat::affine8, 256, 8, 2048, 512);
-  MoeDevice md(*mh);
-  if (!moe_block_fused_fits(md.w)) GTEST_SKIP() << "the fused MoE kernel needs the sm_90 binary (clusters)";
-  std::printf("[fused moe] grid: %d clusters of 8\n", moe_block_fused_clusters());
-  for (int i = 0; i < 2; ++i) run_moe_case(rng, *mh, md, 1, true, "fused block, input " + std::to_string(i), true);
-  for (int n : {12, 13, 16})  // other splits of the 144 units over the clusters (16: one unit-slice per cluster)
-    run_moe_case(rng, *mh, md, 1, true, "fused block, " + std::to_string(n) + " clusters", true, n);
-  // Fewer experts than 256 (E = 64): route_token's lanes past E and the router rows past E + 1 stay out.
-  auto small = make_moe(rng, WeightFormat::affine4, WeightFormat::affine8, 64, 8, 2048, 512);
-  MoeDevice sd(*small);
-  run_moe_case(rng, *small, sd, 1, true, "fused block, E = 64", true);
 }
 
 TEST(CudaMoeDecode, GenericFormatsMatchCpu) {

@@ -1,0 +1,93 @@
+// Workbench cases for one link of the decode step's kernel chain: what a kernel that depends on the one before it
+// costs when it does (almost) nothing, as a floor under the decode kernels' in-place costs (docs/benchmarks.md,
+// tenth session: 4–6 µs per kernel whatever its bytes). Each run is one launch; the graph of 20 runs is a chain in
+// which run r reads what run r − 1 wrote (ping-pong buffers), launched with PDL (launch.cuh) or without.
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <string>
+
+#include "bench/workbench.h"
+#include "core/check.h"
+#include "cuda/cuda_common.cuh"
+#include "cuda/launch.cuh"
+#include "cuda/warp_reduce.cuh"
+
+namespace tern::bench {
+namespace {
+
+constexpr int kVec = 2048;  // the hidden state: floats each link reads and writes
+
+// Waits for the kernel before it and lets the next one launch; nothing else.
+__global__ void chain_empty_kernel() {
+  cuda::pdl_wait();
+  cuda::pdl_trigger();
+}
+
+// Every block reads the whole vector the kernel before it wrote and reduces it (an RMSNorm's sum of squares), then
+// writes its slice of the next vector: one L2 round trip in, a block reduction, one write out.
+__global__ void __launch_bounds__(256) chain_vector_kernel(const float* in, float* out) {
+  __shared__ float part[8];
+  cuda::pdl_wait();
+  cuda::pdl_trigger();
+  float ss = 0.0f;
+  for (int i = int(threadIdx.x); i < kVec; i += int(blockDim.x)) ss = fmaf(in[i], in[i], ss);
+  ss = cuda::warp_sum(ss);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = ss;
+  __syncthreads();
+  float t = 0.0f;
+  for (int w = 0; w < int(blockDim.x) / 32; ++w) t += part[w];
+  const float scale = rsqrtf(t / float(kVec) + 1e-6f);
+  for (int i = int(blockIdx.x * blockDim.x + threadIdx.x); i < kVec; i += int(gridDim.x * blockDim.x))
+    out[i] = fmaf(in[i], 0.5f * scale, 0.5f);
+}
+
+int sm_count() {
+  int dev = 0, sms = 0;
+  TERN_CUDA(cudaGetDevice(&dev));
+  TERN_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return sms;
+}
+
+// blocks_per_sm: grid = SMs × blocks_per_sm (0: one block); vector: chain_vector_kernel, else chain_empty_kernel.
+void add_chain_case(CaseList& cases, int blocks_per_sm, bool vector, bool pdl) {
+  auto buf = std::make_shared<float*>(nullptr);  // [2][kVec]
+  Case c;
+  c.group = "decode";
+  c.name = std::string("chain link: ") + (vector ? "read 8 KB written by the kernel before, reduce, write" : "empty kernel") +
+           ", " + (blocks_per_sm ? std::to_string(blocks_per_sm) + " block(s)/SM" : std::string("1 block")) +
+           (pdl ? ", PDL" : ", no PDL");
+  c.bytes = vector ? 2.0 * kVec * 4 : 0.0;
+  c.setup = [buf] {
+    if (!*buf) *buf = bench_alloc_random_floats(2 * kVec, 0.5f, 1.5f, 0xc4a1);
+  };
+  c.run = [buf, blocks_per_sm, vector, pdl](cudaStream_t stream, int rep) {
+    const dim3 grid(unsigned(blocks_per_sm ? sm_count() * blocks_per_sm : 1)), block(256);
+    float* in = *buf + (rep % 2) * kVec;
+    float* out = *buf + ((rep + 1) % 2) * kVec;
+    if (pdl) {
+      if (vector)
+        cuda::launch_pdl("chain_vector", chain_vector_kernel, grid, block, 0, stream, in, out);
+      else
+        cuda::launch_pdl("chain_empty", chain_empty_kernel, grid, block, 0, stream);
+    } else if (vector) {
+      chain_vector_kernel<<<grid, block, 0, stream>>>(in, out);
+    } else {
+      chain_empty_kernel<<<grid, block, 0, stream>>>();
+    }
+  };
+  cases.push_back(std::move(c));
+}
+
+}  // namespace
+
+TERN_BENCH_CASES(chain) {
+  for (bool pdl : {true, false}) {
+    add_chain_case(cases, 0, false, pdl);
+    add_chain_case(cases, 2, false, pdl);
+    add_chain_case(cases, 2, true, pdl);
+  }
+  add_chain_case(cases, 1, true, true);
+}
+
+}  // namespace tern::bench
