@@ -60,6 +60,7 @@ void add_chain_case(CaseList& cases, int blocks_per_sm, bool vector, bool pdl) {
   c.bytes = vector ? 2.0 * kVec * 4 : 0.0;
   c.setup = [buf] {
     if (!*buf) *buf = bench_alloc_random_floats(2 * kVec, 0.5f, 1.5f, 0xc4a1);
+    TERN_CUDA(cudaDeviceSynchronize());  // the fill ran on the default stream; the runs use another
   };
   c.run = [buf, blocks_per_sm, vector, pdl](cudaStream_t stream, int rep) {
     const dim3 grid(unsigned(blocks_per_sm ? sm_count() * blocks_per_sm : 1)), block(256);
