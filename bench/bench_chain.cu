@@ -11,6 +11,7 @@
 #include "core/check.h"
 #include "cuda/cuda_common.cuh"
 #include "cuda/launch.cuh"
+#include "cuda/qmv_tile.cuh"
 #include "cuda/warp_reduce.cuh"
 
 namespace tern::bench {
@@ -42,13 +43,6 @@ __global__ void __launch_bounds__(256) chain_vector_kernel(const float* in, floa
     out[i] = fmaf(in[i], 0.5f * scale, 0.5f);
 }
 
-int sm_count() {
-  int dev = 0, sms = 0;
-  TERN_CUDA(cudaGetDevice(&dev));
-  TERN_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  return sms;
-}
-
 // blocks_per_sm: grid = SMs × blocks_per_sm (0: one block); vector: chain_vector_kernel, else chain_empty_kernel.
 void add_chain_case(CaseList& cases, int blocks_per_sm, bool vector, bool pdl) {
   auto buf = std::make_shared<float*>(nullptr);  // [2][kVec]
@@ -63,7 +57,7 @@ void add_chain_case(CaseList& cases, int blocks_per_sm, bool vector, bool pdl) {
     TERN_CUDA(cudaDeviceSynchronize());  // the fill ran on the default stream; the runs use another
   };
   c.run = [buf, blocks_per_sm, vector, pdl](cudaStream_t stream, int rep) {
-    const dim3 grid(unsigned(blocks_per_sm ? sm_count() * blocks_per_sm : 1)), block(256);
+    const dim3 grid(unsigned(blocks_per_sm ? cuda::qtile::sm_count() * blocks_per_sm : 1)), block(256);
     float* in = *buf + (rep % 2) * kVec;
     float* out = *buf + ((rep + 1) % 2) * kVec;
     if (pdl) {
