@@ -43,6 +43,74 @@ __global__ void __launch_bounds__(256) chain_vector_kernel(const float* in, floa
     out[i] = fmaf(in[i], 0.5f * scale, 0.5f);
 }
 
+// A barrier over the whole grid inside one kernel (every block resident): the last block to arrive resets the count
+// and advances the generation the others wait on, so the pair needs no reset between launches.
+__device__ __forceinline__ void grid_barrier(unsigned* count, unsigned* generation) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned gen;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(gen) : "l"(generation) : "memory");
+    __threadfence();
+    if (atomicAdd(count, 1u) == gridDim.x - 1) {
+      atomicExch(count, 0u);
+      asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(generation), "r"(gen + 1) : "memory");
+    } else {
+      unsigned now = gen;
+      while (now == gen) asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(now) : "l"(generation) : "memory");
+    }
+  }
+  __syncthreads();
+}
+
+constexpr int kPersistentLinks = 20;  // links per launch of the persistent case
+
+// The chain_vector_kernel's link kPersistentLinks times in one kernel, a grid barrier in place of each kernel
+// boundary (ping-pong between buf[0] and buf[1]).
+__global__ void __launch_bounds__(256) chain_persistent_kernel(float* buf, unsigned* sync) {
+  __shared__ float part[8];
+  cuda::pdl_wait();
+  for (int link = 0; link < kPersistentLinks; ++link) {
+    const float* in = buf + (link % 2) * kVec;
+    float* out = buf + ((link + 1) % 2) * kVec;
+    float ss = 0.0f;
+    for (int i = int(threadIdx.x); i < kVec; i += int(blockDim.x)) ss = fmaf(in[i], in[i], ss);
+    ss = cuda::warp_sum(ss);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = ss;
+    __syncthreads();
+    float t = 0.0f;
+    for (int w = 0; w < int(blockDim.x) / 32; ++w) t += part[w];
+    const float scale = rsqrtf(t / float(kVec) + 1e-6f);
+    for (int i = int(blockIdx.x * blockDim.x + threadIdx.x); i < kVec; i += int(gridDim.x * blockDim.x))
+      out[i] = fmaf(in[i], 0.5f * scale, 0.5f);
+    grid_barrier(sync, sync + 1);
+  }
+  cuda::pdl_trigger();
+}
+
+void add_persistent_case(CaseList& cases, int blocks_per_sm) {
+  auto buf = std::make_shared<float*>(nullptr);  // [2][kVec]
+  auto sync = std::make_shared<unsigned*>(nullptr);
+  Case c;
+  c.group = "decode";
+  c.name = "chain link: read 8 KB, reduce, write, then a grid barrier; " + std::to_string(kPersistentLinks) +
+           " links in one kernel (µs per link), " + std::to_string(blocks_per_sm) + " block(s)/SM";
+  c.bytes = 2.0 * kVec * 4;
+  c.units = kPersistentLinks;
+  c.setup = [buf, sync] {
+    if (!*buf) *buf = bench_alloc_random_floats(2 * kVec, 0.5f, 1.5f, 0xc4a2);
+    if (!*sync) {
+      TERN_CUDA(cudaMalloc(sync.get(), 2 * sizeof(unsigned)));
+      TERN_CUDA(cudaMemset(*sync, 0, 2 * sizeof(unsigned)));
+    }
+    TERN_CUDA(cudaDeviceSynchronize());
+  };
+  c.run = [buf, sync, blocks_per_sm](cudaStream_t stream, int) {
+    const dim3 grid(unsigned(cuda::qtile::sm_count() * blocks_per_sm)), block(256);
+    cuda::launch_pdl("chain_persistent", chain_persistent_kernel, grid, block, 0, stream, *buf, *sync);
+  };
+  cases.push_back(std::move(c));
+}
+
 // blocks_per_sm: grid = SMs × blocks_per_sm (0: one block); vector: chain_vector_kernel, else chain_empty_kernel.
 void add_chain_case(CaseList& cases, int blocks_per_sm, bool vector, bool pdl) {
   auto buf = std::make_shared<float*>(nullptr);  // [2][kVec]
@@ -83,6 +151,8 @@ TERN_BENCH_CASES(chain) {
     add_chain_case(cases, 2, true, pdl);
   }
   add_chain_case(cases, 1, true, true);
+  add_persistent_case(cases, 1);
+  add_persistent_case(cases, 2);
 }
 
 }  // namespace tern::bench

@@ -143,7 +143,7 @@ int main(int argc, char** argv) {
             TERN_CUDA(cudaEventSynchronize(e1));
             float t = 0;
             TERN_CUDA(cudaEventElapsedTime(&t, e0, e1));
-            ms.push_back(t / kBatch);
+            ms.push_back(t / (kBatch * std::max(1, c.units)));
           }
           if (exec) cudaGraphExecDestroy(exec);
           std::sort(ms.begin(), ms.end());

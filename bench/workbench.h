@@ -18,6 +18,7 @@ struct Case {
   std::string name;   // kernel and shape, e.g. "qmv 4-bit 12352x2048 T=1"
   double bytes = 0;   // fewest bytes the kernel must move through device memory per run
   double flops = 0;   // arithmetic per run (2 per multiply-add)
+  int units = 1;      // the printed µs, bytes and flops are per unit: a run that holds several links counts them
   // One run of the kernel on `stream`. `rep` counts the runs: cases whose inputs fit in L2 (60 MB) keep several
   // copies and pick copy rep % copies, so that timed runs read device memory, not the cache.
   std::function<void(cudaStream_t stream, int rep)> run;

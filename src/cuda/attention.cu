@@ -225,61 +225,98 @@ struct RopeFreqs {
   float inv[kMaxRopeHalf];  // f_i = 1/θ^(2i/rot), computed on the host exactly as the CPU twin does
 };
 
-// One warp per (token, head) for Hq query heads then Hkv key heads then Hkv value heads. dh <= 512.
+// attn_prepare holds a head row of DH floats in a group of CH = DH/8 lanes (lane = sub·CH + c): lane c of the group
+// holds elements 8c .. 8c+7, so a warp holds 32/CH rows at once (sub) and issues every load before any arithmetic.
+template <int DH>
+__device__ __forceinline__ void load_chunk(const float* row, int c, float (&v)[8]) {
+  const float4 a = reinterpret_cast<const float4*>(row)[2 * c], b = reinterpret_cast<const float4*>(row)[2 * c + 1];
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
+// RopeFreqs (a kernel parameter) into shared memory, so that lanes reading different frequencies do not serialise on
+// the parameter (constant) bank, which serves one address at a time. Every thread of the block calls it.
+__device__ __forceinline__ void stage_freqs(const RopeFreqs& freqs, float* inv_s) {
+  if (threadIdx.x < kMaxRopeHalf) inv_s[threadIdx.x] = freqs.inv[threadIdx.x];
+  __syncthreads();
+}
+
+// cos and sin of the rotate-half RoPE angles of the chunk's elements at position pos (1, 0 past rot); inv: the
+// frequencies in shared memory (stage_freqs).
+__device__ __forceinline__ void rope_cos_sin(int64_t pos, int c, int rot, const float* inv, float (&cs)[8],
+                                             float (&sn)[8]) {
+  const int half = rot / 2;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const int i = 8 * c + e;
+    cs[e] = 1.0f;
+    sn[e] = 0.0f;
+    if (i < rot) sincosf(float(pos) * inv[i < half ? i : i - half], &sn[e], &cs[e]);  // fp32, as the CPU twin
+  }
+}
+
+// v = rope(rmsnorm(v)·w) for every row the warp holds (all 32 lanes call it). rot must be 0 or a power of two >= 16
+// (rope_freqs checks it): element i ± rot/2 is then at the same place in lane c ^ (rot/16).
+template <int DH>
+__device__ __forceinline__ void norm_rope_chunk(float (&v)[8], const float (&w)[8], float eps, int rot, int c,
+                                                const float (&cs)[8], const float (&sn)[8]) {
+  constexpr int CH = DH / 8;
+  float ss = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) ss = fmaf(v[e], v[e], ss);
+#pragma unroll
+  for (int off = CH / 2; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+  const float inv = rsqrtf(ss / float(DH) + eps);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) v[e] = v[e] * inv * w[e];
+  const int pm = rot >= 16 ? rot / 16 : 1;  // partner lane offset of element i ± rot/2
+  const bool low = 8 * c < rot / 2;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const float p = __shfl_xor_sync(0xffffffffu, v[e], pm);
+    if (8 * c < rot) v[e] = low ? v[e] * cs[e] - p * sn[e] : v[e] * cs[e] + p * sn[e];
+  }
+}
+
+__device__ __forceinline__ uint4 pack8_bf16(const float (&v)[8]) {
+  return make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
+}
+
+// One warp per 32/CH (token, head) tasks: Hq query heads, then Hkv key heads, then Hkv value heads.
+template <int DH>
 __global__ void __launch_bounds__(256) attn_prepare_kernel(const float* qg, const float* k, const float* v,
                                                            const float* q_norm, const float* k_norm, const int* pos0,
                                                            AttnDims d, RopeFreqs freqs, float* q_out,
                                                            uint16_t* cache_k, uint16_t* cache_v) {
-  __shared__ float buf[8][512];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  constexpr int CH = DH / 8, PER_WARP = 32 / CH;
+  __shared__ float inv_s[kMaxRopeHalf];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, c = lane % CH;
   const int heads = d.Hq + 2 * d.Hkv;
-  const int64_t task = int64_t(blockIdx.x) * 8 + warp;
+  const int64_t task = (int64_t(blockIdx.x) * 8 + warp) * PER_WARP + lane / CH;
+  stage_freqs(freqs, inv_s);
   pdl_wait();
   pdl_trigger();
-  if (task >= d.T * heads) return;
-  const int64_t t = task / heads;
-  const int h = int(task % heads);
+  const bool live = task < d.T * heads;  // dead lanes still take part in the shuffles
+  const int64_t t = live ? task / heads : 0;
+  const int h = live ? int(task % heads) : 0;
   const int64_t pos = int64_t(*pos0) + t;
-  if (h >= d.Hq + d.Hkv) {  // value head: plain copy into the cache, 4 values per lane per step
-    const int kvh = h - d.Hq - d.Hkv;
-    const float4* src = reinterpret_cast<const float4*>(v + (t * d.Hkv + kvh) * d.dh);
-    uint2* dst = reinterpret_cast<uint2*>(cache_v + (int64_t(kvh) * d.capacity + pos) * d.dh);
-    for (int i = lane; i < d.dh / 4; i += 32) {
-      const float4 x = src[i];
-      dst[i] = make_uint2(pack_bf16(x.x, x.y), pack_bf16(x.z, x.w));
-    }
-    return;
-  }
-  const bool is_q = h < d.Hq;
-  const float* src = is_q ? qg + (t * d.Hq + h) * 2 * d.dh : k + (t * d.Hkv + (h - d.Hq)) * d.dh;
-  const float* w = is_q ? q_norm : k_norm;
-  float* x = buf[warp];
-  float ss = 0.0f;
-  for (int i = lane; i < d.dh / 4; i += 32) {
-    const float4 a = reinterpret_cast<const float4*>(src)[i];
-    reinterpret_cast<float4*>(x)[i] = a;
-    ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
-  }
-  const float inv = rsqrtf(warp_sum(ss) / float(d.dh) + d.eps);
-  __syncwarp();
-  for (int i = lane; i < d.dh; i += 32) x[i] = x[i] * inv * w[i];
-  __syncwarp();
-  const int half = d.rot / 2;
-  float* q_dst = q_out + (t * d.Hq + h) * int64_t(d.dh);
-  uint16_t* k_dst = cache_k + (int64_t(h - d.Hq) * d.capacity + pos) * d.dh;
-  for (int i = lane; i < d.dh; i += 32) {
-    float val = x[i];
-    if (i < d.rot) {
-      const int j = i < half ? i : i - half;
-      const float ang = float(pos) * freqs.inv[j];  // fp32 product, as the CPU twin
-      float sn, cs;
-      sincosf(ang, &sn, &cs);
-      val = i < half ? x[i] * cs - x[i + half] * sn : x[i] * cs + x[i - half] * sn;
-    }
-    if (is_q)
-      q_dst[i] = val;
-    else
-      k_dst[i] = float_to_bf16_bits(val);
+  const bool is_q = h < d.Hq, is_v = h >= d.Hq + d.Hkv;
+  float x[8];
+  load_chunk<DH>(is_q ? qg + (t * d.Hq + h) * 2 * DH
+                      : is_v ? v + (t * d.Hkv + (h - d.Hq - d.Hkv)) * DH : k + (t * d.Hkv + (h - d.Hq)) * DH,
+                 c, x);
+  if (live && is_v)  // value head: a plain copy into the cache
+    *reinterpret_cast<uint4*>(cache_v + (int64_t(h - d.Hq - d.Hkv) * d.capacity + pos) * DH + 8 * c) = pack8_bf16(x);
+  float w[8], cs[8], sn[8];
+  load_chunk<DH>(is_q ? q_norm : k_norm, c, w);
+  rope_cos_sin(pos, c, d.rot, inv_s, cs, sn);
+  norm_rope_chunk<DH>(x, w, d.eps, d.rot, c, cs, sn);  // every lane: the shuffles span the warp
+  if (!live || is_v) return;
+  if (is_q) {
+    float4* dst = reinterpret_cast<float4*>(q_out + (t * d.Hq + h) * int64_t(DH) + 8 * c);
+    dst[0] = make_float4(x[0], x[1], x[2], x[3]);
+    dst[1] = make_float4(x[4], x[5], x[6], x[7]);
+  } else {
+    *reinterpret_cast<uint4*>(cache_k + (int64_t(h - d.Hq) * d.capacity + pos) * DH + 8 * c) = pack8_bf16(x);
   }
 }
 
@@ -732,17 +769,31 @@ void attention_dh(const float* q, const float* qg, const uint16_t* cache_k, cons
 
 }  // namespace
 
+namespace {
+// The RoPE frequencies, after checking the shapes the kernels take: head dims 64, 128, 256; rotary dims 0 or 16·2^k
+// (element i ± rot/2 of a row then sits at the same place of another lane's 8-element chunk, norm_rope_chunk).
+RopeFreqs rope_freqs(const AttnDims& d) {
+  TERN_CHECK(d.dh == 64 || d.dh == 128 || d.dh == 256, "attention: head dim ", d.dh,
+             " not supported by the CUDA kernels (64, 128 or 256)");
+  const bool pow2 = d.rot >= 16 && (d.rot & (d.rot - 1)) == 0;
+  TERN_CHECK((d.rot == 0 || pow2) && d.rot <= d.dh && d.rot / 2 <= kMaxRopeHalf, "attention: rotary dims ", d.rot,
+             " not supported by the CUDA kernels (0, or a power of two from 16 to min(head dim, 128))");
+  RopeFreqs freqs = {};
+  for (int i = 0; i < d.rot / 2; ++i) freqs.inv[i] = cpu::rope_inv_freq(i, d.rot, double(d.theta));
+  return freqs;
+}
+
+}  // namespace
+
 void attn_prepare(const float* qg, const float* k, const float* v, const float* q_norm, const float* k_norm,
                   const int* pos0, const AttnDims& d, float* q_out, uint16_t* cache_k, uint16_t* cache_v,
                   cudaStream_t stream) {
-  TERN_CHECK(d.dh % 32 == 0 && d.dh <= 512, "attention: head dim ", d.dh, " not supported");
-  TERN_CHECK(d.rot % 2 == 0 && d.rot <= d.dh && d.rot / 2 <= kMaxRopeHalf, "attention: rotary dims ", d.rot,
-             " not supported");
+  const RopeFreqs freqs = rope_freqs(d);
   if (d.T == 0) return;
-  RopeFreqs freqs = {};
-  for (int i = 0; i < d.rot / 2; ++i) freqs.inv[i] = cpu::rope_inv_freq(i, d.rot, double(d.theta));
   const int64_t tasks = d.T * (d.Hq + 2 * d.Hkv);
-  launch_pdl("attn_prepare", attn_prepare_kernel, dim3(blocks_for(tasks, 8)), dim3(256), 0, stream, qg, k, v, q_norm,
+  const int per_block = 8 * (32 / (d.dh / 8));  // 8 warps, each 32 / (dh/8) rows at once
+  auto kernel = d.dh == 64 ? attn_prepare_kernel<64> : d.dh == 128 ? attn_prepare_kernel<128> : attn_prepare_kernel<256>;
+  launch_pdl("attn_prepare", kernel, dim3(blocks_for(tasks, per_block)), dim3(256), 0, stream, qg, k, v, q_norm,
              k_norm, pos0, d, freqs, q_out, cache_k, cache_v);
 }
 

@@ -26,7 +26,8 @@ struct AttnDims {
 
 // qg [T, Hq·2·dh] (per head [q | gate]), k, v [T, Hkv·dh] ->
 //   q_out [T, Hq, dh] = rope(rmsnorm(q)·q_norm), cache_k[kvh][pos0+t] = rope(rmsnorm(k)·k_norm), cache_v[..] = v (bf16).
-// cache_k, cache_v: [Hkv, capacity, dh] bf16 bits.
+// cache_k, cache_v: [Hkv, capacity, dh] bf16 bits. Head dims 64, 128, 256; rotary dims 0 or a power of two from 16
+// to min(dh, 128) (anything else: tern::Error).
 void attn_prepare(const float* qg, const float* k, const float* v, const float* q_norm, const float* k_norm,
                   const int* pos0, const AttnDims& d, float* q_out, uint16_t* cache_k, uint16_t* cache_v,
                   cudaStream_t stream);

@@ -241,6 +241,27 @@ TEST(CudaAttention, OtherHeadShapesMatchCpu) {
     for (int64_t T : {int64_t(1), int64_t(8), int64_t(100)}) run_case(rng, d, 250, T, 400);
 }
 
+// Shapes the kernels do not take are refused with an error before anything is launched (no GPU needed): head dims
+// other than 64/128/256, and rotary dims that are not 0 or a power of two from 16 (attn_prepare's lanes hold 8-element
+// chunks, so element i ± rot/2 must sit in another lane at the same place).
+TEST(CudaAttention, RefusesShapesTheKernelsDoNotTake) {
+  const int pos = 0;
+  for (const AttnDims& d : {small_dims(4, 2, 96, 16), small_dims(4, 2, 64, 24), small_dims(4, 2, 64, 8),
+                            small_dims(4, 2, 128, 48), small_dims(16, 2, 256, 512)}) {
+    AttnDims t = d;
+    t.T = 1;
+    t.capacity = 16;
+    std::string message;
+    try {
+      attn_prepare(nullptr, nullptr, nullptr, nullptr, nullptr, &pos, t, nullptr, nullptr, nullptr, nullptr);
+    } catch (const tern::Error& e) {
+      message = e.what();
+    }
+    EXPECT_NE(message.find("not supported by the CUDA kernels"), std::string::npos)
+        << "dh " << d.dh << " rot " << d.rot << ": " << message;
+  }
+}
+
 // The decode step captured once in a CUDA graph and replayed while the position advances in device memory (across
 // a 64-key tile boundary), as the runner's decode graph does.
 TEST(CudaAttention, DecodeReplaysInAGraphAsThePositionAdvances) {

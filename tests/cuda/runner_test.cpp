@@ -91,6 +91,7 @@ std::vector<int32_t> random_tokens(std::mt19937_64& rng, int64_t n, int64_t V) {
 
 struct Fidelity {
   double ppl_ref = 0, ppl = 0, kl = 0, top1 = 0, max_abs = 0;
+  double median_kl = 0;  // the middle position's KL: a systematic error moves it, one flipped routing does not
 };
 
 // Teacher-forced over positions 0..n-2 (predicting token i+1), restricted to ids < vocab_real.
@@ -99,6 +100,7 @@ Fidelity compare_logits(const std::vector<float>& ref, const std::vector<float>&
   Fidelity f;
   const int64_t n = int64_t(tokens.size());
   double nll_ref = 0, nll = 0;
+  std::vector<double> per_position;
   for (int64_t i = 0; i + 1 < n; ++i) {
     const float* a = ref.data() + i * V;
     const float* b = got.data() + i * V;
@@ -116,6 +118,7 @@ Fidelity compare_logits(const std::vector<float>& ref, const std::vector<float>&
       f.max_abs = std::max(f.max_abs, double(std::fabs(a[j] - b[j])));
     }
     f.kl += kl;
+    per_position.push_back(kl);
     nll_ref += la - a[tokens[size_t(i + 1)]];
     nll += lb - b[tokens[size_t(i + 1)]];
     f.top1 += (std::max_element(a, a + real) - a) == (std::max_element(b, b + real) - b);
@@ -125,6 +128,10 @@ Fidelity compare_logits(const std::vector<float>& ref, const std::vector<float>&
   f.ppl = std::exp(nll / m);
   f.kl /= m;
   f.top1 /= m;
+  if (!per_position.empty()) {
+    std::nth_element(per_position.begin(), per_position.begin() + per_position.size() / 2, per_position.end());
+    f.median_kl = per_position[per_position.size() / 2];
+  }
   return f;
 }
 
@@ -285,10 +292,15 @@ TEST(CudaRunner, DemoModelMatchesCpuRunner) {
   gpu->forward(*gs, tokens, true, got);
   const int64_t V = weights->config.vocab_size;
   const Fidelity f = compare_logits(ref, got, tokens, V, weights->vocab_real);
-  std::printf("[demo cuda vs cpu] ppl %.5f vs %.5f, KL %.3g, top-1 %.3f, max |dlogit| %.4g\n", f.ppl, f.ppl_ref, f.kl,
-              f.top1, f.max_abs);
-  EXPECT_LT(std::fabs(f.ppl / f.ppl_ref - 1.0), 1e-3);
-  EXPECT_LT(f.kl, 1e-4);
+  std::printf("[demo cuda vs cpu] ppl %.5f vs %.5f, KL %.3g (median %.3g), top-1 %.3f, max |dlogit| %.4g\n", f.ppl,
+              f.ppl_ref, f.kl, f.median_kl, f.top1, f.max_abs);
+  // The demo's router picks 4 of 16 experts: where two logits nearly tie, the GPU's rounding (8-bit activations)
+  // can pick the other expert. On the H200 about 1 seed in 7 did (mean KL 1.9e-4, ppl off by 0.13-0.25%; the other
+  // seeds 4-5e-7), before and after the 2026-12-02 attn_prepare rewrite alike. So the mean is held to the fidelity
+  // bar of the real model (1e-3) and the median position, which one flip does not move, to 1e-5.
+  EXPECT_LT(std::fabs(f.ppl / f.ppl_ref - 1.0), 5e-3);
+  EXPECT_LT(f.kl, 1e-3);
+  EXPECT_LT(f.median_kl, 1e-5);
   // a few decode steps through the graph path agree with forward()
   std::vector<float> last;
   for (int step = 0; step < 3; ++step) {
