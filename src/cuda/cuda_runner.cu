@@ -21,6 +21,7 @@
 #include "cuda/qmatmul_wgmma.cuh"
 #include "cuda/qmv.cuh"
 #include "cuda/sampling.cuh"
+#include "cuda/step_timer.cuh"
 #include "cuda/token_mask.cuh"
 
 namespace tern {
@@ -706,6 +707,7 @@ class CudaRunner final : public ModelRunner {
       capture_decode(s, /*with_sampling=*/!masked);
       device_token_valid_ = params_valid_ = false;
     }
+    step_timer_.begin(stream_);
     // The graph leaves its sampled token in tokens_ for the next step, and the parameters stay where they were put:
     // copy only what changed.
     if (!(device_token_valid_ && device_token_ == token)) {
@@ -729,7 +731,9 @@ class CudaRunner final : public ModelRunner {
     }
     s.pos += 1;
     TERN_CUDA(cudaMemcpyAsync(pinned_, sample_out_, 4, cudaMemcpyDeviceToHost, stream_));
+    step_timer_.end(stream_);
     TERN_CUDA(cudaStreamSynchronize(stream_));
+    step_timer_.collect();
     int32_t id;
     std::memcpy(&id, pinned_, 4);
     device_token_ = id;
@@ -1011,6 +1015,7 @@ class CudaRunner final : public ModelRunner {
   cudaStream_t stream_{};
   DeviceArena scratch_;
   bool use_graphs_ = true;              // TERN_CUDA_GRAPHS=0 turns the decode graph off
+  StepTimer step_timer_;                // TERN_STEP_TIMING=1: device span vs host wall time per graph step
   bool fp32_prefill_ = false;           // TERN_CUDA_FP32=1
   // The 4-bit prefill products' kernel: the Hopper warpgroup kernel (x in one fp16 term, or two bf16), the integer
   // kernel, or the split-x mma.sync kernel (TERN_PREFILL_INT8=0). 8-bit matrices take the integer kernel in every mode
