@@ -767,9 +767,6 @@ void attention_dh(const float* q, const float* qg, const uint16_t* cache_k, cons
   }
 }
 
-}  // namespace
-
-namespace {
 // The RoPE frequencies, after checking the shapes the kernels take: head dims 64, 128, 256; rotary dims 0 or 16·2^k
 // (element i ± rot/2 of a row then sits at the same place of another lane's 8-element chunk, norm_rope_chunk).
 RopeFreqs rope_freqs(const AttnDims& d) {
@@ -784,6 +781,11 @@ RopeFreqs rope_freqs(const AttnDims& d) {
 }
 
 }  // namespace
+
+void attention_check(const AttnDims& d) {
+  rope_freqs(d);
+  TERN_CHECK(d.Hkv > 0 && d.Hq % d.Hkv == 0, "attention: ", d.Hq, " query heads over ", d.Hkv, " KV heads");
+}
 
 void attn_prepare(const float* qg, const float* k, const float* v, const float* q_norm, const float* k_norm,
                   const int* pos0, const AttnDims& d, float* q_out, uint16_t* cache_k, uint16_t* cache_v,

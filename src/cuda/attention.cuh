@@ -45,6 +45,10 @@ inline int64_t attn_partial_floats(int64_t T, int Hq, int dh, int /*splits*/) { 
 // no attribute is set while a stream is capturing.
 void attention_init();
 
+// Throws tern::Error naming what the kernels do not take in d's head shapes (head dim, rotary dims, query heads per
+// KV head); T and capacity are not looked at. For a runner to refuse a model when it loads, not at its first step.
+void attention_check(const AttnDims& d);
+
 // out [T, Hq·dh] = softmax(q·Kᵀ/√dh, causal over positions 0..pos0+t) · V, times sigmoid(gate) from qg.
 // q fp32 [T, Hq, dh] (from attn_prepare); cache rows [0, pos0 + T) must be written; partial: attn_partial_floats.
 // Decode (T <= 8) reads *pos0 and the cache rows before pos0 before its pdl_wait (launch.cuh), overlapping their

@@ -320,6 +320,11 @@ class CudaRunner final : public ModelRunner {
     if (const char* e = std::getenv("TERN_L2_PREFETCH")) l2_prefetch_ = std::atoi(e) & 12;
     allocate_decode_scratch();
     attention_init();  // kernel attributes set once, outside any graph capture
+    for (const DeviceLayer& l : w_->layers)  // a head shape the attention kernels do not take: refused at load
+      if (l.type == LayerType::full_attention) {
+        attention_check(attn_dims(1, 1));
+        break;
+      }
   }
   ~CudaRunner() override {
     cudaStreamSynchronize(stream_);

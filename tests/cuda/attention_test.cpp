@@ -241,9 +241,10 @@ TEST(CudaAttention, OtherHeadShapesMatchCpu) {
     for (int64_t T : {int64_t(1), int64_t(8), int64_t(100)}) run_case(rng, d, 250, T, 400);
 }
 
-// Shapes the kernels do not take are refused with an error before anything is launched (no GPU needed): head dims
-// other than 64/128/256, and rotary dims that are not 0 or a power of two from 16 (attn_prepare's lanes hold 8-element
-// chunks, so element i ± rot/2 must sit in another lane at the same place).
+// Shapes the kernels do not take are refused with an error before anything is launched, by attn_prepare and by
+// attention_check (which the runner calls at load); no GPU needed: head dims other than 64/128/256, rotary dims that
+// are not 0 or a power of two from 16 (attn_prepare's lanes hold 8-element chunks, so element i ± rot/2 must sit in
+// another lane at the same place), query heads that are not a multiple of the KV heads.
 TEST(CudaAttention, RefusesShapesTheKernelsDoNotTake) {
   const int pos = 0;
   for (const AttnDims& d : {small_dims(4, 2, 96, 16), small_dims(4, 2, 64, 24), small_dims(4, 2, 64, 8),
@@ -259,6 +260,14 @@ TEST(CudaAttention, RefusesShapesTheKernelsDoNotTake) {
     }
     EXPECT_NE(message.find("not supported by the CUDA kernels"), std::string::npos)
         << "dh " << d.dh << " rot " << d.rot << ": " << message;
+    EXPECT_THROW(attention_check(t), tern::Error) << "dh " << d.dh << " rot " << d.rot;  // what the runner asks at load
+  }
+  for (const AttnDims& d : {model_dims(), small_dims(4, 2, 64, 16), small_dims(8, 1, 128, 32), small_dims(4, 2, 64, 0)})
+    EXPECT_NO_THROW(attention_check(d)) << "dh " << d.dh << " rot " << d.rot;
+  {
+    AttnDims d = model_dims();
+    d.Hkv = 3;  // 16 query heads over 3 KV heads
+    EXPECT_THROW(attention_check(d), tern::Error);
   }
 }
 
