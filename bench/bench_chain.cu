@@ -25,12 +25,9 @@ __global__ void chain_empty_kernel() {
   cuda::pdl_trigger();
 }
 
-// Every block reads the whole vector the kernel before it wrote and reduces it (an RMSNorm's sum of squares), then
-// writes its slice of the next vector: one L2 round trip in, a block reduction, one write out.
-__global__ void __launch_bounds__(256) chain_vector_kernel(const float* in, float* out) {
-  __shared__ float part[8];
-  cuda::pdl_wait();
-  cuda::pdl_trigger();
+// One link: every block reads the whole vector the link before wrote and reduces it (an RMSNorm's sum of squares),
+// then writes its slice of the next vector: one L2 round trip in, a block reduction, one write out. part: [8] shared.
+__device__ __forceinline__ void vector_link(const float* in, float* out, float* part) {
   float ss = 0.0f;
   for (int i = int(threadIdx.x); i < kVec; i += int(blockDim.x)) ss = fmaf(in[i], in[i], ss);
   ss = cuda::warp_sum(ss);
@@ -41,6 +38,13 @@ __global__ void __launch_bounds__(256) chain_vector_kernel(const float* in, floa
   const float scale = rsqrtf(t / float(kVec) + 1e-6f);
   for (int i = int(blockIdx.x * blockDim.x + threadIdx.x); i < kVec; i += int(gridDim.x * blockDim.x))
     out[i] = fmaf(in[i], 0.5f * scale, 0.5f);
+}
+
+__global__ void __launch_bounds__(256) chain_vector_kernel(const float* in, float* out) {
+  __shared__ float part[8];
+  cuda::pdl_wait();
+  cuda::pdl_trigger();
+  vector_link(in, out, part);
 }
 
 // A barrier over the whole grid inside one kernel (every block resident): the last block to arrive resets the count
@@ -70,19 +74,8 @@ __global__ void __launch_bounds__(256) chain_persistent_kernel(float* buf, unsig
   __shared__ float part[8];
   cuda::pdl_wait();
   for (int link = 0; link < kPersistentLinks; ++link) {
-    const float* in = buf + (link % 2) * kVec;
-    float* out = buf + ((link + 1) % 2) * kVec;
-    float ss = 0.0f;
-    for (int i = int(threadIdx.x); i < kVec; i += int(blockDim.x)) ss = fmaf(in[i], in[i], ss);
-    ss = cuda::warp_sum(ss);
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = ss;
-    __syncthreads();
-    float t = 0.0f;
-    for (int w = 0; w < int(blockDim.x) / 32; ++w) t += part[w];
-    const float scale = rsqrtf(t / float(kVec) + 1e-6f);
-    for (int i = int(blockIdx.x * blockDim.x + threadIdx.x); i < kVec; i += int(gridDim.x * blockDim.x))
-      out[i] = fmaf(in[i], 0.5f * scale, 0.5f);
-    grid_barrier(sync, sync + 1);
+    vector_link(buf + (link % 2) * kVec, buf + ((link + 1) % 2) * kVec, part);
+    grid_barrier(sync, sync + 1);  // its first __syncthreads also keeps `part` until every warp has read it
   }
   cuda::pdl_trigger();
 }
