@@ -7,6 +7,7 @@
 #include <optional>
 #include <set>
 
+#include "grammar/number_range.h"
 #include "grammar/regex.h"
 #include "grammar/schema_compiler.h"
 #include "text/json_ref.h"
@@ -56,48 +57,6 @@ const char* format_regex(const std::string& format) {
   if (format == "uuid") return uuid.c_str();
   if (format == "email") return email.c_str();
   return nullptr;
-}
-
-// ---- integer ranges as digit strings ----------------------------------------------------------------------------
-
-constexpr int64_t kMaxIntegerMagnitude = 999'999'999'999'999'999;  // 18 digits: always fits an int64
-
-ExprPtr digit_range(char lo, char hi) { return expr_byte_range(static_cast<uint8_t>(lo), static_cast<uint8_t>(hi)); }
-
-// Every digit string s of a.size() digits with a <= s <= b (a, b of equal length).
-ExprPtr digits_between(const std::string& a, const std::string& b) {
-  if (a.empty()) return expr_empty();
-  std::string ra = a.substr(1), rb = b.substr(1);
-  if (a[0] == b[0]) return expr_seq({digit_range(a[0], a[0]), digits_between(ra, rb)});
-  std::string zeros(ra.size(), '0'), nines(ra.size(), '9');
-  auto any_digits = expr_repeat(digit_range('0', '9'), static_cast<int>(ra.size()), static_cast<int>(ra.size()));
-  if (ra == zeros && rb == nines) return expr_seq({digit_range(a[0], b[0]), any_digits});
-  std::vector<ExprPtr> alts;
-  alts.push_back(expr_seq({digit_range(a[0], a[0]), digits_between(ra, nines)}));
-  if (b[0] - a[0] > 1) alts.push_back(expr_seq({digit_range(static_cast<char>(a[0] + 1), static_cast<char>(b[0] - 1)), any_digits}));
-  alts.push_back(expr_seq({digit_range(b[0], b[0]), digits_between(zeros, rb)}));
-  return expr_alt(std::move(alts));
-}
-
-// Canonical decimals (no leading zeros) of lo..hi, 0 <= lo <= hi.
-ExprPtr unsigned_range(int64_t lo, int64_t hi) {
-  std::vector<ExprPtr> alts;
-  int64_t low_of_len = 0, high_of_len = 9;
-  for (int len = 1; len <= 18; ++len) {
-    int64_t a = std::max(lo, low_of_len), c = std::min(hi, high_of_len);
-    if (a <= c) alts.push_back(digits_between(std::to_string(a), std::to_string(c)));
-    low_of_len = high_of_len + 1;
-    if (len < 18) high_of_len = high_of_len * 10 + 9;
-  }
-  return expr_alt(std::move(alts));
-}
-
-ExprPtr integer_range(int64_t lo, int64_t hi) {
-  if (lo > hi) return expr_nothing();
-  std::vector<ExprPtr> alts;
-  if (hi >= 0) alts.push_back(unsigned_range(std::max<int64_t>(lo, 0), hi));
-  if (lo < 0) alts.push_back(expr_seq({expr_literal("-"), unsigned_range(hi < 0 ? -hi : 1, -lo)}));
-  return expr_alt(std::move(alts));
 }
 
 bool is_integral(const ojson& v) {
@@ -623,8 +582,8 @@ ExprPtr SchemaCompiler::number(const ojson& s, const std::string& path) {
       fail("format", child(path, "format"), "unsupported number format " + f.dump());
   }
   ExprPtr digits = digit_range('0', '9');
-  // Bounds: the values generated are a subset of the range: integers, and decimals k.F (F ending in a non-zero
-  // digit, no exponent) whose whole interval (k, k+1) lies inside the range.
+  // Bounds: integers and decimals I.F (1 to kMaxFractionDigits fraction digits, no exponent) inside the range,
+  // digit by digit (number_range.h).
   const double kInf = std::numeric_limits<double>::infinity();
   double lo = -kInf, hi = kInf;
   bool lo_open = false, hi_open = false;
@@ -632,21 +591,7 @@ ExprPtr SchemaCompiler::number(const ojson& s, const std::string& path) {
   if (auto v = number_keyword(s, "maximum", path)) hi = *v, hi_open = flag(s, "exclusiveMaximum");
   if (auto v = number_keyword(s, "exclusiveMinimum", path); v && *v >= lo) lo = *v, lo_open = true;
   if (auto v = number_keyword(s, "exclusiveMaximum", path); v && *v <= hi) hi = *v, hi_open = true;
-  if (lo > -kInf || hi < kInf) {
-    const double kMag = static_cast<double>(kMaxIntegerMagnitude);
-    auto clamp = [&](double x) { return static_cast<int64_t>(std::clamp(x, -kMag, kMag)); };
-    // Integers k with lo <= k <= hi (strict at an open bound).
-    int64_t klo = clamp(lo_open ? std::floor(lo) + 1 : std::ceil(lo)), khi = clamp(hi_open ? std::ceil(hi) - 1 : std::floor(hi));
-    ExprPtr frac = expr_seq({expr_literal("."), expr_repeat(digits, 0, 14), digit_range('1', '9')});
-    std::vector<ExprPtr> alts = {integer_range(klo, khi)};
-    // k.F for k >= 0: needs k >= lo and k + 1 <= hi.
-    int64_t plo = std::max<int64_t>(0, clamp(std::ceil(lo))), phi = clamp(std::floor(hi) - 1);
-    if (plo <= phi) alts.push_back(expr_seq({unsigned_range(plo, phi), frac}));
-    // -(m.F) for m >= 0: needs -(m + 1) >= lo and -m <= hi.
-    int64_t nlo = std::max<int64_t>(0, clamp(std::ceil(-hi))), nhi = clamp(std::floor(-lo) - 1);
-    if (nlo <= nhi) alts.push_back(expr_seq({expr_literal("-"), unsigned_range(nlo, nhi), frac}));
-    return expr_alt(std::move(alts));
-  }
+  if (lo > -kInf || hi < kInf) return decimal_range(lo, lo_open, hi, hi_open);
   ExprPtr int_part = expr_alt({expr_literal("0"), expr_seq({digit_range('1', '9'), expr_repeat(digits, 0, 17)})});
   ExprPtr frac = expr_optional(expr_seq({expr_literal("."), expr_repeat(digits, 1, 16)}));
   ByteSet e, sign;

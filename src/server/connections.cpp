@@ -18,6 +18,7 @@
 
 #include "core/check.h"
 #include "server/client_link.h"
+#include "server/request_body.h"
 
 namespace tern::server {
 
@@ -209,6 +210,7 @@ struct HttpConnections::Conn {
   bool chunked = false;
   size_t content_length = 0;
   ChunkedScanner chunks;
+  std::string coding;                  // Content-Encoding: "" (none), "gzip", "deflate" or "br"
   bool expect_continue = false, sent_continue = false;
   bool close_after = false;            // answered before its body, or unparseable: close after the response
 };
@@ -603,6 +605,7 @@ void HttpConnections::advance(std::unique_ptr<Conn>& c) {
     k.chunked = false;
     k.content_length = 0;
     k.chunks = ChunkedScanner{};
+    k.coding.clear();
     k.expect_continue = k.sent_continue = false;
   }
   if (k.phase == Conn::Phase::head) {
@@ -619,16 +622,41 @@ void HttpConnections::advance(std::unique_ptr<Conn>& c) {
       k.close_after = true;  // httplib answers 400
       return dispatch();
     }
-    if (const std::string* te = head.header("transfer-encoding"); te && lower(*te).find("chunked") != std::string::npos)
+    // The body's framing (RFC 9112 6): chunked, or one Content-Length, or none (then the body is empty).
+    if (const std::string* te = head.header("transfer-encoding")) {
+      if (lower(trim(*te)) != "chunked")
+        return refuse(501, "Not Implemented", "Transfer-Encoding '" + *te + "' is not supported: only chunked.");
       k.chunked = true;
-    if (const std::string* cl = head.header("content-length"); cl && !k.chunked) {
-      const bool digits = !cl->empty() && cl->size() <= 18 &&
-                          std::all_of(cl->begin(), cl->end(), [](char ch) { return ch >= '0' && ch <= '9'; });
-      if (!digits) {
-        k.close_after = true;  // httplib answers 400
-        return dispatch();
-      }
-      k.content_length = std::stoull(*cl);
+    }
+    const std::string* cl = nullptr;
+    for (const auto& [name, value] : head.headers) {
+      if (name != "content-length") continue;
+      if (k.chunked)  // both: a request-smuggling pattern
+        return refuse(400, "Bad Request", "A request may not carry both Transfer-Encoding and Content-Length.");
+      if (value.empty() || !std::all_of(value.begin(), value.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
+        return refuse(400, "Bad Request", "Content-Length '" + value + "' is not a byte count.");
+      if (cl && *cl != value) return refuse(400, "Bad Request", "The request has two different Content-Length headers.");
+      cl = &value;
+    }
+    if (cl) {
+      std::string_view digits = *cl;
+      while (digits.size() > 1 && digits.front() == '0') digits.remove_prefix(1);
+      if (digits.size() > 18)
+        return refuse(413, "Payload Too Large",
+                      "Request body too large: the limit is " + std::to_string(limits_.max_body_bytes) + " bytes.");
+      k.content_length = std::stoull(std::string(digits));
+    } else if (!k.chunked) {
+      // No length: an empty body. Said to httplib, which would otherwise read until the client closes.
+      static const std::string kNoBody = "Content-Length: 0\r\n";
+      k.buf.insert(end + 2, kNoBody);
+      k.head_len += kNoBody.size();
+    }
+    if (const std::string* ce = head.header("content-encoding")) {
+      const std::optional<std::string> coding = content_coding(*ce);
+      if (!coding)
+        return refuse(415, "Unsupported Media Type",
+                      "Content-Encoding '" + *ce + "' is not supported: gzip, deflate, br or none.");
+      k.coding = *coding;
     }
     if (const std::string* ex = head.header("expect"); ex && lower(*ex) == "100-continue") k.expect_continue = true;
     bool early = false;
@@ -646,6 +674,25 @@ void HttpConnections::advance(std::unique_ptr<Conn>& c) {
   }
   if (k.phase == Conn::Phase::body) {
     const std::string_view body = std::string_view(k.buf).substr(k.head_len);
+    // A complete body goes to a worker; a coded one only if it inflates to at most the body limit (httplib would
+    // inflate it whole, whatever its size).
+    auto complete = [&] {
+      if (!k.coding.empty()) {
+        const std::string dechunked = k.chunked ? dechunk(body.substr(0, k.chunks.end())) : std::string();
+        const std::string_view data = k.chunked ? std::string_view(dechunked) : body.substr(0, k.content_length);
+        switch (check_inflated_size(k.coding, data, limits_.max_body_bytes)) {
+          case InflateCheck::too_large:
+            return refuse(413, "Payload Too Large",
+                          "Request body too large once decompressed (" + k.coding + "): the limit is " +
+                              std::to_string(limits_.max_body_bytes) + " bytes.");
+          case InflateCheck::malformed:
+            return refuse(400, "Bad Request", "The request body is not valid " + k.coding + " data.");
+          case InflateCheck::fits:
+            break;
+        }
+      }
+      dispatch();
+    };
     if (k.chunked) {
       if (!k.chunks.scan(body)) {
         k.close_after = true;  // httplib answers 400
@@ -654,9 +701,9 @@ void HttpConnections::advance(std::unique_ptr<Conn>& c) {
       if (k.chunks.decoded() > limits_.max_body_bytes)
         return refuse(413, "Payload Too Large",
                       "Request body too large: the limit is " + std::to_string(limits_.max_body_bytes) + " bytes.");
-      if (k.chunks.done()) return dispatch();
+      if (k.chunks.done()) return complete();
     } else if (body.size() >= k.content_length) {
-      return dispatch();
+      return complete();
     }
     if (k.expect_continue && !k.sent_continue) {
       k.sent_continue = true;

@@ -96,13 +96,83 @@ TEST(JsonSchema, EnumConstCombinators) {
 }
 
 TEST(JsonSchema, NumberRanges) {
-  check_case({R"({"type":"number","minimum":0,"maximum":1})", {"0", "1", "0.5", "0.25"},
-              {"-0.5", "1.5", "2", "1e-3", "0.50", "-1"}});
+  check_case({R"({"type":"number","minimum":0,"maximum":1})", {"0", "1", "0.5", "0.25", "0.50", "1.0", "0.0"},
+              {"-0.5", "1.5", "2", "1e-3", "-1", "1.01", "-0", "-0.0"}});
   check_case({R"({"type":"number","exclusiveMinimum":0,"exclusiveMaximum":10})", {"1", "9", "0.1", "9.99"},
               {"0", "10", "10.5", "-0.1"}});
   check_case({R"({"type":"number","minimum":-2.5,"maximum":-1})", {"-2", "-1", "-1.5"}, {"-3", "0", "-0.5", "-1.25e0"}});
   check_case({R"({"type":"number","minimum":100})", {"100", "123456.75"}, {"99", "99.9", "-100"}});
   check_case({R"({"type":"integer","exclusiveMinimum":0})", {"1", "42"}, {"0", "-1"}});
+  // Bounds that are not whole numbers: the fractions at each end are bounded digit by digit.
+  check_case({R"({"type":"number","minimum":0.25,"maximum":1})", {"0.25", "0.250", "0.3", "0.999", "1", "1.000"},
+              {"0.24", "0.2", "0.249999", "1.01", "0", "2"}});
+  check_case({R"({"type":"number","minimum":2.5,"maximum":3.5})", {"2.5", "3", "3.25", "3.5", "2.6", "3.49"},
+              {"2.49", "3.51", "2", "4", "3.500001"}});
+  check_case({R"({"type":"number","minimum":-0.5,"maximum":0.5})", {"-0.5", "0", "0.1", "-0.25", "0.5", "-0.01"},
+              {"-0.51", "0.6", "1", "-1", "-0", "-0.0"}});
+  check_case({R"({"type":"number","minimum":0.5,"maximum":0.9})", {"0.5", "0.75", "0.9", "0.8999"},
+              {"0.91", "0.4", "1", "0", "0.49"}});
+  check_case({R"({"type":"number","minimum":0.1,"maximum":0.2})", {"0.1", "0.15", "0.2", "0.1999"}, {"0.09", "0.21", "0"}});
+  check_case({R"({"type":"number","minimum":-1.5,"maximum":-1.25})", {"-1.5", "-1.3", "-1.25", "-1.4999"},
+              {"-1.2", "-1.6", "-1", "-1.51", "-1.249"}});
+  check_case({R"({"type":"number","minimum":1e-5,"maximum":2e-5})", {"0.00001", "0.000015", "0.00002"},
+              {"0.00003", "0.000009", "0", "0.0000201"}});
+  check_case({R"({"type":"number","exclusiveMinimum":0.5,"maximum":1})", {"0.51", "0.5000001", "1", "0.6"},
+              {"0.5", "0.50", "0.500", "0.4", "1.1"}});
+  check_case({R"({"type":"number","minimum":-1,"exclusiveMaximum":0.5})", {"0.4999", "0", "-1", "-0.5", "0.49"},
+              {"0.5", "0.500", "0.6", "-1.01"}});
+  check_case({R"({"type":"number","minimum":3,"maximum":3})", {"3", "3.0", "3.00"}, {"2.9", "3.01", "4"}});
+  check_case({R"({"type":"number","exclusiveMinimum":3,"exclusiveMaximum":4})", {"3.5", "3.01", "3.99"},
+              {"3", "4", "3.0", "4.0"}});
+}
+
+// Random bounds (whole, one-decimal, two-decimal and tiny; open or closed; one side missing): every number the grammar
+// generates (random walks to the end) lies inside the range, and no walk reaches a dead end.
+TEST(JsonSchema, RandomNumberRangesGenerateOnlyValuesInside) {
+  std::mt19937_64 rng(test::fresh_seed());
+  auto bound = [&] {
+    const double scale[] = {1.0, 0.1, 0.01, 1e-5};
+    return double(int64_t(rng() % 4001) - 2000) * scale[rng() % 4];
+  };
+  int walks = 0;
+  for (int i = 0; i < 150; ++i) {
+    double a = bound(), b = bound();
+    if (a > b) std::swap(a, b);
+    ojson schema = {{"type", "number"}};
+    const int sides = int(rng() % 3);  // 0: both, 1: lower only, 2: upper only
+    const bool a_open = rng() % 2, b_open = rng() % 2;
+    if (sides != 2) schema[a_open ? "exclusiveMinimum" : "minimum"] = a;
+    if (sides != 1) schema[b_open ? "exclusiveMaximum" : "maximum"] = b;
+    GrammarPtr g;
+    try {
+      g = compile_json_schema(schema);
+    } catch (const SchemaError&) {
+      EXPECT_TRUE(sides == 0 && (a == b) && (a_open || b_open)) << schema.dump();  // only an empty range is refused
+      continue;
+    }
+    for (int k = 0; k < 4; ++k) {
+      test::WalkResult w = test::random_walk(g, test::byte_vocab(), rng, 200, int(rng() % 30));
+      ASSERT_FALSE(w.dead_end) << schema.dump() << " after " << w.text;
+      ASSERT_TRUE(w.ended) << schema.dump() << " not finished: " << w.text;
+      const double x = std::stod(w.text);
+      if (sides != 2) {
+        EXPECT_TRUE(a_open ? x > a : x >= a) << schema.dump() << " generated " << w.text;
+      }
+      if (sides != 1) {
+        EXPECT_TRUE(b_open ? x < b : x <= b) << schema.dump() << " generated " << w.text;
+      }
+      ++walks;
+    }
+  }
+  EXPECT_GT(walks, 400);
+}
+
+// An empty range (a > b, or a = b with an open end) is a clear error, not a grammar that cannot finish.
+TEST(JsonSchema, EmptyNumberRangesAreRefused) {
+  for (const char* schema : {R"({"type":"number","minimum":2,"maximum":1})",
+                             R"({"type":"number","minimum":1,"exclusiveMaximum":1})",
+                             R"({"type":"number","exclusiveMinimum":0.5,"exclusiveMaximum":0.5})"})
+    EXPECT_THROW(compile_json_schema(ojson::parse(schema)), SchemaError) << schema;
 }
 
 TEST(JsonSchema, RefsAndRecursion) {

@@ -223,6 +223,62 @@ def test_pipelined_requests_answered_in_order(tern_bin):
         s.stop()
 
 
+def _status(out: bytes) -> int:
+    m = re.match(rb"HTTP/1\.1 (\d{3}) ", out)
+    return int(m.group(1)) if m else 0
+
+
+def test_request_framing_and_codings(tern_bin):
+    """A POST with no length has an empty body (answered at once, not read until the client closes; such requests
+    cannot tie up the workers); a body coded with gzip/deflate/br is refused with 413 when it inflates past the body
+    limit (httplib would inflate it whole); lengths and codings the server does not take get clear 4xx/501 at once."""
+    import gzip
+    s = Server(tern_bin, "--http-threads", "3", "--max-queue", "1", "-q")
+    held = []
+    try:
+        h = f"Host: {HOST}\r\nContent-Type: application/json\r\n"
+        # no Content-Length, no Transfer-Encoding, the connection kept open: an empty body, answered at once
+        t0 = time.monotonic()
+        out = raw_exchange(s.port, f"POST {CHAT} HTTP/1.1\r\n{h}Connection: close\r\n\r\n".encode(), timeout=10)
+        assert _status(out) == 400 and time.monotonic() - t0 < 3, out[:300]
+        # more such requests than workers, left open: /health still answers at once
+        for _ in range(6):
+            c = socket.create_connection((HOST, s.port), timeout=5)
+            c.sendall(f"POST {CHAT} HTTP/1.1\r\n{h}\r\n".encode())
+            held.append(c)
+        t0 = time.monotonic()
+        assert request("GET", s.port, "/health", timeout=10)[0] == 200
+        assert time.monotonic() - t0 < 3
+        # a gzip body that inflates to 64 MiB (the limit is 8 MiB): 413 without inflating it all
+        bomb = gzip.compress(b'{"messages":[{"role":"user","content":"hi"}],"max_tokens":1' + b" " * (64 << 20) + b"}")
+        assert len(bomb) < (1 << 20)
+        t0 = time.monotonic()
+        out = raw_exchange(s.port, f"POST {CHAT} HTTP/1.1\r\n{h}Content-Encoding: gzip\r\nContent-Length: {len(bomb)}"
+                           f"\r\n\r\n".encode() + bomb, timeout=10)
+        assert _status(out) == 413 and b"decompressed" in out and time.monotonic() - t0 < 3, out[:300]
+        # a small gzip body is decoded and served
+        body = gzip.compress(json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}).encode())
+        out = raw_exchange(s.port, f"POST {CHAT} HTTP/1.1\r\n{h}Content-Encoding: gzip\r\nContent-Length: {len(body)}"
+                           f"\r\nConnection: close\r\n\r\n".encode() + body, timeout=30)
+        assert _status(out) == 200, out[:300]
+        for extra, want, text in (
+                ("Content-Length: 99999999999999999999\r\n", 413, b"too large"),
+                ("Content-Length: 5\r\nContent-Length: 6\r\n", 400, b"two different Content-Length"),
+                ("Content-Length: -5\r\n", 400, b"not a byte count"),
+                ("Transfer-Encoding: gzip\r\nContent-Length: 5\r\n", 501, b"only chunked"),
+                ("Transfer-Encoding: chunked\r\nContent-Length: 5\r\n", 400, b"both"),
+                ("Content-Encoding: compress\r\nContent-Length: 5\r\n", 415, b"gzip, deflate, br"),
+                ("Content-Encoding: gzip\r\nContent-Length: 5\r\n", 400, b"not valid gzip")):
+            t0 = time.monotonic()
+            out = raw_exchange(s.port, f"POST {CHAT} HTTP/1.1\r\n{h}{extra}\r\n{{}}...".encode(), timeout=10)
+            assert _status(out) == want and text in out and time.monotonic() - t0 < 3, (extra, out[:300])
+        assert request("GET", s.port, "/health")[0] == 200
+    finally:
+        for c in held:
+            c.close()
+        s.stop()
+
+
 # --- 5. browsers ------------------------------------------------------------------------------------------------
 
 def test_post_bodies_must_be_json(tern_bin):
