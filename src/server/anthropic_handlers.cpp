@@ -67,7 +67,7 @@ void handle_anthropic_messages(ServerState& state, const httplib::Request& req, 
       return respond_anthropic_error(res, api_error_invalid("tern_debug_forced_output", strip_error_location(e.what())));
     }
   }
-  if (auto e = check_context(state, prompt.tokens.size(), request.max_tokens)) return respond_anthropic_error(res, *e);
+  if (auto e = check_context(state, prompt.tokens.size())) return respond_anthropic_error(res, *e);
   task->request.checkpoint_at = chat_prompt_checkpoints(prompt.tokens, *state.model.tokenizer);
   task->request.sampling = std::get<SamplingParams>(sampling);
   task->request.max_tokens = request.max_tokens;

@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 
 #include "core/check.h"
 #include "server/client_link.h"
@@ -62,6 +63,20 @@ bool send_all(int fd, const char* data, size_t size, std::chrono::milliseconds t
 
 thread_local bool tl_close_after = false;
 
+// The methods cpp-httplib parses (a request line with another one gets its 400, and the rest of the head would then
+// be read as a second request): case-sensitive, as in RFC 9110.
+bool httplib_method(const std::string& m) {
+  static const char* const kMethods[] = {"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"};
+  return std::any_of(std::begin(kMethods), std::end(kMethods), [&](const char* k) { return m == k; });
+}
+
+// s for an error message: printable ASCII only, at most 40 characters.
+std::string quoted_for_message(std::string_view s) {
+  std::string out;
+  for (char ch : s.substr(0, 40)) out += (ch >= 0x20 && ch < 0x7f) ? ch : '?';
+  return "'" + out + (s.size() > 40 ? "...'" : "'");
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -82,6 +97,7 @@ bool parse_request_head(std::string_view head, RequestHead& out) {
   if (sp2 == std::string_view::npos || sp2 == sp1 + 1) return false;
   out.method = std::string(line.substr(0, sp1));
   out.target = std::string(line.substr(sp1 + 1, sp2 - sp1 - 1));
+  out.version = std::string(line.substr(sp2 + 1));
   out.path = out.target.substr(0, out.target.find('?'));
   out.headers.clear();
   while (eol != std::string_view::npos) {
@@ -622,10 +638,17 @@ void HttpConnections::advance(std::unique_ptr<Conn>& c) {
       k.close_after = true;  // httplib answers 400
       return dispatch();
     }
+    if (head.version != "HTTP/1.1" && head.version != "HTTP/1.0")  // first: HTTP/2's preface is "PRI * HTTP/2.0"
+      return refuse(505, "HTTP Version Not Supported",
+                    "HTTP version " + quoted_for_message(head.version) + " is not supported: HTTP/1.1 or HTTP/1.0.");
+    if (!httplib_method(head.method))
+      return refuse(501, "Not Implemented",
+                    "Method " + quoted_for_message(head.method) + " is not implemented (methods are case-sensitive).");
     // The body's framing (RFC 9112 6): chunked, or one Content-Length, or none (then the body is empty).
     if (const std::string* te = head.header("transfer-encoding")) {
       if (lower(trim(*te)) != "chunked")
-        return refuse(501, "Not Implemented", "Transfer-Encoding '" + *te + "' is not supported: only chunked.");
+        return refuse(501, "Not Implemented",
+                      "Transfer-Encoding " + quoted_for_message(*te) + " is not supported: only chunked.");
       k.chunked = true;
     }
     const std::string* cl = nullptr;
@@ -634,7 +657,7 @@ void HttpConnections::advance(std::unique_ptr<Conn>& c) {
       if (k.chunked)  // both: a request-smuggling pattern
         return refuse(400, "Bad Request", "A request may not carry both Transfer-Encoding and Content-Length.");
       if (value.empty() || !std::all_of(value.begin(), value.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
-        return refuse(400, "Bad Request", "Content-Length '" + value + "' is not a byte count.");
+        return refuse(400, "Bad Request", "Content-Length " + quoted_for_message(value) + " is not a byte count.");
       if (cl && *cl != value) return refuse(400, "Bad Request", "The request has two different Content-Length headers.");
       cl = &value;
     }
@@ -655,7 +678,7 @@ void HttpConnections::advance(std::unique_ptr<Conn>& c) {
       const std::optional<std::string> coding = content_coding(*ce);
       if (!coding)
         return refuse(415, "Unsupported Media Type",
-                      "Content-Encoding '" + *ce + "' is not supported: gzip, deflate, br or none.");
+                      "Content-Encoding " + quoted_for_message(*ce) + " is not supported: gzip, deflate, br or none.");
       k.coding = *coding;
     }
     if (const std::string* ex = head.header("expect"); ex && lower(*ex) == "100-continue") k.expect_continue = true;

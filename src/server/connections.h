@@ -62,6 +62,7 @@ struct ConnectionLimits {
 struct RequestHead {
   std::string method;
   std::string target;   // as sent
+  std::string version;  // e.g. "HTTP/1.1"
   std::string path;     // target without the query
   std::vector<std::pair<std::string, std::string>> headers;
   const std::string* header(std::string_view lower_name) const;  // first one, or null

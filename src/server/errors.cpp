@@ -25,7 +25,7 @@ ApiError api_error_not_found(std::string message) {
 }
 
 ApiError api_error_unauthorized() {
-  return make(401, "Missing or invalid API key: send the header 'Authorization: Bearer <key>'.",
+  return make(401, "Missing or invalid API key: send the header 'Authorization: Bearer <key>' (or 'x-api-key: <key>').",
               "authentication_error", "", "invalid_api_key");
 }
 
@@ -62,12 +62,11 @@ ApiError api_error_shutting_down(std::string message) {
   return e;
 }
 
-ApiError api_error_context(int64_t prompt_tokens, int64_t max_new, int64_t context) {
+ApiError api_error_context(int64_t prompt_tokens, int64_t context) {
   std::string m = "This model's context is " + std::to_string(context) + " tokens, but the prompt has " +
-                  std::to_string(prompt_tokens) + " tokens";
-  if (max_new > 0) m += " and max_tokens asks for " + std::to_string(max_new) + " more";
-  m += ". Shorten the prompt or lower max_tokens (or raise tern serve --ctx-size); truncate_prompt_tokens: N keeps only "
-       "the prompt's last N tokens.";
+                  std::to_string(prompt_tokens) + " tokens: it must leave room for at least one generated token "
+                  "(generation stops at the context's end whatever max_tokens asks). Shorten the prompt (or raise "
+                  "tern serve --ctx-size); truncate_prompt_tokens: N keeps only the prompt's last N tokens.";
   return make(400, std::move(m), "invalid_request_error", "messages", "context_length_exceeded");
 }
 

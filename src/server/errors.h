@@ -27,7 +27,7 @@ ApiError api_error_too_large(size_t limit_bytes);                         // 413
 ApiError api_error_overloaded(size_t queue_depth, int retry_after_s);     // 503
 ApiError api_error_internal(std::string message);                         // 500
 ApiError api_error_shutting_down(std::string message);                    // 503, code shutting_down
-ApiError api_error_context(int64_t prompt_tokens, int64_t max_new, int64_t context);  // 400, both numbers
+ApiError api_error_context(int64_t prompt_tokens, int64_t context);  // 400, both numbers
 
 // The JSON body (one line, no trailing newline).
 std::string api_error_body(const ApiError& error);

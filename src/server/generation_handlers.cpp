@@ -73,9 +73,9 @@ std::optional<ApiError> check_prompt_bytes(const ServerState& state, size_t byte
   return e;
 }
 
-std::optional<ApiError> check_context(const ServerState& state, size_t prompt_tokens, int64_t max_tokens) {
+std::optional<ApiError> check_context(const ServerState& state, size_t prompt_tokens) {
   if (int64_t(prompt_tokens) >= state.model.context)
-    return api_error_context(int64_t(prompt_tokens), max_tokens, state.model.context);
+    return api_error_context(int64_t(prompt_tokens), state.model.context);
   return std::nullopt;
 }
 
@@ -382,7 +382,7 @@ void handle_chat_completions(ServerState& state, const httplib::Request& req, ht
     return respond_error(res, api_error_invalid("messages", strip_error_location(e.what())));
   }
   truncate_prompt(task->request.prompt, request.truncate_prompt_tokens);
-  if (auto e = check_context(state, task->request.prompt.size(), request.max_tokens.value_or(-1)))
+  if (auto e = check_context(state, task->request.prompt.size()))
     return respond_error(res, *e);
   // The prefix cache also snapshots where the generation prompt starts (the prompt's last <|im_start|>): the next
   // turn renders this turn's generation prompt and reply as the template renders history, which may differ from
@@ -435,7 +435,7 @@ void handle_completions(ServerState& state, const httplib::Request& req, httplib
   if (task->request.prompt.empty()) return respond_error(res, api_error_invalid("prompt", "'prompt' encodes to no tokens."));
   if (truncate_prompt(task->request.prompt, request.truncate_prompt_tokens) && request.echo)
     echo_text = state.model.tokenizer->decode(task->request.prompt);  // what the model saw
-  if (auto e = check_context(state, task->request.prompt.size(), request.max_tokens)) {
+  if (auto e = check_context(state, task->request.prompt.size())) {
     e->param = "prompt";
     return respond_error(res, *e);
   }

@@ -3,6 +3,7 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <ctime>
 #include <list>
@@ -59,11 +60,17 @@ bool same_secret(const std::string& given, const std::string& expected) {
   return diff == 0;
 }
 
-// The key comes as "Authorization: Bearer KEY" (OpenAI clients) or "x-api-key: KEY" (Anthropic clients).
+// The key comes as "Authorization: Bearer KEY" (OpenAI clients; the scheme name in any case, RFC 9110 11.1) or
+// "x-api-key: KEY" (Anthropic clients).
 bool authorized(const ServerOptions& options, const std::string* authorization, const std::string* api_key) {
   if (options.api_key.empty()) return true;
-  return (authorization && same_secret(*authorization, "Bearer " + options.api_key)) ||
-         (api_key && same_secret(*api_key, options.api_key));
+  auto bearer = [&](const std::string& a) {
+    if (a.size() < 7 || a[6] != ' ') return false;
+    std::string scheme = a.substr(0, 6);
+    for (char& ch : scheme) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+    return scheme == "bearer" && same_secret(a.substr(7), options.api_key);
+  };
+  return (authorization && bearer(*authorization)) || (api_key && same_secret(*api_key, options.api_key));
 }
 
 // Errors on the Anthropic routes have Anthropic's shape; everywhere else OpenAI's.

@@ -182,7 +182,7 @@ void serve_generation(ServerState& state, const httplib::Request& req, httplib::
   }
   if (task->request.prompt.empty())
     return respond_ollama_error(res, api_error_invalid(prompt_param, "'prompt' encodes to no tokens."));
-  if (auto e = check_context(state, task->request.prompt.size(), chat.max_tokens.value_or(-1))) {
+  if (auto e = check_context(state, task->request.prompt.size())) {
     e->param = prompt_param;
     return respond_ollama_error(res, *e);
   }

@@ -90,7 +90,7 @@ void handle_responses(ServerState& state, const httplib::Request& req, httplib::
   } catch (const Error& e) {
     return respond_error(res, api_error_invalid("input", strip_error_location(e.what())));
   }
-  if (auto e = check_context(state, task->request.prompt.size(), request.max_output_tokens.value_or(-1))) {
+  if (auto e = check_context(state, task->request.prompt.size())) {
     e->param = "input";
     return respond_error(res, *e);
   }

@@ -66,7 +66,7 @@ std::variant<SamplingParams, ApiError> sampling_params(const ServerState& state,
 // Before tokenizing: a prompt longer than context x the longest token's bytes cannot fit, whatever its tokens.
 std::optional<ApiError> check_prompt_bytes(const ServerState& state, size_t bytes, const char* param);
 // The prompt must leave room for at least one generated token.
-std::optional<ApiError> check_context(const ServerState& state, size_t prompt_tokens, int64_t max_tokens);
+std::optional<ApiError> check_context(const ServerState& state, size_t prompt_tokens);
 // truncate_prompt_tokens (vLLM's request field): keeps only the prompt's last `keep` tokens (none: unchanged).
 // Returns whether tokens were dropped.
 bool truncate_prompt(std::vector<int32_t>& prompt, const std::optional<int64_t>& keep);

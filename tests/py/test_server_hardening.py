@@ -231,7 +231,8 @@ def _status(out: bytes) -> int:
 def test_request_framing_and_codings(tern_bin):
     """A POST with no length has an empty body (answered at once, not read until the client closes; such requests
     cannot tie up the workers); a body coded with gzip/deflate/br is refused with 413 when it inflates past the body
-    limit (httplib would inflate it whole); lengths and codings the server does not take get clear 4xx/501 at once."""
+    limit (httplib would inflate it whole); lengths, codings, methods and versions the server does not take get one
+    clear 4xx/5xx at once."""
     import gzip
     s = Server(tern_bin, "--http-threads", "3", "--max-queue", "1", "-q")
     held = []
@@ -272,6 +273,12 @@ def test_request_framing_and_codings(tern_bin):
             t0 = time.monotonic()
             out = raw_exchange(s.port, f"POST {CHAT} HTTP/1.1\r\n{h}{extra}\r\n{{}}...".encode(), timeout=10)
             assert _status(out) == want and text in out and time.monotonic() - t0 < 3, (extra, out[:300])
+        # request lines httplib would not parse: one clear answer each, not a 400 followed by a second one for the
+        # headers read as another request
+        for line, want in ((b"FOO /health HTTP/1.1", 501), (b"get /health HTTP/1.1", 501),
+                           (b"PRI * HTTP/2.0", 505), (b"GET /health HTTP/3", 505)):
+            out = raw_exchange(s.port, line + f"\r\nHost: {HOST}\r\n\r\n".encode(), timeout=5)
+            assert _status(out) == want and len(re.findall(rb"HTTP/1\.1 \d{3} ", out)) == 1, (line, out[:600])
         assert request("GET", s.port, "/health")[0] == 200
     finally:
         for c in held:

@@ -139,6 +139,10 @@ def test_api_key_and_forced_output_flag(tern_bin):
         assert status == 401
         status, headers, out = post_json(s.port, "/v1/chat/completions", msg, {"Authorization": "Bearer sekret"})
         assert status == 200 and headers["access-control-allow-origin"] == "http://example.com"
+        for auth in ({"Authorization": "bearer sekret"}, {"x-api-key": "sekret"}):  # the scheme in any case; Anthropic's
+            assert post_json(s.port, "/v1/chat/completions", msg, auth)[0] == 200, auth
+        status, _, out = post_json(s.port, "/v1/chat/completions", msg, {"Authorization": "Bearersekret"})
+        assert status == 401 and "x-api-key" in out["error"]["message"]
         assert request("GET", s.port, "/health")[0] == 200  # open without the key
         status, _, out = post_json(s.port, "/v1/chat/completions", {**msg, "tern_debug_forced_output": "x"},
                                    {"Authorization": "Bearer sekret"})

@@ -27,6 +27,7 @@ TEST(RequestHead, ParsesLineAndHeaders) {
   EXPECT_EQ(h.method, "POST");
   EXPECT_EQ(h.target, "/v1/chat/completions?x=1");
   EXPECT_EQ(h.path, "/v1/chat/completions");
+  EXPECT_EQ(h.version, "HTTP/1.1");
   ASSERT_NE(h.header("content-type"), nullptr);
   EXPECT_EQ(*h.header("content-type"), "application/json");
   EXPECT_EQ(*h.header("host"), "a:1");

@@ -278,7 +278,7 @@ TEST(Errors, BodyShape) {
   EXPECT_TRUE(j["error"]["code"].is_null());
   EXPECT_EQ(strip_error_location("no good [src/x/y.cpp:12]"), "no good");
   EXPECT_EQ(api_error_overloaded(4, 2).status, 503);
-  ApiError c = api_error_context(5000, 10, 4096);
+  ApiError c = api_error_context(5000, 4096);
   EXPECT_NE(c.message.find("5000"), std::string::npos);
   EXPECT_NE(c.message.find("4096"), std::string::npos);
 }
