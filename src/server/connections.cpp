@@ -634,10 +634,10 @@ void HttpConnections::advance(std::unique_ptr<Conn>& c) {
     }
     k.head_len = end + 4;
     RequestHead head;
-    if (!parse_request_head(std::string_view(k.buf).substr(0, end), head)) {
-      k.close_after = true;  // httplib answers 400
-      return dispatch();
-    }
+    if (!parse_request_head(std::string_view(k.buf).substr(0, end), head))
+      return refuse(400, "Bad Request",
+                    "The request line or a header line is malformed (\"METHOD TARGET HTTP/1.1\", then \"Name: value\" "
+                    "lines).");
     if (head.version != "HTTP/1.1" && head.version != "HTTP/1.0")  // first: HTTP/2's preface is "PRI * HTTP/2.0"
       return refuse(505, "HTTP Version Not Supported",
                     "HTTP version " + quoted_for_message(head.version) + " is not supported: HTTP/1.1 or HTTP/1.0.");
@@ -717,10 +717,8 @@ void HttpConnections::advance(std::unique_ptr<Conn>& c) {
       dispatch();
     };
     if (k.chunked) {
-      if (!k.chunks.scan(body)) {
-        k.close_after = true;  // httplib answers 400
-        return dispatch();
-      }
+      if (!k.chunks.scan(body))
+        return refuse(400, "Bad Request", "The chunked body is malformed (a chunk-size line, or the CRLF after a chunk).");
       if (k.chunks.decoded() > limits_.max_body_bytes)
         return refuse(413, "Payload Too Large",
                       "Request body too large: the limit is " + std::to_string(limits_.max_body_bytes) + " bytes.");

@@ -276,9 +276,14 @@ def test_request_framing_and_codings(tern_bin):
         # request lines httplib would not parse: one clear answer each, not a 400 followed by a second one for the
         # headers read as another request
         for line, want in ((b"FOO /health HTTP/1.1", 501), (b"get /health HTTP/1.1", 501),
-                           (b"PRI * HTTP/2.0", 505), (b"GET /health HTTP/3", 505)):
+                           (b"PRI * HTTP/2.0", 505), (b"GET /health HTTP/3", 505), (b"GET /health", 400),
+                           (b"GET /health HTTP/1.1\r\nno colon here", 400)):
             out = raw_exchange(s.port, line + f"\r\nHost: {HOST}\r\n\r\n".encode(), timeout=5)
             assert _status(out) == want and len(re.findall(rb"HTTP/1\.1 \d{3} ", out)) == 1, (line, out[:600])
+        # a malformed chunked body: a clear 400 (not httplib's generic one)
+        out = raw_exchange(s.port, f"POST {CHAT} HTTP/1.1\r\n{h}Transfer-Encoding: chunked\r\n\r\nzz\r\nab\r\n0\r\n\r\n"
+                           .encode(), timeout=5)
+        assert _status(out) == 400 and b"chunked body is malformed" in out, out[:300]
         assert request("GET", s.port, "/health")[0] == 200
     finally:
         for c in held:
