@@ -227,7 +227,6 @@ struct RopeFreqs {
 
 // attn_prepare holds a head row of DH floats in a group of CH = DH/8 lanes (lane = sub·CH + c): lane c of the group
 // holds elements 8c .. 8c+7, so a warp holds 32/CH rows at once (sub) and issues every load before any arithmetic.
-template <int DH>
 __device__ __forceinline__ void load_chunk(const float* row, int c, float (&v)[8]) {
   const float4 a = reinterpret_cast<const float4*>(row)[2 * c], b = reinterpret_cast<const float4*>(row)[2 * c + 1];
   v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
@@ -301,13 +300,13 @@ __global__ void __launch_bounds__(256) attn_prepare_kernel(const float* qg, cons
   const int64_t pos = int64_t(*pos0) + t;
   const bool is_q = h < d.Hq, is_v = h >= d.Hq + d.Hkv;
   float x[8];
-  load_chunk<DH>(is_q ? qg + (t * d.Hq + h) * 2 * DH
+  load_chunk(is_q ? qg + (t * d.Hq + h) * 2 * DH
                       : is_v ? v + (t * d.Hkv + (h - d.Hq - d.Hkv)) * DH : k + (t * d.Hkv + (h - d.Hq)) * DH,
                  c, x);
   if (live && is_v)  // value head: a plain copy into the cache
     *reinterpret_cast<uint4*>(cache_v + (int64_t(h - d.Hq - d.Hkv) * d.capacity + pos) * DH + 8 * c) = pack8_bf16(x);
   float w[8], cs[8], sn[8];
-  load_chunk<DH>(is_q ? q_norm : k_norm, c, w);
+  load_chunk(is_q ? q_norm : k_norm, c, w);
   rope_cos_sin(pos, c, d.rot, inv_s, cs, sn);
   norm_rope_chunk<DH>(x, w, d.eps, d.rot, c, cs, sn);  // every lane: the shuffles span the warp
   if (!live || is_v) return;

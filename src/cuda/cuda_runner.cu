@@ -320,11 +320,10 @@ class CudaRunner final : public ModelRunner {
     if (const char* e = std::getenv("TERN_L2_PREFETCH")) l2_prefetch_ = std::atoi(e) & 12;
     allocate_decode_scratch();
     attention_init();  // kernel attributes set once, outside any graph capture
-    for (const DeviceLayer& l : w_->layers)  // a head shape the attention kernels do not take: refused at load
-      if (l.type == LayerType::full_attention) {
-        attention_check(attn_dims(1, 1));
-        break;
-      }
+    // A head shape the attention kernels do not take is refused at load, not at the first step.
+    if (std::any_of(w_->layers.begin(), w_->layers.end(),
+                    [](const DeviceLayer& l) { return l.type == LayerType::full_attention; }))
+      attention_check(attn_dims(1, 1));
   }
   ~CudaRunner() override {
     cudaStreamSynchronize(stream_);

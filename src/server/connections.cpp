@@ -70,6 +70,10 @@ bool httplib_method(const std::string& m) {
   return std::any_of(std::begin(kMethods), std::end(kMethods), [&](const char* k) { return m == k; });
 }
 
+std::string body_limit_message(size_t limit) {
+  return "Request body too large: the limit is " + std::to_string(limit) + " bytes.";
+}
+
 // s for an error message: printable ASCII only, at most 40 characters.
 std::string quoted_for_message(std::string_view s) {
   std::string out;
@@ -112,6 +116,24 @@ bool parse_request_head(std::string_view head, RequestHead& out) {
   return true;
 }
 
+namespace {
+// A chunk-size line (extensions after ';' ignored): its size, or false when it is not 1..15 hex digits.
+bool parse_chunk_size(std::string_view line, size_t& size) {
+  line = trim(line.substr(0, line.find(';')));
+  if (line.empty() || line.size() > 15) return false;
+  size = 0;
+  for (char ch : line) {
+    const int d = std::isdigit(static_cast<unsigned char>(ch)) ? ch - '0'
+                  : (ch >= 'a' && ch <= 'f')                  ? ch - 'a' + 10
+                  : (ch >= 'A' && ch <= 'F')                  ? ch - 'A' + 10
+                                                              : -1;
+    if (d < 0) return false;
+    size = size * 16 + size_t(d);
+  }
+  return true;
+}
+}  // namespace
+
 bool ChunkedScanner::scan(std::string_view body) {
   pending_ = 0;
   while (!done_) {
@@ -126,18 +148,8 @@ bool ChunkedScanner::scan(std::string_view body) {
       at_ = eol + 2;
       continue;
     }
-    std::string_view line = body.substr(at_, eol - at_);
-    line = trim(line.substr(0, line.find(';')));
-    if (line.empty() || line.size() > 15) return false;
     size_t size = 0;
-    for (char ch : line) {
-      const int d = std::isdigit(static_cast<unsigned char>(ch)) ? ch - '0'
-                    : (ch >= 'a' && ch <= 'f')                  ? ch - 'a' + 10
-                    : (ch >= 'A' && ch <= 'F')                  ? ch - 'A' + 10
-                                                                : -1;
-      if (d < 0) return false;
-      size = size * 16 + size_t(d);
-    }
+    if (!parse_chunk_size(body.substr(at_, eol - at_), size)) return false;
     if (size == 0) {
       in_trailer_ = true;
       at_ = eol + 2;
@@ -152,6 +164,23 @@ bool ChunkedScanner::scan(std::string_view body) {
     at_ = eol + 2 + size + 2;
   }
   return true;
+}
+
+std::string dechunk(std::string_view body) {
+  std::string out;
+  size_t at = 0, size = 0;
+  for (size_t eol; (eol = body.find("\r\n", at)) != std::string_view::npos; at = eol + 2 + size + 2) {
+    if (!parse_chunk_size(body.substr(at, eol - at), size) || size == 0 || eol + 2 + size > body.size()) break;
+    out.append(body.substr(eol + 2, size));
+  }
+  return out;
+}
+
+std::optional<std::string> content_coding(std::string_view header_value) {
+  const std::string v = lower(trim(header_value));
+  if (v.empty() || v == "identity") return std::string();
+  if (v == "gzip" || v == "deflate" || v == "br") return v;
+  return std::nullopt;
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -665,8 +694,7 @@ void HttpConnections::advance(std::unique_ptr<Conn>& c) {
       std::string_view digits = *cl;
       while (digits.size() > 1 && digits.front() == '0') digits.remove_prefix(1);
       if (digits.size() > 18)
-        return refuse(413, "Payload Too Large",
-                      "Request body too large: the limit is " + std::to_string(limits_.max_body_bytes) + " bytes.");
+        return refuse(413, "Payload Too Large", body_limit_message(limits_.max_body_bytes));
       k.content_length = std::stoull(std::string(digits));
     } else if (!k.chunked) {
       // No length: an empty body. Said to httplib, which would otherwise read until the client closes.
@@ -720,8 +748,7 @@ void HttpConnections::advance(std::unique_ptr<Conn>& c) {
       if (!k.chunks.scan(body))
         return refuse(400, "Bad Request", "The chunked body is malformed (a chunk-size line, or the CRLF after a chunk).");
       if (k.chunks.decoded() > limits_.max_body_bytes)
-        return refuse(413, "Payload Too Large",
-                      "Request body too large: the limit is " + std::to_string(limits_.max_body_bytes) + " bytes.");
+        return refuse(413, "Payload Too Large", body_limit_message(limits_.max_body_bytes));
       if (k.chunks.done()) return complete();
     } else if (body.size() >= k.content_length) {
       return complete();

@@ -33,6 +33,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -88,6 +89,15 @@ class ChunkedScanner {
   bool done_ = false;
   size_t end_ = 0;
 };
+
+// The data of a complete chunked body (framing, chunk extensions and trailer removed): a body that ChunkedScanner
+// found complete and well formed; anything after its end is ignored.
+std::string dechunk(std::string_view body);
+
+// A request's Content-Encoding header value: "" for "identity" (or an empty value), the lower-case name for one that
+// cpp-httplib decodes ("gzip", "deflate", "br"; case-insensitive, spaces trimmed), nullopt for anything else,
+// including lists of codings (the caller answers 415).
+std::optional<std::string> content_coding(std::string_view header_value);
 
 // The listening socket: SO_REUSEADDR only (never SO_REUSEPORT, so that a second server on a busy port fails).
 // Throws tern::Error that names host:port and the reason (address in use, not an address of this machine, ...).

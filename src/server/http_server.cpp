@@ -3,7 +3,6 @@
 #include <malloc.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cstdio>
 #include <ctime>
 #include <list>
@@ -65,10 +64,7 @@ bool same_secret(const std::string& given, const std::string& expected) {
 bool authorized(const ServerOptions& options, const std::string* authorization, const std::string* api_key) {
   if (options.api_key.empty()) return true;
   auto bearer = [&](const std::string& a) {
-    if (a.size() < 7 || a[6] != ' ') return false;
-    std::string scheme = a.substr(0, 6);
-    for (char& ch : scheme) ch = char(std::tolower(static_cast<unsigned char>(ch)));
-    return scheme == "bearer" && same_secret(a.substr(7), options.api_key);
+    return a.size() > 7 && a[6] == ' ' && lower(a.substr(0, 6)) == "bearer" && same_secret(a.substr(7), options.api_key);
   };
   return (authorization && bearer(*authorization)) || (api_key && same_secret(*api_key, options.api_key));
 }
