@@ -136,27 +136,28 @@ void add_qmv(CaseList& cases, const char* what, int64_t rows, int64_t cols, int 
 
 // ---- the read roofline ------------------------------------------------------------------------------------------
 
-// Reads n16 uint4 with the weight loads of the qmv kernels (8 in flight per thread), one-wave grid; writes one word
+// Reads n16 uint4 with the weight loads of the qmv kernels. Each thread issues its N loads of a round together
+// (predicated past the end) before it uses any, so a grid of ceil(n16 / (256·N)) blocks that fits the GPU at once
+// has every byte in flight from the start: one DRAM round trip plus the transfer, the least any kernel reading these
+// bytes can take. Larger inputs loop (rounds of N loads per thread, the resident blocks interleaved). Writes one word
 // only when the XOR of everything is a value random data practically never gives (so nothing is optimised away).
+template <int N>
 __global__ void read_roofline_kernel(const uint4* p, int64_t n16, uint32_t* out) {
   uint32_t acc = 0;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  for (; i + 7 * stride < n16; i += 8 * stride) {
-    uint4 v[8];
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n16; i += N * stride) {
+    uint4 v[N];
 #pragma unroll
-    for (int k = 0; k < 8; ++k) v[k] = cuda::qtile::ld_weights_u4(p + i + k * stride);
+    for (int k = 0; k < N; ++k)
+      v[k] = i + k * stride < n16 ? cuda::qtile::ld_weights_u4(p + i + k * stride) : make_uint4(0, 0, 0, 0);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) acc ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
-  }
-  for (; i < n16; i += stride) {
-    const uint4 v = cuda::qtile::ld_weights_u4(p + i);
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    for (int k = 0; k < N; ++k) acc ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
   }
   if (acc == 0x9e3779b9u) *out = acc;
 }
 
-void add_read_roofline(CaseList& cases, const char* what, double bytes) {
+// N: loads per thread and round (1, 2, 4, 8 or 16); the grid is capped at 8 blocks of 256 threads per SM.
+void add_read_roofline(CaseList& cases, const std::string& what, double bytes, int N) {
   struct Data {
     std::vector<const uint4*> copies;
     uint32_t* out = nullptr;
@@ -165,7 +166,8 @@ void add_read_roofline(CaseList& cases, const char* what, double bytes) {
   const int64_t n16 = int64_t(bytes / 16);
   Case c;
   c.group = "decode";
-  c.name = std::string("read roofline ") + what + " (" + std::to_string(int64_t(bytes / 1e3)) + " KB)";
+  c.name = "read roofline " + what + " (" + std::to_string(int64_t(bytes / 1e3)) + " KB) [" + std::to_string(N) +
+           " loads/thread]";
   c.bytes = double(n16) * 16.0;
   c.setup = [d, n16] {
     if (!d->copies.empty()) return;
@@ -174,13 +176,20 @@ void add_read_roofline(CaseList& cases, const char* what, double bytes) {
       d->copies.push_back(static_cast<const uint4*>(bench_alloc_random_bytes(size_t(n16) * 16, 900 + i)));
     d->out = static_cast<uint32_t*>(bench_alloc_random_bytes(4, 999));
   };
-  c.run = [d, n16](cudaStream_t stream, int rep) {
+  c.run = [d, n16, N](cudaStream_t stream, int rep) {
     int dev = 0, sms = 0;
     TERN_CUDA(cudaGetDevice(&dev));
     TERN_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    const int64_t blocks = std::min<int64_t>(int64_t(sms) * 4, (n16 + 255) / 256);
-    read_roofline_kernel<<<unsigned(std::max<int64_t>(1, blocks)), 256, 0, stream>>>(
-        d->copies[size_t(rep) % d->copies.size()], n16, d->out);
+    const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(int64_t(sms) * 8, (n16 + 256 * N - 1) / (256 * N)));
+    const uint4* src = d->copies[size_t(rep) % d->copies.size()];
+    const dim3 grid{unsigned(blocks)}, block{256};
+    switch (N) {
+      case 1: read_roofline_kernel<1><<<grid, block, 0, stream>>>(src, n16, d->out); break;
+      case 2: read_roofline_kernel<2><<<grid, block, 0, stream>>>(src, n16, d->out); break;
+      case 4: read_roofline_kernel<4><<<grid, block, 0, stream>>>(src, n16, d->out); break;
+      case 8: read_roofline_kernel<8><<<grid, block, 0, stream>>>(src, n16, d->out); break;
+      default: read_roofline_kernel<16><<<grid, block, 0, stream>>>(src, n16, d->out); break;
+    }
   };
   cases.push_back(std::move(c));
 }
@@ -321,13 +330,22 @@ void add_moe(CaseList& cases, MoePart part, int T, Tune tune = {}, int prefetch 
 }  // namespace
 
 TERN_BENCH_CASES(decode) {
-  // What reading the same bytes costs with nothing else to do (one kernel of a graph of 20).
-  add_read_roofline(cases, "router 256x2048 8-bit", quant_bytes(WeightFormat::affine8, 256, 2048));
-  add_read_roofline(cases, "out/o proj 2048x4096", quant_bytes(WeightFormat::affine4, 2048, 4096));
-  add_read_roofline(cases, "attn q|k|v 9216x2048", quant_bytes(WeightFormat::affine4, 9216, 2048));
-  add_read_roofline(cases, "gdn in_proj 12352x2048", quant_bytes(WeightFormat::affine4, 12352, 2048));
-  add_read_roofline(cases, "9 experts gate_up+down", 9 * quant_bytes(WeightFormat::affine4, 1536, 2048));
-  add_read_roofline(cases, "lm head 248320x2048", quant_bytes(WeightFormat::affine4, 248320, 2048));
+  // What reading the same bytes costs with nothing else to do (one kernel of a graph of 20), by loads per thread.
+  for (int N : {1, 2, 4, 8, 16}) {
+    add_read_roofline(cases, "router 256x2048 8-bit", quant_bytes(WeightFormat::affine8, 256, 2048), N);
+    add_read_roofline(cases, "out/o proj 2048x4096", quant_bytes(WeightFormat::affine4, 2048, 4096), N);
+    add_read_roofline(cases, "attn q|k|v 9216x2048", quant_bytes(WeightFormat::affine4, 9216, 2048), N);
+    add_read_roofline(cases, "gdn in_proj 12352x2048", quant_bytes(WeightFormat::affine4, 12352, 2048), N);
+    add_read_roofline(cases, "9 experts gate_up+down", 9 * quant_bytes(WeightFormat::affine4, 1536, 2048), N);
+    add_read_roofline(cases, "lm head 248320x2048", quant_bytes(WeightFormat::affine4, 248320, 2048), N);
+  }
+  // Size sweep: the one-token product of R×2048 and the read of the same bytes, R = 1K..128K, for the fixed cost of
+  // one launch and the bandwidth of every further byte (a straight-line fit of µs against bytes).
+  for (int64_t rows = 1024; rows <= 131072; rows *= 2) {
+    add_qmv(cases, "sweep", rows, 2048, 1, true, false);
+    for (int N : {4, 8}) add_read_roofline(cases, "sweep " + std::to_string(rows) + "x2048",
+                                           quant_bytes(WeightFormat::affine4, rows, 2048), N);
+  }
   // The one-token integer path (variant 3) beside the default, cold and L2-hot, and its rows per batch.
   for (int v : {1, 3})
     for (bool hot : {false, true}) {

@@ -47,29 +47,44 @@ __device__ __forceinline__ uint4 quantize_word(const float v[8], int& sumv, floa
 // groups, and the writers (thread t, word t) stay conflict-free: the XOR permutes each aligned run of 8 words.
 __device__ __forceinline__ int xs_slot(int w) { return w ^ ((w >> 3) & 3); }
 
+// Passes of quantize_block for `words` words over blocks of `threads` threads.
+constexpr int quantize_passes(int words, int threads) { return (words + threads - 1) / threads; }
+
 // The whole block quantises x [words·8] (16-byte aligned) into shared memory: xs[xs_slot(w)] (the word's activations),
-// xsum[w] (its Σv), xsig[w / 8] (σ of each group of 8 words). Thread t takes words t, t + blockDim.x, ...; whole
-// warps run each pass (quantize_word's shuffles), so the passes cover words rounded up to 32. With scale (norm_w,
-// [words·8]) the block quantises x·scale and each thread adds its Σx² to ss (the RMSNorm factor is applied to the
-// output by the caller). Ends without a barrier: __syncthreads() before reading xs.
+// xsum[w] (its Σv), xsig[w / 8] (σ of each group of 8 words). Thread t takes words t, t + blockDim.x, ... (P passes,
+// words ≤ P·blockDim.x); whole warps run each pass (quantize_word's shuffles). Every pass's loads are issued before
+// the first word is quantised: one L2 round trip, not P. With scale (norm_w, [words·8]) the block quantises x·scale
+// and each thread adds its Σx² to ss, pass by pass (the RMSNorm factor is applied to the output by the caller). Ends
+// without a barrier: __syncthreads() before reading xs.
+template <int P>
 __device__ __forceinline__ void quantize_block(const float* x, const float* scale, int words, uint4* xs, int* xsum,
                                                float* xsig, float& ss) {
-  const int passes_end = (words + 31) & ~31;
-  for (int word = int(threadIdx.x); word < passes_end; word += int(blockDim.x)) {
-    const bool has = word < words;
-    float v[8] = {};
-    if (has) {
-      const float4 a = reinterpret_cast<const float4*>(x)[2 * word], b = reinterpret_cast<const float4*>(x)[2 * word + 1];
-      v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
-      if (scale) {
-        const float4 n0 = reinterpret_cast<const float4*>(scale)[2 * word];
-        const float4 n1 = reinterpret_cast<const float4*>(scale)[2 * word + 1];
-        const float n[8] = {n0.x, n0.y, n0.z, n0.w, n1.x, n1.y, n1.z, n1.w};
+  float4 a[P], b[P], n0[P], n1[P];
 #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          ss += v[e] * v[e];
-          v[e] *= n[e];
-        }
+  for (int pass = 0; pass < P; ++pass) {
+    const int word = int(threadIdx.x) + pass * int(blockDim.x);
+    a[pass] = b[pass] = n0[pass] = n1[pass] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (word < words) {
+      a[pass] = reinterpret_cast<const float4*>(x)[2 * word];
+      b[pass] = reinterpret_cast<const float4*>(x)[2 * word + 1];
+      if (scale) {
+        n0[pass] = reinterpret_cast<const float4*>(scale)[2 * word];
+        n1[pass] = reinterpret_cast<const float4*>(scale)[2 * word + 1];
+      }
+    }
+  }
+#pragma unroll
+  for (int pass = 0; pass < P; ++pass) {
+    const int word = int(threadIdx.x) + pass * int(blockDim.x);
+    if (pass * int(blockDim.x) >= words) break;  // uniform over the block: whole warps stay together
+    const bool has = word < words;
+    float v[8] = {a[pass].x, a[pass].y, a[pass].z, a[pass].w, b[pass].x, b[pass].y, b[pass].z, b[pass].w};
+    if (has && scale) {
+      const float n[8] = {n0[pass].x, n0[pass].y, n0[pass].z, n0[pass].w, n1[pass].x, n1[pass].y, n1[pass].z, n1[pass].w};
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        ss += v[e] * v[e];
+        v[e] *= n[e];
       }
     }
     int sumv = 0;

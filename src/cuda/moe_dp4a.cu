@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_dp4a_kernel(const GateUp
   if (!early) load_gate_up<S>(p, ids_s, batch, lane, cur);
   if (p.down_ahead) prefetch_down(p, ids_s);
   float unused_ss = 0.0f;
-  dp4a::quantize_block(p.xhat, nullptr, S * 128, xs, xsum, xsig, unused_ss);
+  dp4a::quantize_block<dp4a::quantize_passes(S * 128, kThreads)>(p.xhat, nullptr, S * 128, xs, xsum, xsig, unused_ss);
   __syncthreads();
   pdl_trigger();
   uint4 xq[S][4];
@@ -244,7 +244,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_dp4a_kernel(const DownPa
   if (p.early_routing) pdl_wait();  // h comes from gate_up
   // The k + 1 rows of h (512 columns, 64 words each), quantised as they are; the coefficients scale σ below.
   float unused_ss = 0.0f;
-  dp4a::quantize_block(p.h, nullptr, kSeg * 64, xs, xsum, xsig, unused_ss);
+  dp4a::quantize_block<dp4a::quantize_passes(kSeg * 64, kThreads)>(p.h, nullptr, kSeg * 64, xs, xsum, xsig, unused_ss);
   __syncthreads();
   pdl_trigger();
   float sig[kSeg], sx[kSeg];  // coefficient·σ of the lane's group, coefficient·σ·Σv of its 16 columns

@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(kThreads) qmv_dp4a_kernel(const Dp4aParams p) 
   __shared__ float xsig[S * 16];
   __shared__ float red[kWarps];
   float ss = 0.0f;  // Σ x² (RMSNorm)
-  dp4a::quantize_block(p.x, p.norm_w, S * 128, xs, xsum, xsig, ss);
+  dp4a::quantize_block<dp4a::quantize_passes(S * 128, kThreads)>(p.x, p.norm_w, S * 128, xs, xsum, xsig, ss);
   if (p.norm_w) {
     ss = warp_sum(ss);
     if (lane == 0) red[threadIdx.x >> 5] = ss;

@@ -228,6 +228,57 @@ TEST(CudaMoeDecode, MatchesCpuMoeForwardAtModelShapes) {
   qmv_set_variant(v0);
 }
 
+// Router rows repeated (row e = row e mod 16): the logits of the copies are equal bit for bit, so every choice is an
+// exact tie among the 16 copies of a row, which the CPU breaks by the lower expert id. The GPU's top-k must choose the
+// same experts in the same order (no tolerance here: run_moe_case accepts any expert of equal probability).
+TEST(CudaMoeDecode, TiedRouterLogitsPickTheLowerExperts) {
+  TERN_REQUIRE_GPU();
+  std::mt19937_64 rng(fresh_seed("CudaMoeDecode.Ties"));
+  const int E = 256, k = 8;
+  const int64_t D = 2048, F = 512;
+  auto mh = make_moe(rng, WeightFormat::affine4, WeightFormat::affine8, E, k, D, F);
+  HostMatrix& r = *mh->router;
+  const int64_t row_words = D / 4, gpr = D / 64;
+  for (int e = 16; e < E; ++e) {
+    std::copy_n(r.words.begin() + (e % 16) * row_words, row_words, r.words.begin() + e * row_words);
+    std::copy_n(r.scales.begin() + (e % 16) * gpr, gpr, r.scales.begin() + e * gpr);
+    std::copy_n(r.biases.begin() + (e % 16) * gpr, gpr, r.biases.begin() + e * gpr);
+  }
+  MoeDevice md(*mh);
+  const int v0 = qmv_variant();
+  for (int v : {3, 1}) {  // 3: the one-cluster router at T = 1 on sm_90; the multi-block router otherwise
+    qmv_set_variant(v);
+    for (int T : {1, 3}) {
+      const auto hidden = random_floats(rng, size_t(T * D), -4.0f, 4.0f);
+      std::vector<float> xn(hidden.size()), logits(size_t(T * E)), want_w(size_t(T * k));
+      std::vector<int32_t> want(size_t(T * k));
+      cpu::rms_norm(hidden.data(), mh->norm_w.data(), T, D, 1e-6f, xn.data());
+      cpu::matmul(mh->lw.router, xn.data(), T, logits.data());
+      cpu::moe_route({.logits = logits.data(), .T = T, .E = E, .k = k, .ids = want.data(), .weights = want_w.data()});
+      DeviceBuf<uint8_t> scratch(moe_decode_scratch_bytes(T, D, E, k, F));
+      const MoeDecodeScratch s = moe_decode_scratch_view(scratch.p, T, D, E, k, F);
+      moe_decode_scratch_init(s, nullptr);
+      DeviceBuf<float> dh(hidden);
+      moe_router_decode(md.w, dh.p, T, s, nullptr);
+      TERN_CUDA(cudaGetLastError());
+      const auto ids = to_host(s.ids, size_t(T * k));
+      const auto gl = to_host(s.router_logits, size_t(T * E));
+      for (int t = 0; t < T; ++t) {
+        for (int e = 16; e < E; ++e)
+          ASSERT_EQ(std::memcmp(&gl[size_t(t * E + e)], &gl[size_t(t * E + e % 16)], 4), 0)
+              << "variant " << v << " T=" << T << ": copies of router row " << e % 16 << " differ on the GPU";
+        for (int j = 0; j < k; ++j)
+          EXPECT_EQ(ids[size_t(t * k + j)], want[size_t(t * k + j)])
+              << "variant " << v << " T=" << T << " token " << t << " slot " << j;
+        // The choice is the 8 lowest copies of one row, in id order.
+        for (int j = 1; j < k; ++j)
+          EXPECT_EQ(ids[size_t(t * k + j)], ids[size_t(t * k)] + 16 * j) << "variant " << v << " T=" << T;
+      }
+    }
+  }
+  qmv_set_variant(v0);
+}
+
 TEST(CudaMoeDecode, GenericFormatsMatchCpu) {
   TERN_REQUIRE_GPU();
   std::mt19937_64 rng(fresh_seed("CudaMoeDecode.Generic"));
