@@ -673,6 +673,12 @@ void HttpConnections::advance(std::unique_ptr<Conn>& c) {
     if (!httplib_method(head.method))
       return refuse(501, "Not Implemented",
                     "Method " + quoted_for_message(head.method) + " is not implemented (methods are case-sensitive).");
+    // Exactly one Host in HTTP/1.1 (RFC 9112 3.2); HTTP/1.0 may have none.
+    const auto hosts = std::count_if(head.headers.begin(), head.headers.end(),
+                                     [](const auto& h) { return h.first == "host"; });
+    if (hosts > 1) return refuse(400, "Bad Request", "The request has more than one Host header.");
+    if (hosts == 0 && head.version == "HTTP/1.1")
+      return refuse(400, "Bad Request", "An HTTP/1.1 request must carry a Host header.");
     // The body's framing (RFC 9112 6): chunked, or one Content-Length, or none (then the body is empty).
     if (const std::string* te = head.header("transfer-encoding")) {
       if (lower(trim(*te)) != "chunked")
@@ -725,33 +731,16 @@ void HttpConnections::advance(std::unique_ptr<Conn>& c) {
   }
   if (k.phase == Conn::Phase::body) {
     const std::string_view body = std::string_view(k.buf).substr(k.head_len);
-    // A complete body goes to a worker; a coded one only if it inflates to at most the body limit (httplib would
-    // inflate it whole, whatever its size).
-    auto complete = [&] {
-      if (!k.coding.empty()) {
-        const std::string dechunked = k.chunked ? dechunk(body.substr(0, k.chunks.end())) : std::string();
-        const std::string_view data = k.chunked ? std::string_view(dechunked) : body.substr(0, k.content_length);
-        switch (check_inflated_size(k.coding, data, limits_.max_body_bytes)) {
-          case InflateCheck::too_large:
-            return refuse(413, "Payload Too Large",
-                          "Request body too large once decompressed (" + k.coding + "): the limit is " +
-                              std::to_string(limits_.max_body_bytes) + " bytes.");
-          case InflateCheck::malformed:
-            return refuse(400, "Bad Request", "The request body is not valid " + k.coding + " data.");
-          case InflateCheck::fits:
-            break;
-        }
-      }
-      dispatch();
-    };
+    // A complete body goes to a worker, which checks that a coded one inflates to at most the body limit (httplib
+    // would inflate it whole, whatever its size; inflating takes milliseconds, kept off the poller: coded_body_fits).
     if (k.chunked) {
       if (!k.chunks.scan(body))
         return refuse(400, "Bad Request", "The chunked body is malformed (a chunk-size line, or the CRLF after a chunk).");
       if (k.chunks.decoded() > limits_.max_body_bytes)
         return refuse(413, "Payload Too Large", body_limit_message(limits_.max_body_bytes));
-      if (k.chunks.done()) return complete();
+      if (k.chunks.done()) return dispatch();
     } else if (body.size() >= k.content_length) {
-      return complete();
+      return dispatch();
     }
     if (k.expect_continue && !k.sent_continue) {
       k.sent_continue = true;
@@ -813,7 +802,28 @@ void HttpConnections::worker_main() {
   }
 }
 
+bool HttpConnections::coded_body_fits(Conn& c) {
+  const std::string_view body = std::string_view(c.buf).substr(c.head_len);
+  const std::string dechunked = c.chunked ? dechunk(body.substr(0, c.chunks.end())) : std::string();
+  const std::string_view data = c.chunked ? std::string_view(dechunked) : body.substr(0, c.content_length);
+  switch (check_inflated_size(c.coding, data, limits_.max_body_bytes)) {
+    case InflateCheck::too_large:
+      send_canned(c, 413, "Payload Too Large",
+                  "Request body too large once decompressed (" + c.coding + "): the limit is " +
+                      std::to_string(limits_.max_body_bytes) + " bytes.");
+      break;
+    case InflateCheck::malformed:
+      send_canned(c, 400, "Bad Request", "The request body is not valid " + c.coding + " data.");
+      break;
+    case InflateCheck::fits:
+      return true;
+  }
+  c.close_after = true;
+  return false;
+}
+
 void HttpConnections::serve(Conn& c) {
+  if (!c.coding.empty() && !c.close_after && !coded_body_fits(c)) return;
   tl_close_after = false;
   const bool close_connection = c.close_after || c.peer_closed || stopping_.load();
   ConnStream strm(c.fd, c.buf, c.remote_addr, c.remote_port, c.local_addr, c.local_port,

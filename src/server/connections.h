@@ -134,6 +134,9 @@ class HttpConnections : public httplib::Server {
   void poller_main();
   void worker_main();
   void serve(Conn& c);
+  // A Content-Encoding body (worker thread): true when it inflates within the body limit, else answers 413 or 400
+  // and marks the connection to close.
+  bool coded_body_fits(Conn& c);
   void to_poller(std::unique_ptr<Conn> c);               // from any thread
   void to_workers(std::unique_ptr<Conn> c);
   void close_conn(std::unique_ptr<Conn> c);
@@ -144,6 +147,7 @@ class HttpConnections : public httplib::Server {
   void on_readable(std::unique_ptr<Conn>& c);            // may move c away
   void advance(std::unique_ptr<Conn>& c);                // a complete request in the buffer? dispatch
   void expire(std::unique_ptr<Conn>& c);
+  // Any thread: a complete response of its own (status line, JSON error body, Connection: close).
   void send_canned(Conn& c, int status, const std::string& reason, const std::string& message);
 
   const ConnectionLimits limits_;

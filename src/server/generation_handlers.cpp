@@ -278,26 +278,29 @@ void serve(ServerState& state, const httplib::Request& req, httplib::Response& r
   if (stream) {
     res.set_header("Cache-Control", "no-cache");
     res.set_header("X-Accel-Buffering", "no");
-    res.set_chunked_content_provider(
-        stream_content_type<Protocol>(),
-        [ex](size_t, httplib::DataSink& sink) {
-          try {
-            return stream_step(*ex, sink);
-          } catch (const std::exception& e) {  // never let an exception into cpp-httplib's writer
-            // A fault of ours: the generation stops, the client gets a 500 error event and the stream's end.
-            std::fprintf(stderr, "tern serve: internal error while streaming %s: %s\n", ex->task->id.c_str(), e.what());
-            ex->cancel();
-            try {
-              return stream_end_with_error(*ex, sink, api_error_internal(std::string("internal error: ") + e.what()));
-            } catch (const std::exception&) {  // the error event itself failed: close the connection
-              return false;
-            }
-          }
-        },
-        [ex](bool) {
-          ex->link->release();
-          if (!ex->finished) ex->cancel();
-        });
+    auto provider = [ex](size_t, httplib::DataSink& sink) {
+      try {
+        return stream_step(*ex, sink);
+      } catch (const std::exception& e) {  // never let an exception into cpp-httplib's writer
+        // A fault of ours: the generation stops, the client gets a 500 error event and the stream's end.
+        std::fprintf(stderr, "tern serve: internal error while streaming %s: %s\n", ex->task->id.c_str(), e.what());
+        ex->cancel();
+        try {
+          return stream_end_with_error(*ex, sink, api_error_internal(std::string("internal error: ") + e.what()));
+        } catch (const std::exception&) {  // the error event itself failed: close the connection
+          return false;
+        }
+      }
+    };
+    auto release = [ex](bool) {
+      ex->link->release();
+      if (!ex->finished) ex->cancel();
+    };
+    // HTTP/1.0 has no chunked coding: its stream is raw and ends when the connection closes.
+    if (req.version == "HTTP/1.0")
+      res.set_content_provider(stream_content_type<Protocol>(), std::move(provider), std::move(release));
+    else
+      res.set_chunked_content_provider(stream_content_type<Protocol>(), std::move(provider), std::move(release));
     return;
   }
   for (;;) {

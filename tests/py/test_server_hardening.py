@@ -280,6 +280,13 @@ def test_request_framing_and_codings(tern_bin):
                            (b"GET /health HTTP/1.1\r\nno colon here", 400)):
             out = raw_exchange(s.port, line + f"\r\nHost: {HOST}\r\n\r\n".encode(), timeout=5)
             assert _status(out) == want and len(re.findall(rb"HTTP/1\.1 \d{3} ", out)) == 1, (line, out[:600])
+        # Host: required once in HTTP/1.1, optional in HTTP/1.0
+        out = raw_exchange(s.port, b"GET /health HTTP/1.1\r\n\r\n", timeout=5)
+        assert _status(out) == 400 and b"Host header" in out, out[:300]
+        out = raw_exchange(s.port, f"GET /health HTTP/1.1\r\nHost: {HOST}\r\nHost: {HOST}\r\n\r\n".encode(), timeout=5)
+        assert _status(out) == 400 and b"more than one Host" in out, out[:300]
+        out = raw_exchange(s.port, b"GET /health HTTP/1.0\r\n\r\n", timeout=5)
+        assert _status(out) == 200, out[:300]
         # a malformed chunked body: a clear 400 (not httplib's generic one)
         out = raw_exchange(s.port, f"POST {CHAT} HTTP/1.1\r\n{h}Transfer-Encoding: chunked\r\n\r\nzz\r\nab\r\n0\r\n\r\n"
                            .encode(), timeout=5)
@@ -288,6 +295,34 @@ def test_request_framing_and_codings(tern_bin):
     finally:
         for c in held:
             c.close()
+        s.stop()
+
+
+def test_http10_streams_are_not_chunked(tern_bin):
+    """HTTP/1.0 has no chunked transfer coding: a stream to an HTTP/1.0 client is the raw events, ended by closing the
+    connection (an HTTP/1.0 client would show chunk-size lines inside the events)."""
+    s = Server(tern_bin, "-q")
+    try:
+        for path, body, first, last in (
+                (CHAT, {"messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 4},
+                 b"data: {", b"data: [DONE]\n\n"),
+                ("/api/chat", {"model": "tern-demo-random-weights", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+                               "options": {"num_predict": 4}}, b'{"model"', b'"done":true'),
+        ):
+            data = json.dumps(body).encode()
+            for extra in ("", "Connection: keep-alive\r\n"):
+                t0 = time.monotonic()
+                out = raw_exchange(s.port, f"POST {path} HTTP/1.0\r\nHost: {HOST}\r\n{extra}Content-Type: "
+                                   f"application/json\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data,
+                                   timeout=20)
+                assert time.monotonic() - t0 < 15, "the stream did not end by closing the connection"
+                head, _, payload = out.partition(b"\r\n\r\n")
+                assert _status(out) == 200 and b"transfer-encoding" not in head.lower(), out[:400]
+                assert payload.startswith(first) and last in payload.rstrip(b"\n")[-200:] + b"\n\n", payload[-300:]
+                # every line is an event or blank: no chunk-size lines
+                for line in payload.split(b"\n"):
+                    assert line == b"" or line.startswith(first[:6]), line[:100]
+    finally:
         s.stop()
 
 
