@@ -108,12 +108,16 @@ bool host_allowed(const ServerState& s, const std::string* host) {
   return false;
 }
 
-bool media_type_is_json(const std::string* content_type) {
-  if (!content_type) return false;
-  std::string t = lower(content_type->substr(0, content_type->find(';')));
+// The media type of a Content-Type value, lower case, without parameters or surrounding blanks.
+std::string media_type_of(const std::string& content_type) {
+  std::string t = lower(content_type.substr(0, content_type.find(';')));
   while (!t.empty() && (t.back() == ' ' || t.back() == '\t')) t.pop_back();
   while (!t.empty() && (t.front() == ' ' || t.front() == '\t')) t.erase(0, 1);
-  return t == "application/json";
+  return t;
+}
+
+bool media_type_is_json(const std::string* content_type) {
+  return content_type && media_type_of(*content_type) == "application/json";
 }
 
 // The checks made as soon as a request's headers are in (by the connection poller, before reading the body, and
@@ -137,10 +141,12 @@ std::optional<ApiError> early_rejection(const ServerState& s, const std::string&
   // Ollama's clients and documented `curl -d` calls send JSON without a JSON Content-Type; on its routes that is
   // accepted unless the request comes from a web page (an Origin header): a page may send a form or text/plain
   // cross-site without a preflight, and the JSON media type is what stops that.
+  // Even there a multipart form is refused here: cpp-httplib would parse the JSON as a form and answer a bare 400.
   const bool any_type_ok = ollama_path(path) && header("origin") == nullptr;
-  if (method == "POST" && !any_type_ok) {
+  if (method == "POST") {
     const std::string* type = header("content-type");
-    if (!media_type_is_json(type)) {
+    const bool multipart = type && media_type_of(*type).rfind("multipart/", 0) == 0;
+    if (any_type_ok ? multipart : !media_type_is_json(type)) {
       ApiError e = api_error_invalid("", "POST bodies must be JSON with 'Content-Type: application/json' (got " +
                                              (type ? "'" + *type + "'" : std::string("none")) + ").");
       e.status = 415;

@@ -340,6 +340,13 @@ def test_post_bodies_must_be_json(tern_bin):
         assert out.startswith(b"HTTP/1.1 415"), out[:100]
         status, _, _ = post_json(s.port, CHAT, msg, {"Content-Type": "Application/JSON; charset=utf-8"})
         assert status == 200
+        # Ollama's routes take JSON under any type (its clients send none), but not a multipart form: a clear 415
+        ollama = json.dumps({"model": "tern-demo-random-weights", "messages": [{"role": "user", "content": "x"}],
+                             "stream": False, "options": {"num_predict": 1}})
+        status, _, out = post_json(s.port, "/api/chat", ollama, {"Content-Type": " Multipart/form-data; boundary=x"})
+        assert status == 415 and "application/json" in out["error"], out
+        for ctype in ("text/plain", "application/x-www-form-urlencoded"):
+            assert post_json(s.port, "/api/chat", ollama, {"Content-Type": ctype})[0] == 200, ctype
     finally:
         s.stop()
 
