@@ -1,6 +1,6 @@
 // The bounded inflation of a coded request body: cpp-httplib 0.11 inflates a gzip/deflate/br body with no limit on
-// the result (its size cap counts the bytes received), so the connection layer's poller counts what the body
-// inflates to, up to the cap, and answers 413 beyond it. Internal to src/server.
+// the result (its size cap counts the bytes received), so the connection layer's worker (before httplib parses the
+// request) counts what the body inflates to, up to the cap, and answers 413 beyond it. Internal to src/server.
 #pragma once
 
 #include <cstddef>
