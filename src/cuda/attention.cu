@@ -43,7 +43,7 @@ __device__ __forceinline__ void cp_async_wait_dyn(int n) {
   else cp_async_wait<3>();
 }
 
-// Four 8×8 bf16 matrices; lanes 8i..8i+7 address the rows of matrix i; register i of lane (g = lane/4, c = lane%4)
+// Four 8×8 16-bit matrices; lanes 8i..8i+7 address the rows of matrix i; register i of lane (g = lane/4, c = lane%4)
 // holds matrix i's row g, columns 2c, 2c+1 (.trans: rows 2c, 2c+1 of column g).
 __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -56,35 +56,57 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], uint32_t addr) 
                : "r"(addr));
 }
 
-// c[16×8] += a[16×16] · b[16×8], bf16 inputs, fp32 accumulators. Fragments (g = lane/4, c = lane%4):
+// The 16-bit element type of the KV cache, q and the softmax weights on the tensor cores (AttnDims::kv_f16):
+// F16 = true is fp16 (11 significant bits; values clamped to ±65504 when stored), false bf16 (8 bits).
+//
+// c[16×8] += a[16×16] · b[16×8], 16-bit inputs, fp32 accumulators. Fragments (g = lane/4, c = lane%4):
 //   a0 (g, 2c..2c+1), a1 (g+8, 2c..), a2 (g, 2c+8..), a3 (g+8, 2c+8..);  b0 (k 2c..2c+1, n g), b1 (k 2c+8.., n g);
 //   c0 (g, 2c), c1 (g, 2c+1), c2 (g+8, 2c), c3 (g+8, 2c+1).
-__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+template <bool F16>
+__device__ __forceinline__ void mma16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+  if constexpr (F16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
 }
 
-// Two floats -> packed bf16 pair (round to nearest even), `lo` in the low half (the lower column).
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+// Two floats -> a packed 16-bit pair (round to nearest even), `lo` in the low half (the lower column). fp16 saturates
+// at ±65504 (no infinity from a large finite value).
+template <bool F16>
+__device__ __forceinline__ uint32_t pack16(float lo, float hi) {
   uint32_t r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  if constexpr (F16) {
+    constexpr float kMax = 65504.0f;
+    lo = fminf(fmaxf(lo, -kMax), kMax);
+    hi = fminf(fmaxf(hi, -kMax), kMax);
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  } else {
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  }
   return r;
 }
 
-// Byte offset of 16-byte chunk c of row r in a [rows][DH] bf16 tile. The chunk index is XOR-swizzled with r % 8, so
+// Byte offset of 16-byte chunk c of row r in a [rows][DH] 16-bit tile. The chunk index is XOR-swizzled with r % 8, so
 // the 8 rows an ldmatrix reads at one logical chunk land in 8 distinct bank groups (no conflicts, no padding).
 template <int DH>
 __device__ __forceinline__ uint32_t swz(int r, int c) {
   return uint32_t(r * (DH * 2) + ((c ^ (r & 7)) << 4));
 }
 
-// 8 fp32 values -> one 16-byte chunk of bf16.
-__device__ __forceinline__ uint4 load8_as_bf16(const float* src) {
+// 8 fp32 values -> one 16-byte chunk of 16-bit values.
+template <bool F16>
+__device__ __forceinline__ uint4 load8_as16(const float* src) {
   const float4 a = reinterpret_cast<const float4*>(src)[0], b = reinterpret_cast<const float4*>(src)[1];
-  return make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
+  return make_uint4(pack16<F16>(a.x, a.y), pack16<F16>(a.z, a.w), pack16<F16>(b.x, b.y), pack16<F16>(b.z, b.w));
 }
 
 __device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
@@ -143,8 +165,8 @@ struct LdmOffsets {
   }
 };
 
-// S[16 rows][SN·8 keys] = Q[rows q_row0..+15] · K[keys k_row0..]ᵀ over DH dims (both swizzled bf16 tiles in smem).
-template <int DH, int SN>
+// S[16 rows][SN·8 keys] = Q[rows q_row0..+15] · K[keys k_row0..]ᵀ over DH dims (both swizzled 16-bit tiles in smem).
+template <int DH, int SN, bool F16>
 __device__ __forceinline__ void scores_qk(float (&s)[SN][4], uint32_t sq, int q_row0, uint32_t sk, int k_row0,
                                           int lane) {
   // Q matrices: (rows 0-7, dims 16kk..+7), (rows 8-15, same), (rows 0-7, dims +8..+15), (rows 8-15, +8..)
@@ -161,14 +183,14 @@ __device__ __forceinline__ void scores_qk(float (&s)[SN][4], uint32_t sq, int q_
     for (int p = 0; p < SN / 2; ++p) {
       uint32_t b[4];
       ldmatrix_x4(b, sk + ko.at(kk, 16 * p));
-      mma_bf16(s[2 * p], a, b[0], b[1]);
-      mma_bf16(s[2 * p + 1], a, b[2], b[3]);
+      mma16<F16>(s[2 * p], a, b[0], b[1]);
+      mma16<F16>(s[2 * p + 1], a, b[2], b[3]);
     }
   }
 }
 
-// O[16 rows][DH] += P[16 rows][SN·8 keys] · V[keys v_row0..][DH], P from the score accumulators (bf16-rounded).
-template <int DH, int SN>
+// O[16 rows][DH] += P[16 rows][SN·8 keys] · V[keys v_row0..][DH], P from the score accumulators (rounded to 16 bits).
+template <int DH, int SN, bool F16>
 __device__ __forceinline__ void accumulate_pv(float (&o)[DH / 8][4], const float (&p)[SN][4], uint32_t sv, int v_row0,
                                               int lane) {
   // .trans matrices: (keys 0-7, dims 16np..+7), (keys 8-15, same dims), (keys 0-7, dims +8..), (keys 8-15, +8..)
@@ -176,16 +198,16 @@ __device__ __forceinline__ void accumulate_pv(float (&o)[DH / 8][4], const float
 #pragma unroll
   for (int kk = 0; kk < SN / 2; ++kk) {
     uint32_t a[4];
-    a[0] = pack_bf16(p[2 * kk][0], p[2 * kk][1]);
-    a[1] = pack_bf16(p[2 * kk][2], p[2 * kk][3]);
-    a[2] = pack_bf16(p[2 * kk + 1][0], p[2 * kk + 1][1]);
-    a[3] = pack_bf16(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+    a[0] = pack16<F16>(p[2 * kk][0], p[2 * kk][1]);
+    a[1] = pack16<F16>(p[2 * kk][2], p[2 * kk][3]);
+    a[2] = pack16<F16>(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+    a[3] = pack16<F16>(p[2 * kk + 1][2], p[2 * kk + 1][3]);
 #pragma unroll
     for (int np = 0; np < DH / 16; ++np) {
       uint32_t b[4];
       ldmatrix_x4_trans(b, sv + vo.at(np, 16 * kk));
-      mma_bf16(o[2 * np], a, b[0], b[1]);
-      mma_bf16(o[2 * np + 1], a, b[2], b[3]);
+      mma16<F16>(o[2 * np], a, b[0], b[1]);
+      mma16<F16>(o[2 * np + 1], a, b[2], b[3]);
     }
   }
 }
@@ -205,7 +227,7 @@ __device__ __forceinline__ void mask_scores(float (&s)[SN][4], const int (&rel_l
 
 __device__ __forceinline__ int clamp_rel(int64_t x, int hi) { return x < -1 ? -1 : x > hi ? hi : int(x); }
 
-// This thread's share of copying rows [0, 64) of a [rows][DH] bf16 tile from global (row stride DH) into a
+// This thread's share of copying rows [0, 64) of a [rows][DH] 16-bit tile from global (row stride DH) into a
 // swizzled smem tile: rows tid/CH + i·(128/CH), chunk tid%CH. Rows >= valid_rows are zero-filled, not read.
 template <int DH>
 __device__ __forceinline__ void copy_tile_async(uint32_t dst, const uint16_t* src, int valid_rows, int tid) {
@@ -276,12 +298,13 @@ __device__ __forceinline__ void norm_rope_chunk(float (&v)[8], const float (&w)[
   }
 }
 
-__device__ __forceinline__ uint4 pack8_bf16(const float (&v)[8]) {
-  return make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
+template <bool F16>
+__device__ __forceinline__ uint4 pack8_16(const float (&v)[8]) {
+  return make_uint4(pack16<F16>(v[0], v[1]), pack16<F16>(v[2], v[3]), pack16<F16>(v[4], v[5]), pack16<F16>(v[6], v[7]));
 }
 
 // One warp per 32/CH (token, head) tasks: Hq query heads, then Hkv key heads, then Hkv value heads.
-template <int DH>
+template <int DH, bool F16>
 __global__ void __launch_bounds__(256) attn_prepare_kernel(const float* qg, const float* k, const float* v,
                                                            const float* q_norm, const float* k_norm, const int* pos0,
                                                            AttnDims d, RopeFreqs freqs, float* q_out,
@@ -304,7 +327,7 @@ __global__ void __launch_bounds__(256) attn_prepare_kernel(const float* qg, cons
                       : is_v ? v + (t * d.Hkv + (h - d.Hq - d.Hkv)) * DH : k + (t * d.Hkv + (h - d.Hq)) * DH,
                  c, x);
   if (live && is_v)  // value head: a plain copy into the cache
-    *reinterpret_cast<uint4*>(cache_v + (int64_t(h - d.Hq - d.Hkv) * d.capacity + pos) * DH + 8 * c) = pack8_bf16(x);
+    *reinterpret_cast<uint4*>(cache_v + (int64_t(h - d.Hq - d.Hkv) * d.capacity + pos) * DH + 8 * c) = pack8_16<F16>(x);
   float w[8], cs[8], sn[8];
   load_chunk(is_q ? q_norm : k_norm, c, w);
   rope_cos_sin(pos, c, d.rot, inv_s, cs, sn);
@@ -315,14 +338,14 @@ __global__ void __launch_bounds__(256) attn_prepare_kernel(const float* qg, cons
     dst[0] = make_float4(x[0], x[1], x[2], x[3]);
     dst[1] = make_float4(x[4], x[5], x[6], x[7]);
   } else {
-    *reinterpret_cast<uint4*>(cache_k + (int64_t(h - d.Hq) * d.capacity + pos) * DH + 8 * c) = pack8_bf16(x);
+    *reinterpret_cast<uint4*>(cache_k + (int64_t(h - d.Hq) * d.capacity + pos) * DH + 8 * c) = pack8_16<F16>(x);
   }
 }
 
 // ---- prefill: flash attention, one block per (query head, 64 new tokens) ------------------------------------------
 //
 // Warp w owns query rows 16w..16w+15 of the tile (tokens t0 + row), the whole head dim: O is 16×DH fp32 in registers
-// (DH/8 m16n8 accumulators). Shared memory: Q [64][DH], K [64][DH], V [64][DH] bf16, swizzled (96 KB at DH = 256:
+// (DH/8 m16n8 accumulators). Shared memory: Q [64][DH], K [64][DH], V [64][DH] 16-bit, swizzled (96 KB at DH = 256:
 // two blocks per SM). The K and V tiles are single-buffered and overlapped as in FlashAttention-2: V_j streams in
 // while S = Q·K_jᵀ is computed, K_{j+1} while O += P·V_j. Key tiles run 0 → the diagonal; keys past the block's last
 // token (or past the cache rows written) are zero-filled and masked.
@@ -332,7 +355,7 @@ constexpr size_t prefill_smem_bytes() {
   return size_t(kPrefillRows + 2 * kBlockKeys) * DH * 2;
 }
 
-template <int DH>
+template <int DH, bool F16>
 __global__ void __launch_bounds__(128, 2)
     attention_prefill_kernel(const float* q, const float* qg, const uint16_t* cache_k, const uint16_t* cache_v,
                              const int* pos0_ptr, AttnDims d, float* out) {
@@ -359,12 +382,12 @@ __global__ void __launch_bounds__(128, 2)
 
   load_tile(sk, Kh, 0);
   cp_async_commit();
-  // Q tile, fp32 -> bf16; rows past T are zero.
+  // Q tile, fp32 -> 16 bits; rows past T are zero.
 #pragma unroll 4
   for (int it = 0; it < BM * CH / 128; ++it) {
     const int i = tid + it * 128, r = i / CH, c = i % CH;
     uint4 val = make_uint4(0u, 0u, 0u, 0u);
-    if (r < rows) val = load8_as_bf16(q + ((t0 + r) * d.Hq + h) * DH + c * 8);
+    if (r < rows) val = load8_as16<F16>(q + ((t0 + r) * d.Hq + h) * DH + c * 8);
     *reinterpret_cast<uint4*>(smem + swz<DH>(r, c)) = val;
   }
 
@@ -392,7 +415,7 @@ __global__ void __launch_bounds__(128, 2)
     cp_async_commit();
 
     float s[BN / 8][4];
-    scores_qk<DH, BN / 8>(s, sq, row0, sk, 0, lane);
+    scores_qk<DH, BN / 8, F16>(s, sq, row0, sk, 0, lane);
     if (k0 + BN - 1 > warp_first_limit) {  // the diagonal (or the end of the written keys) crosses this tile
       const int rel[2] = {clamp_rel(limit[0] - k0, BN), clamp_rel(limit[1] - k0, BN)};
       mask_scores<BN / 8>(s, rel, qd);
@@ -404,7 +427,7 @@ __global__ void __launch_bounds__(128, 2)
     if (j + 1 < n_tiles) load_tile(sk, Kh, k0 + BN);
     cp_async_commit();
 
-    accumulate_pv<DH, BN / 8>(o, s, sv, 0, lane);
+    accumulate_pv<DH, BN / 8, F16>(o, s, sv, 0, lane);
   }
   cp_async_wait<0>();
 
@@ -445,7 +468,7 @@ constexpr size_t decode_smem_bytes(int stages) {
   return q + stats + (tiles > merge ? tiles : merge);
 }
 
-template <int DH, int RW>
+template <int DH, int RW, bool F16>
 __global__ void __launch_bounds__(128, 1)
     attention_decode_split_kernel(const float* q, const uint16_t* cache_k, const uint16_t* cache_v,
                                   const int* pos0_ptr, AttnDims d, int splits, int stages, bool kv_prefetch_enabled,
@@ -454,7 +477,7 @@ __global__ void __launch_bounds__(128, 1)
   constexpr int KW = 4 / RW, KPW = BN / KW, SN = KPW / 8;
   constexpr int QROWS = 16 * RW, TILE = BN * DH * 2, OSTRIDE = DH + 8;
   extern __shared__ __align__(128) uint8_t smem[];
-  uint8_t* sQ = smem;                                            // [QROWS][DH] bf16, swizzled
+  uint8_t* sQ = smem;                                            // [QROWS][DH] 16-bit, swizzled
   float* s_m = reinterpret_cast<float*>(smem + QROWS * DH * 2);  // [4 warps][16 rows]
   float* s_l = s_m + 4 * 16;
   uint8_t* ring = reinterpret_cast<uint8_t*>(s_l + 4 * 16);     // stages × {K [64][DH], V [64][DH]}
@@ -505,12 +528,12 @@ __global__ void __launch_bounds__(128, 1)
     pdl_wait();
     pdl_trigger();
   }
-  // Q rows, fp32 -> bf16; rows past R are zero.
+  // Q rows, fp32 -> 16 bits; rows past R are zero.
 #pragma unroll
   for (int it = 0; it < QROWS * CH / 128; ++it) {
     const int i = tid + it * 128, r = i / CH, c = i % CH;
     uint4 val = make_uint4(0u, 0u, 0u, 0u);
-    if (r < R) val = load8_as_bf16(q + ((int64_t(r / G) * d.Hq + kvh * G + r % G) * DH + c * 8));
+    if (r < R) val = load8_as16<F16>(q + ((int64_t(r / G) * d.Hq + kvh * G + r % G) * DH + c * 8));
     *reinterpret_cast<uint4*>(sQ + swz<DH>(r, c)) = val;
   }
 
@@ -535,14 +558,14 @@ __global__ void __launch_bounds__(128, 1)
     __syncthreads();  // tile j is in for every thread
     const uint32_t sk = sring + uint32_t(i % stages) * 2 * TILE, sv = sk + TILE;
     float s[SN][4];
-    scores_qk<DH, SN>(s, sq, row0, sk, kb, lane);
+    scores_qk<DH, SN, F16>(s, sq, row0, sk, kb, lane);
     const int64_t k0 = j * BN + kb;
     if (k0 + KPW - 1 > pos0) {  // keys past pos0 (the new tokens', or past L) are in this slice
       const int rel[2] = {clamp_rel(limit[0] - k0, KPW), clamp_rel(limit[1] - k0, KPW)};
       mask_scores<SN>(s, rel, qd);
     }
     online_softmax<SN, NT>(s, m, l, o, sl);
-    accumulate_pv<DH, SN>(o, s, sv, kb, lane);
+    accumulate_pv<DH, SN, F16>(o, s, sv, kb, lane);
     __syncthreads();  // every warp is done with this stage before it is refilled
   }
   cp_async_wait<0>();
@@ -677,12 +700,13 @@ void setup_decode(AttentionSetup& s, int optin) {
   while (v.stages > 1 && decode_smem_bytes<DH, RW>(v.stages) > size_t(optin)) --v.stages;
   v.smem = decode_smem_bytes<DH, RW>(v.stages);
   if (v.smem > size_t(optin)) return;  // unusable on this device; attention() reports it
-  auto kernel = attention_decode_split_kernel<DH, RW>;
-  TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(v.smem)));
-  TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                 int(cudaSharedmemCarveoutMaxShared)));
-  int n = 0;
-  TERN_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, 128, v.smem));
+  for (auto kernel : {attention_decode_split_kernel<DH, RW, true>, attention_decode_split_kernel<DH, RW, false>}) {
+    TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(v.smem)));
+    TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                   int(cudaSharedmemCarveoutMaxShared)));
+  }
+  int n = 0;  // the same resources for both element types
+  TERN_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_decode_split_kernel<DH, RW, true>, 128, v.smem));
   v.blocks_per_sm = std::max(1, n);
 }
 
@@ -690,10 +714,11 @@ template <int DH>
 void setup_dh(AttentionSetup& s, int optin) {
   constexpr size_t prefill = prefill_smem_bytes<DH>();
   if (prefill <= size_t(optin)) {
-    TERN_CUDA(cudaFuncSetAttribute(attention_prefill_kernel<DH>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   int(prefill)));
-    TERN_CUDA(cudaFuncSetAttribute(attention_prefill_kernel<DH>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                   int(cudaSharedmemCarveoutMaxShared)));
+    for (auto kernel : {attention_prefill_kernel<DH, true>, attention_prefill_kernel<DH, false>}) {
+      TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(prefill)));
+      TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                     int(cudaSharedmemCarveoutMaxShared)));
+    }
   }
   setup_decode<DH, 1>(s, optin);
   setup_decode<DH, 2>(s, optin);
@@ -733,7 +758,7 @@ int decode_splits(const AttnDims& d, const DecodeVariant& v, int sms) {
   return int(std::clamp<int64_t>(std::min(want, tiles), 1, kAttnMaxSplits));
 }
 
-template <int DH>
+template <int DH, bool F16>
 void attention_dh(const float* q, const float* qg, const uint16_t* cache_k, const uint16_t* cache_v, const int* pos0,
                   const AttnDims& d, float* partial, float* out, cudaStream_t stream) {
   const AttentionSetup& setup = attention_setup();
@@ -749,9 +774,9 @@ void attention_dh(const float* q, const float* qg, const uint16_t* cache_k, cons
     float* pm = po + d.T * d.Hq * splits * DH;
     float* pl = pm + d.T * d.Hq * splits;
     const dim3 grid(unsigned(d.Hkv), unsigned(splits));
-    auto kernel = RW == 1 ? attention_decode_split_kernel<DH, 1>
-                  : RW == 2 ? attention_decode_split_kernel<DH, 2>
-                            : attention_decode_split_kernel<DH, 4>;
+    auto kernel = RW == 1 ? attention_decode_split_kernel<DH, 1, F16>
+                  : RW == 2 ? attention_decode_split_kernel<DH, 2, F16>
+                            : attention_decode_split_kernel<DH, 4, F16>;
     launch_pdl("attention_decode_split", kernel, grid, dim3(128), v.smem, stream, q, cache_k, cache_v, pos0, d, splits,
                v.stages, kv_early(), po, pm, pl);
     launch_pdl("attention_decode_merge", attention_decode_merge_kernel<DH>, dim3(unsigned(d.T * d.Hq)), dim3(256), 0,
@@ -761,9 +786,18 @@ void attention_dh(const float* q, const float* qg, const uint16_t* cache_k, cons
                prefill_smem_bytes<DH>(), " bytes of shared memory, the device has ", setup.smem_optin);
     const int64_t tiles = (d.T + kPrefillRows - 1) / kPrefillRows;
     TERN_CHECK(tiles <= 65535, "attention: ", d.T, " tokens in one call exceed the grid limit");
-    launch_pdl("attention_prefill", attention_prefill_kernel<DH>, dim3(unsigned(d.Hq), unsigned(tiles)), dim3(128),
+    launch_pdl("attention_prefill", attention_prefill_kernel<DH, F16>, dim3(unsigned(d.Hq), unsigned(tiles)), dim3(128),
                prefill_smem_bytes<DH>(), stream, q, qg, cache_k, cache_v, pos0, d, out);
   }
+}
+
+template <int DH>
+void attention_dh_typed(const float* q, const float* qg, const uint16_t* cache_k, const uint16_t* cache_v,
+                        const int* pos0, const AttnDims& d, float* partial, float* out, cudaStream_t stream) {
+  if (d.kv_f16)
+    attention_dh<DH, true>(q, qg, cache_k, cache_v, pos0, d, partial, out, stream);
+  else
+    attention_dh<DH, false>(q, qg, cache_k, cache_v, pos0, d, partial, out, stream);
 }
 
 // The RoPE frequencies, after checking the shapes the kernels take: head dims 64, 128, 256; rotary dims 0 or 16·2^k
@@ -793,7 +827,10 @@ void attn_prepare(const float* qg, const float* k, const float* v, const float* 
   if (d.T == 0) return;
   const int64_t tasks = d.T * (d.Hq + 2 * d.Hkv);
   const int per_block = 8 * (32 / (d.dh / 8));  // 8 warps, each 32 / (dh/8) rows at once
-  auto kernel = d.dh == 64 ? attn_prepare_kernel<64> : d.dh == 128 ? attn_prepare_kernel<128> : attn_prepare_kernel<256>;
+  auto kernel = d.kv_f16 ? (d.dh == 64 ? attn_prepare_kernel<64, true>
+                            : d.dh == 128 ? attn_prepare_kernel<128, true> : attn_prepare_kernel<256, true>)
+                         : (d.dh == 64 ? attn_prepare_kernel<64, false>
+                            : d.dh == 128 ? attn_prepare_kernel<128, false> : attn_prepare_kernel<256, false>);
   launch_pdl("attn_prepare", kernel, dim3(blocks_for(tasks, per_block)), dim3(256), 0, stream, qg, k, v, q_norm,
              k_norm, pos0, d, freqs, q_out, cache_k, cache_v);
 }
@@ -811,9 +848,9 @@ void attention(const float* q, const float* qg, const uint16_t* cache_k, const u
   TERN_CHECK(d.Hkv > 0 && d.Hq % d.Hkv == 0, "attention: ", d.Hq, " query heads over ", d.Hkv, " KV heads");
   TERN_CHECK(d.capacity > 0, "attention: empty KV cache");
   switch (d.dh) {
-    case 64: attention_dh<64>(q, qg, cache_k, cache_v, pos0, d, partial, out, stream); break;
-    case 128: attention_dh<128>(q, qg, cache_k, cache_v, pos0, d, partial, out, stream); break;
-    case 256: attention_dh<256>(q, qg, cache_k, cache_v, pos0, d, partial, out, stream); break;
+    case 64: attention_dh_typed<64>(q, qg, cache_k, cache_v, pos0, d, partial, out, stream); break;
+    case 128: attention_dh_typed<128>(q, qg, cache_k, cache_v, pos0, d, partial, out, stream); break;
+    case 256: attention_dh_typed<256>(q, qg, cache_k, cache_v, pos0, d, partial, out, stream); break;
     default: TERN_FAIL("attention: head dim ", d.dh, " not supported by the CUDA kernels (64, 128 or 256)");
   }
 }

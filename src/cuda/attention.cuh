@@ -1,13 +1,18 @@
 // Gated full attention (model.md §2.5): q/k RMSNorm + partial rotate-half RoPE + KV-cache append (attn_prepare),
-// then causal attention over the bf16 KV cache with the sigmoid output gate (attention). Positions live in device
+// then causal attention over the 16-bit KV cache (fp16 or bf16, AttnDims::kv_f16) with the sigmoid output gate
+// (attention). Positions live in device
 // memory (*pos0 = tokens already in the cache), so a decode step needs no host value and replays in a CUDA graph.
 //
-// attention() picks one of two tensor-core paths (mma.sync m16n8k16 bf16, fp32 accumulation, online softmax in fp32):
+// attention() picks one of two tensor-core paths (mma.sync m16n8k16 on the cache's 16-bit type, fp32 accumulation,
+// online softmax in fp32):
 //   - prefill (T > 8): flash attention, one block per (query head, 64 new tokens), K/V tiles of 64 keys;
 //   - decode (T <= 8): split-KV flash decoding, one block per (KV head, split) holding the T·(Hq/Hkv) query rows
 //     of that KV head, then a merge kernel that applies the gate. The split count is fixed by the device and the
 //     cache capacity (never by the current length), each split finds its key range from *pos0 on the device.
-// Head dims 64, 128 and 256 are supported. q and the softmax weights are rounded to bf16 for the tensor cores.
+// Head dims 64, 128 and 256 are supported. q and the softmax weights are rounded to the cache's type for the tensor
+// cores. fp16 (the runner's default) keeps 11 significant bits against bf16's 8: on a model at trained scales the
+// attention layers' rounding was the floor of the whole model's error against an fp32 reference (docs/benchmarks.md);
+// values past ±65504 are clamped when stored (q and k are RMS-normed; v would have to be that large).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -22,11 +27,12 @@ struct AttnDims {
   float theta = 1e7f;
   float eps = 1e-6f;
   int64_t capacity = 0; // KV cache length
+  bool kv_f16 = false;  // the cache (and q, the softmax weights on the tensor cores) in fp16, else bf16
 };
 
 // qg [T, Hq·2·dh] (per head [q | gate]), k, v [T, Hkv·dh] ->
-//   q_out [T, Hq, dh] = rope(rmsnorm(q)·q_norm), cache_k[kvh][pos0+t] = rope(rmsnorm(k)·k_norm), cache_v[..] = v (bf16).
-// cache_k, cache_v: [Hkv, capacity, dh] bf16 bits. Head dims 64, 128, 256; rotary dims 0 or a power of two from 16
+//   q_out [T, Hq, dh] = rope(rmsnorm(q)·q_norm), cache_k[kvh][pos0+t] = rope(rmsnorm(k)·k_norm), cache_v[..] = v (16-bit).
+// cache_k, cache_v: [Hkv, capacity, dh] fp16 or bf16 bits (d.kv_f16). Head dims 64, 128, 256; rotary dims 0 or a power of two from 16
 // to min(dh, 128) (anything else: tern::Error).
 void attn_prepare(const float* qg, const float* k, const float* v, const float* q_norm, const float* k_norm,
                   const int* pos0, const AttnDims& d, float* q_out, uint16_t* cache_k, uint16_t* cache_v,

@@ -1,5 +1,5 @@
 // The CUDA backend's ModelRunner: the whole forward pass on the GPU (fp32 activations, fp32 accumulation, fp32
-// Gated DeltaNet state, bf16 KV cache), weights uploaded once, scratch buffers allocated once per runner, routing
+// Gated DeltaNet state, fp16 KV cache), weights uploaded once, scratch buffers allocated once per runner, routing
 // and sampling on the device. Plain C++ header: callers need no CUDA headers.
 #pragma once
 
@@ -21,6 +21,8 @@ struct CudaRunnerOptions {
   // Chunks of fewer tokens take the exact (bf16 hi + lo) products under the fp16 plan; -1: the default (512, or
   // TERN_PREFILL_F16_MIN_TOKENS). Tests of the fp16 products on short prompts set 0.
   int64_t f16_min_tokens = -1;
+  // The KV cache (and the attention kernels' q and softmax weights) in fp16; false: bf16 (as TERN_KV_BF16=1).
+  bool kv_f16 = true;
 };
 
 // Uploads `weights` to GPU 0. Throws tern::Error when there is no GPU or the model does not fit.
