@@ -410,8 +410,14 @@ void CpuRunner::forward(Session& session, std::span<const int32_t> tokens, bool 
     add_inplace(x.data(), mix.data(), T * D);
     rms_norm(x.data(), lw.post_attn_norm.data(), T, D, eps, a.data());
     dump(layer_name("moe_norm", li), a.data(), {T, D});
-    moe_forward({.layer = &lw, .config = &c, .x = a.data(), .T = T, .y = mix.data()});
+    std::vector<int32_t> ids(dump_dir_.empty() ? 0 : size_t(T * c.num_experts_per_tok));
+    moe_forward({.layer = &lw, .config = &c, .x = a.data(), .T = T, .y = mix.data(),
+                 .ids = ids.empty() ? nullptr : ids.data()});
     dump(layer_name("moe_out", li), mix.data(), {T, D});
+    if (!ids.empty()) {
+      const std::vector<float> idf(ids.begin(), ids.end());
+      dump(layer_name("route_ids", li), idf.data(), {T, c.num_experts_per_tok});
+    }
     add_inplace(x.data(), mix.data(), T * D);
     dump(layer_name("layer_out", li), x.data(), {T, D});
   }

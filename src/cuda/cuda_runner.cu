@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "cuda/activation_dump.cuh"
 #include "cuda/attention.cuh"
 #include "cuda/conv1d.cuh"
 #include "cuda/cuda_common.cuh"
@@ -235,7 +236,7 @@ class CudaSession final : public Session {
                " rows from a session of capacity ", src->capacity_, " into one of ", capacity_);
     if (src == this || n == 0) return;
     TERN_CUDA(cudaDeviceSynchronize());
-    const size_t row = size_t(head_dim) * 2, width = size_t(n) * row;  // bf16 rows of [Hkv, capacity, dh]
+    const size_t row = size_t(head_dim) * 2, width = size_t(n) * row;  // 16-bit rows of [Hkv, capacity, dh]
     for (size_t i = 0; i < layers.size(); ++i) {
       if (!layers[i].k) continue;
       TERN_CUDA(cudaMemcpy2D(layers[i].k, size_t(capacity_) * row, src->layers[i].k, size_t(src->capacity_) * row,
@@ -247,7 +248,7 @@ class CudaSession final : public Session {
   }
 
   struct LayerCache {
-    uint16_t* k = nullptr;  // [Hkv, capacity, dh] bf16
+    uint16_t* k = nullptr;  // [Hkv, capacity, dh] fp16 (bf16 with TERN_KV_BF16=1)
     uint16_t* v = nullptr;
     float* conv = nullptr;  // [Ck-1, C]
     float* rec = nullptr;   // [Hv, dv, dk]
@@ -314,6 +315,8 @@ class CudaRunner final : public ModelRunner {
     if (const char* e = std::getenv("TERN_PREFILL_F16_MIN_TOKENS")) f16_min_tokens_ = std::max<int64_t>(0, std::atoll(e));
     if (o.f16_min_tokens >= 0) f16_min_tokens_ = o.f16_min_tokens;
     use_decode_kernels_ = !env_is("TERN_CUDA_DECODE_KERNELS", "0");
+    // The KV cache in fp16 (11 significant bits) unless TERN_KV_BF16=1 or the option asks for bf16 (8 bits).
+    kv_f16_ = o.kv_f16 && !env_is("TERN_KV_BF16", "1");
     // TERN_L2_PREFETCH (a bit mask, default 12 = both; the one-token decode plan on Hopper; l2_prefetch.cuh): 4 the MoE
     // gate_up asks L2 for the chosen experts' down matrices; 8 each mixer's output projection for the next layer's
     // first projection; 0 neither.
@@ -336,6 +339,7 @@ class CudaRunner final : public ModelRunner {
   }
 
   std::string backend_name() const override { return "cuda"; }
+  void set_activation_dump_dir(const std::string& dir) override { dump_.set_dir(dir); }
   const Config& config() const override { return w_->config; }
   int64_t vocab_real() const override { return w_->vocab_real; }
   // The forward chunk: a 4K prompt in one call instead of two of 2K (H200: 225 against 257 ms).
@@ -539,6 +543,7 @@ class CudaRunner final : public ModelRunner {
     d.theta = float(c.rope_theta);
     d.eps = float(c.rms_norm_eps);
     d.capacity = capacity;
+    d.kv_f16 = kv_f16_;
     return d;
   }
 
@@ -678,7 +683,9 @@ class CudaRunner final : public ModelRunner {
           gdn_decode_mixer(l, s.layers[i], T);
         else
           attention_decode_mixer(l, s.layers[i], s, T);
+        dump_layer("mixer_res", i, T);
         moe_decode(moe_w_[i], hidden_, int(T), moe_scratch_, stream_);
+        dump_layer("layer_out", i, T, moe_scratch_.ids);
       }
       advance_position_kernel<<<1, 1, 0, stream_>>>(s.d_pos, int(T));
       TERN_CUDA_LAUNCHED("advance_position");
@@ -693,11 +700,23 @@ class CudaRunner final : public ModelRunner {
       } else {
         attention_mixer(l, lc, s, T, s.capacity());
       }
+      dump_layer("mixer_res", i, T);
       rmsnorm(hidden_, l.post_attn_norm, eps, T, D, normed_, stream_);
       moe(l, T);
+      dump_layer("layer_out", i, T, route_ids_);
     }
     advance_position_kernel<<<1, 1, 0, stream_>>>(s.d_pos, int(T));
     TERN_CUDA_LAUNCHED("advance_position");
+  }
+
+  // Activation dumps (activation_dump.cuh): the residual hidden_ [T, D] of layer i under `base`, and with ids the
+  // layer's routing [T, k]. Never while a graph is being captured.
+  void dump_layer(const char* base, size_t i, int64_t T, const int* ids = nullptr) {
+    if (!dump_.on() || capturing_) return;
+    std::string suffix(".");
+    suffix += std::to_string(i);
+    dump_.add(std::string(base).append(suffix), hidden_, T, w_->config.hidden_size, stream_);
+    if (ids) dump_.add_ids(std::string("route_ids").append(suffix), ids, T, w_->config.num_experts_per_tok, stream_);
   }
 
   // One decode step through a CUDA graph (embed, 40 layers, LM head, sampling): the token and the sampling
@@ -755,6 +774,7 @@ class CudaRunner final : public ModelRunner {
     const int64_t V = w_->config.vocab_size;
     TERN_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
     cudaGraph_t graph = nullptr;
+    capturing_ = true;
     try {
       chunk_body(s, 1);
       lm_head_device(0, 1);
@@ -763,10 +783,12 @@ class CudaRunner final : public ModelRunner {
         TERN_CUDA(cudaMemcpyAsync(tokens_, sample_out_, 4, cudaMemcpyDeviceToDevice, stream_));  // the next input
       }
     } catch (...) {
+      capturing_ = false;
       cudaStreamEndCapture(stream_, &graph);
       if (graph) cudaGraphDestroy(graph);
       throw;
     }
+    capturing_ = false;
     TERN_CUDA(cudaStreamEndCapture(stream_, &graph));
     const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
@@ -1033,6 +1055,9 @@ class CudaRunner final : public ModelRunner {
   bool params_valid_ = false;
   bool decode_warm_ = false;           // a decode step has run outside capture
   bool use_decode_kernels_ = true;      // TERN_CUDA_DECODE_KERNELS=0: decode through the prefill plan's kernels
+  bool kv_f16_ = true;                  // the KV cache in fp16, else bf16 (TERN_KV_BF16=1, CudaRunnerOptions::kv_f16)
+  bool capturing_ = false;              // a decode graph is being captured (no activation dumps)
+  ActivationDump dump_;                 // set_activation_dump_dir
   int f16_sites_ = kAllSites & ~kGdnIn;  // TERN_PREFILL_F16_SITES (see the constructor)
   int64_t f16_min_tokens_ = 512;         // TERN_PREFILL_F16_MIN_TOKENS (see the constructor)
   int chunk_f16_sites_ = 0;              // f16_sites_, or 0 for a chunk under f16_min_tokens_ (run_chunk)
