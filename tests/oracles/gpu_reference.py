@@ -9,8 +9,17 @@ MLX-layout checkpoint DIR/model (config.json + model.safetensors). The transform
 dequantised values (s·q + b) and the stored norms, and runs teacher-forced in fp32 over random tokens:
 DIR/tokens.bin (int32 [n]) and DIR/logits.bin (float32 [n, V]). test_cuda's CudaRunner.MatchesTransformers...
 reads them when TERN_GPU_REF_DIR=DIR. Runs where transformers with qwen3_5_moe is installed (the GPU machine has
-torch 2.11 + transformers 5.17; no mlx needed). The random scheme follows tests/oracles/make_model.py (router
-clearly random, model.md §6.10); the LM head is drawn 5x wider so the distributions are not flat.
+torch 2.11 + transformers 5.17; no mlx needed).
+
+Two weight scales (--scales):
+  trained (the default): the scales transformers initialises and trained checkpoints have: every matrix, the
+           embeddings and the router std 0.02 (router logits of about one unit, so the 8th and 9th experts are often
+           within 0.01 of each other: near-ties), norm multipliers 1 + N(0, 0.05). An oracle on which a fast path's
+           rounding shows: every error in the residual stream moves some expert choice.
+  easy:    the earlier scheme: router and embeddings N(0, 1) (router logits tens of units apart, no near-ties), norm
+           multipliers 1 + N(0, 0.1).
+Both draw the LM head with std --lm-head-std (default 0.1, five times the matrices'): logits of std ~4.5 give a mean
+entropy of ~2-3 nats, like a trained model's next-token distributions (std 0.02 would make them nearly uniform).
 """
 import argparse
 import contextlib
@@ -87,13 +96,19 @@ def main():
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--positions", type=int, default=256)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--scales", choices=("trained", "easy"), default="trained")
+    ap.add_argument("--lm-head-std", type=float, default=0.1)
     args = ap.parse_args()
 
     import torch
     from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
 
     seed = args.seed if args.seed is not None else int.from_bytes(__import__("os").urandom(4), "little")
-    log(f"seed {seed}, preset {args.preset}, {args.layers} layers, {args.positions} positions, device {args.device}")
+    log(f"seed {seed}, preset {args.preset}, {args.scales} scales, {args.layers} layers, {args.positions} positions, "
+        f"device {args.device}")
+    trained = args.scales == "trained"
+    norm_std = 0.05 if trained else 0.1
+    wide_std = 0.02 if trained else 1.0  # router and embeddings
     out = pathlib.Path(args.out)
     mdir = out / "model"
     mdir.mkdir(parents=True, exist_ok=True)
@@ -127,9 +142,9 @@ def main():
             shape = tuple(p.shape)
             randn = lambda: torch.randn(shape, generator=g, device=dev)  # noqa: E731
             if name.endswith(ZERO_CENTRED) or name == "model.norm.weight":
-                w = randn() * 0.1
+                w = randn() * norm_std
             elif name.endswith("linear_attn.norm.weight"):
-                w = 1.0 + randn() * 0.1
+                w = 1.0 + randn() * norm_std
             elif name.endswith("A_log"):
                 w = torch.empty(shape, device=dev).uniform_(1.0, 16.0, generator=g).log_()
             elif name.endswith("dt_bias"):
@@ -137,11 +152,11 @@ def main():
             elif name.endswith("conv1d.weight"):
                 w = randn() * 0.3
             elif name.endswith("mlp.gate.weight"):
-                w = randn()
+                w = randn() * wide_std
             elif name == "lm_head.weight":
-                w = randn() * 0.1
+                w = randn() * args.lm_head_std
             elif name.endswith("embed_tokens.weight"):
-                w = randn()
+                w = randn() * wide_std
             else:
                 w = randn() * 0.02
             # HF model.X -> MLX language_model.model.X; lm_head.weight -> language_model.lm_head.weight
@@ -192,8 +207,31 @@ def main():
 
     tg = torch.Generator(device="cpu").manual_seed(seed + 1)
     tokens = torch.randint(0, V, (args.positions,), generator=tg, dtype=torch.int64)
+    # Router margins: per layer, the gap between the 8th and 9th largest router logits of every token (a near-tie is
+    # where a small error in the hidden state changes the chosen experts).
+    gaps = {}
+
+    def router_hook(idx, weight):
+        def hook(_module, inputs, _output):
+            h = inputs[0].reshape(-1, weight.shape[1]).float()
+            top = (h @ weight.float().t()).topk(9, dim=-1).values
+            gaps[idx] = (top[:, 7] - top[:, 8]).cpu()
+        return hook
+
+    handles = []
+    for i, layer in enumerate(model.model.layers):
+        gate = getattr(layer.mlp, "gate", None)
+        if gate is not None and hasattr(gate, "weight"):
+            handles.append(gate.register_forward_hook(router_hook(i, gate.weight)))
     with torch.no_grad():
         logits = model(input_ids=tokens[None].to(dev), use_cache=False).logits[0].float().cpu().numpy()
+    for h in handles:
+        h.remove()
+    if gaps:
+        allg = torch.cat(list(gaps.values()))
+        log(f"router: 8th-9th logit gap median {float(allg.median()):.4f}, below 0.01 in "
+            f"{100.0 * float((allg < 0.01).float().mean()):.1f}% and below 0.001 in "
+            f"{100.0 * float((allg < 0.001).float().mean()):.2f}% of (token, layer) pairs")
     tokens.numpy().astype(np.int32).tofile(out / "tokens.bin")
     logits.astype(np.float32).tofile(out / "logits.bin")
     probs = torch.from_numpy(logits).softmax(-1)

@@ -1,0 +1,58 @@
+// Teacher-forced comparison of two sets of logits (mean KL, perplexity, top-1): the whole-model checks of
+// runner_test.cpp and whole_model_test.cpp.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace tern::cuda::test {
+
+struct Fidelity {
+  double ppl_ref = 0, ppl = 0, kl = 0, top1 = 0, max_abs = 0;
+  double median_kl = 0;  // the middle position's KL: a systematic error moves it, one flipped routing does not
+};
+
+// Teacher-forced over positions 0..n-2 (predicting token i+1), restricted to ids < vocab_real.
+inline Fidelity compare_logits(const std::vector<float>& ref, const std::vector<float>& got, const std::vector<int32_t>& tokens,
+                        int64_t V, int64_t real) {
+  Fidelity f;
+  const int64_t n = int64_t(tokens.size());
+  double nll_ref = 0, nll = 0;
+  std::vector<double> per_position;
+  for (int64_t i = 0; i + 1 < n; ++i) {
+    const float* a = ref.data() + i * V;
+    const float* b = got.data() + i * V;
+    const double ma = *std::max_element(a, a + real), mb = *std::max_element(b, b + real);
+    double za = 0, zb = 0;
+    for (int64_t j = 0; j < real; ++j) {
+      za += std::exp(a[j] - ma);
+      zb += std::exp(b[j] - mb);
+    }
+    const double la = ma + std::log(za), lb = mb + std::log(zb);
+    double kl = 0;
+    for (int64_t j = 0; j < real; ++j) {
+      const double pa = std::exp(a[j] - la);
+      kl += pa * ((a[j] - la) - (b[j] - lb));
+      f.max_abs = std::max(f.max_abs, double(std::fabs(a[j] - b[j])));
+    }
+    f.kl += kl;
+    per_position.push_back(kl);
+    nll_ref += la - a[tokens[size_t(i + 1)]];
+    nll += lb - b[tokens[size_t(i + 1)]];
+    f.top1 += (std::max_element(a, a + real) - a) == (std::max_element(b, b + real) - b);
+  }
+  const double m = double(n - 1);
+  f.ppl_ref = std::exp(nll_ref / m);
+  f.ppl = std::exp(nll / m);
+  f.kl /= m;
+  f.top1 /= m;
+  if (!per_position.empty()) {
+    std::nth_element(per_position.begin(), per_position.begin() + per_position.size() / 2, per_position.end());
+    f.median_kl = per_position[per_position.size() / 2];
+  }
+  return f;
+}
+
+}  // namespace tern::cuda::test
