@@ -3,6 +3,7 @@
 // same weights).
 //
 //   tern eval -m DIR --tokens-file tokens.npy --reference logits.npy [--json out.json] [--max-kl 0.005]
+//             [--report report.tsv|report.json [--tie-margin 0.1]]   (per position; engine/eval_report.h)
 //   tern eval -m DIR --text wiki.txt            (perplexity alone)
 #include <cmath>
 #include <cstdio>
@@ -16,6 +17,7 @@
 #include "core/npy.h"
 #include "cpu/cpu_runner.h"
 #include "engine/demo_model.h"
+#include "engine/eval_report.h"
 #include "engine/eval_run.h"
 #include "model/checkpoint.h"
 #include "text/tokenizer.h"
@@ -36,6 +38,9 @@ struct EvalArgs {
   std::string tokens_file, reference, text_file, tokenizer;
   int64_t context = 0, batch = 128;
   std::string json_path;
+  std::string report_path;
+  double tie_margin = kDefaultTieMargin;
+  bool tie_margin_given = false;
   double max_kl = -1, max_ppl_rel = -1, min_top1 = -1;  // optional pass/fail bounds
 };
 
@@ -49,6 +54,11 @@ void run_eval(const EvalArgs& a) {
              "' is not auto, cpu or cuda");
   TERN_CHECK(!a.reference.empty() || (a.max_kl < 0 && a.min_top1 < 0 && a.max_ppl_rel < 0),
              "tern eval: --max-kl, --max-ppl-rel and --min-top1 need --reference");
+  TERN_CHECK(!a.reference.empty() || a.report_path.empty(), "tern eval: --report needs --reference");
+  TERN_CHECK(!a.tie_margin_given || !a.report_path.empty(), "tern eval: --tie-margin goes with --report");
+  TERN_CHECK(std::isfinite(a.tie_margin) && a.tie_margin >= 0,
+             "tern eval: --tie-margin must be a number >= 0 (nats), got ", a.tie_margin);
+  if (!a.report_path.empty()) eval_report_check_path(a.report_path);
 
   std::shared_ptr<const ModelWeights> weights;
   if (a.demo) {
@@ -105,10 +115,18 @@ void run_eval(const EvalArgs& a) {
     std::fprintf(stderr, "\reval: %lld / %lld tokens", (long long)done, (long long)total);
     if (done == total) std::fputc('\n', stderr);
   };
+  std::vector<EvalPosition> positions;
+  if (!a.report_path.empty()) o.positions = &positions;
   const EvalSummary s = eval_run(*runner, tokens, a.reference.empty() ? nullptr : &reference, o);
   std::printf("tern eval | backend %s | %lld tokens%s\n", runner->backend_name().c_str(), (long long)total,
               a.reference.empty() ? "" : (" | reference " + a.reference).c_str());
   std::fputs(eval_summary_text(s).c_str(), stdout);
+  if (!a.report_path.empty()) {
+    const EvalReportSummary r = eval_report_summarize(positions, a.tie_margin);
+    std::fputs(eval_report_summary_text(r).c_str(), stdout);
+    eval_report_write(a.report_path, s, r, positions);
+    std::printf("report           %s\n", a.report_path.c_str());
+  }
   std::fflush(stdout);
   if (!a.json_path.empty()) {
     std::ofstream out(a.json_path, std::ios::binary);
@@ -143,10 +161,22 @@ void command_eval(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--batch", args->batch, "Tokens per forward call")->capture_default_str();
   sub->add_option("--json", args->json_path, "Write the metrics as JSON to this file");
+  sub->add_option("--report", args->report_path,
+                  "With --reference: write per-position KL and every top-1 difference with both top-2 margins, "
+                  "near-ties counted apart, KL quantiles; JSON if the name ends in .json, else a tab-separated table "
+                  "(engine/eval_report.h)");
+  auto* tie = sub->add_option("--tie-margin", args->tie_margin,
+                              "With --report: a top-1 difference is a near-tie when the reference's log-prob of its "
+                              "top-1 exceeds its log-prob of tern's top-1 by less than this, nats (tern chose the "
+                              "reference's runner-up: its top-1 minus top-2 margin)")
+                  ->capture_default_str();
   sub->add_option("--max-kl", args->max_kl, "Fail (exit 1) when the mean KL exceeds this (nats)");
   sub->add_option("--max-ppl-rel", args->max_ppl_rel, "Fail when |ppl/ref_ppl - 1| exceeds this");
   sub->add_option("--min-top1", args->min_top1, "Fail when top-1 agreement is below this fraction");
-  sub->callback([args] { run_eval(*args); });
+  sub->callback([args, tie] {
+    args->tie_margin_given = tie->count() > 0;
+    run_eval(*args);
+  });
 }
 
 }  // namespace tern::cli

@@ -26,13 +26,24 @@ void log_softmax_masked(std::span<const float> row, int64_t vocab_real, std::spa
   for (int64_t i = 0; i < vocab_real; ++i) out[i] = double(row[i]) - lse;
 }
 
-int64_t argmax_masked(std::span<const float> row, int64_t vocab_real) {
-  TERN_CHECK(vocab_real > 0 && int64_t(row.size()) >= vocab_real, "argmax_masked: row of ", row.size(),
+int64_t argmax_masked(std::span<const float> row, int64_t vocab_real) { return top2_masked(row, vocab_real).best; }
+
+Top2 top2_masked(std::span<const float> row, int64_t vocab_real) {
+  TERN_CHECK(vocab_real > 0 && int64_t(row.size()) >= vocab_real, "top-1 of a row of ", row.size(),
              " values for vocab_real ", vocab_real);
   int64_t best = 0;
-  for (int64_t i = 1; i < vocab_real; ++i)
-    if (row[i] > row[best]) best = i;
-  return best;
+  float second = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 1; i < vocab_real; ++i) {
+    if (row[i] > row[best]) {
+      second = row[best];
+      best = i;
+    } else if (row[i] > second) {
+      second = row[i];
+    }
+  }
+  const double top = row[best];
+  return {best, second == -std::numeric_limits<float>::infinity() ? std::numeric_limits<double>::infinity()
+                                                                  : top - double(second)};
 }
 
 EvalAccumulator::EvalAccumulator(int64_t vocab_real)
@@ -77,7 +88,10 @@ void EvalAccumulator::add(std::span<const float> row, std::span<const float> ref
       kl_max_position_ = pos;
     }
     if (next >= 0) reference_nll_sum_ -= logq_[size_t(next)];
-    if (argmax_masked(row, vocab_real_) == argmax_masked(reference, vocab_real_)) ++agree_;
+    const Top2 t = top2_masked(row, vocab_real_), r = top2_masked(reference, vocab_real_);
+    if (t.best == r.best) ++agree_;
+    records_.push_back({pos, kl, t.best, r.best, t.margin, r.margin,
+                        logq_[size_t(r.best)] - logq_[size_t(t.best)]});
     ++reference_positions_;
   }
   ++positions_;

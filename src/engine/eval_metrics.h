@@ -17,6 +17,27 @@ void log_softmax_masked(std::span<const float> row, int64_t vocab_real, std::spa
 // Index of the largest of row[0:vocab_real]; the lowest index wins ties.
 int64_t argmax_masked(std::span<const float> row, int64_t vocab_real);
 
+// The largest of row[0:vocab_real] (the lowest index wins ties, as argmax_masked) and its margin over the next
+// largest: row[best] - row[second], which equals the difference of their log-probabilities. A tie gives 0; one id,
+// or a runner-up at -inf, gives +inf.
+struct Top2 {
+  int64_t best = 0;
+  double margin = 0;
+};
+Top2 top2_masked(std::span<const float> row, int64_t vocab_real);
+
+// One position compared with the reference (what tern eval --report lists). Margins and gaps are in nats.
+struct EvalPosition {
+  int64_t position = 0;
+  double kl = 0;                 // KL(p_ref || p_tern)
+  int64_t tern_top1 = 0;         // argmax of tern's row
+  int64_t reference_top1 = 0;    // argmax of the reference's row
+  double tern_margin = 0;        // tern's top-1 minus top-2 log-prob
+  double reference_margin = 0;   // the reference's top-1 minus top-2 log-prob
+  double reference_gap = 0;      // the reference's log-prob of its top-1 minus of tern's top-1 (0 when they agree;
+                                 // equals reference_margin when tern chose the reference's runner-up)
+};
+
 struct EvalSummary {
   int64_t positions = 0;            // rows seen
   int64_t predictions = 0;          // rows with a known next token (the perplexity terms)
@@ -44,12 +65,16 @@ class EvalAccumulator {
 
   EvalSummary summary() const;
 
+  // One record per position added with reference logits, in order (empty without a reference).
+  const std::vector<EvalPosition>& positions() const { return records_; }
+
  private:
   int64_t vocab_real_;
   std::vector<double> logp_, logq_;  // [vocab_real] scratch: tern, reference
   int64_t positions_ = 0, predictions_ = 0, reference_positions_ = 0, agree_ = 0;
   double nll_sum_ = 0, reference_nll_sum_ = 0, kl_sum_ = 0, kl_max_ = 0;
   int64_t kl_max_position_ = -1;
+  std::vector<EvalPosition> records_;
 };
 
 }  // namespace tern

@@ -58,6 +58,7 @@ EvalSummary eval_run(ModelRunner& runner, std::span<const int32_t> tokens, const
       if (options.progress) options.progress(b1, n);
     }
   }
+  if (options.positions) *options.positions = acc.positions();
   return acc.summary();
 }
 

@@ -29,6 +29,7 @@ struct EvalOptions {
   int64_t context = 0;   // tokens per window; 0: all tokens in one window
   int64_t batch = 128;   // tokens per forward call (logits of a call: batch x V floats)
   std::function<void(int64_t done, int64_t total)> progress;  // after every forward call; may be empty
+  std::vector<EvalPosition>* positions = nullptr;  // set: receives the per-position records (with a reference)
 };
 
 // Runs the evaluation. Throws tern::Error on bad input (no tokens, ids out of range, a reference whose shape does

@@ -12,17 +12,14 @@
 #include "core/check.h"
 #include "core/npy.h"
 #include "eval_fake_runner.h"
+#include "test_seed.h"
 #include "engine/eval_metrics.h"
 #include "engine/eval_run.h"
 
 namespace tern {
 namespace {
 
-uint64_t fresh_seed() {
-  const uint64_t s = std::random_device{}();
-  std::printf("seed=%llu\n", static_cast<unsigned long long>(s));
-  return s;
-}
+using testing::fresh_seed;
 
 std::vector<float> random_row(std::mt19937_64& rng, int64_t n, float scale) {
   std::normal_distribution<float> d(0.0f, scale);

@@ -82,11 +82,14 @@ def log_softmax(x):
     return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
 
 
-def tern_eval(tern_bin, tiny, reference, out_json, extra=()):
+def eval_cmd(tern_bin, tiny, reference):
     # --dtype stored: the fp32 weights as they are (auto would quantise an HF checkpoint to 4-bit).
-    run([tern_bin, "eval", "-m", tiny / "model", "--dtype", "stored", "--device", "cpu", "--tokens-file",
-         tiny / "tokens.npy",
-         "--reference", reference, "--json", out_json, "--batch", "20", *extra])
+    return [tern_bin, "eval", "-m", tiny / "model", "--dtype", "stored", "--device", "cpu", "--tokens-file",
+            tiny / "tokens.npy", "--reference", reference]
+
+
+def tern_eval(tern_bin, tiny, reference, out_json, extra=()):
+    run([*eval_cmd(tern_bin, tiny, reference), "--json", out_json, "--batch", "20", *extra])
     return json.loads(out_json.read_text())
 
 
@@ -129,9 +132,107 @@ def test_eval_metrics_move_with_a_perturbed_reference(tern_bin, tiny, tmp_path):
     assert s["top1_agreement"] < 1.0
     assert s["reference_perplexity"] == pytest.approx(ppl_pert, rel=1e-9)  # exact data: float64 sums
     # A bound that the metrics exceed makes tern eval fail with status 1 and say why.
-    r = run([tern_bin, "eval", "-m", tiny / "model", "--dtype", "stored", "--device", "cpu", "--tokens-file",
-             tiny / "tokens.npy", "--reference", tmp_path / "pert.npy", "--max-kl", "1e-6"], check=False)
+    r = run([*eval_cmd(tern_bin, tiny, tmp_path / "pert.npy"), "--max-kl", "1e-6"], check=False)
     assert r.returncode == 1 and "--max-kl" in r.stderr, r.stderr
+
+
+def test_eval_report_tells_near_tie_flips_from_real_error(tern_bin, tiny, tmp_path):
+    """The reference is transformers' logits with three planted flips: at one position its runner-up is raised to
+    lead by 0.05 nats (a near-tie at the default --tie-margin 0.1); at another its last token to lead by 2 nats; at a
+    third its two last tokens to lead by 3 and 2.98 nats (its top two are 0.02 apart, but tern's top-1 is 3 nats
+    below: real error). The report must list the three with their tokens and margins, count them apart, and find no
+    other difference beyond the tie margin (elsewhere tern and the reference differ by fp32 noise only)."""
+    ref = np.load(tiny / "ref.npy")
+    vr = vocab_real(tiny / "model")
+    r64 = ref[:, :vr].astype(np.float64)
+    srt = np.sort(r64, axis=-1)
+    own_margin = srt[:, -1] - srt[:, -2]
+    # The three most decided positions: there tern's top-1 is the reference's, far beyond fp32 noise.
+    tie_pos, far_pos, deep_pos = (int(i) for i in np.argsort(-own_margin)[:3])
+    assert own_margin[deep_pos] > 1e-3, own_margin
+    top = r64.argmax(-1)
+    order = np.argsort(r64, axis=-1)
+    pert = ref.copy()
+    # (position, the reference's new top-1, its runner-up, their margin, the gap to tern's top-1)
+    planted = [(tie_pos, int(order[tie_pos, -2]), top[tie_pos], 0.05, 0.05),
+               (far_pos, int(order[far_pos, 0]), top[far_pos], 2.0, 2.0),
+               (deep_pos, int(order[deep_pos, 0]), int(order[deep_pos, 1]), 0.02, 3.0)]
+    for i, tok, runner_up, margin, gap in planted:
+        pert[i, runner_up] = ref[i, top[i]] + np.float32(gap - margin)
+        pert[i, tok] = ref[i, top[i]] + np.float32(gap)
+    np.save(tmp_path / "flip.npy", pert)
+    out = run([*eval_cmd(tern_bin, tiny, tmp_path / "flip.npy"), "--report", tmp_path / "report.json"]).stdout
+    assert "near-ties (the reference's top-1 leads tern's by < 0.1 nats)" in out and "KL quantiles" in out, out
+    rep = json.loads((tmp_path / "report.json").read_text())
+    s, pos = rep["summary"], rep["positions"]
+    assert list(rep) == ["summary", "positions"]
+    assert len(pos) == N_TOKENS and [p["position"] for p in pos] == list(range(N_TOKENS))
+    p64 = pert[:, :vr].astype(np.float64)
+    for i, tok, runner_up, margin, gap in planted:
+        p = pos[i]
+        assert p["reference_top1"] == tok and p["tern_top1"] == top[i], p
+        # The reference's margin and gap come from its own float32 values (exact); tern's margin from its logits.
+        assert p["reference_margin"] == pytest.approx(p64[i, tok] - p64[i, runner_up], rel=1e-9)
+        assert p["reference_margin"] == pytest.approx(margin, abs=1e-5)
+        assert p["reference_gap"] == pytest.approx(p64[i, tok] - p64[i, top[i]], rel=1e-9, abs=1e-12)
+        assert p["reference_gap"] == pytest.approx(gap, abs=1e-5)
+        assert p["tern_margin"] == pytest.approx(own_margin[i], abs=1e-4)
+    assert pos[tie_pos]["top1"] == "near-tie", pos[tie_pos]
+    # Nothing else beyond the tie margin; any other flip is an fp32-noise tie of the reference itself.
+    differ = [p["position"] for p in pos if p["top1"] != "same"]
+    assert [p["position"] for p in pos if p["top1"] == "differs"] == sorted([far_pos, deep_pos]), differ
+    assert all(pos[i]["reference_gap"] < 1e-3 for i in differ if i not in (tie_pos, far_pos, deep_pos)), differ
+    assert s["top1_difference_positions"] == differ
+    assert s["top1_differences"] == len(differ) and s["beyond_tie_margin"] == 2
+    assert s["near_ties"] == len(differ) - 2 and s["tie_margin"] == 0.1
+    assert s["top1_agreement"] == pytest.approx(1 - len(differ) / N_TOKENS, rel=1e-12)
+    # Per-position KL against numpy's, with the unperturbed reference standing in for tern's logits.
+    lp, lq = log_softmax(r64), log_softmax(p64)
+    kl = (np.exp(lq) * (lq - lp)).sum(axis=-1)
+    got = np.array([p["kl"] for p in pos])
+    assert got == pytest.approx(kl, rel=1e-3, abs=1e-5)
+    assert s["kl_mean"] == pytest.approx(got.mean(), rel=1e-9)
+    for key, q in (("kl_p50", 0.5), ("kl_p90", 0.9), ("kl_p99", 0.99)):
+        assert s[key] == pytest.approx(np.quantile(got, q), rel=1e-9, abs=1e-15), key
+    worst = int(np.ceil(N_TOKENS / 100))
+    assert s["worst_1pct_positions"] == worst
+    assert s["worst_1pct_kl_share"] == pytest.approx(np.sort(got)[::-1][:worst].sum() / got.sum(), rel=1e-9)
+
+    # The text form: a tie margin of 2.5 makes the 2-nat flip a near-tie, not the 3-nat one.
+    run([*eval_cmd(tern_bin, tiny, tmp_path / "flip.npy"), "--report", tmp_path / "report.tsv", "--tie-margin", "2.5"])
+    lines = (tmp_path / "report.tsv").read_text().splitlines()
+    assert any(ln.startswith("# top-1 differ") and "by < 2.5 nats" in ln for ln in lines), lines[:12]
+    tables = [ln.split("\t") for ln in lines if ln and not ln.startswith("#")]
+    header = tables[0]
+    rows = [dict(zip(header, t)) for t in tables if t != header]
+    assert len(rows) == len(differ) + N_TOKENS
+    flips = {int(r["position"]): r for r in rows[:len(differ)]}
+    assert sorted(flips) == differ
+    assert flips[far_pos]["top1"] == "near-tie" and flips[deep_pos]["top1"] == "differs"
+    assert int(flips[far_pos]["reference_top1"]) == planted[1][1]
+    assert float(flips[far_pos]["kl"]) == pytest.approx(pos[far_pos]["kl"], rel=1e-5)
+    assert rows[len(differ) + far_pos] == flips[far_pos]  # the same row in the table of every position
+
+
+def test_eval_report_rejects_bad_input(tern_bin, tiny, tmp_path):
+    cmd = eval_cmd(tern_bin, tiny, tiny / "ref.npy")
+    r = run([*cmd, "--report", tmp_path / "missing" / "r.json"], check=False)
+    assert r.returncode == 1 and "cannot write the report" in r.stderr, r.stderr
+    r = run([*cmd, "--report", tmp_path / "r.tsv", "--tie-margin=-1"], check=False)
+    assert r.returncode == 1 and "--tie-margin" in r.stderr, r.stderr
+    r = run([*cmd, "--tie-margin", "0.2"], check=False)
+    assert r.returncode == 1 and "--tie-margin goes with --report" in r.stderr, r.stderr
+    ref = np.load(tiny / "ref.npy")
+    ref[5, 3] = np.nan
+    np.save(tmp_path / "nan.npy", ref)
+    r = run([*eval_cmd(tern_bin, tiny, tmp_path / "nan.npy"), "--report", tmp_path / "r.tsv"], check=False)
+    assert r.returncode == 1 and "reference logits at position 5" in r.stderr and "not finite" in r.stderr, r.stderr
+    assert not (tmp_path / "r.tsv").exists()
+    r = run([tern_bin, "eval", "-m", tiny / "model", "--device", "cpu", "--tokens-file", tiny / "tokens.npy",
+             "--report", tmp_path / "r.tsv"], check=False)
+    assert r.returncode == 1 and "--report needs --reference" in r.stderr, r.stderr
+    help_text = run([tern_bin, "eval", "--help"]).stdout
+    assert "--tie-margin" in help_text and "0.1" in help_text, help_text
 
 
 def test_eval_rejects_mismatched_reference(tern_bin, tiny, tmp_path):
