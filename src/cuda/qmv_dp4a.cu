@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstdint>
 
+#include "cuda/cuda_common.cuh"
 #include "cuda/dp4a_tile.cuh"
 #include "cuda/l2_prefetch.cuh"
 #include "cuda/launch.cuh"
@@ -70,7 +71,7 @@ __device__ __forceinline__ void load_batch(const Dp4aParams& p, int row0, int la
   }
 }
 
-template <int S, int R>
+template <int S, int R, bool kWide>
 __global__ void __launch_bounds__(kThreads) qmv_dp4a_kernel(const Dp4aParams p) {
   const int lane = threadIdx.x & 31;
   const int warps = int(gridDim.x) * kWarps;
@@ -85,11 +86,13 @@ __global__ void __launch_bounds__(kThreads) qmv_dp4a_kernel(const Dp4aParams p) 
   // Activations, once per block: thread t quantises words t, t + 256, ... (8 columns each) of x̂ = x (·norm_w) per
   // group of 64 (8 consecutive threads), and leaves per word {even hi, odd hi, even lo, odd lo} and Σv, per group σ.
   __shared__ uint4 xs[S * 128];
+  __shared__ uint2 xs_lo[kWide ? S * 128 : 1];  // the wide activations' lo bytes (dp4a_tile.cuh)
   __shared__ __align__(16) int xsum[S * 128];
   __shared__ float xsig[S * 16];
   __shared__ float red[kWarps];
   float ss = 0.0f;  // Σ x² (RMSNorm)
-  dp4a::quantize_block<dp4a::quantize_passes(S * 128, kThreads)>(p.x, p.norm_w, S * 128, xs, xsum, xsig, ss);
+  dp4a::quantize_block<dp4a::quantize_passes(S * 128, kThreads), kWide>(p.x, p.norm_w, S * 128, xs, xsum, xsig, ss,
+                                                                        xs_lo);
   if (p.norm_w) {
     ss = warp_sum(ss);
     if (lane == 0) red[threadIdx.x >> 5] = ss;
@@ -104,12 +107,16 @@ __global__ void __launch_bounds__(kThreads) qmv_dp4a_kernel(const Dp4aParams p) 
     rinv = rsqrtf(t / float(S * 1024) + p.eps);
   }
   // This lane's columns [1024·j + 32·lane, +32): words j·128 + 4·lane + k.
-  uint4 xq[S][4];        // [slice][word] {even hi, odd hi, even lo, odd lo}
+  uint4 xq[S][4];        // [slice][word] {even hi, odd hi, even lo, odd lo} (wide: mid in place of lo)
+  uint2 xl[kWide ? S : 1][4];  // wide: [slice][word] {even lo, odd lo}
   float sig[S], sx[S];   // σ of the lane's group, σ·Σv of the lane's 32 columns
 #pragma unroll
   for (int j = 0; j < S; ++j) {
 #pragma unroll
-    for (int k = 0; k < 4; ++k) xq[j][k] = xs[dp4a::xs_slot(j * 128 + 4 * lane + k)];
+    for (int k = 0; k < 4; ++k) {
+      xq[j][k] = xs[dp4a::xs_slot(j * 128 + 4 * lane + k)];
+      if constexpr (kWide) xl[j][k] = xs_lo[dp4a::xs_slot(j * 128 + 4 * lane + k)];
+    }
     const int4 sv = *reinterpret_cast<const int4*>(xsum + j * 128 + 4 * lane);
     const int sumv = sv.x + sv.y + sv.z + sv.w;
     sig[j] = xsig[j * 16 + lane / 2];
@@ -125,13 +132,24 @@ __global__ void __launch_bounds__(kThreads) qmv_dp4a_kernel(const Dp4aParams p) 
       acc[r] = 0.0f;
 #pragma unroll
       for (int j = 0; j < S; ++j) {
-        int dh = 0, dl = 0;
-        dp4a::dot_word(cur.w[r][j].x, xq[j][0], dh, dl);
-        dp4a::dot_word(cur.w[r][j].y, xq[j][1], dh, dl);
-        dp4a::dot_word(cur.w[r][j].z, xq[j][2], dh, dl);
-        dp4a::dot_word(cur.w[r][j].w, xq[j][3], dh, dl);
+        float dot;  // Σ q·v over the lane's 32 columns
+        if constexpr (kWide) {
+          int dh = 0, dm = 0, dl = 0;
+          dp4a::dot_word_wide(cur.w[r][j].x, xq[j][0], xl[j][0], dh, dm, dl);
+          dp4a::dot_word_wide(cur.w[r][j].y, xq[j][1], xl[j][1], dh, dm, dl);
+          dp4a::dot_word_wide(cur.w[r][j].z, xq[j][2], xl[j][2], dh, dm, dl);
+          dp4a::dot_word_wide(cur.w[r][j].w, xq[j][3], xl[j][3], dh, dm, dl);
+          dot = fmaf(float(dh * 256 + dm), 256.0f, float(dl));  // |dh·256 + dm| < 2^24: exact in fp32
+        } else {
+          int dh = 0, dl = 0;
+          dp4a::dot_word(cur.w[r][j].x, xq[j][0], dh, dl);
+          dp4a::dot_word(cur.w[r][j].y, xq[j][1], dh, dl);
+          dp4a::dot_word(cur.w[r][j].z, xq[j][2], dh, dl);
+          dp4a::dot_word(cur.w[r][j].w, xq[j][3], dh, dl);
+          dot = float(dh * 256 + dl);
+        }
         const float s = dp4a::scale_of(cur.sb[r][j]), b = dp4a::bias_of(cur.sb[r][j]);
-        acc[r] = fmaf(s * sig[j], float(dh * 256 + dl), acc[r]);
+        acc[r] = fmaf(s * sig[j], dot, acc[r]);
         acc[r] = fmaf(b, sx[j], acc[r]);
       }
     }
@@ -145,6 +163,12 @@ __global__ void __launch_bounds__(kThreads) qmv_dp4a_kernel(const Dp4aParams p) 
   }
 }
 
+// 24-bit activations (dp4a_tile.cuh's wide form) unless TERN_QMV_DP4A_BITS=16.
+bool& wide_setting() {
+  static bool wide = !env_is("TERN_QMV_DP4A_BITS", "16");
+  return wide;
+}
+
 int& rows_per_batch_setting() {
   static int r = 2;  // H200: 2 rows per batch beat 4 and 8 (GDN in_proj 7.95 / 8.45 / 10.8 µs, LM head 68 / 73 / 99)
   return r;
@@ -152,7 +176,7 @@ int& rows_per_batch_setting() {
 
 template <int S, int R>
 void launch(const Dp4aParams& p, cudaStream_t stream) {
-  auto kernel = qmv_dp4a_kernel<S, R>;
+  auto kernel = wide_setting() ? qmv_dp4a_kernel<S, R, true> : qmv_dp4a_kernel<S, R, false>;
   const int blocks = qtile::balanced_grid(reinterpret_cast<const void*>(kernel), (int64_t(p.rows) + R - 1) / R);
   launch_pdl("qmv_dp4a", kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, p);
 }
@@ -179,6 +203,8 @@ bool qmv_dp4a_supported(const QmvArgs& a) {
 }
 
 void qmv_dp4a_set_rows_per_batch(int r) { rows_per_batch_setting() = r; }
+void qmv_dp4a_set_wide(bool wide) { wide_setting() = wide; }
+bool qmv_dp4a_wide() { return wide_setting(); }
 
 int64_t qmv_dp4a_min_rows() {
   static const int64_t r = [] {

@@ -368,10 +368,11 @@ TEST(CudaQmv, ModelShapesMatchCpu) {
 }
 
 
-// The one-token integer path (qmv_dp4a.cuh, variant 3) against a double twin that quantises the activations exactly
-// as the kernel does (per group of 64: m = max|x̂|, v = rint(x̂·(32639/m)) in fp32, x' = v·m/32639), so only the
+// The one-token integer path (qmv_dp4a.cuh, variant 3), with 24-bit and 16-bit activations, against a double twin
+// that quantises the activations exactly as the kernel does (per group of 64: m = max|x̂|, v = rint(x̂·(Q/m)) in fp32,
+// x' = v·m/Q, Q = 8355711 or 32639), so only the
 // kernel's fp32 sums differ (tolerance 2e-6 of the row magnitude; a wrong nibble, group or scale is ~1e-2 of it), and
-// against the fp32 CPU matmul on the unquantised activations (its quantisation error, ≤ m/65278 per element, bounded
+// against the fp32 CPU matmul on the unquantised activations (its quantisation error, ≤ m/2Q per element, bounded
 // per row by 6·sqrt(Σ_c W²·(m_g/65278)²/3), plus 1e-5 of the magnitude). Shapes of the model (the fused GDN
 // in_proj, o_proj with 4096 columns, a LM-head-like slice), an odd row count, an expert > 0, every mode.
 TEST(CudaQmv, OneTokenIntegerPathMatchesTwin) {
@@ -382,8 +383,12 @@ TEST(CudaQmv, OneTokenIntegerPathMatchesTwin) {
       {WeightFormat::affine4, 1, 1001, 1024, 0},  {WeightFormat::affine4, 3, 517, 2048, 2},
   };
   const int v0 = qmv_variant();
+  const bool wide0 = qmv_dp4a_wide();
   qmv_set_variant(3);
+  for (const bool wide : {true, false})
   for (const QmvCase& c : cases) {
+    qmv_dp4a_set_wide(wide);
+    const float qmax = wide ? 8355711.0f : 32639.0f;
     auto h = random_matrix(rng, c.f, c.experts, c.rows, c.cols);
     DeviceMatrix dm(*h);
     const Matrix we = c.experts > 1 ? h->m.expert(c.expert) : h->m;
@@ -414,7 +419,7 @@ TEST(CudaQmv, OneTokenIntegerPathMatchesTwin) {
       for (int64_t g = 0; g < c.cols / 64; ++g) {
         float m = 0.0f;
         for (int k = 0; k < 64; ++k) m = std::max(m, std::fabs(xh[size_t(g * 64 + k)]));
-        const float inv = m > 0.0f ? 32639.0f / m : 0.0f, sig = m / 32639.0f;
+        const float inv = m > 0.0f ? qmax / m : 0.0f, sig = m / qmax;
         step[size_t(g)] = sig;
         for (int k = 0; k < 64; ++k) {
           const float q = std::nearbyint(xh[size_t(g * 64 + k)] * inv);
@@ -460,13 +465,14 @@ TEST(CudaQmv, OneTokenIntegerPathMatchesTwin) {
         tol_twin[size_t(r)] = 2e-6f * m + 1e-6f;
         tol_exact[size_t(r)] = qtol[size_t(r)] + 1e-5f * m + 1e-6f;
       }
-      const std::string what = "dp4a " + std::to_string(c.rows) + "x" + std::to_string(c.cols) + " expert " +
+      const std::string what = std::string(wide ? "dp4a 24-bit " : "dp4a 16-bit ") + std::to_string(c.rows) + "x" + std::to_string(c.cols) + " expert " +
                                std::to_string(c.expert) + " mode " + std::to_string(mode);
       expect_close_each(got, want_twin, tol_twin, 1e-6f, what + " (quantised twin)");
       expect_close_each(got, want_exact, tol_exact, 1e-6f, what + " (unquantised)");
     }
   }
   qmv_set_variant(v0);
+  qmv_dp4a_set_wide(wide0);
 }
 
 }  // namespace
