@@ -98,14 +98,17 @@ def main():
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--scales", choices=("trained", "easy"), default="trained")
     ap.add_argument("--lm-head-std", type=float, default=0.1)
+    ap.add_argument("--weights", choices=("q4", "bf16"), default="q4",
+                    help="q4: MLX 4-bit (8-bit router and shared-expert gate); bf16: every matrix in BF16 (the "
+                         "unquantised path, as --dtype bf16 runs the original checkpoint)")
     args = ap.parse_args()
 
     import torch
     from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
 
     seed = args.seed if args.seed is not None else int.from_bytes(__import__("os").urandom(4), "little")
-    log(f"seed {seed}, preset {args.preset}, {args.scales} scales, {args.layers} layers, {args.positions} positions, "
-        f"device {args.device}")
+    log(f"seed {seed}, preset {args.preset}, {args.scales} scales, {args.weights} weights, {args.layers} layers, "
+        f"{args.positions} positions, device {args.device}")
     trained = args.scales == "trained"
     norm_std = 0.05 if trained else 0.1
     wide_std = 0.02 if trained else 1.0  # router and embeddings
@@ -173,6 +176,19 @@ def main():
                 stored = bf16_round(w, torch)
                 p.copy_(stored)
                 tensors[mlx] = ("BF16", (shape[0], shape[2], 1), bf16_bytes(stored.permute(0, 2, 1), torch))
+            elif args.weights == "bf16":
+                stored = bf16_round(w, torch)
+                p.copy_(stored)
+                if name.endswith("mlp.experts.gate_up_proj"):  # [E, 2F, D] -> switch_mlp gate/up [E, F, D]
+                    F = shape[1] // 2
+                    base = mlx[: -len("experts.gate_up_proj")] + "switch_mlp."
+                    for part, sl in (("gate_proj", slice(0, F)), ("up_proj", slice(F, 2 * F))):
+                        t = stored[:, sl, :].contiguous()
+                        tensors[base + part + ".weight"] = ("BF16", tuple(t.shape), bf16_bytes(t, torch))
+                    continue
+                if name.endswith("mlp.experts.down_proj"):
+                    mlx = mlx[: -len("experts.down_proj")] + "switch_mlp.down_proj.weight"
+                tensors[mlx if mlx.endswith(".weight") else mlx + ".weight"] = ("BF16", shape, bf16_bytes(stored, torch))
             else:
                 bits = 8 if name.endswith(EIGHT_BIT) else 4
                 if bits == 8:
@@ -201,7 +217,7 @@ def main():
               "tie_word_embeddings": False, "rope_parameters": rope, "partial_rotary_factor": 0.25,
               "rope_theta": 10000000.0, "attn_output_gate": True, "linear_conv_kernel_dim": 4,
               "norm_topk_prob": True, "bos_token_id": 0, "eos_token_id": 0, "hidden_act": "silu",
-              "quantization": quant, "quantization_config": quant, **dims}
+              **({"quantization": quant, "quantization_config": quant} if args.weights == "q4" else {}), **dims}
     (mdir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     log(f"checkpoint written to {mdir}")
 
