@@ -21,6 +21,9 @@ struct CudaRunnerOptions {
   // Chunks of fewer tokens take the exact (bf16 hi + lo) products under the fp16 plan; -1: the default (512, or
   // TERN_PREFILL_F16_MIN_TOKENS). Tests of the fp16 products on short prompts set 0.
   int64_t f16_min_tokens = -1;
+  // The prefill inputs that take x as fp16 on Hopper (a bit mask: 2 attention q|k|v, 4 the mixers' output projections,
+  // 8 the MoE input, 16 the MoE down inputs); -1: the default (none, or TERN_PREFILL_F16_SITES).
+  int f16_sites = -1;
   // The KV cache (and the attention kernels' q and softmax weights) in fp16; false: bf16 (as TERN_KV_BF16=1).
   bool kv_f16 = true;
 };

@@ -3,7 +3,9 @@
 // against transformers' logits (TERN_GPU_REF_DIR).
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 
+#include "core/npy.h"
 #include "cpu/cpu_runner.h"
 #include "cuda/cuda_runner.h"
 #include "cuda/qmatmul_wgmma.cuh"
@@ -19,8 +21,15 @@ struct RandomModel {
   std::shared_ptr<ModelWeights> w = std::make_shared<ModelWeights>();
 };
 
+// The weight scales of a random model. easy: the router 20x the matrices (router logits far apart: no near-ties,
+// model.md §6.10), embeddings of rms ~1, norm multipliers in [0.8, 1.2]. trained: the router and embeddings at the
+// matrices' scale (~1/√cols, as transformers initialises; router logits about one unit, near-ties between the 8th
+// and 9th experts common), norm multipliers in [0.95, 1.05]: every rounding upstream can change an expert choice.
+enum class Scales { easy, trained };
+
 // Qwen3.6 widths (D 2048, 256 experts, real heads), `layers` layers [lin, lin, lin, full], vocabulary V.
-std::shared_ptr<const ModelWeights> random_model(uint64_t seed, int layers, int64_t V, RandomModel& rm) {
+std::shared_ptr<const ModelWeights> random_model(uint64_t seed, int layers, int64_t V, RandomModel& rm,
+                                                 Scales scales = Scales::easy) {
   std::mt19937_64 rng(seed);
   Config& c = rm.w->config;
   c.num_hidden_layers = layers;
@@ -43,15 +52,17 @@ std::shared_ptr<const ModelWeights> random_model(uint64_t seed, int layers, int6
     m = h.m;
   };
   auto vec = [&](std::vector<float>& v, int64_t n, float lo, float hi) { v = random_floats(rng, size_t(n), lo, hi); };
-  mat(rm.w->embed, q4, 1, V, D, 30.0f);  // embedding rows of rms ~ 1
+  const bool trained = scales == Scales::trained;
+  const float norm_lo = trained ? 0.95f : 0.8f, norm_hi = trained ? 1.05f : 1.2f;
+  mat(rm.w->embed, q4, 1, V, D, trained ? 1.0f : 30.0f);  // easy: embedding rows of rms ~ 1
   mat(rm.w->lm_head, q4, 1, V, D, 3.0f);
-  vec(rm.w->final_norm, D, 0.8f, 1.2f);
+  vec(rm.w->final_norm, D, norm_lo, norm_hi);
   rm.w->layers.resize(size_t(layers));
   for (int i = 0; i < layers; ++i) {
     LayerWeights& l = rm.w->layers[size_t(i)];
     l.type = c.layer_types[size_t(i)];
-    vec(l.input_norm, D, 0.8f, 1.2f);
-    vec(l.post_attn_norm, D, 0.8f, 1.2f);
+    vec(l.input_norm, D, norm_lo, norm_hi);
+    vec(l.post_attn_norm, D, norm_lo, norm_hi);
     if (l.type == LayerType::linear_attention) {
       mat(l.in_proj_qkv, q4, 1, C, D);
       mat(l.in_proj_z, q4, 1, Hv * dv, D);
@@ -61,16 +72,16 @@ std::shared_ptr<const ModelWeights> random_model(uint64_t seed, int layers, int6
       vec(l.conv1d, C * c.linear_conv_kernel_dim, -0.5f, 0.5f);
       vec(l.A_log, Hv, 0.0f, 2.7f);
       vec(l.dt_bias, Hv, -1.0f, 1.0f);
-      vec(l.gdn_norm, dv, 0.8f, 1.2f);
+      vec(l.gdn_norm, dv, norm_lo, norm_hi);
     } else {
       mat(l.q_proj, q4, 1, Hq * 2 * dh, D);
       mat(l.k_proj, q4, 1, Hkv * dh, D);
       mat(l.v_proj, q4, 1, Hkv * dh, D);
       mat(l.o_proj, q4, 1, D, Hq * dh);
-      vec(l.q_norm, dh, 0.8f, 1.2f);
-      vec(l.k_norm, dh, 0.8f, 1.2f);
+      vec(l.q_norm, dh, norm_lo, norm_hi);
+      vec(l.k_norm, dh, norm_lo, norm_hi);
     }
-    mat(l.router, q8, 1, E, D, 20.0f);  // clearly separated routing decisions (model.md §6.10)
+    mat(l.router, q8, 1, E, D, trained ? 1.0f : 20.0f);
     mat(l.expert_gate, q4, E, F, D);
     mat(l.expert_up, q4, E, F, D);
     mat(l.expert_down, q4, E, D, F);
@@ -181,7 +192,8 @@ TEST(CudaRunner, MatchesCpuRunnerPrefillDecodeAndSampling) {
   EXPECT_THROW(gpu->forward(*small, bad, false, last), Error);
 }
 
-// The default prefill plan on Hopper (the 4-bit products on the fp16 warpgroup kernel: x to 11 significant bits)
+// The fp16 prefill inputs on Hopper (the 4-bit products on the warpgroup kernel with x to 11 significant bits; an
+// option)
 // against the CPU runner and against the decode plan, at the bounds of the issue (mean KL ≤ 1e-3, perplexity within
 // 0.5%) rather than the exact plan's fp32-level ones above.
 TEST(CudaRunner, Fp16PrefillWithinTheFidelityBounds) {
@@ -195,8 +207,9 @@ TEST(CudaRunner, Fp16PrefillWithinTheFidelityBounds) {
   const int64_t n = 96;
   const auto tokens = random_tokens(rng, n, weights->vocab_real);
   auto cpu = cpu_runner_create(weights);
-  // 96 tokens: below the default floor under which chunks take the exact products, so the floor is set to 0 here.
-  auto gpu = cuda_runner_create(weights, {.progress = false, .f16_min_tokens = 0});
+  // 96 tokens: below the default floor under which chunks take the exact products, so the floor is set to 0 here;
+  // the fp16 inputs are an option (off by default), every site but the GDN in_proj takes them here.
+  auto gpu = cuda_runner_create(weights, {.progress = false, .f16_min_tokens = 0, .f16_sites = 30});
   auto cs = cpu->create_session(256);
   auto gs = gpu->create_session(256);
   std::vector<float> ref, got;
@@ -264,6 +277,64 @@ TEST(CudaRunner, DemoModelMatchesCpuRunner) {
     ASSERT_TRUE(id.has_value());
     EXPECT_EQ(*id, want) << "demo decode step " << step;
   }
+}
+
+// Every default plan against the CPU runner (the exact reference) on a model at trained scales: a prefill long enough
+// for the fp16 threshold (f16_min_tokens), one token per call (the integer products), 8 tokens per call (the
+// tensor-core products of the multi-token step). Mean KL over positions is dominated by rare near-tie flips of expert choices,
+// which any rounding (fp32 sums in another order too) makes now and then, so it is held to the milestone (2e-3); the
+// rounding itself is held where no flip has happened yet: the residual after layer 0, median position, within 3e-5
+// of the CPU's (measured on the H200: 1e-5 prefill, 1.6e-5 decode, 1e-6 for 8 tokens; 16-bit activations in the
+// one-token products reach 7e-5, fp16 prefill inputs 2e-4).
+TEST(CudaRunner, DefaultPlansMatchCpuRunnerOnTrainedScales) {
+  TERN_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed("CudaRunner.Trained");
+  RandomModel rm;
+  const int64_t V = 4096;
+  auto weights = random_model(seed, 4, V, rm, Scales::trained);
+  std::mt19937_64 rng(seed ^ 0x9abc);
+  const int64_t n = 576, D = weights->config.hidden_size;
+  const auto tokens = random_tokens(rng, n, weights->vocab_real);
+  const auto root =
+      std::filesystem::temp_directory_path() / std::string("tern-trained-").append(std::to_string(seed));
+  auto cpu = cpu_runner_create(weights);
+  cpu->set_activation_dump_dir((root / "cpu").string());
+  auto cs = cpu->create_session(n);
+  std::vector<float> ref;
+  cpu->forward(*cs, tokens, true, ref);
+  const std::vector<float> want = npy_read(root / "cpu" / "layer_out.0.npy").f32;
+  auto gpu = cuda_runner_create(weights, {.progress = false});
+  for (const int64_t step : {n, int64_t(1), int64_t(8)}) {
+    const auto dir = root / std::string("gpu").append(std::to_string(step));
+    gpu->set_activation_dump_dir(dir.string());
+    auto gs = gpu->create_session(n);
+    std::vector<float> got(size_t(n * V)), part;
+    for (int64_t i = 0; i < n; i += step) {
+      gpu->forward(*gs, std::span(tokens).subspan(size_t(i), size_t(std::min(step, n - i))), true, part);
+      std::copy(part.begin(), part.end(), got.begin() + i * V);
+    }
+    gpu->set_activation_dump_dir("");
+    const std::vector<float> layer0 = npy_read(dir / "layer_out.0.npy").f32;
+    ASSERT_EQ(layer0.size(), want.size());
+    std::vector<double> rel(static_cast<size_t>(n));
+    for (int64_t t = 0; t < n; ++t) {
+      double num = 0, den = 0;
+      for (int64_t j = t * D; j < (t + 1) * D; ++j) {
+        num += (double(layer0[size_t(j)]) - want[size_t(j)]) * (double(layer0[size_t(j)]) - want[size_t(j)]);
+        den += double(want[size_t(j)]) * want[size_t(j)];
+      }
+      rel[size_t(t)] = std::sqrt(num / den);
+    }
+    std::nth_element(rel.begin(), rel.begin() + n / 2, rel.end());
+    const Fidelity f = compare_logits(ref, got, tokens, V, weights->vocab_real);
+    std::printf("[cuda vs cpu, trained scales] %lld tokens per call: layer 0 error %.3g (median position), ppl %+.4f%%, "
+                "KL %.3g (median %.3g), top-1 %.4f\n",
+                static_cast<long long>(step), rel[size_t(n / 2)], 100.0 * (f.ppl / f.ppl_ref - 1.0), f.kl, f.median_kl,
+                f.top1);
+    EXPECT_LE(rel[size_t(n / 2)], 3e-5) << step << " tokens per call";
+    EXPECT_LE(f.kl, 2e-3) << step << " tokens per call";
+  }
+  std::filesystem::remove_all(root);
 }
 
 }  // namespace

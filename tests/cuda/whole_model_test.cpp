@@ -245,10 +245,12 @@ TEST(CudaWholeModel, ErrorByLayerAgainstCpu) {
                 plan, static_cast<long long>(P));
     for (size_t i = 0; i < r->weights->layers.size(); ++i) {
       std::vector<float> cpu_mix = tensor(want, layer_tensor("attn_out", i));
-      const std::vector<float>& before = i == 0 ? tensor(want, "embed") : tensor(want, layer_tensor("layer_out", i - 1));
+      const std::vector<float>& before =
+          i == 0 ? tensor(want, "embed") : tensor(want, layer_tensor("layer_out", i - 1));
       for (size_t j = 0; j < cpu_mix.size(); ++j) cpu_mix[j] += before[j];
       const auto em = relative_error(tensor(got, layer_tensor("mixer_res", i)), cpu_mix, D);
-      const auto eo = relative_error(tensor(got, layer_tensor("layer_out", i)), tensor(want, layer_tensor("layer_out", i)), D);
+      const auto eo =
+          relative_error(tensor(got, layer_tensor("layer_out", i)), tensor(want, layer_tensor("layer_out", i)), D);
       std::vector<float> ids_in, gap;
       route_from(r->weights->layers[i], c, tensor(got, layer_tensor("mixer_res", i)), P, ids_in, gap);
       const std::vector<float>& cpu_ids = tensor(want, layer_tensor("route_ids", i));
