@@ -9,12 +9,12 @@
 #include <optional>
 
 #include "core/check.h"
-#include "server/anthropic_output.h"
-#include "server/chat_page.h"
-#include "server/connections.h"
-#include "server/ollama_output.h"
-#include "server/server_state.h"
-#include "server/sse.h"
+#include "server/anthropic/anthropic_output.h"
+#include "server/http/connections.h"
+#include "server/http/sse.h"
+#include "server/ollama/ollama_output.h"
+#include "server/serving/chat_page.h"
+#include "server/serving/server_state.h"
 #include "text/tokenizer.h"
 
 namespace tern::server {

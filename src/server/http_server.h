@@ -19,7 +19,7 @@
 #include "engine/generator.h"
 #include "engine/prefix_cache.h"
 #include "engine/sampler.h"
-#include "server/metrics.h"
+#include "server/serving/metrics.h"
 
 namespace tern {
 class ChatTemplate;
