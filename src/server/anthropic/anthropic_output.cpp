@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "server/http/respond.h"
 #include "server/openai/chat_output.h"
 
 namespace tern::server {
@@ -34,13 +35,11 @@ Json anthropic_error_json(const ApiError& error) {
 }
 
 void respond_anthropic_error(httplib::Response& res, const ApiError& error) {
-  res.status = error.status;
-  if (error.retry_after_s > 0) res.set_header("Retry-After", std::to_string(error.retry_after_s));
-  res.set_content(json_dump(anthropic_error_json(error)), "application/json");
+  respond_error_with_body(res, error, anthropic_error_json(error));
 }
 
 std::string ResponseProtocol<AnthropicOutput>::stream_event(const Json& payload) {
-  return "event: " + payload.value("type", std::string("message")) + "\n" + sse_data(payload);
+  return sse_typed_event(payload);
 }
 
 Json ResponseProtocol<AnthropicOutput>::error_body(const ApiError& error) { return anthropic_error_json(error); }

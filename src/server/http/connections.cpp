@@ -1,9 +1,7 @@
 #include "server/http/connections.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
 #include <malloc.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/epoll.h>
@@ -18,6 +16,7 @@
 #include <iterator>
 
 #include "core/check.h"
+#include "server/http/ascii.h"
 #include "server/http/client_link.h"
 #include "server/http/request_body.h"
 
@@ -26,19 +25,6 @@ namespace tern::server {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (char& ch : out) ch = char(std::tolower(static_cast<unsigned char>(ch)));
-  return out;
-}
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
-  return s;
-}
-
 
 // Writes all of data within `timeout` per wait (the socket is non-blocking). False on error or timeout.
 bool send_all(int fd, const char* data, size_t size, std::chrono::milliseconds timeout) {
@@ -82,161 +68,6 @@ std::string quoted_for_message(std::string_view s) {
 }
 
 }  // namespace
-
-// ---------------------------------------------------------------------------------------------------------------
-// Parsing what the poller needs.
-
-const std::string* RequestHead::header(std::string_view lower_name) const {
-  for (const auto& [k, v] : headers)
-    if (k == lower_name) return &v;
-  return nullptr;
-}
-
-bool parse_request_head(std::string_view head, RequestHead& out) {
-  size_t eol = head.find("\r\n");
-  std::string_view line = head.substr(0, eol);
-  const size_t sp1 = line.find(' ');
-  if (sp1 == std::string_view::npos || sp1 == 0) return false;
-  const size_t sp2 = line.find(' ', sp1 + 1);
-  if (sp2 == std::string_view::npos || sp2 == sp1 + 1) return false;
-  out.method = std::string(line.substr(0, sp1));
-  out.target = std::string(line.substr(sp1 + 1, sp2 - sp1 - 1));
-  out.version = std::string(line.substr(sp2 + 1));
-  out.path = out.target.substr(0, out.target.find('?'));
-  out.headers.clear();
-  while (eol != std::string_view::npos) {
-    const size_t start = eol + 2;
-    eol = head.find("\r\n", start);
-    std::string_view h = head.substr(start, eol == std::string_view::npos ? std::string_view::npos : eol - start);
-    if (h.empty()) continue;
-    const size_t colon = h.find(':');
-    if (colon == std::string_view::npos || colon == 0) return false;
-    out.headers.emplace_back(lower(trim(h.substr(0, colon))), std::string(trim(h.substr(colon + 1))));
-  }
-  return true;
-}
-
-namespace {
-// A chunk-size line (extensions after ';' ignored): its size, or false when it is not 1..15 hex digits.
-bool parse_chunk_size(std::string_view line, size_t& size) {
-  line = trim(line.substr(0, line.find(';')));
-  if (line.empty() || line.size() > 15) return false;
-  size = 0;
-  for (char ch : line) {
-    const int d = std::isdigit(static_cast<unsigned char>(ch)) ? ch - '0'
-                  : (ch >= 'a' && ch <= 'f')                  ? ch - 'a' + 10
-                  : (ch >= 'A' && ch <= 'F')                  ? ch - 'A' + 10
-                                                              : -1;
-    if (d < 0) return false;
-    size = size * 16 + size_t(d);
-  }
-  return true;
-}
-}  // namespace
-
-bool ChunkedScanner::scan(std::string_view body) {
-  pending_ = 0;
-  while (!done_) {
-    const size_t eol = body.find("\r\n", at_);
-    if (eol == std::string_view::npos) return body.size() - at_ <= 4096;  // a size or trailer line is short
-    if (in_trailer_) {
-      if (eol == at_) {  // the empty line that ends the trailer
-        done_ = true;
-        end_ = eol + 2;
-        return true;
-      }
-      at_ = eol + 2;
-      continue;
-    }
-    size_t size = 0;
-    if (!parse_chunk_size(body.substr(at_, eol - at_), size)) return false;
-    if (size == 0) {
-      in_trailer_ = true;
-      at_ = eol + 2;
-      continue;
-    }
-    if (body.size() < eol + 2 + size + 2) {
-      pending_ = size;  // announced, not all here yet (counts against the size cap already)
-      return true;
-    }
-    if (body.substr(eol + 2 + size, 2) != "\r\n") return false;
-    decoded_ += size;
-    at_ = eol + 2 + size + 2;
-  }
-  return true;
-}
-
-std::string dechunk(std::string_view body) {
-  std::string out;
-  size_t at = 0, size = 0;
-  for (size_t eol; (eol = body.find("\r\n", at)) != std::string_view::npos; at = eol + 2 + size + 2) {
-    if (!parse_chunk_size(body.substr(at, eol - at), size) || size == 0 || eol + 2 + size > body.size()) break;
-    out.append(body.substr(eol + 2, size));
-  }
-  return out;
-}
-
-std::optional<std::string> content_coding(std::string_view header_value) {
-  const std::string v = lower(trim(header_value));
-  if (v.empty() || v == "identity") return std::string();
-  if (v == "gzip" || v == "deflate" || v == "br") return v;
-  return std::nullopt;
-}
-
-// ---------------------------------------------------------------------------------------------------------------
-// The listening socket.
-
-bool is_loopback_host(const std::string& host) {
-  if (host == "localhost" || host == "::1" || host == "[::1]") return true;
-  in_addr a4{};
-  if (inet_pton(AF_INET, host.c_str(), &a4) == 1) return (ntohl(a4.s_addr) >> 24) == 127;
-  in6_addr a6{};
-  if (inet_pton(AF_INET6, host.c_str(), &a6) == 1) return IN6_IS_ADDR_LOOPBACK(&a6);
-  return false;
-}
-
-int bind_listener(const std::string& host, int port, int* bound_port) {
-  TERN_CHECK(port >= 0 && port <= 65535, "port must be in 1..65535 (or 0 for any free port), got ", port);
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE;
-  addrinfo* list = nullptr;
-  const std::string service = std::to_string(port);
-  const int gai = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &list);
-  TERN_CHECK(gai == 0, "cannot listen on ", host, ":", port, ": ", gai_strerror(gai));
-  std::string why = "no usable address";
-  int fd = -1;
-  for (addrinfo* a = list; a && fd < 0; a = a->ai_next) {
-    const int s = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-    if (s < 0) {
-      why = std::strerror(errno);
-      continue;
-    }
-    const int yes = 1;
-    ::setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);  // restart while old connections linger
-    if (a->ai_family == AF_INET6) ::setsockopt(s, IPPROTO_IPV6, IPV6_V6ONLY, &yes, sizeof yes);
-    if (::bind(s, a->ai_addr, a->ai_addrlen) != 0 || ::listen(s, 128) != 0) {
-      const int e = errno;
-      why = e == EADDRINUSE    ? "the address is already in use (another server on this port?)"
-            : e == EADDRNOTAVAIL ? "not an address of this machine"
-            : e == EACCES        ? "permission denied (ports below 1024 need privileges)"
-                                 : std::strerror(e);
-      ::close(s);
-      continue;
-    }
-    fd = s;
-  }
-  ::freeaddrinfo(list);
-  TERN_CHECK(fd >= 0, "cannot listen on ", host, ":", port, ": ", why);
-  sockaddr_storage local{};
-  socklen_t len = sizeof local;
-  std::string addr;
-  int p = port;
-  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) socket_address(local, addr, p);
-  if (bound_port) *bound_port = p;
-  return fd;
-}
 
 // ---------------------------------------------------------------------------------------------------------------
 // Connections.
@@ -364,8 +195,8 @@ std::string canned_response(int status, const std::string& reason, const std::st
 
 }  // namespace
 
-HttpConnections::HttpConnections(ConnectionLimits limits, EarlyReject early_reject, Metrics* metrics)
-    : limits_(limits), early_reject_(std::move(early_reject)), metrics_(metrics) {
+HttpConnections::HttpConnections(ConnectionLimits limits, EarlyReject early_reject, ConnectionEvents* events)
+    : limits_(limits), early_reject_(std::move(early_reject)), events_(events) {
   TERN_CHECK(limits_.workers >= 1 && limits_.max_connections >= 1 && limits_.max_per_address >= 1,
              "connection limits must be at least 1");
   new_task_queue = [] { return new InlineTaskQueue; };
@@ -457,7 +288,7 @@ bool HttpConnections::process_and_close_socket(socket_t sock) {
     }
   }
   if (refused) {
-    if (metrics_) metrics_->on_connection_refused();
+    if (events_) events_->on_connection_refused();
     const std::string r = canned_response(503, "Service Unavailable",
                                           "Too many open connections (the server allows " +
                                               std::to_string(limits_.max_connections) + " in all and " +
@@ -468,7 +299,7 @@ bool HttpConnections::process_and_close_socket(socket_t sock) {
     ::close(sock);
     return false;
   }
-  if (metrics_) metrics_->on_connection_opened();
+  if (events_) events_->on_connection_opened();
   c->phase = Conn::Phase::idle;
   c->deadline = Clock::now() + limits_.idle_timeout;
   to_poller(std::move(c));
@@ -501,7 +332,7 @@ void HttpConnections::close_conn(std::unique_ptr<Conn> c) {
     auto it = per_address_.find(c->remote_addr);
     if (it != per_address_.end() && --it->second == 0) per_address_.erase(it);
   }
-  if (metrics_) metrics_->on_connection_closed();
+  if (events_) events_->on_connection_closed();
 }
 
 void HttpConnections::linger(std::unique_ptr<Conn> c) {
@@ -681,7 +512,7 @@ void HttpConnections::advance(std::unique_ptr<Conn>& c) {
       return refuse(400, "Bad Request", "An HTTP/1.1 request must carry a Host header.");
     // The body's framing (RFC 9112 6): chunked, or one Content-Length, or none (then the body is empty).
     if (const std::string* te = head.header("transfer-encoding")) {
-      if (lower(trim(*te)) != "chunked")
+      if (ascii_lower(trim_blanks(*te)) != "chunked")
         return refuse(501, "Not Implemented",
                       "Transfer-Encoding " + quoted_for_message(*te) + " is not supported: only chunked.");
       k.chunked = true;
@@ -715,7 +546,7 @@ void HttpConnections::advance(std::unique_ptr<Conn>& c) {
                       "Content-Encoding " + quoted_for_message(*ce) + " is not supported: gzip, deflate, br or none.");
       k.coding = *coding;
     }
-    if (const std::string* ex = head.header("expect"); ex && lower(*ex) == "100-continue") k.expect_continue = true;
+    if (const std::string* ex = head.header("expect"); ex && ascii_lower(*ex) == "100-continue") k.expect_continue = true;
     bool early = false;
     try {
       early = early_reject_ && early_reject_(head);
@@ -753,7 +584,7 @@ void HttpConnections::advance(std::unique_ptr<Conn>& c) {
 void HttpConnections::expire(std::unique_ptr<Conn>& c) {
   poll_unregister(*c);
   if (c->phase == Conn::Phase::head || c->phase == Conn::Phase::body) {
-    if (metrics_) metrics_->on_read_timeout();
+    if (events_) events_->on_read_timeout();
     const bool head = c->phase == Conn::Phase::head;
     send_canned(*c, 408, "Request Timeout",
                 std::string("The request's ") + (head ? "headers" : "body") + " did not arrive within " +
@@ -841,7 +672,7 @@ void HttpConnections::serve(Conn& c) {
   // A large request (its body, its tokens) leaves freed memory in this thread's malloc arena, where glibc keeps
   // it: hand it back, so that the resident size returns near idle after large requests.
   if (strm.consumed() >= (1u << 20)) ::malloc_trim(0);
-  if (strm.read_timed_out() && metrics_) metrics_->on_read_timeout();
+  if (strm.read_timed_out() && events_) events_->on_read_timeout();
   if (!ok || connection_closed || close_connection || tl_close_after) c.close_after = true;
 }
 

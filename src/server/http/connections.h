@@ -1,5 +1,5 @@
 // The connection layer under cpp-httplib: who may connect, how long a request may take to arrive, and which
-// thread serves it. Internal to src/server (http_server.cpp is its only user).
+// thread serves it. Internal to src/server (http_server.cpp, above every room, is its only user).
 //
 // cpp-httplib 0.11 gives each accepted connection a worker thread that blocks reading the request, so a client
 // that sends its headers a byte at a time (or nothing at all) holds a thread; it has no header deadline, sets
@@ -21,7 +21,8 @@
 //   - closing after an answer sent before the body was read is a lingering close (shut down writing, drain
 //     what the client still sends, for a bounded time), so that the client reads the answer rather than a reset.
 //
-// The listening socket is ours too (bind_listener: SO_REUSEADDR only, errors that say why).
+// The listening socket is ours too (listener.h: SO_REUSEADDR only, errors that say why); the head and the body are
+// read with request_head.h and request_body.h.
 #pragma once
 
 #include <atomic>
@@ -33,16 +34,15 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
-#include <string_view>
 #include <thread>
-#include <utility>
 #include <vector>
 
 #include <httplib.h>
 
-#include "server/serving/metrics.h"
+#include "server/http/connection_events.h"
+#include "server/http/request_body.h"
+#include "server/http/request_head.h"
 
 namespace tern::server {
 
@@ -59,60 +59,12 @@ struct ConnectionLimits {
   size_t workers = 8;                  // threads that run handlers
 };
 
-// A request's line and headers as the poller parsed them (header names lower-cased).
-struct RequestHead {
-  std::string method;
-  std::string target;   // as sent
-  std::string version;  // e.g. "HTTP/1.1"
-  std::string path;     // target without the query
-  std::vector<std::pair<std::string, std::string>> headers;
-  const std::string* header(std::string_view lower_name) const;  // first one, or null
-};
-
-// Parses "METHOD TARGET VERSION\r\n(name: value\r\n)*" (the head without its final empty line). False when
-// malformed.
-bool parse_request_head(std::string_view head, RequestHead& out);
-
-// Finds the end of a chunked body as it arrives.
-class ChunkedScanner {
- public:
-  // Scans the body received so far (call again with more; it resumes where it stopped). False: malformed.
-  bool scan(std::string_view body);
-  bool done() const { return done_; }
-  size_t end() const { return end_; }            // bytes of the chunked body including its trailer (when done)
-  size_t decoded() const { return decoded_ + pending_; }  // payload bytes received or announced so far
- private:
-  size_t pending_ = 0;       // the size of a chunk not yet complete
-  size_t at_ = 0;            // where the next chunk-size line starts
-  size_t decoded_ = 0;
-  bool in_trailer_ = false;
-  bool done_ = false;
-  size_t end_ = 0;
-};
-
-// The data of a complete chunked body (framing, chunk extensions and trailer removed): a body that ChunkedScanner
-// found complete and well formed; anything after its end is ignored.
-std::string dechunk(std::string_view body);
-
-// A request's Content-Encoding header value: "" for "identity" (or an empty value), the lower-case name for one that
-// cpp-httplib decodes ("gzip", "deflate", "br"; case-insensitive, spaces trimmed), nullopt for anything else,
-// including lists of codings (the caller answers 415).
-std::optional<std::string> content_coding(std::string_view header_value);
-
-// The listening socket: SO_REUSEADDR only (never SO_REUSEPORT, so that a second server on a busy port fails).
-// Throws tern::Error that names host:port and the reason (address in use, not an address of this machine, ...).
-// Returns the descriptor; *bound_port gets the port (useful with port 0).
-int bind_listener(const std::string& host, int port, int* bound_port);
-
-// True when host names a loopback address (127.0.0.0/8, ::1, or "localhost").
-bool is_loopback_host(const std::string& host);
-
 class HttpConnections : public httplib::Server {
  public:
   // true: answer this request at once (its body is not read) and close the connection afterwards.
   using EarlyReject = std::function<bool(const RequestHead&)>;
 
-  HttpConnections(ConnectionLimits limits, EarlyReject early_reject, Metrics* metrics);
+  HttpConnections(ConnectionLimits limits, EarlyReject early_reject, ConnectionEvents* events);
   ~HttpConnections() override;
 
   // Adopts the listening socket (from bind_listener) for listen_after_bind().
@@ -152,7 +104,7 @@ class HttpConnections : public httplib::Server {
 
   const ConnectionLimits limits_;
   const EarlyReject early_reject_;
-  Metrics* metrics_;
+  ConnectionEvents* events_;
   std::atomic<bool> stopping_{false};
   std::atomic<bool> listen_called_{false};
   int epoll_fd_ = -1;

@@ -1,6 +1,6 @@
 #include "server/http/errors.h"
 
-#include <nlohmann/json.hpp>
+#include "server/http/json.h"
 
 namespace tern::server {
 
@@ -71,13 +71,12 @@ ApiError api_error_context(int64_t prompt_tokens, int64_t context) {
 }
 
 std::string api_error_body(const ApiError& error) {
-  using Json = nlohmann::ordered_json;
   Json e = {{"message", error.message},
             {"type", error.type},
             {"param", error.param.empty() ? Json() : Json(error.param)},
             {"code", error.code.empty() ? Json() : Json(error.code)}};
   // Messages may quote client text that is not valid UTF-8: replace bad bytes rather than throw.
-  return Json{{"error", e}}.dump(-1, ' ', false, Json::error_handler_t::replace);
+  return json_dump(Json{{"error", e}});
 }
 
 std::string strip_error_location(const std::string& message) {

@@ -2,10 +2,10 @@
 
 namespace tern::server {
 
-std::string json_dump(const nlohmann::ordered_json& value) {
-  return value.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
-}
+std::string sse_data(const Json& payload) { return "data: " + json_dump(payload) + "\n\n"; }
 
-std::string sse_data(const nlohmann::ordered_json& payload) { return "data: " + json_dump(payload) + "\n\n"; }
+std::string sse_typed_event(const Json& payload) {
+  return "event: " + payload.value("type", std::string("message")) + "\n" + sse_data(payload);
+}
 
 }  // namespace tern::server

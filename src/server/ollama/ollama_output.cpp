@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <ctime>
 
-#include "server/http/sse.h"
+#include "server/http/respond.h"
 #include "server/openai/chat_output.h"
 
 namespace tern::server {
@@ -26,9 +26,7 @@ std::string rfc3339_now() {
 Json ollama_error_json(const ApiError& error) { return Json{{"error", error.message}}; }
 
 void respond_ollama_error(httplib::Response& res, const ApiError& error) {
-  res.status = error.status;
-  if (error.retry_after_s > 0) res.set_header("Retry-After", std::to_string(error.retry_after_s));
-  res.set_content(json_dump(ollama_error_json(error)), "application/json");
+  respond_error_with_body(res, error, ollama_error_json(error));
 }
 
 std::string ResponseProtocol<OllamaOutput>::stream_event(const Json& payload) { return json_dump(payload) + "\n"; }

@@ -7,7 +7,7 @@
 namespace tern::server {
 
 std::string ResponseProtocol<ResponsesOutput>::stream_event(const Json& payload) {
-  return "event: " + payload.value("type", std::string("message")) + "\n" + sse_data(payload);
+  return sse_typed_event(payload);
 }
 
 Json ResponseProtocol<ResponsesOutput>::error_body(const ApiError& error) {

@@ -10,12 +10,13 @@
 #include <string>
 
 #include "engine/prefix_cache.h"
+#include "server/http/connection_events.h"
 
 namespace tern::server {
 
 enum class TaskOutcome { completed, cancelled, failed };
 
-class Metrics {
+class Metrics final : public ConnectionEvents {
  public:
   // One HTTP response (any route): counted by route and status.
   void on_http_response(const std::string& route, int status);
@@ -33,10 +34,10 @@ class Metrics {
   void on_prefix_cache(const PrefixCacheStats& stats, bool enabled);
 
   // Connections (the HTTP layer): opened and closed, refused at the cap, closed for a read deadline.
-  void on_connection_opened();
-  void on_connection_closed();
-  void on_connection_refused();
-  void on_read_timeout();
+  void on_connection_opened() override;
+  void on_connection_closed() override;
+  void on_connection_refused() override;
+  void on_read_timeout() override;
 
   int64_t waiting() const;
   int64_t running() const;

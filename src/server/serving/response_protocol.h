@@ -11,12 +11,11 @@
 #include <httplib.h>
 
 #include "server/http/errors.h"
+#include "server/http/respond.h"
 #include "server/http/sse.h"
 #include "server/openai/openai_schema.h"
 
 namespace tern::server {
-
-void respond_error(httplib::Response& res, const ApiError& error);  // OpenAI-shaped (http_server.cpp)
 
 template <typename Output>
 struct ResponseProtocol {

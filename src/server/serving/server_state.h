@@ -1,5 +1,4 @@
-// Internal to src/server: the state the HTTP handlers share, the per-thread request log, and the generation
-// handlers (generation_handlers.cpp).
+// Internal to src/server: the state the HTTP handlers share, and the generation handlers (serving/generation.cpp).
 #pragma once
 
 #include <atomic>
@@ -14,6 +13,7 @@
 #include <httplib.h>
 
 #include "server/http/errors.h"
+#include "server/http/respond.h"
 #include "server/http_server.h"
 #include "server/openai/openai_schema.h"
 #include "server/serving/engine_loop.h"
@@ -37,19 +37,6 @@ struct HttpServer::State {
   std::vector<Route> routes;            // every registered route (a known path asked with another method: 405)
 };
 using ServerState = HttpServer::State;
-
-// What the structured request log line says about the request being served on this thread. The handler fills
-// `fields`; the logger (which runs on the same thread after the response is written) prints and clears it.
-struct RequestLog {
-  std::chrono::steady_clock::time_point start{};
-  const char* route = "other";   // the route label used in metrics (a literal)
-  Json fields = Json::object();
-};
-RequestLog& request_log();
-
-// Writes the error as the response (status, JSON body, Retry-After).
-void respond_error(httplib::Response& res, const ApiError& error);
-void respond_json(httplib::Response& res, const Json& body, int status = 200);
 
 void handle_chat_completions(ServerState& state, const httplib::Request& req, httplib::Response& res);
 void handle_completions(ServerState& state, const httplib::Request& req, httplib::Response& res);
