@@ -9,14 +9,19 @@
 #include <optional>
 
 #include "core/check.h"
+#include "server/anthropic/anthropic_handlers.h"
 #include "server/anthropic/anthropic_output.h"
 #include "server/http/admission.h"
 #include "server/http/connections.h"
 #include "server/http/listener.h"
 #include "server/http/respond.h"
+#include "server/ollama/ollama_handlers.h"
 #include "server/ollama/ollama_output.h"
+#include "server/openai/openai_handlers.h"
+#include "server/responses/responses_handlers.h"
 #include "server/serving/chat_page.h"
 #include "server/serving/server_state.h"
+#include "server/serving/util_handlers.h"
 #include "text/tokenizer.h"
 
 namespace tern::server {
@@ -90,27 +95,6 @@ std::optional<ApiError> early_rejection(const ServerState& s, const std::string&
   return std::nullopt;
 }
 
-// The names the model is served under: the id first, then each alias. While it loads, the names announced in the
-// options (none when they were not given).
-std::vector<std::string> served_names(const ServerState& state) {
-  const bool ready = state.ready.load(std::memory_order_acquire);
-  const std::string& id = ready ? state.model.model_id : state.options.model_id;
-  if (id.empty()) return {};
-  std::vector<std::string> names = {id};
-  const std::vector<std::string>& aliases = ready ? state.model.aliases : state.options.model_aliases;
-  names.insert(names.end(), aliases.begin(), aliases.end());
-  return names;
-}
-
-// One /v1/models entry of `names` (served_names: the id first). max_model_len (the context) is known once the model
-// is loaded.
-Json model_entry(const ServerState& state, const std::vector<std::string>& names, const std::string& name) {
-  Json entry = {{"id", name}, {"object", "model"}, {"created", 0}, {"owned_by", "tern"}};
-  if (state.ready.load(std::memory_order_acquire)) entry["max_model_len"] = state.model.context;
-  entry["root"] = names.front();
-  return entry;
-}
-
 // The methods each route answers, for 405 + Allow on a known path asked with another method.
 std::string allowed_methods(const ServerState& state, const std::string& path) {
   std::string allow;
@@ -122,7 +106,7 @@ std::string allowed_methods(const ServerState& state, const std::string& path) {
 
 }  // namespace
 
-HttpServer::HttpServer(ServerOptions options) : options_(std::move(options)), state_(std::make_shared<State>()) {
+HttpServer::HttpServer(ServerOptions options) : options_(std::move(options)), state_(std::make_shared<ServerState>()) {
   TERN_CHECK(options_.max_queue >= 1, "--max-queue must be at least 1, got ", options_.max_queue);
   TERN_CHECK(options_.max_body_bytes >= 1024, "--max-body-bytes must be at least 1024, got ", options_.max_body_bytes);
   TERN_CHECK(options_.max_connections >= 1 && options_.max_connections_per_address >= 1,
@@ -147,7 +131,7 @@ HttpServer::HttpServer(ServerOptions options) : options_(std::move(options)), st
   limits.idle_timeout = ms(options_.keep_alive_timeout_s);
   limits.max_body_bytes = options_.max_body_bytes;
   limits.workers = options_.http_threads > 0 ? size_t(options_.http_threads) : options_.max_queue + 8;
-  State* s = state_.get();
+  ServerState* s = state_.get();
   http_ = std::make_unique<HttpConnections>(
       limits,
       [s](const RequestHead& head) {
@@ -210,7 +194,7 @@ void HttpServer::set_model(const ServerModel& model) {
 }
 
 void HttpServer::install_routes() {
-  State& s = *state_;
+  ServerState& s = *state_;
   httplib::Server& h = *http_;
 
   h.set_pre_routing_handler([&s](const httplib::Request& req, httplib::Response& res) {
@@ -259,24 +243,10 @@ void HttpServer::install_routes() {
     request_log().route = "/metrics";
     res.set_content(s.metrics->render_prometheus(), "text/plain; version=0.0.4; charset=utf-8");
   });
-  // The id first, then each --alias as an entry of its own (as vLLM lists its served names); also while the model
-  // loads, so that a client that reads the list once at start sees it.
-  auto models = [&s](const httplib::Request&, httplib::Response& res) {
-    request_log().route = "/v1/models";
-    Json data = Json::array();
-    const std::vector<std::string> names = served_names(s);
-    for (const std::string& name : names) data.push_back(model_entry(s, names, name));
-    respond_json(res, Json{{"object", "list"}, {"data", data}});
-  };
+  auto models = [&s](const httplib::Request& req, httplib::Response& res) { handle_models(s, req, res); };
   get("/v1/models", models);
   get("/models", models);
-  get(R"(/v1/models/(.+))", [&s](const httplib::Request& req, httplib::Response& res) {
-    request_log().route = "/v1/models/{id}";
-    const std::string id = req.matches[1];
-    const std::vector<std::string> names = served_names(s);
-    if (std::find(names.begin(), names.end(), id) != names.end()) return respond_json(res, model_entry(s, names, id));
-    respond_error(res, api_error_not_found_model(id, names.empty() ? std::string() : names.front()));
-  });
+  get(R"(/v1/models/(.+))", [&s](const httplib::Request& req, httplib::Response& res) { handle_model(s, req, res); });
   auto chat = [&s](const httplib::Request& req, httplib::Response& res) { handle_chat_completions(s, req, res); };
   auto completions = [&s](const httplib::Request& req, httplib::Response& res) { handle_completions(s, req, res); };
   post("/v1/chat/completions", chat);

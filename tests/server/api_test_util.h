@@ -13,7 +13,7 @@
 
 #include "engine/generator.h"
 #include "server/http/errors.h"
-#include "server/openai/openai_response.h"
+#include "server/http/json.h"
 
 namespace tern::server {
 

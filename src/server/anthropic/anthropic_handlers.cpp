@@ -1,16 +1,19 @@
 // POST /v1/messages and /v1/messages/count_tokens: the Anthropic Messages API over the same machinery as
 // /v1/chat/completions. The body is translated into the internal chat request (anthropic_schema.h), rendered
 // through the chat template and tokenized exactly as a chat completion is, queued to the engine loop with the same
-// prefix-cache checkpoints, and answered through serve_output (generation_handlers.cpp: the queueing,
+// prefix-cache checkpoints, and answered through serve_output (serving/generation.h: the queueing,
 // streaming and cancellation of every generation route) with AnthropicOutput shaping the message and its events.
 // Every error has Anthropic's shape: {"type":"error","error":{"type","message"}}.
+#include "server/anthropic/anthropic_handlers.h"
+
 #include <cstdio>
 
 #include "core/check.h"
 #include "server/anthropic/anthropic_output.h"
 #include "server/anthropic/anthropic_schema.h"
-#include "server/openai/chat_output.h"
-#include "server/openai/openai_response.h"
+#include "server/serving/chat_prompt.h"
+#include "server/serving/generation.h"
+#include "server/serving/output_common.h"
 #include "server/serving/server_state.h"
 #include "text/tokenizer.h"
 

@@ -5,7 +5,7 @@
 #include <cstdio>
 
 #include "server/http/respond.h"
-#include "server/openai/chat_output.h"
+#include "server/serving/output_common.h"
 
 namespace tern::server {
 
@@ -36,16 +36,6 @@ Json anthropic_error_json(const ApiError& error) {
 
 void respond_anthropic_error(httplib::Response& res, const ApiError& error) {
   respond_error_with_body(res, error, anthropic_error_json(error));
-}
-
-std::string ResponseProtocol<AnthropicOutput>::stream_event(const Json& payload) {
-  return sse_typed_event(payload);
-}
-
-Json ResponseProtocol<AnthropicOutput>::error_body(const ApiError& error) { return anthropic_error_json(error); }
-
-void ResponseProtocol<AnthropicOutput>::respond_error(httplib::Response& res, const ApiError& error) {
-  respond_anthropic_error(res, error);
 }
 
 AnthropicOutput::AnthropicOutput(AnthropicOutputOptions options) : options_(std::move(options)) {

@@ -24,7 +24,8 @@
 #include <vector>
 
 #include "engine/generator.h"
-#include "server/openai/openai_schema.h"
+#include "server/http/errors.h"
+#include "server/http/json.h"
 #include "server/serving/response_protocol.h"
 #include "text/output_parser.h"
 
@@ -77,5 +78,13 @@ void respond_anthropic_error(httplib::Response& res, const ApiError& error);
 
 // A tool-call id in Anthropic's form: "call_HEX" -> "toolu_HEX".
 std::string anthropic_tool_id(const std::string& call_id);
+
+template <>
+struct ResponseProtocol<AnthropicOutput> {
+  static std::string stream_event(const Json& payload) { return sse_typed_event(payload); }  // event: <type>
+  static std::string stream_end() { return ""; }
+  static Json error_body(const ApiError& error) { return anthropic_error_json(error); }
+  static void respond_error(httplib::Response& res, const ApiError& error) { respond_anthropic_error(res, error); }
+};
 
 }  // namespace tern::server

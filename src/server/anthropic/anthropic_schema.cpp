@@ -10,7 +10,7 @@ namespace tern::server {
 
 namespace {
 
-using namespace request_fields;  // bad(), field(), parse_body(), ... shared with openai_schema.cpp
+using namespace request_fields;  // bad(), field(), parse_body(), ... shared with the other request parsers
 
 std::string str_field(const Json& object, const char* key) {
   const Json* v = field(object, key);

@@ -17,7 +17,8 @@
 #include <string_view>
 #include <variant>
 
-#include "server/openai/openai_schema.h"
+#include "server/http/errors.h"
+#include "server/serving/chat_request.h"
 
 namespace tern::server {
 

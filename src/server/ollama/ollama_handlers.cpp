@@ -2,9 +2,11 @@
 // machinery as /v1/chat/completions. /api/chat and /api/generate bodies are translated into the internal chat
 // request (ollama_schema.h), rendered through the chat template and tokenized as a chat completion is (raw
 // /api/generate: the prompt's tokens as they are), queued with the same prefix-cache checkpoints, and answered
-// through serve_output (generation_handlers.cpp: queueing, streaming, cancellation) with OllamaOutput writing the
+// through serve_output (serving/generation.h: queueing, streaming, cancellation) with OllamaOutput writing the
 // NDJSON objects. /api/tags, /api/show, /api/ps and /api/version describe the one served model. Every error has
 // Ollama's shape: {"error": "message"}.
+#include "server/ollama/ollama_handlers.h"
+
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
@@ -13,8 +15,9 @@
 #include "core/check.h"
 #include "server/ollama/ollama_output.h"
 #include "server/ollama/ollama_schema.h"
-#include "server/openai/chat_output.h"
-#include "server/openai/openai_response.h"
+#include "server/serving/chat_prompt.h"
+#include "server/serving/generation.h"
+#include "server/serving/output_common.h"
 #include "server/serving/server_state.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"

@@ -5,7 +5,7 @@
 #include <ctime>
 
 #include "server/http/respond.h"
-#include "server/openai/chat_output.h"
+#include "server/serving/output_common.h"
 
 namespace tern::server {
 

@@ -19,7 +19,8 @@
 #include <vector>
 
 #include "engine/generator.h"
-#include "server/openai/openai_schema.h"
+#include "server/http/errors.h"
+#include "server/http/json.h"
 #include "server/serving/response_protocol.h"
 #include "text/output_parser.h"
 

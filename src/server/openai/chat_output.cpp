@@ -5,16 +5,6 @@
 
 namespace tern::server {
 
-std::string tool_call_as_text(const ToolCall& call) {
-  std::string s = "<tool_call>\n<function=" + call.name + ">\n";
-  const Json args = Json::parse(call.arguments_json, nullptr, false);
-  if (args.is_object()) {
-    for (const auto& [key, value] : args.items())
-      s += "<parameter=" + key + ">\n" + (value.is_string() ? value.get<std::string>() : value.dump()) + "\n</parameter>\n";
-  }
-  return s + "</function>\n</tool_call>";
-}
-
 ChatOutput::ChatOutput(const ChatRequest& request, const Tokenizer& tokenizer, ResponseMeta meta,
                        bool starts_in_reasoning)
     : request_(request), tokenizer_(tokenizer), meta_(std::move(meta)) {

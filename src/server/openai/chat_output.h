@@ -1,12 +1,10 @@
-// /v1/chat/completions: the prompt from the chat template, and the model's text turned into an OpenAI message or
-// stream deltas: reasoning (before </think>) -> reasoning_content, <tool_call> XML -> tool_calls (incremental
-// deltas when streaming), the rest -> content.
+// /v1/chat/completions: the model's text turned into an OpenAI message or stream deltas: reasoning (before
+// </think>) -> reasoning_content, <tool_call> XML -> tool_calls (incremental deltas when streaming), the rest ->
+// content. (The prompt comes from serving/chat_prompt.h, as for every chat API.)
 #pragma once
 
-#include <cstdint>
 #include <memory>
 #include <string>
-#include <variant>
 #include <vector>
 
 #include "engine/generator.h"
@@ -15,37 +13,10 @@
 #include "text/output_parser.h"
 
 namespace tern {
-class ChatTemplate;
 class Tokenizer;
 }  // namespace tern
 
 namespace tern::server {
-
-struct ChatPrompt {
-  std::string text;                  // the rendered prompt; escaped special tokens appear as placeholders
-  bool starts_in_reasoning = false;  // the prompt ends inside an open <think> block
-  // Special tokens found in the request's strings (content, tool calls, tools, template kwargs) are replaced by
-  // placeholder code points (plane-16 private use, placeholder_base + i for escaped[i]) before rendering, so
-  // that the template's own special tokens are the only control tokens of the prompt.
-  std::vector<std::string> escaped;
-  uint32_t placeholder_base = 0;
-};
-
-// Renders the request's messages and tools. Template errors (a system message in the middle, no user query, ...)
-// become a 400 that quotes the template's message. escape_special: the texts of the tokenizer's special tokens
-// to treat as text where the request wrote them (empty: none escaped, --allow-special-in-content).
-std::variant<ChatPrompt, ApiError> chat_render_prompt(const ChatRequest& request, const ChatTemplate& chat_template,
-                                                      const std::vector<std::string>& escape_special = {});
-
-// The prompt's tokens: the template's text with its special tokens, each placeholder as its token's text.
-std::vector<int32_t> chat_prompt_tokens(const ChatPrompt& prompt, const Tokenizer& tokenizer);
-
-// True when `prompt` ends inside a thinking block: its last <think> comes after its last </think>.
-bool prompt_ends_in_reasoning(const std::string& prompt);
-
-// A call written back as the model's XML (<tool_call><function=...><parameter=...>): used when the request offered
-// no tools, so that the text stays text (OpenAI content, an Anthropic text block).
-std::string tool_call_as_text(const ToolCall& call);
 
 class ChatOutput {
  public:

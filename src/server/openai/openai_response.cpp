@@ -1,23 +1,8 @@
 #include "server/openai/openai_response.h"
 
-#include <chrono>
-#include <random>
-
 #include "text/tokenizer.h"
 
 namespace tern::server {
-
-std::string response_id(const std::string& prefix) {
-  thread_local std::mt19937_64 rng{std::random_device{}()};
-  static const char* hex = "0123456789abcdef";
-  std::string id = prefix;
-  for (int i = 0; i < 24; ++i) id += hex[rng() & 15];
-  return id;
-}
-
-int64_t unix_now() {
-  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
 
 Json usage_json(const GenerationResult& r) {
   Json u = {{"prompt_tokens", r.prompt_tokens},

@@ -8,6 +8,7 @@
 
 #include "engine/generator.h"
 #include "server/openai/openai_schema.h"
+#include "server/serving/output_common.h"
 
 namespace tern {
 class Tokenizer;
@@ -20,10 +21,6 @@ struct ResponseMeta {
   int64_t created = 0;   // Unix seconds
   std::string model;
 };
-
-// A fresh response id: prefix + 24 random hex digits.
-std::string response_id(const std::string& prefix);
-int64_t unix_now();
 
 // {"prompt_tokens","completion_tokens","total_tokens","prompt_tokens_details":{"cached_tokens"},
 //  "completion_tokens_details":{"reasoning_tokens"}} (reasoning: the tokens inside an open <think> block)

@@ -10,7 +10,7 @@ namespace tern::server {
 
 namespace {
 
-using namespace request_fields;  // bad(), field(), get_integer(), ... shared with anthropic_schema.cpp
+using namespace request_fields;  // bad(), field(), get_integer(), ... shared with the other request parsers
 
 std::optional<bool> get_bool(const Json& o, const char* key) {
   const Json* v = field(o, key);
@@ -335,31 +335,6 @@ void parse_template_kwargs(const Json& j, ChatRequest& r) {
 }
 
 }  // namespace
-
-bool model_name_served(const ParseOptions& options, const std::string& name) {
-  if (name.empty() || options.model_id.empty() || name == options.model_id) return true;
-  for (const std::string& alias : options.model_aliases)
-    if (name == alias) return true;
-  return false;
-}
-
-int json_nesting_depth(std::string_view text, int limit) {
-  int depth = 0, max_depth = 0;
-  bool in_string = false, escaped = false;
-  for (char c : text) {
-    if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
-      continue;
-    }
-    if (c == '"') in_string = true;
-    else if (c == '[' || c == '{') {
-      if (++depth > max_depth && (max_depth = depth) > limit) return limit + 1;
-    } else if (c == ']' || c == '}') --depth;
-  }
-  return max_depth;
-}
 
 std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, const ParseOptions& options) {
   return request_fields::parse_or_error<ChatRequest>([&] {

@@ -1,18 +1,21 @@
 // POST /v1/responses: the OpenAI Responses API over the same machinery as /v1/chat/completions. The body is
 // translated into the internal chat request (responses_schema.h), rendered through the chat template and tokenized
 // exactly as a chat completion is, queued to the engine loop with the same prefix-cache checkpoints, and answered
-// through serve_output (generation_handlers.cpp: the queueing, streaming and cancellation of every generation
+// through serve_output (serving/generation.h: the queueing, streaming and cancellation of every generation
 // route) with ResponsesOutput shaping the response object and its events. Errors have OpenAI's shape.
 //
 // The server is stateless: nothing is stored, so GET /v1/responses/{id} is a 404 that says so.
+#include "server/responses/responses_handlers.h"
+
 #include <cstdio>
 #include <cstdlib>
 
 #include "core/check.h"
-#include "server/openai/chat_output.h"
-#include "server/openai/openai_response.h"
 #include "server/responses/responses_output.h"
 #include "server/responses/responses_schema.h"
+#include "server/serving/chat_prompt.h"
+#include "server/serving/generation.h"
+#include "server/serving/output_common.h"
 #include "server/serving/server_state.h"
 #include "text/tokenizer.h"
 

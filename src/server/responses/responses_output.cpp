@@ -1,14 +1,9 @@
 // The model's output as OpenAI Responses output items and stream events (see responses_output.h).
 #include "server/responses/responses_output.h"
 
-#include "server/openai/chat_output.h"
-#include "server/openai/openai_response.h"
+#include "server/serving/output_common.h"
 
 namespace tern::server {
-
-std::string ResponseProtocol<ResponsesOutput>::stream_event(const Json& payload) {
-  return sse_typed_event(payload);
-}
 
 Json ResponseProtocol<ResponsesOutput>::error_body(const ApiError& error) {
   return Json{{"type", "error"},

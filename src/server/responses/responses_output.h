@@ -23,7 +23,8 @@
 #include <vector>
 
 #include "engine/generator.h"
-#include "server/openai/openai_schema.h"
+#include "server/http/errors.h"
+#include "server/http/json.h"
 #include "server/serving/response_protocol.h"
 #include "text/output_parser.h"
 
@@ -77,7 +78,7 @@ class ResponsesOutput {
 
 template <>
 struct ResponseProtocol<ResponsesOutput> {
-  static std::string stream_event(const Json& payload);  // "event: <payload.type>\ndata: <payload>\n\n"
+  static std::string stream_event(const Json& payload) { return sse_typed_event(payload); }  // event: <type>
   static std::string stream_end() { return ""; }
   // Used only where the output object is not at hand: {"type": "error", "code", "message", "param"}.
   static Json error_body(const ApiError& error);

@@ -1,9 +1,9 @@
-// The chat prompt: the request's messages and tools rendered through the model's chat template.
+// The chat prompt: the request's messages and tools rendered through the model's chat template (see chat_prompt.h).
+#include "server/serving/chat_prompt.h"
+
 #include <algorithm>
 
 #include "core/check.h"
-#include "server/http/sse.h"
-#include "server/openai/chat_output.h"
 #include "server/serving/server_state.h"
 #include "text/chat_template.h"
 #include "text/jinja.h"

@@ -3,6 +3,35 @@
 #include <cmath>
 #include <cstdio>
 
+namespace tern::server {
+
+bool model_name_served(const ParseOptions& options, const std::string& name) {
+  if (name.empty() || options.model_id.empty() || name == options.model_id) return true;
+  for (const std::string& alias : options.model_aliases)
+    if (name == alias) return true;
+  return false;
+}
+
+int json_nesting_depth(std::string_view text, int limit) {
+  int depth = 0, max_depth = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') in_string = true;
+    else if (c == '[' || c == '{') {
+      if (++depth > max_depth && (max_depth = depth) > limit) return limit + 1;
+    } else if (c == ']' || c == '}') --depth;
+  }
+  return max_depth;
+}
+
+}  // namespace tern::server
+
 namespace tern::server::request_fields {
 
 void bad(const std::string& param, const std::string& message) { throw BadRequest{api_error_invalid(param, message)}; }

@@ -1,6 +1,6 @@
-// JSON field access and checks shared by the request parsers (openai_schema.cpp, anthropic_schema.cpp). A failed
-// check throws BadRequest; the parser's entry point (parse_or_error) returns its ApiError, so nothing here throws
-// to a handler. Every message names the field.
+// JSON field access and checks shared by the request parsers (each API's <api>_schema.cpp). A failed check throws
+// BadRequest; the parser's entry point (parse_or_error) returns its ApiError, so nothing here throws to a handler.
+// Every message names the field.
 #pragma once
 
 #include <cstdint>
@@ -11,7 +11,17 @@
 #include <variant>
 
 #include "server/http/errors.h"
-#include "server/openai/openai_schema.h"
+#include "server/serving/chat_request.h"
+
+namespace tern::server {
+
+// True when a request's "model" names the served model: its id or one of its aliases (or either is empty).
+bool model_name_served(const ParseOptions& options, const std::string& name);
+
+// Nesting depth of a JSON text ([ and { outside strings); stops counting past `limit` (returns limit + 1).
+int json_nesting_depth(std::string_view text, int limit);
+
+}  // namespace tern::server
 
 namespace tern::server::request_fields {
 

@@ -9,7 +9,11 @@
 //
 // add_special asks for the tokenizer's added BOS/EOS; Qwen's tokenizer adds none, so it changes nothing here.
 // parse_special false tokenizes special-token texts (<|im_start|>, ...) as plain text.
+#include "server/serving/util_handlers.h"
+
 #include "core/check.h"
+#include "server/serving/generation.h"
+#include "server/serving/request_fields.h"
 #include "server/serving/server_state.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"

@@ -125,12 +125,6 @@ TEST(ChatOutput, LengthAndLogprobs) {
   EXPECT_EQ(lp["bytes"].size(), 5u);
 }
 
-TEST(ChatPrompt, EndsInReasoning) {
-  EXPECT_TRUE(prompt_ends_in_reasoning("<|im_start|>assistant\n<think>\n"));
-  EXPECT_FALSE(prompt_ends_in_reasoning("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
-  EXPECT_FALSE(prompt_ends_in_reasoning("<|im_start|>assistant\n"));
-}
-
 TEST(CompletionOutput, EchoStreamAndUsage) {
   CompletionRequest req;
   req.echo = true;

@@ -264,11 +264,5 @@ TEST(OpenaiSchema, RandomBytesNeverEscape) {
   }
 }
 
-TEST(OpenaiSchema, NestingDepth) {
-  EXPECT_EQ(json_nesting_depth(R"({"a":[1,{"b":"[[[["}]})", 64), 3);
-  EXPECT_EQ(json_nesting_depth(std::string(70, '['), 64), 65);
-  EXPECT_EQ(json_nesting_depth(R"("\"[[[")", 64), 0);
-}
-
 }  // namespace
 }  // namespace tern::server

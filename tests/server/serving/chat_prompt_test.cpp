@@ -1,10 +1,10 @@
-// The chat prompt every chat API builds: special tokens typed in content stay text.
+// The chat prompt every chat API builds: special tokens typed in content stay text; where a prompt ends in reasoning.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 
 #include "engine/model_source.h"
-#include "server/openai/chat_output.h"
+#include "server/serving/chat_prompt.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 
@@ -48,6 +48,12 @@ TEST(ChatPrompt, SpecialTokensInContentAreText) {
   plain.messages = Json::array({Json{{"role", "user"}, {"content", "hello <think> there"}}});
   EXPECT_EQ(chat_prompt_tokens(std::get<ChatPrompt>(chat_render_prompt(plain, tmpl, special)), *tokenizer),
             tokenizer->encode(std::get<ChatPrompt>(chat_render_prompt(plain, tmpl)).text));
+}
+
+TEST(ChatPrompt, EndsInReasoning) {
+  EXPECT_TRUE(prompt_ends_in_reasoning("<|im_start|>assistant\n<think>\n"));
+  EXPECT_FALSE(prompt_ends_in_reasoning("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+  EXPECT_FALSE(prompt_ends_in_reasoning("<|im_start|>assistant\n"));
 }
 
 }  // namespace
