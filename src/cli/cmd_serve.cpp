@@ -29,7 +29,7 @@
 #include "cli/model_flags.h"
 #include "core/check.h"
 #include "engine/generator.h"
-#include "server/connections.h"
+#include "server/http/listener.h"
 #include "server/http_server.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"

@@ -9,32 +9,22 @@
 #include <optional>
 
 #include "core/check.h"
-#include "server/anthropic_output.h"
-#include "server/chat_page.h"
-#include "server/connections.h"
-#include "server/ollama_output.h"
-#include "server/server_state.h"
-#include "server/sse.h"
+#include "server/anthropic/anthropic_handlers.h"
+#include "server/anthropic/anthropic_output.h"
+#include "server/http/admission.h"
+#include "server/http/connections.h"
+#include "server/http/listener.h"
+#include "server/http/respond.h"
+#include "server/ollama/ollama_handlers.h"
+#include "server/ollama/ollama_output.h"
+#include "server/openai/openai_handlers.h"
+#include "server/responses/responses_handlers.h"
+#include "server/serving/chat_page.h"
+#include "server/serving/server_state.h"
+#include "server/serving/util_handlers.h"
 #include "text/tokenizer.h"
 
 namespace tern::server {
-
-RequestLog& request_log() {
-  thread_local RequestLog log;
-  return log;
-}
-
-void respond_json(httplib::Response& res, const Json& body, int status) {
-  res.status = status;
-  res.set_content(json_dump(body), "application/json");
-}
-
-void respond_error(httplib::Response& res, const ApiError& error) {
-  res.status = error.status;
-  if (error.retry_after_s > 0) res.set_header("Retry-After", std::to_string(error.retry_after_s));
-  res.set_content(api_error_body(error), "application/json");
-  if (error.status >= 500) request_log().fields["error"] = error.message;
-}
 
 namespace {
 
@@ -45,28 +35,6 @@ std::string iso_time_now() {
   char buf[32];
   std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
   return buf;
-}
-
-std::string lower(std::string s) {
-  for (char& ch : s) ch = char(std::tolower(static_cast<unsigned char>(ch)));
-  return s;
-}
-
-bool same_secret(const std::string& given, const std::string& expected) {
-  if (given.size() != expected.size()) return false;
-  unsigned char diff = 0;  // constant time in the key's length
-  for (size_t i = 0; i < given.size(); ++i) diff |= static_cast<unsigned char>(given[i] ^ expected[i]);
-  return diff == 0;
-}
-
-// The key comes as "Authorization: Bearer KEY" (OpenAI clients; the scheme name in any case, RFC 9110 11.1) or
-// "x-api-key: KEY" (Anthropic clients).
-bool authorized(const ServerOptions& options, const std::string* authorization, const std::string* api_key) {
-  if (options.api_key.empty()) return true;
-  auto bearer = [&](const std::string& a) {
-    return a.size() > 7 && a[6] == ' ' && lower(a.substr(0, 6)) == "bearer" && same_secret(a.substr(7), options.api_key);
-  };
-  return (authorization && bearer(*authorization)) || (api_key && same_secret(*api_key, options.api_key));
 }
 
 // Errors on the Anthropic routes have Anthropic's shape; everywhere else OpenAI's.
@@ -83,50 +51,13 @@ void respond_error_on(const std::string& path, httplib::Response& res, const Api
   respond_error(res, error);
 }
 
-// The name part of a Host header: "[::1]:8080" -> "::1", "Example.com.:80" -> "example.com".
-std::string host_name(const std::string& host) {
-  std::string h = host;
-  if (!h.empty() && h.front() == '[') {
-    const size_t close = h.find(']');
-    h = close == std::string::npos ? h.substr(1) : h.substr(1, close - 1);
-  } else if (const size_t colon = h.find(':'); colon != std::string::npos && h.find(':', colon + 1) == std::string::npos) {
-    h = h.substr(0, colon);
-  }
-  if (!h.empty() && h.back() == '.') h.pop_back();
-  return lower(h);
-}
-
-// DNS rebinding: on a loopback address, a page of any web site can reach the server through a name of its own
-// that resolves to 127.0.0.1; its requests carry that name in Host. Only the bound address, loopback addresses,
-// localhost and --allowed-hosts are accepted there.
-bool host_allowed(const ServerState& s, const std::string* host) {
-  if (!s.loopback || host == nullptr || host->empty()) return true;  // no Host: not a browser
-  const std::string name = host_name(*host);
-  if (name == "localhost" || name == lower(s.options.host) || is_loopback_host(name)) return true;
-  for (const std::string& a : s.options.allowed_hosts)
-    if (a == "*" || lower(a) == name) return true;
-  return false;
-}
-
-// The media type of a Content-Type value, lower case, without parameters or surrounding blanks.
-std::string media_type_of(const std::string& content_type) {
-  std::string t = lower(content_type.substr(0, content_type.find(';')));
-  while (!t.empty() && (t.back() == ' ' || t.back() == '\t')) t.pop_back();
-  while (!t.empty() && (t.front() == ' ' || t.front() == '\t')) t.erase(0, 1);
-  return t;
-}
-
-bool media_type_is_json(const std::string* content_type) {
-  return content_type && media_type_of(*content_type) == "application/json";
-}
-
 // The checks made as soon as a request's headers are in (by the connection poller, before reading the body, and
 // again in cpp-httplib's pre-routing handler, which writes the answer). `header(lower_name)` gives a header or null.
 template <typename HeaderFn>
 std::optional<ApiError> early_rejection(const ServerState& s, const std::string& method, const std::string& path,
                                         HeaderFn header) {
   if (s.stopping.load()) return api_error_shutting_down("The server is shutting down.");
-  if (!host_allowed(s, header("host"))) {
+  if (!host_allowed(header("host"), s.loopback, s.options.host, s.options.allowed_hosts)) {
     ApiError e = api_error_invalid("", "Host '" + *header("host") + "' is not allowed: this server listens on " +
                                            s.options.host + " and answers only requests addressed to it (or to "
                                            "localhost); start it with --allowed-hosts NAME to accept another name.");
@@ -137,7 +68,7 @@ std::optional<ApiError> early_rejection(const ServerState& s, const std::string&
   }
   if (method == "OPTIONS") return std::nullopt;  // CORS preflight: browsers send no credentials
   const bool open = path == "/health" || path == "/" || path == "/favicon.ico";
-  if (!open && !authorized(s.options, header("authorization"), header("x-api-key"))) return api_error_unauthorized();
+  if (!open && !authorized(s.options.api_key, header("authorization"), header("x-api-key"))) return api_error_unauthorized();
   // Ollama's clients and documented `curl -d` calls send JSON without a JSON Content-Type; on its routes that is
   // accepted unless the request comes from a web page (an Origin header): a page may send a form or text/plain
   // cross-site without a preflight, and the JSON media type is what stops that.
@@ -146,7 +77,8 @@ std::optional<ApiError> early_rejection(const ServerState& s, const std::string&
   if (method == "POST") {
     const std::string* type = header("content-type");
     const bool multipart = type && media_type_of(*type).rfind("multipart/", 0) == 0;
-    if (any_type_ok ? multipart : !media_type_is_json(type)) {
+    const bool json = type && media_type_of(*type) == "application/json";
+    if (any_type_ok ? multipart : !json) {
       ApiError e = api_error_invalid("", "POST bodies must be JSON with 'Content-Type: application/json' (got " +
                                              (type ? "'" + *type + "'" : std::string("none")) + ").");
       e.status = 415;
@@ -163,54 +95,6 @@ std::optional<ApiError> early_rejection(const ServerState& s, const std::string&
   return std::nullopt;
 }
 
-// The Access-Control-Allow-Headers of a preflight: what the page asked for (header names only), so that SDKs
-// that add their own headers (the OpenAI JS SDK's x-stainless-*) pass.
-std::string allowed_request_headers(const std::string& requested) {
-  std::string out;
-  for (char ch : requested) {
-    const bool ok = std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' || ch == ',' || ch == ' ';
-    if (!ok) return "Authorization, Content-Type";
-    out += ch;
-  }
-  if (out.size() > 2048 || out.find_first_not_of(" ,") == std::string::npos) return "Authorization, Content-Type";
-  return out;
-}
-
-void add_cors_headers(const ServerOptions& options, const httplib::Request& req, httplib::Response& res) {
-  if (options.cors_origin.empty()) return;
-  res.set_header("Access-Control-Allow-Origin", options.cors_origin);
-  res.set_header("Vary", "Origin");
-  if (req.method != "OPTIONS") return;
-  const std::string origin = req.get_header_value("Origin");
-  const bool allowed = options.cors_origin == "*" || origin == options.cors_origin;
-  res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
-  const std::string requested = req.get_header_value("Access-Control-Request-Headers");
-  res.set_header("Access-Control-Allow-Headers",
-                 allowed && !requested.empty() ? allowed_request_headers(requested) : "Authorization, Content-Type");
-  res.set_header("Access-Control-Max-Age", "600");
-}
-
-// The names the model is served under: the id first, then each alias. While it loads, the names announced in the
-// options (none when they were not given).
-std::vector<std::string> served_names(const ServerState& state) {
-  const bool ready = state.ready.load(std::memory_order_acquire);
-  const std::string& id = ready ? state.model.model_id : state.options.model_id;
-  if (id.empty()) return {};
-  std::vector<std::string> names = {id};
-  const std::vector<std::string>& aliases = ready ? state.model.aliases : state.options.model_aliases;
-  names.insert(names.end(), aliases.begin(), aliases.end());
-  return names;
-}
-
-// One /v1/models entry of `names` (served_names: the id first). max_model_len (the context) is known once the model
-// is loaded.
-Json model_entry(const ServerState& state, const std::vector<std::string>& names, const std::string& name) {
-  Json entry = {{"id", name}, {"object", "model"}, {"created", 0}, {"owned_by", "tern"}};
-  if (state.ready.load(std::memory_order_acquire)) entry["max_model_len"] = state.model.context;
-  entry["root"] = names.front();
-  return entry;
-}
-
 // The methods each route answers, for 405 + Allow on a known path asked with another method.
 std::string allowed_methods(const ServerState& state, const std::string& path) {
   std::string allow;
@@ -222,7 +106,7 @@ std::string allowed_methods(const ServerState& state, const std::string& path) {
 
 }  // namespace
 
-HttpServer::HttpServer(ServerOptions options) : options_(std::move(options)), state_(std::make_shared<State>()) {
+HttpServer::HttpServer(ServerOptions options) : options_(std::move(options)), state_(std::make_shared<ServerState>()) {
   TERN_CHECK(options_.max_queue >= 1, "--max-queue must be at least 1, got ", options_.max_queue);
   TERN_CHECK(options_.max_body_bytes >= 1024, "--max-body-bytes must be at least 1024, got ", options_.max_body_bytes);
   TERN_CHECK(options_.max_connections >= 1 && options_.max_connections_per_address >= 1,
@@ -247,7 +131,7 @@ HttpServer::HttpServer(ServerOptions options) : options_(std::move(options)), st
   limits.idle_timeout = ms(options_.keep_alive_timeout_s);
   limits.max_body_bytes = options_.max_body_bytes;
   limits.workers = options_.http_threads > 0 ? size_t(options_.http_threads) : options_.max_queue + 8;
-  State* s = state_.get();
+  ServerState* s = state_.get();
   http_ = std::make_unique<HttpConnections>(
       limits,
       [s](const RequestHead& head) {
@@ -310,7 +194,7 @@ void HttpServer::set_model(const ServerModel& model) {
 }
 
 void HttpServer::install_routes() {
-  State& s = *state_;
+  ServerState& s = *state_;
   httplib::Server& h = *http_;
 
   h.set_pre_routing_handler([&s](const httplib::Request& req, httplib::Response& res) {
@@ -318,7 +202,7 @@ void HttpServer::install_routes() {
     log.start = std::chrono::steady_clock::now();
     log.route = "other";
     log.fields = Json::object();
-    add_cors_headers(s.options, req, res);
+    add_cors_headers(s.options.cors_origin, req, res);
     std::list<std::string> values;  // stable addresses for the pointers handed out
     auto header = [&](const char* name) -> const std::string* {
       if (!req.has_header(name)) return nullptr;
@@ -359,24 +243,10 @@ void HttpServer::install_routes() {
     request_log().route = "/metrics";
     res.set_content(s.metrics->render_prometheus(), "text/plain; version=0.0.4; charset=utf-8");
   });
-  // The id first, then each --alias as an entry of its own (as vLLM lists its served names); also while the model
-  // loads, so that a client that reads the list once at start sees it.
-  auto models = [&s](const httplib::Request&, httplib::Response& res) {
-    request_log().route = "/v1/models";
-    Json data = Json::array();
-    const std::vector<std::string> names = served_names(s);
-    for (const std::string& name : names) data.push_back(model_entry(s, names, name));
-    respond_json(res, Json{{"object", "list"}, {"data", data}});
-  };
+  auto models = [&s](const httplib::Request& req, httplib::Response& res) { handle_models(s, req, res); };
   get("/v1/models", models);
   get("/models", models);
-  get(R"(/v1/models/(.+))", [&s](const httplib::Request& req, httplib::Response& res) {
-    request_log().route = "/v1/models/{id}";
-    const std::string id = req.matches[1];
-    const std::vector<std::string> names = served_names(s);
-    if (std::find(names.begin(), names.end(), id) != names.end()) return respond_json(res, model_entry(s, names, id));
-    respond_error(res, api_error_not_found_model(id, names.empty() ? std::string() : names.front()));
-  });
+  get(R"(/v1/models/(.+))", [&s](const httplib::Request& req, httplib::Response& res) { handle_model(s, req, res); });
   auto chat = [&s](const httplib::Request& req, httplib::Response& res) { handle_chat_completions(s, req, res); };
   auto completions = [&s](const httplib::Request& req, httplib::Response& res) { handle_completions(s, req, res); };
   post("/v1/chat/completions", chat);

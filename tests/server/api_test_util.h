@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "engine/generator.h"
-#include "server/errors.h"
-#include "server/openai_response.h"
+#include "server/http/errors.h"
+#include "server/http/json.h"
 
 namespace tern::server {
 

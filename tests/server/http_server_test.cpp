@@ -7,8 +7,8 @@
 
 #include <httplib.h>
 
+#include "server/http/json.h"
 #include "server/http_server.h"
-#include "server/openai_schema.h"
 
 namespace tern::server {
 namespace {
