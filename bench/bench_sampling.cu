@@ -8,8 +8,8 @@
 
 #include "bench/workbench.h"
 #include "core/check.h"
-#include "cuda/cuda_common.cuh"
-#include "cuda/sampling.cuh"
+#include "cuda/common/cuda_common.cuh"
+#include "cuda/kernels/sampling/sampling.cuh"
 
 namespace tern::bench {
 namespace {
