@@ -4,7 +4,7 @@
 // time of its bytes, and device memory idles across each kernel boundary; a prefetch issued a kernel or more ahead
 // keeps it busy there, and the later kernel reads L2.
 //
-// What the decode plan asks for (cuda_runner.cu, TERN_L2_PREFETCH; H200, docs/benchmarks.md): the MoE gate_up kernel,
+// What the decode plan asks for (decode_plan.cu, TERN_L2_PREFETCH; H200, docs/benchmarks.md): the MoE gate_up kernel,
 // once it has read the routing, the chosen experts' down matrices (moe_dp4a.cu), and each mixer's output projection
 // the next layer's first projection (an L2Ranges the plan fills at capture: weights are launch constants); together
 // 4K decode ~582 -> ~611 tok/s. Prefetching a kernel's own later rows, or anything only one kernel ahead of a

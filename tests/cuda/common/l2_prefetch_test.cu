@@ -1,6 +1,6 @@
-// L2 prefetch lists (src/cuda/l2_ranges.h, l2_prefetch.cuh): how ranges are trimmed and counted on the host, and that
-// the pieces a grid's threads issue cover every 16-byte unit of every range exactly once and nothing else, whatever
-// the grid's size against the piece count. (That the prefetches change no result is checked in qmv_test and
+// L2 prefetch lists (src/cuda/common/l2_ranges.h, l2_prefetch.cuh): how ranges are trimmed and counted on the host, and
+// that the pieces a grid's threads issue cover every 16-byte unit of every range exactly once and nothing else,
+// whatever the grid's size against the piece count. (That the prefetches change no result is checked in qmv_test and
 // moe_decode_test, with them on and off.)
 #include <cstdint>
 #include <random>

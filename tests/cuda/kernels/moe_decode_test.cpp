@@ -1,6 +1,6 @@
-// The decode MoE block (src/cuda/moe_decode.cuh: router, gate/up + SwiGLU, down + weighted sum + residual) against
-// its CPU twin: cpu::rms_norm → cpu::moe_forward (router matmul, moe_route, expert_swiglu per expert, shared expert
-// scaled by its sigmoid gate), then the residual add, at the model's real shapes (E = 256, k = 8, F = 512,
+// The decode MoE block (src/cuda/kernels/moe/moe_decode.cuh: router, gate/up + SwiGLU, down + weighted sum + residual)
+// against its CPU twin: cpu::rms_norm → cpu::moe_forward (router matmul, moe_route, expert_swiglu per expert, shared
+// expert scaled by its sigmoid gate), then the residual add, at the model's real shapes (E = 256, k = 8, F = 512,
 // D = 2048; 4-bit experts, 8-bit router), T = 1 and T = 3, every kernel launched twice to check that the router's
 // ticket counter resets and that results are deterministic (the second run with the L2 prefetch of the down
 // matrices on). A small float-format model checks the generic path.

@@ -1,8 +1,8 @@
-// qmv (decode matrix-vector products, src/cuda/qmv.cuh) against its CPU twin: cpu::rms_norm (optional) followed by
-// cpu::matmul on the same weights, for every weight format, T in {1, 3, 8}, with and without the norm prologue and
-// the accumulate mode, rows that are not a multiple of the tile, and a stacked matrix read at expert index > 0.
-// The 4-bit tensor-core path is also held to a twin (in double) that splits the activations into fp16 hi + lo exactly
-// as the kernel stages them.
+// qmv (decode matrix-vector products, src/cuda/kernels/qmv/qmv.cuh) against its CPU twin: cpu::rms_norm (optional)
+// followed by cpu::matmul on the same weights, for every weight format, T in {1, 3, 8}, with and without the norm
+// prologue and the accumulate mode, rows that are not a multiple of the tile, and a stacked matrix read at expert
+// index > 0. The 4-bit tensor-core path is also held to a twin (in double) that splits the activations into
+// fp16 hi + lo exactly as the kernel stages them.
 #include <algorithm>
 #include <cmath>
 #include <cstring>

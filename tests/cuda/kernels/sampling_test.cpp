@@ -1,7 +1,7 @@
-// The GPU sampler (src/cuda/sampling.cu) against an exact host reference of the distribution it must draw from:
-// every sampled id must lie in the kept set, and empirical frequencies over many (seed, step) draws must match the
-// reference probabilities (individually for the likely ids, in groups of equal mass for the rest). Cuts are placed
-// in the middle of one id's mass so that float-vs-double rounding cannot move them. Covers the full vocabulary,
+// The GPU sampler (src/cuda/kernels/sampling/sampling.cu) against an exact host reference of the distribution it must
+// draw from: every sampled id must lie in the kept set, and empirical frequencies over many (seed, step) draws must
+// match the reference probabilities (individually for the likely ids, in groups of equal mass for the rest). Cuts are
+// placed in the middle of one id's mass so that float-vs-double rounding cannot move them. Covers the full vocabulary,
 // crowded histogram bins (the exact fallback over all logits), ties, non-finite logits, odd sizes, a misaligned
 // pointer, multi-chunk vocabularies and replay of a captured CUDA graph with new parameters.
 #include <algorithm>

@@ -1,8 +1,8 @@
-// Token masks on the GPU (constrained decoding): the kernel of src/cuda/token_mask.cu against its host twin
-// (tern::apply_token_mask, bit for bit, over odd sizes, short masks and non-finite logits), and the CUDA runner's
-// forward_sample with a DeviceSampling::mask: every id it returns is allowed, greedy steps return the arg-max of
-// the allowed logits of forward() on the same inputs (the eager first step and the graph steps), and steps
-// without a mask in between still match the unmasked path.
+// Token masks on the GPU (constrained decoding): the kernel of src/cuda/kernels/token_mask/token_mask.cu against its
+// host twin (tern::apply_token_mask, bit for bit, over odd sizes, short masks and non-finite logits), and the CUDA
+// runner's forward_sample with a DeviceSampling::mask: every id it returns is allowed, greedy steps return the arg-max
+// of the allowed logits of forward() on the same inputs (the eager first step and the graph steps), and steps without a
+// mask in between still match the unmasked path.
 #include <algorithm>
 #include <cmath>
 #include <cstring>

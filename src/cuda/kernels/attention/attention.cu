@@ -1,3 +1,6 @@
+// Over ~800 lines in one file: the prefill (flash) and decode (split-KV) kernels share the device helpers of the
+// anonymous namespace below (cp.async and ldmatrix over swizzled tiles, the 16-bit mma, score masks), and one host
+// side sets both up and picks between them.
 #include "cuda/kernels/attention/attention.cuh"
 
 #include <algorithm>

@@ -1,3 +1,6 @@
+// Over ~800 lines in one file: the decode MoE block's three kernels (router, gate/up, down) share the 4-bit views,
+// the staged-activation sources and the host checks below. Its one-token integer kernels are in moe_dp4a.cu, the
+// cluster router in moe_router_cluster.cu.
 #include "cuda/kernels/moe/moe_decode.cuh"
 
 #include <algorithm>

@@ -1,3 +1,6 @@
+// Over ~800 lines in one file: gemv, the fp32 SIMT product and the split-x tensor-core kernel are the rungs that
+// matmul and matmul_swiglu choose among (with the kernels of qmatmul_int8.cu and qmatmul_wgmma.cu), and they share
+// that choice's helpers below.
 #include "cuda/kernels/qmatmul/qmatmul.cuh"
 
 #include <algorithm>

@@ -1,5 +1,6 @@
 // Allowed-token masks on the GPU (constrained decoding): the device twin of tern::apply_token_mask
-// (src/engine/token_mask.h). Runs after the LM head and before the sampler kernels (src/cuda/sampling.cuh).
+// (src/engine/token_mask.h). Runs after the LM head and before the sampler kernels
+// (src/cuda/kernels/sampling/sampling.cuh).
 #pragma once
 
 #include <cuda_runtime.h>
