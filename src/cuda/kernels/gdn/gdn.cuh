@@ -1,5 +1,7 @@
 // Gated DeltaNet core (model.md §2.4): q/k normalisation and gates, the gated delta rule over an fp32 state, and the
 // gated RMSNorm. The state is V-major: [Hv][dv][dk] fp32 (row j of head h holds S[:, j] over the key dims).
+// The kernels: gdn_prefill.cu (prepare, gates, the recurrence token by token and chunked, gated norm; the chunked form's
+// tensor-core kernels in gdn_chunked_tc.cuh and gdn_chunked_twopass.cuh) and gdn_decode.cu (the fused decode step).
 #pragma once
 
 #include <cuda_runtime.h>
