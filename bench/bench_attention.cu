@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "bench/workbench.h"
-#include "cuda/attention.cuh"
-#include "cuda/cuda_common.cuh"
+#include "cuda/common/cuda_common.cuh"
+#include "cuda/kernels/attention/attention.cuh"
 
 namespace tern::bench {
 namespace {

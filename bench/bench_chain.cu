@@ -9,10 +9,10 @@
 
 #include "bench/workbench.h"
 #include "core/check.h"
-#include "cuda/cuda_common.cuh"
-#include "cuda/launch.cuh"
-#include "cuda/qmv_tile.cuh"
-#include "cuda/warp_reduce.cuh"
+#include "cuda/common/cuda_common.cuh"
+#include "cuda/common/launch.cuh"
+#include "cuda/common/warp_reduce.cuh"
+#include "cuda/kernels/qmv/qmv_tile.cuh"
 
 namespace tern::bench {
 namespace {

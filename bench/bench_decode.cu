@@ -12,11 +12,11 @@
 
 #include "bench/workbench.h"
 #include "core/check.h"
-#include "cuda/cuda_common.cuh"
-#include "cuda/moe_decode.cuh"
-#include "cuda/qmv.cuh"
-#include "cuda/qmv_dp4a.cuh"
-#include "cuda/qmv_tile.cuh"
+#include "cuda/common/cuda_common.cuh"
+#include "cuda/kernels/moe/moe_decode.cuh"
+#include "cuda/kernels/qmv/qmv.cuh"
+#include "cuda/kernels/qmv/qmv_dp4a.cuh"
+#include "cuda/kernels/qmv/qmv_tile.cuh"
 
 namespace tern::bench {
 namespace {

@@ -15,9 +15,9 @@
 
 #include "bench/workbench.h"
 #include "core/check.h"
-#include "cuda/conv1d.cuh"
-#include "cuda/cuda_common.cuh"
-#include "cuda/gdn.cuh"
+#include "cuda/common/cuda_common.cuh"
+#include "cuda/kernels/conv1d/conv1d.cuh"
+#include "cuda/kernels/gdn/gdn.cuh"
 
 namespace tern::bench {
 namespace {

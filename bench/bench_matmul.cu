@@ -17,10 +17,10 @@
 
 #include "bench/workbench.h"
 #include "core/check.h"
-#include "cuda/moe.cuh"
-#include "cuda/qmatmul.cuh"
-#include "cuda/qmatmul_int8.cuh"
-#include "cuda/qmatmul_wgmma.cuh"
+#include "cuda/kernels/moe/moe.cuh"
+#include "cuda/kernels/qmatmul/qmatmul.cuh"
+#include "cuda/kernels/qmatmul/qmatmul_int8.cuh"
+#include "cuda/kernels/qmatmul/qmatmul_wgmma.cuh"
 
 namespace tern::bench {
 namespace {

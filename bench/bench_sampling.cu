@@ -1,6 +1,6 @@
-// Workbench cases for the GPU sampler (src/cuda/sampling.cu): one token from V = 248,320 logits, uniform random in
-// [-5, 5) (a flat distribution: top-p 0.9 alone keeps ~57,000 ids). One copy of the logits, kept in L2 across runs
-// as in decode (the LM head has just written them); bytes count one read of the logits.
+// Workbench cases for the GPU sampler (src/cuda/kernels/sampling/sampling.cu): one token from V = 248,320 logits,
+// uniform random in [-5, 5) (a flat distribution: top-p 0.9 alone keeps ~57,000 ids). One copy of the logits, kept in
+// L2 across runs as in decode (the LM head has just written them); bytes count one read of the logits.
 #include <cuda_runtime.h>
 
 #include <memory>
@@ -8,8 +8,8 @@
 
 #include "bench/workbench.h"
 #include "core/check.h"
-#include "cuda/cuda_common.cuh"
-#include "cuda/sampling.cuh"
+#include "cuda/common/cuda_common.cuh"
+#include "cuda/kernels/sampling/sampling.cuh"
 
 namespace tern::bench {
 namespace {

@@ -9,7 +9,7 @@
 
 #include "bench/workbench.h"
 #include "core/check.h"
-#include "cuda/cuda_common.cuh"
+#include "cuda/common/cuda_common.cuh"
 
 namespace tern::bench {
 namespace {

@@ -3,7 +3,7 @@
 #include "core/check.h"
 #include "cpu/cpu_runner.h"
 #ifdef TERN_HAVE_CUDA
-#include "cuda/cuda_runner.h"
+#include "cuda/runner/cuda_runner.h"
 #endif
 
 namespace tern {

@@ -35,7 +35,7 @@
 #ifdef TERN_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "cuda/cuda_runner.h"
+#include "cuda/runner/cuda_runner.h"
 #endif
 
 namespace tern::cli {

@@ -23,7 +23,7 @@
 #include "text/tokenizer.h"
 
 #ifdef TERN_HAVE_CUDA
-#include "cuda/cuda_runner.h"
+#include "cuda/runner/cuda_runner.h"
 #endif
 
 namespace tern::cli {

@@ -1,6 +1,6 @@
 // Allowed-token bitmasks (constrained decoding): bit (id % 32) of words[id / 32] set <=> id may be sampled.
-// apply_token_mask is the host twin of the CUDA kernel in src/cuda/token_mask.cu; both set every disallowed
-// logit to -inf, so the sampler (and the log-probabilities it reports) never sees a masked id.
+// apply_token_mask is the host twin of the CUDA kernel in src/cuda/kernels/token_mask/token_mask.cu; both set every
+// disallowed logit to -inf, so the sampler (and the log-probabilities it reports) never sees a masked id.
 #pragma once
 
 #include <cstdint>

@@ -16,8 +16,8 @@
 
 #include "core/bf16.h"
 #include "cpu/ops_gdn.h"
-#include "cuda/cuda_common.cuh"
-#include "cuda/device_weights.cuh"
+#include "cuda/common/cuda_common.cuh"
+#include "cuda/weights/device_weights.cuh"
 #include "model/weights.h"
 
 namespace tern::cuda::test {

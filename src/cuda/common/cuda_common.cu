@@ -1,0 +1,90 @@
+#include "cuda/common/cuda_common.cuh"
+
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "cuda/common/launch.cuh"
+
+namespace tern::cuda {
+
+// A failed CUDA call is a fault of the device or of our kernels, never of a request: InternalError.
+void check_cuda(cudaError_t e, const char* what, const char* file, int line) {
+  if (e == cudaSuccess) return;
+  internal_fail_at(file, line, detail::concat("CUDA error in ", what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"));
+}
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky error of a missing driver
+    return 0;
+  }
+  return n;
+}
+
+std::string device_description() {
+  cudaDeviceProp p{};
+  TERN_CUDA(cudaGetDeviceProperties(&p, 0));
+  return detail::concat(p.name, ", sm_", p.major, p.minor, ", ", (p.totalGlobalMem >> 30), " GiB, ", p.multiProcessorCount, " SMs");
+}
+
+DeviceArena::DeviceArena(size_t bytes, const char* what) : capacity_(align(bytes)), what_(what) {
+  if (capacity_ == 0) return;
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, capacity_);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    TERN_INTERNAL_FAIL("cannot allocate ", (capacity_ >> 20), " MiB of GPU memory for ", what_, " (", (free_b >> 20), " MiB free of ",
+              (total_b >> 20), " MiB): ", cudaGetErrorString(e));
+  }
+  base_ = static_cast<uint8_t*>(p);
+}
+
+DeviceArena::~DeviceArena() {
+  if (base_) cudaFree(base_);
+}
+
+DeviceArena& DeviceArena::operator=(DeviceArena&& o) noexcept {
+  if (this != &o) {
+    if (base_) cudaFree(base_);
+    base_ = std::exchange(o.base_, nullptr);
+    capacity_ = std::exchange(o.capacity_, 0);
+    used_ = std::exchange(o.used_, 0);
+    what_ = std::move(o.what_);
+  }
+  return *this;
+}
+
+void* DeviceArena::take(size_t bytes) {
+  const size_t b = align(bytes);
+  TERN_INTERNAL_CHECK(used_ + b <= capacity_, "GPU arena for ", what_, " exhausted: need ", b, " more bytes, ", capacity_ - used_, " left");
+  void* p = base_ + used_;
+  used_ += b;
+  return p;
+}
+
+bool env_is(const char* name, const char* value) {
+  const char* e = std::getenv(name);
+  return e && std::strcmp(e, value) == 0;
+}
+
+bool pdl_enabled() {
+  static const bool on = [] {
+    // On unless TERN_PDL=0. H200, 2026-12-01: with the one-token integer kernels (which trigger their dependents once
+    // their inputs are read) the 4K decode step runs at 507 tok/s with PDL and 452 without (docs/benchmarks.md); with
+    // the earlier tensor-core kernels (triggers at their start) PDL had measured slower, 334 against 367.
+    if (env_is("TERN_PDL", "0")) return false;
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return major >= 9;
+  }();
+  return on;
+}
+
+}  // namespace tern::cuda

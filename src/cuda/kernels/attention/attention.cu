@@ -1,0 +1,861 @@
+// Over ~800 lines in one file: the prefill (flash) and decode (split-KV) kernels share the device helpers of the
+// anonymous namespace below (cp.async and ldmatrix over swizzled tiles, the 16-bit mma, score masks), and one host
+// side sets both up and picks between them.
+#include "cuda/kernels/attention/attention.cuh"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/check.h"
+#include "cpu/ops_rope.h"
+#include "cuda/common/cuda_common.cuh"
+#include "cuda/common/launch.cuh"
+#include "cuda/common/warp_reduce.cuh"
+#include "cuda/weights/dmat_device.cuh"
+
+namespace tern::cuda {
+namespace {
+
+constexpr int kBlockKeys = 64;        // keys per K/V tile in shared memory (both paths)
+constexpr int kPrefillRows = 64;      // new tokens per prefill block: 4 warps × 16 rows
+constexpr int kDecodeMaxTokens = 8;   // T <= 8 takes the split-KV decode path
+constexpr int kDecodeMaxRows = 64;    // T·(Hq/Hkv) query rows per decode block: 4 warps × 16 rows at most
+constexpr int kMaxRopeHalf = 64;      // rot/2 <= 64
+constexpr float kLog2e = 1.4426950408889634f;
+
+// ---- small device helpers -------------------------------------------------------------------------------------
+
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+// 16-byte global -> shared copy (L2 only); the destination is zero-filled and the source not read when !valid.
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// Waits until at most n (0..3) committed groups are pending.
+__device__ __forceinline__ void cp_async_wait_dyn(int n) {
+  if (n <= 0) cp_async_wait<0>();
+  else if (n == 1) cp_async_wait<1>();
+  else if (n == 2) cp_async_wait<2>();
+  else cp_async_wait<3>();
+}
+
+// Four 8×8 16-bit matrices; lanes 8i..8i+7 address the rows of matrix i; register i of lane (g = lane/4, c = lane%4)
+// holds matrix i's row g, columns 2c, 2c+1 (.trans: rows 2c, 2c+1 of column g).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// The 16-bit element type of the KV cache, q and the softmax weights on the tensor cores (AttnDims::kv_f16):
+// F16 = true is fp16 (11 significant bits; values clamped to ±65504 when stored), false bf16 (8 bits).
+//
+// c[16×8] += a[16×16] · b[16×8], 16-bit inputs, fp32 accumulators. Fragments (g = lane/4, c = lane%4):
+//   a0 (g, 2c..2c+1), a1 (g+8, 2c..), a2 (g, 2c+8..), a3 (g+8, 2c+8..);  b0 (k 2c..2c+1, n g), b1 (k 2c+8.., n g);
+//   c0 (g, 2c), c1 (g, 2c+1), c2 (g+8, 2c), c3 (g+8, 2c+1).
+template <bool F16>
+__device__ __forceinline__ void mma16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+  if constexpr (F16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// Two floats -> a packed 16-bit pair (round to nearest even), `lo` in the low half (the lower column). fp16 saturates
+// at ±65504 (no infinity from a large finite value).
+template <bool F16>
+__device__ __forceinline__ uint32_t pack16(float lo, float hi) {
+  uint32_t r;
+  if constexpr (F16) {
+    constexpr float kMax = 65504.0f;
+    lo = fminf(fmaxf(lo, -kMax), kMax);
+    hi = fminf(fmaxf(hi, -kMax), kMax);
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  } else {
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  }
+  return r;
+}
+
+// Byte offset of 16-byte chunk c of row r in a [rows][DH] 16-bit tile. The chunk index is XOR-swizzled with r % 8, so
+// the 8 rows an ldmatrix reads at one logical chunk land in 8 distinct bank groups (no conflicts, no padding).
+template <int DH>
+__device__ __forceinline__ uint32_t swz(int r, int c) {
+  return uint32_t(r * (DH * 2) + ((c ^ (r & 7)) << 4));
+}
+
+// 8 fp32 values -> one 16-byte chunk of 16-bit values.
+template <bool F16>
+__device__ __forceinline__ uint4 load8_as16(const float* src) {
+  const float4 a = reinterpret_cast<const float4*>(src)[0], b = reinterpret_cast<const float4*>(src)[1];
+  return make_uint4(pack16<F16>(a.x, a.y), pack16<F16>(a.z, a.w), pack16<F16>(b.x, b.y), pack16<F16>(b.z, b.w));
+}
+
+__device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// One online-softmax step for a warp's 16 rows (this thread: rows g and g+8, hf = 0/1) over SN·8 new scores s (raw
+// q·k, −inf where masked). m: running raw max; l: this thread's partial row sum (its own columns; the 4 threads of a
+// row are summed at the end); o: the output accumulators, rescaled. On return s holds p = 2^(s·sl − m·sl).
+template <int SN, int NT>
+__device__ __forceinline__ void online_softmax(float (&s)[SN][4], float (&m)[2], float (&l)[2], float (&o)[NT][4],
+                                               float sl) {
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < SN; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * hf], s[n][2 * hf + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m[hf], mx);
+    const float base = m_new == -INFINITY ? 0.0f : m_new * sl;  // a row with no key yet: everything stays 0
+    const float corr = exp2f(m[hf] * sl - base);                 // 0 when m was −inf
+    m[hf] = m_new;
+    float sum = 0.0f;
+#pragma unroll
+    for (int n = 0; n < SN; ++n) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float p = exp2f(fmaf(s[n][2 * hf + e], sl, -base));
+        s[n][2 * hf + e] = p;
+        sum += p;
+      }
+    }
+    l[hf] = l[hf] * corr + sum;
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      o[n][2 * hf] *= corr;
+      o[n][2 * hf + 1] *= corr;
+    }
+  }
+}
+
+// Per-lane byte offsets for ldmatrix over swizzled tiles. A logical chunk c = 8·hi + lo (lo < 8) of row r sits at
+// r·2·DH + 128·hi + 16·(lo ^ (r & 7)); the lanes' rows are ≡ lane (mod 8) in every use below, so the lane-dependent
+// part only depends on lo, and the 4 even values of lo give 4 base offsets; the rest are immediates.
+template <int DH>
+struct LdmOffsets {
+  uint32_t base[4];
+  // rows: row0 + (lane & 7) + 8·row_bit; chunk low part: 2·i + chunk_bit, i < 4.
+  __device__ __forceinline__ LdmOffsets(int row0, int lane, int row_bit, int chunk_bit) {
+    const int r = row0 + (lane & 7) + 8 * row_bit;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) base[i] = uint32_t(r * DH * 2 + (((2 * i + chunk_bit) ^ (r & 7)) << 4));
+  }
+  // Offset of the 8×8 matrix at logical chunk 2·k (k < DH/16) and `rows` rows further down (a multiple of 8).
+  __device__ __forceinline__ uint32_t at(int k, int rows) const {
+    return base[k & 3] + uint32_t((k >> 2) * 128 + rows * DH * 2);
+  }
+};
+
+// S[16 rows][SN·8 keys] = Q[rows q_row0..+15] · K[keys k_row0..]ᵀ over DH dims (both swizzled 16-bit tiles in smem).
+template <int DH, int SN, bool F16>
+__device__ __forceinline__ void scores_qk(float (&s)[SN][4], uint32_t sq, int q_row0, uint32_t sk, int k_row0,
+                                          int lane) {
+  // Q matrices: (rows 0-7, dims 16kk..+7), (rows 8-15, same), (rows 0-7, dims +8..+15), (rows 8-15, +8..)
+  const LdmOffsets<DH> qo(q_row0, lane, (lane >> 3) & 1, lane >> 4);
+  // K matrices: (keys 16p+0-7, dims 16kk..+7), (same keys, +8..+15), (keys 16p+8-15, 16kk..), (keys +8-15, +8..)
+  const LdmOffsets<DH> ko(k_row0, lane, lane >> 4, (lane >> 3) & 1);
+#pragma unroll
+  for (int n = 0; n < SN; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < DH / 16; ++kk) {
+    uint32_t a[4];
+    ldmatrix_x4(a, sq + qo.at(kk, 0));
+#pragma unroll
+    for (int p = 0; p < SN / 2; ++p) {
+      uint32_t b[4];
+      ldmatrix_x4(b, sk + ko.at(kk, 16 * p));
+      mma16<F16>(s[2 * p], a, b[0], b[1]);
+      mma16<F16>(s[2 * p + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// O[16 rows][DH] += P[16 rows][SN·8 keys] · V[keys v_row0..][DH], P from the score accumulators (rounded to 16 bits).
+template <int DH, int SN, bool F16>
+__device__ __forceinline__ void accumulate_pv(float (&o)[DH / 8][4], const float (&p)[SN][4], uint32_t sv, int v_row0,
+                                              int lane) {
+  // .trans matrices: (keys 0-7, dims 16np..+7), (keys 8-15, same dims), (keys 0-7, dims +8..), (keys 8-15, +8..)
+  const LdmOffsets<DH> vo(v_row0, lane, (lane >> 3) & 1, lane >> 4);
+#pragma unroll
+  for (int kk = 0; kk < SN / 2; ++kk) {
+    uint32_t a[4];
+    a[0] = pack16<F16>(p[2 * kk][0], p[2 * kk][1]);
+    a[1] = pack16<F16>(p[2 * kk][2], p[2 * kk][3]);
+    a[2] = pack16<F16>(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+    a[3] = pack16<F16>(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+#pragma unroll
+    for (int np = 0; np < DH / 16; ++np) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, sv + vo.at(np, 16 * kk));
+      mma16<F16>(o[2 * np], a, b[0], b[1]);
+      mma16<F16>(o[2 * np + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// Masks (−inf) the scores of keys past each row's last visible key. rel_limit[hf]: that key minus the first key of
+// the slice (clamped to [-1, SN·8]); this thread's columns are 8n + 2c + e.
+template <int SN>
+__device__ __forceinline__ void mask_scores(float (&s)[SN][4], const int (&rel_limit)[2], int qd) {
+#pragma unroll
+  for (int n = 0; n < SN; ++n)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        if (8 * n + 2 * qd + e > rel_limit[hf]) s[n][2 * hf + e] = -INFINITY;
+}
+
+__device__ __forceinline__ int clamp_rel(int64_t x, int hi) { return x < -1 ? -1 : x > hi ? hi : int(x); }
+
+// This thread's share of copying rows [0, 64) of a [rows][DH] 16-bit tile from global (row stride DH) into a
+// swizzled smem tile: rows tid/CH + i·(128/CH), chunk tid%CH. Rows >= valid_rows are zero-filled, not read.
+template <int DH>
+__device__ __forceinline__ void copy_tile_async(uint32_t dst, const uint16_t* src, int valid_rows, int tid) {
+  constexpr int CH = DH / 8, RP = 128 / CH;
+  const int c = tid % CH, r0 = tid / CH;
+  const uint16_t* s = src + r0 * DH + c * 8;
+#pragma unroll
+  for (int i = 0; i < kBlockKeys / RP; ++i) {
+    const int r = r0 + i * RP;
+    cp_async_16(dst + swz<DH>(r, c), s + i * RP * DH, r < valid_rows);
+  }
+}
+
+// ---- attn_prepare -----------------------------------------------------------------------------------------------
+
+struct RopeFreqs {
+  float inv[kMaxRopeHalf];  // f_i = 1/θ^(2i/rot), computed on the host exactly as the CPU twin does
+};
+
+// attn_prepare holds a head row of DH floats in a group of CH = DH/8 lanes (lane = sub·CH + c): lane c of the group
+// holds elements 8c .. 8c+7, so a warp holds 32/CH rows at once (sub) and issues every load before any arithmetic.
+__device__ __forceinline__ void load_chunk(const float* row, int c, float (&v)[8]) {
+  const float4 a = reinterpret_cast<const float4*>(row)[2 * c], b = reinterpret_cast<const float4*>(row)[2 * c + 1];
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
+// RopeFreqs (a kernel parameter) into shared memory, so that lanes reading different frequencies do not serialise on
+// the parameter (constant) bank, which serves one address at a time. Every thread of the block calls it.
+__device__ __forceinline__ void stage_freqs(const RopeFreqs& freqs, float* inv_s) {
+  if (threadIdx.x < kMaxRopeHalf) inv_s[threadIdx.x] = freqs.inv[threadIdx.x];
+  __syncthreads();
+}
+
+// cos and sin of the rotate-half RoPE angles of the chunk's elements at position pos (1, 0 past rot); inv: the
+// frequencies in shared memory (stage_freqs).
+__device__ __forceinline__ void rope_cos_sin(int64_t pos, int c, int rot, const float* inv, float (&cs)[8],
+                                             float (&sn)[8]) {
+  const int half = rot / 2;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const int i = 8 * c + e;
+    cs[e] = 1.0f;
+    sn[e] = 0.0f;
+    if (i < rot) sincosf(float(pos) * inv[i < half ? i : i - half], &sn[e], &cs[e]);  // fp32, as the CPU twin
+  }
+}
+
+// v = rope(rmsnorm(v)·w) for every row the warp holds (all 32 lanes call it). rot must be 0 or a power of two >= 16
+// (rope_freqs checks it): element i ± rot/2 is then at the same place in lane c ^ (rot/16).
+template <int DH>
+__device__ __forceinline__ void norm_rope_chunk(float (&v)[8], const float (&w)[8], float eps, int rot, int c,
+                                                const float (&cs)[8], const float (&sn)[8]) {
+  constexpr int CH = DH / 8;
+  float ss = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) ss = fmaf(v[e], v[e], ss);
+#pragma unroll
+  for (int off = CH / 2; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+  const float inv = rsqrtf(ss / float(DH) + eps);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) v[e] = v[e] * inv * w[e];
+  const int pm = rot >= 16 ? rot / 16 : 1;  // partner lane offset of element i ± rot/2
+  const bool low = 8 * c < rot / 2;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const float p = __shfl_xor_sync(0xffffffffu, v[e], pm);
+    if (8 * c < rot) v[e] = low ? v[e] * cs[e] - p * sn[e] : v[e] * cs[e] + p * sn[e];
+  }
+}
+
+template <bool F16>
+__device__ __forceinline__ uint4 pack8_16(const float (&v)[8]) {
+  return make_uint4(pack16<F16>(v[0], v[1]), pack16<F16>(v[2], v[3]), pack16<F16>(v[4], v[5]), pack16<F16>(v[6], v[7]));
+}
+
+// One warp per 32/CH (token, head) tasks: Hq query heads, then Hkv key heads, then Hkv value heads.
+template <int DH, bool F16>
+__global__ void __launch_bounds__(256) attn_prepare_kernel(const float* qg, const float* k, const float* v,
+                                                           const float* q_norm, const float* k_norm, const int* pos0,
+                                                           AttnDims d, RopeFreqs freqs, float* q_out,
+                                                           uint16_t* cache_k, uint16_t* cache_v) {
+  constexpr int CH = DH / 8, PER_WARP = 32 / CH;
+  __shared__ float inv_s[kMaxRopeHalf];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, c = lane % CH;
+  const int heads = d.Hq + 2 * d.Hkv;
+  const int64_t task = (int64_t(blockIdx.x) * 8 + warp) * PER_WARP + lane / CH;
+  stage_freqs(freqs, inv_s);
+  pdl_wait();
+  pdl_trigger();
+  const bool live = task < d.T * heads;  // dead lanes still take part in the shuffles
+  const int64_t t = live ? task / heads : 0;
+  const int h = live ? int(task % heads) : 0;
+  const int64_t pos = int64_t(*pos0) + t;
+  const bool is_q = h < d.Hq, is_v = h >= d.Hq + d.Hkv;
+  float x[8];
+  load_chunk(is_q ? qg + (t * d.Hq + h) * 2 * DH
+                      : is_v ? v + (t * d.Hkv + (h - d.Hq - d.Hkv)) * DH : k + (t * d.Hkv + (h - d.Hq)) * DH,
+                 c, x);
+  if (live && is_v)  // value head: a plain copy into the cache
+    *reinterpret_cast<uint4*>(cache_v + (int64_t(h - d.Hq - d.Hkv) * d.capacity + pos) * DH + 8 * c) = pack8_16<F16>(x);
+  float w[8], cs[8], sn[8];
+  load_chunk(is_q ? q_norm : k_norm, c, w);
+  rope_cos_sin(pos, c, d.rot, inv_s, cs, sn);
+  norm_rope_chunk<DH>(x, w, d.eps, d.rot, c, cs, sn);  // every lane: the shuffles span the warp
+  if (!live || is_v) return;
+  if (is_q) {
+    float4* dst = reinterpret_cast<float4*>(q_out + (t * d.Hq + h) * int64_t(DH) + 8 * c);
+    dst[0] = make_float4(x[0], x[1], x[2], x[3]);
+    dst[1] = make_float4(x[4], x[5], x[6], x[7]);
+  } else {
+    *reinterpret_cast<uint4*>(cache_k + (int64_t(h - d.Hq) * d.capacity + pos) * DH + 8 * c) = pack8_16<F16>(x);
+  }
+}
+
+// ---- prefill: flash attention, one block per (query head, 64 new tokens) ------------------------------------------
+//
+// Warp w owns query rows 16w..16w+15 of the tile (tokens t0 + row), the whole head dim: O is 16×DH fp32 in registers
+// (DH/8 m16n8 accumulators). Shared memory: Q [64][DH], K [64][DH], V [64][DH] 16-bit, swizzled (96 KB at DH = 256:
+// two blocks per SM). The K and V tiles are single-buffered and overlapped as in FlashAttention-2: V_j streams in
+// while S = Q·K_jᵀ is computed, K_{j+1} while O += P·V_j. Key tiles run 0 → the diagonal; keys past the block's last
+// token (or past the cache rows written) are zero-filled and masked.
+
+template <int DH>
+constexpr size_t prefill_smem_bytes() {
+  return size_t(kPrefillRows + 2 * kBlockKeys) * DH * 2;
+}
+
+template <int DH, bool F16>
+__global__ void __launch_bounds__(128, 2)
+    attention_prefill_kernel(const float* q, const float* qg, const uint16_t* cache_k, const uint16_t* cache_v,
+                             const int* pos0_ptr, AttnDims d, float* out) {
+  constexpr int BM = kPrefillRows, BN = kBlockKeys, CH = DH / 8, NT = DH / 8;
+  extern __shared__ __align__(128) uint8_t smem[];
+  const uint32_t sq = smem_addr(smem), sk = sq + BM * DH * 2, sv = sk + BN * DH * 2;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, qd = lane & 3;
+  const int h = blockIdx.x, kvh = h / (d.Hq / d.Hkv);
+  const int64_t t0 = int64_t(gridDim.y - 1 - blockIdx.y) * BM;  // the longest rows (latest tokens) start first
+  const int64_t T = d.T;
+
+  pdl_wait();
+  pdl_trigger();
+  const int64_t pos0 = *pos0_ptr;
+  const int rows = int(T - t0 < BM ? T - t0 : BM);
+  const int64_t kv_end = pos0 + t0 + rows;  // keys [0, kv_end) are read
+  const int n_tiles = int((kv_end + BN - 1) / BN);
+  const uint16_t* Kh = cache_k + int64_t(kvh) * d.capacity * DH;
+  const uint16_t* Vh = cache_v + int64_t(kvh) * d.capacity * DH;
+
+  auto load_tile = [&](uint32_t dst, const uint16_t* base, int64_t k0) {
+    copy_tile_async<DH>(dst, base + k0 * DH, int(kv_end - k0 < BN ? kv_end - k0 : BN), tid);
+  };
+
+  load_tile(sk, Kh, 0);
+  cp_async_commit();
+  // Q tile, fp32 -> 16 bits; rows past T are zero.
+#pragma unroll 4
+  for (int it = 0; it < BM * CH / 128; ++it) {
+    const int i = tid + it * 128, r = i / CH, c = i % CH;
+    uint4 val = make_uint4(0u, 0u, 0u, 0u);
+    if (r < rows) val = load8_as16<F16>(q + ((t0 + r) * d.Hq + h) * DH + c * 8);
+    *reinterpret_cast<uint4*>(smem + swz<DH>(r, c)) = val;
+  }
+
+  const float sl = rsqrtf(float(DH)) * kLog2e;
+  const int row0 = warp * 16;
+  // Last key each of this thread's rows (g, g+8) may see; rows past T see every loaded key (their output is dropped).
+  int64_t limit[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int64_t lim = pos0 + t0 + row0 + g + 8 * hf;
+    limit[hf] = lim < kv_end - 1 ? lim : kv_end - 1;
+  }
+  const int64_t warp_first_limit = pos0 + t0 + row0 < kv_end - 1 ? pos0 + t0 + row0 : kv_end - 1;
+
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float o[NT][4];
+#pragma unroll
+  for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+
+  for (int j = 0; j < n_tiles; ++j) {
+    const int64_t k0 = int64_t(j) * BN;
+    cp_async_wait<0>();
+    __syncthreads();  // K_j (and Q) are in; every warp is done with V_{j-1}
+    load_tile(sv, Vh, k0);
+    cp_async_commit();
+
+    float s[BN / 8][4];
+    scores_qk<DH, BN / 8, F16>(s, sq, row0, sk, 0, lane);
+    if (k0 + BN - 1 > warp_first_limit) {  // the diagonal (or the end of the written keys) crosses this tile
+      const int rel[2] = {clamp_rel(limit[0] - k0, BN), clamp_rel(limit[1] - k0, BN)};
+      mask_scores<BN / 8>(s, rel, qd);
+    }
+    online_softmax<BN / 8, NT>(s, m, l, o, sl);
+
+    cp_async_wait<0>();
+    __syncthreads();  // V_j is in; every warp is done with K_j
+    if (j + 1 < n_tiles) load_tile(sk, Kh, k0 + BN);
+    cp_async_commit();
+
+    accumulate_pv<DH, BN / 8, F16>(o, s, sv, 0, lane);
+  }
+  cp_async_wait<0>();
+
+  // out = O / l · sigmoid(gate)
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float lt = l[hf];
+    lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+    lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+    const float inv = 1.0f / lt;
+    const int64_t t = t0 + row0 + g + 8 * hf;
+    if (t < T) {
+      const float* gate = qg + (t * d.Hq + h) * 2 * DH + DH;
+      float* dst = out + (t * d.Hq + h) * DH;
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        const int col = 8 * n + 2 * qd;
+        const float2 gv = *reinterpret_cast<const float2*>(gate + col);
+        *reinterpret_cast<float2*>(dst + col) =
+            make_float2(o[n][2 * hf] * inv * sigmoidf(gv.x), o[n][2 * hf + 1] * inv * sigmoidf(gv.y));
+      }
+    }
+  }
+}
+
+// ---- decode: split-KV flash decoding with the query heads of a KV head packed on the rows ------------------------
+//
+// Block (KV head, split) over keys [tile_begin·64, tile_end·64) ∩ [0, pos0 + T); query rows r = t·G + hg (token t,
+// head kvh·G + hg), R = T·G <= 16·RW. Warp w = kw·RW + rw handles rows 16rw..16rw+15 and keys 16·(4/RW)… of each tile:
+// KW = 4/RW warps split a tile's 64 keys (T·G <= 16: four warps of 16 keys each). K/V tiles stream through a
+// `stages`-deep cp.async ring; the KW key-warps are combined in shared memory at the end and the block writes the
+// unnormalised partial o with its max m (log2 units) and sum l. Empty splits write m = −inf, l = 0 and no o.
+
+template <int DH, int RW>
+constexpr size_t decode_smem_bytes(int stages) {
+  const size_t q = size_t(16 * RW) * DH * 2, stats = 2 * 4 * 16 * sizeof(float);
+  const size_t tiles = size_t(stages) * 2 * kBlockKeys * DH * 2, merge = 4 * 16 * size_t(DH + 8) * sizeof(float);
+  return q + stats + (tiles > merge ? tiles : merge);
+}
+
+template <int DH, int RW, bool F16>
+__global__ void __launch_bounds__(128, 1)
+    attention_decode_split_kernel(const float* q, const uint16_t* cache_k, const uint16_t* cache_v,
+                                  const int* pos0_ptr, AttnDims d, int splits, int stages, bool kv_prefetch_enabled,
+                                  float* part_o, float* part_m, float* part_l) {
+  constexpr int BN = kBlockKeys, CH = DH / 8, NT = DH / 8;
+  constexpr int KW = 4 / RW, KPW = BN / KW, SN = KPW / 8;
+  constexpr int QROWS = 16 * RW, TILE = BN * DH * 2, OSTRIDE = DH + 8;
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint8_t* sQ = smem;                                            // [QROWS][DH] 16-bit, swizzled
+  float* s_m = reinterpret_cast<float*>(smem + QROWS * DH * 2);  // [4 warps][16 rows]
+  float* s_l = s_m + 4 * 16;
+  uint8_t* ring = reinterpret_cast<uint8_t*>(s_l + 4 * 16);     // stages × {K [64][DH], V [64][DH]}
+  float* sO = reinterpret_cast<float*>(ring);                     // after the loop: [4 warps][16][OSTRIDE] fp32
+  const uint32_t sq = smem_addr(sQ), sring = smem_addr(ring);
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, qd = lane & 3;
+  const int rw = warp % RW, kw = warp / RW;
+  const int kvh = blockIdx.x, split = blockIdx.y;
+  const int G = d.Hq / d.Hkv, R = int(d.T) * G;
+
+  // The position and the cache rows before it were written by earlier steps, complete before this launch (the
+  // kernel before it, attn_prepare, triggers after its pdl_wait): tiles of keys < pos0 may stream in before the
+  // wait; the tiles holding the new tokens' rows (written by attn_prepare) only after it.
+  const int64_t pos0 = *pos0_ptr, L = pos0 + d.T;  // keys [0, L)
+  const int64_t n_tiles = (L + BN - 1) / BN;
+  const int64_t tb = split * n_tiles / splits, te = (split + 1) * n_tiles / splits;
+  auto part_index = [&](int r) { return (int64_t(r / G) * d.Hq + kvh * G + r % G) * splits + split; };
+  if (tb >= te) {
+    pdl_wait();
+    pdl_trigger();
+    for (int r = tid; r < R; r += blockDim.x) {
+      part_m[part_index(r)] = -INFINITY;
+      part_l[part_index(r)] = 0.0f;
+    }
+    return;
+  }
+  const uint16_t* Kh = cache_k + int64_t(kvh) * d.capacity * DH;
+  const uint16_t* Vh = cache_v + int64_t(kvh) * d.capacity * DH;
+  auto load_tile = [&](int64_t tile, int stage) {
+    const uint32_t dk = sring + uint32_t(stage) * 2 * TILE;
+    const int64_t k0 = tile * BN;
+    const int valid = int(L - k0 < BN ? L - k0 : BN);
+    copy_tile_async<DH>(dk, Kh + k0 * DH, valid, tid);
+    copy_tile_async<DH>(dk + TILE, Vh + k0 * DH, valid, tid);
+  };
+  const int64_t prologue_end = tb + stages - 1 < te ? tb + stages - 1 : te;  // tiles [tb, prologue_end) first
+  const bool early = prologue_end * BN <= pos0 && kv_prefetch_enabled;     // none holds a new row
+  if (!early) {
+    pdl_wait();
+    pdl_trigger();
+  }
+  for (int s = 0; s < stages - 1; ++s) {
+    if (tb + s < te) load_tile(tb + s, s);
+    cp_async_commit();
+  }
+  if (early) {
+    pdl_wait();
+    pdl_trigger();
+  }
+  // Q rows, fp32 -> 16 bits; rows past R are zero.
+#pragma unroll
+  for (int it = 0; it < QROWS * CH / 128; ++it) {
+    const int i = tid + it * 128, r = i / CH, c = i % CH;
+    uint4 val = make_uint4(0u, 0u, 0u, 0u);
+    if (r < R) val = load8_as16<F16>(q + ((int64_t(r / G) * d.Hq + kvh * G + r % G) * DH + c * 8));
+    *reinterpret_cast<uint4*>(sQ + swz<DH>(r, c)) = val;
+  }
+
+  const float sl = rsqrtf(float(DH)) * kLog2e;
+  const int row0 = 16 * rw, kb = kw * KPW;
+  int64_t limit[2];  // last key of this thread's rows: pos0 + t; padding rows see all keys
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int r = row0 + g + 8 * hf;
+    limit[hf] = r < R ? pos0 + r / G : L - 1;
+  }
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float o[NT][4];
+#pragma unroll
+  for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+
+  for (int64_t j = tb; j < te; ++j) {
+    const int i = int(j - tb);
+    if (j + stages - 1 < te) load_tile(j + stages - 1, (i + stages - 1) % stages);  // the stage read at i - 1
+    cp_async_commit();
+    cp_async_wait_dyn(stages - 1);
+    __syncthreads();  // tile j is in for every thread
+    const uint32_t sk = sring + uint32_t(i % stages) * 2 * TILE, sv = sk + TILE;
+    float s[SN][4];
+    scores_qk<DH, SN, F16>(s, sq, row0, sk, kb, lane);
+    const int64_t k0 = j * BN + kb;
+    if (k0 + KPW - 1 > pos0) {  // keys past pos0 (the new tokens', or past L) are in this slice
+      const int rel[2] = {clamp_rel(limit[0] - k0, KPW), clamp_rel(limit[1] - k0, KPW)};
+      mask_scores<SN>(s, rel, qd);
+    }
+    online_softmax<SN, NT>(s, m, l, o, sl);
+    accumulate_pv<DH, SN, F16>(o, s, sv, kb, lane);
+    __syncthreads();  // every warp is done with this stage before it is refilled
+  }
+  cp_async_wait<0>();
+
+  // Combine the KW key-warps of each row group through shared memory (the ring is free now).
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float lt = l[hf];
+    lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+    lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+    if (qd == 0) {
+      s_m[warp * 16 + g + 8 * hf] = m[hf];
+      s_l[warp * 16 + g + 8 * hf] = lt;
+    }
+    float* row = sO + (warp * 16 + g + 8 * hf) * OSTRIDE;
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+      *reinterpret_cast<float2*>(row + 8 * n + 2 * qd) = make_float2(o[n][2 * hf], o[n][2 * hf + 1]);
+  }
+  __syncthreads();
+  constexpr int C4 = DH / 4;
+  for (int i = tid; i < R * C4; i += 128) {
+    const int r = i / C4, c = i % C4, rg = r / 16, rr = r % 16;
+    float M = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < KW; ++k) M = fmaxf(M, s_m[(k * RW + rg) * 16 + rr]);
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float lsum = 0.0f;
+    if (M != -INFINITY) {
+#pragma unroll
+      for (int k = 0; k < KW; ++k) {
+        const int w = k * RW + rg;
+        const float wt = exp2f((s_m[w * 16 + rr] - M) * sl);  // 0 for a warp that saw no key of this row
+        const float4 v = *reinterpret_cast<const float4*>(sO + (w * 16 + rr) * OSTRIDE + 4 * c);
+        acc.x += wt * v.x;
+        acc.y += wt * v.y;
+        acc.z += wt * v.z;
+        acc.w += wt * v.w;
+        lsum += wt * s_l[w * 16 + rr];
+      }
+    }
+    const int64_t pi = part_index(r);
+    *reinterpret_cast<float4*>(part_o + pi * DH + 4 * c) = acc;
+    if (c == 0) {
+      part_m[pi] = M == -INFINITY ? -INFINITY : M * sl;
+      part_l[pi] = lsum;
+    }
+  }
+}
+
+// out[t, h·dh + i] = (Σ_s 2^{m_s−M} o_s[i]) / (Σ_s 2^{m_s−M} l_s) · sigmoid(gate[t, h, i]); one block per (t, h).
+// Thread (split group sg, column quad c) sums splits sg, sg + SG, ...; splits of weight 0 (empty) are not read.
+template <int DH>
+__global__ void __launch_bounds__(256)
+    attention_decode_merge_kernel(const float* part_o, const float* part_m, const float* part_l, const float* qg,
+                                  AttnDims d, int splits, float* out) {
+  constexpr int C4 = DH / 4, SG = 256 / C4;
+  __shared__ float wts[kAttnMaxSplits];
+  __shared__ float inv_sum;
+  __shared__ float4 red[256];
+  const int tid = threadIdx.x;
+  const int64_t th = blockIdx.x, t = th / d.Hq;
+  const int h = int(th % d.Hq);
+  pdl_wait();
+  pdl_trigger();
+  if (tid < 32) {
+    float M = -INFINITY;
+    for (int s = tid; s < splits; s += 32) M = fmaxf(M, part_m[th * splits + s]);
+    M = warp_max(M);
+    float L = 0.0f;
+    for (int s = tid; s < splits; s += 32) {
+      const float ms = part_m[th * splits + s];
+      const float w = ms == -INFINITY ? 0.0f : exp2f(ms - M);
+      wts[s] = w;
+      if (w != 0.0f) L += w * part_l[th * splits + s];
+    }
+    L = warp_sum(L);
+    if (tid == 0) inv_sum = 1.0f / L;
+  }
+  __syncthreads();
+  const int c = tid % C4, sg = tid / C4;
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int s = sg; s < splits; s += SG) {
+    const float w = wts[s];
+    if (w != 0.0f) {
+      const float4 v = *reinterpret_cast<const float4*>(part_o + (th * splits + s) * DH + 4 * c);
+      acc.x += w * v.x;
+      acc.y += w * v.y;
+      acc.z += w * v.z;
+      acc.w += w * v.w;
+    }
+  }
+  red[tid] = acc;
+  __syncthreads();
+  if (sg == 0) {
+#pragma unroll
+    for (int k = 1; k < SG; ++k) {
+      const float4 v = red[k * C4 + c];
+      acc.x += v.x;
+      acc.y += v.y;
+      acc.z += v.z;
+      acc.w += v.w;
+    }
+    const float inv = inv_sum;
+    const float4 gv = *reinterpret_cast<const float4*>(qg + (t * d.Hq + h) * 2 * DH + DH + 4 * c);
+    *reinterpret_cast<float4*>(out + (t * d.Hq + h) * DH + 4 * c) =
+        make_float4(acc.x * inv * sigmoidf(gv.x), acc.y * inv * sigmoidf(gv.y), acc.z * inv * sigmoidf(gv.z),
+                    acc.w * inv * sigmoidf(gv.w));
+  }
+}
+
+// ---- host side --------------------------------------------------------------------------------------------------
+
+struct DecodeVariant {
+  int stages = 1;
+  size_t smem = 0;
+  int blocks_per_sm = 1;
+};
+
+struct AttentionSetup {
+  int sms = 1, smem_optin = 0;
+  DecodeVariant decode[3][3];  // [dh 64/128/256][RW 1/2/4]
+};
+
+int dh_index(int dh) { return dh == 64 ? 0 : dh == 128 ? 1 : 2; }
+int rw_index(int rw) { return rw == 1 ? 0 : rw == 2 ? 1 : 2; }
+
+template <int DH, int RW>
+void setup_decode(AttentionSetup& s, int optin) {
+  DecodeVariant& v = s.decode[dh_index(DH)][rw_index(RW)];
+  v.stages = 3;
+  while (v.stages > 1 && decode_smem_bytes<DH, RW>(v.stages) > size_t(optin)) --v.stages;
+  v.smem = decode_smem_bytes<DH, RW>(v.stages);
+  if (v.smem > size_t(optin)) return;  // unusable on this device; attention() reports it
+  for (auto kernel : {attention_decode_split_kernel<DH, RW, true>, attention_decode_split_kernel<DH, RW, false>}) {
+    TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(v.smem)));
+    TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                   int(cudaSharedmemCarveoutMaxShared)));
+  }
+  int n = 0;  // the same resources for both element types
+  TERN_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_decode_split_kernel<DH, RW, true>, 128, v.smem));
+  v.blocks_per_sm = std::max(1, n);
+}
+
+template <int DH>
+void setup_dh(AttentionSetup& s, int optin) {
+  constexpr size_t prefill = prefill_smem_bytes<DH>();
+  if (prefill <= size_t(optin)) {
+    for (auto kernel : {attention_prefill_kernel<DH, true>, attention_prefill_kernel<DH, false>}) {
+      TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(prefill)));
+      TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                     int(cudaSharedmemCarveoutMaxShared)));
+    }
+  }
+  setup_decode<DH, 1>(s, optin);
+  setup_decode<DH, 2>(s, optin);
+  setup_decode<DH, 4>(s, optin);
+}
+
+// Device properties and kernel attributes, once per process (the first attention call; keep it out of capture).
+const AttentionSetup& attention_setup() {
+  static const AttentionSetup setup = [] {
+    AttentionSetup s;
+    int dev = 0, optin = 0;
+    TERN_CUDA(cudaGetDevice(&dev));
+    TERN_CUDA(cudaDeviceGetAttribute(&s.sms, cudaDevAttrMultiProcessorCount, dev));
+    TERN_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    s.smem_optin = optin;
+    setup_dh<64>(s, optin);
+    setup_dh<128>(s, optin);
+    setup_dh<256>(s, optin);
+    return s;
+  }();
+  return setup;
+}
+
+// TERN_ATTN_KV_EARLY=0: the decode kernel loads no K/V tile before pdl_wait (for comparison).
+bool kv_early() {
+  static const bool on = !env_is("TERN_ATTN_KV_EARLY", "0");
+  return on;
+}
+
+int decode_rows_warps(int64_t rows) { return rows <= 16 ? 1 : rows <= 32 ? 2 : 4; }
+
+// Splits of the decode grid: enough (KV head, split) blocks to fill every SM once, at most one per 64-key tile of
+// the capacity. Fixed for a given capacity, so a captured decode step stays valid as the length grows.
+int decode_splits(const AttnDims& d, const DecodeVariant& v, int sms) {
+  const int64_t want = (int64_t(sms) * v.blocks_per_sm + d.Hkv - 1) / d.Hkv;
+  const int64_t tiles = (d.capacity + kBlockKeys - 1) / kBlockKeys;
+  return int(std::clamp<int64_t>(std::min(want, tiles), 1, kAttnMaxSplits));
+}
+
+template <int DH, bool F16>
+void attention_dh(const float* q, const float* qg, const uint16_t* cache_k, const uint16_t* cache_v, const int* pos0,
+                  const AttnDims& d, float* partial, float* out, cudaStream_t stream) {
+  const AttentionSetup& setup = attention_setup();
+  const int G = d.Hq / d.Hkv;
+  if (d.T <= kDecodeMaxTokens && d.T * G <= kDecodeMaxRows) {
+    TERN_CHECK(partial != nullptr, "attention: decode needs the partial scratch");
+    const int RW = decode_rows_warps(d.T * G);
+    const DecodeVariant& v = setup.decode[dh_index(DH)][rw_index(RW)];
+    TERN_CHECK(v.smem <= size_t(setup.smem_optin), "attention: the decode kernel needs ", v.smem,
+               " bytes of shared memory, the device has ", setup.smem_optin);
+    const int splits = decode_splits(d, v, setup.sms);
+    float* po = partial;
+    float* pm = po + d.T * d.Hq * splits * DH;
+    float* pl = pm + d.T * d.Hq * splits;
+    const dim3 grid(unsigned(d.Hkv), unsigned(splits));
+    auto kernel = RW == 1 ? attention_decode_split_kernel<DH, 1, F16>
+                  : RW == 2 ? attention_decode_split_kernel<DH, 2, F16>
+                            : attention_decode_split_kernel<DH, 4, F16>;
+    launch_pdl("attention_decode_split", kernel, grid, dim3(128), v.smem, stream, q, cache_k, cache_v, pos0, d, splits,
+               v.stages, kv_early(), po, pm, pl);
+    launch_pdl("attention_decode_merge", attention_decode_merge_kernel<DH>, dim3(unsigned(d.T * d.Hq)), dim3(256), 0,
+               stream, po, pm, pl, qg, d, splits, out);
+  } else {
+    TERN_CHECK(prefill_smem_bytes<DH>() <= size_t(setup.smem_optin), "attention: the prefill kernel needs ",
+               prefill_smem_bytes<DH>(), " bytes of shared memory, the device has ", setup.smem_optin);
+    const int64_t tiles = (d.T + kPrefillRows - 1) / kPrefillRows;
+    TERN_CHECK(tiles <= 65535, "attention: ", d.T, " tokens in one call exceed the grid limit");
+    launch_pdl("attention_prefill", attention_prefill_kernel<DH, F16>, dim3(unsigned(d.Hq), unsigned(tiles)), dim3(128),
+               prefill_smem_bytes<DH>(), stream, q, qg, cache_k, cache_v, pos0, d, out);
+  }
+}
+
+template <int DH>
+void attention_dh_typed(const float* q, const float* qg, const uint16_t* cache_k, const uint16_t* cache_v,
+                        const int* pos0, const AttnDims& d, float* partial, float* out, cudaStream_t stream) {
+  if (d.kv_f16)
+    attention_dh<DH, true>(q, qg, cache_k, cache_v, pos0, d, partial, out, stream);
+  else
+    attention_dh<DH, false>(q, qg, cache_k, cache_v, pos0, d, partial, out, stream);
+}
+
+// The RoPE frequencies, after checking the shapes the kernels take: head dims 64, 128, 256; rotary dims 0 or 16·2^k
+// (element i ± rot/2 of a row then sits at the same place of another lane's 8-element chunk, norm_rope_chunk).
+RopeFreqs rope_freqs(const AttnDims& d) {
+  TERN_CHECK(d.dh == 64 || d.dh == 128 || d.dh == 256, "attention: head dim ", d.dh,
+             " not supported by the CUDA kernels (64, 128 or 256)");
+  const bool pow2 = d.rot >= 16 && (d.rot & (d.rot - 1)) == 0;
+  TERN_CHECK((d.rot == 0 || pow2) && d.rot <= d.dh && d.rot / 2 <= kMaxRopeHalf, "attention: rotary dims ", d.rot,
+             " not supported by the CUDA kernels (0, or a power of two from 16 to min(head dim, 128))");
+  RopeFreqs freqs = {};
+  for (int i = 0; i < d.rot / 2; ++i) freqs.inv[i] = cpu::rope_inv_freq(i, d.rot, double(d.theta));
+  return freqs;
+}
+
+}  // namespace
+
+void attention_check(const AttnDims& d) {
+  rope_freqs(d);
+  TERN_CHECK(d.Hkv > 0 && d.Hq % d.Hkv == 0, "attention: ", d.Hq, " query heads over ", d.Hkv, " KV heads");
+}
+
+void attn_prepare(const float* qg, const float* k, const float* v, const float* q_norm, const float* k_norm,
+                  const int* pos0, const AttnDims& d, float* q_out, uint16_t* cache_k, uint16_t* cache_v,
+                  cudaStream_t stream) {
+  const RopeFreqs freqs = rope_freqs(d);
+  if (d.T == 0) return;
+  const int64_t tasks = d.T * (d.Hq + 2 * d.Hkv);
+  const int per_block = 8 * (32 / (d.dh / 8));  // 8 warps, each 32 / (dh/8) rows at once
+  auto kernel = d.kv_f16 ? (d.dh == 64 ? attn_prepare_kernel<64, true>
+                            : d.dh == 128 ? attn_prepare_kernel<128, true> : attn_prepare_kernel<256, true>)
+                         : (d.dh == 64 ? attn_prepare_kernel<64, false>
+                            : d.dh == 128 ? attn_prepare_kernel<128, false> : attn_prepare_kernel<256, false>);
+  launch_pdl("attn_prepare", kernel, dim3(blocks_for(tasks, per_block)), dim3(256), 0, stream, qg, k, v, q_norm,
+             k_norm, pos0, d, freqs, q_out, cache_k, cache_v);
+}
+
+void attention_init() { attention_setup(); }
+
+int64_t attn_partial_floats(int64_t T, int Hq, int dh) {
+  const int64_t t = std::min<int64_t>(T, kDecodeMaxTokens);
+  return t * Hq * kAttnMaxSplits * (int64_t(dh) + 2);
+}
+
+void attention(const float* q, const float* qg, const uint16_t* cache_k, const uint16_t* cache_v, const int* pos0,
+               const AttnDims& d, float* partial, float* out, cudaStream_t stream) {
+  if (d.T == 0) return;
+  TERN_CHECK(d.Hkv > 0 && d.Hq % d.Hkv == 0, "attention: ", d.Hq, " query heads over ", d.Hkv, " KV heads");
+  TERN_CHECK(d.capacity > 0, "attention: empty KV cache");
+  switch (d.dh) {
+    case 64: attention_dh_typed<64>(q, qg, cache_k, cache_v, pos0, d, partial, out, stream); break;
+    case 128: attention_dh_typed<128>(q, qg, cache_k, cache_v, pos0, d, partial, out, stream); break;
+    case 256: attention_dh_typed<256>(q, qg, cache_k, cache_v, pos0, d, partial, out, stream); break;
+    default: TERN_FAIL("attention: head dim ", d.dh, " not supported by the CUDA kernels (64, 128 or 256)");
+  }
+}
+
+}  // namespace tern::cuda

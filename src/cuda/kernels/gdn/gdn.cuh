@@ -1,0 +1,116 @@
+// Gated DeltaNet core (model.md §2.4): q/k normalisation and gates, the gated delta rule over an fp32 state, and the
+// gated RMSNorm. The state is V-major: [Hv][dv][dk] fp32 (row j of head h holds S[:, j] over the key dims).
+// The kernels: gdn_prefill.cu (prepare, gates, the recurrence token by token and chunked, gated norm; the chunked form's
+// tensor-core kernels in gdn_chunked_tc.cuh and gdn_chunked_twopass.cuh) and gdn_decode.cu (the fused decode step).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace tern::cuda {
+
+struct GdnDims {
+  int64_t T = 0;
+  int Hk = 16, Hv = 32, dk = 128, dv = 128;
+  __host__ __device__ int64_t C() const { return 2LL * Hk * dk + int64_t(Hv) * dv; }
+};
+
+// In place on qkv [T, C] = [q (Hk·dk) | k (Hk·dk) | v (Hv·dv)] (after conv + SiLU):
+//   q ← q·rsqrt(Σq² + 1e-6)/√dk, k ← k·rsqrt(Σk² + 1e-6) per key head;
+// and per value head h: g_log[t,h] = −exp(A_log[h])·softplus(a[t,h] + dt_bias[h]), beta[t,h] = sigmoid(b[t,h]).
+//   b, a [T, Hv]; g_log, beta [T, Hv].
+void gdn_prepare(float* qkv, const float* b, const float* a, const float* A_log, const float* dt_bias, const GdnDims& d,
+                 float* g_log, float* beta, cudaStream_t stream);
+
+// The gates of gdn_prepare alone (g_log, beta as above), for prefill where conv1d_silu_qknorm did the q/k norms.
+void gdn_gates(const float* b, const float* a, const float* A_log, const float* dt_bias, const GdnDims& d, float* g_log,
+               float* beta, cudaStream_t stream);
+
+// The recurrence, token by token, v-head h using key head h / (Hv/Hk):
+//   S ← e^{g}·S;  δ = β(v − Sᵀk);  S ← S + k δᵀ;  o = Sᵀq
+// qkv as left by gdn_prepare; state [Hv, dv, dk] read and written in place; o [T, Hv·dv].
+// dk must be 32, 64 or 128 and dv a multiple of 16.
+void gdn_recurrent(const float* qkv, const float* g_log, const float* beta, float* state, const GdnDims& d, float* o,
+                   cudaStream_t stream);
+
+// The same function as gdn_recurrent (same inputs, outputs and state layout) in the chunked (WY/UT) form: per v-head
+// and chunk of `chunk` tokens, G = in-chunk cumulative log decay, the deltas solve (I + A)Δ = β(V − e^{G}·K·S₀ᵀ)
+// with A[t,s] = β_t e^{G_t−G_s} k_t·k_s (s < t); o = e^{G}·Q·S₀ᵀ + (e^{G_t−G_s} q_t·k_s)_{s≤t}·Δ;
+// S ← e^{G_n}·S₀ + Σ_s e^{G_n−G_s} δ_s k_sᵀ. Any T (the last chunk may be short); the state is carried in and out.
+// Kernels:
+//   simt:   fp32 throughout, forward substitution row by row; dk 32, 64 or 128; dv a multiple of 32; 1 ≤ chunk ≤ 64.
+//   tf32:   tensor cores (mma.sync tf32, fp32 accumulation), the triangular inverse by 16×16 blocks; chunk 64,
+//           dk 128, dv a multiple of 32, qkv/state/o 16-byte aligned. Relative error ~1e-3.
+//   tf32x3: the same with every operand split into tf32 hi + lo (three products): ≈ fp32 accuracy.
+//   The fused tensor-core kernels run a block per (v-head, 32 value rows) that walks the chunks with the in-chunk
+//   matrices recomputed per chunk, where 177 KB of shared memory per block are available (sm_90), else per (v-head,
+//   16 value rows) (152 KB: A100); tf32x3_slice16 forces the latter (tests).
+//   twopass_tf32x3: two kernels through a workspace (see gdn_chunked_workspace_bytes): every (v-head, chunk) at once
+//           computes the WY form (the decay cumsum, T = (I + A)⁻¹, W = T·(βe^{G}K), U = T·(βV), P = (QKᵀ)∘decay),
+//           then a block per (v-head, 32 value rows) walks the chunks: V' = U − W·Sᵀ, O = e^{G}QSᵀ + P·V', state
+//           update; 3xTF32 throughout (≈ fp32). Needs dk = dv = 128, chunk 64, 222 KB of shared memory (sm_90),
+//           16-byte aligned qkv/state/o/workspace, and a workspace of at least one chunk (T is processed in
+//           segments of as many chunks as the workspace holds, the state carried between them).
+//   twopass_mixed: the same with the output-only products (QKᵀ, Q·Sᵀ, P·V') in plain tf32; the state path
+//           (KKᵀ, the inverse, W, U, W·Sᵀ, the state update) stays 3xTF32.
+//   automatic: twopass_tf32x3 when a large enough workspace is given and supported, else tf32x3 when supported,
+//           else simt.
+enum class GdnChunkedKernel { automatic, simt, tf32, tf32x3, tf32x3_slice16, twopass_tf32x3, twopass_mixed };
+bool gdn_chunked_tc_supported(const GdnDims& d, int chunk);
+// Whether the two-pass kernels take these dims on this device (dk = dv = 128, Hv a multiple of Hk, chunk 64, enough
+// shared memory per block).
+bool gdn_chunked_twopass_supported(const GdnDims& d, int chunk = 64);
+// Workspace bytes for the two-pass kernels to process d.T tokens in one segment: ⌈T/64⌉ · Hv · 82,432 bytes
+// (W, U fp32 [64, 128], P fp32 [64, 64], two gate rows per chunk and v-head): 169 MB at T = 4096, Hv = 32. Any
+// smaller multiple of the per-chunk size works too (more segments). 0 where unsupported.
+size_t gdn_chunked_workspace_bytes(const GdnDims& d, int chunk = 64);
+void gdn_chunked(const float* qkv, const float* g_log, const float* beta, float* state, const GdnDims& d, float* o,
+                 cudaStream_t stream, int chunk = 64, GdnChunkedKernel kernel = GdnChunkedKernel::automatic,
+                 void* workspace = nullptr, size_t workspace_bytes = 0);
+
+// out[t, h, :] = (o·rsqrt(mean(o²) + eps)·w) · silu(z[t, h, :]) per head over dv.  o, z, out [T, Hv·dv]; w [dv].
+void gdn_gated_norm(const float* o, const float* z, const float* w, float eps, const GdnDims& d, float* out,
+                    cudaStream_t stream);
+
+// ---- decode: the whole mixer core after in_proj in one kernel ---------------------------------------------------
+// Exactly conv1d_silu → gdn_prepare → gdn_recurrent → gdn_gated_norm over T = 1..8 tokens (processed in order):
+// the conv (+ SiLU) of the qkv channels with its state, the q/k L2 norms, the gates, the delta rule on the fp32
+// state and the gated RMSNorm, without intermediate buffers.
+struct GdnDecodeArgs {
+  const float* proj = nullptr;  // [T, ld_proj]: row = [qkv_raw (C) | z (Hv·dv) | b (Hv) | a (Hv)] (in_proj output)
+  int64_t ld_proj = 0;          // ≥ C + Hv·dv + 2·Hv
+  const float* conv_w = nullptr;  // [C, Ck]
+  int Ck = 4;                     // 1..8
+  float* conv_state = nullptr;    // [Ck-1, C] fp32: the last Ck-1 pre-conv inputs, oldest first; updated
+  float* rec_state = nullptr;     // [Hv, dv, dk] fp32, updated in place
+  const float* A_log = nullptr;   // [Hv]
+  const float* dt_bias = nullptr;  // [Hv]
+  const float* norm_w = nullptr;   // [dv]
+  float eps = 1e-6f;
+  GdnDims d;  // d.T = tokens (0..8); dk = dv = 128 and Hv = 2·Hk (the model's GDN shape)
+  float* out = nullptr;  // [T, Hv·dv] = gated RMSNorm(o, z): the input of out_proj
+  // Tests only: take the portable path (one block per key head, no thread-block cluster) on any GPU.
+  bool force_portable = false;
+  // Which launch shape (tests and the workbench; automatic = cluster4_w16 on sm_90, portable before):
+  //   cluster8_w8:  clusters of 8 blocks × 8 warps × 4 state rows per warp (128 blocks of 256 threads);
+  //   cluster8_w16: clusters of 8 blocks × 16 warps × 2 rows (128 blocks of 512 threads);
+  //   cluster16_w8: clusters of 16 blocks × 8 warps × 2 rows (256 blocks of 256 threads; a non-portable size);
+  //   cluster4_w16: clusters of 4 blocks × 16 warps × 4 rows (64 blocks of 512 threads);
+  //   portable:     one block of 32 warps × 8 rows per key head, no cluster (any GPU).
+  // The cluster shapes fall back to portable where the sm_90 binary does not run.
+  enum class Kernel { automatic, cluster8_w8, cluster8_w16, cluster16_w8, cluster4_w16, portable };
+  Kernel kernel = Kernel::automatic;
+};
+
+// Launched with PDL. The recurrent state rows are read BEFORE pdl_wait(), overlapping the previous kernel: this is
+// safe because a layer's state is written only by this layer's own gdn_decode / gdn_chunked, never by the kernel
+// just before it in the stream; callers must not launch two state-writing calls on the same state back to back
+// within one PDL chain (one call per layer per decode graph is fine: graph launches are fully ordered).
+// sm_90+: a thread-block cluster per key head (its 2 v-heads split into row slices; the gated norm sums over the
+// cluster through distributed shared memory; Kernel picks the shape); before sm_90: one 1024-thread block per key head.
+void gdn_decode(const GdnDecodeArgs& a, cudaStream_t stream);
+// Whether gdn_decode takes these head shapes (the model's: dk = dv = 128, Hv = 2·Hk).
+bool gdn_decode_supported(const GdnDims& d);
+
+}  // namespace tern::cuda

@@ -1,0 +1,317 @@
+// The decode plan's Gated DeltaNet mixer core in one kernel, gdn_decode (gdn.cuh): conv + SiLU, q/k norms, gates, the
+// delta rule on the fp32 state and the gated RMSNorm over 1..8 tokens; a thread-block cluster per key head on sm_90.
+#include "cuda/kernels/gdn/gdn.cuh"
+
+#include <cooperative_groups.h>
+
+#include "core/check.h"
+#include "cuda/common/cuda_common.cuh"
+#include "cuda/common/launch.cuh"
+#include "cuda/common/warp_reduce.cuh"
+
+namespace tern::cuda {
+namespace {
+
+// ---- decode: conv + SiLU, q/k norms, gates, delta rule and gated norm in one kernel ------------------------------
+// A "group" is everything one key head kh needs: its q/k channels, the kRatio = 2 v-heads that share it, their
+// 2·dv = 256 state rows and v/z channels. A group is CS blocks (a cluster of CS on sm_90; CS = 1 before), block
+// `rank` owning group rows [rank·kRows, (rank+1)·kRows) (row r = v-head kh·2 + r/dv, value dim r%dv), NW warps of
+// RPW rows each; a lane holds key dims 4·lane..4·lane+3 of its warp's rows in registers for all T tokens.
+// Every block recomputes the conv + SiLU of the group's 256 q/k channels (the L2 norms need whole heads) and of its
+// own v channels. Conv state: the q/k entries are read by every block of the group and written only by rank 0,
+// after the group barrier that follows every block's reads; a block's v entries are read and written by it alone.
+constexpr int kDecodeMaxT = 8, kDecodeMaxTaps = 8, kDecodeDk = 128, kDecodeDv = 128, kDecodeRatio = 2;
+
+template <int CS, int NW, int RPW, int kTaps>
+__global__ void __launch_bounds__(NW * 32) gdn_decode_kernel(GdnDecodeArgs a) {
+  namespace cg = cooperative_groups;
+  constexpr int kRows = NW * RPW;                      // state rows of this block
+  constexpr int kQk = 2 * kDecodeDk;                   // q and k channels of the key head
+  constexpr int kCh = kQk + kRows;                     // conv channels this block computes
+  constexpr int kHeads = kRows > kDecodeDv ? kRows / kDecodeDv : 1;  // v-heads the block touches
+  constexpr int kWarpsPerHead = kDecodeDv / RPW;       // partial sums of squares per v-head (over the group)
+  static_assert(CS * kRows == kDecodeRatio * kDecodeDv, "a group covers the 2·dv rows of one key head");
+  static_assert(kDecodeDv % kRows == 0 || kRows % kDecodeDv == 0, "blocks hold whole heads or slices of one head");
+  static_assert(kDecodeDv % RPW == 0, "warps lie inside one head");
+  __shared__ __align__(16) float s_x[kDecodeMaxT][kCh];  // conv+SiLU outputs [t][q 128 | k 128 | v kRows]
+  __shared__ float s_conv_new[kTaps - 1][kCh];           // the new conv state of those channels
+  __shared__ float s_o[kDecodeMaxT][kRows];              // delta-rule outputs
+  __shared__ float s_sq[kDecodeMaxT][NW];                // Σ o² per (token, warp), read across the group
+  __shared__ float s_decay[kDecodeMaxT][kHeads], s_beta[kDecodeMaxT][kHeads], s_inv[kDecodeMaxT][kHeads];
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int rank = blockIdx.x, kh = blockIdx.y;
+  const int T = int(a.d.T), Hk = a.d.Hk, Hv = a.d.Hv, Ck = a.Ck;
+  const int64_t C = a.d.C(), ld = a.ld_proj;
+  const int row0 = rank * kRows;                       // first group row of the block
+  const int head0 = kh * kDecodeRatio + row0 / kDecodeDv;  // first v-head of the block
+  const int j00 = row0 % kDecodeDv;                     // first value dim of the block inside head0
+  // The warp's rows: v-head head0 + wslot, value dims wj0..wj0+RPW-1.
+  const int wslot = (j00 + warp * RPW) / kDecodeDv, wj0 = (j00 + warp * RPW) % kDecodeDv;
+  const int wh = head0 + wslot;
+
+  // State rows, before pdl_wait(): see gdn.cuh (only this layer's own GDN kernels write them).
+  float* S = a.rec_state + (int64_t(wh) * kDecodeDv + wj0) * kDecodeDk + 4 * lane;
+  float4 s[RPW];
+#pragma unroll
+  for (int r = 0; r < RPW; ++r) s[r] = *reinterpret_cast<const float4*>(S + r * kDecodeDk);
+
+  // Channel of local conv index lc: q (0..127), k (128..255), then the block's v rows.
+  auto channel = [&](int lc) -> int64_t {
+    if (lc < kDecodeDk) return int64_t(kh) * kDecodeDk + lc;
+    if (lc < kQk) return int64_t(Hk) * kDecodeDk + int64_t(kh) * kDecodeDk + (lc - kDecodeDk);
+    return 2LL * Hk * kDecodeDk + int64_t(kh) * kDecodeRatio * kDecodeDv + row0 + (lc - kQk);
+  };
+  // Conv weights of the thread's channels lc = tid + q·NT (launch constants: before pdl_wait too).
+  constexpr int kNt = NW * 32, kChPerThread = (kCh + kNt - 1) / kNt;
+  float cw[kChPerThread][kTaps];
+#pragma unroll
+  for (int q = 0; q < kChPerThread; ++q) {
+    const int lc = tid + q * kNt;
+    const int64_t c = lc < kCh ? channel(lc) : 0;
+#pragma unroll
+    for (int j = 0; j < kTaps; ++j) cw[q][j] = lc < kCh && j < Ck ? a.conv_w[c * Ck + j] : 0.0f;
+  }
+
+  pdl_wait();
+  pdl_trigger();
+
+  // Every global input after the wait is requested up front: conv state and inputs, gates, z of the outputs.
+  float win[kChPerThread][kTaps], xin[kChPerThread][kDecodeMaxT];
+#pragma unroll
+  for (int q = 0; q < kChPerThread; ++q) {
+    const int lc = tid + q * kNt;
+    const int64_t c = lc < kCh ? channel(lc) : 0;
+#pragma unroll
+    for (int j = 0; j < kTaps; ++j) win[q][j] = lc < kCh && j < Ck - 1 ? a.conv_state[j * C + c] : 0.0f;
+#pragma unroll
+    for (int t = 0; t < kDecodeMaxT; ++t) xin[q][t] = lc < kCh && t < T ? a.proj[t * ld + c] : 0.0f;
+  }
+  float gate_a = 0.0f, gate_b = 0.0f;
+  if (tid < T * kHeads) {
+    const int t = tid / kHeads, h = head0 + tid % kHeads;
+    const float* row = a.proj + t * ld + C + int64_t(Hv) * kDecodeDv;  // [b (Hv) | a (Hv)]
+    gate_b = row[h];
+    gate_a = row[Hv + h];
+  }
+  constexpr int kOutPerThread = (kDecodeMaxT * kRows + kNt - 1) / kNt;
+  float zin[kOutPerThread];
+#pragma unroll
+  for (int q = 0; q < kOutPerThread; ++q) {
+    const int i = tid + q * kNt, t = i / kRows, r = i % kRows;
+    const int64_t col = int64_t(head0) * kDecodeDv + j00 + r;  // the block's rows are consecutive columns
+    zin[q] = i < T * kRows ? a.proj[t * ld + C + col] : 0.0f;
+  }
+
+  // 1. conv + SiLU over the T tokens, window in registers (taps unrolled to kTaps, guarded by Ck).
+#pragma unroll
+  for (int q = 0; q < kChPerThread; ++q) {
+    const int lc = tid + q * kNt;
+    if (lc >= kCh) continue;
+#pragma unroll
+    for (int t = 0; t < kDecodeMaxT; ++t) {
+      if (t >= T) break;
+      float u = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kTaps; ++j) {
+        if (j == Ck - 1) win[q][j] = xin[q][t];
+        if (j < Ck) u += cw[q][j] * win[q][j];
+      }
+      s_x[t][lc] = u / (1.0f + expf(-u));
+#pragma unroll
+      for (int j = 0; j + 1 < kTaps; ++j)
+        if (j < Ck - 1) win[q][j] = win[q][j + 1];
+    }
+#pragma unroll
+    for (int j = 0; j + 1 < kTaps; ++j)
+      if (j < Ck - 1) s_conv_new[j][lc] = win[q][j];
+  }
+  // 2. gates of the block's v-heads
+  if (tid < T * kHeads) {
+    const int t = tid / kHeads, hs = tid % kHeads, h = head0 + hs;
+    const float x = gate_a + a.dt_bias[h];
+    const float sp = x > 20.0f ? x : log1pf(expf(x));
+    s_decay[t][hs] = expf(-expf(a.A_log[h]) * sp);
+    s_beta[t][hs] = 1.0f / (1.0f + expf(-gate_b));
+  }
+  __syncthreads();
+  // 3. L2 norms of q (scaled by 1/√dk) and k, a warp per (token, q|k)
+  for (int task = warp; task < 2 * T; task += NW) {
+    float* v = &s_x[task / 2][(task % 2) * kDecodeDk];
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kDecodeDk / 32; ++i) ss += v[lane + 32 * i] * v[lane + 32 * i];
+    float inv = rsqrtf(warp_sum(ss) + 1e-6f);
+    if (task % 2 == 0) inv *= rsqrtf(float(kDecodeDk));
+#pragma unroll
+    for (int i = 0; i < kDecodeDk / 32; ++i) v[lane + 32 * i] *= inv;
+  }
+  __syncthreads();
+  // 4. the delta rule, token by token: with ks = S_old·k, qs = S_old·q (one pass over the state),
+  //    δ = β(v − e^g·ks), S = e^g·S + δ kᵀ, o = e^g·qs + (q·k)·δ.
+  for (int t = 0; t < T; ++t) {
+    const float4 q = *reinterpret_cast<const float4*>(&s_x[t][4 * lane]);
+    const float4 k = *reinterpret_cast<const float4*>(&s_x[t][kDecodeDk + 4 * lane]);
+    float qk = q.x * k.x + q.y * k.y + q.z * k.z + q.w * k.w;
+    float ks[RPW], qs[RPW];
+#pragma unroll
+    for (int r = 0; r < RPW; ++r) {
+      ks[r] = s[r].x * k.x + s[r].y * k.y + s[r].z * k.z + s[r].w * k.w;
+      qs[r] = s[r].x * q.x + s[r].y * q.y + s[r].z * q.z + s[r].w * q.w;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      qk += __shfl_xor_sync(0xffffffffu, qk, off);
+#pragma unroll
+      for (int r = 0; r < RPW; ++r) {
+        ks[r] += __shfl_xor_sync(0xffffffffu, ks[r], off);
+        qs[r] += __shfl_xor_sync(0xffffffffu, qs[r], off);
+      }
+    }
+    const float g = s_decay[t][wslot], b = s_beta[t][wslot];
+    float sq = 0.0f, mine = 0.0f;
+#pragma unroll
+    for (int r = 0; r < RPW; ++r) {
+      const float delta = b * (s_x[t][kQk + warp * RPW + r] - g * ks[r]);
+      s[r].x = g * s[r].x + k.x * delta;
+      s[r].y = g * s[r].y + k.y * delta;
+      s[r].z = g * s[r].z + k.z * delta;
+      s[r].w = g * s[r].w + k.w * delta;
+      const float o = g * qs[r] + qk * delta;
+      sq += o * o;
+      if (lane == r) mine = o;
+    }
+    if (lane < RPW) s_o[t][warp * RPW + lane] = mine;
+    if (lane == 0) s_sq[t][warp] = sq;
+  }
+#pragma unroll
+  for (int r = 0; r < RPW; ++r) *reinterpret_cast<float4*>(S + r * kDecodeDk) = s[r];
+
+  // 5. group barrier: every block's partial sums are written and its conv-state reads are done
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (CS > 1) cg::this_cluster().sync(); else __syncthreads();
+#else
+  if constexpr (CS > 1) __trap();  // never launched: the host takes the cluster path only for sm_90 binaries
+  __syncthreads();
+#endif
+  auto partials = [&](int block) -> const float* {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if constexpr (CS > 1) return cg::this_cluster().map_shared_rank(&s_sq[0][0], block);
+#endif
+    return &s_sq[0][0];
+  };
+  // 6. per (token, v-head of the block): inv = rsqrt(mean(o²) + eps) over the head's dv rows (kWarpsPerHead warps)
+  for (int task = warp; task < T * kHeads; task += NW) {
+    const int t = task / kHeads, hs = task % kHeads;
+    const int gw0 = (head0 - kh * kDecodeRatio + hs) * kWarpsPerHead;  // first group warp of the head
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < (kWarpsPerHead + 31) / 32; ++i) {
+      if (lane + 32 * i >= kWarpsPerHead) break;
+      const int gw = gw0 + lane + 32 * i;
+      ss += partials(gw / NW)[t * NW + gw % NW];
+    }
+    ss = warp_sum(ss);
+    if (lane == 0) s_inv[t][hs] = rsqrtf(ss / float(kDecodeDv) + a.eps);
+  }
+  __syncthreads();
+  // 7. gated norm out, and the conv state (q/k channels by rank 0 only)
+#pragma unroll
+  for (int q = 0; q < kOutPerThread; ++q) {
+    const int i = tid + q * kNt, t = i / kRows, r = i % kRows;
+    if (i >= T * kRows) break;
+    const int hs = (j00 + r) / kDecodeDv, j = (j00 + r) % kDecodeDv;
+    const int64_t col = int64_t(head0 + hs) * kDecodeDv + j;
+    const float zz = zin[q];
+    a.out[t * int64_t(Hv) * kDecodeDv + col] = s_o[t][r] * s_inv[t][hs] * a.norm_w[j] * (zz / (1.0f + expf(-zz)));
+  }
+  for (int lc = tid; lc < kCh; lc += NW * 32) {
+    if (lc < kQk && rank != 0) continue;
+    const int64_t c = channel(lc);
+    for (int j = 0; j < Ck - 1; ++j) a.conv_state[j * C + c] = s_conv_new[j][lc];
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (CS > 1) cg::this_cluster().sync();  // keep s_sq alive until every block of the cluster read it
+#endif
+}
+
+// sm_90: clusters of blocks (GdnDecodeArgs::Kernel; automatic: clusters of 4 × 16 warps × 4 rows, 64 blocks); before:
+// one block of 32 warps × 8 rows per key head.
+constexpr int kDecodeClusterCS = 8, kDecodeClusterNW = 8, kDecodeClusterRPW = 4;
+constexpr int kDecodePortableNW = 32, kDecodePortableRPW = 8;
+
+}  // namespace
+
+namespace {
+
+// One gdn_decode launch of shape (CS blocks per key head in a cluster, NW warps, RPW rows per warp); CS = 1: plain.
+template <int CS, int NW, int RPW, int kTaps>
+void launch_decode(const GdnDecodeArgs& a, cudaStream_t stream) {
+  auto kernel = gdn_decode_kernel<CS, NW, RPW, kTaps>;
+  if constexpr (CS == 1) {
+    launch_pdl("gdn_decode", kernel, dim3(1, unsigned(a.d.Hk)), dim3(NW * 32), 0, stream, a);
+  } else {
+    if constexpr (CS > 8) {  // non-portable cluster size: allowed once, outside any capture (the first call is eager)
+      static const bool allowed = [&] {
+        TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+        return true;
+      }();
+      (void)allowed;
+    }
+    launch_cluster_pdl("gdn_decode (cluster)", kernel, dim3(CS, unsigned(a.d.Hk)), dim3(NW * 32), CS, 0, stream, a);
+  }
+}
+
+}  // namespace
+
+bool gdn_decode_supported(const GdnDims& d) {
+  return d.dk == kDecodeDk && d.dv == kDecodeDv && d.Hk > 0 && d.Hv == kDecodeRatio * d.Hk;
+}
+
+void gdn_decode(const GdnDecodeArgs& a, cudaStream_t stream) {
+  const GdnDims& d = a.d;
+  if (d.T == 0) return;
+  TERN_CHECK(d.T >= 1 && d.T <= kDecodeMaxT, "gdn_decode: ", d.T, " tokens (1..", kDecodeMaxT, ")");
+  TERN_CHECK(gdn_decode_supported(d),
+             "gdn_decode: needs dk = dv = 128 and Hv = 2·Hk (got dk ", d.dk, ", dv ", d.dv, ", Hk ", d.Hk, ", Hv ",
+             d.Hv, ")");
+  TERN_CHECK(a.Ck >= 1 && a.Ck <= kDecodeMaxTaps, "gdn_decode: conv width ", a.Ck, " not in [1, ", kDecodeMaxTaps,
+             "]");
+  TERN_CHECK(a.ld_proj >= d.C() + int64_t(d.Hv) * d.dv + 2 * d.Hv, "gdn_decode: ld_proj ", a.ld_proj, " too small");
+  TERN_CHECK(a.proj && a.conv_w && (a.Ck == 1 || a.conv_state) && a.rec_state && a.A_log && a.dt_bias && a.norm_w &&
+                 a.out,
+             "gdn_decode: null pointer");
+  TERN_CHECK(reinterpret_cast<uintptr_t>(a.rec_state) % 16 == 0, "gdn_decode: state not 16-byte aligned");
+  using K = GdnDecodeArgs::Kernel;
+  // The cluster shapes run when the binary chosen for this device is sm_90+ (not a JIT of the sm_80 PTX). Decided
+  // once, outside any capture (no stream work).
+  static const bool cluster_ok = [] {
+    cudaFuncAttributes fa{};
+    if (cudaFuncGetAttributes(&fa, gdn_decode_kernel<kDecodeClusterCS, kDecodeClusterNW, kDecodeClusterRPW, 4>) !=
+        cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return fa.binaryVersion >= 90;
+  }();
+  K kind = a.force_portable ? K::portable : a.kernel;
+  if (kind == K::automatic) kind = K::cluster4_w16;  // fastest in the workbench (H200, 2026-12-01: 5.2 µs vs 6.2 for cluster8_w8)
+  if (!cluster_ok) kind = K::portable;
+  const bool short_conv = a.Ck <= 4;  // the model's width 4: fewer registers
+  switch (kind) {
+    case K::cluster8_w16:
+      return short_conv ? launch_decode<8, 16, 2, 4>(a, stream) : launch_decode<8, 16, 2, 8>(a, stream);
+    case K::cluster16_w8:
+      return short_conv ? launch_decode<16, 8, 2, 4>(a, stream) : launch_decode<16, 8, 2, 8>(a, stream);
+    case K::cluster4_w16:
+      return short_conv ? launch_decode<4, 16, 4, 4>(a, stream) : launch_decode<4, 16, 4, 8>(a, stream);
+    case K::portable:
+      return short_conv ? launch_decode<1, kDecodePortableNW, kDecodePortableRPW, 4>(a, stream)
+                        : launch_decode<1, kDecodePortableNW, kDecodePortableRPW, 8>(a, stream);
+    default:
+      return short_conv ? launch_decode<kDecodeClusterCS, kDecodeClusterNW, kDecodeClusterRPW, 4>(a, stream)
+                        : launch_decode<kDecodeClusterCS, kDecodeClusterNW, kDecodeClusterRPW, 8>(a, stream);
+  }
+}
+
+}  // namespace tern::cuda

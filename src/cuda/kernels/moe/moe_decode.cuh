@@ -1,0 +1,83 @@
+// The sparse MoE block for a few tokens (decode, T <= kQmvMaxTokens) in three kernels (model.md §2.6):
+//   1. moe_router_decode:  x̂ = RMSNorm(hidden)·norm_w; router logits (8-bit, [E, D]) and the shared-expert gate
+//      logit; softmax over E in fp32, top-k (ties: lower index), weights renormalised over the top k; sigmoid of the
+//      shared gate. One warp per row (weights loaded before pdl_wait); the last block to finish (an atomic ticket)
+//      does the softmax and top-k and (Hopper) asks L2 to fetch the chosen experts' weights. One token under qmv
+//      variant 3 on sm_90: one cluster of 8 blocks instead (moe_router_cluster.cuh), same results, no ticket.
+//   2. moe_gate_up_decode: h[t, s] = silu(Wg[e_s]·x̂) ⊙ (Wu[e_s]·x̂) for the k routed slots and the shared expert
+//      (slot k).
+//   3. moe_down_decode:    hidden[t] += Σ_{s<k} w[t, s]·(Wd[e_s]·h[t, s]) + shared_gate[t]·(Wd_shared·h[t, k]),
+//      each output element summed in a fixed order (deterministic, no float atomics).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/weights/device_weights.cuh"
+
+namespace tern::cuda {
+
+struct MoeDecodeWeights {
+  const float* norm_w = nullptr;  // [D] post-attention RMSNorm
+  float eps = 1e-6f;
+  DMat router;                    // [E, D]
+  DMat shared_expert_gate;        // [1, D]
+  DMat expert_gate, expert_up;    // [E][F, D]
+  DMat expert_down;               // [E][D, F]
+  DMat shared_gate, shared_up;    // [Fs, D], Fs == F
+  DMat shared_down;               // [D, Fs]
+  int top_k = 8;
+  // One token on the integer path (moe_dp4a.cuh): the gate_up kernel, once it has read the routing, asks L2 for the
+  // down matrices of the chosen experts and the shared expert (l2_prefetch.cuh), so that the down kernel reads L2.
+  bool prefetch_down = false;
+};
+
+// Device scratch of one MoE decode step for T tokens; moe_decode_scratch_bytes() bytes, carved by
+// moe_decode_scratch_view(). Holds x̂, ids, weights, shared gate, h, and the router's ticket counter (zeroed by
+// moe_decode_scratch_init once; each router launch leaves it at zero again).
+struct MoeDecodeScratch {
+  float* xhat = nullptr;         // [T, D] normed input (written by the router kernel)
+  float* router_logits = nullptr;// [T, E]
+  float* shared_logit = nullptr; // [T]
+  int* ids = nullptr;            // [T, k]
+  float* w = nullptr;            // [T, k] routing weights
+  float* shared_gate = nullptr;  // [T] sigmoid(shared logit)
+  float* h = nullptr;            // [T, k+1, F]
+  unsigned* ticket = nullptr;    // [1]
+};
+size_t moe_decode_scratch_bytes(int T, int64_t D, int E, int k, int64_t F);
+MoeDecodeScratch moe_decode_scratch_view(void* base, int T, int64_t D, int E, int k, int64_t F);
+void moe_decode_scratch_init(const MoeDecodeScratch& s, cudaStream_t stream);
+
+// hidden [T, D] fp32, updated in place by moe_down_decode.
+void moe_router_decode(const MoeDecodeWeights& w, const float* hidden, int T, const MoeDecodeScratch& s,
+                       cudaStream_t stream);
+// moe_gate_up_decode returns whether it ran the one-token integer kernel (moe_dp4a.cuh), which lets the kernel after
+// it start only once the routing is complete: pass that to moe_down_decode's after_integer_gate_up when down is the
+// next launch of the same step, and the down kernel reads the routing and its first weights before pdl_wait.
+bool moe_gate_up_decode(const MoeDecodeWeights& w, int T, const MoeDecodeScratch& s, cudaStream_t stream);
+void moe_down_decode(const MoeDecodeWeights& w, float* hidden, int T, const MoeDecodeScratch& s, cudaStream_t stream,
+                     bool after_integer_gate_up = false);
+
+// One token under qmv variant 3 (the default): gate_up and down run the integer kernels of moe_dp4a.cuh where the
+// shapes fit (the model's do). Otherwise 4-bit experts (group 64, D and F multiples of 256) run on the tensor-core tile of qmv (fp16 hi + lo activations, ≈ fp32); other
+// formats on an fp32 SIMT path. gate_up and down cover T·k routed (token, slot) pairs plus the shared expert, each pair
+// reading its expert's rows once. The first call of gate_up / down sets their shared-memory limit: make it outside
+// graph capture.
+
+// Tuning (benchmarks): whether the routing block asks L2 (Hopper, cp.async.bulk.prefetch) to fetch the chosen
+// experts' gate, up and down weights (and the shared expert's) for the next two kernels. Default OFF (measured on the
+// H200: the MoE block 100 µs with it vs 43 µs without, whole-model decode 2x slower); TERN_MOE_PREFETCH=1 turns it on.
+// Set it outside graph capture (it is read when a launch is recorded). gate_up and down follow qmv's
+// TERN_QMV_VARIANT / TERN_QMV_DEPTH / TERN_QMV_BPS (qtile::tuning()).
+void moe_decode_set_l2_prefetch(bool on);
+
+// All three in order.
+inline void moe_decode(const MoeDecodeWeights& w, float* hidden, int T, const MoeDecodeScratch& s, cudaStream_t stream) {
+  moe_router_decode(w, hidden, T, s, stream);
+  const bool integer_gate_up = moe_gate_up_decode(w, T, s, stream);
+  moe_down_decode(w, hidden, T, s, stream, integer_gate_up);
+}
+
+}  // namespace tern::cuda

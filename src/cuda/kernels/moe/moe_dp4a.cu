@@ -1,0 +1,357 @@
+// One-token MoE expert kernels on integer dot products: see moe_dp4a.cuh and dp4a_tile.cuh.
+#include "cuda/kernels/moe/moe_dp4a.cuh"
+
+#include <algorithm>
+#include <cstdint>
+
+#include "core/check.h"
+#include "cuda/common/cuda_common.cuh"
+#include "cuda/common/l2_prefetch.cuh"
+#include "cuda/common/launch.cuh"
+#include "cuda/common/warp_reduce.cuh"
+#include "cuda/kernels/qmv/dp4a_tile.cuh"
+#include "cuda/kernels/qmv/qmv_tile.cuh"
+
+namespace tern::cuda {
+namespace {
+
+using qtile::kThreads;  // blocks of 8 warps, as qtile::balanced_grid sizes them
+using qtile::kWarps;
+constexpr int kTopK = 8;           // the down kernel's segments: 8 routed + the shared expert
+constexpr int kSeg = kTopK + 1;
+constexpr int kDownCols = 512;     // F: 32 lanes × 16 columns
+
+__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
+
+// A stacked 4-bit matrix: words, scales, biases and per-expert strides (in words and groups).
+struct Q4 {
+  const uint32_t* words;
+  const uint16_t* scales;
+  const uint16_t* biases;
+  int64_t expert_words, expert_groups;
+};
+
+// a or b, field by field (a reference to one of two kernel-parameter structs would send them to local memory).
+__device__ __forceinline__ Q4 pick(bool first, const Q4& a, const Q4& b) {
+  return Q4{first ? a.words : b.words, first ? a.scales : b.scales, first ? a.biases : b.biases,
+            first ? a.expert_words : b.expert_words, first ? a.expert_groups : b.expert_groups};
+}
+
+Q4 q4_of(const DMat& m) {
+  return Q4{static_cast<const uint32_t*>(m.data), m.scales, m.biases, m.rows * m.row_words, m.rows * m.groups_per_row};
+}
+
+// ---- gate_up + SwiGLU ---------------------------------------------------------------------------------------------
+
+struct GateUpParams {
+  Q4 gate, up, sgate, sup;
+  int F, row_words, gpr, E, k;
+  const int* ids;      // [k]
+  const float* xhat;   // [D]
+  float* h;            // [k + 1][F]
+  // L2 prefetch (MoeDecodeWeights::prefetch_down): the down kernel's matrices (down_rows rows of down_row_words words,
+  // down_gpr groups) of the k chosen experts and the shared expert.
+  bool down_ahead = false;
+  Q4 down, sdown;
+  int down_rows = 0, down_row_words = 0, down_gpr = 0;
+};
+
+// L2 prefetch of the down matrices of the k chosen experts and the shared expert, spread over the grid's threads in
+// pieces of L2Ranges::kPiece bytes: per segment its words, then scales, then biases.
+__device__ inline void prefetch_down(const GateUpParams& p, const int* ids) {
+  const int64_t wbytes = int64_t(p.down_rows) * p.down_row_words * 4, gbytes = int64_t(p.down_rows) * p.down_gpr * 2;
+  const int64_t wp = (wbytes + L2Ranges::kPiece - 1) / L2Ranges::kPiece;
+  const int64_t gp = (gbytes + L2Ranges::kPiece - 1) / L2Ranges::kPiece;
+  const int64_t per_seg = wp + 2 * gp;
+  for (int64_t t = grid_thread(); t < (p.k + 1) * per_seg; t += grid_threads()) {
+    const int seg = int(t / per_seg);
+    int64_t k = t - int64_t(seg) * per_seg;
+    const bool sh = seg == p.k;
+    const Q4 M = pick(sh, p.sdown, p.down);
+    const int64_t e = sh ? 0 : ids[seg];
+    const char* base;
+    int64_t bytes;
+    if (k < wp) {
+      base = reinterpret_cast<const char*>(M.words + e * M.expert_words);
+      bytes = wbytes;
+    } else {
+      k -= wp;
+      const bool sc = k < gp;
+      if (!sc) k -= gp;
+      base = reinterpret_cast<const char*>((sc ? M.scales : M.biases) + e * M.expert_groups);
+      bytes = gbytes;
+    }
+    const int64_t off = k * L2Ranges::kPiece;
+    l2_prefetch_bulk(base + off, uint32_t(bytes - off < L2Ranges::kPiece ? bytes - off : L2Ranges::kPiece));
+  }
+}
+
+template <int S>
+struct GateUpBatch {
+  uint4 g[S], u[S];
+  uint32_t gsb[S], usb[S];
+};
+
+// Batch b: slot pair = b / F (0: the shared expert), intermediate row i = b % F.
+template <int S>
+__device__ __forceinline__ void load_gate_up(const GateUpParams& p, const int* ids, int b, int lane,
+                                             GateUpBatch<S>& out) {
+  if (b >= (p.k + 1) * p.F) {
+#pragma unroll
+    for (int j = 0; j < S; ++j) {
+      out.g[j] = out.u[j] = make_uint4(0, 0, 0, 0);
+      out.gsb[j] = out.usb[j] = 0;
+    }
+    return;
+  }
+  const int pair = b / p.F, i = b - pair * p.F;
+  const bool sh = pair == 0;
+  const int64_t e = sh ? 0 : ids[pair - 1];
+  const Q4 G = pick(sh, p.sgate, p.gate), U = pick(sh, p.sup, p.up);
+  const int64_t wo = e * G.expert_words + int64_t(i) * p.row_words, go = e * G.expert_groups + int64_t(i) * p.gpr;
+  const uint4* gw = reinterpret_cast<const uint4*>(G.words + wo) + lane;
+  const uint4* uw = reinterpret_cast<const uint4*>(U.words + wo) + lane;
+#pragma unroll
+  for (int j = 0; j < S; ++j) {
+    out.g[j] = qtile::ld_weights_u4(gw + 32 * j);
+    out.u[j] = qtile::ld_weights_u4(uw + 32 * j);
+    const int64_t g = go + 16 * j + lane / 2;
+    out.gsb[j] = qtile::ld_const_u16(G.scales + g) | (qtile::ld_const_u16(G.biases + g) << 16);
+    out.usb[j] = qtile::ld_const_u16(U.scales + g) | (qtile::ld_const_u16(U.biases + g) << 16);
+  }
+}
+
+template <int S>
+__device__ __forceinline__ float dot_row(const uint4 (&w)[S], const uint32_t (&sb)[S], const uint4 (&xq)[S][4],
+                                         const float (&sig)[S], const float (&sx)[S]) {
+  float acc = 0.0f;
+#pragma unroll
+  for (int j = 0; j < S; ++j) {
+    int dh = 0, dl = 0;
+    dp4a::dot_word(w[j].x, xq[j][0], dh, dl);
+    dp4a::dot_word(w[j].y, xq[j][1], dh, dl);
+    dp4a::dot_word(w[j].z, xq[j][2], dh, dl);
+    dp4a::dot_word(w[j].w, xq[j][3], dh, dl);
+    acc = fmaf(dp4a::scale_of(sb[j]) * sig[j], float(dh * 256 + dl), acc);
+    acc = fmaf(dp4a::bias_of(sb[j]), sx[j], acc);
+  }
+  return acc;
+}
+
+template <int S>
+__global__ void __launch_bounds__(kThreads) moe_gate_up_dp4a_kernel(const GateUpParams p) {
+  __shared__ int ids_s[kTopK];
+  __shared__ uint4 xs[S * 128];
+  __shared__ __align__(16) int xsum[S * 128];
+  __shared__ float xsig[S * 16];
+  const int lane = threadIdx.x & 31;
+  const int warps = int(gridDim.x) * kWarps, batches = (p.k + 1) * p.F;
+  int batch = int(blockIdx.x) * kWarps + int(threadIdx.x >> 5);
+  GateUpBatch<S> cur;  // the first batch's weights in flight while the activations are quantised
+  const bool early = batch < p.F;  // a shared-expert row: known before the routing
+  if (early) load_gate_up<S>(p, ids_s, batch, lane, cur);
+  pdl_wait();  // the routing and x̂ come from the router kernel
+  if (int(threadIdx.x) < p.k) {
+    const int e = p.ids[threadIdx.x];
+    ids_s[threadIdx.x] = e < 0 ? 0 : (e >= p.E ? p.E - 1 : e);
+  }
+  __syncthreads();
+  if (!early) load_gate_up<S>(p, ids_s, batch, lane, cur);
+  if (p.down_ahead) prefetch_down(p, ids_s);
+  float unused_ss = 0.0f;
+  dp4a::quantize_block<dp4a::quantize_passes(S * 128, kThreads)>(p.xhat, nullptr, S * 128, xs, xsum, xsig, unused_ss);
+  __syncthreads();
+  pdl_trigger();
+  uint4 xq[S][4];
+  float sig[S], sx[S];
+#pragma unroll
+  for (int j = 0; j < S; ++j) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) xq[j][k] = xs[dp4a::xs_slot(j * 128 + 4 * lane + k)];
+    const int4 sv = *reinterpret_cast<const int4*>(xsum + j * 128 + 4 * lane);
+    const int sumv = sv.x + sv.y + sv.z + sv.w;
+    sig[j] = xsig[j * 16 + lane / 2];
+    sx[j] = sig[j] * float(sumv);
+  }
+  for (; batch < batches; batch += warps) {
+    GateUpBatch<S> nxt;
+    load_gate_up<S>(p, ids_s, batch + warps, lane, nxt);
+    const float g = warp_sum(dot_row<S>(cur.g, cur.gsb, xq, sig, sx));
+    const float u = warp_sum(dot_row<S>(cur.u, cur.usb, xq, sig, sx));
+    if (lane == 0) {
+      const int pair = batch / p.F, i = batch - pair * p.F;
+      const int slot = pair == 0 ? p.k : pair - 1;
+      p.h[int64_t(slot) * p.F + i] = silu_f(g) * u;
+    }
+    cur = nxt;
+  }
+}
+
+// ---- down + weighted sum + residual -------------------------------------------------------------------------------
+
+struct DownParams {
+  Q4 down, sdown;
+  int D, row_words, gpr, E;
+  const int* ids;            // [kTopK]
+  const float* w;            // [kTopK] routing weights
+  const float* shared_gate;  // [1]
+  const float* h;            // [kSeg][512]
+  float* hidden;             // [D]
+  bool early_routing;        // ids complete before this launch: read them and the first weights before pdl_wait
+};
+
+struct DownBatch {
+  uint2 w[kSeg];
+  uint32_t sb[kSeg];
+};
+
+// Output row r: segment s < kTopK reads routed expert ids[s], segment kTopK the shared expert; lane l its columns
+// [16·l, +16) (two words).
+__device__ __forceinline__ void load_down(const DownParams& p, const int* ids, int r, int lane, DownBatch& out) {
+#pragma unroll
+  for (int s = 0; s < kSeg; ++s) {
+    if (r >= p.D) {
+      out.w[s] = make_uint2(0, 0);
+      out.sb[s] = 0;
+      continue;
+    }
+    const bool sh = s == kTopK;
+    const Q4 M = pick(sh, p.sdown, p.down);
+    const int64_t e = sh ? 0 : ids[s];
+    const uint32_t* row = M.words + e * M.expert_words + int64_t(r) * p.row_words;
+    out.w[s] = qtile::ld_weights_u2(row + 2 * lane);
+    const int64_t g = e * M.expert_groups + int64_t(r) * p.gpr + lane / 4;
+    out.sb[s] = qtile::ld_const_u16(M.scales + g) | (qtile::ld_const_u16(M.biases + g) << 16);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 2) moe_down_dp4a_kernel(const DownParams p) {
+  __shared__ int ids_s[kTopK];
+  __shared__ uint4 xs[kSeg * 64];
+  __shared__ int xsum[kSeg * 64];
+  __shared__ float xsig[kSeg * 8];
+  const int lane = threadIdx.x & 31;
+  const int warps = int(gridDim.x) * kWarps;
+  int row = int(blockIdx.x) * kWarps + int(threadIdx.x >> 5);
+  if (!p.early_routing) pdl_wait();
+  if (int(threadIdx.x) < kTopK) {
+    const int e = __ldcg(p.ids + threadIdx.x);  // L2: written by another kernel, maybe while this one was resident
+    ids_s[threadIdx.x] = e < 0 ? 0 : (e >= p.E ? p.E - 1 : e);
+  }
+  __syncthreads();
+  DownBatch cur;  // the first row's weights in flight while gate_up finishes / the activations are quantised
+  load_down(p, ids_s, row, lane, cur);
+  if (p.early_routing) pdl_wait();  // h comes from gate_up
+  // The k + 1 rows of h (512 columns, 64 words each), quantised as they are; the coefficients scale σ below.
+  float unused_ss = 0.0f;
+  dp4a::quantize_block<dp4a::quantize_passes(kSeg * 64, kThreads)>(p.h, nullptr, kSeg * 64, xs, xsum, xsig, unused_ss);
+  __syncthreads();
+  pdl_trigger();
+  float sig[kSeg], sx[kSeg];  // coefficient·σ of the lane's group, coefficient·σ·Σv of its 16 columns
+#pragma unroll
+  for (int s = 0; s < kSeg; ++s) {
+    const float coef = s < kTopK ? p.w[s] : p.shared_gate[0];
+    sig[s] = coef * xsig[s * 8 + lane / 4];
+    sx[s] = sig[s] * float(xsum[s * 64 + 2 * lane] + xsum[s * 64 + 2 * lane + 1]);
+  }
+  for (; row < p.D; row += warps) {
+    DownBatch nxt;
+    load_down(p, ids_s, row + warps, lane, nxt);
+    float acc = 0.0f;
+#pragma unroll
+    for (int s = 0; s < kSeg; ++s) {
+      int dh = 0, dl = 0;
+      // The activations stay in shared memory (xs_slot: the 8 lanes of a quarter-warp read distinct bank groups).
+      dp4a::dot_word(cur.w[s].x, xs[dp4a::xs_slot(s * 64 + 2 * lane)], dh, dl);
+      dp4a::dot_word(cur.w[s].y, xs[dp4a::xs_slot(s * 64 + 2 * lane + 1)], dh, dl);
+      acc = fmaf(dp4a::scale_of(cur.sb[s]) * sig[s], float(dh * 256 + dl), acc);
+      acc = fmaf(dp4a::bias_of(cur.sb[s]), sx[s], acc);
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) p.hidden[row] += acc;
+    cur = nxt;
+  }
+}
+
+bool q4_dp4a_ok(const DMat& m) {
+  return m.format == WeightFormat::affine4 && m.group_size == 64 && m.row_words == m.cols / 8 &&
+         m.experts * m.rows * m.row_words < (int64_t(1) << 31) && (reinterpret_cast<uintptr_t>(m.data) & 15) == 0;
+}
+
+bool same_shape(const DMat& a, const DMat& b) { return a.rows == b.rows && a.cols == b.cols; }
+
+// Whether L2 prefetch pieces of m's rows are 16-byte aligned: word, scale and bias bases, rows' groups and experts.
+bool prefetch_aligned(const DMat& m) {
+  const auto al = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+  return al(m.data) && al(m.scales) && al(m.biases) && (m.groups_per_row * 2) % 16 == 0 && (m.row_words * 4) % 16 == 0;
+}
+
+template <int S>
+void launch_gate_up(const GateUpParams& p, cudaStream_t stream) {
+  const int blocks =
+      qtile::balanced_grid(reinterpret_cast<const void*>(moe_gate_up_dp4a_kernel<S>), int64_t(p.k + 1) * p.F);
+  launch_pdl("moe_gate_up_dp4a", moe_gate_up_dp4a_kernel<S>, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, p);
+}
+
+}  // namespace
+
+bool moe_gate_up_dp4a(const MoeDecodeWeights& w, const MoeDecodeScratch& s, cudaStream_t stream) {
+  const DMat& g = w.expert_gate;
+  const int64_t D = g.cols;
+  if (!(D == 1024 || D == 2048 || D == 4096) || w.top_k != kTopK || !q4_dp4a_ok(g) || !q4_dp4a_ok(w.expert_up) ||
+      !q4_dp4a_ok(w.shared_gate) || !q4_dp4a_ok(w.shared_up) || !same_shape(g, w.expert_up) ||
+      !same_shape(g, w.shared_gate) || !same_shape(g, w.shared_up) || (reinterpret_cast<uintptr_t>(s.xhat) & 15))
+    return false;
+  GateUpParams p;
+  p.gate = q4_of(g);
+  p.up = q4_of(w.expert_up);
+  p.sgate = q4_of(w.shared_gate);
+  p.sup = q4_of(w.shared_up);
+  p.F = int(g.rows);
+  p.row_words = int(g.row_words);
+  p.gpr = int(g.groups_per_row);
+  p.E = int(g.experts);
+  p.k = w.top_k;
+  p.ids = s.ids;
+  p.xhat = s.xhat;
+  p.h = s.h;
+  p.down_ahead = w.prefetch_down && prefetch_aligned(w.expert_down) && prefetch_aligned(w.shared_down) &&
+                 same_shape(w.expert_down, w.shared_down);
+  p.down = q4_of(w.expert_down);
+  p.sdown = q4_of(w.shared_down);
+  p.down_rows = int(w.expert_down.rows);
+  p.down_row_words = int(w.expert_down.row_words);
+  p.down_gpr = int(w.expert_down.groups_per_row);
+  switch (D) {
+    case 1024: launch_gate_up<1>(p, stream); break;
+    case 2048: launch_gate_up<2>(p, stream); break;
+    default: launch_gate_up<4>(p, stream); break;
+  }
+  return true;
+}
+
+bool moe_down_dp4a(const MoeDecodeWeights& w, float* hidden, const MoeDecodeScratch& s, bool early_routing,
+                   cudaStream_t stream) {
+  const DMat& d = w.expert_down;
+  if (d.cols != kDownCols || w.top_k != kTopK || !q4_dp4a_ok(d) || !q4_dp4a_ok(w.shared_down) ||
+      !same_shape(d, w.shared_down) || (reinterpret_cast<uintptr_t>(s.h) & 15))
+    return false;
+  DownParams p;
+  p.down = q4_of(d);
+  p.sdown = q4_of(w.shared_down);
+  p.D = int(d.rows);
+  p.row_words = int(d.row_words);
+  p.gpr = int(d.groups_per_row);
+  p.E = int(d.experts);
+  p.ids = s.ids;
+  p.w = s.w;
+  p.shared_gate = s.shared_gate;
+  p.h = s.h;
+  p.hidden = hidden;
+  p.early_routing = early_routing;
+  const int blocks = qtile::balanced_grid(reinterpret_cast<const void*>(moe_down_dp4a_kernel), p.D);
+  launch_pdl("moe_down_dp4a", moe_down_dp4a_kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, p);
+  return true;
+}
+
+}  // namespace tern::cuda

@@ -1,0 +1,26 @@
+// The MoE decode block's expert kernels for one token through integer dot products (dp4a_tile.cuh), the T = 1 path of
+// moe_gate_up_decode and moe_down_decode (moe_decode.cuh) under qmv variant 3:
+//   gate_up: h[s] = silu(Wg[e_s]·x̂) ⊙ (Wu[e_s]·x̂) for the k routed slots and the shared expert (slot k); a warp batch
+//            is one intermediate row i of one slot (its gate row and up row), batches interleaved over the grid;
+//   down:    hidden += Σ_{s<k} w[s]·(Wd[e_s]·h[s]) + shared_gate·(Wd_shared·h[k]); a warp batch is one output row,
+//            all k + 1 segments summed by the warp in a fixed order (deterministic, no atomics).
+// Each block quantises the activations once (x̂ for gate_up; the k + 1 rows of h for down, whose routing coefficient
+// multiplies the group's σ) into shared memory; the lanes keep their columns in registers.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cuda/kernels/moe/moe_decode.cuh"
+
+namespace tern::cuda {
+
+// Run the kernel and return true when the shapes fit (4-bit group-64 experts of the same layout; gate_up: D of 1024,
+// 2048 or 4096 columns; down: F = 512 and top_k = 8); false: nothing was launched.
+// The gate_up kernel calls pdl_trigger only after its pdl_wait, so the kernel after it starts only once the routing
+// kernel before it has completed: down with early_routing (the launch right after this gate_up kernel, same step)
+// reads the routing and issues its first weight loads before its own pdl_wait.
+bool moe_gate_up_dp4a(const MoeDecodeWeights& w, const MoeDecodeScratch& s, cudaStream_t stream);
+bool moe_down_dp4a(const MoeDecodeWeights& w, float* hidden, const MoeDecodeScratch& s, bool early_routing,
+                   cudaStream_t stream);
+
+}  // namespace tern::cuda

@@ -1,0 +1,187 @@
+// The one-token MoE router in one cluster: see moe_router_cluster.cuh.
+#include "cuda/kernels/moe/moe_router_cluster.cuh"
+
+#include <cooperative_groups.h>
+
+#include <cstdint>
+
+#include "core/check.h"
+#include "cuda/common/cuda_common.cuh"
+#include "cuda/common/launch.cuh"
+#include "cuda/common/warp_reduce.cuh"
+#include "cuda/kernels/moe/moe_route.cuh"
+#include "cuda/kernels/qmv/qmv_tile.cuh"
+#include "cuda/weights/dmat_device.cuh"
+
+namespace cg = cooperative_groups;
+
+namespace tern::cuda {
+namespace {
+
+constexpr int kCluster = 8;         // blocks (portable cluster size)
+constexpr int kWarps = 16;          // per block
+[[maybe_unused]] constexpr int kRowsPerWarp = 3;  // 8 · 16 · 3 = 384 ≥ E + 1
+constexpr int kMaxE = 256;          // route_token<8>: 8 experts per lane
+[[maybe_unused]] constexpr int kSlicePad = 20;      // floats per 16-column slice of x in shared memory
+[[maybe_unused]] constexpr int kMaxD = 2048;        // D = 512 · NCH, NCH ∈ {1, 2, 4} (registers: 3 rows × NCH uint4 per lane)
+
+struct ClusterRouterParams {
+  DMat router, sgate;
+  const float* norm_w;
+  float eps;
+  const float* hidden;  // [D]
+  int D, E, k;
+  MoeDecodeScratch s;
+};
+
+// Index in xs of float4 number c4 of x (columns 4·c4 .. 4·c4 + 3).
+[[maybe_unused]] __device__ __forceinline__ int padded(int c4) { return (c4 / 4) * kSlicePad + (c4 % 4) * 4; }
+
+[[maybe_unused]] __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+template <int NCH>
+__global__ void __launch_bounds__(kWarps * 32) moe_router_cluster_kernel(const ClusterRouterParams p) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 900
+  __trap();  // never launched: the host takes this path only for sm_90 binaries
+#else
+  // x·norm_w, each lane's 16-column slice padded to 20 floats: the 8 lanes of a quarter-warp read their slices'
+  // float4s from 8 distinct bank quads (16 floats apart they would hit the same 4 banks: a 4-way conflict).
+  __shared__ __align__(16) float xs[kMaxD / 16 * kSlicePad];
+  __shared__ float logits[kMaxE + 1];        // block 0's: every block writes its rows here
+  __shared__ float ss_part[kWarps];
+  __shared__ float rinv_s;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = int(cluster.block_rank());
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+
+  // Weights first (launch constants): rows gw, gw + 128, gw + 256 of [router; shared gate], gw = rank·16 + warp.
+  uint4 wq[kRowsPerWarp][NCH];
+  uint32_t wsb[kRowsPerWarp][NCH];  // bf16 scale (low half), bias (high half)
+#pragma unroll
+  for (int i = 0; i < kRowsPerWarp; ++i) {
+    const int row = rank * kWarps + warp + kCluster * kWarps * i;
+    if (row > p.E) continue;
+    const bool sh = row == p.E;
+    const DMat& m = sh ? p.sgate : p.router;
+    const int64_t mrow = sh ? 0 : row;
+    const uint32_t* words = static_cast<const uint32_t*>(m.data) + mrow * m.row_words + 4 * lane;
+    const int64_t g0 = mrow * m.groups_per_row + lane / 4;
+#pragma unroll
+    for (int c = 0; c < NCH; ++c) {
+      wq[i][c] = qtile::ld_weights_u4(words + c * 128);
+      wsb[i][c] = qtile::ld_const_u16(m.scales + g0 + 8 * c) | (qtile::ld_const_u16(m.biases + g0 + 8 * c) << 16);
+    }
+  }
+  pdl_wait();
+  float ss = 0.0f;
+  for (int c4 = threadIdx.x; c4 < p.D / 4; c4 += blockDim.x) {
+    const float4 x = reinterpret_cast<const float4*>(p.hidden)[c4];
+    const float4 nw = reinterpret_cast<const float4*>(p.norm_w)[c4];
+    ss = fmaf(x.x, x.x, fmaf(x.y, x.y, fmaf(x.z, x.z, fmaf(x.w, x.w, ss))));
+    *reinterpret_cast<float4*>(xs + padded(c4)) = make_float4(x.x * nw.x, x.y * nw.y, x.z * nw.z, x.w * nw.w);
+  }
+  ss = warp_sum(ss);
+  if (lane == 0) ss_part[warp] = ss;
+  __syncthreads();
+  pdl_trigger();  // the inputs are read
+  if (threadIdx.x == 0) {
+    float v = 0.0f;
+    for (int w = 0; w < kWarps; ++w) v += ss_part[w];
+    rinv_s = 1.0f / sqrtf(v / float(p.D) + p.eps);
+  }
+  __syncthreads();
+  const float rinv = rinv_s;
+  if (rank == 0)  // x̂ for the expert kernels
+    for (int c4 = threadIdx.x; c4 < p.D / 4; c4 += blockDim.x) {
+      const float4 v = *reinterpret_cast<const float4*>(xs + padded(c4));
+      reinterpret_cast<float4*>(p.s.xhat)[c4] = make_float4(v.x * rinv, v.y * rinv, v.z * rinv, v.w * rinv);
+    }
+  float* dst = cluster.map_shared_rank(logits, 0);
+  // Σ_g s_g·Σ q·xw + b_g·Σ xw over the lane's 16-column slices (each inside one group), as the multi-block router;
+  // each slice of x read once for the warp's rows.
+  float acc[kRowsPerWarp] = {};
+#pragma unroll
+  for (int c = 0; c < NCH; ++c) {
+    float xv[16];
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {
+      const float4 f = *reinterpret_cast<const float4*>(xs + (c * 32 + lane) * kSlicePad + 4 * v);
+      xv[4 * v] = f.x, xv[4 * v + 1] = f.y, xv[4 * v + 2] = f.z, xv[4 * v + 3] = f.w;
+    }
+    const float sx = router_sum16(xv);
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; ++i) {
+      if (rank * kWarps + warp + kCluster * kWarps * i > p.E) continue;
+      float qf[16];
+      router_unpack16(wq[i][c], qf);
+      acc[i] = router_dot16_regs(qf, xv, sx, __uint_as_float(wsb[i][c] << 16),
+                                 __uint_as_float(wsb[i][c] & 0xffff0000u), acc[i]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kRowsPerWarp; ++i) {
+    const int row = rank * kWarps + warp + kCluster * kWarps * i;
+    if (row > p.E) continue;
+    const float v = warp_sum(acc[i]) * rinv;
+    if (lane == 0) dst[row] = v;
+  }
+  cluster.sync();  // every logit is in block 0's shared memory
+  if (rank != 0) return;
+  if (warp == 0) {
+    int my_id = 0;
+    route_token<8, false>(logits, p.E, p.k, p.s.ids, p.s.w, lane, my_id);
+  } else if (warp == 1) {
+    if (lane == 0) {
+      p.s.shared_logit[0] = logits[p.E];
+      p.s.shared_gate[0] = sigmoid_f(logits[p.E]);
+    }
+  } else {
+    for (int e = threadIdx.x - 64; e < p.E; e += blockDim.x - 64) p.s.router_logits[e] = logits[e];
+  }
+#endif
+}
+
+bool fast8(const DMat& m) {
+  return m.format == WeightFormat::affine8 && m.group_size == 64 &&
+         (m.cols == 512 || m.cols == 1024 || m.cols == 2048) &&
+         m.row_words == m.cols / 4 && (reinterpret_cast<uintptr_t>(m.data) & 15) == 0;
+}
+
+}  // namespace
+
+bool moe_router_cluster(const MoeDecodeWeights& w, const float* hidden, int T, const MoeDecodeScratch& s,
+                        cudaStream_t stream) {
+  // The cluster kernel exists only in the sm_90 binary (not a JIT of the sm_80 PTX). Decided once, outside capture.
+  static const bool cluster_ok = [] {
+    cudaFuncAttributes fa{};
+    if (cudaFuncGetAttributes(&fa, moe_router_cluster_kernel<4>) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return fa.binaryVersion >= 90;
+  }();
+  if (T != 1 || !cluster_ok || !fast8(w.router) || !fast8(w.shared_expert_gate) || w.shared_expert_gate.rows != 1 ||
+      w.shared_expert_gate.cols != w.router.cols || w.router.rows > kMaxE || w.top_k > 32 || w.top_k > w.router.rows ||
+      (reinterpret_cast<uintptr_t>(hidden) & 15) || (reinterpret_cast<uintptr_t>(w.norm_w) & 15))
+    return false;
+  ClusterRouterParams p{};
+  p.router = w.router;
+  p.sgate = w.shared_expert_gate;
+  p.norm_w = w.norm_w;
+  p.eps = w.eps;
+  p.hidden = hidden;
+  p.D = int(w.router.cols);
+  p.E = int(w.router.rows);
+  p.k = w.top_k;
+  p.s = s;
+  const char* what = "moe_router_decode (cluster)";
+  const dim3 grid(kCluster), block(kWarps * 32);
+  switch (p.D) {
+    case 512: launch_cluster_pdl(what, moe_router_cluster_kernel<1>, grid, block, kCluster, 0, stream, p); break;
+    case 1024: launch_cluster_pdl(what, moe_router_cluster_kernel<2>, grid, block, kCluster, 0, stream, p); break;
+    default: launch_cluster_pdl(what, moe_router_cluster_kernel<4>, grid, block, kCluster, 0, stream, p); break;
+  }
+  return true;
+}
+
+}  // namespace tern::cuda

@@ -1,0 +1,21 @@
+// The MoE router for one token in one thread-block cluster (sm_90): the T = 1 path of moe_router_decode
+// (moe_decode.cuh) under qmv variant 3. The 8 blocks of the cluster share the E + 1 rows of [router;
+// shared_expert_gate] (8-bit, group 64), each block stages x·norm_w and the RMSNorm factor itself, every warp writes
+// its logits straight into block 0's shared memory (distributed shared memory), and after one cluster barrier a warp
+// of block 0 runs the softmax and top-k: no global ticket, fence or second pass over the logits in L2. The logits,
+// x̂, ids, weights and the shared gate land in the scratch exactly as the multi-block router leaves them, with the
+// same arithmetic (fp32 dot of the dequantised 8-bit weights with x·norm_w, times the factor).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cuda/kernels/moe/moe_decode.cuh"
+
+namespace tern::cuda {
+
+// Runs the cluster router and returns true when it applies (T = 1, an sm_90 binary, E ≤ 256, top_k ≤ 32, 8-bit
+// group-64 router and shared gate with D = 512, 1024 or 2048); false: nothing was launched.
+bool moe_router_cluster(const MoeDecodeWeights& w, const float* hidden, int T, const MoeDecodeScratch& s,
+                        cudaStream_t stream);
+
+}  // namespace tern::cuda

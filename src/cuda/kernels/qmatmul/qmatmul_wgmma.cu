@@ -1,0 +1,472 @@
+// Prefill products on the Hopper warpgroup tensor cores: see qmatmul_wgmma.cuh.
+//
+// Swap-AB, as the other prefill kernels: weight rows are the MMA's M side (A, in registers), tokens its N side (B,
+// read from shared memory by the tensor cores through a matrix descriptor). A block is one warpgroup; its rows follow
+// the int8 kernel's convention (warp w owns rows 16·MT·w + 16·mi + 0..15 of its MT row tiles), so wgmma tile mi is
+// the rows 16·mi.. of every warp and the row mapping, bias term and epilogue of matmul_tile.cuh apply unchanged.
+//
+// k order. Inside a k16 step the order of k is free as long as A and B agree. The x layouts store each 8-column
+// chunk c of a group as the pairs (0,4) (1,5) (2,6) (3,7); k-step i of a group takes chunks 2i (k-slots 0..7) and
+// 2i + 1 (slots 8..15) as they are, so slot 8·kb + m is column 16i + 8kb + (0,4,1,5,2,6,3,7)[m]. The A fragment of
+// lane (g, t): slots 2t, 2t + 1 (rows g, g + 8) and 2t + 8, 2t + 9, i.e. columns 16i + t, 16i + t + 4 of words 2i
+// and 2i + 1 of the row's group: nibbles t and t + 4 of those words, one 16-bit pair each ((w >> 4t) & 0x000F000F |
+// the bits of 1024.0 (fp16) or 128.0 (bf16), less that: exact).
+//
+// Shared memory (1024-byte aligned), per pipeline stage: weights [kRows][32 bytes] (16-byte chunks swizzled by row,
+// as the int8 kernel), then per x term a tile [64 tokens][128 bytes] (one group); then, once, the block rows'
+// scales. The x tiles are in the 128-byte-swizzle K-major layout (chunk c of token n at 16·(c ^ n % 8); k-step i's
+// descriptor starts 32·i bytes in, 8-token groups 1024 bytes apart); the no-swizzle layout measured 1.2–1.5x slower
+// (docs/benchmarks.md). cp.async fills the stages kStages deep, one barrier a step.
+#include "cuda/kernels/qmatmul/qmatmul_wgmma.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+#include "core/check.h"
+#include "cuda/common/cuda_common.cuh"
+#include "cuda/common/launch.cuh"
+#include "cuda/kernels/qmatmul/matmul_tile.cuh"
+#include "cuda/kernels/qmv/qmv_tile.cuh"
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define TERN_WGMMA 1
+#else
+#define TERN_WGMMA 0
+#endif
+
+namespace tern::cuda {
+namespace {
+namespace wg {
+
+constexpr int kStepK = 64;     // k per pipeline step: one quantisation group
+constexpr int kTokens = 64;    // N of every wgmma: tokens per block (grouped tiles hold at most this many)
+constexpr int kThreads = 128;  // one warpgroup
+static_assert(kTokens >= kMatmulTileTokens, "grouped tiles must fit one block");
+
+template <int MT, int Terms, int Stages, int MinBlocks>
+struct Shape {
+  static constexpr int kMTiles = MT, kTerms = Terms, kStages = Stages, kMinBlocks = MinBlocks;
+  static constexpr int kRows = 64 * MT;                   // weight rows per block
+  static constexpr int kWBytes = kRows * 32;              // 4-bit: 32 bytes per row and group
+  static constexpr int kXBytes = kTokens * 128 * Terms;   // 16-bit: 128 bytes per token, group and term
+  static constexpr int kSlotBytes = kWBytes + kXBytes;
+  static constexpr int kWCopies = kRows * 2 / kThreads;   // 16-byte weight copies per thread and step
+  static constexpr int kXCopies = kTokens * 8 * Terms / kThreads;
+  static constexpr int ld_scales(int G) { return G + 8; }  // bf16
+  // + 1024: the stages start at the first 1024-byte boundary of the dynamic shared memory.
+  static constexpr size_t smem(int G) {
+    return 1024 + size_t(kStages) * kSlotBytes + size_t(kRows) * ld_scales(G) * 2;
+  }
+  static_assert(kRows * 2 % kThreads == 0 && kTokens * 8 * Terms % kThreads == 0, "even copies");
+};
+
+// Position of 16-byte chunk c (0, 1) of weight row r in a stage: the A loads of a warp (rows g, g + 8, all 8 g at
+// once) fall on distinct banks.
+__device__ __forceinline__ int wchunk(int r, int c) { return r * 2 + (c ^ ((r >> 2) & 1)); }
+// Byte offset, in a stage's x area, of 16-byte chunk c (0 .. 8·Terms − 1) of token n's group: term c / 8's tile,
+// row n, chunk c % 8 (k-step (c % 8) / 2, k half c % 2) at the 128-byte swizzle's place.
+__device__ __forceinline__ int xchunk(int n, int c) {
+  return (c >> 3) * (kTokens * 128) + n * 128 + (((c & 7) ^ (n & 7)) << 4);
+}
+// The descriptor of term h, k-step i of the x tile at shared address xs: start address >> 4 in bits 0..13, the
+// leading byte offset (bits 16..29; unused by swizzled K-major tiles: 1) and the stride between 8-token groups
+// (bits 32..45, 1024 bytes, >> 4), the swizzle mode in bits 62..63 (1: 128 bytes).
+__device__ __forceinline__ uint64_t x_descriptor(uint32_t xs, int h, int i) {
+  const uint32_t addr = xs + h * (kTokens * 128) + i * 32;
+  return uint64_t((addr & 0x3FFFFu) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+
+// The 16-bit pair (nibble t, nibble t + 4) of an 8-nibble word as fp16x2 (F16) or bf16x2, exact: (w >> 4t) &
+// 0x000F000F | the bits of 1024.0 (or 128.0), less 1024 (128).
+template <bool F16>
+__device__ __forceinline__ uint32_t nibble_pair(uint32_t w, int t) {
+  if constexpr (F16) {
+    const uint32_t v = qtile::lop3_and_or(w >> (4 * t), 0x000F000Fu, 0x64006400u);
+    __half2 h = *reinterpret_cast<const __half2*>(&v);
+    h = __hsub2(h, __floats2half2_rn(1024.0f, 1024.0f));
+    return *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    const uint32_t v = qtile::lop3_and_or(w >> (4 * t), 0x000F000Fu, 0x43004300u);
+    __nv_bfloat162 b = *reinterpret_cast<const __nv_bfloat162*>(&v);
+    b = __hsub2(b, __floats2bfloat162_rn(128.0f, 128.0f));
+    return *reinterpret_cast<const uint32_t*>(&b);
+  }
+}
+
+__device__ __forceinline__ void fence_proxy_async() {
+#if TERN_WGMMA
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_fence() {
+#if TERN_WGMMA
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#if TERN_WGMMA
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+#if TERN_WGMMA
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+// Pins registers the asynchronous MMAs read or write at this point of the program (no instruction).
+__device__ __forceinline__ void fence_regs(float (&d)[32]) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+__device__ __forceinline__ void fence_regs(uint32_t (&a)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[i])::"memory");
+}
+
+// d (=, scale_d == 0; +=, 1) A · B: m64n64k16, A fp16 (F16) or bf16 from registers (the mma.sync m16n8k16 A
+// fragment of each warp's 16 rows), B of the same type K-major from shared memory (descriptor), fp32 accumulators (the
+// m16n8 C fragments of n8 tiles 0..7: d[4j + c]).
+#define TERN_WGMMA_M64N64K16(TYPE)                                                                                   \
+  asm volatile(                                                                                                      \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                                   \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " "                                                 \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                       \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "                             \
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"                                                                   \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),      \
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),     \
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                   \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d))
+template <bool F16>
+__device__ __forceinline__ void wgmma_16bit(float (&d)[32], const uint32_t (&a)[4], uint64_t desc, int scale_d) {
+#if TERN_WGMMA
+  if constexpr (F16) {
+    TERN_WGMMA_M64N64K16("f16");
+  } else {
+    TERN_WGMMA_M64N64K16("bf16");
+  }
+#else
+  (void)d, (void)a, (void)desc, (void)scale_d;
+  __trap();
+#endif
+}
+#undef TERN_WGMMA_M64N64K16
+template <class S, bool SwiGLU>
+__global__ void __launch_bounds__(kThreads, S::kMinBlocks)
+    matmul_wgmma_kernel(MatmulArgs a, DMat up, const void* xsrc, int64_t xrow_bytes, int64_t sums_off) {
+  static_assert(!SwiGLU || S::kMTiles % 2 == 0, "SwiGLU pairs gate and up row tiles");
+  constexpr int kStages = S::kStages, MT = S::kMTiles, Terms = S::kTerms, NT = kTokens / 8;
+  constexpr bool kF16 = Terms == 1;  // one fp16 term with a per-token scale, else bf16 hi + lo
+  constexpr int kOutRows = SwiGLU ? S::kRows / 2 : S::kRows;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  unsigned char* const smem = smem_raw + ((1024 - qtile::smem_addr(smem_raw) % 1024) % 1024);
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t row0 = int64_t(blockIdx.x) * kOutRows;
+  const bool grouped = a.tile_expert != nullptr;
+
+  int64_t expert, p0, count;
+  if (!mm::token_tile(a, kTokens, expert, p0, count)) return;
+  auto source = [&](int i, const DMat*& m) { return mm::block_row_source<SwiGLU, MT>(a, up, row0, expert, i, m); };
+  const unsigned char* wsrc[S::kWCopies];
+#pragma unroll
+  for (int c = 0; c < S::kWCopies; ++c) {
+    const int i = tid + c * kThreads;
+    const DMat* m;
+    const int64_t r = source(i / 2, m);
+    wsrc[c] = static_cast<const unsigned char*>(m->data) + r * a.w.row_words * 4 + (i % 2) * 16;
+  }
+  const int G = int(a.w.cols / kStepK);
+  const uint32_t smem0 = qtile::smem_addr(smem);
+  const int scales_at = kStages * S::kSlotBytes;
+  // The block rows' scales, once (launch constants; G % 8 == 0: matmul_wgmma_takes).
+  mm::copy_block_scales(smem0 + scales_at, S::kRows, S::ld_scales(G), G, a.w.groups_per_row, source);
+  auto stage = [&](int step) { return (step % kStages) * S::kSlotBytes; };
+  auto issue_weights = [&](int step) {
+    const uint32_t st = smem0 + stage(step);
+#pragma unroll
+    for (int c = 0; c < S::kWCopies; ++c) {
+      const int i = tid + c * kThreads;
+      qtile::cp_async_16(st + wchunk(i / 2, i % 2) * 16, wsrc[c] + step * 32, 16);
+    }
+  };
+  const int steps = G;
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s)
+    if (s < steps) issue_weights(s);
+  if (!grouped) pdl_wait();
+
+  // x: copy q = tid + m·128 is chunk q % (8·Terms) of token q / (8·Terms); tokens past the tile read nothing
+  // (zero-filled: they add nothing and their outputs are dropped).
+  const unsigned char* const xq = static_cast<const unsigned char*>(xsrc);
+  auto x_row = [&](int n) { return a.gather ? int64_t(a.gather[p0 + n]) : p0 + n; };
+  constexpr int kChunksPerToken = 8 * Terms;
+  int xrow[S::kXCopies];
+#pragma unroll
+  for (int m = 0; m < S::kXCopies; ++m) {
+    const int n = (tid + m * kThreads) / kChunksPerToken;
+    xrow[m] = n < count ? int(x_row(n)) : 0;
+  }
+  auto issue_x = [&](int step) {
+    const uint32_t st = smem0 + stage(step) + S::kWBytes;
+#pragma unroll
+    for (int m = 0; m < S::kXCopies; ++m) {
+      const int q = tid + m * kThreads, n = q / kChunksPerToken, c = q % kChunksPerToken;
+      qtile::cp_async_16(st + xchunk(n, c), xq + xrow[m] * xrow_bytes + int64_t(step) * (128 * Terms) + c * 16,
+                         n < count ? 16 : 0);
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < steps) issue_x(s);
+    qtile::cp_async_commit();
+  }
+
+  float acc[MT][NT][4];
+#pragma unroll
+  for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < NT; ++ni)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[mi][ni][c] = 0.0f;
+  float part[MT][32];  // one group's sums of each row tile (the wgmma accumulators)
+#pragma unroll
+  for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+    for (int c = 0; c < 32; ++c) part[mi][c] = 0.0f;
+
+  const int wrow = warp * 16 * MT + g;  // this thread's first row inside the block (then +8, +16, ...)
+  for (int step = 0; step < steps; ++step) {
+    qtile::cp_async_wait<kStages - 2>();  // this thread's copies of step `step` have landed
+    fence_proxy_async();                  // ... and are visible to the tensor cores' reads
+    __syncthreads();                      // everyone's have; step − 1's stage is free (its MMAs completed)
+    if (step + kStages - 1 < steps) {
+      issue_weights(step + kStages - 1);
+      issue_x(step + kStages - 1);
+    }
+    qtile::cp_async_commit();
+
+    const unsigned char* st = smem + stage(step);
+    const uint32_t xs = smem0 + stage(step) + S::kWBytes;
+    const uint16_t* ss = reinterpret_cast<const uint16_t*>(smem + scales_at) + step;  // column `step`
+    uint32_t af[MT][4][4];  // [row tile][k-step][fragment]
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi) {
+      const int r0 = wrow + 16 * mi, r1 = r0 + 8;
+      const uint4* w = reinterpret_cast<const uint4*>(st);
+      const uint4 a0 = w[wchunk(r0, 0)], a1 = w[wchunk(r0, 1)], b0 = w[wchunk(r1, 0)], b1 = w[wchunk(r1, 1)];
+      const uint32_t ra[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+      const uint32_t rb[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        af[mi][i][0] = nibble_pair<kF16>(ra[2 * i], t);
+        af[mi][i][1] = nibble_pair<kF16>(rb[2 * i], t);
+        af[mi][i][2] = nibble_pair<kF16>(ra[2 * i + 1], t);
+        af[mi][i][3] = nibble_pair<kF16>(rb[2 * i + 1], t);
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int h = 0; h < Terms; ++h)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          wgmma_16bit<kF16>(part[mi], af[mi][i], x_descriptor(xs, h, i), h + i > 0 ? 1 : 0);
+      wgmma_commit();
+    }
+    // Fold each row tile's group sums with its rows' scales as its MMAs complete.
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi) {
+      if (mi == 0 && MT == 2) {
+        wgmma_wait<1>();
+      } else {
+        wgmma_wait<0>();
+      }
+      fence_regs(part[mi]);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) fence_regs(af[mi][i]);
+      const int r0 = wrow + 16 * mi, r1 = r0 + 8;
+      const float s0 = __uint_as_float(uint32_t(ss[r0 * S::ld_scales(G)]) << 16);
+      const float s1 = __uint_as_float(uint32_t(ss[r1 * S::ld_scales(G)]) << 16);
+#pragma unroll
+      for (int ni = 0; ni < NT; ++ni)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[mi][ni][c] = fmaf(c < 2 ? s0 : s1, part[mi][4 * ni + c], acc[mi][ni][c]);
+    }
+  }
+  pdl_trigger();
+
+  // The bias term: acc += Σ_g b[r][g]·Σx[n][g] (the sums of the x the MMAs saw, after the layout's groups); then,
+  // for the fp16 x, the token's scale σ (after the sums).
+  {
+    const uint32_t* brow[MT][2];
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const DMat* m;
+        const int64_t r = source(warp * 16 * MT + 16 * mi + g + 8 * h, m);
+        brow[mi][h] = reinterpret_cast<const uint32_t*>(m->biases + r * a.w.groups_per_row);
+      }
+    const float* beta[NT];
+#pragma unroll
+    for (int ni = 0; ni < NT; ++ni) {
+      const int n = 8 * ni + g;
+      beta[ni] = n < count ? reinterpret_cast<const float*>(xq + x_row(n) * xrow_bytes + sums_off) : nullptr;
+    }
+    mm::add_bias_term(acc, brow, beta, G, t);
+  }
+  if constexpr (kF16) {
+#pragma unroll
+    for (int ni = 0; ni < NT; ++ni) {
+      float sc[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int n = 8 * ni + 2 * t + e;
+        sc[e] = n < count ? reinterpret_cast<const float*>(xq + x_row(n) * xrow_bytes + sums_off)[G] : 0.0f;
+      }
+#pragma unroll
+      for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[mi][ni][c] *= sc[c % 2];
+    }
+  }
+  mm::store_warp_tile<SwiGLU>(a, acc, row0 + warp * 16 * (SwiGLU ? MT / 2 : MT), 0, g, t, p0, count);
+}
+
+// x (fp32 [rows, cols], row stride ld) -> the fp16 rows of matmul_prepare_x_f16: a warp per row; pass 1 finds
+// max|x|, pass 2 writes x/σ (σ = 2^(E − 15) for max|x| < 2^E: an exact scaling into (−2^15, 2^15)) as fp16, one
+// 8-column word per lane and step (the 8 words of a group in 8 consecutive lanes, which add its sum by shuffles).
+__global__ void __launch_bounds__(256) prepare_x_f16_kernel(const float* x, int64_t ld, int64_t rows, int64_t cols,
+                                                            unsigned char* out) {
+  pdl_wait();
+  pdl_trigger();
+  const int lane = threadIdx.x % 32;
+  const int64_t row_bytes = matmul_f16_row_bytes(cols), G = cols / 64;
+  for (int64_t r = int64_t(blockIdx.x) * 8 + threadIdx.x / 32; r < rows; r += int64_t(gridDim.x) * 8) {
+    const float4* xr = reinterpret_cast<const float4*>(x + r * ld);
+    float m = 0.0f;
+    for (int64_t i = lane; i < cols / 4; i += 32) {
+      const float4 v = xr[i];
+      m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    int e = 0;
+    frexpf(m, &e);  // m < 2^e (m = 0: e = 0)
+    const float sigma = ldexpf(1.0f, e - 15), inv = ldexpf(1.0f, 15 - e);
+    unsigned char* row = out + r * row_bytes;
+    float* sums = reinterpret_cast<float*>(row + cols * 2);
+    for (int64_t w = lane; w < cols / 8; w += 32) {  // cols % 256 == 0: every lane takes part in every step
+      const float4 p = xr[2 * w], q = xr[2 * w + 1];
+      const float v[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
+      uint32_t h[4];
+      float sum = 0.0f;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {  // pairs (0,4) (1,5) (2,6) (3,7)
+        const __half2 hv = __floats2half2_rn(v[k] * inv, v[k + 4] * inv);
+        h[k] = *reinterpret_cast<const uint32_t*>(&hv);
+        sum += __low2float(hv) + __high2float(hv);
+      }
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+      reinterpret_cast<uint4*>(row)[w] = make_uint4(h[0], h[1], h[2], h[3]);
+      if (w % 8 == 0) sums[w / 8] = sum;
+    }
+    if (lane == 0) sums[G] = sigma;
+  }
+}
+
+//                     MT Terms Stages MinBlocks
+using Plain1 = Shape<2, 1, 4, 2>;  // 128 rows × 64 tokens, x in one fp16 term
+using Plain2 = Shape<2, 2, 4, 2>;  // the same, x as bf16 hi + lo
+
+template <class S, bool SwiGLU>
+void launch(const MatmulArgs& a, const DMat& up, const void* x, int64_t row_bytes, int64_t sums_off,
+            cudaStream_t stream) {
+  auto kernel = matmul_wgmma_kernel<S, SwiGLU>;
+  const size_t smem = S::smem(int(a.w.cols / kStepK));
+  static const int limit = qtile::allow_dynamic_smem(reinterpret_cast<const void*>(kernel));
+  TERN_CHECK(smem <= size_t(limit), "matmul_wgmma: ", a.w.cols, " columns need ", smem, " bytes of shared memory, ",
+             "more than the device's ", limit);
+  const bool grouped = a.tile_expert != nullptr;
+  const int64_t tiles = grouped ? a.max_tiles : (a.tokens + kTokens - 1) / kTokens;
+  TERN_CHECK(tiles <= 65535, "matmul_wgmma: ", tiles, " token tiles exceed the grid limit");
+  const dim3 grid(blocks_for(a.w.rows, SwiGLU ? S::kRows / 2 : S::kRows), unsigned(tiles));
+  launch_pdl(SwiGLU ? "matmul_swiglu (wgmma)" : "matmul (wgmma)", kernel, grid, dim3(kThreads), smem, stream, a, up,
+             x, row_bytes, sums_off);
+}
+
+template <bool SwiGLU>
+void run(const MatmulArgs& a, const DMat& up, WgmmaX xk, cudaStream_t stream) {
+  TERN_CHECK(matmul_wgmma_available(), "matmul_wgmma: needs a Hopper GPU (sm_90a binary)");
+  TERN_CHECK(matmul_wgmma_takes(a.w), "matmul_wgmma: needs 4-bit affine weights of group 64 with cols a multiple of ",
+             "512 and aligned arrays; got ", a.w.rows, "x", a.w.cols);
+  const bool one = xk == WgmmaX::f16;
+  const void* x = one ? a.x_f16 : a.x_prep;
+  const int64_t xcols = one ? a.x_f16_cols : a.x_prep_cols;
+  TERN_CHECK(x != nullptr && xcols == a.w.cols && reinterpret_cast<uintptr_t>(x) % 16 == 0, "matmul_wgmma: ",
+             one ? "x_f16" : "x_prep", " must be x prepared for the matrix's ", a.w.cols, " columns (got ", xcols,
+             "), 16-byte aligned");
+  if (SwiGLU) {
+    TERN_CHECK(up.format == a.w.format && up.rows == a.w.rows && up.cols == a.w.cols && up.experts == a.w.experts &&
+                   matmul_wgmma_takes(up),
+               "matmul_wgmma_swiglu: needs two 4-bit matrices of one shape; got ", a.w.rows, "x", a.w.cols, " and ",
+               up.rows, "x", up.cols);
+  }
+  const bool grouped = a.tile_expert != nullptr;
+  if (a.w.rows == 0 || (grouped ? a.max_tiles <= 0 : a.tokens <= 0)) return;
+  if (one) {
+    launch<Plain1, SwiGLU>(a, up, x, matmul_f16_row_bytes(a.w.cols), a.w.cols * 2, stream);  // sums, then σ
+  } else {
+    launch<Plain2, SwiGLU>(a, up, x, matmul_prepared_row_bytes(a.w.cols), a.w.cols * 4, stream);
+  }
+}
+
+}  // namespace wg
+}  // namespace
+
+bool matmul_wgmma_available() {
+  static const bool ok = [] {
+    cudaFuncAttributes fa{};
+    if (cudaFuncGetAttributes(&fa, wg::matmul_wgmma_kernel<wg::Plain1, false>) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    int dev = 0, major = 0, minor = 0;
+    TERN_CUDA(cudaGetDevice(&dev));
+    TERN_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    TERN_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    return fa.binaryVersion == 90 && major == 9 && minor == 0;
+  }();
+  return ok;
+}
+
+bool matmul_wgmma_takes(const DMat& w) {
+  const auto aligned = [](const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; };
+  return w.format == WeightFormat::affine4 && w.data && w.scales && w.biases && w.group_size == wg::kStepK &&
+         w.cols > 0 && w.cols % 512 == 0 && w.row_words == w.cols / 8 && w.groups_per_row == w.cols / 64 &&
+         aligned(w.data, 16) && aligned(w.scales, 16) && aligned(w.biases, 4);
+}
+
+void matmul_prepare_x_f16(const float* x, int64_t ldx, int64_t rows, int64_t cols, void* out, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return;
+  TERN_CHECK(cols % 256 == 0 && ldx % 4 == 0 && ldx >= cols && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                 reinterpret_cast<uintptr_t>(out) % 16 == 0,
+             "matmul_prepare_x_f16: needs cols a multiple of 256, ldx a multiple of 4 and 16-byte aligned buffers; ",
+             "got cols ", cols, ", ldx ", ldx);
+  const int64_t blocks = std::min<int64_t>((rows + 7) / 8, int64_t(qtile::sm_count()) * 8);
+  launch_pdl("matmul_prepare_x_f16", wg::prepare_x_f16_kernel, dim3(unsigned(blocks)), dim3(256), 0, stream, x, ldx,
+             rows, cols, static_cast<unsigned char*>(out));
+}
+
+void matmul_wgmma(const MatmulArgs& a, cudaStream_t stream, WgmmaX x) { wg::run<false>(a, DMat{}, x, stream); }
+
+void matmul_wgmma_swiglu(const MatmulArgs& gate, const DMat& up, cudaStream_t stream, WgmmaX x) {
+  wg::run<true>(gate, up, x, stream);
+}
+
+}  // namespace tern::cuda

@@ -1,0 +1,48 @@
+// Prefill products on Hopper's warpgroup tensor cores (wgmma, sm_90a): y (+)= x · Wᵀ for MLX affine 4-bit weights
+// (group 64), many tokens, dense or grouped by expert, plain or SwiGLU (the MatmulArgs of qmatmul.cuh).
+//
+// The weights enter as their exact integers q (0..15, 16-bit floats in registers, never in memory), x as 16-bit
+// floats from shared memory, fp32 accumulation; each group's sum is scaled in fp32 and the bias term b·Σx is the
+// small product of matmul_tile.cuh. Two inputs:
+//   one term (x_f16, from matmul_prepare_x_f16): x/σ rounded to fp16, σ a power of two per token (max|x/σ| in
+//     [2^14, 2^15)): 11 significant bits, relative error ≤ 2^-12 per element; the result is σ times the fp32 product
+//     of the weights and fp16(x/σ), up to fp32 summation;
+//   two terms (x_prep, the split of matmul_prepare_x in qmatmul.cuh): x ≈ hi + lo in bf16 (16 significant bits),
+//     twice the tensor work; the result is the fp32 product of the weights and hi + lo.
+// A block is one warpgroup (4 warps) of 128 weight rows × 64 tokens; per group of 64 k the warpgroup issues 4 (or 8)
+// wgmma m64n64k16 per 64-row tile into a scratch accumulator and folds it with the rows' scales.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/kernels/qmatmul/qmatmul.cuh"
+
+namespace tern::cuda {
+
+// One token of x as fp16: per group of 64 columns 128 bytes of x/σ (each 8-column chunk stored as the pairs (0,4)
+// (1,5) (2,6) (3,7), as the hi half of matmul_prepare_x), then the fp32 sums of the rounded values of every group,
+// then σ (fp32), padded to 16 bytes.
+constexpr int64_t matmul_f16_row_bytes(int64_t cols) { return cols * 2 + ((cols / 16 + 4 + 15) / 16) * 16; }
+constexpr int64_t matmul_f16_bytes(int64_t rows, int64_t cols) { return rows * matmul_f16_row_bytes(cols); }
+
+// x [rows, cols] fp32 (row stride ldx) -> out (matmul_f16_bytes(rows, cols), row i at i · matmul_f16_row_bytes).
+// cols a multiple of 256, ldx a multiple of 4, x and out 16-byte aligned. Launched with PDL; two passes over each row
+// (its max, then the conversion), a warp per row.
+void matmul_prepare_x_f16(const float* x, int64_t ldx, int64_t rows, int64_t cols, void* out, cudaStream_t stream);
+
+// Whether this device runs the kernel (an sm_90a binary on a Hopper GPU) and it takes w (affine 4-bit, group 64,
+// cols a multiple of 512, 16-byte aligned words and scales, 4-byte aligned biases).
+bool matmul_wgmma_available();
+bool matmul_wgmma_takes(const DMat& w);
+
+// Which x the kernel reads: a.x_f16 (one fp16 term) or a.x_prep (bf16 hi + lo); each must be prepared for w.cols
+// columns and indexed by the same row numbers as x (gather indexes it). Throws tern::Error when the kernel cannot take
+// the product. matmul() and matmul_swiglu() call the one-term form when a.x_f16 is set, the two-term one for
+// MatmulTile::wgmma with a.x_prep.
+enum class WgmmaX { f16, split };
+void matmul_wgmma(const MatmulArgs& a, cudaStream_t stream, WgmmaX x = WgmmaX::f16);
+void matmul_wgmma_swiglu(const MatmulArgs& gate, const DMat& up, cudaStream_t stream, WgmmaX x = WgmmaX::f16);
+
+}  // namespace tern::cuda

@@ -1,0 +1,365 @@
+// The CUDA runner (cuda_runner.h): construction (CudaRunnerOptions and the TERN_* switches), sessions, the forward
+// loop over chunks, each through the decode plan (decode_plan.cu) or the prefill plan (prefill_plan.cu), the
+// activation scratch and the LM head; the factories.
+#include "cuda/runner/cuda_runner.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "core/check.h"
+#include "cuda/common/cuda_common.cuh"
+#include "cuda/kernels/attention/attention.cuh"
+#include "cuda/kernels/moe/moe.cuh"
+#include "cuda/kernels/moe/moe_decode.cuh"
+#include "cuda/kernels/norm/norm.cuh"
+#include "cuda/kernels/qmatmul/qmatmul.cuh"
+#include "cuda/kernels/qmatmul/qmatmul_int8.cuh"
+#include "cuda/kernels/qmatmul/qmatmul_wgmma.cuh"
+#include "cuda/kernels/qmv/qmv.cuh"
+#include "cuda/kernels/sampling/sampling.cuh"
+#include "cuda/runner/cuda_runner_impl.cuh"
+#include "cuda/runner/cuda_session.cuh"
+#include "cuda/weights/device_weights.cuh"
+
+namespace tern {
+namespace cuda {
+namespace {
+
+__global__ void advance_position_kernel(int* pos, int n) { *pos += n; }
+
+}  // namespace
+
+CudaRunner::CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const ModelWeights> host,
+                       const CudaRunnerOptions& o)
+    : w_(std::move(w)), host_(std::move(host)), max_chunk_(std::max<int64_t>(1, o.max_chunk)) {
+  TERN_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  allocate_scratch();
+  TERN_CUDA(cudaMallocHost(&pinned_, 256));
+  use_graphs_ = !env_is("TERN_CUDA_GRAPHS", "0");
+  // TERN_CUDA_FP32=1: the prefill plan's matrix products and chunked Gated DeltaNet on the fp32 SIMT kernels
+  // (slow; for locating precision differences).
+  fp32_prefill_ = env_is("TERN_CUDA_FP32", "1");
+  // TERN_PREFILL_INT8=0: the prefill products on the split-x bf16 tensor-core kernel instead of the integer one.
+  // TERN_PREFILL_WGMMA=0: the integer kernel for the 4-bit products on Hopper too; 2: the warpgroup kernel with x as
+  // bf16 hi + lo (twice the tensor work, 16 significant bits) instead of one fp16 term (11).
+  if (env_is("TERN_PREFILL_INT8", "0")) {
+    prefill_kernel_ = PrefillKernel::split;
+  } else if (!env_is("TERN_PREFILL_WGMMA", "0") && !o.exact_prefill && matmul_wgmma_available()) {
+    prefill_kernel_ = env_is("TERN_PREFILL_WGMMA", "2") ? PrefillKernel::wgmma_split : PrefillKernel::wgmma_f16;
+  } else {
+    prefill_kernel_ = PrefillKernel::int8;
+  }
+  // TERN_PREFILL_EXACT_GATES=0: the GDN gate products (b, a) on the fp16 kernel too.
+  exact_gates_ = prefill_kernel_ == PrefillKernel::wgmma_f16 && !env_is("TERN_PREFILL_EXACT_GATES", "0");
+  // TERN_PREFILL_F16_SITES (a bit mask of PrefillSite, default 30): the inputs that take x as fp16 under the fp16
+  // plan; the others take bf16 hi + lo (16 significant bits) on the same kernel. The GDN in_proj's input stays off
+  // fp16 by default: against transformers (8 layers, 640 positions, two seeds) it alone moved the prefill's mean KL
+  // from ~4.1e-4 to ~0.9e-4 nats (one fp16 run reached 1.4e-3, over the 1e-3 bar), for ~4% of a 4K prefill.
+  if (const char* e = std::getenv("TERN_PREFILL_F16_SITES")) f16_sites_ = std::atoi(e) & kAllSites;
+  // TERN_PREFILL_F16_MIN_TOKENS (default 512): chunks of fewer tokens take bf16 hi + lo at every site. The fp16
+  // error concentrates at a sequence's first positions (8 layers against transformers, one seed: 63-65-token
+  // prompts mean KL ~8e-4 and perplexity +1.3% on fp16, ~1e-4 and < 0.1% on hi + lo; the same model's 640-token
+  // prompt 1.6e-4, +0.08%), and a short chunk is where fp16 saves the least time.
+  if (const char* e = std::getenv("TERN_PREFILL_F16_MIN_TOKENS")) f16_min_tokens_ = std::max<int64_t>(0, std::atoll(e));
+  if (o.f16_min_tokens >= 0) f16_min_tokens_ = o.f16_min_tokens;
+  use_decode_kernels_ = !env_is("TERN_CUDA_DECODE_KERNELS", "0");
+  // The KV cache in fp16 (11 significant bits) unless TERN_KV_BF16=1 or the option asks for bf16 (8 bits).
+  kv_f16_ = o.kv_f16 && !env_is("TERN_KV_BF16", "1");
+  // TERN_L2_PREFETCH (a bit mask, default 12 = both; the one-token decode plan on Hopper; l2_prefetch.cuh): 4 the MoE
+  // gate_up asks L2 for the chosen experts' down matrices; 8 each mixer's output projection for the next layer's
+  // first projection; 0 neither.
+  if (const char* e = std::getenv("TERN_L2_PREFETCH")) l2_prefetch_ = std::atoi(e) & 12;
+  allocate_decode_scratch();
+  attention_init();  // kernel attributes set once, outside any graph capture
+  // A head shape the attention kernels do not take is refused at load, not at the first step.
+  if (std::any_of(w_->layers.begin(), w_->layers.end(),
+                  [](const DeviceLayer& l) { return l.type == LayerType::full_attention; }))
+    attention_check(attn_dims(1, 1));
+}
+
+CudaRunner::~CudaRunner() {
+  cudaStreamSynchronize(stream_);
+  if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
+  if (mask_graph_exec_) cudaGraphExecDestroy(mask_graph_exec_);  // token mask (constrained decoding)
+  if (mask_pinned_) cudaFreeHost(mask_pinned_);
+  if (mask_device_) cudaFree(mask_device_);
+  cudaFreeHost(pinned_);
+  cudaStreamDestroy(stream_);
+}
+
+std::unique_ptr<Session> CudaRunner::create_session(int64_t max_context) {
+  TERN_CHECK(max_context > 0, "session capacity must be positive, got ", max_context);
+  TERN_CHECK(max_context < (int64_t(1) << 31), "session capacity ", max_context, " is too large");
+  if (!snapshot_buffers_) snapshot_buffers_ = std::make_shared<SnapshotBuffers>(gdn_state_bytes_of(*w_));
+  return std::make_unique<CudaSession>(*w_, max_context, this, ++session_ids_, snapshot_buffers_);
+}
+
+void CudaRunner::forward(Session& session, std::span<const int32_t> tokens, bool all_logits,
+                         std::vector<float>& logits) {
+  CudaSession& s = own(session);
+  check_tokens(s, tokens);
+  const int64_t V = w_->config.vocab_size, n = int64_t(tokens.size());
+  logits.assign(size_t((all_logits ? n : 1) * V), 0.0f);
+  for (int64_t c0 = 0; c0 < n; c0 += max_chunk_) {
+    const int64_t T = std::min(max_chunk_, n - c0);
+    run_chunk(s, tokens.subspan(size_t(c0), size_t(T)));
+    if (all_logits) {
+      lm_head_rows(0, T, logits.data() + c0 * V);
+    } else if (c0 + T == n) {
+      lm_head_rows(T - 1, 1, logits.data());
+    }
+  }
+  TERN_CUDA(cudaStreamSynchronize(stream_));
+}
+
+std::optional<int32_t> CudaRunner::forward_sample(Session& session, std::span<const int32_t> tokens,
+                                                  const DeviceSampling& sampling) {
+  CudaSession& s = own(session);
+  check_tokens(s, tokens);
+  sample_check(sampling);
+  const int64_t n = int64_t(tokens.size());
+  const int64_t V = w_->config.vocab_size;
+  // The first decode step runs eagerly: kernels set their one-time attributes outside any graph capture.
+  if (n == 1 && use_graphs_ && decode_warm_) return decode_graph_step(s, tokens[0], sampling);
+  if (n == 1) decode_warm_ = true;
+  for (int64_t c0 = 0; c0 < n; c0 += max_chunk_) {
+    const int64_t T = std::min(max_chunk_, n - c0);
+    run_chunk(s, tokens.subspan(size_t(c0), size_t(T)));
+    if (c0 + T == n) lm_head_device(T - 1, 1);
+  }
+  apply_step_mask(sampling);  // token mask: filled on the host while the forward above runs
+  sample_token(logits_, V, sampling, sample_scratch_, sample_out_, stream_);
+  params_valid_ = false;  // sample_token wrote its own copy of the parameters
+  int32_t id = 0;
+  TERN_CUDA(cudaMemcpyAsync(&id, sample_out_, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+  TERN_CUDA(cudaStreamSynchronize(stream_));
+  return id;
+}
+
+CudaSession& CudaRunner::own(Session& session) {
+  auto* s = dynamic_cast<CudaSession*>(&session);
+  TERN_CHECK(s && s->owner == this, "this session was created by another runner");
+  return *s;
+}
+
+void CudaRunner::check_tokens(const CudaSession& s, std::span<const int32_t> tokens) {
+  TERN_CHECK(!tokens.empty(), "forward needs at least one token");
+  TERN_CHECK(s.pos + int64_t(tokens.size()) <= s.capacity(), "context full: ", s.pos, " + ", tokens.size(),
+             " tokens exceed the session capacity of ", s.capacity());
+  const int64_t V = w_->config.vocab_size;
+  for (int32_t t : tokens) TERN_CHECK(t >= 0 && t < V, "token id ", t, " out of range [0, ", V, ")");
+}
+
+void CudaRunner::allocate_scratch() {
+  const Config& c = w_->config;
+  const int64_t T = max_chunk_, D = c.hidden_size, C = c.conv_channels();
+  const int64_t Hv = c.linear_num_value_heads, dv = c.linear_value_head_dim;
+  const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, dh = c.head_dim;
+  const int E = c.num_experts, k = c.num_experts_per_tok;
+  const int64_t F = c.moe_intermediate_size, Fs = c.shared_expert_intermediate_size, V = c.vocab_size;
+  const int64_t mixer_gdn = T * (2 * C + 3 * Hv * dv + 4 * Hv);
+  const int64_t attn_parts = attn_partial_floats(T, int(Hq), int(dh));  // split-KV partials of the decode plan
+  const int64_t mixer_attn = T * (Hq * 2 * dh + 2 * Hkv * dh + 2 * Hq * dh) + attn_parts;
+  const int64_t floats = 2 * T * D + std::max(mixer_gdn, mixer_attn) + T * E + T * k + T +
+                         T * k * (2 * F + D) + T * (2 * Fs + D) + kLmRows * V + sample_scratch_floats(V);
+  const int64_t ints = T + T * k + moe_group_ints(T, E, k) + 1;
+  // The split activations of every prefill product input: normed x, the GDN and attention outputs, h of the experts.
+  prep_bytes_ = size_t(std::max({matmul_prepared_bytes(T, D), matmul_prepared_bytes(T, Hv * dv),
+                                 matmul_prepared_bytes(T, Hq * dh), matmul_prepared_bytes(T * k, F)}));
+  prep_q16_bytes_ = size_t(matmul_q16_bytes(T, D));
+  scratch_ = DeviceArena(size_t(floats) * 4 + size_t(ints) * 4 + prep_bytes_ + prep_q16_bytes_ + 64 * 256,
+                         "activation scratch");
+  hidden_ = scratch_.take_n<float>(size_t(T * D));
+  normed_ = scratch_.take_n<float>(size_t(T * D));
+  float* mixer = scratch_.take_n<float>(size_t(std::max(mixer_gdn, mixer_attn)));
+  // Gated DeltaNet view of the mixer scratch.
+  qkv_raw_ = mixer;
+  conv_out_ = qkv_raw_ + T * C;
+  z_ = conv_out_ + T * C;
+  o_ = z_ + T * Hv * dv;
+  gated_ = o_ + T * Hv * dv;
+  b_ = gated_ + T * Hv * dv;
+  a_ = b_ + T * Hv;
+  g_ = a_ + T * Hv;
+  beta_ = g_ + T * Hv;
+  // Attention view of the same scratch.
+  qg_ = mixer;
+  k_ = qg_ + T * Hq * 2 * dh;
+  v_ = k_ + T * Hkv * dh;
+  q_ = v_ + T * Hkv * dh;
+  attn_out_ = q_ + T * Hq * dh;
+  attn_part_ = attn_out_ + T * Hq * dh;
+  router_logits_ = scratch_.take_n<float>(size_t(T * E));
+  route_w_ = scratch_.take_n<float>(size_t(T * k));
+  shared_logit_ = scratch_.take_n<float>(size_t(T));
+  hg_ = scratch_.take_n<float>(size_t(T * k * F));
+  hu_ = scratch_.take_n<float>(size_t(T * k * F));
+  yd_ = scratch_.take_n<float>(size_t(T * k * D));
+  yd_bytes_ = size_t(T * k * D) * 4;
+  prep_ = scratch_.take(prep_bytes_);
+  prep_q16_ = scratch_.take(prep_q16_bytes_);
+  sg_ = scratch_.take_n<float>(size_t(T * Fs));
+  su_ = scratch_.take_n<float>(size_t(T * Fs));
+  ys_ = scratch_.take_n<float>(size_t(T * D));
+  logits_ = scratch_.take_n<float>(size_t(kLmRows * V));
+  sample_scratch_ = scratch_.take_n<float>(size_t(sample_scratch_floats(V)));
+  tokens_ = scratch_.take_n<int>(size_t(T));
+  route_ids_ = scratch_.take_n<int>(size_t(T * k));
+  int* group_scratch = scratch_.take_n<int>(size_t(moe_group_ints(T, E, k)));
+  groups_ = moe_groups_view(group_scratch, T, E, k);
+  sample_out_ = scratch_.take_n<int>(1);
+}
+
+GdnDims CudaRunner::gdn_dims(int64_t T) const {
+  const Config& c = w_->config;
+  GdnDims d;
+  d.T = T;
+  d.Hk = c.linear_num_key_heads;
+  d.Hv = c.linear_num_value_heads;
+  d.dk = c.linear_key_head_dim;
+  d.dv = c.linear_value_head_dim;
+  return d;
+}
+
+AttnDims CudaRunner::attn_dims(int64_t T, int64_t capacity) const {
+  const Config& c = w_->config;
+  AttnDims d;
+  d.T = T;
+  d.Hq = c.num_attention_heads;
+  d.Hkv = c.num_key_value_heads;
+  d.dh = c.head_dim;
+  d.rot = c.rotary_dims();
+  d.theta = float(c.rope_theta);
+  d.eps = float(c.rms_norm_eps);
+  d.capacity = capacity;
+  d.kv_f16 = kv_f16_;
+  return d;
+}
+
+// Chunks of at most this many tokens run the decode plan (fused decode kernels); longer ones the prefill plan.
+bool CudaRunner::decode_plan(int64_t T) const {
+  return use_decode_kernels_ && T <= std::min<int64_t>(kQmvMaxTokens, max_chunk_) &&
+         w_->config.shared_expert_intermediate_size == w_->config.moe_intermediate_size;
+}
+
+void CudaRunner::run_chunk(CudaSession& s, std::span<const int32_t> tokens) {
+  const int64_t T = int64_t(tokens.size());
+  TERN_CUDA(cudaMemcpyAsync(tokens_, tokens.data(), size_t(T) * 4, cudaMemcpyHostToDevice, stream_));
+  device_token_valid_ = false;
+  chunk_f16_sites_ = T >= f16_min_tokens_ ? f16_sites_ : 0;
+  chunk_body(s, T);
+  s.pos += T;
+}
+
+// Every kernel of one chunk of T tokens (already in tokens_); no host value depends on the step, so a T = 1
+// body can be captured once in a CUDA graph and replayed.
+void CudaRunner::chunk_body(CudaSession& s, int64_t T) {
+  const Config& c = w_->config;
+  const int64_t D = c.hidden_size;
+  const float eps = float(c.rms_norm_eps);
+  embed_lookup(w_->embed, tokens_, T, hidden_, stream_);
+  if (decode_plan(T)) {
+    for (size_t i = 0; i < w_->layers.size(); ++i) {
+      const DeviceLayer& l = w_->layers[i];
+      if (l.type == LayerType::linear_attention)
+        gdn_decode_mixer(l, s.layers[i], T);
+      else
+        attention_decode_mixer(l, s.layers[i], s, T);
+      dump_layer("mixer_res", i, T);
+      moe_decode(moe_w_[i], hidden_, int(T), moe_scratch_, stream_);
+      dump_layer("layer_out", i, T, moe_scratch_.ids);
+    }
+    advance_position_kernel<<<1, 1, 0, stream_>>>(s.d_pos, int(T));
+    TERN_CUDA_LAUNCHED("advance_position");
+    return;
+  }
+  for (size_t i = 0; i < w_->layers.size(); ++i) {
+    const DeviceLayer& l = w_->layers[i];
+    CudaSession::LayerCache& lc = s.layers[i];
+    rmsnorm(hidden_, l.input_norm, eps, T, D, normed_, stream_);
+    if (l.type == LayerType::linear_attention) {
+      gdn_mixer(l, lc, T);
+    } else {
+      attention_mixer(l, lc, s, T, s.capacity());
+    }
+    dump_layer("mixer_res", i, T);
+    rmsnorm(hidden_, l.post_attn_norm, eps, T, D, normed_, stream_);
+    moe(l, T);
+    dump_layer("layer_out", i, T, route_ids_);
+  }
+  advance_position_kernel<<<1, 1, 0, stream_>>>(s.d_pos, int(T));
+  TERN_CUDA_LAUNCHED("advance_position");
+}
+
+// Activation dumps (activation_dump.cuh): the residual hidden_ [T, D] of layer i under `base`, and with ids the
+// layer's routing [T, k]. Never while a graph is being captured.
+void CudaRunner::dump_layer(const char* base, size_t i, int64_t T, const int* ids) {
+  if (!dump_.on() || capturing_) return;
+  std::string suffix(".");
+  suffix += std::to_string(i);
+  dump_.add(std::string(base).append(suffix), hidden_, T, w_->config.hidden_size, stream_);
+  if (ids) dump_.add_ids(std::string("route_ids").append(suffix), ids, T, w_->config.num_experts_per_tok, stream_);
+}
+
+// Logits of chunk rows [r0, r0 + n) into logits_ (device), n <= kLmRows.
+void CudaRunner::lm_head_device(int64_t r0, int64_t n) {
+  const Config& c = w_->config;
+  const int64_t D = c.hidden_size;
+  if (n <= kQmvMaxTokens && use_decode_kernels_) {
+    qmv_into(w_->lm_head, hidden_ + r0 * D, D, n, w_->final_norm, logits_, c.vocab_size);
+  } else {
+    rmsnorm(hidden_ + r0 * D, w_->final_norm, float(c.rms_norm_eps), n, D, normed_, stream_);
+    proj(w_->lm_head, normed_, n, logits_);
+  }
+  mask_padding(logits_, n, c.vocab_size, w_->vocab_real, stream_);
+}
+
+void CudaRunner::lm_head_rows(int64_t r0, int64_t n, float* host) {
+  const int64_t V = w_->config.vocab_size;
+  for (int64_t i = 0; i < n; i += kLmRows) {
+    const int64_t m = std::min(kLmRows, n - i);
+    lm_head_device(r0 + i, m);
+    TERN_CUDA(cudaMemcpyAsync(host + i * V, logits_, size_t(m * V) * 4, cudaMemcpyDeviceToHost, stream_));
+    TERN_CUDA(cudaStreamSynchronize(stream_));
+  }
+}
+
+}  // namespace cuda
+
+namespace {
+
+using namespace tern::cuda;
+
+void require_gpu() {
+  TERN_CHECK(device_count() > 0, "--device cuda was asked for, but no CUDA GPU is visible (no driver or no device)");
+}
+
+}  // namespace
+
+std::unique_ptr<ModelRunner> cuda_runner_create(std::shared_ptr<const ModelWeights> weights,
+                                                const CudaRunnerOptions& options) {
+  require_gpu();
+  TERN_CHECK(weights != nullptr, "cuda_runner_create: no weights");
+  auto dw = device_weights_upload(*weights, options.progress);
+  return std::make_unique<CudaRunner>(std::move(dw), std::move(weights), options);
+}
+
+std::unique_ptr<ModelRunner> cuda_runner_create_synthetic(const Config& config, uint64_t seed,
+                                                          const CudaRunnerOptions& options) {
+  require_gpu();
+  auto dw = device_weights_synthetic(config, seed, options.progress);
+  if (options.vocab_real > 0) dw->vocab_real = std::min<int64_t>(options.vocab_real, config.vocab_size);
+  return std::make_unique<CudaRunner>(std::move(dw), nullptr, options);
+}
+
+int cuda_device_count() { return device_count(); }
+std::string cuda_device_name() { return device_count() > 0 ? device_description() : std::string("no CUDA device"); }
+
+int64_t cuda_runner_weight_bytes(const ModelRunner& runner) {
+  const auto* r = dynamic_cast<const CudaRunner*>(&runner);
+  return r ? r->weight_bytes() : 0;
+}
+
+}  // namespace tern

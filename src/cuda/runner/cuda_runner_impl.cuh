@@ -1,0 +1,159 @@
+// CudaRunner, the ModelRunner behind cuda_runner.h, defined once for the runner's files, one role each:
+// cuda_runner.cu (construction and options, sessions, the forward loop, activation scratch, the LM head),
+// decode_plan.cu (chunks of at most kQmvMaxTokens tokens: the fused decode kernels, one CUDA graph per step, the
+// token mask) and prefill_plan.cu (longer chunks: the prepared inputs of the prefill products, the mixers and the
+// MoE block). Included by those files only.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cuda/common/cuda_common.cuh"
+#include "cuda/common/l2_ranges.h"
+#include "cuda/kernels/attention/attention.cuh"
+#include "cuda/kernels/gdn/gdn.cuh"
+#include "cuda/kernels/moe/moe.cuh"
+#include "cuda/kernels/moe/moe_decode.cuh"
+#include "cuda/kernels/qmatmul/qmatmul.cuh"
+#include "cuda/runner/activation_dump.cuh"
+#include "cuda/runner/cuda_runner.h"
+#include "cuda/runner/cuda_session.cuh"
+#include "cuda/runner/step_timer.cuh"
+#include "cuda/weights/device_weights.cuh"
+#include "model/runner.h"
+
+namespace tern::cuda {
+
+// x [T, cols] prepared once for the products that read it. main: the layout of the 4-bit products' kernel (fp16
+// with a per-token scale for the Hopper warpgroup kernel, or bf16 hi + lo with TERN_PREFILL_WGMMA=2; 16 bits for the
+// integer kernel; split into bf16 hi + lo with TERN_PREFILL_INT8=0); q16: the integer kernel's layout for 8-bit
+// matrices (the router and shared-expert gate), the same buffer as main when the integer kernel runs everything.
+struct PreparedX {
+  const void* main = nullptr;
+  const void* q16 = nullptr;
+  bool split = false;  // main holds bf16 hi + lo (matmul_prepare_x), not fp16, under the fp16 plan
+};
+
+// The prefill plan's product inputs, for choosing which take x as fp16 on Hopper (TERN_PREFILL_F16_SITES).
+enum PrefillSite : int { kGdnIn = 1, kAttnIn = 2, kMixerOut = 4, kMoeIn = 8, kMoeDown = 16, kAllSites = 31 };
+
+class CudaRunner final : public ModelRunner {
+ public:
+  CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const ModelWeights> host, const CudaRunnerOptions& o);
+  ~CudaRunner() override;
+
+  std::string backend_name() const override { return "cuda"; }
+  void set_activation_dump_dir(const std::string& dir) override { dump_.set_dir(dir); }
+  const Config& config() const override { return w_->config; }
+  int64_t vocab_real() const override { return w_->vocab_real; }
+  // The forward chunk: a 4K prompt in one call instead of two of 2K (H200: 225 against 257 ms).
+  int64_t preferred_prefill_chunk() const override { return max_chunk_; }
+  int64_t weight_bytes() const { return w_->bytes; }
+
+  std::unique_ptr<Session> create_session(int64_t max_context) override;
+  void forward(Session& session, std::span<const int32_t> tokens, bool all_logits, std::vector<float>& logits) override;
+  std::optional<int32_t> forward_sample(Session& session, std::span<const int32_t> tokens,
+                                        const DeviceSampling& sampling) override;
+
+ private:
+  static constexpr int64_t kLmRows = 128;  // logits rows computed at a time
+
+  // cuda_runner.cu: sessions, the activation scratch, the chunk loop (both plans), the LM head
+  CudaSession& own(Session& session);
+  void check_tokens(const CudaSession& s, std::span<const int32_t> tokens);
+  void allocate_scratch();
+  GdnDims gdn_dims(int64_t T) const;
+  AttnDims attn_dims(int64_t T, int64_t capacity) const;
+  bool decode_plan(int64_t T) const;
+  void run_chunk(CudaSession& s, std::span<const int32_t> tokens);
+  void chunk_body(CudaSession& s, int64_t T);
+  void dump_layer(const char* base, size_t i, int64_t T, const int* ids = nullptr);
+  void lm_head_device(int64_t r0, int64_t n);
+  void lm_head_rows(int64_t r0, int64_t n, float* host);
+
+  // decode_plan.cu: chunks of at most kQmvMaxTokens tokens, the decode step's CUDA graph, the token mask
+  void allocate_decode_scratch();
+  void plan_l2_prefetch();
+  void qmv_into(const DMat& w, const float* x, int64_t ldx, int64_t T, const float* norm_w, float* y, int64_t ldy,
+                bool accumulate = false, const L2Ranges& ahead = {});
+  int32_t decode_graph_step(CudaSession& s, int32_t token, const DeviceSampling& sampling);
+  void capture_decode(CudaSession& s, bool with_sampling = true);
+  void apply_step_mask(const DeviceSampling& sampling);
+  void gdn_decode_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, int64_t T);
+  void attention_decode_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, CudaSession& s, int64_t T);
+  size_t layer_index(const DeviceLayer& l) const;
+  const L2Ranges& output_ahead(const DeviceLayer& l) const { return l2_output_ahead_[layer_index(l)]; }
+
+  // prefill_plan.cu: longer chunks
+  void proj(const DMat& w, const float* x, int64_t T, float* y, bool accumulate = false, const PreparedX& prep = {},
+            bool exact = false);
+  PreparedX prepare_x(const float* x, int64_t ldx, int64_t T, int64_t cols, PrefillSite site, bool with_8bit = false);
+  MatmulTile with_prepared_x(MatmulArgs& a, const PreparedX& prep, bool exact = false) const;
+  void gdn_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, int64_t T);
+  void attention_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, CudaSession& s, int64_t T, int64_t cap);
+  void moe(const DeviceLayer& l, int64_t T);
+  void shared_expert(const DeviceLayer& l, int64_t T, const PreparedX& xp);
+
+  std::unique_ptr<DeviceWeights> w_;
+  std::shared_ptr<const ModelWeights> host_;  // keeps the source alive (not read after upload)
+  int64_t max_chunk_;
+  cudaStream_t stream_{};
+  DeviceArena scratch_;
+  bool use_graphs_ = true;              // TERN_CUDA_GRAPHS=0 turns the decode graph off
+  StepTimer step_timer_;                // TERN_STEP_TIMING=1: device span vs host wall time per graph step
+  bool fp32_prefill_ = false;           // TERN_CUDA_FP32=1
+  // The 4-bit prefill products' kernel: the Hopper warpgroup kernel (x in one fp16 term, or two bf16), the integer
+  // kernel, or the split-x mma.sync kernel (TERN_PREFILL_INT8=0). 8-bit matrices take the integer kernel in every mode
+  // but split.
+  enum class PrefillKernel { wgmma_f16, wgmma_split, int8, split };
+  PrefillKernel prefill_kernel_ = PrefillKernel::int8;
+  bool exact_gates_ = false;  // the GDN b and a products on the integer kernel (see gdn_mixer)
+  int32_t device_token_ = 0;            // the token the last graph step left in tokens_ (when valid)
+  bool device_token_valid_ = false;
+  DeviceSampling last_params_{};        // the parameters in sample_params_slot (when valid)
+  bool params_valid_ = false;
+  bool decode_warm_ = false;           // a decode step has run outside capture
+  bool use_decode_kernels_ = true;      // TERN_CUDA_DECODE_KERNELS=0: decode through the prefill plan's kernels
+  bool kv_f16_ = true;                  // the KV cache in fp16, else bf16 (TERN_KV_BF16=1, CudaRunnerOptions::kv_f16)
+  bool capturing_ = false;              // a decode graph is being captured (no activation dumps)
+  ActivationDump dump_;                 // set_activation_dump_dir
+  int f16_sites_ = kAllSites & ~kGdnIn;  // TERN_PREFILL_F16_SITES (see the constructor)
+  int64_t f16_min_tokens_ = 512;         // TERN_PREFILL_F16_MIN_TOKENS (see the constructor)
+  int chunk_f16_sites_ = 0;              // f16_sites_, or 0 for a chunk under f16_min_tokens_ (run_chunk)
+  int l2_prefetch_ = 12;                // TERN_L2_PREFETCH bit mask (see the constructor)
+  std::vector<L2Ranges> l2_output_ahead_;  // per layer: what its output projection asks L2 for (plan_l2_prefetch)
+  DeviceArena decode_scratch_;
+  float* proj_ = nullptr;               // [kQmvMaxTokens, proj_cols_] fused input projection output
+  int64_t proj_cols_ = 0;
+  MoeDecodeScratch moe_scratch_;
+  std::vector<MoeDecodeWeights> moe_w_;  // per layer
+  cudaGraphExec_t graph_exec_ = nullptr;
+  uint64_t graph_session_ = 0, session_ids_ = 0;
+  std::shared_ptr<SnapshotBuffers> snapshot_buffers_;  // made with the first session
+  cudaGraphExec_t mask_graph_exec_ = nullptr;  // the decode graph without sampling (token-mask steps)
+  uint64_t mask_graph_session_ = 0;
+  uint32_t *mask_device_ = nullptr, *mask_pinned_ = nullptr;  // [ceil(V / 32)] the step's token mask
+  void* pinned_ = nullptr;              // [256 B] token in, sampled id out, sampling parameters
+  float *hidden_ = nullptr, *normed_ = nullptr;
+  float *qkv_raw_ = nullptr, *conv_out_ = nullptr, *z_ = nullptr, *o_ = nullptr, *gated_ = nullptr, *b_ = nullptr,
+        *a_ = nullptr, *g_ = nullptr, *beta_ = nullptr;
+  float *qg_ = nullptr, *k_ = nullptr, *v_ = nullptr, *q_ = nullptr, *attn_out_ = nullptr, *attn_part_ = nullptr;
+  float *router_logits_ = nullptr, *route_w_ = nullptr, *shared_logit_ = nullptr;
+  float *hg_ = nullptr, *hu_ = nullptr, *yd_ = nullptr, *sg_ = nullptr, *su_ = nullptr, *ys_ = nullptr;
+  size_t yd_bytes_ = 0;                 // also the chunked Gated DeltaNet's workspace
+  void* prep_ = nullptr;                // prepared activations of the prefill products (PreparedX::main)
+  size_t prep_bytes_ = 0;
+  void* prep_q16_ = nullptr;            // the MoE input quantised for the 8-bit products (PreparedX::q16)
+  size_t prep_q16_bytes_ = 0;
+  float *logits_ = nullptr, *sample_scratch_ = nullptr;
+  int *tokens_ = nullptr, *route_ids_ = nullptr, *sample_out_ = nullptr;
+  MoeGroups groups_;
+};
+
+}  // namespace tern::cuda

@@ -1,0 +1,173 @@
+#include "cuda/runner/cuda_session.cuh"
+
+#include <utility>
+
+#include "core/check.h"
+
+namespace tern::cuda {
+namespace {
+
+// The Gated DeltaNet states of a CudaSession at one position (see StateSnapshot): every layer's conv then
+// recurrent state back to back, in one device buffer of the runner's SnapshotBuffers, or in pinned host memory
+// after to_host().
+class CudaSnapshot final : public StateSnapshot {
+ public:
+  CudaSnapshot(const void* owner, int64_t position, std::shared_ptr<SnapshotBuffers> buffers)
+      : owner(owner), pos(position), size(buffers->bytes()), buffers_(std::move(buffers)) {
+    if (size) dev = buffers_->take();
+  }
+  ~CudaSnapshot() override {
+    buffers_->give(dev);
+    if (host) cudaFreeHost(host);
+  }
+  CudaSnapshot(const CudaSnapshot&) = delete;
+  CudaSnapshot& operator=(const CudaSnapshot&) = delete;
+  int64_t position() const override { return pos; }
+  size_t bytes() const override { return size; }
+  bool on_host() const override { return host != nullptr; }
+  void to_host() override {
+    if (host || !dev) return;
+    TERN_CUDA(cudaMallocHost(&host, size));
+    TERN_CUDA(cudaMemcpy(host, dev, size, cudaMemcpyDeviceToHost));
+    buffers_->give(dev);
+    dev = nullptr;
+  }
+  void to_device() override {
+    if (!host) return;
+    dev = buffers_->take();
+    TERN_CUDA(cudaMemcpy(dev, host, size, cudaMemcpyHostToDevice));
+    TERN_CUDA(cudaFreeHost(host));
+    host = nullptr;
+  }
+  const uint8_t* data() const { return host ? host : dev; }
+
+  const void* owner;
+  int64_t pos;
+  size_t size;
+  uint8_t* dev = nullptr;
+  uint8_t* host = nullptr;
+
+ private:
+  std::shared_ptr<SnapshotBuffers> buffers_;
+};
+
+}  // namespace
+
+size_t gdn_state_bytes_of(const DeviceWeights& w) {
+  const Config& c = w.config;
+  const int64_t conv_elems = int64_t(c.linear_conv_kernel_dim - 1) * c.conv_channels();
+  const int64_t rec_elems = int64_t(c.linear_num_value_heads) * c.linear_value_head_dim * c.linear_key_head_dim;
+  size_t bytes = 0;
+  for (const DeviceLayer& l : w.layers)
+    if (l.type != LayerType::full_attention) bytes += size_t(conv_elems) * 4 + size_t(rec_elems) * 4;
+  return bytes;
+}
+
+CudaSession::CudaSession(const DeviceWeights& w, int64_t capacity, const void* owner, uint64_t id,
+                         std::shared_ptr<SnapshotBuffers> snapshot_buffers)
+    : owner(owner), id(id), capacity_(capacity), snapshot_buffers_(std::move(snapshot_buffers)) {
+  const Config& c = w.config;
+  kv_heads = c.num_key_value_heads;
+  head_dim = c.head_dim;
+  const int64_t kv_elems = int64_t(c.num_key_value_heads) * capacity * c.head_dim;
+  const int64_t conv_elems = int64_t(c.linear_conv_kernel_dim - 1) * c.conv_channels();
+  const int64_t rec_elems = int64_t(c.linear_num_value_heads) * c.linear_value_head_dim * c.linear_key_head_dim;
+  size_t bytes = DeviceArena::align(sizeof(int));
+  for (const DeviceLayer& l : w.layers)
+    bytes += l.type == LayerType::full_attention ? 2 * DeviceArena::align(size_t(kv_elems) * 2)
+                                                 : DeviceArena::align(size_t(conv_elems) * 4) +
+                                                       DeviceArena::align(size_t(rec_elems) * 4);
+  arena = DeviceArena(bytes, "session caches");
+  d_pos = arena.take_n<int>(1);
+  for (const DeviceLayer& l : w.layers) {
+    LayerCache lc;
+    if (l.type == LayerType::full_attention) {
+      lc.k = arena.take_n<uint16_t>(size_t(kv_elems));
+      lc.v = arena.take_n<uint16_t>(size_t(kv_elems));
+    } else {
+      lc.conv = arena.take_n<float>(size_t(conv_elems));
+      lc.rec = arena.take_n<float>(size_t(rec_elems));
+      lc.conv_bytes = size_t(conv_elems) * 4;
+      lc.rec_bytes = size_t(rec_elems) * 4;
+    }
+    layers.push_back(lc);
+  }
+  reset();
+}
+
+void CudaSession::reset() {
+  TERN_CUDA(cudaDeviceSynchronize());
+  for (const LayerCache& lc : layers) {
+    if (lc.conv) TERN_CUDA(cudaMemset(lc.conv, 0, lc.conv_bytes));
+    if (lc.rec) TERN_CUDA(cudaMemset(lc.rec, 0, lc.rec_bytes));
+  }
+  TERN_CUDA(cudaMemset(d_pos, 0, sizeof(int)));
+  TERN_CUDA(cudaDeviceSynchronize());
+  pos = 0;
+}
+
+size_t CudaSession::gdn_state_bytes() const {
+  size_t bytes = 0;
+  for (const LayerCache& lc : layers) bytes += lc.conv_bytes + lc.rec_bytes;
+  return bytes;
+}
+
+std::unique_ptr<StateSnapshot> CudaSession::snapshot() const {
+  TERN_CUDA(cudaDeviceSynchronize());
+  TERN_CHECK(snapshot_buffers_->bytes() == gdn_state_bytes(), "cuda snapshot: buffers of ", snapshot_buffers_->bytes(),
+             " bytes for states of ", gdn_state_bytes());
+  auto snap = std::make_unique<CudaSnapshot>(owner, pos, snapshot_buffers_);
+  const cudaStream_t cs = snapshot_buffers_->stream();
+  uint8_t* p = snap->dev;
+  for (const LayerCache& lc : layers) {
+    if (lc.conv) TERN_CUDA(cudaMemcpyAsync(p, lc.conv, lc.conv_bytes, cudaMemcpyDeviceToDevice, cs));
+    p += lc.conv_bytes;
+    if (lc.rec) TERN_CUDA(cudaMemcpyAsync(p, lc.rec, lc.rec_bytes, cudaMemcpyDeviceToDevice, cs));
+    p += lc.rec_bytes;
+  }
+  TERN_CUDA(cudaStreamSynchronize(cs));
+  return snap;
+}
+
+void CudaSession::restore(const StateSnapshot& snapshot) {
+  const auto* snap = dynamic_cast<const CudaSnapshot*>(&snapshot);
+  TERN_CHECK(snap != nullptr && snap->owner == owner, "cuda restore: the snapshot was not made by this runner");
+  TERN_CHECK(snap->pos <= capacity_, "cuda restore: the snapshot is at ", snap->pos,
+             " tokens, over this session's capacity of ", capacity_);
+  TERN_CHECK(snap->size == gdn_state_bytes(), "cuda restore: the snapshot holds ", snap->size,
+             " bytes, the session's states ", gdn_state_bytes());
+  TERN_CUDA(cudaDeviceSynchronize());
+  const cudaStream_t cs = snapshot_buffers_->stream();
+  const uint8_t* p = snap->data();  // device, or pinned host memory
+  for (const LayerCache& lc : layers) {
+    if (lc.conv) TERN_CUDA(cudaMemcpyAsync(lc.conv, p, lc.conv_bytes, cudaMemcpyDefault, cs));
+    p += lc.conv_bytes;
+    if (lc.rec) TERN_CUDA(cudaMemcpyAsync(lc.rec, p, lc.rec_bytes, cudaMemcpyDefault, cs));
+    p += lc.rec_bytes;
+  }
+  TERN_CUDA(cudaStreamSynchronize(cs));
+  const int p32 = int(snap->pos);
+  TERN_CUDA(cudaMemcpy(d_pos, &p32, sizeof(int), cudaMemcpyHostToDevice));
+  TERN_CUDA(cudaDeviceSynchronize());
+  pos = snap->pos;
+}
+
+void CudaSession::copy_kv_prefix(const Session& from, int64_t n) {
+  const auto* src = dynamic_cast<const CudaSession*>(&from);
+  TERN_CHECK(src != nullptr && src->owner == owner, "cuda copy_kv_prefix: the session was not made by this runner");
+  TERN_CHECK(n >= 0 && n <= src->capacity_ && n <= capacity_, "cuda copy_kv_prefix: ", n,
+             " rows from a session of capacity ", src->capacity_, " into one of ", capacity_);
+  if (src == this || n == 0) return;
+  TERN_CUDA(cudaDeviceSynchronize());
+  const size_t row = size_t(head_dim) * 2, width = size_t(n) * row;  // 16-bit rows of [Hkv, capacity, dh]
+  for (size_t i = 0; i < layers.size(); ++i) {
+    if (!layers[i].k) continue;
+    TERN_CUDA(cudaMemcpy2D(layers[i].k, size_t(capacity_) * row, src->layers[i].k, size_t(src->capacity_) * row,
+                           width, size_t(kv_heads), cudaMemcpyDeviceToDevice));
+    TERN_CUDA(cudaMemcpy2D(layers[i].v, size_t(capacity_) * row, src->layers[i].v, size_t(src->capacity_) * row,
+                           width, size_t(kv_heads), cudaMemcpyDeviceToDevice));
+  }
+  TERN_CUDA(cudaDeviceSynchronize());
+}
+
+}  // namespace tern::cuda

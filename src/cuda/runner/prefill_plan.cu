@@ -1,0 +1,244 @@
+// The prefill plan of the CUDA runner (cuda_runner_impl.cuh), for chunks of more than kQmvMaxTokens tokens: the inputs
+// of the matrix products prepared once per input (fp16, bf16 hi + lo or 16-bit integers, by kernel and site), the
+// Gated DeltaNet mixer (the chunked form from 64 tokens), the attention mixer, and the MoE block with its expert
+// products grouped by expert.
+#include "cuda/runner/cuda_runner_impl.cuh"
+
+#include "core/check.h"
+#include "cuda/common/cuda_common.cuh"
+#include "cuda/kernels/attention/attention.cuh"
+#include "cuda/kernels/conv1d/conv1d.cuh"
+#include "cuda/kernels/gdn/gdn.cuh"
+#include "cuda/kernels/moe/moe.cuh"
+#include "cuda/kernels/qmatmul/qmatmul.cuh"
+#include "cuda/kernels/qmatmul/qmatmul_int8.cuh"
+#include "cuda/kernels/qmatmul/qmatmul_wgmma.cuh"
+
+namespace tern::cuda {
+
+// y [T, rows] (+)= x [T, cols] · Wᵀ
+// prep: x prepared by prepare_x (the kernels read it instead of converting x in every block); exact: the product
+// takes prep.q16 (the integer kernel's 16-bit x) whenever it is there.
+void CudaRunner::proj(const DMat& w, const float* x, int64_t T, float* y, bool accumulate, const PreparedX& prep,
+                      bool exact) {
+  if (T == 1) {
+    GemvArgs a;
+    a.w = w;
+    a.x = x;
+    a.y = y;
+    a.accumulate = accumulate;
+    gemv(a, stream_);
+  } else {
+    MatmulArgs a;
+    a.w = w;
+    a.x = x;
+    a.ldx = w.cols;
+    a.y = y;
+    a.ldy = w.rows;
+    a.tokens = T;
+    a.accumulate = accumulate;
+    matmul(a, stream_, with_prepared_x(a, prep, exact));
+  }
+}
+
+PreparedX CudaRunner::prepare_x(const float* x, int64_t ldx, int64_t T, int64_t cols, PrefillSite site,
+                                bool with_8bit) {
+  PreparedX p;
+  if (fp32_prefill_ || T <= 1) return p;
+  PrefillKernel kernel = prefill_kernel_;
+  if (kernel == PrefillKernel::wgmma_f16 && !(chunk_f16_sites_ & site)) {
+    kernel = PrefillKernel::wgmma_split;
+    p.split = true;
+  }
+  switch (kernel) {
+    case PrefillKernel::int8:
+      if (cols % 128 != 0 || matmul_q16_bytes(T, cols) > int64_t(prep_bytes_)) return p;
+      matmul_quantize_x(x, ldx, T, cols, prep_, stream_);
+      p.main = p.q16 = prep_;
+      return p;
+    case PrefillKernel::wgmma_f16:
+      if (cols % 512 != 0 || matmul_f16_bytes(T, cols) > int64_t(prep_bytes_)) return p;
+      matmul_prepare_x_f16(x, ldx, T, cols, prep_, stream_);
+      p.main = prep_;
+      break;
+    case PrefillKernel::split:  // no 16-bit x: the 8-bit products take the fp32 SIMT kernel
+      with_8bit = false;
+      [[fallthrough]];
+    case PrefillKernel::wgmma_split:
+      if (cols % 64 != 0 || matmul_prepared_bytes(T, cols) > int64_t(prep_bytes_)) return p;
+      matmul_prepare_x(x, ldx, T, cols, prep_, stream_);
+      p.main = prep_;
+      break;
+  }
+  if (with_8bit && cols % 128 == 0 && matmul_q16_bytes(T, cols) <= int64_t(prep_q16_bytes_)) {
+    matmul_quantize_x(x, ldx, T, cols, prep_q16_, stream_);
+    p.q16 = prep_q16_;
+  }
+  return p;
+}
+
+// Sets the prepared input on `a` (when a kernel that reads it takes the matrix) and picks the tile: the integer and
+// warpgroup kernels choose their own; the split-x kernel's fastest with prepared x is 128×64 (docs/benchmarks.md).
+MatmulTile CudaRunner::with_prepared_x(MatmulArgs& a, const PreparedX& prep, bool exact) const {
+  if (fp32_prefill_) return MatmulTile::simt;
+  if (prep.q16 && matmul_int8_takes(a.w) &&
+      (exact || prefill_kernel_ == PrefillKernel::int8 || a.w.format != WeightFormat::affine4)) {
+    a.x_q16 = prep.q16;
+    a.x_q16_cols = a.w.cols;
+    return MatmulTile::automatic;
+  }
+  if (!prep.main || a.w.format != WeightFormat::affine4) return MatmulTile::automatic;
+  switch (prep.split ? PrefillKernel::wgmma_split : prefill_kernel_) {
+    case PrefillKernel::int8: return MatmulTile::automatic;
+    case PrefillKernel::wgmma_f16:
+      if (matmul_wgmma_takes(a.w)) {
+        a.x_f16 = prep.main;
+        a.x_f16_cols = a.w.cols;
+      }
+      return MatmulTile::automatic;
+    case PrefillKernel::wgmma_split:
+      a.x_prep = prep.main;
+      a.x_prep_cols = a.w.cols;
+      return matmul_wgmma_takes(a.w) ? MatmulTile::wgmma : MatmulTile::tc128x64;
+    case PrefillKernel::split: break;
+  }
+  a.x_prep = prep.main;
+  a.x_prep_cols = a.w.cols;
+  return MatmulTile::tc128x64;
+}
+
+void CudaRunner::gdn_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, int64_t T) {
+  const Config& c = w_->config;
+  const GdnDims d = gdn_dims(T);
+  const int64_t C = d.C();
+  // The decay and write-strength gates (b, a: 32 rows each) steer the recurrence over the whole sequence: with the
+  // fp16 products they take the 16-bit integer x (exact_gates_).
+  const PreparedX xp = prepare_x(normed_, c.hidden_size, T, c.hidden_size, kGdnIn, exact_gates_);
+  proj(l.in_proj_qkv, normed_, T, qkv_raw_, false, xp);
+  proj(l.in_proj_z, normed_, T, z_, false, xp);
+  proj(l.in_proj_b, normed_, T, b_, false, xp, /*exact=*/true);
+  proj(l.in_proj_a, normed_, T, a_, false, xp, /*exact=*/true);
+  if (d.dk == 128) {  // the q/k norms inside the convolution (a warp per 128-channel head), then the gates
+    conv1d_silu_qknorm(qkv_raw_, C, T, C, c.linear_conv_kernel_dim, l.conv1d, lc.conv, conv_out_,
+                       int64_t(d.Hk) * d.dk, int64_t(d.Hk) * d.dk, d.dk, stream_);
+    gdn_gates(b_, a_, l.A_log, l.dt_bias, d, g_, beta_, stream_);
+  } else {
+    conv1d_silu(qkv_raw_, C, T, C, c.linear_conv_kernel_dim, l.conv1d, lc.conv, conv_out_, stream_);
+    gdn_prepare(conv_out_, b_, a_, l.A_log, l.dt_bias, d, g_, beta_, stream_);
+  }
+  // Prefill: the chunked (WY) form through a workspace that aliases the MoE down-projection output (yd_, not live
+  // here); short prompts and decode stay on the token-by-token recurrence.
+  if (T >= 64)
+    gdn_chunked(conv_out_, g_, beta_, lc.rec, d, o_, stream_, 64,
+                fp32_prefill_ ? GdnChunkedKernel::simt : GdnChunkedKernel::automatic, yd_, yd_bytes_);
+  else
+    gdn_recurrent(conv_out_, g_, beta_, lc.rec, d, o_, stream_);
+  gdn_gated_norm(o_, z_, l.gdn_norm, float(c.rms_norm_eps), d, gated_, stream_);
+  const int64_t Z = int64_t(d.Hv) * d.dv;
+  proj(l.out_proj, gated_, T, hidden_, /*accumulate=*/true, prepare_x(gated_, Z, T, Z, kMixerOut));
+}
+
+void CudaRunner::attention_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, CudaSession& s, int64_t T,
+                                 int64_t cap) {
+  const Config& c = w_->config;
+  const AttnDims d = attn_dims(T, cap);
+  const PreparedX xp = prepare_x(normed_, c.hidden_size, T, c.hidden_size, kAttnIn);
+  proj(l.q_proj, normed_, T, qg_, false, xp);
+  proj(l.k_proj, normed_, T, k_, false, xp);
+  proj(l.v_proj, normed_, T, v_, false, xp);
+  attn_prepare(qg_, k_, v_, l.q_norm, l.k_norm, s.d_pos, d, q_, lc.k, lc.v, stream_);
+  attention(q_, qg_, lc.k, lc.v, s.d_pos, d, attn_part_, attn_out_, stream_);
+  const int64_t O = int64_t(d.Hq) * d.dh;
+  proj(l.o_proj, attn_out_, T, hidden_, /*accumulate=*/true, prepare_x(attn_out_, O, T, O, kMixerOut));
+}
+
+void CudaRunner::moe(const DeviceLayer& l, int64_t T) {
+  const Config& c = w_->config;
+  const int E = c.num_experts, k = c.num_experts_per_tok;
+  const int64_t D = c.hidden_size, F = c.moe_intermediate_size;
+  // normed_ prepared once for the router, the shared-expert gate and the routed and shared gate/up products.
+  const PreparedX xp = prepare_x(normed_, D, T, D, kMoeIn, /*with_8bit=*/true);
+  proj(l.router, normed_, T, router_logits_, false, xp);
+  proj(l.shared_expert_gate, normed_, T, shared_logit_, false, xp);
+  moe_route(router_logits_, T, E, k, route_ids_, route_w_, stream_);
+  const int* pos_of = nullptr;
+  if (T == 1) {
+    GemvArgs a;
+    a.x = normed_;
+    a.ids = route_ids_;
+    a.slots = k;
+    a.y_stride = F;
+    a.w = l.expert_gate;
+    a.y = hg_;
+    gemv(a, stream_);
+    a.w = l.expert_up;
+    a.y = hu_;
+    gemv(a, stream_);
+    swiglu(hg_, hu_, k * F, hg_, stream_);
+    a.w = l.expert_down;
+    a.x = hg_;
+    a.x_stride = F;
+    a.y = yd_;
+    a.y_stride = D;
+    gemv(a, stream_);
+    shared_expert(l, T, PreparedX{});
+  } else {
+    // hg_ prepared for the down product once the gate/up products are done.
+    moe_group(route_ids_, T, E, k, kMatmulTileTokens, groups_, stream_);
+    MatmulArgs a;
+    set_tiles(a, groups_, moe_max_tiles(T, E, k));
+    a.gather = groups_.sorted_token;
+    a.x = normed_;
+    a.ldx = D;
+    a.ldy = F;
+    a.w = l.expert_gate;
+    a.y = hg_;
+    const MatmulTile tile = with_prepared_x(a, xp);
+    if (!fp32_prefill_ && matmul_swiglu_supported(a, l.expert_up)) {  // h = silu(gate·x) ⊙ (up·x) in one pass
+      matmul_swiglu(a, l.expert_up, stream_, tile);
+    } else {
+      matmul(a, stream_, tile);
+      a.w = l.expert_up;
+      a.y = hu_;
+      matmul(a, stream_, tile);
+      swiglu(hg_, hu_, T * k * F, hg_, stream_);
+    }
+    shared_expert(l, T, xp);
+    a.gather = nullptr;
+    a.x = hg_;
+    a.ldx = F;
+    a.x_prep = nullptr;
+    a.x_q16 = nullptr;
+    a.x_f16 = nullptr;
+    a.w = l.expert_down;
+    a.y = yd_;
+    a.ldy = D;
+    matmul(a, stream_, with_prepared_x(a, prepare_x(hg_, F, T * k, F, kMoeDown)));
+    pos_of = groups_.pos_of;
+  }
+  moe_combine(hidden_, yd_, pos_of, route_w_, ys_, shared_logit_, T, D, k, stream_);
+}
+
+// The shared expert of the prefill plan: ys_ [T, D] = down(silu(gate·x) ⊙ (up·x)), x = normed_ (split in xp).
+void CudaRunner::shared_expert(const DeviceLayer& l, int64_t T, const PreparedX& xp) {
+  const Config& c = w_->config;
+  const int64_t D = c.hidden_size, Fs = c.shared_expert_intermediate_size;
+  MatmulArgs sa;
+  sa.w = l.shared_gate;
+  sa.x = normed_;
+  sa.ldx = D;
+  sa.y = sg_;
+  sa.ldy = Fs;
+  sa.tokens = T;
+  const MatmulTile tile = with_prepared_x(sa, xp);
+  if (T > 1 && !fp32_prefill_ && matmul_swiglu_supported(sa, l.shared_up)) {
+    matmul_swiglu(sa, l.shared_up, stream_, tile);
+  } else {
+    proj(l.shared_gate, normed_, T, sg_, false, xp);
+    proj(l.shared_up, normed_, T, su_, false, xp);
+    swiglu(sg_, su_, T * Fs, sg_, stream_);
+  }
+  proj(l.shared_down, sg_, T, ys_, false, prepare_x(sg_, Fs, T, Fs, kMoeDown));  // xp is not read after this
+}
+
+}  // namespace tern::cuda

@@ -1,0 +1,322 @@
+// The Hopper warpgroup product (qmatmul_wgmma.cuh) against its CPU twin: x as the kernel sees it, σ·fp16(x/σ) with
+// the token's power-of-two σ on the host (one term) or split into bf16 hi + lo (two terms, matmul_prepare_x), then the
+// fp32 CPU product cpu::matmul(W, x'). The weights' integers and the 16-bit products are exact, so only fp32
+// summation differs: the bounds
+// of matmul_test.cpp (1e-5 of the token's rms in rms, 6e-5 in the worst element) hold, and a wrong nibble, k slot,
+// group, scale or token is ~1e-2 of the rms. Outputs start poisoned (NaN), so unwritten elements fail. Skipped where
+// the kernel does not run (not a Hopper GPU).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "core/bf16.h"
+#include "cuda/kernels/moe/moe.cuh"
+#include "cuda/kernels/qmatmul/qmatmul_wgmma.cuh"
+#include "matmul_test_util.h"
+
+namespace tern::cuda::test {
+namespace {
+
+#define TERN_REQUIRE_WGMMA()                                                          \
+  TERN_REQUIRE_GPU();                                                                 \
+  if (!matmul_wgmma_available()) GTEST_SKIP() << "the warpgroup kernel needs a Hopper GPU"
+
+constexpr WgmmaX kXs[] = {WgmmaX::f16, WgmmaX::split};
+const char* x_name(WgmmaX x) { return x == WgmmaX::f16 ? "f16" : "split"; }
+
+// v rounded to fp16 (nearest, ties to even; 11 significant bits, subnormal below 2^-14), for |v| < 65520.
+float round_f16(float v) {
+  if (v == 0.0f) return v;
+  int e = 0;
+  std::frexp(v, &e);  // |v| in [2^(e-1), 2^e)
+  const float quantum = e >= -13 ? std::ldexp(1.0f, e - 11) : std::ldexp(1.0f, -24);
+  return std::nearbyint(v / quantum) * quantum;
+}
+// The power-of-two scale of a row (matmul_prepare_x_f16): 2^(E − 15) for max|x| < 2^E.
+float row_sigma(const float* x, int64_t cols) {
+  float m = 0.0f;
+  for (int64_t c = 0; c < cols; ++c) m = std::max(m, std::fabs(x[c]));
+  int e = 0;
+  std::frexp(m, &e);
+  return std::ldexp(1.0f, e - 15);
+}
+
+// x [rows, cols] as the kernel multiplies it: σ·fp16(x/σ) per row, or hi + lo with hi = bf16(x), lo = bf16(x − hi).
+std::vector<float> as_seen(const std::vector<float>& x, WgmmaX xk, int64_t cols) {
+  std::vector<float> r(x.size());
+  for (size_t row = 0; row * size_t(cols) < x.size(); ++row) {
+    const float* xr = x.data() + row * size_t(cols);
+    const float sigma = row_sigma(xr, cols);
+    for (int64_t c = 0; c < cols; ++c) {
+      const float v = xr[c], hi = round_bf16(v);
+      r[row * size_t(cols) + size_t(c)] = xk == WgmmaX::f16 ? round_f16(v / sigma) * sigma : hi + round_bf16(v - hi);
+    }
+  }
+  return r;
+}
+
+// x prepared on the device for the kernel (rows of `ld` floats, `cols` used).
+struct PreparedInput {
+  std::unique_ptr<DeviceBuf<unsigned char>> buf;
+  void set(MatmulArgs& a, WgmmaX xk, int64_t cols) const {
+    if (xk == WgmmaX::f16) {
+      a.x_f16 = buf->p;
+      a.x_f16_cols = cols;
+    } else {
+      a.x_prep = buf->p;
+      a.x_prep_cols = cols;
+    }
+  }
+};
+PreparedInput prepared(const float* dx, int64_t ld, int64_t rows, int64_t cols, WgmmaX xk) {
+  PreparedInput p;
+  const int64_t bytes = xk == WgmmaX::f16 ? matmul_f16_bytes(rows, cols) : matmul_prepared_bytes(rows, cols);
+  p.buf = std::make_unique<DeviceBuf<unsigned char>>(size_t(bytes));
+  if (xk == WgmmaX::f16) {
+    matmul_prepare_x_f16(dx, ld, rows, cols, p.buf->p, nullptr);
+  } else {
+    matmul_prepare_x(dx, ld, rows, cols, p.buf->p, nullptr);
+  }
+  return p;
+}
+
+void run_product(const MatmulArgs& a, WgmmaX xk, const DMat* up = nullptr) {
+  if (up) {
+    matmul_wgmma_swiglu(a, *up, nullptr, xk);
+  } else {
+    matmul_wgmma(a, nullptr, xk);
+  }
+}
+
+constexpr double kTwinRms = 1e-5, kTwinWorst = 6e-5;
+constexpr double kSwigluRms = 1e-4, kSwigluWorst = 1e-3;
+
+TEST(CudaMatmulWgmma, PreparedF16MatchesTheTwin) {
+  TERN_REQUIRE_GPU();
+  std::mt19937_64 rng(fresh_seed("CudaMatmulWgmma.Prepare"));
+  for (int64_t cols : {int64_t(512), int64_t(2048), int64_t(4096)}) {
+    const int64_t T = 37, ld = cols + 8, rb = matmul_f16_row_bytes(cols), G = cols / 64;
+    auto x = activations(rng, T, ld, true);
+    for (int64_t c = 0; c < ld; ++c) x[size_t(ld + c)] = 0.0f;  // an all-zero row
+    x[size_t(2 * ld + 5)] = 3e4f;                                // a row with an outlier
+    DeviceBuf<float> dx(x);
+    DeviceBuf<unsigned char> out(size_t(matmul_f16_bytes(T, cols)));
+    matmul_prepare_x_f16(dx.p, ld, T, cols, out.p, nullptr);
+    const auto got = out.host();
+    int64_t bad_values = 0, bad_sigma = 0;
+    double worst_sum = 0;
+    for (int64_t n = 0; n < T; ++n) {
+      const unsigned char* row = got.data() + n * rb;
+      const float sigma = row_sigma(x.data() + n * ld, cols);
+      float got_sigma;
+      std::memcpy(&got_sigma, row + cols * 2 + G * 4, 4);
+      if (got_sigma != sigma) ++bad_sigma;
+      for (int64_t c = 0; c < cols / 8; ++c) {
+        for (int e = 0; e < 8; ++e) {  // element e of chunk c: column 8c + (0,4,1,5,2,6,3,7)[e]
+          const int col = int(8 * c) + (e % 2) * 4 + e / 2;
+          uint16_t b;
+          std::memcpy(&b, row + c * 16 + e * 2, 2);
+          if (f16_to_float(b) != round_f16(x[size_t(n * ld + col)] / sigma)) ++bad_values;
+        }
+      }
+      for (int64_t g = 0; g < G; ++g) {
+        double want = 0, mag = 0;
+        for (int k = 0; k < 64; ++k) {
+          want += round_f16(x[size_t(n * ld + g * 64 + k)] / sigma);
+          mag += std::fabs(x[size_t(n * ld + g * 64 + k)] / sigma);
+        }
+        float s;
+        std::memcpy(&s, row + cols * 2 + g * 4, 4);
+        worst_sum = std::max(worst_sum, std::fabs(double(s) - want) / (mag + 1e-30));
+      }
+    }
+    EXPECT_EQ(bad_sigma, 0) << "cols " << cols << ": row scales";
+    EXPECT_EQ(bad_values, 0) << "cols " << cols << ": fp16 values that differ from round-to-nearest-even of x/σ";
+    EXPECT_LE(worst_sum, 1e-6) << "cols " << cols << ": group sums (relative to Σ|x/σ|)";
+  }
+}
+
+struct DenseCase {
+  int64_t rows, cols;
+  const char* name;
+};
+
+TEST(CudaMatmulWgmma, DenseMatchesTwinAtModelShapes) {
+  TERN_REQUIRE_WGMMA();
+  std::mt19937_64 rng(fresh_seed("CudaMatmulWgmma.Dense"));
+  const DenseCase cases[] = {{12352, 2048, "GDN in_proj qkv+z+b+a"},
+                             {2048, 4096, "out_proj / o_proj"},
+                             {2048, 512, "shared expert down"},
+                             {200, 512, "200 rows (partial row tiles)"},
+                             {32, 2048, "in_proj b (32 rows)"}};
+  {  // 256 columns (the demo model's width): not taken (the scales are copied in pieces of 8 groups)
+    auto h = random_matrix(rng, WeightFormat::affine4, 1, 64, 256);
+    DeviceMatrix dm(*h);
+    EXPECT_FALSE(matmul_wgmma_takes(dm.d));
+  }
+  for (const DenseCase& c : cases) {
+    auto h = random_matrix(rng, WeightFormat::affine4, 1, c.rows, c.cols);
+    DeviceMatrix dm(*h);
+    ASSERT_TRUE(matmul_wgmma_takes(dm.d)) << c.name;
+    for (int64_t T : {int64_t(2), int64_t(63), int64_t(64), int64_t(65), int64_t(300)}) {
+      const auto x = activations(rng, T, c.cols, T % 2 == 1);
+      DeviceBuf<float> dx(x);
+      for (WgmmaX xk : kXs) {
+        const auto twin = cpu_product(h->m, as_seen(x, xk, c.cols), T);
+        const PreparedInput px = prepared(dx.p, c.cols, T, c.cols, xk);
+        DeviceBuf<float> dy(std::vector<float>(size_t(T * c.rows), NAN));
+        MatmulArgs a = dense_args(dm.d, dx.p, dy.p, T);
+        px.set(a, xk, c.cols);
+        run_product(a, xk);
+        const auto got = dy.host();
+        const std::string what = std::string(c.name) + " T=" + std::to_string(T) + " " + x_name(xk);
+        expect_product(got, twin, twin, c.rows, what + " vs twin", kTwinRms, kTwinWorst);
+        if (xk == WgmmaX::f16) {  // matmul() with x_f16 set runs this kernel
+          DeviceBuf<float> dy2(std::vector<float>(size_t(T * c.rows), NAN));
+          a.y = dy2.p;
+          matmul(a, nullptr);
+          expect_close(dy2.host(), got, 0.0f, 0.0f, what + " through matmul()");
+        }
+      }
+    }
+  }
+}
+
+// x rows gathered from a wider buffer (row stride > cols, offset start), y a slice of a wider buffer, accumulate.
+TEST(CudaMatmulWgmma, StridedGatheredAccumulating) {
+  TERN_REQUIRE_WGMMA();
+  std::mt19937_64 rng(fresh_seed("CudaMatmulWgmma.Strided"));
+  const int64_t rows = 2048, cols = 4096, T = 300, Tx = 517, ldx = cols + 96, x_off = 12, ldy = rows + 40;
+  auto h = random_matrix(rng, WeightFormat::affine4, 1, rows, cols);
+  DeviceMatrix dm(*h);
+  const auto xbuf = activations(rng, Tx, ldx, true);
+  std::vector<int> gather(static_cast<size_t>(T));
+  for (auto& gi : gather) gi = int(rng() % uint64_t(Tx));  // repeats allowed
+  std::vector<float> xall(size_t(Tx * cols));
+  for (int64_t n = 0; n < Tx; ++n) std::copy_n(xbuf.begin() + n * ldx + x_off, cols, xall.begin() + n * cols);
+  const auto base = random_floats(rng, size_t(T * ldy));
+  DeviceBuf<float> dx(xbuf);
+  DeviceBuf<int> dg(gather);
+  for (WgmmaX xk : kXs) {
+    const auto seen = as_seen(xall, xk, cols);
+    std::vector<float> xg(size_t(T * cols));
+    for (int64_t n = 0; n < T; ++n) std::copy_n(seen.begin() + gather[size_t(n)] * cols, cols, xg.begin() + n * cols);
+    const auto ref = cpu_product(h->m, xg, T);
+    const PreparedInput px = prepared(dx.p + x_off, ldx, Tx, cols, xk);
+    DeviceBuf<float> dy(base);
+    MatmulArgs a;
+    a.w = dm.d;
+    a.x = dx.p + x_off;
+    a.ldx = ldx;
+    px.set(a, xk, cols);
+    a.y = dy.p;
+    a.ldy = ldy;
+    a.tokens = T;
+    a.gather = dg.p;
+    a.accumulate = true;
+    run_product(a, xk);
+    std::vector<float> got_prod, want;
+    ASSERT_NO_FATAL_FAILURE(unstride_accumulated(dy.host(), base, ref, T, rows, ldy, got_prod, want));
+    expect_product(got_prod, want, ref, rows, std::string("strided gathered accumulate ") + x_name(xk), kTwinRms,
+                   kTwinWorst);
+  }
+}
+
+// silu(x·Gᵀ) ⊙ (x·Uᵀ) in one pass (the shared expert's gate and up), with partial row tiles and accumulate.
+TEST(CudaMatmulWgmma, SwigluMatchesTwin) {
+  TERN_REQUIRE_WGMMA();
+  std::mt19937_64 rng(fresh_seed("CudaMatmulWgmma.Swiglu"));
+  const DenseCase cases[] = {{512, 2048, "shared expert gate+up"}, {200, 512, "200 rows (partial row tiles)"}};
+  for (const DenseCase& c : cases) {
+    auto hg = random_matrix(rng, WeightFormat::affine4, 1, c.rows, c.cols);
+    auto hu = random_matrix(rng, WeightFormat::affine4, 1, c.rows, c.cols);
+    DeviceMatrix dg(*hg), du(*hu);
+    for (int64_t T : {int64_t(2), int64_t(65), int64_t(300)}) {
+      const auto x = activations(rng, T, c.cols, T % 2 == 1);
+      DeviceBuf<float> dx(x);
+      const bool accumulate = T == 65;
+      const auto base = random_floats(rng, size_t(T * c.rows));
+      for (WgmmaX xk : kXs) {
+        const auto seen = as_seen(x, xk, c.cols);
+        const auto ref = swiglu_of(cpu_product(hg->m, seen, T), cpu_product(hu->m, seen, T));
+        std::vector<float> want(ref);
+        if (accumulate)
+          for (size_t i = 0; i < want.size(); ++i) want[i] += base[i];
+        const PreparedInput px = prepared(dx.p, c.cols, T, c.cols, xk);
+        DeviceBuf<float> dy(accumulate ? base : std::vector<float>(size_t(T * c.rows), NAN));
+        MatmulArgs a = dense_args(dg.d, dx.p, dy.p, T);
+        px.set(a, xk, c.cols);
+        a.accumulate = accumulate;
+        run_product(a, xk, &du.d);
+        expect_product(dy.host(), want, ref, c.rows,
+                       std::string(c.name) + " swiglu T=" + std::to_string(T) + " " + x_name(xk), kSwigluRms,
+                       kSwigluWorst);
+      }
+    }
+  }
+}
+
+// The grouped products follow the tile map moe_group builds on the device: gate-like (512 × 2048, rows gathered
+// from the tokens), down-like (2048 × 512, rows by sorted position) and the fused gate+up SwiGLU, for evenly spread
+// and skewed routing (one expert on every token; one expert with a single token).
+TEST(CudaMatmulWgmma, GroupedExpertsFollowTheDeviceTileMap) {
+  TERN_REQUIRE_WGMMA();
+  std::mt19937_64 rng(fresh_seed("CudaMatmulWgmma.Grouped"));
+  const int E = 256, k = 8;
+  const int64_t D = 2048, F = 512;
+  auto gate = random_matrix(rng, WeightFormat::affine4, E, F, D);
+  auto down = random_matrix(rng, WeightFormat::affine4, E, D, F);
+  auto up = random_matrix(rng, WeightFormat::affine4, E, F, D);
+  DeviceMatrix dgate(*gate), ddown(*down), dup(*up);
+  for (int run = 0; run < 3; ++run) {
+    const int64_t T = run == 0 ? 63 : 300;
+    const bool skewed = run == 2;
+    const std::vector<int> ids = routing_ids(rng, T, E, k, skewed);
+    const auto x = activations(rng, T, D, true), xd = activations(rng, T * k, F, false);
+    DeviceBuf<int> dids(ids);
+    DeviceBuf<int> scratch(size_t(moe_group_ints(T, E, k)));
+    const MoeGroups g = moe_groups_view(scratch.p, T, E, k);
+    moe_group(dids.p, T, E, k, kMatmulTileTokens, g, nullptr);
+    DeviceBuf<float> dx(x), dxd(xd);
+    std::vector<int> pos_of(size_t(T * k));
+    TERN_CUDA(cudaMemcpy(pos_of.data(), g.pos_of, pos_of.size() * 4, cudaMemcpyDeviceToHost));
+    for (WgmmaX xk : kXs) {
+      const auto sx = as_seen(x, xk, D), sxd = as_seen(xd, xk, F);
+      const GroupedReferences refs =
+          grouped_references(gate->m, up->m, down->m, ids, pos_of, sx, sxd, T, E, k, D, F);
+      const std::vector<float>&ref_gate = refs.gate, &ref_swiglu = refs.swiglu, &ref_down = refs.down;
+      const PreparedInput px = prepared(dx.p, D, T, D, xk), pxd = prepared(dxd.p, F, T * k, F, xk);
+      const std::string label = std::string(skewed ? "skewed " : "") + "T=" + std::to_string(T) + " " + x_name(xk);
+      DeviceBuf<float> yg(std::vector<float>(size_t(T * k * F), NAN)), yd(std::vector<float>(size_t(T * k * D), NAN)),
+          ys(std::vector<float>(size_t(T * k * F), NAN));
+      MatmulArgs a;
+      set_tiles(a, g, moe_max_tiles(T, E, k));
+      a.w = dgate.d;
+      a.x = dx.p;
+      a.ldx = D;
+      px.set(a, xk, D);
+      a.gather = g.sorted_token;
+      a.y = yg.p;
+      a.ldy = F;
+      run_product(a, xk);
+      a.y = ys.p;
+      run_product(a, xk, &dup.d);
+      MatmulArgs b;
+      set_tiles(b, g, moe_max_tiles(T, E, k));
+      b.w = ddown.d;
+      b.x = dxd.p;
+      b.ldx = F;
+      pxd.set(b, xk, F);
+      b.y = yd.p;
+      b.ldy = D;
+      run_product(b, xk);
+      expect_product(yg.host(), ref_gate, ref_gate, F, "grouped gate " + label, kTwinRms, kTwinWorst);
+      expect_product(ys.host(), ref_swiglu, ref_swiglu, F, "grouped swiglu " + label, kSwigluRms, kSwigluWorst);
+      expect_product(yd.host(), ref_down, ref_down, D, "grouped down " + label, kTwinRms, kTwinWorst);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tern::cuda::test

@@ -1,0 +1,479 @@
+// qmv (decode matrix-vector products, src/cuda/kernels/qmv/qmv.cuh) against its CPU twin: cpu::rms_norm (optional)
+// followed by cpu::matmul on the same weights, for every weight format, T in {1, 3, 8}, with and without the norm
+// prologue and the accumulate mode, rows that are not a multiple of the tile, and a stacked matrix read at expert
+// index > 0. The 4-bit tensor-core path is also held to a twin (in double) that splits the activations into
+// fp16 hi + lo exactly as the kernel stages them.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cpu/ops_matmul.h"
+#include "cpu/ops_norm.h"
+#include "cuda/kernels/qmv/qmv.cuh"
+#include "cuda/kernels/qmv/qmv_dp4a.cuh"
+#include "core/bf16.h"
+#include "../cuda_test_util.h"
+
+namespace tern::cuda::test {
+namespace {
+
+// Round to the nearest fp16 value (ties to even), as __float2half_rn does; no overflow in the tests' range.
+float fp16_round(float v) {
+  if (v == 0.0f || !std::isfinite(v)) return v;
+  int e = 0;
+  std::frexp(v, &e);  // |v| ∈ [2^(e-1), 2^e)
+  const int q = std::max(e - 1 - 10, -24);
+  return std::ldexp(std::nearbyint(std::ldexp(v, -q)), q);
+}
+
+// hi + lo of v: hi = fp16(v), lo = fp16(v − hi) (v − hi and hi + lo exact in fp32), as the kernel stages them.
+float fp16_split(float v) {
+  const float hi = fp16_round(v);
+  return hi + fp16_round(v - hi);
+}
+
+// The activations the 4-bit tensor-core path multiplies with (qmv_tile.cuh): per (token, group of 64 columns) a power
+// of two σ with max|x|·σ ∈ [128, 256), x·σ split into fp16 hi + lo, the odd columns of each 8-column word divided by
+// 16 before splitting. x [T, cols] in place (cols % 64 == 0).
+void round_like_tensor_path(std::vector<float>& x, int T, int64_t cols) {
+  for (int t = 0; t < T; ++t)
+    for (int64_t g0 = 0; g0 < cols; g0 += 64) {
+      float* xg = x.data() + int64_t(t) * cols + g0;
+      float m = 0.0f;
+      for (int c = 0; c < 64; ++c) m = std::max(m, std::fabs(xg[c]));
+      int e = 0;
+      std::frexp(m, &e);
+      const int sh = m > 0.0f ? std::clamp(7 - (e - 1), -100, 100) : 0;
+      for (int c = 0; c < 64; ++c) {
+        const float v = std::ldexp(xg[c], sh);
+        const float b = c % 2 ? fp16_split(v * 0.0625f) * 16.0f : fp16_split(v);
+        xg[c] = std::ldexp(b, -sh);
+      }
+    }
+}
+
+// Every element within tol[i] + rtol·|ref| (NaN fails). Prints the worst element.
+void expect_close_each(const std::vector<float>& got, const std::vector<float>& ref, const std::vector<float>& tol,
+                       float rtol, const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  size_t bad = 0, worst = 0;
+  double worst_excess = -1e300;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double t = tol[i] + rtol * std::fabs(ref[i]);
+    const double err = std::fabs(double(got[i]) - double(ref[i]));
+    const double excess = std::isnan(err) ? 1e30 : err - t;
+    if (!(err <= t)) ++bad;
+    if (excess > worst_excess) {
+      worst_excess = excess;
+      worst = i;
+    }
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << ref.size() << " elements outside tolerance; worst at "
+                     << worst << ": got " << got[worst] << ", want " << ref[worst] << ", tol " << tol[worst];
+}
+
+struct QmvCase {
+  WeightFormat f;
+  int64_t experts, rows, cols, expert;
+};
+
+std::string describe(const QmvCase& c, int T, bool norm, bool acc, int64_t ldx) {
+  return std::string(weight_format_name(c.f)) + " [" + std::to_string(c.experts) + "][" + std::to_string(c.rows) +
+         ", " + std::to_string(c.cols) + "] expert " + std::to_string(c.expert) + " T=" + std::to_string(T) +
+         (norm ? " norm" : "") + (acc ? " accumulate" : "") + " ldx=" + std::to_string(ldx);
+}
+
+// Error scales that do not cancel (a single row's value can be ~0 by cancellation): per token t,
+//   mag[t] = rms over rows r of sqrt(Σ_c (W[r, c]·x[t, c])²), the size of a row's dot product before cancellation;
+// the loose check (against the fp32 reference) allows 1e-5·mag[t] for the tensor-core path (hi + lo activations:
+// x' within ~2^-22 of x relative, products exact, fp32 sums; the CPU reference's own fp32 sums ~1e-6·mag),
+// 2e-5·sqrt(cols)·mag[t] for the fp32 SIMT paths. The tight check (against a double-precision twin with the same
+// hi + lo activations) allows, per element,
+//   2^-15 · sqrt(Σ_g (s[r, g]² + (b[r, g] + 8·s[r, g])²) · Σ_{c in g} a[t, c]²) + 4e-6·mag[t]
+// (s, b the group scale and bias, a the activations as multiplied): per group the tensor cores sum the exact
+// products (q − 8)·a in fp32 with truncation (8 MMAs, partial sums ≤ ~8·|a|), a few ulps of ~2^-20 of s·|a|, the
+// fp32 Σa of the bias term likewise; the fold's fp32 accumulation over the groups adds ~1e-6 of the partial sums
+// (~mag). Both scales stay far below the effect of a wrong index, nibble, missing group or a wrong scale/bias fold
+// (≥ s·|x_c| per element, ~2^-8 of mag).
+std::vector<float> row_magnitudes(const Matrix& w, const std::vector<float>& x, int T) {
+  std::vector<double> acc(static_cast<size_t>(T), 0.0);
+  std::vector<float> row(static_cast<size_t>(w.cols));
+  for (int64_t r = 0; r < w.rows; ++r) {
+    matrix_row_to_f32(w, r, row.data());
+    for (int t = 0; t < T; ++t) {
+      const float* xt = x.data() + int64_t(t) * w.cols;
+      double s = 0;
+      for (int64_t cc = 0; cc < w.cols; ++cc) {
+        const double v = double(row[size_t(cc)]) * xt[cc];
+        s += v * v;
+      }
+      acc[size_t(t)] += s;
+    }
+  }
+  std::vector<float> mag(static_cast<size_t>(T));
+  for (int t = 0; t < T; ++t) mag[size_t(t)] = float(std::sqrt(acc[size_t(t)] / double(std::max<int64_t>(1, w.rows))));
+  return mag;
+}
+
+// y[t, r] = Σ_c W[r, c]·a[t, c] in double (W dequantised to fp32 as the CPU matmul does).
+std::vector<float> matmul_double(const Matrix& w, const std::vector<float>& a, int T) {
+  std::vector<float> y(size_t(T * w.rows)), row(static_cast<size_t>(w.cols));
+  for (int64_t r = 0; r < w.rows; ++r) {
+    matrix_row_to_f32(w, r, row.data());
+    for (int t = 0; t < T; ++t) {
+      const float* at = a.data() + int64_t(t) * w.cols;
+      double s = 0;
+      for (int64_t cc = 0; cc < w.cols; ++cc) s += double(row[size_t(cc)]) * at[cc];
+      y[size_t(t * w.rows + r)] = float(s);
+    }
+  }
+  return y;
+}
+
+// Tight tolerance [T, rows] of the tensor path for activations a [T, cols] (as multiplied, x units), without the
+// mag term.
+std::vector<float> tight_tolerance(const Matrix& w, const std::vector<float>& a, int T) {
+  const int64_t gpr = w.cols / 64;
+  std::vector<double> q(size_t(T * gpr), 0.0);  // Σ a² per (token, group)
+  for (int t = 0; t < T; ++t)
+    for (int64_t cc = 0; cc < w.cols; ++cc) q[size_t(t * gpr + cc / 64)] += double(a[size_t(t * w.cols + cc)]) * a[size_t(t * w.cols + cc)];
+  std::vector<float> tol(size_t(T * w.rows));
+  for (int t = 0; t < T; ++t)
+    for (int64_t r = 0; r < w.rows; ++r) {
+      double s2 = 0;
+      for (int64_t g = 0; g < gpr; ++g) {
+        const double sg = bf16_to_float(w.scales[r * gpr + g]), bg = bf16_to_float(w.biases[r * gpr + g]) + 8.0 * sg;
+        s2 += (sg * sg + bg * bg) * q[size_t(t * gpr + g)];
+      }
+      tol[size_t(t * w.rows + r)] = float(std::ldexp(std::sqrt(s2), -15)) + 1e-7f;
+    }
+  return tol;
+}
+
+void run_case(std::mt19937_64& rng, const QmvCase& c) {
+  auto h = random_matrix(rng, c.f, c.experts, c.rows, c.cols);
+  DeviceMatrix dm(*h);
+  const Matrix we = c.experts > 1 ? h->m.expert(c.expert) : h->m;
+  const auto norm_w = random_floats(rng, size_t(c.cols), 0.5f, 1.5f);
+  DeviceBuf<float> dnorm(norm_w);
+  for (int T : {1, 3, 8}) {
+    // T = 3 reads x and writes y through strides (x's stride not a multiple of 4 floats: the unaligned path).
+    const int64_t ldx = T == 3 ? c.cols + 1 : c.cols, ldy = T == 3 ? c.rows + 5 : c.rows;
+    // Token 1 has an outlier; token 7 one beyond the fp16 range (the per-group scale must handle it).
+    auto x = random_floats(rng, size_t(T * ldx), -2.0f, 2.0f);
+    for (int t = 0; t < T; ++t)
+      if (t == 1 || t == 7) x[size_t(t * ldx + int64_t(rng() % uint64_t(c.cols)))] = t == 7 ? -1.0e5f : 300.0f;
+    std::vector<float> xn(size_t(T * c.cols)), xp(size_t(T * c.cols));
+    for (int t = 0; t < T; ++t)
+      std::copy_n(x.begin() + t * ldx, c.cols, xp.begin() + int64_t(t) * c.cols);
+    cpu::rms_norm(xp.data(), norm_w.data(), T, c.cols, 1e-6f, xn.data());
+    std::vector<float> ref_plain(size_t(T * c.rows)), ref_norm(size_t(T * c.rows));
+    cpu::matmul(we, xp.data(), T, ref_plain.data());
+    cpu::matmul(we, xn.data(), T, ref_norm.data());
+    const std::vector<float> mag_plain = row_magnitudes(we, xp, T), mag_norm = row_magnitudes(we, xn, T);
+    // Twins (double) with the tensor path's hi + lo activations (4-bit, cols % 256 == 0): only the GPU's fp32 sums
+    // differ.
+    // With the norm the kernel stages x·norm_w and multiplies the output by the token's rsqrt(mean(x²) + eps).
+    const bool tensor_path = c.f == WeightFormat::affine4 && c.cols % 256 == 0;
+    std::vector<float> tight_plain, tight_norm, tol_plain, tol_norm;
+    if (tensor_path) {
+      std::vector<float> rp(xp), rw(xp), inv(static_cast<size_t>(T));
+      for (int t = 0; t < T; ++t) {
+        double ss = 0;
+        for (int64_t cc = 0; cc < c.cols; ++cc) {
+          const double v = xp[size_t(t * c.cols + cc)];
+          ss += v * v;
+          rw[size_t(t * c.cols + cc)] = xp[size_t(t * c.cols + cc)] * norm_w[size_t(cc)];
+        }
+        inv[size_t(t)] = float(1.0 / std::sqrt(ss / double(c.cols) + 1e-6));
+      }
+      round_like_tensor_path(rp, T, c.cols);
+      round_like_tensor_path(rw, T, c.cols);
+      tight_plain = matmul_double(we, rp, T);
+      tight_norm = matmul_double(we, rw, T);
+      std::vector<float> an(rw);  // as multiplied: rounded x·norm_w times the factor
+      for (int t = 0; t < T; ++t) {
+        for (int64_t r = 0; r < c.rows; ++r) tight_norm[size_t(t * c.rows + r)] *= inv[size_t(t)];
+        for (int64_t cc = 0; cc < c.cols; ++cc) an[size_t(t * c.cols + cc)] *= inv[size_t(t)];
+      }
+      tol_plain = tight_tolerance(we, rp, T);
+      tol_norm = tight_tolerance(we, an, T);
+    }
+    DeviceBuf<float> dx(x);
+    for (int mode = 0; mode < 4; ++mode) {
+      const bool norm = mode & 1, acc = mode & 2;
+      const std::vector<float>& ref = norm ? ref_norm : ref_plain;
+      const std::vector<float>& mag = norm ? mag_norm : mag_plain;
+      // y starts poisoned (NaN) outside the [T, rows] block, random inside when accumulating
+      std::vector<float> base(size_t(T * ldy), std::nanf(""));
+      std::vector<float> want(size_t(T * ldy), std::nanf(""));
+      for (int t = 0; t < T; ++t)
+        for (int64_t r = 0; r < c.rows; ++r) {
+          const float b = acc ? float(int64_t(rng() % 2001) - 1000) * 1e-3f : std::nanf("");
+          base[size_t(t * ldy + r)] = b;
+          want[size_t(t * ldy + r)] = (acc ? b : 0.0f) + ref[size_t(t * c.rows + r)];
+        }
+      DeviceBuf<float> dy(base);
+      QmvArgs a;
+      a.w = dm.d;
+      a.expert = c.expert;
+      a.x = dx.p;
+      a.ldx = ldx;
+      a.T = T;
+      a.norm_w = norm ? dnorm.p : nullptr;
+      a.eps = 1e-6f;
+      a.y = dy.p;
+      a.ldy = ldy;
+      a.accumulate = acc;
+      qmv(a, nullptr);
+      auto got = dy.host();
+      for (int t = 0; t < T; ++t)
+        for (int64_t r = c.rows; r < ldy; ++r)
+          ASSERT_TRUE(std::isnan(got[size_t(t * ldy + r)])) << "qmv wrote past the rows: " << describe(c, T, norm, acc, ldx);
+      for (int t = 0; t < T; ++t) {
+        const std::vector<float> g2(got.begin() + t * ldy, got.begin() + t * ldy + c.rows);
+        const std::vector<float> w2(want.begin() + t * ldy, want.begin() + t * ldy + c.rows);
+        const float m = mag[size_t(t)];
+        const float tol = tensor_path ? 1e-5f * m : 2e-5f * std::sqrt(float(c.cols)) * m;
+        expect_close(g2, w2, tol + 1e-6f, 1e-5f, describe(c, T, norm, acc, ldx) + " token " + std::to_string(t));
+        if (tensor_path) {  // tight: against the double twin with the same hi + lo activations
+          const std::vector<float>& tight = norm ? tight_norm : tight_plain;
+          const std::vector<float>& tt = norm ? tol_norm : tol_plain;
+          std::vector<float> w3(size_t(c.rows)), t3(tt.begin() + t * c.rows, tt.begin() + (t + 1) * c.rows);
+          for (int64_t r = 0; r < c.rows; ++r) {
+            w3[size_t(r)] = (acc ? base[size_t(t * ldy + r)] : 0.0f) + tight[size_t(t * c.rows + r)];
+            t3[size_t(r)] += 4e-6f * m;
+          }
+          expect_close_each(g2, w3, t3, 1e-6f,
+                            describe(c, T, norm, acc, ldx) + " token " + std::to_string(t) + " (hi + lo twin)");
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaQmv, MatchesCpuMatmulEveryFormat) {
+  TERN_REQUIRE_GPU();
+  std::mt19937_64 rng(fresh_seed("CudaQmv"));
+  const QmvCase cases[] = {
+      // tensor-core path: two tiles per warp (rows >= 4096), rows not a multiple of 16 or 32
+      {WeightFormat::affine4, 1, 4099, 2048, 0},
+      // one tile per warp, cols 4096 (out_proj / o_proj), 512 (down), tiny row counts
+      {WeightFormat::affine4, 1, 2048, 4096, 0},
+      {WeightFormat::affine4, 1, 32, 512, 0},
+      {WeightFormat::affine4, 1, 1, 2048, 0},
+      // stacked experts, expert index > 0
+      {WeightFormat::affine4, 4, 512, 2048, 3},
+      // generic path: 4-bit with cols not a multiple of 256, and the other formats
+      {WeightFormat::affine4, 1, 100, 192, 0},
+      {WeightFormat::affine8, 1, 257, 2048, 0},
+      {WeightFormat::affine8, 3, 64, 512, 2},
+      {WeightFormat::bf16, 1, 4100, 512, 0},
+      {WeightFormat::bf16, 2, 33, 2048, 1},
+      {WeightFormat::f32, 1, 96, 4096, 0},
+      {WeightFormat::f32, 1, 1, 512, 0},
+  };
+  const int v0 = qmv_variant();
+  for (int v : {1, 0, 2}) {  // every step variant of the tensor-core path
+    qmv_set_variant(v);
+    for (const QmvCase& c : cases) {
+      SCOPED_TRACE(std::string(weight_format_name(c.f)) + " " + std::to_string(c.rows) + "x" + std::to_string(c.cols) +
+                   " variant " + std::to_string(v));
+      run_case(rng, c);
+      if (HasFatalFailure()) break;
+    }
+    if (HasFatalFailure()) break;
+  }
+  qmv_set_variant(v0);
+}
+
+// Variant 2 (cp.async shared-memory pipeline) runs variant 1's steps in the same order: bit-identical outputs, with
+// the norm and the accumulate mode, rows that are not a multiple of 16 (zero-filled rows of a tile), a stacked matrix
+// read at expert index > 0, and strided x / y.
+TEST(CudaQmv, Variant2MatchesVariant1Bitwise) {
+  TERN_REQUIRE_GPU();
+  std::mt19937_64 rng(fresh_seed("CudaQmv.Variant2"));
+  const QmvCase cases[] = {
+      {WeightFormat::affine4, 1, 12352, 2048, 0}, {WeightFormat::affine4, 1, 2048, 4096, 0},
+      {WeightFormat::affine4, 1, 100, 2048, 0},   {WeightFormat::affine4, 1, 1, 2048, 0},
+      {WeightFormat::affine4, 4, 520, 2048, 3},   {WeightFormat::affine4, 1, 1000, 256, 0},
+  };
+  const int v0 = qmv_variant();
+  for (const QmvCase& c : cases) {
+    auto h = random_matrix(rng, c.f, c.experts, c.rows, c.cols);
+    DeviceMatrix dm(*h);
+    const auto nw = random_floats(rng, size_t(c.cols), 0.5f, 1.5f);
+    DeviceBuf<float> dnw(nw);
+    for (int T : {1, 3, 8}) {
+      const int64_t ldx = T == 3 ? c.cols + 4 : c.cols, ldy = T == 3 ? c.rows + 5 : c.rows;
+      const auto x = random_floats(rng, size_t(T * ldx), -2.0f, 2.0f);
+      const auto y0 = random_floats(rng, size_t(T * ldy), -1.0f, 1.0f);
+      DeviceBuf<float> dx(x);
+      for (int mode = 0; mode < 4; ++mode) {
+        std::vector<float> out[2];
+        for (int i = 0; i < 2; ++i) {
+          qmv_set_variant(i == 0 ? 1 : 2);
+          DeviceBuf<float> dy(y0);
+          QmvArgs a;
+          a.w = dm.d;
+          a.expert = c.expert;
+          a.x = dx.p;
+          a.ldx = ldx;
+          a.T = T;
+          a.norm_w = (mode & 1) ? dnw.p : nullptr;
+          a.y = dy.p;
+          a.ldy = ldy;
+          a.accumulate = (mode & 2) != 0;
+          qmv(a, nullptr);
+          out[i] = dy.host();
+        }
+        size_t diff = 0;
+        for (size_t k = 0; k < out[0].size(); ++k)
+          if (std::memcmp(&out[0][k], &out[1][k], sizeof(float)) != 0) ++diff;
+        EXPECT_EQ(diff, 0u) << c.rows << "x" << c.cols << " expert " << c.expert << " T " << T << " mode " << mode;
+      }
+    }
+  }
+  qmv_set_variant(v0);
+}
+
+// The two shapes of the hot path at full size (fused GDN in_proj, LM-head-like width), T = 1.
+TEST(CudaQmv, ModelShapesMatchCpu) {
+  TERN_REQUIRE_GPU();
+  std::mt19937_64 rng(fresh_seed("CudaQmv.ModelShapes"));
+  const int v0 = qmv_variant();
+  for (int64_t rows : {int64_t(12352), int64_t(9216)}) {
+    qmv_set_variant(rows == 9216 ? 0 : 1);
+    const int64_t cols = 2048;
+    auto h = random_matrix(rng, WeightFormat::affine4, 1, rows, cols);
+    DeviceMatrix dm(*h);
+    const auto x = random_floats(rng, size_t(cols), -3.0f, 3.0f), nw = random_floats(rng, size_t(cols), 0.5f, 1.5f);
+    std::vector<float> xn(x.size()), ref(static_cast<size_t>(rows));
+    cpu::rms_norm(x.data(), nw.data(), 1, cols, 1e-6f, xn.data());
+    cpu::matmul(h->m, xn.data(), 1, ref.data());
+    DeviceBuf<float> dx(x), dnw(nw), dy(static_cast<size_t>(rows));
+    QmvArgs a;
+    a.w = dm.d;
+    a.x = dx.p;
+    a.ldx = cols;
+    a.norm_w = dnw.p;
+    a.y = dy.p;
+    a.ldy = rows;
+    qmv(a, nullptr);
+    expect_close(dy.host(), ref, 2e-5f * rms_of(ref), 1e-5f, "qmv 4-bit " + std::to_string(rows) + "x2048 norm");
+  }
+  qmv_set_variant(v0);
+}
+
+
+// The one-token integer path (qmv_dp4a.cuh, variant 3), with 24-bit and 16-bit activations, against a double twin
+// that quantises the activations exactly as the kernel does (per group of 64: m = max|x̂|, v = rint(x̂·(Q/m)) in fp32,
+// x' = v·m/Q, Q = 8355711 or 32639), so only the
+// kernel's fp32 sums differ (tolerance 2e-6 of the row magnitude; a wrong nibble, group or scale is ~1e-2 of it), and
+// against the fp32 CPU matmul on the unquantised activations (its quantisation error, ≤ m/2Q per element, bounded
+// per row by 6·sqrt(Σ_c W²·(m_g/65278)²/3), plus 1e-5 of the magnitude). Shapes of the model (the fused GDN
+// in_proj, o_proj with 4096 columns, a LM-head-like slice), an odd row count, an expert > 0, every mode.
+TEST(CudaQmv, OneTokenIntegerPathMatchesTwin) {
+  TERN_REQUIRE_GPU();
+  std::mt19937_64 rng(fresh_seed("CudaQmv.Dp4a"));
+  const QmvCase cases[] = {
+      {WeightFormat::affine4, 1, 12352, 2048, 0}, {WeightFormat::affine4, 1, 2048, 4096, 0},
+      {WeightFormat::affine4, 1, 1001, 1024, 0},  {WeightFormat::affine4, 3, 517, 2048, 2},
+  };
+  const int v0 = qmv_variant();
+  const bool wide0 = qmv_dp4a_wide();
+  qmv_set_variant(3);
+  for (const bool wide : {true, false})
+  for (const QmvCase& c : cases) {
+    qmv_dp4a_set_wide(wide);
+    const float qmax = wide ? 8355711.0f : 32639.0f;
+    auto h = random_matrix(rng, c.f, c.experts, c.rows, c.cols);
+    DeviceMatrix dm(*h);
+    const Matrix we = c.experts > 1 ? h->m.expert(c.expert) : h->m;
+    const auto nw = random_floats(rng, size_t(c.cols), 0.5f, 1.5f);
+    auto x = random_floats(rng, size_t(c.cols), -2.0f, 2.0f);
+    x[size_t(rng() % uint64_t(c.cols))] = 300.0f;  // an outlier: its group's step grows, the others' do not
+    DeviceBuf<float> dx(x), dnw(nw);
+    for (int mode = 0; mode < 4; ++mode) {
+      const bool norm = mode & 1, acc = mode & 2;
+      QmvArgs a;
+      a.w = dm.d;
+      a.expert = c.expert;
+      a.x = dx.p;
+      a.ldx = c.cols;
+      a.norm_w = norm ? dnw.p : nullptr;
+      a.y = nullptr;
+      a.ldy = c.rows;
+      a.accumulate = acc;
+      // x̂ as the kernel forms it, the factor, the quantised activations.
+      std::vector<float> xh(x), xq(x.size());
+      double ssd = 0;
+      for (int64_t k = 0; k < c.cols; ++k) {
+        ssd += double(x[size_t(k)]) * x[size_t(k)];
+        if (norm) xh[size_t(k)] = x[size_t(k)] * nw[size_t(k)];
+      }
+      const double rinv = norm ? 1.0 / std::sqrt(ssd / double(c.cols) + 1e-6) : 1.0;
+      std::vector<float> step(static_cast<size_t>(c.cols / 64));
+      for (int64_t g = 0; g < c.cols / 64; ++g) {
+        float m = 0.0f;
+        for (int k = 0; k < 64; ++k) m = std::max(m, std::fabs(xh[size_t(g * 64 + k)]));
+        const float inv = m > 0.0f ? qmax / m : 0.0f, sig = m / qmax;
+        step[size_t(g)] = sig;
+        for (int k = 0; k < 64; ++k) {
+          const float q = std::nearbyint(xh[size_t(g * 64 + k)] * inv);
+          xq[size_t(g * 64 + k)] = float(double(q) * double(sig));
+        }
+      }
+      const std::vector<float> twin = matmul_double(we, xq, 1), exact = matmul_double(we, xh, 1);
+      const std::vector<float> mag = row_magnitudes(we, xh, 1);
+      std::vector<float> qtol(static_cast<size_t>(c.rows)), row(static_cast<size_t>(c.cols));
+      for (int64_t r = 0; r < c.rows; ++r) {
+        matrix_row_to_f32(we, r, row.data());
+        double e2 = 0;
+        for (int64_t k = 0; k < c.cols; ++k) {
+          const double d = double(row[size_t(k)]) * step[size_t(k / 64)] / 2.0;
+          e2 += d * d / 3.0;
+        }
+        qtol[size_t(r)] = float(6.0 * std::sqrt(e2) * rinv);
+      }
+      const auto y0 = random_floats(rng, size_t(c.rows), -1.0f, 1.0f);
+      DeviceBuf<float> dy(y0);
+      a.y = dy.p;
+      ASSERT_TRUE(qmv_dp4a_supported(a)) << c.rows << "x" << c.cols;
+      qmv(a, nullptr);
+      const auto got = dy.host();
+      {  // the same product asking L2 for other ranges (the decode plan's prefetch): the same bits
+        DeviceBuf<float> dy2(y0);
+        QmvArgs b = a;
+        b.y = dy2.p;
+        b.l2_ahead.add(static_cast<const char*>(dm.d.data) + 5, int64_t(c.rows) * dm.d.row_words * 4 - 5);
+        b.l2_ahead.add(dx.p, c.cols * 4);
+        qmv(b, nullptr);
+        const auto got2 = dy2.host();
+        ASSERT_EQ(got2.size(), got.size());
+        EXPECT_EQ(std::memcmp(got2.data(), got.data(), got.size() * 4), 0) << "L2 prefetch changed the product";
+      }
+      std::vector<float> want_twin(static_cast<size_t>(c.rows)), want_exact(static_cast<size_t>(c.rows)),
+          tol_twin(static_cast<size_t>(c.rows)), tol_exact(static_cast<size_t>(c.rows));
+      const float m = float(mag[0] * rinv);
+      for (int64_t r = 0; r < c.rows; ++r) {
+        const float base = acc ? y0[size_t(r)] : 0.0f;
+        want_twin[size_t(r)] = base + float(double(twin[size_t(r)]) * rinv);
+        want_exact[size_t(r)] = base + float(double(exact[size_t(r)]) * rinv);
+        tol_twin[size_t(r)] = 2e-6f * m + 1e-6f;
+        tol_exact[size_t(r)] = qtol[size_t(r)] + 1e-5f * m + 1e-6f;
+      }
+      const std::string what = std::string(wide ? "dp4a 24-bit " : "dp4a 16-bit ") + std::to_string(c.rows) + "x" + std::to_string(c.cols) + " expert " +
+                               std::to_string(c.expert) + " mode " + std::to_string(mode);
+      expect_close_each(got, want_twin, tol_twin, 1e-6f, what + " (quantised twin)");
+      expect_close_each(got, want_exact, tol_exact, 1e-6f, what + " (unquantised)");
+    }
+  }
+  qmv_set_variant(v0);
+  qmv_dp4a_set_wide(wide0);
+}
+
+}  // namespace
+}  // namespace tern::cuda::test

@@ -1,0 +1,341 @@
+// The whole CUDA forward pass: against the CPU runner on the same random weights (real widths, reduced depth),
+// prefill against token-by-token decode, device sampling against the logits. whole_model_test.cpp holds the checks
+// against transformers' logits (TERN_GPU_REF_DIR).
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+#include "core/npy.h"
+#include "cpu/cpu_runner.h"
+#include "cuda/runner/cuda_runner.h"
+#include "cuda/kernels/qmatmul/qmatmul_wgmma.cuh"
+#include "../cuda_test_util.h"
+#include "fidelity_util.h"
+#include "engine/demo_model.h"
+
+namespace tern::cuda::test {
+namespace {
+
+struct RandomModel {
+  std::vector<std::unique_ptr<HostMatrix>> mats;
+  std::shared_ptr<ModelWeights> w = std::make_shared<ModelWeights>();
+};
+
+// The weight scales of a random model. easy: the router 20x the matrices (router logits far apart: no near-ties,
+// model.md §6.10), embeddings of rms ~1, norm multipliers in [0.8, 1.2]. trained: the router and embeddings at the
+// matrices' scale (~1/√cols, as transformers initialises; router logits about one unit, near-ties between the 8th
+// and 9th experts common), norm multipliers in [0.95, 1.05]: every rounding upstream can change an expert choice.
+enum class Scales { easy, trained };
+
+// Qwen3.6 widths (D 2048, 256 experts, real heads), `layers` layers [lin, lin, lin, full], vocabulary V.
+std::shared_ptr<const ModelWeights> random_model(uint64_t seed, int layers, int64_t V, RandomModel& rm,
+                                                 Scales scales = Scales::easy) {
+  std::mt19937_64 rng(seed);
+  Config& c = rm.w->config;
+  c.num_hidden_layers = layers;
+  c.layer_types.clear();
+  for (int i = 0; i < layers; ++i)
+    c.layer_types.push_back((i + 1) % 4 == 0 ? LayerType::full_attention : LayerType::linear_attention);
+  c.vocab_size = V;
+  rm.w->vocab_real = V - 37;
+  const int64_t D = c.hidden_size, C = c.conv_channels(), Hv = c.linear_num_value_heads, dv = c.linear_value_head_dim;
+  const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, dh = c.head_dim;
+  const int64_t E = c.num_experts, F = c.moe_intermediate_size, Fs = c.shared_expert_intermediate_size;
+  const WeightFormat q4 = WeightFormat::affine4, q8 = WeightFormat::affine8;
+  auto mat = [&](Matrix& m, WeightFormat f, int64_t e, int64_t r, int64_t cols, float scale = 1.0f) {
+    rm.mats.push_back(random_matrix(rng, f, e, r, cols));
+    HostMatrix& h = *rm.mats.back();
+    for (size_t g = 0; scale != 1.0f && g < h.scales.size(); ++g) {
+      h.scales[g] = float_to_bf16(bf16_to_float(h.scales[g]) * scale);
+      h.biases[g] = float_to_bf16(bf16_to_float(h.biases[g]) * scale);
+    }
+    m = h.m;
+  };
+  auto vec = [&](std::vector<float>& v, int64_t n, float lo, float hi) { v = random_floats(rng, size_t(n), lo, hi); };
+  const bool trained = scales == Scales::trained;
+  const float norm_lo = trained ? 0.95f : 0.8f, norm_hi = trained ? 1.05f : 1.2f;
+  mat(rm.w->embed, q4, 1, V, D, trained ? 1.0f : 30.0f);  // easy: embedding rows of rms ~ 1
+  mat(rm.w->lm_head, q4, 1, V, D, 3.0f);
+  vec(rm.w->final_norm, D, norm_lo, norm_hi);
+  rm.w->layers.resize(size_t(layers));
+  for (int i = 0; i < layers; ++i) {
+    LayerWeights& l = rm.w->layers[size_t(i)];
+    l.type = c.layer_types[size_t(i)];
+    vec(l.input_norm, D, norm_lo, norm_hi);
+    vec(l.post_attn_norm, D, norm_lo, norm_hi);
+    if (l.type == LayerType::linear_attention) {
+      mat(l.in_proj_qkv, q4, 1, C, D);
+      mat(l.in_proj_z, q4, 1, Hv * dv, D);
+      mat(l.in_proj_b, q4, 1, Hv, D);
+      mat(l.in_proj_a, q4, 1, Hv, D);
+      mat(l.out_proj, q4, 1, D, Hv * dv);
+      vec(l.conv1d, C * c.linear_conv_kernel_dim, -0.5f, 0.5f);
+      vec(l.A_log, Hv, 0.0f, 2.7f);
+      vec(l.dt_bias, Hv, -1.0f, 1.0f);
+      vec(l.gdn_norm, dv, norm_lo, norm_hi);
+    } else {
+      mat(l.q_proj, q4, 1, Hq * 2 * dh, D);
+      mat(l.k_proj, q4, 1, Hkv * dh, D);
+      mat(l.v_proj, q4, 1, Hkv * dh, D);
+      mat(l.o_proj, q4, 1, D, Hq * dh);
+      vec(l.q_norm, dh, norm_lo, norm_hi);
+      vec(l.k_norm, dh, norm_lo, norm_hi);
+    }
+    mat(l.router, q8, 1, E, D, trained ? 1.0f : 20.0f);
+    mat(l.expert_gate, q4, E, F, D);
+    mat(l.expert_up, q4, E, F, D);
+    mat(l.expert_down, q4, E, D, F);
+    mat(l.shared_gate, q4, 1, Fs, D);
+    mat(l.shared_up, q4, 1, Fs, D);
+    mat(l.shared_down, q4, 1, D, Fs);
+    mat(l.shared_expert_gate, q8, 1, 1, D);
+  }
+  return rm.w;
+}
+
+std::vector<int32_t> random_tokens(std::mt19937_64& rng, int64_t n, int64_t V) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = int32_t(rng() % uint64_t(V));
+  return t;
+}
+
+TEST(CudaRunner, MatchesCpuRunnerPrefillDecodeAndSampling) {
+  TERN_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed("CudaRunner");
+  RandomModel rm;
+  const int64_t V = 4096;
+  auto weights = random_model(seed, 4, V, rm);
+  std::mt19937_64 rng(seed ^ 0x1234);
+  const int64_t n = 48;
+  const auto tokens = random_tokens(rng, n, weights->vocab_real);
+
+  auto cpu = cpu_runner_create(weights);
+  // 2 chunks: the chunk seam too. The exact prefill products (16-bit x), held to fp32-level bounds; the fp16 ones of
+  // the default Hopper plan are held to the issue's bounds below (Fp16PrefillWithinTheFidelityBounds).
+  auto gpu = cuda_runner_create(weights, {.max_chunk = 32, .progress = false, .exact_prefill = true});
+  auto cs = cpu->create_session(256);
+  auto gs = gpu->create_session(256);
+  std::vector<float> ref, got;
+  cpu->forward(*cs, tokens, true, ref);
+  gpu->forward(*gs, tokens, true, got);
+  ASSERT_EQ(got.size(), size_t(n * V));
+  EXPECT_EQ(gs->position(), n);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = weights->vocab_real; j < V; ++j)
+      ASSERT_TRUE(std::isinf(got[size_t(i * V + j)])) << "padding id " << j << " not masked";
+  const Fidelity f = compare_logits(ref, got, tokens, V, weights->vocab_real);
+  std::printf("[cuda vs cpu] ppl %.5f vs %.5f, KL %.3g, top-1 %.3f, max |dlogit| %.4g\n", f.ppl, f.ppl_ref, f.kl, f.top1,
+              f.max_abs);
+  // The only intended difference is the bf16 KV cache (fp32 on the CPU) and summation order.
+  EXPECT_LT(std::fabs(f.ppl / f.ppl_ref - 1.0), 1e-3);
+  EXPECT_LT(f.kl, 1e-4);
+
+  // Prefill logits agree with token-by-token decode logits (the decode plan: fused kernels, 16-bit activations in
+  // its integer products): the same distributions (KL) and arg-max; at the median position every logit within 1% of
+  // the largest, and none off by 5%. (Not every position within 1%: seed 5013674590490602982 gives, deterministically
+  // on the H200, KL 2.0e-5, top-1 100% and max |dlogit| 0.136 of 11.8, against ~0.01 for 10 other seeds; likely,
+  // not established, a near-tie of two experts' router probabilities that the two plans' rounding breaks apart.)
+  auto ds = gpu->create_session(256);
+  std::vector<float> step, dec(size_t(n * V));
+  double scale = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    gpu->forward(*ds, std::span(tokens).subspan(size_t(i), 1), false, step);
+    std::copy(step.begin(), step.end(), dec.begin() + i * V);
+    for (int64_t j = 0; j < weights->vocab_real; ++j) scale = std::max(scale, double(std::fabs(got[size_t(i * V + j)])));
+  }
+  const Fidelity pd = compare_logits(got, dec, tokens, V, weights->vocab_real);
+  std::vector<double> pos_max(static_cast<size_t>(n), 0.0);  // max |dlogit| of each position
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < weights->vocab_real; ++j)
+      pos_max[size_t(i)] = std::max(pos_max[size_t(i)], double(std::fabs(got[size_t(i * V + j)] - dec[size_t(i * V + j)])));
+  std::nth_element(pos_max.begin(), pos_max.begin() + n / 2, pos_max.end());
+  const double median_max = pos_max[size_t(n / 2)];
+  std::printf("[prefill vs decode] KL %.3g, top-1 %.3f, max |dlogit| %.3g, median position's %.3g (max |logit| %.3g)\n",
+              pd.kl, pd.top1, pd.max_abs, median_max, scale);
+  EXPECT_LE(pd.kl, 1e-4);
+  EXPECT_GE(pd.top1, 0.97);
+  EXPECT_LT(median_max, 1e-2 * scale + 1e-4);
+  EXPECT_LT(pd.max_abs, 5e-2 * scale + 1e-4);
+
+  // Greedy device sampling returns the arg-max of the same step's logits; one more token on both paths.
+  auto s1 = gpu->create_session(256);
+  auto s2 = gpu->create_session(256);
+  std::vector<float> last;
+  gpu->forward(*s1, tokens, false, last);
+  const auto id = gpu->forward_sample(*s2, tokens, DeviceSampling{});
+  ASSERT_TRUE(id.has_value());
+  const int32_t want = int32_t(std::max_element(last.begin(), last.begin() + weights->vocab_real) - last.begin());
+  EXPECT_EQ(*id, want);
+  EXPECT_EQ(s2->position(), n);
+  // Single-token steps replay a CUDA graph bound to the session; interleaving a second session forces a
+  // re-capture. Each sampled id equals the arg-max of forward()'s logits for the same step.
+  auto s3 = gpu->create_session(256);
+  int32_t next = *id;
+  for (int step = 0; step < 6; ++step) {
+    const std::vector<int32_t> one = {next};
+    gpu->forward(*s1, one, false, last);
+    const int32_t want_step = int32_t(std::max_element(last.begin(), last.begin() + weights->vocab_real) - last.begin());
+    const auto got_step = gpu->forward_sample(*s2, one, DeviceSampling{.seed = 5, .step = uint64_t(step)});
+    ASSERT_TRUE(got_step.has_value());
+    EXPECT_EQ(*got_step, want_step) << "decode step " << step;
+    if (step % 2 == 0) (void)gpu->forward_sample(*s3, one, DeviceSampling{});  // other session in between
+    next = want_step;
+  }
+  EXPECT_EQ(s2->position(), n + 6);
+  EXPECT_EQ(s3->position(), 3);
+
+  // Capacity errors throw and consume nothing.
+  auto small = gpu->create_session(8);
+  EXPECT_THROW(gpu->forward(*small, tokens, false, last), Error);
+  EXPECT_EQ(small->position(), 0);
+  const std::vector<int32_t> bad = {int32_t(V)};
+  EXPECT_THROW(gpu->forward(*small, bad, false, last), Error);
+}
+
+// The fp16 prefill inputs on Hopper (the 4-bit products on the warpgroup kernel with x to 11 significant bits; an
+// option)
+// against the CPU runner and against the decode plan, at the bounds of the issue (mean KL ≤ 1e-3, perplexity within
+// 0.5%) rather than the exact plan's fp32-level ones above.
+TEST(CudaRunner, Fp16PrefillWithinTheFidelityBounds) {
+  TERN_REQUIRE_GPU();
+  if (!matmul_wgmma_available()) GTEST_SKIP() << "the fp16 prefill products run on Hopper GPUs only";
+  const uint64_t seed = fresh_seed("CudaRunner.Fp16");
+  RandomModel rm;
+  const int64_t V = 4096;
+  auto weights = random_model(seed, 4, V, rm);
+  std::mt19937_64 rng(seed ^ 0x5678);
+  const int64_t n = 96;
+  const auto tokens = random_tokens(rng, n, weights->vocab_real);
+  auto cpu = cpu_runner_create(weights);
+  // 96 tokens: below the default floor under which chunks take the exact products, so the floor is set to 0 here;
+  // the fp16 inputs are an option (off by default), every site but the GDN in_proj takes them here.
+  auto gpu = cuda_runner_create(weights, {.progress = false, .f16_min_tokens = 0, .f16_sites = 30});
+  auto cs = cpu->create_session(256);
+  auto gs = gpu->create_session(256);
+  std::vector<float> ref, got;
+  cpu->forward(*cs, tokens, true, ref);
+  gpu->forward(*gs, tokens, true, got);
+  const Fidelity f = compare_logits(ref, got, tokens, V, weights->vocab_real);
+  std::printf("[fp16 prefill vs cpu] ppl %.5f vs %.5f, KL %.3g, top-1 %.3f, max |dlogit| %.4g\n", f.ppl, f.ppl_ref,
+              f.kl, f.top1, f.max_abs);
+  EXPECT_LT(std::fabs(f.ppl / f.ppl_ref - 1.0), 5e-3);
+  EXPECT_LE(f.kl, 1e-3);
+  {  // the default floor (512 tokens): this 96-token prompt takes the exact products, closer to the CPU runner
+    auto exact = cuda_runner_create(weights, {.progress = false});
+    auto es = exact->create_session(256);
+    std::vector<float> eg;
+    exact->forward(*es, tokens, true, eg);
+    const Fidelity fe = compare_logits(ref, eg, tokens, V, weights->vocab_real);
+    std::printf("[short prompt, default floor, vs cpu] KL %.3g, top-1 %.3f, max |dlogit| %.4g\n", fe.kl, fe.top1,
+                fe.max_abs);
+    EXPECT_LT(fe.kl, f.kl) << "a short prompt did not take the exact products";
+    EXPECT_LT(fe.kl, 1e-4);
+  }
+  auto ds = gpu->create_session(256);
+  std::vector<float> step, dec(size_t(n * V));
+  for (int64_t i = 0; i < n; ++i) {
+    gpu->forward(*ds, std::span(tokens).subspan(size_t(i), 1), false, step);
+    std::copy(step.begin(), step.end(), dec.begin() + i * V);
+  }
+  const Fidelity pd = compare_logits(got, dec, tokens, V, weights->vocab_real);
+  std::printf("[fp16 prefill vs decode] KL %.3g, top-1 %.3f, max |dlogit| %.3g\n", pd.kl, pd.top1, pd.max_abs);
+  EXPECT_LE(pd.kl, 1e-3);
+}
+
+// The built-in demo model (what `tern serve` runs without -m): small head dims (64), 16 experts top-4.
+TEST(CudaRunner, DemoModelMatchesCpuRunner) {
+  TERN_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed("CudaRunner.Demo");
+  auto weights = demo_model_build({.seed = seed});
+  std::mt19937_64 rng(seed);
+  const auto tokens = random_tokens(rng, 70, weights->vocab_real);
+  auto cpu = cpu_runner_create(weights);
+  auto gpu = cuda_runner_create(weights, {.progress = false, .exact_prefill = true});
+  auto cs = cpu->create_session(128);
+  auto gs = gpu->create_session(128);
+  std::vector<float> ref, got;
+  cpu->forward(*cs, tokens, true, ref);
+  gpu->forward(*gs, tokens, true, got);
+  const int64_t V = weights->config.vocab_size;
+  const Fidelity f = compare_logits(ref, got, tokens, V, weights->vocab_real);
+  std::printf("[demo cuda vs cpu] ppl %.5f vs %.5f, KL %.3g (median %.3g), top-1 %.3f, max |dlogit| %.4g\n", f.ppl,
+              f.ppl_ref, f.kl, f.median_kl, f.top1, f.max_abs);
+  // The demo's router picks 4 of 16 experts: where two logits nearly tie, the GPU's rounding (8-bit activations)
+  // can pick the other expert. On the H200 about 1 seed in 7 did (mean KL 1.9e-4, ppl off by 0.13-0.25%; the other
+  // seeds 4-5e-7), before and after the 2026-12-02 attn_prepare rewrite alike. So the mean is held to the fidelity
+  // bar of the real model (1e-3) and the median position, which one flip does not move, to 1e-5.
+  EXPECT_LT(std::fabs(f.ppl / f.ppl_ref - 1.0), 5e-3);
+  EXPECT_LT(f.kl, 1e-3);
+  EXPECT_LT(f.median_kl, 1e-5);
+  // a few decode steps through the graph path agree with forward()
+  std::vector<float> last;
+  for (int step = 0; step < 3; ++step) {
+    const std::vector<int32_t> one = {tokens[size_t(step)]};
+    cpu->forward(*cs, one, false, last);
+    const int32_t want = int32_t(std::max_element(last.begin(), last.begin() + weights->vocab_real) - last.begin());
+    const auto id = gpu->forward_sample(*gs, one, DeviceSampling{});
+    ASSERT_TRUE(id.has_value());
+    EXPECT_EQ(*id, want) << "demo decode step " << step;
+  }
+}
+
+// Every default plan against the CPU runner (the exact reference) on a model at trained scales: a prefill long enough
+// for the fp16 threshold (f16_min_tokens), one token per call (the integer products), 8 tokens per call (the
+// tensor-core products of the multi-token step). Mean KL over positions is dominated by rare near-tie flips of expert choices,
+// which any rounding (fp32 sums in another order too) makes now and then, so it is held to the milestone (2e-3); the
+// rounding itself is held where no flip has happened yet: the residual after layer 0, median position, within 3e-5
+// of the CPU's (measured on the H200: 1e-5 prefill, 1.6e-5 decode, 1e-6 for 8 tokens; 16-bit activations in the
+// one-token products reach 7e-5, fp16 prefill inputs 2e-4).
+TEST(CudaRunner, DefaultPlansMatchCpuRunnerOnTrainedScales) {
+  TERN_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed("CudaRunner.Trained");
+  RandomModel rm;
+  const int64_t V = 4096;
+  auto weights = random_model(seed, 4, V, rm, Scales::trained);
+  std::mt19937_64 rng(seed ^ 0x9abc);
+  const int64_t n = 576, D = weights->config.hidden_size;
+  const auto tokens = random_tokens(rng, n, weights->vocab_real);
+  const auto root =
+      std::filesystem::temp_directory_path() / std::string("tern-trained-").append(std::to_string(seed));
+  auto cpu = cpu_runner_create(weights);
+  cpu->set_activation_dump_dir((root / "cpu").string());
+  auto cs = cpu->create_session(n);
+  std::vector<float> ref;
+  cpu->forward(*cs, tokens, true, ref);
+  const std::vector<float> want = npy_read(root / "cpu" / "layer_out.0.npy").f32;
+  auto gpu = cuda_runner_create(weights, {.progress = false});
+  for (const int64_t step : {n, int64_t(1), int64_t(8)}) {
+    const auto dir = root / std::string("gpu").append(std::to_string(step));
+    gpu->set_activation_dump_dir(dir.string());
+    auto gs = gpu->create_session(n);
+    std::vector<float> got(size_t(n * V)), part;
+    for (int64_t i = 0; i < n; i += step) {
+      gpu->forward(*gs, std::span(tokens).subspan(size_t(i), size_t(std::min(step, n - i))), true, part);
+      std::copy(part.begin(), part.end(), got.begin() + i * V);
+    }
+    gpu->set_activation_dump_dir("");
+    const std::vector<float> layer0 = npy_read(dir / "layer_out.0.npy").f32;
+    ASSERT_EQ(layer0.size(), want.size());
+    std::vector<double> rel(static_cast<size_t>(n));
+    for (int64_t t = 0; t < n; ++t) {
+      double num = 0, den = 0;
+      for (int64_t j = t * D; j < (t + 1) * D; ++j) {
+        num += (double(layer0[size_t(j)]) - want[size_t(j)]) * (double(layer0[size_t(j)]) - want[size_t(j)]);
+        den += double(want[size_t(j)]) * want[size_t(j)];
+      }
+      rel[size_t(t)] = std::sqrt(num / den);
+    }
+    std::nth_element(rel.begin(), rel.begin() + n / 2, rel.end());
+    const Fidelity f = compare_logits(ref, got, tokens, V, weights->vocab_real);
+    std::printf("[cuda vs cpu, trained scales] %lld tokens per call: layer 0 error %.3g (median position), ppl %+.4f%%, "
+                "KL %.3g (median %.3g), top-1 %.4f\n",
+                static_cast<long long>(step), rel[size_t(n / 2)], 100.0 * (f.ppl / f.ppl_ref - 1.0), f.kl, f.median_kl,
+                f.top1);
+    EXPECT_LE(rel[size_t(n / 2)], 3e-5) << step << " tokens per call";
+    EXPECT_LE(f.kl, 2e-3) << step << " tokens per call";
+  }
+  std::filesystem::remove_all(root);
+}
+
+}  // namespace
+}  // namespace tern::cuda::test
