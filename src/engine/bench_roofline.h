@@ -21,7 +21,7 @@
 namespace tern {
 
 struct RooflineAssumptions {
-  int kv_bytes_per_value = 2;         // bf16 KV cache
+  int kv_bytes_per_value = 2;         // 16-bit KV cache (fp16)
   int recurrent_state_bytes = 4;      // fp32 Gated DeltaNet state
   int conv_state_bytes = 2;           // bf16 conv state
   int gdn_chunk = 64;                 // chunk of the chunked Gated DeltaNet prefill

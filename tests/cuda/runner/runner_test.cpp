@@ -126,7 +126,7 @@ TEST(CudaRunner, MatchesCpuRunnerPrefillDecodeAndSampling) {
   const Fidelity f = compare_logits(ref, got, tokens, V, weights->vocab_real);
   std::printf("[cuda vs cpu] ppl %.5f vs %.5f, KL %.3g, top-1 %.3f, max |dlogit| %.4g\n", f.ppl, f.ppl_ref, f.kl, f.top1,
               f.max_abs);
-  // The only intended difference is the bf16 KV cache (fp32 on the CPU) and summation order.
+  // The only intended difference is the fp16 KV cache (fp32 on the CPU) and summation order.
   EXPECT_LT(std::fabs(f.ppl / f.ppl_ref - 1.0), 1e-3);
   EXPECT_LT(f.kl, 1e-4);
 
