@@ -28,15 +28,20 @@ __device__ __forceinline__ uint32_t pack_bytes(int a, int b, int c, int d) {
   return (uint32_t(a) & 0xffu) | ((uint32_t(b) & 0xffu) << 8) | ((uint32_t(c) & 0xffu) << 16) | (uint32_t(d) << 24);
 }
 
-// Quantises the 8 columns v of one word; the 8 consecutive lanes (lane & ~7 .. + 7, all 32 lanes must call) are one
-// group of 64. Returns the word's {even hi, odd hi, even lo, odd lo}; sumv = Σv of the word, m = the group's max|x|.
-__device__ __forceinline__ uint4 quantize_word(const float v[8], int& sumv, float& m) {
-  m = 0.0f;
+// max|v| over the 8 columns of this lane and the 7 other lanes of its group of 64 (lane & ~7 .. + 7).
+__device__ __forceinline__ float group_max(const float v[8]) {
+  float m = 0.0f;
 #pragma unroll
   for (int e = 0; e < 8; ++e) m = fmaxf(m, fabsf(v[e]));
   m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
   m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-  m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
+  return fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
+}
+
+// Quantises the 8 columns v of one word; the 8 consecutive lanes (lane & ~7 .. + 7, all 32 lanes must call) are one
+// group of 64. Returns the word's {even hi, odd hi, even lo, odd lo}; sumv = Σv of the word, m = the group's max|x|.
+__device__ __forceinline__ uint4 quantize_word(const float v[8], int& sumv, float& m) {
+  m = group_max(v);
   const float inv = m > 0.0f ? kQMax / m : 0.0f;
   int hi[8], lo[8];
   sumv = 0;
@@ -53,12 +58,7 @@ __device__ __forceinline__ uint4 quantize_word(const float v[8], int& sumv, floa
 
 // The wide form of quantize_word: returns {even hi, odd hi, even mid, odd mid}, lo = {even lo, odd lo}.
 __device__ __forceinline__ uint4 quantize_word_wide(const float v[8], int& sumv, float& m, uint2& lo_bytes) {
-  m = 0.0f;
-#pragma unroll
-  for (int e = 0; e < 8; ++e) m = fmaxf(m, fabsf(v[e]));
-  m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-  m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-  m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
+  m = group_max(v);
   const float inv = m > 0.0f ? kQMaxWide / m : 0.0f;
   int hi[8], mid[8], lo[8];
   sumv = 0;
