@@ -53,11 +53,14 @@ CudaRunner::CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const M
   }
   // TERN_PREFILL_EXACT_GATES=0: the GDN gate products (b, a) on the fp16 kernel too.
   exact_gates_ = prefill_kernel_ == PrefillKernel::wgmma_f16 && !env_is("TERN_PREFILL_EXACT_GATES", "0");
-  // TERN_PREFILL_F16_SITES (a bit mask of PrefillSite, default 30): the inputs that take x as fp16 under the fp16
-  // plan; the others take bf16 hi + lo (16 significant bits) on the same kernel. The GDN in_proj's input stays off
-  // fp16 by default: against transformers (8 layers, 640 positions, two seeds) it alone moved the prefill's mean KL
-  // from ~4.1e-4 to ~0.9e-4 nats (one fp16 run reached 1.4e-3, over the 1e-3 bar), for ~4% of a 4K prefill.
+  // TERN_PREFILL_F16_SITES (a bit mask of PrefillSite, default 0): the inputs that take x as fp16 (11 significant
+  // bits) on the warpgroup kernel; the others take bf16 hi + lo (16 significant bits) on the same kernel. Default:
+  // none. On weights at trained scales (router near-ties; 8 layers, 640 positions against transformers in fp32) the
+  // fp16 inputs put the prefill's mean KL at 2.7e-3 and 4.4e-3 nats (two seeds, 30 = every site but the GDN
+  // in_proj) against 1.7e-3 and 2.2e-5 with none; they save 8% of a 4K prefill (25,977 against 23,863 tok/s, H200,
+  // docs/benchmarks.md).
   if (const char* e = std::getenv("TERN_PREFILL_F16_SITES")) f16_sites_ = std::atoi(e) & kAllSites;
+  if (o.f16_sites >= 0) f16_sites_ = o.f16_sites & kAllSites;
   // TERN_PREFILL_F16_MIN_TOKENS (default 512): chunks of fewer tokens take bf16 hi + lo at every site. The fp16
   // error concentrates at a sequence's first positions (8 layers against transformers, one seed: 63-65-token
   // prompts mean KL ~8e-4 and perplexity +1.3% on fp16, ~1e-4 and < 0.1% on hi + lo; the same model's 640-token

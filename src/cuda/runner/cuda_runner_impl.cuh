@@ -123,7 +123,7 @@ class CudaRunner final : public ModelRunner {
   bool kv_f16_ = true;                  // the KV cache in fp16, else bf16 (TERN_KV_BF16=1, CudaRunnerOptions::kv_f16)
   bool capturing_ = false;              // a decode graph is being captured (no activation dumps)
   ActivationDump dump_;                 // set_activation_dump_dir
-  int f16_sites_ = kAllSites & ~kGdnIn;  // TERN_PREFILL_F16_SITES (see the constructor)
+  int f16_sites_ = 0;                    // TERN_PREFILL_F16_SITES (see the constructor)
   int64_t f16_min_tokens_ = 512;         // TERN_PREFILL_F16_MIN_TOKENS (see the constructor)
   int chunk_f16_sites_ = 0;              // f16_sites_, or 0 for a chunk under f16_min_tokens_ (run_chunk)
   int l2_prefetch_ = 12;                // TERN_L2_PREFETCH bit mask (see the constructor)
