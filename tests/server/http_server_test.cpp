@@ -64,10 +64,31 @@ TEST(HttpServer, ModelsListsTheAnnouncedNamesWhileLoading) {
   ASSERT_TRUE(one);
   EXPECT_EQ(one->status, 200);
   EXPECT_EQ(Json::parse(one->body)["id"], "gpt-4o");
+  auto tagged = server.get("/v1/models/gpt-4o:latest");
+  ASSERT_TRUE(tagged);
+  EXPECT_EQ(tagged->status, 200);
+  EXPECT_EQ(Json::parse(tagged->body)["id"], "gpt-4o");
+  // Any other name is the served model (as on the generation routes), under its id.
+  auto other = server.get("/v1/models/other");
+  ASSERT_TRUE(other);
+  EXPECT_EQ(other->status, 200);
+  EXPECT_EQ(Json::parse(other->body)["id"], "org/model");
+}
+
+TEST(HttpServer, StrictModelNameRefusesOtherNames) {
+  ServerOptions o;
+  o.model_id = "org/model";
+  o.model_aliases = {"gpt-4o"};
+  o.strict_model_name = true;
+  LoadingServer server(o);
   auto other = server.get("/v1/models/other");
   ASSERT_TRUE(other);
   EXPECT_EQ(other->status, 404);
   EXPECT_NE(other->body.find("serves 'org/model'"), std::string::npos) << other->body;
+  auto tagged = server.get("/v1/models/org/model:latest");
+  ASSERT_TRUE(tagged);
+  EXPECT_EQ(tagged->status, 200);
+  EXPECT_EQ(Json::parse(tagged->body)["id"], "org/model");
 }
 
 TEST(HttpServer, ModelsIsEmptyWhileLoadingWithoutAnnouncedNames) {

@@ -44,11 +44,13 @@ struct ServerOptions {
   // loads. set_model() checks that the model has these names.
   std::string model_id;
   std::vector<std::string> model_aliases;
+  bool strict_model_name = false;        // --strict-model-name: requests naming another model than the id or an alias
+                                         // get 404 (by default any name is served by the one model)
 };
 
 // The loaded model, as the handlers use it. Everything must outlive the server.
 struct ServerModel {
-  std::string model_id;                  // GET /v1/models id; requests naming another model get 404
+  std::string model_id;                  // GET /v1/models id, the name answers give
   std::vector<std::string> aliases;      // tern serve --alias: also accepted as the model's name, listed too
   std::string model_path;                // the folder it was loaded from ("" for the demo)
   bool random_weights = false;           // the demo model or synthetic weights: its output is meaningless
