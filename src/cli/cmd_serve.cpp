@@ -200,7 +200,9 @@ void command_serve(CLI::App& app) {
       ->check(CLI::Range(0, 65535))
       ->capture_default_str();
   sub->add_option("--api-key", s.api_key, "Require 'Authorization: Bearer KEY' (except /health and /)");
-  sub->add_option("--cors-origin", s.cors_origin, "Send CORS headers allowing this origin (e.g. * or http://host)");
+  sub->add_option("--cors-origin", s.cors_origin,
+                  "Send CORS headers allowing this origin (e.g. * or http://host); pages on this machine "
+                  "(http(s)://localhost, 127.0.0.1 or [::1], any port) are allowed without it");
   sub->add_option("--allowed-hosts", s.allowed_hosts,
                   "On a loopback address, Host names accepted besides the address and localhost (comma-separated; "
                   "* for any). Others get 403 (DNS rebinding)")

@@ -21,7 +21,7 @@ struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;                       // 0: any free port (see HttpServer::port())
   std::string api_key;                   // "": no authentication
-  std::string cors_origin;               // "": no CORS headers
+  std::string cors_origin;               // CORS for this origin ("*": any) besides the loopback origins (always)
   std::vector<std::string> allowed_hosts;  // Host names accepted besides the bound address and localhost ("*": any)
   bool allow_special_in_content = false; // special tokens typed in chat content stay control tokens
   size_t max_queue = 64;                 // requests waiting beyond the running one; more get 503
