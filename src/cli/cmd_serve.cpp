@@ -3,7 +3,7 @@
 //   tern serve [-m DIR | --demo] [--host 127.0.0.1] [--port 8080] [--api-key KEY] [--cors-origin ORIGIN]
 //              [--max-queue 64] [-c/--ctx-size N] [--max-body-bytes N] [sampling flags: server-wide defaults]
 //              [--no-prefix-cache] [--cache-snapshot-every 4096] [--cache-gpu-mb 4096] [--cache-host-mb 16384]
-//              [--cache-slots 4] [--alias NAME ...]
+//              [--cache-slots 4] [--alias NAME ...] [--strict-model-name]
 //
 // The socket is bound first, so /health answers 503 {"status":"loading"} while the model loads. A failed load
 // prints its error and exits 1 at once. SIGINT/SIGTERM end the process at any time: while loading, at once; once
@@ -161,6 +161,7 @@ void serve(const ServeArgs& a) {
                  options.max_queue, options.prefix_cache.enabled ? "on" : "off");
     std::string names = "\"" + model.model_id + "\"";
     for (const std::string& alias : model.aliases) names += " or \"" + alias + "\"";
+    if (!options.strict_model_name) names += " (any other name is answered by it too)";
     const std::string url = client_url(options.host, port);
     std::fprintf(stderr,
                  "tern serve: OpenAI API at %s/v1, Anthropic API at %s (POST /v1/messages), Ollama API at %s "
@@ -199,7 +200,9 @@ void command_serve(CLI::App& app) {
       ->check(CLI::Range(0, 65535))
       ->capture_default_str();
   sub->add_option("--api-key", s.api_key, "Require 'Authorization: Bearer KEY' (except /health and /)");
-  sub->add_option("--cors-origin", s.cors_origin, "Send CORS headers allowing this origin (e.g. * or http://host)");
+  sub->add_option("--cors-origin", s.cors_origin,
+                  "Send CORS headers allowing this origin (e.g. * or http://host); pages on this machine "
+                  "(http(s)://localhost, 127.0.0.1 or [::1], any port) are allowed without it");
   sub->add_option("--allowed-hosts", s.allowed_hosts,
                   "On a loopback address, Host names accepted besides the address and localhost (comma-separated; "
                   "* for any). Others get 403 (DNS rebinding)")
@@ -272,6 +275,9 @@ void command_serve(CLI::App& app) {
       ->expected(1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
       ->check([](const std::string& name) { return name.empty() ? std::string("an alias must not be empty") : std::string(); });
+  sub->add_flag("--strict-model-name", s.strict_model_name,
+                "Requests naming a model other than the id or an --alias get 404 (default: any name is answered by "
+                "the model served, as its id)");
   sub->add_flag("-q,--quiet", a->quiet, "No request log lines on stderr");
   sub->callback([a] {
     a->server.prefix_cache.enabled = !a->no_prefix_cache;

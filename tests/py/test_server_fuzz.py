@@ -38,7 +38,7 @@ WRONG = {  # field -> values of a wrong type or out of range (each must be refus
                         {"type": "json_schema", "json_schema": {"name": "x", "schema": 5}}],
     "chat_template_kwargs": ["x", [1], {"enable_thinking": "no"}],
     "reasoning_effort": ["extreme", 5],
-    "model": ["some-other-model", 5],
+    "model": [5, ["x"]],  # any name is served (--strict-model-name: test_api_defaults.py)
     "tern_debug_forced_output": [5],
 }
 

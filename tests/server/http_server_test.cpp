@@ -1,6 +1,6 @@
 // The server before its model is loaded (set_model not called yet): /health says loading, generation routes are 503,
 // and /v1/models already lists the names announced in the options, so that a client reading the list once at start
-// finds the model.
+// finds the model; the admission checks (Host, CORS) already hold.
 #include <gtest/gtest.h>
 
 #include <thread>
@@ -24,9 +24,13 @@ class LoadingServer {
     server_.stop();
     listener_.join();
   }
-  httplib::Result get(const std::string& path) {
+  httplib::Result get(const std::string& path, const httplib::Headers& headers = {}) {
     httplib::Client client("127.0.0.1", port_);
-    return client.Get(path);
+    return client.Get(path, headers);
+  }
+  httplib::Result options(const std::string& path, const httplib::Headers& headers) {
+    httplib::Client client("127.0.0.1", port_);
+    return client.Options(path, headers);
   }
 
  private:
@@ -64,10 +68,60 @@ TEST(HttpServer, ModelsListsTheAnnouncedNamesWhileLoading) {
   ASSERT_TRUE(one);
   EXPECT_EQ(one->status, 200);
   EXPECT_EQ(Json::parse(one->body)["id"], "gpt-4o");
+  auto tagged = server.get("/v1/models/gpt-4o:latest");
+  ASSERT_TRUE(tagged);
+  EXPECT_EQ(tagged->status, 200);
+  EXPECT_EQ(Json::parse(tagged->body)["id"], "gpt-4o");
+  // Any other name is the served model (as on the generation routes), under its id.
+  auto other = server.get("/v1/models/other");
+  ASSERT_TRUE(other);
+  EXPECT_EQ(other->status, 200);
+  EXPECT_EQ(Json::parse(other->body)["id"], "org/model");
+}
+
+TEST(HttpServer, StrictModelNameRefusesOtherNames) {
+  ServerOptions o;
+  o.model_id = "org/model";
+  o.model_aliases = {"gpt-4o"};
+  o.strict_model_name = true;
+  LoadingServer server(o);
   auto other = server.get("/v1/models/other");
   ASSERT_TRUE(other);
   EXPECT_EQ(other->status, 404);
   EXPECT_NE(other->body.find("serves 'org/model'"), std::string::npos) << other->body;
+  auto tagged = server.get("/v1/models/org/model:latest");
+  ASSERT_TRUE(tagged);
+  EXPECT_EQ(tagged->status, 200);
+  EXPECT_EQ(Json::parse(tagged->body)["id"], "org/model");
+}
+
+// A page on this machine (a loopback Origin) gets CORS answers without --cors-origin, preflights included; its
+// Origin does not open the Host check (DNS rebinding).
+TEST(HttpServer, LoopbackOriginsGetCorsAndTheHostCheckStays) {
+  LoadingServer server(ServerOptions{});
+  const httplib::Headers page = {{"Origin", "http://localhost:3000"}};
+  auto list = server.get("/v1/models", page);
+  ASSERT_TRUE(list);
+  EXPECT_EQ(list->status, 200);
+  EXPECT_EQ(list->get_header_value("Access-Control-Allow-Origin"), "http://localhost:3000");
+  auto preflight = server.options("/v1/chat/completions", {{"Origin", "http://127.0.0.1:5173"},
+                                                           {"Access-Control-Request-Method", "POST"},
+                                                           {"Access-Control-Request-Headers", "authorization, content-type"}});
+  ASSERT_TRUE(preflight);
+  EXPECT_EQ(preflight->status, 204);
+  EXPECT_EQ(preflight->get_header_value("Access-Control-Allow-Origin"), "http://127.0.0.1:5173");
+  EXPECT_EQ(preflight->get_header_value("Access-Control-Allow-Headers"), "authorization, content-type");
+  auto other = server.get("/v1/models", {{"Origin", "http://evil.example"}});
+  ASSERT_TRUE(other);
+  EXPECT_FALSE(other->has_header("Access-Control-Allow-Origin"));
+  for (const char* host : {"evil.example", "localhost.evil.example:3000"}) {
+    auto rebound = server.get("/v1/models", {{"Host", host}, {"Origin", "http://localhost:3000"}});
+    ASSERT_TRUE(rebound);
+    EXPECT_EQ(rebound->status, 403) << host;
+    auto rebound_preflight = server.options("/v1/chat/completions", {{"Host", host}, {"Origin", "http://localhost:3000"}});
+    ASSERT_TRUE(rebound_preflight);
+    EXPECT_EQ(rebound_preflight->status, 403) << host;
+  }
 }
 
 TEST(HttpServer, ModelsIsEmptyWhileLoadingWithoutAnnouncedNames) {

@@ -66,13 +66,30 @@ std::string media_type_of(const std::string& content_type) {
   return ascii_lower(trim_blanks(std::string_view(content_type).substr(0, content_type.find(';'))));
 }
 
+bool loopback_origin(std::string_view origin) {
+  for (std::string_view scheme : {"http://", "https://"}) {
+    if (!origin.starts_with(scheme)) continue;
+    const std::string_view authority = origin.substr(scheme.size());
+    for (std::string_view host : {"localhost", "127.0.0.1", "[::1]"}) {
+      if (!authority.starts_with(host)) continue;
+      const std::string_view port = authority.substr(host.size());
+      if (port.empty()) return true;
+      return port.size() >= 2 && port.size() <= 6 && port[0] == ':' &&
+             port.find_first_not_of("0123456789", 1) == std::string_view::npos;
+    }
+  }
+  return false;
+}
+
 void add_cors_headers(const std::string& cors_origin, const httplib::Request& req, httplib::Response& res) {
-  if (cors_origin.empty()) return;
-  res.set_header("Access-Control-Allow-Origin", cors_origin);
-  res.set_header("Vary", "Origin");
-  if (req.method != "OPTIONS") return;
   const std::string origin = req.get_header_value("Origin");
-  const bool allowed = cors_origin == "*" || origin == cors_origin;
+  // The answer depends on Origin (a loopback one is echoed): caches must keep them apart.
+  res.set_header("Vary", "Origin");
+  const bool allowed = cors_origin == "*" || (!origin.empty() && (origin == cors_origin || loopback_origin(origin)));
+  const std::string allow_origin = cors_origin == "*" ? cors_origin : allowed ? origin : cors_origin;
+  if (allow_origin.empty()) return;
+  res.set_header("Access-Control-Allow-Origin", allow_origin);
+  if (req.method != "OPTIONS") return;
   res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
   const std::string requested = req.get_header_value("Access-Control-Request-Headers");
   res.set_header("Access-Control-Allow-Headers",

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <httplib.h>
@@ -23,7 +24,12 @@ bool host_allowed(const std::string* host, bool loopback, const std::string& bou
 // The media type of a Content-Type value, lower case, without parameters or surrounding blanks.
 std::string media_type_of(const std::string& content_type);
 
-// CORS: Access-Control-Allow-Origin (and, on a preflight, the methods and headers allowed) when `cors_origin` is set.
+// The origin of a page on this machine: http:// or https:// then localhost, 127.0.0.1 or [::1], with any port or
+// none (an Origin header as browsers write it: lower case, no path).
+bool loopback_origin(std::string_view origin);
+
+// CORS: Access-Control-Allow-Origin (and, on a preflight, the methods and headers allowed) for a loopback Origin
+// (echoed) or, when set, `cors_origin` ("*": any origin). The Host check (host_allowed) does not depend on it.
 void add_cors_headers(const std::string& cors_origin, const httplib::Request& req, httplib::Response& res);
 
 }  // namespace tern::server

@@ -21,15 +21,16 @@ ApiError model_not_found(const std::string& name) {
   return e;
 }
 
-// The request's model: required (Ollama answers 400 without one), and served.
+// The request's model: required (Ollama answers 400 without one), and served. The name answers echo: as the request
+// wrote it when it is one of the model's names (as Ollama does), else the served id.
 std::string parse_model(const Json& j, const ParseOptions& options, const char* key = "model") {
   const Json* v = field(j, key);
   if (!v) bad(key, std::string("'") + key + "' is required: the model's name (GET /api/tags lists them).");
   if (!v->is_string()) bad(key, std::string("'") + key + "' must be a string, got " + json_kind(*v) + ".");
   const std::string name = v->get<std::string>();
   if (name.empty()) bad(key, std::string("'") + key + "' must not be empty.");
-  if (!ollama_model_served(options, name)) throw BadRequest{model_not_found(name)};
-  return name;
+  if (!model_name_served(options, name)) throw BadRequest{model_not_found(name)};
+  return model_name_known(options, name) ? name : options.model_id;
 }
 
 std::optional<bool> get_bool(const Json& o, const char* key) {
@@ -256,14 +257,6 @@ void parse_common(const Json& j, const ParseOptions& options, OllamaRequest& r) 
 }
 
 }  // namespace
-
-bool ollama_model_served(const ParseOptions& options, const std::string& name) {
-  if (name.empty()) return false;
-  const std::string tag = ":latest";
-  if (model_name_served(options, name)) return true;
-  return name.size() > tag.size() && name.compare(name.size() - tag.size(), tag.size(), tag) == 0 &&
-         model_name_served(options, name.substr(0, name.size() - tag.size()));
-}
 
 std::variant<OllamaRequest, ApiError> parse_ollama_request(std::string_view body, const ParseOptions& options,
                                                            OllamaEndpoint endpoint) {

@@ -30,16 +30,14 @@ enum class OllamaEndpoint { chat, generate };
 
 struct OllamaRequest {
   OllamaEndpoint endpoint = OllamaEndpoint::chat;
-  std::string model_name;            // as the request wrote it (echoed in responses, as Ollama does)
+  std::string model_name;            // echoed in responses: as the request wrote it (as Ollama does) when it is
+                                     // the id or an alias (":latest" or not), else the served id
   ChatRequest chat;                  // messages, tools, sampling, stop, max_tokens, enable_thinking, grammar, stream
   bool raw = false;                  // generate: the prompt's tokens without the template
   std::string prompt;                // generate: the prompt (raw: the whole text)
   std::optional<int64_t> num_ctx;    // options.num_ctx: refused beyond the server's context
   bool load_only = false;            // no prompt / no messages: Ollama loads the model and answers done_reason "load"
 };
-
-// True when `name` (or `name` without a ":latest" tag) is the served model's id or an alias.
-bool ollama_model_served(const ParseOptions& options, const std::string& name);
 
 std::variant<OllamaRequest, ApiError> parse_ollama_request(std::string_view body, const ParseOptions& options,
                                                            OllamaEndpoint endpoint);

@@ -14,6 +14,7 @@
 #include "server/openai/openai_schema.h"
 #include "server/serving/chat_prompt.h"
 #include "server/serving/generation.h"
+#include "server/serving/request_fields.h"
 #include "text/tokenizer.h"
 
 namespace tern::server {
@@ -156,7 +157,10 @@ void handle_model(ServerState& state, const httplib::Request& req, httplib::Resp
   request_log().route = "/v1/models/{id}";
   const std::string id = req.matches[1];
   const std::vector<std::string> names = served_names(state);
-  if (std::find(names.begin(), names.end(), id) != names.end()) return respond_json(res, model_entry(state, names, id));
+  for (const std::string& name : names)  // a name as listed, or with a ":latest" tag
+    if (id == name || without_latest_tag(id) == name) return respond_json(res, model_entry(state, names, name));
+  // Any other name is the served model too (as on the generation routes), unless --strict-model-name.
+  if (!names.empty() && !state.options.strict_model_name) return respond_json(res, model_entry(state, names, names.front()));
   respond_error(res, api_error_not_found_model(id, names.empty() ? std::string() : names.front()));
 }
 

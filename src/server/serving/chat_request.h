@@ -55,8 +55,9 @@ struct ChatRequest {
 };
 
 struct ParseOptions {
-  std::string model_id;                // requests naming another model (not an alias either) get 404
-  std::vector<std::string> model_aliases;  // tern serve --alias: other names accepted for the model
+  std::string model_id;                // the name answers give; requests may name any model (see strict_model_name)
+  std::vector<std::string> model_aliases;  // tern serve --alias: other names for the model
+  bool strict_model_name = false;      // --strict-model-name: requests naming another model (not an alias) get 404
   int64_t vocab_size = 0;              // token ids (logit_bias, prompt ids) must be below it
   bool allow_forced_output = false;    // --debug-allow-forced-output
   int max_json_depth = 64;             // deeper bodies are refused before parsing

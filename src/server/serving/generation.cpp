@@ -9,6 +9,7 @@ ParseOptions parse_options(const ServerState& state) {
   ParseOptions o;
   o.model_id = state.model.model_id;
   o.model_aliases = state.model.aliases;
+  o.strict_model_name = state.options.strict_model_name;
   o.vocab_size = state.model.vocab_size;
   o.allow_forced_output = state.options.allow_forced_output;
   return o;

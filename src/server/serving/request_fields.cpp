@@ -1,15 +1,25 @@
 #include "server/serving/request_fields.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
 namespace tern::server {
 
+std::string_view without_latest_tag(std::string_view name) {
+  constexpr std::string_view tag = ":latest";
+  return name.size() > tag.size() && name.ends_with(tag) ? name.substr(0, name.size() - tag.size()) : name;
+}
+
+bool model_name_known(const ParseOptions& options, const std::string& name) {
+  if (name.empty() || options.model_id.empty()) return true;
+  const std::string_view untagged = without_latest_tag(name);
+  auto is = [&](const std::string& served) { return name == served || untagged == served; };
+  return is(options.model_id) || std::any_of(options.model_aliases.begin(), options.model_aliases.end(), is);
+}
+
 bool model_name_served(const ParseOptions& options, const std::string& name) {
-  if (name.empty() || options.model_id.empty() || name == options.model_id) return true;
-  for (const std::string& alias : options.model_aliases)
-    if (name == alias) return true;
-  return false;
+  return !options.strict_model_name || model_name_known(options, name);
 }
 
 int json_nesting_depth(std::string_view text, int limit) {

@@ -15,7 +15,15 @@
 
 namespace tern::server {
 
-// True when a request's "model" names the served model: its id or one of its aliases (or either is empty).
+// `name` without Ollama's ":latest" tag ("qwen:latest" -> "qwen"); any other name as it is.
+std::string_view without_latest_tag(std::string_view name);
+
+// True when a request's "model" is one of the served model's names: its id or one of its aliases, as they are or
+// with a ":latest" tag (or either is empty).
+bool model_name_known(const ParseOptions& options, const std::string& name);
+
+// True when a request naming `name` is served: any name (one model is served; the answer names its id), unless
+// --strict-model-name, which serves only the known names (model_name_known).
 bool model_name_served(const ParseOptions& options, const std::string& name);
 
 // Nesting depth of a JSON text ([ and { outside strings); stops counting past `limit` (returns limit + 1).

@@ -21,7 +21,7 @@ struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;                       // 0: any free port (see HttpServer::port())
   std::string api_key;                   // "": no authentication
-  std::string cors_origin;               // "": no CORS headers
+  std::string cors_origin;               // CORS for this origin ("*": any) besides the loopback origins (always)
   std::vector<std::string> allowed_hosts;  // Host names accepted besides the bound address and localhost ("*": any)
   bool allow_special_in_content = false; // special tokens typed in chat content stay control tokens
   size_t max_queue = 64;                 // requests waiting beyond the running one; more get 503
@@ -44,11 +44,13 @@ struct ServerOptions {
   // loads. set_model() checks that the model has these names.
   std::string model_id;
   std::vector<std::string> model_aliases;
+  bool strict_model_name = false;        // --strict-model-name: requests naming another model than the id or an alias
+                                         // get 404 (by default any name is served by the one model)
 };
 
 // The loaded model, as the handlers use it. Everything must outlive the server.
 struct ServerModel {
-  std::string model_id;                  // GET /v1/models id; requests naming another model get 404
+  std::string model_id;                  // GET /v1/models id, the name answers give
   std::vector<std::string> aliases;      // tern serve --alias: also accepted as the model's name, listed too
   std::string model_path;                // the folder it was loaded from ("" for the demo)
   bool random_weights = false;           // the demo model or synthetic weights: its output is meaningless

@@ -19,12 +19,20 @@ ParseOptions options() {
   return o;
 }
 
-AnthropicRequest ok(const std::string& body, AnthropicEndpoint endpoint = AnthropicEndpoint::messages) {
-  return expect_accepted(parse_anthropic_request(body, options(), endpoint), body);
+AnthropicRequest ok(const std::string& body, AnthropicEndpoint endpoint = AnthropicEndpoint::messages,
+                    ParseOptions o = options()) {
+  return expect_accepted(parse_anthropic_request(body, o, endpoint), body);
 }
 
-ApiError error(const std::string& body, AnthropicEndpoint endpoint = AnthropicEndpoint::messages) {
-  return expect_rejected(parse_anthropic_request(body, options(), endpoint), body);
+ApiError error(const std::string& body, AnthropicEndpoint endpoint = AnthropicEndpoint::messages,
+               ParseOptions o = options()) {
+  return expect_rejected(parse_anthropic_request(body, o, endpoint), body);
+}
+
+ParseOptions strict() {
+  ParseOptions o = options();
+  o.strict_model_name = true;
+  return o;
 }
 
 const char* kTool = R"({"name":"get_weather","input_schema":{"type":"object","properties":{"city":{"type":"string"}}}})";
@@ -119,7 +127,13 @@ TEST(AnthropicSchema, BadBodiesNameTheField) {
     EXPECT_EQ(e.param, c.param) << c.body << " -> " << e.message;
     EXPECT_NE(e.message.find(c.words), std::string::npos) << c.body << " -> " << e.message;
   }
-  const ApiError e = error(R"({"model":"claude-x","max_tokens":8,)" + m + "}");
+  // Any model name is the served model (the name tools send by default), unless --strict-model-name.
+  for (const char* name : {"claude-3-5-haiku-latest", "alias:latest"})
+    EXPECT_EQ(ok(R"({"model":")" + std::string(name) + R"(","max_tokens":8,)" + m + "}").chat.model, "org/model");
+  EXPECT_EQ(ok(R"({"model":"alias:latest","max_tokens":8,)" + m + "}", AnthropicEndpoint::messages, strict())
+                .chat.model,
+            "org/model");
+  const ApiError e = error(R"({"model":"claude-x","max_tokens":8,)" + m + "}", AnthropicEndpoint::messages, strict());
   EXPECT_EQ(e.status, 404);
   EXPECT_EQ(anthropic_error_json(e)["error"]["type"], "not_found_error");
 }

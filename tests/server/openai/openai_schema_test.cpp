@@ -192,10 +192,18 @@ TEST(OpenaiSchema, ToolChoice) {
   EXPECT_FALSE(chat_ok("{" + kUser + "," + tools + R"(,"parallel_tool_calls":false})").parallel_tool_calls);
 }
 
-TEST(OpenaiSchema, UnknownModelIs404) {
-  ApiError e = chat_error("{" + kUser + R"(,"model":"gpt-4"})");
+TEST(OpenaiSchema, AnyModelNameIsTheServedModel) {
+  for (const char* name : {"gpt-4o-mini", "tern-demo", "tern-demo:latest", "claude-3-5-haiku-latest"})
+    EXPECT_EQ(chat_ok("{" + kUser + R"(,"model":")" + name + "\"}").model, "tern-demo") << name;
+}
+
+TEST(OpenaiSchema, UnknownModelIs404WhenStrict) {
+  ParseOptions o = options();
+  o.strict_model_name = true;
+  ApiError e = chat_error("{" + kUser + R"(,"model":"gpt-4"})", o);
   EXPECT_EQ(e.status, 404);
   EXPECT_EQ(e.code, "model_not_found");
+  EXPECT_EQ(chat_ok("{" + kUser + R"(,"model":"tern-demo:latest"})", o).model, "tern-demo");
 }
 
 TEST(OpenaiSchema, ForcedOutputOnlyWhenAllowed) {
