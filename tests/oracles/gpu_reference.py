@@ -7,7 +7,7 @@ Builds a random Qwen3.6 text model with the real widths (D 2048, 256 experts top
 quantises it the MLX way (affine, group 64, 4-bit; the router and shared-expert gate 8-bit) and writes it as an
 MLX-layout checkpoint DIR/model (config.json + model.safetensors). The transformers model is then given exactly the
 dequantised values (s·q + b) and the stored norms, and runs teacher-forced in fp32 over random tokens:
-DIR/tokens.bin (int32 [n]) and DIR/logits.bin (float32 [n, V]). test_cuda's CudaRunner.MatchesTransformers...
+DIR/tokens.bin (int32 [n]) and DIR/logits.bin (float32 [n, V]). test_cuda's CudaWholeModel.*Transformers
 reads them when TERN_GPU_REF_DIR=DIR. Runs where transformers with qwen3_5_moe is installed (the GPU machine has
 torch 2.11 + transformers 5.17; no mlx needed).
 

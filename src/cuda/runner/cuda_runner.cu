@@ -124,8 +124,9 @@ std::optional<int32_t> CudaRunner::forward_sample(Session& session, std::span<co
   sample_check(sampling);
   const int64_t n = int64_t(tokens.size());
   const int64_t V = w_->config.vocab_size;
-  // The first decode step runs eagerly: kernels set their one-time attributes outside any graph capture.
-  if (n == 1 && use_graphs_ && decode_warm_) return decode_graph_step(s, tokens[0], sampling);
+  // The first decode step runs eagerly: kernels set their one-time attributes outside any graph capture. With
+  // activation dumps on, every step does (a graph replay would write no rows).
+  if (n == 1 && use_graphs_ && decode_warm_ && !dump_.on()) return decode_graph_step(s, tokens[0], sampling);
   if (n == 1) decode_warm_ = true;
   for (int64_t c0 = 0; c0 < n; c0 += max_chunk_) {
     const int64_t T = std::min(max_chunk_, n - c0);
