@@ -47,6 +47,17 @@ def prompt_tokens(message):
     return message.usage.input_tokens + (message.usage.cache_read_input_tokens or 0)
 
 
+def test_no_thinking_unless_asked(client):
+    # Anthropic's API thinks only when the request asks: without a thinking field the reply is the answer alone
+    # (with the template's default, Qwen3.6 would open <think> and the forced text would come back as a thought).
+    m = client.messages.create(model=MODEL, max_tokens=32, messages=user("Hello"), **forced("Plain answer."))
+    assert [b.type for b in m.content] == ["text"]
+    assert m.content[0].text == "Plain answer."
+    m = client.messages.create(model=MODEL, max_tokens=2048, messages=user("Hello"), thinking=THINK,
+                               **forced("A thought.</think>\n\nThe answer."))
+    assert [b.type for b in m.content] == ["thinking", "text"]
+
+
 def test_message(client):
     m = client.messages.create(model=MODEL, max_tokens=32, messages=user("Hello"), thinking=NO_THINK,
                                metadata={"user_id": "u1"}, **forced("Hi there, friend."))
@@ -156,8 +167,10 @@ def test_count_tokens_equals_prompt_tokens(client):
     counted = client.messages.count_tokens(**kw).input_tokens
     m = client.messages.create(max_tokens=8, thinking=NO_THINK, **kw, **forced("ok"))
     n_off = client.messages.count_tokens(thinking=NO_THINK, **kw).input_tokens
+    n_on = client.messages.count_tokens(thinking=THINK, **kw).input_tokens
     assert prompt_tokens(m) == n_off
-    assert counted > 0 and n_off > counted  # the default (thinking on) prompt is shorter by the empty think block
+    assert counted > 0 and counted == n_off  # no thinking field: no thinking, as on Anthropic's API
+    assert n_on < n_off  # thinking on: the prompt is shorter by the empty think block
     without_tools = client.messages.count_tokens(model=MODEL, system="Be brief.",
                                                  messages=[{"role": "user", "content": "Weather in Paris?"}])
     assert without_tools.input_tokens < counted

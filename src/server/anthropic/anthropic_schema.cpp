@@ -213,7 +213,10 @@ void parse_tool_choice(const Json& j, ChatRequest& r) {
 
 void parse_thinking(const Json& j, AnthropicRequest& r) {
   const Json* v = field(j, "thinking");
-  if (!v) return;  // the template's default (Qwen3.6 thinks unless told not to)
+  if (!v) {  // Anthropic's API thinks only when asked (its clients never read a thought they did not ask for)
+    r.chat.chat_template_kwargs["enable_thinking"] = false;
+    return;
+  }
   if (!v->is_object()) bad("thinking", "'thinking' must be an object like {\"type\": \"enabled\", \"budget_tokens\": 2048}.");
   const std::string type = str_field(*v, "type");
   if (type == "enabled" || type == "adaptive") {

@@ -82,6 +82,9 @@ TEST(AnthropicSchema, ToolChoiceAndThinking) {
   EXPECT_EQ(*r.thinking_budget, 1024);
   r = ok(R"({"max_tokens":8,"thinking":{"type":"disabled"},"messages":[{"role":"user","content":"x"}]})");
   EXPECT_EQ(r.chat.chat_template_kwargs["enable_thinking"], false);
+  r = ok(R"({"max_tokens":8,"messages":[{"role":"user","content":"x"}]})");  // no thinking field: no thinking
+  EXPECT_EQ(r.chat.chat_template_kwargs["enable_thinking"], false);
+  EXPECT_FALSE(r.thinking_budget.has_value());
   r = ok(R"({"max_tokens":8,"model":"alias","messages":[{"role":"user","content":"x"}]})");
   EXPECT_EQ(r.chat.model, "org/model");
 }
