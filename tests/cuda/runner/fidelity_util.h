@@ -1,10 +1,11 @@
-// Teacher-forced comparison of two sets of logits (mean KL, perplexity, top-1): the whole-model checks of
-// runner_test.cpp and whole_model_test.cpp.
+// Teacher-forced comparison of two sets of logits (mean KL, perplexity, top-1) and of two activations (relative
+// error): the whole-model checks of runner_test.cpp and whole_model_test.cpp.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace tern::cuda::test {
@@ -53,6 +54,25 @@ inline Fidelity compare_logits(const std::vector<float>& ref, const std::vector<
     f.median_kl = per_position[per_position.size() / 2];
   }
   return f;
+}
+
+// ||a - b|| / ||b|| over everything, and the median over rows of the same ratio per row.
+inline std::pair<double, double> relative_error(const std::vector<float>& a, const std::vector<float>& b,
+                                                int64_t cols) {
+  double num = 0, den = 0;
+  std::vector<double> rows;
+  for (size_t r = 0; r * size_t(cols) < b.size(); ++r) {
+    double rn = 0, rd = 0;
+    for (size_t j = r * size_t(cols); j < (r + 1) * size_t(cols); ++j) {
+      rn += (double(a[j]) - b[j]) * (double(a[j]) - b[j]);
+      rd += double(b[j]) * b[j];
+    }
+    num += rn;
+    den += rd;
+    rows.push_back(std::sqrt(rn / std::max(rd, 1e-300)));
+  }
+  std::nth_element(rows.begin(), rows.begin() + rows.size() / 2, rows.end());
+  return {std::sqrt(num / std::max(den, 1e-300)), rows.empty() ? 0.0 : rows[rows.size() / 2]};
 }
 
 }  // namespace tern::cuda::test

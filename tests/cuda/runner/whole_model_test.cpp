@@ -162,24 +162,6 @@ const std::vector<float>& tensor(const Dumps& d, const std::string& name) {
   return it->second.f32;
 }
 
-// ||a - b|| / ||b|| over everything, and the median over rows of the same ratio per row.
-std::pair<double, double> relative_error(const std::vector<float>& a, const std::vector<float>& b, int64_t cols) {
-  double num = 0, den = 0;
-  std::vector<double> rows;
-  for (size_t r = 0; r * size_t(cols) < b.size(); ++r) {
-    double rn = 0, rd = 0;
-    for (size_t j = r * size_t(cols); j < (r + 1) * size_t(cols); ++j) {
-      rn += (double(a[j]) - b[j]) * (double(a[j]) - b[j]);
-      rd += double(b[j]) * b[j];
-    }
-    num += rn;
-    den += rd;
-    rows.push_back(std::sqrt(rn / std::max(rd, 1e-300)));
-  }
-  std::nth_element(rows.begin(), rows.begin() + rows.size() / 2, rows.end());
-  return {std::sqrt(num / std::max(den, 1e-300)), rows.empty() ? 0.0 : rows[rows.size() / 2]};
-}
-
 bool same_experts(const float* a, const float* b, int k) {
   return std::multiset<float>(a, a + k) == std::multiset<float>(b, b + k);
 }
