@@ -111,9 +111,11 @@ void CudaRunner::gdn_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, in
   const Config& c = w_->config;
   const GdnDims d = gdn_dims(T);
   const int64_t C = d.C();
-  // The decay and write-strength gates (b, a: 32 rows each) steer the recurrence over the whole sequence: with the
-  // fp16 products they take the 16-bit integer x (exact_gates_).
-  const PreparedX xp = prepare_x(normed_, c.hidden_size, T, c.hidden_size, kGdnIn, exact_gates_);
+  // The decay and write-strength gates (b, a: 32 rows each) steer the recurrence over the whole sequence: when the
+  // in_proj takes x as fp16 they take the 16-bit integer x instead (exact_gates_); on bf16 hi + lo (the default)
+  // they share the in_proj's input.
+  const bool gates_q16 = exact_gates_ && (chunk_f16_sites_ & kGdnIn);
+  const PreparedX xp = prepare_x(normed_, c.hidden_size, T, c.hidden_size, kGdnIn, gates_q16);
   proj(l.in_proj_qkv, normed_, T, qkv_raw_, false, xp);
   proj(l.in_proj_z, normed_, T, z_, false, xp);
   proj(l.in_proj_b, normed_, T, b_, false, xp, /*exact=*/true);
