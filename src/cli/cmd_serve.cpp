@@ -1,7 +1,8 @@
 // tern serve: the OpenAI-compatible HTTP server (docs/server.md).
 //
 //   tern serve [-m DIR | --demo] [--host 127.0.0.1] [--port 8080] [--api-key KEY] [--cors-origin ORIGIN]
-//              [--max-queue 64] [-c/--ctx-size N] [--max-body-bytes N] [sampling flags: server-wide defaults]
+//              [--parallel 4] [--step-tokens 1024] [--max-queue 64] [-c/--ctx-size N] [--max-body-bytes N]
+//              [sampling flags: server-wide defaults]
 //              [--no-prefix-cache] [--cache-snapshot-every 4096] [--cache-gpu-mb 4096] [--cache-host-mb 16384]
 //              [--cache-slots 4] [--alias NAME ...] [--strict-model-name]
 //
@@ -156,9 +157,11 @@ void serve(const ServeArgs& a) {
     model.context = ctx;
     model.vocab_size = runner->vocab_real();
     http.set_model(model);
-    std::fprintf(stderr, "tern serve: ready: model '%s' on %s, context %lld tokens, queue depth %zu, prefix cache %s\n",
+    std::fprintf(stderr,
+                 "tern serve: ready: model '%s' on %s, context %lld tokens, %d requests at once, queue depth %zu, "
+                 "prefix cache %s\n",
                  model.model_id.c_str(), runner->backend_name().c_str(), static_cast<long long>(ctx),
-                 options.max_queue, options.prefix_cache.enabled ? "on" : "off");
+                 options.scheduler.parallel, options.max_queue, options.prefix_cache.enabled ? "on" : "off");
     std::string names = "\"" + model.model_id + "\"";
     for (const std::string& alias : model.aliases) names += " or \"" + alias + "\"";
     if (!options.strict_model_name) names += " (any other name is answered by it too)";
@@ -226,13 +229,23 @@ void command_serve(CLI::App& app) {
   sub->add_option("--keep-alive-timeout", s.keep_alive_timeout_s, "Seconds an idle connection stays open")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  sub->add_option("--max-queue", s.max_queue, "Requests that may wait behind the running one; more get 503")
+  sub->add_option("--parallel", s.scheduler.parallel,
+                  "Requests generated at once (continuous batching; each holds a session of --ctx-size tokens, "
+                  "allocated at start); more wait in the queue")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  sub->add_option("--step-tokens", s.scheduler.step_tokens,
+                  "Prompt tokens prefilled per step while other requests decode (a long prompt is read in such "
+                  "chunks between their tokens)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 30))
+      ->capture_default_str();
+  sub->add_option("--max-queue", s.max_queue, "Requests that may wait behind the running ones; more get 503")
       ->check(CLI::Range(size_t(1), size_t(1) << 20))
       ->capture_default_str();
   sub->add_option("--max-body-bytes", s.max_body_bytes, "Largest request body; larger ones get 413")
       ->check(CLI::Range(size_t(1024), size_t(1) << 40))
       ->capture_default_str();
-  sub->add_option("--http-threads", s.http_threads, "HTTP worker threads (default: max-queue + 8)")
+  sub->add_option("--http-threads", s.http_threads, "HTTP worker threads (default: max-queue + parallel + 8)")
       ->check(CLI::Range(0, 4096));
   sub->add_option("--thinking-budget", s.thinking_budget,
                   "Reasoning tokens per answer at most, for requests that set none (thinking_budget, Anthropic's "

@@ -1,5 +1,6 @@
 // The generation loop over one session: prefill the prompt, then decode one token per step until an end id, a
-// stop string, max_tokens, the context limit or cancellation. Streams stop-safe, UTF-8-complete text.
+// stop string, max_tokens, the context limit or cancellation. Streams stop-safe, UTF-8-complete text. The loop's
+// steps are a GenerationRun (generation_run.h), which a scheduler can also run many of at once.
 //
 // Session contract: the session may already hold a prefix of the prompt (multi-turn reuse): generate() feeds only
 // prompt[session.position():]. The caller guarantees those held tokens equal the prompt's first ones; when the
@@ -142,6 +143,8 @@ class Generator {
 
   const std::vector<int32_t>& end_ids() const { return end_ids_; }
   ModelRunner& runner() { return runner_; }
+  const TokenTextSource& text_source() const { return text_; }
+  const GeneratorOptions& options() const { return options_; }
   // The vocabulary constrained requests use (built on the first call; thread-safe). Throws tern::Error when the
   // generator has neither a tokenizer nor options.vocabulary.
   std::shared_ptr<const grammar::TokenVocabulary> vocabulary();

@@ -25,7 +25,6 @@ PrefixCache::PrefixCache(ModelRunner& runner, int64_t context, PrefixCacheOption
   TERN_CHECK(options_.slots >= 1, "--cache-slots must be >= 1, got ", options_.slots);
   Slot& first = new_slot();
   active_ = options_.enabled && first.session->can_snapshot();
-  if (!active_) options_.slots = 1;
   publish();
 }
 
@@ -36,6 +35,13 @@ PrefixCache::Slot& PrefixCache::new_slot() {
   slot->session = runner_.create_session(context_);
   slots_.push_back(std::move(slot));
   return *slots_.back();
+}
+
+void PrefixCache::reserve(int n) {
+  TERN_CHECK(n >= 1, "prefix cache: at least one session is needed, got ", n);
+  options_.slots = std::max(options_.slots, n);
+  while (int(slots_.size()) < n) new_slot();
+  publish();
 }
 
 PrefixCache::Slot& PrefixCache::slot_of(Session& session) {
@@ -51,14 +57,35 @@ void PrefixCache::drop_after(Slot& slot, int64_t position) {
   counters_.snapshots_dropped += int64_t(before - slot.snaps.size());
 }
 
+// An idle slot for a new conversation: one with no snapshots (the least recently used), else a new one while
+// fewer than options_.slots exist, else the least recently used idle one (its contents dropped). Null when every
+// slot is busy and no more may be made.
+PrefixCache::Slot* PrefixCache::idle_slot() {
+  Slot* target = nullptr;
+  for (auto& sp : slots_)
+    if (!sp->busy && sp->snaps.empty() && (!target || sp->last_use < target->last_use)) target = sp.get();
+  if (!target && int(slots_.size()) < options_.slots) target = &new_slot();
+  if (!target)
+    for (auto& sp : slots_)
+      if (!sp->busy && (!target || sp->last_use < target->last_use)) target = sp.get();
+  if (target) {
+    drop_after(*target, 0);
+    target->tokens.clear();
+  }
+  return target;
+}
+
 PrefixCache::Lease PrefixCache::begin(std::span<const int32_t> prompt) {
   ++clock_;
   if (!active_) {
-    Slot& s = *slots_.front();
-    s.session->reset();
+    Slot* s = idle_slot();
+    TERN_INTERNAL_CHECK(s != nullptr, "prefix cache: every one of the ", options_.slots, " sessions is in use");
+    s->session->reset();
+    s->busy = true;
+    s->last_use = clock_;
     ++counters_.misses;
     publish();
-    return {s.session.get(), 0};
+    return {s->session.get(), 0};
   }
   const int64_t n = int64_t(prompt.size());
   // The best snapshot: the longest at or before the divergence point, and before the prompt's last token.
@@ -80,17 +107,10 @@ PrefixCache::Lease PrefixCache::begin(std::span<const int32_t> prompt) {
 
   if (!best_entry) {
     ++counters_.misses;
-    // A free slot, else one with no snapshots, else the least recently used.
-    Slot* target = nullptr;
-    for (auto& sp : slots_)
-      if (sp->snaps.empty() && (!target || sp->last_use < target->last_use)) target = sp.get();
-    if (!target && int(slots_.size()) < options_.slots) target = &new_slot();
-    if (!target)
-      for (auto& sp : slots_)
-        if (!target || sp->last_use < target->last_use) target = sp.get();
-    drop_after(*target, 0);
-    target->tokens.clear();
+    Slot* target = idle_slot();
+    TERN_INTERNAL_CHECK(target != nullptr, "prefix cache: every one of the ", options_.slots, " sessions is in use");
     target->session->reset();
+    target->busy = true;
     target->last_use = clock_;
     publish();
     return {target->session.get(), 0};
@@ -103,18 +123,28 @@ PrefixCache::Lease PrefixCache::begin(std::span<const int32_t> prompt) {
   const bool loses_snapshots = std::any_of(best->snaps.begin(), best->snaps.end(),
                                            [&](const Entry& e) { return e.snap->position() > best_common; });
   Slot* target = best;
-  if (loses_snapshots && int(slots_.size()) < options_.slots) {
-    // Fork: copy the reused KV rows into a new session, and keep the old conversation whole.
-    Slot& fresh = new_slot();  // slots are held by pointer: `best` and `best_entry` stay valid
-    fresh.session->copy_kv_prefix(*best->session, q);
-    fresh.session->restore(*best_entry->snap);
-    fresh.tokens.assign(prompt.begin(), prompt.begin() + q);
-    target = &fresh;
+  // Fork: copy the reused KV rows into another session and keep the old conversation whole, when restoring in
+  // place would lose snapshots and a slot can be made, or when the slot is busy (another request runs in it: its
+  // KV rows [0, q) stay as they are while it appends after them).
+  Slot* fork = nullptr;
+  if (best->busy) {
+    best->last_use = clock_;  // not the idle slot to give up
+    fork = idle_slot();       // slots are held by pointer: `best` and `best_entry` stay valid
+    TERN_INTERNAL_CHECK(fork != nullptr, "prefix cache: every one of the ", options_.slots, " sessions is in use");
+  } else if (loses_snapshots && int(slots_.size()) < options_.slots) {
+    fork = &new_slot();
+  }
+  if (fork) {
+    fork->session->copy_kv_prefix(*best->session, q);
+    fork->session->restore(*best_entry->snap);
+    fork->tokens.assign(prompt.begin(), prompt.begin() + q);
+    target = fork;
   } else {
     drop_after(*best, best_common);
     best->tokens.resize(size_t(best_common));
     best->session->restore(*best_entry->snap);
   }
+  target->busy = true;
   target->last_use = clock_;
   publish();
   return {target->session.get(), q};
@@ -149,6 +179,7 @@ void PrefixCache::checkpoint(Session& session, std::span<const int32_t> prompt) 
 
 void PrefixCache::end(Session& session, std::span<const int32_t> held, bool ok) {
   Slot& slot = slot_of(session);
+  slot.busy = false;
   if (!active_) {  // begin() resets the session before the next request
     publish();
     return;

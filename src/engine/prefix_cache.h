@@ -16,6 +16,10 @@
 //     (Session::copy_kv_prefix) and the old conversation stays whole (a conversation that forks, or two that
 //     share a long system prompt).
 //   - A prompt that reuses nothing takes a free slot, else a slot with no snapshots, else the least recently used.
+//   - Parallel requests (the server's --parallel): a slot is busy from begin() to end() and is never given to
+//     another request meanwhile; a busy slot's snapshots are still reused, by copying their KV rows into an idle
+//     slot (the running request only writes rows past them). So `slots` must be at least the number of requests
+//     that run at once (the engine loop makes it so).
 //   - Memory: snapshots live in device memory up to gpu_bytes; beyond it the least recently used move to host
 //     memory (pinned on CUDA) up to host_bytes; beyond that the least recently used are dropped. Restoring works
 //     from either place. The sessions' own KV memory is not counted in these budgets.
@@ -33,7 +37,7 @@
 namespace tern {
 
 struct PrefixCacheOptions {
-  bool enabled = true;                 // false: one session, reset before every request
+  bool enabled = true;                 // false: no snapshots; every request starts from an empty session
   int64_t snapshot_every = 4096;       // snapshot every N prompt tokens during a prefill (0: only at the ends);
                                        // each one splits the prefill call there (4096: the CUDA runner's chunk)
   int64_t gpu_bytes = int64_t(4096) << 20;   // snapshots kept in device memory (RAM on the CPU backend)
@@ -66,7 +70,8 @@ class PrefixCache {
     Session* session = nullptr;  // run the request in this session; it holds prompt[0, cached) already
     int64_t cached = 0;
   };
-  // Chooses the session for `prompt` and restores the longest usable snapshot (or resets the session).
+  // Chooses an idle session for `prompt` and restores the longest usable snapshot (or resets the session); the
+  // session is busy until end(). Throws tern::InternalError when every slot is busy.
   Lease begin(std::span<const int32_t> prompt);
   // During the prefill (GenerationRequest::on_checkpoint): snapshots the session at its position; `prompt` is
   // the request's prompt (the session holds prompt[0, position)).
@@ -74,6 +79,10 @@ class PrefixCache {
   // After the request: the session holds `held` (the prompt and the generated tokens that were fed; size =
   // session.position()). ok = false (an error): the session's state is unknown, so the slot is forgotten.
   void end(Session& session, std::span<const int32_t> held, bool ok);
+
+  // Makes sure `n` sessions exist now (raising options().slots to n when lower), so that n requests can run at
+  // once and their memory is taken up front. Throws what the backend throws when one cannot be created.
+  void reserve(int n);
 
   PrefixCacheStats stats() const;
 
@@ -87,10 +96,12 @@ class PrefixCache {
     std::vector<int32_t> tokens;   // what the session's KV rows [0, tokens.size()) hold
     std::vector<Entry> snaps;      // sorted by position, positions <= tokens.size()
     uint64_t last_use = 0;
+    bool busy = false;             // a request runs in it (between begin() and end())
   };
 
   Slot& slot_of(Session& session);
   Slot& new_slot();
+  Slot* idle_slot();
   void take_snapshot(Slot& slot);
   void drop_after(Slot& slot, int64_t position);  // snapshots past `position`
   void enforce_budgets();

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <span>
@@ -85,6 +86,20 @@ struct DeviceSampling {
   TokenMaskSource* mask = nullptr;  // optional allowed-token mask (constrained decoding); null: every id allowed
 };
 
+// One sequence's part of a batched step (ModelRunner::forward_batch): new tokens for a session, and where its output
+// goes. Either the next id sampled on the device (`sampling` set and the backend able: `sampled` holds it) or the
+// logits in *logits ([tokens.size(), V] when all_logits, else [1, V]), as forward() writes them.
+struct BatchEntry {
+  Session* session = nullptr;
+  std::span<const int32_t> tokens;           // at least one
+  bool all_logits = false;
+  std::vector<float>* logits = nullptr;      // required unless the device samples
+  const DeviceSampling* sampling = nullptr;  // optional: sample the next id on the device
+  // Outputs:
+  std::optional<int32_t> sampled;            // the id the device sampled (then *logits is not written)
+  std::exception_ptr error;                  // this entry failed (its session's state is then unknown)
+};
+
 class ModelRunner {
  public:
   virtual ~ModelRunner() = default;
@@ -110,6 +125,12 @@ class ModelRunner {
                                                 const DeviceSampling& sampling) {
     return std::nullopt;
   }
+
+  // One step over several sequences: each entry's tokens are appended to its session and its output written (see
+  // BatchEntry). Sessions must be distinct. Batch invariance: an entry's output is bit for bit what it would be
+  // if it ran alone (forward, or forward_sample with its sampling), whatever the other entries are. A failure is
+  // reported in the entry's `error`, not thrown. The default runs the entries one after another.
+  virtual void forward_batch(std::span<BatchEntry> batch);
 
   // Named intermediates (e.g. "attn_norm.7") are written under this directory when set (tern logits
   // --dump-activations). Backends that do not support dumping ignore it.

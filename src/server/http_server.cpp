@@ -130,7 +130,8 @@ HttpServer::HttpServer(ServerOptions options) : options_(std::move(options)), st
   limits.body_timeout = ms(options_.body_timeout_s);
   limits.idle_timeout = ms(options_.keep_alive_timeout_s);
   limits.max_body_bytes = options_.max_body_bytes;
-  limits.workers = options_.http_threads > 0 ? size_t(options_.http_threads) : options_.max_queue + 8;
+  limits.workers = options_.http_threads > 0 ? size_t(options_.http_threads)
+                                             : options_.max_queue + size_t(std::max(1, options_.scheduler.parallel)) + 8;
   ServerState* s = state_.get();
   http_ = std::make_unique<HttpConnections>(
       limits,
@@ -189,7 +190,7 @@ void HttpServer::set_model(const ServerModel& model) {
   state_->max_token_bytes = longest;
   state_->special_tokens = std::move(special);
   state_->engine = std::make_unique<EngineLoop>(*model.generator, model.context, options_.max_queue, metrics_,
-                                               options_.prefix_cache);
+                                               options_.prefix_cache, options_.scheduler);
   state_->ready.store(true, std::memory_order_release);
 }
 

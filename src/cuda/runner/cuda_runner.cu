@@ -84,8 +84,7 @@ CudaRunner::CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const M
 
 CudaRunner::~CudaRunner() {
   cudaStreamSynchronize(stream_);
-  if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
-  if (mask_graph_exec_) cudaGraphExecDestroy(mask_graph_exec_);  // token mask (constrained decoding)
+  for (auto& [key, g] : decode_graphs_) cudaGraphExecDestroy(g.exec);
   if (mask_pinned_) cudaFreeHost(mask_pinned_);
   if (mask_device_) cudaFree(mask_device_);
   cudaFreeHost(pinned_);

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -83,7 +84,7 @@ class CudaRunner final : public ModelRunner {
   void qmv_into(const DMat& w, const float* x, int64_t ldx, int64_t T, const float* norm_w, float* y, int64_t ldy,
                 bool accumulate = false, const L2Ranges& ahead = {});
   int32_t decode_graph_step(CudaSession& s, int32_t token, const DeviceSampling& sampling);
-  void capture_decode(CudaSession& s, bool with_sampling = true);
+  cudaGraphExec_t capture_decode(CudaSession& s, bool with_sampling = true);
   void apply_step_mask(const DeviceSampling& sampling);
   void gdn_decode_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, int64_t T);
   void attention_decode_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, CudaSession& s, int64_t T);
@@ -133,11 +134,17 @@ class CudaRunner final : public ModelRunner {
   int64_t proj_cols_ = 0;
   MoeDecodeScratch moe_scratch_;
   std::vector<MoeDecodeWeights> moe_w_;  // per layer
-  cudaGraphExec_t graph_exec_ = nullptr;
-  uint64_t graph_session_ = 0, session_ids_ = 0;
+  // The decode step's CUDA graphs, one per (session id, token-mask step: the forward without sampling), so that
+  // sessions that take turns (the server's parallel sequences) replay their own instead of capturing again; the
+  // least recently used beyond kMaxDecodeGraphs are destroyed.
+  struct DecodeGraph {
+    cudaGraphExec_t exec = nullptr;
+    uint64_t last_use = 0;
+  };
+  static constexpr size_t kMaxDecodeGraphs = 64;
+  std::map<std::pair<uint64_t, bool>, DecodeGraph> decode_graphs_;
+  uint64_t graph_clock_ = 0, session_ids_ = 0;
   std::shared_ptr<SnapshotBuffers> snapshot_buffers_;  // made with the first session
-  cudaGraphExec_t mask_graph_exec_ = nullptr;  // the decode graph without sampling (token-mask steps)
-  uint64_t mask_graph_session_ = 0;
   uint32_t *mask_device_ = nullptr, *mask_pinned_ = nullptr;  // [ceil(V / 32)] the step's token mask
   void* pinned_ = nullptr;              // [256 B] token in, sampled id out, sampling parameters
   float *hidden_ = nullptr, *normed_ = nullptr;

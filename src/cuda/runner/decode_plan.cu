@@ -95,10 +95,13 @@ void CudaRunner::qmv_into(const DMat& w, const float* x, int64_t ldx, int64_t T,
 int32_t CudaRunner::decode_graph_step(CudaSession& s, int32_t token, const DeviceSampling& sampling) {
   const int64_t V = w_->config.vocab_size;
   const bool masked = sampling.mask != nullptr;
-  if (masked ? (!mask_graph_exec_ || mask_graph_session_ != s.id) : (!graph_exec_ || graph_session_ != s.id)) {
-    capture_decode(s, /*with_sampling=*/!masked);
+  auto found = decode_graphs_.find({s.id, masked});
+  cudaGraphExec_t exec = found != decode_graphs_.end() ? found->second.exec : nullptr;
+  if (!exec) {
+    exec = capture_decode(s, /*with_sampling=*/!masked);
     device_token_valid_ = params_valid_ = false;
   }
+  decode_graphs_[{s.id, masked}].last_use = ++graph_clock_;
   step_timer_.begin(stream_);
   // The graph leaves its sampled token in tokens_ for the next step, and the parameters stay where they were put:
   // copy only what changed.
@@ -115,7 +118,7 @@ int32_t CudaRunner::decode_graph_step(CudaSession& s, int32_t token, const Devic
     last_params_ = params;
     params_valid_ = true;
   }
-  TERN_CUDA(cudaGraphLaunch(masked ? mask_graph_exec_ : graph_exec_, stream_));
+  TERN_CUDA(cudaGraphLaunch(exec, stream_));
   if (masked) {
     apply_step_mask(sampling);
     sample_token_device(logits_, V, sample_scratch_, sample_out_, stream_);
@@ -133,13 +136,21 @@ int32_t CudaRunner::decode_graph_step(CudaSession& s, int32_t token, const Devic
   return id;
 }
 
-// with_sampling false: the forward only (the token-mask path), kept in mask_graph_exec_.
-void CudaRunner::capture_decode(CudaSession& s, bool with_sampling) {
-  cudaGraphExec_t& exec = with_sampling ? graph_exec_ : mask_graph_exec_;
-  if (exec) {
-    TERN_CUDA(cudaGraphExecDestroy(exec));
-    exec = nullptr;
+// Captures the decode step of session s into decode_graphs_ (with_sampling false: the forward only, for the
+// token-mask path) and returns it; the least recently used graph goes when kMaxDecodeGraphs are held.
+cudaGraphExec_t CudaRunner::capture_decode(CudaSession& s, bool with_sampling) {
+  const std::pair<uint64_t, bool> key{s.id, !with_sampling};
+  if (auto old = decode_graphs_.find(key); old != decode_graphs_.end()) {
+    TERN_CUDA(cudaGraphExecDestroy(old->second.exec));
+    decode_graphs_.erase(old);
   }
+  if (decode_graphs_.size() >= kMaxDecodeGraphs) {
+    auto lru = std::min_element(decode_graphs_.begin(), decode_graphs_.end(),
+                                [](const auto& a, const auto& b) { return a.second.last_use < b.second.last_use; });
+    TERN_CUDA(cudaGraphExecDestroy(lru->second.exec));
+    decode_graphs_.erase(lru);
+  }
+  cudaGraphExec_t exec = nullptr;
   const int64_t V = w_->config.vocab_size;
   TERN_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
   cudaGraph_t graph = nullptr;
@@ -162,7 +173,8 @@ void CudaRunner::capture_decode(CudaSession& s, bool with_sampling) {
   const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);
   TERN_CUDA(e);
-  (with_sampling ? graph_session_ : mask_graph_session_) = s.id;
+  decode_graphs_[key] = DecodeGraph{exec, ++graph_clock_};
+  return exec;
 }
 
 // ---- token mask (constrained decoding, src/cuda/kernels/token_mask/token_mask.cuh) ----

@@ -1,5 +1,6 @@
 #include "server/serving/engine_loop.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <vector>
@@ -14,12 +15,34 @@ ApiError internal_fault(const GenerationTask& task, const std::string& what) {
   std::fprintf(stderr, "tern serve: internal error in request %s: %s\n", task.id.c_str(), what.c_str());
   return api_error_internal("internal error: " + strip_error_location(what));
 }
+
+// The error event for an exception of a task's run.
+EngineEvent error_event(const GenerationTask& task, std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const InternalError& e) {  // the device or the engine failed, not the request: 500, logged
+    return EngineEvent::of_error(internal_fault(task, e.what()));
+  } catch (const Error& e) {  // the request's fault (a prompt token outside the vocabulary, ...): 400
+    return EngineEvent::of_error(api_error_invalid("", strip_error_location(e.what())));
+  } catch (const std::exception& e) {
+    return EngineEvent::of_error(internal_fault(task, e.what()));
+  }
+}
 }  // namespace
 
 EngineLoop::EngineLoop(Generator& generator, int64_t context, size_t max_queue, Metrics& metrics,
-                       PrefixCacheOptions cache)
-    : generator_(generator), context_(context), metrics_(metrics), queue_(max_queue) {
+                       PrefixCacheOptions cache, SchedulerOptions scheduler)
+    : generator_(generator), context_(context), metrics_(metrics), scheduler_(scheduler), queue_(max_queue) {
+  TERN_CHECK(scheduler_.parallel >= 1, "--parallel must be at least 1, got ", scheduler_.parallel);
+  TERN_CHECK(scheduler_.step_tokens >= 1, "--step-tokens must be at least 1, got ", scheduler_.step_tokens);
   cache_ = std::make_unique<PrefixCache>(generator_.runner(), context_, cache);
+  try {
+    cache_->reserve(scheduler_.parallel);
+  } catch (const std::exception& e) {
+    TERN_CHECK(false, scheduler_.parallel, " sequences of ", context_, " tokens (--parallel ", scheduler_.parallel,
+               ", --ctx-size ", context_, ") do not fit: ", strip_error_location(e.what()),
+               "; use a smaller --parallel or --ctx-size");
+  }
   metrics_.on_prefix_cache(cache_->stats(), cache_->active());
   thread_ = std::thread([this] { run(); });
 }
@@ -48,65 +71,131 @@ bool EngineLoop::withdraw(const std::shared_ptr<GenerationTask>& task) {
 }
 
 void EngineLoop::run() {
-  while (std::shared_ptr<GenerationTask> task = queue_.pop()) {
-    {
-      std::lock_guard lock(accounting_mutex_);
-      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - task->enqueued).count();
-      metrics_.on_task_started(waited);
+  for (;;) {
+    // Admission in arrival order while a sequence is free; with nothing running, wait for a task.
+    while (int(running_.size()) < scheduler_.parallel && admit(/*wait=*/running_.empty())) {
     }
-    if (stopping_) {
-      metrics_.on_task_finished(TaskOutcome::failed, 0, 0, 0, 0, 0);
-      task->events.push(EngineEvent::of_error(api_error_shutting_down("The server is shutting down.")));
+    if (running_.empty()) {
+      if (queue_.closed() && queue_.waiting() == 0) return;
       continue;
     }
-    run_task(*task);
+    step();
   }
 }
 
-void EngineLoop::run_task(GenerationTask& task) {
-  EngineEvent done;
-  TaskOutcome outcome = TaskOutcome::failed;
-  GenerationResult result;
-  Session* session = nullptr;
+bool EngineLoop::admit(bool wait) {
+  std::shared_ptr<GenerationTask> task = wait ? queue_.pop() : queue_.try_pop();
+  if (!task) return false;
+  {
+    std::lock_guard lock(accounting_mutex_);
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - task->enqueued).count();
+    metrics_.on_task_started(waited);
+  }
+  if (stopping_) {
+    metrics_.on_task_finished(TaskOutcome::failed, 0, 0, 0, 0, 0);
+    task->events.push(EngineEvent::of_error(api_error_shutting_down("The server is shutting down.")));
+    return true;
+  }
+  start(task);
+  return true;
+}
+
+void EngineLoop::start(const std::shared_ptr<GenerationTask>& task) {
+  auto r = std::make_unique<Running>();
+  r->task = task;
+  GenerationTask& t = *task;
   try {
-    task.request.cancel = &task.cancel;
-    const PrefixCache::Lease lease = cache_->begin(task.request.prompt);
-    session = lease.session;
+    t.request.cancel = &t.cancel;
+    const PrefixCache::Lease lease = cache_->begin(t.request.prompt);
+    r->session = lease.session;
     if (cache_->active()) {
-      task.request.checkpoint_every = cache_->options().snapshot_every;
-      task.request.on_checkpoint = [this, &task](Session& s) { cache_->checkpoint(s, task.request.prompt); };
+      t.request.checkpoint_every = cache_->options().snapshot_every;
+      t.request.on_checkpoint = [this, &t](Session& s) { cache_->checkpoint(s, t.request.prompt); };
     } else {
-      task.request.checkpoint_at.clear();  // no snapshots: the prefill's chunks as without the cache
+      t.request.checkpoint_at.clear();  // no snapshots: the prefill's chunks as without the cache
     }
-    result = generator_.generate(*session, task.request, [&task](const TokenEvent& e) {
-      if (task.cancel.load(std::memory_order_relaxed)) return false;
-      if (task.client_gone && task.client_gone()) {
-        task.cancel.store(true);
+    r->run = std::make_unique<GenerationRun>(generator_, *r->session, t.request, [&t](const TokenEvent& e) {
+      if (t.cancel.load(std::memory_order_relaxed)) return false;
+      if (t.client_gone && t.client_gone()) {
+        t.cancel.store(true);
         return false;
       }
-      task.events.push(EngineEvent::of_token(e));
+      t.events.push(EngineEvent::of_token(e));
       return true;
     });
-    outcome = result.finish == FinishReason::cancelled ? TaskOutcome::cancelled : TaskOutcome::completed;
-    done = EngineEvent::of_done(result);
-    // What the session holds now: the prompt (or the part of it fed before a cancel), then the generated tokens
-    // that were fed back (all but the last one).
-    const int64_t pos = session->position(), n_prompt = int64_t(task.request.prompt.size());
-    std::vector<int32_t> held(task.request.prompt.begin(), task.request.prompt.begin() + std::min(pos, n_prompt));
-    for (int64_t i = 0; int64_t(held.size()) < pos && i < int64_t(result.tokens.size()); ++i)
-      held.push_back(result.tokens[size_t(i)]);
-    cache_->end(*session, held, int64_t(held.size()) == pos);
-  } catch (const InternalError& e) {  // the device or the engine failed, not the request: 500, logged
-    done = EngineEvent::of_error(internal_fault(task, e.what()));
-  } catch (const Error& e) {  // the request's fault (a prompt token outside the vocabulary, ...): 400
-    done = EngineEvent::of_error(api_error_invalid("", strip_error_location(e.what())));
-  } catch (const std::exception& e) {
-    done = EngineEvent::of_error(internal_fault(task, e.what()));
+  } catch (...) {
+    fail(*r, std::current_exception());
+    return;
   }
-  if (outcome == TaskOutcome::failed && session) {
+  running_.push_back(std::move(r));
+}
+
+void EngineLoop::step() {
+  std::vector<BatchEntry> batch;
+  std::vector<Running*> owners;
+  batch.reserve(running_.size());
+  // The prompt budget: only when some task decodes (a prompt alone runs in the runner's own chunks).
+  const bool decoding = std::any_of(running_.begin(), running_.end(), [](const auto& r) { return !r->run->prefilling(); });
+  int64_t budget = decoding ? scheduler_.step_tokens : INT64_MAX;
+  for (auto& rp : running_) {
+    Running& r = *rp;
+    const bool prefill = r.run->prefilling();
+    if (prefill && budget <= 0) continue;  // waits for the next step
+    BatchEntry e;
     try {
-      cache_->end(*session, {}, false);  // the session's state is unknown: forget it
+      if (!r.run->next_step(e, prefill ? budget : 1)) {  // cancelled before its step
+        finish(r, EngineEvent::of_done(r.run->take_result()), TaskOutcome::cancelled);
+        continue;
+      }
     } catch (...) {
+      fail(r, std::current_exception());
+      continue;
+    }
+    if (prefill) budget -= int64_t(e.tokens.size());
+    batch.push_back(e);
+    owners.push_back(&r);
+  }
+  if (!batch.empty()) {
+    generator_.runner().forward_batch(batch);
+    metrics_.on_step(int64_t(batch.size()),
+                     [&] {
+                       int64_t n = 0;
+                       for (const BatchEntry& e : batch) n += int64_t(e.tokens.size());
+                       return n;
+                     }());
+  }
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Running& r = *owners[i];
+    try {
+      r.run->step_done(batch[i]);
+    } catch (...) {
+      fail(r, std::current_exception());
+      continue;
+    }
+    if (!r.run->finished()) continue;
+    GenerationResult result = r.run->take_result();
+    const TaskOutcome outcome = result.finish == FinishReason::cancelled ? TaskOutcome::cancelled : TaskOutcome::completed;
+    finish(r, EngineEvent::of_done(std::move(result)), outcome);
+  }
+  std::erase_if(running_, [](const auto& r) { return r->task == nullptr; });
+}
+
+// The task leaves: the session back to the cache with what it holds, the metrics, the last event.
+void EngineLoop::finish(Running& r, EngineEvent done, TaskOutcome outcome) {
+  GenerationTask& task = *r.task;
+  const GenerationResult result = done.result;  // a copy: `done` may become an error below
+  if (r.session) {
+    try {
+      // What the session holds now: the prompt (or the part of it fed before a cancel), then the generated tokens
+      // that were fed back (all but the last one).
+      const int64_t pos = r.session->position(), n_prompt = int64_t(task.request.prompt.size());
+      std::vector<int32_t> held(task.request.prompt.begin(), task.request.prompt.begin() + std::min(pos, n_prompt));
+      for (int64_t i = 0; int64_t(held.size()) < pos && i < int64_t(result.tokens.size()); ++i)
+        held.push_back(result.tokens[size_t(i)]);
+      cache_->end(*r.session, held, outcome != TaskOutcome::failed && int64_t(held.size()) == pos);
+    } catch (const std::exception& e) {
+      done = EngineEvent::of_error(internal_fault(task, e.what()));
+      outcome = TaskOutcome::failed;
     }
   }
   task.request.on_checkpoint = nullptr;
@@ -114,6 +203,27 @@ void EngineLoop::run_task(GenerationTask& task) {
   metrics_.on_task_finished(outcome, result.prompt_tokens, result.cached_tokens, result.completion_tokens,
                             result.prefill_s, result.decode_s);
   task.events.push(std::move(done));
+  r.run.reset();
+  r.session = nullptr;
+  r.task = nullptr;  // erased from running_ by step()
+}
+
+void EngineLoop::fail(Running& r, std::exception_ptr error) {
+  GenerationTask& task = *r.task;
+  EngineEvent done = error_event(task, error);
+  if (r.session) {
+    try {
+      cache_->end(*r.session, {}, false);  // the session's state is unknown: forget it
+    } catch (...) {
+    }
+    r.session = nullptr;
+  }
+  task.request.on_checkpoint = nullptr;
+  metrics_.on_prefix_cache(cache_->stats(), cache_->active());
+  metrics_.on_task_finished(TaskOutcome::failed, 0, 0, 0, 0, 0);
+  task.events.push(std::move(done));
+  r.run.reset();
+  r.task = nullptr;
 }
 
 }  // namespace tern::server

@@ -56,6 +56,16 @@ void Metrics::on_task_finished(TaskOutcome outcome, int64_t prompt_tokens, int64
   }
 }
 
+void Metrics::on_step(int64_t sequences, int64_t tokens) {
+  std::lock_guard lock(mutex_);
+  ++steps_;
+  step_tokens_ += tokens;
+  step_sequences_ += sequences;
+  int b = 0;
+  while (b + 1 < kBatchBuckets && sequences > (int64_t(1) << b)) ++b;
+  if (sequences <= (int64_t(1) << b)) ++batch_buckets_[b];
+}
+
 void Metrics::on_prefix_cache(const PrefixCacheStats& stats, bool enabled) {
   std::lock_guard lock(mutex_);
   prefix_cache_ = stats;
@@ -135,6 +145,21 @@ std::string Metrics::render_prometheus() const {
   value(o, "tern_queue_waiting", double(waiting_));
   metric(o, "tern_requests_running", "gauge", "Requests the engine is generating for now.");
   value(o, "tern_requests_running", double(running_));
+  metric(o, "tern_engine_steps_total", "counter", "Engine steps (one batched forward over the running requests).");
+  value(o, "tern_engine_steps_total", double(steps_));
+  metric(o, "tern_engine_step_tokens_total", "counter", "New tokens over all steps (prompt chunks and decoded tokens).");
+  value(o, "tern_engine_step_tokens_total", double(step_tokens_));
+  metric(o, "tern_engine_batch_size", "histogram", "Requests per engine step.");
+  {
+    int64_t cumulative = 0;
+    for (int b = 0; b < kBatchBuckets; ++b) {
+      cumulative += batch_buckets_[b];
+      value(o, "tern_engine_batch_size_bucket{le=\"" + std::to_string(int64_t(1) << b) + "\"}", double(cumulative));
+    }
+    value(o, "tern_engine_batch_size_bucket{le=\"+Inf\"}", double(steps_));
+    value(o, "tern_engine_batch_size_sum", double(step_sequences_));
+    value(o, "tern_engine_batch_size_count", double(steps_));
+  }
   metric(o, "tern_prompt_tokens_total", "counter", "Prompt tokens of finished requests (tokens in).");
   value(o, "tern_prompt_tokens_total", double(prompt_tokens_));
   metric(o, "tern_prompt_tokens_cached_total", "counter", "Prompt tokens reused from a previous turn.");

@@ -30,6 +30,9 @@ class Metrics final : public ConnectionEvents {
   void on_task_finished(TaskOutcome outcome, int64_t prompt_tokens, int64_t cached_tokens,
                         int64_t completion_tokens, double prefill_s, double decode_s);
 
+  // One engine step: `sequences` tasks in one batched forward, `tokens` new tokens in all.
+  void on_step(int64_t sequences, int64_t tokens);
+
   // The prefix cache's counters and memory (after each task).
   void on_prefix_cache(const PrefixCacheStats& stats, bool enabled);
 
@@ -56,6 +59,9 @@ class Metrics final : public ConnectionEvents {
   double last_prefill_tok_s_ = 0, last_decode_tok_s_ = 0;
   double ttft_sum_s_ = 0; int64_t ttft_count_ = 0;      // prefill time (time to first token, engine side)
   double queue_wait_sum_s_ = 0; int64_t queue_wait_count_ = 0;
+  static constexpr int kBatchBuckets = 7;               // sequences per step <= 1, 2, 4, 8, 16, 32, 64
+  int64_t steps_ = 0, step_tokens_ = 0, step_sequences_ = 0;
+  int64_t batch_buckets_[kBatchBuckets] = {};          // steps per bucket (not cumulative)
   PrefixCacheStats prefix_cache_;
   bool prefix_cache_enabled_ = false;
 };

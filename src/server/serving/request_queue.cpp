@@ -61,6 +61,19 @@ std::shared_ptr<GenerationTask> RequestQueue::pop() {
   return task;
 }
 
+std::shared_ptr<GenerationTask> RequestQueue::try_pop() {
+  std::lock_guard lock(mutex_);
+  if (tasks_.empty()) return nullptr;
+  auto task = std::move(tasks_.front());
+  tasks_.pop_front();
+  return task;
+}
+
+bool RequestQueue::closed() const {
+  std::lock_guard lock(mutex_);
+  return closed_;
+}
+
 bool RequestQueue::remove(const std::shared_ptr<GenerationTask>& task) {
   std::lock_guard lock(mutex_);
   auto it = std::find(tasks_.begin(), tasks_.end(), task);

@@ -2,7 +2,7 @@
 // to the handler's thread, and the bounded FIFO the tasks wait in.
 //
 //   handler thread:  parse + validate -> tokenize -> queue.push(task) (503 when full) -> read task->events
-//   engine thread:   queue.pop() -> generator.generate(...) -> task->events.push(token..., done)
+//   engine thread:   queue.pop() -> a GenerationRun among the running ones -> task->events.push(token..., done)
 #pragma once
 
 #include <atomic>
@@ -57,7 +57,7 @@ struct GenerationTask {
   std::chrono::steady_clock::time_point enqueued{};
 };
 
-// FIFO of tasks waiting for the engine, holding at most `max_waiting` (the running task is not counted).
+// FIFO of tasks waiting for the engine, holding at most `max_waiting` (the running tasks are not counted).
 class RequestQueue {
  public:
   explicit RequestQueue(size_t max_waiting) : max_waiting_(max_waiting) {}
@@ -66,12 +66,15 @@ class RequestQueue {
   bool push(std::shared_ptr<GenerationTask> task);
   // Blocks until a task arrives; nullptr once closed and empty.
   std::shared_ptr<GenerationTask> pop();
+  // The next task if one waits, else nullptr (never blocks).
+  std::shared_ptr<GenerationTask> try_pop();
   // Takes a task out before it runs (its client went away). False when it already left the queue.
   bool remove(const std::shared_ptr<GenerationTask>& task);
   // Wakes pop(); later pushes fail. Waiting tasks stay to be drained by pop().
   void close();
 
   size_t waiting() const;
+  bool closed() const;
   size_t max_waiting() const { return max_waiting_; }
 
  private:

@@ -17,6 +17,13 @@ class Tokenizer;
 
 namespace tern::server {
 
+// The engine loop's scheduler (engine_loop.h).
+struct SchedulerOptions {
+  int parallel = 4;              // requests that run at once (--parallel); the others wait in the queue
+  int64_t step_tokens = 1024;    // prompt tokens per step while other requests decode (--step-tokens); a prompt
+                                 // with no one else decoding prefills in the runner's own chunks
+};
+
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;                       // 0: any free port (see HttpServer::port())
@@ -24,9 +31,10 @@ struct ServerOptions {
   std::string cors_origin;               // CORS for this origin ("*": any) besides the loopback origins (always)
   std::vector<std::string> allowed_hosts;  // Host names accepted besides the bound address and localhost ("*": any)
   bool allow_special_in_content = false; // special tokens typed in chat content stay control tokens
-  size_t max_queue = 64;                 // requests waiting beyond the running one; more get 503
+  size_t max_queue = 64;                 // requests waiting beyond the running ones; more get 503
+  SchedulerOptions scheduler;            // --parallel, --step-tokens
   size_t max_body_bytes = 8u << 20;      // larger bodies get 413
-  int http_threads = 0;                  // 0: max_queue + 8 (a streaming request holds a thread)
+  int http_threads = 0;                  // 0: max_queue + parallel + 8 (a streaming request holds a thread)
   bool allow_forced_output = false;      // --debug-allow-forced-output: accept tern_debug_forced_output
   bool log_requests = true;              // one JSON line per request on stderr
   size_t max_connections = 1024;         // open connections in all; beyond: 503 and close

@@ -1,10 +1,17 @@
 // The engine loop's answers to a generation that fails: a fault of the device or of the engine (tern::InternalError,
 // as a CUDA error or a broken invariant throws, or any other exception) is a 500 internal_error, printed on stderr
 // with its source location; a request the generator refuses is a 400. The loop serves the next request afterwards.
+// Its scheduler: parallel requests each get exactly the answer they get alone, batched in one step; a long prompt
+// is read in chunks between the running requests' tokens; a cancelled request frees its slot; the sessions are
+// allocated at start (or start-up refuses).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
 #include <stdexcept>
 #include <string>
 
@@ -141,6 +148,176 @@ TEST(EngineLoop, RefusedRequestIs400) {
       << outside.error.message;
   EXPECT_NE(negative.error.message.find("max_tokens must be >= 0"), std::string::npos) << negative.error.message;
   EXPECT_EQ(log.find("internal error"), std::string::npos) << "a client's mistake is not logged as a fault: " << log;
+}
+
+// Records each step's batch (the tokens of each entry) and runs it as the base class does.
+class RecordingRunner : public tern::testing::FakeRunner {
+ public:
+  explicit RecordingRunner(bool device_sampling = false) : FakeRunner(kVocab, kVocabReal, device_sampling) {}
+  void forward_batch(std::span<BatchEntry> batch) override {
+    {
+      std::lock_guard lock(mutex);
+      std::vector<std::pair<const Session*, int64_t>> step;
+      for (const BatchEntry& e : batch) step.emplace_back(e.session, int64_t(e.tokens.size()));
+      steps.push_back(std::move(step));
+    }
+    if (step_delay.count() > 0) std::this_thread::sleep_for(step_delay);
+    ModelRunner::forward_batch(batch);
+  }
+  std::unique_ptr<Session> create_session(int64_t max_context) override {
+    if (max_sessions >= 0 && sessions_created >= max_sessions)
+      throw InternalError("CUDA error in create_session: cudaErrorMemoryAllocation (out of memory)");
+    return FakeRunner::create_session(max_context);
+  }
+  std::mutex mutex;
+  std::vector<std::vector<std::pair<const Session*, int64_t>>> steps;
+  std::chrono::milliseconds step_delay{0};
+  int64_t max_sessions = -1;
+};
+
+std::shared_ptr<GenerationTask> submit(EngineLoop& loop, GenerationRequest r, const std::string& id) {
+  auto task = std::make_shared<GenerationTask>();
+  task->id = id;
+  task->request = std::move(r);
+  EXPECT_TRUE(loop.submit(task));
+  return task;
+}
+
+// Waits for the task's end; the token events it saw before are appended to `tokens`.
+EngineEvent wait_end(GenerationTask& task, std::vector<TokenEvent>* tokens = nullptr) {
+  for (;;) {
+    std::optional<EngineEvent> e = task.events.pop(std::chrono::seconds(30));
+    if (!e) {
+      ADD_FAILURE() << "no end event within 30 s";
+      return {};
+    }
+    if (e->kind != EngineEvent::Kind::token) return *e;
+    if (tokens) tokens->push_back(e->token);
+  }
+}
+
+GenerationRequest sampled(std::vector<int32_t> prompt, int64_t max_tokens, uint64_t seed) {
+  GenerationRequest r = request(std::move(prompt), max_tokens);
+  r.sampling.temperature = 0.9f;
+  r.sampling.top_k = 20;
+  r.sampling.seed = seed;
+  return r;
+}
+
+TEST(EngineLoopScheduler, ParallelRequestsGetTheAnswersTheyGetAlone) {
+  for (bool device_sampling : {false, true}) {
+    std::vector<GenerationRequest> requests;
+    for (int i = 0; i < 8; ++i) {
+      std::vector<int32_t> prompt;
+      for (int j = 0; j <= 3 * i; ++j) prompt.push_back(int32_t((7 * i + 3 * j + 2) % kVocabReal));
+      requests.push_back(i % 2 ? sampled(prompt, 5 + 3 * i, 1000 + uint64_t(i)) : request(prompt, 5 + 3 * i));
+    }
+    // Alone, one after another, on a runner of their own.
+    std::vector<GenerationResult> alone;
+    {
+      tern::testing::FakeRunner runner(kVocab, kVocabReal, device_sampling);
+      Generator gen(runner, letters());
+      for (const GenerationRequest& r : requests) {
+        auto session = runner.create_session(128);
+        alone.push_back(gen.generate(*session, r));
+      }
+    }
+    RecordingRunner runner(device_sampling);
+    Generator generator(runner, letters());
+    Metrics metrics;
+    EngineLoop loop(generator, 128, 16, metrics, {}, SchedulerOptions{.parallel = 4, .step_tokens = 5});
+    std::vector<std::shared_ptr<GenerationTask>> tasks;
+    for (size_t i = 0; i < requests.size(); ++i) tasks.push_back(submit(loop, requests[i], "t" + std::to_string(i)));
+    for (size_t i = 0; i < tasks.size(); ++i) {
+      std::vector<TokenEvent> events;
+      const EngineEvent e = wait_end(*tasks[i], &events);
+      ASSERT_EQ(e.kind, EngineEvent::Kind::done) << e.error.message;
+      EXPECT_EQ(e.result.tokens, alone[i].tokens) << "request " << i << ", device sampling " << device_sampling;
+      EXPECT_EQ(e.result.text, alone[i].text) << i;
+      EXPECT_EQ(e.result.finish, alone[i].finish) << i;
+      EXPECT_EQ(int64_t(events.size()), e.result.completion_tokens) << i;
+    }
+    std::lock_guard lock(runner.mutex);
+    size_t widest = 0;
+    for (const auto& step : runner.steps) widest = std::max(widest, step.size());
+    EXPECT_EQ(widest, 4u) << "up to --parallel requests share a step";
+    EXPECT_NE(metrics.render_prometheus().find("tern_engine_batch_size_bucket{le=\"4\"}"), std::string::npos);
+  }
+}
+
+TEST(EngineLoopScheduler, LongPromptIsReadBetweenTheTokensOfRunningRequests) {
+  RecordingRunner runner;
+  runner.step_delay = std::chrono::milliseconds(2);
+  Generator generator(runner, letters());
+  Metrics metrics;
+  EngineLoop loop(generator, 256, 16, metrics, {}, SchedulerOptions{.parallel = 2, .step_tokens = 8});
+  auto a = submit(loop, request({3, 4, 5}, 60), "a");
+  std::optional<EngineEvent> first = a->events.pop(std::chrono::seconds(30));
+  ASSERT_TRUE(first && first->kind == EngineEvent::Kind::token);  // a decodes now
+  std::vector<int32_t> long_prompt(100);
+  for (size_t i = 0; i < long_prompt.size(); ++i) long_prompt[i] = int32_t((5 * i + 1) % kVocabReal);
+  auto b = submit(loop, request(long_prompt, 3), "b");
+  const EngineEvent eb = wait_end(*b);
+  const EngineEvent ea = wait_end(*a);
+  ASSERT_EQ(ea.kind, EngineEvent::Kind::done);
+  ASSERT_EQ(eb.kind, EngineEvent::Kind::done);
+  EXPECT_EQ(ea.result.completion_tokens, 60);
+  // Every step that read b's prompt while a decoded carried a's token too, and at most 8 prompt tokens.
+  std::lock_guard lock(runner.mutex);
+  int prompt_steps = 0;
+  for (const auto& step : runner.steps) {
+    if (step.size() != 2) continue;
+    int64_t most = 0;
+    for (const auto& [session, n] : step) most = std::max(most, n);
+    if (most > 1) {
+      ++prompt_steps;
+      EXPECT_LE(most, 8);
+    }
+  }
+  EXPECT_GE(prompt_steps, 100 / 8) << "b's prompt was read in chunks beside a's tokens";
+}
+
+TEST(EngineLoopScheduler, CancelledRequestFreesItsSlot) {
+  RecordingRunner runner;
+  runner.step_delay = std::chrono::milliseconds(1);
+  Generator generator(runner, letters());
+  Metrics metrics;
+  EngineLoop loop(generator, 4096, 16, metrics, {}, SchedulerOptions{.parallel = 1, .step_tokens = 64});
+  auto a = submit(loop, request({3, 4}, -1), "a");  // runs until the context is full unless cancelled
+  auto b = submit(loop, request({5, 6}, 4), "b");   // waits for a's slot
+  std::optional<EngineEvent> first = a->events.pop(std::chrono::seconds(30));
+  ASSERT_TRUE(first && first->kind == EngineEvent::Kind::token);
+  a->cancel = true;
+  const EngineEvent ea = wait_end(*a);
+  ASSERT_EQ(ea.kind, EngineEvent::Kind::done);
+  EXPECT_EQ(ea.result.finish, FinishReason::cancelled);
+  EXPECT_LT(ea.result.completion_tokens, 4000);
+  const EngineEvent eb = wait_end(*b);
+  ASSERT_EQ(eb.kind, EngineEvent::Kind::done) << eb.error.message;
+  EXPECT_EQ(eb.result.completion_tokens, 4);
+}
+
+TEST(EngineLoopScheduler, SessionsAreTakenAtStart) {
+  {
+    RecordingRunner runner;
+    Generator generator(runner, letters());
+    Metrics metrics;
+    EngineLoop loop(generator, 64, 4, metrics, {}, SchedulerOptions{.parallel = 3, .step_tokens = 64});
+    EXPECT_EQ(runner.sessions_created, 3);
+  }
+  RecordingRunner runner;
+  runner.max_sessions = 2;  // the third session does not fit
+  Generator generator(runner, letters());
+  Metrics metrics;
+  try {
+    EngineLoop loop(generator, 64, 4, metrics, {}, SchedulerOptions{.parallel = 3, .step_tokens = 64});
+    ADD_FAILURE() << "start-up should refuse";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("3 sequences of 64 tokens"), std::string::npos) << what;
+    EXPECT_NE(what.find("--parallel"), std::string::npos) << what;
+    EXPECT_NE(what.find("out of memory"), std::string::npos) << what;
+  }
 }
 
 }  // namespace

@@ -1,0 +1,294 @@
+#include "engine/generation_run.h"
+
+#include <algorithm>
+
+#include "core/check.h"
+
+namespace tern {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+bool device_sampling_allowed(const GenerationRequest& r) {
+  const SamplingParams& s = r.sampling;
+  return s.logit_bias.empty() && s.presence_penalty == 0.0f && s.frequency_penalty == 0.0f &&
+         s.repetition_penalty == 1.0f && s.top_logprobs < 0 && r.forced_tokens.empty();
+}
+
+}  // namespace
+
+// GenerationRequest::thinking_budget: while the reasoning block the prompt opened (starts_in_reasoning) is open,
+// counts its tokens and follows the output's raw bytes for "</think>" (it may straddle tokens); queues the close
+// tokens once the budget is spent. Only that block: a "<think>" the output writes later (an answer quoting the tag,
+// a JSON string holding it) is text, as the output parser reads it.
+class GenerationRun::ReasoningBudget {
+ public:
+  explicit ReasoningBudget(const GenerationRequest& r)
+      : budget_(r.thinking_budget), close_(r.reasoning_close_tokens), open_(r.starts_in_reasoning) {
+    if (open_ && budget_ == 0) next_ = 0;  // no reasoning at all: close at once
+  }
+  bool forcing() const { return next_ >= 0; }
+  int32_t next_forced() { return close_[size_t(next_)]; }
+  // Every emitted token's raw bytes, in order (a forced one included).
+  void accept(const std::string& bytes) {
+    if (forcing()) {  // this token is close_[next_]
+      if (size_t(++next_) == close_.size()) {
+        next_ = -1;
+        open_ = false;
+        cut_ = true;
+      }
+      return;
+    }
+    if (!open_) return;
+    tail_ += bytes;
+    if (tail_.find("</think>") != std::string::npos) {
+      open_ = false;
+      return;
+    }
+    ++tokens_;
+    if (budget_ >= 0 && tokens_ >= budget_) next_ = 0;
+    if (tail_.size() > 8) tail_.erase(0, tail_.size() - 8);  // enough for a marker split over tokens
+  }
+  int64_t reasoning_tokens() const { return tokens_; }
+  bool cut() const { return cut_; }
+
+ private:
+  int64_t budget_;
+  const std::vector<int32_t>& close_;
+  bool open_, cut_ = false;
+  int64_t tokens_ = 0;
+  int next_ = -1;  // >= 0: the index in close_ of the next token to force
+  std::string tail_;
+};
+
+GenerationRun::GenerationRun(Generator& generator, Session& session, const GenerationRequest& request,
+                             std::function<bool(const TokenEvent&)> on_token)
+    : gen_(generator), session_(session), request_(request), on_token_(std::move(on_token)) {
+  ModelRunner& runner = gen_.runner();
+  vocab_ = runner.vocab_real();
+  const int64_t n_prompt = int64_t(request.prompt.size());
+  TERN_CHECK(n_prompt > 0, "the prompt is empty; at least one token is needed");
+  for (int32_t id : request.prompt)
+    TERN_CHECK(id >= 0 && id < vocab_, "prompt token ", id, " is outside the vocabulary [0, ", vocab_, ")");
+  for (int32_t id : request.forced_tokens)
+    TERN_CHECK(id >= 0 && id < vocab_, "forced token ", id, " is outside the vocabulary [0, ", vocab_, ")");
+  TERN_CHECK(request.max_tokens >= -1, "max_tokens must be >= 0 (or -1 for no limit), got ", request.max_tokens);
+  for (const std::string& s : request.stop) TERN_CHECK(!s.empty(), "a stop string is empty");
+  TERN_CHECK(n_prompt <= session.capacity(), "the prompt has ", n_prompt, " tokens but the context holds only ",
+             session.capacity());
+  for (int32_t id : request.reasoning_close_tokens)
+    TERN_CHECK(id >= 0 && id < vocab_, "reasoning close token ", id, " is outside the vocabulary [0, ", vocab_, ")");
+  TERN_CHECK(request.thinking_budget < 0 || !request.reasoning_close_tokens.empty(),
+             "a thinking budget needs the tokens that close the reasoning");
+
+  if (request.grammar) constraint_.emplace(request.grammar, gen_.vocabulary(), request.grammar_start_after);
+  budget_ = std::make_unique<ReasoningBudget>(request);
+  result_.prompt_tokens = n_prompt;
+  sampler_.emplace(request.sampling, vocab_, request.prompt);
+  result_.seed = sampler_->seed();
+  want_logprobs_ = request.sampling.top_logprobs >= 0;
+  max_tokens_ = request.max_tokens < 0 ? UINT64_MAX : uint64_t(request.max_tokens);
+  chunk_ = gen_.options().prefill_chunk > 0 ? gen_.options().prefill_chunk
+                                            : std::max<int64_t>(1, runner.preferred_prefill_chunk());
+
+  // The prefill feeds the part of the prompt the session does not hold yet.
+  t0_ = Clock::now();
+  if (session.position() >= n_prompt) session.reset();
+  result_.cached_tokens = session.position();
+  rest_ = std::span<const int32_t>(request.prompt.data() + session.position(), size_t(n_prompt - session.position()));
+}
+
+GenerationRun::~GenerationRun() = default;
+
+bool GenerationRun::cancelled() const {
+  return request_.cancel && request_.cancel->load(std::memory_order_relaxed);
+}
+
+bool GenerationRun::next_step(BatchEntry& entry, int64_t max_prompt_tokens) {
+  TERN_INTERNAL_CHECK(!finished_, "generation: a step after the end");
+  entry = BatchEntry{};
+  entry.session = &session_;
+  entry.logits = &logits_;
+  if (!rest_.empty()) {
+    if (cancelled()) {
+      result_.finish = FinishReason::cancelled;
+      result_.prefill_s = seconds_since(t0_);
+      finished_ = true;
+      return false;
+    }
+    size_t n = std::min<size_t>(rest_.size(), size_t(std::min(chunk_, std::max<int64_t>(1, max_prompt_tokens))));
+    const int64_t every = request_.checkpoint_every;
+    const int64_t pos = session_.position(), n_prompt = int64_t(request_.prompt.size());
+    if (every > 0) n = std::min<size_t>(n, size_t(every - pos % every));
+    for (int64_t at : request_.checkpoint_at)
+      if (at > pos && at < n_prompt) n = std::min<size_t>(n, size_t(at - pos));
+    entry.tokens = rest_.first(n);
+    return true;
+  }
+  entry.tokens = std::span<const int32_t>(fed_, 1);
+  sampling_asked_ = device_ok_;
+  if (device_ok_) entry.sampling = &sampling_;
+  return true;
+}
+
+void GenerationRun::step_done(const BatchEntry& entry) {
+  TERN_INTERNAL_CHECK(!finished_, "generation: a step after the end");
+  if (entry.error) {
+    finished_ = true;
+    std::rethrow_exception(entry.error);
+  }
+  if (!rest_.empty()) {
+    after_prompt_chunk(int64_t(entry.tokens.size()));
+    return;
+  }
+  std::optional<int32_t> device_id = entry.sampled;
+  if (device_id) {
+    TERN_INTERNAL_CHECK(*device_id >= 0 && *device_id < vocab_, "the backend sampled token ", *device_id,
+                        ", outside the vocabulary [0, ", vocab_, ")");
+  } else if (sampling_asked_) {
+    device_ok_ = false;  // this backend has no device sampler: use the host one from now on
+  }
+  ++step_;
+  choose_token(device_id);
+}
+
+void GenerationRun::after_prompt_chunk(int64_t n) {
+  rest_ = rest_.subspan(size_t(n));
+  const int64_t pos = session_.position(), every = request_.checkpoint_every;
+  if (request_.on_checkpoint &&
+      (rest_.empty() || (every > 0 && pos % every == 0) ||
+       std::find(request_.checkpoint_at.begin(), request_.checkpoint_at.end(), pos) != request_.checkpoint_at.end()))
+    request_.on_checkpoint(session_);
+  if (!rest_.empty()) return;
+  TERN_INTERNAL_CHECK(int64_t(logits_.size()) >= vocab_, "the backend returned ", logits_.size(),
+                      " logits for a vocabulary of ", vocab_);
+  // The decode loop starts: text output, device sampling when the request allows it.
+  text_.emplace(request_.stop);
+  device_ok_ = gen_.options().use_device_sampling && device_sampling_allowed(request_);
+  t_decode_ = Clock::now();
+  choose_token(std::nullopt);
+}
+
+// One iteration of the decode loop at step_: the next id from the last logits (or the device's), the checks, the
+// event; then either the run ends or fed_ is what the next step feeds.
+void GenerationRun::choose_token(std::optional<int32_t> device_id) {
+  const GenerationRequest& request = request_;
+  const uint64_t step = step_;
+  const auto is_end = [&](int32_t id) {
+    return !request.ignore_eos && std::binary_search(gen_.end_ids().begin(), gen_.end_ids().end(), id);
+  };
+  if (step >= max_tokens_) {
+    result_.finish = FinishReason::length;
+    return finish_decode();
+  }
+  SampleInfo info;
+  int32_t id = device_id ? *device_id : -1;
+  if (id < 0) {
+    id = sampler_->sample(logits_, want_logprobs_ ? &info : nullptr,
+                          constraint_ ? constraint_->fill() : std::span<const uint32_t>());
+  }
+  const bool forced = budget_->forcing() || step < request.forced_tokens.size();
+  if (forced) {
+    id = budget_->forcing() ? budget_->next_forced() : request.forced_tokens[step];
+    if (want_logprobs_) info.logprob = sampler_->last_logprob(logits_, id);
+  }
+  const TokenTextSource& text_source = gen_.text_source();
+  budget_->accept(text_source.bytes(id));
+  bool grammar_ended = false;  // an end id the grammar accepted ends the output even with ignore_eos
+  if (constraint_) {
+    const bool was_active = constraint_->active();
+    // A forced token the grammar refuses is the request's (its forced output); a sampled one is the backend's fault.
+    const bool accepted = constraint_->accept(id, text_source.bytes(id));
+    TERN_CHECK(accepted || !forced, "forced token ", id, ", which the output constraint does not allow");
+    TERN_INTERNAL_CHECK(accepted, "the backend sampled token ", id,
+                        ", which the output constraint does not allow (its sampler ignored the mask)");
+    grammar_ended = was_active && constraint_->done() &&
+                    std::binary_search(gen_.end_ids().begin(), gen_.end_ids().end(), id);
+  }
+  if (first_) {
+    result_.prefill_s = seconds_since(t0_);
+    t_decode_ = Clock::now();
+    first_ = false;
+  }
+  sampler_->accept(id);
+  result_.tokens.push_back(id);
+
+  if (is_end(id) || grammar_ended) {
+    result_.stop_id = id;
+    result_.finish = FinishReason::stop;
+    return finish_decode();
+  }
+  TokenEvent ev;
+  ev.id = id;
+  ev.index = int64_t(step);
+  ev.has_logprobs = want_logprobs_;
+  ev.logprob = info.logprob;
+  ev.top_logprobs = std::move(info.top);
+  const bool skip = request.skip_special_tokens && text_source.is_special(id);
+  const bool stopped = text_->push(skip ? std::string() : text_source.bytes(id), ev.text);
+  result_.text += ev.text;
+  if (on_token_ && !on_token_(ev)) {
+    callback_stopped_ = true;
+    result_.finish = FinishReason::cancelled;
+    return finish_decode();
+  }
+  if (stopped) {
+    result_.stop_string = text_->matched_stop();
+    result_.finish = FinishReason::stop;
+    return finish_decode();
+  }
+  if (!request.forced_tokens.empty() && step + 1 == request.forced_tokens.size()) {
+    result_.finish = FinishReason::stop;
+    result_.message = "the forced tokens ended";
+    return finish_decode();
+  }
+  if (step + 1 >= max_tokens_) {
+    result_.finish = FinishReason::length;
+    return finish_decode();
+  }
+  if (cancelled()) {
+    result_.finish = FinishReason::cancelled;
+    return finish_decode();
+  }
+  if (session_.position() + 1 > session_.capacity()) {
+    result_.finish = FinishReason::context;
+    result_.message = detail::concat("the context limit of ", session_.capacity(), " tokens was reached");
+    return finish_decode();
+  }
+  // The next step feeds the id and gets the next logits (or the next id straight from the device).
+  fed_[0] = id;
+  if (device_ok_) {
+    sampling_ = DeviceSampling{.temperature = request.sampling.greedy() ? 0.0f : request.sampling.temperature,
+                               .top_k = std::max(0, request.sampling.top_k),
+                               .top_p = request.sampling.top_p,
+                               .min_p = request.sampling.min_p,
+                               .seed = sampler_->seed(),
+                               .step = step + 1,
+                               .mask = constraint_ && constraint_->active() ? &*constraint_ : nullptr};
+  }
+}
+
+void GenerationRun::finish_decode() {
+  finished_ = true;
+  if (first_) result_.prefill_s = seconds_since(t0_);
+  else result_.decode_s = seconds_since(t_decode_);
+  // Release held-back text (a partial stop string that never completed, an incomplete UTF-8 tail).
+  if (!callback_stopped_ && result_.stop_string.empty()) {
+    TokenEvent ev;
+    ev.id = -1;
+    ev.index = int64_t(result_.tokens.size());
+    text_->finish(ev.text);
+    if (!ev.text.empty()) {
+      result_.text += ev.text;
+      if (on_token_) on_token_(ev);
+    }
+  }
+  result_.completion_tokens = int64_t(result_.tokens.size());
+  result_.reasoning_tokens = budget_->reasoning_tokens();
+  result_.reasoning_cut = budget_->cut();
+}
+
+}  // namespace tern

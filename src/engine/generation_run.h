@@ -1,0 +1,89 @@
+// One request's generation as steps, so that a scheduler can run many at once (the server's engine loop) and
+// Generator::generate can run one: each step asks for one forward (a chunk of the prompt, or the last sampled id),
+// the caller runs it (alone or in a batch: ModelRunner::forward_batch) and hands the output back; the run samples,
+// emits text and decides whether it goes on. The semantics are generate()'s (generator.h): the same checks, the
+// same tokens and events whatever the batch.
+//
+//   GenerationRun run(generator, session, request, on_token);
+//   while (!run.finished()) {
+//     BatchEntry e;
+//     if (run.next_step(e, budget)) { runner.forward_batch({&e, 1}); run.step_done(e); }
+//   }
+//   GenerationResult r = run.take_result();
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/constrained.h"
+#include "engine/generator.h"
+#include "engine/sampler.h"
+#include "engine/text_stream.h"
+#include "model/runner.h"
+
+namespace tern {
+
+class GenerationRun {
+ public:
+  // Checks the request (throws tern::Error as generate() does, the session then untouched) and sets up the prefill
+  // (a session holding the whole prompt or more is reset). `generator`, `session`, `request` and on_token must
+  // outlive the run.
+  GenerationRun(Generator& generator, Session& session, const GenerationRequest& request,
+                std::function<bool(const TokenEvent&)> on_token);
+  ~GenerationRun();
+  GenerationRun(const GenerationRun&) = delete;
+  GenerationRun& operator=(const GenerationRun&) = delete;
+
+  bool finished() const { return finished_; }
+  bool prefilling() const { return !rest_.empty(); }
+  int64_t prompt_left() const { return int64_t(rest_.size()); }  // prompt tokens not yet fed
+  Session& session() { return session_; }
+
+  // The next forward: fills `entry` (session, tokens, output buffers) and returns true; a prompt chunk holds at
+  // most max_prompt_tokens (>= 1) tokens. False when the run ended instead (cancelled before the step): nothing
+  // to run.
+  bool next_step(BatchEntry& entry, int64_t max_prompt_tokens);
+  // The forward of the last next_step() ran (its output in `entry`): samples, emits, and ends the run or not.
+  // Rethrows the entry's error (the run is then finished, its result unusable).
+  void step_done(const BatchEntry& entry);
+
+  // The result, once finished().
+  GenerationResult take_result() { return std::move(result_); }
+  const GenerationResult& result() const { return result_; }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  class ReasoningBudget;
+
+  bool cancelled() const;
+  void after_prompt_chunk(int64_t n);
+  void choose_token(std::optional<int32_t> device_id);  // one step of the decode loop, then feed or finish
+  void finish_decode();
+
+  Generator& gen_;
+  Session& session_;
+  const GenerationRequest& request_;
+  std::function<bool(const TokenEvent&)> on_token_;
+  int64_t vocab_ = 0, chunk_ = 0;
+  std::optional<OutputConstraint> constraint_;
+  std::unique_ptr<ReasoningBudget> budget_;
+  std::optional<Sampler> sampler_;
+  std::optional<TextStream> text_;
+  GenerationResult result_;
+  Clock::time_point t0_, t_decode_;
+  std::span<const int32_t> rest_;  // prompt tokens still to feed
+  std::vector<float> logits_;      // [V] of the last fed token
+  bool finished_ = false, first_ = true, want_logprobs_ = false, device_ok_ = false, callback_stopped_ = false;
+  uint64_t step_ = 0, max_tokens_ = 0;
+  int32_t fed_[1] = {0};           // the id the next decode step feeds
+  DeviceSampling sampling_;        // for that step, when device_ok_
+  bool sampling_asked_ = false;    // the last decode step asked the device to sample
+};
+
+}  // namespace tern
