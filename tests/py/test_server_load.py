@@ -1,6 +1,8 @@
 """Bounded load on loopback against tern serve --demo: 32 concurrent streaming clients per round, some hanging up
 mid-stream. Every other request completes, the queue metrics add up, a client that leaves cancels its generation
-quickly, a full queue answers 503 with Retry-After, and memory does not grow across rounds."""
+quickly, a full queue answers 503 with Retry-After, and memory does not grow across rounds. Parallel requests
+(--parallel) run in the same engine steps: each gets exactly the answer it gets alone, the first tokens of all of
+them arrive before any of them ends, and a request admitted while others decode does not wait for them."""
 import json
 import threading
 import time
@@ -105,7 +107,7 @@ def test_disconnect_cancels_non_streaming_generation(server):
 
 
 def test_full_queue_answers_503(tern_bin):
-    s = Server(tern_bin, "--max-queue", "1", "--ctx-size", "4096", "-q")
+    s = Server(tern_bin, "--parallel", "1", "--max-queue", "1", "--ctx-size", "4096", "-q")
     try:
         running = RawStream(s.port, "/v1/chat/completions", body(3000))
         running.read_events(2)  # generating
@@ -161,3 +163,63 @@ def test_api_key_and_forced_output_flag(tern_bin):
     finally:
         s.stop()
 
+
+
+def stream_tokens(port, max_tokens, seed, content, out: dict, key):
+    """Streams one greedy or seeded request; records its text and when its first and last chunks came."""
+    s = RawStream(port, "/v1/chat/completions",
+                  {**body(max_tokens, seed=seed), "messages": [{"role": "user", "content": content}],
+                   **({"temperature": 0} if seed is None else {"temperature": 0.9})})
+    status, data = dechunk(s.read_all())
+    s.close()
+    events, done = sse_events(data)
+    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e.get("choices"))
+    out[key] = {"status": status, "done": done, "text": text, "usage": events[-1].get("usage")}
+
+
+def test_parallel_requests_get_their_own_answers(tern_bin):
+    s = Server(tern_bin, "--parallel", "4", "--ctx-size", "2048", "-q")
+    try:
+        prompts = [("Count with me.", None), ("Name a colour.", 11), ("Tell me a story.", None), ("Why?", 12)]
+        alone = {}
+        for i, (content, seed) in enumerate(prompts):  # one after another
+            stream_tokens(s.port, 24 + 8 * i, seed, content, alone, i)
+        m0 = metrics(s.port)
+        together = {}
+        threads = [threading.Thread(target=stream_tokens, args=(s.port, 24 + 8 * i, seed, content, together, i))
+                   for i, (content, seed) in enumerate(prompts)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+        assert not any(t.is_alive() for t in threads), "a client is stuck"
+        for i in range(len(prompts)):
+            assert together[i]["status"] == 200 and together[i]["done"], together[i]
+            assert together[i]["usage"]["completion_tokens"] == 24 + 8 * i
+            assert together[i]["text"] == alone[i]["text"], f"request {i} answered differently among others"
+        m = wait_idle(s.port)
+        assert queue_balance(m) == 0, m
+        # Steps carried several requests at once.
+        shared = m['tern_engine_batch_size_count'] - m0['tern_engine_batch_size_count'] - (
+            m['tern_engine_batch_size_bucket{le="1"}'] - m0['tern_engine_batch_size_bucket{le="1"}'])
+        assert shared > 0, m
+    finally:
+        s.stop()
+
+
+def test_request_admitted_while_another_decodes_starts_at_once(tern_bin):
+    s = Server(tern_bin, "--parallel", "2", "--ctx-size", "4096", "-q")
+    try:
+        long_one = RawStream(s.port, "/v1/chat/completions", body(2000))
+        long_one.read_events(2)  # decoding
+        t0 = time.monotonic()
+        status, _, out = post_json(s.port, "/v1/chat/completions", {**body(4), "stream": False})
+        took = time.monotonic() - t0
+        assert status == 200 and out["usage"]["completion_tokens"] == 4
+        m = metrics(s.port)
+        assert m["tern_requests_running"] == 1, "the long request still runs: the short one did not wait for it"
+        print(f"short request beside a running one: {took:.3f} s")
+        long_one.close()
+        wait_idle(s.port, timeout_s=10)
+    finally:
+        s.stop()
