@@ -2,7 +2,8 @@
 history (up arrow), multi-line input (backslash, \"\"\" blocks, bracketed paste), the live thinking indicator,
 /help, /history, /clear, Ctrl-C at the prompt and during an answer, Ctrl-D and /exit with status 0 and a newline;
 the history kept between sessions (a private file; --no-history keeps none); a line longer than the terminal is
-wide wrapped onto rows (read back through a small screen model), the cursor moving across them.
+wide wrapped onto rows (read back through a small screen model), the cursor moving across them; the progress of a
+long prompt's prefill.
 
 What the conversation holds is read back through /history, which prints each message as [role] text.
 """
@@ -370,3 +371,32 @@ def test_long_lines_wrap_and_the_cursor_moves_across_rows(tern_bin):
     finally:
         t.close()
 
+
+def test_long_prompt_shows_the_prefill_progress(tern_bin):
+    t = Tty(tern_bin, "-n", "2", "--no-think")
+    try:
+        since = t.prompt(0)
+        words = b"word " * 2600  # about 2,600 tokens: more than 2,048 new ones
+        os.write(t.fd, b"\x1b[200~" + words + b"\x1b[201~")
+        t.type(b"\r")
+        t.read_until(lambda o: b"tok/s" in o[since:], 120)
+        text = plain(t.out[since:])
+        # Shown while the prompt is read: from 0, then after the first 2,048-token chunk (and where the generation
+        # prompt begins); then the line is cleared before the answer.
+        assert re.search(r"reading prompt 0 / 2,6\d\d tokens", text), text[-2000:]
+        assert re.search(r"reading prompt 2,048 / 2,6\d\d tokens", text), text[-2000:]
+        last = t.out.rfind(b"reading prompt")
+        assert t.out[last:].split(b"\x1b[0m\x1b[K", 1)[1].startswith(b"\r\x1b[K"), t.out[last:]
+        total, reused = map(int, re.findall(r"prompt (\d+) tokens \((\d+) reused\)", text)[-1])
+        assert total > 2600 and reused == 0
+        since = t.prompt(since)
+        # A short message after it: resumed from the cache, no progress shown.
+        start = len(t.out)
+        t.type(b"and a short one", b"\r")
+        t.read_until(lambda o: b"tok/s" in o[start:], 120)
+        text = plain(t.out[start:])
+        assert "reading prompt" not in text
+        reused = int(re.findall(r"\((\d+) reused\)", text)[-1])
+        assert reused > 2600, text
+    finally:
+        t.close()
