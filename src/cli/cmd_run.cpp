@@ -8,7 +8,10 @@
 // lines (a trailing backslash, """ blocks, pasted text). Commands: /help, /clear
 // (new conversation; /reset too), /system TEXT, /history, /exit. Ctrl-C stops the answer, not the program; Ctrl-D
 // or /exit quits. After each answer: tok/s on stderr. When stdin is not a terminal, each line is one message.
-// The session keeps the conversation's state between turns, so a turn only runs its new tokens.
+// The conversation's state is kept between turns in the server's prefix cache (engine/prefix_cache.h): a turn
+// resumes from the latest snapshot its prompt shares, also when the template re-renders the earlier answers (their
+// thinking dropped; a snapshot where each answer began covers that), so it only runs the new tokens. While a long
+// prompt is read, stderr on a terminal shows how far the prefill is.
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +21,7 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <vector>
@@ -31,6 +35,8 @@
 #include "cli/model_flags.h"
 #include "core/check.h"
 #include "engine/generator.h"
+#include "engine/prefix_cache.h"
+#include "server/serving/chat_prompt.h"
 #include "text/chat_template.h"
 #include "text/stop_matcher.h"
 #include "text/tokenizer.h"
@@ -147,6 +153,47 @@ class AnswerPrinter {
   std::chrono::steady_clock::time_point thinking_start_, last_spin_;
 };
 
+// "31000" -> "31,000".
+std::string with_commas(int64_t n) {
+  std::string digits = std::to_string(n < 0 ? -n : n), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return n < 0 ? std::string("-").append(out) : out;
+}
+
+// While a long prompt is prefilled: "reading prompt 12,000 / 31,000 tokens" on stderr, redrawn in place, and gone
+// once the prompt is in. Only on a terminal, and only for more than kMinTokens new tokens (a short one is quick).
+class PrefillProgress {
+ public:
+  static constexpr int64_t kMinTokens = 2048;
+  PrefillProgress(bool tty, int64_t cached, int64_t total) : on_(tty && total - cached > kMinTokens), total_(total) {
+    update(cached);
+  }
+  ~PrefillProgress() { done(); }
+  bool on() const { return on_; }
+  // The session holds `position` tokens of the prompt.
+  void update(int64_t position) {
+    if (!on_) return;
+    if (position >= total_) return done();
+    std::fprintf(stderr, "\r\x1b[2mreading prompt %s / %s tokens (Ctrl-C stops)\x1b[0m\x1b[K",
+                 with_commas(position).c_str(), with_commas(total_).c_str());
+    std::fflush(stderr);
+    shown_ = true;
+  }
+  void done() {
+    if (!shown_) return;
+    std::fputs("\r\x1b[K", stderr);
+    std::fflush(stderr);
+    shown_ = false;
+  }
+
+ private:
+  bool on_, shown_ = false;
+  int64_t total_;
+};
+
 const char* const kHelp =
     "Type a message and press Enter. A line ending in \\ goes on to the next line;\n"
     "\"\"\" opens a block that a line ending in \"\"\" closes; pasted text keeps its lines.\n"
@@ -249,11 +296,18 @@ void run_chat(const RunArgs& a) {
   const int64_t max_ctx = runner->config().max_position_embeddings;
   const int64_t ctx = a.model.ctx_size > 0 ? a.model.ctx_size : std::min<int64_t>(max_ctx, 16384);
   TERN_USAGE_CHECK(ctx <= max_ctx, "--ctx-size ", ctx, " exceeds the model's ", max_ctx, " positions");  // exit 2
-  auto session = runner->create_session(ctx);
+  // One conversation at a time: one slot (one session, as before the cache); snapshots in 1 GiB of device memory
+  // (RAM on the CPU backend), then 4 GiB of host memory. Those of the latest turns are the ones reused.
+  PrefixCacheOptions cache_options;
+  cache_options.slots = 1;
+  cache_options.gpu_bytes = int64_t(1024) << 20;
+  cache_options.host_bytes = int64_t(4096) << 20;
+  PrefixCache cache(*runner, ctx, cache_options);
   Generator gen(*runner, *src.tokenizer);
+  const int64_t prefill_chunk = std::max<int64_t>(1, runner->preferred_prefill_chunk());
   SamplingParams sampling = sampling_flags_apply(a.sampling, src.defaults);
 
-  const bool tty_out = isatty(STDOUT_FILENO);
+  const bool tty_out = isatty(STDOUT_FILENO), tty_err = isatty(STDERR_FILENO);
   struct sigaction sa = {};
   sa.sa_handler = on_sigint;
   sigemptyset(&sa.sa_mask);
@@ -262,7 +316,6 @@ void run_chat(const RunArgs& a) {
 
   std::string system = a.system;
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
-  std::vector<int32_t> held;  // the tokens the session holds
   if (src.random_weights())
     std::fprintf(stderr, "tern: this is the %s model: its weights are random, so it answers with noise.\n",
                  src.demo ? "demo" : "synthetic");
@@ -296,9 +349,6 @@ void run_chat(const RunArgs& a) {
     req.sampling = sampling;
     req.max_tokens = a.max_tokens;
     req.cancel = &g_interrupted;
-    // Reuse the session when it holds a prefix of this prompt; otherwise start over.
-    const bool prefix = held.size() < req.prompt.size() && std::equal(held.begin(), held.end(), req.prompt.begin());
-    if (!prefix) session->reset();
     if (int64_t(req.prompt.size()) >= ctx) {
       std::fprintf(stderr, "tern: the conversation (%zu tokens) no longer fits the context of %lld tokens; /reset "
                            "starts a new one\n", req.prompt.size(), (long long)ctx);
@@ -313,27 +363,56 @@ void run_chat(const RunArgs& a) {
       req.thinking_budget = a.thinking_budget;
       req.reasoning_close_tokens = src.tokenizer->encode(kReasoningBudgetClose);
     }
+    // Resume from the longest snapshot this prompt shares (as the server does, engine_loop.cpp): snapshots during
+    // the prefill every snapshot_every tokens, where the generation prompt begins (the next turn re-renders this
+    // answer, without its thinking, after that point), at the end of the prompt and of the answer.
+    req.checkpoint_at = server::chat_prompt_checkpoints(req.prompt, *src.tokenizer);
+    const int64_t n_prompt = int64_t(req.prompt.size());
+    const PrefixCache::Lease lease = cache.begin(req.prompt);
+    Session& session = *lease.session;
+    PrefillProgress progress(tty_err, lease.cached, n_prompt);
+    const int64_t snapshot_every = cache.active() ? cache.options().snapshot_every : 0;
+    // The prefill's forward calls end at every multiple of checkpoint_every: the snapshots' spacing, or with the
+    // progress shown, that of the runner's prefill chunk too (each call then updates the progress).
+    req.checkpoint_every = progress.on() ? (snapshot_every > 0 ? std::gcd(snapshot_every, prefill_chunk) : prefill_chunk)
+                                         : snapshot_every;
+    if (!cache.active()) req.checkpoint_at.clear();
+    if (cache.active() || progress.on()) {
+      req.on_checkpoint = [&](Session& s) {
+        const int64_t pos = s.position();
+        progress.update(pos);
+        if (cache.active() && (pos == n_prompt || (snapshot_every > 0 && pos % snapshot_every == 0) ||
+                               std::find(req.checkpoint_at.begin(), req.checkpoint_at.end(), pos) !=
+                                   req.checkpoint_at.end()))
+          cache.checkpoint(s, req.prompt);
+      };
+    }
     AnswerPrinter printer(thinking_open, a.show_thinking, tty_out);
     GenerationResult r;
     g_interrupted = false;
     input.answering(true);
     try {
-      r = gen.generate(*session, req, [&](const TokenEvent& e) {
+      r = gen.generate(session, req, [&](const TokenEvent& e) {
         printer.push(e.text);
         return true;
       });
       input.answering(false);
     } catch (const Error& e) {
       input.answering(false);
-      session->reset();
-      held.clear();
+      progress.done();
+      cache.end(session, {}, false);  // the session's state is unknown: start over next turn
       messages.erase(messages.end() - 1);
       std::fprintf(stderr, "\ntern: error: %s\n", e.what());
       continue;
     }
+    progress.done();  // a prefill cancelled before its end
     printer.finish();
-    held = req.prompt;
-    if (!r.tokens.empty()) held.insert(held.end(), r.tokens.begin(), r.tokens.end() - 1);
+    // What the session holds: the prompt (or the part of it fed before a cancel), then the answer's tokens that
+    // were fed back (all but the last).
+    const int64_t pos = session.position();
+    std::vector<int32_t> held(req.prompt.begin(), req.prompt.begin() + std::min(pos, n_prompt));
+    for (size_t i = 0; int64_t(held.size()) < pos && i < r.tokens.size(); ++i) held.push_back(r.tokens[i]);
+    cache.end(session, held, int64_t(held.size()) == pos);
     nlohmann::ordered_json reply = {{"role", "assistant"}, {"content", printer.answer_text()}};
     if (!printer.thinking_text().empty()) reply["reasoning_content"] = printer.thinking_text();
     messages.push_back(reply);

@@ -3,17 +3,17 @@
 #include <poll.h>
 #include <sys/ioctl.h>
 #include <unistd.h>
-#include <utf8proc.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 
+#include "cli/line_layout.h"
+
 namespace tern::cli {
 namespace {
 
 constexpr std::string_view kBold = "\x1b[1m", kReset = "\x1b[0m";
-constexpr std::string_view kNewlineMark = "\xe2\x86\xb5";  // ↵: a newline inside a recalled multi-line message
 constexpr int kEscapeWaitMs = 50;  // after ESC: the rest of a key's sequence arrives at once; a lone ESC does not
 
 bool continuation_byte(char c) { return (static_cast<unsigned char>(c) & 0xC0) == 0x80; }
@@ -21,33 +21,6 @@ bool continuation_byte(char c) { return (static_cast<unsigned char>(c) & 0xC0) =
 std::string_view trim_right(std::string_view s) {
   while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
   return s;
-}
-
-// One character of the edited line as drawn: its bytes and its width in terminal cells.
-struct Glyph {
-  size_t begin, end;
-  int width;
-  std::string_view shown;  // what is drawn in its place, when not its own bytes
-};
-
-std::vector<Glyph> glyphs(const std::string& line) {
-  std::vector<Glyph> out;
-  for (size_t i = 0; i < line.size();) {
-    utf8proc_int32_t cp = 0;
-    const auto n = utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(line.data() + i),
-                                    utf8proc_ssize_t(line.size() - i), &cp);
-    if (n <= 0) {  // a stray byte: one cell, drawn as '?'
-      out.push_back({i, i + 1, 1, "?"});
-      ++i;
-      continue;
-    }
-    Glyph g{i, i + size_t(n), utf8proc_charwidth(cp), {}};
-    if (cp == '\n') g = {i, i + 1, 1, kNewlineMark};
-    else if (cp < 0x20 || cp == 0x7f) g = {i, i + 1, 1, "?"};
-    out.push_back(g);
-    i += size_t(n);
-  }
-  return out;
 }
 
 }  // namespace
@@ -138,10 +111,15 @@ void LineEditor::write_out(std::string_view s) {
   }
 }
 
-int LineEditor::columns() const {
+LineEditor::ScreenSize LineEditor::screen_size() const {
   winsize ws{};
-  if (ioctl(out_fd_, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) return ws.ws_col;
-  return 80;
+  if (ioctl(out_fd_, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) return {ws.ws_col, ws.ws_row};
+  return {80, 0};  // not known: 80 columns, rows without limit
+}
+
+bool LineEditor::input_waiting() const {
+  pollfd p{in_fd_, POLLIN, 0};
+  return poll(&p, 1, 0) > 0;
 }
 
 int LineEditor::read_byte(int timeout_ms) {
@@ -160,39 +138,39 @@ int LineEditor::read_byte(int timeout_ms) {
   }
 }
 
-// Draws the prompt and the part of the line around the cursor that fits on one row.
+// Draws the prompt and the line, wrapped onto as many rows as it needs (cli/line_layout.h): back to the row the
+// prompt is on, clear from there down, draw the rows, and put the cursor in its cell. Rows are ended by "\r\n"
+// rather than left to the terminal's own wrapping, so that a row filled to the last column is no special case.
 void LineEditor::refresh() {
-  const std::vector<Glyph> gs = glyphs(line_);
+  const std::vector<Glyph> gs = line_glyphs(line_);
   size_t cur = 0;  // the cursor's glyph index
   while (cur < gs.size() && gs[cur].begin < cursor_) ++cur;
+  const ScreenSize screen = screen_size();
   const int prompt_width = int(prompt_.size());  // prompts are ASCII
-  const int room = std::max(4, columns() - prompt_width - 1);
-  // The first glyph shown: as far left as possible while the cursor stays inside the row.
-  size_t first = 0;
-  int width = 0;
-  for (size_t i = cur; i > 0; --i) {
-    width += gs[i - 1].width;
-    if (width >= room) {
-      first = i;
-      break;
+  const LineLayout layout = layout_line(gs, cur, prompt_width, screen.columns);
+  const RowWindow window = visible_rows(layout, screen.rows);
+  std::string out = "\r";
+  if (cursor_row_ > 0) out.append("\x1b[").append(std::to_string(cursor_row_)).append("A");
+  out += "\x1b[J";  // clears the rows drawn last time, and anything below
+  for (int r = window.first; r < window.first + window.count; ++r) {
+    if (r > window.first) out += "\r\n";
+    if (r == 0) {
+      out += kBold;
+      out += prompt_;
+      out += kReset;
     }
+    for (size_t i = layout.row_begin(r); i < layout.row_end(r, gs.size()); ++i)
+      out += gs[i].shown.empty() ? std::string_view(line_).substr(gs[i].begin, gs[i].end - gs[i].begin) : gs[i].shown;
   }
-  std::string out = "\r\x1b[K";
-  out += kBold;
-  out += prompt_;
-  out += kReset;
-  int used = 0, cursor_col = 0;
-  for (size_t i = first; i < gs.size(); ++i) {
-    if (used + gs[i].width > room) break;
-    if (i == cur) cursor_col = used;
-    out += gs[i].shown.empty() ? std::string_view(line_).substr(gs[i].begin, gs[i].end - gs[i].begin) : gs[i].shown;
-    used += gs[i].width;
+  // The cursor: where the drawing ended when it is at the end of the line (the layout gives it a row of its own
+  // after a full row); else up from the last row drawn to its own, then to its column.
+  if (cur < gs.size()) {
+    const int last = window.first + window.count - 1;
+    out += "\r";
+    if (last > layout.cursor_row) out.append("\x1b[").append(std::to_string(last - layout.cursor_row)).append("A");
+    if (layout.cursor_col > 0) out.append("\x1b[").append(std::to_string(layout.cursor_col)).append("C");
   }
-  if (cur >= gs.size()) cursor_col = used;
-  if (cur < gs.size()) {  // put the cursor back from the end of what was drawn
-    out += "\r\x1b[" + std::to_string(prompt_width + cursor_col) + "C";
-    if (prompt_width + cursor_col == 0) out.resize(out.size() - 4);
-  }
+  cursor_row_ = layout.cursor_row - window.first;
   write_out(out);
 }
 
@@ -305,12 +283,14 @@ LineEditor::Result LineEditor::read(std::string_view prompt, std::string_view co
   cursor_ = 0;
   history_pos_ = history_.size();
   in_paste_ = false;
+  cursor_row_ = 0;
   raw(true);
   refresh();
   auto end_line = [&] {  // the edited line scrolls up; a new one starts
     cursor_ = line_.size();
     refresh();
     write_out("\r\n");
+    cursor_row_ = 0;
     line_.clear();
     cursor_ = 0;
     prompt_ = continuation;
@@ -324,8 +304,7 @@ LineEditor::Result LineEditor::read(std::string_view prompt, std::string_view co
     }
     if (c == '\r' || c == '\n') {
       // A newline with more bytes already waiting behind it is pasted text too (terminals without bracketed paste).
-      pollfd p{in_fd_, POLLIN, 0};
-      const bool pasted = in_paste_ || poll(&p, 1, 0) > 0;
+      const bool pasted = in_paste_ || input_waiting();
       std::string line = line_;
       end_line();
       if (pasted) {
@@ -344,6 +323,8 @@ LineEditor::Result LineEditor::read(std::string_view prompt, std::string_view co
       case 0x01: cursor_ = 0; break;                 // Ctrl-A
       case 0x02: move_left(); break;                 // Ctrl-B
       case 0x03:                                     // Ctrl-C: drop the input
+        cursor_ = line_.size();                      // below every row of a wrapped line
+        refresh();
         write_out("^C\r\n");
         raw(false);
         return {Status::interrupted, {}};
@@ -365,7 +346,10 @@ LineEditor::Result LineEditor::read(std::string_view prompt, std::string_view co
       }
       case 0x09: insert("    "); break;              // Tab: spaces (a tab's width is the terminal's secret)
       case 0x0b: line_.erase(cursor_); break;        // Ctrl-K
-      case 0x0c: write_out("\x1b[H\x1b[2J"); break;  // Ctrl-L
+      case 0x0c:                                     // Ctrl-L
+        write_out("\x1b[H\x1b[2J");
+        cursor_row_ = 0;
+        break;
       case 0x0e: history_step(+1); break;            // Ctrl-N
       case 0x10: history_step(-1); break;            // Ctrl-P
       case 0x15: erase_before(0); break;             // Ctrl-U
@@ -385,7 +369,7 @@ LineEditor::Result LineEditor::read(std::string_view prompt, std::string_view co
         if (c >= 0x20) insert(std::string(1, char(c)));  // UTF-8 bytes go in one by one; other controls are ignored
         break;
     }
-    refresh();
+    if (!input_waiting()) refresh();  // a paste is drawn once it is in, not once per byte
   }
 }
 

@@ -1,6 +1,7 @@
 // A small line editor for `tern run` on a terminal (raw termios, no library): left/right (by character and, with
 // Ctrl or Alt, by word), Home/End, Backspace/Delete, Up/Down history, Ctrl-A/E/B/F/K/U/W/L/P/N, Ctrl-C clears the
-// input, Ctrl-D on an empty input ends. One line is edited at a time; longer lines scroll sideways.
+// input, Ctrl-D on an empty input ends. One line is edited at a time; a line longer than the terminal is wide wraps
+// onto more rows (cli/line_layout.h), and the cursor moves across them.
 //
 // A message may span lines: a line ending in a backslash continues on the next, a first line starting with """
 // opens a block that a line ending with """ closes, and pasted text keeps its newlines (bracketed paste, or bytes
@@ -63,7 +64,11 @@ class LineEditor {
   bool handle_escape();           // after ESC; false when the input ended
   void refresh();
   void write_out(std::string_view s);
-  int columns() const;
+  struct ScreenSize {
+    int columns, rows;  // rows 0: not known
+  };
+  ScreenSize screen_size() const;
+  bool input_waiting() const;  // bytes are ready to read now
   void insert(std::string_view s);
   void set_line(const std::string& s);
   void move_left();
@@ -83,6 +88,7 @@ class LineEditor {
   std::string line_;     // the line being edited (UTF-8)
   size_t cursor_ = 0;    // byte offset into line_, on a character boundary
   std::string prompt_;
+  int cursor_row_ = 0;   // the terminal row of the cursor, counted from the row the prompt was last drawn on
   bool in_paste_ = false;
 };
 

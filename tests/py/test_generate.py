@@ -9,6 +9,7 @@ import os
 import pathlib
 import pty
 import random
+import re
 import select
 import signal
 import subprocess
@@ -144,6 +145,26 @@ def test_run_over_piped_stdin(tern_bin, seed):
     assert "unknown command /bogus" in r.stdout
     assert r.stderr.count("tok/s") >= 2  # a speed line after each answer
     assert "thinking..." in r.stdout  # the demo's template opens <think>; thinking is hidden by default
+
+
+@pytest.mark.parametrize("think", [True, False])
+def test_run_reuses_the_conversation(tern_bin, seed, think):
+    """Turn 2 on resumes from the prefix cache: the template drops turn 1's thinking when it renders it as history,
+    but the snapshot where turn 1's generation prompt began still holds everything before it."""
+    script = "Hello there\nAnd what next?\nA third message\n/clear\nHello there\n"
+    args = ["run", "-n", "6", "--seed", str(seed)] + ([] if think else ["--no-think"])
+    r = run([tern_bin, *args], input=script, timeout=120)
+    assert r.returncode == 0, r.stderr
+    turns = [(int(p), int(c)) for p, c in re.findall(r"prompt (\d+) tokens \((\d+) reused\)", r.stderr)]
+    assert len(turns) == 4, r.stderr
+    assert turns[0][1] == 0  # nothing to reuse yet
+    # Turn 1's generation prompt ("<|im_start|>assistant\n<think>\n", 5 tokens; without thinking also "\n</think>\n\n",
+    # 7) is where turn 1's prompt and turn 2's can part: all of turn 1's prompt before it is reused; so for turn 3.
+    gen_prompt = 5 if think else 7
+    for (before, _), (_, reused) in zip(turns[:2], turns[1:3]):
+        assert before - gen_prompt <= reused < before + 6, turns
+    # /clear: a new conversation reuses only what it shares with the old one (the same first message here).
+    assert turns[3][0] == turns[0][0] and 0 < turns[3][1] < turns[3][0], turns
 
 
 def test_generate_thinking_budget(tern_bin, seed):

@@ -1,13 +1,18 @@
 """`tern run --demo` on a pseudo-terminal, typed at as a person would: line editing (arrow keys, Home/End, Ctrl keys),
 history (up arrow), multi-line input (backslash, \"\"\" blocks, bracketed paste), the live thinking indicator,
 /help, /history, /clear, Ctrl-C at the prompt and during an answer, Ctrl-D and /exit with status 0 and a newline;
-the history kept between sessions (a private file; --no-history keeps none).
+the history kept between sessions (a private file; --no-history keeps none); a line longer than the terminal is
+wide wrapped onto rows (read back through a small screen model), the cursor moving across them; the progress of a
+long prompt's prefill.
 
 What the conversation holds is read back through /history, which prints each message as [role] text.
 """
+import fcntl
 import os
 import pty
 import re
+import struct
+import termios
 import select
 import signal
 import stat
@@ -25,7 +30,7 @@ ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z~]|\r")
 class Tty:
     """tern run on a pseudo-terminal: type(), read until a pattern, exit status."""
 
-    def __init__(self, tern_bin, *args, history_file=None):
+    def __init__(self, tern_bin, *args, history_file=None, size=None):
         # Each session its own history file unless a test shares one (never the user's own).
         self.own_history = None if history_file else tempfile.mktemp(prefix="tern-history-")
         history_file = history_file or self.own_history
@@ -34,6 +39,8 @@ class Tty:
             os.environ["TERN_THREADS"] = "2"
             os.environ["TERN_HISTORY_FILE"] = str(history_file)
             os.execv(tern_bin, [tern_bin, "run", "--demo", "--seed", "1", *args])
+        if size:  # (rows, columns) of the terminal
+            fcntl.ioctl(self.fd, termios.TIOCSWINSZ, struct.pack("HHHH", size[0], size[1], 0, 0))
         self.out = b""
 
     def read_until(self, pred, timeout=60):
@@ -263,3 +270,133 @@ def test_long_history_file_is_trimmed(tern_bin, tmp_path):
     assert lines[0] == "message 1500" and lines[999] == "message 2499" and lines[1000:] == ["message 2499!", "/history"]
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert not list(tmp_path.glob("run_history.*"))  # no temporary file left behind
+
+
+class Screen:
+    """What a terminal of `columns` columns shows after some output (ASCII text): the cursor moves of the line
+    editor (CR, LF, ESC[nA, ESC[nC), clearing (ESC[J, ESC[K), wrapping at the right edge as terminals do (a
+    character written past the last column starts the next row); other sequences are ignored."""
+
+    def __init__(self, columns):
+        self.columns, self.rows, self.row, self.col = columns, [[]], 0, 0
+
+    def feed(self, data: bytes):
+        for m in re.finditer(rb"\x1b\[([0-9;?]*)([A-Za-z~])|([\r\n])|([^\x1b\r\n])", data):
+            params, final, ctl, ch = m.groups()
+            if final:
+                n = int(params) if params.isdigit() else 1
+                if final == b"A":
+                    self.row = max(0, self.row - n)
+                elif final == b"C":
+                    self.col = min(self.columns - 1, self.col + n)
+                elif final == b"J":
+                    del self.line[self.col:]
+                    del self.rows[self.row + 1:]
+                elif final == b"K":
+                    del self.line[self.col:]
+            elif ctl == b"\r":
+                self.col = 0
+            elif ctl == b"\n":
+                self.down()
+            else:
+                if self.col >= self.columns:  # the pending wrap
+                    self.col = 0
+                    self.down()
+                self.line.extend(" " * (self.col - len(self.line)))
+                self.line[self.col:self.col + 1] = [ch.decode("latin-1")]
+                self.col += 1
+
+    @property
+    def line(self):
+        return self.rows[self.row]
+
+    def down(self):
+        self.row += 1
+        if self.row == len(self.rows):
+            self.rows.append([])
+
+    def text(self):
+        return ["".join(r) for r in self.rows]
+
+    def cursor(self):
+        return self.row, min(self.col, self.columns - 1)
+
+
+def test_long_lines_wrap_and_the_cursor_moves_across_rows(tern_bin):
+    t = Tty(tern_bin, "-n", "2", "--no-think", size=(24, 20))
+    try:
+        since = t.prompt(0) - len(PROMPT)
+
+        def screen():
+            sc = Screen(20)
+            sc.feed(t.out[since:])
+            return sc
+
+        def expect(rows, cursor):
+            """Waits until the screen shows `rows` (None: any) with the cursor at `cursor`."""
+            def shown(_):
+                sc = screen()
+                return (rows is None or sc.text() == rows) and sc.cursor() == cursor
+            try:
+                t.read_until(shown, 10)
+            except AssertionError:
+                pass
+            sc = screen()
+            assert (rows is None or sc.text() == rows) and sc.cursor() == cursor, (sc.text(), sc.cursor())
+
+        def rows_of(line):  # 18 cells after the prompt, then rows of 20
+            return ["> " + line[:18].decode()] + [line[k:k + 20].decode() for k in range(18, len(line), 20)]
+
+        digits = b"0123456789" * 5  # 50 characters: the prompt's row holds 18, then 20, then 12
+        t.type(digits)
+        expect(rows_of(digits), (2, 12))
+        t.type(HOME)
+        expect(None, (0, 2))
+        line = b"ab" + digits  # every row shifts by two
+        t.type(b"ab")
+        expect(rows_of(line), (0, 4))
+        t.type(RIGHT * 16)  # along the row and on to the next
+        expect(None, (1, 0))
+        t.type(LEFT)
+        expect(None, (0, 19))
+        t.type(END, b"xyzxyz")  # the last row filled to its edge: the cursor starts a row of its own
+        expect(rows_of(line + b"xyzxyz") + [""], (3, 0))
+        t.type(b"\x7f" * 8)  # Backspace back up a row: the rows below are cleared
+        expect(rows_of(line[:50]), (2, 12))
+        since_send = len(t.out)
+        t.type(b"\r")
+        t.read_until(lambda o: b"tok/s" in o[since_send:])
+        t.prompt(since_send)
+        assert history(t) == [line[:50].decode()]
+    finally:
+        t.close()
+
+
+def test_long_prompt_shows_the_prefill_progress(tern_bin):
+    t = Tty(tern_bin, "-n", "2", "--no-think")
+    try:
+        since = t.prompt(0)
+        words = b"word " * 2600  # about 2,600 tokens: more than 2,048 new ones
+        os.write(t.fd, b"\x1b[200~" + words + b"\x1b[201~")
+        t.type(b"\r")
+        t.read_until(lambda o: b"tok/s" in o[since:], 120)
+        text = plain(t.out[since:])
+        # Shown while the prompt is read: from 0, then after the first 2,048-token chunk (and where the generation
+        # prompt begins); then the line is cleared before the answer.
+        assert re.search(r"reading prompt 0 / 2,6\d\d tokens", text), text[-2000:]
+        assert re.search(r"reading prompt 2,048 / 2,6\d\d tokens", text), text[-2000:]
+        last = t.out.rfind(b"reading prompt")
+        assert t.out[last:].split(b"\x1b[0m\x1b[K", 1)[1].startswith(b"\r\x1b[K"), t.out[last:]
+        total, reused = map(int, re.findall(r"prompt (\d+) tokens \((\d+) reused\)", text)[-1])
+        assert total > 2600 and reused == 0
+        since = t.prompt(since)
+        # A short message after it: resumed from the cache, no progress shown.
+        start = len(t.out)
+        t.type(b"and a short one", b"\r")
+        t.read_until(lambda o: b"tok/s" in o[start:], 120)
+        text = plain(t.out[start:])
+        assert "reading prompt" not in text
+        reused = int(re.findall(r"\((\d+) reused\)", text)[-1])
+        assert reused > 2600, text
+    finally:
+        t.close()
