@@ -142,3 +142,71 @@ TEST(CpuRunner, RejectsMalformedWeights) {
 
 }  // namespace
 }  // namespace tern
+
+namespace tern {
+namespace {
+
+// A batched step over several sessions (ModelRunner::forward_batch): each entry's logits are bit for bit those of
+// the same tokens run alone, whatever the other entries hold (prompts of other lengths, single decode tokens), and
+// an entry that fails (over its session's capacity) fails alone.
+TEST(CpuRunner, BatchedStepEqualsEachSequenceAlone) {
+  test::TinyModelSpec spec;
+  spec.format = WeightFormat::affine4;
+  spec.D = 64;
+  spec.F = 64;
+  spec.Fs = 64;
+  const uint64_t seed = test::fresh_seed("batched step");
+  auto model = test::make_tiny_model(spec, seed);
+  test::Rng rng(seed ^ 0xba7c);
+  auto runner = cpu_runner_create(model);
+  const int64_t lengths[] = {1, 7, 70, 3};
+  std::vector<std::vector<int32_t>> prompts, nexts;
+  for (int64_t n : lengths) {
+    prompts.push_back(random_tokens(rng, n, spec.vocab_real));
+    nexts.push_back(random_tokens(rng, 1, spec.vocab_real));
+  }
+  // Alone: the prompt (all logits), then one more token.
+  std::vector<std::vector<float>> alone_prompt, alone_next;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto s = runner->create_session(128);
+    std::vector<float> a, b;
+    runner->forward(*s, prompts[i], true, a);
+    runner->forward(*s, nexts[i], false, b);
+    alone_prompt.push_back(a);
+    alone_next.push_back(b);
+  }
+  // Together: every prompt in one step, then every next token in one step; a fifth entry over its capacity.
+  std::vector<std::unique_ptr<Session>> sessions;
+  for (size_t i = 0; i < prompts.size(); ++i) sessions.push_back(runner->create_session(128));
+  auto small = runner->create_session(2);
+  const std::vector<int32_t> too_long = {1, 2, 3};
+  std::vector<std::vector<float>> out(prompts.size() + 1);
+  const auto entry = [](Session* s, std::span<const int32_t> tokens, bool all, std::vector<float>* logits) {
+    BatchEntry e;
+    e.session = s;
+    e.tokens = tokens;
+    e.all_logits = all;
+    e.logits = logits;
+    return e;
+  };
+  std::vector<BatchEntry> batch;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    batch.push_back(entry(sessions[i].get(), prompts[i], true, &out[i]));
+  batch.insert(batch.begin() + 2, entry(small.get(), too_long, false, &out.back()));
+  runner->forward_batch(batch);
+  EXPECT_TRUE(batch[2].error) << "the over-long entry fails";
+  EXPECT_EQ(small->position(), 0);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const BatchEntry& e = batch[i < 2 ? i : i + 1];
+    EXPECT_FALSE(e.error);
+    EXPECT_EQ(out[i], alone_prompt[i]) << "prompt " << i << " (seed " << seed << ")";
+  }
+  batch.clear();
+  for (size_t i = prompts.size(); i-- > 0;)  // another order
+    batch.push_back(entry(sessions[i].get(), nexts[i], false, &out[i]));
+  runner->forward_batch(batch);
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(out[i], alone_next[i]) << "next token " << i;
+}
+
+}  // namespace
+}  // namespace tern
