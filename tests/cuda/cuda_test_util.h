@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -51,6 +52,24 @@ inline uint64_t fresh_seed(const char* what) {
   std::printf("[seed] %s: %llu\n", what, static_cast<unsigned long long>(s));
   return s;
 }
+
+// fp16 bits of f as the kernels' cvt.rn.satfinite.f16x2.f32 makes them: round to nearest even (subnormals below
+// 2^-14), magnitudes past 65504 (±inf included) to ±65504, NaN to a quiet NaN. core/bf16.h's f16_to_float reads them.
+inline uint16_t float_to_f16_satfinite(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return uint16_t(sign | 0x7e00u);  // NaN
+  if (a >= 0x477ff000u) return uint16_t(sign | 0x7bffu);  // >= 65520, which rounds past 65504 (inf too): saturate
+  if (a >= 0x38800000u) {                                 // >= 2^-14: a normal fp16
+    const uint32_t r = a + 0xfffu + ((a >> 13) & 1u);     // to nearest even at bit 13 (a carry moves the exponent)
+    return uint16_t(sign | ((r - (112u << 23)) >> 13));   // exponent bias 127 -> 15
+  }
+  float af;
+  std::memcpy(&af, &a, 4);
+  return uint16_t(sign | uint32_t(std::nearbyint(af * 16777216.0f)));  // subnormal: k·2^-24 (k = 1024 is 2^-14)
+}
+inline float round_f16_satfinite(float f) { return f16_to_float(float_to_f16_satfinite(f)); }
 
 inline std::vector<float> random_floats(std::mt19937_64& rng, size_t n, float lo = -1.0f, float hi = 1.0f) {
   std::uniform_real_distribution<float> d(lo, hi);

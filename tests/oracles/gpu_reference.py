@@ -73,6 +73,20 @@ def quantise(w, bits, torch, group=64):
     return packed_np, s.squeeze(-1), b.squeeze(-1), deq
 
 
+def mlx_matrices(mlx, shape):
+    """The MLX names (less .weight, .scales, .biases) of the matrix parameter named `mlx` (HF's name with MLX's prefix)
+    of shape `shape`, each with the rows (a slice of axis 1) it takes from it, None for all of them: the experts'
+    fused gate_up_proj [E, 2F, D] is switch_mlp.gate_proj (rows 0..F-1) and switch_mlp.up_proj (F..2F-1), [E, F, D]
+    each; experts.down_proj is switch_mlp.down_proj; any other matrix keeps its name."""
+    if mlx.endswith("mlp.experts.gate_up_proj"):
+        F = shape[1] // 2
+        base = mlx[: -len("experts.gate_up_proj")] + "switch_mlp."
+        return [(base + "gate_proj", slice(0, F)), (base + "up_proj", slice(F, 2 * F))]
+    if mlx.endswith("mlp.experts.down_proj"):
+        return [(mlx[: -len("experts.down_proj")] + "switch_mlp.down_proj", None)]
+    return [(mlx[: -len(".weight")] if mlx.endswith(".weight") else mlx, None)]
+
+
 def save_safetensors(path, tensors):
     """tensors: name -> (dtype string, shape, bytes). Writes the safetensors format directly."""
     header, offset = {}, 0
@@ -179,37 +193,21 @@ def main():
             elif args.weights == "bf16":
                 stored = bf16_round(w, torch)
                 p.copy_(stored)
-                if name.endswith("mlp.experts.gate_up_proj"):  # [E, 2F, D] -> switch_mlp gate/up [E, F, D]
-                    F = shape[1] // 2
-                    base = mlx[: -len("experts.gate_up_proj")] + "switch_mlp."
-                    for part, sl in (("gate_proj", slice(0, F)), ("up_proj", slice(F, 2 * F))):
-                        t = stored[:, sl, :].contiguous()
-                        tensors[base + part + ".weight"] = ("BF16", tuple(t.shape), bf16_bytes(t, torch))
-                    continue
-                if name.endswith("mlp.experts.down_proj"):
-                    mlx = mlx[: -len("experts.down_proj")] + "switch_mlp.down_proj.weight"
-                tensors[mlx if mlx.endswith(".weight") else mlx + ".weight"] = ("BF16", shape, bf16_bytes(stored, torch))
+                for base, rows in mlx_matrices(mlx, shape):
+                    t = stored if rows is None else stored[:, rows, :].contiguous()
+                    tensors[base + ".weight"] = ("BF16", tuple(t.shape), bf16_bytes(t, torch))
             else:
                 bits = 8 if name.endswith(EIGHT_BIT) else 4
                 if bits == 8:
                     quant[mlx[: -len(".weight")]] = {"group_size": 64, "bits": 8}
                 packed, s, b, deq = quantise(w, bits, torch)
                 p.copy_(deq)
-                if name.endswith("mlp.experts.gate_up_proj"):  # [E, 2F, D] -> switch_mlp gate/up [E, F, D]
-                    F = shape[1] // 2
-                    base = mlx[: -len("experts.gate_up_proj")] + "switch_mlp."
-                    for part, sl in (("gate_proj", slice(0, F)), ("up_proj", slice(F, 2 * F))):
-                        pk = np.ascontiguousarray(packed[:, sl, :])
-                        tensors[base + part + ".weight"] = ("U32", pk.shape, pk.tobytes())
-                        tensors[base + part + ".scales"] = ("BF16", tuple(s[:, sl].shape), bf16_bytes(s[:, sl], torch))
-                        tensors[base + part + ".biases"] = ("BF16", tuple(b[:, sl].shape), bf16_bytes(b[:, sl], torch))
-                    continue
-                if name.endswith("mlp.experts.down_proj"):
-                    mlx = mlx[: -len("experts.down_proj")] + "switch_mlp.down_proj.weight"
-                base = mlx[: -len(".weight")] if mlx.endswith(".weight") else mlx
-                tensors[base + ".weight"] = ("U32", packed.shape, packed.tobytes())
-                tensors[base + ".scales"] = ("BF16", tuple(s.shape), bf16_bytes(s, torch))
-                tensors[base + ".biases"] = ("BF16", tuple(b.shape), bf16_bytes(b, torch))
+                for base, rows in mlx_matrices(mlx, shape):
+                    pk, sc, bi = (packed, s, b) if rows is None else (
+                        np.ascontiguousarray(packed[:, rows, :]), s[:, rows], b[:, rows])
+                    tensors[base + ".weight"] = ("U32", pk.shape, pk.tobytes())
+                    tensors[base + ".scales"] = ("BF16", tuple(sc.shape), bf16_bytes(sc, torch))
+                    tensors[base + ".biases"] = ("BF16", tuple(bi.shape), bf16_bytes(bi, torch))
     log(f"{len(tensors)} tensors quantised")
     save_safetensors(mdir / "model.safetensors", tensors)
     config = {"model_type": "qwen3_5_moe_text", "architectures": ["Qwen3_5MoeForCausalLM"], "num_hidden_layers": L,

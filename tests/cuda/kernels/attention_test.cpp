@@ -1,6 +1,7 @@
 // CUDA gated attention (attn_prepare + attention: the tensor-core prefill and split-KV decode paths) against the CPU
 // twin (cpu::rms_norm, rope_apply, attention_causal, mul_sigmoid) at the model's shapes, on fresh random inputs, with
-// outputs and unwritten cache rows poisoned (NaN) beforehand.
+// outputs and unwritten cache rows poisoned (NaN) beforehand. The tests that compare against the twin run for both
+// KV cache types (AttnDims::kv_f16: fp16, the runner's default, and bf16), the twin reading the cache as it is stored.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -16,19 +17,26 @@
 namespace tern::cuda::test {
 namespace {
 
-// Uniform values in [lo, hi) rounded to bf16 (cache contents), fast enough for 40K-position caches.
-std::vector<float> random_bf16_values(std::mt19937_64& rng, size_t n, float lo, float hi) {
+// The cache's 16-bit values (f16: AttnDims::kv_f16) as the kernels store them: fp16 rounds to nearest even and
+// saturates past ±65504 (keeping NaN), bf16 rounds to nearest even.
+uint16_t kv_bits(float x, bool f16) { return f16 ? float_to_f16_satfinite(x) : float_to_bf16(x); }
+float kv_float(uint16_t b, bool f16) { return f16 ? f16_to_float(b) : bf16_to_float(b); }
+float round_kv(float x, bool f16) { return kv_float(kv_bits(x, f16), f16); }
+const char* kv_name(bool f16) { return f16 ? "fp16" : "bf16"; }
+
+// Uniform values in [lo, hi) rounded to the cache's type (cache contents), fast enough for 40K-position caches.
+std::vector<float> random_kv_values(std::mt19937_64& rng, size_t n, float lo, float hi, bool f16) {
   std::vector<float> v(n);
   for (size_t i = 0; i < n; i += 2) {
     const uint64_t r = rng();
-    v[i] = round_bf16(lo + (hi - lo) * float(r & 0xffffff) * (1.0f / 16777216.0f));
-    if (i + 1 < n) v[i + 1] = round_bf16(lo + (hi - lo) * float((r >> 32) & 0xffffff) * (1.0f / 16777216.0f));
+    v[i] = round_kv(lo + (hi - lo) * float(r & 0xffffff) * (1.0f / 16777216.0f), f16);
+    if (i + 1 < n) v[i + 1] = round_kv(lo + (hi - lo) * float((r >> 32) & 0xffffff) * (1.0f / 16777216.0f), f16);
   }
   return v;
 }
 
-// One attention layer's KV cache on both sides: the device bf16 [Hkv, capacity, dh] (NaN where nothing was written)
-// and a host fp32 copy of the same values.
+// One attention layer's KV cache on both sides: the device one [Hkv, capacity, dh] in the type of d.kv_f16 (NaN where
+// nothing was written: 0xffff is NaN in both types) and a host fp32 copy of the same values.
 struct Cache {
   AttnDims d;
   DeviceBuf<uint16_t> k, v;
@@ -44,12 +52,12 @@ struct Cache {
   void fill_history(std::mt19937_64& rng, int64_t n) {
     const int64_t dh = d.dh;
     for (int h = 0; h < d.Hkv; ++h) {
-      const auto kk = random_bf16_values(rng, size_t(n * dh), -1.7f, 1.7f);
-      const auto vv = random_bf16_values(rng, size_t(n * dh), -1.0f, 1.0f);
+      const auto kk = random_kv_values(rng, size_t(n * dh), -1.7f, 1.7f, d.kv_f16);
+      const auto vv = random_kv_values(rng, size_t(n * dh), -1.0f, 1.0f, d.kv_f16);
       std::vector<uint16_t> kb(kk.size()), vb(vv.size());
       for (size_t i = 0; i < kk.size(); ++i) {
-        kb[i] = float_to_bf16(kk[i]);
-        vb[i] = float_to_bf16(vv[i]);
+        kb[i] = kv_bits(kk[i], d.kv_f16);
+        vb[i] = kv_bits(vv[i], d.kv_f16);
       }
       const int64_t off = h * d.capacity * dh;
       std::copy(kk.begin(), kk.end(), hk.begin() + off);
@@ -85,6 +93,10 @@ struct Step {
   void refresh(std::mt19937_64& rng) {
     for (auto* x : {&qg, &k}) *x = random_floats(rng, x->size(), -2.0f, 2.0f);
     v = random_floats(rng, v.size(), -1.0f, 1.0f);
+    upload();
+  }
+  // The host inputs (qg, k, v, e.g. after an edit) into the device buffers; the output poisoned again.
+  void upload() {
     TERN_CUDA(cudaMemcpy(dqg.p, qg.data(), qg.size() * 4, cudaMemcpyHostToDevice));
     TERN_CUDA(cudaMemcpy(dk.p, k.data(), k.size() * 4, cudaMemcpyHostToDevice));
     TERN_CUDA(cudaMemcpy(dv.p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
@@ -96,11 +108,22 @@ struct Step {
   }
 };
 
+// Bounds on the ungated outputs' error, relative to each row's rms: every element, and the rms over all rows.
+struct AttnBounds {
+  double element, rms;
+};
+// The kernels round q and the softmax weights to the cache's type for the tensor cores; nothing else differs from the
+// twin (it reads the cache values the kernels stored, every sum is fp32). bf16 (8 significant bits, rounding error up
+// to 2^-8 relative) gives about 1.7e-3 of a row's rms; one key too many or too few in a 5000-key row gives 1.4e-2.
+// fp16 (11 significant bits, 2^-11) makes the same roundings 8 times finer, so its error is 1/8 of bf16's (an
+// emulation of both roundings on the CPU: 2.9e-4 rms and 1.3e-3 in the worst of 384K elements for fp16, 2.3e-3 and
+// 1.2e-2 for bf16) and its bounds are bf16's over 8: tighter, to catch an error bf16's would hide.
+AttnBounds attn_bounds(bool f16) { return f16 ? AttnBounds{2e-2 / 8, 5e-3 / 8} : AttnBounds{2e-2, 5e-3}; }
+
 // Compares the ungated outputs (got and ref divided by sigmoid(gate) >= 0.12) row by row (one row = one token and
-// head): every element within 2e-2 of its row's rms, and the row-normalised rms error below 5e-3. bf16 q and bf16
-// softmax weights give about 1.7e-3 of a row's rms; one key too many or too few in a 5000-key row gives 1.4e-2.
+// head): every element within b.element of its row's rms, and the row-normalised rms error below b.rms.
 void expect_attention_close(const std::vector<float>& got, const std::vector<float>& ref,
-                            const std::vector<float>& gate, int dh, const std::string& what) {
+                            const std::vector<float>& gate, int dh, const AttnBounds& b, const std::string& what) {
   ASSERT_EQ(got.size(), ref.size()) << what;
   const size_t rows = ref.size() / size_t(dh);
   size_t bad = 0, worst = 0;
@@ -120,7 +143,7 @@ void expect_attention_close(const std::vector<float>& got, const std::vector<flo
       const double err = std::fabs(g[size_t(i)] - f[size_t(i)]);
       const double ratio = std::isnan(err) ? 1e30 : err / row_rms;
       es += std::isnan(err) ? 1e30 : err * err;
-      if (!(ratio <= 2e-2)) ++bad;
+      if (!(ratio <= b.element)) ++bad;
       if (ratio > worst_ratio) {
         worst_ratio = ratio;
         worst = r * size_t(dh) + size_t(i);
@@ -129,64 +152,92 @@ void expect_attention_close(const std::vector<float>& got, const std::vector<flo
     sum_sq_rel += es / dh / (row_rms * row_rms);
   }
   const double rel_rms = std::sqrt(sum_sq_rel / double(std::max<size_t>(rows, 1)));
-  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << ref.size() << " elements off by more than 2e-2 of their "
-                     << "row's rms; worst at " << worst << " (row " << worst / size_t(dh) << "): got " << got[worst]
-                     << ", want " << ref[worst] << " (" << worst_ratio << " of the row rms)";
-  EXPECT_LT(rel_rms, 5e-3) << what << ": row-normalised rms error";
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << ref.size() << " elements off by more than " << b.element
+                     << " of their row's rms; worst at " << worst << " (row " << worst / size_t(dh) << "): got "
+                     << got[worst] << ", want " << ref[worst] << " (" << worst_ratio << " of the row rms)";
+  EXPECT_LT(rel_rms, b.rms) << what << ": row-normalised rms error";
   std::printf("[attention] %s: row-normalised rms error %.2e, worst %.2e\n", what.c_str(), rel_rms, worst_ratio);
 }
 
-// The CPU twin of one step (T new tokens at pos0), after the GPU ran it: checks q and the new cache rows, copies
-// them into the host cache (keys as the GPU rounded them: a last-bit difference before rounding may flip a bf16 ulp)
-// and checks the gated attention output.
-void check_step(Cache& c, const Norms& nm, const Step& s, int64_t pos0, const std::string& what) {
+// The CPU side of one step (T new tokens at pos0), after the GPU ran it: q and the new keys after the norms and RoPE
+// (fp32), the gate, the device cache, and the twin's gated output over the cache as the kernels stored it (the new
+// rows are copied from the device into the host cache: a last-bit difference in a key before rounding may flip one
+// ulp; NaN and saturated values are kept as stored).
+struct Twin {
+  std::vector<float> q, k, gate, out;
+  std::vector<uint16_t> kdev, vdev;
+};
+Twin run_twin(Cache& c, const Norms& nm, const Step& s, int64_t pos0) {
   const AttnDims& d = c.d;
   const int64_t T = s.T, Hq = d.Hq, Hkv = d.Hkv, dh = d.dh;
-  std::vector<float> q(size_t(T * Hq * dh)), kk(s.k), gate(size_t(T * Hq * dh));
+  Twin tw;
+  tw.q.resize(size_t(T * Hq * dh));
+  tw.gate.resize(size_t(T * Hq * dh));
+  tw.k = s.k;
   for (int64_t t = 0; t < T; ++t)
     for (int64_t h = 0; h < Hq; ++h) {
-      std::copy_n(s.qg.begin() + (t * Hq + h) * 2 * dh, dh, q.begin() + (t * Hq + h) * dh);
-      std::copy_n(s.qg.begin() + (t * Hq + h) * 2 * dh + dh, dh, gate.begin() + (t * Hq + h) * dh);
+      std::copy_n(s.qg.begin() + (t * Hq + h) * 2 * dh, dh, tw.q.begin() + (t * Hq + h) * dh);
+      std::copy_n(s.qg.begin() + (t * Hq + h) * 2 * dh + dh, dh, tw.gate.begin() + (t * Hq + h) * dh);
     }
-  cpu::rms_norm(q.data(), nm.q.data(), T * Hq, dh, d.eps, q.data());
-  cpu::rms_norm(kk.data(), nm.k.data(), T * Hkv, dh, d.eps, kk.data());
-  cpu::rope_apply({.x = q.data(), .T = T, .H = int(Hq), .dh = int(dh), .rot = d.rot, .theta = d.theta, .pos0 = pos0});
-  cpu::rope_apply({.x = kk.data(), .T = T, .H = int(Hkv), .dh = int(dh), .rot = d.rot, .theta = d.theta, .pos0 = pos0});
-  expect_close(s.dq.host(), q, 1e-5f, 1e-4f, what + ": q after norm and rope");
+  cpu::rms_norm(tw.q.data(), nm.q.data(), T * Hq, dh, d.eps, tw.q.data());
+  cpu::rms_norm(tw.k.data(), nm.k.data(), T * Hkv, dh, d.eps, tw.k.data());
+  cpu::rope_apply(
+      {.x = tw.q.data(), .T = T, .H = int(Hq), .dh = int(dh), .rot = d.rot, .theta = d.theta, .pos0 = pos0});
+  cpu::rope_apply(
+      {.x = tw.k.data(), .T = T, .H = int(Hkv), .dh = int(dh), .rot = d.rot, .theta = d.theta, .pos0 = pos0});
 
-  std::vector<uint16_t> kdev(size_t(Hkv * d.capacity * dh)), vdev(kdev.size());
+  tw.kdev.resize(size_t(Hkv * d.capacity * dh));
+  tw.vdev.resize(tw.kdev.size());
   TERN_CUDA(cudaDeviceSynchronize());
-  TERN_CUDA(cudaMemcpy(kdev.data(), c.k.p, kdev.size() * 2, cudaMemcpyDeviceToHost));
-  TERN_CUDA(cudaMemcpy(vdev.data(), c.v.p, vdev.size() * 2, cudaMemcpyDeviceToHost));
+  TERN_CUDA(cudaMemcpy(tw.kdev.data(), c.k.p, tw.kdev.size() * 2, cudaMemcpyDeviceToHost));
+  TERN_CUDA(cudaMemcpy(tw.vdev.data(), c.v.p, tw.vdev.size() * 2, cudaMemcpyDeviceToHost));
+  for (int64_t h = 0; h < Hkv; ++h)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < dh; ++i) {
+        const size_t ci = size_t((h * d.capacity + pos0 + t) * dh + i);
+        c.hk[ci] = kv_float(tw.kdev[ci], d.kv_f16);
+        c.hv[ci] = kv_float(tw.vdev[ci], d.kv_f16);
+      }
+
+  tw.out.resize(size_t(T * Hq * dh));
+  cpu::attention_causal({.q = tw.q.data(), .k_cache = c.hk.data(), .v_cache = c.hv.data(), .capacity = d.capacity,
+                         .pos0 = pos0, .T = T, .Hq = int(Hq), .Hkv = int(Hkv), .dh = int(dh),
+                         .scale = 1.0f / std::sqrt(float(dh)), .out = tw.out.data()});
+  cpu::mul_sigmoid_inplace(tw.out.data(), tw.gate.data(), int64_t(tw.out.size()));
+  return tw;
+}
+
+// The CPU twin of one step after the GPU ran it: checks q, the new cache rows (keys within one ulp of the twin's
+// rounding: 2^-10 of the value in fp16, 2^-7 in bf16; values exact) and the gated attention output.
+void check_step(Cache& c, const Norms& nm, const Step& s, int64_t pos0, const std::string& what) {
+  const AttnDims& d = c.d;
+  const int64_t T = s.T, Hkv = d.Hkv, dh = d.dh;
+  const Twin tw = run_twin(c, nm, s, pos0);
+  expect_close(s.dq.host(), tw.q, 1e-5f, 1e-4f, what + ": q after norm and rope");
+
   std::vector<float> k_got, k_want, v_got, v_want;
   for (int64_t h = 0; h < Hkv; ++h)
     for (int64_t t = 0; t < T; ++t)
       for (int64_t i = 0; i < dh; ++i) {
         const size_t ci = size_t((h * d.capacity + pos0 + t) * dh + i), si = size_t((t * Hkv + h) * dh + i);
-        k_got.push_back(bf16_to_float(kdev[ci]));
-        k_want.push_back(round_bf16(kk[si]));
-        v_got.push_back(bf16_to_float(vdev[ci]));
-        v_want.push_back(round_bf16(s.v[si]));
-        c.hk[ci] = bf16_to_float(kdev[ci]);
-        c.hv[ci] = round_bf16(s.v[si]);
+        k_got.push_back(kv_float(tw.kdev[ci], d.kv_f16));
+        k_want.push_back(round_kv(tw.k[si], d.kv_f16));
+        v_got.push_back(kv_float(tw.vdev[ci], d.kv_f16));
+        v_want.push_back(round_kv(s.v[si], d.kv_f16));
       }
-  expect_close(k_got, k_want, 1e-6f, 8e-3f, what + ": new K cache rows");
+  expect_close(k_got, k_want, 1e-6f, d.kv_f16 ? 1e-3f : 8e-3f, what + ": new K cache rows");
   expect_close(v_got, v_want, 0.0f, 0.0f, what + ": new V cache rows");
-
-  std::vector<float> ref(size_t(T * Hq * dh));
-  cpu::attention_causal({.q = q.data(), .k_cache = c.hk.data(), .v_cache = c.hv.data(), .capacity = d.capacity,
-                         .pos0 = pos0, .T = T, .Hq = int(Hq), .Hkv = int(Hkv), .dh = int(dh),
-                         .scale = 1.0f / std::sqrt(float(dh)), .out = ref.data()});
-  cpu::mul_sigmoid_inplace(ref.data(), gate.data(), int64_t(ref.size()));
-  expect_attention_close(s.out.host(), ref, gate, int(dh), what);
+  expect_attention_close(s.out.host(), tw.out, tw.gate, int(dh), attn_bounds(d.kv_f16), what);
 }
 
 // T new tokens after `pos0` random cached positions, in a fresh cache of `capacity` positions.
 void run_case(std::mt19937_64& rng, AttnDims d, int64_t pos0, int64_t T, int64_t capacity) {
   d.T = T;
   d.capacity = capacity;
-  const std::string what = "dh " + std::to_string(d.dh) + " Hq " + std::to_string(d.Hq) + " T=" + std::to_string(T) +
-                           " at pos0 " + std::to_string(pos0) + " (capacity " + std::to_string(capacity) + ")";
+  const std::string what = std::string(kv_name(d.kv_f16)).append(" dh ").append(std::to_string(d.dh))
+                               .append(" Hq ").append(std::to_string(d.Hq)).append(" T=").append(std::to_string(T))
+                               .append(" at pos0 ").append(std::to_string(pos0)).append(" (capacity ")
+                               .append(std::to_string(capacity)).append(")");
   SCOPED_TRACE(what);
   Cache c(d);
   c.fill_history(rng, pos0);
@@ -199,6 +250,15 @@ void run_case(std::mt19937_64& rng, AttnDims d, int64_t pos0, int64_t T, int64_t
 }
 
 AttnDims model_dims() { return AttnDims{};  /* Hq 16, Hkv 2, dh 256, rot 64, theta 1e7 */ }
+AttnDims with_kv(AttnDims d, bool f16) {
+  d.kv_f16 = f16;
+  return d;
+}
+
+// The tests against the twin, once per cache type: the parameter is AttnDims::kv_f16.
+class CudaAttentionKv : public ::testing::TestWithParam<bool> {};
+INSTANTIATE_TEST_SUITE_P(CacheType, CudaAttentionKv, ::testing::Values(true, false),
+                         [](const ::testing::TestParamInfo<bool>& p) { return std::string(p.param ? "f16" : "bf16"); });
 
 // The demo model's attention (Hq 4, Hkv 2, dh 64, rot 16) and a dh-128 variant with 8:1 grouping.
 AttnDims small_dims(int Hq, int Hkv, int dh, int rot) {
@@ -210,18 +270,18 @@ AttnDims small_dims(int Hq, int Hkv, int dh, int rot) {
   return d;
 }
 
-TEST(CudaAttention, PrefillMatchesCpu) {
+TEST_P(CudaAttentionKv, PrefillMatchesCpu) {
   TERN_REQUIRE_GPU();
   std::mt19937_64 rng(fresh_seed("CudaAttention.Prefill"));
   for (int64_t pos0 : {int64_t(0), int64_t(300)})
     for (int64_t T : {int64_t(9), int64_t(64), int64_t(65), int64_t(640), int64_t(2000)}) {
       // capacity exactly pos0 + T (the last K/V tile ends past the cache) or with unwritten (NaN) rows after it
       const int64_t capacity = pos0 + T + (T % 2 ? 0 : 45);
-      run_case(rng, model_dims(), pos0, T, capacity);
+      run_case(rng, with_kv(model_dims(), GetParam()), pos0, T, capacity);
     }
 }
 
-TEST(CudaAttention, DecodeMatchesCpu) {
+TEST_P(CudaAttentionKv, DecodeMatchesCpu) {
   TERN_REQUIRE_GPU();
   std::mt19937_64 rng(fresh_seed("CudaAttention.Decode"));
   struct C {
@@ -231,14 +291,14 @@ TEST(CudaAttention, DecodeMatchesCpu) {
   for (const C& c : {C{1, 1, 65536}, C{100, 1, 100}, C{100, 1, 4096}, C{5000, 1, 5003}, C{40000, 1, 65536},
                      C{5000, 3, 8192}, C{66, 3, 100}, C{64 * 40 + 1, 2, 65536}, C{3000, 4, 3000}, C{777, 5, 1000},
                      C{20000, 8, 32768}, C{8, 8, 8}})
-    run_case(rng, model_dims(), c.context - c.T, c.T, c.capacity);
+    run_case(rng, with_kv(model_dims(), GetParam()), c.context - c.T, c.T, c.capacity);
 }
 
-TEST(CudaAttention, OtherHeadShapesMatchCpu) {
+TEST_P(CudaAttentionKv, OtherHeadShapesMatchCpu) {
   TERN_REQUIRE_GPU();
   std::mt19937_64 rng(fresh_seed("CudaAttention.OtherShapes"));
   for (const AttnDims& d : {small_dims(4, 2, 64, 16), small_dims(8, 1, 128, 32)})
-    for (int64_t T : {int64_t(1), int64_t(8), int64_t(100)}) run_case(rng, d, 250, T, 400);
+    for (int64_t T : {int64_t(1), int64_t(8), int64_t(100)}) run_case(rng, with_kv(d, GetParam()), 250, T, 400);
 }
 
 // Shapes the kernels do not take are refused with an error before anything is launched, by attn_prepare and by
@@ -273,10 +333,10 @@ TEST(CudaAttention, RefusesShapesTheKernelsDoNotTake) {
 
 // The decode step captured once in a CUDA graph and replayed while the position advances in device memory (across
 // a 64-key tile boundary), as the runner's decode graph does.
-TEST(CudaAttention, DecodeReplaysInAGraphAsThePositionAdvances) {
+TEST_P(CudaAttentionKv, DecodeReplaysInAGraphAsThePositionAdvances) {
   TERN_REQUIRE_GPU();
   std::mt19937_64 rng(fresh_seed("CudaAttention.Graph"));
-  AttnDims d = model_dims();
+  AttnDims d = with_kv(model_dims(), GetParam());
   d.T = 1;
   d.capacity = 8192;
   const int64_t start = 1021;
@@ -301,11 +361,108 @@ TEST(CudaAttention, DecodeReplaysInAGraphAsThePositionAdvances) {
     TERN_CUDA(cudaMemcpy(dpos.p, &p, sizeof(int), cudaMemcpyHostToDevice));
     TERN_CUDA(cudaGraphLaunch(exec, stream));
     TERN_CUDA(cudaStreamSynchronize(stream));
-    check_step(c, nm, s, pos0, "graph replay at pos0 " + std::to_string(pos0));
+    const std::string what = std::string(kv_name(d.kv_f16)).append(" graph replay at pos0 ");
+    check_step(c, nm, s, pos0, std::string(what).append(std::to_string(pos0)));
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+// NaN and values past fp16's range in a new token's K/V rows (attn_prepare's inputs), on both paths (T = 3: decode,
+// T = 100: prefill), after 70 cached positions; token tn's key (pos0 + tn: 71 or 120) sits inside the 64-key tile
+// 64..127, whose earlier keys every query at or after it also sees. KV head 0 of token tn gets a NaN in its K input
+// (the whole key row after the norm) or in V (column 5): the cache keeps NaN (fp16 as bf16; a clamp by fmaxf stored
+// -65504), and every query at or after tn in the heads of KV head 0 comes out NaN there (K: the whole row, as the
+// softmax sum is NaN; V: column 5). Queries before tn are not looked at: in the same tile they may multiply a masked
+// weight 0 by the NaN value. KV head 1 of token tn gets ±1e6 (and, in fp16, ±inf) in V columns 7.. : fp16 stores
+// ±65504, bf16 its own rounding of ±1e6; the heads of KV head 1 stay finite at every query, match the twin with the
+// usual bounds before tn, and after it in those columns within 16 roundings (q and the weight: 16·2^-11, 16·2^-8).
+TEST_P(CudaAttentionKv, NaNInTheCacheReachesTheOutputAndLargeValuesSaturate) {
+  TERN_REQUIRE_GPU();
+  const bool f16 = GetParam();
+  std::mt19937_64 rng(fresh_seed("CudaAttention.NaN"));
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const int64_t nan_col = 5, big_col = 7;
+  const std::vector<float> big = f16 ? std::vector<float>{1e6f, -1e6f, inf, -inf} : std::vector<float>{1e6f, -1e6f};
+  const double rel_tol = 16.0 * (f16 ? 0x1p-11 : 0x1p-8);
+  for (const int64_t T : {int64_t(3), int64_t(100)})
+    for (const bool in_k : {true, false}) {
+      AttnDims d = with_kv(model_dims(), f16);
+      const int64_t pos0 = 70, tn = T == 3 ? 1 : 50;
+      d.T = T;
+      d.capacity = pos0 + T + 20;
+      const int64_t Hq = d.Hq, Hkv = d.Hkv, G = Hq / Hkv, dh = d.dh;
+      const std::string what = std::string(kv_name(f16)).append(" T=").append(std::to_string(T))
+                                   .append(in_k ? ", NaN in K" : ", NaN in V");
+      SCOPED_TRACE(what);
+      Cache c(d);
+      c.fill_history(rng, pos0);
+      Norms nm(rng, d.dh);
+      Step s(rng, d);
+      (in_k ? s.k : s.v)[size_t((tn * Hkv + 0) * dh + nan_col)] = nan;
+      for (size_t i = 0; i < big.size(); ++i) s.v[size_t((tn * Hkv + 1) * dh + big_col) + i] = big[i];
+      s.upload();
+      DeviceBuf<int> dpos(std::vector<int>{int(pos0)});
+      s.run(c, nm, dpos.p, nullptr);
+      const Twin tw = run_twin(c, nm, s, pos0);
+
+      // The cache rows of token tn.
+      const size_t row0 = size_t((0 * d.capacity + pos0 + tn) * dh), row1 = size_t((1 * d.capacity + pos0 + tn) * dh);
+      if (in_k) {
+        int64_t nans = 0;
+        for (int64_t i = 0; i < dh; ++i) nans += std::isnan(kv_float(tw.kdev[row0 + size_t(i)], f16)) ? 1 : 0;
+        EXPECT_EQ(nans, dh) << "the key row with a NaN input: NaN after the norm, stored as NaN";
+      } else {
+        EXPECT_TRUE(std::isnan(kv_float(tw.vdev[row0 + size_t(nan_col)], f16))) << "NaN value stored as NaN";
+      }
+      for (size_t i = 0; i < big.size(); ++i) {
+        const uint16_t b = tw.vdev[row1 + size_t(big_col) + i];
+        EXPECT_EQ(b, kv_bits(big[i], f16)) << "value " << big[i] << " stored as " << kv_float(b, f16);
+        EXPECT_TRUE(std::isfinite(kv_float(b, f16))) << "value " << big[i];
+        if (f16) {
+          EXPECT_EQ(kv_float(b, f16), big[i] > 0 ? 65504.0f : -65504.0f) << "value " << big[i];
+        }
+      }
+
+      // The outputs.
+      const std::vector<float> got = s.out.host();
+      std::vector<float> g_before, r_before, gate_before;
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t h = 0; h < Hq; ++h) {
+          const size_t o = size_t((t * Hq + h) * dh);
+          if (h < G) {  // KV head 0
+            if (t < tn) continue;
+            if (in_k) {
+              int64_t nans = 0;
+              for (int64_t i = 0; i < dh; ++i) nans += std::isnan(got[o + size_t(i)]) ? 1 : 0;
+              EXPECT_EQ(nans, dh) << "token " << t << " head " << h << ": a NaN key leaves the output NaN";
+            } else {
+              EXPECT_TRUE(std::isnan(got[o + size_t(nan_col)]))
+                  << "token " << t << " head " << h << ": got " << got[o + size_t(nan_col)] << " below a NaN value";
+            }
+            continue;
+          }
+          // KV head 1
+          int64_t bad = 0;
+          for (int64_t i = 0; i < dh; ++i) bad += std::isfinite(got[o + size_t(i)]) ? 0 : 1;
+          EXPECT_EQ(bad, 0) << "token " << t << " head " << h << ": non-finite outputs";
+          if (t < tn) {
+            g_before.insert(g_before.end(), got.begin() + o, got.begin() + o + dh);
+            r_before.insert(r_before.end(), tw.out.begin() + o, tw.out.begin() + o + dh);
+            gate_before.insert(gate_before.end(), tw.gate.begin() + o, tw.gate.begin() + o + dh);
+          } else {
+            for (size_t i = 0; i < big.size(); ++i) {
+              const size_t e = o + size_t(big_col) + i;
+              EXPECT_LE(std::fabs(double(got[e]) - double(tw.out[e])), rel_tol * std::fabs(double(tw.out[e])))
+                  << "token " << t << " head " << h << " column " << big_col + int64_t(i) << ": got " << got[e]
+                  << ", want " << tw.out[e];
+            }
+          }
+        }
+      expect_attention_close(g_before, r_before, gate_before, int(dh), attn_bounds(f16),
+                             what + ": KV head 1 before the large values");
+    }
 }
 
 }  // namespace

@@ -1,10 +1,11 @@
 // The integer tensor-core product (qmatmul_int8.cuh) against its CPU twin: x quantised on the host exactly as
-// matmul_quantize_x does (per token and group of 64: m = max|x|, v = rint(x·(32639/m)) in fp32, σ = m/32639 to 22
-// significant bits, x' = σ·v), then the fp32 CPU product cpu::matmul(W, x'). The kernel's integer sums are exact, so only fp32
-// summation differs: the bounds of matmul_test.cpp (1e-5 of the token's rms in rms, 6e-5 in the worst element) hold,
-// and a wrong nibble, group, scale or token is ~1e-2 of the rms. Against the unquantised product the error is the
-// quantisation's (≤ m/65278 per element): a looser sanity bound. The quantised bytes themselves are compared exactly,
-// and every block shape must give the same bits. Outputs start poisoned (NaN), so unwritten elements fail.
+// matmul_quantize_x does (per token and group of 64: m = max|x|, v = rint(x·(32639/m)) in fp32, v = 0 when
+// m < 2^-100, σ = m/32639 to 22 significant bits, x' = σ·v), then the fp32 CPU product cpu::matmul(W, x'). The
+// kernel's integer sums are exact, so only fp32 summation differs: the bounds of matmul_test.cpp (1e-5 of the
+// token's rms in rms, 6e-5 in the worst element) hold, and a wrong nibble, group, scale or token is ~1e-2 of the
+// rms. Against the unquantised product the error is the quantisation's (≤ m/65278 per element): a looser sanity
+// bound. The quantised bytes themselves are compared exactly, and every block shape must give the same bits. Outputs
+// start poisoned (NaN), so unwritten elements fail.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -48,7 +49,7 @@ Quantised quantise(const std::vector<float>& x, int64_t T, int64_t cols) {
       const float* xs = x.data() + n * cols + g * 64;
       float m = 0.0f;
       for (int k = 0; k < 64; ++k) m = std::max(m, std::fabs(xs[k]));
-      const float inv = m > 0.0f ? 32639.0f / m : 0.0f;
+      const float inv = m >= 0x1p-100f ? 32639.0f / m : 0.0f;  // dp4a::quant_factor
       uint32_t sig_bits;
       const float sig0 = m / 32639.0f;
       std::memcpy(&sig_bits, &sig0, 4);

@@ -368,9 +368,114 @@ TEST(CudaQmv, ModelShapesMatchCpu) {
 }
 
 
+// The activations the one-token integer path multiplies with (dp4a_tile.cuh): per group of 64 columns m = max|x̂|,
+// v = rint(x̂·(Q/m)) in fp32, x' = v·σ with σ = m/Q (Q = 8355711 or 32639); a group with m < 2^-100
+// (dp4a::kMinGroupMax) has v = 0 in every column. step[g] = σ of group g.
+std::vector<float> quantise_like_dp4a(const std::vector<float>& xh, float qmax, std::vector<float>& step) {
+  std::vector<float> xq(xh.size());
+  step.assign(xh.size() / 64, 0.0f);
+  for (size_t g = 0; g < step.size(); ++g) {
+    float m = 0.0f;
+    for (int k = 0; k < 64; ++k) m = std::max(m, std::fabs(xh[g * 64 + size_t(k)]));
+    const float inv = m >= 0x1p-100f ? qmax / m : 0.0f, sig = m / qmax;
+    step[g] = sig;
+    for (int k = 0; k < 64; ++k) {
+      const float q = std::nearbyint(xh[g * 64 + size_t(k)] * inv);
+      xq[g * 64 + size_t(k)] = float(double(q) * double(sig));
+    }
+  }
+  return xq;
+}
+
+// One token x through qmv on the integer path (variant 3, set by the caller) in every mode (bit 0: the norm, bit 1:
+// accumulate), each held to the twin with the quantised activations and to the unquantised product (see
+// OneTokenIntegerPathMatchesTwin for the bounds). Returns each mode's output and the y it accumulated onto.
+struct Dp4aOutputs {
+  std::vector<float> y0[4], got[4];
+};
+Dp4aOutputs check_dp4a_token(std::mt19937_64& rng, const QmvCase& c, const HostMatrix& h, const DeviceMatrix& dm,
+                             const std::vector<float>& nw, const std::vector<float>& x, bool wide,
+                             const std::string& label) {
+  Dp4aOutputs out;
+  const float qmax = wide ? 8355711.0f : 32639.0f;
+  const Matrix we = c.experts > 1 ? h.m.expert(c.expert) : h.m;
+  DeviceBuf<float> dx(x), dnw(nw);
+  for (int mode = 0; mode < 4; ++mode) {
+    const bool norm = mode & 1, acc = mode & 2;
+    QmvArgs a;
+    a.w = dm.d;
+    a.expert = c.expert;
+    a.x = dx.p;
+    a.ldx = c.cols;
+    a.norm_w = norm ? dnw.p : nullptr;
+    a.y = nullptr;
+    a.ldy = c.rows;
+    a.accumulate = acc;
+    // x̂ as the kernel forms it, the factor, the quantised activations.
+    std::vector<float> xh(x);
+    double ssd = 0;
+    for (int64_t k = 0; k < c.cols; ++k) {
+      ssd += double(x[size_t(k)]) * x[size_t(k)];
+      if (norm) xh[size_t(k)] = x[size_t(k)] * nw[size_t(k)];
+    }
+    const double rinv = norm ? 1.0 / std::sqrt(ssd / double(c.cols) + 1e-6) : 1.0;
+    std::vector<float> step;
+    const std::vector<float> xq = quantise_like_dp4a(xh, qmax, step);
+    const std::vector<float> twin = matmul_double(we, xq, 1), exact = matmul_double(we, xh, 1);
+    const std::vector<float> mag = row_magnitudes(we, xh, 1);
+    std::vector<float> qtol(static_cast<size_t>(c.rows)), row(static_cast<size_t>(c.cols));
+    for (int64_t r = 0; r < c.rows; ++r) {
+      matrix_row_to_f32(we, r, row.data());
+      double e2 = 0;
+      for (int64_t k = 0; k < c.cols; ++k) {
+        const double d = double(row[size_t(k)]) * step[size_t(k / 64)] / 2.0;
+        e2 += d * d / 3.0;
+      }
+      qtol[size_t(r)] = float(6.0 * std::sqrt(e2) * rinv);
+    }
+    const auto y0 = random_floats(rng, size_t(c.rows), -1.0f, 1.0f);
+    DeviceBuf<float> dy(y0);
+    a.y = dy.p;
+    EXPECT_TRUE(qmv_dp4a_supported(a)) << c.rows << "x" << c.cols;
+    if (!qmv_dp4a_supported(a)) return out;
+    qmv(a, nullptr);
+    const auto got = dy.host();
+    {  // the same product asking L2 for other ranges (the decode plan's prefetch): the same bits
+      DeviceBuf<float> dy2(y0);
+      QmvArgs b = a;
+      b.y = dy2.p;
+      b.l2_ahead.add(static_cast<const char*>(dm.d.data) + 5, int64_t(c.rows) * dm.d.row_words * 4 - 5);
+      b.l2_ahead.add(dx.p, c.cols * 4);
+      qmv(b, nullptr);
+      const auto got2 = dy2.host();
+      EXPECT_EQ(got2.size(), got.size());
+      if (got2.size() == got.size()) {
+        EXPECT_EQ(std::memcmp(got2.data(), got.data(), got.size() * 4), 0) << "L2 prefetch changed the product";
+      }
+    }
+    std::vector<float> want_twin(static_cast<size_t>(c.rows)), want_exact(static_cast<size_t>(c.rows)),
+        tol_twin(static_cast<size_t>(c.rows)), tol_exact(static_cast<size_t>(c.rows));
+    const float m = float(mag[0] * rinv);
+    for (int64_t r = 0; r < c.rows; ++r) {
+      const float base = acc ? y0[size_t(r)] : 0.0f;
+      want_twin[size_t(r)] = base + float(double(twin[size_t(r)]) * rinv);
+      want_exact[size_t(r)] = base + float(double(exact[size_t(r)]) * rinv);
+      tol_twin[size_t(r)] = 2e-6f * m + 1e-6f;
+      tol_exact[size_t(r)] = qtol[size_t(r)] + 1e-5f * m + 1e-6f;
+    }
+    const std::string what = std::string(wide ? "dp4a 24-bit " : "dp4a 16-bit ") + label + std::to_string(c.rows) +
+                             "x" + std::to_string(c.cols) + " expert " + std::to_string(c.expert) + " mode " +
+                             std::to_string(mode);
+    expect_close_each(got, want_twin, tol_twin, 1e-6f, what + " (quantised twin)");
+    expect_close_each(got, want_exact, tol_exact, 1e-6f, what + " (unquantised)");
+    out.y0[mode] = y0;
+    out.got[mode] = got;
+  }
+  return out;
+}
+
 // The one-token integer path (qmv_dp4a.cuh, variant 3), with 24-bit and 16-bit activations, against a double twin
-// that quantises the activations exactly as the kernel does (per group of 64: m = max|x̂|, v = rint(x̂·(Q/m)) in fp32,
-// x' = v·m/Q, Q = 8355711 or 32639), so only the
+// that quantises the activations exactly as the kernel does (quantise_like_dp4a), so only the
 // kernel's fp32 sums differ (tolerance 2e-6 of the row magnitude; a wrong nibble, group or scale is ~1e-2 of it), and
 // against the fp32 CPU matmul on the unquantised activations (its quantisation error, ≤ m/2Q per element, bounded
 // per row by 6·sqrt(Σ_c W²·(m_g/65278)²/3), plus 1e-5 of the magnitude). Shapes of the model (the fused GDN
@@ -388,87 +493,77 @@ TEST(CudaQmv, OneTokenIntegerPathMatchesTwin) {
   for (const bool wide : {true, false})
   for (const QmvCase& c : cases) {
     qmv_dp4a_set_wide(wide);
-    const float qmax = wide ? 8355711.0f : 32639.0f;
     auto h = random_matrix(rng, c.f, c.experts, c.rows, c.cols);
     DeviceMatrix dm(*h);
-    const Matrix we = c.experts > 1 ? h->m.expert(c.expert) : h->m;
     const auto nw = random_floats(rng, size_t(c.cols), 0.5f, 1.5f);
     auto x = random_floats(rng, size_t(c.cols), -2.0f, 2.0f);
     x[size_t(rng() % uint64_t(c.cols))] = 300.0f;  // an outlier: its group's step grows, the others' do not
-    DeviceBuf<float> dx(x), dnw(nw);
-    for (int mode = 0; mode < 4; ++mode) {
-      const bool norm = mode & 1, acc = mode & 2;
-      QmvArgs a;
-      a.w = dm.d;
-      a.expert = c.expert;
-      a.x = dx.p;
-      a.ldx = c.cols;
-      a.norm_w = norm ? dnw.p : nullptr;
-      a.y = nullptr;
-      a.ldy = c.rows;
-      a.accumulate = acc;
-      // x̂ as the kernel forms it, the factor, the quantised activations.
-      std::vector<float> xh(x), xq(x.size());
-      double ssd = 0;
-      for (int64_t k = 0; k < c.cols; ++k) {
-        ssd += double(x[size_t(k)]) * x[size_t(k)];
-        if (norm) xh[size_t(k)] = x[size_t(k)] * nw[size_t(k)];
+    check_dp4a_token(rng, c, *h, dm, nw, x, wide, "");
+  }
+  qmv_set_variant(v0);
+  qmv_dp4a_set_wide(wide0);
+}
+
+// Groups whose largest |x̂| is below 2^-100 (dp4a::kMinGroupMax) quantise to zeros with a finite σ, for both
+// activation widths: all zeros, denormals, ±1e-35 (where Q/m overflows fp32 and v·(Q/m) would be ±inf), values just
+// under the bound, next to normal groups and to a group of ~1e-20 (small, above the bound: quantised as usual). With
+// the norm, the norm weights carry x̂ no higher than 1.5·max|x|. Held to the twins as above (which quantise such
+// groups to zeros too), every output finite; and a token made of such groups only adds exactly 0 in every mode (y
+// unchanged when accumulating).
+TEST(CudaQmv, OneTokenIntegerPathQuantisesTinyGroupsToZeros) {
+  TERN_REQUIRE_GPU();
+  std::mt19937_64 rng(fresh_seed("CudaQmv.Dp4aTinyGroups"));
+  const QmvCase c{WeightFormat::affine4, 1, 1001, 2048, 0};
+  const int64_t groups = c.cols / 64;
+  // Group g of x as one of five kinds: 0 all zeros; 1 denormals (±(k+1)·2^-140, below 2^-126); 2 ±1e-35·u with a
+  // zero; 3 ±1e-35·u with one value at 2^-101 (the largest, still under the bound); 4 ±1e-20·u (above the bound).
+  auto fill_group = [&](std::vector<float>& x, int64_t g, int kind) {
+    std::uniform_real_distribution<float> u(0.5f, 1.0f);
+    for (int k = 0; k < 64; ++k) {
+      const float sign = k % 2 ? -1.0f : 1.0f;
+      float v = 0.0f;
+      if (kind == 1) v = sign * std::ldexp(float(k + 1), -140);
+      if (kind == 2) v = k == 5 ? 0.0f : sign * 1e-35f * u(rng);
+      if (kind == 3) v = k == 9 ? -0x1p-101f : sign * 1e-35f * u(rng);
+      if (kind == 4) v = sign * 1e-20f * u(rng);
+      x[size_t(g * 64 + k)] = v;
+    }
+  };
+  const int v0 = qmv_variant();
+  const bool wide0 = qmv_dp4a_wide();
+  qmv_set_variant(3);
+  auto h = random_matrix(rng, c.f, c.experts, c.rows, c.cols);
+  DeviceMatrix dm(*h);
+  const auto nw = random_floats(rng, size_t(c.cols), 0.5f, 1.5f);
+  for (const bool wide : {true, false}) {
+    qmv_dp4a_set_wide(wide);
+    {  // tiny groups among normal ones
+      auto x = random_floats(rng, size_t(c.cols), -2.0f, 2.0f);
+      const int64_t at[] = {1, 4, 9, 10, 17, groups - 1};
+      const int kinds[] = {0, 1, 2, 3, 4, 1};
+      for (int i = 0; i < 6; ++i) fill_group(x, at[i], kinds[i]);
+      const Dp4aOutputs o = check_dp4a_token(rng, c, *h, dm, nw, x, wide, "tiny groups among normal ones ");
+      for (int mode = 0; mode < 4; ++mode) {
+        size_t bad = 0;
+        for (float y : o.got[mode]) bad += std::isfinite(y) ? 0 : 1;
+        EXPECT_EQ(bad, 0u) << "mode " << mode << ": non-finite outputs";
       }
-      const double rinv = norm ? 1.0 / std::sqrt(ssd / double(c.cols) + 1e-6) : 1.0;
-      std::vector<float> step(static_cast<size_t>(c.cols / 64));
-      for (int64_t g = 0; g < c.cols / 64; ++g) {
-        float m = 0.0f;
-        for (int k = 0; k < 64; ++k) m = std::max(m, std::fabs(xh[size_t(g * 64 + k)]));
-        const float inv = m > 0.0f ? qmax / m : 0.0f, sig = m / qmax;
-        step[size_t(g)] = sig;
-        for (int k = 0; k < 64; ++k) {
-          const float q = std::nearbyint(xh[size_t(g * 64 + k)] * inv);
-          xq[size_t(g * 64 + k)] = float(double(q) * double(sig));
+    }
+    {  // only tiny groups (kinds 0-3): every v is 0, the product is exactly 0
+      std::vector<float> x(size_t(c.cols));
+      for (int64_t g = 0; g < groups; ++g) fill_group(x, g, int(g % 4));
+      const Dp4aOutputs o = check_dp4a_token(rng, c, *h, dm, nw, x, wide, "only tiny groups ");
+      for (int mode = 0; mode < 4; ++mode) {
+        ASSERT_EQ(o.got[mode].size(), size_t(c.rows)) << "mode " << mode;
+        size_t bad = 0, first = 0;
+        for (size_t r = 0; r < size_t(c.rows); ++r) {
+          const float want = (mode & 2) ? o.y0[mode][r] : 0.0f;
+          if (!(o.got[mode][r] == want) && bad++ == 0) first = r;
         }
+        EXPECT_EQ(bad, 0u) << (wide ? "24-bit" : "16-bit") << " mode " << mode << ": " << bad
+                           << " rows not exactly " << ((mode & 2) ? "y" : "0") << "; first at " << first << ": got "
+                           << o.got[mode][first];
       }
-      const std::vector<float> twin = matmul_double(we, xq, 1), exact = matmul_double(we, xh, 1);
-      const std::vector<float> mag = row_magnitudes(we, xh, 1);
-      std::vector<float> qtol(static_cast<size_t>(c.rows)), row(static_cast<size_t>(c.cols));
-      for (int64_t r = 0; r < c.rows; ++r) {
-        matrix_row_to_f32(we, r, row.data());
-        double e2 = 0;
-        for (int64_t k = 0; k < c.cols; ++k) {
-          const double d = double(row[size_t(k)]) * step[size_t(k / 64)] / 2.0;
-          e2 += d * d / 3.0;
-        }
-        qtol[size_t(r)] = float(6.0 * std::sqrt(e2) * rinv);
-      }
-      const auto y0 = random_floats(rng, size_t(c.rows), -1.0f, 1.0f);
-      DeviceBuf<float> dy(y0);
-      a.y = dy.p;
-      ASSERT_TRUE(qmv_dp4a_supported(a)) << c.rows << "x" << c.cols;
-      qmv(a, nullptr);
-      const auto got = dy.host();
-      {  // the same product asking L2 for other ranges (the decode plan's prefetch): the same bits
-        DeviceBuf<float> dy2(y0);
-        QmvArgs b = a;
-        b.y = dy2.p;
-        b.l2_ahead.add(static_cast<const char*>(dm.d.data) + 5, int64_t(c.rows) * dm.d.row_words * 4 - 5);
-        b.l2_ahead.add(dx.p, c.cols * 4);
-        qmv(b, nullptr);
-        const auto got2 = dy2.host();
-        ASSERT_EQ(got2.size(), got.size());
-        EXPECT_EQ(std::memcmp(got2.data(), got.data(), got.size() * 4), 0) << "L2 prefetch changed the product";
-      }
-      std::vector<float> want_twin(static_cast<size_t>(c.rows)), want_exact(static_cast<size_t>(c.rows)),
-          tol_twin(static_cast<size_t>(c.rows)), tol_exact(static_cast<size_t>(c.rows));
-      const float m = float(mag[0] * rinv);
-      for (int64_t r = 0; r < c.rows; ++r) {
-        const float base = acc ? y0[size_t(r)] : 0.0f;
-        want_twin[size_t(r)] = base + float(double(twin[size_t(r)]) * rinv);
-        want_exact[size_t(r)] = base + float(double(exact[size_t(r)]) * rinv);
-        tol_twin[size_t(r)] = 2e-6f * m + 1e-6f;
-        tol_exact[size_t(r)] = qtol[size_t(r)] + 1e-5f * m + 1e-6f;
-      }
-      const std::string what = std::string(wide ? "dp4a 24-bit " : "dp4a 16-bit ") + std::to_string(c.rows) + "x" + std::to_string(c.cols) + " expert " +
-                               std::to_string(c.expert) + " mode " + std::to_string(mode);
-      expect_close_each(got, want_twin, tol_twin, 1e-6f, what + " (quantised twin)");
-      expect_close_each(got, want_exact, tol_exact, 1e-6f, what + " (unquantised)");
     }
   }
   qmv_set_variant(v0);

@@ -60,7 +60,8 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], uint32_t addr) 
 }
 
 // The 16-bit element type of the KV cache, q and the softmax weights on the tensor cores (AttnDims::kv_f16):
-// F16 = true is fp16 (11 significant bits; values clamped to ±65504 when stored), false bf16 (8 bits).
+// F16 = true is fp16 (11 significant bits; magnitudes past 65504 saturate to ±65504 when stored, NaN stays NaN:
+// pack16), false bf16 (8 bits).
 //
 // c[16×8] += a[16×16] · b[16×8], 16-bit inputs, fp32 accumulators. Fragments (g = lane/4, c = lane%4):
 //   a0 (g, 2c..2c+1), a1 (g+8, 2c..), a2 (g, 2c+8..), a3 (g+8, 2c+8..);  b0 (k 2c..2c+1, n g), b1 (k 2c+8.., n g);
@@ -82,16 +83,15 @@ __device__ __forceinline__ void mma16(float c[4], const uint32_t a[4], uint32_t 
   }
 }
 
-// Two floats -> a packed 16-bit pair (round to nearest even), `lo` in the low half (the lower column). fp16 saturates
-// at ±65504 (no infinity from a large finite value).
+// Two floats -> a packed 16-bit pair (round to nearest even), `lo` in the low half (the lower column); every 16-bit
+// value of this file (the KV cache, q, the softmax weights) is made here. fp16 is .satfinite (PTX 8.1, sm_80+): a
+// magnitude past 65504, ±inf included, becomes ±65504, and NaN stays NaN so that it reaches the output (a clamp by
+// fmaxf/fminf would make it a finite -65504: fmaxf drops NaN). bf16, with fp32's exponent range, only rounds.
 template <bool F16>
 __device__ __forceinline__ uint32_t pack16(float lo, float hi) {
   uint32_t r;
   if constexpr (F16) {
-    constexpr float kMax = 65504.0f;
-    lo = fminf(fmaxf(lo, -kMax), kMax);
-    hi = fminf(fmaxf(hi, -kMax), kMax);
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
   } else {
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
   }

@@ -12,7 +12,8 @@
 // Head dims 64, 128 and 256 are supported. q and the softmax weights are rounded to the cache's type for the tensor
 // cores. fp16 (the runner's default) keeps 11 significant bits against bf16's 8: on a model at trained scales the
 // attention layers' rounding was the floor of the whole model's error against an fp32 reference (docs/benchmarks.md);
-// values past ±65504 are clamped when stored (q and k are RMS-normed; v would have to be that large).
+// magnitudes past 65504 saturate to ±65504 when stored (q and k are RMS-normed; v would have to be that large), NaN
+// stays NaN (so it reaches the output).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -2,10 +2,10 @@
 // many tokens, dense or grouped by expert (the MatmulArgs of qmatmul.cuh, with x_q16 set).
 //
 // x is quantised once per product input by matmul_quantize_x, as the one-token integer path does (dp4a_tile.cuh):
-// per token and group of 64 columns m = max|x|, v = rint(x·32639/m) (16 bits), σ = m/32639 truncated to 22
-// significant bits, and v = 256·hi + lo
-// with hi, lo int8. The kernel multiplies the weights' integers q (0..15 or 0..255, as u8) with hi and with lo on
-// mma.sync m16n8k32 (u8 × s8, s32 accumulators: exact), and folds every group in fp32:
+// per token and group of 64 columns m = max|x|, v = rint(x·32639/m) (16 bits; v = 0 when m < 2^-100), σ = m/32639
+// truncated to 22 significant bits, and v = 256·hi + lo with hi, lo int8. The kernel multiplies the weights'
+// integers q (0..15 or 0..255, as u8) with hi and with lo on mma.sync m16n8k32 (u8 × s8, s32 accumulators: exact),
+// and folds every group in fp32:
 //   y += s·σ·(256·Σq·hi + Σq·lo) + b·(σ·Σv).
 // So the result equals the fp32 product of the weights and x' = σ·v up to fp32 summation; x' is within
 // m/65278 of x per element. Four int8 MMAs per 64 k against the eight bf16 MMAs of the split-x kernel (qmatmul.cu).

@@ -12,6 +12,12 @@
 // (a uint2); six dp4a per word. The error per element is at most m/16.7M (16-bit: m/65278), below fp32 rounding of
 // the sums; on weights at trained scales the 16-bit products' error alone moved the one-token decode's mean KL
 // against transformers from 1e-5 to 1.4e-3 (docs/benchmarks.md).
+//
+// A group with m < 2^-100 (kMinGroupMax: all zeros, denormals, or values so small that Q/m would overflow fp32, as it
+// does below ~2.5e-32 for the wide form and ~9.6e-35 for the 16-bit one, and σ would be denormal) quantises to v = 0
+// with σ = m/Q, finite. Its values are dropped (each below 2^-100: no sum that holds a normal value keeps them; with
+// the RMSNorm prologue the output's factor is at most 1/sqrt(eps)); every group at or above it has Q/m finite and σ
+// normal.
 #pragma once
 
 #include <cstdint>
@@ -21,8 +27,12 @@ namespace tern::cuda::dp4a {
 constexpr float kQMax = 32639.0f;  // |v| ≤ 32639 keeps hi = (v + 128) >> 8 within [-127, 127]
 constexpr float kQMaxWide = 8355711.0f;  // 127·(65536 + 256 + 1): hi, mid and lo all within int8
 constexpr int kQMaxWideInt = 8355711;
+constexpr float kMinGroupMax = 0x1p-100f;  // groups with a smaller max|x| quantise to zeros (see above)
 template <bool kWide>
 __host__ __device__ constexpr float qmax() { return kWide ? kQMaxWide : kQMax; }
+
+// Q/m, the factor that maps the group's x onto the integers; 0 (every v = 0) when m < kMinGroupMax.
+__device__ __forceinline__ float quant_factor(float m, float q) { return m >= kMinGroupMax ? q / m : 0.0f; }
 
 __device__ __forceinline__ uint32_t pack_bytes(int a, int b, int c, int d) {
   return (uint32_t(a) & 0xffu) | ((uint32_t(b) & 0xffu) << 8) | ((uint32_t(c) & 0xffu) << 16) | (uint32_t(d) << 24);
@@ -42,7 +52,7 @@ __device__ __forceinline__ float group_max(const float v[8]) {
 // group of 64. Returns the word's {even hi, odd hi, even lo, odd lo}; sumv = Σv of the word, m = the group's max|x|.
 __device__ __forceinline__ uint4 quantize_word(const float v[8], int& sumv, float& m) {
   m = group_max(v);
-  const float inv = m > 0.0f ? kQMax / m : 0.0f;
+  const float inv = quant_factor(m, kQMax);
   int hi[8], lo[8];
   sumv = 0;
 #pragma unroll
@@ -59,7 +69,7 @@ __device__ __forceinline__ uint4 quantize_word(const float v[8], int& sumv, floa
 // The wide form of quantize_word: returns {even hi, odd hi, even mid, odd mid}, lo = {even lo, odd lo}.
 __device__ __forceinline__ uint4 quantize_word_wide(const float v[8], int& sumv, float& m, uint2& lo_bytes) {
   m = group_max(v);
-  const float inv = m > 0.0f ? kQMaxWide / m : 0.0f;
+  const float inv = quant_factor(m, kQMaxWide);
   int hi[8], mid[8], lo[8];
   sumv = 0;
 #pragma unroll

@@ -6,13 +6,14 @@
 // contiguous warp loads, keeps the activations in registers and has no shared-memory staging or block reduction.
 //
 // Numerics: x̂ (x, or x·norm_w for the RMSNorm, whose rsqrt(mean(x²) + eps) multiplies the output) is quantised per
-// group of 64 columns to 16-bit integers v = rint(x̂·(32639/m)), m = max|x̂| of the group, σ = m/32639, and v split
-// into int8 hi and lo (v = 256·hi + lo). Σ q·v over a group is exact in int32 (dp4a chains), and the group adds
-// s·σ·Σq·v + b·σ·Σv in fp32. The activations' error is at most σ/2 per element (m/65278 of its group's largest),
-// the weights are exact: ~2^-16 of the group maximum against ~2^-22 for the tensor-core path's fp16 hi + lo. By
-// default the activations are 24-bit instead (v = rint(x̂·(8355711/m)) = 65536·hi + 256·mid + lo, six dp4a per 8
-// weights, error ≤ m/16.7M): on weights at trained scales the 16-bit form's error moved the one-token decode's mean KL
-// against an fp32 reference from ~1e-5 to 1.4e-3 (TERN_QMV_DP4A_BITS=16 brings it back, for comparison).
+// group of 64 columns to 16-bit integers v = rint(x̂·(32639/m)), m = max|x̂| of the group, σ = m/32639 (a group with
+// m < 2^-100 to zeros: dp4a_tile.cuh), and v split into int8 hi and lo (v = 256·hi + lo). Σ q·v over a group is
+// exact in int32 (dp4a chains), and the group adds s·σ·Σq·v + b·σ·Σv in fp32. The activations' error is at most σ/2
+// per element (m/65278 of its group's largest), the weights are exact: ~2^-16 of the group maximum against ~2^-22
+// for the tensor-core path's fp16 hi + lo. By default the activations are 24-bit instead
+// (v = rint(x̂·(8355711/m)) = 65536·hi + 256·mid + lo, six dp4a per 8 weights, error ≤ m/16.7M): on weights at
+// trained scales the 16-bit form's error moved the one-token decode's mean KL against an fp32 reference from ~1e-5
+// to 1.4e-3 (TERN_QMV_DP4A_BITS=16 brings it back, for comparison).
 #pragma once
 
 #include <cuda_runtime.h>
