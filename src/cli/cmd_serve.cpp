@@ -161,7 +161,7 @@ void serve(const ServeArgs& a) {
                  "tern serve: ready: model '%s' on %s, context %lld tokens, %d requests at once, queue depth %zu, "
                  "prefix cache %s\n",
                  model.model_id.c_str(), runner->backend_name().c_str(), static_cast<long long>(ctx),
-                 options.scheduler.parallel, options.max_queue, options.prefix_cache.enabled ? "on" : "off");
+                 http.parallel(), options.max_queue, options.prefix_cache.enabled ? "on" : "off");
     std::string names = "\"" + model.model_id + "\"";
     for (const std::string& alias : model.aliases) names += " or \"" + alias + "\"";
     if (!options.strict_model_name) names += " (any other name is answered by it too)";
@@ -231,9 +231,8 @@ void command_serve(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--parallel", s.scheduler.parallel,
                   "Requests generated at once (continuous batching; each holds a session of --ctx-size tokens, "
-                  "allocated at start); more wait in the queue")
-      ->check(CLI::Range(1, 256))
-      ->capture_default_str();
+                  "allocated at start; more wait in the queue). Default: 4, fewer when memory is short")
+      ->check(CLI::Range(1, 256));
   sub->add_option("--step-tokens", s.scheduler.step_tokens,
                   "Prompt tokens prefilled per step while other requests decode (a long prompt is read in such "
                   "chunks between their tokens)")

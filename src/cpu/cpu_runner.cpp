@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <vector>
 
@@ -35,6 +36,19 @@ std::string layer_name(const char* base, int layer) {
 }
 
 // Per-layer state of one sequence.
+// MemAvailable of /proc/meminfo (RAM that new allocations can take without swapping), or -1 where it is not there.
+int64_t available_ram_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  std::string unit;
+  while (f >> key >> kb) {
+    std::getline(f, unit);
+    if (key == "MemAvailable:") return kb * 1024;
+  }
+  return -1;
+}
+
 struct LayerState {
   // full attention: K and V caches [Hkv, allocated, dh]; grown on demand up to the session capacity.
   std::vector<float> k_cache, v_cache;
@@ -235,6 +249,18 @@ class CpuRunner final : public ModelRunner {
     TERN_CHECK(max_context > 0, "session capacity must be positive, got ", max_context);
     return std::make_unique<CpuSession>(this, w_->config, max_context);
   }
+  // A full session: fp32 K and V of every attention layer (grown on demand up to this), the Gated DeltaNet states.
+  int64_t session_bytes(int64_t max_context) const override {
+    const Config& c = w_->config;
+    int64_t floats = 0;
+    for (LayerType t : c.layer_types)
+      floats += t == LayerType::full_attention
+                    ? 2 * max_context * int64_t(c.num_key_value_heads) * c.head_dim
+                    : int64_t(c.linear_conv_kernel_dim - 1) * c.conv_channels() +
+                          int64_t(c.linear_num_value_heads) * c.linear_value_head_dim * c.linear_key_head_dim;
+    return floats * 4;
+  }
+  int64_t free_memory_bytes() const override { return available_ram_bytes(); }
 
   void set_activation_dump_dir(const std::string& dir) override { dump_dir_ = dir; }
 

@@ -111,6 +111,10 @@ class ModelRunner {
   virtual int64_t preferred_prefill_chunk() const { return 2048; }
 
   virtual std::unique_ptr<Session> create_session(int64_t max_context) = 0;
+  // Memory a session of max_context tokens takes at most (KV cache, recurrent state), in bytes; 0 when unknown.
+  virtual int64_t session_bytes(int64_t max_context) const { return 0; }
+  // Memory free for new sessions now (device memory on CUDA, available RAM on the CPU), in bytes; -1 when unknown.
+  virtual int64_t free_memory_bytes() const { return -1; }
 
   // Runs `tokens` through the model, appending them to the session. Writes float32 logits to `logits`:
   // [tokens.size(), V] when all_logits, else [1, V] for the last token. Padding ids are set to -inf.

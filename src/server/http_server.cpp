@@ -194,6 +194,8 @@ void HttpServer::set_model(const ServerModel& model) {
   state_->ready.store(true, std::memory_order_release);
 }
 
+int HttpServer::parallel() const { return state_->engine ? state_->engine->parallel() : 0; }
+
 void HttpServer::install_routes() {
   ServerState& s = *state_;
   httplib::Server& h = *http_;

@@ -42,6 +42,8 @@ class HttpServer {
 
   int port() const { return port_; }
   Metrics& metrics() { return metrics_; }
+  // Requests generated at once (--parallel, or what fits when it was left to the server); 0 before set_model().
+  int parallel() const;
 
  private:
   void install_routes();

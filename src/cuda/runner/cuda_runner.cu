@@ -91,6 +91,16 @@ CudaRunner::~CudaRunner() {
   cudaStreamDestroy(stream_);
 }
 
+int64_t CudaRunner::session_bytes(int64_t max_context) const {
+  return int64_t(CudaSession::bytes_for(*w_, max_context));
+}
+
+int64_t CudaRunner::free_memory_bytes() const {
+  size_t free = 0, total = 0;
+  if (cudaMemGetInfo(&free, &total) != cudaSuccess) return -1;
+  return int64_t(free);
+}
+
 std::unique_ptr<Session> CudaRunner::create_session(int64_t max_context) {
   TERN_CHECK(max_context > 0, "session capacity must be positive, got ", max_context);
   TERN_CHECK(max_context < (int64_t(1) << 31), "session capacity ", max_context, " is too large");

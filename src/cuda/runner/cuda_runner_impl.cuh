@@ -58,6 +58,8 @@ class CudaRunner final : public ModelRunner {
   int64_t weight_bytes() const { return w_->bytes; }
 
   std::unique_ptr<Session> create_session(int64_t max_context) override;
+  int64_t session_bytes(int64_t max_context) const override;
+  int64_t free_memory_bytes() const override;
   void forward(Session& session, std::span<const int32_t> tokens, bool all_logits, std::vector<float>& logits) override;
   std::optional<int32_t> forward_sample(Session& session, std::span<const int32_t> tokens,
                                         const DeviceSampling& sampling) override;

@@ -63,6 +63,19 @@ size_t gdn_state_bytes_of(const DeviceWeights& w) {
   return bytes;
 }
 
+size_t CudaSession::bytes_for(const DeviceWeights& w, int64_t capacity) {
+  const Config& c = w.config;
+  const int64_t kv_elems = int64_t(c.num_key_value_heads) * capacity * c.head_dim;
+  const int64_t conv_elems = int64_t(c.linear_conv_kernel_dim - 1) * c.conv_channels();
+  const int64_t rec_elems = int64_t(c.linear_num_value_heads) * c.linear_value_head_dim * c.linear_key_head_dim;
+  size_t bytes = DeviceArena::align(sizeof(int));
+  for (const DeviceLayer& l : w.layers)
+    bytes += l.type == LayerType::full_attention ? 2 * DeviceArena::align(size_t(kv_elems) * 2)
+                                                 : DeviceArena::align(size_t(conv_elems) * 4) +
+                                                       DeviceArena::align(size_t(rec_elems) * 4);
+  return bytes;
+}
+
 CudaSession::CudaSession(const DeviceWeights& w, int64_t capacity, const void* owner, uint64_t id,
                          std::shared_ptr<SnapshotBuffers> snapshot_buffers)
     : owner(owner), id(id), capacity_(capacity), snapshot_buffers_(std::move(snapshot_buffers)) {
@@ -72,12 +85,7 @@ CudaSession::CudaSession(const DeviceWeights& w, int64_t capacity, const void* o
   const int64_t kv_elems = int64_t(c.num_key_value_heads) * capacity * c.head_dim;
   const int64_t conv_elems = int64_t(c.linear_conv_kernel_dim - 1) * c.conv_channels();
   const int64_t rec_elems = int64_t(c.linear_num_value_heads) * c.linear_value_head_dim * c.linear_key_head_dim;
-  size_t bytes = DeviceArena::align(sizeof(int));
-  for (const DeviceLayer& l : w.layers)
-    bytes += l.type == LayerType::full_attention ? 2 * DeviceArena::align(size_t(kv_elems) * 2)
-                                                 : DeviceArena::align(size_t(conv_elems) * 4) +
-                                                       DeviceArena::align(size_t(rec_elems) * 4);
-  arena = DeviceArena(bytes, "session caches");
+  arena = DeviceArena(bytes_for(w, capacity), "session caches");
   d_pos = arena.take_n<int>(1);
   for (const DeviceLayer& l : w.layers) {
     LayerCache lc;

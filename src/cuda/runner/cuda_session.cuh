@@ -71,6 +71,8 @@ size_t gdn_state_bytes_of(const DeviceWeights& w);
 
 class CudaSession final : public Session {
  public:
+  // The device memory a session of `capacity` tokens takes (its one allocation).
+  static size_t bytes_for(const DeviceWeights& w, int64_t capacity);
   CudaSession(const DeviceWeights& w, int64_t capacity, const void* owner, uint64_t id,
               std::shared_ptr<SnapshotBuffers> snapshot_buffers);
   int64_t position() const override { return pos; }

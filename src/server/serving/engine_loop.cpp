@@ -33,18 +33,36 @@ EngineEvent error_event(const GenerationTask& task, std::exception_ptr error) {
 EngineLoop::EngineLoop(Generator& generator, int64_t context, size_t max_queue, Metrics& metrics,
                        PrefixCacheOptions cache, SchedulerOptions scheduler)
     : generator_(generator), context_(context), metrics_(metrics), scheduler_(scheduler), queue_(max_queue) {
-  TERN_CHECK(scheduler_.parallel >= 1, "--parallel must be at least 1, got ", scheduler_.parallel);
+  TERN_CHECK(scheduler_.parallel >= 0, "--parallel must be at least 1, got ", scheduler_.parallel);
   TERN_CHECK(scheduler_.step_tokens >= 1, "--step-tokens must be at least 1, got ", scheduler_.step_tokens);
+  plan_memory();
   cache_ = std::make_unique<PrefixCache>(generator_.runner(), context_, cache);
   try {
     cache_->reserve(scheduler_.parallel);
   } catch (const std::exception& e) {
-    TERN_CHECK(false, scheduler_.parallel, " sequences of ", context_, " tokens (--parallel ", scheduler_.parallel,
+    TERN_FAIL(scheduler_.parallel, " sequences of ", context_, " tokens (--parallel ", scheduler_.parallel,
                ", --ctx-size ", context_, ") do not fit: ", strip_error_location(e.what()),
                "; use a smaller --parallel or --ctx-size");
   }
   metrics_.on_prefix_cache(cache_->stats(), cache_->active());
   thread_ = std::thread([this] { run(); });
+}
+
+// The sessions' memory against what is free: --parallel left to the server (0) becomes the default or what fits; an
+// explicit --parallel that does not fit is refused with the numbers.
+void EngineLoop::plan_memory() {
+  ModelRunner& runner = generator_.runner();
+  const int64_t per = runner.session_bytes(context_), free = runner.free_memory_bytes();
+  const bool known = per > 0 && free >= 0;
+  const int64_t fit = known ? free / per : int64_t(SchedulerOptions::kDefaultParallel);
+  const auto gb = [](int64_t b) { return detail::concat(double(int64_t(double(b) / 1e7)) / 100.0, " GB"); };
+  int& parallel = scheduler_.parallel;
+  if (parallel == 0) parallel = int(std::clamp<int64_t>(fit, 1, SchedulerOptions::kDefaultParallel));
+  if (!known || parallel <= fit) return;
+  const int64_t tokens_fit = per > 0 ? context_ * free / (per * parallel) : 0;
+  TERN_FAIL(parallel, " sequences of ", context_, " tokens need ", gb(per * parallel), " (", gb(per),
+             " each) but ", gb(free), " is free: ", fit > 0 ? detail::concat("--parallel ", fit, " fits, or ") : "",
+             "--ctx-size ", tokens_fit, " fits ", parallel, " sequences");
 }
 
 EngineLoop::~EngineLoop() {

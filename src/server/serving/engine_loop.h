@@ -27,7 +27,8 @@ namespace tern::server {
 class EngineLoop {
  public:
   // `generator` and `runner` must outlive the loop. context: each session's capacity in tokens. The `parallel`
-  // sessions are created here (their memory is taken at start): throws tern::Error when they do not fit.
+  // sessions are created here (their memory is taken at start): throws tern::Error, with the memory needed and
+  // free and what would fit, when they do not. scheduler.parallel 0: the default, fewer when memory is short.
   EngineLoop(Generator& generator, int64_t context, size_t max_queue, Metrics& metrics, PrefixCacheOptions cache = {},
              SchedulerOptions scheduler = {});
   ~EngineLoop();  // stops the thread after the running tasks; waiting tasks get an error event
@@ -51,6 +52,7 @@ class EngineLoop {
     std::unique_ptr<GenerationRun> run;
   };
 
+  void plan_memory();
   void run();
   bool admit(bool wait);   // starts the next waiting task; false when none (wait: blocks until one or the end)
   void start(const std::shared_ptr<GenerationTask>& task);

@@ -19,7 +19,9 @@ namespace tern::server {
 
 // The engine loop's scheduler (engine_loop.h).
 struct SchedulerOptions {
-  int parallel = 4;              // requests that run at once (--parallel); the others wait in the queue
+  int parallel = 0;              // requests that run at once (--parallel; 0: kDefaultParallel, fewer when the memory
+                                 // holds fewer sessions); the others wait in the queue
+  static constexpr int kDefaultParallel = 4;
   int64_t step_tokens = 1024;    // prompt tokens per step while other requests decode (--step-tokens); a prompt
                                  // with no one else decoding prefills in the runner's own chunks
 };

@@ -169,6 +169,9 @@ class RecordingRunner : public tern::testing::FakeRunner {
       throw InternalError("CUDA error in create_session: cudaErrorMemoryAllocation (out of memory)");
     return FakeRunner::create_session(max_context);
   }
+  int64_t session_bytes(int64_t max_context) const override { return bytes_per_token * max_context; }
+  int64_t free_memory_bytes() const override { return free_bytes; }
+  int64_t bytes_per_token = 0, free_bytes = -1;  // the memory the planner sees (0 / -1: unknown)
   std::mutex mutex;
   std::vector<std::vector<std::pair<const Session*, int64_t>>> steps;
   std::chrono::milliseconds step_delay{0};
@@ -318,6 +321,37 @@ TEST(EngineLoopScheduler, SessionsAreTakenAtStart) {
     EXPECT_NE(what.find("--parallel"), std::string::npos) << what;
     EXPECT_NE(what.find("out of memory"), std::string::npos) << what;
   }
+}
+
+TEST(EngineLoopScheduler, MemoryPlanChoosesOrRefusesTheParallelSequences) {
+  const auto loop_with = [](RecordingRunner& runner, int parallel) {
+    runner.bytes_per_token = 1000000;  // 1 GB per session of 1,000 tokens
+    runner.free_bytes = 2500000000;    // 2.5 GB free: two fit
+    Generator generator(runner, letters());
+    Metrics metrics;
+    EngineLoop loop(generator, 1000, 4, metrics, {}, SchedulerOptions{.parallel = parallel, .step_tokens = 64});
+    return loop.parallel();
+  };
+  {
+    RecordingRunner runner;
+    EXPECT_EQ(loop_with(runner, 0), 2) << "left to the server: what fits, at most the default";
+    EXPECT_EQ(runner.sessions_created, 2);
+  }
+  {
+    RecordingRunner runner;
+    EXPECT_EQ(loop_with(runner, 2), 2);
+  }
+  RecordingRunner runner;
+  try {
+    loop_with(runner, 3);
+    ADD_FAILURE() << "three sessions do not fit";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    for (const char* says : {"3 sequences of 1000 tokens need 3 GB (1 GB each) but 2.5 GB is free", "--parallel 2 fits",
+                             "--ctx-size 833 fits 3 sequences"})
+      EXPECT_NE(what.find(says), std::string::npos) << what;
+  }
+  EXPECT_EQ(runner.sessions_created, 0) << "refused before any session is made";
 }
 
 }  // namespace
