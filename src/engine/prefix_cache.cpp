@@ -118,8 +118,6 @@ PrefixCache::Lease PrefixCache::begin(std::span<const int32_t> prompt) {
 
   const int64_t q = best_entry->snap->position();
   best_entry->last_use = clock_;
-  ++counters_.hits;
-  counters_.tokens_reused += q;
   const bool loses_snapshots = std::any_of(best->snaps.begin(), best->snaps.end(),
                                            [&](const Entry& e) { return e.snap->position() > best_common; });
   Slot* target = best;
@@ -134,6 +132,8 @@ PrefixCache::Lease PrefixCache::begin(std::span<const int32_t> prompt) {
   } else if (loses_snapshots && int(slots_.size()) < options_.slots) {
     fork = &new_slot();
   }
+  ++counters_.hits;
+  counters_.tokens_reused += q;
   if (fork) {
     fork->session->copy_kv_prefix(*best->session, q);
     fork->session->restore(*best_entry->snap);

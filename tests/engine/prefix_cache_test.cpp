@@ -269,6 +269,40 @@ TEST(PrefixCache, ForkKeepsTheOriginalConversation) {
   expect_same_turn(t2, scratch.turn(p2), "original after the fork");
 }
 
+// Parallel requests (the server's --parallel): a slot in use is never given to another request, but its snapshots
+// are reused by copying their KV rows into an idle slot; with every slot in use, begin() refuses.
+TEST(PrefixCache, BusySlotIsNeverSharedButItsSnapshotsAre) {
+  const uint64_t seed = fresh_seed("prefix cache busy");
+  std::mt19937_64 rng(seed ^ 0x55);
+  Harness cached(seed, cache_options(8, 2)), scratch(seed, no_cache());
+  const std::vector<int32_t> p = random_tokens(rng, 40);
+  const Turn t1 = cached.turn(p);
+  // The conversation's next turn holds its slot (resumed at its end, 40 + 5) and is still running...
+  const std::vector<int32_t> p2 = next_prompt(p, t1, rng, 5);
+  const PrefixCache::Lease running = cached.cache->begin(p2);
+  EXPECT_EQ(running.cached, 45);
+  // ...when a branch sharing the first 27 tokens arrives: it resumes at 24 in the other session.
+  std::vector<int32_t> branch(p.begin(), p.begin() + 27);
+  const std::vector<int32_t> more = random_tokens(rng, 10);
+  branch.insert(branch.end(), more.begin(), more.end());
+  const Turn f = cached.turn(branch);
+  EXPECT_EQ(f.cached, 24);
+  expect_same_turn(f, scratch.turn(branch), "branch beside a running request");
+  EXPECT_EQ(running.session->position(), 45) << "the running request's session was not touched";
+  // Both slots in use: a third request is refused (the engine never admits more than the slots).
+  const PrefixCache::Lease second = cached.cache->begin(branch);
+  EXPECT_NE(second.session, running.session);
+  EXPECT_THROW(cached.cache->begin(p), InternalError);
+  std::vector<int32_t> held(p2.begin(), p2.begin() + 45);
+  cached.cache->end(*running.session, held, true);
+  held.assign(branch.begin(), branch.begin() + second.cached);
+  cached.cache->end(*second.session, held, true);
+  // Free again: the conversation resumes from its end.
+  const Turn t2 = cached.turn(p2);
+  EXPECT_EQ(t2.cached, 45);
+  expect_same_turn(t2, scratch.turn(p2), "the conversation after the branch");
+}
+
 TEST(PrefixCache, SnapshotsSpillToHostAndAreDroppedOverBudget) {
   const uint64_t seed = fresh_seed("prefix cache budgets");
   std::mt19937_64 rng(seed ^ 0x44);
