@@ -20,6 +20,7 @@
 #include "core/check.h"
 #include "engine/generator.h"
 #include "engine/token_mask.h"
+#include "engine/generation_run.h"
 #include "grammar/grammar.h"
 
 namespace tern {
@@ -263,6 +264,57 @@ TEST(ConstrainedGenerator, ForcedTokenOutsideTheGrammarIsAnError) {
   r.grammar = grammar::compile_json_object();
   r.forced_tokens = {token_of("hello")};
   EXPECT_THROW(f.run(r), Error);
+}
+
+// Constrained and free requests in one batch (the server's scheduler: one forward_batch per step over several
+// GenerationRuns): each output is what the request gives alone, with the host sampler and with the device's.
+TEST(ConstrainedGenerator, BatchedWithFreeRequestsGivesTheOutputsAlone) {
+  for (bool device : {false, true}) {
+    const auto g = grammar::compile_json_schema(kSchema);
+    std::vector<GenerationRequest> requests(4);
+    for (size_t i = 0; i < requests.size(); ++i) {
+      GenerationRequest& r = requests[i];
+      if (i % 2 == 0) r.grammar = g;
+      r.max_tokens = 60;
+      r.sampling.temperature = i < 2 ? 0.0f : 1.0f;
+      r.sampling.seed = uint64_t(77 + i);
+      r.prompt = {token_of("x"), int32_t(3 + i)};
+    }
+    std::vector<GenerationResult> alone;
+    for (const GenerationRequest& r : requests) {
+      Fixture f(device);
+      alone.push_back(f.run(r));
+    }
+    Fixture f(device);
+    std::vector<std::unique_ptr<Session>> sessions;
+    std::vector<std::unique_ptr<GenerationRun>> runs;
+    for (const GenerationRequest& r : requests) {
+      sessions.push_back(f.runner.create_session(512));
+      runs.push_back(std::make_unique<GenerationRun>(*f.gen, *sessions.back(), r, nullptr));
+    }
+    for (int step = 0; step < 1000; ++step) {
+      std::vector<BatchEntry> batch;
+      std::vector<GenerationRun*> owners;
+      for (auto& run : runs) {
+        BatchEntry e;
+        if (!run->finished() && run->next_step(e, 64)) {
+          batch.push_back(e);
+          owners.push_back(run.get());
+        }
+      }
+      if (batch.empty()) break;
+      f.runner.forward_batch(batch);
+      for (size_t i = 0; i < batch.size(); ++i) owners[i]->step_done(batch[i]);
+    }
+    for (size_t i = 0; i < runs.size(); ++i) {
+      ASSERT_TRUE(runs[i]->finished());
+      const GenerationResult& r = runs[i]->result();
+      EXPECT_GE(r.tokens.size(), 3u) << i;
+      EXPECT_EQ(r.tokens, alone[i].tokens) << "request " << i << ", device " << device;
+      EXPECT_EQ(r.text, alone[i].text) << i;
+      if (requests[i].grammar && r.finish == FinishReason::stop) expect_valid(r.text);
+    }
+  }
 }
 
 }  // namespace
