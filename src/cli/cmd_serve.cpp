@@ -246,9 +246,10 @@ void command_serve(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--http-threads", s.http_threads, "HTTP worker threads (default: max-queue + parallel + 8)")
       ->check(CLI::Range(0, 4096));
-  sub->add_option("--thinking-budget", s.thinking_budget,
+  sub->add_option("--thinking-budget,--reasoning-budget", s.thinking_budget,
                   "Reasoning tokens per answer at most, for requests that set none (thinking_budget, Anthropic's "
-                  "budget_tokens); then the model is told to answer. -1: no limit")
+                  "budget_tokens; the Responses and Ollama APIs always); then the model is told to answer. "
+                  "-1: no limit")
       ->check(CLI::Range(int64_t(-1), int64_t(std::numeric_limits<int32_t>::max())))
       ->capture_default_str();
   sub->add_option("--stream-keep-alive", s.stream_keep_alive_s,

@@ -2,8 +2,11 @@
 // into a grammar of JSON text.
 #include <algorithm>
 #include <cctype>
+#include <bit>
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <map>
 #include <optional>
 #include <set>
 
@@ -27,8 +30,8 @@ const std::set<std::string>& supported_keywords() {
   static const std::set<std::string> k = {
       "type",     "properties", "required",  "additionalProperties", "items",     "prefixItems",
       "enum",     "const",      "anyOf",     "oneOf",                "allOf",     "$ref",
-      "nullable", "minItems",   "maxItems",  "minLength",            "maxLength", "pattern",
-      "format",   "minimum",    "maximum",   "exclusiveMinimum",     "exclusiveMaximum"};
+      "nullable", "minItems",   "maxItems",  "uniqueItems",          "minLength", "maxLength",
+      "pattern",  "format",     "minimum",   "maximum",              "exclusiveMinimum", "exclusiveMaximum"};
   return k;
 }
 
@@ -285,7 +288,7 @@ ExprPtr SchemaCompiler::value(const ojson& s, const std::string& path, int depth
           return false;
         };
         if (has_any({"properties", "required", "additionalProperties"})) types.push_back("object");
-        if (has_any({"items", "prefixItems", "minItems", "maxItems"})) types.push_back("array");
+        if (has_any({"items", "prefixItems", "minItems", "maxItems", "uniqueItems"})) types.push_back("array");
         if (has_any({"pattern", "format", "minLength", "maxLength"})) types.push_back("string");
         if (has_any({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})) types.push_back("number");
       }
@@ -316,6 +319,18 @@ ExprPtr SchemaCompiler::typed(const std::string& t, const ojson& s, const std::s
 }
 
 namespace {
+// How many sets of at most `max` (< 0: any number) out of n values there are, or more than kMaxUniqueSets.
+size_t unique_sets(size_t n, int max) {
+  if (n > 63) return kMaxUniqueSets + 1;
+  const size_t top = max < 0 ? n : std::min(n, size_t(max));
+  size_t sum = 0, choose = 1;  // choose: C(n, k)
+  for (size_t k = 0; k <= top && sum <= kMaxUniqueSets; ++k) {
+    sum += choose;
+    choose = choose * (n - k) / (k + 1);
+  }
+  return sum;
+}
+
 // A non-negative integer keyword, or `fallback` when absent.
 int count_keyword(const ojson& s, const char* k, const std::string& path, int fallback) {
   if (!s.contains(k)) return fallback;
@@ -480,6 +495,12 @@ ExprPtr SchemaCompiler::array(const ojson& s, const std::string& path, int depth
   int k = static_cast<int>(prefix.size());
   if (!item) max = max < 0 ? k : std::min(max, k);
   if (max >= 0 && max < min) return expr_nothing();
+  // uniqueItems is enforced where the items are listed values (enum / const, e.g. pydantic's set[SomeEnum], or
+  // booleans) and the sets of values an array may hold are few; otherwise accepted, not enforced (docs/server.md).
+  if (unique_items(s, path) && k == 0 && s.contains("items")) {
+    const auto values = listed_values(s["items"], child(path, "items"));
+    if (values && unique_sets(values->size(), max) <= kMaxUniqueSets) return unique_array(*values, min, max);
+  }
   ExprPtr sep = expr_seq({expr_literal(","), ws()});
   // Beyond the prefix: a repetition of the item schema (count bounds shifted by the prefix).
   ExprPtr tail = expr_empty();
@@ -499,6 +520,75 @@ ExprPtr SchemaCompiler::array(const ojson& s, const std::string& path, int depth
     rest = expr_ref(b_.add_rule(i >= min ? expr_alt({with, expr_empty()}) : with));
   }
   return expr_seq({expr_literal("["), rest, expr_literal("]")});
+}
+
+bool SchemaCompiler::unique_items(const ojson& s, const std::string& path) const {
+  if (!s.contains("uniqueItems")) return false;
+  if (!s["uniqueItems"].is_boolean()) fail("uniqueItems", child(path, "uniqueItems"), "\"uniqueItems\" must be a boolean");
+  return s["uniqueItems"].get<bool>();
+}
+
+std::optional<std::vector<ojson>> SchemaCompiler::listed_values(const ojson& items, const std::string& path) const {
+  const ojson* s = &items;
+  std::string at = path;
+  for (int hops = 0; s->is_object() && s->contains("$ref"); ++hops) {
+    if (hops > kMaxSchemaDepth) return std::nullopt;
+    std::string target;
+    s = resolve_ref(*s, at, &target);
+    at = target;
+  }
+  if (!s->is_object() || s->contains("anyOf") || s->contains("oneOf") || s->contains("allOf")) return std::nullopt;
+  std::vector<std::string> types;
+  if (s->contains("type")) {
+    const ojson& t = (*s)["type"];
+    if (t.is_string()) types.push_back(t.get<std::string>());
+    else for (const ojson& x : t) types.push_back(x.get<std::string>());
+  }
+  std::vector<ojson> listed;
+  if (s->contains("const")) {
+    listed.push_back((*s)["const"]);
+  } else if (s->contains("enum")) {
+    listed.assign((*s)["enum"].begin(), (*s)["enum"].end());
+  } else if (!types.empty() && std::all_of(types.begin(), types.end(),
+                                           [](const std::string& t) { return t == "boolean" || t == "null"; })) {
+    listed = {true, false, nullptr};  // the types' own values (filtered below)
+  } else {
+    return std::nullopt;
+  }
+  // As value() reads them: only the values of the schema's types, then null when nullable; each value once.
+  std::vector<ojson> values;
+  std::set<std::string> seen;
+  for (const ojson& v : listed) {
+    const bool typed =
+        types.empty() || std::any_of(types.begin(), types.end(), [&](const std::string& t) { return value_has_type(v, t); });
+    if (typed && seen.insert(v.dump()).second) values.push_back(v);
+  }
+  if (s->value("nullable", false) && seen.insert("null").second) values.push_back(nullptr);
+  return values;
+}
+
+ExprPtr SchemaCompiler::unique_array(const std::vector<ojson>& values, int min, int max) {
+  const int n = static_cast<int>(values.size());
+  if (max < 0 || max > n) max = n;
+  if (min > max) return expr_nothing();
+  std::vector<ExprPtr> literals;
+  for (const ojson& v : values) literals.push_back(expr_ref(b_.add_rule(literal_value(v))));
+  const ExprPtr sep = expr_seq({expr_literal(","), ws()});
+  std::map<uint64_t, int> rules;  // the values used so far (bit i: values[i]) -> the rule of what may follow
+  std::function<int(uint64_t)> rule_of = [&](uint64_t used) {
+    if (auto it = rules.find(used); it != rules.end()) return it->second;
+    const int rule = rules[used] = b_.new_rule();
+    const int count = std::popcount(used);
+    std::vector<ExprPtr> alts;
+    if (count >= min) alts.push_back(expr_empty());
+    if (count < max)
+      for (int i = 0; i < n; ++i)
+        if (!(used >> i & 1))
+          alts.push_back(expr_seq({used ? sep : expr_empty(), literals[size_t(i)], expr_ref(rule_of(used | uint64_t(1) << i))}));
+    b_.define(rule, expr_alt(std::move(alts)));
+    return rule;
+  };
+  return expr_seq({expr_literal("["), expr_ref(rule_of(0)), expr_literal("]")});
 }
 
 ExprPtr SchemaCompiler::string(const ojson& s, const std::string& path) {

@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@ using ojson = nlohmann::ordered_json;
 
 constexpr int kMaxSchemaDepth = 64;    // nesting of subschemas (and $ref chains) while compiling
 constexpr int kAnyValueDepth = 32;     // nesting of arbitrary JSON values (json_object, `true` schemas)
+constexpr size_t kMaxUniqueSets = 4096;  // uniqueItems over listed values: rules (sets of values used) at most
 
 class SchemaCompiler {
  public:
@@ -49,6 +51,13 @@ class SchemaCompiler {
   ExprPtr typed(const std::string& type, const ojson& s, const std::string& path, int depth);
   ExprPtr object(const ojson& s, const std::string& path, int depth);
   ExprPtr array(const ojson& s, const std::string& path, int depth);
+  bool unique_items(const ojson& s, const std::string& path) const;  // uniqueItems: true (checked to be a boolean)
+  // The values an items schema lists (enum or const, or a type with values that can be listed: boolean, null;
+  // through $refs; its type and nullable applied as value() applies them; each value once), or nullopt.
+  std::optional<std::vector<ojson>> listed_values(const ojson& items, const std::string& path) const;
+  // An array of distinct values out of `values` with min..max items (max < 0: up to every value): one rule per set
+  // of values used so far, offering each value not used yet.
+  ExprPtr unique_array(const std::vector<ojson>& values, int min, int max);
   ExprPtr string(const ojson& s, const std::string& path);
   ExprPtr integer(const ojson& s, const std::string& path);
   ExprPtr number(const ojson& s, const std::string& path);

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <random>
+#include <set>
 
 #include "grammar_test_util.h"
 
@@ -203,7 +204,6 @@ TEST(JsonSchema, UnsupportedKeywordsAreNamed) {
   expect_schema_error(R"({"type":"object","properties":{"a":{"if":{}}}})", "if");
   expect_schema_error(R"({"type":"object","patternProperties":{"^a":{}}})", "patternProperties");
   expect_schema_error(R"({"type":"object","dependentRequired":{}})", "dependentRequired");
-  expect_schema_error(R"({"type":"array","uniqueItems":true})", "uniqueItems");
   expect_schema_error(R"({"type":"number","multipleOf":2})", "multipleOf");
   expect_schema_error(R"({"type":"string","format":"hostname"})", "format");
   expect_schema_error(R"({"allOf":[{"type":"string"},{"maxLength":2}]})", "allOf");
@@ -218,6 +218,63 @@ TEST(JsonSchema, UnsupportedKeywordsAreNamed) {
   } catch (const SchemaError& e) {
     EXPECT_NE(std::string(e.what()).find("/properties/a~0b/not"), std::string::npos) << e.what();
   }
+}
+
+// uniqueItems: accepted everywhere; enforced where the items are listed values (enum / const) and the sets of values
+// an array may hold are at most kMaxUniqueSets.
+TEST(JsonSchema, UniqueItems) {
+  // Not enforced: free items, or uniqueItems false.
+  check_case({R"({"type":"array","items":{"type":"integer"},"uniqueItems":true})", {"[1,1]", "[1, 2]", "[]"}, {"[\"a\"]"}});
+  check_case({R"({"type":"array","items":{"enum":["a","b"]},"uniqueItems":false})", {R"(["a","a"])"}, {R"(["c"])"}});
+  check_case({R"({"uniqueItems":true})", {"[1,1]", "[]"}, {"1", "{}"}});  // implies an array, as minItems does
+  // Enforced over an enum: each value once, in any order, the count bounds kept.
+  check_case({R"({"type":"array","items":{"enum":["a","b","c"]},"uniqueItems":true})",
+              {"[]", R"(["a"])", R"(["b", "a"])", R"(["c","a","b"])"},
+              {R"(["a","a"])", R"(["a","b","a"])", R"(["d"])", R"(["a",])", R"([,"a"])"}});
+  check_case({R"({"type":"array","items":{"enum":[1,2,3,12]},"uniqueItems":true,"minItems":2,"maxItems":2})",
+              {"[1,2]", "[12,1]", "[1, 12]"}, {"[1]", "[1,1]", "[1,2,3]", "[12,12]"}});
+  // pydantic's set[Color]: the enum behind a $ref; a const; type filtering and nullable as for one value.
+  check_case({R"({"$defs":{"Color":{"enum":["red","green"],"title":"Color","type":"string"}},"type":"object",
+                  "properties":{"colors":{"items":{"$ref":"#/$defs/Color"},"type":"array","uniqueItems":true}},
+                  "required":["colors"],"additionalProperties":false})",
+              {R"({"colors":["green","red"]})", R"({"colors":[]})"}, {R"({"colors":["red","red"]})"}});
+  check_case({R"({"type":"array","items":{"const":7},"uniqueItems":true})", {"[]", "[7]"}, {"[7,7]"}});
+  check_case({R"({"type":"array","items":{"type":"boolean"},"uniqueItems":true,"minItems":2})",
+              {"[true,false]", "[false, true]"}, {"[true,true]", "[false]", "[true,false,true]"}});
+  check_case({R"({"type":"array","items":{"type":["boolean","null"]},"uniqueItems":true})",
+              {"[null,false,true]"}, {"[null,null]"}});
+  check_case({R"({"type":"array","items":{"enum":["a",1,"a"],"type":"string","nullable":true},"uniqueItems":true})",
+              {R"(["a",null])", R"([null])"}, {"[1]", R"(["a","a"])", "[null,null]"}});
+  // More values than can be unique: nothing is valid.
+  expect_schema_error(R"({"type":"array","items":{"enum":[1,2]},"uniqueItems":true,"minItems":3})", "schema");
+  expect_schema_error(R"({"type":"array","uniqueItems":"yes"})", "uniqueItems");
+  // 20 values: 2^20 sets is too many (not enforced); at most 2 items, 211 sets (enforced).
+  ojson many = ojson::array();
+  for (int i = 0; i < 20; ++i) many.push_back(i);
+  ojson schema = {{"type", "array"}, {"items", {{"enum", many}}}, {"uniqueItems", true}};
+  EXPECT_TRUE(accepts(compile_json_schema(schema), "[3,3]"));
+  schema["maxItems"] = 2;
+  EXPECT_FALSE(accepts(compile_json_schema(schema), "[3,3]"));
+  EXPECT_TRUE(accepts(compile_json_schema(schema), "[3,19]"));
+}
+
+TEST(JsonSchema, UniqueItemsRandomWalksNeverRepeatAValue) {
+  std::mt19937_64 rng(test::fresh_seed());
+  const ojson schema = ojson::parse(R"({"type":"array","items":{"enum":["x","xy","y",1,10,true,null]},"uniqueItems":true,"minItems":1})");
+  GrammarPtr g = compile_json_schema(schema);
+  size_t longest = 0;
+  for (int i = 0; i < 200; ++i) {
+    test::WalkResult w = test::random_walk(g, test::byte_vocab(), rng, 300, int(rng() % 60));
+    ASSERT_FALSE(w.dead_end) << w.text;
+    ASSERT_TRUE(w.ended) << w.text;
+    const ojson doc = ojson::parse(w.text);
+    std::string why;
+    ASSERT_TRUE(test::validate(doc, schema, schema, &why)) << why;
+    std::set<std::string> seen;
+    for (const ojson& v : doc) EXPECT_TRUE(seen.insert(v.dump()).second) << "repeated value in " << w.text;
+    longest = std::max(longest, doc.size());
+  }
+  EXPECT_GE(longest, 4u);  // the walks reach arrays where a repeat was on offer
 }
 
 TEST(JsonSchema, MalformedSchemasThrow) {
@@ -263,7 +320,8 @@ TEST(JsonSchema, GrammarSizeLimitIsASchemaError) {
 ojson random_json(std::mt19937_64& rng, int depth) {
   static const char* keys[] = {"type", "properties", "required", "items", "enum", "const", "anyOf", "oneOf", "allOf",
                                "$ref", "minItems", "maxItems", "minLength", "maxLength", "pattern", "format",
-                               "additionalProperties", "prefixItems", "nullable", "minimum", "maximum", "$defs", "a", "b"};
+                               "additionalProperties", "prefixItems", "nullable", "minimum", "maximum", "$defs",
+                               "uniqueItems", "a", "b"};
   static const char* strings[] = {"string", "object", "array", "integer", "number", "boolean", "null", "#", "#/$defs/a",
                                   "#/properties/a", "[a-z]+", "(", "date", "uuid", "a", "b", "\\d{2,}", ""};
   int kind = static_cast<int>(rng() % (depth > 3 ? 5 : 8));

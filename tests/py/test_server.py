@@ -7,6 +7,7 @@ Every request asks for a handful of tokens; the whole file takes well under a mi
 """
 import json
 import random
+import time
 
 import openai
 import pytest
@@ -326,6 +327,33 @@ def test_request_log_lines(server):
     assert chats, "no request log lines"
     for l in chats:
         assert {"time", "method", "status", "ms", "id", "prompt_tokens", "completion_tokens", "finish"} <= set(l)
+
+
+def log_line(server, path, status, timeout_s=5):
+    """The last request log line of `path` with `status` (the line is written just after the answer)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        lines = [json.loads(l) for l in server.log_text().splitlines() if l.startswith("{")]
+        found = [l for l in lines if l.get("path") == path and l.get("status") == status]
+        if found or time.monotonic() > deadline:
+            assert found, f"no log line for {path} {status}"
+            return found[-1]
+        time.sleep(0.05)
+
+
+def test_log_line_of_an_error_says_why(server):
+    # A 400 on each API shape (OpenAI's, Anthropic's, Ollama's) and an error written before any handler (404).
+    for path, body, words in [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "temperature": 9}, "temperature"),
+        ("/v1/messages", {"model": MODEL, "max_tokens": 4, "messages": [], "stream": False}, "messages"),
+        ("/api/chat", {"model": MODEL, "messages": [{"role": "robot", "content": "x"}]}, "robot"),
+    ]:
+        status, _, data = request("POST", server.port, path, body)
+        assert status == 400, data
+        line = log_line(server, path, 400)
+        assert words in line["error"], line
+    status, _, _ = request("GET", server.port, "/v1/nowhere")
+    assert status == 404 and "Unknown route" in log_line(server, "/v1/nowhere", 404)["error"]
 
 
 def test_queue_accounting_adds_up(server):

@@ -4,6 +4,7 @@ quickly, a full queue answers 503 with Retry-After, and memory does not grow acr
 (--parallel) run in the same engine steps: each gets exactly the answer it gets alone, the first tokens of all of
 them arrive before any of them ends, and a request admitted while others decode does not wait for them."""
 import json
+import re
 import threading
 import time
 
@@ -20,7 +21,7 @@ TOKENS = 8
 
 @pytest.fixture(scope="module")
 def server(tern_bin):
-    s = Server(tern_bin, "--max-queue", "64", "--ctx-size", "2048", "-q")
+    s = Server(tern_bin, "--max-queue", "64", "--ctx-size", "2048")  # request log lines on (the hang-ups' status)
     yield s
     s.stop()
 
@@ -46,6 +47,21 @@ def one_client(port, hang_up: bool, results: list, i: int):
         results[i] = "ok" if ok else f"bad: {status} {events[-2:]}"
     except Exception as e:  # reported by the test below
         results[i] = f"error: {e!r}"
+
+
+def log_lines(server):
+    return [json.loads(l) for l in server.log_text().splitlines() if l.startswith("{")]
+
+
+def log_line(server, match, timeout_s=5):
+    """The last request log line that `match`es (it is written just after the answer, so it may come late)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = [l for l in log_lines(server) if match(l)]
+        if found:
+            return found[-1]
+        assert time.monotonic() < deadline, "no such request log line"
+        time.sleep(0.05)
 
 
 def test_rounds_of_concurrent_streams(server):
@@ -80,7 +96,8 @@ def test_rounds_of_concurrent_streams(server):
 def test_disconnect_cancels_generation(server):
     m0 = wait_idle(server.port)
     s = RawStream(server.port, "/v1/chat/completions", body(1500))
-    s.read_events(3)  # two tokens arrived: the generation is under way
+    head = s.read_events(3)  # two tokens arrived: the generation is under way
+    request_id = re.search(rb'"id":"(chatcmpl-[^"]+)"', head).group(1).decode()
     t_close = time.monotonic()
     s.close()
     m = wait_idle(server.port, timeout_s=10)
@@ -91,6 +108,9 @@ def test_disconnect_cancels_generation(server):
     assert 1 <= generated < 1500
     print(f"stopped {stopped_after * 1000:.0f} ms after the hang-up, {generated:.0f} tokens generated")
     assert stopped_after < 3
+    # The log line keeps the 200 the stream already sent, and says that the client left.
+    line = log_line(server, lambda l: l.get("id") == request_id)
+    assert line["status"] == 200 and line["client_closed"] is True, line
 
 
 def test_disconnect_cancels_non_streaming_generation(server):
@@ -104,6 +124,12 @@ def test_disconnect_cancels_non_streaming_generation(server):
     m = wait_idle(server.port, timeout_s=10)
     assert m['tern_queue_finished_total{outcome="cancelled"}'] - m0['tern_queue_finished_total{outcome="cancelled"}'] == 1
     assert m["tern_completion_tokens_total"] - m0["tern_completion_tokens_total"] < 1500
+    # Logged and counted as what it is: 499 (nginx's "client closed request"), not a 400.
+    line = log_line(server, lambda l: l.get("status") == 499)
+    assert line["client_closed"] is True and line["stream"] is False and "closed the connection" in line["error"], line
+    assert not [l for l in log_lines(server) if l.get("status") == 400]
+    key = 'tern_http_responses_total{route="/v1/chat/completions",status="499"}'
+    assert metrics(server.port)[key] == 1
 
 
 def test_full_queue_answers_503(tern_bin):

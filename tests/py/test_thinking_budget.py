@@ -9,7 +9,7 @@ import json
 import anthropic
 import pytest
 
-from test_server_helpers import Server, demo_server_fixture, post_json, request, sse_events
+from test_server_helpers import Server, demo_server_fixture, named_sse_events, post_json, request, sse_events
 
 MODEL = "tern-demo-random-weights"
 NOTE = "The thinking budget is spent; time to answer with what I have."
@@ -106,6 +106,53 @@ def test_server_default_budget(tern_bin, seed):
         assert r["usage"]["output_tokens_details"]["reasoning_tokens"] == 0
     finally:
         s.stop()
+
+
+def tokenize(server, text):
+    status, _, body = post_json(server.port, "/tokenize", {"content": text})
+    assert status == 200, body
+    return body["tokens"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_responses_mark_a_cut_thought_and_complete(tern_bin, stream):
+    """--reasoning-budget (llama.cpp's name of --thinking-budget) 0 closes the thought at once. On the Responses API
+    the cut thought is a reasoning item with status "incomplete", and the response is "completed" because the answer
+    after it ended normally (the forced output runs out: finish stop)."""
+    s = Server(tern_bin, "--ctx-size", "512", "--reasoning-budget", "0", "--debug-allow-forced-output")
+    try:
+        # The budget's close tokens take the place of the forced output's first tokens: pad with as many.
+        close = len(tokenize(s, "\n\n" + NOTE + "\n</think>\n\n"))
+        pad, answer = " x" * close, " The answer."
+        assert tokenize(s, pad + answer) == tokenize(s, pad) + tokenize(s, answer) and len(tokenize(s, pad)) == close
+        body = {"model": MODEL, "input": "Hi", "max_output_tokens": 60, "stream": stream,
+                "tern_debug_forced_output": pad + answer}
+        status, _, data = request("POST", s.port, "/v1/responses", body, timeout=120)
+        assert status == 200, data
+        if stream:
+            events = [payload for _, payload in named_sse_events(data)]
+            done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+            assert done[0]["type"] == "reasoning" and done[0]["status"] == "incomplete", done
+            assert events[-1]["type"] == "response.completed", events[-1]
+            r = events[-1]["response"]
+        else:
+            r = json.loads(data)
+        assert r["status"] == "completed" and r["incomplete_details"] is None, r
+        kinds = [(i["type"], i["status"]) for i in r["output"]]
+        assert kinds == [("reasoning", "incomplete"), ("message", "completed")], kinds
+        assert r["output"][0]["content"][0]["text"].strip() == NOTE
+        assert r["output"][1]["content"][0]["text"].strip() == "The answer."
+    finally:
+        s.stop()
+
+
+def test_responses_thought_closed_by_the_model_is_completed(server):
+    # No budget at all: the model's own </think> leaves the reasoning item completed.
+    status, _, r = post_json(server.port, "/v1/responses", {"model": MODEL, "input": "Hi", "max_output_tokens": 30,
+                                                            "tern_debug_forced_output": "Hm.</think>\n\nYes."})
+    assert status == 200, r
+    assert [(i["type"], i["status"]) for i in r["output"]] == [("reasoning", "completed"), ("message", "completed")]
+    assert r["status"] == "completed"
 
 
 def test_a_think_tag_in_the_answer_is_text(server, seed):

@@ -152,12 +152,7 @@ Json parse_messages(const Json& j, const std::optional<std::string>& system) {
   Json out = Json::array();
   if (system) out.push_back(Json{{"role", "system"}, {"content", *system}});
   for (size_t i = 0; i < messages->size(); ++i) translate_message((*messages)[i], "messages[" + std::to_string(i) + "]", out);
-  // A last assistant message asks Anthropic to continue it ("prefill"); the chat template would close that turn
-  // and start a new one instead, which is a different request: refuse it rather than answer something else.
-  if ((*messages).back().is_object() && str_field((*messages).back(), "role") == "assistant")
-    bad("messages", "The last message is an assistant message (a response prefill), which this server does not "
-                    "support; end with a user message.");
-  return out;
+  return out;  // a last assistant message is a prefill: the reply continues it (ChatRequest::continue_final_message)
 }
 
 Json parse_tools(const Json& j) {
@@ -286,6 +281,7 @@ std::variant<AnthropicRequest, ApiError> parse_anthropic_request(std::string_vie
       c.max_tokens = r.max_tokens;
     }
     c.messages = parse_messages(j, parse_system(j));
+    c.continue_final_message = true;
     c.tools = parse_tools(j);
     parse_tool_choice(j, c);
     if (endpoint == AnthropicEndpoint::messages) compile_forced_tool_call(c);

@@ -54,6 +54,11 @@ ApiError api_error_internal(std::string message) {
   return make(500, std::move(message), "server_error", "", "internal_error");
 }
 
+ApiError api_error_client_closed() {
+  return make(499, "The client closed the connection before the answer was ready; the generation was cancelled.",
+              "invalid_request_error", "", "client_closed_request");
+}
+
 ApiError api_error_shutting_down(std::string message) {
   ApiError e = api_error_internal(std::move(message));
   e.status = 503;

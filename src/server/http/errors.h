@@ -28,6 +28,9 @@ ApiError api_error_overloaded(size_t queue_depth, int retry_after_s);     // 503
 ApiError api_error_internal(std::string message);                         // 500
 ApiError api_error_shutting_down(std::string message);                    // 503, code shutting_down
 ApiError api_error_context(int64_t prompt_tokens, int64_t context);  // 400, both numbers
+// 499 (nginx's "client closed request"): the client hung up before its answer was ready. Nobody reads the body;
+// the status is for the request log and the metrics.
+ApiError api_error_client_closed();
 
 // The JSON body (one line, no trailing newline).
 std::string api_error_body(const ApiError& error);

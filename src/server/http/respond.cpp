@@ -5,6 +5,7 @@ namespace tern::server {
 namespace {
 
 void write_error(httplib::Response& res, const ApiError& error, const std::string& body) {
+  request_log().fields["error"] = error.message;
   res.status = error.status;
   if (error.retry_after_s > 0) res.set_header("Retry-After", std::to_string(error.retry_after_s));
   res.set_content(body, "application/json");
@@ -24,7 +25,6 @@ void respond_json(httplib::Response& res, const Json& body, int status) {
 
 void respond_error(httplib::Response& res, const ApiError& error) {
   write_error(res, error, api_error_body(error));
-  if (error.status >= 500) request_log().fields["error"] = error.message;
 }
 
 void respond_error_with_body(httplib::Response& res, const ApiError& error, const Json& body) {

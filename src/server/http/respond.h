@@ -13,7 +13,8 @@
 namespace tern::server {
 
 // What the structured request log line says about the request being served on this thread. The handler fills
-// `fields`; the logger (which runs on the same thread after the response is written) prints and clears it.
+// `fields`; the logger (which runs on the same thread after the response is written) prints and clears it. Every
+// error answer written through the functions below puts its message in fields["error"] (why a 400 was a 400).
 struct RequestLog {
   std::chrono::steady_clock::time_point start{};
   const char* route = "other";   // the route label used in metrics (a literal)
@@ -22,9 +23,11 @@ struct RequestLog {
 RequestLog& request_log();
 
 void respond_json(httplib::Response& res, const Json& body, int status = 200);
-// Writes the error as the response in OpenAI's shape (status, JSON body, Retry-After); a 5xx is also logged.
+// Writes the error as the response in OpenAI's shape (status, JSON body, Retry-After); its message goes into the
+// request log line (fields["error"]).
 void respond_error(httplib::Response& res, const ApiError& error);
-// The same with the body of another API's error shape (Anthropic's, Ollama's): status, Retry-After, `body`.
+// The same with the body of another API's error shape (Anthropic's, Ollama's): status, Retry-After, `body`; logged
+// the same way.
 void respond_error_with_body(httplib::Response& res, const ApiError& error, const Json& body);
 
 }  // namespace tern::server

@@ -120,12 +120,7 @@ Json parse_messages(const Json& j) {
     }
     out.push_back(std::move(msg));
   }
-  // A last assistant message asks Ollama to continue it; the chat template would close that turn and start a new
-  // one instead, which is a different request: refuse it rather than answer something else.
-  if (!out.empty() && out.back()["role"] == "assistant")
-    bad("messages", "The last message is an assistant message (a response to continue), which this server does not "
-                    "support; end with a user or tool message.");
-  return out;
+  return out;  // a last assistant message is continued, as Ollama does (ChatRequest::continue_final_message)
 }
 
 // think: a boolean, or a level ("high", "medium", "low": gpt-oss style; this template has no levels, so any level
@@ -267,6 +262,7 @@ std::variant<OllamaRequest, ApiError> parse_ollama_request(std::string_view body
     parse_common(j, options, r);
     if (endpoint == OllamaEndpoint::chat) {
       r.chat.messages = parse_messages(j);
+      r.chat.continue_final_message = true;
       r.chat.tools = function_tools(j);
       r.load_only = r.chat.messages.empty();
       return r;

@@ -343,6 +343,7 @@ std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, co
     check_model(j, options, r.model);
     check_n(j);
     r.messages = parse_messages(j);
+    r.continue_final_message = true;  // a last assistant message is a prefill, as llama.cpp and Anthropic read it
     r.tools = function_tools(j);
     parse_tool_choice(j, r);
     parse_stream(j, r.stream, r.include_usage);

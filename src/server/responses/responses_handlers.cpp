@@ -111,6 +111,7 @@ void handle_responses(ServerState& state, const httplib::Request& req, httplib::
   o.tools = chat.tools;
   o.parallel_tool_calls = chat.parallel_tool_calls;
   o.starts_in_reasoning = prompt.starts_in_reasoning;
+  o.thinking_budget = task->request.thinking_budget >= 0;
   serve_output(state, req, res, std::move(task), std::make_unique<ResponsesOutput>(std::move(o)), chat.stream);
 }
 

@@ -1,9 +1,25 @@
 // The model's output as OpenAI Responses output items and stream events (see responses_output.h).
 #include "server/responses/responses_output.h"
 
+#include <string_view>
+
 #include "server/serving/output_common.h"
 
 namespace tern::server {
+
+namespace {
+
+// The sentence of the note a spent thinking budget forces (kReasoningBudgetClose without "</think>" and whitespace).
+std::string_view budget_note() {
+  static const std::string note = [] {
+    std::string s(kReasoningBudgetClose.substr(0, kReasoningBudgetClose.find("</think>")));
+    const size_t begin = s.find_first_not_of(" \n"), end = s.find_last_not_of(" \n");
+    return s.substr(begin, end - begin + 1);
+  }();
+  return note;
+}
+
+}  // namespace
 
 Json ResponseProtocol<ResponsesOutput>::error_body(const ApiError& error) {
   return Json{{"type", "error"},
@@ -52,9 +68,18 @@ void ResponsesOutput::close_item(std::vector<Json>& events, const char* status) 
                                           {"text", text}, {"logprobs", Json::array()}}));
   events.push_back(event("response.content_part.done",
                          Json{{"item_id", id}, {"output_index", index}, {"content_index", 0}, {"part", part}}));
-  item["status"] = status;
+  // A thought the budget cut is incomplete, whatever follows it.
+  item["status"] = reasoning && cut_by_budget(text) ? "incomplete" : status;
   events.push_back(event("response.output_item.done", Json{{"output_index", index}, {"item", item}}));
   open_ = Item::none;
+}
+
+// The thought ends with the note the server forces when the budget is spent (the output sees text, not which tokens
+// were forced; GenerationResult::reasoning_cut says the same once the generation is over).
+bool ResponsesOutput::cut_by_budget(const std::string& reasoning) const {
+  if (!options_.thinking_budget) return false;
+  const size_t end = reasoning.find_last_not_of(" \n");
+  return end != std::string::npos && std::string_view(reasoning).substr(0, end + 1).ends_with(budget_note());
 }
 
 void ResponsesOutput::append_text(Item kind, const std::string& text, std::vector<Json>& events) {
@@ -165,6 +190,12 @@ Json ResponsesOutput::response(const GenerationResult& result) {
   finish_parser(ignored);
   const std::string status = status_of(result);
   if (open_ != Item::none) close_item(ignored, status == "completed" ? "completed" : "incomplete");
+  if (result.reasoning_cut)  // the first reasoning item is the thought the prompt opened
+    for (Json& item : output_)
+      if (item["type"] == "reasoning") {
+        item["status"] = "incomplete";
+        break;
+      }
   Json r = snapshot(status.c_str());
   if (status == "incomplete") r["incomplete_details"] = Json{{"reason", "max_output_tokens"}};
   r["usage"] = usage(result);

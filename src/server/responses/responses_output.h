@@ -16,6 +16,10 @@
 // model's reasoning as `content` [{type: reasoning_text}] (it is the raw reasoning, not a summary: `summary` is []).
 // usage.output_tokens_details.reasoning_tokens counts the tokens generated inside the open reasoning block, as chat's
 // completion_tokens_details does (GenerationResult::reasoning_tokens: not </think>, not a budget's forced note).
+//
+// A thought that the thinking budget cut (the server forced its closing note and </think>) is a reasoning item with
+// status "incomplete"; the response itself is "completed" when the answer that follows it ends normally, and
+// "incomplete" (reason max_output_tokens) only when the output tokens or the context ran out.
 #pragma once
 
 #include <memory>
@@ -37,6 +41,7 @@ struct ResponsesOutputOptions {
   Json tools = Json::array();      // the tools offered (chat shape, for typing arguments); empty: calls stay text
   bool parallel_tool_calls = true; // false: only the first call is returned
   bool starts_in_reasoning = false;  // the prompt ends inside <think>
+  bool thinking_budget = false;      // a thinking budget applies (the server's --thinking-budget): it may cut the thought
 };
 
 class ResponsesOutput {
@@ -66,6 +71,7 @@ class ResponsesOutput {
   Json snapshot(const char* status) const;
   Json usage(const GenerationResult& result) const;
   const char* status_of(const GenerationResult& result) const;
+  bool cut_by_budget(const std::string& reasoning) const;
 
   ResponsesOutputOptions options_;
   std::unique_ptr<OutputParser> parser_;

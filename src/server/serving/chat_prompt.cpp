@@ -72,6 +72,48 @@ struct Escaper {
   }
 };
 
+// A private-use code point of plane 15 (the escaper's placeholders are in plane 16) that `text` does not contain.
+std::string unused_marker(const std::string& text) {
+  for (uint32_t cp = 0xFFFFD; cp >= 0xF0000; --cp)
+    if (text.find(utf8_of(cp)) == std::string::npos) return utf8_of(cp);
+  return "";
+}
+
+std::string string_field(const Json& message, const char* key) {
+  auto it = message.find(key);
+  return it != message.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+// ChatRequest::continue_final_message: readies `in` so that its last message, an assistant message, renders as the
+// start of the reply. The text to continue is the message's content, or, when that is empty, its reasoning_content
+// (the model continues its thought). A marker is appended to that text and the template renders the message as
+// history without a generation prompt; the prompt is then cut at the marker (chat_render_prompt). Returns the
+// marker; "" when the message holds no text (it is dropped, and the reply starts as usual).
+std::variant<std::string, ApiError> mark_continuation(ChatTemplateInputs& in, bool constrained) {
+  Json& last = in.messages.back();
+  if (last.contains("tool_calls"))
+    return api_error_invalid("messages", "The last message is an assistant message with tool calls: send the "
+                                         "tools' results after it (role tool), or end with the text to continue.");
+  const std::string content = string_field(last, "content"), reasoning = string_field(last, "reasoning_content");
+  if (content.empty() && reasoning.empty()) {
+    in.messages.erase(in.messages.end() - 1);
+    return std::string();
+  }
+  if (!content.empty() && constrained)
+    return api_error_invalid("messages", "The last message is an assistant message to continue, but the reply is "
+                                         "constrained from its start (response_format or a forced tool call): "
+                                         "use one or the other.");
+  const std::string marker =
+      unused_marker(json_dump(in.messages) + json_dump(in.tools) + json_dump(in.extra_kwargs));
+  if (marker.empty())
+    return api_error_invalid("messages", "The messages use every private-use code point that tern needs to "
+                                         "continue the last assistant message.");
+  if (content.empty()) last["reasoning_content"] = reasoning + marker;
+  else last["content"] = content + marker;
+  in.add_generation_prompt = false;
+  return marker;
+}
+
 }  // namespace
 
 std::vector<int32_t> chat_prompt_tokens(const ChatPrompt& prompt, const Tokenizer& tokenizer) {
@@ -144,6 +186,13 @@ std::variant<ChatPrompt, ApiError> chat_render_prompt(const ChatRequest& request
     esc.walk(in.extra_kwargs);
     if (esc.used) p.escaped = escape_special;
   }
+  std::string marker;  // where the continued assistant message's text ends in the rendered prompt
+  if (request.continue_final_message && !in.messages.empty() && in.messages.back().is_object() &&
+      string_field(in.messages.back(), "role") == "assistant") {
+    auto marked = mark_continuation(in, request.grammar != nullptr);
+    if (auto* e = std::get_if<ApiError>(&marked)) return *e;
+    marker = std::get<std::string>(marked);
+  }
   try {
     try {
       p.text = chat_template.render(in);
@@ -155,6 +204,13 @@ std::variant<ChatPrompt, ApiError> chat_render_prompt(const ChatRequest& request
       while (at < in.messages.size() && in.messages[at]["role"] == "system") ++at;
       in.messages.insert(in.messages.begin() + ptrdiff_t(at), Json{{"role", "user"}, {"content", ""}});
       p.text = chat_template.render(in);
+    }
+    if (!marker.empty()) {
+      const size_t end = p.text.rfind(marker);
+      if (end == std::string::npos)
+        return api_error_invalid("messages", "The chat template does not show the last assistant message's text, "
+                                             "so it cannot be continued; end with a user message.");
+      p.text.resize(end);
     }
     p.starts_in_reasoning = prompt_ends_in_reasoning(p.text);
     return p;

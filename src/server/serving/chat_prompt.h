@@ -33,7 +33,10 @@ struct ChatPrompt {
 };
 
 // Renders the request's messages and tools. Template errors (a system message in the middle, no user query, ...)
-// become a 400 that quotes the template's message. escape_special: the texts of the tokenizer's special tokens
+// become a 400 that quotes the template's message. With request.continue_final_message, a last assistant message
+// is the start of the reply (prefill): the prompt is the template's rendering of that turn, cut where the message's
+// text ends (its content, or its reasoning_content when the content is empty: the model continues its thought);
+// one with tool calls, or content with a constrained reply (request.grammar), is a 400; one with no text is dropped. escape_special: the texts of the tokenizer's special tokens
 // to treat as text where the request wrote them (empty: none escaped, --allow-special-in-content).
 std::variant<ChatPrompt, ApiError> chat_render_prompt(const ChatRequest& request, const ChatTemplate& chat_template,
                                                       const std::vector<std::string>& escape_special = {});

@@ -34,6 +34,9 @@ struct ChatRequest {
   ToolChoice tool_choice = ToolChoice::tool_choice_auto;
   std::string tool_choice_name;    // tool_choice_named
   bool parallel_tool_calls = true; // false: only the first call of a turn is returned
+  // A last assistant message is continued (prefill: its text is the start of the reply, which holds only what the
+  // model adds), not closed with a new turn after it; see chat_render_prompt. Chat completions, Anthropic, Ollama.
+  bool continue_final_message = false;
   bool stream = false;
   bool include_usage = false;      // stream_options.include_usage
   std::optional<int64_t> max_tokens;  // max_completion_tokens, else max_tokens

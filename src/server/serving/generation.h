@@ -124,6 +124,14 @@ std::string keep_alive_text() {
 template <typename Ex>
 using ProtocolOf = ResponseProtocol<std::remove_reference_t<decltype(*std::declval<Ex&>().output)>>;
 
+// The client hung up (its socket says so, or a write failed): cancels the generation, and the request log line says
+// so (client_closed; a non-streamed request is also answered 499, see serve).
+template <typename Ex>
+void client_left(Ex& ex) {
+  request_log().fields["client_closed"] = true;
+  ex.cancel();
+}
+
 // Writes `s` to the stream. False when the write failed: the client is gone and the generation cancelled.
 template <typename Ex>
 bool stream_write(Ex& ex, httplib::DataSink& sink, const std::string& s) {
@@ -132,7 +140,7 @@ bool stream_write(Ex& ex, httplib::DataSink& sink, const std::string& s) {
     return true;
   }
   ex.link->mark_gone();
-  ex.cancel();
+  client_left(ex);
   return false;
 }
 
@@ -180,7 +188,7 @@ bool stream_step(Ex& ex, httplib::DataSink& sink) {
     if (!event) event = ex.task->events.pop(kPollInterval);
     if (!event) {
       if (ex.client_gone()) {
-        ex.cancel();
+        client_left(ex);
         return false;
       }
       if (const std::string keep_alive = keep_alive_due(ex); !keep_alive.empty()) return write(keep_alive);
@@ -198,7 +206,7 @@ bool stream_step(Ex& ex, httplib::DataSink& sink) {
         const std::string keep_alive = chunks.empty() ? keep_alive_due(ex) : std::string();
         if (!keep_alive.empty() && !write(keep_alive)) return false;
         if (ex.client_gone()) {  // noticed between tokens: stop before the next decode step
-          ex.cancel();
+          client_left(ex);
           return false;
         }
         return true;
@@ -209,7 +217,10 @@ bool stream_step(Ex& ex, httplib::DataSink& sink) {
         ex.finished = true;
         // Cancelled because the client left: nobody to write to. Cancelled because the server stops: the answer is
         // incomplete, so the stream ends with an error (503 shutting_down) rather than a finish, then its end.
-        if (r.finish == FinishReason::cancelled && !ex.stop_requested) return false;
+        if (r.finish == FinishReason::cancelled && !ex.stop_requested) {
+          request_log().fields["client_closed"] = true;
+          return false;
+        }
         if (r.finish == FinishReason::cancelled) return stream_end_with_error(ex, sink, shutdown_error());
         for (const Json& c : ex.output->finish_chunks(r))
           if (!write(Protocol::stream_event(c))) return false;
@@ -273,11 +284,10 @@ void serve(ServerState& state, const httplib::Request& req, httplib::Response& r
     if (state.stopping.load() && !ex->stop_requested) event = ex->begin_shutdown();
     if (!event) event = ex->task->events.pop(kPollInterval);
     if (!event) {
-      if (ex->client_gone()) {
-        ex->cancel();
+      if (ex->client_gone()) {  // nobody reads the answer: 499 is for the log line and the metrics
+        client_left(*ex);
         ex->link->release();
-        request_log().fields["error"] = "client disconnected";
-        Protocol::respond_error(res, api_error_invalid("", "The client disconnected; the generation was cancelled."));
+        Protocol::respond_error(res, api_error_client_closed());
         return;
       }
       continue;
@@ -294,14 +304,13 @@ void serve(ServerState& state, const httplib::Request& req, httplib::Response& r
       continue;
     }
     ex->link->release();
-    if (event->kind == EngineEvent::Kind::error) {
-      request_log().fields["error"] = event->error.message;
-      Protocol::respond_error(res, event->error);
-      return;
-    }
+    if (event->kind == EngineEvent::Kind::error) return Protocol::respond_error(res, event->error);
     log_result(event->result, ex->task->id);
-    if (ex->stop_requested && event->result.finish == FinishReason::cancelled)
-      return Protocol::respond_error(res, shutdown_error());
+    if (event->result.finish == FinishReason::cancelled) {
+      if (ex->stop_requested) return Protocol::respond_error(res, shutdown_error());
+      client_left(*ex);  // the engine saw the client leave before this thread did
+      return Protocol::respond_error(res, api_error_client_closed());
+    }
     respond_json(res, ex->output->response(event->result));
     return;
   }

@@ -45,7 +45,7 @@ struct ServerOptions {
   double body_timeout_s = 30;            // and its body within this after the headers
   double keep_alive_timeout_s = 5;       // an idle connection is closed after this
   PrefixCacheOptions prefix_cache;       // multi-turn prefix reuse (--no-prefix-cache, --cache-*)
-  int64_t thinking_budget = -1;          // --thinking-budget: for requests that set none (-1: no limit)
+  int64_t thinking_budget = -1;          // --thinking-budget / --reasoning-budget: for requests that set none (-1: none)
   double stream_keep_alive_s = 2;        // --stream-keep-alive: a stream quiet this long gets a keep-alive comment
                                          // (waiting in the queue, or while its tokens show nothing, as in a tool call)
   int64_t debug_stream_fault_after = 0;  // TESTS ONLY (--debug-stream-fault-after): > 0: a stream's provider fails

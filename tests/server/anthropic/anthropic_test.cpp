@@ -55,6 +55,7 @@ TEST(AnthropicSchema, TranslatesAConversationWithToolUse) {
   EXPECT_EQ(m[2]["tool_calls"][0]["function"]["arguments"], (Json{{"city", "Paris"}}));
   EXPECT_EQ(m[3], (Json{{"role", "tool"}, {"tool_call_id", "toolu_1"}, {"content", "18C"}}));
   EXPECT_EQ(m[4], (Json{{"role", "user"}, {"content", "thanks"}}));
+  EXPECT_TRUE(r.chat.continue_final_message);  // a last assistant message would be a prefill
   EXPECT_EQ(r.chat.tools[0]["function"]["parameters"]["properties"]["city"]["type"], "string");
   EXPECT_EQ(r.max_tokens, 64);
   EXPECT_EQ(r.chat.stop, std::vector<std::string>{"X"});
@@ -108,8 +109,6 @@ TEST(AnthropicSchema, BadBodiesNameTheField) {
        "messages[0].content[0]", "assistant"},
       {R"({"max_tokens":8,"messages":[{"role":"user","content":[{"type":"tool_result"}]}]})",
        "messages[0].content[0].tool_use_id", "tool_use"},
-      {R"({"max_tokens":8,"messages":[{"role":"user","content":"x"},{"role":"assistant","content":"y"}]})", "messages",
-       "prefill"},
       {R"({"max_tokens":8,"temperature":1.5,)" + m + "}", "temperature", "[0, 1]"},
       {R"({"max_tokens":8,"top_p":0,)" + m + "}", "top_p", "(0"},
       {R"({"max_tokens":8,"stop_sequences":[""],)" + m + "}", "stop_sequences", "non-empty"},

@@ -36,6 +36,7 @@ TEST(OpenaiSchema, MinimalChatGetsDefaults) {
   EXPECT_FALSE(r.max_tokens.has_value());
   EXPECT_FALSE(r.sampling.temperature.has_value());
   EXPECT_TRUE(r.tools.empty());
+  EXPECT_TRUE(r.continue_final_message);  // a last assistant message is a prefill
 }
 
 TEST(OpenaiSchema, ParsesEveryParameter) {
