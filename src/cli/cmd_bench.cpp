@@ -6,6 +6,10 @@
 //   tern bench -m DIR                            (a real checkpoint)
 //   tern bench --synthetic --device cuda --prefix-reuse   (turn 2 of a 16K conversation, with and without reuse:
 //                                                          src/engine/bench_prefix.h)
+//   tern bench --synthetic --device cuda --lengths 4K --concurrency 1,2,4,8,16,32
+//                                                         (N streams decoding at once, one forward_batch per step:
+//                                                          src/engine/bench_run.h)
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -59,6 +63,8 @@ struct BenchArgs {
   std::string prefix_context = "16K";
   int64_t prefix_reply = 256, prefix_next = 256, snapshot_every = 4096;
   std::string json_schema;  // constrained decode steps (not in the GPU-only build)
+  std::string concurrency;  // --concurrency 1,2,4: stream counts
+  bool concurrency_given = false;  // else the table by length
 };
 
 #ifndef TERN_GPU_ONLY
@@ -148,7 +154,7 @@ void write_file(const std::string& path, const std::string& text, const char* wh
 }
 
 // The lengths to run: those given, each of which must fit the model's positions with its decode steps (else a
-// usage error); or the default ones that fit.
+// usage error); or the default ones that fit (with --concurrency, the longest of them up to 4K).
 std::vector<int64_t> lengths_to_run(const BenchArgs& a, int64_t max_positions) {
   std::vector<int64_t> lengths;
   try {
@@ -165,6 +171,12 @@ std::vector<int64_t> lengths_to_run(const BenchArgs& a, int64_t max_positions) {
   }
   TERN_USAGE_CHECK(!fitting.empty(), "no benchmark length fits the model's ", max_positions, " positions with ",
                    a.decode_steps, " decode steps; give --lengths");
+  if (!a.lengths_given && a.concurrency_given) {
+    int64_t chosen = fitting.front();
+    for (int64_t length : fitting)
+      if (length <= 4096) chosen = std::max(chosen, length);
+    fitting = {chosen};
+  }
   return fitting;
 }
 
@@ -172,6 +184,16 @@ void run_bench(BenchArgs a) {
   TERN_USAGE_CHECK(int(!a.model_dir.empty()) + int(a.synthetic) + int(a.demo) == 1,
                    "tern bench: give exactly one of -m DIR, --synthetic or --demo");
   BenchOptions o;
+  if (a.concurrency_given) {
+    try {
+      o.concurrency = bench_parse_concurrency(a.concurrency);
+    } catch (const Error& e) {
+      throw CLI::ValidationError(e.what());
+    }
+    TERN_USAGE_CHECK(!a.prefix_reuse, "--concurrency and --prefix-reuse are two different benchmarks: give one");
+    TERN_USAGE_CHECK(a.plot_path.empty(), "--plot draws the table by length; it has no plot with --concurrency");
+    TERN_USAGE_CHECK(a.decode_steps >= 1, "--concurrency times decode steps: --decode-steps must be >= 1");
+  }
   o.repeats = a.repeats;
   o.warmup = a.warmup;
   o.decode_steps = a.decode_steps;
@@ -229,10 +251,14 @@ void run_bench(BenchArgs a) {
   if (!a.lengths_given) {  // the lengths run, as the command line to repeat them says
     a.lengths.clear();
     for (int64_t length : o.lengths) a.lengths += (a.lengths.empty() ? "" : ",") + bench_length_label(length);
-    if (!a.quiet)
+    if (!a.quiet && o.concurrency.empty())
       std::fprintf(stderr, "tern bench: lengths %s (the default ones that fit the model's %lld positions with %d "
                            "decode steps)\n",
                    a.lengths.c_str(), (long long)runner->config().max_position_embeddings, a.decode_steps);
+    else if (!a.quiet)
+      std::fprintf(stderr, "tern bench: context %s per stream (the default with --concurrency; give --lengths for "
+                           "others)\n",
+                   a.lengths.c_str());
   }
   if (load_start) {  // checkpoint on disk (or page cache) to a runner ready to run
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - *load_start).count();
@@ -288,7 +314,8 @@ void run_bench(BenchArgs a) {
                      (a.synthetic ? std::string("--synthetic") : a.demo ? std::string("--demo") : "-m " + a.model_dir) +
                      " --device " + device + " --lengths " + a.lengths + " --repeats " + std::to_string(a.repeats) +
                      " --warmup " + std::to_string(a.warmup) + " --decode-steps " + std::to_string(a.decode_steps) +
-                     (a.prefill_chunk ? " --prefill-chunk " + std::to_string(a.prefill_chunk) : std::string());
+                     (a.prefill_chunk ? " --prefill-chunk " + std::to_string(a.prefill_chunk) : std::string()) +
+                     (!a.concurrency_given ? std::string() : std::string(" --concurrency ").append(a.concurrency));
   if (device == "cuda") measured.memory_kind = "GPU memory in use (cudaMemGetInfo), highest sample";
   std::fputs(bench_table(measured).c_str(), stdout);
   std::fflush(stdout);
@@ -348,6 +375,12 @@ void command_bench(CLI::App& app) {
                   "--prefix-reuse: snapshot every N tokens of turn 1's prefill (0: only at the ends)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  sub->add_option("--concurrency", args->concurrency,
+                  "Instead of the table: N streams decoding at once, e.g. 1,2,4,8,16,32 (each 1 to 256): per N, N "
+                  "sessions each prefilled with the --lengths context (default here: 4K), then --decode-steps steps "
+                  "of one batched forward over the N; aggregate and per-stream tok/s, inter-token latency p50/p99, "
+                  "memory")
+      ->each([args](const std::string&) { args->concurrency_given = true; });
   sub->add_flag("-q,--quiet", args->quiet, "No progress lines on stderr");
 #ifndef TERN_GPU_ONLY
   sub->add_option("--json-schema", args->json_schema,

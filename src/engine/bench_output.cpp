@@ -26,6 +26,21 @@ std::string percent(double value, double peak) {
 
 std::string number(double v, const char* fmt) { return v > 0 ? format(fmt, v) : std::string("-"); }
 
+// tern bench --concurrency: one row per (context, N streams).
+std::string bench_concurrency_table(const BenchReport& r) {
+  std::string out;
+  out += format("| %7s | %7s | %15s | %16s | %10s | %10s | %9s |\n", "context", "streams", "aggregate tok/s",
+                "per-stream tok/s", "ITL p50 ms", "ITL p99 ms", "memory GB");
+  out += "|--------:|--------:|----------------:|-----------------:|-----------:|-----------:|----------:|\n";
+  for (const BenchConcurrencyPoint& p : r.concurrency)
+    out += format("| %7s | %7d | %15s | %16s | %10s | %10s | %9.2f |\n", bench_length_label(p.length).c_str(),
+                  p.streams, number(p.aggregate_tok_s, "%.1f").c_str(), number(p.stream_tok_s, "%.1f").c_str(),
+                  number(p.itl_p50_ms, "%.3f").c_str(), number(p.itl_p99_ms, "%.3f").c_str(),
+                  double(p.memory_peak_bytes) * 1e-9);
+  out += format("\npeak memory: %.2f GB (%s)\n", double(r.memory_peak_bytes) * 1e-9, r.memory_kind.c_str());
+  return out;
+}
+
 }  // namespace
 
 std::string bench_table(const BenchReport& r) {
@@ -38,11 +53,18 @@ std::string bench_table(const BenchReport& r) {
                 f.weight_bytes_per_token * 1e-6, f.state_bytes_per_token * 1e-6, f.kv_bytes_per_context / 1024.0);
   out += format("prefill FLOPs/token: linear %.3f GFLOP + GDN %.3f GFLOP + attention %.1f kFLOP x position\n",
                 f.linear_flops_per_token * 1e-9, f.gdn_flops_per_token * 1e-9, f.attention_flops_coeff * 1e-3);
-  out += format("method: median of %d run(s) after %d warm-up run(s); %d decode step(s) per run; decode path %s\n",
-                o.repeats, o.warmup, o.decode_steps, r.decode_path.c_str());
+  if (o.concurrency.empty())
+    out += format("method: median of %d run(s) after %d warm-up run(s); %d decode step(s) per run; decode path %s\n",
+                  o.repeats, o.warmup, o.decode_steps, r.decode_path.c_str());
+  else
+    out += format("method: per context and N streams, N sessions each prefilled with the context (untimed), then %d "
+                  "step(s) each one forward_batch of N entries (one token per stream); median of %d run(s) after %d "
+                  "warm-up run(s); decode path %s\n",
+                  o.decode_steps, o.repeats, o.warmup, r.decode_path.c_str());
   out += "ceilings: " +
          (o.peak_gb_s > 0 ? format("%.0f GB/s", o.peak_gb_s) : std::string("no bandwidth ceiling")) + ", " +
          (o.peak_tflop_s > 0 ? format("%.0f TFLOP/s", o.peak_tflop_s) : std::string("no compute ceiling")) + "\n\n";
+  if (!r.concurrency.empty()) return out + bench_concurrency_table(r);
   out += format("| %6s | %13s | %8s | %6s | %10s | %12s | %9s | %8s | %6s | %11s | %10s |\n", "length", "prefill tok/s",
                 "TFLOP/s", "% peak", "TTFT ms", "decode tok/s", "ms/token", "GB/s", "% peak", "limit tok/s",
                 "memory GB");
@@ -116,6 +138,27 @@ std::string bench_json(const BenchReport& r) {
     pts.push_back(std::move(q));
   }
   j["points"] = std::move(pts);
+  if (!o.concurrency.empty()) {
+    j["method"]["concurrency"] = o.concurrency;
+    json rows = json::array();
+    for (const BenchConcurrencyPoint& p : r.concurrency) {
+      json q;
+      q["length"] = p.length;
+      q["streams"] = p.streams;
+      q["decode_steps"] = o.decode_steps;
+      q["decode_context"] = p.decode_context;
+      q["decode_ms"] = p.decode_ms;
+      q["decode_ms_median"] = p.decode_ms_median;
+      q["step_ms"] = p.step_ms;
+      q["aggregate_tok_s"] = p.aggregate_tok_s;
+      q["per_stream_tok_s"] = p.stream_tok_s;
+      q["itl_p50_ms"] = p.itl_p50_ms;
+      q["itl_p99_ms"] = p.itl_p99_ms;
+      q["memory_peak_bytes"] = p.memory_peak_bytes;
+      rows.push_back(std::move(q));
+    }
+    j["concurrency"] = std::move(rows);
+  }
   return j.dump(2) + "\n";
 }
 

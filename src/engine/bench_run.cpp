@@ -8,6 +8,7 @@
 #include <random>
 
 #include "core/check.h"
+#include "engine/bench_concurrency.h"
 
 namespace tern {
 
@@ -15,12 +16,6 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-
-int64_t host_peak_rss_bytes() {
-  rusage u{};
-  if (getrusage(RUSAGE_SELF, &u) != 0) return 0;
-  return int64_t(u.ru_maxrss) * 1024;  // Linux: kilobytes
-}
 
 struct Runner {
   ModelRunner& runner;
@@ -33,8 +28,7 @@ struct Runner {
   std::unique_ptr<BenchMask> mask;  // this run's decode-step constraint (options.decode_mask), or null
 
   void sample_memory(int64_t& peak) {
-    const int64_t now = options.memory_in_use ? options.memory_in_use() : host_peak_rss_bytes();
-    peak = std::max(peak, now);
+    peak = std::max(peak, bench_memory_now(options));
   }
 
   void prefill(Session& session, const std::vector<int32_t>& prompt) {
@@ -93,6 +87,22 @@ double bench_ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
+int64_t bench_memory_now(const BenchOptions& options) {
+  if (options.memory_in_use) return options.memory_in_use();
+  rusage u{};
+  if (getrusage(RUSAGE_SELF, &u) != 0) return 0;
+  return int64_t(u.ru_maxrss) * 1024;  // Linux: kilobytes
+}
+
+double bench_percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double at = std::clamp(q, 0.0, 100.0) / 100.0 * double(v.size() - 1);
+  const size_t lo = size_t(at);
+  const size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (at - double(lo)) * (v[hi] - v[lo]);
+}
+
 double bench_median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -123,6 +133,10 @@ BenchReport bench_run(ModelRunner& runner, const Roofline& roofline, const Bench
   report.options.log = nullptr;
   report.options.decode_mask = nullptr;
   report.memory_kind = options.memory_in_use ? "device memory in use" : "host peak resident set";
+  if (!options.concurrency.empty()) {
+    bench_concurrency_rows(runner, options, report);
+    return report;
+  }
   Runner r{runner, options, report, {}, Runner::DecodePath::unknown, std::mt19937_64(options.seed),
            std::uniform_int_distribution<int32_t>(0, int32_t(vocab_real - 1)), nullptr};
 

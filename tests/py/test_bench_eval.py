@@ -1,6 +1,7 @@
 """tern bench and tern eval end to end on the CPU.
 
 bench: the demo model at tiny lengths; the JSON holds every length with consistent figures, the SVG parses.
+       --concurrency: a row per stream count, its figures consistent with the step times the JSON keeps.
 eval:  a tiny random HF model (tests/oracles/make_model.py) teacher-forced in transformers (fp32, CPU) gives the
        reference logits (tests/oracles/reference_eval_logits.py); tern eval on the CPU must find KL ~ 0 and the same
        perplexity (1e-4 relative). With a perturbed reference, every metric tern reports must equal the one computed
@@ -55,6 +56,56 @@ def test_bench_rejects_bad_flags(tern_bin):
     assert r.returncode == 2 and "--lengths" in r.stderr, r.stderr  # usage errors exit 2
     r = run([tern_bin, "bench", "--demo", "--synthetic", "--lengths", "16"], check=False)
     assert r.returncode == 2 and "exactly one" in r.stderr, r.stderr
+
+
+def test_bench_concurrency_demo_cpu(tern_bin, tmp_path):
+    js = tmp_path / "bench.json"
+    r = run([tern_bin, "bench", "--demo", "--device", "cpu", "--concurrency", "1,2", "--lengths", "64",
+             "--decode-steps", "4", "--repeats", "2", "--warmup", "1", "--json", js, "--quiet"])
+    out = r.stdout
+    assert "| context | streams | aggregate tok/s | per-stream tok/s | ITL p50 ms | ITL p99 ms | memory GB |" in out, out
+    assert "prefill tok/s" not in out, out  # the concurrency rows replace the table by length
+    rows = [line for line in out.splitlines() if line.startswith("|      64 |")]
+    assert len(rows) == 2, out
+    doc = json.loads(js.read_text())
+    assert doc["backend"] == "cpu"
+    assert doc["decode_path"].startswith("forward_batch"), doc["decode_path"]
+    assert doc["method"]["concurrency"] == [1, 2] and doc["method"]["decode_steps"] == 4
+    assert "--concurrency 1,2" in doc["command"]
+    assert doc["points"] == []
+    assert [(c["length"], c["streams"]) for c in doc["concurrency"]] == [(64, 1), (64, 2)]
+    for c, row in zip(doc["concurrency"], rows):
+        n = c["streams"]
+        assert c["decode_steps"] == 4 and c["decode_context"] == 64 + 2
+        assert len(c["decode_ms"]) == 2 and len(c["step_ms"]) == 2 * 4
+        steps = np.array(c["step_ms"]).reshape(2, 4)
+        assert (steps > 0).all()
+        assert c["decode_ms"] == pytest.approx(steps.sum(axis=1).tolist(), rel=1e-9)  # a run: the sum of its steps
+        assert c["decode_ms_median"] == pytest.approx(float(np.median(c["decode_ms"])), rel=1e-12)
+        assert c["per_stream_tok_s"] == pytest.approx(4 / (c["decode_ms_median"] * 1e-3), rel=1e-9)
+        assert c["aggregate_tok_s"] == pytest.approx(n * c["per_stream_tok_s"], rel=1e-9)
+        assert c["itl_p50_ms"] == pytest.approx(float(np.percentile(c["step_ms"], 50)), rel=1e-9)
+        assert c["itl_p99_ms"] == pytest.approx(float(np.percentile(c["step_ms"], 99)), rel=1e-9)
+        assert c["memory_peak_bytes"] > 0
+        # The table's row shows the same figures.
+        cells = [x.strip() for x in row.strip("|").split("|")]
+        assert cells[:2] == ["64", str(n)], row
+        assert float(cells[2]) == pytest.approx(c["aggregate_tok_s"], abs=0.051), row
+        assert float(cells[3]) == pytest.approx(c["per_stream_tok_s"], abs=0.051), row
+        assert float(cells[4]) == pytest.approx(c["itl_p50_ms"], abs=5e-4), row
+        assert float(cells[5]) == pytest.approx(c["itl_p99_ms"], abs=5e-4), row
+        assert float(cells[6]) == pytest.approx(c["memory_peak_bytes"] * 1e-9, abs=5e-3), row
+
+
+def test_bench_concurrency_rejects_bad_flags(tern_bin, tmp_path):
+    base = [tern_bin, "bench", "--demo", "--device", "cpu", "--lengths", "16"]
+    for bad, says in [(["--concurrency", "0"], "between 1 and 256"), (["--concurrency", "1,257"], "between 1 and 256"),
+                      (["--concurrency", "1,x"], "--concurrency"), (["--concurrency", ""], "--concurrency"),
+                      (["--concurrency", "2", "--decode-steps", "0"], "--decode-steps"),
+                      (["--concurrency", "2", "--plot", tmp_path / "p.svg"], "--plot"),
+                      (["--concurrency", "2", "--prefix-reuse"], "--prefix-reuse")]:
+        r = run([*base, *bad], check=False)
+        assert r.returncode == 2 and says in r.stderr, (bad, r.stderr)  # usage errors exit 2
 
 
 @pytest.fixture(scope="module")
