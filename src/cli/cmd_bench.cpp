@@ -175,7 +175,7 @@ std::vector<int64_t> lengths_to_run(const BenchArgs& a, int64_t max_positions) {
     int64_t chosen = fitting.front();
     for (int64_t length : fitting)
       if (length <= 4096) chosen = std::max(chosen, length);
-    fitting = {chosen};
+    fitting.assign(1, chosen);
   }
   return fitting;
 }

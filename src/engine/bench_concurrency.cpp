@@ -155,21 +155,13 @@ struct ConcurrencyBench {
 
 std::vector<int> bench_parse_concurrency(const std::string& text) {
   std::vector<int> out;
-  size_t i = 0;
-  while (i <= text.size()) {
-    size_t j = text.find(',', i);
-    if (j == std::string::npos) j = text.size();
-    std::string item = text.substr(i, j - i);
-    while (!item.empty() && item.front() == ' ') item.erase(item.begin());
-    while (!item.empty() && item.back() == ' ') item.pop_back();
-    TERN_CHECK(!item.empty(), "--concurrency: empty item in '", text, "'");
+  for (const std::string& item : bench_split_list(text, "--concurrency")) {
     TERN_CHECK(item.size() <= 9 && std::all_of(item.begin(), item.end(), [](char c) { return c >= '0' && c <= '9'; }),
                "--concurrency: '", item, "' is not a number of streams (like 1,2,4,8)");
     const int n = std::stoi(item);
     TERN_CHECK(n >= 1 && n <= kBenchMaxConcurrency, "--concurrency: ", n, " streams: must be between 1 and ",
                kBenchMaxConcurrency);
     out.push_back(n);
-    i = j + 1;
   }
   return out;
 }

@@ -186,8 +186,8 @@ BenchReport bench_run(ModelRunner& runner, const Roofline& roofline, const Bench
   return report;
 }
 
-std::vector<int64_t> bench_parse_lengths(const std::string& text) {
-  std::vector<int64_t> out;
+std::vector<std::string> bench_split_list(const std::string& text, const char* flag) {
+  std::vector<std::string> out;
   size_t i = 0;
   while (i <= text.size()) {
     size_t j = text.find(',', i);
@@ -195,18 +195,27 @@ std::vector<int64_t> bench_parse_lengths(const std::string& text) {
     std::string item = text.substr(i, j - i);
     while (!item.empty() && item.front() == ' ') item.erase(item.begin());
     while (!item.empty() && item.back() == ' ') item.pop_back();
-    TERN_CHECK(!item.empty(), "--lengths: empty item in '", text, "'");
+    TERN_CHECK(!item.empty(), flag, ": empty item in '", text, "'");
+    out.push_back(std::move(item));
+    i = j + 1;
+  }
+  return out;
+}
+
+std::vector<int64_t> bench_parse_lengths(const std::string& text) {
+  std::vector<int64_t> out;
+  for (std::string item : bench_split_list(text, "--lengths")) {
+    const std::string given = item;
     int64_t mult = 1;
     const char last = item.back();
     if (last == 'k' || last == 'K') mult = 1024, item.pop_back();
     else if (last == 'm' || last == 'M') mult = 1024 * 1024, item.pop_back();
     TERN_CHECK(!item.empty() && item.size() <= 9 &&
                    std::all_of(item.begin(), item.end(), [](char c) { return c >= '0' && c <= '9'; }),
-               "--lengths: '", text.substr(i, j - i), "' is not a length (like 256, 4K, 128K)");
+               "--lengths: '", given, "' is not a length (like 256, 4K, 128K)");
     const int64_t v = std::stoll(item) * mult;
-    TERN_CHECK(v >= 1, "--lengths: '", text.substr(i, j - i), "' must be >= 1");
+    TERN_CHECK(v >= 1, "--lengths: '", given, "' must be >= 1");
     out.push_back(v);
-    i = j + 1;
   }
   return out;
 }

@@ -113,6 +113,8 @@ std::vector<int> bench_parse_concurrency(const std::string& text);
 
 // "256,1K,4k,128K" -> {256, 1024, 4096, 131072}. Throws tern::Error naming the bad item.
 std::vector<int64_t> bench_parse_lengths(const std::string& text);
+// The items of a comma-separated flag value, spaces trimmed; an empty item is an error naming `flag`.
+std::vector<std::string> bench_split_list(const std::string& text, const char* flag);
 std::string bench_length_label(int64_t length);  // 256, 1K, 128K
 
 // Outputs: the table a person reads, the JSON document, and an SVG plot of tok/s against length (log-log).
