@@ -77,16 +77,7 @@ PrefixCache::Slot* PrefixCache::idle_slot() {
 
 PrefixCache::Lease PrefixCache::begin(std::span<const int32_t> prompt) {
   ++clock_;
-  if (!active_) {
-    Slot* s = idle_slot();
-    TERN_INTERNAL_CHECK(s != nullptr, "prefix cache: every one of the ", options_.slots, " sessions is in use");
-    s->session->reset();
-    s->busy = true;
-    s->last_use = clock_;
-    ++counters_.misses;
-    publish();
-    return {s->session.get(), 0};
-  }
+  // Without snapshots (!active_) no slot holds any: every request takes the idle-slot path below.
   const int64_t n = int64_t(prompt.size());
   // The best snapshot: the longest at or before the divergence point, and before the prompt's last token.
   Slot* best = nullptr;
@@ -126,8 +117,7 @@ PrefixCache::Lease PrefixCache::begin(std::span<const int32_t> prompt) {
   // KV rows [0, q) stay as they are while it appends after them).
   Slot* fork = nullptr;
   if (best->busy) {
-    best->last_use = clock_;  // not the idle slot to give up
-    fork = idle_slot();       // slots are held by pointer: `best` and `best_entry` stay valid
+    fork = idle_slot();  // never `best` (busy); slots are held by pointer: `best` and `best_entry` stay valid
     TERN_INTERNAL_CHECK(fork != nullptr, "prefix cache: every one of the ", options_.slots, " sessions is in use");
   } else if (loses_snapshots && int(slots_.size()) < options_.slots) {
     fork = &new_slot();

@@ -95,13 +95,14 @@ void CudaRunner::qmv_into(const DMat& w, const float* x, int64_t ldx, int64_t T,
 int32_t CudaRunner::decode_graph_step(CudaSession& s, int32_t token, const DeviceSampling& sampling) {
   const int64_t V = w_->config.vocab_size;
   const bool masked = sampling.mask != nullptr;
-  auto found = decode_graphs_.find({s.id, masked});
-  cudaGraphExec_t exec = found != decode_graphs_.end() ? found->second.exec : nullptr;
-  if (!exec) {
-    exec = capture_decode(s, /*with_sampling=*/!masked);
+  cudaGraphExec_t exec = nullptr;
+  if (auto found = decode_graphs_.find({s.id, masked}); found != decode_graphs_.end()) {
+    exec = found->second.exec;
+    found->second.last_use = ++graph_clock_;
+  } else {
+    exec = capture_decode(s, /*with_sampling=*/!masked);  // marked as just used
     device_token_valid_ = params_valid_ = false;
   }
-  decode_graphs_[{s.id, masked}].last_use = ++graph_clock_;
   step_timer_.begin(stream_);
   // The graph leaves its sampled token in tokens_ for the next step, and the parameters stay where they were put:
   // copy only what changed.

@@ -149,9 +149,11 @@ void EngineLoop::start(const std::shared_ptr<GenerationTask>& task) {
 }
 
 void EngineLoop::step() {
-  std::vector<BatchEntry> batch;
-  std::vector<Running*> owners;
-  batch.reserve(running_.size());
+  std::vector<BatchEntry>& batch = batch_;
+  std::vector<Running*>& owners = owners_;
+  batch.clear();
+  owners.clear();
+  int64_t tokens = 0;
   // The prompt budget: only when some task decodes (a prompt alone runs in the runner's own chunks).
   const bool decoding = std::any_of(running_.begin(), running_.end(), [](const auto& r) { return !r->run->prefilling(); });
   int64_t budget = decoding ? scheduler_.step_tokens : INT64_MAX;
@@ -170,17 +172,13 @@ void EngineLoop::step() {
       continue;
     }
     if (prefill) budget -= int64_t(e.tokens.size());
+    tokens += int64_t(e.tokens.size());
     batch.push_back(e);
     owners.push_back(&r);
   }
   if (!batch.empty()) {
     generator_.runner().forward_batch(batch);
-    metrics_.on_step(int64_t(batch.size()),
-                     [&] {
-                       int64_t n = 0;
-                       for (const BatchEntry& e : batch) n += int64_t(e.tokens.size());
-                       return n;
-                     }());
+    metrics_.on_step(int64_t(batch.size()), tokens);
   }
   for (size_t i = 0; i < batch.size(); ++i) {
     Running& r = *owners[i];
@@ -198,11 +196,17 @@ void EngineLoop::step() {
   std::erase_if(running_, [](const auto& r) { return r->task == nullptr; });
 }
 
-// The task leaves: the session back to the cache with what it holds, the metrics, the last event.
+// The task leaves: the session back to the cache with what it holds (failed: forgotten, its state unknown), the
+// metrics, the last event.
 void EngineLoop::finish(Running& r, EngineEvent done, TaskOutcome outcome) {
   GenerationTask& task = *r.task;
   const GenerationResult result = done.result;  // a copy: `done` may become an error below
-  if (r.session) {
+  if (r.session && outcome == TaskOutcome::failed) {
+    try {
+      cache_->end(*r.session, {}, false);
+    } catch (...) {
+    }
+  } else if (r.session) {
     try {
       // What the session holds now: the prompt (or the part of it fed before a cancel), then the generated tokens
       // that were fed back (all but the last one).
@@ -210,7 +214,7 @@ void EngineLoop::finish(Running& r, EngineEvent done, TaskOutcome outcome) {
       std::vector<int32_t> held(task.request.prompt.begin(), task.request.prompt.begin() + std::min(pos, n_prompt));
       for (int64_t i = 0; int64_t(held.size()) < pos && i < int64_t(result.tokens.size()); ++i)
         held.push_back(result.tokens[size_t(i)]);
-      cache_->end(*r.session, held, outcome != TaskOutcome::failed && int64_t(held.size()) == pos);
+      cache_->end(*r.session, held, int64_t(held.size()) == pos);
     } catch (const std::exception& e) {
       done = EngineEvent::of_error(internal_fault(task, e.what()));
       outcome = TaskOutcome::failed;
@@ -227,21 +231,7 @@ void EngineLoop::finish(Running& r, EngineEvent done, TaskOutcome outcome) {
 }
 
 void EngineLoop::fail(Running& r, std::exception_ptr error) {
-  GenerationTask& task = *r.task;
-  EngineEvent done = error_event(task, error);
-  if (r.session) {
-    try {
-      cache_->end(*r.session, {}, false);  // the session's state is unknown: forget it
-    } catch (...) {
-    }
-    r.session = nullptr;
-  }
-  task.request.on_checkpoint = nullptr;
-  metrics_.on_prefix_cache(cache_->stats(), cache_->active());
-  metrics_.on_task_finished(TaskOutcome::failed, 0, 0, 0, 0, 0);
-  task.events.push(std::move(done));
-  r.run.reset();
-  r.task = nullptr;
+  finish(r, error_event(*r.task, error), TaskOutcome::failed);
 }
 
 }  // namespace tern::server

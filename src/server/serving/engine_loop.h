@@ -69,6 +69,8 @@ class EngineLoop {
   std::mutex accounting_mutex_;  // orders queue pushes/removals with the metrics that count them
   std::unique_ptr<PrefixCache> cache_;
   std::vector<std::unique_ptr<Running>> running_;  // in arrival order
+  std::vector<BatchEntry> batch_;                  // step(): this step's forwards, and whose they are
+  std::vector<Running*> owners_;
   std::thread thread_;
 };
 
