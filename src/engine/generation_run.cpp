@@ -129,7 +129,6 @@ bool GenerationRun::next_step(BatchEntry& entry, int64_t max_prompt_tokens) {
     return true;
   }
   entry.tokens = std::span<const int32_t>(fed_, 1);
-  sampling_asked_ = device_ok_;
   if (device_ok_) entry.sampling = &sampling_;
   return true;
 }
@@ -148,7 +147,7 @@ void GenerationRun::step_done(const BatchEntry& entry) {
   if (device_id) {
     TERN_INTERNAL_CHECK(*device_id >= 0 && *device_id < vocab_, "the backend sampled token ", *device_id,
                         ", outside the vocabulary [0, ", vocab_, ")");
-  } else if (sampling_asked_) {
+  } else if (entry.sampling) {
     device_ok_ = false;  // this backend has no device sampler: use the host one from now on
   }
   ++step_;

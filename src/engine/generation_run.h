@@ -83,7 +83,6 @@ class GenerationRun {
   uint64_t step_ = 0, max_tokens_ = 0;
   int32_t fed_[1] = {0};           // the id the next decode step feeds
   DeviceSampling sampling_;        // for that step, when device_ok_
-  bool sampling_asked_ = false;    // the last decode step asked the device to sample
 };
 
 }  // namespace tern

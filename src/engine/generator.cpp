@@ -1,7 +1,6 @@
 #include "engine/generator.h"
 
 #include <algorithm>
-#include <chrono>
 #include <optional>
 
 #include "core/check.h"
