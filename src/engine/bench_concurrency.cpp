@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <exception>
+#include <optional>
 #include <random>
 
 #include "core/check.h"
@@ -51,17 +52,16 @@ struct ConcurrencyBench {
   // knows a session's memory and what is free (as tern serve plans --parallel), else when one cannot be made.
   std::vector<std::unique_ptr<Session>> create_sessions(int n, int64_t length) {
     const int64_t capacity = length + options.decode_steps;
-    const int64_t per = runner.session_bytes(capacity), free = runner.free_memory_bytes();
-    if (per > 0 && free >= 0) {
+    if (const std::optional<int64_t> fit = sessions_that_fit(runner, capacity); fit && n > *fit) {
+      const int64_t per = runner.session_bytes(capacity), free = runner.free_memory_bytes();
       const auto gb = [](double b) {
         char buf[32];
         std::snprintf(buf, sizeof buf, "%.2f GB", b * 1e-9);
         return std::string(buf);
       };
-      const int64_t fit = free / per;
-      TERN_CHECK(int64_t(n) <= fit, "bench --concurrency: ", n, " sessions of context ", bench_length_label(length),
-                 " (", capacity, " tokens with the decode steps) do not fit: they need ", gb(double(per) * n), " (",
-                 gb(double(per)), " each) but ", gb(double(free)), " is free; ", fit, " fit at this context");
+      TERN_FAIL("bench --concurrency: ", n, " sessions of context ", bench_length_label(length), " (", capacity,
+                " tokens with the decode steps) do not fit: they need ", gb(double(per) * n), " (", gb(double(per)),
+                " each) but ", gb(double(free)), " is free; ", *fit, " fit at this context");
     }
     std::vector<std::unique_ptr<Session>> sessions;
     sessions.reserve(size_t(n));

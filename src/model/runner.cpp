@@ -24,4 +24,10 @@ void ModelRunner::forward_batch(std::span<BatchEntry> batch) {
   }
 }
 
+std::optional<int64_t> sessions_that_fit(const ModelRunner& runner, int64_t max_context) {
+  const int64_t per = runner.session_bytes(max_context), free = runner.free_memory_bytes();
+  if (per <= 0 || free < 0) return std::nullopt;
+  return free / per;
+}
+
 }  // namespace tern

@@ -141,4 +141,8 @@ class ModelRunner {
   virtual void set_activation_dump_dir(const std::string& dir) {}
 };
 
+// How many sessions of max_context tokens the free memory holds now (ModelRunner::session_bytes against
+// free_memory_bytes); nullopt when the runner cannot tell.
+std::optional<int64_t> sessions_that_fit(const ModelRunner& runner, int64_t max_context);
+
 }  // namespace tern

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <optional>
 #include <vector>
 
 #include "core/check.h"
@@ -52,13 +53,13 @@ EngineLoop::EngineLoop(Generator& generator, int64_t context, size_t max_queue, 
 // explicit --parallel that does not fit is refused with the numbers.
 void EngineLoop::plan_memory() {
   ModelRunner& runner = generator_.runner();
-  const int64_t per = runner.session_bytes(context_), free = runner.free_memory_bytes();
-  const bool known = per > 0 && free >= 0;
-  const int64_t fit = known ? free / per : int64_t(SchedulerOptions::kDefaultParallel);
+  const std::optional<int64_t> fits = sessions_that_fit(runner, context_);
+  const int64_t fit = fits.value_or(SchedulerOptions::kDefaultParallel);
   const auto gb = [](int64_t b) { return detail::concat(double(int64_t(double(b) / 1e7)) / 100.0, " GB"); };
   int& parallel = scheduler_.parallel;
   if (parallel == 0) parallel = int(std::clamp<int64_t>(fit, 1, SchedulerOptions::kDefaultParallel));
-  if (!known || parallel <= fit) return;
+  if (!fits || parallel <= fit) return;
+  const int64_t per = runner.session_bytes(context_), free = runner.free_memory_bytes();
   const int64_t tokens_fit = per > 0 ? context_ * free / (per * parallel) : 0;
   TERN_FAIL(parallel, " sequences of ", context_, " tokens need ", gb(per * parallel), " (", gb(per),
              " each) but ", gb(free), " is free: ", fit > 0 ? detail::concat("--parallel ", fit, " fits, or ") : "",
