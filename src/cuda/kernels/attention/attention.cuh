@@ -64,4 +64,31 @@ void attention_check(const AttnDims& d);
 void attention(const float* q, const float* qg, const uint16_t* cache_k, const uint16_t* cache_v, const int* pos0,
                const AttnDims& d, float* partial, float* out, cudaStream_t stream);
 
+// ---- a batch of sequences, one token each (the batched decode step, issue 31) ----
+// Where each sequence's cache and position are: device arrays of B entries, filled by the caller before the launch
+// (they may change between replays of a captured graph).
+struct AttnBatch {
+  int B = 1;                          // 1..32
+  int64_t ld_qkv = 0;                 // row stride (floats) of qg, k and v: sequence b's row at + b·ld_qkv
+  const int* const* pos0 = nullptr;   // [B] each sequence's position (tokens already in its cache)
+  uint16_t* const* cache_k = nullptr; // [B] each sequence's cache, [Hkv, capacity_b, dh] as for attn_prepare
+  uint16_t* const* cache_v = nullptr;
+  const int* splits = nullptr;        // [B] attn_batch_splits(d with capacity_b) of each sequence
+};
+// The decode split count attention() uses for one token of a sequence whose cache has d.capacity rows, so that
+// the batched kernels split each sequence exactly as it is split alone. 1..kAttnMaxSplits.
+int attn_batch_splits(const AttnDims& d);
+// Floats of `partial` scratch attention_batched needs for B sequences.
+int64_t attn_batch_partial_floats(int B, int Hq, int dh);
+// attn_prepare for B sequences, one token each (d.T = 1, d.capacity ignored): qg/k/v rows b at + b·ld_qkv;
+// q_out [B, Hq, dh]. Each sequence bit for bit as attn_prepare alone.
+void attn_prepare_batched(const float* qg, const float* k, const float* v, const float* q_norm, const float* k_norm,
+                          const AttnBatch& batch, const AttnDims& d, float* q_out, cudaStream_t stream);
+// attention for B sequences, one token each (d.T = 1; d.capacity: the largest of the sequences'): q [B, Hq, dh]
+// from attn_prepare_batched, the gate from qg rows b at + b·ld_qkv; out [B, Hq·dh]. Each sequence bit for bit as
+// attention() alone with its own cache, position and capacity (its own split count). partial:
+// attn_batch_partial_floats(B, ...) floats.
+void attention_batched(const float* q, const float* qg, const AttnBatch& batch, const AttnDims& d, float* partial,
+                       float* out, cudaStream_t stream);
+
 }  // namespace tern::cuda

@@ -113,4 +113,13 @@ void gdn_decode(const GdnDecodeArgs& a, cudaStream_t stream);
 // Whether gdn_decode takes these head shapes (the model's: dk = dv = 128, Hv = 2·Hk).
 bool gdn_decode_supported(const GdnDims& d);
 
+// ---- a batch of sequences, one token each (the batched decode step, issue 31) ----
+// B sequences, one new token each, each bit for bit what gdn_decode gives for that sequence alone: a as for
+// gdn_decode with a.d.T = 1, proj row b at a.proj + b·a.ld_proj, out row b at a.out + b·Hv·dv, and the states of
+// sequence b at conv_states[b] and rec_states[b] (device arrays of B pointers; a.conv_state and a.rec_state are not
+// read). 1 <= B <= 32; the shapes of gdn_decode_supported. Launched with PDL like gdn_decode (the same rule for the
+// states read before pdl_wait).
+void gdn_decode_batched(const GdnDecodeArgs& a, int B, float* const* conv_states, float* const* rec_states,
+                        cudaStream_t stream);
+
 }  // namespace tern::cuda

@@ -73,6 +73,16 @@ void moe_down_decode(const MoeDecodeWeights& w, float* hidden, int T, const MoeD
 // TERN_QMV_VARIANT / TERN_QMV_DEPTH / TERN_QMV_BPS (qtile::tuning()).
 void moe_decode_set_l2_prefetch(bool on);
 
+// ---- a batch of sequences, one token each (the batched decode step, issue 31) ----
+// Whether moe_decode_batched takes these weights on this device: the one-token kernels it runs per token (the
+// cluster router of moe_router_cluster.cuh and the integer gate_up / down of moe_dp4a.cuh) all apply.
+bool moe_decode_batched_supported(const MoeDecodeWeights& w);
+// hidden [B, D]: token b updated bit for bit as moe_decode(w, hidden + b·D, 1, ...) updates it alone, for
+// 1 <= B <= kBatchMaxTokens (qmv_dp4a.cuh); s sized for at least B tokens (moe_decode_scratch_bytes(T >= B)), its
+// rows b holding token b's routing and h. Throws tern::Error when !moe_decode_batched_supported(w).
+void moe_decode_batched(const MoeDecodeWeights& w, float* hidden, int B, const MoeDecodeScratch& s,
+                        cudaStream_t stream);
+
 // All three in order.
 inline void moe_decode(const MoeDecodeWeights& w, float* hidden, int T, const MoeDecodeScratch& s, cudaStream_t stream) {
   moe_router_decode(w, hidden, T, s, stream);

@@ -36,4 +36,12 @@ bool qmv_dp4a_wide();
 // Under qmv variant 3, products with fewer rows take the tensor-core path (TERN_QMV_DP4A_MIN_ROWS, default 0).
 int64_t qmv_dp4a_min_rows();
 
+// ---- a batch of sequences, one token each (the batched decode step, issue 31) ----
+constexpr int kBatchMaxTokens = 32;  // tokens (sequences) per batched call
+// B tokens of B different sequences, each bit for bit what qmv_dp4a(a) gives for that token alone: x row b at
+// a.x + b·a.ldx, y row b at a.y + b·a.ldy (the RMSNorm, when a.norm_w is set, per token). a.T must be 1 and
+// qmv_dp4a_supported(a) true; 1 <= B <= kBatchMaxTokens. The weights are read from memory once per call (the
+// tokens' blocks run together and share them through L2).
+void qmv_dp4a_batched(const QmvArgs& a, int B, cudaStream_t stream);
+
 }  // namespace tern::cuda
