@@ -4,23 +4,29 @@
 
 namespace tern {
 
-void ModelRunner::forward_batch(std::span<BatchEntry> batch) {
+void ModelRunner::check_distinct_sessions(std::span<const BatchEntry> batch) {
   for (const BatchEntry& e : batch)
     for (const BatchEntry& f : batch)
       TERN_INTERNAL_CHECK(&e == &f || e.session != f.session, "forward_batch: one session appears twice");
-  for (BatchEntry& e : batch) {
-    e.sampled.reset();
-    e.error = nullptr;
-    try {
-      TERN_INTERNAL_CHECK(e.session != nullptr && !e.tokens.empty(), "forward_batch: an entry without a session or tokens");
-      if (e.sampling) e.sampled = forward_sample(*e.session, e.tokens, *e.sampling);
-      if (!e.sampled) {
-        TERN_INTERNAL_CHECK(e.logits != nullptr, "forward_batch: an entry without a logits buffer");
-        forward(*e.session, e.tokens, e.all_logits, *e.logits);
-      }
-    } catch (...) {
-      e.error = std::current_exception();
+}
+
+void ModelRunner::forward_batch(std::span<BatchEntry> batch) {
+  check_distinct_sessions(batch);
+  for (BatchEntry& e : batch) forward_alone(e);
+}
+
+void ModelRunner::forward_alone(BatchEntry& e) {
+  e.sampled.reset();
+  e.error = nullptr;
+  try {
+    TERN_INTERNAL_CHECK(e.session != nullptr && !e.tokens.empty(), "forward_batch: an entry without a session or tokens");
+    if (e.sampling) e.sampled = forward_sample(*e.session, e.tokens, *e.sampling);
+    if (!e.sampled) {
+      TERN_INTERNAL_CHECK(e.logits != nullptr, "forward_batch: an entry without a logits buffer");
+      forward(*e.session, e.tokens, e.all_logits, *e.logits);
     }
+  } catch (...) {
+    e.error = std::current_exception();
   }
 }
 

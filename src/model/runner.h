@@ -139,6 +139,12 @@ class ModelRunner {
   // Named intermediates (e.g. "attn_norm.7") are written under this directory when set (tern logits
   // --dump-activations). Backends that do not support dumping ignore it.
   virtual void set_activation_dump_dir(const std::string& dir) {}
+ protected:
+  // One entry of forward_batch run alone (forward_sample, else forward), its failure caught into e.error: the
+  // default forward_batch runs every entry this way, a backend's own for the entries it does not batch.
+  void forward_alone(BatchEntry& e);
+  // forward_batch's precondition (an internal error when one session appears twice).
+  static void check_distinct_sessions(std::span<const BatchEntry> batch);
 };
 
 // How many sessions of max_context tokens the free memory holds now (ModelRunner::session_bytes against

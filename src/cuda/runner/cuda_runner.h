@@ -43,4 +43,8 @@ std::string cuda_device_name();
 // Bytes the runner's weights occupy on the GPU (0 for another backend).
 int64_t cuda_runner_weight_bytes(const ModelRunner& runner);
 
+// forward_batch steps that ran several sessions through the batched kernels (not one after another) so far; 0 for
+// another backend. For tests and the bench's method line.
+int64_t cuda_runner_batched_steps(const ModelRunner& runner);
+
 }  // namespace tern

@@ -1,8 +1,9 @@
 // CudaRunner, the ModelRunner behind cuda_runner.h, defined once for the runner's files, one role each:
 // cuda_runner.cu (construction and options, sessions, the forward loop, activation scratch, the LM head),
 // decode_plan.cu (chunks of at most kQmvMaxTokens tokens: the fused decode kernels, one CUDA graph per step, the
-// token mask) and prefill_plan.cu (longer chunks: the prepared inputs of the prefill products, the mixers and the
-// MoE block). Included by those files only.
+// token mask), batch_plan.cu (one token of each of several sessions in one step: forward_batch) and prefill_plan.cu
+// (longer chunks: the prepared inputs of the prefill products, the mixers and the MoE block). Included by those
+// files only.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -21,6 +22,7 @@
 #include "cuda/kernels/gdn/gdn.cuh"
 #include "cuda/kernels/moe/moe.cuh"
 #include "cuda/kernels/moe/moe_decode.cuh"
+#include "cuda/kernels/qmv/qmv.cuh"
 #include "cuda/kernels/qmatmul/qmatmul.cuh"
 #include "cuda/runner/activation_dump.cuh"
 #include "cuda/runner/cuda_runner.h"
@@ -56,6 +58,7 @@ class CudaRunner final : public ModelRunner {
   // The forward chunk: a 4K prompt in one call instead of two of 2K (H200: 225 against 257 ms).
   int64_t preferred_prefill_chunk() const override { return max_chunk_; }
   int64_t weight_bytes() const { return w_->bytes; }
+  int64_t batched_steps() const { return batched_steps_; }
 
   std::unique_ptr<Session> create_session(int64_t max_context) override;
   int64_t session_bytes(int64_t max_context) const override;
@@ -63,6 +66,7 @@ class CudaRunner final : public ModelRunner {
   void forward(Session& session, std::span<const int32_t> tokens, bool all_logits, std::vector<float>& logits) override;
   std::optional<int32_t> forward_sample(Session& session, std::span<const int32_t> tokens,
                                         const DeviceSampling& sampling) override;
+  void forward_batch(std::span<BatchEntry> batch) override;
 
  private:
   static constexpr int64_t kLmRows = 128;  // logits rows computed at a time
@@ -74,6 +78,7 @@ class CudaRunner final : public ModelRunner {
   GdnDims gdn_dims(int64_t T) const;
   AttnDims attn_dims(int64_t T, int64_t capacity) const;
   bool decode_plan(int64_t T) const;
+  int64_t chunk_tokens(int64_t n) const;
   void run_chunk(CudaSession& s, std::span<const int32_t> tokens);
   void chunk_body(CudaSession& s, int64_t T);
   void dump_layer(const char* base, size_t i, int64_t T, const int* ids = nullptr);
@@ -89,9 +94,20 @@ class CudaRunner final : public ModelRunner {
   cudaGraphExec_t capture_decode(CudaSession& s, bool with_sampling = true);
   void apply_step_mask(const DeviceSampling& sampling);
   void gdn_decode_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, int64_t T);
+  GdnDecodeArgs gdn_decode_args(const DeviceLayer& l, int64_t T, const float* proj, float* out) const;
   void attention_decode_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, CudaSession& s, int64_t T);
   size_t layer_index(const DeviceLayer& l) const;
   const L2Ranges& output_ahead(const DeviceLayer& l) const { return l2_output_ahead_[layer_index(l)]; }
+
+  // batch_plan.cu: one token of each of up to batch_max() sessions per step, through the one-token kernels with a
+  // batch index (each session's token bit for bit as alone), one CUDA graph per (batch size, largest capacity)
+  int batch_max() const;
+  bool batch_joins(const BatchEntry& e) const;
+  void allocate_batch_scratch();
+  void batch_step(std::span<BatchEntry* const> entries);
+  void batch_body(int B, int64_t max_capacity);
+  QmvArgs decode_product(const DMat& w, const float* x, int64_t ldx, int64_t T, const float* norm_w, float* y,
+                         int64_t ldy, bool accumulate = false, const L2Ranges& ahead = {}) const;
 
   // prefill_plan.cu: longer chunks
   void proj(const DMat& w, const float* x, int64_t T, float* y, bool accumulate = false, const PreparedX& prep = {},
@@ -123,6 +139,7 @@ class CudaRunner final : public ModelRunner {
   bool params_valid_ = false;
   bool decode_warm_ = false;           // a decode step has run outside capture
   bool use_decode_kernels_ = true;      // TERN_CUDA_DECODE_KERNELS=0: decode through the prefill plan's kernels
+  int64_t short_prompt_tokens_ = 64;    // TERN_SHORT_PROMPT_TOKENS (chunk_tokens)
   bool kv_f16_ = true;                  // the KV cache in fp16, else bf16 (TERN_KV_BF16=1, CudaRunnerOptions::kv_f16)
   bool capturing_ = false;              // a decode graph is being captured (no activation dumps)
   ActivationDump dump_;                 // set_activation_dump_dir
@@ -145,6 +162,21 @@ class CudaRunner final : public ModelRunner {
   };
   static constexpr size_t kMaxDecodeGraphs = 64;
   std::map<std::pair<uint64_t, bool>, DecodeGraph> decode_graphs_;
+  // The batched step (batch_plan.cu), allocated with its first use. Its device tables (tokens, positions, caches
+  // and states of every layer per batch slot; BatchTables in batch_plan.cu) are filled from pinned memory before
+  // each step, so one graph per (batch size, largest capacity) serves any sessions.
+  DeviceArena batch_scratch_;
+  uint8_t* batch_tables_ = nullptr;      // device
+  uint8_t* batch_pinned_ = nullptr;      // host staging: the tables, the sampling parameters, the sampled ids
+  size_t batch_tables_bytes_ = 0;
+  float *batch_proj_ = nullptr, *batch_gated_ = nullptr, *batch_q_ = nullptr, *batch_attn_out_ = nullptr,
+        *batch_attn_part_ = nullptr;
+  MoeDecodeScratch batch_moe_;
+  std::vector<float*> batch_sample_scratch_;  // [batch_max()] one sampler scratch per slot
+  int* batch_sampled_ = nullptr;         // [batch_max()] device
+  bool batch_warm_ = false;              // a batched step has run outside capture
+  int64_t batched_steps_ = 0;            // steps batch_step has run
+  std::map<std::pair<int, int64_t>, cudaGraphExec_t> batch_graphs_;
   uint64_t graph_clock_ = 0, session_ids_ = 0;
   std::shared_ptr<SnapshotBuffers> snapshot_buffers_;  // made with the first session
   uint32_t *mask_device_ = nullptr, *mask_pinned_ = nullptr;  // [ceil(V / 32)] the step's token mask

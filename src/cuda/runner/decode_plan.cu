@@ -72,8 +72,8 @@ void CudaRunner::plan_l2_prefetch() {
 
 // y [T, w.rows] (row stride ldy) (+)= x̂ · Wᵀ with x̂ = x or RMSNorm(x)·norm_w (x [T, w.cols], row stride ldx).
 // ahead: ranges to ask L2 for on behalf of later kernels (one token only).
-void CudaRunner::qmv_into(const DMat& w, const float* x, int64_t ldx, int64_t T, const float* norm_w, float* y,
-                          int64_t ldy, bool accumulate, const L2Ranges& ahead) {
+QmvArgs CudaRunner::decode_product(const DMat& w, const float* x, int64_t ldx, int64_t T, const float* norm_w,
+                                   float* y, int64_t ldy, bool accumulate, const L2Ranges& ahead) const {
   QmvArgs a;
   if (T == 1) a.l2_ahead = ahead;
   a.w = w;
@@ -85,7 +85,12 @@ void CudaRunner::qmv_into(const DMat& w, const float* x, int64_t ldx, int64_t T,
   a.y = y;
   a.ldy = ldy;
   a.accumulate = accumulate;
-  qmv(a, stream_);
+  return a;
+}
+
+void CudaRunner::qmv_into(const DMat& w, const float* x, int64_t ldx, int64_t T, const float* norm_w, float* y,
+                          int64_t ldy, bool accumulate, const L2Ranges& ahead) {
+  qmv(decode_product(w, x, ldx, T, norm_w, y, ldy, accumulate, ahead), stream_);
 }
 
 // One decode step through a CUDA graph (embed, 40 layers, LM head, sampling): the token and the sampling
@@ -215,21 +220,29 @@ void CudaRunner::gdn_decode_mixer(const DeviceLayer& l, CudaSession::LayerCache&
     qmv_into(l.in_proj_b, hidden_, D, T, l.input_norm, proj_ + C + Z, proj_cols_);
     qmv_into(l.in_proj_a, hidden_, D, T, l.input_norm, proj_ + C + Z + d.Hv, proj_cols_);
   }
+  GdnDecodeArgs g = gdn_decode_args(l, T, proj_, gated_);
+  g.conv_state = lc.conv;
+  g.rec_state = lc.rec;
+  gdn_decode(g, stream_);
+  qmv_into(l.out_proj, gated_, Z, T, nullptr, hidden_, D, /*accumulate=*/true, output_ahead(l));
+}
+
+// gdn_decode's arguments for layer l over T tokens: proj [T, proj_cols_] in, out [T, Hv·dv]; the states are the
+// caller's to set.
+GdnDecodeArgs CudaRunner::gdn_decode_args(const DeviceLayer& l, int64_t T, const float* proj, float* out) const {
+  const Config& c = w_->config;
   GdnDecodeArgs g;
-  g.proj = proj_;
+  g.proj = proj;
   g.ld_proj = proj_cols_;
   g.conv_w = l.conv1d;
   g.Ck = c.linear_conv_kernel_dim;
-  g.conv_state = lc.conv;
-  g.rec_state = lc.rec;
   g.A_log = l.A_log;
   g.dt_bias = l.dt_bias;
   g.norm_w = l.gdn_norm;
   g.eps = float(c.rms_norm_eps);
-  g.d = d;
-  g.out = gated_;
-  gdn_decode(g, stream_);
-  qmv_into(l.out_proj, gated_, Z, T, nullptr, hidden_, D, /*accumulate=*/true, output_ahead(l));
+  g.d = gdn_dims(T);
+  g.out = out;
+  return g;
 }
 
 // Decode plan, attention layer: q|k|v in one product for one token (three for several), then the cache append,

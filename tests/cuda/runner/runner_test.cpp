@@ -328,5 +328,103 @@ TEST(CudaRunner, DefaultPlansMatchCpuRunnerOnTrainedScales) {
   std::filesystem::remove_all(root);
 }
 
+
+// Batch invariance (issue 31): 16 sessions of mixed prompt lengths and capacities (different attention split counts)
+// generate alone (forward_sample per step) and then together (forward_batch), half greedy and half sampled with a
+// seed, on a model at trained scales (a 4,096-token vocabulary of near-uniform logits: any difference in a logit
+// shows as another token before long). The batches change from step to step (sessions skip rounds), so each session
+// runs among different others at different batch sizes. Every session must produce the same ids, and the steps must
+// have run through the batched kernels.
+TEST(CudaRunner, BatchedStepGivesEverySessionItsTokensAlone) {
+  TERN_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed("CudaRunner.Batched");
+  RandomModel rm;
+  const int64_t V = 4096;
+  auto weights = random_model(seed, 8, V, rm, Scales::trained);
+  auto gpu = cuda_runner_create(weights, {.progress = false});
+  std::mt19937_64 rng(seed ^ 0x5eed);
+  constexpr int kSessions = 16, kNew = 20;
+  const int64_t prompt_lengths[kSessions] = {1, 2, 7, 8, 9, 17, 63, 64, 65, 100, 128, 200, 257, 300, 31, 5};
+  const int64_t capacities[kSessions] = {64, 256, 512, 4096, 70000, 1024, 300, 2048, 8192, 512, 640, 16384, 1000, 600,
+                                         128, 32};
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<DeviceSampling> sampling(kSessions);
+  for (int i = 0; i < kSessions; ++i) {
+    prompts.push_back(random_tokens(rng, prompt_lengths[i], weights->vocab_real));
+    if (i % 2 == 1) sampling[size_t(i)] = {.temperature = 0.8f, .top_p = 0.95f, .seed = seed + uint64_t(i)};
+  }
+  // Alone: the first new id from the prompt's own forward_sample, then one token per call.
+  std::vector<std::vector<int32_t>> alone(kSessions);
+  for (int i = 0; i < kSessions; ++i) {
+    auto s = gpu->create_session(capacities[i]);
+    DeviceSampling p = sampling[size_t(i)];
+    int32_t next = *gpu->forward_sample(*s, prompts[size_t(i)], p);
+    alone[size_t(i)].push_back(next);
+    for (int k = 1; k < kNew; ++k) {
+      p.step = uint64_t(k);
+      next = *gpu->forward_sample(*s, std::span(&next, 1), p);
+      alone[size_t(i)].push_back(next);
+    }
+  }
+  // Together: the same first ids from the prompts (run alone, as the scheduler runs prompt chunks), then rounds of
+  // forward_batch over the sessions still generating, each skipping every fourth round at its own phase.
+  std::vector<std::unique_ptr<Session>> sessions;
+  std::vector<std::vector<int32_t>> together(kSessions);
+  std::vector<DeviceSampling> params = sampling;
+  for (int i = 0; i < kSessions; ++i) {
+    sessions.push_back(gpu->create_session(capacities[i]));
+    together[size_t(i)].push_back(*gpu->forward_sample(*sessions.back(), prompts[size_t(i)], params[size_t(i)]));
+  }
+  const int64_t batched_before = cuda_runner_batched_steps(*gpu);
+  std::vector<int32_t> inputs(kSessions);
+  for (int round = 0;; ++round) {
+    std::vector<BatchEntry> batch;
+    std::vector<int> who;
+    for (int i = 0; i < kSessions; ++i) {
+      if (int(together[size_t(i)].size()) >= kNew || (round + i) % 4 == 0) continue;
+      inputs[size_t(i)] = together[size_t(i)].back();
+      params[size_t(i)].step = together[size_t(i)].size();
+      BatchEntry e;
+      e.session = sessions[size_t(i)].get();
+      e.tokens = std::span(&inputs[size_t(i)], 1);
+      e.sampling = &params[size_t(i)];
+      batch.push_back(e);
+      who.push_back(i);
+    }
+    if (batch.empty()) {
+      if (std::all_of(together.begin(), together.end(), [](const auto& t) { return int(t.size()) >= kNew; })) break;
+      continue;
+    }
+    gpu->forward_batch(batch);
+    for (size_t j = 0; j < batch.size(); ++j) {
+      ASSERT_FALSE(batch[j].error) << "session " << who[j];
+      ASSERT_TRUE(batch[j].sampled.has_value()) << "session " << who[j];
+      together[size_t(who[j])].push_back(*batch[j].sampled);
+    }
+  }
+  EXPECT_GT(cuda_runner_batched_steps(*gpu) - batched_before, kNew / 2) << "the rounds did not run batched";
+  for (int i = 0; i < kSessions; ++i)
+    EXPECT_EQ(together[size_t(i)], alone[size_t(i)]) << "session " << i << " (prompt " << prompt_lengths[i]
+                                                       << ", capacity " << capacities[i] << ", "
+                                                       << (i % 2 ? "sampled" : "greedy") << ")";
+  // A full session among the others fails alone and leaves the others' steps whole.
+  auto full = gpu->create_session(2);
+  std::vector<float> logits;
+  gpu->forward(*full, std::vector<int32_t>{1, 2}, false, logits);
+  int32_t t0 = 3, t1 = 4;
+  DeviceSampling greedy;
+  std::vector<BatchEntry> batch(2);
+  batch[0].session = full.get();
+  batch[0].tokens = std::span(&t0, 1);
+  batch[0].sampling = &greedy;
+  batch[1].session = sessions[0].get();
+  batch[1].tokens = std::span(&t1, 1);
+  batch[1].sampling = &greedy;
+  gpu->forward_batch(batch);
+  EXPECT_TRUE(batch[0].error);
+  EXPECT_FALSE(batch[1].error);
+  EXPECT_TRUE(batch[1].sampled.has_value());
+}
+
 }  // namespace
 }  // namespace tern::cuda::test

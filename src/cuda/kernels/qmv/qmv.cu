@@ -538,6 +538,10 @@ void qmv_set_variant(int v) {
   qtile::set_tuning(t);
 }
 
+bool qmv_takes_dp4a(const QmvArgs& a) {
+  return qtile::tuning().variant == 3 && qmv_dp4a_supported(a) && a.w.rows >= qmv_dp4a_min_rows();
+}
+
 void qmv(const QmvArgs& a, cudaStream_t stream) {
   const DMat& w = a.w;
   TERN_CHECK(!w.empty() && a.x && a.y, "qmv: null matrix, input or output");
@@ -552,7 +556,7 @@ void qmv(const QmvArgs& a, cudaStream_t stream) {
     b.ldx = std::max(b.ldx, w.cols);
     b.ldy = std::max(b.ldy, w.rows);
   }
-  if (qtile::tuning().variant == 3 && qmv_dp4a_supported(b) && w.rows >= qmv_dp4a_min_rows()) {
+  if (qmv_takes_dp4a(b)) {
     qmv_dp4a(b, stream);
     return;
   }

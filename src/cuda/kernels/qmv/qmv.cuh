@@ -48,6 +48,10 @@ struct QmvArgs {
   L2Ranges l2_ahead;
 };
 void qmv(const QmvArgs& a, cudaStream_t stream);
+// Whether qmv runs this product (one token) on the integer path of qmv_dp4a.cuh (variant 3 and the shape fits):
+// what the batched decode step checks before it gives a product to qmv_dp4a_batched, whose tokens must come out as
+// qmv gives them alone.
+bool qmv_takes_dp4a(const QmvArgs& a);
 
 // The variant of the 4-bit decode kernels (qmv, MoE gate_up and down): 0 (2 groups per warp step), 1 (4 groups),
 // 2 (qmv: variant 1 through a cp.async shared-memory pipeline; MoE: variant 1) or 3, the default (one token: the

@@ -1,0 +1,262 @@
+// The batched decode step of the CUDA runner (cuda_runner_impl.cuh): forward_batch runs one new token of each of up
+// to batch_max() sessions in one step (the server's parallel streams), through the one-token kernels of the decode
+// plan with a batch index added (qmv_dp4a_batched, gdn_decode_batched, attn_prepare_batched / attention_batched,
+// moe_decode_batched): every session's token goes through exactly the arithmetic of its step alone
+// (decode_plan.cu), so its sampled id is bit for bit the same whatever the batch. The weights are read once per
+// step for all the tokens. Each session's caches, states and position come from device tables that every step
+// fills through pinned memory (one copy), so one CUDA graph per (batch size, largest capacity) serves any sessions.
+//
+// Entries the batched kernels do not take run alone (ModelRunner::forward_alone): several tokens (a prompt chunk),
+// logits asked for instead of a device sample, a token mask (constrained decoding: its host work overlaps a step
+// of its own), and every entry when a model's shapes or the switches keep the one-token kernels off.
+#include "cuda/runner/cuda_runner_impl.cuh"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/check.h"
+#include "cuda/common/cuda_common.cuh"
+#include "cuda/kernels/attention/attention.cuh"
+#include "cuda/kernels/gdn/gdn.cuh"
+#include "cuda/kernels/moe/moe_decode.cuh"
+#include "cuda/kernels/norm/norm.cuh"
+#include "cuda/kernels/qmv/qmv.cuh"
+#include "cuda/kernels/qmv/qmv_dp4a.cuh"
+#include "cuda/kernels/sampling/sampling.cuh"
+
+namespace tern::cuda {
+namespace {
+
+constexpr int kSlots = kBatchMaxTokens;
+
+// The device tables of one step, [kSlots] each, then two pointer tables per layer: (conv, rec) of a Gated DeltaNet
+// layer or (k, v) of an attention layer. Slots past the step's batch size are not read.
+struct BatchHeader {
+  int tokens[kSlots];
+  int splits[kSlots];      // attn_batch_splits of each session's capacity
+  int64_t capacity[kSlots];
+  int* pos[kSlots];        // CudaSession::d_pos
+};
+constexpr size_t kLayerTableBytes = 2 * kSlots * sizeof(void*);
+
+size_t layer_table_offset(size_t layer) { return sizeof(BatchHeader) + layer * kLayerTableBytes; }
+
+__global__ void advance_positions_kernel(int* const* pos, int B) {
+  const int b = int(threadIdx.x);
+  if (b < B) *pos[b] += 1;
+}
+
+}  // namespace
+
+// The batch size a step takes at most; 0 when the batched kernels do not apply (then every entry runs alone). Read
+// per call: tests switch qmv's variant at run time.
+int CudaRunner::batch_max() const {
+  if (!use_decode_kernels_ || !decode_plan(1) || max_chunk_ < 2) return 0;
+  auto integer = [&](const DMat& m, const float* norm) {
+    return !m.empty() && qmv_takes_dp4a(decode_product(m, hidden_, m.cols, 1, norm, logits_, m.rows));
+  };
+  if (!integer(w_->lm_head, w_->final_norm)) return 0;
+  for (size_t i = 0; i < w_->layers.size(); ++i) {
+    const DeviceLayer& l = w_->layers[i];
+    const bool mixer = l.type == LayerType::linear_attention
+                           ? gdn_decode_supported(gdn_dims(1)) && l.in_proj_all.rows > 0 &&
+                                 integer(l.in_proj_all, l.input_norm) && integer(l.out_proj, nullptr)
+                           : l.attn_qkv.rows > 0 && integer(l.attn_qkv, l.input_norm) && integer(l.o_proj, nullptr);
+    if (!mixer || !moe_decode_batched_supported(moe_w_[i])) return 0;
+  }
+  return int(std::min<int64_t>(kSlots, max_chunk_));
+}
+
+// Whether an entry can join the batched step: one token, sampled on the device without a token mask.
+bool CudaRunner::batch_joins(const BatchEntry& e) const {
+  return e.session && e.tokens.size() == 1 && e.sampling && !e.sampling->mask && !dump_.on();
+}
+
+void CudaRunner::forward_batch(std::span<BatchEntry> batch) {
+  check_distinct_sessions(batch);
+  const int max_b = batch_max();
+  std::vector<BatchEntry*> together;
+  for (BatchEntry& e : batch) {
+    if (max_b < 2 || !batch_joins(e)) {
+      forward_alone(e);
+      continue;
+    }
+    e.sampled.reset();
+    e.error = nullptr;
+    try {
+      CudaSession& s = own(*e.session);
+      check_tokens(s, e.tokens);
+      sample_check(*e.sampling);
+      together.push_back(&e);
+    } catch (...) {
+      e.error = std::current_exception();
+    }
+  }
+  if (together.size() == 1) return forward_alone(*together[0]);
+  for (size_t i = 0; i < together.size(); i += size_t(max_b)) {
+    const size_t n = std::min(together.size() - i, size_t(max_b));
+    if (n == 1) {
+      forward_alone(*together[i]);
+      continue;
+    }
+    const std::span<BatchEntry* const> step(together.data() + i, n);
+    try {
+      batch_step(step);
+    } catch (...) {
+      for (BatchEntry* e : step) e->error = std::current_exception();
+    }
+  }
+}
+
+void CudaRunner::allocate_batch_scratch() {
+  if (batch_tables_) return;
+  const Config& c = w_->config;
+  const int B = kSlots;
+  const int64_t V = c.vocab_size, Hv = c.linear_num_value_heads, dv = c.linear_value_head_dim;
+  const int Hq = c.num_attention_heads, dh = c.head_dim;
+  const size_t moe_bytes = moe_decode_scratch_bytes(B, c.hidden_size, c.num_experts, c.num_experts_per_tok,
+                                                    c.moe_intermediate_size);
+  const int64_t floats = B * proj_cols_ + B * Hv * dv + 2 * B * Hq * dh + attn_batch_partial_floats(B, Hq, dh) +
+                         B * sample_scratch_floats(V);
+  batch_tables_bytes_ = layer_table_offset(w_->layers.size());
+  batch_scratch_ = DeviceArena(size_t(floats) * 4 + moe_bytes + batch_tables_bytes_ + B * 4 + (B + 16) * 256,
+                               "batched step scratch");
+  batch_proj_ = batch_scratch_.take_n<float>(size_t(B * proj_cols_));
+  batch_gated_ = batch_scratch_.take_n<float>(size_t(B * Hv * dv));
+  batch_q_ = batch_scratch_.take_n<float>(size_t(B * Hq * dh));
+  batch_attn_out_ = batch_scratch_.take_n<float>(size_t(B * Hq * dh));
+  batch_attn_part_ = batch_scratch_.take_n<float>(size_t(attn_batch_partial_floats(B, Hq, dh)));
+  batch_moe_ = moe_decode_scratch_view(batch_scratch_.take(moe_bytes), B, c.hidden_size, c.num_experts,
+                                       c.num_experts_per_tok, c.moe_intermediate_size);
+  moe_decode_scratch_init(batch_moe_, stream_);
+  batch_sample_scratch_.clear();
+  for (int b = 0; b < B; ++b) batch_sample_scratch_.push_back(batch_scratch_.take_n<float>(size_t(sample_scratch_floats(V))));
+  batch_sampled_ = batch_scratch_.take_n<int>(size_t(B));
+  batch_tables_ = static_cast<uint8_t*>(batch_scratch_.take(batch_tables_bytes_));
+  TERN_CUDA(cudaMallocHost(&batch_pinned_, batch_tables_bytes_ + B * (sizeof(DeviceSampling) + 4)));
+  TERN_CUDA(cudaStreamSynchronize(stream_));
+}
+
+// One step over entries (2..batch_max(), checked by forward_batch): the tables and sampling parameters to the
+// device, the graph of this batch size (captured on first use, after one step outside capture), the sampled ids back.
+void CudaRunner::batch_step(std::span<BatchEntry* const> entries) {
+  allocate_batch_scratch();
+  const int B = int(entries.size());
+  const int64_t V = w_->config.vocab_size;
+  BatchHeader& h = *reinterpret_cast<BatchHeader*>(batch_pinned_);
+  std::memset(batch_pinned_, 0, batch_tables_bytes_);
+  int64_t max_capacity = 0;
+  for (int b = 0; b < B; ++b) {
+    CudaSession& s = own(*entries[size_t(b)]->session);
+    h.tokens[b] = entries[size_t(b)]->tokens[0];
+    h.capacity[b] = s.capacity();
+    h.splits[b] = attn_batch_splits(attn_dims(1, s.capacity()));
+    h.pos[b] = s.d_pos;
+    max_capacity = std::max(max_capacity, s.capacity());
+    for (size_t i = 0; i < w_->layers.size(); ++i) {
+      void** t = reinterpret_cast<void**>(batch_pinned_ + layer_table_offset(i));
+      const CudaSession::LayerCache& lc = s.layers[i];
+      const bool gdn = w_->layers[i].type == LayerType::linear_attention;
+      t[b] = gdn ? static_cast<void*>(lc.conv) : static_cast<void*>(lc.k);
+      t[kSlots + b] = gdn ? static_cast<void*>(lc.rec) : static_cast<void*>(lc.v);
+    }
+  }
+  TERN_CUDA(cudaMemcpyAsync(batch_tables_, batch_pinned_, batch_tables_bytes_, cudaMemcpyHostToDevice, stream_));
+  uint8_t* params_pinned = batch_pinned_ + batch_tables_bytes_;
+  for (int b = 0; b < B; ++b) {
+    DeviceSampling p = *entries[size_t(b)]->sampling;
+    p.mask = nullptr;  // a host pointer: not part of what the device reads
+    std::memcpy(params_pinned + b * sizeof(DeviceSampling), &p, sizeof(DeviceSampling));
+    TERN_CUDA(cudaMemcpyAsync(sample_params_slot(batch_sample_scratch_[size_t(b)], V),
+                              params_pinned + b * sizeof(DeviceSampling), sizeof(DeviceSampling),
+                              cudaMemcpyHostToDevice, stream_));
+  }
+  if (use_graphs_ && batch_warm_) {
+    const std::pair<int, int64_t> key{B, max_capacity};
+    auto found = batch_graphs_.find(key);
+    if (found == batch_graphs_.end()) {
+      TERN_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
+      cudaGraph_t graph = nullptr;
+      capturing_ = true;
+      try {
+        batch_body(B, max_capacity);
+      } catch (...) {
+        capturing_ = false;
+        cudaStreamEndCapture(stream_, &graph);
+        if (graph) cudaGraphDestroy(graph);
+        throw;
+      }
+      capturing_ = false;
+      TERN_CUDA(cudaStreamEndCapture(stream_, &graph));
+      cudaGraphExec_t exec = nullptr;
+      const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+      cudaGraphDestroy(graph);
+      TERN_CUDA(e);
+      found = batch_graphs_.emplace(key, exec).first;
+    }
+    TERN_CUDA(cudaGraphLaunch(found->second, stream_));
+  } else {
+    batch_body(B, max_capacity);  // kernels set their one-time attributes outside any capture
+    batch_warm_ = true;
+  }
+  int* sampled_pinned = reinterpret_cast<int*>(params_pinned + kSlots * sizeof(DeviceSampling));
+  TERN_CUDA(cudaMemcpyAsync(sampled_pinned, batch_sampled_, size_t(B) * 4, cudaMemcpyDeviceToHost, stream_));
+  TERN_CUDA(cudaStreamSynchronize(stream_));
+  for (int b = 0; b < B; ++b) {
+    BatchEntry& e = *entries[size_t(b)];
+    own(*e.session).pos += 1;
+    e.sampled = sampled_pinned[b];
+  }
+  ++batched_steps_;
+}
+
+// Every kernel of a batched step of B sessions (tables already on the device): embed, each layer as the decode
+// plan runs it for one token (decode_plan.cu) with the batch index, the LM head, the positions, one sampler per
+// session. No host value depends on the sessions but B and the largest capacity (the attention grid's splits).
+void CudaRunner::batch_body(int B, int64_t max_capacity) {
+  const Config& c = w_->config;
+  const int64_t D = c.hidden_size, V = c.vocab_size;
+  const BatchHeader* dev = reinterpret_cast<const BatchHeader*>(batch_tables_);
+  embed_lookup(w_->embed, dev->tokens, B, hidden_, stream_);
+  for (size_t i = 0; i < w_->layers.size(); ++i) {
+    const DeviceLayer& l = w_->layers[i];
+    void* const* table = reinterpret_cast<void* const*>(batch_tables_ + layer_table_offset(i));
+    if (l.type == LayerType::linear_attention) {
+      const int64_t Z = int64_t(c.linear_num_value_heads) * c.linear_value_head_dim;
+      qmv_dp4a_batched(decode_product(l.in_proj_all, hidden_, D, 1, l.input_norm, batch_proj_, proj_cols_), B,
+                       stream_);
+      const GdnDecodeArgs g = gdn_decode_args(l, 1, batch_proj_, batch_gated_);
+      gdn_decode_batched(g, B, reinterpret_cast<float* const*>(table), reinterpret_cast<float* const*>(table + kSlots),
+                         stream_);
+      qmv_dp4a_batched(decode_product(l.out_proj, batch_gated_, Z, 1, nullptr, hidden_, D, true, output_ahead(l)), B,
+                       stream_);
+    } else {
+      const AttnDims d = attn_dims(1, max_capacity);
+      const int64_t Q = int64_t(d.Hq) * 2 * d.dh, KV = int64_t(d.Hkv) * d.dh;
+      qmv_dp4a_batched(decode_product(l.attn_qkv, hidden_, D, 1, l.input_norm, batch_proj_, proj_cols_), B, stream_);
+      AttnBatch ab;
+      ab.B = B;
+      ab.ld_qkv = proj_cols_;
+      ab.pos0 = dev->pos;
+      ab.cache_k = reinterpret_cast<uint16_t* const*>(table);
+      ab.cache_v = reinterpret_cast<uint16_t* const*>(table + kSlots);
+      ab.splits = dev->splits;
+      ab.capacity = dev->capacity;
+      attn_prepare_batched(batch_proj_, batch_proj_ + Q, batch_proj_ + Q + KV, l.q_norm, l.k_norm, ab, d, batch_q_,
+                           stream_);
+      attention_batched(batch_q_, batch_proj_, ab, d, batch_attn_part_, batch_attn_out_, stream_);
+      qmv_dp4a_batched(decode_product(l.o_proj, batch_attn_out_, int64_t(d.Hq) * d.dh, 1, nullptr, hidden_, D, true,
+                                      output_ahead(l)),
+                       B, stream_);
+    }
+    moe_decode_batched(moe_w_[i], hidden_, B, batch_moe_, stream_);
+  }
+  advance_positions_kernel<<<1, kSlots, 0, stream_>>>(dev->pos, B);
+  TERN_CUDA_LAUNCHED("advance_positions");
+  qmv_dp4a_batched(decode_product(w_->lm_head, hidden_, D, 1, w_->final_norm, logits_, V), B, stream_);
+  mask_padding(logits_, B, V, w_->vocab_real, stream_);
+  for (int b = 0; b < B; ++b)
+    sample_token_device(logits_ + int64_t(b) * V, V, batch_sample_scratch_[size_t(b)], batch_sampled_ + b, stream_);
+}
+
+}  // namespace tern::cuda
