@@ -2,11 +2,14 @@
 // conv width 4), on fresh random inputs, outputs poisoned (NaN) first, states carried from call to call.
 //   - gdn_decode (one kernel: conv + SiLU → q/k norms + gates → delta rule → gated RMSNorm) against the composition
 //     of the CPU ops it replaces, on both its paths (sm_90 clusters and the portable one-block-per-key-head path);
+//   - gdn_decode_batched (B sequences, one token each) bit for bit against gdn_decode for each sequence alone;
 //   - gdn_chunked (prefill) against the CPU chunked form and the CPU recurrence, for lengths around the chunk size.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../cuda_test_util.h"
@@ -125,6 +128,94 @@ TEST(CudaGdnDecode, MatchesCpuTwinAcrossCallsWithStateCarried) {
                    "gdn_decode recurrent state" + tag);
     }
   }
+}
+
+// gdn_decode_batched against gdn_decode run for each sequence alone (T = 1), bit for bit: B sequences with their own
+// proj rows and their own conv and recurrent states (separate allocations, different values), two steps with the
+// states carried, for every launch shape (the batched call takes a.kernel as gdn_decode does). The outputs and both
+// updated states must be identical to the last bit, and the states must have changed.
+TEST(CudaGdnDecode, BatchedIsBitIdenticalToEachSequenceAlone) {
+  TERN_REQUIRE_GPU();
+  std::mt19937_64 rng(fresh_seed("CudaGdnDecodeBatched"));
+  GdnLayer L(rng);
+  const GdnDims& d = L.d;
+  const int64_t C = d.C(), Z = int64_t(d.Hv) * d.dv;
+  const int64_t ld = C + Z + 2 * d.Hv + 12;  // a row stride wider than the row, as a fused projection may leave
+  const size_t conv_n = size_t((L.Ck - 1) * C), rec_n = size_t(d.Hv) * d.dv * d.dk;
+  DeviceBuf<float> dw(L.conv_w), dA(L.A_log), ddt(L.dt_bias), dnw(L.norm_w);
+  using K = GdnDecodeArgs::Kernel;
+  const std::pair<K, const char*> kernels[] = {{K::automatic, "automatic"},     {K::cluster8_w8, "cluster8_w8"},
+                                               {K::cluster8_w16, "cluster8_w16"}, {K::cluster16_w8, "cluster16_w8"},
+                                               {K::cluster4_w16, "cluster4_w16"}, {K::portable, "portable"}};
+  for (const auto& [kernel, name] : kernels)
+    for (int B : {1, 2, 7, 32}) {
+      const std::string tag = std::string(name) + " B=" + std::to_string(B);
+      SCOPED_TRACE(tag);
+      // Each sequence's states twice: the batched call's and the lone calls' (same values, separate allocations).
+      std::vector<std::unique_ptr<DeviceBuf<float>>> conv_b, rec_b, conv_1, rec_1;
+      std::vector<float*> conv_ptrs, rec_ptrs;
+      for (int b = 0; b < B; ++b) {
+        const auto conv = random_floats(rng, conv_n, -2.0f, 2.0f), rec = random_floats(rng, rec_n, -0.3f, 0.3f);
+        conv_b.push_back(std::make_unique<DeviceBuf<float>>(conv));
+        rec_b.push_back(std::make_unique<DeviceBuf<float>>(rec));
+        conv_1.push_back(std::make_unique<DeviceBuf<float>>(conv));
+        rec_1.push_back(std::make_unique<DeviceBuf<float>>(rec));
+        conv_ptrs.push_back(conv_b.back()->p);
+        rec_ptrs.push_back(rec_b.back()->p);
+      }
+      const std::vector<float> rec0 = rec_b[0]->host();
+      DeviceBuf<float*> conv_table(conv_ptrs), rec_table(rec_ptrs);
+      for (int step = 0; step < 2; ++step) {
+        std::vector<float> proj(size_t(B * ld), std::nanf(""));  // the padding columns are NaN
+        for (int b = 0; b < B; ++b) {
+          const auto row = random_floats(rng, size_t(C + Z), -2.0f, 2.0f);
+          const auto gates = random_floats(rng, size_t(2 * d.Hv), -3.0f, 3.0f);
+          std::copy(row.begin(), row.end(), proj.begin() + b * ld);
+          std::copy(gates.begin(), gates.end(), proj.begin() + b * ld + C + Z);
+        }
+        DeviceBuf<float> dproj(proj), out_b(size_t(B * Z)), out_1(size_t(B * Z));  // outputs poisoned
+        GdnDecodeArgs a;
+        a.proj = dproj.p;
+        a.ld_proj = ld;
+        a.conv_w = dw.p;
+        a.Ck = L.Ck;
+        a.A_log = dA.p;
+        a.dt_bias = ddt.p;
+        a.norm_w = dnw.p;
+        a.eps = 1e-6f;
+        a.d = d;
+        a.d.T = 1;
+        a.kernel = kernel;
+        a.force_portable = kernel == K::portable;
+        a.out = out_b.p;
+        gdn_decode_batched(a, B, conv_table.p, rec_table.p, nullptr);
+        TERN_CUDA(cudaGetLastError());
+        for (int b = 0; b < B; ++b) {
+          GdnDecodeArgs one = a;
+          one.proj = dproj.p + b * ld;
+          one.out = out_1.p + b * Z;
+          one.conv_state = conv_1[size_t(b)]->p;
+          one.rec_state = rec_1[size_t(b)]->p;
+          gdn_decode(one, nullptr);
+        }
+        TERN_CUDA(cudaGetLastError());
+        const std::string at = " step " + std::to_string(step);
+        const auto got = out_b.host(), want = out_1.host();
+        EXPECT_EQ(std::count_if(want.begin(), want.end(), [](float x) { return !std::isfinite(x); }), 0)
+            << "lone outputs" << at;
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << "outputs" << at;
+        for (int b = 0; b < B; ++b) {
+          const auto cb = conv_b[size_t(b)]->host(), c1 = conv_1[size_t(b)]->host();
+          const auto rb = rec_b[size_t(b)]->host(), r1 = rec_1[size_t(b)]->host();
+          EXPECT_EQ(std::memcmp(cb.data(), c1.data(), cb.size() * sizeof(float)), 0)
+              << "conv state of sequence " << b << at;
+          EXPECT_EQ(std::memcmp(rb.data(), r1.data(), rb.size() * sizeof(float)), 0)
+              << "recurrent state of sequence " << b << at;
+        }
+      }
+      EXPECT_NE(std::memcmp(rec_b[0]->host().data(), rec0.data(), rec0.size() * sizeof(float)), 0)
+          << "the batched call left sequence 0's recurrent state as it was";
+    }
 }
 
 // Prefill front end: conv1d_silu_qknorm + gdn_gates against the CPU conv, q/k norms and gates, over calls with the

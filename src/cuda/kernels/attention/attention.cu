@@ -1,6 +1,7 @@
-// Over ~800 lines in one file: the prefill (flash) and decode (split-KV) kernels share the device helpers of the
+// Over 1,000 lines in one file: the prefill (flash) and decode (split-KV) kernels share the device helpers of the
 // anonymous namespace below (cp.async and ldmatrix over swizzled tiles, the 16-bit mma, score masks), and one host
-// side sets both up and picks between them.
+// side sets both up and picks between them. The batched calls (one token of each of B sequences) are the same
+// kernels with a sequence index (Seqs), so that a sequence's arithmetic is the one it gets alone.
 #include "cuda/kernels/attention/attention.cuh"
 
 #include <algorithm>
@@ -244,6 +245,49 @@ __device__ __forceinline__ void copy_tile_async(uint32_t dst, const uint16_t* sr
   }
 }
 
+// ---- the sequences of a launch ----------------------------------------------------------------------------------
+//
+// Every kernel below runs B sequences of T new tokens each, row i = b·T + t of q_out, out and the decode partials:
+// attn_prepare and attention are B = 1 (one sequence's T tokens, its position, cache and split count given as
+// scalars), attn_prepare_batched and attention_batched are T = 1 (B sequences, each from AttnBatch's tables). A kernel
+// takes a sequence's values from seq_at / splits_at in both forms, so its arithmetic is the same code either way.
+
+template <typename Elem>  // uint16_t: attn_prepare writes the caches; const uint16_t: attention reads them
+struct Seqs {
+  int B = 1;
+  // No tables (B = 1): the one sequence's first position, cache [Hkv, capacity, dh] and decode split count.
+  const int* pos0 = nullptr;
+  Elem* cache_k = nullptr;
+  Elem* cache_v = nullptr;
+  int64_t capacity = 0;
+  int splits = 1;
+  // The batched calls: AttnBatch's tables, [B] each.
+  const int* const* pos0_of = nullptr;
+  uint16_t* const* cache_k_of = nullptr;
+  uint16_t* const* cache_v_of = nullptr;
+  const int64_t* capacity_of = nullptr;
+  const int* splits_of = nullptr;
+};
+
+template <typename Elem>
+struct Seq {
+  int64_t pos0;  // the position of the sequence's first new token
+  Elem* cache_k;
+  Elem* cache_v;
+  int64_t capacity;
+};
+
+template <typename Elem>
+__device__ __forceinline__ Seq<Elem> seq_at(const Seqs<Elem>& s, int b) {
+  if (s.pos0_of) return {*s.pos0_of[b], s.cache_k_of[b], s.cache_v_of[b], s.capacity_of[b]};
+  return {*s.pos0, s.cache_k, s.cache_v, s.capacity};
+}
+
+template <typename Elem>
+__device__ __forceinline__ int splits_at(const Seqs<Elem>& s, int b) {
+  return s.splits_of ? s.splits_of[b] : s.splits;
+}
+
 // ---- attn_prepare -----------------------------------------------------------------------------------------------
 
 struct RopeFreqs {
@@ -306,12 +350,13 @@ __device__ __forceinline__ uint4 pack8_16(const float (&v)[8]) {
   return make_uint4(pack16<F16>(v[0], v[1]), pack16<F16>(v[2], v[3]), pack16<F16>(v[4], v[5]), pack16<F16>(v[6], v[7]));
 }
 
-// One warp per 32/CH (token, head) tasks: Hq query heads, then Hkv key heads, then Hkv value heads.
+// One warp per 32/CH (row, head) tasks, rows i = b·T + t (Seqs): Hq query heads, then Hkv key heads, then Hkv value
+// heads. Row i of qg ([Hq][q | gate]) at qg + i·ld_qg, of k and v ([Hkv][dh]) at + i·ld_kv.
 template <int DH, bool F16>
 __global__ void __launch_bounds__(256) attn_prepare_kernel(const float* qg, const float* k, const float* v,
-                                                           const float* q_norm, const float* k_norm, const int* pos0,
-                                                           AttnDims d, RopeFreqs freqs, float* q_out,
-                                                           uint16_t* cache_k, uint16_t* cache_v) {
+                                                           int64_t ld_qg, int64_t ld_kv, const float* q_norm,
+                                                           const float* k_norm, Seqs<uint16_t> seqs, AttnDims d,
+                                                           RopeFreqs freqs, float* q_out) {
   constexpr int CH = DH / 8, PER_WARP = 32 / CH;
   __shared__ float inv_s[kMaxRopeHalf];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, c = lane % CH;
@@ -320,28 +365,30 @@ __global__ void __launch_bounds__(256) attn_prepare_kernel(const float* qg, cons
   stage_freqs(freqs, inv_s);
   pdl_wait();
   pdl_trigger();
-  const bool live = task < d.T * heads;  // dead lanes still take part in the shuffles
-  const int64_t t = live ? task / heads : 0;
+  const bool live = task < seqs.B * d.T * heads;  // dead lanes still take part in the shuffles
+  const int64_t i = live ? task / heads : 0;
   const int h = live ? int(task % heads) : 0;
-  const int64_t pos = int64_t(*pos0) + t;
+  const Seq<uint16_t> s = seq_at(seqs, int(i / d.T));
+  const int64_t pos = s.pos0 + i % d.T;
   const bool is_q = h < d.Hq, is_v = h >= d.Hq + d.Hkv;
   float x[8];
-  load_chunk(is_q ? qg + (t * d.Hq + h) * 2 * DH
-                      : is_v ? v + (t * d.Hkv + (h - d.Hq - d.Hkv)) * DH : k + (t * d.Hkv + (h - d.Hq)) * DH,
+  load_chunk(is_q ? qg + i * ld_qg + int64_t(h) * 2 * DH
+                      : is_v ? v + i * ld_kv + int64_t(h - d.Hq - d.Hkv) * DH : k + i * ld_kv + int64_t(h - d.Hq) * DH,
                  c, x);
   if (live && is_v)  // value head: a plain copy into the cache
-    *reinterpret_cast<uint4*>(cache_v + (int64_t(h - d.Hq - d.Hkv) * d.capacity + pos) * DH + 8 * c) = pack8_16<F16>(x);
+    *reinterpret_cast<uint4*>(s.cache_v + (int64_t(h - d.Hq - d.Hkv) * s.capacity + pos) * DH + 8 * c) =
+        pack8_16<F16>(x);
   float w[8], cs[8], sn[8];
   load_chunk(is_q ? q_norm : k_norm, c, w);
   rope_cos_sin(pos, c, d.rot, inv_s, cs, sn);
   norm_rope_chunk<DH>(x, w, d.eps, d.rot, c, cs, sn);  // every lane: the shuffles span the warp
   if (!live || is_v) return;
   if (is_q) {
-    float4* dst = reinterpret_cast<float4*>(q_out + (t * d.Hq + h) * int64_t(DH) + 8 * c);
+    float4* dst = reinterpret_cast<float4*>(q_out + (i * d.Hq + h) * int64_t(DH) + 8 * c);
     dst[0] = make_float4(x[0], x[1], x[2], x[3]);
     dst[1] = make_float4(x[4], x[5], x[6], x[7]);
   } else {
-    *reinterpret_cast<uint4*>(cache_k + (int64_t(h - d.Hq) * d.capacity + pos) * DH + 8 * c) = pack8_16<F16>(x);
+    *reinterpret_cast<uint4*>(s.cache_k + (int64_t(h - d.Hq) * s.capacity + pos) * DH + 8 * c) = pack8_16<F16>(x);
   }
 }
 
@@ -458,11 +505,22 @@ __global__ void __launch_bounds__(128, 2)
 
 // ---- decode: split-KV flash decoding with the query heads of a KV head packed on the rows ------------------------
 //
-// Block (KV head, split) over keys [tile_begin·64, tile_end·64) ∩ [0, pos0 + T); query rows r = t·G + hg (token t,
-// head kvh·G + hg), R = T·G <= 16·RW. Warp w = kw·RW + rw handles rows 16rw..16rw+15 and keys 16·(4/RW)… of each tile:
-// KW = 4/RW warps split a tile's 64 keys (T·G <= 16: four warps of 16 keys each). K/V tiles stream through a
-// `stages`-deep cp.async ring; the KW key-warps are combined in shared memory at the end and the block writes the
-// unnormalised partial o with its max m (log2 units) and sum l. Empty splits write m = −inf, l = 0 and no o.
+// Block (KV head, split, sequence b) over keys [tile_begin·64, tile_end·64) ∩ [0, pos0 + T) of sequence b; query
+// rows r = t·G + hg (token t, head kvh·G + hg), R = T·G <= 16·RW. Warp w = kw·RW + rw handles rows 16rw..16rw+15 and
+// keys 16·(4/RW)… of each tile: KW = 4/RW warps split a tile's 64 keys (T·G <= 16: four warps of 16 keys each). K/V
+// tiles stream through a `stages`-deep cp.async ring; the KW key-warps are combined in shared memory at the end and
+// the block writes the unnormalised partial o with its max m (log2 units) and sum l. Empty splits write m = −inf,
+// l = 0 and no o. The grid has the largest split count's columns; a sequence's columns past its own count do nothing.
+
+// Where a launch's split partials are: sequence b's o at o + b·stride·dh, [T, Hq, splits_b, dh]; its m and l at
+// m + b·stride and l + b·stride, [T, Hq, splits_b]. attention (one sequence): stride unused; attention_batched:
+// stride = Hq·kAttnMaxSplits, room for any split count.
+struct Partials {
+  float* o = nullptr;
+  float* m = nullptr;
+  float* l = nullptr;
+  int64_t stride = 0;
+};
 
 template <int DH, int RW>
 constexpr size_t decode_smem_bytes(int stages) {
@@ -473,9 +531,8 @@ constexpr size_t decode_smem_bytes(int stages) {
 
 template <int DH, int RW, bool F16>
 __global__ void __launch_bounds__(128, 1)
-    attention_decode_split_kernel(const float* q, const uint16_t* cache_k, const uint16_t* cache_v,
-                                  const int* pos0_ptr, AttnDims d, int splits, int stages, bool kv_prefetch_enabled,
-                                  float* part_o, float* part_m, float* part_l) {
+    attention_decode_split_kernel(const float* q, Seqs<const uint16_t> seqs, AttnDims d, int stages,
+                                  bool kv_prefetch_enabled, Partials part) {
   constexpr int BN = kBlockKeys, CH = DH / 8, NT = DH / 8;
   constexpr int KW = 4 / RW, KPW = BN / KW, SN = KPW / 8;
   constexpr int QROWS = 16 * RW, TILE = BN * DH * 2, OSTRIDE = DH + 8;
@@ -489,13 +546,26 @@ __global__ void __launch_bounds__(128, 1)
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, qd = lane & 3;
   const int rw = warp % RW, kw = warp / RW;
-  const int kvh = blockIdx.x, split = blockIdx.y;
+  const int kvh = blockIdx.x, split = blockIdx.y, b = blockIdx.z;
   const int G = d.Hq / d.Hkv, R = int(d.T) * G;
+
+  // A column past the sequence's own split count (a batched launch, whose grid has the largest count's columns)
+  // exits at once, before any pdl_wait or pdl_trigger: a block that exits counts as triggered, and the merge kernel's
+  // pdl_wait still waits for this whole grid, whose other blocks (split 0 of every sequence at least) wait for the
+  // kernel before. The tables are launch constants (attention_batched), read before the wait like the position.
+  const int splits = splits_at(seqs, b);
+  if (splits > int(gridDim.y)) __trap();  // attention_batched's d.capacity below this sequence's: fail, loudly
+  if (split >= splits) return;
+  const Seq<const uint16_t> sb = seq_at(seqs, b);
+  q += int64_t(b) * d.T * d.Hq * DH;  // the sequence's rows [T, Hq, DH]
+  float* const part_o = part.o + b * part.stride * DH;
+  float* const part_m = part.m + b * part.stride;
+  float* const part_l = part.l + b * part.stride;
 
   // The position and the cache rows before it were written by earlier steps, complete before this launch (the
   // kernel before it, attn_prepare, triggers after its pdl_wait): tiles of keys < pos0 may stream in before the
   // wait; the tiles holding the new tokens' rows (written by attn_prepare) only after it.
-  const int64_t pos0 = *pos0_ptr, L = pos0 + d.T;  // keys [0, L)
+  const int64_t pos0 = sb.pos0, L = pos0 + d.T;  // keys [0, L)
   const int64_t n_tiles = (L + BN - 1) / BN;
   const int64_t tb = split * n_tiles / splits, te = (split + 1) * n_tiles / splits;
   auto part_index = [&](int r) { return (int64_t(r / G) * d.Hq + kvh * G + r % G) * splits + split; };
@@ -508,8 +578,8 @@ __global__ void __launch_bounds__(128, 1)
     }
     return;
   }
-  const uint16_t* Kh = cache_k + int64_t(kvh) * d.capacity * DH;
-  const uint16_t* Vh = cache_v + int64_t(kvh) * d.capacity * DH;
+  const uint16_t* Kh = sb.cache_k + int64_t(kvh) * sb.capacity * DH;
+  const uint16_t* Vh = sb.cache_v + int64_t(kvh) * sb.capacity * DH;
   auto load_tile = [&](int64_t tile, int stage) {
     const uint32_t dk = sring + uint32_t(stage) * 2 * TILE;
     const int64_t k0 = tile * BN;
@@ -619,19 +689,25 @@ __global__ void __launch_bounds__(128, 1)
   }
 }
 
-// out[t, h·dh + i] = (Σ_s 2^{m_s−M} o_s[i]) / (Σ_s 2^{m_s−M} l_s) · sigmoid(gate[t, h, i]); one block per (t, h).
+// out[i, h·dh + j] = (Σ_s 2^{m_s−M} o_s[j]) / (Σ_s 2^{m_s−M} l_s) · sigmoid(gate[i, h, j]) for row i = b·T + t;
+// one block per (t, h, sequence b) over the sequence's own split count. Row i of qg at qg + i·ld_qg ([Hq][q | gate]).
 // Thread (split group sg, column quad c) sums splits sg, sg + SG, ...; splits of weight 0 (empty) are not read.
 template <int DH>
 __global__ void __launch_bounds__(256)
-    attention_decode_merge_kernel(const float* part_o, const float* part_m, const float* part_l, const float* qg,
-                                  AttnDims d, int splits, float* out) {
+    attention_decode_merge_kernel(Partials part, const float* qg, int64_t ld_qg, Seqs<const uint16_t> seqs,
+                                  AttnDims d, float* out) {
   constexpr int C4 = DH / 4, SG = 256 / C4;
   __shared__ float wts[kAttnMaxSplits];
   __shared__ float inv_sum;
   __shared__ float4 red[256];
   const int tid = threadIdx.x;
   const int64_t th = blockIdx.x, t = th / d.Hq;
-  const int h = int(th % d.Hq);
+  const int h = int(th % d.Hq), b = blockIdx.y;
+  const int64_t row = b * d.T + t;  // of qg and out
+  const int splits = splits_at(seqs, b);
+  const float* const part_o = part.o + b * part.stride * DH;
+  const float* const part_m = part.m + b * part.stride;
+  const float* const part_l = part.l + b * part.stride;
   pdl_wait();
   pdl_trigger();
   if (tid < 32) {
@@ -673,8 +749,8 @@ __global__ void __launch_bounds__(256)
       acc.w += v.w;
     }
     const float inv = inv_sum;
-    const float4 gv = *reinterpret_cast<const float4*>(qg + (t * d.Hq + h) * 2 * DH + DH + 4 * c);
-    *reinterpret_cast<float4*>(out + (t * d.Hq + h) * DH + 4 * c) =
+    const float4 gv = *reinterpret_cast<const float4*>(qg + row * ld_qg + int64_t(h) * 2 * DH + DH + 4 * c);
+    *reinterpret_cast<float4*>(out + (row * d.Hq + h) * DH + 4 * c) =
         make_float4(acc.x * inv * sigmoidf(gv.x), acc.y * inv * sigmoidf(gv.y), acc.z * inv * sigmoidf(gv.z),
                     acc.w * inv * sigmoidf(gv.w));
   }
@@ -753,12 +829,37 @@ bool kv_early() {
 
 int decode_rows_warps(int64_t rows) { return rows <= 16 ? 1 : rows <= 32 ? 2 : 4; }
 
+// The decode kernels' variant (rows per warp: its stages, shared memory and occupancy) for d.T tokens of d's heads.
+const DecodeVariant& decode_variant(const AttentionSetup& setup, const AttnDims& d) {
+  return setup.decode[dh_index(d.dh)][rw_index(decode_rows_warps(d.T * (d.Hq / d.Hkv)))];
+}
+
 // Splits of the decode grid: enough (KV head, split) blocks to fill every SM once, at most one per 64-key tile of
 // the capacity. Fixed for a given capacity, so a captured decode step stays valid as the length grows.
 int decode_splits(const AttnDims& d, const DecodeVariant& v, int sms) {
   const int64_t want = (int64_t(sms) * v.blocks_per_sm + d.Hkv - 1) / d.Hkv;
   const int64_t tiles = (d.capacity + kBlockKeys - 1) / kBlockKeys;
   return int(std::clamp<int64_t>(std::min(want, tiles), 1, kAttnMaxSplits));
+}
+
+// The decode path's two launches over seqs (B sequences of d.T tokens), `columns` splits in the grid: attention's
+// (one sequence, its split count) and attention_batched's (the largest split count of the batch). Row i of qg at
+// qg + i·ld_qg.
+template <int DH, bool F16>
+void launch_decode(const float* q, const float* qg, int64_t ld_qg, const Seqs<const uint16_t>& seqs, int columns,
+                   const AttnDims& d, const Partials& part, float* out, cudaStream_t stream) {
+  const AttentionSetup& setup = attention_setup();
+  const int RW = decode_rows_warps(d.T * (d.Hq / d.Hkv));
+  const DecodeVariant& v = decode_variant(setup, d);
+  TERN_CHECK(v.smem <= size_t(setup.smem_optin), "attention: the decode kernel needs ", v.smem,
+             " bytes of shared memory, the device has ", setup.smem_optin);
+  auto kernel = RW == 1 ? attention_decode_split_kernel<DH, 1, F16>
+                : RW == 2 ? attention_decode_split_kernel<DH, 2, F16>
+                          : attention_decode_split_kernel<DH, 4, F16>;
+  launch_pdl("attention_decode_split", kernel, dim3(unsigned(d.Hkv), unsigned(columns), unsigned(seqs.B)), dim3(128),
+             v.smem, stream, q, seqs, d, v.stages, kv_early(), part);
+  launch_pdl("attention_decode_merge", attention_decode_merge_kernel<DH>,
+             dim3(unsigned(d.T * d.Hq), unsigned(seqs.B)), dim3(256), 0, stream, part, qg, ld_qg, seqs, d, out);
 }
 
 template <int DH, bool F16>
@@ -768,22 +869,14 @@ void attention_dh(const float* q, const float* qg, const uint16_t* cache_k, cons
   const int G = d.Hq / d.Hkv;
   if (d.T <= kDecodeMaxTokens && d.T * G <= kDecodeMaxRows) {
     TERN_CHECK(partial != nullptr, "attention: decode needs the partial scratch");
-    const int RW = decode_rows_warps(d.T * G);
-    const DecodeVariant& v = setup.decode[dh_index(DH)][rw_index(RW)];
-    TERN_CHECK(v.smem <= size_t(setup.smem_optin), "attention: the decode kernel needs ", v.smem,
-               " bytes of shared memory, the device has ", setup.smem_optin);
-    const int splits = decode_splits(d, v, setup.sms);
-    float* po = partial;
-    float* pm = po + d.T * d.Hq * splits * DH;
-    float* pl = pm + d.T * d.Hq * splits;
-    const dim3 grid(unsigned(d.Hkv), unsigned(splits));
-    auto kernel = RW == 1 ? attention_decode_split_kernel<DH, 1, F16>
-                  : RW == 2 ? attention_decode_split_kernel<DH, 2, F16>
-                            : attention_decode_split_kernel<DH, 4, F16>;
-    launch_pdl("attention_decode_split", kernel, grid, dim3(128), v.smem, stream, q, cache_k, cache_v, pos0, d, splits,
-               v.stages, kv_early(), po, pm, pl);
-    launch_pdl("attention_decode_merge", attention_decode_merge_kernel<DH>, dim3(unsigned(d.T * d.Hq)), dim3(256), 0,
-               stream, po, pm, pl, qg, d, splits, out);
+    const int splits = decode_splits(d, decode_variant(setup, d), setup.sms);
+    Partials part;  // [T, Hq, splits] (o: × DH), one sequence
+    part.o = partial;
+    part.m = part.o + d.T * d.Hq * splits * DH;
+    part.l = part.m + d.T * d.Hq * splits;
+    const Seqs<const uint16_t> seqs{
+        .pos0 = pos0, .cache_k = cache_k, .cache_v = cache_v, .capacity = d.capacity, .splits = splits};
+    launch_decode<DH, F16>(q, qg, int64_t(d.Hq) * 2 * DH, seqs, splits, d, part, out, stream);
   } else {
     TERN_CHECK(prefill_smem_bytes<DH>() <= size_t(setup.smem_optin), "attention: the prefill kernel needs ",
                prefill_smem_bytes<DH>(), " bytes of shared memory, the device has ", setup.smem_optin);
@@ -794,13 +887,15 @@ void attention_dh(const float* q, const float* qg, const uint16_t* cache_k, cons
   }
 }
 
-template <int DH>
-void attention_dh_typed(const float* q, const float* qg, const uint16_t* cache_k, const uint16_t* cache_v,
-                        const int* pos0, const AttnDims& d, float* partial, float* out, cudaStream_t stream) {
-  if (d.kv_f16)
-    attention_dh<DH, true>(q, qg, cache_k, cache_v, pos0, d, partial, out, stream);
-  else
-    attention_dh<DH, false>(q, qg, cache_k, cache_v, pos0, d, partial, out, stream);
+// f.template operator()<DH, F16>() for d's head dim (64, 128 or 256) and cache type (d.kv_f16).
+template <typename F>
+void with_head_dim(const AttnDims& d, F&& f) {
+  switch (d.dh) {
+    case 64: return d.kv_f16 ? f.template operator()<64, true>() : f.template operator()<64, false>();
+    case 128: return d.kv_f16 ? f.template operator()<128, true>() : f.template operator()<128, false>();
+    case 256: return d.kv_f16 ? f.template operator()<256, true>() : f.template operator()<256, false>();
+    default: TERN_FAIL("attention: head dim ", d.dh, " not supported by the CUDA kernels (64, 128 or 256)");
+  }
 }
 
 // The RoPE frequencies, after checking the shapes the kernels take: head dims 64, 128, 256; rotary dims 0 or 16·2^k
@@ -816,6 +911,39 @@ RopeFreqs rope_freqs(const AttnDims& d) {
   return freqs;
 }
 
+// attn_prepare's one launch over seqs (rows seqs.B · d.T): attn_prepare's and attn_prepare_batched's. Row i of qg
+// at qg + i·ld_qg, of k and v at + i·ld_kv.
+void launch_prepare(const float* qg, const float* k, const float* v, int64_t ld_qg, int64_t ld_kv, const float* q_norm,
+                    const float* k_norm, const Seqs<uint16_t>& seqs, const AttnDims& d, const RopeFreqs& freqs,
+                    float* q_out, cudaStream_t stream) {
+  const int64_t tasks = seqs.B * d.T * (d.Hq + 2 * d.Hkv);
+  const int per_block = 8 * (32 / (d.dh / 8));  // 8 warps, each 32 / (dh/8) rows at once
+  auto kernel = d.kv_f16 ? (d.dh == 64 ? attn_prepare_kernel<64, true>
+                            : d.dh == 128 ? attn_prepare_kernel<128, true> : attn_prepare_kernel<256, true>)
+                         : (d.dh == 64 ? attn_prepare_kernel<64, false>
+                            : d.dh == 128 ? attn_prepare_kernel<128, false> : attn_prepare_kernel<256, false>);
+  launch_pdl("attn_prepare", kernel, dim3(blocks_for(tasks, per_block)), dim3(256), 0, stream, qg, k, v, ld_qg, ld_kv,
+             q_norm, k_norm, seqs, d, freqs, q_out);
+}
+
+// The batched calls' sequences: AttnBatch's tables.
+template <typename Elem>
+Seqs<Elem> batch_seqs(const AttnBatch& b) {
+  return {.B = b.B, .pos0_of = b.pos0, .cache_k_of = b.cache_k, .cache_v_of = b.cache_v, .capacity_of = b.capacity,
+          .splits_of = b.splits};
+}
+
+constexpr int kMaxBatch = 32;  // AttnBatch::B
+
+// What attn_prepare_batched and attention_batched both require (d's head shapes are checked by the caller).
+void check_batch(const AttnBatch& b, const AttnDims& d, const char* what) {
+  TERN_CHECK(d.T == 1, what, ": one token per sequence (d.T = ", d.T, ")");
+  TERN_CHECK(b.B >= 1 && b.B <= kMaxBatch, what, ": ", b.B, " sequences (1..", kMaxBatch, ")");
+  TERN_CHECK(b.ld_qkv >= int64_t(d.Hq) * 2 * d.dh && b.ld_qkv % 4 == 0, what, ": row stride ", b.ld_qkv,
+             " (at least Hq·2·dh = ", int64_t(d.Hq) * 2 * d.dh, ", a multiple of 4 floats)");
+  TERN_CHECK(b.pos0 && b.cache_k && b.cache_v && b.capacity, what, ": null table");
+}
+
 }  // namespace
 
 void attention_check(const AttnDims& d) {
@@ -828,14 +956,9 @@ void attn_prepare(const float* qg, const float* k, const float* v, const float* 
                   cudaStream_t stream) {
   const RopeFreqs freqs = rope_freqs(d);
   if (d.T == 0) return;
-  const int64_t tasks = d.T * (d.Hq + 2 * d.Hkv);
-  const int per_block = 8 * (32 / (d.dh / 8));  // 8 warps, each 32 / (dh/8) rows at once
-  auto kernel = d.kv_f16 ? (d.dh == 64 ? attn_prepare_kernel<64, true>
-                            : d.dh == 128 ? attn_prepare_kernel<128, true> : attn_prepare_kernel<256, true>)
-                         : (d.dh == 64 ? attn_prepare_kernel<64, false>
-                            : d.dh == 128 ? attn_prepare_kernel<128, false> : attn_prepare_kernel<256, false>);
-  launch_pdl("attn_prepare", kernel, dim3(blocks_for(tasks, per_block)), dim3(256), 0, stream, qg, k, v, q_norm,
-             k_norm, pos0, d, freqs, q_out, cache_k, cache_v);
+  const Seqs<uint16_t> seqs{.pos0 = pos0, .cache_k = cache_k, .cache_v = cache_v, .capacity = d.capacity};
+  launch_prepare(qg, k, v, int64_t(d.Hq) * 2 * d.dh, int64_t(d.Hkv) * d.dh, q_norm, k_norm, seqs, d, freqs, q_out,
+                 stream);
 }
 
 void attention_init() { attention_setup(); }
@@ -850,12 +973,46 @@ void attention(const float* q, const float* qg, const uint16_t* cache_k, const u
   if (d.T == 0) return;
   TERN_CHECK(d.Hkv > 0 && d.Hq % d.Hkv == 0, "attention: ", d.Hq, " query heads over ", d.Hkv, " KV heads");
   TERN_CHECK(d.capacity > 0, "attention: empty KV cache");
-  switch (d.dh) {
-    case 64: attention_dh_typed<64>(q, qg, cache_k, cache_v, pos0, d, partial, out, stream); break;
-    case 128: attention_dh_typed<128>(q, qg, cache_k, cache_v, pos0, d, partial, out, stream); break;
-    case 256: attention_dh_typed<256>(q, qg, cache_k, cache_v, pos0, d, partial, out, stream); break;
-    default: TERN_FAIL("attention: head dim ", d.dh, " not supported by the CUDA kernels (64, 128 or 256)");
-  }
+  with_head_dim(d, [&]<int DH, bool F16>() {
+    attention_dh<DH, F16>(q, qg, cache_k, cache_v, pos0, d, partial, out, stream);
+  });
+}
+
+int attn_batch_splits(const AttnDims& d) {
+  attention_check(d);
+  TERN_CHECK(d.capacity > 0, "attn_batch_splits: empty KV cache");
+  TERN_CHECK(d.Hq / d.Hkv <= kDecodeMaxRows, "attn_batch_splits: ", d.Hq / d.Hkv,
+             " query heads per KV head (the decode kernels take ", kDecodeMaxRows, ")");
+  AttnDims one = d;
+  one.T = 1;
+  const AttentionSetup& setup = attention_setup();
+  return decode_splits(one, decode_variant(setup, one), setup.sms);
+}
+
+int64_t attn_batch_partial_floats(int B, int Hq, int dh) { return B * attn_partial_floats(1, Hq, dh); }
+
+void attn_prepare_batched(const float* qg, const float* k, const float* v, const float* q_norm, const float* k_norm,
+                          const AttnBatch& batch, const AttnDims& d, float* q_out, cudaStream_t stream) {
+  const RopeFreqs freqs = rope_freqs(d);
+  check_batch(batch, d, "attn_prepare_batched");
+  launch_prepare(qg, k, v, batch.ld_qkv, batch.ld_qkv, q_norm, k_norm, batch_seqs<uint16_t>(batch), d, freqs, q_out,
+                 stream);
+}
+
+void attention_batched(const float* q, const float* qg, const AttnBatch& batch, const AttnDims& d, float* partial,
+                       float* out, cudaStream_t stream) {
+  const int columns = attn_batch_splits(d);  // the largest capacity's: no sequence has more splits
+  check_batch(batch, d, "attention_batched");
+  TERN_CHECK(batch.splits && partial, "attention_batched: null split table or partial scratch");
+  const int64_t room = int64_t(d.Hq) * kAttnMaxSplits;  // partials m, l of one sequence (o: × dh)
+  Partials part;  // [B, Hq, kAttnMaxSplits] (o: × dh)
+  part.o = partial;
+  part.m = part.o + batch.B * room * d.dh;
+  part.l = part.m + batch.B * room;
+  part.stride = room;
+  with_head_dim(d, [&]<int DH, bool F16>() {
+    launch_decode<DH, F16>(q, qg, batch.ld_qkv, batch_seqs<const uint16_t>(batch), columns, d, part, out, stream);
+  });
 }
 
 }  // namespace tern::cuda

@@ -9,6 +9,8 @@
 //   - decode (T <= 8): split-KV flash decoding, one block per (KV head, split) holding the T·(Hq/Hkv) query rows
 //     of that KV head, then a merge kernel that applies the gate. The split count is fixed by the device and the
 //     cache capacity (never by the current length), each split finds its key range from *pos0 on the device.
+// attn_prepare_batched and attention_batched run one token of each of B sequences (the batched decode step) through
+// the same kernels, each sequence with its own position, cache and split count, bit for bit as it runs alone.
 // Head dims 64, 128 and 256 are supported. q and the softmax weights are rounded to the cache's type for the tensor
 // cores. fp16 (the runner's default) keeps 11 significant bits against bf16's 8: on a model at trained scales the
 // attention layers' rounding was the floor of the whole model's error against an fp32 reference (docs/benchmarks.md);
@@ -66,28 +68,38 @@ void attention(const float* q, const float* qg, const uint16_t* cache_k, const u
 
 // ---- a batch of sequences, one token each (the batched decode step, issue 31) ----
 // Where each sequence's cache and position are: device arrays of B entries, filled by the caller before the launch
-// (they may change between replays of a captured graph).
+// (they may change between replays of a captured graph). The decode kernels read them before their pdl_wait, so they
+// are launch constants of the step: written by a copy before it, never by the kernel just before these calls. The
+// sequences' caches are distinct (attention_batched reads rows below a sequence's position before its pdl_wait, as
+// attention() does: attn_prepare_batched writes only each sequence's row at its position).
 struct AttnBatch {
   int B = 1;                          // 1..32
-  int64_t ld_qkv = 0;                 // row stride (floats) of qg, k and v: sequence b's row at + b·ld_qkv
+  int64_t ld_qkv = 0;                 // row stride (floats) of qg, k and v: sequence b's row at + b·ld_qkv;
+                                      // at least Hq·2·dh, a multiple of 4
   const int* const* pos0 = nullptr;   // [B] each sequence's position (tokens already in its cache)
   uint16_t* const* cache_k = nullptr; // [B] each sequence's cache, [Hkv, capacity_b, dh] as for attn_prepare
   uint16_t* const* cache_v = nullptr;
-  const int* splits = nullptr;        // [B] attn_batch_splits(d with capacity_b) of each sequence
+  const int64_t* capacity = nullptr;  // [B] capacity_b: the rows of sequence b's cache (its d.capacity alone)
+  const int* splits = nullptr;        // [B] attn_batch_splits(d with capacity_b) of each sequence (attention_batched)
 };
 // The decode split count attention() uses for one token of a sequence whose cache has d.capacity rows, so that
-// the batched kernels split each sequence exactly as it is split alone. 1..kAttnMaxSplits.
+// the batched kernels split each sequence exactly as it is split alone. 1..kAttnMaxSplits; never more for a smaller
+// capacity. Reads the device (attention_init) on first use.
 int attn_batch_splits(const AttnDims& d);
-// Floats of `partial` scratch attention_batched needs for B sequences.
+// Floats of `partial` scratch attention_batched needs for B sequences: room for kAttnMaxSplits splits each,
+// B·Hq·kAttnMaxSplits·(dh + 2) = B · attn_partial_floats(1, Hq, dh).
 int64_t attn_batch_partial_floats(int B, int Hq, int dh);
-// attn_prepare for B sequences, one token each (d.T = 1, d.capacity ignored): qg/k/v rows b at + b·ld_qkv;
-// q_out [B, Hq, dh]. Each sequence bit for bit as attn_prepare alone.
+// attn_prepare for B sequences, one token each (d.T = 1, d.capacity ignored: batch.capacity is each sequence's):
+// qg/k/v rows b at + b·ld_qkv; q_out [B, Hq, dh]; sequence b's k, v rows written at position *pos0[b] of its cache.
+// Each sequence bit for bit as attn_prepare alone (the same kernel). batch.splits is not read.
 void attn_prepare_batched(const float* qg, const float* k, const float* v, const float* q_norm, const float* k_norm,
                           const AttnBatch& batch, const AttnDims& d, float* q_out, cudaStream_t stream);
-// attention for B sequences, one token each (d.T = 1; d.capacity: the largest of the sequences'): q [B, Hq, dh]
-// from attn_prepare_batched, the gate from qg rows b at + b·ld_qkv; out [B, Hq·dh]. Each sequence bit for bit as
-// attention() alone with its own cache, position and capacity (its own split count). partial:
-// attn_batch_partial_floats(B, ...) floats.
+// attention for B sequences, one token each (d.T = 1; d.capacity: at least the largest of the sequences', it sets the
+// grid's split columns, attn_batch_splits(d): a sequence with more splits than that traps): q [B, Hq, dh] from
+// attn_prepare_batched, the gate from qg rows b at + b·ld_qkv; out [B, Hq·dh]. Each sequence bit for bit as
+// attention() alone with its own cache, position and capacity (its own split count: the same kernels, a sequence's
+// columns past its count exit at once). partial: attn_batch_partial_floats(B, ...) floats. Needs Hq/Hkv <= 64 (the
+// decode path of one token).
 void attention_batched(const float* q, const float* qg, const AttnBatch& batch, const AttnDims& d, float* partial,
                        float* out, cudaStream_t stream);
 

@@ -1,7 +1,8 @@
 // Gated DeltaNet core (model.md §2.4): q/k normalisation and gates, the gated delta rule over an fp32 state, and the
 // gated RMSNorm. The state is V-major: [Hv][dv][dk] fp32 (row j of head h holds S[:, j] over the key dims).
 // The kernels: gdn_prefill.cu (prepare, gates, the recurrence token by token and chunked, gated norm; the chunked form's
-// tensor-core kernels in gdn_chunked_tc.cuh and gdn_chunked_twopass.cuh) and gdn_decode.cu (the fused decode step).
+// tensor-core kernels in gdn_chunked_tc.cuh and gdn_chunked_twopass.cuh) and gdn_decode.cu (the fused decode step, of
+// one sequence or of a batch).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -117,8 +118,11 @@ bool gdn_decode_supported(const GdnDims& d);
 // B sequences, one new token each, each bit for bit what gdn_decode gives for that sequence alone: a as for
 // gdn_decode with a.d.T = 1, proj row b at a.proj + b·a.ld_proj, out row b at a.out + b·Hv·dv, and the states of
 // sequence b at conv_states[b] and rec_states[b] (device arrays of B pointers; a.conv_state and a.rec_state are not
-// read). 1 <= B <= 32; the shapes of gdn_decode_supported. Launched with PDL like gdn_decode (the same rule for the
-// states read before pdl_wait).
+// read; rec_states[b] 16-byte aligned, the states of different sequences distinct). 1 <= B <= 32; the shapes of
+// gdn_decode_supported. The launch shape is gdn_decode's for a (a.kernel, a.force_portable), with a grid index per
+// sequence: the same kernel, so the same arithmetic. Launched with PDL like gdn_decode (the same rule for the states
+// read before pdl_wait); the two tables are read before pdl_wait too, so they are launch constants of the step
+// (written by a copy before it, never by the kernel just before this one).
 void gdn_decode_batched(const GdnDecodeArgs& a, int B, float* const* conv_states, float* const* rec_states,
                         cudaStream_t stream);
 

@@ -1,5 +1,7 @@
 // The decode plan's Gated DeltaNet mixer core in one kernel, gdn_decode (gdn.cuh): conv + SiLU, q/k norms, gates, the
 // delta rule on the fp32 state and the gated RMSNorm over 1..8 tokens; a thread-block cluster per key head on sm_90.
+// gdn_decode_batched runs the same kernel over B sequences of one token (a grid z index per sequence), so that each
+// sequence's arithmetic is exactly what gdn_decode does for it alone.
 #include "cuda/kernels/gdn/gdn.cuh"
 
 #include <cooperative_groups.h>
@@ -20,10 +22,20 @@ namespace {
 // Every block recomputes the conv + SiLU of the group's 256 q/k channels (the L2 norms need whole heads) and of its
 // own v channels. Conv state: the q/k entries are read by every block of the group and written only by rank 0,
 // after the group barrier that follows every block's reads; a block's v entries are read and written by it alone.
+// A launch covers B sequences of T tokens each (grid z = sequence; gdn_decode: B = 1, gdn_decode_batched: T = 1);
+// the groups of different sequences share nothing.
 constexpr int kDecodeMaxT = 8, kDecodeMaxTaps = 8, kDecodeDk = 128, kDecodeDv = 128, kDecodeRatio = 2;
+constexpr int kDecodeMaxSeqs = 32;  // gdn_decode_batched's B
+
+// Where the sequences' states are: null tables for gdn_decode (its one sequence's a.conv_state, a.rec_state), device
+// arrays of B pointers for gdn_decode_batched.
+struct StateTables {
+  float* const* conv = nullptr;  // [B] → [Ck-1, C]
+  float* const* rec = nullptr;   // [B] → [Hv, dv, dk]
+};
 
 template <int CS, int NW, int RPW, int kTaps>
-__global__ void __launch_bounds__(NW * 32) gdn_decode_kernel(GdnDecodeArgs a) {
+__global__ void __launch_bounds__(NW * 32) gdn_decode_kernel(GdnDecodeArgs a, StateTables tables) {
   namespace cg = cooperative_groups;
   constexpr int kRows = NW * RPW;                      // state rows of this block
   constexpr int kQk = 2 * kDecodeDk;                   // q and k channels of the key head
@@ -40,9 +52,14 @@ __global__ void __launch_bounds__(NW * 32) gdn_decode_kernel(GdnDecodeArgs a) {
   __shared__ float s_decay[kDecodeMaxT][kHeads], s_beta[kDecodeMaxT][kHeads], s_inv[kDecodeMaxT][kHeads];
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int rank = blockIdx.x, kh = blockIdx.y;
+  const int rank = blockIdx.x, kh = blockIdx.y, seq = blockIdx.z;
   const int T = int(a.d.T), Hk = a.d.Hk, Hv = a.d.Hv, Ck = a.Ck;
   const int64_t C = a.d.C(), ld = a.ld_proj;
+  // The sequence's rows and states (the tables are launch constants: read before pdl_wait, see gdn.cuh).
+  const float* const proj = a.proj + int64_t(seq) * T * ld;     // [T, ld]
+  float* const out = a.out + int64_t(seq) * T * Hv * kDecodeDv;  // [T, Hv·dv]
+  float* const conv_state = tables.conv ? tables.conv[seq] : a.conv_state;
+  float* const rec_state = tables.rec ? tables.rec[seq] : a.rec_state;
   const int row0 = rank * kRows;                       // first group row of the block
   const int head0 = kh * kDecodeRatio + row0 / kDecodeDv;  // first v-head of the block
   const int j00 = row0 % kDecodeDv;                     // first value dim of the block inside head0
@@ -51,7 +68,7 @@ __global__ void __launch_bounds__(NW * 32) gdn_decode_kernel(GdnDecodeArgs a) {
   const int wh = head0 + wslot;
 
   // State rows, before pdl_wait(): see gdn.cuh (only this layer's own GDN kernels write them).
-  float* S = a.rec_state + (int64_t(wh) * kDecodeDv + wj0) * kDecodeDk + 4 * lane;
+  float* S = rec_state + (int64_t(wh) * kDecodeDv + wj0) * kDecodeDk + 4 * lane;
   float4 s[RPW];
 #pragma unroll
   for (int r = 0; r < RPW; ++r) s[r] = *reinterpret_cast<const float4*>(S + r * kDecodeDk);
@@ -83,14 +100,14 @@ __global__ void __launch_bounds__(NW * 32) gdn_decode_kernel(GdnDecodeArgs a) {
     const int lc = tid + q * kNt;
     const int64_t c = lc < kCh ? channel(lc) : 0;
 #pragma unroll
-    for (int j = 0; j < kTaps; ++j) win[q][j] = lc < kCh && j < Ck - 1 ? a.conv_state[j * C + c] : 0.0f;
+    for (int j = 0; j < kTaps; ++j) win[q][j] = lc < kCh && j < Ck - 1 ? conv_state[j * C + c] : 0.0f;
 #pragma unroll
-    for (int t = 0; t < kDecodeMaxT; ++t) xin[q][t] = lc < kCh && t < T ? a.proj[t * ld + c] : 0.0f;
+    for (int t = 0; t < kDecodeMaxT; ++t) xin[q][t] = lc < kCh && t < T ? proj[t * ld + c] : 0.0f;
   }
   float gate_a = 0.0f, gate_b = 0.0f;
   if (tid < T * kHeads) {
     const int t = tid / kHeads, h = head0 + tid % kHeads;
-    const float* row = a.proj + t * ld + C + int64_t(Hv) * kDecodeDv;  // [b (Hv) | a (Hv)]
+    const float* row = proj + t * ld + C + int64_t(Hv) * kDecodeDv;  // [b (Hv) | a (Hv)]
     gate_b = row[h];
     gate_a = row[Hv + h];
   }
@@ -100,7 +117,7 @@ __global__ void __launch_bounds__(NW * 32) gdn_decode_kernel(GdnDecodeArgs a) {
   for (int q = 0; q < kOutPerThread; ++q) {
     const int i = tid + q * kNt, t = i / kRows, r = i % kRows;
     const int64_t col = int64_t(head0) * kDecodeDv + j00 + r;  // the block's rows are consecutive columns
-    zin[q] = i < T * kRows ? a.proj[t * ld + C + col] : 0.0f;
+    zin[q] = i < T * kRows ? proj[t * ld + C + col] : 0.0f;
   }
 
   // 1. conv + SiLU over the T tokens, window in registers (taps unrolled to kTaps, guarded by Ck).
@@ -223,12 +240,12 @@ __global__ void __launch_bounds__(NW * 32) gdn_decode_kernel(GdnDecodeArgs a) {
     const int hs = (j00 + r) / kDecodeDv, j = (j00 + r) % kDecodeDv;
     const int64_t col = int64_t(head0 + hs) * kDecodeDv + j;
     const float zz = zin[q];
-    a.out[t * int64_t(Hv) * kDecodeDv + col] = s_o[t][r] * s_inv[t][hs] * a.norm_w[j] * (zz / (1.0f + expf(-zz)));
+    out[t * int64_t(Hv) * kDecodeDv + col] = s_o[t][r] * s_inv[t][hs] * a.norm_w[j] * (zz / (1.0f + expf(-zz)));
   }
   for (int lc = tid; lc < kCh; lc += NW * 32) {
     if (lc < kQk && rank != 0) continue;
     const int64_t c = channel(lc);
-    for (int j = 0; j < Ck - 1; ++j) a.conv_state[j * C + c] = s_conv_new[j][lc];
+    for (int j = 0; j < Ck - 1; ++j) conv_state[j * C + c] = s_conv_new[j][lc];
   }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if constexpr (CS > 1) cg::this_cluster().sync();  // keep s_sq alive until every block of the cluster read it
@@ -244,12 +261,14 @@ constexpr int kDecodePortableNW = 32, kDecodePortableRPW = 8;
 
 namespace {
 
-// One gdn_decode launch of shape (CS blocks per key head in a cluster, NW warps, RPW rows per warp); CS = 1: plain.
+// One launch of shape (CS blocks per key head in a cluster, NW warps, RPW rows per warp) over B sequences (grid z);
+// CS = 1: plain.
 template <int CS, int NW, int RPW, int kTaps>
-void launch_decode(const GdnDecodeArgs& a, cudaStream_t stream) {
+void launch_decode(const GdnDecodeArgs& a, int B, const StateTables& tables, cudaStream_t stream) {
   auto kernel = gdn_decode_kernel<CS, NW, RPW, kTaps>;
+  const dim3 grid(CS, unsigned(a.d.Hk), unsigned(B));
   if constexpr (CS == 1) {
-    launch_pdl("gdn_decode", kernel, dim3(1, unsigned(a.d.Hk)), dim3(NW * 32), 0, stream, a);
+    launch_pdl("gdn_decode", kernel, grid, dim3(NW * 32), 0, stream, a, tables);
   } else {
     if constexpr (CS > 8) {  // non-portable cluster size: allowed once, outside any capture (the first call is eager)
       static const bool allowed = [&] {
@@ -258,19 +277,14 @@ void launch_decode(const GdnDecodeArgs& a, cudaStream_t stream) {
       }();
       (void)allowed;
     }
-    launch_cluster_pdl("gdn_decode (cluster)", kernel, dim3(CS, unsigned(a.d.Hk)), dim3(NW * 32), CS, 0, stream, a);
+    launch_cluster_pdl("gdn_decode (cluster)", kernel, grid, dim3(NW * 32), CS, 0, stream, a, tables);
   }
 }
 
-}  // namespace
-
-bool gdn_decode_supported(const GdnDims& d) {
-  return d.dk == kDecodeDk && d.dv == kDecodeDv && d.Hk > 0 && d.Hv == kDecodeRatio * d.Hk;
-}
-
-void gdn_decode(const GdnDecodeArgs& a, cudaStream_t stream) {
+// gdn_decode and gdn_decode_batched after their own checks of the states: the other arguments' checks and the launch
+// shape, the same for both (so that a sequence of a batch runs the code it runs alone).
+void decode(const GdnDecodeArgs& a, int B, const StateTables& tables, cudaStream_t stream) {
   const GdnDims& d = a.d;
-  if (d.T == 0) return;
   TERN_CHECK(d.T >= 1 && d.T <= kDecodeMaxT, "gdn_decode: ", d.T, " tokens (1..", kDecodeMaxT, ")");
   TERN_CHECK(gdn_decode_supported(d),
              "gdn_decode: needs dk = dv = 128 and Hv = 2·Hk (got dk ", d.dk, ", dv ", d.dv, ", Hk ", d.Hk, ", Hv ",
@@ -278,10 +292,7 @@ void gdn_decode(const GdnDecodeArgs& a, cudaStream_t stream) {
   TERN_CHECK(a.Ck >= 1 && a.Ck <= kDecodeMaxTaps, "gdn_decode: conv width ", a.Ck, " not in [1, ", kDecodeMaxTaps,
              "]");
   TERN_CHECK(a.ld_proj >= d.C() + int64_t(d.Hv) * d.dv + 2 * d.Hv, "gdn_decode: ld_proj ", a.ld_proj, " too small");
-  TERN_CHECK(a.proj && a.conv_w && (a.Ck == 1 || a.conv_state) && a.rec_state && a.A_log && a.dt_bias && a.norm_w &&
-                 a.out,
-             "gdn_decode: null pointer");
-  TERN_CHECK(reinterpret_cast<uintptr_t>(a.rec_state) % 16 == 0, "gdn_decode: state not 16-byte aligned");
+  TERN_CHECK(a.proj && a.conv_w && a.A_log && a.dt_bias && a.norm_w && a.out, "gdn_decode: null pointer");
   using K = GdnDecodeArgs::Kernel;
   // The cluster shapes run when the binary chosen for this device is sm_90+ (not a JIT of the sm_80 PTX). Decided
   // once, outside any capture (no stream work).
@@ -300,18 +311,42 @@ void gdn_decode(const GdnDecodeArgs& a, cudaStream_t stream) {
   const bool short_conv = a.Ck <= 4;  // the model's width 4: fewer registers
   switch (kind) {
     case K::cluster8_w16:
-      return short_conv ? launch_decode<8, 16, 2, 4>(a, stream) : launch_decode<8, 16, 2, 8>(a, stream);
+      return short_conv ? launch_decode<8, 16, 2, 4>(a, B, tables, stream)
+                        : launch_decode<8, 16, 2, 8>(a, B, tables, stream);
     case K::cluster16_w8:
-      return short_conv ? launch_decode<16, 8, 2, 4>(a, stream) : launch_decode<16, 8, 2, 8>(a, stream);
+      return short_conv ? launch_decode<16, 8, 2, 4>(a, B, tables, stream)
+                        : launch_decode<16, 8, 2, 8>(a, B, tables, stream);
     case K::cluster4_w16:
-      return short_conv ? launch_decode<4, 16, 4, 4>(a, stream) : launch_decode<4, 16, 4, 8>(a, stream);
+      return short_conv ? launch_decode<4, 16, 4, 4>(a, B, tables, stream)
+                        : launch_decode<4, 16, 4, 8>(a, B, tables, stream);
     case K::portable:
-      return short_conv ? launch_decode<1, kDecodePortableNW, kDecodePortableRPW, 4>(a, stream)
-                        : launch_decode<1, kDecodePortableNW, kDecodePortableRPW, 8>(a, stream);
+      return short_conv ? launch_decode<1, kDecodePortableNW, kDecodePortableRPW, 4>(a, B, tables, stream)
+                        : launch_decode<1, kDecodePortableNW, kDecodePortableRPW, 8>(a, B, tables, stream);
     default:
-      return short_conv ? launch_decode<kDecodeClusterCS, kDecodeClusterNW, kDecodeClusterRPW, 4>(a, stream)
-                        : launch_decode<kDecodeClusterCS, kDecodeClusterNW, kDecodeClusterRPW, 8>(a, stream);
+      return short_conv ? launch_decode<kDecodeClusterCS, kDecodeClusterNW, kDecodeClusterRPW, 4>(a, B, tables, stream)
+                        : launch_decode<kDecodeClusterCS, kDecodeClusterNW, kDecodeClusterRPW, 8>(a, B, tables, stream);
   }
+}
+
+}  // namespace
+
+bool gdn_decode_supported(const GdnDims& d) {
+  return d.dk == kDecodeDk && d.dv == kDecodeDv && d.Hk > 0 && d.Hv == kDecodeRatio * d.Hk;
+}
+
+void gdn_decode(const GdnDecodeArgs& a, cudaStream_t stream) {
+  if (a.d.T == 0) return;
+  TERN_CHECK((a.Ck == 1 || a.conv_state) && a.rec_state, "gdn_decode: null state");
+  TERN_CHECK(reinterpret_cast<uintptr_t>(a.rec_state) % 16 == 0, "gdn_decode: state not 16-byte aligned");
+  decode(a, 1, StateTables{}, stream);
+}
+
+void gdn_decode_batched(const GdnDecodeArgs& a, int B, float* const* conv_states, float* const* rec_states,
+                        cudaStream_t stream) {
+  TERN_CHECK(a.d.T == 1, "gdn_decode_batched: one token per sequence (d.T = ", a.d.T, ")");
+  TERN_CHECK(B >= 1 && B <= kDecodeMaxSeqs, "gdn_decode_batched: ", B, " sequences (1..", kDecodeMaxSeqs, ")");
+  TERN_CHECK((a.Ck == 1 || conv_states) && rec_states, "gdn_decode_batched: null state table");
+  decode(a, B, StateTables{conv_states, rec_states}, stream);
 }
 
 }  // namespace tern::cuda
