@@ -3,7 +3,8 @@
 // expert scaled by its sigmoid gate), then the residual add, at the model's real shapes (E = 256, k = 8, F = 512,
 // D = 2048; 4-bit experts, 8-bit router), T = 1 and T = 3, every kernel launched twice to check that the router's
 // ticket counter resets and that results are deterministic (the second run with the L2 prefetch of the down
-// matrices on). A small float-format model checks the generic path.
+// matrices on). A small float-format model checks the generic path. The batched step (moe_decode_batched) is held to
+// moe_decode per token, bit for bit.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -228,22 +229,27 @@ TEST(CudaMoeDecode, MatchesCpuMoeForwardAtModelShapes) {
   qmv_set_variant(v0);
 }
 
-// Router rows repeated (row e = row e mod 16): the logits of the copies are equal bit for bit, so every choice is an
-// exact tie among the 16 copies of a row, which the CPU breaks by the lower expert id. The GPU's top-k must choose the
-// same experts in the same order (no tolerance here: run_moe_case accepts any expert of equal probability).
+// The 8-bit router's rows repeated (row e = row e mod 16): the logits of the copies are equal bit for bit.
+void repeat_router_rows(MoeHost& mh) {
+  HostMatrix& r = *mh.router;
+  const int64_t E = r.m.rows, D = r.m.cols, row_words = D / 4, gpr = D / 64;
+  for (int64_t e = 16; e < E; ++e) {
+    std::copy_n(r.words.begin() + (e % 16) * row_words, row_words, r.words.begin() + e * row_words);
+    std::copy_n(r.scales.begin() + (e % 16) * gpr, gpr, r.scales.begin() + e * gpr);
+    std::copy_n(r.biases.begin() + (e % 16) * gpr, gpr, r.biases.begin() + e * gpr);
+  }
+}
+
+// Router rows repeated (repeat_router_rows): every choice is an exact tie among the 16 copies of a row, which the CPU
+// breaks by the lower expert id. The GPU's top-k must choose the same experts in the same order (no tolerance here:
+// run_moe_case accepts any expert of equal probability).
 TEST(CudaMoeDecode, TiedRouterLogitsPickTheLowerExperts) {
   TERN_REQUIRE_GPU();
   std::mt19937_64 rng(fresh_seed("CudaMoeDecode.Ties"));
   const int E = 256, k = 8;
   const int64_t D = 2048, F = 512;
   auto mh = make_moe(rng, WeightFormat::affine4, WeightFormat::affine8, E, k, D, F);
-  HostMatrix& r = *mh->router;
-  const int64_t row_words = D / 4, gpr = D / 64;
-  for (int e = 16; e < E; ++e) {
-    std::copy_n(r.words.begin() + (e % 16) * row_words, row_words, r.words.begin() + e * row_words);
-    std::copy_n(r.scales.begin() + (e % 16) * gpr, gpr, r.scales.begin() + e * gpr);
-    std::copy_n(r.biases.begin() + (e % 16) * gpr, gpr, r.biases.begin() + e * gpr);
-  }
+  repeat_router_rows(*mh);
   MoeDevice md(*mh);
   const int v0 = qmv_variant();
   for (int v : {3, 1}) {  // 3: the one-cluster router at T = 1 on sm_90; the multi-block router otherwise
@@ -292,6 +298,111 @@ TEST(CudaMoeDecode, GenericFormatsMatchCpu) {
     MoeDevice md(*mh);
     run_moe_case(rng, *mh, md, 3, false, "bf16 experts T=3");
   }
+}
+
+// moe_decode_batched (one token of each of B sequences) against moe_decode per token (T = 1, its own scratch): the
+// hidden rows bit for bit, and every row of the scratch the same (x̂, router logits, shared logit and gate, ids,
+// routing weights, h), at the model's shapes, B in {1, 3, 16, 32}; tokens of different magnitudes (×100, ×1e-2) and an
+// all-zero one (x̂ = 0: every logit ties, the lowest k experts win). Run with random router rows and with repeated
+// ones (exact ties among 16 copies of each row); the batched step again with the down matrices' L2 prefetch, which
+// must change nothing. Skipped where the batched step does not apply (not an sm_90 binary).
+TEST(CudaMoeDecode, BatchedMatchesOneTokenBitwise) {
+  TERN_REQUIRE_GPU();
+  std::mt19937_64 rng(fresh_seed("CudaMoeDecode.Batched"));
+  const int E = 256, k = 8;
+  const int64_t D = 2048, F = 512;
+  const int v0 = qmv_variant();
+  qmv_set_variant(3);
+  for (const bool tied : {false, true}) {
+    auto mh = make_moe(rng, WeightFormat::affine4, WeightFormat::affine8, E, k, D, F);
+    if (tied) repeat_router_rows(*mh);
+    MoeDevice md(*mh);
+    if (!moe_decode_batched_supported(md.w)) {
+      qmv_set_variant(v0);
+      GTEST_SKIP() << "moe_decode_batched does not apply here (needs the sm_90 cluster router)";
+    }
+    for (int B : {1, 3, 16, 32}) {
+      auto hidden = random_floats(rng, size_t(B * D), -4.0f, 4.0f);
+      for (int t = 0; t < B; ++t) {
+        const float f = t == 1 ? 100.0f : t == 2 ? 1e-2f : (B >= 3 && t == B - 1) ? 0.0f : 1.0f;
+        for (int64_t d = 0; d < D; ++d) hidden[size_t(t * D + d)] *= f;
+      }
+      const std::string what = std::string(tied ? "repeated router rows" : "random router") + " B=" + std::to_string(B);
+
+      // Each token alone (moe_decode at T = 1), its scratch rows gathered into [B, ...] arrays.
+      DeviceBuf<float> dh_alone(hidden);
+      std::vector<float> xhat(size_t(B * D)), logits(size_t(B * E)), slogit(static_cast<size_t>(B)),
+          wts(size_t(B * k)), sgate(static_cast<size_t>(B)), h(size_t(B * (k + 1) * F));
+      std::vector<int> ids(size_t(B * k));
+      {
+        DeviceBuf<uint8_t> scratch(moe_decode_scratch_bytes(1, D, E, k, F));
+        const MoeDecodeScratch s = moe_decode_scratch_view(scratch.p, 1, D, E, k, F);
+        moe_decode_scratch_init(s, nullptr);
+        const auto gather = [](auto& rows, int row, const auto* src, size_t n) {  // rows[row] = src[0, n)
+          const auto v = to_host(src, n);
+          std::copy(v.begin(), v.end(), rows.begin() + int64_t(row) * int64_t(n));
+        };
+        for (int t = 0; t < B; ++t) {
+          moe_decode(md.w, dh_alone.p + t * D, 1, s, nullptr);
+          TERN_CUDA(cudaGetLastError());
+          gather(xhat, t, s.xhat, size_t(D));
+          gather(logits, t, s.router_logits, size_t(E));
+          gather(slogit, t, s.shared_logit, 1);
+          gather(ids, t, s.ids, size_t(k));
+          gather(wts, t, s.w, size_t(k));
+          gather(sgate, t, s.shared_gate, 1);
+          gather(h, t, s.h, size_t((k + 1) * F));
+        }
+      }
+      const auto want = dh_alone.host();
+      {  // The tokens alone are held to the CPU elsewhere; here only that they ran: finite, hidden changed.
+        size_t bad = 0;
+        for (float v : want) bad += std::isfinite(v) ? 0 : 1;
+        EXPECT_EQ(bad, 0u) << what << ": non-finite hidden from the tokens alone";
+        EXPECT_NE(std::memcmp(want.data(), hidden.data(), hidden.size() * 4), 0) << what << ": hidden unchanged";
+        if (B >= 3) {  // the all-zero token: every logit 0, the lowest k experts in order
+          for (int j = 0; j < k; ++j) EXPECT_EQ(ids[size_t((B - 1) * k + j)], j) << what << ": zero token slot " << j;
+        }
+      }
+
+      // The batch, twice from the same input (the second with the L2 prefetch of the down matrices); scratch for B
+      // tokens, poisoned before each run (NaN / -1) so that rows left unwritten fail.
+      const size_t scratch_bytes = moe_decode_scratch_bytes(B, D, E, k, F);
+      DeviceBuf<uint8_t> scratch(scratch_bytes);
+      const MoeDecodeScratch s = moe_decode_scratch_view(scratch.p, B, D, E, k, F);
+      for (int run = 0; run < 2; ++run) {
+        const std::string what_run = what + (run ? " (L2 prefetch of the down matrices)" : "");
+        TERN_CUDA(cudaMemset(scratch.p, 0xff, scratch_bytes));
+        moe_decode_scratch_init(s, nullptr);
+        DeviceBuf<float> dh(hidden);
+        MoeDecodeWeights w = md.w;
+        w.prefetch_down = run == 1;
+        moe_decode_batched(w, dh.p, B, s, nullptr);
+        TERN_CUDA(cudaGetLastError());
+        const auto got = dh.host();
+        const auto same = [&](const auto& a, const auto& b, const char* name) {
+          ASSERT_EQ(a.size(), b.size());
+          size_t diff = 0, first = 0;
+          for (size_t i = 0; i < a.size(); ++i)
+            if (std::memcmp(&a[i], &b[i], sizeof(a[i])) != 0 && diff++ == 0) first = i;
+          EXPECT_EQ(diff, 0u) << what_run << ": " << name << " differs from the tokens alone in " << diff << " of "
+                              << a.size() << " elements; first at " << first << " (token " << first * B / a.size()
+                              << "): " << a[first] << " vs " << b[first];
+        };
+        same(got, want, "hidden");
+        same(to_host(s.xhat, xhat.size()), xhat, "x̂");
+        same(to_host(s.router_logits, logits.size()), logits, "router logits");
+        same(to_host(s.shared_logit, slogit.size()), slogit, "shared logit");
+        same(to_host(s.ids, ids.size()), ids, "expert ids");
+        same(to_host(s.w, wts.size()), wts, "routing weights");
+        same(to_host(s.shared_gate, sgate.size()), sgate, "shared gate");
+        same(to_host(s.h, h.size()), h, "SwiGLU hidden");
+      }
+      if (HasFailure()) break;
+    }
+    if (HasFailure()) break;
+  }
+  qmv_set_variant(v0);
 }
 
 }  // namespace

@@ -2,7 +2,8 @@
 // followed by cpu::matmul on the same weights, for every weight format, T in {1, 3, 8}, with and without the norm
 // prologue and the accumulate mode, rows that are not a multiple of the tile, and a stacked matrix read at expert
 // index > 0. The 4-bit tensor-core path is also held to a twin (in double) that splits the activations into
-// fp16 hi + lo exactly as the kernel stages them.
+// fp16 hi + lo exactly as the kernel stages them. The one-token integer path (qmv_dp4a) is held to twins that quantise
+// the activations as it does, and its batched form (qmv_dp4a_batched) to the one-token results, bit for bit.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -387,9 +388,62 @@ std::vector<float> quantise_like_dp4a(const std::vector<float>& xh, float qmax, 
   return xq;
 }
 
+// What the integer path should give for one token x in `mode` (bit 0: the norm, bit 1: accumulate onto y0 [rows]):
+// the twin with the quantised activations and the unquantised product, each with its per-row tolerance (see
+// OneTokenIntegerPathMatchesTwin for the bounds).
+struct Dp4aWant {
+  std::vector<float> twin, tol_twin, exact, tol_exact;
+};
+Dp4aWant dp4a_want(const QmvCase& c, const HostMatrix& h, const std::vector<float>& nw, const std::vector<float>& x,
+                   bool wide, int mode, const std::vector<float>& y0) {
+  const bool norm = mode & 1, acc = mode & 2;
+  const float qmax = wide ? 8355711.0f : 32639.0f;
+  const Matrix we = c.experts > 1 ? h.m.expert(c.expert) : h.m;
+  // x̂ as the kernel forms it, the factor, the quantised activations.
+  std::vector<float> xh(x);
+  double ssd = 0;
+  for (int64_t k = 0; k < c.cols; ++k) {
+    ssd += double(x[size_t(k)]) * x[size_t(k)];
+    if (norm) xh[size_t(k)] = x[size_t(k)] * nw[size_t(k)];
+  }
+  const double rinv = norm ? 1.0 / std::sqrt(ssd / double(c.cols) + 1e-6) : 1.0;
+  std::vector<float> step;
+  const std::vector<float> xq = quantise_like_dp4a(xh, qmax, step);
+  const std::vector<float> twin = matmul_double(we, xq, 1), exact = matmul_double(we, xh, 1);
+  const std::vector<float> mag = row_magnitudes(we, xh, 1);
+  std::vector<float> qtol(static_cast<size_t>(c.rows)), row(static_cast<size_t>(c.cols));
+  for (int64_t r = 0; r < c.rows; ++r) {
+    matrix_row_to_f32(we, r, row.data());
+    double e2 = 0;
+    for (int64_t k = 0; k < c.cols; ++k) {
+      const double d = double(row[size_t(k)]) * step[size_t(k / 64)] / 2.0;
+      e2 += d * d / 3.0;
+    }
+    qtol[size_t(r)] = float(6.0 * std::sqrt(e2) * rinv);
+  }
+  Dp4aWant want;
+  want.twin.resize(size_t(c.rows));
+  want.exact.resize(size_t(c.rows));
+  want.tol_twin.resize(size_t(c.rows));
+  want.tol_exact.resize(size_t(c.rows));
+  const float m = float(mag[0] * rinv);
+  for (int64_t r = 0; r < c.rows; ++r) {
+    const float base = acc ? y0[size_t(r)] : 0.0f;
+    want.twin[size_t(r)] = base + float(double(twin[size_t(r)]) * rinv);
+    want.exact[size_t(r)] = base + float(double(exact[size_t(r)]) * rinv);
+    want.tol_twin[size_t(r)] = 2e-6f * m + 1e-6f;
+    want.tol_exact[size_t(r)] = qtol[size_t(r)] + 1e-5f * m + 1e-6f;
+  }
+  return want;
+}
+
+void expect_dp4a(const std::vector<float>& got, const Dp4aWant& want, const std::string& what) {
+  expect_close_each(got, want.twin, want.tol_twin, 1e-6f, what + " (quantised twin)");
+  expect_close_each(got, want.exact, want.tol_exact, 1e-6f, what + " (unquantised)");
+}
+
 // One token x through qmv on the integer path (variant 3, set by the caller) in every mode (bit 0: the norm, bit 1:
-// accumulate), each held to the twin with the quantised activations and to the unquantised product (see
-// OneTokenIntegerPathMatchesTwin for the bounds). Returns each mode's output and the y it accumulated onto.
+// accumulate), each held to dp4a_want. Returns each mode's output and the y it accumulated onto.
 struct Dp4aOutputs {
   std::vector<float> y0[4], got[4];
 };
@@ -397,8 +451,6 @@ Dp4aOutputs check_dp4a_token(std::mt19937_64& rng, const QmvCase& c, const HostM
                              const std::vector<float>& nw, const std::vector<float>& x, bool wide,
                              const std::string& label) {
   Dp4aOutputs out;
-  const float qmax = wide ? 8355711.0f : 32639.0f;
-  const Matrix we = c.experts > 1 ? h.m.expert(c.expert) : h.m;
   DeviceBuf<float> dx(x), dnw(nw);
   for (int mode = 0; mode < 4; ++mode) {
     const bool norm = mode & 1, acc = mode & 2;
@@ -411,28 +463,6 @@ Dp4aOutputs check_dp4a_token(std::mt19937_64& rng, const QmvCase& c, const HostM
     a.y = nullptr;
     a.ldy = c.rows;
     a.accumulate = acc;
-    // x̂ as the kernel forms it, the factor, the quantised activations.
-    std::vector<float> xh(x);
-    double ssd = 0;
-    for (int64_t k = 0; k < c.cols; ++k) {
-      ssd += double(x[size_t(k)]) * x[size_t(k)];
-      if (norm) xh[size_t(k)] = x[size_t(k)] * nw[size_t(k)];
-    }
-    const double rinv = norm ? 1.0 / std::sqrt(ssd / double(c.cols) + 1e-6) : 1.0;
-    std::vector<float> step;
-    const std::vector<float> xq = quantise_like_dp4a(xh, qmax, step);
-    const std::vector<float> twin = matmul_double(we, xq, 1), exact = matmul_double(we, xh, 1);
-    const std::vector<float> mag = row_magnitudes(we, xh, 1);
-    std::vector<float> qtol(static_cast<size_t>(c.rows)), row(static_cast<size_t>(c.cols));
-    for (int64_t r = 0; r < c.rows; ++r) {
-      matrix_row_to_f32(we, r, row.data());
-      double e2 = 0;
-      for (int64_t k = 0; k < c.cols; ++k) {
-        const double d = double(row[size_t(k)]) * step[size_t(k / 64)] / 2.0;
-        e2 += d * d / 3.0;
-      }
-      qtol[size_t(r)] = float(6.0 * std::sqrt(e2) * rinv);
-    }
     const auto y0 = random_floats(rng, size_t(c.rows), -1.0f, 1.0f);
     DeviceBuf<float> dy(y0);
     a.y = dy.p;
@@ -453,21 +483,10 @@ Dp4aOutputs check_dp4a_token(std::mt19937_64& rng, const QmvCase& c, const HostM
         EXPECT_EQ(std::memcmp(got2.data(), got.data(), got.size() * 4), 0) << "L2 prefetch changed the product";
       }
     }
-    std::vector<float> want_twin(static_cast<size_t>(c.rows)), want_exact(static_cast<size_t>(c.rows)),
-        tol_twin(static_cast<size_t>(c.rows)), tol_exact(static_cast<size_t>(c.rows));
-    const float m = float(mag[0] * rinv);
-    for (int64_t r = 0; r < c.rows; ++r) {
-      const float base = acc ? y0[size_t(r)] : 0.0f;
-      want_twin[size_t(r)] = base + float(double(twin[size_t(r)]) * rinv);
-      want_exact[size_t(r)] = base + float(double(exact[size_t(r)]) * rinv);
-      tol_twin[size_t(r)] = 2e-6f * m + 1e-6f;
-      tol_exact[size_t(r)] = qtol[size_t(r)] + 1e-5f * m + 1e-6f;
-    }
     const std::string what = std::string(wide ? "dp4a 24-bit " : "dp4a 16-bit ") + label + std::to_string(c.rows) +
                              "x" + std::to_string(c.cols) + " expert " + std::to_string(c.expert) + " mode " +
                              std::to_string(mode);
-    expect_close_each(got, want_twin, tol_twin, 1e-6f, what + " (quantised twin)");
-    expect_close_each(got, want_exact, tol_exact, 1e-6f, what + " (unquantised)");
+    expect_dp4a(got, dp4a_want(c, h, nw, x, wide, mode, y0), what);
     out.y0[mode] = y0;
     out.got[mode] = got;
   }
@@ -568,6 +587,159 @@ TEST(CudaQmv, OneTokenIntegerPathQuantisesTinyGroupsToZeros) {
   }
   qmv_set_variant(v0);
   qmv_dp4a_set_wide(wide0);
+}
+
+// x [B, ldx] for the batched tests: token t uniform in [-2, 2], except token 1 (×1000: another magnitude), token 2
+// (×1e-3) and, for B ≥ 4, the last token (all zeros); the gaps past each row's cols NaN (they must not be read).
+std::vector<float> batch_inputs(std::mt19937_64& rng, int B, int64_t cols, int64_t ldx) {
+  std::vector<float> x = random_floats(rng, size_t(B * ldx), -2.0f, 2.0f);
+  for (int t = 0; t < B; ++t) {
+    const float f = t == 1 ? 1000.0f : t == 2 ? 1e-3f : (B >= 4 && t == B - 1) ? 0.0f : 1.0f;
+    for (int64_t k = 0; k < ldx; ++k) x[size_t(t * ldx + k)] = k < cols ? x[size_t(t * ldx + k)] * f : std::nanf("");
+  }
+  return x;
+}
+
+// y [B, ldy] for the batched tests: random in [-1, 1] inside the rows when accumulating, NaN elsewhere (unwritten rows
+// and writes past the rows show).
+std::vector<float> batch_outputs(std::mt19937_64& rng, int B, int64_t rows, int64_t ldy, bool accumulate) {
+  std::vector<float> y(size_t(B * ldy), std::nanf(""));
+  if (accumulate)
+    for (int t = 0; t < B; ++t) {
+      const auto r = random_floats(rng, size_t(rows), -1.0f, 1.0f);
+      std::copy(r.begin(), r.end(), y.begin() + t * ldy);
+    }
+  return y;
+}
+
+// qmv_dp4a_batched (one token of each of B sequences in one launch) against qmv_dp4a per token: every output row bit
+// for bit, at the model's shapes (the fused GDN in_proj 12352 x 2048, o_proj 2048 x 4096, a 16384-row slice of the
+// LM head, 1024 columns with an odd row count, a stacked matrix at expert 2), B in {1, 2, 5, 32}, every mode (bit 0:
+// the norm, bit 1: accumulate), both activation widths on the first shape; tokens of very different magnitudes and an
+// all-zero one (batch_inputs). B = 5 reads x and writes y through strides past the rows (x's gaps NaN: never read;
+// y's gaps NaN: never written). The batched call also asks L2 for ranges (l2_ahead), which must change nothing.
+TEST(CudaQmv, BatchedIntegerPathMatchesOneTokenBitwise) {
+  TERN_REQUIRE_GPU();
+  std::mt19937_64 rng(fresh_seed("CudaQmv.Dp4aBatched"));
+  const QmvCase cases[] = {
+      {WeightFormat::affine4, 1, 12352, 2048, 0}, {WeightFormat::affine4, 1, 2048, 4096, 0},
+      {WeightFormat::affine4, 1, 16384, 2048, 0}, {WeightFormat::affine4, 1, 1001, 1024, 0},
+      {WeightFormat::affine4, 3, 517, 2048, 2},
+  };
+  const bool wide0 = qmv_dp4a_wide();
+  for (const QmvCase& c : cases) {
+    auto h = random_matrix(rng, c.f, c.experts, c.rows, c.cols);
+    DeviceMatrix dm(*h);
+    const auto nw = random_floats(rng, size_t(c.cols), 0.5f, 1.5f);
+    DeviceBuf<float> dnw(nw);
+    for (const bool wide : {true, false}) {
+      if (!wide && &c != &cases[0]) continue;
+      qmv_dp4a_set_wide(wide);
+      for (int B : {1, 2, 5, 32}) {
+        const int64_t ldx = B == 5 ? c.cols + 4 : c.cols, ldy = B == 5 ? c.rows + 3 : c.rows;
+        DeviceBuf<float> dx(batch_inputs(rng, B, c.cols, ldx));
+        for (int mode = 0; mode < 4; ++mode) {
+          const bool acc = mode & 2;
+          const std::vector<float> y0 = batch_outputs(rng, B, c.rows, ldy, acc);
+          DeviceBuf<float> dy_batched(y0), dy_alone(y0);
+          QmvArgs a;
+          a.w = dm.d;
+          a.expert = c.expert;
+          a.x = dx.p;
+          a.ldx = ldx;
+          a.norm_w = (mode & 1) ? dnw.p : nullptr;
+          a.ldy = ldy;
+          a.accumulate = acc;
+          for (int t = 0; t < B; ++t) {
+            QmvArgs one = a;
+            one.x = dx.p + t * ldx;
+            one.y = dy_alone.p + t * ldy;
+            ASSERT_TRUE(qmv_dp4a_supported(one));
+            qmv_dp4a(one, nullptr);
+          }
+          QmvArgs batched = a;
+          batched.y = dy_batched.p;
+          batched.l2_ahead.add(dm.d.data, c.experts * c.rows * dm.d.row_words * 4);
+          batched.l2_ahead.add(dx.p, B * ldx * 4);
+          qmv_dp4a_batched(batched, B, nullptr);
+          TERN_CUDA(cudaGetLastError());
+          const auto got = dy_batched.host(), want = dy_alone.host();
+          const std::string what = std::string(wide ? "24-bit " : "16-bit ") + std::to_string(c.rows) + "x" +
+                                   std::to_string(c.cols) + " expert " + std::to_string(c.expert) + " B=" +
+                                   std::to_string(B) + " mode " + std::to_string(mode);
+          for (int t = 0; t < B; ++t) {
+            size_t diff = 0, first = 0, unwritten = 0, gap_writes = 0;
+            for (int64_t r = 0; r < ldy; ++r) {
+              const size_t i = size_t(t * ldy + r);
+              if (r >= c.rows) {
+                gap_writes += std::isnan(got[i]) ? 0 : 1;
+                continue;
+              }
+              unwritten += std::isfinite(want[i]) ? 0 : 1;  // one token alone writes every row, finite
+              if (std::memcmp(&got[i], &want[i], 4) != 0 && diff++ == 0) first = size_t(r);
+            }
+            EXPECT_EQ(unwritten, 0u) << what << " token " << t << ": rows not finite when run alone";
+            EXPECT_EQ(gap_writes, 0u) << what << " token " << t << ": writes past the rows";
+            EXPECT_EQ(diff, 0u) << what << " token " << t << ": " << diff << " rows differ from the token alone; first "
+                                << first << ": " << got[size_t(t * ldy) + first] << " vs "
+                                << want[size_t(t * ldy) + first];
+          }
+          if (HasFailure()) break;
+        }
+        if (HasFailure()) break;
+      }
+    }
+  }
+  qmv_dp4a_set_wide(wide0);
+}
+
+// qmv_dp4a_batched against the CPU twins of OneTokenIntegerPathMatchesTwin (dp4a_want, its tolerances) token by
+// token: B = 5 tokens of different magnitudes and an all-zero one, strided x and y, every mode, at the GDN in_proj,
+// o_proj and 1024-column shapes, with the default activation width.
+TEST(CudaQmv, BatchedIntegerPathMatchesTwin) {
+  TERN_REQUIRE_GPU();
+  std::mt19937_64 rng(fresh_seed("CudaQmv.Dp4aBatchedTwin"));
+  const QmvCase cases[] = {
+      {WeightFormat::affine4, 1, 12352, 2048, 0},
+      {WeightFormat::affine4, 1, 2048, 4096, 0},
+      {WeightFormat::affine4, 1, 1001, 1024, 0},
+  };
+  const bool wide = qmv_dp4a_wide();
+  const int B = 5;
+  for (const QmvCase& c : cases) {
+    auto h = random_matrix(rng, c.f, c.experts, c.rows, c.cols);
+    DeviceMatrix dm(*h);
+    const auto nw = random_floats(rng, size_t(c.cols), 0.5f, 1.5f);
+    DeviceBuf<float> dnw(nw);
+    const int64_t ldx = c.cols + 4, ldy = c.rows + 3;
+    const std::vector<float> x = batch_inputs(rng, B, c.cols, ldx);
+    DeviceBuf<float> dx(x);
+    for (int mode = 0; mode < 4; ++mode) {
+      const bool acc = mode & 2;
+      // dp4a_want's y0 is read only when accumulating; unwritten rows stay NaN and fail
+      const std::vector<float> y0 = batch_outputs(rng, B, c.rows, ldy, acc);
+      DeviceBuf<float> dy(y0);
+      QmvArgs a;
+      a.w = dm.d;
+      a.expert = c.expert;
+      a.x = dx.p;
+      a.ldx = ldx;
+      a.norm_w = (mode & 1) ? dnw.p : nullptr;
+      a.y = dy.p;
+      a.ldy = ldy;
+      a.accumulate = acc;
+      qmv_dp4a_batched(a, B, nullptr);
+      const auto got = dy.host();
+      for (int t = 0; t < B; ++t) {
+        const std::vector<float> xt(x.begin() + t * ldx, x.begin() + t * ldx + c.cols);
+        const std::vector<float> y0t(y0.begin() + t * ldy, y0.begin() + t * ldy + c.rows);
+        const std::vector<float> gt(got.begin() + t * ldy, got.begin() + t * ldy + c.rows);
+        expect_dp4a(gt, dp4a_want(c, *h, nw, xt, wide, mode, y0t),
+                    "batched dp4a " + std::to_string(c.rows) + "x" + std::to_string(c.cols) + " mode " +
+                        std::to_string(mode) + " token " + std::to_string(t) + " of " + std::to_string(B));
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // Over ~800 lines in one file: the decode MoE block's three kernels (router, gate/up, down) share the 4-bit views,
 // the staged-activation sources and the host checks below. Its one-token integer kernels are in moe_dp4a.cu, the
-// cluster router in moe_router_cluster.cu.
+// cluster router in moe_router_cluster.cu; moe_decode_batched (at the end) runs those three for a batch of sequences.
 #include "cuda/kernels/moe/moe_decode.cuh"
 
 #include <algorithm>
@@ -14,6 +14,7 @@
 #include "cuda/kernels/moe/moe_route.cuh"
 #include "cuda/kernels/moe/moe_router_cluster.cuh"
 #include "cuda/kernels/qmv/qmv.cuh"
+#include "cuda/kernels/qmv/qmv_dp4a.cuh"
 #include "cuda/kernels/qmv/qmv_tile.cuh"
 
 namespace tern::cuda {
@@ -642,6 +643,13 @@ bool& prefetch_flag() {
   return on;
 }
 
+// One token under qmv variant 3 takes the one-token kernels where they fit: the cluster router (unless the routing
+// block is to prefetch the experts, which only the multi-block router does; moe_router_cluster_fits), the integer
+// gate_up and down (moe_gate_up_dp4a_fits, moe_down_dp4a_fits). The one-token dispatch and
+// moe_decode_batched_supported both ask these.
+bool integer_kernels_wanted() { return qtile::tuning().variant == 3; }
+bool cluster_router_wanted() { return integer_kernels_wanted() && !prefetch_flag(); }
+
 // 16-byte aligned base pointers and per-expert strides (bulk prefetch ranges).
 bool prefetchable(const DMat& m) {
   return (((reinterpret_cast<uintptr_t>(m.data) | reinterpret_cast<uintptr_t>(m.scales) |
@@ -703,7 +711,7 @@ void moe_router_decode(const MoeDecodeWeights& w, const float* hidden, int T, co
   TERN_CHECK(hidden && s.xhat && s.ticket, "moe_router_decode: null hidden or scratch");
   TERN_CHECK((reinterpret_cast<uintptr_t>(hidden) & 15) == 0 && (reinterpret_cast<uintptr_t>(w.norm_w) & 15) == 0,
              "moe_router_decode: hidden and norm_w must be 16-byte aligned");
-  if (T == 1 && qtile::tuning().variant == 3 && !prefetch_flag() && moe_router_cluster(w, hidden, T, s, stream)) return;
+  if (T == 1 && cluster_router_wanted() && moe_router_cluster(w, hidden, T, s, stream)) return;
   RouterParams p{};
   p.router = w.router;
   p.sgate = w.shared_expert_gate;
@@ -756,7 +764,7 @@ void launch_gate_up_depth(const GateUpQ4Params& p, int64_t work_blocks, int smem
 
 bool moe_gate_up_decode(const MoeDecodeWeights& w, int T, const MoeDecodeScratch& s, cudaStream_t stream) {
   check_shapes(w, T);
-  if (T == 1 && qtile::tuning().variant == 3 && moe_gate_up_dp4a(w, s, stream)) return true;
+  if (T == 1 && integer_kernels_wanted() && moe_gate_up_dp4a(w, s, stream)) return true;
   const int k = w.top_k, pairs = T * k + 1;
   const int64_t F = w.expert_gate.rows, D = w.expert_gate.cols;
   const bool fast = qtile::q4_fast_ok(w.expert_gate) && same_layout(w.expert_gate, w.expert_up) &&
@@ -817,7 +825,7 @@ void moe_down_decode(const MoeDecodeWeights& w, float* hidden, int T, const MoeD
                      bool after_integer_gate_up) {
   check_shapes(w, T);
   TERN_CHECK(hidden, "moe_down_decode: null hidden");
-  if (T == 1 && qtile::tuning().variant == 3 &&
+  if (T == 1 && integer_kernels_wanted() &&
       moe_down_dp4a(w, hidden, s, after_integer_gate_up && early_routing_enabled(), stream))
     return;
   const int k = w.top_k;
@@ -860,6 +868,31 @@ void moe_down_decode(const MoeDecodeWeights& w, float* hidden, int T, const MoeD
   }
   DownGenericParams p{w.expert_down, w.shared_down, T, k, int(w.expert_down.experts), hidden, s};
   launch_pdl("moe_down_decode", moe_down_generic_kernel, dim3(blocks_for(D, 8)), dim3(256), 0, stream, p);
+}
+
+bool moe_decode_batched_supported(const MoeDecodeWeights& w) {
+  return cluster_router_wanted() && moe_router_cluster_fits(w) && integer_kernels_wanted() &&
+         moe_gate_up_dp4a_fits(w) && moe_down_dp4a_fits(w);
+}
+
+// The one-token step's three launches (moe_decode at T = 1 under variant 3) with B tokens each: B router clusters,
+// then gate_up and down with grid.y = token. The down kernel reads the routing early under the one-token step's
+// condition: the launch before it is the integer gate_up, whose blocks trigger only after their pdl_wait, i.e. once
+// all B routings are complete.
+void moe_decode_batched(const MoeDecodeWeights& w, float* hidden, int B, const MoeDecodeScratch& s,
+                        cudaStream_t stream) {
+  TERN_CHECK(B >= 1 && B <= kBatchMaxTokens, "moe_decode_batched: B = ", B, " outside 1..", kBatchMaxTokens);
+  check_shapes(w, 1);
+  TERN_CHECK(moe_decode_batched_supported(w),
+             "moe_decode_batched: the one-token cluster router and integer expert kernels do not take these weights "
+             "(qmv variant ", qtile::tuning().variant, ", L2 prefetch ", prefetch_flag() ? "on" : "off", ")");
+  // The launches' remaining conditions, checked before the first so that a refusal launches nothing.
+  const auto aligned = [](const void* p) { return p && (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+  TERN_CHECK(aligned(hidden) && aligned(s.xhat) && aligned(s.h),
+             "moe_decode_batched: hidden and the scratch's x̂ and h must be 16-byte aligned");
+  const bool launched = moe_router_cluster(w, hidden, 1, s, stream, B) && moe_gate_up_dp4a(w, s, stream, B) &&
+                        moe_down_dp4a(w, hidden, s, early_routing_enabled(), stream, B);
+  TERN_INTERNAL_CHECK(launched, "moe_decode_batched: a kernel refused after the checks");
 }
 
 }  // namespace tern::cuda

@@ -8,6 +8,8 @@
 //      (slot k).
 //   3. moe_down_decode:    hidden[t] += Σ_{s<k} w[t, s]·(Wd[e_s]·h[t, s]) + shared_gate[t]·(Wd_shared·h[t, k]),
 //      each output element summed in a fixed order (deterministic, no float atomics).
+// One token of each of B sequences (the batched decode step): moe_decode_batched runs the T = 1 path's kernels (the
+// cluster router, the integer gate_up and down) once each with a token index, every token bit for bit as alone.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -46,9 +46,9 @@ Q4 q4_of(const DMat& m) {
 struct GateUpParams {
   Q4 gate, up, sgate, sup;
   int F, row_words, gpr, E, k;
-  const int* ids;      // [k]
-  const float* xhat;   // [D]
-  float* h;            // [k + 1][F]
+  const int* ids;      // [B][k]
+  const float* xhat;   // [B][D]
+  float* h;            // [B][k + 1][F]
   // L2 prefetch (MoeDecodeWeights::prefetch_down): the down kernel's matrices (down_rows rows of down_row_words words,
   // down_gpr groups) of the k chosen experts and the shared expert.
   bool down_ahead = false;
@@ -56,8 +56,9 @@ struct GateUpParams {
   int down_rows = 0, down_row_words = 0, down_gpr = 0;
 };
 
-// L2 prefetch of the down matrices of the k chosen experts and the shared expert, spread over the grid's threads in
-// pieces of L2Ranges::kPiece bytes: per segment its words, then scales, then biases.
+// L2 prefetch of the down matrices of the k chosen experts and the shared expert, spread over the threads of the
+// token's blocks (grid_thread: blockIdx.x) in pieces of L2Ranges::kPiece bytes: per segment its words, then scales,
+// then biases.
 __device__ inline void prefetch_down(const GateUpParams& p, const int* ids) {
   const int64_t wbytes = int64_t(p.down_rows) * p.down_row_words * 4, gbytes = int64_t(p.down_rows) * p.down_gpr * 2;
   const int64_t wp = (wbytes + L2Ranges::kPiece - 1) / L2Ranges::kPiece;
@@ -145,21 +146,25 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_dp4a_kernel(const GateUp
   __shared__ __align__(16) int xsum[S * 128];
   __shared__ float xsig[S * 16];
   const int lane = threadIdx.x & 31;
-  const int warps = int(gridDim.x) * kWarps, batches = (p.k + 1) * p.F;
+  const int warps = int(gridDim.x) * kWarps, batches = (p.k + 1) * p.F;  // of this token
   int batch = int(blockIdx.x) * kWarps + int(threadIdx.x >> 5);
+  const int token = int(blockIdx.y);  // of a batch (0 for one token): its routing, x̂ (D = S·1024) and h
+  const int* ids = p.ids + token * p.k;
+  const float* xhat = p.xhat + int64_t(token) * (S * 1024);
+  float* h = p.h + int64_t(token) * (p.k + 1) * p.F;
   GateUpBatch<S> cur;  // the first batch's weights in flight while the activations are quantised
   const bool early = batch < p.F;  // a shared-expert row: known before the routing
   if (early) load_gate_up<S>(p, ids_s, batch, lane, cur);
   pdl_wait();  // the routing and x̂ come from the router kernel
   if (int(threadIdx.x) < p.k) {
-    const int e = p.ids[threadIdx.x];
+    const int e = ids[threadIdx.x];
     ids_s[threadIdx.x] = e < 0 ? 0 : (e >= p.E ? p.E - 1 : e);
   }
   __syncthreads();
   if (!early) load_gate_up<S>(p, ids_s, batch, lane, cur);
   if (p.down_ahead) prefetch_down(p, ids_s);
   float unused_ss = 0.0f;
-  dp4a::quantize_block<dp4a::quantize_passes(S * 128, kThreads)>(p.xhat, nullptr, S * 128, xs, xsum, xsig, unused_ss);
+  dp4a::quantize_block<dp4a::quantize_passes(S * 128, kThreads)>(xhat, nullptr, S * 128, xs, xsum, xsig, unused_ss);
   __syncthreads();
   pdl_trigger();
   uint4 xq[S][4];
@@ -181,7 +186,7 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_dp4a_kernel(const GateUp
     if (lane == 0) {
       const int pair = batch / p.F, i = batch - pair * p.F;
       const int slot = pair == 0 ? p.k : pair - 1;
-      p.h[int64_t(slot) * p.F + i] = silu_f(g) * u;
+      h[int64_t(slot) * p.F + i] = silu_f(g) * u;
     }
     cur = nxt;
   }
@@ -192,11 +197,11 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_dp4a_kernel(const GateUp
 struct DownParams {
   Q4 down, sdown;
   int D, row_words, gpr, E;
-  const int* ids;            // [kTopK]
-  const float* w;            // [kTopK] routing weights
-  const float* shared_gate;  // [1]
-  const float* h;            // [kSeg][512]
-  float* hidden;             // [D]
+  const int* ids;            // [B][kTopK]
+  const float* w;            // [B][kTopK] routing weights
+  const float* shared_gate;  // [B]
+  const float* h;            // [B][kSeg][512]
+  float* hidden;             // [B][D]
   bool early_routing;        // ids complete before this launch: read them and the first weights before pdl_wait
 };
 
@@ -231,11 +236,15 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_dp4a_kernel(const DownPa
   __shared__ int xsum[kSeg * 64];
   __shared__ float xsig[kSeg * 8];
   const int lane = threadIdx.x & 31;
-  const int warps = int(gridDim.x) * kWarps;
+  const int warps = int(gridDim.x) * kWarps;  // of this token
   int row = int(blockIdx.x) * kWarps + int(threadIdx.x >> 5);
+  const int token = int(blockIdx.y);  // of a batch (0 for one token): its routing, h and row of hidden
+  const int* ids = p.ids + token * kTopK;
+  const float* h = p.h + int64_t(token) * (kSeg * kDownCols);
+  float* hidden = p.hidden + int64_t(token) * p.D;
   if (!p.early_routing) pdl_wait();
   if (int(threadIdx.x) < kTopK) {
-    const int e = __ldcg(p.ids + threadIdx.x);  // L2: written by another kernel, maybe while this one was resident
+    const int e = __ldcg(ids + threadIdx.x);  // L2: written by another kernel, maybe while this one was resident
     ids_s[threadIdx.x] = e < 0 ? 0 : (e >= p.E ? p.E - 1 : e);
   }
   __syncthreads();
@@ -244,13 +253,13 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_dp4a_kernel(const DownPa
   if (p.early_routing) pdl_wait();  // h comes from gate_up
   // The k + 1 rows of h (512 columns, 64 words each), quantised as they are; the coefficients scale σ below.
   float unused_ss = 0.0f;
-  dp4a::quantize_block<dp4a::quantize_passes(kSeg * 64, kThreads)>(p.h, nullptr, kSeg * 64, xs, xsum, xsig, unused_ss);
+  dp4a::quantize_block<dp4a::quantize_passes(kSeg * 64, kThreads)>(h, nullptr, kSeg * 64, xs, xsum, xsig, unused_ss);
   __syncthreads();
   pdl_trigger();
   float sig[kSeg], sx[kSeg];  // coefficient·σ of the lane's group, coefficient·σ·Σv of its 16 columns
 #pragma unroll
   for (int s = 0; s < kSeg; ++s) {
-    const float coef = s < kTopK ? p.w[s] : p.shared_gate[0];
+    const float coef = s < kTopK ? p.w[token * kTopK + s] : p.shared_gate[token];
     sig[s] = coef * xsig[s * 8 + lane / 4];
     sx[s] = sig[s] * float(xsum[s * 64 + 2 * lane] + xsum[s * 64 + 2 * lane + 1]);
   }
@@ -268,7 +277,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_dp4a_kernel(const DownPa
       acc = fmaf(dp4a::bias_of(cur.sb[s]), sx[s], acc);
     }
     acc = warp_sum(acc);
-    if (lane == 0) p.hidden[row] += acc;
+    if (lane == 0) hidden[row] += acc;
     cur = nxt;
   }
 }
@@ -286,22 +295,34 @@ bool prefetch_aligned(const DMat& m) {
   return al(m.data) && al(m.scales) && al(m.biases) && (m.groups_per_row * 2) % 16 == 0 && (m.row_words * 4) % 16 == 0;
 }
 
+// B tokens: grid (blocks, B), the blocks per token from qtile::balanced_grid (B = 1: the one-token grid).
 template <int S>
-void launch_gate_up(const GateUpParams& p, cudaStream_t stream) {
+void launch_gate_up(const GateUpParams& p, int B, cudaStream_t stream) {
   const int blocks =
-      qtile::balanced_grid(reinterpret_cast<const void*>(moe_gate_up_dp4a_kernel<S>), int64_t(p.k + 1) * p.F);
-  launch_pdl("moe_gate_up_dp4a", moe_gate_up_dp4a_kernel<S>, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, p);
+      qtile::balanced_grid(reinterpret_cast<const void*>(moe_gate_up_dp4a_kernel<S>), int64_t(p.k + 1) * p.F, B);
+  launch_pdl("moe_gate_up_dp4a", moe_gate_up_dp4a_kernel<S>, dim3(unsigned(blocks), unsigned(B)), dim3(kThreads), 0,
+             stream, p);
 }
 
 }  // namespace
 
-bool moe_gate_up_dp4a(const MoeDecodeWeights& w, const MoeDecodeScratch& s, cudaStream_t stream) {
+bool moe_gate_up_dp4a_fits(const MoeDecodeWeights& w) {
   const DMat& g = w.expert_gate;
   const int64_t D = g.cols;
-  if (!(D == 1024 || D == 2048 || D == 4096) || w.top_k != kTopK || !q4_dp4a_ok(g) || !q4_dp4a_ok(w.expert_up) ||
-      !q4_dp4a_ok(w.shared_gate) || !q4_dp4a_ok(w.shared_up) || !same_shape(g, w.expert_up) ||
-      !same_shape(g, w.shared_gate) || !same_shape(g, w.shared_up) || (reinterpret_cast<uintptr_t>(s.xhat) & 15))
-    return false;
+  return (D == 1024 || D == 2048 || D == 4096) && w.top_k == kTopK && q4_dp4a_ok(g) && q4_dp4a_ok(w.expert_up) &&
+         q4_dp4a_ok(w.shared_gate) && q4_dp4a_ok(w.shared_up) && same_shape(g, w.expert_up) &&
+         same_shape(g, w.shared_gate) && same_shape(g, w.shared_up);
+}
+
+bool moe_down_dp4a_fits(const MoeDecodeWeights& w) {
+  const DMat& d = w.expert_down;
+  return d.cols == kDownCols && w.top_k == kTopK && q4_dp4a_ok(d) && q4_dp4a_ok(w.shared_down) &&
+         same_shape(d, w.shared_down);
+}
+
+bool moe_gate_up_dp4a(const MoeDecodeWeights& w, const MoeDecodeScratch& s, cudaStream_t stream, int B) {
+  if (B < 1 || !moe_gate_up_dp4a_fits(w) || (reinterpret_cast<uintptr_t>(s.xhat) & 15)) return false;
+  const DMat& g = w.expert_gate;
   GateUpParams p;
   p.gate = q4_of(g);
   p.up = q4_of(w.expert_up);
@@ -322,20 +343,18 @@ bool moe_gate_up_dp4a(const MoeDecodeWeights& w, const MoeDecodeScratch& s, cuda
   p.down_rows = int(w.expert_down.rows);
   p.down_row_words = int(w.expert_down.row_words);
   p.down_gpr = int(w.expert_down.groups_per_row);
-  switch (D) {
-    case 1024: launch_gate_up<1>(p, stream); break;
-    case 2048: launch_gate_up<2>(p, stream); break;
-    default: launch_gate_up<4>(p, stream); break;
+  switch (g.cols) {
+    case 1024: launch_gate_up<1>(p, B, stream); break;
+    case 2048: launch_gate_up<2>(p, B, stream); break;
+    default: launch_gate_up<4>(p, B, stream); break;
   }
   return true;
 }
 
 bool moe_down_dp4a(const MoeDecodeWeights& w, float* hidden, const MoeDecodeScratch& s, bool early_routing,
-                   cudaStream_t stream) {
+                   cudaStream_t stream, int B) {
+  if (B < 1 || !moe_down_dp4a_fits(w) || (reinterpret_cast<uintptr_t>(s.h) & 15)) return false;
   const DMat& d = w.expert_down;
-  if (d.cols != kDownCols || w.top_k != kTopK || !q4_dp4a_ok(d) || !q4_dp4a_ok(w.shared_down) ||
-      !same_shape(d, w.shared_down) || (reinterpret_cast<uintptr_t>(s.h) & 15))
-    return false;
   DownParams p;
   p.down = q4_of(d);
   p.sdown = q4_of(w.shared_down);
@@ -349,8 +368,9 @@ bool moe_down_dp4a(const MoeDecodeWeights& w, float* hidden, const MoeDecodeScra
   p.h = s.h;
   p.hidden = hidden;
   p.early_routing = early_routing;
-  const int blocks = qtile::balanced_grid(reinterpret_cast<const void*>(moe_down_dp4a_kernel), p.D);
-  launch_pdl("moe_down_dp4a", moe_down_dp4a_kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, p);
+  const int blocks = qtile::balanced_grid(reinterpret_cast<const void*>(moe_down_dp4a_kernel), p.D, B);
+  launch_pdl("moe_down_dp4a", moe_down_dp4a_kernel, dim3(unsigned(blocks), unsigned(B)), dim3(kThreads), 0, stream,
+             p);
   return true;
 }
 

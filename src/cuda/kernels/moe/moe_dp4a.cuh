@@ -6,6 +6,9 @@
 //            all k + 1 segments summed by the warp in a fixed order (deterministic, no atomics).
 // Each block quantises the activations once (x̂ for gate_up; the k + 1 rows of h for down, whose routing coefficient
 // multiplies the group's σ) into shared memory; the lanes keep their columns in registers.
+// Batched (B > 1, the batched decode step's moe_decode_batched): one token of each of B sequences in one launch, grid
+// (blocks, B), blockIdx.y = the token: token b's blocks do exactly the one-token work on the scratch's rows b (ids,
+// w, shared gate, x̂, h) and hidden row b, so each token's result is bit for bit its one-token result.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,13 +17,18 @@
 
 namespace tern::cuda {
 
-// Run the kernel and return true when the shapes fit (4-bit group-64 experts of the same layout; gate_up: D of 1024,
-// 2048 or 4096 columns; down: F = 512 and top_k = 8); false: nothing was launched.
-// The gate_up kernel calls pdl_trigger only after its pdl_wait, so the kernel after it starts only once the routing
-// kernel before it has completed: down with early_routing (the launch right after this gate_up kernel, same step)
-// reads the routing and issues its first weight loads before its own pdl_wait.
-bool moe_gate_up_dp4a(const MoeDecodeWeights& w, const MoeDecodeScratch& s, cudaStream_t stream);
+// Whether the kernels take these weights (4-bit group-64 experts of the same layout; gate_up: D of 1024, 2048 or 4096
+// columns and top_k = 8; down: F = 512 and top_k = 8).
+bool moe_gate_up_dp4a_fits(const MoeDecodeWeights& w);
+bool moe_down_dp4a_fits(const MoeDecodeWeights& w);
+// Run the kernel for B tokens and return true when it fits (and the scratch's x̂ / h are 16-byte aligned); false:
+// nothing was launched. hidden [B, D]; the scratch's rows b hold token b's routing, x̂ and h.
+// The gate_up kernel calls pdl_trigger only after its pdl_wait (in every block, every token), so the kernel after it
+// starts only once the routing kernel before it has completed: down with early_routing (the launch right after this
+// gate_up kernel, same step, same B) reads the routing and issues its first weight loads before its own pdl_wait.
+// With w.prefetch_down each token's gate_up blocks ask L2 for that token's down matrices.
+bool moe_gate_up_dp4a(const MoeDecodeWeights& w, const MoeDecodeScratch& s, cudaStream_t stream, int B = 1);
 bool moe_down_dp4a(const MoeDecodeWeights& w, float* hidden, const MoeDecodeScratch& s, bool early_routing,
-                   cudaStream_t stream);
+                   cudaStream_t stream, int B = 1);
 
 }  // namespace tern::cuda

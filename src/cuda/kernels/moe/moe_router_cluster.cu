@@ -29,9 +29,9 @@ struct ClusterRouterParams {
   DMat router, sgate;
   const float* norm_w;
   float eps;
-  const float* hidden;  // [D]
+  const float* hidden;  // [B][D]
   int D, E, k;
-  MoeDecodeScratch s;
+  MoeDecodeScratch s;   // rows [B]
 };
 
 // Index in xs of float4 number c4 of x (columns 4·c4 .. 4·c4 + 3).
@@ -53,6 +53,9 @@ __global__ void __launch_bounds__(kWarps * 32) moe_router_cluster_kernel(const C
   cg::cluster_group cluster = cg::this_cluster();
   const int rank = int(cluster.block_rank());
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  // Cluster blockIdx.y routes token blockIdx.y (0 for one token): its row of hidden and its rows of the scratch.
+  const int token = int(blockIdx.y);
+  const float* hidden = p.hidden + int64_t(token) * p.D;
 
   // Weights first (launch constants): rows gw, gw + 128, gw + 256 of [router; shared gate], gw = rank·16 + warp.
   uint4 wq[kRowsPerWarp][NCH];
@@ -75,7 +78,7 @@ __global__ void __launch_bounds__(kWarps * 32) moe_router_cluster_kernel(const C
   pdl_wait();
   float ss = 0.0f;
   for (int c4 = threadIdx.x; c4 < p.D / 4; c4 += blockDim.x) {
-    const float4 x = reinterpret_cast<const float4*>(p.hidden)[c4];
+    const float4 x = reinterpret_cast<const float4*>(hidden)[c4];
     const float4 nw = reinterpret_cast<const float4*>(p.norm_w)[c4];
     ss = fmaf(x.x, x.x, fmaf(x.y, x.y, fmaf(x.z, x.z, fmaf(x.w, x.w, ss))));
     *reinterpret_cast<float4*>(xs + padded(c4)) = make_float4(x.x * nw.x, x.y * nw.y, x.z * nw.z, x.w * nw.w);
@@ -94,7 +97,8 @@ __global__ void __launch_bounds__(kWarps * 32) moe_router_cluster_kernel(const C
   if (rank == 0)  // x̂ for the expert kernels
     for (int c4 = threadIdx.x; c4 < p.D / 4; c4 += blockDim.x) {
       const float4 v = *reinterpret_cast<const float4*>(xs + padded(c4));
-      reinterpret_cast<float4*>(p.s.xhat)[c4] = make_float4(v.x * rinv, v.y * rinv, v.z * rinv, v.w * rinv);
+      reinterpret_cast<float4*>(p.s.xhat + int64_t(token) * p.D)[c4] =
+          make_float4(v.x * rinv, v.y * rinv, v.z * rinv, v.w * rinv);
     }
   float* dst = cluster.map_shared_rank(logits, 0);
   // Σ_g s_g·Σ q·xw + b_g·Σ xw over the lane's 16-column slices (each inside one group), as the multi-block router;
@@ -129,14 +133,15 @@ __global__ void __launch_bounds__(kWarps * 32) moe_router_cluster_kernel(const C
   if (rank != 0) return;
   if (warp == 0) {
     int my_id = 0;
-    route_token<8, false>(logits, p.E, p.k, p.s.ids, p.s.w, lane, my_id);
+    route_token<8, false>(logits, p.E, p.k, p.s.ids + token * p.k, p.s.w + token * p.k, lane, my_id);
   } else if (warp == 1) {
     if (lane == 0) {
-      p.s.shared_logit[0] = logits[p.E];
-      p.s.shared_gate[0] = sigmoid_f(logits[p.E]);
+      p.s.shared_logit[token] = logits[p.E];
+      p.s.shared_gate[token] = sigmoid_f(logits[p.E]);
     }
   } else {
-    for (int e = threadIdx.x - 64; e < p.E; e += blockDim.x - 64) p.s.router_logits[e] = logits[e];
+    float* router_logits = p.s.router_logits + int64_t(token) * p.E;
+    for (int e = threadIdx.x - 64; e < p.E; e += blockDim.x - 64) router_logits[e] = logits[e];
   }
 #endif
 }
@@ -149,8 +154,7 @@ bool fast8(const DMat& m) {
 
 }  // namespace
 
-bool moe_router_cluster(const MoeDecodeWeights& w, const float* hidden, int T, const MoeDecodeScratch& s,
-                        cudaStream_t stream) {
+bool moe_router_cluster_fits(const MoeDecodeWeights& w) {
   // The cluster kernel exists only in the sm_90 binary (not a JIT of the sm_80 PTX). Decided once, outside capture.
   static const bool cluster_ok = [] {
     cudaFuncAttributes fa{};
@@ -160,10 +164,14 @@ bool moe_router_cluster(const MoeDecodeWeights& w, const float* hidden, int T, c
     }
     return fa.binaryVersion >= 90;
   }();
-  if (T != 1 || !cluster_ok || !fast8(w.router) || !fast8(w.shared_expert_gate) || w.shared_expert_gate.rows != 1 ||
-      w.shared_expert_gate.cols != w.router.cols || w.router.rows > kMaxE || w.top_k > 32 || w.top_k > w.router.rows ||
-      (reinterpret_cast<uintptr_t>(hidden) & 15) || (reinterpret_cast<uintptr_t>(w.norm_w) & 15))
-    return false;
+  return cluster_ok && fast8(w.router) && fast8(w.shared_expert_gate) && w.shared_expert_gate.rows == 1 &&
+         w.shared_expert_gate.cols == w.router.cols && w.router.rows <= kMaxE && w.top_k <= 32 &&
+         w.top_k <= w.router.rows && (reinterpret_cast<uintptr_t>(w.norm_w) & 15) == 0;
+}
+
+bool moe_router_cluster(const MoeDecodeWeights& w, const float* hidden, int T, const MoeDecodeScratch& s,
+                        cudaStream_t stream, int B) {
+  if (T != 1 || B < 1 || !moe_router_cluster_fits(w) || (reinterpret_cast<uintptr_t>(hidden) & 15)) return false;
   ClusterRouterParams p{};
   p.router = w.router;
   p.sgate = w.shared_expert_gate;
@@ -175,7 +183,7 @@ bool moe_router_cluster(const MoeDecodeWeights& w, const float* hidden, int T, c
   p.k = w.top_k;
   p.s = s;
   const char* what = "moe_router_decode (cluster)";
-  const dim3 grid(kCluster), block(kWarps * 32);
+  const dim3 grid(kCluster, unsigned(B)), block(kWarps * 32);  // cluster b (blocks (0..7, b)): token b
   switch (p.D) {
     case 512: launch_cluster_pdl(what, moe_router_cluster_kernel<1>, grid, block, kCluster, 0, stream, p); break;
     case 1024: launch_cluster_pdl(what, moe_router_cluster_kernel<2>, grid, block, kCluster, 0, stream, p); break;

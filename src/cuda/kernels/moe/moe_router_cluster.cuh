@@ -5,6 +5,7 @@
 // of block 0 runs the softmax and top-k: no global ticket, fence or second pass over the logits in L2. The logits,
 // x̂, ids, weights and the shared gate land in the scratch exactly as the multi-block router leaves them, with the
 // same arithmetic (fp32 dot of the dequantised 8-bit weights with x·norm_w, times the factor).
+// The batched decode step (moe_decode_batched) launches B such clusters in one grid, cluster b routing token b.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -13,9 +14,13 @@
 
 namespace tern::cuda {
 
-// Runs the cluster router and returns true when it applies (T = 1, an sm_90 binary, E ≤ 256, top_k ≤ 32, 8-bit
-// group-64 router and shared gate with D = 512, 1024 or 2048); false: nothing was launched.
+// Whether the cluster router takes these weights on this device: an sm_90 binary, E ≤ 256, top_k ≤ 32, 8-bit group-64
+// router and shared gate with D = 512, 1024 or 2048, norm_w 16-byte aligned.
+bool moe_router_cluster_fits(const MoeDecodeWeights& w);
+// Runs the cluster router and returns true when it applies (T = 1, moe_router_cluster_fits(w), hidden 16-byte
+// aligned); false: nothing was launched. B > 1: one token of each of B sequences, cluster b routing hidden row b
+// (hidden + b·D) into the scratch's rows b, each bit for bit as alone.
 bool moe_router_cluster(const MoeDecodeWeights& w, const float* hidden, int T, const MoeDecodeScratch& s,
-                        cudaStream_t stream);
+                        cudaStream_t stream, int B = 1);
 
 }  // namespace tern::cuda

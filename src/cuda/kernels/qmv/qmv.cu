@@ -67,11 +67,13 @@ int persistent_grid(const void* kernel, int smem, int64_t work_blocks) {
   return int(std::max<int64_t>(1, std::min<int64_t>(int64_t(sm_count()) * bps, work_blocks)));
 }
 
-int balanced_grid(const void* kernel, int64_t batches) {
+int balanced_grid(const void* kernel, int64_t batches, int tokens) {
   const int64_t max_warps = int64_t(std::max(1, blocks_fit(kernel, 0))) * sm_count() * kWarps;
-  const int64_t rounds = std::max<int64_t>(1, (batches + max_warps - 1) / max_warps);
-  const int64_t warps = (batches + rounds - 1) / rounds;
-  return int(std::max<int64_t>(1, (warps + kWarps - 1) / kWarps));
+  const int64_t all = batches * tokens;
+  const int64_t rounds = std::max<int64_t>(1, (all + max_warps - 1) / max_warps);
+  const int64_t warps = (all + rounds - 1) / rounds;
+  const int64_t blocks = std::max<int64_t>(1, (warps + kWarps - 1) / kWarps);
+  return int(std::max<int64_t>(1, blocks / tokens));  // rounded down: tokens · blocks stays within the wave
 }
 
 namespace {

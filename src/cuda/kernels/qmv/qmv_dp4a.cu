@@ -7,6 +7,11 @@
 // batch is reduced (two batches in flight per warp). Per row each lane adds its two half-groups (fp32), the warp sums
 // the lanes by shuffles (a fixed order: deterministic), lane 0 writes.
 //
+// Batched (qmv_dp4a_batched): grid (blocks, B), block row blockIdx.y = token. Each token's blocks run the one-token
+// kernel on that token's x and y (the same quantisation, dot products, folds and reduction: nothing in a row's
+// arithmetic depends on the grid), every token with the same number of blocks, so that warp w of every token streams
+// the same rows at about the same time and L2 serves all but the first read of each.
+//
 // Word w (nibbles n0..n7 LSB first, columns 8w..8w+7): w & 0x0F0F0F0F holds the even columns' nibbles as bytes,
 // (w >> 4) & 0x0F0F0F0F the odd ones'; each meets the matching int8x4 of hi and of lo in one dp4a.
 #include "cuda/kernels/qmv/qmv_dp4a.cuh"
@@ -33,10 +38,11 @@ struct Dp4aParams {
   const uint16_t* scales; // bf16 [rows][gpr]
   const uint16_t* biases;
   int rows = 0, row_u4 = 0, gpr = 0;
-  const float* x;         // [cols]
+  const float* x;         // [B][ldx]: token b's [cols] at x + b·ldx
   const float* norm_w;    // [cols] or nullptr
   float eps = 1e-6f;
-  float* y;               // [rows]
+  float* y;               // [B][ldy]: token b's [rows] at y + b·ldy
+  int64_t ldx = 0, ldy = 0;  // the tokens' strides in floats (unused for one token: blockIdx.y = 0)
   bool accumulate = false;
   L2Ranges ahead;         // asked of L2 for later kernels, before pdl_wait, spread over the grid
 };
@@ -74,13 +80,18 @@ __device__ __forceinline__ void load_batch(const Dp4aParams& p, int row0, int la
 template <int S, int R, bool kWide>
 __global__ void __launch_bounds__(kThreads) qmv_dp4a_kernel(const Dp4aParams p) {
   const int lane = threadIdx.x & 31;
-  const int warps = int(gridDim.x) * kWarps;
+  const int warps = int(gridDim.x) * kWarps;  // of this token
   const int batches = (p.rows + R - 1) / R;
   int batch = int(blockIdx.x) * kWarps + int(threadIdx.x >> 5);
+  const float* x = p.x + int64_t(blockIdx.y) * p.ldx;  // token blockIdx.y's input and output
+  float* y = p.y + int64_t(blockIdx.y) * p.ldy;
 
   Batch<S, R> cur;
   load_batch<S, R>(p, batch * R, lane, cur);  // weights are launch constants: read before the wait
-  if (p.ahead.pieces) l2_prefetch_share(p.ahead, grid_thread(), grid_threads());
+  if (p.ahead.pieces) {  // each piece once, spread over the blocks of every token (x fastest)
+    const int64_t block = int64_t(blockIdx.y) * gridDim.x + blockIdx.x;
+    l2_prefetch_share(p.ahead, block * kThreads + threadIdx.x, int64_t(gridDim.x) * gridDim.y * kThreads);
+  }
   pdl_wait();
 
   // Activations, once per block: thread t quantises words t, t + 256, ... (8 columns each) of x̂ = x (·norm_w) per
@@ -91,7 +102,7 @@ __global__ void __launch_bounds__(kThreads) qmv_dp4a_kernel(const Dp4aParams p) 
   __shared__ float xsig[S * 16];
   __shared__ float red[kWarps];
   float ss = 0.0f;  // Σ x² (RMSNorm)
-  dp4a::quantize_block<dp4a::quantize_passes(S * 128, kThreads), kWide>(p.x, p.norm_w, S * 128, xs, xsum, xsig, ss,
+  dp4a::quantize_block<dp4a::quantize_passes(S * 128, kThreads), kWide>(x, p.norm_w, S * 128, xs, xsum, xsig, ss,
                                                                         xs_lo);
   if (p.norm_w) {
     ss = warp_sum(ss);
@@ -157,7 +168,7 @@ __global__ void __launch_bounds__(kThreads) qmv_dp4a_kernel(const Dp4aParams p) 
     for (int r = 0; r < R; ++r) {
       const float v = warp_sum(acc[r]) * rinv;
       const int row = batch * R + r;
-      if (lane == 0 && row < p.rows) p.y[row] = p.accumulate ? p.y[row] + v : v;
+      if (lane == 0 && row < p.rows) y[row] = p.accumulate ? y[row] + v : v;
     }
     cur = nxt;
   }
@@ -174,21 +185,47 @@ int& rows_per_batch_setting() {
   return r;
 }
 
+// B tokens: grid (blocks, B), the blocks per token from qtile::balanced_grid (B = 1: the one-token grid).
 template <int S, int R>
-void launch(const Dp4aParams& p, cudaStream_t stream) {
+void launch(const Dp4aParams& p, int B, cudaStream_t stream) {
   auto kernel = wide_setting() ? qmv_dp4a_kernel<S, R, true> : qmv_dp4a_kernel<S, R, false>;
-  const int blocks = qtile::balanced_grid(reinterpret_cast<const void*>(kernel), (int64_t(p.rows) + R - 1) / R);
-  launch_pdl("qmv_dp4a", kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, p);
+  const int blocks = qtile::balanced_grid(reinterpret_cast<const void*>(kernel), (int64_t(p.rows) + R - 1) / R, B);
+  launch_pdl("qmv_dp4a", kernel, dim3(unsigned(blocks), unsigned(B)), dim3(kThreads), 0, stream, p);
 }
 
 template <int S>
-void launch_rows(const Dp4aParams& p, cudaStream_t stream) {
+void launch_rows(const Dp4aParams& p, int B, cudaStream_t stream) {
   if constexpr (S <= 2) {
-    if (rows_per_batch_setting() == 8) return launch<S, 8>(p, stream);
-    if (rows_per_batch_setting() == 4) return launch<S, 4>(p, stream);
-    launch<S, 2>(p, stream);
+    if (rows_per_batch_setting() == 8) return launch<S, 8>(p, B, stream);
+    if (rows_per_batch_setting() == 4) return launch<S, 4>(p, B, stream);
+    launch<S, 2>(p, B, stream);
   } else {
-    launch<S, 2>(p, stream);  // 4096 columns: 2 rows per batch (170 registers)
+    launch<S, 2>(p, B, stream);  // 4096 columns: 2 rows per batch (170 registers)
+  }
+}
+
+// qmv_dp4a for B tokens (checked by the callers).
+void run(const QmvArgs& a, int B, cudaStream_t stream) {
+  const DMat& w = a.w;
+  Dp4aParams p;
+  p.w = reinterpret_cast<const uint4*>(static_cast<const uint32_t*>(w.data) + a.expert * w.rows * w.row_words);
+  p.scales = w.scales + a.expert * w.rows * w.groups_per_row;
+  p.biases = w.biases + a.expert * w.rows * w.groups_per_row;
+  p.rows = int(w.rows);
+  p.row_u4 = int(w.row_words / 4);
+  p.gpr = int(w.groups_per_row);
+  p.x = a.x;
+  p.norm_w = a.norm_w;
+  p.eps = a.eps;
+  p.y = a.y;
+  p.ldx = a.ldx;
+  p.ldy = a.ldy;
+  p.accumulate = a.accumulate;
+  p.ahead = a.l2_ahead;
+  switch (w.cols) {
+    case 1024: launch_rows<1>(p, B, stream); break;
+    case 2048: launch_rows<2>(p, B, stream); break;
+    default: launch_rows<4>(p, B, stream); break;
   }
 }
 
@@ -216,25 +253,17 @@ int64_t qmv_dp4a_min_rows() {
 
 void qmv_dp4a(const QmvArgs& a, cudaStream_t stream) {
   TERN_CHECK(qmv_dp4a_supported(a), "qmv_dp4a: unsupported product [", a.w.rows, ", ", a.w.cols, "] T = ", a.T);
-  const DMat& w = a.w;
-  Dp4aParams p;
-  p.w = reinterpret_cast<const uint4*>(static_cast<const uint32_t*>(w.data) + a.expert * w.rows * w.row_words);
-  p.scales = w.scales + a.expert * w.rows * w.groups_per_row;
-  p.biases = w.biases + a.expert * w.rows * w.groups_per_row;
-  p.rows = int(w.rows);
-  p.row_u4 = int(w.row_words / 4);
-  p.gpr = int(w.groups_per_row);
-  p.x = a.x;
-  p.norm_w = a.norm_w;
-  p.eps = a.eps;
-  p.y = a.y;
-  p.accumulate = a.accumulate;
-  p.ahead = a.l2_ahead;
-  switch (w.cols) {
-    case 1024: launch_rows<1>(p, stream); break;
-    case 2048: launch_rows<2>(p, stream); break;
-    default: launch_rows<4>(p, stream); break;
-  }
+  run(a, 1, stream);
+}
+
+void qmv_dp4a_batched(const QmvArgs& a, int B, cudaStream_t stream) {
+  TERN_CHECK(B >= 1 && B <= kBatchMaxTokens, "qmv_dp4a_batched: B = ", B, " outside 1..", kBatchMaxTokens);
+  TERN_CHECK(qmv_dp4a_supported(a), "qmv_dp4a_batched: unsupported product [", a.w.rows, ", ", a.w.cols, "] T = ",
+             a.T);
+  // Rows of x 16-byte aligned (the quantiser's float4 loads) and rows of y apart.
+  TERN_CHECK(B == 1 || (a.ldx >= a.w.cols && a.ldx % 4 == 0 && a.ldy >= a.w.rows), "qmv_dp4a_batched: ldx ", a.ldx,
+             " / ldy ", a.ldy, " for the matrix [", a.w.rows, ", ", a.w.cols, "] (ldx a multiple of 4)");
+  run(a, B, stream);
 }
 
 }  // namespace tern::cuda

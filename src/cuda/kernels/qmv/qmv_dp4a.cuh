@@ -1,5 +1,6 @@
 // One-token 4-bit matrix-vector product on the CUDA cores with integer dot products (dp4a): the T = 1 path of qmv
-// (qmv.cuh), for affine4 matrices with group 64 and cols of 1024, 2048 or 4096.
+// (qmv.cuh), for affine4 matrices with group 64 and cols of 1024, 2048 or 4096. qmv_dp4a_batched runs it for one
+// token of each of B sequences in one launch, each token's result bit for bit its one-token result.
 //
 // Why a second path: the tensor-core kernels (qmv_tile.cuh) stage x in shared memory and read the weights in the
 // mma fragment order (8 bytes of each of 16 rows per warp load). For one token this path reads a row as 512-byte
@@ -40,8 +41,9 @@ int64_t qmv_dp4a_min_rows();
 constexpr int kBatchMaxTokens = 32;  // tokens (sequences) per batched call
 // B tokens of B different sequences, each bit for bit what qmv_dp4a(a) gives for that token alone: x row b at
 // a.x + b·a.ldx, y row b at a.y + b·a.ldy (the RMSNorm, when a.norm_w is set, per token). a.T must be 1 and
-// qmv_dp4a_supported(a) true; 1 <= B <= kBatchMaxTokens. The weights are read from memory once per call (the
-// tokens' blocks run together and share them through L2).
+// qmv_dp4a_supported(a) true; 1 <= B <= kBatchMaxTokens; for B > 1 ldx >= cols (a multiple of 4) and ldy >= rows.
+// The one-token kernel with the token as blockIdx.y: the weights are read from memory once per call (the tokens'
+// blocks run together, one wave, and share them through L2); a.l2_ahead is asked for once. B = 1 is qmv_dp4a(a).
 void qmv_dp4a_batched(const QmvArgs& a, int B, cudaStream_t stream);
 
 }  // namespace tern::cuda

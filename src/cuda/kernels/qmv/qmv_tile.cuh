@@ -641,7 +641,10 @@ int persistent_grid(const void* kernel, int smem, int64_t work_blocks);
 // Blocks of `kernel` (kThreads threads, smem bytes of dynamic shared memory) that fit on one SM; looked up once.
 int blocks_fit(const void* kernel, int smem);
 // A balanced one-wave grid of kWarps-warp blocks for `batches` warp batches handed out round-robin (the one-token
-// integer kernels): the fewest rounds the resident warps allow, then just enough blocks for them.
-int balanced_grid(const void* kernel, int64_t batches);
+// integer kernels): the fewest rounds the resident warps allow, then just enough blocks for them. tokens > 1 (the
+// batched forms: grid (blocks, tokens), each token its own `batches`): the blocks per token, a token's share (at least
+// one) of that grid for all tokens' batches, so that every token's blocks are resident together; tokens = 1 is the
+// one-token grid.
+int balanced_grid(const void* kernel, int64_t batches, int tokens = 1);
 
 }  // namespace tern::cuda::qtile
