@@ -324,7 +324,7 @@ TEST(CudaMoeDecode, BatchedMatchesOneTokenBitwise) {
     for (int B : {1, 3, 16, 32}) {
       auto hidden = random_floats(rng, size_t(B * D), -4.0f, 4.0f);
       for (int t = 0; t < B; ++t) {
-        const float f = t == 1 ? 100.0f : t == 2 ? 1e-2f : (B >= 3 && t == B - 1) ? 0.0f : 1.0f;
+        const float f = (B > 3 && t == B - 1) ? 0.0f : t == 1 ? 100.0f : t == 2 ? 1e-2f : 1.0f;
         for (int64_t d = 0; d < D; ++d) hidden[size_t(t * D + d)] *= f;
       }
       const std::string what = std::string(tied ? "repeated router rows" : "random router") + " B=" + std::to_string(B);
@@ -360,7 +360,7 @@ TEST(CudaMoeDecode, BatchedMatchesOneTokenBitwise) {
         for (float v : want) bad += std::isfinite(v) ? 0 : 1;
         EXPECT_EQ(bad, 0u) << what << ": non-finite hidden from the tokens alone";
         EXPECT_NE(std::memcmp(want.data(), hidden.data(), hidden.size() * 4), 0) << what << ": hidden unchanged";
-        if (B >= 3) {  // the all-zero token: every logit 0, the lowest k experts in order
+        if (B > 3) {  // the all-zero token: every logit 0, the lowest k experts in order
           for (int j = 0; j < k; ++j) EXPECT_EQ(ids[size_t((B - 1) * k + j)], j) << what << ": zero token slot " << j;
         }
       }
