@@ -68,8 +68,6 @@ CudaRunner::CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const M
   if (const char* e = std::getenv("TERN_PREFILL_F16_MIN_TOKENS")) f16_min_tokens_ = std::max<int64_t>(0, std::atoll(e));
   if (o.f16_min_tokens >= 0) f16_min_tokens_ = o.f16_min_tokens;
   use_decode_kernels_ = !env_is("TERN_CUDA_DECODE_KERNELS", "0");
-  // TERN_SHORT_PROMPT_TOKENS (default 64; 0 off): calls of at most this many tokens take the decode plan (chunk_tokens).
-  if (const char* e = std::getenv("TERN_SHORT_PROMPT_TOKENS")) short_prompt_tokens_ = std::max<int64_t>(0, std::atoll(e));
   // The KV cache in fp16 (11 significant bits) unless TERN_KV_BF16=1 or the option asks for bf16 (8 bits).
   kv_f16_ = o.kv_f16 && !env_is("TERN_KV_BF16", "1");
   // TERN_L2_PREFETCH (a bit mask, default 12 = both; the one-token decode plan on Hopper; l2_prefetch.cuh): 4 the MoE
@@ -118,9 +116,8 @@ void CudaRunner::forward(Session& session, std::span<const int32_t> tokens, bool
   check_tokens(s, tokens);
   const int64_t V = w_->config.vocab_size, n = int64_t(tokens.size());
   logits.assign(size_t((all_logits ? n : 1) * V), 0.0f);
-  const int64_t chunk = chunk_tokens(n);
-  for (int64_t c0 = 0; c0 < n; c0 += chunk) {
-    const int64_t T = std::min(chunk, n - c0);
+  for (int64_t c0 = 0; c0 < n; c0 += max_chunk_) {
+    const int64_t T = std::min(max_chunk_, n - c0);
     run_chunk(s, tokens.subspan(size_t(c0), size_t(T)));
     if (all_logits) {
       lm_head_rows(0, T, logits.data() + c0 * V);
@@ -142,9 +139,8 @@ std::optional<int32_t> CudaRunner::forward_sample(Session& session, std::span<co
   // activation dumps on, every step does (a graph replay would write no rows).
   if (n == 1 && use_graphs_ && decode_warm_ && !dump_.on()) return decode_graph_step(s, tokens[0], sampling);
   if (n == 1) decode_warm_ = true;
-  const int64_t chunk = chunk_tokens(n);
-  for (int64_t c0 = 0; c0 < n; c0 += chunk) {
-    const int64_t T = std::min(chunk, n - c0);
+  for (int64_t c0 = 0; c0 < n; c0 += max_chunk_) {
+    const int64_t T = std::min(max_chunk_, n - c0);
     run_chunk(s, tokens.subspan(size_t(c0), size_t(T)));
     if (c0 + T == n) lm_head_device(T - 1, 1);
   }
@@ -255,14 +251,6 @@ AttnDims CudaRunner::attn_dims(int64_t T, int64_t capacity) const {
   d.capacity = capacity;
   d.kv_f16 = kv_f16_;
   return d;
-}
-
-// The chunk a call of n tokens is cut into: a call of at most short_prompt_tokens_ (a short prompt, a chat turn after
-// prefix reuse) in decode-plan chunks of kQmvMaxTokens, whose cost grows with the tokens where the prefill plan's is
-// a fixed ~30 ms at that size; a longer call in chunks of max_chunk_. By the call's own length only, so a prompt is
-// cut the same way whatever runs beside it.
-int64_t CudaRunner::chunk_tokens(int64_t n) const {
-  return n <= short_prompt_tokens_ && decode_plan(kQmvMaxTokens) ? kQmvMaxTokens : max_chunk_;
 }
 
 // Chunks of at most this many tokens run the decode plan (fused decode kernels); longer ones the prefill plan.

@@ -7,10 +7,10 @@
 // batch is reduced (two batches in flight per warp). Per row each lane adds its two half-groups (fp32), the warp sums
 // the lanes by shuffles (a fixed order: deterministic), lane 0 writes.
 //
-// Batched (qmv_dp4a_batched): grid (blocks, B), block row blockIdx.y = token. Each token's blocks run the one-token
-// kernel on that token's x and y (the same quantisation, dot products, folds and reduction: nothing in a row's
-// arithmetic depends on the grid), every token with the same number of blocks, so that warp w of every token streams
-// the same rows at about the same time and L2 serves all but the first read of each.
+// Batched (qmv_dp4a_batched): tiles of up to 8 tokens (grid.y). Every block quantises its tile's tokens into shared
+// memory as the one-token kernel quantises its one, and each warp folds every batch of weight rows it loads with each
+// token in turn through the same lane_dots and warp_sum: a token's rows come out bit for bit as alone (nothing in a
+// row's arithmetic depends on the grid or on the other tokens), and the weights are read once per tile.
 //
 // Word w (nibbles n0..n7 LSB first, columns 8w..8w+7): w & 0x0F0F0F0F holds the even columns' nibbles as bytes,
 // (w >> 4) & 0x0F0F0F0F the odd ones'; each meets the matching int8x4 of hi and of lo in one dp4a.
@@ -77,21 +77,82 @@ __device__ __forceinline__ void load_batch(const Dp4aParams& p, int row0, int la
   }
 }
 
+// One token's activations as lane `lane` reads them: its columns [1024·j + 32·lane, +32) are words
+// j·128 + 4·lane + k of the shared-memory arrays quantize_block wrote.
+template <int S, bool kWide>
+struct LaneX {
+  uint4 q[S][4];               // [slice][word] {even hi, odd hi, even lo, odd lo} (wide: mid in place of lo)
+  uint2 lo[kWide ? S : 1][4];  // wide: [slice][word] {even lo, odd lo}
+  float sig[S], sx[S];         // σ of the lane's group, σ·Σv of the lane's 32 columns
+};
+
+template <int S, bool kWide>
+__device__ __forceinline__ void load_lane_x(const uint4* xs, const uint2* xs_lo, const int* xsum, const float* xsig,
+                                            int lane, LaneX<S, kWide>& x) {
+#pragma unroll
+  for (int j = 0; j < S; ++j) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      x.q[j][k] = xs[dp4a::xs_slot(j * 128 + 4 * lane + k)];
+      if constexpr (kWide) x.lo[j][k] = xs_lo[dp4a::xs_slot(j * 128 + 4 * lane + k)];
+    }
+    const int4 sv = *reinterpret_cast<const int4*>(xsum + j * 128 + 4 * lane);
+    const int sumv = sv.x + sv.y + sv.z + sv.w;
+    x.sig[j] = xsig[j * 16 + lane / 2];
+    x.sx[j] = x.sig[j] * float(sumv);
+  }
+}
+
+// The lane's part of rows [row0, row0 + R): acc[r] = Σ_j s·σ·Σq·v + b·σ·Σv over its S half-groups, in slice order.
+// The one arithmetic of every token, alone or in a batch (the warp then sums the lanes with warp_sum).
+template <int S, int R, bool kWide>
+__device__ __forceinline__ void lane_dots(const Batch<S, R>& cur, const LaneX<S, kWide>& x, float (&acc)[R]) {
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    acc[r] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < S; ++j) {
+      float dot;  // Σ q·v over the lane's 32 columns
+      if constexpr (kWide) {
+        int dh = 0, dm = 0, dl = 0;
+        dp4a::dot_word_wide(cur.w[r][j].x, x.q[j][0], x.lo[j][0], dh, dm, dl);
+        dp4a::dot_word_wide(cur.w[r][j].y, x.q[j][1], x.lo[j][1], dh, dm, dl);
+        dp4a::dot_word_wide(cur.w[r][j].z, x.q[j][2], x.lo[j][2], dh, dm, dl);
+        dp4a::dot_word_wide(cur.w[r][j].w, x.q[j][3], x.lo[j][3], dh, dm, dl);
+        dot = fmaf(float(dh * 256 + dm), 256.0f, float(dl));  // |dh·256 + dm| < 2^24: exact in fp32
+      } else {
+        int dh = 0, dl = 0;
+        dp4a::dot_word(cur.w[r][j].x, x.q[j][0], dh, dl);
+        dp4a::dot_word(cur.w[r][j].y, x.q[j][1], dh, dl);
+        dp4a::dot_word(cur.w[r][j].z, x.q[j][2], dh, dl);
+        dp4a::dot_word(cur.w[r][j].w, x.q[j][3], dh, dl);
+        dot = float(dh * 256 + dl);
+      }
+      const float s = dp4a::scale_of(cur.sb[r][j]), b = dp4a::bias_of(cur.sb[r][j]);
+      acc[r] = fmaf(s * x.sig[j], dot, acc[r]);
+      acc[r] = fmaf(b, x.sx[j], acc[r]);
+    }
+  }
+}
+
+// The RMSNorm factor from the warps' Σx² (red[kWarps]), summed in warp order.
+__device__ __forceinline__ float rms_factor(const float* red, int cols, float eps) {
+  float t = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) t += red[w];
+  return rsqrtf(t / float(cols) + eps);
+}
+
 template <int S, int R, bool kWide>
 __global__ void __launch_bounds__(kThreads) qmv_dp4a_kernel(const Dp4aParams p) {
   const int lane = threadIdx.x & 31;
-  const int warps = int(gridDim.x) * kWarps;  // of this token
+  const int warps = int(gridDim.x) * kWarps;
   const int batches = (p.rows + R - 1) / R;
   int batch = int(blockIdx.x) * kWarps + int(threadIdx.x >> 5);
-  const float* x = p.x + int64_t(blockIdx.y) * p.ldx;  // token blockIdx.y's input and output
-  float* y = p.y + int64_t(blockIdx.y) * p.ldy;
 
   Batch<S, R> cur;
   load_batch<S, R>(p, batch * R, lane, cur);  // weights are launch constants: read before the wait
-  if (p.ahead.pieces) {  // each piece once, spread over the blocks of every token (x fastest)
-    const int64_t block = int64_t(blockIdx.y) * gridDim.x + blockIdx.x;
-    l2_prefetch_share(p.ahead, block * kThreads + threadIdx.x, int64_t(gridDim.x) * gridDim.y * kThreads);
-  }
+  if (p.ahead.pieces) l2_prefetch_share(p.ahead, grid_thread(), grid_threads());
   pdl_wait();
 
   // Activations, once per block: thread t quantises words t, t + 256, ... (8 columns each) of x̂ = x (·norm_w) per
@@ -102,7 +163,7 @@ __global__ void __launch_bounds__(kThreads) qmv_dp4a_kernel(const Dp4aParams p) 
   __shared__ float xsig[S * 16];
   __shared__ float red[kWarps];
   float ss = 0.0f;  // Σ x² (RMSNorm)
-  dp4a::quantize_block<dp4a::quantize_passes(S * 128, kThreads), kWide>(x, p.norm_w, S * 128, xs, xsum, xsig, ss,
+  dp4a::quantize_block<dp4a::quantize_passes(S * 128, kThreads), kWide>(p.x, p.norm_w, S * 128, xs, xsum, xsig, ss,
                                                                         xs_lo);
   if (p.norm_w) {
     ss = warp_sum(ss);
@@ -110,65 +171,96 @@ __global__ void __launch_bounds__(kThreads) qmv_dp4a_kernel(const Dp4aParams p) 
   }
   __syncthreads();
   pdl_trigger();  // the inputs are read: the next kernel's blocks may start loading their weights
-  float rinv = 1.0f;
-  if (p.norm_w) {
-    float t = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) t += red[w];
-    rinv = rsqrtf(t / float(S * 1024) + p.eps);
-  }
-  // This lane's columns [1024·j + 32·lane, +32): words j·128 + 4·lane + k.
-  uint4 xq[S][4];        // [slice][word] {even hi, odd hi, even lo, odd lo} (wide: mid in place of lo)
-  uint2 xl[kWide ? S : 1][4];  // wide: [slice][word] {even lo, odd lo}
-  float sig[S], sx[S];   // σ of the lane's group, σ·Σv of the lane's 32 columns
-#pragma unroll
-  for (int j = 0; j < S; ++j) {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      xq[j][k] = xs[dp4a::xs_slot(j * 128 + 4 * lane + k)];
-      if constexpr (kWide) xl[j][k] = xs_lo[dp4a::xs_slot(j * 128 + 4 * lane + k)];
-    }
-    const int4 sv = *reinterpret_cast<const int4*>(xsum + j * 128 + 4 * lane);
-    const int sumv = sv.x + sv.y + sv.z + sv.w;
-    sig[j] = xsig[j * 16 + lane / 2];
-    sx[j] = sig[j] * float(sumv);
-  }
+  const float rinv = p.norm_w ? rms_factor(red, S * 1024, p.eps) : 1.0f;
+  LaneX<S, kWide> x;  // in registers for the whole kernel
+  load_lane_x<S, kWide>(xs, xs_lo, xsum, xsig, lane, x);
 
   for (; batch < batches; batch += warps) {
     Batch<S, R> nxt;
     load_batch<S, R>(p, (batch + warps) * R, lane, nxt);  // rows past the end load nothing
     float acc[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      acc[r] = 0.0f;
-#pragma unroll
-      for (int j = 0; j < S; ++j) {
-        float dot;  // Σ q·v over the lane's 32 columns
-        if constexpr (kWide) {
-          int dh = 0, dm = 0, dl = 0;
-          dp4a::dot_word_wide(cur.w[r][j].x, xq[j][0], xl[j][0], dh, dm, dl);
-          dp4a::dot_word_wide(cur.w[r][j].y, xq[j][1], xl[j][1], dh, dm, dl);
-          dp4a::dot_word_wide(cur.w[r][j].z, xq[j][2], xl[j][2], dh, dm, dl);
-          dp4a::dot_word_wide(cur.w[r][j].w, xq[j][3], xl[j][3], dh, dm, dl);
-          dot = fmaf(float(dh * 256 + dm), 256.0f, float(dl));  // |dh·256 + dm| < 2^24: exact in fp32
-        } else {
-          int dh = 0, dl = 0;
-          dp4a::dot_word(cur.w[r][j].x, xq[j][0], dh, dl);
-          dp4a::dot_word(cur.w[r][j].y, xq[j][1], dh, dl);
-          dp4a::dot_word(cur.w[r][j].z, xq[j][2], dh, dl);
-          dp4a::dot_word(cur.w[r][j].w, xq[j][3], dh, dl);
-          dot = float(dh * 256 + dl);
-        }
-        const float s = dp4a::scale_of(cur.sb[r][j]), b = dp4a::bias_of(cur.sb[r][j]);
-        acc[r] = fmaf(s * sig[j], dot, acc[r]);
-        acc[r] = fmaf(b, sx[j], acc[r]);
-      }
-    }
+    lane_dots<S, R, kWide>(cur, x, acc);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const float v = warp_sum(acc[r]) * rinv;
       const int row = batch * R + r;
-      if (lane == 0 && row < p.rows) y[row] = p.accumulate ? y[row] + v : v;
+      if (lane == 0 && row < p.rows) p.y[row] = p.accumulate ? p.y[row] + v : v;
+    }
+    cur = nxt;
+  }
+}
+
+// ---- batched: up to kTileTokens tokens per block ----
+constexpr int kTileTokens = 8;
+
+// One token's quantised activations in the batched kernel's dynamic shared memory (16-byte aligned parts).
+template <int S, bool kWide>
+struct TokenX {
+  uint4 xs[S * 128];
+  uint2 xs_lo[kWide ? S * 128 : 2];
+  int xsum[S * 128];
+  float xsig[S * 16];
+  float red[kWarps];
+  float rinv;
+  float pad[3];
+};
+
+template <int S, bool kWide>
+constexpr int tile_smem_bytes() { return int(sizeof(TokenX<S, kWide>)) * kTileTokens; }
+
+// Tokens [kTileTokens·blockIdx.y, +kTileTokens) ∩ [0, B) of a batch: each warp loads a batch of weight rows once
+// and folds it with every token of the tile in turn (load_lane_x from shared memory, then the one-token lane_dots and
+// warp_sum), so that the weights are read once per tile instead of once per token and every token's rows come out
+// bit for bit as qmv_dp4a_kernel gives them alone.
+template <int S, int R, bool kWide>
+__global__ void __launch_bounds__(kThreads) qmv_dp4a_tile_kernel(const Dp4aParams p, int B) {
+  extern __shared__ __align__(16) uint8_t tile_smem[];
+  TokenX<S, kWide>* tok = reinterpret_cast<TokenX<S, kWide>*>(tile_smem);
+  const int lane = threadIdx.x & 31;
+  const int warps = int(gridDim.x) * kWarps;  // of this tile
+  const int batches = (p.rows + R - 1) / R;
+  const int t0 = int(blockIdx.y) * kTileTokens, nt = min(kTileTokens, B - t0);
+  int batch = int(blockIdx.x) * kWarps + int(threadIdx.x >> 5);
+
+  Batch<S, R> cur;
+  load_batch<S, R>(p, batch * R, lane, cur);
+  if (p.ahead.pieces) {  // each piece once, spread over the blocks of every tile (x fastest)
+    const int64_t block = int64_t(blockIdx.y) * gridDim.x + blockIdx.x;
+    l2_prefetch_share(p.ahead, block * kThreads + threadIdx.x, int64_t(gridDim.x) * gridDim.y * kThreads);
+  }
+  pdl_wait();
+  for (int t = 0; t < nt; ++t) {
+    TokenX<S, kWide>& tx = tok[t];
+    float ss = 0.0f;
+    dp4a::quantize_block<dp4a::quantize_passes(S * 128, kThreads), kWide>(
+        p.x + int64_t(t0 + t) * p.ldx, p.norm_w, S * 128, tx.xs, tx.xsum, tx.xsig, ss, tx.xs_lo);
+    if (p.norm_w) {
+      ss = warp_sum(ss);
+      if (lane == 0) tx.red[threadIdx.x >> 5] = ss;
+    }
+  }
+  __syncthreads();
+  pdl_trigger();
+  if (int(threadIdx.x) < nt) tok[threadIdx.x].rinv = p.norm_w ? rms_factor(tok[threadIdx.x].red, S * 1024, p.eps) : 1.0f;
+  __syncthreads();
+
+  for (; batch < batches; batch += warps) {
+    Batch<S, R> nxt;
+    load_batch<S, R>(p, (batch + warps) * R, lane, nxt);
+#pragma unroll 1
+    for (int t = 0; t < nt; ++t) {
+      const TokenX<S, kWide>& tx = tok[t];
+      LaneX<S, kWide> x;
+      load_lane_x<S, kWide>(tx.xs, tx.xs_lo, tx.xsum, tx.xsig, lane, x);
+      float acc[R];
+      lane_dots<S, R, kWide>(cur, x, acc);
+      float* y = p.y + int64_t(t0 + t) * p.ldy;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float v = warp_sum(acc[r]) * tx.rinv;
+        const int row = batch * R + r;
+        if (lane == 0 && row < p.rows) y[row] = p.accumulate ? y[row] + v : v;
+      }
     }
     cur = nxt;
   }
@@ -185,12 +277,31 @@ int& rows_per_batch_setting() {
   return r;
 }
 
-// B tokens: grid (blocks, B), the blocks per token from qtile::balanced_grid (B = 1: the one-token grid).
+// One token: the balanced one-wave grid. B > 1: ⌈B / kTileTokens⌉ tiles (grid.y), the wave's blocks shared
+// among them (each tile's blocks stream every row; the tiles read the same rows at about the same time, so L2
+// serves all but the first read).
 template <int S, int R>
 void launch(const Dp4aParams& p, int B, cudaStream_t stream) {
-  auto kernel = wide_setting() ? qmv_dp4a_kernel<S, R, true> : qmv_dp4a_kernel<S, R, false>;
-  const int blocks = qtile::balanced_grid(reinterpret_cast<const void*>(kernel), (int64_t(p.rows) + R - 1) / R, B);
-  launch_pdl("qmv_dp4a", kernel, dim3(unsigned(blocks), unsigned(B)), dim3(kThreads), 0, stream, p);
+  const int64_t batches = (int64_t(p.rows) + R - 1) / R;
+  if (B == 1) {
+    auto kernel = wide_setting() ? qmv_dp4a_kernel<S, R, true> : qmv_dp4a_kernel<S, R, false>;
+    const int blocks = qtile::balanced_grid(reinterpret_cast<const void*>(kernel), batches);
+    launch_pdl("qmv_dp4a", kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, p);
+    return;
+  }
+  const bool wide = wide_setting();
+  auto kernel = wide ? qmv_dp4a_tile_kernel<S, R, true> : qmv_dp4a_tile_kernel<S, R, false>;
+  const int smem = wide ? tile_smem_bytes<S, true>() : tile_smem_bytes<S, false>();
+  static bool attribute_set[2] = {false, false};  // per instantiation (S, R): the wide and the 16-bit kernel
+  if (!attribute_set[wide]) {
+    TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    attribute_set[wide] = true;
+  }
+  const int tiles = (B + kTileTokens - 1) / kTileTokens;
+  const int wave = std::max(1, qtile::blocks_fit(reinterpret_cast<const void*>(kernel), smem)) * qtile::sm_count();
+  const int blocks = int(std::clamp<int64_t>(wave / tiles, 1, (batches + kWarps - 1) / kWarps));
+  launch_pdl("qmv_dp4a_tile", kernel, dim3(unsigned(blocks), unsigned(tiles)), dim3(kThreads), size_t(smem), stream, p,
+             B);
 }
 
 template <int S>
