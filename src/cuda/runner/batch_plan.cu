@@ -174,26 +174,8 @@ void CudaRunner::batch_step(std::span<BatchEntry* const> entries) {
   if (use_graphs_ && batch_warm_) {
     const std::pair<int, int64_t> key{B, max_capacity};
     auto found = batch_graphs_.find(key);
-    if (found == batch_graphs_.end()) {
-      TERN_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
-      cudaGraph_t graph = nullptr;
-      capturing_ = true;
-      try {
-        batch_body(B, max_capacity);
-      } catch (...) {
-        capturing_ = false;
-        cudaStreamEndCapture(stream_, &graph);
-        if (graph) cudaGraphDestroy(graph);
-        throw;
-      }
-      capturing_ = false;
-      TERN_CUDA(cudaStreamEndCapture(stream_, &graph));
-      cudaGraphExec_t exec = nullptr;
-      const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
-      cudaGraphDestroy(graph);
-      TERN_CUDA(e);
-      found = batch_graphs_.emplace(key, exec).first;
-    }
+    if (found == batch_graphs_.end())
+      found = batch_graphs_.emplace(key, capture_graph([&] { batch_body(B, max_capacity); })).first;
     TERN_CUDA(cudaGraphLaunch(found->second, stream_));
   } else {
     batch_body(B, max_capacity);  // kernels set their one-time attributes outside any capture

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -91,6 +92,7 @@ class CudaRunner final : public ModelRunner {
                 bool accumulate = false, const L2Ranges& ahead = {});
   int32_t decode_graph_step(CudaSession& s, int32_t token, const DeviceSampling& sampling);
   cudaGraphExec_t capture_decode(CudaSession& s, bool with_sampling = true);
+  cudaGraphExec_t capture_graph(const std::function<void()>& body);
   void apply_step_mask(const DeviceSampling& sampling);
   void gdn_decode_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, int64_t T);
   GdnDecodeArgs gdn_decode_args(const DeviceLayer& l, int64_t T, const float* proj, float* out) const;

@@ -156,18 +156,27 @@ cudaGraphExec_t CudaRunner::capture_decode(CudaSession& s, bool with_sampling) {
     TERN_CUDA(cudaGraphExecDestroy(lru->second.exec));
     decode_graphs_.erase(lru);
   }
-  cudaGraphExec_t exec = nullptr;
   const int64_t V = w_->config.vocab_size;
-  TERN_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
-  cudaGraph_t graph = nullptr;
-  capturing_ = true;
-  try {
+  cudaGraphExec_t exec = capture_graph([&] {
     chunk_body(s, 1);
     lm_head_device(0, 1);
     if (with_sampling) {
       sample_token_device(logits_, V, sample_scratch_, sample_out_, stream_);
       TERN_CUDA(cudaMemcpyAsync(tokens_, sample_out_, 4, cudaMemcpyDeviceToDevice, stream_));  // the next input
     }
+  });
+  decode_graphs_[key] = DecodeGraph{exec, ++graph_clock_};
+  return exec;
+}
+
+// What `body` launches on the stream, captured and instantiated (capturing_ set meanwhile: no activation dumps); on
+// an error the capture is ended and dropped, and the error rethrown.
+cudaGraphExec_t CudaRunner::capture_graph(const std::function<void()>& body) {
+  TERN_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
+  cudaGraph_t graph = nullptr;
+  capturing_ = true;
+  try {
+    body();
   } catch (...) {
     capturing_ = false;
     cudaStreamEndCapture(stream_, &graph);
@@ -176,10 +185,10 @@ cudaGraphExec_t CudaRunner::capture_decode(CudaSession& s, bool with_sampling) {
   }
   capturing_ = false;
   TERN_CUDA(cudaStreamEndCapture(stream_, &graph));
+  cudaGraphExec_t exec = nullptr;
   const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);
   TERN_CUDA(e);
-  decode_graphs_[key] = DecodeGraph{exec, ++graph_clock_};
   return exec;
 }
 
