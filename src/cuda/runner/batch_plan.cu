@@ -108,6 +108,8 @@ void CudaRunner::forward_batch(std::span<BatchEntry> batch) {
   }
 }
 
+// Allocated with the runner when the batched kernels apply (else at the first batched step, should a test switch
+// them on later).
 void CudaRunner::allocate_batch_scratch() {
   if (batch_tables_) return;
   const Config& c = w_->config;

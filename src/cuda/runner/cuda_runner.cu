@@ -76,6 +76,9 @@ CudaRunner::CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const M
   if (const char* e = std::getenv("TERN_L2_PREFETCH")) l2_prefetch_ = std::atoi(e) & 12;
   allocate_decode_scratch();
   attention_init();  // kernel attributes set once, outside any graph capture
+  // The batched step's scratch (~80 MB at the model's widths) now, not at the first batched step: what a server
+  // plans its sessions from (free_memory_bytes) is then what stays free.
+  if (batch_max() >= 2) allocate_batch_scratch();
   // A head shape the attention kernels do not take is refused at load, not at the first step.
   if (std::any_of(w_->layers.begin(), w_->layers.end(),
                   [](const DeviceLayer& l) { return l.type == LayerType::full_attention; }))

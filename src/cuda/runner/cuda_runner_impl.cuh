@@ -162,7 +162,7 @@ class CudaRunner final : public ModelRunner {
   };
   static constexpr size_t kMaxDecodeGraphs = 64;
   std::map<std::pair<uint64_t, bool>, DecodeGraph> decode_graphs_;
-  // The batched step (batch_plan.cu), allocated with its first use. Its device tables (tokens, positions, caches
+  // The batched step (batch_plan.cu), allocated with the runner. Its device tables (tokens, positions, caches
   // and states of every layer per batch slot; BatchTables in batch_plan.cu) are filled from pinned memory before
   // each step, so one graph per (batch size, largest capacity) serves any sessions.
   DeviceArena batch_scratch_;
