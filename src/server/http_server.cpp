@@ -237,6 +237,12 @@ void HttpServer::install_routes() {
     request_log().route = "/";
     res.set_content(chat_page_html(), "text/html; charset=utf-8");
   });
+  get("/favicon.ico", [](const httplib::Request&, httplib::Response& res) {
+    request_log().route = "/favicon.ico";
+    const std::string_view icon = chat_page_favicon_svg();
+    res.set_header("Cache-Control", "max-age=86400");
+    res.set_content(icon.data(), icon.size(), "image/svg+xml");
+  });
   get("/health", [&s](const httplib::Request&, httplib::Response& res) {
     request_log().route = "/health";
     if (s.ready.load(std::memory_order_acquire)) respond_json(res, Json{{"status", "ok"}});

@@ -1,6 +1,8 @@
 """The chat page at GET / driven in headless Chromium (Debian's `chromium`, over the DevTools protocol) against
 `tern serve --demo`: streaming, Stop (the server counts the cancel), markdown and code blocks, thinking, reload,
-the random-weights warning, errors shown as errors, settings, new chat, and screenshots at desktop and phone size
+the random-weights warning, errors shown as errors, settings, new chat, repairing a conversation (copy, delete,
+regenerate, edit and resend; deleting a chat asks; New chat and switching stop a stream; a context overflow
+offers a new chat), the favicon, and screenshots at desktop and phone size
 (written to test-artifacts/ beside the tern binary, or $TERN_TEST_ARTIFACTS).
 
 Skipped only when no chromium binary exists (scripts/install-deps installs it).
@@ -138,7 +140,7 @@ def test_stream_then_stop_cancels_on_the_server(browser, server):
     while metrics(server.port)[CANCELLED] < before + 1:
         assert time.monotonic() < deadline, "the server did not count the stopped generation as cancelled"
         time.sleep(0.1)
-    assert last(browser, ".msg.user") == "Hi"
+    assert last(browser, ".msg.user .text") == "Hi"
 
 
 def test_real_answer_renders_markdown_and_thinking(browser):
@@ -180,10 +182,10 @@ def test_http_error_shows_as_error(browser):
 
 
 def test_reload_restores_the_chat(browser):
-    users_before = browser.js("[...document.querySelectorAll('.msg.user')].map(e => e.textContent)")
+    users_before = browser.js("[...document.querySelectorAll('.msg.user .text')].map(e => e.textContent)")
     browser.reload()
     browser.wait_for("document.querySelectorAll('.msg.user').length > 0", what="the restored chat")
-    assert browser.js("[...document.querySelectorAll('.msg.user')].map(e => e.textContent)") == users_before
+    assert browser.js("[...document.querySelectorAll('.msg.user .text')].map(e => e.textContent)") == users_before
     assert browser.js("document.querySelector('.content .code code').textContent") == "print(42)"
     assert browser.js("document.querySelectorAll('.msg.error').length") == 1
     assert browser.js("document.querySelectorAll('#chat-list li').length") == 1
@@ -226,7 +228,7 @@ def test_new_chat_and_chat_list(browser):
     titles = b.js("[...document.querySelectorAll('#chat-list li .title')].map(e => e.textContent)")
     assert len(titles) == 2 and titles[0] == "A second chat", titles
     b.js("document.querySelectorAll('#chat-list li .title')[1].click()")  # back to the first chat
-    assert b.js("document.querySelector('.msg.user').textContent") == "Hi"
+    assert b.js("document.querySelector('.msg.user .text').textContent") == "Hi"
 
 
 def test_screenshots_desktop_and_phone(browser, artifacts):
@@ -269,3 +271,208 @@ def test_thinking_budget_setting(browser):
          "document.getElementById('s-close').click()")
     assert b.js("tern.settings().thinking_budget") == ""
 
+
+
+# ---- repairing a conversation (issue 35): message actions, chat deletion, stopping before switching, favicon ----
+# Each test starts its own chat (these run after the tests above, which count the chats they made).
+
+def new_chat(b):
+    b.js("document.getElementById('new-chat').click()")
+    b.wait_for("document.querySelectorAll('.msg').length === 0 && !document.getElementById('send').disabled",
+               what="an empty new chat")
+
+
+def ask_forced(b, text, answer):
+    """Sends `text`; the demo model answers `answer` (thinking off, so it is all content)."""
+    b.js(f"tern.hooks.extraBody = {{tern_debug_forced_output: {json.dumps(answer)}, max_tokens: 64,"
+         " chat_template_kwargs: {enable_thinking: false}}")
+    try:
+        send(b, text)
+        wait_done(b)
+    finally:
+        b.js("tern.hooks.extraBody = null")
+
+
+def record_requests(b):
+    """From now on, the page's chat requests' bodies are kept in window.__bodies."""
+    b.js("""(() => { window.__bodies = []; if (window.__fetch) return; window.__fetch = window.fetch;
+      window.fetch = (url, opts) => { if (String(url).includes('/chat/completions')) __bodies.push(JSON.parse(opts.body));
+        return window.__fetch(url, opts); }; })()""")
+
+
+def bodies(b):
+    return b.js("window.__bodies.map(x => x.messages.map(m => [m.role, m.content]))")
+
+
+def log_messages(b):
+    """The log as [role, text]: a question's text, an answer's markdown text content, an error's text."""
+    return b.js("""[...document.querySelectorAll('#log .msg')].map(e => [
+      e.classList.contains('user') ? 'user' : e.classList.contains('error') ? 'error' : 'assistant',
+      (e.querySelector('.text') || e.querySelector('.content')).textContent.trim()])""")
+
+
+def click_action(b, index, act):
+    """Clicks the button data-act=`act` of the log's message at `index` (negative: from the end)."""
+    return b.js(f"""(() => {{ const all = document.querySelectorAll('#log .msg'); const i = {index};
+      const btn = all[i < 0 ? all.length + i : i].querySelector('button[data-act="{act}"]');
+      if (!btn || btn.disabled || btn.hidden) return false; btn.click(); return true; }})()""")
+
+
+def test_copy_an_answer(browser):
+    b = browser
+    new_chat(b)
+    ask_forced(b, "Copy test", "Copy **this** answer.\n\n```\nline 1\n```")
+    assert click_action(b, -1, "copy")
+    copied = b.wait_for("tern.hooks.copied", what="the copied text")
+    assert copied.strip() == "Copy **this** answer.\n\n```\nline 1\n```", copied  # the whole answer, as written
+    assert b.js("document.querySelector('#log .msg.assistant button[data-act=copy]').textContent") in ("Copied", "Copy failed")
+    # Every action is a real button with a title (keyboard-reachable).
+    assert b.js("[...document.querySelectorAll('#log .actions button')].every(x => x.tagName === 'BUTTON' && x.title)")
+
+
+def test_delete_a_question_takes_its_answers(browser):
+    b = browser
+    new_chat(b)
+    ask_forced(b, "Q one", "A one.")
+    ask_forced(b, "Q two", "A two.")
+    assert log_messages(b) == [["user", "Q one"], ["assistant", "A one."], ["user", "Q two"], ["assistant", "A two."]]
+    assert click_action(b, 0, "delete")
+    assert log_messages(b) == [["user", "Q two"], ["assistant", "A two."]]
+    assert click_action(b, -1, "delete")  # an answer goes alone
+    assert log_messages(b) == [["user", "Q two"]]
+    b.reload()
+    b.wait_for("document.querySelectorAll('.msg.user').length", what="the restored chat")
+    assert log_messages(b) == [["user", "Q two"]]  # kept
+
+
+def test_regenerate_the_last_answer(browser):
+    b = browser
+    new_chat(b)
+    ask_forced(b, "Q one", "A one.")
+    ask_forced(b, "Q two", "First try.")
+    assert not click_action(b, 1, "regenerate")  # only the last answer can be regenerated
+    record_requests(b)
+    b.js("tern.hooks.extraBody = {tern_debug_forced_output: 'Second try.', max_tokens: 64,"
+         " chat_template_kwargs: {enable_thinking: false}}")
+    try:
+        assert click_action(b, -1, "regenerate")
+        wait_done(b)
+    finally:
+        b.js("tern.hooks.extraBody = null")
+    assert log_messages(b) == [["user", "Q one"], ["assistant", "A one."], ["user", "Q two"], ["assistant", "Second try."]]
+    # Asked again with the same conversation, the dropped answer left out.
+    assert bodies(b) == [[["user", "Q one"], ["assistant", "A one."], ["user", "Q two"]]]
+
+
+def test_edit_and_resend_a_question(browser):
+    b = browser
+    new_chat(b)
+    ask_forced(b, "Q one", "A one.")
+    ask_forced(b, "Q two", "A two.")
+    # Cancel keeps the message as it was.
+    assert click_action(b, 0, "edit")
+    assert b.js("document.querySelector('#log .msg textarea.edit').value") == "Q one"
+    assert click_action(b, 0, "cancel")
+    assert log_messages(b)[0] == ["user", "Q one"] and not b.js("document.querySelector('textarea.edit')")
+    # Send: the edited question replaces the old one, what followed it goes, a new answer streams.
+    record_requests(b)
+    assert click_action(b, 0, "edit")
+    b.js("document.querySelector('textarea.edit').value = 'Q one, edited'")
+    b.js("tern.hooks.extraBody = {tern_debug_forced_output: 'New answer.', max_tokens: 64,"
+         " chat_template_kwargs: {enable_thinking: false}}")
+    try:
+        assert click_action(b, 0, "resend")
+        wait_done(b)
+    finally:
+        b.js("tern.hooks.extraBody = null")
+    assert log_messages(b) == [["user", "Q one, edited"], ["assistant", "New answer."]]
+    assert bodies(b) == [[["user", "Q one, edited"]]]
+    assert b.js("document.querySelector('#chat-list li.current .title').textContent") == "Q one, edited"
+
+
+def test_deleting_a_chat_asks_first(browser):
+    b = browser
+    new_chat(b)
+    ask_forced(b, "Doomed chat", "Bye.")
+    count = "document.querySelectorAll('#chat-list li').length"
+    n = b.js(count)
+    b.js("document.querySelector('#chat-list li.current .del').click()")
+    assert b.js(count) == n and b.js("document.querySelector('#chat-list li.confirming .title').textContent").startswith("Delete")
+    b.js("document.querySelector('#chat-list li.confirming .no').click()")  # No: nothing happens
+    assert b.js(count) == n and not b.js("document.querySelector('#chat-list li.confirming')")
+    assert log_messages(b)[0] == ["user", "Doomed chat"]
+    b.js("document.querySelector('#chat-list li.current .del').click()")
+    b.js("document.querySelector('#chat-list li.confirming .yes').click()")
+    b.wait_for(f"{count} === {n - 1}", timeout=10, what="the chat to go")
+    assert "Doomed chat" not in b.js("[...document.querySelectorAll('#chat-list .title')].map(e => e.textContent)")
+    assert b.js("document.querySelectorAll('#log .msg').length") == 0
+
+
+def start_streaming(b, text):
+    send(b, text)
+    b.wait_for("document.getElementById('send').disabled", timeout=10, what="the stream to start")
+    b.wait_for("(() => { const m = document.querySelectorAll('.msg.assistant'); const a = m[m.length - 1];"
+               " return a.querySelector('.body').textContent.length + a.querySelector('.content').textContent.length; })()",
+               timeout=120, what="streamed text")
+    assert streaming(b)
+
+
+def test_new_chat_and_switching_stop_a_streaming_answer(browser, server):
+    b = browser
+    new_chat(b)
+    ask_forced(b, "The other chat", "Other.")
+    # New chat while an answer streams: the stream stops (the server sees the cancel), the answer is kept, then the
+    # new chat opens.
+    new_chat(b)
+    wait_idle(server.port)
+    before = metrics(server.port)[CANCELLED]
+    start_streaming(b, "Long one")
+    b.js("document.getElementById('new-chat').click()")
+    wait_done(b, timeout=30)
+    b.wait_for("document.querySelectorAll('#log .msg').length === 0", timeout=10, what="the new chat")
+    deadline = time.monotonic() + 30
+    while metrics(server.port)[CANCELLED] < before + 1:
+        assert time.monotonic() < deadline, "the server did not see the stream stop"
+        time.sleep(0.1)
+    b.js("[...document.querySelectorAll('#chat-list .title')].find(e => e.textContent === 'Long one').click()")
+    b.wait_for("!!document.querySelector('#log .msg.user .text')", what="the stopped chat")
+    assert "stopped" in last(b, ".msg.assistant .meta")
+    # Switching chats while an answer streams: the same, then the other chat shows.
+    start_streaming(b, "Another long one")
+    b.js("[...document.querySelectorAll('#chat-list .title')].find(e => e.textContent === 'The other chat').click()")
+    wait_done(b, timeout=30)
+    b.wait_for("document.querySelector('#log .msg.user .text').textContent === 'The other chat'", timeout=10,
+               what="the switch")
+    b.js("[...document.querySelectorAll('#chat-list .title')].find(e => e.textContent === 'Long one').click()")
+    b.wait_for("document.querySelectorAll('#log .msg.user').length === 2", what="the stopped chat")
+    assert "stopped" in last(b, ".msg.assistant .meta")
+
+
+def test_context_overflow_offers_a_new_chat(browser):
+    b = browser
+    new_chat(b)
+    long_a, long_b = "alpha " * 2500, "beta " * 2500  # about 2,500 tokens each: together over the 4,096 context
+    b.js(f"document.getElementById('input').value = {json.dumps(long_a)}")
+    ask_forced(b, "", "Fine.")
+    b.js(f"document.getElementById('input').value = {json.dumps(long_b)}")
+    ask_forced(b, "", "unused")
+    err = last(b, ".msg.error .text")
+    assert "too long for the model's context" in err and "--ctx-size" not in err, err
+    record_requests(b)
+    b.js("tern.hooks.extraBody = {tern_debug_forced_output: 'Continued.', max_tokens: 64,"
+         " chat_template_kwargs: {enable_thinking: false}}")
+    try:
+        assert click_action(b, -1, "continue")
+        wait_done(b)
+    finally:
+        b.js("tern.hooks.extraBody = null")
+    # A new chat with the last question (what fits in about half the context), answered there.
+    assert log_messages(b) == [["user", long_b.strip()], ["assistant", "Continued."]]
+    assert b.js("document.querySelector('#chat-list li.current .title').textContent").endswith("(continued)")
+    assert [len(m) for m in bodies(b)] == [1]
+
+
+def test_favicon(server):
+    status, headers, body = request("GET", server.port, "/favicon.ico")
+    assert status == 200 and headers["content-type"] == "image/svg+xml"
+    assert body.startswith(b"<svg") and len(body) < 2000

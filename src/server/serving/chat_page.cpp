@@ -22,12 +22,14 @@ __asm__(".pushsection .rodata\n"
         TERN_PAGE_INCBIN("css", "style.css")
         TERN_PAGE_INCBIN("markdown", "markdown.js")
         TERN_PAGE_INCBIN("app", "app.js")
+        TERN_PAGE_INCBIN("favicon", "favicon.svg")
         ".popsection\n");
 
 extern "C" const char tern_page_html_begin[], tern_page_html_end[];
 extern "C" const char tern_page_css_begin[], tern_page_css_end[];
 extern "C" const char tern_page_markdown_begin[], tern_page_markdown_end[];
 extern "C" const char tern_page_app_begin[], tern_page_app_end[];
+extern "C" const char tern_page_favicon_begin[], tern_page_favicon_end[];
 
 namespace tern::server {
 namespace {
@@ -59,5 +61,7 @@ const std::string& chat_page_html() {
   static const std::string page = assemble();
   return page;
 }
+
+std::string_view chat_page_favicon_svg() { return bytes(tern_page_favicon_begin, tern_page_favicon_end); }
 
 }  // namespace tern::server

@@ -4,9 +4,13 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 namespace tern::server {
 
 const std::string& chat_page_html();
+
+// GET /favicon.ico: the page's icon, an SVG (page/favicon.svg; browsers take an SVG icon whatever its path).
+std::string_view chat_page_favicon_svg();
 
 }  // namespace tern::server

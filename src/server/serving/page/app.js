@@ -1,6 +1,8 @@
 // tern's chat page: chats kept in localStorage, answers streamed from /v1/chat/completions (SSE), Stop aborts the
 // fetch (the server cancels a generation whose client went away), thinking shown apart and collapsible, errors
-// shown as errors, tok/s and time to first token per answer. No network but this server's own API.
+// shown as errors, tok/s and time to first token per answer. Messages can be copied, deleted, edited and resent; the
+// last answer regenerated. New chat, switching and deleting chats stop a streaming answer first (deleting asks).
+// No network but this server's own API.
 'use strict';
 (() => {
   const $ = id => document.getElementById(id);
@@ -66,15 +68,47 @@
     return parts.join(' · ');
   }
 
-  // One message's element; assistant messages keep handles to update while streaming.
+  const actionButton = (act, label, title) => {
+    const b = el('button', 'act', label);
+    b.type = 'button';
+    b.dataset.act = act;
+    b.title = title;
+    b.setAttribute('aria-label', title);
+    return b;
+  };
+  // Each message's buttons (handled by one listener on the log, below). Regenerate shows on the last message only.
+  function actionsView(m) {
+    const bar = el('div', 'actions');
+    if (m.role === 'user') {
+      bar.append(actionButton('edit', 'Edit', 'Edit this message and send it again (drops what followed it)'),
+                 actionButton('delete', 'Delete', 'Delete this message and the answers to it'));
+    } else if (m.role === 'assistant') {
+      bar.append(actionButton('copy', 'Copy', 'Copy this answer'),
+                 actionButton('regenerate', 'Regenerate', 'Drop this answer and ask again'),
+                 actionButton('delete', 'Delete', 'Delete this answer'));
+    } else {
+      if (m.kind === 'context')
+        bar.append(actionButton('continue', 'New chat from the last messages',
+                                'Start a new chat with the last messages of this one, and ask again there'));
+      bar.append(actionButton('regenerate', 'Retry', 'Ask again'), actionButton('delete', 'Delete', 'Delete this error'));
+    }
+    return bar;
+  }
+
+  // One message's element (its message in box.msg); assistant messages keep handles to update while streaming.
   function messageView(m) {
-    if (m.role === 'user') return el('div', 'msg user', m.content);
-    if (m.role === 'error') return el('div', 'msg error', m.content);
+    if (m.role === 'user' || m.role === 'error') {
+      const box = el('div', 'msg ' + m.role);
+      box.append(el('div', 'text', m.content), actionsView(m));
+      box.msg = m;
+      return box;
+    }
     const box = el('div', 'msg assistant');
+    box.msg = m;
     const think = el('details', 'thinking'), summary = el('summary'), body = el('div', 'body');
     think.append(summary, body);
     const content = el('div', 'content'), meta = el('div', 'meta');
-    box.append(think, content, meta);
+    box.append(think, content, meta, actionsView(m));
     const view = {box, think, summary, body, content, meta, userToggled: false};
     // The user's choice counts from the click itself ('toggle' events arrive later, after a render may have run).
     summary.addEventListener('click', () => { view.userToggled = true; });
@@ -105,9 +139,19 @@
       log.append(hint);
     }
     for (const m of msgs) log.append(messageView(m));
+    refreshActions();
     stick = true;
     follow();
     renderChatList();
+  }
+
+  // While an answer streams, only Copy works; Regenerate/Retry only on the last message.
+  function refreshActions() {
+    const boxes = [...log.querySelectorAll('.msg')];
+    for (const b of log.querySelectorAll('.actions button')) {
+      if (b.dataset.act !== 'copy') b.disabled = streaming !== null;
+      if (b.dataset.act === 'regenerate') b.hidden = b.closest('.msg') !== boxes[boxes.length - 1];
+    }
   }
 
   function renderChatList() {
@@ -117,31 +161,50 @@
       const li = el('li', c === current ? 'current' : '');
       const title = el('span', 'title', c.title || 'New chat');
       title.title = c.title || '';
-      title.onclick = () => { if (!streaming) { current = c; saveChats(); renderChat(); closeDrawer(); } };
+      title.tabIndex = 0;
+      title.setAttribute('role', 'button');
+      title.onclick = async () => {
+        await stopAndWait();  // a streaming answer stops (and is kept) before the switch
+        current = c;
+        saveChats();
+        renderChat();
+        closeDrawer();
+      };
+      title.onkeydown = e => { if (e.key === 'Enter' || e.key === ' ') { e.preventDefault(); title.click(); } };
       const del = el('button', 'del', '\u00d7');
       del.type = 'button';
       del.title = 'Delete this chat';
+      del.setAttribute('aria-label', 'Delete this chat');
+      // Deleting asks first, in place: "Delete? Yes / No".
       del.onclick = () => {
-        if (streaming && c === current) return;
-        chats = chats.filter(x => x !== c);
-        if (current === c) current = null;
-        saveChats();
-        renderChat();
+        const q = el('span', 'title confirm', 'Delete \u201c' + (c.title || 'New chat') + '\u201d?');
+        const yes = el('button', 'yes', 'Yes'), no = el('button', 'no', 'No');
+        yes.type = no.type = 'button';
+        yes.title = 'Delete this chat for good';
+        no.title = 'Keep this chat';
+        yes.onclick = async () => {
+          if (c === current) await stopAndWait();
+          chats = chats.filter(x => x !== c);
+          if (current === c) current = null;
+          saveChats();
+          renderChat();
+        };
+        no.onclick = () => renderChatList();
+        li.classList.add('confirming');
+        li.replaceChildren(q, yes, no);
+        no.focus();
       };
       li.append(title, del);
       ul.append(li);
     }
   }
 
-  // Copy buttons of code blocks (event delegation: blocks are re-rendered while streaming).
-  log.addEventListener('click', async e => {
-    const btn = e.target.closest('button.copy');
-    if (!btn) return;
-    const code = btn.closest('.code').querySelector('code').textContent;
+  async function copyText(text, btn) {
+    testHooks.copied = text;  // what was copied, for tests (headless Chromium may have no clipboard)
     let ok = false;
-    try { await navigator.clipboard.writeText(code); ok = true; } catch {
+    try { await navigator.clipboard.writeText(text); ok = true; } catch {
       const t = el('textarea');  // plain-http pages on another host have no clipboard API
-      t.value = code;
+      t.value = text;
       document.body.append(t);
       t.select();
       try { ok = document.execCommand('copy'); } catch { ok = false; }
@@ -149,6 +212,105 @@
     }
     btn.textContent = ok ? 'Copied' : 'Copy failed';
     setTimeout(() => { btn.textContent = 'Copy'; }, 1500);
+  }
+
+  // Copy buttons of code blocks (event delegation: blocks are re-rendered while streaming).
+  log.addEventListener('click', e => {
+    const btn = e.target.closest('button.copy');
+    if (btn) copyText(btn.closest('.code').querySelector('code').textContent, btn);
+  });
+
+  // ---- repairing a conversation: message actions --------------------------------------------------------------
+  const withScroll = fn => { const top = log.scrollTop; fn(); log.scrollTop = top; };
+
+  // Deleting a question deletes the answers (and errors) after it up to the next question; an answer goes alone.
+  function deleteMessage(m) {
+    const msgs = current.messages, i = msgs.indexOf(m);
+    if (i < 0) return;
+    let j = i + 1;
+    if (m.role === 'user') while (j < msgs.length && msgs[j].role !== 'user') j++;
+    msgs.splice(i, j - i);
+    current.updated = Date.now();
+    saveChats();
+    withScroll(renderChat);
+  }
+
+  // Drops what follows the last question and asks it again.
+  function regenerate() {
+    const msgs = current.messages;
+    let i = msgs.length;
+    while (i > 0 && msgs[i - 1].role !== 'user') i--;
+    if (i === 0) return;
+    msgs.splice(i);
+    renderChat();
+    ask();
+  }
+
+  // Edits a question in place; Send (or Enter) drops what followed it and asks again, Cancel (or Esc) keeps it.
+  function editMessage(box, m) {
+    if (box.querySelector('.edit')) return;
+    const ta = el('textarea', 'edit');
+    ta.value = m.content;
+    ta.rows = Math.min(12, m.content.split('\n').length + 1);
+    ta.setAttribute('aria-label', 'Edit the message');
+    const bar = el('div', 'actions');
+    bar.append(actionButton('resend', 'Send', 'Send the edited message (drops what followed it)'),
+               actionButton('cancel', 'Cancel', 'Keep the message as it was'));
+    box.classList.add('editing');
+    box.replaceChildren(ta, bar);
+    ta.addEventListener('keydown', e => {
+      if (e.key === 'Enter' && !e.shiftKey && !e.isComposing) { e.preventDefault(); bar.firstChild.click(); }
+      else if (e.key === 'Escape') { e.stopPropagation(); bar.lastChild.click(); }
+    });
+    ta.focus();
+  }
+
+  function resend(box, m) {
+    const text = box.querySelector('textarea.edit').value;
+    if (!text.trim() || streaming) return;
+    const msgs = current.messages, i = msgs.indexOf(m);
+    if (i < 0) return;
+    m.content = text;
+    msgs.splice(i + 1);
+    if (i === 0) current.title = text.trim().split('\n')[0].slice(0, 60);
+    renderChat();
+    ask();
+  }
+
+  // After a context-overflow error: a new chat with the chat's last messages (about half the context's worth, at
+  // least the last question), asked again there. The old chat stays as it was.
+  function continueInNewChat(err) {
+    const old = current, msgs = old.messages.filter(x => x.role !== 'error');
+    let last = msgs.length - 1;
+    while (last >= 0 && msgs[last].role !== 'user') last--;
+    if (last < 0) return;
+    const chars = msgs.slice(0, last + 1).reduce((n, x) => n + x.content.length, 0);
+    const budget = err.prompt_tokens && err.n_ctx ? chars * (err.n_ctx / 2) / err.prompt_tokens : chars / 2;
+    let start = last, used = msgs[last].content.length;
+    while (start > 0 && used + msgs[start - 1].content.length <= budget) used += msgs[--start].content.length;
+    while (msgs[start].role !== 'user') start++;  // the new chat begins with a question
+    current = {id: newId(), title: (old.title || 'Chat') + ' (continued)',
+      messages: msgs.slice(start, last + 1).map(x => JSON.parse(JSON.stringify(x))), updated: Date.now()};
+    chats.push(current);
+    saveChats();
+    renderChat();
+    ask();
+  }
+
+  log.addEventListener('click', e => {
+    const btn = e.target.closest('button[data-act]');
+    if (!btn || btn.disabled || !current) return;
+    const box = btn.closest('.msg'), m = box && box.msg;
+    if (!m) return;
+    const act = btn.dataset.act;
+    if (act === 'copy') copyText(m.content, btn);
+    if (streaming) return;
+    if (act === 'delete') deleteMessage(m);
+    else if (act === 'regenerate') regenerate();
+    else if (act === 'edit') editMessage(box, m);
+    else if (act === 'resend') resend(box, m);
+    else if (act === 'cancel') { box.replaceWith(messageView(m)); refreshActions(); }
+    else if (act === 'continue') continueInNewChat(m);
   });
 
   // ---- sending --------------------------------------------------------------------------------------------
@@ -165,6 +327,7 @@
   function setStreaming(on) {
     sendBtn.disabled = on;
     stopBtn.disabled = !on;
+    refreshActions();
   }
 
   function apiMessages() {
@@ -188,23 +351,41 @@
     return Object.assign(b, testHooks.extraBody || {});
   }
 
-  async function errorMessage(res) {
+  async function errorOf(res) {
     const text = await res.text();
-    try { const j = JSON.parse(text); if (j.error && j.error.message) return j.error.message; } catch { /* not JSON */ }
-    return text.trim() || res.statusText;
+    try {
+      const j = JSON.parse(text);
+      if (j.error && j.error.message) return {message: j.error.message, code: j.error.code};
+    } catch { /* not JSON */ }
+    return {message: text.trim() || res.statusText, code: null};
   }
 
-  function addError(text) {
-    const m = {role: 'error', content: text};
-    current.messages.push(m);
+  function addError(chat, m) {
+    if (typeof m === 'string') m = {role: 'error', content: m};
+    chat.messages.push(m);
+    if (chat !== current) return;
     log.append(messageView(m));
+    refreshActions();
     follow();
   }
+
+  // The server's 400 for a prompt longer than the context talks about --ctx-size; the page says what its user can do.
+  function contextError(message) {
+    const num = re => { const r = re.exec(message); return r ? Number(r[1]) : null; };
+    const prompt = num(/prompt has (\d+) tokens/), ctx = num(/context is (\d+) tokens/) || info.n_ctx;
+    return {role: 'error', kind: 'context', prompt_tokens: prompt, n_ctx: ctx,
+      content: 'This chat is too long for the model\'s context' +
+        (prompt && ctx ? ' (' + prompt.toLocaleString('en-US') + ' tokens; the model takes ' +
+          ctx.toLocaleString('en-US') + ')' : '') +
+        '. Start a new chat from the last messages, or delete messages above and retry.'};
+  }
+
+  const newId = () => Date.now().toString(36) + Math.random().toString(36).slice(2, 7);
 
   async function send(text) {
     if (streaming || !text.trim()) return;
     if (!current) {
-      current = {id: Date.now().toString(36) + Math.random().toString(36).slice(2, 7), title: '', messages: [], updated: Date.now()};
+      current = {id: newId(), title: '', messages: [], updated: Date.now()};
       chats.push(current);
     }
     if (!current.title) current.title = text.trim().split('\n')[0].slice(0, 60);
@@ -212,6 +393,12 @@
     const user = {role: 'user', content: text};
     current.messages.push(user);
     log.append(messageView(user));
+    return ask();
+  }
+
+  // Streams an answer to the current chat as it stands (its last message is a question).
+  async function ask() {
+    if (streaming || !current) return;
     const body = requestBody();
     const m = {role: 'assistant', content: '', reasoning: '', reasoning_tokens: 0, stats: {}};
     current.messages.push(m);
@@ -224,7 +411,8 @@
     follow();
 
     const controller = new AbortController();
-    streaming = {controller};
+    let finished;
+    streaming = {controller, done: new Promise(resolve => { finished = resolve; })};
     setStreaming(true);
     const chat = current;
     const t0 = performance.now();
@@ -243,7 +431,7 @@
       const j = JSON.parse(data);
       if (j.error) {
         failed = true;
-        addError((j.error.message || 'The server reported an error.') + (j.error.type ? ' (' + j.error.type + ')' : ''));
+        addError(chat, (j.error.message || 'The server reported an error.') + (j.error.type ? ' (' + j.error.type + ')' : ''));
         return;
       }
       if (j.usage) usage = j.usage;
@@ -267,7 +455,9 @@
         headers: Object.assign({'Content-Type': 'application/json'}, authHeaders()), body: JSON.stringify(body)});
       if (!res.ok) {
         failed = true;
-        addError('HTTP ' + res.status + ': ' + await errorMessage(res));
+        const err = await errorOf(res);
+        if (res.status === 400 && err.code === 'context_length_exceeded') addError(chat, contextError(err.message));
+        else addError(chat, 'HTTP ' + res.status + ': ' + err.message);
       } else {
         const reader = res.body.getReader(), dec = new TextDecoder();
         let buf = '';
@@ -289,7 +479,7 @@
       }
     } catch (e) {
       if (e.name === 'AbortError') finish = 'stopped';
-      else { failed = true; addError('Connection failed: ' + e.message); }
+      else { failed = true; addError(chat, 'Connection failed: ' + e.message); }
     }
     streaming = null;
     setStreaming(false);
@@ -312,10 +502,19 @@
     chat.updated = Date.now();
     saveChats();
     follow();
+    refreshActions();
     if (chat === current) input.focus();
+    finished();
   }
 
   function stop() { if (streaming) streaming.controller.abort(); }
+  // Stops a streaming answer (keeping what came) and waits until it is put away.
+  async function stopAndWait() {
+    if (!streaming) return;
+    const done = streaming.done;
+    streaming.controller.abort();
+    await done;
+  }
 
   // ---- composer ----------------------------------------------------------------------------------------------
   const grow = () => { input.style.height = 'auto'; input.style.height = input.scrollHeight + 2 + 'px'; };
@@ -344,8 +543,8 @@
   const closeDrawer = () => { $('sidebar').classList.remove('open'); $('scrim').hidden = true; };
   $('menu').onclick = () => { $('sidebar').classList.add('open'); $('scrim').hidden = false; };
   $('scrim').onclick = closeDrawer;
-  $('new-chat').onclick = () => {
-    if (streaming) return;
+  $('new-chat').onclick = async () => {
+    await stopAndWait();  // a streaming answer stops (and is kept in its chat) first
     current = null;
     saveChats();
     renderChat();
