@@ -192,6 +192,7 @@ __global__ void __launch_bounds__(kThreads) qmv_dp4a_kernel(const Dp4aParams p) 
 
 // ---- batched: up to kTileTokens tokens per block ----
 constexpr int kTileTokens = 8;
+constexpr int kGroupTokens = 4;  // tokens whose warp sums run together (qmv_dp4a_tile_kernel)
 
 // One token's quantised activations in the batched kernel's dynamic shared memory (16-byte aligned parts).
 template <int S, bool kWide>
@@ -247,19 +248,38 @@ __global__ void __launch_bounds__(kThreads) qmv_dp4a_tile_kernel(const Dp4aParam
   for (; batch < batches; batch += warps) {
     Batch<S, R> nxt;
     load_batch<S, R>(p, (batch + warps) * R, lane, nxt);
+    // Tokens in groups of kGroupTokens: the group's dots first, then its kGroupTokens·R warp sums together, so that
+    // their shuffle chains overlap instead of one token's waiting on the last's (each value's sum is unchanged).
 #pragma unroll 1
-    for (int t = 0; t < nt; ++t) {
-      const TokenX<S, kWide>& tx = tok[t];
-      LaneX<S, kWide> x;
-      load_lane_x<S, kWide>(tx.xs, tx.xs_lo, tx.xsum, tx.xsig, lane, x);
-      float acc[R];
-      lane_dots<S, R, kWide>(cur, x, acc);
-      float* y = p.y + int64_t(t0 + t) * p.ldy;
+    for (int t = 0; t < nt; t += kGroupTokens) {
+      float acc[kGroupTokens][R];
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const float v = warp_sum(acc[r]) * tx.rinv;
-        const int row = batch * R + r;
-        if (lane == 0 && row < p.rows) y[row] = p.accumulate ? y[row] + v : v;
+      for (int g = 0; g < kGroupTokens; ++g) {
+        if (t + g < nt) {  // uniform over the block
+          LaneX<S, kWide> x;
+          const TokenX<S, kWide>& tx = tok[t + g];
+          load_lane_x<S, kWide>(tx.xs, tx.xs_lo, tx.xsum, tx.xsig, lane, x);
+          lane_dots<S, R, kWide>(cur, x, acc[g]);
+        } else {
+#pragma unroll
+          for (int r = 0; r < R; ++r) acc[g][r] = 0.0f;
+        }
+      }
+#pragma unroll
+      for (int g = 0; g < kGroupTokens; ++g)
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[g][r] = warp_sum(acc[g][r]);
+#pragma unroll
+      for (int g = 0; g < kGroupTokens; ++g) {
+        if (t + g >= nt) break;
+        float* y = p.y + int64_t(t0 + t + g) * p.ldy;
+        const float rinv = tok[t + g].rinv;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const float v = acc[g][r] * rinv;
+          const int row = batch * R + r;
+          if (lane == 0 && row < p.rows) y[row] = p.accumulate ? y[row] + v : v;
+        }
       }
     }
     cur = nxt;
