@@ -67,7 +67,7 @@ std::optional<ApiError> early_rejection(const ServerState& s, const std::string&
     return e;
   }
   if (method == "OPTIONS") return std::nullopt;  // CORS preflight: browsers send no credentials
-  const bool open = path == "/health" || path == "/" || path == "/favicon.ico";
+  const bool open = path == "/health" || path == "/" || path == "/favicon.ico" || path.rfind("/page/", 0) == 0;
   if (!open && !authorized(s.options.api_key, header("authorization"), header("x-api-key"))) return api_error_unauthorized();
   // Ollama's clients and documented `curl -d` calls send JSON without a JSON Content-Type; on its routes that is
   // accepted unless the request comes from a web page (an Origin header): a page may send a form or text/plain
@@ -242,6 +242,17 @@ void HttpServer::install_routes() {
     const std::string_view icon = chat_page_favicon_svg();
     res.set_header("Cache-Control", "max-age=86400");
     res.set_content(icon.data(), icon.size(), "image/svg+xml");
+  });
+  get(R"(/page/([A-Za-z0-9._-]+))", [](const httplib::Request& req, httplib::Response& res) {
+    request_log().route = "/page/";
+    const std::optional<ChatPageAsset> asset = chat_page_asset(req.matches[1].str());
+    if (!asset) {
+      res.status = 404;
+      res.set_content("not found\n", "text/plain; charset=utf-8");
+      return;
+    }
+    res.set_header("Cache-Control", "max-age=86400");
+    res.set_content(asset->bytes.data(), asset->bytes.size(), std::string(asset->content_type));
   });
   get("/health", [&s](const httplib::Request&, httplib::Response& res) {
     request_log().route = "/health";

@@ -2,7 +2,8 @@
 `tern serve --demo`: streaming, Stop (the server counts the cancel), markdown and code blocks, thinking, reload,
 the random-weights warning, errors shown as errors, settings, new chat, repairing a conversation (copy, delete,
 regenerate, edit and resend; deleting a chat asks; New chat and switching stop a stream; a context overflow
-offers a new chat), the favicon, and screenshots at desktop and phone size
+offers a new chat), code highlighting and math (highlight.js and KaTeX, served from the binary under /page/), the
+favicon, and screenshots at desktop and phone size
 (written to test-artifacts/ beside the tern binary, or $TERN_TEST_ARTIFACTS).
 
 Skipped only when no chromium binary exists (scripts/install-deps installs it).
@@ -66,14 +67,40 @@ def last(b, selector):
                 f" return all.length ? all[all.length - 1].textContent : null; }})()")
 
 
-def test_page_is_self_contained(server):
+PAGE_ASSETS = {"page/highlight.min.js": "text/javascript", "page/highlight.css": "text/css",
+               "page/katex.min.js": "text/javascript", "page/katex.min.css": "text/css"}
+
+
+def test_page_loads_nothing_from_elsewhere(server):
     status, headers, body = request("GET", server.port, "/")
     assert status == 200 and headers["content-type"].startswith("text/html")
     page = body.decode()
     assert "<script>" in page and "ternMarkdown" in page and "<style>" in page
-    # Nothing loads from elsewhere: no external scripts, styles, fonts or images.
-    assert not re.search(r"<(script|img|iframe)[^>]*\ssrc=|<link\b|@import|url\(", page), "an external resource"
+    # Its only resources are the embedded libraries, relative to the page (served by this server, below).
+    assert sorted(re.findall(r'<(?:script|link)\b[^>]*\s(?:src|href)="([^"]*)"', page)) == sorted(PAGE_ASSETS)
+    rest = re.sub(r'<(?:script|link)\b[^>]*\s(?:src|href)="page/[^"]*"[^>]*>', "", page)
+    # Nothing else loads: no other scripts, styles, fonts or images.
+    assert not re.search(r"<(script|img|iframe)[^>]*\ssrc=|<link\b|@import|url\(", rest), "an external resource"
     assert "/*TERN:" not in page  # every part was spliced in
+
+
+def test_page_assets_are_served_from_the_binary(server):
+    for path, media_type in PAGE_ASSETS.items():
+        status, headers, body = request("GET", server.port, "/" + path)
+        assert status == 200, path
+        assert headers["content-type"].split(";")[0] == media_type, (path, headers["content-type"])
+        assert "max-age" in headers.get("cache-control", ""), path
+        if media_type == "text/css":
+            # KaTeX's @font-face rules are dropped (its fonts are not embedded): nothing to fetch from a stylesheet.
+            assert b"url(" not in body and b"@import" not in body, path
+    _, _, hl = request("GET", server.port, "/page/highlight.min.js")
+    assert hl.startswith(b"var hljs=") and b'hljs.registerLanguage("python",' in hl and len(hl) < 200_000
+    _, _, css = request("GET", server.port, "/page/highlight.css")
+    assert b"prefers-color-scheme:light" in css and b"prefers-color-scheme:dark" in css
+    _, _, kx = request("GET", server.port, "/page/katex.min.js")
+    assert b"katex" in kx and b"renderToString" in kx
+    for bad in ("/page/nope.js", "/page/..%2Fstyle.css", "/page/"):
+        assert request("GET", server.port, bad)[0] == 404, bad
 
 
 def test_renderer_is_safe_and_renders_markdown(browser):
@@ -102,6 +129,33 @@ def test_renderer_is_safe_and_renders_markdown(browser):
     assert r["th"] == 2 and r["td"] == 2
     assert r["links"] == ["https://example.org/"]
     assert r["unsafe"] == 0
+
+
+def test_code_is_highlighted_and_math_rendered_while_streaming_too(browser):
+    # A half-streamed answer: the closed fence is highlighted, the open one (still growing) is left plain; math
+    # renders; code and "$5 and $10" stay as written.
+    md = ("Area $\\pi r^2$ costs $5 and $10.\n\n```python\ndef f(x):\n    return '$x$'\n```\n\n"
+          "`$y$` and \\(a_1 * b_2\\)\n\n$$\n\\sum_{i=1}^n i\n$$\n\n```python\ndef g(")
+    r = browser.js(f"""(() => {{
+      const d = document.createElement('div');
+      d.innerHTML = tern.renderMarkdown({json.dumps(md)});
+      tern.decorate(d);
+      const codes = d.querySelectorAll('pre code');
+      return {{hljs: [...codes].map(c => c.classList.contains('hljs')),
+               keyword: codes[0].querySelector('.hljs-keyword') && codes[0].querySelector('.hljs-keyword').textContent,
+               code: codes[0].textContent, open: codes[1].textContent,
+               katex: d.querySelectorAll('.katex').length, display: d.querySelectorAll('.katex-display').length,
+               mathInCode: d.querySelectorAll('code .katex, pre .katex').length,
+               inline: d.querySelector('p code').textContent, dollars: d.querySelector('p').textContent,
+               annotations: [...d.querySelectorAll('annotation')].map(a => a.textContent)}};
+    }})()""")
+    assert r["hljs"] == [True, False], r
+    assert r["keyword"] == "def"
+    assert r["code"] == "def f(x):\n    return '$x$'" and r["open"] == "def g("
+    assert r["katex"] == 3 and r["display"] == 1 and r["mathInCode"] == 0, r
+    assert r["inline"] == "$y$"
+    assert "costs $5 and $10." in r["dollars"], r["dollars"]
+    assert r["annotations"] == ["\\pi r^2", "a_1 * b_2", "\\sum_{i=1}^n i"], r["annotations"]
 
 
 def test_renderer_refuses_link_targets_with_control_characters(browser):
@@ -476,3 +530,38 @@ def test_favicon(server):
     status, headers, body = request("GET", server.port, "/favicon.ico")
     assert status == 200 and headers["content-type"] == "image/svg+xml"
     assert body.startswith(b"<svg") and len(body) < 2000
+
+
+def test_real_answer_gets_highlighting_math_and_both_themes(browser):
+    new_chat(browser)
+    answer = "Math: $x^2$.\n\n```python\nimport os\nprint(os.name, '$HOME')\n```\n\n```\nprice = $3\n```\nDone."
+    browser.js(f"tern.hooks.extraBody = {{tern_debug_forced_output: {json.dumps(answer)}, max_tokens: 256,"
+               " chat_template_kwargs: {enable_thinking: false}}")
+    try:
+        send(browser, "Code and math")
+        wait_done(browser)
+    finally:
+        browser.js("tern.hooks.extraBody = null")
+    sel = "(() => { const m = document.querySelectorAll('.msg.assistant .content'); return m[m.length - 1]; })()"
+    r = browser.js(f"""(() => {{ const c = {sel}; const codes = c.querySelectorAll('pre code');
+      return {{n: codes.length, hljs: [...codes].every(e => e.classList.contains('hljs')),
+               keywords: [...codes[0].querySelectorAll('.hljs-keyword')].map(k => k.textContent),
+               strings: [...c.querySelectorAll('.hljs-string')].map(k => k.textContent),
+               texts: [...codes].map(e => e.textContent), katex: c.querySelectorAll('.katex').length,
+               mathInCode: c.querySelectorAll('pre .katex').length,
+               copied: c.querySelector('.code').querySelector('code').textContent}}; }})()""")
+    assert r["n"] == 2 and r["hljs"], r
+    assert "import" in r["keywords"], r
+    assert "'$HOME'" in r["strings"], r
+    assert r["texts"] == ["import os\nprint(os.name, '$HOME')", "price = $3"], r
+    assert r["katex"] == 1 and r["mathInCode"] == 0, r
+    # The highlight.js theme follows the colour scheme, as the page's own colours do.
+    color = f"getComputedStyle({sel}.querySelector('.hljs-keyword')).color"
+    try:
+        browser.dark(False)
+        light = browser.js(color)
+        browser.dark(True)
+        dark = browser.js(color)
+    finally:
+        browser.dark(False)
+    assert light != dark, (light, dark)

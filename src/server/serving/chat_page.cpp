@@ -1,8 +1,11 @@
 // The chat page's files (src/server/serving/page/) are embedded into the binary by the assembler's .incbin, as the demo
 // model's assets are (src/engine/demo_assets.cpp): CMakeLists.txt passes their folder as TERN_PAGE_DIR and makes
-// this file depend on them. At the first request they are put together into one self-contained HTML page.
+// this file depend on them. At the first request they are put together into one HTML page. The libraries it uses
+// for code highlighting and math (highlight.js and KaTeX, from Debian's packages; CMakeLists.txt cuts and copies
+// them into TERN_PAGE_LIB_DIR at configure time) are embedded the same way and served under /page/.
 #include "server/serving/chat_page.h"
 
+#include <array>
 #include <string_view>
 
 #include "core/check.h"
@@ -10,12 +13,17 @@
 #ifndef TERN_PAGE_DIR
 #error "TERN_PAGE_DIR must name src/server/serving/page (set by CMakeLists.txt)"
 #endif
+#ifndef TERN_PAGE_LIB_DIR
+#error "TERN_PAGE_LIB_DIR must name the folder of the page's libraries (set by CMakeLists.txt)"
+#endif
 
-#define TERN_PAGE_INCBIN(name, file)  \
-  ".balign 16\n"                      \
-  "tern_page_" name "_begin:\n"       \
-  ".incbin \"" TERN_PAGE_DIR "/" file "\"\n" \
+#define TERN_PAGE_INCBIN_FROM(dir, name, file)  \
+  ".balign 16\n"                                \
+  "tern_page_" name "_begin:\n"                 \
+  ".incbin \"" dir "/" file "\"\n"              \
   "tern_page_" name "_end:\n"
+#define TERN_PAGE_INCBIN(name, file) TERN_PAGE_INCBIN_FROM(TERN_PAGE_DIR, name, file)
+#define TERN_PAGE_LIB_INCBIN(name, file) TERN_PAGE_INCBIN_FROM(TERN_PAGE_LIB_DIR, name, file)
 
 __asm__(".pushsection .rodata\n"
         TERN_PAGE_INCBIN("html", "index.html")
@@ -23,6 +31,10 @@ __asm__(".pushsection .rodata\n"
         TERN_PAGE_INCBIN("markdown", "markdown.js")
         TERN_PAGE_INCBIN("app", "app.js")
         TERN_PAGE_INCBIN("favicon", "favicon.svg")
+        TERN_PAGE_LIB_INCBIN("hljs", "highlight.min.js")
+        TERN_PAGE_LIB_INCBIN("hljs_css", "highlight.css")
+        TERN_PAGE_LIB_INCBIN("katex", "katex.min.js")
+        TERN_PAGE_LIB_INCBIN("katex_css", "katex.min.css")
         ".popsection\n");
 
 extern "C" const char tern_page_html_begin[], tern_page_html_end[];
@@ -30,6 +42,10 @@ extern "C" const char tern_page_css_begin[], tern_page_css_end[];
 extern "C" const char tern_page_markdown_begin[], tern_page_markdown_end[];
 extern "C" const char tern_page_app_begin[], tern_page_app_end[];
 extern "C" const char tern_page_favicon_begin[], tern_page_favicon_end[];
+extern "C" const char tern_page_hljs_begin[], tern_page_hljs_end[];
+extern "C" const char tern_page_hljs_css_begin[], tern_page_hljs_css_end[];
+extern "C" const char tern_page_katex_begin[], tern_page_katex_end[];
+extern "C" const char tern_page_katex_css_begin[], tern_page_katex_css_end[];
 
 namespace tern::server {
 namespace {
@@ -63,5 +79,18 @@ const std::string& chat_page_html() {
 }
 
 std::string_view chat_page_favicon_svg() { return bytes(tern_page_favicon_begin, tern_page_favicon_end); }
+
+std::optional<ChatPageAsset> chat_page_asset(std::string_view name) {
+  constexpr std::string_view js = "text/javascript; charset=utf-8", css = "text/css; charset=utf-8";
+  const std::array<std::pair<std::string_view, ChatPageAsset>, 4> assets{{
+      {"highlight.min.js", {bytes(tern_page_hljs_begin, tern_page_hljs_end), js}},
+      {"highlight.css", {bytes(tern_page_hljs_css_begin, tern_page_hljs_css_end), css}},
+      {"katex.min.js", {bytes(tern_page_katex_begin, tern_page_katex_end), js}},
+      {"katex.min.css", {bytes(tern_page_katex_css_begin, tern_page_katex_css_end), css}},
+  }};
+  for (const auto& [n, asset] : assets)
+    if (n == name) return asset;
+  return std::nullopt;
+}
 
 }  // namespace tern::server

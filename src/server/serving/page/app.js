@@ -2,6 +2,7 @@
 // fetch (the server cancels a generation whose client went away), thinking shown apart and collapsible, errors
 // shown as errors, tok/s and time to first token per answer. Messages can be copied, deleted, edited and resent; the
 // last answer regenerated. New chat, switching and deleting chats stop a streaming answer first (deleting asks).
+// Code blocks are highlighted (highlight.js) and formulas rendered (KaTeX), both served by this server under /page/.
 // No network but this server's own API.
 'use strict';
 (() => {
@@ -123,11 +124,46 @@
         if (!view.userToggled && think.open !== thinkingNow) think.open = thinkingNow;
       }
       content.innerHTML = ternMarkdown.render(m.content || '');
+      decorate(content);
       meta.textContent = statsText(m);
     };
     view.update(false);
     box.view = view;
     return box;
+  }
+
+  // ---- code highlighting (highlight.js) and math (KaTeX), served by this server under /page/ -------------------
+  // Answers are re-rendered on every streamed update, so results are cached by their source; a code block whose
+  // fence is still open (data-open) is left plain until it closes. Both are skipped if a library did not load.
+  if (window.hljs) hljs.configure({hideUpgradeWarningAcceptNoSupportOrSecurityUpdates: true});  // Debian's, patched
+  const decorated = new Map();
+  const cached = (key, make) => {
+    let v = decorated.get(key);
+    if (v === undefined) {
+      v = make();
+      if (decorated.size >= 500) decorated.delete(decorated.keys().next().value);
+      decorated.set(key, v);
+    }
+    return v;
+  };
+  function decorate(root) {
+    if (window.hljs) for (const code of root.querySelectorAll('pre:not([data-open]) > code')) {
+      const m = /\blanguage-([\w+#.-]+)/.exec(code.className), text = code.textContent;
+      const lang = m && hljs.getLanguage(m[1]) ? m[1] : '';  // named and known, else detected
+      if (m && /^(text|plain|plaintext|txt)$/i.test(m[1])) continue;
+      try {
+        code.innerHTML = cached('c' + lang + '\u0000' + text,
+          () => (lang ? hljs.highlight(lang, text, true) : hljs.highlightAuto(text)).value);
+        code.classList.add('hljs');
+      } catch (e) { console.warn('tern: highlighting failed:', e); }
+    }
+    if (window.katex) for (const span of root.querySelectorAll('span.math')) {
+      const display = span.classList.contains('display'), tex = span.textContent;
+      span.innerHTML = cached('m' + (display ? 'd' : 'i') + '\u0000' + tex, () => {
+        try { return katex.renderToString(tex, {displayMode: display, throwOnError: false}); }
+        catch { return ternMarkdown.escapeHtml(tex); }  // KaTeX's own limits (e.g. too many expansions)
+      });
+    }
   }
 
   function renderChat() {
@@ -602,7 +638,7 @@
   window.addEventListener('pagehide', () => { if (streaming) saveChats(); });
 
   // For tests and the curious: the renderer and the request hook.
-  window.tern = {renderMarkdown: ternMarkdown.render, hooks: testHooks, settings: () => settings, info};
+  window.tern = {renderMarkdown: ternMarkdown.render, decorate, hooks: testHooks, settings: () => settings, info};
 
   setStreaming(false);
   renderChat();

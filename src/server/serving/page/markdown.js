@@ -17,6 +17,9 @@ const ternMarkdown = (() => {
     return null;  // javascript:, data:, vbscript: and any other scheme
   }
 
+  // A formula (already HTML-escaped) as a span that app.js hands to KaTeX; without KaTeX it shows as written.
+  const math = (tex, display) => '<span class="math' + (display ? ' display' : '') + '">' + tex + '</span>';
+
   // Inline markup on one escaped text run: code spans first (their content is left alone), then links, then
   // emphasis. Code spans and links go into placeholders so that emphasis never reaches inside them.
   function inline(text) {
@@ -24,6 +27,11 @@ const ternMarkdown = (() => {
     const hold = html => '\u0000' + (held.push(html) - 1) + '\u0000';
     let s = escapeHtml(text);
     s = s.replace(/(`+)([^`]|[^`][\s\S]*?[^`])\1(?!`)/g, (_, __, code) => hold('<code>' + code.trim() + '</code>'));
+    // Math ($$..$$, \[..\], \(..\), $..$) becomes a span holding the formula's source, for KaTeX to render
+    // afterwards (app.js); emphasis and links must not reach inside it. A single $ needs no space inside it and
+    // no digit after it, so "costs $5 and $10" stays text.
+    s = s.replace(/\$\$([\s\S]+?)\$\$|\\\[([\s\S]+?)\\\]|\\\(([\s\S]+?)\\\)|\$((?=[^\s$])[^$\n]*?[^\s$\\]|[^\s$\\])\$(?!\d)/g,
+      (_, display, bracket, paren, dollar) => hold(math(display ?? bracket ?? paren ?? dollar, display != null || bracket != null)));
     s = s.replace(/\[([^\]\n]+)\]\(([^)\s]+)\)/g, (m, label, url) => {
       const href = safeHref(url);
       return href === null ? m : hold('<a href="' + href + '" target="_blank" rel="noopener noreferrer">' + label + '</a>');
@@ -44,10 +52,12 @@ const ternMarkdown = (() => {
   const QUOTE = /^ {0,3}>\s?(.*)$/;
   const TABLE_SEP = /^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$/;
 
-  function codeBlock(lang, code) {
+  // An unclosed fence (an answer still streaming) is marked data-open: highlighting waits for it to close.
+  function codeBlock(lang, code, closed = true) {
     const l = escapeHtml(lang);
     return '<div class="code"><div class="code-head"><span>' + (l || 'code') + '</span>' +
-      '<button type="button" class="copy">Copy</button></div><pre><code' + (l ? ' class="language-' + l + '"' : '') +
+      '<button type="button" class="copy">Copy</button></div><pre' + (closed ? '' : ' data-open') + '><code' +
+      (l ? ' class="language-' + l + '"' : '') +
       '>' + escapeHtml(code) + '</code></pre></div>';
   }
 
@@ -112,8 +122,19 @@ const ternMarkdown = (() => {
         const fence = m[1], body = [];
         const close = new RegExp('^ {0,3}' + fence[0] + '{' + fence.length + ',}\\s*$');
         for (i++; i < lines.length && !close.test(lines[i]); i++) body.push(lines[i]);
+        const closed = i < lines.length;
         i++;  // past the closing fence (or the end)
-        out += codeBlock(m[2], body.join('\n'));
+        out += codeBlock(m[2], body.join('\n'), closed);
+        continue;
+      }
+      // A display formula on lines of its own ($$ or \[ alone on the first line) is one block, kept as written
+      // for KaTeX (a paragraph would split it at its line breaks).
+      if ((m = /^\s*(\$\$|\\\[)\s*$/.exec(line))) {
+        flush();
+        const end = m[1] === '$$' ? '$$' : '\\]', body = [];
+        for (i++; i < lines.length && lines[i].trim() !== end; i++) body.push(lines[i]);
+        i++;
+        out += math(escapeHtml(body.join('\n')), true);
         continue;
       }
       if (!line.trim()) { flush(); i++; continue; }
