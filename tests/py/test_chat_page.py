@@ -3,7 +3,8 @@
 the random-weights warning, errors shown as errors, settings, new chat, repairing a conversation (copy, delete,
 regenerate, edit and resend; deleting a chat asks; New chat and switching stop a stream; a context overflow
 offers a new chat), code highlighting and math (highlight.js and KaTeX, served from the binary under /page/), the
-favicon, and screenshots at desktop and phone size
+favicon, a phone (the placeholder fits; Enter adds a line and the Send button sends), and screenshots at desktop
+and phone size
 (written to test-artifacts/ beside the tern binary, or $TERN_TEST_ARTIFACTS).
 
 Skipped only when no chromium binary exists (scripts/install-deps installs it).
@@ -565,3 +566,70 @@ def test_real_answer_gets_highlighting_math_and_both_themes(browser):
     finally:
         browser.dark(False)
     assert light != dark, (light, dark)
+
+
+PLACEHOLDER_FIT = """(() => { const i = document.getElementById('input'), cs = getComputedStyle(i);
+  const c = document.createElement('canvas').getContext('2d');
+  c.font = `${cs.fontStyle} ${cs.fontWeight} ${cs.fontSize} ${cs.fontFamily}`;
+  return {placeholder: i.placeholder, text: c.measureText(i.placeholder).width,
+          room: i.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight),
+          coarse: matchMedia('(pointer: coarse)').matches}; })()"""
+
+
+def as_phone(b, width, height, on=True):
+    """A phone: a narrow mobile viewport with touch (its primary pointer coarse); on=False: back to the desktop."""
+    b.resize(width, height, mobile=on)
+    b.call("Emulation.setTouchEmulationEnabled", {"enabled": on, "maxTouchPoints": 5} if on else {"enabled": False})
+    b.wait_for(f"matchMedia('(pointer: coarse)').matches === {json.dumps(on)}", timeout=10, what="the touch emulation")
+
+
+def test_phone_placeholder_fits_and_enter_adds_a_line(browser):
+    b = browser
+    new_chat(b)
+    try:
+        for w, h in ((375, 667), (320, 568)):
+            as_phone(b, w, h)
+            fit = b.wait_for(f"(() => {{ const f = {PLACEHOLDER_FIT}; return f.text <= f.room && f; }})()", timeout=10,
+                             what=f"the placeholder to fit at {w}x{h}: {b.js(PLACEHOLDER_FIT)}")
+            assert fit["placeholder"] and fit["coarse"], fit
+            b.wait_for("document.getElementById('empty').textContent.includes('the Send button sends')", timeout=10,
+                       what="the phone's hint")
+        # Enter adds a line and sends nothing; the Send button sends the lines.
+        b.js("tern.hooks.lastBody = null; document.getElementById('input').focus()")
+        b.type_text("first line")
+        b.press_enter()
+        b.type_text("second line")
+        time.sleep(0.3)
+        assert b.js("document.getElementById('input').value") == "first line\nsecond line"
+        assert b.js("tern.hooks.lastBody") is None and not streaming(b), "Enter sent on a phone"
+        assert b.js("document.querySelectorAll('.msg.user').length") == 0
+        b.js("tern.hooks.extraBody = {tern_debug_forced_output: 'Two lines.', max_tokens: 8}")
+        try:
+            b.js("document.getElementById('send').click()")
+            wait_done(b)
+        finally:
+            b.js("tern.hooks.extraBody = null")
+        sent = b.js("tern.hooks.lastBody.messages")
+        assert sent[-1] == {"role": "user", "content": "first line\nsecond line"}, sent
+        assert last(b, ".msg.user .text") == "first line\nsecond line"
+        assert b.js("document.getElementById('input').value") == ""
+    finally:
+        as_phone(b, 1280, 800, on=False)
+    # The desktop is as it was: the longer placeholder (and it fits), Enter sends, Shift+Enter adds a line.
+    fit = b.wait_for(f"(() => {{ const f = {PLACEHOLDER_FIT}; return f.placeholder.includes('Shift+Enter') && f; }})()",
+                     timeout=10, what="the desktop placeholder")
+    assert fit["text"] <= fit["room"], fit
+    new_chat(b)
+    assert "Enter sends, Shift+Enter" in b.js("document.getElementById('empty').textContent")
+    b.js("tern.hooks.lastBody = null; tern.hooks.extraBody = {tern_debug_forced_output: 'Ok.', max_tokens: 8};"
+         "document.getElementById('input').focus()")
+    try:
+        b.type_text("desk one")
+        b.press_enter(shift=True)
+        b.type_text("desk two")
+        assert b.js("tern.hooks.lastBody") is None
+        b.press_enter()
+        wait_done(b)
+    finally:
+        b.js("tern.hooks.extraBody = null")
+    assert b.js("tern.hooks.lastBody.messages")[-1] == {"role": "user", "content": "desk one\ndesk two"}

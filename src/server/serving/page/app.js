@@ -9,6 +9,13 @@
   const $ = id => document.getElementById(id);
   const log = $('log'), input = $('input'), sendBtn = $('send'), stopBtn = $('stop');
   const STORE_CHATS = 'tern.chats', STORE_CURRENT = 'tern.current', STORE_SETTINGS = 'tern.settings';
+  // Enter in a message box: on a touch device (its primary pointer coarse: a phone or tablet, whose on-screen
+  // keyboard has no Shift+Enter) Enter adds a line and the Send button sends, as ChatGPT's and Open WebUI's pages do
+  // on phones; elsewhere (a keyboard) Enter sends and Shift+Enter adds a line. Asked at each key, so it follows a change.
+  const touchQuery = matchMedia('(pointer: coarse)'), narrowQuery = matchMedia('(max-width: 760px)');
+  const enterSends = () => !touchQuery.matches;
+  const hintText = () => enterSends() ? 'Ask anything. Enter sends, Shift+Enter adds a line, Esc stops.'
+                                      : 'Ask anything. Enter adds a line, the Send button sends.';
   const DEFAULTS = {system: '', temperature: '', top_p: '', max_tokens: 2048, thinking: true, thinking_budget: ''};
 
   // ---- storage ------------------------------------------------------------------------------------------
@@ -170,7 +177,7 @@
     log.replaceChildren();
     const msgs = current ? current.messages : [];
     if (!msgs.length) {
-      const hint = el('div', 'muted', 'Ask anything. Enter sends, Shift+Enter adds a line, Esc stops.');
+      const hint = el('div', 'muted', hintText());
       hint.id = 'empty';
       log.append(hint);
     }
@@ -295,8 +302,10 @@
     box.classList.add('editing');
     box.replaceChildren(ta, bar);
     ta.addEventListener('keydown', e => {
-      if (e.key === 'Enter' && !e.shiftKey && !e.isComposing) { e.preventDefault(); bar.firstChild.click(); }
-      else if (e.key === 'Escape') { e.stopPropagation(); bar.lastChild.click(); }
+      if (e.key === 'Enter' && !e.shiftKey && !e.isComposing && enterSends()) {
+        e.preventDefault();
+        bar.firstChild.click();
+      } else if (e.key === 'Escape') { e.stopPropagation(); bar.lastChild.click(); }
     });
     ta.focus();
   }
@@ -351,7 +360,8 @@
 
   // ---- sending --------------------------------------------------------------------------------------------
   let streaming = null;  // {controller} while an answer streams
-  const testHooks = {extraBody: null};  // tests merge fields into the request body (e.g. a forced output)
+  // Tests merge fields into the request body (e.g. a forced output) and read the last one sent.
+  const testHooks = {extraBody: null, lastBody: null};
 
   function authHeaders() {
     const h = {};
@@ -384,7 +394,9 @@
     if (settings.top_p !== '' && settings.top_p != null) b.top_p = Number(settings.top_p);
     if (settings.thinking && settings.thinking_budget !== '' && settings.thinking_budget != null)
       b.thinking_budget = Number(settings.thinking_budget);
-    return Object.assign(b, testHooks.extraBody || {});
+    Object.assign(b, testHooks.extraBody || {});
+    testHooks.lastBody = b;  // what was last sent, for tests
+    return b;
   }
 
   async function errorOf(res) {
@@ -556,7 +568,7 @@
   const grow = () => { input.style.height = 'auto'; input.style.height = input.scrollHeight + 2 + 'px'; };
   input.addEventListener('input', grow);
   input.addEventListener('keydown', e => {
-    if (e.key === 'Enter' && !e.shiftKey && !e.isComposing) {
+    if (e.key === 'Enter' && !e.shiftKey && !e.isComposing && enterSends()) {
       e.preventDefault();
       $('composer').requestSubmit();
     } else if (e.key === 'Escape') {
@@ -573,6 +585,15 @@
     send(text);
   });
   stopBtn.addEventListener('click', stop);
+  // The placeholder names Shift+Enter only where it applies and there is room for it (a narrow box would clip it).
+  function fitComposer() {
+    input.placeholder = enterSends() && !narrowQuery.matches ? 'Message (Shift+Enter: new line)' : 'Message';
+    const hint = $('empty');
+    if (hint) hint.textContent = hintText();
+  }
+  touchQuery.addEventListener('change', fitComposer);
+  narrowQuery.addEventListener('change', fitComposer);
+  fitComposer();
   document.addEventListener('keydown', e => { if (e.key === 'Escape' && streaming) stop(); });
 
   // ---- chats, drawer, settings ---------------------------------------------------------------------------------
