@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -156,6 +157,10 @@ class RecordingRunner : public tern::testing::FakeRunner {
   explicit RecordingRunner(bool device_sampling = false) : FakeRunner(kVocab, kVocabReal, device_sampling) {}
   void forward_batch(std::span<BatchEntry> batch) override {
     {
+      std::unique_lock lock(gate_mutex);
+      gate.wait(lock, [&] { return !held; });
+    }
+    {
       std::lock_guard lock(mutex);
       std::vector<std::pair<const Session*, int64_t>> step;
       for (const BatchEntry& e : batch) step.emplace_back(e.session, int64_t(e.tokens.size()));
@@ -176,6 +181,24 @@ class RecordingRunner : public tern::testing::FakeRunner {
   std::vector<std::vector<std::pair<const Session*, int64_t>>> steps;
   std::chrono::milliseconds step_delay{0};
   int64_t max_sessions = -1;
+  // While held, every step waits: a test queues its requests first, so that which of them share a step does not
+  // depend on how fast the engine thread runs beside the test's.
+  void hold() {
+    std::lock_guard lock(gate_mutex);
+    held = true;
+  }
+  void release() {
+    {
+      std::lock_guard lock(gate_mutex);
+      held = false;
+    }
+    gate.notify_all();
+  }
+
+ private:
+  std::mutex gate_mutex;
+  std::condition_variable gate;
+  bool held = false;
 };
 
 std::shared_ptr<GenerationTask> submit(EngineLoop& loop, GenerationRequest r, const std::string& id) {
@@ -230,7 +253,9 @@ TEST(EngineLoopScheduler, ParallelRequestsGetTheAnswersTheyGetAlone) {
     Metrics metrics;
     EngineLoop loop(generator, 128, 16, metrics, {}, SchedulerOptions{.parallel = 4, .step_tokens = 5});
     std::vector<std::shared_ptr<GenerationTask>> tasks;
+    runner.hold();  // all eight queued before the first step runs (else a fast engine thread finishes one alone)
     for (size_t i = 0; i < requests.size(); ++i) tasks.push_back(submit(loop, requests[i], "t" + std::to_string(i)));
+    runner.release();
     for (size_t i = 0; i < tasks.size(); ++i) {
       std::vector<TokenEvent> events;
       const EngineEvent e = wait_end(*tasks[i], &events);
