@@ -92,7 +92,6 @@ void CudaRunner::forward_batch(std::span<BatchEntry> batch) {
       e.error = std::current_exception();
     }
   }
-  if (together.size() == 1) return forward_alone(*together[0]);
   for (size_t i = 0; i < together.size(); i += size_t(max_b)) {
     const size_t n = std::min(together.size() - i, size_t(max_b));
     if (n == 1) {
