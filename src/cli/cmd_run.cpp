@@ -21,7 +21,6 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
-#include <numeric>
 #include <optional>
 #include <string>
 #include <vector>
@@ -304,7 +303,6 @@ void run_chat(const RunArgs& a) {
   cache_options.host_bytes = int64_t(4096) << 20;
   PrefixCache cache(*runner, ctx, cache_options);
   Generator gen(*runner, *src.tokenizer);
-  const int64_t prefill_chunk = std::max<int64_t>(1, runner->preferred_prefill_chunk());
   SamplingParams sampling = sampling_flags_apply(a.sampling, src.defaults);
 
   const bool tty_out = isatty(STDOUT_FILENO), tty_err = isatty(STDERR_FILENO);
@@ -371,22 +369,14 @@ void run_chat(const RunArgs& a) {
     const PrefixCache::Lease lease = cache.begin(req.prompt);
     Session& session = *lease.session;
     PrefillProgress progress(tty_err, lease.cached, n_prompt);
-    const int64_t snapshot_every = cache.active() ? cache.options().snapshot_every : 0;
-    // The prefill's forward calls end at every multiple of checkpoint_every: the snapshots' spacing, or with the
-    // progress shown, that of the runner's prefill chunk too (each call then updates the progress).
-    req.checkpoint_every = progress.on() ? (snapshot_every > 0 ? std::gcd(snapshot_every, prefill_chunk) : prefill_chunk)
-                                         : snapshot_every;
-    if (!cache.active()) req.checkpoint_at.clear();
-    if (cache.active() || progress.on()) {
-      req.on_checkpoint = [&](Session& s) {
-        const int64_t pos = s.position();
-        progress.update(pos);
-        if (cache.active() && (pos == n_prompt || (snapshot_every > 0 && pos % snapshot_every == 0) ||
-                               std::find(req.checkpoint_at.begin(), req.checkpoint_at.end(), pos) !=
-                                   req.checkpoint_at.end()))
-          cache.checkpoint(s, req.prompt);
-      };
+    if (cache.active()) {
+      req.checkpoint_every = cache.options().snapshot_every;
+      req.on_checkpoint = [&](Session& s) { cache.checkpoint(s, req.prompt); };
+    } else {
+      req.checkpoint_at.clear();
     }
+    // After each of the prefill's forward calls (the runner's chunks, cut where a snapshot falls).
+    if (progress.on()) req.on_prompt_progress = [&](const PromptProgress& p) { progress.update(p.processed); };
     AnswerPrinter printer(thinking_open, a.show_thinking, tty_out);
     GenerationResult r;
     g_interrupted = false;

@@ -99,9 +99,19 @@ GenerationRun::GenerationRun(Generator& generator, Session& session, const Gener
   if (session.position() >= n_prompt) session.reset();
   result_.cached_tokens = session.position();
   rest_ = std::span<const int32_t>(request.prompt.data() + session.position(), size_t(n_prompt - session.position()));
+  report_prompt_progress();  // the prefill starts: processed == cached
 }
 
 GenerationRun::~GenerationRun() = default;
+
+void GenerationRun::report_prompt_progress() const {
+  if (!request_.on_prompt_progress) return;
+  const int64_t total = int64_t(request_.prompt.size());
+  request_.on_prompt_progress(PromptProgress{.total = total,
+                                             .cached = result_.cached_tokens,
+                                             .processed = total - int64_t(rest_.size()),
+                                             .elapsed_s = seconds_since(t0_)});
+}
 
 bool GenerationRun::cancelled() const {
   return request_.cancel && request_.cancel->load(std::memory_order_relaxed);
@@ -156,6 +166,7 @@ void GenerationRun::step_done(const BatchEntry& entry) {
 
 void GenerationRun::after_prompt_chunk(int64_t n) {
   rest_ = rest_.subspan(size_t(n));
+  report_prompt_progress();
   const int64_t pos = session_.position(), every = request_.checkpoint_every;
   if (request_.on_checkpoint &&
       (rest_.empty() || (every > 0 && pos % every == 0) ||

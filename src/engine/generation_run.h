@@ -62,6 +62,7 @@ class GenerationRun {
   class ReasoningBudget;
 
   bool cancelled() const;
+  void report_prompt_progress() const;  // request.on_prompt_progress, when set
   void after_prompt_chunk(int64_t n);
   void choose_token(std::optional<int32_t> device_id);  // one step of the decode loop, then feed or finish
   void finish_decode();

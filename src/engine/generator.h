@@ -30,6 +30,14 @@ namespace tern {
 
 class Tokenizer;
 
+// How far a prompt's prefill has got (GenerationRequest::on_prompt_progress). Counts are prompt tokens.
+struct PromptProgress {
+  int64_t total = 0;      // the prompt's tokens
+  int64_t cached = 0;     // held by the session before the prefill (reused from the prefix cache, not recomputed)
+  int64_t processed = 0;  // held by the session now, the cached ones included: cached <= processed <= total
+  double elapsed_s = 0;   // seconds since the run started (the prefill's start)
+};
+
 struct GenerationRequest {
   std::vector<int32_t> prompt;          // token ids; must not be empty
   SamplingParams sampling;
@@ -63,6 +71,10 @@ struct GenerationRequest {
   int64_t checkpoint_every = 0;
   std::vector<int64_t> checkpoint_at;
   std::function<void(Session&)> on_checkpoint;
+  // Prefill progress (a status line, a client's "reading prompt N / M"): on_prompt_progress runs once before the
+  // prefill's first forward call (processed == cached), then after each of its forward calls (a chunk of the
+  // prompt, never a token), the last time with processed == total, before the first token is sampled.
+  std::function<void(const PromptProgress&)> on_prompt_progress;
 };
 
 // What a spent thinking budget forces (callers tokenise it into reasoning_close_tokens): a note that tells the model

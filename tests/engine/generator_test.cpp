@@ -378,6 +378,56 @@ TEST(Generator, SessionReuseFeedsOnlyTheNewPart) {
   EXPECT_EQ(runner.fed, 2);
 }
 
+// on_prompt_progress: once as the prefill starts (processed == cached), then after each forward call of the prompt
+// (its chunks, cut at the checkpoints), the last one at processed == total before the first token; never per token.
+TEST(Generator, PromptProgressAtEachPrefillCall) {
+  FakeRunner runner;
+  runner.preferred_chunk = 10;
+  Generator gen(runner, letters());
+  auto session = runner.create_session(100);
+  std::vector<int32_t> prompt(23);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t(2 + i % 30);
+  GenerationRequest r = greedy_request(prompt, 4);
+  r.checkpoint_at = {15};
+  std::vector<PromptProgress> reports;
+  std::vector<std::string> order;  // "p" for a report, "t" for a token
+  r.on_prompt_progress = [&](const PromptProgress& p) {
+    reports.push_back(p);
+    order.push_back("p");
+  };
+  gen.generate(*session, r, [&](const TokenEvent&) {
+    order.push_back("t");
+    return true;
+  });
+  std::vector<int64_t> processed;
+  for (const PromptProgress& p : reports) {
+    processed.push_back(p.processed);
+    EXPECT_EQ(p.total, 23);
+    EXPECT_EQ(p.cached, 0);
+  }
+  EXPECT_EQ(processed, (std::vector<int64_t>{0, 10, 15, 23}));  // the calls: 10, 5 (to the checkpoint), 8
+  for (size_t i = 1; i < reports.size(); ++i) EXPECT_GE(reports[i].elapsed_s, reports[i - 1].elapsed_s);
+  EXPECT_EQ(order, (std::vector<std::string>{"p", "p", "p", "p", "t", "t", "t", "t"}));
+
+  // A session that holds the prompt's start: counted as cached, and the reports start there.
+  std::vector<int32_t> longer = prompt;
+  for (int i = 0; i < 12; ++i) longer.push_back(int32_t(3 + i));
+  auto held = runner.create_session(100);
+  static_cast<FakeSession&>(*held).tokens = prompt;
+  GenerationRequest r2 = greedy_request(longer, 1);
+  reports.clear();
+  r2.on_prompt_progress = [&](const PromptProgress& p) { reports.push_back(p); };
+  const GenerationResult res = gen.generate(*held, r2);
+  EXPECT_EQ(res.cached_tokens, 23);
+  processed.clear();
+  for (const PromptProgress& p : reports) {
+    processed.push_back(p.processed);
+    EXPECT_EQ(p.total, 35);
+    EXPECT_EQ(p.cached, 23);
+  }
+  EXPECT_EQ(processed, (std::vector<int64_t>{23, 33, 35}));
+}
+
 TEST(Generator, BadRequestsAreErrors) {
   FakeRunner runner;
   Generator gen(runner, letters());

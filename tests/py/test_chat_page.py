@@ -3,8 +3,8 @@
 the random-weights warning, errors shown as errors, settings, new chat, repairing a conversation (copy, delete,
 regenerate, edit and resend; deleting a chat asks; New chat and switching stop a stream; a context overflow
 offers a new chat), code highlighting and math (highlight.js and KaTeX, served from the binary under /page/), the
-favicon, a phone (the placeholder fits; Enter adds a line and the Send button sends), and screenshots at desktop
-and phone size
+favicon, a phone (the placeholder fits; Enter adds a line and the Send button sends), the queue and prompt progress
+shown until the first token, and screenshots at desktop and phone size
 (written to test-artifacts/ beside the tern binary, or $TERN_TEST_ARTIFACTS).
 
 Skipped only when no chromium binary exists (scripts/install-deps installs it).
@@ -633,3 +633,96 @@ def test_phone_placeholder_fits_and_enter_adds_a_line(browser):
     finally:
         b.js("tern.hooks.extraBody = null")
     assert b.js("tern.hooks.lastBody.messages")[-1] == {"role": "user", "content": "desk one\ndesk two"}
+
+
+# ---- queued and prefill progress (issue 35): the server's prompt_progress in place of the bare "…" ----
+
+def test_progress_shows_in_place_of_the_dots_until_the_first_token(browser):
+    """The page asks for progress (return_progress) and shows what the server reports before the first token:
+    its place in the queue, then how much of the prompt is read; the first token clears it. The stream is played
+    by a stand-in for fetch, one event at a time, so that each state can be looked at."""
+    b = browser
+    new_chat(b)
+    b.js("""(() => { window.__fetchBeforeProgress = window.fetch; window.__progressStream = null;
+      window.fetch = (url, opts) => {
+        if (!String(url).includes('/chat/completions')) return window.__fetchBeforeProgress(url, opts);
+        window.__progressSent = JSON.parse(opts.body);
+        const body = new ReadableStream({start(c) { window.__progressStream = c; }});
+        return Promise.resolve(new Response(body, {status: 200, headers: {'Content-Type': 'text/event-stream'}}));
+      }; })()""")
+    meta = {"id": "chatcmpl-p", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    empty = [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": None}]
+
+    def emit(event):
+        payload = "data: " + (event if isinstance(event, str) else json.dumps(event)) + "\n\n"
+        b.js(f"window.__progressStream.enqueue(new TextEncoder().encode({json.dumps(payload)}))")
+
+    def shown(want):
+        expr = ("(() => { const m = document.querySelectorAll('.msg.assistant'); const a = m[m.length - 1];"
+                " const p = a.querySelector('.progress'); return p.hidden ? '' : p.textContent; })()")
+        b.wait_for(f"{expr} === {json.dumps(want)}", timeout=10, what=f"the progress line {want!r}: {b.js(expr)!r}")
+
+    dots = ("(() => { const m = document.querySelectorAll('.msg.assistant .content');"
+            " return getComputedStyle(m[m.length - 1], '::after').content; })()")
+    try:
+        send(b, "Progress please")
+        b.wait_for("window.__progressStream !== null", timeout=10, what="the request")
+        assert b.js("window.__progressSent.return_progress") is True
+        emit(dict(meta, choices=[{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]))
+        shown("")
+        assert b.wait_for(f"{dots} !== 'none' && {dots}", timeout=10) == '"…"', "the dots while nothing is known"
+        reading = {"total": 31000, "cache": 0, "processed": 0, "time_ms": 0}
+        emit(dict(meta, choices=empty, prompt_progress=dict(reading, queued=True, queued_ahead=2)))
+        shown("waiting for 2 requests ahead")
+        assert b.js(dots) == "none", "no dots beside the progress line"
+        emit(dict(meta, choices=empty, prompt_progress=dict(reading, queued=True, queued_ahead=1)))
+        shown("waiting for 1 request ahead")
+        emit(dict(meta, choices=empty, prompt_progress=dict(reading, queued=True, queued_ahead=0)))
+        shown("waiting for a running request to finish")
+        emit(dict(meta, choices=empty, prompt_progress=dict(reading, processed=12000, time_ms=900)))
+        shown("reading prompt 12,000 / 31,000")
+        emit(dict(meta, choices=empty, prompt_progress=dict(reading, cache=2000, processed=14000, time_ms=950)))
+        shown("reading prompt 14,000 / 31,000 (2,000 reused)")
+        emit(dict(meta, choices=empty, prompt_progress=dict(reading, processed=31000, time_ms=2000)))
+        shown("")  # read: the first token is near, the dots again
+        emit(dict(meta, choices=[{"index": 0, "delta": {"content": "Hello"}, "finish_reason": None}]))
+        b.wait_for("(() => { const m = document.querySelectorAll('.msg.assistant .content');"
+                   " return m[m.length - 1].textContent === 'Hello'; })()", timeout=10, what="the first token")
+        shown("")
+        emit(dict(meta, choices=[{"index": 0, "delta": {}, "finish_reason": "stop"}]))
+        emit("[DONE]")
+        b.js("window.__progressStream.close()")
+        wait_done(b)
+        shown("")
+    finally:
+        b.js("""(() => { try { window.__progressStream && window.__progressStream.close(); } catch (e) {}
+          window.fetch = window.__fetchBeforeProgress; })()""")
+        if streaming(b):
+            b.js("document.getElementById('stop').click()")
+            wait_done(b, timeout=30)
+    assert last(b, ".msg.assistant .content").strip() == "Hello"
+    assert b.js("tern.progressText({total: 10, cache: 0, processed: 10, time_ms: 5})") == ""
+
+
+def test_long_prompt_shows_its_reading_on_the_real_server(browser, server):
+    """Against the server: a prompt of two of the CPU runner's chunks shows "reading prompt N / M" (every state the
+    progress line took is recorded), and the answer then comes as usual."""
+    b = browser
+    new_chat(b)
+    b.js("""(() => { window.__progressSeen = [];
+      window.__progressObserver = new MutationObserver(() => {
+        for (const p of document.querySelectorAll('#log .progress'))
+          if (!p.hidden && __progressSeen[__progressSeen.length - 1] !== p.textContent)
+            __progressSeen.push(p.textContent);
+      });
+      window.__progressObserver.observe(document.getElementById('log'),
+        {subtree: true, childList: true, characterData: true, attributes: true}); })()""")
+    try:
+        b.js(f"document.getElementById('input').value = {json.dumps('gamma ' * 3000)}")
+        ask_forced(b, "", "Read it.")
+    finally:
+        b.js("window.__progressObserver.disconnect()")
+    seen = b.js("window.__progressSeen")
+    assert any(re.fullmatch(r"reading prompt [\d,]+ / 3,\d{3}", s) for s in seen), seen
+    assert last(b, ".msg.assistant .content").strip() == "Read it."
+    assert b.js("document.querySelector('#log .msg.assistant .progress').hidden")

@@ -1,6 +1,6 @@
 """The client libraries people point at tern (issue 35), each driven as it is used by default: the openai SDK (chat
-completions, streamed or not, and the Responses API), the anthropic SDK (messages.create, messages.stream), litellm
-(an "openai/" model on a custom api_base), pydantic-ai (structured output, by its default tool-call mode and by its
+completions, streamed or not, also with llama.cpp's return_progress, and the Responses API), the anthropic SDK
+(messages.create, messages.stream), litellm (an "openai/" model on a custom api_base), pydantic-ai (structured output, by its default tool-call mode and by its
 native response_format json_schema mode) and the ollama client (chat, streamed or not, generate, list, show). Each
 sends the model name the tool defaults to (any name is answered when one model is served) and must get a usable
 answer in the shapes the library parses: non-empty text, or an object that validates.
@@ -82,6 +82,21 @@ def test_openai_chat_completion_stream(oai):
     assert text.strip(), chunks
     finishes = [ch.finish_reason for ch in choices if ch.finish_reason]
     assert finishes in (["stop"], ["length"]), finishes
+
+
+def test_openai_chat_completion_stream_with_progress(oai):
+    """llama.cpp's return_progress through the SDK (extra_body, as clients that know llama-server send it): the
+    progress chunks parse as chunks with an empty delta, their prompt_progress kept in model_extra, and the answer's
+    text adds up as without them."""
+    chunks = list(oai.chat.completions.create(model="gpt-4o-mini", messages=USER, max_tokens=MAX_TOKENS, stream=True,
+                                              extra_body={"return_progress": True}))
+    assert chunks and all(c.object == "chat.completion.chunk" and c.model == MODEL for c in chunks)
+    progress = [c.model_extra["prompt_progress"] for c in chunks if "prompt_progress" in (c.model_extra or {})]
+    assert progress and progress[-1]["processed"] == progress[-1]["total"] > 0, progress
+    choices = [ch for c in chunks for ch in c.choices]
+    assert choices and all(ch.index == 0 for ch in choices)
+    assert "".join(ch.delta.content or "" for ch in choices).strip(), chunks
+    assert [ch.finish_reason for ch in choices if ch.finish_reason] in (["stop"], ["length"])
 
 
 @pytest.mark.skipif(not hasattr(openai.OpenAI, "responses"), reason="this openai SDK has no Responses API")

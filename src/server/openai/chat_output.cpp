@@ -43,6 +43,19 @@ Json ChatOutput::first_chunk() const {
   return c;
 }
 
+std::vector<Json> ChatOutput::progress_chunks(const TaskProgress& progress) const {
+  if (!request_.return_progress) return {};
+  Json choice = {{"index", 0}, {"delta", Json::object()}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+  Json c = {{"id", meta_.id},
+            {"object", "chat.completion.chunk"},
+            {"created", meta_.created},
+            {"model", meta_.model},
+            {"choices", Json::array({std::move(choice)})},
+            {"prompt_progress", prompt_progress_json(progress)}};
+  if (request_.include_usage) c["usage"] = nullptr;
+  return {c};
+}
+
 Json ChatOutput::absorb(const ParsedDelta& d) {
   Json delta = Json::object();
   std::string content = d.content;

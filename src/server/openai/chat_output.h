@@ -27,6 +27,9 @@ class ChatOutput {
   Json first_chunk() const;
   // Stream chunks for one token event (often none: text held back by the parser).
   std::vector<Json> on_token(const TokenEvent& event);
+  // A progress event's stream chunk (return_progress; none without): an empty delta and "prompt_progress", as
+  // llama.cpp streams it (the choice keeps the chunk one that OpenAI's clients parse).
+  std::vector<Json> progress_chunks(const TaskProgress& progress) const;
   // The last stream chunks: what the parser still held, the finish_reason, then usage (include_usage).
   std::vector<Json> finish_chunks(const GenerationResult& result);
   // The non-streamed response (call after every on_token; finish_chunks is not needed).

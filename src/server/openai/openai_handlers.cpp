@@ -89,6 +89,7 @@ void handle_chat_completions(ServerState& state, const httplib::Request& req, ht
   task->request.grammar = request.grammar;
   if (request.grammar && chat_prompt.starts_in_reasoning) task->request.grammar_start_after = "</think>";
   set_thinking_budget(state, task->request, request.thinking_budget, chat_prompt.starts_in_reasoning);
+  task->report_progress = request.stream && request.return_progress;  // a non-streamed answer has nowhere to show it
   ex->task = task;
   ex->output = std::make_unique<ChatOutput>(ex->request, *state.model.tokenizer,
                                             ResponseMeta{task->id, unix_now(), state.model.model_id},
@@ -135,6 +136,7 @@ void handle_completions(ServerState& state, const httplib::Request& req, httplib
   task->request.sampling = std::get<SamplingParams>(sampling);
   task->request.max_tokens = request.max_tokens;
   task->request.stop = request.stop;
+  task->report_progress = request.stream && request.return_progress;
   ex->task = task;
   ex->output = std::make_unique<CompletionOutput>(ex->request, *state.model.tokenizer,
                                                   ResponseMeta{task->id, unix_now(), state.model.model_id},

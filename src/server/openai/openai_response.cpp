@@ -4,6 +4,19 @@
 
 namespace tern::server {
 
+Json prompt_progress_json(const TaskProgress& progress) {
+  const PromptProgress& p = progress.prompt;
+  Json j = {{"total", p.total},
+            {"cache", p.cached},
+            {"processed", p.processed},
+            {"time_ms", int64_t(p.elapsed_s * 1000)}};
+  if (progress.queued) {
+    j["queued"] = true;
+    j["queued_ahead"] = progress.queued_ahead;
+  }
+  return j;
+}
+
 Json usage_json(const GenerationResult& r) {
   Json u = {{"prompt_tokens", r.prompt_tokens},
             {"completion_tokens", r.completion_tokens},
@@ -60,6 +73,13 @@ Json CompletionOutput::chunk(const std::string& text, const Json& logprobs, cons
             {"choices", Json::array({choice})}};
   if (request_.include_usage) c["usage"] = nullptr;
   return c;
+}
+
+std::vector<Json> CompletionOutput::progress_chunks(const TaskProgress& progress) const {
+  if (!request_.return_progress) return {};
+  Json c = chunk("", nullptr, nullptr);
+  c["prompt_progress"] = prompt_progress_json(progress);
+  return {c};
 }
 
 // The legacy completions format: {"tokens","token_logprobs","top_logprobs":[{token: logprob}],"text_offset"}.

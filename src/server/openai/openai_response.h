@@ -9,6 +9,7 @@
 #include "engine/generator.h"
 #include "server/openai/openai_schema.h"
 #include "server/serving/output_common.h"
+#include "server/serving/request_queue.h"
 
 namespace tern {
 class Tokenizer;
@@ -28,6 +29,12 @@ Json usage_json(const GenerationResult& result);
 // "stop" / "length" (the context limit is "length" too, as in OpenAI and vLLM).
 const char* finish_reason_text(FinishReason reason);
 
+// A stream chunk's "prompt_progress" (return_progress), llama.cpp's object: {"total","cache","processed","time_ms"}
+// (prompt tokens; cache: reused from the prefix cache, counted in processed too; time_ms: since the prompt's
+// reading started). While the request waits in the queue, tern's form: processed, cache and time_ms 0, and
+// "queued": true with "queued_ahead": the requests waiting before it (0: it starts next).
+Json prompt_progress_json(const TaskProgress& progress);
+
 // Chat log-probability entry of one token: {"token","logprob","bytes","top_logprobs":[...]}.
 Json chat_logprob_entry(const Tokenizer& tokenizer, const TokenEvent& event);
 // A token's text for JSON (invalid UTF-8 replaced) and its raw bytes.
@@ -40,6 +47,8 @@ class CompletionOutput {
                    std::string echo_text);
   // Stream chunks for this token (none when it added no text and carries no log-probabilities).
   std::vector<Json> on_token(const TokenEvent& event);
+  // A progress event's stream chunk (return_progress; none without): an empty text choice and "prompt_progress".
+  std::vector<Json> progress_chunks(const TaskProgress& progress) const;
   // The last stream chunks: finish_reason, then usage (include_usage).
   std::vector<Json> finish_chunks(const GenerationResult& result);
   // The non-streamed response.

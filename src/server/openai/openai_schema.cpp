@@ -347,6 +347,7 @@ std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, co
     r.tools = function_tools(j);
     parse_tool_choice(j, r);
     parse_stream(j, r.stream, r.include_usage);
+    r.return_progress = get_bool(j, "return_progress").value_or(false);
     auto max_completion = get_integer(j, "max_completion_tokens", 1, std::numeric_limits<int32_t>::max());
     auto max_tokens = get_integer(j, "max_tokens", 1, std::numeric_limits<int32_t>::max());
     r.max_tokens = max_completion ? max_completion : max_tokens;
@@ -393,6 +394,7 @@ std::variant<CompletionRequest, ApiError> parse_completion_request(std::string_v
       bad("prompt", "'prompt' must be a string or an array of token ids (one prompt per request), got " + json_kind(*p) + ".");
     }
     parse_stream(j, r.stream, r.include_usage);
+    r.return_progress = get_bool(j, "return_progress").value_or(false);
     r.max_tokens = get_integer(j, "max_tokens", 1, std::numeric_limits<int32_t>::max()).value_or(16);
     parse_sampling(j, options, r.sampling);
     r.stop = parse_stop(j);

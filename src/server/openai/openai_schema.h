@@ -23,6 +23,7 @@ struct CompletionRequest {
   bool prompt_is_ids = false;
   bool stream = false;
   bool include_usage = false;
+  bool return_progress = false;        // llama.cpp's: a stream first reports the queue and the prompt's reading
   int64_t max_tokens = 16;             // OpenAI's default for this endpoint
   SamplingOverrides sampling;
   std::vector<std::string> stop;

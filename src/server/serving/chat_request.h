@@ -39,6 +39,7 @@ struct ChatRequest {
   bool continue_final_message = false;
   bool stream = false;
   bool include_usage = false;      // stream_options.include_usage
+  bool return_progress = false;    // llama.cpp's: a streamed answer first reports the queue and the prompt's reading
   std::optional<int64_t> max_tokens;  // max_completion_tokens, else max_tokens
   SamplingOverrides sampling;
   std::vector<std::string> stop;   // non-empty strings, at most 4

@@ -98,6 +98,8 @@ void EngineLoop::run() {
       if (queue_.closed() && queue_.waiting() == 0) return;
       continue;
     }
+    // Every sequence busy: the tasks still waiting learn their place (those that asked; only when it changed).
+    if (int(running_.size()) >= scheduler_.parallel) queue_.report_positions();
     step();
   }
 }
@@ -132,6 +134,12 @@ void EngineLoop::start(const std::shared_ptr<GenerationTask>& task) {
       t.request.on_checkpoint = [this, &t](Session& s) { cache_->checkpoint(s, t.request.prompt); };
     } else {
       t.request.checkpoint_at.clear();  // no snapshots: the prefill's chunks as without the cache
+    }
+    // Progress at each prompt chunk the scheduler runs (a step's chunk: --step-tokens while others decode).
+    if (t.report_progress) {
+      t.request.on_prompt_progress = [&t](const PromptProgress& p) {
+        t.events.push(EngineEvent::of_prompt_progress(p));
+      };
     }
     r->run = std::make_unique<GenerationRun>(generator_, *r->session, t.request, [&t](const TokenEvent& e) {
       if (t.cancel.load(std::memory_order_relaxed)) return false;
@@ -222,6 +230,7 @@ void EngineLoop::finish(Running& r, EngineEvent done, TaskOutcome outcome) {
     }
   }
   task.request.on_checkpoint = nullptr;
+  task.request.on_prompt_progress = nullptr;
   metrics_.on_prefix_cache(cache_->stats(), cache_->active());
   metrics_.on_task_finished(outcome, result.prompt_tokens, result.cached_tokens, result.completion_tokens,
                             result.prefill_s, result.decode_s);

@@ -5,6 +5,8 @@
 // ModelRunner::forward_batch and hands each its output (engine/generation_run.h). A task runs in the session the
 // prefix cache gives it (engine/prefix_cache.h: the conversation's own session, restored to the longest snapshot its
 // prompt reuses) and leaves at a token boundary: finished, cancelled (its slot is free for the next step) or failed.
+// A task that asked for progress (GenerationTask::report_progress) also gets, before its first token, its place in
+// the queue while it waits (each time it changes) and its prefill's counts at each chunk of its prompt.
 // Handlers never touch the runner, the sessions or the generator.
 #pragma once
 

@@ -230,6 +230,16 @@ bool stream_step(Ex& ex, httplib::DataSink& sink) {
       }
       case EngineEvent::Kind::error:
         return stream_end_with_error(ex, sink, event->error);
+      case EngineEvent::Kind::progress: {
+        // Only a task whose client asked gets these (GenerationTask::report_progress, which the OpenAI routes set);
+        // an output that writes no progress chunks skips them.
+        if constexpr (requires { ex.output->progress_chunks(event->progress); }) {
+          for (const Json& c : ex.output->progress_chunks(event->progress))
+            if (!write(Protocol::stream_event(c))) return false;
+          return true;
+        }
+        continue;
+      }
     }
   }
 }
@@ -292,6 +302,7 @@ void serve(ServerState& state, const httplib::Request& req, httplib::Response& r
       }
       continue;
     }
+    if (event->kind == EngineEvent::Kind::progress) continue;  // a stream's only
     if (event->kind == EngineEvent::Kind::token) {
       try {
         ex->output->on_token(event->token);

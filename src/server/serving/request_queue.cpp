@@ -25,6 +25,22 @@ EngineEvent EngineEvent::of_error(ApiError error) {
   return e;
 }
 
+EngineEvent EngineEvent::of_queued(int64_t ahead, int64_t prompt_tokens) {
+  EngineEvent e;
+  e.kind = Kind::progress;
+  e.progress.queued = true;
+  e.progress.queued_ahead = ahead;
+  e.progress.prompt.total = prompt_tokens;  // nothing read yet, nothing known to be cached
+  return e;
+}
+
+EngineEvent EngineEvent::of_prompt_progress(const PromptProgress& prompt) {
+  EngineEvent e;
+  e.kind = Kind::progress;
+  e.progress.prompt = prompt;
+  return e;
+}
+
 void EventChannel::push(EngineEvent event) {
   {
     std::lock_guard lock(mutex_);
@@ -47,6 +63,7 @@ bool RequestQueue::push(std::shared_ptr<GenerationTask> task) {
     if (closed_ || tasks_.size() >= max_waiting_) return false;
     task->enqueued = std::chrono::steady_clock::now();
     tasks_.push_back(std::move(task));
+    moved_ = true;
   }
   ready_.notify_one();
   return true;
@@ -58,6 +75,7 @@ std::shared_ptr<GenerationTask> RequestQueue::pop() {
   if (tasks_.empty()) return nullptr;
   auto task = std::move(tasks_.front());
   tasks_.pop_front();
+  moved_ = true;
   return task;
 }
 
@@ -66,6 +84,7 @@ std::shared_ptr<GenerationTask> RequestQueue::try_pop() {
   if (tasks_.empty()) return nullptr;
   auto task = std::move(tasks_.front());
   tasks_.pop_front();
+  moved_ = true;
   return task;
 }
 
@@ -79,6 +98,7 @@ bool RequestQueue::remove(const std::shared_ptr<GenerationTask>& task) {
   auto it = std::find(tasks_.begin(), tasks_.end(), task);
   if (it == tasks_.end()) return false;
   tasks_.erase(it);
+  moved_ = true;
   return true;
 }
 
@@ -88,6 +108,18 @@ void RequestQueue::close() {
     closed_ = true;
   }
   ready_.notify_all();
+}
+
+void RequestQueue::report_positions() {
+  std::lock_guard lock(mutex_);
+  if (!moved_) return;
+  moved_ = false;
+  for (size_t i = 0; i < tasks_.size(); ++i) {
+    GenerationTask& task = *tasks_[i];
+    if (!task.report_progress || task.reported_ahead == int64_t(i)) continue;
+    task.reported_ahead = int64_t(i);
+    task.events.push(EngineEvent::of_queued(int64_t(i), int64_t(task.request.prompt.size())));
+  }
 }
 
 size_t RequestQueue::waiting() const {

@@ -148,5 +148,59 @@ TEST(CompletionOutput, EchoStreamAndUsage) {
   EXPECT_EQ(out.response(r)["choices"][0]["text"], "Hi there!");
 }
 
+// return_progress: llama.cpp's prompt_progress on a chunk whose one choice has an empty delta (OpenAI's clients
+// parse it as a chunk that adds nothing); tern's queued form adds queued and queued_ahead. Without the flag: none.
+TEST(ChatOutput, ProgressChunksOnlyWhenAsked) {
+  TaskProgress reading;
+  reading.prompt = PromptProgress{.total = 31000, .cached = 2000, .processed = 12000, .elapsed_s = 1.2345};
+  TaskProgress queued;
+  queued.queued = true;
+  queued.queued_ahead = 2;
+  queued.prompt.total = 31000;
+
+  ChatRequest plain;
+  ChatOutput quiet(plain, tokenizer(), ResponseMeta{"chatcmpl-x", 1, "m"}, false);
+  EXPECT_TRUE(quiet.progress_chunks(reading).empty());
+  EXPECT_TRUE(quiet.progress_chunks(queued).empty());
+
+  ChatRequest asked;
+  asked.stream = asked.return_progress = asked.include_usage = true;
+  ChatOutput out(asked, tokenizer(), ResponseMeta{"chatcmpl-x", 1, "m"}, false);
+  std::vector<Json> chunks = out.progress_chunks(reading);
+  ASSERT_EQ(chunks.size(), 1u);
+  const Json& c = chunks[0];
+  EXPECT_EQ(c["object"], "chat.completion.chunk");
+  EXPECT_EQ(c["id"], "chatcmpl-x");
+  ASSERT_EQ(c["choices"].size(), 1u);
+  EXPECT_EQ(c["choices"][0]["index"], 0);
+  EXPECT_EQ(c["choices"][0]["delta"], Json::object());
+  EXPECT_TRUE(c["choices"][0]["finish_reason"].is_null());
+  EXPECT_TRUE(c["usage"].is_null());
+  EXPECT_EQ(c["prompt_progress"], Json::parse(R"({"total":31000,"cache":2000,"processed":12000,"time_ms":1234})"));
+
+  chunks = out.progress_chunks(queued);
+  ASSERT_EQ(chunks.size(), 1u);
+  EXPECT_EQ(chunks[0]["prompt_progress"],
+            Json::parse(R"({"total":31000,"cache":0,"processed":0,"time_ms":0,"queued":true,"queued_ahead":2})"));
+  EXPECT_EQ(chunks[0]["choices"][0]["delta"], Json::object());
+}
+
+TEST(CompletionOutput, ProgressChunksOnlyWhenAsked) {
+  TaskProgress reading;
+  reading.prompt = PromptProgress{.total = 40, .cached = 0, .processed = 16, .elapsed_s = 0.05};
+  CompletionRequest plain;
+  const CompletionOutput quiet(plain, tokenizer(), ResponseMeta{"cmpl-x", 1, "m"}, "");
+  EXPECT_TRUE(quiet.progress_chunks(reading).empty());
+  CompletionRequest asked;
+  asked.stream = asked.return_progress = true;
+  CompletionOutput out(asked, tokenizer(), ResponseMeta{"cmpl-x", 1, "m"}, "");
+  const std::vector<Json> chunks = out.progress_chunks(reading);
+  ASSERT_EQ(chunks.size(), 1u);
+  EXPECT_EQ(chunks[0]["object"], "text_completion");
+  EXPECT_EQ(chunks[0]["choices"][0]["text"], "");
+  EXPECT_TRUE(chunks[0]["choices"][0]["finish_reason"].is_null());
+  EXPECT_EQ(chunks[0]["prompt_progress"], Json::parse(R"({"total":40,"cache":0,"processed":16,"time_ms":50})"));
+}
+
 }  // namespace
 }  // namespace tern::server

@@ -37,6 +37,23 @@ TEST(OpenaiSchema, MinimalChatGetsDefaults) {
   EXPECT_FALSE(r.sampling.temperature.has_value());
   EXPECT_TRUE(r.tools.empty());
   EXPECT_TRUE(r.continue_final_message);  // a last assistant message is a prefill
+  EXPECT_FALSE(r.return_progress);
+}
+
+// llama.cpp's return_progress: a boolean (null: not given), on chat and completions.
+TEST(OpenaiSchema, ReturnProgress) {
+  EXPECT_TRUE(chat_ok("{" + kUser + R"(,"stream":true,"return_progress":true})").return_progress);
+  EXPECT_FALSE(chat_ok("{" + kUser + R"(,"return_progress":false})").return_progress);
+  EXPECT_FALSE(chat_ok("{" + kUser + R"(,"return_progress":null})").return_progress);
+  const ApiError e = chat_error("{" + kUser + R"(,"return_progress":"yes"})");
+  EXPECT_EQ(e.param, "return_progress");
+  EXPECT_EQ(e.message, "'return_progress' must be a boolean, got a string.");
+  auto completion = parse_completion_request(R"({"prompt":"hi","stream":true,"return_progress":true})", options());
+  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(completion));
+  EXPECT_TRUE(std::get<CompletionRequest>(completion).return_progress);
+  auto bad = parse_completion_request(R"({"prompt":"hi","return_progress":[true]})", options());
+  ASSERT_TRUE(std::holds_alternative<ApiError>(bad));
+  EXPECT_EQ(std::get<ApiError>(bad).param, "return_progress");
 }
 
 TEST(OpenaiSchema, ParsesEveryParameter) {
@@ -79,6 +96,7 @@ TEST(OpenaiSchema, BadValuesNameTheParameter) {
       {R"("stop":5)", "stop"},                        {R"("logit_bias":{"abc":1})", "logit_bias"},
       {R"("logit_bias":{"5000":1})", "logit_bias"},   {R"("logit_bias":{"5":101})", "logit_bias"},
       {R"("seed":1.5)", "seed"},                      {R"("stream":"yes")", "stream"},
+      {R"("return_progress":1)", "return_progress"},  {R"("return_progress":"true")", "return_progress"},
       {R"("response_format":{"type":"xml"})", "response_format"},
       {R"("response_format":{"type":"json_schema","json_schema":{}})", "response_format"},
       {R"("tool_choice":"maybe")", "tool_choice"},    {R"("tool_choice":"required")", "tool_choice"},

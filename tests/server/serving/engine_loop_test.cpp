@@ -305,6 +305,114 @@ TEST(EngineLoopScheduler, LongPromptIsReadBetweenTheTokensOfRunningRequests) {
   EXPECT_GE(prompt_steps, 100 / 8) << "b's prompt was read in chunks beside a's tokens";
 }
 
+// What a task that asked for progress saw, in order: its queued places, its prompt reports, its tokens, its end.
+struct ProgressSeen {
+  std::vector<int64_t> queued_ahead;
+  std::vector<PromptProgress> prompt;
+  int64_t tokens = 0;
+  bool progress_after_token = false, queued_after_prompt = false;
+  EngineEvent end;
+};
+
+ProgressSeen watch(GenerationTask& task) {
+  ProgressSeen seen;
+  for (;;) {
+    std::optional<EngineEvent> e = task.events.pop(std::chrono::seconds(30));
+    if (!e) {
+      ADD_FAILURE() << "no end event within 30 s";
+      return seen;
+    }
+    switch (e->kind) {
+      case EngineEvent::Kind::progress:
+        if (seen.tokens > 0) seen.progress_after_token = true;
+        if (e->progress.queued) {
+          if (!seen.prompt.empty()) seen.queued_after_prompt = true;
+          seen.queued_ahead.push_back(e->progress.queued_ahead);
+        } else {
+          seen.prompt.push_back(e->progress.prompt);
+        }
+        break;
+      case EngineEvent::Kind::token:
+        ++seen.tokens;
+        break;
+      default:
+        seen.end = *e;
+        return seen;
+    }
+  }
+}
+
+// One sequence (--parallel 1), four requests that asked for progress: each waiting one is told its place as it moves
+// up (2, 1, 0), then each prompt's reading at every chunk (--step-tokens, or the generator's chunk alone) from 0 to
+// the whole prompt, all before its first token.
+TEST(EngineLoopScheduler, ProgressTellsThePlaceInTheQueueThenThePromptsChunks) {
+  RecordingRunner runner;
+  GeneratorOptions options;
+  options.prefill_chunk = 8;  // a prompt read alone goes in chunks of 8
+  Generator generator(runner, letters(), options);
+  Metrics metrics;
+  EngineLoop loop(generator, 128, 16, metrics, {}, SchedulerOptions{.parallel = 1, .step_tokens = 8});
+  std::vector<std::shared_ptr<GenerationTask>> tasks;
+  runner.hold();  // the first one's first step waits until all four are queued
+  for (int i = 0; i < 4; ++i) {
+    std::vector<int32_t> prompt(size_t(20 + 3 * i));
+    for (size_t j = 0; j < prompt.size(); ++j) prompt[j] = int32_t((3 * j + size_t(i) + 2) % kVocabReal);
+    auto task = std::make_shared<GenerationTask>();
+    task->id = "p" + std::to_string(i);
+    task->request = request(prompt, 5);
+    task->report_progress = true;
+    ASSERT_TRUE(loop.submit(task));
+    tasks.push_back(task);
+  }
+  runner.release();
+  for (int i = 0; i < 4; ++i) {
+    const ProgressSeen seen = watch(*tasks[size_t(i)]);
+    ASSERT_EQ(seen.end.kind, EngineEvent::Kind::done) << seen.end.error.message;
+    EXPECT_EQ(seen.tokens, 5);
+    EXPECT_FALSE(seen.progress_after_token) << "task " << i;
+    EXPECT_FALSE(seen.queued_after_prompt) << "task " << i;
+    // The first ran at once; task i waited behind i - 1 others (i - 1 ahead of it in the queue, then fewer).
+    std::vector<int64_t> places;
+    for (int64_t ahead = i - 1; ahead >= 0; --ahead) places.push_back(ahead);
+    EXPECT_EQ(seen.queued_ahead, places) << "task " << i;
+    const int64_t total = 20 + 3 * i;
+    ASSERT_FALSE(seen.prompt.empty());
+    EXPECT_EQ(seen.prompt.front().processed, 0);
+    EXPECT_EQ(seen.prompt.back().processed, total) << "the last report has the whole prompt";
+    EXPECT_EQ(int64_t(seen.prompt.size()), 1 + (total + 7) / 8) << "one report as it starts, one per chunk";
+    for (size_t k = 0; k < seen.prompt.size(); ++k) {
+      EXPECT_EQ(seen.prompt[k].total, total);
+      EXPECT_EQ(seen.prompt[k].cached, 0);
+      if (k > 0) {
+        EXPECT_GT(seen.prompt[k].processed, seen.prompt[k - 1].processed);
+        EXPECT_LE(seen.prompt[k].processed - seen.prompt[k - 1].processed, 8);
+        EXPECT_GE(seen.prompt[k].elapsed_s, seen.prompt[k - 1].elapsed_s);
+      }
+    }
+  }
+}
+
+// Without report_progress (every client that did not ask), a task gets only its tokens and its end.
+TEST(EngineLoopScheduler, NoProgressUnlessAsked) {
+  RecordingRunner runner;
+  GeneratorOptions options;
+  options.prefill_chunk = 4;
+  Generator generator(runner, letters(), options);
+  Metrics metrics;
+  EngineLoop loop(generator, 128, 16, metrics, {}, SchedulerOptions{.parallel = 1, .step_tokens = 4});
+  runner.hold();
+  auto a = submit(loop, request(std::vector<int32_t>(30, 5), 3), "a");
+  auto b = submit(loop, request(std::vector<int32_t>(30, 6), 3), "b");  // waits behind a
+  runner.release();
+  for (auto* t : {a.get(), b.get()}) {
+    const ProgressSeen seen = watch(*t);
+    ASSERT_EQ(seen.end.kind, EngineEvent::Kind::done) << seen.end.error.message;
+    EXPECT_EQ(seen.tokens, 3);
+    EXPECT_TRUE(seen.queued_ahead.empty());
+    EXPECT_TRUE(seen.prompt.empty());
+  }
+}
+
 TEST(EngineLoopScheduler, CancelledRequestFreesItsSlot) {
   RecordingRunner runner;
   runner.step_delay = std::chrono::milliseconds(1);

@@ -1,7 +1,9 @@
 // The FIFO queue and the metrics that count it.
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <thread>
+#include <vector>
 
 #include "server/serving/metrics.h"
 #include "server/serving/request_queue.h"
@@ -36,6 +38,44 @@ TEST(RequestQueue, PopWaitsForPush) {
   });
   EXPECT_EQ(q.pop(), a);
   t.join();
+}
+
+// The queued places each waiting task has been told, in order (and nothing else was pushed to it).
+std::vector<int64_t> places_told(GenerationTask& task, int64_t prompt_tokens) {
+  std::vector<int64_t> told;
+  while (std::optional<EngineEvent> e = task.events.pop(std::chrono::milliseconds(0))) {
+    EXPECT_EQ(e->kind, EngineEvent::Kind::progress);
+    EXPECT_TRUE(e->progress.queued);
+    EXPECT_EQ(e->progress.prompt.total, prompt_tokens);
+    EXPECT_EQ(e->progress.prompt.processed, 0);
+    told.push_back(e->progress.queued_ahead);
+  }
+  return told;
+}
+
+// Only tasks that asked are told their place, once each time it changes.
+TEST(RequestQueue, ReportPositionsTellsTheTasksThatAskedWhenTheirPlaceChanged) {
+  RequestQueue q(8);
+  std::shared_ptr<GenerationTask> t[4];
+  for (int i = 0; i < 4; ++i) {
+    t[i] = std::make_shared<GenerationTask>();
+    t[i]->request.prompt.assign(size_t(10 + i), 3);
+    t[i]->report_progress = i != 1;  // t[1] did not ask
+    ASSERT_TRUE(q.push(t[i]));
+  }
+  q.report_positions();
+  EXPECT_EQ(places_told(*t[0], 10), std::vector<int64_t>{0});
+  EXPECT_EQ(places_told(*t[2], 12), std::vector<int64_t>{2});
+  EXPECT_EQ(places_told(*t[3], 13), std::vector<int64_t>{3});
+  q.report_positions();  // nothing moved: nothing new
+  EXPECT_TRUE(places_told(*t[2], 12).empty());
+  EXPECT_EQ(q.pop(), t[0]);
+  EXPECT_TRUE(q.remove(t[2]));
+  q.report_positions();
+  EXPECT_TRUE(places_told(*t[0], 10).empty()) << "a task that left the queue is not told";
+  EXPECT_TRUE(places_told(*t[1], 11).empty()) << "nor one that did not ask";
+  EXPECT_TRUE(places_told(*t[2], 12).empty());
+  EXPECT_EQ(places_told(*t[3], 13), std::vector<int64_t>{1});
 }
 
 TEST(EventChannel, TimesOutThenDelivers) {

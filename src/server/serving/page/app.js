@@ -1,7 +1,9 @@
 // tern's chat page: chats kept in localStorage, answers streamed from /v1/chat/completions (SSE), Stop aborts the
 // fetch (the server cancels a generation whose client went away), thinking shown apart and collapsible, errors
-// shown as errors, tok/s and time to first token per answer. Messages can be copied, deleted, edited and resent; the
-// last answer regenerated. New chat, switching and deleting chats stop a streaming answer first (deleting asks).
+// shown as errors, tok/s and time to first token per answer; until the first token, where the request stands (the
+// server's prompt_progress: waiting in its queue, or reading the prompt). Messages can be copied, deleted, edited
+// and resent; the last answer regenerated. New chat, switching and deleting chats stop a streaming answer first
+// (deleting asks).
 // Code blocks are highlighted (highlight.js) and formulas rendered (KaTeX), both served by this server under /page/.
 // No network but this server's own API.
 'use strict';
@@ -66,6 +68,21 @@
   log.addEventListener('scroll', () => { stick = log.scrollTop + log.clientHeight >= log.scrollHeight - 30; });
   const follow = () => { if (stick) log.scrollTop = log.scrollHeight; };
 
+  // A prompt_progress object (the server's, sent with return_progress) as the line shown before the first token:
+  // "waiting for 2 requests ahead" while queued, "reading prompt 12,000 / 31,000" while the prompt is read; ""
+  // once it is read (the first token is near: the usual "…").
+  function progressText(p) {
+    const n = v => Number(v || 0).toLocaleString('en-US');
+    if (p.queued) {
+      const ahead = Number(p.queued_ahead || 0);
+      return ahead > 0 ? 'waiting for ' + n(ahead) + (ahead === 1 ? ' request' : ' requests') + ' ahead'
+                       : 'waiting for a running request to finish';
+    }
+    if (!(p.total > 0) || p.processed >= p.total) return '';
+    const reused = p.cache > 0 ? ' (' + n(p.cache) + ' reused)' : '';
+    return 'reading prompt ' + n(p.processed) + ' / ' + n(p.total) + reused;
+  }
+
   function statsText(m) {
     const s = m.stats || {}, parts = [];
     if (s.tok_s != null) parts.push(s.tok_s.toFixed(1) + ' tok/s');
@@ -115,13 +132,19 @@
     box.msg = m;
     const think = el('details', 'thinking'), summary = el('summary'), body = el('div', 'body');
     think.append(summary, body);
-    const content = el('div', 'content'), meta = el('div', 'meta');
-    box.append(think, content, meta, actionsView(m));
-    const view = {box, think, summary, body, content, meta, userToggled: false};
+    const content = el('div', 'content'), meta = el('div', 'meta'), progress = el('div', 'progress');
+    box.append(think, progress, content, meta, actionsView(m));
+    // progressText: where the request stands until its first token (set while streaming; never saved).
+    const view = {box, think, summary, body, content, meta, progress, progressText: '', userToggled: false};
     // The user's choice counts from the click itself ('toggle' events arrive later, after a render may have run).
     summary.addEventListener('click', () => { view.userToggled = true; });
     view.update = (streaming) => {
       box.classList.toggle('streaming', streaming);
+      // In place of the bare "…" until anything of the answer arrives.
+      const status = streaming && !m.content && !m.reasoning ? view.progressText : '';
+      progress.textContent = status;
+      progress.hidden = !status;
+      box.classList.toggle('waiting', !!status);
       think.hidden = !m.reasoning;
       if (m.reasoning) {
         body.textContent = m.reasoning;
@@ -387,7 +410,7 @@
   }
 
   function requestBody() {
-    const b = {messages: apiMessages(), stream: true, stream_options: {include_usage: true},
+    const b = {messages: apiMessages(), stream: true, stream_options: {include_usage: true}, return_progress: true,
       max_tokens: Math.max(1, parseInt(settings.max_tokens, 10) || DEFAULTS.max_tokens),
       chat_template_kwargs: {enable_thinking: !!settings.thinking}};
     if (settings.temperature !== '' && settings.temperature != null) b.temperature = Number(settings.temperature);
@@ -483,6 +506,7 @@
         return;
       }
       if (j.usage) usage = j.usage;
+      if (j.prompt_progress) box.view.progressText = progressText(j.prompt_progress);
       for (const ch of j.choices || []) {
         const d = ch.delta || {};
         if (d.reasoning_content || d.content || d.tool_calls) {
@@ -659,7 +683,8 @@
   window.addEventListener('pagehide', () => { if (streaming) saveChats(); });
 
   // For tests and the curious: the renderer and the request hook.
-  window.tern = {renderMarkdown: ternMarkdown.render, decorate, hooks: testHooks, settings: () => settings, info};
+  window.tern = {renderMarkdown: ternMarkdown.render, decorate, progressText, hooks: testHooks,
+    settings: () => settings, info};
 
   setStreaming(false);
   renderChat();
