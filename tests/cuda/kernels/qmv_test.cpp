@@ -14,6 +14,7 @@
 #include "cpu/ops_norm.h"
 #include "cuda/kernels/qmv/qmv.cuh"
 #include "cuda/kernels/qmv/qmv_dp4a.cuh"
+#include "cuda/kernels/qmv/qmv_dp4a_mma.cuh"
 #include "core/bf16.h"
 #include "../cuda_test_util.h"
 
@@ -614,8 +615,9 @@ std::vector<float> batch_outputs(std::mt19937_64& rng, int B, int64_t rows, int6
 
 // qmv_dp4a_batched (one token of each of B sequences in one launch) against qmv_dp4a per token: every output row bit
 // for bit, at the model's shapes (the fused GDN in_proj 12352 x 2048, o_proj 2048 x 4096, a 16384-row slice of the
-// LM head, 1024 columns with an odd row count, a stacked matrix at expert 2), B in {1, 2, 5, 32}, every mode (bit 0:
-// the norm, bit 1: accumulate), both activation widths on the first shape; tokens of very different magnitudes and an
+// LM head, 1024 columns with an odd row count, a stacked matrix at expert 2), B in {1, 2, 5, 8, 32}, every mode (bit 0:
+// the norm, bit 1: accumulate), the tensor-core form (qmv_dp4a_mma) and on the first shape also the dp4a form with
+// both activation widths; tokens of very different magnitudes and an
 // all-zero one (batch_inputs). B = 5 reads x and writes y through strides past the rows (x's gaps NaN: never read;
 // y's gaps NaN: never written). The batched call also asks L2 for ranges (l2_ahead), which must change nothing.
 TEST(CudaQmv, BatchedIntegerPathMatchesOneTokenBitwise) {
@@ -626,16 +628,19 @@ TEST(CudaQmv, BatchedIntegerPathMatchesOneTokenBitwise) {
       {WeightFormat::affine4, 1, 16384, 2048, 0}, {WeightFormat::affine4, 1, 1001, 1024, 0},
       {WeightFormat::affine4, 3, 517, 2048, 2},
   };
-  const bool wide0 = qmv_dp4a_wide();
+  const bool wide0 = qmv_dp4a_wide(), mma0 = qmv_dp4a_batched_mma();
   for (const QmvCase& c : cases) {
     auto h = random_matrix(rng, c.f, c.experts, c.rows, c.cols);
     DeviceMatrix dm(*h);
     const auto nw = random_floats(rng, size_t(c.cols), 0.5f, 1.5f);
     DeviceBuf<float> dnw(nw);
-    for (const bool wide : {true, false}) {
-      if (!wide && &c != &cases[0]) continue;
+    // kernel 0: 24-bit activations on the tensor cores (qmv_dp4a_mma), 1: 24-bit on dp4a, 2: 16-bit on dp4a
+    for (const int kernel : {0, 1, 2}) {
+      const bool wide = kernel < 2;
+      if (kernel > 0 && &c != &cases[0]) continue;
       qmv_dp4a_set_wide(wide);
-      for (int B : {1, 2, 5, 32}) {
+      qmv_dp4a_set_batched_mma(kernel == 0);
+      for (int B : {1, 2, 5, 8, 32}) {
         const int64_t ldx = B == 5 ? c.cols + 4 : c.cols, ldy = B == 5 ? c.rows + 3 : c.rows;
         DeviceBuf<float> dx(batch_inputs(rng, B, c.cols, ldx));
         for (int mode = 0; mode < 4; ++mode) {
@@ -664,7 +669,9 @@ TEST(CudaQmv, BatchedIntegerPathMatchesOneTokenBitwise) {
           qmv_dp4a_batched(batched, B, nullptr);
           TERN_CUDA(cudaGetLastError());
           const auto got = dy_batched.host(), want = dy_alone.host();
-          const std::string what = std::string(wide ? "24-bit " : "16-bit ") + std::to_string(c.rows) + "x" +
+          if (kernel == 0 && B >= 2) EXPECT_TRUE(qmv_dp4a_mma_supported(batched, B)) << c.rows << "x" << c.cols;
+          const std::string what = std::string(kernel == 0 ? "24-bit mma " : wide ? "24-bit " : "16-bit ") +
+                                   std::to_string(c.rows) + "x" +
                                    std::to_string(c.cols) + " expert " + std::to_string(c.expert) + " B=" +
                                    std::to_string(B) + " mode " + std::to_string(mode);
           for (int t = 0; t < B; ++t) {
@@ -691,6 +698,7 @@ TEST(CudaQmv, BatchedIntegerPathMatchesOneTokenBitwise) {
     }
   }
   qmv_dp4a_set_wide(wide0);
+  qmv_dp4a_set_batched_mma(mma0);
 }
 
 // qmv_dp4a_batched against the CPU twins of OneTokenIntegerPathMatchesTwin (dp4a_want, its tolerances) token by

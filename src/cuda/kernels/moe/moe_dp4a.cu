@@ -263,9 +263,13 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_dp4a_kernel(const DownPa
     sig[s] = coef * xsig[s * 8 + lane / 4];
     sx[s] = sig[s] * float(xsum[s * 64 + 2 * lane] + xsum[s * 64 + 2 * lane + 1]);
   }
+  // The residual row this lane 0 adds to, loaded a row ahead with the weights (after pdl_wait: an earlier kernel
+  // writes it), so that the add does not wait a round trip per row.
+  float hid = lane == 0 && row < p.D ? __ldcg(hidden + row) : 0.0f;
   for (; row < p.D; row += warps) {
     DownBatch nxt;
     load_down(p, ids_s, row + warps, lane, nxt);
+    const float hid_next = lane == 0 && row + warps < p.D ? __ldcg(hidden + row + warps) : 0.0f;
     float acc = 0.0f;
 #pragma unroll
     for (int s = 0; s < kSeg; ++s) {
@@ -277,7 +281,8 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_dp4a_kernel(const DownPa
       acc = fmaf(dp4a::bias_of(cur.sb[s]), sx[s], acc);
     }
     acc = warp_sum(acc);
-    if (lane == 0) hidden[row] += acc;
+    if (lane == 0) hidden[row] = hid + acc;
+    hid = hid_next;
     cur = nxt;
   }
 }

@@ -4,12 +4,13 @@
 // weights (4 words, 32 nibbles) per slice and row, and the matching activations in registers (per word the even
 // and odd columns' hi and lo bytes: 4 int8x4 registers). A warp streams batches of R consecutive rows, batches
 // interleaved over every warp of the grid; the next batch's weights, scales and biases are loaded before the current
-// batch is reduced (two batches in flight per warp). Per row each lane adds its two half-groups (fp32), the warp sums
-// the lanes by shuffles (a fixed order: deterministic), lane 0 writes.
+// batch is reduced (two batches in flight per warp). Per row each lane adds its half-groups in slice order (fp32), the
+// warp sums the lanes as a pairwise tree in lane order (warp_sum_pairs: the order qmv_dp4a_mma.cu reproduces), lane 0
+// writes.
 //
 // Batched (qmv_dp4a_batched): tiles of up to 8 tokens (grid.y). Every block quantises its tile's tokens into shared
 // memory as the one-token kernel quantises its one, and each warp folds every batch of weight rows it loads with each
-// token in turn through the same lane_dots and warp_sum: a token's rows come out bit for bit as alone (nothing in a
+// token in turn through the same lane_dots and warp_sum_pairs: a token's rows come out bit for bit as alone (nothing in a
 // row's arithmetic depends on the grid or on the other tokens), and the weights are read once per tile.
 //
 // Word w (nibbles n0..n7 LSB first, columns 8w..8w+7): w & 0x0F0F0F0F holds the even columns' nibbles as bytes,
@@ -25,6 +26,7 @@
 #include "cuda/common/launch.cuh"
 #include "cuda/common/warp_reduce.cuh"
 #include "cuda/kernels/qmv/dp4a_tile.cuh"
+#include "cuda/kernels/qmv/qmv_dp4a_mma.cuh"
 #include "cuda/kernels/qmv/qmv_tile.cuh"
 
 namespace tern::cuda {
@@ -104,7 +106,7 @@ __device__ __forceinline__ void load_lane_x(const uint4* xs, const uint2* xs_lo,
 }
 
 // The lane's part of rows [row0, row0 + R): acc[r] = Σ_j s·σ·Σq·v + b·σ·Σv over its S half-groups, in slice order.
-// The one arithmetic of every token, alone or in a batch (the warp then sums the lanes with warp_sum).
+// The one arithmetic of every token, alone or in a batch (the warp then sums the lanes with warp_sum_pairs).
 template <int S, int R, bool kWide>
 __device__ __forceinline__ void lane_dots(const Batch<S, R>& cur, const LaneX<S, kWide>& x, float (&acc)[R]) {
 #pragma unroll
@@ -182,7 +184,7 @@ __global__ void __launch_bounds__(kThreads) qmv_dp4a_kernel(const Dp4aParams p) 
     lane_dots<S, R, kWide>(cur, x, acc);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const float v = warp_sum(acc[r]) * rinv;
+      const float v = warp_sum_pairs(acc[r]) * rinv;
       const int row = batch * R + r;
       if (lane == 0 && row < p.rows) p.y[row] = p.accumulate ? p.y[row] + v : v;
     }
@@ -211,7 +213,7 @@ constexpr int tile_smem_bytes() { return int(sizeof(TokenX<S, kWide>)) * kTileTo
 
 // Tokens [kTileTokens·blockIdx.y, +kTileTokens) ∩ [0, B) of a batch: each warp loads a batch of weight rows once
 // and folds it with every token of the tile in turn (load_lane_x from shared memory, then the one-token lane_dots and
-// warp_sum), so that the weights are read once per tile instead of once per token and every token's rows come out
+// warp_sum_pairs), so that the weights are read once per tile instead of once per token and every token's rows come out
 // bit for bit as qmv_dp4a_kernel gives them alone.
 template <int S, int R, bool kWide>
 __global__ void __launch_bounds__(kThreads) qmv_dp4a_tile_kernel(const Dp4aParams p, int B) {
@@ -268,7 +270,7 @@ __global__ void __launch_bounds__(kThreads) qmv_dp4a_tile_kernel(const Dp4aParam
 #pragma unroll
       for (int g = 0; g < kGroupTokens; ++g)
 #pragma unroll
-        for (int r = 0; r < R; ++r) acc[g][r] = warp_sum(acc[g][r]);
+        for (int r = 0; r < R; ++r) acc[g][r] = warp_sum_pairs(acc[g][r]);
 #pragma unroll
       for (int g = 0; g < kGroupTokens; ++g) {
         if (t + g >= nt) break;
@@ -290,6 +292,12 @@ __global__ void __launch_bounds__(kThreads) qmv_dp4a_tile_kernel(const Dp4aParam
 bool& wide_setting() {
   static bool wide = !env_is("TERN_QMV_DP4A_BITS", "16");
   return wide;
+}
+
+// B >= 2 tokens on the integer tensor cores (qmv_dp4a_mma.cuh) where they apply, unless TERN_QMV_BATCHED_MMA=0.
+bool& batched_mma_setting() {
+  static bool on = !env_is("TERN_QMV_BATCHED_MMA", "0");
+  return on;
 }
 
 int& rows_per_batch_setting() {
@@ -372,6 +380,8 @@ bool qmv_dp4a_supported(const QmvArgs& a) {
 
 void qmv_dp4a_set_rows_per_batch(int r) { rows_per_batch_setting() = r; }
 void qmv_dp4a_set_wide(bool wide) { wide_setting() = wide; }
+void qmv_dp4a_set_batched_mma(bool on) { batched_mma_setting() = on; }
+bool qmv_dp4a_batched_mma() { return batched_mma_setting(); }
 bool qmv_dp4a_wide() { return wide_setting(); }
 
 int64_t qmv_dp4a_min_rows() {
@@ -394,6 +404,7 @@ void qmv_dp4a_batched(const QmvArgs& a, int B, cudaStream_t stream) {
   // Rows of x 16-byte aligned (the quantiser's float4 loads) and rows of y apart.
   TERN_CHECK(B == 1 || (a.ldx >= a.w.cols && a.ldx % 4 == 0 && a.ldy >= a.w.rows), "qmv_dp4a_batched: ldx ", a.ldx,
              " / ldy ", a.ldy, " for the matrix [", a.w.rows, ", ", a.w.cols, "] (ldx a multiple of 4)");
+  if (batched_mma_setting() && qmv_dp4a_mma_supported(a, B)) return qmv_dp4a_mma_batched(a, B, stream);
   run(a, B, stream);
 }
 

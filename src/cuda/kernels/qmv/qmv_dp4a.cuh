@@ -42,8 +42,12 @@ constexpr int kBatchMaxTokens = 32;  // tokens (sequences) per batched call
 // B tokens of B different sequences, each bit for bit what qmv_dp4a(a) gives for that token alone: x row b at
 // a.x + b·a.ldx, y row b at a.y + b·a.ldy (the RMSNorm, when a.norm_w is set, per token). a.T must be 1 and
 // qmv_dp4a_supported(a) true; 1 <= B <= kBatchMaxTokens; for B > 1 ldx >= cols (a multiple of 4) and ldy >= rows.
-// The one-token kernel with the token as blockIdx.y: the weights are read from memory once per call (the tokens'
-// blocks run together, one wave, and share them through L2); a.l2_ahead is asked for once. B = 1 is qmv_dp4a(a).
+// B >= 2 runs on the integer tensor cores where qmv_dp4a_mma_supported (qmv_dp4a_mma.cuh), else on dp4a in tiles of
+// 8 tokens (grid.y), each weight batch folded with every token of the tile in turn; a.l2_ahead is asked for once.
+// B = 1 is qmv_dp4a(a).
 void qmv_dp4a_batched(const QmvArgs& a, int B, cudaStream_t stream);
+// Whether B >= 2 may take the tensor-core form (true unless TERN_QMV_BATCHED_MMA=0); for tests and comparisons.
+void qmv_dp4a_set_batched_mma(bool on);
+bool qmv_dp4a_batched_mma();
 
 }  // namespace tern::cuda

@@ -1,0 +1,407 @@
+// The batched integer product on the integer tensor cores: see qmv_dp4a_mma.cuh.
+//
+// What must match. qmv_dp4a (one token) gives each output row as follows: lane l of a warp owns position l of every
+// 1024-column slice j (half-group hg = 32·j + l, 32 columns); its leaf is
+//   leaf_l = Σ_j in slice order [ fmaf(s·σ, dot, ·) then fmaf(b, σ·Σv, ·) ],  dot = round((dh·256 + dm)·256 + dl),
+// with dh, dm, dl the exact Σ q·hi, Σ q·mid, Σ q·lo over the half-group, and the warp adds the 32 leaves as a
+// pairwise tree in lane order (warp_sum_pairs: (0+1), (2+3), ..., then pairs of pairs). Every value here is made the
+// same way: the integers by mma.sync m16n8k32 (u8 weights × s8 activations, exact), dot from the same integers with
+// the same single rounding, the leaves in slice order, the tree in position order.
+//
+// Work split. A block of 8 warps takes tiles of 16 weight rows × 8 tokens (blockIdx.y: tokens 8·y ..); warp w owns
+// positions [4w, 4w + 4) of every slice, folds its 4 leaves as (l0 + l1) + (l2 + l3) per output, and the block adds the
+// 8 warps' subtrees as ((P0 + P1) + (P2 + P3)) + ((P4 + P5) + (P6 + P7)): the tree of the 32 leaves, unchanged.
+// The tokens are quantised once per block (as qmv_dp4a quantises its one token, the same 256 threads and order, so
+// the RMSNorm's Σx² is the same too) into shared memory in the MMA's B-fragment order; the row tiles stream through a
+// cp.async pipeline of L::kStages stages (weights, scales, biases), the first ones issued before pdl_wait().
+//
+// Fragments (m16n8k32, thread g = lane/4, c = lane%4): A holds (row g, k 4c..4c+3), (row g+8, same), (row g,
+// k 16+4c..), (row g+8, same); B (k 4c.., token g), (k 16+4c.., token g). Slots 4c.. of a half-group take the even
+// columns of its word c, slots 16+4c.. the odd ones: for the weights w & 0x0F0F0F0F and (w >> 4) & 0x0F0F0F0F of the
+// word that ldmatrix hands thread (g, c) (row g, bytes 4c..4c+3 of the 16-byte half-group), for the activations the
+// {even, odd} int8x4 pairs of word 4·hg + c as dp4a_tile.cuh makes them. The accumulators start at 0x4B400000 (the
+// bits of 1.5·2^23; |Σ| < 2^22), so each reads as the float 1.5·2^23 + Σ exactly.
+#include "cuda/kernels/qmv/qmv_dp4a_mma.cuh"
+
+#include <algorithm>
+#include <cstdint>
+
+#include "core/check.h"
+#include "cuda/common/cuda_common.cuh"
+#include "cuda/common/l2_prefetch.cuh"
+#include "cuda/common/launch.cuh"
+#include "cuda/common/warp_reduce.cuh"
+#include "cuda/kernels/qmv/dp4a_tile.cuh"
+#include "cuda/kernels/qmv/qmv_tile.cuh"
+
+namespace tern::cuda {
+namespace {
+
+constexpr int kThreads = 256;  // 8 warps: the one-token kernel's block, so the RMSNorm's Σx² is summed alike
+constexpr int kWarps = kThreads / 32;
+constexpr int kTileRows = 16;
+constexpr int kTileTokens = 8;
+constexpr int kPositionsPerWarp = 32 / kWarps;  // 4
+constexpr uint32_t kMagicBits = 0x4B400000u;  // 1.5·2^23
+constexpr float kMagic = 12582912.0f;
+
+struct MmaParams {
+  const uint4* w;          // [rows][HG] half-groups of 16 bytes
+  const uint16_t* scales;  // bf16 [rows][HG / 2]
+  const uint16_t* biases;
+  int rows = 0;
+  const float* x;       // [B][ldx]
+  const float* norm_w;  // [cols] or nullptr
+  float eps = 1e-6f;
+  float* y;  // [B][ldy]
+  int64_t ldx = 0, ldy = 0;
+  int B = 0;
+  bool accumulate = false;
+  L2Ranges ahead;
+};
+
+// Shared memory of a block for S slices (HG = 32·S half-groups of a row), in bytes from the start.
+template <int S>
+struct Layout {
+  // Pipeline stages: 2 up to 2048 columns (96 KB a block: two blocks an SM on Hopper), 3 for 4096 (one block).
+  static constexpr int kStages = S <= 2 ? 2 : 3;
+  static constexpr int kHG = 32 * S;
+  static constexpr int kSbStride = kHG + 16;  // bytes per row of a stage's scales (bf16 [HG / 2], padded)
+  static constexpr int kXF = 0;                                      // uint4 [HG][8 tokens][4]: hi, mid pairs
+  static constexpr int kXL = kXF + kHG * kTileTokens * 4 * 16;       // uint2 [HG][8][4]: lo pairs
+  static constexpr int kSX = kXL + kHG * kTileTokens * 4 * 8;        // float [HG][8]: σ·Σv of the half-group
+  static constexpr int kSig = kSX + kHG * kTileTokens * 4;           // float [HG / 2][8]: σ of the group
+  static constexpr int kRed = kSig + kHG / 2 * kTileTokens * 4;      // float [8 tokens][8 warps]: Σx² per warp
+  static constexpr int kRinv = kRed + kTileTokens * kWarps * 4;      // float [8]
+  static constexpr int kPart = kRinv + kTileTokens * 4;              // float [2][8 warps][16 rows · 8 tokens]
+  static constexpr int kStage0 = kPart + 2 * kWarps * kTileRows * kTileTokens * 4;
+  static constexpr int kStageW = kTileRows * kHG * 16;               // weights [16][HG] of 16 bytes, swizzled
+  static constexpr int kStageBytes = kStageW + 2 * kTileRows * kSbStride;  // + scales, biases [16][stride]
+  static constexpr int kBytes = kStage0 + kStages * kStageBytes;
+  static_assert(kStage0 % 16 == 0 && kStageBytes % 16 == 0, "16-byte aligned stages");
+};
+
+// Issues the cp.async copies of row tile `tile` into stage `slot` (rows past the end read nothing: zeros).
+template <int S>
+__device__ __forceinline__ void issue_tile(const MmaParams& p, uint8_t* smem, int tile, int slot) {
+  using L = Layout<S>;
+  uint8_t* st = smem + L::kStage0 + slot * L::kStageBytes;
+  const int row0 = tile * kTileRows;
+  constexpr int kWChunks = kTileRows * L::kHG;
+#pragma unroll
+  for (int i = int(threadIdx.x); i < kWChunks; i += kThreads) {
+    const int r = i / L::kHG, h = i % L::kHG, row = row0 + r;
+    const bool in = row < p.rows;
+    const uint4* src = p.w + int64_t(in ? row : 0) * L::kHG + h;
+    qtile::cp_async_16(qtile::smem_addr(st + (r * L::kHG + (h ^ (r & 7))) * 16), src, in ? 16u : 0u);
+  }
+  constexpr int kSbChunks = L::kHG / 16;  // 16-byte chunks of one row's scales (HG / 2 bf16)
+  for (int i = int(threadIdx.x); i < 2 * kTileRows * kSbChunks; i += kThreads) {
+    const int which = i / (kTileRows * kSbChunks), r = (i / kSbChunks) % kTileRows, ch = i % kSbChunks;
+    const int row = row0 + r;
+    const bool in = row < p.rows;
+    const uint16_t* base = which ? p.biases : p.scales;
+    const uint16_t* src = base + int64_t(in ? row : 0) * (L::kHG / 2) + ch * 8;
+    uint8_t* dst = st + L::kStageW + which * kTileRows * L::kSbStride + r * L::kSbStride + ch * 16;
+    qtile::cp_async_16(qtile::smem_addr(dst), src, in ? 16u : 0u);
+  }
+}
+
+// Quantises the block's tokens into the B-fragment tables, each word as qmv_dp4a's quantize_block does it (thread t
+// takes words t, t + 256, ...; Σx² per thread in that order, then per warp), tokens past nt as zeros. The loads of
+// kGroup tokens are issued together (one L2 round trip per group, not per token).
+template <int S>
+__device__ __forceinline__ void quantize_tokens(const MmaParams& p, uint8_t* smem, int t0, int nt) {
+  using L = Layout<S>;
+  constexpr int kWords = L::kHG * 4;
+  constexpr int kPasses = dp4a::quantize_passes(kWords, kThreads);
+  constexpr int kGroup = kPasses == 1 ? kTileTokens : kTileTokens / 2;  // 64 registers of x in flight
+  uint4* xf = reinterpret_cast<uint4*>(smem + L::kXF);
+  uint2* xl = reinterpret_cast<uint2*>(smem + L::kXL);
+  float* sx = reinterpret_cast<float*>(smem + L::kSX);
+  float* sig = reinterpret_cast<float*>(smem + L::kSig);
+  float* red = reinterpret_cast<float*>(smem + L::kRed);
+  const int lane = int(threadIdx.x) & 31;
+  float4 n0[kPasses], n1[kPasses];  // the norm's weights, the same for every token
+#pragma unroll
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int word = int(threadIdx.x) + pass * kThreads;
+    n0[pass] = n1[pass] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (p.norm_w && word < kWords) {
+      n0[pass] = reinterpret_cast<const float4*>(p.norm_w)[2 * word];
+      n1[pass] = reinterpret_cast<const float4*>(p.norm_w)[2 * word + 1];
+    }
+  }
+#pragma unroll 1
+  for (int tg = 0; tg < kTileTokens; tg += kGroup) {
+    float4 a[kGroup][kPasses], b[kGroup][kPasses];
+#pragma unroll
+    for (int u = 0; u < kGroup; ++u) {
+      const bool live = tg + u < nt;  // uniform over the block
+      const float* x = p.x + int64_t(t0 + tg + u) * p.ldx;
+#pragma unroll
+      for (int pass = 0; pass < kPasses; ++pass) {
+        const int word = int(threadIdx.x) + pass * kThreads;
+        a[u][pass] = b[u][pass] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (live && word < kWords) {
+          a[u][pass] = reinterpret_cast<const float4*>(x)[2 * word];
+          b[u][pass] = reinterpret_cast<const float4*>(x)[2 * word + 1];
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kGroup; ++u) {
+      const int t = tg + u;
+      float ss = 0.0f;
+#pragma unroll
+      for (int pass = 0; pass < kPasses; ++pass) {
+        const int word = int(threadIdx.x) + pass * kThreads;
+        if (pass * kThreads >= kWords) break;  // uniform: whole warps stay together
+        const bool has = word < kWords;
+        float v[8] = {a[u][pass].x, a[u][pass].y, a[u][pass].z, a[u][pass].w,
+                      b[u][pass].x, b[u][pass].y, b[u][pass].z, b[u][pass].w};
+        if (has && p.norm_w) {
+          const float n[8] = {n0[pass].x, n0[pass].y, n0[pass].z, n0[pass].w,
+                              n1[pass].x, n1[pass].y, n1[pass].z, n1[pass].w};
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            ss += v[e] * v[e];
+            v[e] *= n[e];
+          }
+        }
+        int sumv = 0;
+        float m = 0.0f;
+        uint2 lo = make_uint2(0u, 0u);
+        const uint4 q = dp4a::quantize_word_wide(v, sumv, m, lo);
+        // Σv of the half-group: its 4 words are 4 consecutive threads (integer sums: any order is exact)
+        sumv += __shfl_xor_sync(0xffffffffu, sumv, 1);
+        sumv += __shfl_xor_sync(0xffffffffu, sumv, 2);
+        if (has) {
+          const int hg = word / 4, c = word % 4;
+          xf[(hg * kTileTokens + t) * 4 + c] = q;
+          xl[(hg * kTileTokens + t) * 4 + c] = lo;
+          const float sigma = m / dp4a::kQMaxWide;
+          if (c == 0) sx[hg * kTileTokens + t] = sigma * float(sumv);  // qmv_dp4a's σ·Σv, the same two roundings
+          if ((word & 7) == 0) sig[(word / 8) * kTileTokens + t] = sigma;
+        }
+      }
+      if (p.norm_w) {
+        ss = warp_sum(ss);
+        if (lane == 0) red[t * kWarps + (threadIdx.x >> 5)] = ss;
+      }
+    }
+  }
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// d = magic + a · b (u8 × s8 -> s32), m16n8k32.
+__device__ __forceinline__ void mma_from_magic(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%10, %10, %10, %10};\n"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(kMagicBits));
+}
+
+__device__ __forceinline__ float unmagic(int d) { return __int_as_float(d) - kMagic; }
+
+// The warp's part of one row tile: its 4 positions' leaves, folded (l0 + l1) + (l2 + l3), for the 4 outputs of this
+// thread: (row g, token 2c), (row g, token 2c + 1), (row g + 8, token 2c), (row g + 8, token 2c + 1).
+template <int S>
+__device__ __forceinline__ void warp_tile(const uint8_t* smem, const uint8_t* st, int warp, int lane, float (&sub)[4]) {
+  using L = Layout<S>;
+  const uint4* xf = reinterpret_cast<const uint4*>(smem + L::kXF);
+  const uint2* xl = reinterpret_cast<const uint2*>(smem + L::kXL);
+  const float* sx = reinterpret_cast<const float*>(smem + L::kSX);
+  const float* sig = reinterpret_cast<const float*>(smem + L::kSig);
+  const uint16_t* sc = reinterpret_cast<const uint16_t*>(st + L::kStageW);
+  const uint16_t* bi = reinterpret_cast<const uint16_t*>(st + L::kStageW + kTileRows * L::kSbStride);
+  const int g = lane >> 2, c = lane & 3;
+  // ldmatrix: lane L gives row (L & 7) + 8·((L >> 3) & 1) of half-group X (L < 16) or Y (L >= 16)
+  const int mrow = (lane & 7) + 8 * ((lane >> 3) & 1);
+  const uint32_t wbase = qtile::smem_addr(st) + uint32_t(mrow * L::kHG * 16);
+  float leaf[kPositionsPerWarp][4];
+#pragma unroll
+  for (int pi = 0; pi < kPositionsPerWarp; ++pi) {
+    const int pos = warp * kPositionsPerWarp + pi;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) leaf[pi][i] = 0.0f;
+#pragma unroll
+    for (int j0 = 0; j0 < S; j0 += 2) {
+      // Half-groups X = 32·j0 + pos and Y = X + 32 (the next slice; for S = 1, Y = X and its result is unused).
+      const int hx = 32 * j0 + pos, hy = S > 1 ? hx + 32 : hx;
+      const int hl = lane < 16 ? hx : hy;
+      uint32_t wr[4];
+      ldmatrix_x4(wbase + uint32_t((hl ^ (mrow & 7)) * 16), wr);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int j = j0 + half;
+        if (j >= S) break;
+        const int hg = half ? hy : hx, grp = hg >> 1;
+        const uint32_t w0 = wr[2 * half], w1 = wr[2 * half + 1];  // rows g, g + 8: word c of the half-group
+        const uint32_t a[4] = {w0 & 0x0F0F0F0Fu, w1 & 0x0F0F0F0Fu, (w0 >> 4) & 0x0F0F0F0Fu, (w1 >> 4) & 0x0F0F0F0Fu};
+        const uint4 xb = xf[(hg * kTileTokens + g) * 4 + c];
+        const uint2 xlo = xl[(hg * kTileTokens + g) * 4 + c];
+        int dh[4], dm[4], dl[4];
+        mma_from_magic(dh, a, xb.x, xb.y);
+        mma_from_magic(dm, a, xb.z, xb.w);
+        mma_from_magic(dl, a, xlo.x, xlo.y);
+        const float2 sg = *reinterpret_cast<const float2*>(sig + grp * kTileTokens + 2 * c);
+        const float2 sv = *reinterpret_cast<const float2*>(sx + hg * kTileTokens + 2 * c);
+        const float s_row[2] = {__uint_as_float(uint32_t(sc[g * (L::kSbStride / 2) + grp]) << 16),
+                                __uint_as_float(uint32_t(sc[(g + 8) * (L::kSbStride / 2) + grp]) << 16)};
+        const float b_row[2] = {__uint_as_float(uint32_t(bi[g * (L::kSbStride / 2) + grp]) << 16),
+                                __uint_as_float(uint32_t(bi[(g + 8) * (L::kSbStride / 2) + grp]) << 16)};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float s = s_row[i >> 1], b = b_row[i >> 1];
+          const float sigma = (i & 1) ? sg.y : sg.x, sxv = (i & 1) ? sv.y : sv.x;
+          // round((dh·256 + dm)·256 + dl): the inner sum dm·256 + dl is exact (< 2^24), one rounding in all
+          const float dot = fmaf(unmagic(dh[i]), 65536.0f, fmaf(unmagic(dm[i]), 256.0f, unmagic(dl[i])));
+          leaf[pi][i] = fmaf(s * sigma, dot, leaf[pi][i]);
+          leaf[pi][i] = fmaf(b, sxv, leaf[pi][i]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) sub[i] = (leaf[0][i] + leaf[1][i]) + (leaf[2][i] + leaf[3][i]);
+}
+
+template <int S>
+__global__ void __launch_bounds__(kThreads) qmv_dp4a_mma_kernel(const MmaParams p) {
+  using L = Layout<S>;
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5;
+  const int tiles = (p.rows + kTileRows - 1) / kTileRows;
+  const int t0 = int(blockIdx.y) * kTileTokens, nt = min(kTileTokens, p.B - t0);
+  const int first = int(blockIdx.x), step = int(gridDim.x);
+
+  // The first stages' weights are launch constants: copied before the wait.
+#pragma unroll
+  for (int s = 0; s < L::kStages - 1; ++s) {
+    const int tile = first + s * step;
+    if (tile < tiles) issue_tile<S>(p, smem, tile, s);
+    qtile::cp_async_commit();
+  }
+  if (p.ahead.pieces) {
+    const int64_t block = int64_t(blockIdx.y) * gridDim.x + blockIdx.x;
+    l2_prefetch_share(p.ahead, block * kThreads + threadIdx.x, int64_t(gridDim.x) * gridDim.y * kThreads);
+  }
+  pdl_wait();
+  quantize_tokens<S>(p, smem, t0, nt);
+  __syncthreads();
+  pdl_trigger();  // x is read
+  float* rinv = reinterpret_cast<float*>(smem + L::kRinv);
+  if (int(threadIdx.x) < kTileTokens) {
+    const float* red = reinterpret_cast<const float*>(smem + L::kRed) + threadIdx.x * kWarps;
+    float t = 0.0f;  // rms_factor of qmv_dp4a.cu: the warps in order
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) t += red[w];
+    rinv[threadIdx.x] = p.norm_w ? rsqrtf(t / float(L::kHG * 32) + p.eps) : 1.0f;
+  }
+  // (the barrier at the top of the first iteration orders rinv before its reads)
+
+  float* part = reinterpret_cast<float*>(smem + L::kPart);
+  const int g = lane >> 2, c = lane & 3;
+  for (int it = 0;; ++it) {
+    const int tile = first + it * step;
+    if (tile >= tiles) break;
+    const int ahead = first + (it + L::kStages - 1) * step;
+    if (ahead < tiles) issue_tile<S>(p, smem, ahead, (it + L::kStages - 1) % L::kStages);
+    qtile::cp_async_commit();
+    qtile::cp_async_wait<L::kStages - 1>();
+    __syncthreads();  // every thread's copies of this tile have landed
+
+    // The reducing threads' old outputs (accumulate): loaded now, used after the tile, off the critical path.
+    const int r_out = int(threadIdx.x) / kTileTokens, t_out = int(threadIdx.x) % kTileTokens;
+    const int row_out = tile * kTileRows + r_out;
+    const bool writes = int(threadIdx.x) < kTileRows * kTileTokens && row_out < p.rows && t_out < nt;
+    float* y_out = p.y + int64_t(t0 + t_out) * p.ldy + row_out;
+    const float y_old = writes && p.accumulate ? *y_out : 0.0f;
+
+    float sub[4];
+    warp_tile<S>(smem, smem + L::kStage0 + (it % L::kStages) * L::kStageBytes, warp, lane, sub);
+    float* pw = part + ((it & 1) * kWarps + warp) * (kTileRows * kTileTokens);
+    *reinterpret_cast<float2*>(pw + g * kTileTokens + 2 * c) = make_float2(sub[0], sub[1]);
+    *reinterpret_cast<float2*>(pw + (g + 8) * kTileTokens + 2 * c) = make_float2(sub[2], sub[3]);
+    __syncthreads();  // the subtrees are written; this stage may be refilled
+
+    if (writes) {
+      const float* pt = part + (it & 1) * kWarps * (kTileRows * kTileTokens) + threadIdx.x;
+      constexpr int kW = kTileRows * kTileTokens;
+      const float sum = ((pt[0] + pt[kW]) + (pt[2 * kW] + pt[3 * kW])) +
+                        ((pt[4 * kW] + pt[5 * kW]) + (pt[6 * kW] + pt[7 * kW]));
+      const float v = sum * rinv[t_out];
+      *y_out = p.accumulate ? y_old + v : v;
+    }
+  }
+  qtile::cp_async_wait<0>();  // nothing left in flight at exit
+}
+
+template <int S>
+void launch(const MmaParams& p, cudaStream_t stream) {
+  auto kernel = qmv_dp4a_mma_kernel<S>;
+  constexpr int smem = Layout<S>::kBytes;
+  static bool attribute_set = false;
+  if (!attribute_set) {
+    TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    attribute_set = true;
+  }
+  const int tiles = (p.rows + kTileRows - 1) / kTileRows;
+  const int token_tiles = (p.B + kTileTokens - 1) / kTileTokens;
+  const int wave = std::max(1, qtile::blocks_fit(reinterpret_cast<const void*>(kernel), smem)) * qtile::sm_count();
+  const int blocks = std::clamp(wave / token_tiles, 1, tiles);
+  launch_pdl("qmv_dp4a_mma", kernel, dim3(unsigned(blocks), unsigned(token_tiles)), dim3(kThreads), size_t(smem),
+             stream, p);
+}
+
+template <int S>
+constexpr int smem_of() { return Layout<S>::kBytes; }
+
+int smem_for_cols(int64_t cols) {
+  return cols == 1024 ? smem_of<1>() : cols == 2048 ? smem_of<2>() : smem_of<4>();
+}
+
+}  // namespace
+
+bool qmv_dp4a_mma_supported(const QmvArgs& a, int B) {
+  const DMat& w = a.w;
+  if (B < 2 || B > kBatchMaxTokens || !qmv_dp4a_supported(a) || !qmv_dp4a_wide()) return false;
+  const uint16_t* scales = w.scales + a.expert * w.rows * w.groups_per_row;
+  const uint16_t* biases = w.biases + a.expert * w.rows * w.groups_per_row;
+  const bool aligned = (reinterpret_cast<uintptr_t>(scales) & 15) == 0 && (reinterpret_cast<uintptr_t>(biases) & 15) == 0;
+  return aligned && a.ldx % 4 == 0 && smem_for_cols(w.cols) <= qtile::max_dynamic_smem();
+}
+
+void qmv_dp4a_mma_batched(const QmvArgs& a, int B, cudaStream_t stream) {
+  TERN_CHECK(qmv_dp4a_mma_supported(a, B), "qmv_dp4a_mma_batched: unsupported product [", a.w.rows, ", ", a.w.cols,
+             "] B = ", B);
+  const DMat& w = a.w;
+  MmaParams p;
+  p.w = reinterpret_cast<const uint4*>(static_cast<const uint32_t*>(w.data) + a.expert * w.rows * w.row_words);
+  p.scales = w.scales + a.expert * w.rows * w.groups_per_row;
+  p.biases = w.biases + a.expert * w.rows * w.groups_per_row;
+  p.rows = int(w.rows);
+  p.x = a.x;
+  p.norm_w = a.norm_w;
+  p.eps = a.eps;
+  p.y = a.y;
+  p.ldx = a.ldx;
+  p.ldy = a.ldy;
+  p.B = B;
+  p.accumulate = a.accumulate;
+  p.ahead = a.l2_ahead;
+  switch (w.cols) {
+    case 1024: launch<1>(p, stream); break;
+    case 2048: launch<2>(p, stream); break;
+    default: launch<4>(p, stream); break;
+  }
+}
+
+}  // namespace tern::cuda

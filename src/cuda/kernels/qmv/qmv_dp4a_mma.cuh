@@ -1,0 +1,26 @@
+// The batched one-token integer product on the integer tensor cores (mma.sync m16n8k32, u8 × s8): what
+// qmv_dp4a_batched runs for B >= 2 tokens when it applies. Each token's rows come out bit for bit as qmv_dp4a gives
+// them for that token alone: the exact integer sums of every 32-column half-group come from the tensor cores instead
+// of dp4a chains, and the fp32 arithmetic after them (dot rounding, scale and bias terms, the per-lane leaves and the
+// pairwise tree of the 32 lanes) is made in the one-token kernel's order (qmv_dp4a_mma.cu says how).
+//
+// Why: the dp4a form folds every loaded weight batch with each token in turn (24 dp4a per 32 columns per token, plus
+// the activations re-read from shared memory per token); at 8 tokens that made the GDN in_proj 44 µs against 10 µs for
+// one token (docs/benchmarks.md). Here one m16n8k32 instruction does 16 rows × 8 tokens × 32 columns.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cuda/kernels/qmv/qmv.cuh"
+#include "cuda/kernels/qmv/qmv_dp4a.cuh"
+
+namespace tern::cuda {
+
+// Whether qmv_dp4a_mma_batched can take B tokens of this product: qmv_dp4a_supported(a), 24-bit activations (the
+// default), 2 <= B <= kBatchMaxTokens, 16-byte aligned scales and biases, ldx a multiple of 4, and the block's shared
+// memory within the device's limit (220 KB for 4096 columns: Hopper; Ampere's 4096-column products stay on dp4a).
+bool qmv_dp4a_mma_supported(const QmvArgs& a, int B);
+// y (+)= W · x̂ for B tokens (x row b at a.x + b·a.ldx, y row b at a.y + b·a.ldy), each bit for bit qmv_dp4a's.
+void qmv_dp4a_mma_batched(const QmvArgs& a, int B, cudaStream_t stream);
+
+}  // namespace tern::cuda
