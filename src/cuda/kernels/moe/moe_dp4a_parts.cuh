@@ -1,0 +1,142 @@
+// Parts shared by the MoE decode block's integer expert kernels: the one-token kernels (moe_dp4a.cu) and their
+// batched ring forms (moe_dp4a_ring.cu). Included by those .cu files only.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/common/cuda_common.cuh"
+#include "cuda/common/l2_prefetch.cuh"
+#include "cuda/kernels/moe/moe_decode.cuh"
+#include "cuda/kernels/qmv/dp4a_tile.cuh"
+#include "cuda/kernels/qmv/qmv_tile.cuh"
+
+namespace tern::cuda::moe_parts {
+
+using qtile::kThreads;  // blocks of 8 warps, as qtile::balanced_grid sizes them
+using qtile::kWarps;
+constexpr int kTopK = 8;           // the down kernel's segments: 8 routed + the shared expert
+constexpr int kSeg = kTopK + 1;
+constexpr int kDownCols = 512;     // F: 32 lanes × 16 columns
+
+__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
+
+// A stacked 4-bit matrix: words, scales, biases and per-expert strides (in words and groups).
+struct Q4 {
+  const uint32_t* words;
+  const uint16_t* scales;
+  const uint16_t* biases;
+  int64_t expert_words, expert_groups;
+};
+
+// a or b, field by field (a reference to one of two kernel-parameter structs would send them to local memory).
+__device__ __forceinline__ Q4 pick(bool first, const Q4& a, const Q4& b) {
+  return Q4{first ? a.words : b.words, first ? a.scales : b.scales, first ? a.biases : b.biases,
+            first ? a.expert_words : b.expert_words, first ? a.expert_groups : b.expert_groups};
+}
+
+inline Q4 q4_of(const DMat& m) {
+  return Q4{static_cast<const uint32_t*>(m.data), m.scales, m.biases, m.rows * m.row_words, m.rows * m.groups_per_row};
+}
+
+// ---- gate_up + SwiGLU ---------------------------------------------------------------------------------------------
+
+struct GateUpParams {
+  Q4 gate, up, sgate, sup;
+  int F, row_words, gpr, E, k;
+  const int* ids;      // [B][k]
+  const float* xhat;   // [B][D]
+  float* h;            // [B][k + 1][F]
+  // L2 prefetch (MoeDecodeWeights::prefetch_down): the down kernel's matrices (down_rows rows of down_row_words words,
+  // down_gpr groups) of the k chosen experts and the shared expert.
+  bool down_ahead = false;
+  Q4 down, sdown;
+  int down_rows = 0, down_row_words = 0, down_gpr = 0;
+};
+
+// L2 prefetch of the down matrices of the k chosen experts and the shared expert, spread over the threads of the
+// token's blocks (grid_thread: blockIdx.x) in pieces of L2Ranges::kPiece bytes: per segment its words, then scales,
+// then biases.
+__device__ inline void prefetch_down(const GateUpParams& p, const int* ids) {
+  const int64_t wbytes = int64_t(p.down_rows) * p.down_row_words * 4, gbytes = int64_t(p.down_rows) * p.down_gpr * 2;
+  const int64_t wp = (wbytes + L2Ranges::kPiece - 1) / L2Ranges::kPiece;
+  const int64_t gp = (gbytes + L2Ranges::kPiece - 1) / L2Ranges::kPiece;
+  const int64_t per_seg = wp + 2 * gp;
+  for (int64_t t = grid_thread(); t < (p.k + 1) * per_seg; t += grid_threads()) {
+    const int seg = int(t / per_seg);
+    int64_t k = t - int64_t(seg) * per_seg;
+    const bool sh = seg == p.k;
+    const Q4 M = pick(sh, p.sdown, p.down);
+    const int64_t e = sh ? 0 : ids[seg];
+    const char* base;
+    int64_t bytes;
+    if (k < wp) {
+      base = reinterpret_cast<const char*>(M.words + e * M.expert_words);
+      bytes = wbytes;
+    } else {
+      k -= wp;
+      const bool sc = k < gp;
+      if (!sc) k -= gp;
+      base = reinterpret_cast<const char*>((sc ? M.scales : M.biases) + e * M.expert_groups);
+      bytes = gbytes;
+    }
+    const int64_t off = k * L2Ranges::kPiece;
+    l2_prefetch_bulk(base + off, uint32_t(bytes - off < L2Ranges::kPiece ? bytes - off : L2Ranges::kPiece));
+  }
+}
+
+template <int S>
+__device__ __forceinline__ float dot_row(const uint4 (&w)[S], const uint32_t (&sb)[S], const uint4 (&xq)[S][4],
+                                         const float (&sig)[S], const float (&sx)[S]) {
+  float acc = 0.0f;
+#pragma unroll
+  for (int j = 0; j < S; ++j) {
+    int dh = 0, dl = 0;
+    dp4a::dot_word(w[j].x, xq[j][0], dh, dl);
+    dp4a::dot_word(w[j].y, xq[j][1], dh, dl);
+    dp4a::dot_word(w[j].z, xq[j][2], dh, dl);
+    dp4a::dot_word(w[j].w, xq[j][3], dh, dl);
+    acc = fmaf(dp4a::scale_of(sb[j]) * sig[j], float(dh * 256 + dl), acc);
+    acc = fmaf(dp4a::bias_of(sb[j]), sx[j], acc);
+  }
+  return acc;
+}
+
+
+// ---- down + weighted sum + residual -------------------------------------------------------------------------------
+
+struct DownParams {
+  Q4 down, sdown;
+  int D, row_words, gpr, E;
+  const int* ids;            // [B][kTopK]
+  const float* w;            // [B][kTopK] routing weights
+  const float* shared_gate;  // [B]
+  const float* h;            // [B][kSeg][512]
+  float* hidden;             // [B][D]
+  bool early_routing;        // ids complete before this launch: read them and the first weights before pdl_wait
+};
+
+
+inline bool q4_dp4a_ok(const DMat& m) {
+  return m.format == WeightFormat::affine4 && m.group_size == 64 && m.row_words == m.cols / 8 &&
+         m.experts * m.rows * m.row_words < (int64_t(1) << 31) && (reinterpret_cast<uintptr_t>(m.data) & 15) == 0;
+}
+
+inline bool same_shape(const DMat& a, const DMat& b) { return a.rows == b.rows && a.cols == b.cols; }
+
+// Whether L2 prefetch pieces of m's rows are 16-byte aligned: word, scale and bias bases, rows' groups and experts.
+inline bool prefetch_aligned(const DMat& m) {
+  const auto al = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+  return al(m.data) && al(m.scales) && al(m.biases) && (m.groups_per_row * 2) % 16 == 0 && (m.row_words * 4) % 16 == 0;
+}
+
+// B tokens: grid (blocks, B), the blocks per token from qtile::balanced_grid (B = 1: the one-token grid).
+
+// The batched ring forms (moe_dp4a_ring.cu), for B >= 2 tokens: false when they do not apply (nothing launched).
+bool gate_up_ring(const GateUpParams& p, int cols, int B, cudaStream_t stream);
+bool down_ring(const DownParams& p, int B, cudaStream_t stream);
+// Whether B >= 2 takes the ring forms (true unless TERN_MOE_RING=0).
+bool ring_enabled();
+
+}  // namespace tern::cuda::moe_parts
