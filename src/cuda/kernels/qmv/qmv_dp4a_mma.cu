@@ -132,8 +132,17 @@ __device__ __forceinline__ void quantize_tokens(const MmaParams& p, uint8_t* sme
       n1[pass] = reinterpret_cast<const float4*>(p.norm_w)[2 * word + 1];
     }
   }
+  // Tokens past nt (a tile that is not full): zeros, so that their MMA columns add nothing (their outputs are never
+  // written); not quantised.
+  for (int i = int(threadIdx.x); i < L::kHG * (kTileTokens - nt) * 4; i += kThreads) {
+    const int hg = i / ((kTileTokens - nt) * 4), t = nt + (i / 4) % (kTileTokens - nt), c = i % 4;
+    xf[(hg * kTileTokens + t) * 4 + c] = make_uint4(0u, 0u, 0u, 0u);
+    xl[(hg * kTileTokens + t) * 4 + c] = make_uint2(0u, 0u);
+    if (c == 0) sx[hg * kTileTokens + t] = 0.0f;
+    if (c == 0 && (hg & 1) == 0) sig[(hg / 2) * kTileTokens + t] = 0.0f;
+  }
 #pragma unroll 1
-  for (int tg = 0; tg < kTileTokens; tg += kGroup) {
+  for (int tg = 0; tg < nt; tg += kGroup) {
     float4 a[kGroup][kPasses], b[kGroup][kPasses];
 #pragma unroll
     for (int u = 0; u < kGroup; ++u) {
@@ -152,6 +161,7 @@ __device__ __forceinline__ void quantize_tokens(const MmaParams& p, uint8_t* sme
 #pragma unroll
     for (int u = 0; u < kGroup; ++u) {
       const int t = tg + u;
+      if (t >= nt) break;  // uniform over the block
       float ss = 0.0f;
 #pragma unroll
       for (int pass = 0; pass < kPasses; ++pass) {
