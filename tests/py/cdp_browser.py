@@ -5,6 +5,7 @@ message JSON ended by a NUL byte), so no websocket library and no port are neede
 is used; nothing is downloaded. Not a test module itself.
 """
 import base64
+import fcntl
 import json
 import os
 import shutil
@@ -33,6 +34,9 @@ class Browser:
         self.profile = tempfile.mkdtemp(prefix="tern-chromium-")
         to_r, self._to_w = os.pipe()
         self._from_r, from_w = os.pipe()
+        # The child's ends moved to fds >= 10: were one of them 3 or 4 (a process with few files open), the shell's
+        # redirections below would close it after making it fd 3 or 4.
+        to_r, from_w = (self._high_fd(to_r), self._high_fd(from_w))
         args = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
                 "--no-default-browser-check", "--disable-extensions", "--disable-background-networking",
                 "--disable-component-update", "--disable-sync", "--mute-audio", "--remote-debugging-pipe",
@@ -56,6 +60,12 @@ class Browser:
         self.call("Page.enable")
         self.call("Runtime.enable")
         self.resize(width, height)
+
+    @staticmethod
+    def _high_fd(fd):
+        high = fcntl.fcntl(fd, fcntl.F_DUPFD, 10)
+        os.close(fd)
+        return high
 
     # ---- protocol ---------------------------------------------------------------------------------------------
     def _read_loop(self):
