@@ -2,7 +2,8 @@
 `tern serve --demo`: streaming, Stop (the server counts the cancel), markdown and code blocks, thinking, reload,
 the random-weights warning, errors shown as errors, settings, new chat, repairing a conversation (copy, delete,
 regenerate, edit and resend; deleting a chat asks; New chat and switching stop a stream; a context overflow
-offers a new chat), code highlighting and math (highlight.js and KaTeX, served from the binary under /page/), the
+offers a new chat), code highlighting and math (highlight.js and KaTeX with its fonts, served from the binary under
+/page/), the
 favicon, a phone (the placeholder fits; Enter adds a line and the Send button sends), the queue and prompt progress
 shown until the first token, and screenshots at desktop and phone size
 (written to test-artifacts/ beside the tern binary, or $TERN_TEST_ARTIFACTS).
@@ -92,14 +93,27 @@ def test_page_assets_are_served_from_the_binary(server):
         assert headers["content-type"].split(";")[0] == media_type, (path, headers["content-type"])
         assert "max-age" in headers.get("cache-control", ""), path
         if media_type == "text/css":
-            # KaTeX's @font-face rules are dropped (its fonts are not embedded): nothing to fetch from a stylesheet.
-            assert b"url(" not in body and b"@import" not in body, path
+            # Nothing is imported; the only urls are KaTeX's fonts, each a woff2 served beside the stylesheet.
+            assert b"@import" not in body, path
+            for url in re.findall(rb"url\(([^)]*)\)", body):
+                assert re.fullmatch(rb"KaTeX_[A-Za-z0-9-]+\.woff2", url), (path, url)
     _, _, hl = request("GET", server.port, "/page/highlight.min.js")
     assert hl.startswith(b"var hljs=") and b'hljs.registerLanguage("python",' in hl and len(hl) < 200_000
     _, _, css = request("GET", server.port, "/page/highlight.css")
     assert b"prefers-color-scheme:light" in css and b"prefers-color-scheme:dark" in css
     _, _, kx = request("GET", server.port, "/page/katex.min.js")
     assert b"katex" in kx and b"renderToString" in kx
+    # KaTeX's 20 fonts: every one its stylesheet names is served as woff2, the bytes of Debian's fonts-katex.
+    _, _, kcss = request("GET", server.port, "/page/katex.min.css")
+    fonts = sorted(set(re.findall(rb"url\((KaTeX_[A-Za-z0-9-]+\.woff2)\)", kcss)))
+    assert len(fonts) == 20, fonts
+    for font in fonts:
+        status, headers, data = request("GET", server.port, "/page/" + font.decode())
+        assert status == 200 and headers["content-type"] == "font/woff2", (font, status, headers)
+        assert data.startswith(b"wOF2") and "max-age" in headers.get("cache-control", ""), font
+        package_file = pathlib.Path("/usr/share/fonts/truetype/katex") / font.decode()
+        if package_file.exists():
+            assert data == package_file.read_bytes(), font
     for bad in ("/page/nope.js", "/page/..%2Fstyle.css", "/page/"):
         assert request("GET", server.port, bad)[0] == 404, bad
 
@@ -130,6 +144,25 @@ def test_renderer_is_safe_and_renders_markdown(browser):
     assert r["th"] == 2 and r["td"] == 2
     assert r["links"] == ["https://example.org/"]
     assert r["unsafe"] == 0
+
+
+def test_math_uses_katex_fonts(browser):
+    # A formula in the page: the browser fetches KaTeX's own fonts from /page/ and they load (no serif stand-in).
+    r = browser.js("""(async () => {
+      const d = document.createElement('div');
+      d.innerHTML = tern.renderMarkdown('$$\\\\int_0^1 x^2\\\\,dx = \\\\frac{1}{3}$$');
+      tern.decorate(d);
+      document.body.appendChild(d);
+      await document.fonts.ready;
+      const loaded = await Promise.all(['16px KaTeX_Main', 'italic 16px KaTeX_Math', '16px KaTeX_Size1']
+                                         .map(f => document.fonts.load(f).then(l => l.length)));
+      d.remove();
+      return {loaded, main: document.fonts.check('16px KaTeX_Main'),
+              faces: [...document.fonts].filter(f => f.family.startsWith('KaTeX') && f.status === 'loaded')
+                                        .map(f => f.family)};
+    })()""")
+    assert all(n >= 1 for n in r["loaded"]) and r["main"], r
+    assert "KaTeX_Main" in r["faces"], r
 
 
 def test_code_is_highlighted_and_math_rendered_while_streaming_too(browser):

@@ -25,6 +25,18 @@
 #define TERN_PAGE_INCBIN(name, file) TERN_PAGE_INCBIN_FROM(TERN_PAGE_DIR, name, file)
 #define TERN_PAGE_LIB_INCBIN(name, file) TERN_PAGE_INCBIN_FROM(TERN_PAGE_LIB_DIR, name, file)
 
+// KaTeX's fonts (woff2), as CMakeLists.txt's TERN_KATEX_FONTS lists them: X(symbol, file name part).
+#define TERN_KATEX_FONTS(X)                                                                                        \
+  X(AMS_Regular, "AMS-Regular") X(Caligraphic_Bold, "Caligraphic-Bold")                                            \
+  X(Caligraphic_Regular, "Caligraphic-Regular") X(Fraktur_Bold, "Fraktur-Bold")                                    \
+  X(Fraktur_Regular, "Fraktur-Regular") X(Main_Bold, "Main-Bold") X(Main_BoldItalic, "Main-BoldItalic")            \
+  X(Main_Italic, "Main-Italic") X(Main_Regular, "Main-Regular") X(Math_BoldItalic, "Math-BoldItalic")              \
+  X(Math_Italic, "Math-Italic") X(SansSerif_Bold, "SansSerif-Bold") X(SansSerif_Italic, "SansSerif-Italic")        \
+  X(SansSerif_Regular, "SansSerif-Regular") X(Script_Regular, "Script-Regular") X(Size1_Regular, "Size1-Regular")  \
+  X(Size2_Regular, "Size2-Regular") X(Size3_Regular, "Size3-Regular") X(Size4_Regular, "Size4-Regular")            \
+  X(Typewriter_Regular, "Typewriter-Regular")
+#define TERN_FONT_INCBIN(sym, part) TERN_PAGE_LIB_INCBIN("font_" #sym, "KaTeX_" part ".woff2")
+
 __asm__(".pushsection .rodata\n"
         TERN_PAGE_INCBIN("html", "index.html")
         TERN_PAGE_INCBIN("css", "style.css")
@@ -35,6 +47,7 @@ __asm__(".pushsection .rodata\n"
         TERN_PAGE_LIB_INCBIN("hljs_css", "highlight.css")
         TERN_PAGE_LIB_INCBIN("katex", "katex.min.js")
         TERN_PAGE_LIB_INCBIN("katex_css", "katex.min.css")
+        TERN_KATEX_FONTS(TERN_FONT_INCBIN)
         ".popsection\n");
 
 extern "C" const char tern_page_html_begin[], tern_page_html_end[];
@@ -46,6 +59,8 @@ extern "C" const char tern_page_hljs_begin[], tern_page_hljs_end[];
 extern "C" const char tern_page_hljs_css_begin[], tern_page_hljs_css_end[];
 extern "C" const char tern_page_katex_begin[], tern_page_katex_end[];
 extern "C" const char tern_page_katex_css_begin[], tern_page_katex_css_end[];
+#define TERN_FONT_DECL(sym, part) extern "C" const char tern_page_font_##sym##_begin[], tern_page_font_##sym##_end[];
+TERN_KATEX_FONTS(TERN_FONT_DECL)
 
 namespace tern::server {
 namespace {
@@ -81,13 +96,17 @@ const std::string& chat_page_html() {
 std::string_view chat_page_favicon_svg() { return bytes(tern_page_favicon_begin, tern_page_favicon_end); }
 
 std::optional<ChatPageAsset> chat_page_asset(std::string_view name) {
-  constexpr std::string_view js = "text/javascript; charset=utf-8", css = "text/css; charset=utf-8";
-  const std::array<std::pair<std::string_view, ChatPageAsset>, 4> assets{{
+  constexpr std::string_view js = "text/javascript; charset=utf-8", css = "text/css; charset=utf-8",
+                             woff2 = "font/woff2";
+#define TERN_FONT_ASSET(sym, part) \
+  {"KaTeX_" part ".woff2", {bytes(tern_page_font_##sym##_begin, tern_page_font_##sym##_end), woff2}},
+  const std::pair<std::string_view, ChatPageAsset> assets[] = {
       {"highlight.min.js", {bytes(tern_page_hljs_begin, tern_page_hljs_end), js}},
       {"highlight.css", {bytes(tern_page_hljs_css_begin, tern_page_hljs_css_end), css}},
       {"katex.min.js", {bytes(tern_page_katex_begin, tern_page_katex_end), js}},
       {"katex.min.css", {bytes(tern_page_katex_css_begin, tern_page_katex_css_end), css}},
-  }};
+      TERN_KATEX_FONTS(TERN_FONT_ASSET)};
+#undef TERN_FONT_ASSET
   for (const auto& [n, asset] : assets)
     if (n == name) return asset;
   return std::nullopt;
