@@ -85,15 +85,7 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_dp4a_kernel(const GateUp
   pdl_trigger();
   uint4 xq[S][4];
   float sig[S], sx[S];
-#pragma unroll
-  for (int j = 0; j < S; ++j) {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) xq[j][k] = xs[dp4a::xs_slot(j * 128 + 4 * lane + k)];
-    const int4 sv = *reinterpret_cast<const int4*>(xsum + j * 128 + 4 * lane);
-    const int sumv = sv.x + sv.y + sv.z + sv.w;
-    sig[j] = xsig[j * 16 + lane / 2];
-    sx[j] = sig[j] * float(sumv);
-  }
+  gate_up_lane_x<S>(xs, xsum, xsig, lane, xq, sig, sx);
   for (; batch < batches; batch += warps) {
     GateUpBatch<S> nxt;
     load_gate_up<S>(p, ids_s, batch + warps, lane, nxt);
@@ -162,12 +154,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_dp4a_kernel(const DownPa
   __syncthreads();
   pdl_trigger();
   float sig[kSeg], sx[kSeg];  // coefficient·σ of the lane's group, coefficient·σ·Σv of its 16 columns
-#pragma unroll
-  for (int s = 0; s < kSeg; ++s) {
-    const float coef = s < kTopK ? p.w[token * kTopK + s] : p.shared_gate[token];
-    sig[s] = coef * xsig[s * 8 + lane / 4];
-    sx[s] = sig[s] * float(xsum[s * 64 + 2 * lane] + xsum[s * 64 + 2 * lane + 1]);
-  }
+  down_lane_coefficients(p, token, xsum, xsig, lane, sig, sx);
   // The residual row this lane 0 adds to, loaded a row ahead with the weights (after pdl_wait: an earlier kernel
   // writes it), so that the add does not wait a round trip per row.
   float hid = lane == 0 && row < p.D ? __ldcg(hidden + row) : 0.0f;

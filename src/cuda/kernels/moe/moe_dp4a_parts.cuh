@@ -133,6 +133,36 @@ inline bool prefetch_aligned(const DMat& m) {
 
 // B tokens: grid (blocks, B), the blocks per token from qtile::balanced_grid (B = 1: the one-token grid).
 
+// The gate_up kernels' activations as lane `lane` reads them from the block's quantize_block output: its columns
+// [1024·j + 32·lane, +32) (xq), σ of its group and σ·Σv of its 32 columns, per slice j.
+template <int S>
+__device__ __forceinline__ void gate_up_lane_x(const uint4* xs, const int* xsum, const float* xsig, int lane,
+                                               uint4 (&xq)[S][4], float (&sig)[S], float (&sx)[S]) {
+#pragma unroll
+  for (int j = 0; j < S; ++j) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) xq[j][k] = xs[dp4a::xs_slot(j * 128 + 4 * lane + k)];
+    const int4 sv = *reinterpret_cast<const int4*>(xsum + j * 128 + 4 * lane);
+    const int sumv = sv.x + sv.y + sv.z + sv.w;
+    sig[j] = xsig[j * 16 + lane / 2];
+    sx[j] = sig[j] * float(sumv);
+  }
+}
+
+// The down kernels' per-segment factors for lane `lane` (columns [16·lane, +16) of each of the k + 1 rows of h):
+// coefficient·σ of its group and coefficient·σ·Σv of its 16 columns, the coefficient the routing weight (or the
+// shared expert's gate) of token `token`.
+__device__ __forceinline__ void down_lane_coefficients(const DownParams& p, int token, const int* xsum,
+                                                       const float* xsig, int lane, float (&sig)[kSeg],
+                                                       float (&sx)[kSeg]) {
+#pragma unroll
+  for (int s = 0; s < kSeg; ++s) {
+    const float coef = s < kTopK ? p.w[token * kTopK + s] : p.shared_gate[token];
+    sig[s] = coef * xsig[s * 8 + lane / 4];
+    sx[s] = sig[s] * float(xsum[s * 64 + 2 * lane] + xsum[s * 64 + 2 * lane + 1]);
+  }
+}
+
 // The batched ring forms (moe_dp4a_ring.cu), for B >= 2 tokens: false when they do not apply (nothing launched).
 bool gate_up_ring(const GateUpParams& p, int cols, int B, cudaStream_t stream);
 bool down_ring(const DownParams& p, int B, cudaStream_t stream);

@@ -98,15 +98,7 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_ring_kernel(const GateUp
   pdl_trigger();  // after pdl_wait in every block: moe_down's early routing read stays safe (moe_dp4a.cuh)
   uint4 xq[S][4];
   float sig[S], sx[S];
-#pragma unroll
-  for (int j = 0; j < S; ++j) {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) xq[j][k] = xs[dp4a::xs_slot(j * 128 + 4 * lane + k)];
-    const int4 sv = *reinterpret_cast<const int4*>(xsum + j * 128 + 4 * lane);
-    const int sumv = sv.x + sv.y + sv.z + sv.w;
-    sig[j] = xsig[j * 16 + lane / 2];
-    sx[j] = sig[j] * float(sumv);
-  }
+  gate_up_lane_x<S>(xs, xsum, xsig, lane, xq, sig, sx);
   for (int it = 0;; ++it) {
     const int batch = first + it * warps;
     if (batch >= batches) break;
@@ -202,12 +194,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_ring_kernel(const DownPa
   __syncthreads();
   pdl_trigger();
   float sig[kSeg], sx[kSeg];  // coefficient·σ of the lane's group, coefficient·σ·Σv of its 16 columns
-#pragma unroll
-  for (int s = 0; s < kSeg; ++s) {
-    const float coef = s < kTopK ? p.w[token * kTopK + s] : p.shared_gate[token];
-    sig[s] = coef * xsig[s * 8 + lane / 4];
-    sx[s] = sig[s] * float(xsum[s * 64 + 2 * lane] + xsum[s * 64 + 2 * lane + 1]);
-  }
+  down_lane_coefficients(p, token, xsum, xsig, lane, sig, sx);
   // The residual row lane 0 adds to, a row ahead (after pdl_wait: an earlier kernel writes it).
   float hid = lane == 0 && first < p.D ? __ldcg(hidden + first) : 0.0f;
   for (int it = 0;; ++it) {
