@@ -74,25 +74,14 @@ class Stream:
             if r.status != 200:
                 self.error = f"answered {r.status}: {r.read()[:300]!r}"
                 return
-            buf = b""
-            while True:
-                chunk = r.read1(65536)
-                if not chunk:
-                    break
-                buf += chunk
-                while b"\n\n" in buf:
-                    event, buf = buf.split(b"\n\n", 1)
-                    line = event.strip()
-                    if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                        continue
-                    j = json.loads(line[len(b"data: "):])
-                    now = time.perf_counter()
-                    for c in j.get("choices") or []:
-                        d = c.get("delta") or {}
-                        if d.get("content") or d.get("reasoning_content"):
-                            self.arrivals.append(now)
-                    if j.get("usage"):
-                        self.usage = j["usage"]
+            for j in ttft.sse_events(r):
+                now = time.perf_counter()
+                for c in j.get("choices") or []:
+                    d = c.get("delta") or {}
+                    if d.get("content") or d.get("reasoning_content"):
+                        self.arrivals.append(now)
+                if j.get("usage"):
+                    self.usage = j["usage"]
             conn.close()
         except Exception as e:  # reported by the caller, with the others' figures
             self.error = f"{type(e).__name__}: {e}"

@@ -61,6 +61,21 @@ def prompt_of(conn, n_tokens, rng, headers):
     return head + " ".join(words[:k]), got
 
 
+def sse_events(r):
+    """The JSON objects of a streamed (server-sent events) response, each as soon as its event has arrived."""
+    buf = b""
+    while True:
+        chunk = r.read1(65536) if hasattr(r, "read1") else r.read(1)
+        if not chunk:
+            return
+        buf += chunk
+        while b"\n\n" in buf:
+            event, buf = buf.split(b"\n\n", 1)
+            line = event.strip()
+            if line.startswith(b"data: ") and line != b"data: [DONE]":
+                yield json.loads(line[len(b"data: "):])
+
+
 def one_request(url, model, text, headers, timeout):
     u = urllib.parse.urlsplit(url)
     conn = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=timeout)
@@ -75,26 +90,16 @@ def one_request(url, model, text, headers, timeout):
     r = conn.getresponse()
     if r.status != 200:
         raise SystemExit(f"ttft: /v1/chat/completions answered {r.status}: {r.read()[:300]!r}")
-    first, usage, buf = None, None, b""
-    while True:
-        chunk = r.read1(65536) if hasattr(r, "read1") else r.read(1)
-        if not chunk:
-            break
-        buf += chunk
-        while b"\n\n" in buf:
-            event, buf = buf.split(b"\n\n", 1)
-            line = event.strip()
-            if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                continue
-            j = json.loads(line[len(b"data: "):])
-            for c in j.get("choices") or []:
-                d = c.get("delta") or {}
-                # The first token's text, or (a token with no text of its own, e.g. the end id) the chunk that
-                # ends the one-token answer: either way the first token has been sampled.
-                if first is None and (d.get("content") or d.get("reasoning_content") or c.get("finish_reason")):
-                    first = time.perf_counter() - t0
-            if j.get("usage"):
-                usage = j["usage"]
+    first, usage = None, None
+    for j in sse_events(r):
+        for c in j.get("choices") or []:
+            d = c.get("delta") or {}
+            # The first token's text, or (a token with no text of its own, e.g. the end id) the chunk that
+            # ends the one-token answer: either way the first token has been sampled.
+            if first is None and (d.get("content") or d.get("reasoning_content") or c.get("finish_reason")):
+                first = time.perf_counter() - t0
+        if j.get("usage"):
+            usage = j["usage"]
     conn.close()
     if first is None:
         raise SystemExit("ttft: the stream ended without a token")

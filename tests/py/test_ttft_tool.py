@@ -1,6 +1,6 @@
-"""scripts/ttft.py (time to first token through the server, docs/benchmarks.md) against `tern serve --demo`: prompts of
-the asked length that no prefix cache resumes, and a sane JSON report; `--synthetic` refused clearly where there is
-no GPU (it generates full-size weights on one).
+"""scripts/ttft.py (time to first token through the server, docs/benchmarks.md) and scripts/load.py (clients at once)
+against `tern serve --demo`: prompts of the asked length that no prefix cache resumes, sane JSON reports, bad
+arguments refused; `--synthetic` refused clearly where there is no GPU (it generates full-size weights on one).
 """
 import json
 import pathlib
@@ -43,3 +43,31 @@ def test_synthetic_needs_a_gpu(tern_bin):
     r = subprocess.run([tern_bin, "generate", "--synthetic", "--demo", "-p", "Hi"], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode != 0 and "--synthetic cannot be combined" in r.stderr, r.stderr
+
+
+def test_load_tool_together_and_admit(server, seed):
+    # scripts/load.py: N clients at once, each with its own answer and figures; a long prompt read while others
+    # decode, the gaps of the running clients meanwhile counted.
+    r = subprocess.run([sys.executable, str(ROOT / "scripts/load.py"), "--url", server.base, "--seed", str(seed),
+                        "--json", "together", "--clients", "3", "--prompt-tokens", "40", "--max-tokens", "12"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert [c["client"] for c in out["clients"]] == [0, 1, 2] and not any(c["error"] for c in out["clients"]), out
+    for c in out["clients"]:
+        assert c["ttft_ms"] > 0 and 1 <= c["tokens"] <= 12, c
+    assert out["aggregate_tok_s"] > 0 and out["max_ttft_ms"] >= max(c["ttft_ms"] for c in out["clients"])
+    assert out["gap_ms"]["p50"] <= out["gap_ms"]["p99"] <= out["gap_ms"]["max"], out
+    r = subprocess.run([sys.executable, str(ROOT / "scripts/load.py"), "--url", server.base, "--seed", str(seed),
+                        "--json", "admit", "--clients", "2", "--prompt-tokens", "20", "--max-tokens", "200",
+                        "--long-tokens", "600"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["long_error"] is None and out["long_ttft_ms"] > 0 and not out["errors"], out
+    assert out["running_clients"] == 2 and out["gaps_while_reading_ms"]["count"] >= 0, out
+
+
+def test_load_tool_refuses_bad_arguments():
+    r = subprocess.run([sys.executable, str(ROOT / "scripts/load.py"), "together", "--clients", "0"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "must be >= 1" in r.stderr
