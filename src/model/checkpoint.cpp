@@ -16,6 +16,7 @@
 
 #include "core/bf16.h"
 #include "core/check.h"
+#include "core/text_file.h"
 #include "core/progress.h"
 #include "core/thread_pool.h"
 #include "model/quantize.h"
@@ -591,14 +592,6 @@ std::shared_ptr<HeapStorage> run_job(MatrixJob& j, Progress& progress) {
   return heap;
 }
 
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  TERN_CHECK(in, "cannot open ", path.string());
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 struct Loaded {
   std::shared_ptr<SafetensorsSet> set;
   Config config;
@@ -662,7 +655,7 @@ int64_t CheckpointSummary::weight_bytes() const {
 int64_t tokenizer_id_count(const fs::path& dir) {
   const fs::path p = dir / "tokenizer.json";
   if (!fs::exists(p)) return 0;
-  const nlohmann::json j = nlohmann::json::parse(read_text(p), nullptr, false);
+  const nlohmann::json j = nlohmann::json::parse(read_text_file(p), nullptr, false);
   TERN_CHECK(!j.is_discarded() && j.is_object(), p.string(), " is not a JSON object");
   int64_t max_id = -1;
   auto see = [&](const nlohmann::json& id) {

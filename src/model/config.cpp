@@ -9,20 +9,13 @@
 #include <sstream>
 
 #include "core/check.h"
+#include "core/text_file.h"
 
 namespace tern {
 
 using json = nlohmann::json;
 
 namespace {
-
-std::string read_text(const std::filesystem::path& path) {
-  std::ifstream f(path, std::ios::binary);
-  TERN_CHECK(f, "cannot open ", path.string());
-  std::ostringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
 
 json parse_json(const std::string& text, const char* what) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -304,9 +297,9 @@ Config config_load(const std::filesystem::path& model_dir) {
   const auto cfg = model_dir / "config.json";
   TERN_CHECK(std::filesystem::exists(cfg), "no config.json in ", model_dir.string());
   const auto gen = model_dir / "generation_config.json";
-  const std::string gen_text = std::filesystem::exists(gen) ? read_text(gen) : std::string();
+  const std::string gen_text = std::filesystem::exists(gen) ? read_text_file(gen) : std::string();
   try {
-    return config_parse(read_text(cfg), gen_text);
+    return config_parse(read_text_file(cfg), gen_text);
   } catch (const Error& e) {
     throw Error(std::string(e.what()) + " (in " + model_dir.string() + ")");
   }

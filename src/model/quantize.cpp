@@ -11,6 +11,7 @@
 
 #include "core/bf16.h"
 #include "core/check.h"
+#include "core/text_file.h"
 #include "core/progress.h"
 #include "model/safetensors.h"
 
@@ -135,14 +136,6 @@ void add_vector_bf16(std::vector<TensorOut>& out, const std::string& name, const
   out.push_back(TensorOut{name, Dtype::bf16, std::move(shape), {{buf.data(), buf.size() * 2}}});
 }
 
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  TERN_CHECK(in, "cannot open ", path.string());
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 }  // namespace
 
 void checkpoint_write_mlx(const ModelWeights& w, const fs::path& source_dir, const fs::path& out_dir,
@@ -236,7 +229,7 @@ void checkpoint_write_mlx(const ModelWeights& w, const fs::path& source_dir, con
   std::ofstream(out_dir / "model.safetensors.index.json") << index.dump(4) << "\n";
 
   // config.json: the source config (text_config form), with the quantization section mlx-lm writes.
-  json src = json::parse(read_text(source_dir / "config.json"), nullptr, false);
+  json src = json::parse(read_text_file(source_dir / "config.json"), nullptr, false);
   TERN_CHECK(!src.is_discarded() && src.is_object(), (source_dir / "config.json").string(), " is not a JSON object");
   json cfg;
   if (src.value("model_type", "") == "qwen3_5_moe") {

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/check.h"
+#include "core/text_file.h"
 
 namespace tern {
 
@@ -191,18 +192,6 @@ SafetensorsHeader safetensors_parse(const uint8_t* data, size_t size, const std:
 SafetensorsFile::SafetensorsFile(const std::filesystem::path& path)
     : file_(path), header_(safetensors_parse(file_.data(), file_.size(), path.string())) {}
 
-namespace {
-
-std::string read_text(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  TERN_CHECK(in, "cannot open ", path.string());
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-}  // namespace
-
 void SafetensorsSet::add_file(const std::filesystem::path& path) {
   files_.push_back(std::make_unique<SafetensorsFile>(path));
   const SafetensorsFile& file = *files_.back();
@@ -219,7 +208,7 @@ SafetensorsSet::SafetensorsSet(const std::filesystem::path& dir) {
   TERN_CHECK(fs::is_directory(dir), "model directory ", dir.string(), " does not exist");
   const fs::path index_path = dir / "model.safetensors.index.json";
   if (fs::exists(index_path)) {
-    const json idx = json::parse(read_text(index_path), nullptr, false);
+    const json idx = json::parse(read_text_file(index_path), nullptr, false);
     TERN_CHECK(!idx.is_discarded() && idx.is_object(), index_path.string(), " is not a JSON object");
     auto wm = idx.find("weight_map");
     TERN_CHECK(wm != idx.end() && wm->is_object(), index_path.string(), ": missing 'weight_map' object");

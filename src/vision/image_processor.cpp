@@ -1,5 +1,6 @@
 // The arithmetic follows transformers' Qwen2VLImageProcessorPil: smart_resize in doubles, the rescale in float64
 // stored as float32, the normalisation in float32 ((x - mean) / std). Compiled with -ffp-contract=off (CMake).
+#include "core/text_file.h"
 #include "vision/image_processor.h"
 
 #include <cmath>
@@ -14,14 +15,6 @@ namespace tern {
 using json = nlohmann::json;
 
 namespace {
-
-std::string read_text(const std::filesystem::path& path) {
-  std::ifstream f(path, std::ios::binary);
-  TERN_CHECK(f, "cannot open ", path.string());
-  std::ostringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
 
 const json* field(const json& j, const char* key) {
   auto it = j.find(key);
@@ -92,11 +85,11 @@ ImageProcessorConfig image_processor_config_parse(const std::string& json_text, 
 
 ImageProcessorConfig image_processor_config_load(const std::filesystem::path& model_dir) {
   const std::filesystem::path pre = model_dir / "preprocessor_config.json";
-  if (std::filesystem::exists(pre)) return image_processor_config_parse(read_text(pre), pre.string());
+  if (std::filesystem::exists(pre)) return image_processor_config_parse(read_text_file(pre), pre.string());
   // Newer saves put every processor's settings in one file, the image processor's under "image_processor".
   const std::filesystem::path combined = model_dir / "processor_config.json";
   if (std::filesystem::exists(combined)) {
-    const json j = json::parse(read_text(combined), nullptr, /*allow_exceptions=*/false);
+    const json j = json::parse(read_text_file(combined), nullptr, /*allow_exceptions=*/false);
     TERN_CHECK(!j.is_discarded() && j.is_object(), combined.string(), " is not a valid JSON object");
     if (const json* v = field(j, "image_processor"))
       return config_from_json(*v, combined.string() + " image_processor");
