@@ -14,7 +14,6 @@
 //            biases [9][16 B]: 162 chunks.
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 
 #include "cuda/common/cuda_common.cuh"
 #include "cuda/common/l2_prefetch.cuh"
@@ -241,10 +240,12 @@ int ring_blocks(const void* kernel, int smem, int64_t work, int B) {
   return int(std::clamp<int64_t>(wave / B, 1, (work + kWarps - 1) / kWarps));
 }
 
+// False (nothing launched) when the ring does not fit the device's shared memory.
 template <int S>
-void launch_gate_up_ring(const GateUpParams& p, int B, cudaStream_t stream) {
+bool launch_gate_up_ring(const GateUpParams& p, int B, cudaStream_t stream) {
   auto kernel = moe_gate_up_ring_kernel<S>;
   constexpr int smem = kWarps * gate_up_stages<S>() * gate_up_stage_bytes<S>();
+  if (smem > qtile::max_dynamic_smem()) return false;
   static bool attribute_set = false;
   if (!attribute_set) {
     TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -253,29 +254,23 @@ void launch_gate_up_ring(const GateUpParams& p, int B, cudaStream_t stream) {
   const int blocks = ring_blocks(reinterpret_cast<const void*>(kernel), smem, int64_t(p.k + 1) * p.F, B);
   launch_pdl("moe_gate_up_ring", kernel, dim3(unsigned(blocks), unsigned(B)), dim3(kThreads), size_t(smem), stream,
              p);
+  return true;
 }
 
 }  // namespace
 
 bool ring_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("TERN_MOE_RING");
-    return !(e && e[0] == '0' && e[1] == '\0');
-  }();
+  static const bool on = !env_is("TERN_MOE_RING", "0");
   return on;
 }
 
 bool gate_up_ring(const GateUpParams& p, int cols, int B, cudaStream_t stream) {
   if (B < 2 || !ring_enabled()) return false;
-  const int smem = kWarps * (cols == 4096 ? gate_up_stages<4>() * gate_up_stage_bytes<4>()
-                                          : gate_up_stages<2>() * gate_up_stage_bytes<2>());
-  if (smem > qtile::max_dynamic_smem()) return false;
   switch (cols) {
-    case 1024: launch_gate_up_ring<1>(p, B, stream); break;
-    case 2048: launch_gate_up_ring<2>(p, B, stream); break;
-    default: launch_gate_up_ring<4>(p, B, stream); break;
+    case 1024: return launch_gate_up_ring<1>(p, B, stream);
+    case 2048: return launch_gate_up_ring<2>(p, B, stream);
+    default: return launch_gate_up_ring<4>(p, B, stream);
   }
-  return true;
 }
 
 bool down_ring(const DownParams& p, int B, cudaStream_t stream) {

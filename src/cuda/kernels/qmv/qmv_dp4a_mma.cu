@@ -13,7 +13,7 @@
 // 8 warps' subtrees as ((P0 + P1) + (P2 + P3)) + ((P4 + P5) + (P6 + P7)): the tree of the 32 leaves, unchanged.
 // The tokens are quantised once per block (as qmv_dp4a quantises its one token, the same 256 threads and order, so
 // the RMSNorm's Σx² is the same too) into shared memory in the MMA's B-fragment order; the row tiles stream through a
-// cp.async pipeline of L::kStages stages (weights, scales, biases), the first ones issued before pdl_wait().
+// cp.async pipeline of Layout::kStages stages (weights, scales, biases), the first ones issued before pdl_wait().
 //
 // Fragments (m16n8k32, thread g = lane/4, c = lane%4): A holds (row g, k 4c..4c+3), (row g+8, same), (row g,
 // k 16+4c..), (row g+8, same); B (k 4c.., token g), (k 16+4c.., token g). Slots 4c.. of a half-group take the even
