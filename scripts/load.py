@@ -20,6 +20,7 @@ no prefix cache resumes them. Standard library only.
 import argparse
 import http.client
 import json
+import math
 import os
 import random
 import statistics
@@ -37,7 +38,7 @@ def pct(values, q):
     if not values:
         return None
     v = sorted(values)
-    return v[min(len(v) - 1, max(0, int(round(q / 100.0 * len(v) + 0.5)) - 1))]
+    return v[min(len(v), max(1, math.ceil(q / 100.0 * len(v)))) - 1]
 
 
 class Stream:
@@ -148,12 +149,12 @@ def admit(a, rng, headers):
     long.start()
     long.join()
     window_end = long.arrivals[0] if long.arrivals else time.perf_counter()
-    running = [s for s in streams if s.thread.is_alive()]
+    running = [s for s in streams if s.thread.is_alive()]  # still decoding when the long prompt's answer began
     for s in streams:
         s.join()
     gaps = [g for s in streams for g in s.gaps(long.sent, window_end)]
     before = [g for s in streams for g in s.gaps(None, long.sent)]
-    return {"scenario": "admit", "running_clients": a.clients, "still_running_at_admission": len(running),
+    return {"scenario": "admit", "running_clients": a.clients, "still_running_after_it": len(running),
             "long_prompt_tokens": a.long_tokens, "long_error": long.error, "long_ttft_ms": ms(long.ttft()),
             "errors": [s.error for s in streams if s.error],
             "gaps_while_reading_ms": {"count": len(gaps), "p50": ms(pct(gaps, 50)), "p99": ms(pct(gaps, 99)),
@@ -200,8 +201,8 @@ def main():
         g = out["gaps_while_reading_ms"]
         print(f"long prompt ({out['long_prompt_tokens']} tokens) TTFT {out['long_ttft_ms']} ms"
               + (f", error {out['long_error']}" if out["long_error"] else ""))
-        print(f"{out['still_running_at_admission']} of {out['running_clients']} clients running; their gaps while it "
-              f"was read: {g['count']} gaps, p50 {g['p50']} / p99 {g['p99']} / max {g['max']} ms (before: p50 "
+        print(f"{out['still_running_after_it']} of {out['running_clients']} clients still decoding after it; their "
+              f"gaps while it was read: {g['count']} gaps, p50 {g['p50']} / p99 {g['p99']} / max {g['max']} ms (before: p50 "
               f"{out['gaps_before_ms']['p50']} / p99 {out['gaps_before_ms']['p99']} ms)")
         if out["errors"]:
             print("errors: " + "; ".join(out["errors"]))

@@ -370,6 +370,17 @@ def new_chat(b):
                what="an empty new chat")
 
 
+def click_forced(b, index, action, answer):
+    """Clicks the action button of message `index`; the request it makes is answered `answer` (thinking off)."""
+    b.js(f"tern.hooks.extraBody = {{tern_debug_forced_output: {json.dumps(answer)}, max_tokens: 64,"
+         " chat_template_kwargs: {enable_thinking: false}}")
+    try:
+        assert click_action(b, index, action)
+        wait_done(b)
+    finally:
+        b.js("tern.hooks.extraBody = null")
+
+
 def ask_forced(b, text, answer):
     """Sends `text`; the demo model answers `answer` (thinking off, so it is all content)."""
     b.js(f"tern.hooks.extraBody = {{tern_debug_forced_output: {json.dumps(answer)}, max_tokens: 64,"
@@ -440,13 +451,7 @@ def test_regenerate_the_last_answer(browser):
     ask_forced(b, "Q two", "First try.")
     assert not click_action(b, 1, "regenerate")  # only the last answer can be regenerated
     record_requests(b)
-    b.js("tern.hooks.extraBody = {tern_debug_forced_output: 'Second try.', max_tokens: 64,"
-         " chat_template_kwargs: {enable_thinking: false}}")
-    try:
-        assert click_action(b, -1, "regenerate")
-        wait_done(b)
-    finally:
-        b.js("tern.hooks.extraBody = null")
+    click_forced(b, -1, "regenerate", "Second try.")
     assert log_messages(b) == [["user", "Q one"], ["assistant", "A one."], ["user", "Q two"], ["assistant", "Second try."]]
     # Asked again with the same conversation, the dropped answer left out.
     assert bodies(b) == [[["user", "Q one"], ["assistant", "A one."], ["user", "Q two"]]]
@@ -547,13 +552,7 @@ def test_context_overflow_offers_a_new_chat(browser):
     err = last(b, ".msg.error .text")
     assert "too long for the model's context" in err and "--ctx-size" not in err, err
     record_requests(b)
-    b.js("tern.hooks.extraBody = {tern_debug_forced_output: 'Continued.', max_tokens: 64,"
-         " chat_template_kwargs: {enable_thinking: false}}")
-    try:
-        assert click_action(b, -1, "continue")
-        wait_done(b)
-    finally:
-        b.js("tern.hooks.extraBody = null")
+    click_forced(b, -1, "continue", "Continued.")
     # A new chat with the last question (what fits in about half the context), answered there.
     assert log_messages(b) == [["user", long_b.strip()], ["assistant", "Continued."]]
     assert b.js("document.querySelector('#chat-list li.current .title').textContent").endswith("(continued)")

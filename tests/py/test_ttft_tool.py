@@ -64,7 +64,10 @@ def test_load_tool_together_and_admit(server, seed):
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["long_error"] is None and out["long_ttft_ms"] > 0 and not out["errors"], out
-    assert out["running_clients"] == 2 and out["gaps_while_reading_ms"]["count"] >= 0, out
+    # The long prompt came once both clients streamed (8 tokens each), so their earlier gaps were counted.
+    assert out["running_clients"] == 2 and out["gaps_before_ms"]["p50"] > 0, out
+    g = out["gaps_while_reading_ms"]
+    assert g["count"] == 0 or g["p50"] <= g["p99"] <= g["max"], out
 
 
 def test_load_tool_refuses_bad_arguments():
