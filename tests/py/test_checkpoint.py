@@ -309,7 +309,7 @@ def test_fuzz_safetensors_header(tmp_path):
     assert clang, "clang++ is needed for the libFuzzer target (scripts/install-deps installs clang)"
     exe = tmp_path / "safetensors_fuzz"
     srcs = [ROOT / "tests/fuzz/safetensors_fuzz.cpp", ROOT / "src/model/safetensors.cpp", ROOT / "src/core/mmap.cpp",
-            ROOT / "src/core/check.cpp"]
+            ROOT / "src/core/check.cpp", ROOT / "src/core/text_file.cpp"]
     r = subprocess.run([clang, "-std=c++20", "-O1", "-g", "-fsanitize=fuzzer,address,undefined", "-I", ROOT / "src",
                         *srcs, "-o", exe], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -451,7 +451,7 @@ def test_image_decode_fuzz(tmp_path, seed):
                            capture_output=True, text=True, check=True).stdout.split()
     exe = tmp_path / "image_decode_fuzz"
     srcs = [ROOT / "tests/fuzz/image_decode_fuzz.cpp", *sorted((ROOT / "src/vision").glob("*.cpp")),
-            ROOT / "src/core/check.cpp"]
+            ROOT / "src/core/check.cpp", ROOT / "src/core/text_file.cpp"]
     r = subprocess.run([clang, "-std=c++20", "-O1", "-g", "-ffp-contract=off", "-fsanitize=fuzzer,address,undefined",
                         "-I", ROOT / "src", *srcs, "-o", exe, *flags, "-lgif"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
