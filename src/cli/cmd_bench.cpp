@@ -20,6 +20,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/memory_flags.h"
 #include "cli/model_flags.h"
 #include "core/check.h"
 #include "core/thread_pool.h"
@@ -65,6 +66,7 @@ struct BenchArgs {
   std::string json_schema;  // constrained decode steps (not in the GPU-only build)
   std::string concurrency;  // --concurrency 1,2,4: stream counts
   bool concurrency_given = false;  // else the table by length
+  int64_t gpu_memory = 0;          // --gpu-memory in bytes (0: the GPU's free memory)
 };
 
 #ifndef TERN_GPU_ONLY
@@ -180,6 +182,30 @@ std::vector<int64_t> lengths_to_run(const BenchArgs& a, int64_t max_positions) {
   return fitting;
 }
 
+// On a GPU, the lengths to run against its memory (engine/memory_plan.h): each length with its decode steps in one
+// sequence, and with --concurrency N sequences of the length at once. The default lengths are cut to what fits; a
+// length or stream count given that does not fit is refused with the numbers. Returns the longest context one
+// sequence gets.
+int64_t lengths_fit_memory(const BenchArgs& a, const ModelRunner& runner, const GpuMemory& gpu,
+                           std::vector<int64_t>& lengths, const std::vector<int>& concurrency) {
+  MemoryPlanInput ask;
+  ask.parallel = 1;
+  ask.context_flag = "";  // bench takes prompt lengths, not a context
+  ask.parallel_flag = "--concurrency";
+  const MemoryPlanInput one = memory_plan_measure(runner, gpu, ask);
+  const int64_t longest = memory_plan(one).context;
+  if (!a.lengths_given) std::erase_if(lengths, [&](int64_t length) { return length + a.decode_steps > longest; });
+  TERN_CHECK(!lengths.empty(), "no benchmark length with ", a.decode_steps, " decode steps fits the GPU memory (",
+             token_count_text(longest), " tokens)");
+  MemoryPlanInput each = one;  // throws, with the numbers, for a --lengths or --concurrency beyond memory
+  each.context = std::min(one.max_context, *std::max_element(lengths.begin(), lengths.end()) + a.decode_steps);
+  for (int n : concurrency.empty() ? std::vector<int>{1} : concurrency) {
+    each.parallel = n;
+    memory_plan(each);
+  }
+  return longest;
+}
+
 void run_bench(BenchArgs a) {
   TERN_USAGE_CHECK(int(!a.model_dir.empty()) + int(a.synthetic) + int(a.demo) == 1,
                    "tern bench: give exactly one of -m DIR, --synthetic or --demo");
@@ -210,6 +236,8 @@ void run_bench(BenchArgs a) {
 #endif
   TERN_USAGE_CHECK(!a.synthetic || device == "cuda",
                    "--synthetic generates full-size weights on the GPU: it needs --device cuda");
+  // On a GPU the sessions are planned in its memory (engine/memory_plan.h), as tern serve plans its own.
+  const std::optional<GpuMemory> gpu = gpu_memory_before_load(device, a.gpu_memory, a.quiet);
 
   BenchReport report;
   std::unique_ptr<ModelRunner> runner;
@@ -221,6 +249,7 @@ void run_bench(BenchArgs a) {
     const Config config = config_parse(R"({"model_type": "qwen3_5_moe_text"})");
     const ModelWeights shapes = weights_mlx4_shapes(config);
     roofline = roofline_from_weights(shapes);
+    if (gpu) gpu_memory_check_weights(*gpu, shapes.total_bytes());
     runner = cuda_runner_create_synthetic(config, a.seed);
     report.model = "synthetic Qwen3.6-35B-A3B, random weights in the MLX 4-bit layout (routing near uniform), " +
                    weights_description(shapes, roofline);
@@ -242,19 +271,25 @@ void run_bench(BenchArgs a) {
       runner = cpu_runner_create(weights);
     } else {
 #ifdef TERN_HAVE_CUDA
+      if (gpu) gpu_memory_check_weights(*gpu, weights->total_bytes());
       runner = cuda_runner_create(weights);
 #endif
     }
   }
   TERN_CHECK(runner != nullptr, "tern bench: no runner for device ", device);
   o.lengths = lengths_to_run(a, runner->config().max_position_embeddings);
+  int64_t memory_context = 0;  // on a GPU: the longest context one sequence gets in its memory
+  if (gpu && !a.prefix_reuse) memory_context = lengths_fit_memory(a, *runner, *gpu, o.lengths, o.concurrency);
   if (!a.lengths_given) {  // the lengths run, as the command line to repeat them says
     a.lengths.clear();
     for (int64_t length : o.lengths) a.lengths += (a.lengths.empty() ? "" : ",") + bench_length_label(length);
     if (!a.quiet && o.concurrency.empty())
       std::fprintf(stderr, "tern bench: lengths %s (the default ones that fit the model's %lld positions with %d "
-                           "decode steps)\n",
-                   a.lengths.c_str(), (long long)runner->config().max_position_embeddings, a.decode_steps);
+                           "decode steps%s)\n",
+                   a.lengths.c_str(), (long long)runner->config().max_position_embeddings, a.decode_steps,
+                   memory_context > 0
+                       ? (" and the GPU memory's " + token_count_text(memory_context) + " tokens").c_str()
+                       : "");
     else if (!a.quiet)
       std::fprintf(stderr, "tern bench: context %s per stream (the default with --concurrency; give --lengths for "
                            "others)\n",
@@ -381,6 +416,7 @@ void command_bench(CLI::App& app) {
                   "of one batched forward over the N; aggregate and per-stream tok/s, inter-token latency p50/p99, "
                   "memory")
       ->each([args](const std::string&) { args->concurrency_given = true; });
+  gpu_memory_flag_add(sub, args->gpu_memory);
   sub->add_flag("-q,--quiet", args->quiet, "No progress lines on stderr");
 #ifndef TERN_GPU_ONLY
   sub->add_option("--json-schema", args->json_schema,

@@ -17,6 +17,7 @@
 
 #include "cli/backend_select.h"
 #include "cli/commands.h"
+#include "cli/memory_flags.h"
 #include "cli/model_flags.h"
 #include "core/check.h"
 #include "engine/generator.h"
@@ -114,11 +115,17 @@ void run_generate(const GenerateArgs& a) {
   req.stop = a.stop;
   req.ignore_eos = a.ignore_eos;
 
-  auto runner = model_flags_runner(a.model, src);
-  const int64_t max_ctx = runner->config().max_position_embeddings;
+  // One sequence of what the prompt and -n need (or --ctx-size); on a GPU checked against its memory first.
+  const int64_t max_ctx = model_flags_config(src).max_position_embeddings;
   const int64_t ctx = a.model.ctx_size > 0 ? a.model.ctx_size
                                            : std::min<int64_t>(max_ctx, int64_t(req.prompt.size()) + a.max_tokens);
   TERN_USAGE_CHECK(ctx <= max_ctx, "--ctx-size ", ctx, " exceeds the model's ", max_ctx, " positions");
+  MemoryPlanInput ask;
+  ask.context = std::max<int64_t>(ctx, 1);
+  ask.parallel = 1;
+  ask.parallel_flag = "";  // not a flag of tern generate
+  const std::unique_ptr<ModelRunner> runner =
+      model_flags_runner_planned(a.model, src, ask, "tern generate", a.quiet).runner;
   auto session = runner->create_session(ctx);
   Generator gen(*runner, *src.tokenizer);
 

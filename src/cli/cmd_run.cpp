@@ -31,6 +31,7 @@
 #include "cli/commands.h"
 #include "cli/history_file.h"
 #include "cli/line_editor.h"
+#include "cli/memory_flags.h"
 #include "cli/model_flags.h"
 #include "core/check.h"
 #include "engine/generator.h"
@@ -291,16 +292,33 @@ void run_chat(const RunArgs& a) {
   const ModelSource src = model_flags_open(a.model);
   TERN_CHECK(src.chat_template, "the model folder has no chat template (chat_template.jinja or tokenizer_config.json); "
                                 "use tern generate for raw prompts");
-  auto runner = model_flags_runner(a.model, src);
-  const int64_t max_ctx = runner->config().max_position_embeddings;
-  const int64_t ctx = a.model.ctx_size > 0 ? a.model.ctx_size : std::min<int64_t>(max_ctx, 16384);
-  TERN_USAGE_CHECK(ctx <= max_ctx, "--ctx-size ", ctx, " exceeds the model's ", max_ctx, " positions");  // exit 2
+  const int64_t max_ctx = model_flags_config(src).max_position_embeddings;
+  TERN_USAGE_CHECK(a.model.ctx_size <= max_ctx, "--ctx-size ", a.model.ctx_size, " exceeds the model's ", max_ctx,
+                   " positions");  // exit 2
   // One conversation at a time: one slot (one session, as before the cache); snapshots in 1 GiB of device memory
-  // (RAM on the CPU backend), then 4 GiB of host memory. Those of the latest turns are the ones reused.
+  // (RAM on the CPU backend; on a GPU less when its memory is short), then 4 GiB of host memory. Those of the latest
+  // turns are the ones reused.
   PrefixCacheOptions cache_options;
   cache_options.slots = 1;
   cache_options.gpu_bytes = int64_t(1024) << 20;
   cache_options.host_bytes = int64_t(4096) << 20;
+  // On a GPU the context is planned in its memory (as tern serve's, for one sequence), else the CPU's default.
+  MemoryPlanInput ask;
+  ask.context = a.model.ctx_size;
+  ask.parallel = 1;
+  ask.parallel_flag = "";  // not a flag of tern run
+  ask.cache_slots = 1;
+  ask.cache_slots_given = true;
+  ask.snapshot_budget = cache_options.gpu_bytes;
+  PlannedRunner planned = model_flags_runner_planned(a.model, src, ask, "tern run");
+  std::unique_ptr<ModelRunner> runner = std::move(planned.runner);
+  int64_t ctx = 0;
+  if (planned.plan) {
+    ctx = planned.plan->context;
+    cache_options.gpu_bytes = planned.plan->snapshot_budget;
+  } else {
+    ctx = cpu_context("tern run", a.model.ctx_size, max_ctx);
+  }
   PrefixCache cache(*runner, ctx, cache_options);
   Generator gen(*runner, *src.tokenizer);
   SamplingParams sampling = sampling_flags_apply(a.sampling, src.defaults);

@@ -1,7 +1,8 @@
 // tern serve: the OpenAI-compatible HTTP server (docs/server.md).
 //
 //   tern serve [-m DIR | --demo] [--host 127.0.0.1] [--port 8080] [--api-key KEY] [--cors-origin ORIGIN]
-//              [--parallel 4] [--step-tokens 1024] [--max-queue 64] [-c/--ctx-size N] [--max-body-bytes N]
+//              [--parallel 4] [--step-tokens 1024] [--max-queue 64] [-c/--ctx-size N] [--gpu-memory GB]
+//              [--max-body-bytes N]
 //              [sampling flags: server-wide defaults]
 //              [--no-prefix-cache] [--cache-snapshot-every 4096] [--cache-gpu-mb 4096] [--cache-host-mb 16384]
 //              [--cache-slots 4] [--alias NAME ...] [--strict-model-name]
@@ -27,6 +28,7 @@
 
 #include "cli/backend_select.h"
 #include "cli/commands.h"
+#include "cli/memory_flags.h"
 #include "cli/model_flags.h"
 #include "core/check.h"
 #include "engine/generator.h"
@@ -45,6 +47,7 @@ struct ServeArgs {
   bool quiet = false;
   bool no_prefix_cache = false;
   int64_t cache_gpu_mb = 4096, cache_host_mb = 16384;
+  bool cache_gpu_mb_given = false, cache_slots_given = false;  // else the memory plan may lower them
   std::vector<std::string> aliases;  // more names requests may give for the model
 };
 
@@ -138,13 +141,34 @@ void serve(const ServeArgs& a) {
     src = model_flags_open(a.model);
     TERN_CHECK(src.chat_template, "the model folder has no chat template (chat_template.jinja or "
                                   "tokenizer_config.json); /v1/chat/completions needs one");
-    runner = model_flags_runner(a.model, src);
-    const int64_t max_ctx = runner->config().max_position_embeddings;
-    const int64_t ctx = a.model.ctx_size > 0 ? a.model.ctx_size : std::min<int64_t>(max_ctx, 32768);
-    TERN_USAGE_CHECK(ctx >= 16 && ctx <= max_ctx, "--ctx-size must be in [16, ", max_ctx,
-                     "] (the model's positions), got ", ctx);
-    generator = std::make_unique<Generator>(*runner, *src.tokenizer);
+    const int64_t max_ctx = model_flags_config(src).max_position_embeddings;
+    TERN_USAGE_CHECK(a.model.ctx_size == 0 || (a.model.ctx_size >= 16 && a.model.ctx_size <= max_ctx),
+                     "--ctx-size must be in [16, ", max_ctx, "] (the model's positions), got ", a.model.ctx_size);
+    // On a GPU the context, the requests at once and the prefix cache's sessions and snapshots are planned in its
+    // memory (engine/memory_plan.h), each as given or chosen.
+    MemoryPlanInput ask;
+    ask.context = a.model.ctx_size;
+    ask.parallel = options.scheduler.parallel;
+    ask.default_parallel = server::SchedulerOptions::kDefaultParallel;
+    if (options.prefix_cache.enabled) {
+      ask.cache_slots = options.prefix_cache.slots;
+      ask.cache_slots_given = a.cache_slots_given;
+      ask.snapshot_budget = options.prefix_cache.gpu_bytes;
+      ask.snapshot_budget_given = a.cache_gpu_mb_given;
+    }
+    PlannedRunner planned = model_flags_runner_planned(a.model, src, ask, "tern serve");
+    runner = std::move(planned.runner);
     server::ServerModel model;
+    int64_t ctx = 0;
+    if (planned.plan) {
+      ctx = planned.plan->context;
+      model.parallel = planned.plan->parallel;
+      model.cache_slots = planned.plan->sessions;
+      model.cache_gpu_bytes = planned.plan->snapshot_budget;
+    } else {  // the CPU: --parallel is what its RAM holds (the engine loop's own plan)
+      ctx = cpu_context("tern serve", a.model.ctx_size, max_ctx);
+    }
+    generator = std::make_unique<Generator>(*runner, *src.tokenizer);
     model.model_id = src.name;
     model.aliases = options.model_aliases;
     model.model_path = a.model.model_dir.empty() ? "" : std::filesystem::absolute(a.model.model_dir).string();
@@ -231,7 +255,8 @@ void command_serve(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--parallel", s.scheduler.parallel,
                   "Requests generated at once (continuous batching; each holds a session of --ctx-size tokens, "
-                  "allocated at start; more wait in the queue). Default: 4, fewer when memory is short")
+                  "allocated at start; more wait in the queue). Default: 4, fewer when memory is short (on a GPU: "
+                  "while 4 would hold fewer than 32768 tokens each)")
       ->check(CLI::Range(1, 256));
   sub->add_option("--step-tokens", s.scheduler.step_tokens,
                   "Prompt tokens prefilled per step while other requests decode (a long prompt is read in such "
@@ -271,7 +296,7 @@ void command_serve(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--cache-gpu-mb", a->cache_gpu_mb,
                   "Prefix cache: MiB of snapshots kept in GPU memory (RAM on the CPU backend); beyond, the least "
-                  "recently used move to host memory")
+                  "recently used move to host memory. Left to the memory plan, less when the GPU is short")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   sub->add_option("--cache-host-mb", a->cache_host_mb,
@@ -280,7 +305,8 @@ void command_serve(CLI::App& app) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   sub->add_option("--cache-slots", s.prefix_cache.slots,
-                  "Prefix cache: conversations cached at once, each in its own session (KV cache region)")
+                  "Prefix cache: conversations cached at once, each in its own session (KV cache region); at least "
+                  "--parallel. Left to the memory plan, fewer when the GPU is short")
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
   sub->add_option("--alias", a->aliases,
@@ -292,7 +318,9 @@ void command_serve(CLI::App& app) {
                 "Requests naming a model other than the id or an --alias get 404 (default: any name is answered by "
                 "the model served, as its id)");
   sub->add_flag("-q,--quiet", a->quiet, "No request log lines on stderr");
-  sub->callback([a] {
+  sub->callback([a, sub] {
+    a->cache_gpu_mb_given = sub->count("--cache-gpu-mb") > 0;
+    a->cache_slots_given = sub->count("--cache-slots") > 0;
     a->server.prefix_cache.enabled = !a->no_prefix_cache;
     a->server.prefix_cache.gpu_bytes = a->cache_gpu_mb << 20;
     a->server.prefix_cache.host_bytes = a->cache_host_mb << 20;

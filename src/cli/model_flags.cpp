@@ -5,7 +5,9 @@
 #include <sstream>
 
 #include "cli/backend_select.h"
+#include "cli/memory_flags.h"
 #include "core/check.h"
+#include "engine/bench_roofline.h"
 #include "text/tokenizer.h"
 
 namespace tern::cli {
@@ -25,8 +27,11 @@ void model_flags_add(CLI::App* sub, ModelFlags& f) {
   sub->add_option("--name", f.name,
                   "The model's id (default: ORG/NAME for a Hugging Face cache snapshot or a folder that records its "
                   "repo id, else the folder's name)");
-  sub->add_option("-c,--ctx-size", f.ctx_size, "Context size in tokens (default: the command's)")
+  sub->add_option("-c,--ctx-size", f.ctx_size,
+                  "Context size in tokens per sequence (default: on a GPU the longest its memory holds, up to the "
+                  "model's positions; on the CPU 32768; tern generate: what the prompt and -n need)")
       ->check(CLI::NonNegativeNumber);
+  gpu_memory_flag_add(sub, f.gpu_memory);
 }
 
 namespace {
@@ -55,6 +60,26 @@ std::unique_ptr<ModelRunner> model_flags_runner(const ModelFlags& f, const Model
   if (src.synthetic)  // the demo tokenizer's ids only: the rows past them have no text
     return runner_create_synthetic(src.synthetic_config, /*seed=*/1, f.device, src.tokenizer->vocab_size());
   return runner_create(src.weights, f.device);
+}
+
+const Config& model_flags_config(const ModelSource& src) {
+  return src.synthetic ? src.synthetic_config : src.weights->config;
+}
+
+PlannedRunner model_flags_runner_planned(const ModelFlags& f, const ModelSource& src, const MemoryPlanInput& ask,
+                                         const char* who, bool quiet) {
+  // Synthetic weights are made on the GPU (model_flags_runner says so when there is none).
+  const std::string device = f.synthetic ? (cuda_available() ? "cuda" : "cpu") : device_resolve(f.device);
+  const std::optional<GpuMemory> gpu = gpu_memory_before_load(device, f.gpu_memory, quiet);
+  if (gpu)
+    gpu_memory_check_weights(*gpu, src.synthetic ? weights_mlx4_shapes(src.synthetic_config).total_bytes()
+                                                 : src.weights->total_bytes());
+  PlannedRunner planned;
+  planned.runner = model_flags_runner(f, src);
+  if (!gpu) return planned;
+  planned.plan = memory_plan(memory_plan_measure(*planned.runner, *gpu, ask));
+  if (!quiet) memory_plan_print(who, *planned.plan);
+  return planned;
 }
 
 namespace {

@@ -5,10 +5,12 @@
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/check.h"
+#include "engine/memory_plan.h"
 #include "engine/model_source.h"
 #include "engine/sampler.h"
 #include "model/runner.h"
@@ -22,7 +24,8 @@ struct ModelFlags {
   std::string device = "auto";
   std::string dtype = "auto";
   std::string name;
-  int64_t ctx_size = 0;     // 0: the command's default
+  int64_t ctx_size = 0;     // 0: the command's default (on a GPU: the memory plan's)
+  int64_t gpu_memory = 0;   // --gpu-memory in bytes; 0: the GPU's free memory
 };
 void model_flags_add(CLI::App* sub, ModelFlags& f);
 // Loads the model and prints its banner on stderr (quiet: nothing at all, no load progress either).
@@ -31,6 +34,19 @@ ModelSource model_flags_open(const ModelFlags& f, bool quiet = false);
 std::string model_flags_name(const ModelFlags& f);
 // The runner for what model_flags_open gave, on f.device (synthetic weights: generated there, CUDA only).
 std::unique_ptr<ModelRunner> model_flags_runner(const ModelFlags& f, const ModelSource& src);
+// The model's config, before any runner is made.
+const Config& model_flags_config(const ModelSource& src);
+
+// model_flags_runner with, on a GPU, the memory plan (engine/memory_plan.h) for what `ask` asks (its context,
+// sequences, prefix cache and flag names; the device's and the model's sizes are measured here, --gpu-memory from
+// f): the weights checked before they are uploaded, the plan printed on stderr after `who` unless quiet. Throws
+// tern::Error with the numbers when the plan is refused. On the CPU there is no plan (nullopt).
+struct PlannedRunner {
+  std::unique_ptr<ModelRunner> runner;
+  std::optional<MemoryPlan> plan;
+};
+PlannedRunner model_flags_runner_planned(const ModelFlags& f, const ModelSource& src, const MemoryPlanInput& ask,
+                                         const char* who, bool quiet = false);
 
 // Sampling flags; a flag not given keeps the model's default (generation_config.json).
 struct SamplingFlags {

@@ -189,8 +189,12 @@ void HttpServer::set_model(const ServerModel& model) {
   }
   state_->max_token_bytes = longest;
   state_->special_tokens = std::move(special);
+  // The memory plan's choices over the flags' (/props reads them from the state once ready).
+  if (model.parallel > 0) state_->options.scheduler.parallel = model.parallel;
+  if (model.cache_slots > 0) state_->options.prefix_cache.slots = model.cache_slots;
+  if (model.cache_gpu_bytes >= 0) state_->options.prefix_cache.gpu_bytes = model.cache_gpu_bytes;
   state_->engine = std::make_unique<EngineLoop>(*model.generator, model.context, options_.max_queue, metrics_,
-                                               options_.prefix_cache, options_.scheduler);
+                                               state_->options.prefix_cache, state_->options.scheduler);
   state_->ready.store(true, std::memory_order_release);
 }
 

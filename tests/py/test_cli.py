@@ -110,3 +110,54 @@ def test_bench_defaults_run_within_a_small_context(tern_bin, tmp_path):
     assert rows[1:] == ["256", "512", "1K"], r.stdout  # rows[0] is the header
     r = run_tern(tern_bin, "bench", "-m", str(model), "--device", "cpu", "--lengths", "2K")
     assert r.returncode == 2 and "2048 positions" in r.stderr, r.stderr
+
+
+# --- The memory plan (issue 33): printed at start; --gpu-memory checked everywhere; the CPU keeps its context ---
+
+def test_memory_plan_is_printed_at_start_on_the_cpu(tern_bin):
+    """On the CPU there is no GPU memory to plan: the plan line says so and names the context taken."""
+    import sys
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
+    from test_server_helpers import Server
+    s = Server(tern_bin, "--device", "cpu", "-q")
+    try:
+        log = s.log_text()
+    finally:
+        s.stop()
+    assert "tern serve: memory plan: none on the CPU: context 32,768 tokens (the CPU's default" in log, log
+    assert "context 32768 tokens" in log, log  # the ready line
+    s = Server(tern_bin, "--device", "cpu", "--ctx-size", "1024", "-q")
+    try:
+        log = s.log_text()
+    finally:
+        s.stop()
+    assert "tern serve: memory plan: none on the CPU: context 1,024 tokens (--ctx-size)" in log, log
+    # tern run takes the same context as tern serve (it used to take 16K).
+    r = subprocess.run([tern_bin, "run", "--demo", "--device", "cpu", "--no-history"], input="", capture_output=True,
+                       text=True, timeout=300, env={**__import__("os").environ, "TERN_THREADS": "2"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "tern run: memory plan: none on the CPU: context 32,768 tokens" in r.stderr, r.stderr
+
+
+def test_bad_gpu_memory_values_are_usage_errors(tern_bin):
+    bad = {"-1": "must be more than 0", "0": "must be more than 0", "0.0": "must be more than 0",
+           "nan": "not a finite size", "inf": "not a finite size", "abc": "is not a size",
+           "24TB": "unknown unit", "24 potatoes": "unknown unit", "1e9": "more than any GPU holds",
+           "": "is not a size"}
+    commands = (["serve", "--demo", "--port", "0"], ["run", "--demo"], ["generate", "--demo", "-p", "x", "-n", "1"],
+                ["bench", "--demo", "--lengths", "256"])
+    for command in commands:
+        for value, why in bad.items():
+            r = run_tern(tern_bin, *command, "--gpu-memory", value)
+            assert r.returncode == 2, (command, value, r.returncode, r.stderr[-1000:])
+            assert "--gpu-memory" in r.stderr and why in r.stderr, (command, value, r.stderr[-1000:])
+
+
+def test_gpu_memory_on_the_cpu_is_ignored_with_a_note(tern_bin):
+    for value in ("24", "23.5GB", "24GiB", "24576MiB"):
+        r = run_tern(tern_bin, "generate", "--demo", "--device", "cpu", "-p", "Hello", "-n", "2", "--gpu-memory", value)
+        assert r.returncode == 0, (value, r.stderr[-2000:])
+        assert "--gpu-memory" in r.stderr and "is ignored: the model runs on the CPU" in r.stderr, r.stderr
+    r = run_tern(tern_bin, "generate", "--demo", "--device", "cpu", "-p", "Hello", "-n", "2", "--gpu-memory", "24",
+                 "-q")
+    assert r.returncode == 0 and r.stderr == "", r.stderr  # -q: nothing but the answer

@@ -1,14 +1,20 @@
 // The server before its model is loaded (set_model not called yet): /health says loading, generation routes are 503,
 // and /v1/models already lists the names announced in the options, so that a client reading the list once at start
-// finds the model; the admission checks (Host, CORS) already hold.
+// finds the model; the admission checks (Host, CORS) already hold. Then set_model with the memory plan's choices.
 #include <gtest/gtest.h>
 
 #include <thread>
 
 #include <httplib.h>
 
+#include "cpu/cpu_runner.h"
+#include "engine/demo_model.h"
+#include "engine/generator.h"
+#include "engine/model_source.h"
 #include "server/http/json.h"
 #include "server/http_server.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
 
 namespace tern::server {
 namespace {
@@ -32,6 +38,7 @@ class LoadingServer {
     httplib::Client client("127.0.0.1", port_);
     return client.Options(path, headers);
   }
+  HttpServer& http() { return server_; }
 
  private:
   static ServerOptions with_test_defaults(ServerOptions o) {
@@ -122,6 +129,35 @@ TEST(HttpServer, LoopbackOriginsGetCorsAndTheHostCheckStays) {
     ASSERT_TRUE(rebound_preflight);
     EXPECT_EQ(rebound_preflight->status, 403) << host;
   }
+}
+
+// tern serve's memory plan (cli/memory_flags.h) hands its choices over with the model: they replace the flags'.
+TEST(HttpServer, TheMemoryPlansChoicesReplaceTheFlags) {
+  const auto runner = cpu_runner_create(demo_model_build());
+  const auto tokenizer = demo_tokenizer();
+  const ChatTemplate tmpl = ChatTemplate::from_source(demo_chat_template_source());
+  Generator generator(*runner, *tokenizer);
+  ServerOptions o;
+  o.scheduler.parallel = 4;   // as the flags said
+  o.prefix_cache.slots = 4;
+  LoadingServer server(o);
+  ServerModel m;
+  m.model_id = "demo";
+  m.tokenizer = tokenizer.get();
+  m.chat_template = &tmpl;
+  m.generator = &generator;
+  m.context = 512;
+  m.vocab_size = runner->vocab_real();
+  m.parallel = 2;  // as the plan chose
+  m.cache_slots = 3;
+  m.cache_gpu_bytes = 0;
+  server.http().set_model(m);
+  EXPECT_EQ(server.http().parallel(), 2);
+  auto props = server.get("/props");
+  ASSERT_TRUE(props);
+  ASSERT_EQ(props->status, 200) << props->body;
+  EXPECT_EQ(Json::parse(props->body)["prefix_cache_slots"], 3) << props->body;
+  EXPECT_EQ(Json::parse(props->body)["n_ctx"], 512) << props->body;
 }
 
 TEST(HttpServer, ModelsIsEmptyWhileLoadingWithoutAnnouncedNames) {

@@ -69,7 +69,11 @@ struct ServerModel {
   const ChatTemplate* chat_template = nullptr;
   Generator* generator = nullptr;        // used only by the engine loop's thread
   SamplingParams defaults;               // generation_config.json
-  int64_t context = 0;                   // the session's capacity (--ctx-size)
+  int64_t context = 0;                   // the session's capacity (--ctx-size, or the memory plan's)
+  // The memory plan's choices (tern serve on a GPU, cli/memory_flags.h); 0 and -1: ServerOptions' own.
+  int parallel = 0;                      // requests at once (SchedulerOptions::parallel)
+  int cache_slots = 0;                   // the prefix cache's sessions (PrefixCacheOptions::slots)
+  int64_t cache_gpu_bytes = -1;          // its snapshots in GPU memory (PrefixCacheOptions::gpu_bytes)
   int64_t vocab_size = 0;                // ids below it are valid in logit_bias and prompts
 };
 
