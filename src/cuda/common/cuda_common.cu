@@ -1,5 +1,6 @@
 #include "cuda/common/cuda_common.cuh"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -71,18 +72,51 @@ bool env_is(const char* name, const char* value) {
   return e && std::strcmp(e, value) == 0;
 }
 
+namespace {
+__global__ void code_level_probe_kernel() {}
+}  // namespace
+
+int device_code_level() {
+  static const int v = [] {
+    cudaFuncAttributes fa{};
+    if (cudaFuncGetAttributes(&fa, code_level_probe_kernel) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return fa.ptxVersion;
+  }();
+  return v;
+}
+
+bool sm90_features() { return device_code_level() >= 90 && !gpu_path_portable(); }
+
+bool gpu_path_portable() {
+  static const bool on = env_is("TERN_GPU_PATH", "portable");
+  return on;
+}
+
+int smem_optin_bytes() {
+  static const int v = [] {
+    int dev = 0, x = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&x, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return gpu_path_portable() ? std::min(x, kPortableSmemBytes) : x;
+  }();
+  return v;
+}
+
 bool pdl_enabled() {
   static const bool on = [] {
     // On unless TERN_PDL=0. H200, 2026-12-01: with the one-token integer kernels (which trigger their dependents once
     // their inputs are read) the 4K decode step runs at 507 tok/s with PDL and 452 without (docs/benchmarks.md); with
     // the earlier tensor-core kernels (triggers at their start) PDL had measured slower, 334 against 367.
+    // pdl_wait/pdl_trigger are griddepcontrol only in code compiled for sm_90+: a newer GPU running the sm_80 PTX
+    // (or the portable path) must not launch a kernel before the one it reads from has finished.
     if (env_is("TERN_PDL", "0")) return false;
-    int dev = 0, major = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    return major >= 9;
+    return sm90_features();
   }();
   return on;
 }

@@ -22,6 +22,24 @@ void check_cuda(cudaError_t e, const char* what, const char* file, int line);
 // Whether the environment variable `name` is set to exactly `value` (the comparison switches: TERN_PDL=0, ...).
 bool env_is(const char* name, const char* value);
 
+// TERN_GPU_PATH=portable: run exactly the kernels a GPU without Hopper's features would (Ampere and Ada: sm_80,
+// sm_86, sm_89): no warpgroup MMA (wgmma), no thread-block clusters, no programmatic dependent launch, no bulk L2
+// prefetch, and at most kPortableSmemBytes of shared memory per block (sm_86/89/120's opt-in limit; A100 has more).
+// So the portable path is proven on an H200. Read once; any other value (or none) is the device's own path.
+bool gpu_path_portable();
+constexpr int kPortableSmemBytes = 101376;  // 99 KiB
+// The device's opt-in shared memory per block (cudaDevAttrMaxSharedMemoryPerBlockOptin), capped at
+// kPortableSmemBytes under the portable path; 0 when unknown. Read once (call it outside any graph capture first).
+int smem_optin_bytes();
+
+// The feature level the device code running on this GPU was compiled for (cudaFuncAttributes::ptxVersion of a probe
+// kernel: 90 for the sm_90a binary, 80 when a newer GPU JIT-compiles the sm_80 PTX; 0 when unknown). Features
+// compiled under `__CUDA_ARCH__ >= 900` (PDL's griddepcontrol, clusters, bulk prefetch) exist only when this is
+// >= 90, whatever the GPU's own compute capability. Read once, outside any capture.
+int device_code_level();
+// Whether the kernels may use sm_90 features (clusters, PDL): device_code_level() >= 90 and not the portable path.
+bool sm90_features();
+
 // Number of CUDA devices (0 when there is no driver or no GPU; never throws).
 int device_count();
 // "NVIDIA H200, sm_90, 139 GiB" for device 0.

@@ -41,12 +41,16 @@ CudaRunner::CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const M
   // TERN_CUDA_FP32=1: the prefill plan's matrix products and chunked Gated DeltaNet on the fp32 SIMT kernels
   // (slow; for locating precision differences).
   fp32_prefill_ = env_is("TERN_CUDA_FP32", "1");
-  // TERN_PREFILL_INT8=0: the prefill products on the split-x bf16 tensor-core kernel instead of the integer one.
-  // TERN_PREFILL_WGMMA=0: the integer kernel for the 4-bit products on Hopper too; 2: the warpgroup kernel with x as
-  // bf16 hi + lo (twice the tensor work, 16 significant bits) instead of one fp16 term (11).
-  if (env_is("TERN_PREFILL_INT8", "0")) {
+  // Without the warpgroup kernel (before Hopper, TERN_GPU_PATH=portable, TERN_PREFILL_WGMMA=0) the prefill products
+  // take the split-x bf16 tensor-core kernel (x as bf16 hi + lo, the numerics of Hopper's default), or with
+  // TERN_PREFILL_INT8=1 the integer kernel (x in 16-bit integers per token: faster, but on trained-scale weights the
+  // portable path measured prefill mean KL 2.0e-3 and a 63-token prompt 7.6e-2, perplexity +3.2%; H200,
+  // 2026-12-03). TERN_PREFILL_WGMMA=2: the warpgroup kernel with x as bf16 hi + lo (twice the tensor work, 16
+  // significant bits) instead of one fp16 term (11).
+  const bool wgmma = !env_is("TERN_PREFILL_WGMMA", "0") && !o.exact_prefill && matmul_wgmma_available();
+  if (env_is("TERN_PREFILL_INT8", "0") || (!wgmma && !env_is("TERN_PREFILL_INT8", "1"))) {
     prefill_kernel_ = PrefillKernel::split;
-  } else if (!env_is("TERN_PREFILL_WGMMA", "0") && !o.exact_prefill && matmul_wgmma_available()) {
+  } else if (wgmma) {
     prefill_kernel_ = env_is("TERN_PREFILL_WGMMA", "2") ? PrefillKernel::wgmma_split : PrefillKernel::wgmma_f16;
   } else {
     prefill_kernel_ = PrefillKernel::int8;
@@ -74,6 +78,7 @@ CudaRunner::CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const M
   // gate_up asks L2 for the chosen experts' down matrices; 8 each mixer's output projection for the next layer's
   // first projection; 0 neither.
   if (const char* e = std::getenv("TERN_L2_PREFETCH")) l2_prefetch_ = std::atoi(e) & 12;
+  if (!sm90_features()) l2_prefetch_ = 0;  // the bulk prefetch is sm_90+ (a no-op in older code): skip its launches' work
   allocate_decode_scratch();
   attention_init();  // kernel attributes set once, outside any graph capture
   // The batched step's scratch (~80 MB at the model's widths) now, not at the first batched step: what a server

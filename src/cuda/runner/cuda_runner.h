@@ -15,8 +15,9 @@ struct CudaRunnerOptions {
   int64_t max_chunk = 4096;  // tokens per forward chunk (longer inputs are processed in chunks)
   bool progress = true;      // progress bar while uploading or generating weights
   int64_t vocab_real = 0;    // synthetic weights: ids >= this are padding (the tokenizer's size); 0: every row
-  // The prefill products on the integer kernel (16-bit x) even where the Hopper fp16 kernel runs (tests that hold the
-  // prefill plan to the CPU runner at fp32-level bounds; TERN_PREFILL_WGMMA=0 does the same).
+  // The prefill products on the split-x bf16 kernel (x as bf16 hi + lo), the path of GPUs without the warpgroup
+  // kernel, even on Hopper (tests that hold the prefill plan to the CPU runner at fp32-level bounds;
+  // TERN_PREFILL_WGMMA=0 does the same).
   bool exact_prefill = false;
   // Chunks of fewer tokens take the exact (bf16 hi + lo) products under the fp16 plan; -1: the default (512, or
   // TERN_PREFILL_F16_MIN_TOKENS). Tests of the fp16 products on short prompts set 0.

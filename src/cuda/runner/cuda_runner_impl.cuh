@@ -36,7 +36,7 @@ namespace tern::cuda {
 
 // x [T, cols] prepared once for the products that read it. main: the layout of the 4-bit products' kernel (fp16
 // with a per-token scale for the Hopper warpgroup kernel, or bf16 hi + lo with TERN_PREFILL_WGMMA=2; 16 bits for the
-// integer kernel; split into bf16 hi + lo with TERN_PREFILL_INT8=0); q16: the integer kernel's layout for 8-bit
+// integer kernel (TERN_PREFILL_INT8=1); split into bf16 hi + lo elsewhere); q16: the integer kernel's layout for 8-bit
 // matrices (the router and shared-expert gate), the same buffer as main when the integer kernel runs everything.
 struct PreparedX {
   const void* main = nullptr;
@@ -128,9 +128,9 @@ class CudaRunner final : public ModelRunner {
   bool use_graphs_ = true;              // TERN_CUDA_GRAPHS=0 turns the decode graph off
   StepTimer step_timer_;                // TERN_STEP_TIMING=1: device span vs host wall time per graph step
   bool fp32_prefill_ = false;           // TERN_CUDA_FP32=1
-  // The 4-bit prefill products' kernel: the Hopper warpgroup kernel (x in one fp16 term, or two bf16), the integer
-  // kernel, or the split-x mma.sync kernel (TERN_PREFILL_INT8=0). 8-bit matrices take the integer kernel in every mode
-  // but split.
+  // The 4-bit prefill products' kernel: the Hopper warpgroup kernel (x in one fp16 term, or two bf16), the split-x
+  // mma.sync kernel (elsewhere), or the integer kernel (TERN_PREFILL_INT8=1). 8-bit matrices take the integer kernel
+  // in every mode but split.
   enum class PrefillKernel { wgmma_f16, wgmma_split, int8, split };
   PrefillKernel prefill_kernel_ = PrefillKernel::int8;
   bool exact_gates_ = false;  // the GDN b and a products on the integer kernel (see gdn_mixer)

@@ -20,6 +20,10 @@ namespace tern::cuda::test {
 namespace {
 
 constexpr Int8Tile kTiles[] = {Int8Tile::automatic, Int8Tile::b64x64, Int8Tile::b128x64, Int8Tile::b128x128};
+// Block shapes whose shared memory this device lacks (sm_86/89/120, TERN_GPU_PATH=portable) are not run.
+bool tile_fits(Int8Tile tile, const DMat& w) {
+  return matmul_int8_tile_fits(tile, w.cols, w.format == WeightFormat::affine8 ? 8 : 4);
+}
 const char* tile_name(Int8Tile t) {
   switch (t) {
     case Int8Tile::automatic: return "auto";
@@ -161,6 +165,7 @@ TEST(CudaMatmulInt8, DenseMatchesTwinAtModelShapes) {
       const std::string base = std::string(c.name) + " T=" + std::to_string(T);
       std::vector<float> first;
       for (Int8Tile tile : kTiles) {
+        if (!tile_fits(tile, dm.d)) continue;
         DeviceBuf<float> dy(size_t(T * c.rows));
         MatmulArgs a = dense_args(dm.d, dx.p, dy.p, T);
         a.x_q16 = dxq->p;
@@ -209,6 +214,7 @@ TEST(CudaMatmulInt8, StridedGatheredAccumulating) {
   DeviceBuf<int> dg(gather);
   const auto dxq = quantised_x(dx.p + x_off, ldx, Tx, cols);
   for (Int8Tile tile : kTiles) {
+    if (!tile_fits(tile, dm.d)) continue;
     DeviceBuf<float> dy(base);
     MatmulArgs a;
     a.w = dm.d;
@@ -252,6 +258,7 @@ TEST(CudaMatmulInt8, SwigluMatchesTwin) {
       DeviceBuf<float> dx(x);
       const auto dxq = quantised_x(dx.p, c.cols, T, c.cols);
       for (Int8Tile tile : kTiles) {
+        if (!tile_fits(tile, dg.d)) continue;
         DeviceBuf<float> dy(size_t(T * c.rows));
         if (accumulate) TERN_CUDA(cudaMemcpy(dy.p, base.data(), base.size() * 4, cudaMemcpyHostToDevice));
         MatmulArgs a = dense_args(dg.d, dx.p, dy.p, T);
@@ -299,6 +306,7 @@ TEST(CudaMatmulInt8, GroupedExpertsFollowTheDeviceTileMap) {
     const std::vector<float>&ref_gate = refs.gate, &ref_swiglu = refs.swiglu, &ref_down = refs.down;
     for (Int8Tile tile : kTiles) {
       if (tile == Int8Tile::b128x128) continue;  // dense only (runs as 64x64 here)
+      if (!matmul_int8_tile_fits(tile, D, 4) || !matmul_int8_tile_fits(tile, F, 4)) continue;
       const std::string label = std::string(skewed ? "skewed " : "") + "T=" + std::to_string(T) + " " + tile_name(tile);
       DeviceBuf<float> yg(size_t(T * k * F)), yd(size_t(T * k * D)), ys(size_t(T * k * F));
       MatmulArgs a;

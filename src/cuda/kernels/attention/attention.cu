@@ -808,10 +808,10 @@ void setup_dh(AttentionSetup& s, int optin) {
 const AttentionSetup& attention_setup() {
   static const AttentionSetup setup = [] {
     AttentionSetup s;
-    int dev = 0, optin = 0;
+    int dev = 0;
     TERN_CUDA(cudaGetDevice(&dev));
     TERN_CUDA(cudaDeviceGetAttribute(&s.sms, cudaDevAttrMultiProcessorCount, dev));
-    TERN_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    const int optin = smem_optin_bytes();
     s.smem_optin = optin;
     setup_dh<64>(s, optin);
     setup_dh<128>(s, optin);

@@ -59,6 +59,9 @@ void gdn_recurrent(const float* qkv, const float* g_log, const float* beta, floa
 //           else simt.
 enum class GdnChunkedKernel { automatic, simt, tf32, tf32x3, tf32x3_slice16, twopass_tf32x3, twopass_mixed };
 bool gdn_chunked_tc_supported(const GdnDims& d, int chunk);
+// Whether this device's shared memory per block holds the one-pass tensor-core kernel (152 KB at 16 value rows per
+// slice: sm_80 and sm_90 do, sm_86/89/120 and the portable path do not).
+bool gdn_chunked_tc_fits();
 // Whether the two-pass kernels take these dims on this device (dk = dv = 128, Hv a multiple of Hk, chunk 64, enough
 // shared memory per block).
 bool gdn_chunked_twopass_supported(const GdnDims& d, int chunk = 64);

@@ -294,17 +294,9 @@ void decode(const GdnDecodeArgs& a, int B, const StateTables& tables, cudaStream
   TERN_CHECK(a.ld_proj >= d.C() + int64_t(d.Hv) * d.dv + 2 * d.Hv, "gdn_decode: ld_proj ", a.ld_proj, " too small");
   TERN_CHECK(a.proj && a.conv_w && a.A_log && a.dt_bias && a.norm_w && a.out, "gdn_decode: null pointer");
   using K = GdnDecodeArgs::Kernel;
-  // The cluster shapes run when the binary chosen for this device is sm_90+ (not a JIT of the sm_80 PTX). Decided
-  // once, outside any capture (no stream work).
-  static const bool cluster_ok = [] {
-    cudaFuncAttributes fa{};
-    if (cudaFuncGetAttributes(&fa, gdn_decode_kernel<kDecodeClusterCS, kDecodeClusterNW, kDecodeClusterRPW, 4>) !=
-        cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    return fa.binaryVersion >= 90;
-  }();
+  // The cluster shapes run when the code chosen for this device was compiled for sm_90+ (not a JIT of the sm_80 PTX,
+  // not the portable path). Decided once, outside any capture (no stream work).
+  static const bool cluster_ok = sm90_features();
   K kind = a.force_portable ? K::portable : a.kernel;
   if (kind == K::automatic) kind = K::cluster4_w16;  // fastest in the workbench (H200, 2026-12-01: 5.2 µs vs 6.2 for cluster8_w8)
   if (!cluster_ok) kind = K::portable;

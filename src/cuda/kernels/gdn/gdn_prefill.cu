@@ -407,18 +407,13 @@ bool gdn_chunked_tc_supported(const GdnDims& d, int chunk) {
 namespace {
 
 // The device's opt-in shared memory per block (0 when unknown). Read once, outside any capture.
-int smem_optin() {
-  static const int v = [] {
-    int dev = 0, x = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&x, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
-      cudaGetLastError();
-      return 0;
-    }
-    return x;
-  }();
-  return v;
-}
+int smem_optin() { return smem_optin_bytes(); }
+
+}  // namespace
+
+bool gdn_chunked_tc_fits() { return size_t(smem_optin()) >= tc::smem_floats<16>() * sizeof(float); }
+
+namespace {
 
 size_t twopass_chunk_bytes(const GdnDims& d) { return size_t(d.Hv) * wy::chunk_floats_per_head() * sizeof(float); }
 

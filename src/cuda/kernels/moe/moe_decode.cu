@@ -638,7 +638,7 @@ bool early_routing_enabled() {
 bool& prefetch_flag() {
   static bool on = [] {
     const char* e = std::getenv("TERN_MOE_PREFETCH");  // off unless TERN_MOE_PREFETCH=1 (2x slower decode on H200)
-    return e && e[0] == '1';
+    return e && e[0] == '1' && sm90_features();
   }();
   return on;
 }
@@ -870,9 +870,35 @@ void moe_down_decode(const MoeDecodeWeights& w, float* hidden, int T, const MoeD
   launch_pdl("moe_down_decode", moe_down_generic_kernel, dim3(blocks_for(D, 8)), dim3(256), 0, stream, p);
 }
 
+// Where clusters are missing (before sm_90, the portable path), the ticket router routes the batch in launches of
+// up to kQmvMaxTokens tokens; each token's logits and choice are the same whatever the launch's other tokens.
+bool ticket_router_takes_batches(const MoeDecodeWeights& w) {
+  return !sm90_features() && integer_kernels_wanted() && !prefetch_flag() &&
+         kQmvMaxTokens * router_ldxs(int(w.router.cols)) * 4 <= qtile::max_dynamic_smem() - 1024;
+}
+
 bool moe_decode_batched_supported(const MoeDecodeWeights& w) {
-  return cluster_router_wanted() && moe_router_cluster_fits(w) && integer_kernels_wanted() &&
-         moe_gate_up_dp4a_fits(w) && moe_down_dp4a_fits(w);
+  const bool router = (cluster_router_wanted() && moe_router_cluster_fits(w)) || ticket_router_takes_batches(w);
+  return router && integer_kernels_wanted() && moe_gate_up_dp4a_fits(w) && moe_down_dp4a_fits(w);
+}
+
+// B tokens' routing: B router clusters in one launch, or the ticket router over chunks of the batch.
+bool route_batch(const MoeDecodeWeights& w, const float* hidden, int B, const MoeDecodeScratch& s,
+                 cudaStream_t stream) {
+  if (cluster_router_wanted() && moe_router_cluster(w, hidden, 1, s, stream, B)) return true;
+  if (!ticket_router_takes_batches(w)) return false;
+  const int64_t D = w.router.cols, E = w.router.rows, k = w.top_k;
+  for (int b0 = 0; b0 < B; b0 += kQmvMaxTokens) {
+    MoeDecodeScratch c = s;  // the chunk's rows of every [token, ...] scratch table
+    c.xhat += b0 * D;
+    c.router_logits += b0 * E;
+    c.shared_logit += b0;
+    c.ids += b0 * k;
+    c.w += b0 * k;
+    c.shared_gate += b0;
+    moe_router_decode(w, hidden + b0 * D, std::min(kQmvMaxTokens, B - b0), c, stream);
+  }
+  return true;
 }
 
 // The one-token step's three launches (moe_decode at T = 1 under variant 3) with B tokens each: B router clusters,
@@ -890,7 +916,7 @@ void moe_decode_batched(const MoeDecodeWeights& w, float* hidden, int B, const M
   const auto aligned = [](const void* p) { return p && (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
   TERN_CHECK(aligned(hidden) && aligned(s.xhat) && aligned(s.h),
              "moe_decode_batched: hidden and the scratch's x̂ and h must be 16-byte aligned");
-  const bool launched = moe_router_cluster(w, hidden, 1, s, stream, B) && moe_gate_up_dp4a(w, s, stream, B) &&
+  const bool launched = route_batch(w, hidden, B, s, stream) && moe_gate_up_dp4a(w, s, stream, B) &&
                         moe_down_dp4a(w, hidden, s, early_routing_enabled(), stream, B);
   TERN_INTERNAL_CHECK(launched, "moe_decode_batched: a kernel refused after the checks");
 }

@@ -155,15 +155,8 @@ bool fast8(const DMat& m) {
 }  // namespace
 
 bool moe_router_cluster_fits(const MoeDecodeWeights& w) {
-  // The cluster kernel exists only in the sm_90 binary (not a JIT of the sm_80 PTX). Decided once, outside capture.
-  static const bool cluster_ok = [] {
-    cudaFuncAttributes fa{};
-    if (cudaFuncGetAttributes(&fa, moe_router_cluster_kernel<4>) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    return fa.binaryVersion >= 90;
-  }();
+  // The cluster kernel exists only in code compiled for sm_90+ (not a JIT of the sm_80 PTX, not the portable path).
+  static const bool cluster_ok = sm90_features();
   return cluster_ok && fast8(w.router) && fast8(w.shared_expert_gate) && w.shared_expert_gate.rows == 1 &&
          w.shared_expert_gate.cols == w.router.cols && w.router.rows <= kMaxE && w.top_k <= 32 &&
          w.top_k <= w.router.rows && (reinterpret_cast<uintptr_t>(w.norm_w) & 15) == 0;

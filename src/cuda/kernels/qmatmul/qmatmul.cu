@@ -733,7 +733,7 @@ template <class S, bool XB, bool SwiGLU, bool Exact>
 int blocks_per_sm() {
   static const int n = [] {
     constexpr size_t kSmem = Plan<S, XB, Exact>::kSmem;
-    if (kSmem > size_t(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin))) return 0;
+    if (kSmem > size_t(smem_optin_bytes())) return 0;
     auto kernel = matmul_affine4_tc_kernel<S, XB, SwiGLU, Exact>;
     if (kSmem > 48 * 1024)
       TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
@@ -861,9 +861,11 @@ void launch_tile(const MatmulArgs& a, const DMat& up, MatmulTile tile, cudaStrea
   }
   const bool grouped = a.tile_expert != nullptr, xb = takes_prepared(a);
   if (tile == MatmulTile::automatic || tile == MatmulTile::simt) {
-    // Grouped tiles hold at most 64 tokens: one 64-token block per tile.
+    // Grouped tiles hold at most 64 tokens: one 64-token block per tile (256 rows where they fit shared memory).
     if (grouped) {
-      tile = MatmulTile::tc256x64;
+      const bool wide = xb ? blocks_per_sm<Shape256x64, true, SwiGLU, true>() > 0
+                           : blocks_per_sm<Shape256x64, false, SwiGLU, true>() > 0;
+      tile = wide ? MatmulTile::tc256x64 : MatmulTile::tc128x64;
     } else {
       tile = xb ? pick_dense<SwiGLU, true>(a.w.rows, a.tokens) : pick_dense<SwiGLU, false>(a.w.rows, a.tokens);
     }
@@ -879,6 +881,25 @@ void launch_tile(const MatmulArgs& a, const DMat& up, MatmulTile tile, cudaStrea
 }  // namespace tc
 
 }  // namespace
+
+bool matmul_tile_fits(MatmulTile tile, bool prepared_x) {
+  using namespace tc;
+  const auto fits = [&](auto shape) {
+    using S = decltype(shape);
+    return prepared_x ? blocks_per_sm<S, true, false, true>() > 0 : blocks_per_sm<S, false, false, true>() > 0;
+  };
+  switch (tile) {
+    case MatmulTile::automatic:
+    case MatmulTile::simt: return true;
+    case MatmulTile::tc128x64: return fits(Shape128x64{});
+    case MatmulTile::tc256x64: return fits(Shape256x64{});
+    case MatmulTile::tc128x128: return fits(Shape128x128{});
+    case MatmulTile::tc256x64w: return fits(Shape256x64w{});
+    case MatmulTile::tc_bf16: return blocks_per_sm<Legacy256x64, false, false, false>() > 0;  // the grouped shape
+    case MatmulTile::wgmma: return matmul_wgmma_available();
+  }
+  return false;
+}
 
 void gemv(const GemvArgs& a, cudaStream_t stream) {
   if (a.slots <= 0 || a.w.rows == 0) return;

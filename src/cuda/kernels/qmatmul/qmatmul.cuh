@@ -78,6 +78,9 @@ constexpr int kMatmulTileTokens = 64;  // tokens per tile (grouped tiles hold at
 // wgmma: the Hopper warpgroup kernel on x_prep (qmatmul_wgmma.cuh, WgmmaX::split; it must take the product).
 enum class MatmulTile { automatic, simt, tc128x64, tc256x64, tc128x128, tc256x64w, tc_bf16, wgmma };
 void matmul(const MatmulArgs& a, cudaStream_t stream, MatmulTile tile = MatmulTile::automatic);
+// Whether `tile` (with or without a prepared x) fits this device's shared memory per block; automatic and simt always
+// do (automatic chooses among the shapes that fit), wgmma where matmul_wgmma_available(). For tests that name shapes.
+bool matmul_tile_fits(MatmulTile tile, bool prepared_x);
 
 // The split x of matmul_prepare_x: row i at byte i · matmul_prepared_row_bytes(cols) of the buffer (16-byte aligned).
 // A row holds, per group of 64 columns, 128 bytes of hi then 128 bytes of lo (bf16, each 8-column chunk stored as the

@@ -410,8 +410,24 @@ void run(const MatmulArgs& a, const DMat& up, Int8Tile tile, cudaStream_t stream
   }
 }
 
+template <int Bits>
+size_t smem_of(Int8Tile tile, int groups) {
+  switch (tile) {
+    case Int8Tile::b128x64: return Plan<Shape128x64, Bits>::smem(groups);
+    case Int8Tile::b128x128: return Plan<Shape128x128, Bits>::smem(groups);
+    default: return Plan<Shape64x64, Bits>::smem(groups);
+  }
+}
+
 }  // namespace i8
 }  // namespace
+
+bool matmul_int8_tile_fits(Int8Tile tile, int64_t cols, int bits) {
+  if (tile == Int8Tile::automatic) tile = i8::default_tile();
+  const int groups = int(cols / i8::kStepK);
+  const size_t smem = bits == 8 ? i8::smem_of<8>(tile, groups) : i8::smem_of<4>(tile, groups);
+  return smem <= size_t(qtile::max_dynamic_smem());
+}
 
 bool matmul_int8_takes(const DMat& w) {
   const auto aligned = [](const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; };

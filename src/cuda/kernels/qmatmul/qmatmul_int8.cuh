@@ -42,6 +42,9 @@ bool matmul_int8_takes(const DMat& w);
 // products only; grouped ones run 64x64). On the H200 the three are within 5% of each other at the model's shapes
 // (docs/benchmarks.md); others measured (warps of 64 × 16 or 32 × 32 at ≤ 128 registers, 256 × 64 blocks) were slower.
 enum class Int8Tile { automatic, b64x64, b128x64, b128x128 };
+// Whether the block shape `tile` (automatic: the default one) fits this device's shared memory per block for a
+// matrix of `cols` columns and `bits` (4 or 8). For tests that name shapes.
+bool matmul_int8_tile_fits(Int8Tile tile, int64_t cols, int bits);
 void matmul_int8(const MatmulArgs& a, cudaStream_t stream, Int8Tile tile = Int8Tile::automatic);
 void matmul_int8_swiglu(const MatmulArgs& gate, const DMat& up, cudaStream_t stream,
                         Int8Tile tile = Int8Tile::automatic);

@@ -431,6 +431,7 @@ void run(const MatmulArgs& a, const DMat& up, WgmmaX xk, cudaStream_t stream) {
 
 bool matmul_wgmma_available() {
   static const bool ok = [] {
+    if (gpu_path_portable()) return false;
     cudaFuncAttributes fa{};
     if (cudaFuncGetAttributes(&fa, wg::matmul_wgmma_kernel<wg::Plain1, false>) != cudaSuccess) {
       cudaGetLastError();
@@ -440,7 +441,7 @@ bool matmul_wgmma_available() {
     TERN_CUDA(cudaGetDevice(&dev));
     TERN_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     TERN_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-    return fa.binaryVersion == 90 && major == 9 && minor == 0;
+    return fa.binaryVersion == 90 && fa.ptxVersion == 90 && major == 9 && minor == 0;
   }();
   return ok;
 }

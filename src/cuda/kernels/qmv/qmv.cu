@@ -16,13 +16,7 @@ namespace tern::cuda {
 namespace qtile {
 
 int max_dynamic_smem() {
-  static const int limit = [] {
-    int dev = 0, v = 0;
-    TERN_CUDA(cudaGetDevice(&dev));
-    TERN_CUDA(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    return v;
-  }();
-  return limit;
+  return smem_optin_bytes();
 }
 
 int sm_count() {

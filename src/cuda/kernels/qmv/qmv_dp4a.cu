@@ -192,8 +192,9 @@ __global__ void __launch_bounds__(kThreads) qmv_dp4a_kernel(const Dp4aParams p) 
   }
 }
 
-// ---- batched: up to kTileTokens tokens per block ----
-constexpr int kTileTokens = 8;
+// ---- batched: up to kTileTokens tokens per block (kSmallTileTokens where 8 tokens' activations do not fit the
+// device's shared memory: 4096 columns in 24 bits need 117 KB, above sm_86/89/120's 99 KB) ----
+constexpr int kTileTokens = 8, kSmallTileTokens = 4;
 constexpr int kGroupTokens = 4;  // tokens whose warp sums run together (qmv_dp4a_tile_kernel)
 
 // One token's quantised activations in the batched kernel's dynamic shared memory (16-byte aligned parts).
@@ -208,21 +209,22 @@ struct TokenX {
   float pad[3];
 };
 
-template <int S, bool kWide>
-constexpr int tile_smem_bytes() { return int(sizeof(TokenX<S, kWide>)) * kTileTokens; }
+template <int S, bool kWide, int TT>
+constexpr int tile_smem_bytes() { return int(sizeof(TokenX<S, kWide>)) * TT; }
 
-// Tokens [kTileTokens·blockIdx.y, +kTileTokens) ∩ [0, B) of a batch: each warp loads a batch of weight rows once
-// and folds it with every token of the tile in turn (load_lane_x from shared memory, then the one-token lane_dots and
-// warp_sum_pairs), so that the weights are read once per tile instead of once per token and every token's rows come out
-// bit for bit as qmv_dp4a_kernel gives them alone.
-template <int S, int R, bool kWide>
+// Tokens [TT·blockIdx.y, +TT) ∩ [0, B) of a batch (TT: kTileTokens or kSmallTileTokens): each warp loads a batch of
+// weight rows once and folds it with every token of the tile in turn (load_lane_x from shared memory, then the
+// one-token lane_dots and warp_sum_pairs), so that the weights are read once per tile instead of once per token and
+// every token's rows come out bit for bit as qmv_dp4a_kernel gives them alone.
+template <int S, int R, bool kWide, int TT>
 __global__ void __launch_bounds__(kThreads) qmv_dp4a_tile_kernel(const Dp4aParams p, int B) {
+  static_assert(TT % kGroupTokens == 0, "whole token groups");
   extern __shared__ __align__(16) uint8_t tile_smem[];
   TokenX<S, kWide>* tok = reinterpret_cast<TokenX<S, kWide>*>(tile_smem);
   const int lane = threadIdx.x & 31;
   const int warps = int(gridDim.x) * kWarps;  // of this tile
   const int batches = (p.rows + R - 1) / R;
-  const int t0 = int(blockIdx.y) * kTileTokens, nt = min(kTileTokens, B - t0);
+  const int t0 = int(blockIdx.y) * TT, nt = min(TT, B - t0);
   int batch = int(blockIdx.x) * kWarps + int(threadIdx.x >> 5);
 
   Batch<S, R> cur;
@@ -305,9 +307,27 @@ int& rows_per_batch_setting() {
   return r;
 }
 
-// One token: the balanced one-wave grid. B > 1: ⌈B / kTileTokens⌉ tiles (grid.y), the wave's blocks shared
-// among them (each tile's blocks stream every row; the tiles read the same rows at about the same time, so L2
-// serves all but the first read).
+// B > 1: ⌈B / TT⌉ tiles (grid.y), the wave's blocks shared among them (each tile's blocks stream every row; the
+// tiles read the same rows at about the same time, so L2 serves all but the first read).
+template <int S, int R, int TT>
+void launch_tiles(const Dp4aParams& p, int B, cudaStream_t stream) {
+  const int64_t batches = (int64_t(p.rows) + R - 1) / R;
+  const bool wide = wide_setting();
+  auto kernel = wide ? qmv_dp4a_tile_kernel<S, R, true, TT> : qmv_dp4a_tile_kernel<S, R, false, TT>;
+  const int smem = wide ? tile_smem_bytes<S, true, TT>() : tile_smem_bytes<S, false, TT>();
+  static bool attribute_set[2] = {false, false};  // per instantiation (S, R, TT): the wide and the 16-bit kernel
+  if (!attribute_set[wide]) {
+    TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    attribute_set[wide] = true;
+  }
+  const int tiles = (B + TT - 1) / TT;
+  const int wave = std::max(1, qtile::blocks_fit(reinterpret_cast<const void*>(kernel), smem)) * qtile::sm_count();
+  const int blocks = int(std::clamp<int64_t>(wave / tiles, 1, (batches + kWarps - 1) / kWarps));
+  launch_pdl("qmv_dp4a_tile", kernel, dim3(unsigned(blocks), unsigned(tiles)), dim3(kThreads), size_t(smem), stream, p,
+             B);
+}
+
+// One token: the balanced one-wave grid. B > 1: token tiles of 8, or of 4 where 8 do not fit shared memory.
 template <int S, int R>
 void launch(const Dp4aParams& p, int B, cudaStream_t stream) {
   const int64_t batches = (int64_t(p.rows) + R - 1) / R;
@@ -317,19 +337,11 @@ void launch(const Dp4aParams& p, int B, cudaStream_t stream) {
     launch_pdl("qmv_dp4a", kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, p);
     return;
   }
-  const bool wide = wide_setting();
-  auto kernel = wide ? qmv_dp4a_tile_kernel<S, R, true> : qmv_dp4a_tile_kernel<S, R, false>;
-  const int smem = wide ? tile_smem_bytes<S, true>() : tile_smem_bytes<S, false>();
-  static bool attribute_set[2] = {false, false};  // per instantiation (S, R): the wide and the 16-bit kernel
-  if (!attribute_set[wide]) {
-    TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    attribute_set[wide] = true;
+  if constexpr (tile_smem_bytes<S, true, kTileTokens>() > kPortableSmemBytes) {
+    const int smem = wide_setting() ? tile_smem_bytes<S, true, kTileTokens>() : tile_smem_bytes<S, false, kTileTokens>();
+    if (smem > qtile::max_dynamic_smem()) return launch_tiles<S, R, kSmallTileTokens>(p, B, stream);
   }
-  const int tiles = (B + kTileTokens - 1) / kTileTokens;
-  const int wave = std::max(1, qtile::blocks_fit(reinterpret_cast<const void*>(kernel), smem)) * qtile::sm_count();
-  const int blocks = int(std::clamp<int64_t>(wave / tiles, 1, (batches + kWarps - 1) / kWarps));
-  launch_pdl("qmv_dp4a_tile", kernel, dim3(unsigned(blocks), unsigned(tiles)), dim3(kThreads), size_t(smem), stream, p,
-             B);
+  launch_tiles<S, R, kTileTokens>(p, B, stream);
 }
 
 template <int S>

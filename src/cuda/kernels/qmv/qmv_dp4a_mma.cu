@@ -380,6 +380,8 @@ int smem_for_cols(int64_t cols) {
 
 }  // namespace
 
+bool qmv_dp4a_mma_fits(int64_t cols) { return smem_for_cols(cols) <= qtile::max_dynamic_smem(); }
+
 bool qmv_dp4a_mma_supported(const QmvArgs& a, int B) {
   const DMat& w = a.w;
   if (B < 2 || B > kBatchMaxTokens || !qmv_dp4a_supported(a) || !qmv_dp4a_wide()) return false;

@@ -20,6 +20,9 @@ namespace tern::cuda {
 // default), 2 <= B <= kBatchMaxTokens, 16-byte aligned scales and biases, ldx a multiple of 4, and the block's shared
 // memory within the device's limit (220 KB for 4096 columns: Hopper; Ampere's 4096-column products stay on dp4a).
 bool qmv_dp4a_mma_supported(const QmvArgs& a, int B);
+// Whether this device's shared memory per block holds the kernel's layout for `cols` columns (4096 columns take
+// 225 KB: Hopper only; 1024 and 2048 fit 99 KB).
+bool qmv_dp4a_mma_fits(int64_t cols);
 // y (+)= W · x̂ for B tokens (x row b at a.x + b·a.ldx, y row b at a.y + b·a.ldy), each bit for bit qmv_dp4a's.
 void qmv_dp4a_mma_batched(const QmvArgs& a, int B, cudaStream_t stream);
 
