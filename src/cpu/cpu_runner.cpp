@@ -283,7 +283,8 @@ class CpuRunner final : public ModelRunner {
     TERN_CHECK(max_context > 0, "session capacity must be positive, got ", max_context);
     return std::make_unique<CpuSession>(this, w_->config, max_context);
   }
-  // A full session: fp32 K and V of every attention layer (grown on demand up to this), the Gated DeltaNet states.
+  // A full session: fp32 K and V of every attention layer and of the MTP head's (grown on demand up to this), the
+  // Gated DeltaNet states.
   int64_t session_bytes(int64_t max_context) const override {
     const Config& c = w_->config;
     int64_t floats = 0;
@@ -292,6 +293,7 @@ class CpuRunner final : public ModelRunner {
                     ? 2 * max_context * int64_t(c.num_key_value_heads) * c.head_dim
                     : int64_t(c.linear_conv_kernel_dim - 1) * c.conv_channels() +
                           int64_t(c.linear_num_value_heads) * c.linear_value_head_dim * c.linear_key_head_dim;
+    if (w_->mtp) floats += 2 * max_context * int64_t(c.num_key_value_heads) * c.head_dim;
     return floats * 4;
   }
   int64_t free_memory_bytes() const override { return available_ram_bytes(); }

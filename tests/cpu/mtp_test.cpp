@@ -125,6 +125,7 @@ TEST(CpuMtp, Errors) {
   test::TinyModelSpec plain;  // no head: the runner says so, and the calls are errors
   auto runner = cpu_runner_create(test::make_tiny_model(plain, 1));
   EXPECT_FALSE(runner->supports_mtp());
+  EXPECT_EQ(f.runner->session_bytes(16) - runner->session_bytes(16), 2 * 16 * plain.Hkv * plain.dh * 4);  // its KV
   auto s2 = runner->create_session(4);
   EXPECT_THROW(runner->mtp_hidden(*s2, nullptr), Error);
   EXPECT_THROW(runner->forward_mtp(*s2, h, std::span(&tok, 1), 0, false, logits, out), Error);
