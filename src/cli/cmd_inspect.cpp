@@ -19,6 +19,7 @@ struct InspectArgs {
   bool json = false;
   bool no_progress = false;
   std::string dump_weights;
+  std::string draft_weights;
 };
 
 const char* layer_type_name(LayerType t) {
@@ -78,7 +79,9 @@ nlohmann::json summary_json(const CheckpointSummary& s, const std::string& dtype
   return {
       {"source",
        {{"layout", s.layout}, {"key_prefix", s.naming}, {"experts", s.experts_form}, {"files", s.files},
-        {"tensors", s.tensors}, {"bytes", s.source_bytes}, {"skipped", skipped}}},
+        {"tensors", s.tensors}, {"bytes", s.source_bytes}, {"skipped", skipped},
+        {"mtp", s.mtp.empty() ? json(nullptr) : json(s.mtp)},
+        {"mtp_absent", s.mtp_absent.empty() ? json(nullptr) : json(s.mtp_absent)}}},
       {"model",
        {{"model_type", "qwen3_5_moe"}, {"config", config}, {"vocab_real", s.vocab_real}, {"dtype", dtype},
         {"weights", {{"by_kind", by_kind}, {"vector_bytes", s.vector_bytes}, {"total_bytes", s.weight_bytes()}}},
@@ -98,6 +101,8 @@ void print_text(const CheckpointSummary& s, const nlohmann::json& j, const std::
   if (s.skipped.empty()) std::printf("skipped      none\n");
   for (const auto& [prefix, cb] : s.skipped)
     std::printf("skipped      %s* %lld tensors, %s\n", prefix.c_str(), (long long)cb.first, gb(cb.second).c_str());
+  if (!s.mtp.empty()) std::printf("mtp head     from %s\n", s.mtp.c_str());
+  else std::printf("mtp head     absent: %s\n", s.mtp_absent.c_str());
   std::printf("model        %s: %d layers (%d linear attention + %d full attention), D=%lld, V=%lld (%lld ids used)\n",
               c.model_type.c_str(), c.num_hidden_layers, c.num_linear_attention_layers(),
               c.num_full_attention_layers(), (long long)c.hidden_size, (long long)c.vocab_size,
@@ -141,9 +146,11 @@ void command_inspect(CLI::App& app) {
   sub->add_flag("--no-progress", args->no_progress, "No progress bar (with --dump-weights)");
   sub->add_option("--dump-weights", args->dump_weights, "Load and write the internal weights to a safetensors file")
       ->group("");
+  sub->add_option("--draft-weights", args->draft_weights, "The MTP draft head from this file (tern extract-mtp)");
   sub->callback([args] {
     LoadOptions o;
     o.dtype = load_dtype_parse(args->dtype);
+    o.draft_weights = args->draft_weights;
     o.progress = !args->no_progress;
     const CheckpointSummary s = checkpoint_summary(args->model_dir, o);
     const nlohmann::json j = summary_json(s, args->dtype);

@@ -1,10 +1,15 @@
 // tern logits: float32 logits of every position as .npy, for checking tern against reference implementations.
 //
 //   tern logits -m DIR --tokens 1,2,3 --out FILE.npy [--prefill N] [--dump-activations DIR] [--dtype stored]
+//               [--mtp-out MTP.npy [--mtp-draft 7,8] [--draft-weights FILE]]
 //
 // The first N tokens (default: all) go through one prefill; the rest are decoded one at a time, continuing the
 // same session, so one command checks both paths. The output is [T, V]; padded ids (>= the tokenizer's id count)
 // are -inf.
+//
+// --mtp-out also runs the MTP draft head as the engine would: after each forward call, over every pair
+// (h_t, x_{t+1}) whose token is known, then a draft chain over the --mtp-draft tokens d_1..d_k: (h_{T-1}, d_1) at
+// position T-1, then (the head's own output, d_j) at T-2+j. Its logits are [T-1+k, V]: row t predicts token t+2.
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -25,6 +30,7 @@ namespace {
 
 struct LogitsArgs {
   std::string model_dir, tokens, tokens_file, out, dump_dir, dtype = "stored", gdn = "chunked";
+  std::string mtp_out, mtp_draft, draft_weights;
   int64_t prefill = -1;
   int gdn_chunk = 64;
 };
@@ -55,24 +61,56 @@ void run_logits(const LogitsArgs& a) {
   LoadOptions lo;
   lo.dtype = load_dtype_parse(a.dtype);
   lo.progress = false;
+  lo.draft_weights = a.draft_weights;
   auto weights = std::make_shared<ModelWeights>(model_load(a.model_dir, lo));
   auto runner =
       cpu_runner_create(weights, CpuRunnerOptions{.gdn_chunked = a.gdn == "chunked", .gdn_chunk = a.gdn_chunk});
   if (!a.dump_dir.empty()) runner->set_activation_dump_dir(a.dump_dir);
   const int64_t V = runner->config().vocab_size;
 
-  auto session = runner->create_session(T);
-  std::vector<float> all, step;
+  const bool mtp = !a.mtp_out.empty();
+  const std::vector<int32_t> drafts = a.mtp_draft.empty() ? std::vector<int32_t>{}
+                                                           : token_list_parse(a.mtp_draft, "--mtp-draft");
+  TERN_CHECK(!mtp || runner->supports_mtp(), a.model_dir, " has no MTP draft head: ", weights->mtp_absent);
+  TERN_CHECK(mtp || drafts.empty(), "--mtp-draft needs --mtp-out");
+  auto session = runner->create_session(T + int64_t(drafts.size()));
+  std::vector<float> all, step, mtp_all, mtp_step, mtp_h;
+  // The pairs (h_t, x_{t+1}) the last forward made known: t from the head's rows to the session's position - 2.
+  auto feed_mtp = [&] {
+    if (!mtp) return;
+    int64_t h0 = 0;
+    const std::span<const float> h = runner->mtp_hidden(*session, &h0);
+    const int64_t from = runner->mtp_rows(*session), to = session->position() - 1;  // pairs [from, to)
+    if (to <= from) return;
+    const int64_t D = weights->config.hidden_size;
+    runner->forward_mtp(*session, h.subspan(size_t((from - h0) * D), size_t((to - from) * D)),
+                        std::span(tokens).subspan(size_t(from + 1), size_t(to - from)), from, true, mtp_step, mtp_h);
+    mtp_all.insert(mtp_all.end(), mtp_step.begin(), mtp_step.end());
+  };
   const auto t0 = std::chrono::steady_clock::now();
   runner->forward(*session, std::span(tokens).first(size_t(prefill)), true, all);
+  feed_mtp();
   const auto t1 = std::chrono::steady_clock::now();
   if (!a.dump_dir.empty()) runner->set_activation_dump_dir("");  // dumps describe the prefill
   for (int64_t t = prefill; t < T; ++t) {
     runner->forward(*session, std::span(tokens).subspan(size_t(t), 1), false, step);
     all.insert(all.end(), step.begin(), step.end());
+    feed_mtp();
   }
   const auto t2 = std::chrono::steady_clock::now();
   npy_write_f32(a.out, all.data(), {T, V});
+  if (mtp) {  // the draft chain: (h_{T-1}, d_1) at T-1, then (the head's output, d_j)
+    const int64_t D = weights->config.hidden_size;
+    int64_t h0 = 0;
+    const std::span<const float> h = runner->mtp_hidden(*session, &h0);
+    std::vector<float> prev(h.end() - D, h.end());
+    for (size_t j = 0; j < drafts.size(); ++j) {
+      runner->forward_mtp(*session, prev, std::span(drafts).subspan(j, 1), T - 1 + int64_t(j), false, mtp_step, mtp_h);
+      mtp_all.insert(mtp_all.end(), mtp_step.begin(), mtp_step.end());
+      prev = mtp_h;
+    }
+    npy_write_f32(a.mtp_out, mtp_all.data(), {int64_t(mtp_all.size()) / V, V});
+  }
   const double sp = std::chrono::duration<double>(t1 - t0).count(), sd = std::chrono::duration<double>(t2 - t1).count();
   std::fprintf(stderr, "tern logits: %lld tokens (prefill %lld: %.1f tok/s", (long long)T, (long long)prefill,
                double(prefill) / sp);
@@ -94,6 +132,9 @@ void command_logits(CLI::App& app) {
   sub->add_option("--dump-activations", args->dump_dir, "Write each named intermediate of the prefill here");
   sub->add_option("--dtype", args->dtype, "Weights: stored (as in the files), auto, q4 or bf16")
       ->capture_default_str();
+  sub->add_option("--mtp-out", args->mtp_out, "Also write the MTP draft head's logits here: float32 [T-1+k, V]");
+  sub->add_option("--mtp-draft", args->mtp_draft, "With --mtp-out: k tokens for a draft chain after the last token");
+  sub->add_option("--draft-weights", args->draft_weights, "The MTP draft head from this file (tern extract-mtp)");
   sub->add_option("--gdn", args->gdn, "Gated DeltaNet prefill: chunked or recurrent")->capture_default_str();
   sub->add_option("--gdn-chunk", args->gdn_chunk, "Chunk size of the chunked Gated DeltaNet")->capture_default_str();
   sub->callback([args] { run_logits(*args); });

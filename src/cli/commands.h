@@ -13,6 +13,7 @@ void command_bench(CLI::App& app);
 void command_eval(CLI::App& app);
 void command_inspect(CLI::App& app);
 void command_quantize(CLI::App& app);
+void command_extract_mtp(CLI::App& app);
 void command_logits(CLI::App& app);
 void command_tokenize(CLI::App& app);
 void command_detokenize(CLI::App& app);

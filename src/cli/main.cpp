@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
 #endif
   tern::cli::command_inspect(app);
   tern::cli::command_quantize(app);
+  tern::cli::command_extract_mtp(app);
 #ifndef TERN_GPU_ONLY
   tern::cli::command_logits(app);
   tern::cli::command_tokenize(app);

@@ -24,6 +24,9 @@ void model_flags_add(CLI::App* sub, ModelFlags& f) {
   sub->add_option("--dtype", f.dtype, "Weights: auto (MLX as stored, BF16 -> 4-bit), q4, bf16 or stored (as in the files)")
       ->check(CLI::IsMember({"auto", "q4", "bf16", "stored"}))
       ->capture_default_str();
+  sub->add_option("--draft-weights", f.draft_weights,
+                  "A safetensors file of the MTP draft head (tern extract-mtp -m HF_DIR -o FILE), for a model folder "
+                  "without it (MLX conversions drop it)");
   sub->add_option("--name", f.name,
                   "The model's id (default: ORG/NAME for a Hugging Face cache snapshot or a folder that records its "
                   "repo id, else the folder's name)");
@@ -46,9 +49,11 @@ ModelSourceOptions source_options(const ModelFlags& f) {
 }  // namespace
 
 ModelSource model_flags_open(const ModelFlags& f, bool quiet) {
+  TERN_USAGE_CHECK(f.draft_weights.empty() || !f.model_dir.empty(), "--draft-weights needs a model folder (-m DIR)");
   ModelSourceOptions o = source_options(f);
   o.load.dtype = load_dtype_parse(f.dtype);
   o.load.progress = !quiet;
+  o.load.draft_weights = f.draft_weights;
   ModelSource src = model_source_open(o);
   if (!quiet) std::fprintf(stderr, "tern: %s\n", src.banner.c_str());
   return src;

@@ -23,6 +23,7 @@ struct ModelFlags {
   bool synthetic = false;   // full-size random weights generated on the GPU (ModelSource::synthetic)
   std::string device = "auto";
   std::string dtype = "auto";
+  std::string draft_weights;  // --draft-weights FILE: the MTP head (tern extract-mtp) for a folder without it
   std::string name;
   int64_t ctx_size = 0;     // 0: the command's default (on a GPU: the memory plan's)
   int64_t gpu_memory = 0;   // --gpu-memory in bytes; 0: the GPU's free memory

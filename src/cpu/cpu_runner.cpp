@@ -12,6 +12,8 @@
 
 #include "core/check.h"
 #include "core/npy.h"
+#include "cpu/gated_attention.h"
+#include "cpu/mtp_forward.h"
 #include "cpu/ops_attention.h"
 #include "cpu/ops_conv1d.h"
 #include "cpu/ops_elementwise.h"
@@ -62,7 +64,7 @@ struct LayerState {
 class CpuSnapshot final : public StateSnapshot {
  public:
   int64_t position() const override { return position_; }
-  size_t bytes() const override { return elems_ * sizeof(float); }
+  size_t bytes() const override { return (elems_ + mtp_hidden_.size()) * sizeof(float); }
   bool on_host() const override { return host_; }
   void to_host() override {
     if (host_) return;
@@ -116,6 +118,7 @@ class CpuSnapshot final : public StateSnapshot {
   std::vector<std::pair<std::vector<float>, std::vector<float>>> layers_;  // (conv, rec) per layer; empty: attention
   std::vector<std::pair<size_t, size_t>> sizes_;                           // their element counts
   std::vector<float> packed_;                                              // on the host: every layer back to back
+  std::vector<float> mtp_hidden_;  // [D] the MTP head's input at position - 1 (its next pair), when it was there
 };
 
 class CpuSession final : public Session {
@@ -138,6 +141,8 @@ class CpuSession final : public Session {
   int64_t capacity() const override { return capacity_; }
   void reset() override {
     position_ = 0;
+    mtp_.clear();
+    mtp_hidden_.clear();
     for (LayerState& l : layers_) {
       std::fill(l.conv_state.begin(), l.conv_state.end(), 0.0f);
       std::fill(l.gdn_state.begin(), l.gdn_state.end(), 0.0f);
@@ -155,6 +160,8 @@ class CpuSession final : public Session {
       snap->sizes_.emplace_back(l.conv_state.size(), l.gdn_state.size());
       snap->elems_ += l.conv_state.size() + l.gdn_state.size();
     }
+    const int64_t D = cfg_->hidden_size, rows = int64_t(mtp_hidden_.size()) / D;
+    if (rows > 0 && mtp_hidden_pos0_ + rows == position_) snap->mtp_hidden_.assign(mtp_hidden_.end() - D, mtp_hidden_.end());
     return snap;
   }
 
@@ -167,6 +174,11 @@ class CpuSession final : public Session {
                " layers, the session ", layers_.size());
     for (size_t i = 0; i < layers_.size(); ++i) snap->read(i, layers_[i].conv_state, layers_[i].gdn_state);
     position_ = snap->position_;
+    // The MTP pair at position - 1 holds the token after it, which may change now: its row is cut, and the hidden at
+    // position - 1 the snapshot kept (when the session had it) lets the engine feed that pair again.
+    mtp_.rows = std::min(mtp_.rows, std::max<int64_t>(0, position_ - 1));
+    mtp_hidden_ = snap->mtp_hidden_;  // the pair at position - 1 can be fed again
+    mtp_hidden_pos0_ = position_ - 1;
   }
 
   // Implemented below CpuRunner (needs the config): see copy_kv_prefix.
@@ -199,6 +211,25 @@ class CpuSession final : public Session {
   int64_t allocated_ = 0;  // KV positions allocated
   int64_t kv_width_ = 0;
   std::vector<LayerState> layers_;
+
+  // ---- the MTP draft head (only with weights that hold it) ----
+  cpu::MtpCache mtp_;
+  std::vector<float> mtp_hidden_;  // [rows, D] the last forward's hidden after the final norm (ModelRunner::mtp_hidden)
+  int64_t mtp_hidden_pos0_ = 0;
+  // Keeps the hidden states of a forward over positions [pos0, pos0 + T), after the previous one's last row when
+  // that was position pos0 - 1.
+  void keep_mtp_hidden(const float* h, int64_t pos0, int64_t T, int64_t D) {
+    const int64_t rows = int64_t(mtp_hidden_.size()) / D;
+    std::vector<float> kept;
+    int64_t first = pos0;
+    if (rows > 0 && mtp_hidden_pos0_ + rows == pos0) {
+      kept.assign(mtp_hidden_.end() - D, mtp_hidden_.end());
+      first = pos0 - 1;
+    }
+    kept.insert(kept.end(), h, h + T * D);
+    mtp_hidden_.swap(kept);
+    mtp_hidden_pos0_ = first;
+  }
 };
 
 void CpuSession::copy_kv_prefix(const Session& from, int64_t n) {
@@ -207,6 +238,7 @@ void CpuSession::copy_kv_prefix(const Session& from, int64_t n) {
   TERN_CHECK(n >= 0 && n <= src->allocated_ && n <= capacity_, "cpu copy_kv_prefix: ", n, " rows from a session of ",
              src->allocated_, " into one of capacity ", capacity_);
   if (src == this || n == 0) return;
+  mtp_.clear();  // the MTP head's cache is not copied: its pairs are fed again from the hidden states
   reserve_kv(*cfg_, n);
   const int Hkv = cfg_->num_key_value_heads;
   const int64_t dh = cfg_->head_dim;
@@ -236,7 +268,9 @@ class CpuRunner final : public ModelRunner {
                w_->final_norm.size(), " values, expected ", c.hidden_size);
     TERN_CHECK(c.rotary_dims() % 2 == 0 && c.rotary_dims() <= c.head_dim, "cpu runner: rotary dims ",
                c.rotary_dims(), " for head dim ", c.head_dim);
-    for (size_t i = 0; i < w_->layers.size(); ++i) validate_layer(int(i));
+    for (size_t i = 0; i < w_->layers.size(); ++i)
+      validate_layer(w_->layers[i], c.layer_types[i], layer_name("layer", int(i)));
+    if (w_->mtp) validate_mtp();
   }
 
   std::string backend_name() const override { return "cpu"; }
@@ -249,7 +283,8 @@ class CpuRunner final : public ModelRunner {
     TERN_CHECK(max_context > 0, "session capacity must be positive, got ", max_context);
     return std::make_unique<CpuSession>(this, w_->config, max_context);
   }
-  // A full session: fp32 K and V of every attention layer (grown on demand up to this), the Gated DeltaNet states.
+  // A full session: fp32 K and V of every attention layer and of the MTP head's (grown on demand up to this), the
+  // Gated DeltaNet states.
   int64_t session_bytes(int64_t max_context) const override {
     const Config& c = w_->config;
     int64_t floats = 0;
@@ -258,6 +293,7 @@ class CpuRunner final : public ModelRunner {
                     ? 2 * max_context * int64_t(c.num_key_value_heads) * c.head_dim
                     : int64_t(c.linear_conv_kernel_dim - 1) * c.conv_channels() +
                           int64_t(c.linear_num_value_heads) * c.linear_value_head_dim * c.linear_key_head_dim;
+    if (w_->mtp) floats += 2 * max_context * int64_t(c.num_key_value_heads) * c.head_dim;
     return floats * 4;
   }
   int64_t free_memory_bytes() const override { return available_ram_bytes(); }
@@ -267,13 +303,33 @@ class CpuRunner final : public ModelRunner {
   void forward(Session& session, std::span<const int32_t> tokens, bool all_logits,
                std::vector<float>& logits) override;
 
+  // ---- the MTP draft head (cpu/mtp_forward.h) ----
+  bool supports_mtp() const override { return w_->mtp.has_value(); }
+  std::span<const float> mtp_hidden(const Session& session, int64_t* pos0) const override {
+    const CpuSession& s = own(session);
+    TERN_CHECK(supports_mtp(), "cpu runner: the weights have no MTP head");
+    if (pos0) *pos0 = s.mtp_hidden_pos0_;
+    return s.mtp_hidden_;
+  }
+  void forward_mtp(Session& session, std::span<const float> hidden, std::span<const int32_t> tokens, int64_t pos0,
+                   bool all_logits, std::vector<float>& logits, std::vector<float>& hidden_out) override;
+  int64_t mtp_rows(const Session& session) const override { return own(session).mtp_.rows; }
+
  private:
   void dump(const std::string& name, const float* data, std::vector<int64_t> shape) const {
     if (dump_dir_.empty()) return;
     std::filesystem::create_directories(dump_dir_);
     npy_write_f32(std::filesystem::path(dump_dir_) / (name + ".npy"), data, shape);
   }
-  void validate_layer(int li) const;
+  const CpuSession& own(const Session& session) const {
+    auto* sp = dynamic_cast<const CpuSession*>(&session);
+    TERN_CHECK(sp != nullptr && sp->owner_ == this, "cpu runner: the session was not created by this runner");
+    return *sp;
+  }
+  void validate_layer(const LayerWeights& l, LayerType type, const std::string& where) const;
+  void validate_mtp() const;
+  // logits [rows, V] = lm_head · h [rows, D], padding ids -inf.
+  void lm_head_logits(const float* h, int64_t rows, std::vector<float>& logits) const;
   void gdn_layer(int li, CpuSession& s, const float* a, int64_t T, float* out);
   void attention_layer(int li, CpuSession& s, const float* a, int64_t T, float* out);
 
@@ -284,11 +340,9 @@ class CpuRunner final : public ModelRunner {
 
 // Every shape the forward pass relies on, checked once, so that a malformed ModelWeights is an error up front and
 // never an out-of-bounds read (or a half-updated session) later.
-void CpuRunner::validate_layer(int li) const {
+void CpuRunner::validate_layer(const LayerWeights& l, LayerType type, const std::string& where) const {
   const Config& c = w_->config;
-  const LayerWeights& l = w_->layers[size_t(li)];
   const int64_t D = c.hidden_size;
-  const std::string where = layer_name("layer", li);
   auto mat = [&](const Matrix& m, const char* name, int64_t rows, int64_t cols, int64_t experts = 1) {
     TERN_CHECK(!m.empty(), "cpu runner: ", where, " has no ", name);
     TERN_CHECK(m.rows == rows && m.cols == cols && m.experts == experts, "cpu runner: ", where, " ", name, " is [",
@@ -299,7 +353,7 @@ void CpuRunner::validate_layer(int li) const {
   auto vec = [&](const std::vector<float>& v, const char* name, int64_t n) {
     TERN_CHECK(int64_t(v.size()) == n, "cpu runner: ", where, " ", name, " has ", v.size(), " values, expected ", n);
   };
-  TERN_CHECK(l.type == c.layer_types[size_t(li)], "cpu runner: ", where, " weights do not match the layer type");
+  TERN_CHECK(l.type == type, "cpu runner: ", where, " weights do not match the layer type");
   vec(l.input_norm, "input_layernorm", D);
   vec(l.post_attn_norm, "post_attention_layernorm", D);
   if (l.type == LayerType::linear_attention) {
@@ -340,6 +394,38 @@ void CpuRunner::validate_layer(int li) const {
   mat(l.shared_expert_gate, "shared_expert_gate", 1, D);
 }
 
+void CpuRunner::validate_mtp() const {
+  const MtpWeights& m = *w_->mtp;
+  const int64_t D = w_->config.hidden_size;
+  validate_layer(m.layer, LayerType::full_attention, "mtp.layers.0");
+  TERN_CHECK(!m.fc.empty() && m.fc.experts == 1 && m.fc.rows == D && m.fc.cols == 2 * D, "cpu runner: mtp.fc is [",
+             m.fc.rows, ", ", m.fc.cols, "], expected [", D, ", ", 2 * D, "]");
+  for (const auto* v : {&m.pre_fc_norm_embedding, &m.pre_fc_norm_hidden, &m.norm})
+    TERN_CHECK(int64_t(v->size()) == D, "cpu runner: an MTP norm has ", v->size(), " values, expected ", D);
+}
+
+void CpuRunner::lm_head_logits(const float* h, int64_t rows, std::vector<float>& logits) const {
+  const int64_t V = w_->config.vocab_size, vr = vocab_real();
+  logits.resize(size_t(rows * V));
+  matmul(w_->lm_head, h, rows, logits.data());
+  for (int64_t r = 0; r < rows; ++r)
+    std::fill(logits.begin() + r * V + vr, logits.begin() + (r + 1) * V, -std::numeric_limits<float>::infinity());
+}
+
+void CpuRunner::forward_mtp(Session& session, std::span<const float> hidden, std::span<const int32_t> tokens,
+                            int64_t pos0, bool all_logits, std::vector<float>& logits, std::vector<float>& hidden_out) {
+  TERN_CHECK(supports_mtp(), "cpu runner: the weights have no MTP head");
+  CpuSession& s = const_cast<CpuSession&>(own(session));
+  const int64_t T = int64_t(tokens.size()), D = w_->config.hidden_size;
+  TERN_CHECK(int64_t(hidden.size()) == T * D, "forward_mtp: ", hidden.size(), " hidden values for ", T,
+             " tokens of width ", D);
+  hidden_out.resize(size_t(T * D));
+  mtp_forward({.weights = w_.get(), .cache = &s.mtp_, .capacity = s.capacity_, .hidden = hidden.data(),
+               .tokens = tokens, .pos0 = pos0, .out = hidden_out.data()});
+  const int64_t first = all_logits ? 0 : T - 1;
+  lm_head_logits(hidden_out.data() + first * D, T - first, logits);
+}
+
 // a [T, D] normed hidden -> out [T, D] mixer output.
 void CpuRunner::gdn_layer(int li, CpuSession& s, const float* a, int64_t T, float* out) {
   const Config& c = w_->config;
@@ -376,35 +462,12 @@ void CpuRunner::gdn_layer(int li, CpuSession& s, const float* a, int64_t T, floa
 
 void CpuRunner::attention_layer(int li, CpuSession& s, const float* a, int64_t T, float* out) {
   const Config& c = w_->config;
-  const LayerWeights& lw = w_->layers[size_t(li)];
   LayerState& st = s.layers_[size_t(li)];
-  const int Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, dh = c.head_dim;
-    const float eps = float(c.rms_norm_eps);
-
-  const size_t TQ = static_cast<size_t>(T * Hq * dh);
-  std::vector<float> qg(2 * TQ), q(TQ), gate(TQ);
-  std::vector<float> k(static_cast<size_t>(T * Hkv * dh)), v(static_cast<size_t>(T * Hkv * dh));
-  matmul(lw.q_proj, a, T, qg.data());  // [T, Hq, (query dh | gate dh)]
-  matmul(lw.k_proj, a, T, k.data());   // [T, Hkv, dh]
-  matmul(lw.v_proj, a, T, v.data());   // [T, Hkv, dh]
-  for (int64_t i = 0; i < T * Hq; ++i) {
-    std::memcpy(q.data() + i * dh, qg.data() + i * 2 * dh, size_t(dh) * 4);
-    std::memcpy(gate.data() + i * dh, qg.data() + i * 2 * dh + dh, size_t(dh) * 4);
-  }
-  rms_norm(q.data(), lw.q_norm.data(), T * Hq, dh, eps, q.data());
-  rms_norm(k.data(), lw.k_norm.data(), T * Hkv, dh, eps, k.data());
-  const int64_t pos0 = s.position_;
-  rope_apply({.x = q.data(), .T = T, .H = Hq, .dh = dh, .rot = c.rotary_dims(), .theta = c.rope_theta, .pos0 = pos0});
-  rope_apply({.x = k.data(), .T = T, .H = Hkv, .dh = dh, .rot = c.rotary_dims(), .theta = c.rope_theta, .pos0 = pos0});
-  kv_cache_write({.k = k.data(), .v = v.data(), .T = T, .Hkv = Hkv, .dh = dh, .k_cache = st.k_cache.data(),
-                  .v_cache = st.v_cache.data(), .capacity = s.allocated_, .pos0 = pos0});
-  std::vector<float> o(static_cast<size_t>(T * Hq * dh));
-  attention_causal({.q = q.data(), .k_cache = st.k_cache.data(), .v_cache = st.v_cache.data(),
-                    .capacity = s.allocated_, .pos0 = pos0, .T = T, .Hq = Hq, .Hkv = Hkv, .dh = dh,
-                    .scale = 1.0f / std::sqrt(float(dh)), .out = o.data()});
-  dump(layer_name("attn_core", li), o.data(), {T, Hq, dh});
-  mul_sigmoid_inplace(o.data(), gate.data(), T * Hq * dh);
-  matmul(lw.o_proj, o.data(), T, out);
+  std::vector<float> core(dump_dir_.empty() ? 0 : size_t(T * c.num_attention_heads * c.head_dim));
+  gated_attention({.config = &c, .layer = &w_->layers[size_t(li)],
+                   .cache = {.k = st.k_cache.data(), .v = st.v_cache.data(), .capacity = s.allocated_},
+                   .pos0 = s.position_, .a = a, .T = T, .out = out, .core = core.empty() ? nullptr : core.data()});
+  if (!core.empty()) dump(layer_name("attn_core", li), core.data(), {T, c.num_attention_heads, c.head_dim});
 }
 
 void CpuRunner::forward(Session& session, std::span<const int32_t> tokens, bool all_logits,
@@ -413,7 +476,7 @@ void CpuRunner::forward(Session& session, std::span<const int32_t> tokens, bool 
   TERN_CHECK(sp != nullptr && sp->owner_ == this, "cpu forward: the session was not created by this runner");
   CpuSession& s = *sp;
   const Config& c = w_->config;
-  const int64_t T = int64_t(tokens.size()), D = c.hidden_size, V = c.vocab_size;
+  const int64_t T = int64_t(tokens.size()), D = c.hidden_size;
   TERN_CHECK(T > 0, "cpu forward: no tokens");
   TERN_CHECK(s.position_ + T <= s.capacity_, "the session holds ", s.position_, " tokens; ", T,
              " more would exceed its capacity of ", s.capacity_, " tokens");
@@ -447,16 +510,17 @@ void CpuRunner::forward(Session& session, std::span<const int32_t> tokens, bool 
     add_inplace(x.data(), mix.data(), T * D);
     dump(layer_name("layer_out", li), x.data(), {T, D});
   }
+  if (w_->mtp) {  // the MTP head's input: every token's hidden after the final norm
+    std::vector<float> h(static_cast<size_t>(T * D));
+    rms_norm(x.data(), w_->final_norm.data(), T, D, eps, h.data());
+    s.keep_mtp_hidden(h.data(), s.position_, T, D);
+  }
   s.position_ += T;
 
   const int64_t first = all_logits ? 0 : T - 1, rows = T - first;
   rms_norm(x.data() + first * D, w_->final_norm.data(), rows, D, eps, a.data());
   dump("final_norm", a.data(), {rows, D});
-  logits.resize(size_t(rows * V));
-  matmul(w_->lm_head, a.data(), rows, logits.data());
-  const int64_t vr = vocab_real();
-  for (int64_t r = 0; r < rows; ++r)
-    std::fill(logits.begin() + r * V + vr, logits.begin() + (r + 1) * V, -std::numeric_limits<float>::infinity());
+  lm_head_logits(a.data(), rows, logits);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -109,6 +110,7 @@ class Planner {
   std::vector<VectorJob> vectors;
   std::vector<std::string> problems;
   std::set<std::string> used;
+  std::string kind_override;  // every matrix planned gets this kind when set (the MTP head's: "mtp")
 
   void detect_layout() {
     const auto& names = set_.names();
@@ -123,10 +125,6 @@ class Planner {
       }
     }
     layout = mlx_conv ? Layout::mlx : hf_conv ? Layout::hf : (lm_prefix || scales) ? Layout::mlx : Layout::hf;
-    auto has_prefix = [&](const std::string& p) {
-      auto it = std::lower_bound(names.begin(), names.end(), p);
-      return it != names.end() && it->rfind(p, 0) == 0;
-    };
     if (layout == Layout::hf) {
       prefix = has_prefix("model.language_model.") ? "model.language_model." : "model.";
       lm_head_base = "lm_head";
@@ -134,6 +132,31 @@ class Planner {
       prefix = has_prefix("language_model.model.") ? "language_model.model." : "model.";
       lm_head_base = has_prefix("language_model.lm_head") ? "language_model.lm_head" : "lm_head";
     }
+  }
+
+  bool has_prefix(const std::string& p) const {
+    const auto& names = set_.names();
+    auto it = std::lower_bound(names.begin(), names.end(), p);
+    return it != names.end() && it->rfind(p, 0) == 0;
+  }
+
+  // A file holding only the MTP head (tern extract-mtp): MLX layout when its experts are stacked (switch_mlp).
+  void detect_mtp_file_layout() {
+    layout = has_prefix("mtp.layers.0.mlp.switch_mlp.") ? Layout::mlx : Layout::hf;
+  }
+
+  // The MTP draft head under `mtp.` (weights.h MtpWeights); its matrices are of kind "mtp" (tern inspect).
+  void plan_mtp(MtpWeights& m) {
+    const int64_t D = cfg_.hidden_size;
+    const std::string form = experts_form;
+    kind_override = "mtp";
+    vector("mtp.pre_fc_norm_embedding", "mtp.pre_fc_norm_embedding.weight", {D}, &m.pre_fc_norm_embedding, true);
+    vector("mtp.pre_fc_norm_hidden", "mtp.pre_fc_norm_hidden.weight", {D}, &m.pre_fc_norm_hidden, true);
+    matrix("mtp.fc", "mtp", "mtp.fc", D, 2 * D, 4, &m.fc);
+    plan_layer_weights(m.layer, LayerType::full_attention, "mtp.layers.0.", "mtp.layers.0.");
+    vector("mtp.norm", "mtp.norm.weight", {D}, &m.norm, true);
+    kind_override.clear();
+    if (!form.empty()) experts_form = form;
   }
 
   void plan_all() {
@@ -151,11 +174,14 @@ class Planner {
   }
 
   void plan_layer(int i) {
+    plan_layer_weights(w_.layers[size_t(i)], cfg_.layer_types[size_t(i)], prefix + "layers." + std::to_string(i) + ".",
+                       "layers." + std::to_string(i) + ".");
+  }
+
+  // One decoder layer: its tensors under p (e.g. "model.language_model.layers.3."), named n ("layers.3.") inside.
+  void plan_layer_weights(LayerWeights& l, LayerType type, const std::string& p, const std::string& n) {
     const Config& c = cfg_;
-    LayerWeights& l = w_.layers[size_t(i)];
-    l.type = c.layer_types[size_t(i)];
-    const std::string p = prefix + "layers." + std::to_string(i) + ".";
-    const std::string n = "layers." + std::to_string(i) + ".";
+    l.type = type;
     const int64_t D = c.hidden_size, E = c.num_experts, F = c.moe_intermediate_size;
     const int64_t Fs = c.shared_expert_intermediate_size;
     vector(n + "input_norm", p + "input_layernorm.weight", {D}, &l.input_norm, true);
@@ -253,12 +279,14 @@ class Planner {
   }
 
   // Every tensor not consumed and not under a skipped prefix is unexpected.
-  void check_unexpected(std::map<std::string, std::pair<int64_t, int64_t>>& skipped) {
-    static const char* kSkip[] = {"model.visual.", "vision_tower.", "mtp.", "model.mtp.", "language_model.mtp."};
+  // A file of the MTP head alone (--draft-weights) skips nothing.
+  void check_unexpected(std::map<std::string, std::pair<int64_t, int64_t>>& skipped, bool skip_parts = true) {
+    static const std::vector<const char*> kSkip = {"model.visual.", "vision_tower.", "mtp.", "model.mtp.",
+                                                   "language_model.mtp."};
     for (const std::string& name : set_.names()) {
       if (used.count(name)) continue;
       bool skip = false;
-      for (const char* s : kSkip)
+      for (const char* s : skip_parts ? kSkip : std::vector<const char*>{})
         if (name.rfind(s, 0) == 0) {
           auto& [count, bytes] = skipped[s];
           ++count;
@@ -397,7 +425,7 @@ class Planner {
   void add_job(const std::string& name, const std::string& kind, Source s, int auto_bits, Matrix* target) {
     MatrixJob j;
     j.name = name;
-    j.kind = kind;
+    j.kind = kind_override.empty() ? kind : kind_override;
     j.target = target;
     const bool quantizable = s.cols % 64 == 0;
     if (s.quantized) {
@@ -596,8 +624,82 @@ struct Loaded {
   std::shared_ptr<SafetensorsSet> set;
   Config config;
   std::unique_ptr<Planner> planner;
+  // --draft-weights: the file's tensors and their planner (its own layout and quantisation).
+  std::shared_ptr<SafetensorsSet> draft_set;
+  Config draft_config;
+  std::unique_ptr<Planner> draft_planner;
   CheckpointSummary summary;
+  std::vector<Planner*> planners() const {
+    std::vector<Planner*> v{planner.get()};
+    if (draft_planner) v.push_back(draft_planner.get());
+    return v;
+  }
 };
+
+// Why the model's config rules the MTP head out (empty when tern can run it).
+std::string mtp_unsupported(const Config& c) {
+  if (c.mtp_num_hidden_layers != 1)
+    return "config.json has mtp_num_hidden_layers = " + std::to_string(c.mtp_num_hidden_layers) +
+           "; tern's drafter runs exactly one MTP layer";
+  if (c.mtp_use_dedicated_embeddings)
+    return "config.json has mtp_use_dedicated_embeddings = true; tern's drafter shares the model's embedding";
+  return "";
+}
+
+void throw_problems(const std::string& what, const Planner& p) {
+  std::string msg = what + ": " + std::to_string(p.problems.size()) + " problem(s):";
+  for (size_t i = 0; i < p.problems.size() && i < 8; ++i) msg += "\n  " + p.problems[i];
+  if (p.problems.size() > 8) msg += "\n  ... and " + std::to_string(p.problems.size() - 8) + " more";
+  throw Error(msg);
+}
+
+// The MTP head: from --draft-weights, else the folder's mtp.* tensors, else absent (w.mtp_absent says why).
+void plan_mtp(const fs::path& dir, const LoadOptions& options, ModelWeights& w, Loaded& out) {
+  const std::string unsupported = mtp_unsupported(w.config);
+  if (!options.draft_weights.empty()) {
+    const fs::path& file = options.draft_weights;
+    TERN_CHECK(fs::is_regular_file(file), "--draft-weights ", file.string(), " is not a file");
+    TERN_CHECK(unsupported.empty(), "--draft-weights ", file.string(), ": ", unsupported);
+    out.draft_set = std::make_shared<SafetensorsSet>(file);
+    out.draft_config = w.config;
+    const TensorRef* any = out.draft_set->names().empty() ? nullptr : out.draft_set->find(out.draft_set->names()[0]);
+    const auto& meta = any ? any->file->header().metadata : std::map<std::string, std::string>{};
+    if (auto q = meta.find("quantization"); q != meta.end()) {
+      try {
+        config_set_quantization(out.draft_config, q->second);
+      } catch (const Error& e) {
+        throw Error("--draft-weights " + file.string() + ": " + e.what());
+      }
+    }
+    out.draft_planner = std::make_unique<Planner>(*out.draft_set, out.draft_config, options, w);
+    Planner& dp = *out.draft_planner;
+    dp.detect_mtp_file_layout();
+    TERN_CHECK(dp.has_prefix("mtp."), "--draft-weights ", file.string(),
+               " holds no mtp.* tensors (tern extract-mtp -m HF_DIR -o FILE writes them)");
+    w.mtp.emplace();
+    dp.plan_mtp(*w.mtp);
+    std::map<std::string, std::pair<int64_t, int64_t>> none;
+    dp.check_unexpected(none, /*skip_parts=*/false);
+    if (!dp.problems.empty())
+      throw_problems("--draft-weights " + file.string() + " does not hold the MTP head of this model", dp);
+    w.mtp_source = file.string();
+    return;
+  }
+  Planner& p = *out.planner;
+  if (!p.has_prefix("mtp.")) {
+    w.mtp_absent = "no mtp.* tensors in " + dir.string() +
+                   " (MLX conversions drop them; tern extract-mtp -m HF_DIR -o mtp.safetensors writes them from the "
+                   "BF16 checkpoint for --draft-weights)";
+    return;
+  }
+  if (!unsupported.empty()) {
+    w.mtp_absent = unsupported;
+    return;
+  }
+  w.mtp.emplace();
+  p.plan_mtp(*w.mtp);
+  w.mtp_source = dir.string();
+}
 
 // Reads config and headers, resolves the manifest and fails with the first problems when they do not match.
 void plan(const fs::path& dir, const LoadOptions& options, ModelWeights& w, Loaded& out) {
@@ -608,17 +710,16 @@ void plan(const fs::path& dir, const LoadOptions& options, ModelWeights& w, Load
   Planner& p = *out.planner;
   p.detect_layout();
   p.plan_all();
+  plan_mtp(dir, options, w, out);
   CheckpointSummary& s = out.summary;
   p.check_unexpected(s.skipped);
   const std::string layout = p.layout == Layout::hf ? "hf" : "mlx";
-  if (!p.problems.empty()) {
-    std::string msg = "checkpoint " + dir.string() + " (" + layout + " layout, keys '" + p.prefix +
-                      "*') does not match the Qwen3.6-MoE manifest: " + std::to_string(p.problems.size()) +
-                      " problem(s):";
-    for (size_t i = 0; i < p.problems.size() && i < 8; ++i) msg += "\n  " + p.problems[i];
-    if (p.problems.size() > 8) msg += "\n  ... and " + std::to_string(p.problems.size() - 8) + " more";
-    throw Error(msg);
-  }
+  if (!p.problems.empty())
+    throw_problems("checkpoint " + dir.string() + " (" + layout + " layout, keys '" + p.prefix +
+                       "*') does not match the Qwen3.6-MoE manifest",
+                   p);
+  s.mtp = w.mtp_source;
+  s.mtp_absent = w.mtp_absent;
   s.layout = layout;
   s.naming = p.prefix;
   s.experts_form = p.experts_form;
@@ -630,10 +731,12 @@ void plan(const fs::path& dir, const LoadOptions& options, ModelWeights& w, Load
   TERN_CHECK(tok <= out.config.vocab_size, "tokenizer.json in ", dir.string(), " has ", tok,
              " ids but the embedding has only vocab_size = ", out.config.vocab_size, " rows");
   s.vocab_real = tok > 0 ? tok : out.config.vocab_size;
-  for (const MatrixJob& j : p.matrices)
-    s.matrices.push_back(PlannedMatrix{j.name, j.kind, j.format, j.src.experts, j.src.rows, j.src.cols, j.group_size,
-                                       planned_bytes(j), j.zero_copy});
-  for (const VectorJob& v : p.vectors) s.vector_bytes += v.ref->info->numel() * 4;
+  for (const Planner* q : out.planners()) {
+    for (const MatrixJob& j : q->matrices)
+      s.matrices.push_back(PlannedMatrix{j.name, j.kind, j.format, j.src.experts, j.src.rows, j.src.cols,
+                                         j.group_size, planned_bytes(j), j.zero_copy});
+    for (const VectorJob& v : q->vectors) s.vector_bytes += v.ref->info->numel() * 4;
+  }
 }
 
 }  // namespace
@@ -682,22 +785,28 @@ ModelWeights model_load(const fs::path& dir, const LoadOptions& options) {
   ModelWeights w;
   Loaded l;
   plan(dir, options, w, l);
-  Planner& p = *l.planner;
   w.source_layout = l.summary.layout;
   w.vocab_real = l.summary.vocab_real;
+  std::vector<MatrixJob*> matrices;
+  std::vector<const VectorJob*> vectors;
+  for (Planner* q : l.planners()) {
+    for (MatrixJob& j : q->matrices) matrices.push_back(&j);
+    for (const VectorJob& v : q->vectors) vectors.push_back(&v);
+  }
   int64_t total = 0;
-  for (const MatrixJob& j : p.matrices) total += j.src.source_bytes;
-  for (const VectorJob& v : p.vectors) total += int64_t(v.ref->bytes());
+  for (const MatrixJob* j : matrices) total += j->src.source_bytes;
+  for (const VectorJob* v : vectors) total += int64_t(v->ref->bytes());
   Progress progress("loading " + dir.filename().string(), total, options.progress);
   bool any_zero_copy = false;
-  if (!p.matrices.empty() && !p.matrices[0].zero_copy) prefetch(p.matrices[0]);
-  for (size_t i = 0; i < p.matrices.size(); ++i) {
-    MatrixJob& j = p.matrices[i];
-    if (i + 1 < p.matrices.size() && !p.matrices[i + 1].zero_copy) prefetch(p.matrices[i + 1]);
+  if (!matrices.empty() && !matrices[0]->zero_copy) prefetch(*matrices[0]);
+  for (size_t i = 0; i < matrices.size(); ++i) {
+    MatrixJob& j = *matrices[i];
+    if (i + 1 < matrices.size() && !matrices[i + 1]->zero_copy) prefetch(*matrices[i + 1]);
     if (auto heap = run_job(j, progress)) w.storage.push_back(std::move(heap));
     any_zero_copy = any_zero_copy || j.zero_copy;
   }
-  for (const VectorJob& v : p.vectors) {
+  for (const VectorJob* vp : vectors) {
+    const VectorJob& v = *vp;
     const int64_t n = v.ref->info->numel();
     const int es = dtype_size(v.ref->info->dtype);
     v.target->resize(size_t(n));
@@ -709,11 +818,15 @@ ModelWeights model_load(const fs::path& dir, const LoadOptions& options) {
   }
   if (w.config.tie_word_embeddings) w.lm_head = w.embed;
   if (any_zero_copy) {
-    auto mapped = std::make_shared<MappedStorage>();
-    mapped->set = l.set;
-    w.storage.push_back(std::move(mapped));
+    for (const auto& set : {l.set, l.draft_set}) {
+      if (!set) continue;
+      auto mapped = std::make_shared<MappedStorage>();
+      mapped->set = set;
+      w.storage.push_back(std::move(mapped));
+    }
   }
   progress.finish();
+  if (options.progress && !w.mtp) std::fprintf(stderr, "tern: no MTP draft head: %s\n", w.mtp_absent.c_str());
   return w;
 }
 

@@ -19,7 +19,10 @@ struct LoadOptions {
                                                               // shared_expert_gate as mlx-lm does); bf16 keeps BF16;
                                                               // stored: every layout as stored (F32 stays f32,
                                                               // BF16 bf16, F16 widened to f32; the fp32 tests)
-  bool progress = true;     // progress bar on stderr (plain lines when not a terminal)
+  bool progress = true;     // progress bar on stderr (plain lines when not a terminal), and the note on the MTP head
+  // A safetensors file holding the MTP head's mtp.* tensors (tern extract-mtp), for a folder without them (MLX
+  // conversions drop them); it replaces the folder's own when both are there. Empty: the folder's, if any.
+  std::filesystem::path draft_weights;
 };
 
 // Parses "auto", "q4", "bf16" (the --dtype flag). Throws tern::Error on anything else.
@@ -47,6 +50,8 @@ struct CheckpointSummary {
   int64_t vocab_real = 0;
   std::vector<PlannedMatrix> matrices;
   int64_t vector_bytes = 0;  // norms, conv, A_log, dt_bias as fp32
+  std::string mtp;           // "DIR" or "FILE" the MTP head loads from; empty when it is absent
+  std::string mtp_absent;    // why it is absent, in words
   int64_t weight_bytes() const;
 };
 

@@ -146,6 +146,8 @@ void Config::validate() const {
   positive(moe_intermediate_size, "moe_intermediate_size");
   positive(shared_expert_intermediate_size, "shared_expert_intermediate_size");
   TERN_CHECK(max_position_embeddings > 0, "config: max_position_embeddings must be positive");
+  TERN_CHECK(mtp_num_hidden_layers >= 0 && mtp_num_hidden_layers <= 64,
+             "config: mtp_num_hidden_layers must be in [0, 64], got ", mtp_num_hidden_layers);
   TERN_CHECK(int64_t(layer_types.size()) == num_hidden_layers, "config: layer_types has ", layer_types.size(),
              " entries but num_hidden_layers is ", num_hidden_layers);
   TERN_CHECK(num_attention_heads % num_key_value_heads == 0, "config: num_attention_heads (", num_attention_heads,
@@ -213,6 +215,8 @@ Config config_parse(const std::string& config_json, const std::string& generatio
   f.boolean("norm_topk_prob", c.norm_topk_prob);
   f.number("rms_norm_eps", c.rms_norm_eps);
   f.integer("max_position_embeddings", c.max_position_embeddings);
+  f.integer("mtp_num_hidden_layers", c.mtp_num_hidden_layers);
+  f.boolean("mtp_use_dedicated_embeddings", c.mtp_use_dedicated_embeddings);
   ft.boolean("tie_word_embeddings", c.tie_word_embeddings);
   f.boolean("tie_word_embeddings", c.tie_word_embeddings);
   const std::string act = f.string("hidden_act", "silu");
@@ -291,6 +295,15 @@ Config config_parse(const std::string& config_json, const std::string& generatio
   }
   c.validate();
   return c;
+}
+
+void config_set_quantization(Config& c, const std::string& quantization_json) {
+  const json q = json::parse(quantization_json, nullptr, /*allow_exceptions=*/false);
+  TERN_CHECK(!q.is_discarded() && q.is_object(), "quantization section is not a JSON object: ", quantization_json);
+  c.quant_default = QuantSpec{};
+  c.quant_overrides.clear();
+  parse_quantization(json{{"quantization", q}}, c);
+  c.validate();
 }
 
 Config config_load(const std::filesystem::path& model_dir) {

@@ -44,6 +44,10 @@ struct Config {
   int64_t max_position_embeddings = 262144;
   std::vector<int32_t> eos_token_ids;       // from config, then generation_config (stop ids)
   std::optional<int32_t> bos_token_id;
+  // Multi-token prediction (the mtp.* draft head, docs/model.md §2.8): its decoder layers (1 in Qwen3.6; tern runs
+  // exactly one) and whether it has an embedding of its own (false in Qwen3.6; tern needs the shared one).
+  int mtp_num_hidden_layers = 1;
+  bool mtp_use_dedicated_embeddings = false;
 
   // ---- MLX quantisation (empty when the checkpoint is not quantised) ----
   QuantSpec quant_default;                           // bits 0 when absent
@@ -72,5 +76,9 @@ struct Config {
 Config config_load(const std::filesystem::path& model_dir);
 // Parses a config.json text (tests, demo model). generation_config is optional.
 Config config_parse(const std::string& config_json, const std::string& generation_config_json = "");
+
+// Replaces c's quantisation with a `quantization` section given as JSON text (config.json's form: bits,
+// group_size, per-module overrides), e.g. the one an extracted MTP file records. Throws tern::Error.
+void config_set_quantization(Config& c, const std::string& quantization_json);
 
 }  // namespace tern

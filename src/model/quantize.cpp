@@ -158,9 +158,8 @@ void checkpoint_write_mlx(const ModelWeights& w, const fs::path& source_dir, con
   matrix(p + "embed_tokens", w.embed, false);
   if (!c.tie_word_embeddings) matrix("language_model.lm_head", w.lm_head, false);
   add_vector_bf16(t, p + "norm.weight", w.final_norm, {c.hidden_size}, scratch);
-  for (size_t i = 0; i < w.layers.size(); ++i) {
-    const LayerWeights& l = w.layers[i];
-    const std::string n = p + "layers." + std::to_string(i) + ".";
+  // One decoder layer's tensors under n ("language_model.model.layers.3.", "mtp.layers.0.").
+  auto layer = [&](const LayerWeights& l, const std::string& n) {
     add_vector_bf16(t, n + "input_layernorm.weight", l.input_norm, {c.hidden_size}, scratch);
     add_vector_bf16(t, n + "post_attention_layernorm.weight", l.post_attn_norm, {c.hidden_size}, scratch);
     if (l.type == LayerType::linear_attention) {
@@ -192,6 +191,15 @@ void checkpoint_write_mlx(const ModelWeights& w, const fs::path& source_dir, con
     matrix(m + "switch_mlp.gate_proj", l.expert_gate, true);
     matrix(m + "switch_mlp.up_proj", l.expert_up, true);
     matrix(m + "switch_mlp.down_proj", l.expert_down, true);
+  };
+  for (size_t i = 0; i < w.layers.size(); ++i) layer(w.layers[i], p + "layers." + std::to_string(i) + ".");
+  if (w.mtp) {  // the MTP head keeps HF's top-level mtp.* names, in the MLX forms (switch_mlp, norms stored 1 + w)
+    const MtpWeights& m = *w.mtp;
+    add_vector_bf16(t, "mtp.pre_fc_norm_embedding.weight", m.pre_fc_norm_embedding, {c.hidden_size}, scratch);
+    add_vector_bf16(t, "mtp.pre_fc_norm_hidden.weight", m.pre_fc_norm_hidden, {c.hidden_size}, scratch);
+    matrix("mtp.fc", m.fc, false);
+    layer(m.layer, "mtp.layers.0.");
+    add_vector_bf16(t, "mtp.norm.weight", m.norm, {c.hidden_size}, scratch);
   }
   std::sort(t.begin(), t.end(), [](const TensorOut& a, const TensorOut& b) { return a.name < b.name; });
 
@@ -276,9 +284,7 @@ void weights_dump(const ModelWeights& w, const fs::path& file) {
     add_matrix(t, name, *m, m->experts > 1 || name.find(".expert_") != std::string::npos, scratch, true);
   }
   vec("final_norm", w.final_norm);
-  for (size_t i = 0; i < w.layers.size(); ++i) {
-    const LayerWeights& l = w.layers[i];
-    const std::string p = "layers." + std::to_string(i) + ".";
+  auto layer = [&](const LayerWeights& l, const std::string& p) {
     vec(p + "input_norm", l.input_norm);
     vec(p + "post_attn_norm", l.post_attn_norm);
     vec(p + "conv1d", l.conv1d);
@@ -287,6 +293,13 @@ void weights_dump(const ModelWeights& w, const fs::path& file) {
     vec(p + "gdn_norm", l.gdn_norm);
     vec(p + "q_norm", l.q_norm);
     vec(p + "k_norm", l.k_norm);
+  };
+  for (size_t i = 0; i < w.layers.size(); ++i) layer(w.layers[i], "layers." + std::to_string(i) + ".");
+  if (w.mtp) {
+    vec("mtp.pre_fc_norm_embedding", w.mtp->pre_fc_norm_embedding);
+    vec("mtp.pre_fc_norm_hidden", w.mtp->pre_fc_norm_hidden);
+    vec("mtp.norm", w.mtp->norm);
+    layer(w.mtp->layer, "mtp.layers.0.");
   }
   safetensors_write(file, t, {{"format", "tern-internal"}, {"source_layout", w.source_layout}});
 }

@@ -136,6 +136,35 @@ class ModelRunner {
   // reported in the entry's `error`, not thrown. The default runs the entries one after another.
   virtual void forward_batch(std::span<BatchEntry> batch);
 
+  // ---- The MTP draft head (issue 32; docs/architecture.md "The MTP draft head") ---------------------------------
+  // The head pairs the main model's hidden h_t (after the final norm) with the token x_{t+1} at position t of its own
+  // KV cache, and predicts x_{t+2}. The engine feeds it every pair whose token is known after each forward (the
+  // sequence's positions so far, so that its cache is complete), then drafts: the pair (h_last, sampled token), and
+  // further (the head's own output hidden, the drafted token) at the next positions.
+  //
+  // True when the weights hold the MTP head (ModelWeights::mtp) and this backend runs it.
+  virtual bool supports_mtp() const { return false; }
+  // The main model's hidden states after the final norm of the session's last forward call, [rows, D], for the
+  // positions [*pos0, *pos0 + rows): that call's tokens, preceded by the previous call's last position when the
+  // two calls were consecutive (the pair it makes with this call's first token is known only now).
+  virtual std::span<const float> mtp_hidden(const Session& session, int64_t* pos0) const {
+    throw std::logic_error("this backend has no MTP head");
+  }
+  // Runs the head over the pairs (hidden[i] [D], tokens[i]) at positions pos0 + i, i < T = tokens.size():
+  // hidden[i] is h at position pos0 + i (mtp_hidden's, or the head's own hidden_out of the previous pair when
+  // drafting), tokens[i] the token at position pos0 + i + 1. Rows of the head's cache from pos0 on are rewritten
+  // (pos0 must not exceed the rows written so far: drafts are simply overwritten by the true pairs later). Writes
+  // float32 logits [T, V] when all_logits, else [1, V] of the last pair (padding ids -inf), predicting the token at
+  // pos0 + T + 1, and hidden_out [T, D], the head's output hidden of every pair (the next draft step's input).
+  virtual void forward_mtp(Session& session, std::span<const float> hidden, std::span<const int32_t> tokens,
+                           int64_t pos0, bool all_logits, std::vector<float>& logits, std::vector<float>& hidden_out) {
+    throw std::logic_error("this backend has no MTP head");
+  }
+  // Positions [0, n) of the session's MTP cache are written (forward_mtp may start at any pos0 <= n); reset and
+  // restore cut it back to what stays valid.
+  virtual int64_t mtp_rows(const Session& session) const { return 0; }
+  // ---- end of the MTP draft head ------------------------------------------------------------------------------
+
   // Named intermediates (e.g. "attn_norm.7") are written under this directory when set (tern logits
   // --dump-activations). Backends that do not support dumping ignore it.
   virtual void set_activation_dump_dir(const std::string& dir) {}

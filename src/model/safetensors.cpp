@@ -205,9 +205,11 @@ void SafetensorsSet::add_file(const std::filesystem::path& path) {
 
 SafetensorsSet::SafetensorsSet(const std::filesystem::path& dir) {
   namespace fs = std::filesystem;
-  TERN_CHECK(fs::is_directory(dir), "model directory ", dir.string(), " does not exist");
+  TERN_CHECK(fs::is_directory(dir) || fs::is_regular_file(dir), "model directory ", dir.string(), " does not exist");
   const fs::path index_path = dir / "model.safetensors.index.json";
-  if (fs::exists(index_path)) {
+  if (fs::is_regular_file(dir)) {
+    add_file(dir);  // one file (an extracted MTP head, --draft-weights)
+  } else if (fs::exists(index_path)) {
     const json idx = json::parse(read_text_file(index_path), nullptr, false);
     TERN_CHECK(!idx.is_discarded() && idx.is_object(), index_path.string(), " is not a JSON object");
     auto wm = idx.find("weight_map");

@@ -71,6 +71,7 @@ struct TensorRef {
 
 // All the safetensors files of a checkpoint directory: model.safetensors.index.json (every listed shard must exist
 // and hold exactly the tensors the index assigns to it), else model.safetensors, else every *.safetensors file.
+// Given a file instead of a directory: that one file.
 class SafetensorsSet {
  public:
   explicit SafetensorsSet(const std::filesystem::path& dir);

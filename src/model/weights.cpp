@@ -93,9 +93,7 @@ std::vector<std::pair<std::string, const Matrix*>> ModelWeights::all_matrices() 
   std::vector<std::pair<std::string, const Matrix*>> out;
   out.emplace_back("embed", &embed);
   out.emplace_back("lm_head", &lm_head);
-  for (size_t i = 0; i < layers.size(); ++i) {
-    const LayerWeights& l = layers[i];
-    const std::string p = "layers." + std::to_string(i) + ".";
+  auto layer_matrices = [&](const LayerWeights& l, const std::string& p) {
     const std::pair<const char*, const Matrix*> named[] = {
         {"in_proj_qkv", &l.in_proj_qkv}, {"in_proj_z", &l.in_proj_z},     {"in_proj_b", &l.in_proj_b},
         {"in_proj_a", &l.in_proj_a},     {"out_proj", &l.out_proj},       {"q_proj", &l.q_proj},
@@ -106,6 +104,11 @@ std::vector<std::pair<std::string, const Matrix*>> ModelWeights::all_matrices() 
     };
     for (const auto& [n, m] : named)
       if (!m->empty()) out.emplace_back(p + n, m);
+  };
+  for (size_t i = 0; i < layers.size(); ++i) layer_matrices(layers[i], "layers." + std::to_string(i) + ".");
+  if (mtp) {
+    out.emplace_back("mtp.fc", &mtp->fc);
+    layer_matrices(mtp->layer, "mtp.layers.0.");
   }
   return out;
 }
@@ -115,9 +118,14 @@ int64_t ModelWeights::total_bytes() const {
   for (const auto& [n, m] : all_matrices()) b += m->bytes();
   auto vec = [&](const std::vector<float>& v) { b += int64_t(v.size()) * 4; };
   vec(final_norm);
-  for (const LayerWeights& l : layers) {
+  auto layer_vectors = [&](const LayerWeights& l) {
     vec(l.input_norm); vec(l.post_attn_norm); vec(l.conv1d); vec(l.A_log); vec(l.dt_bias);
     vec(l.gdn_norm); vec(l.q_norm); vec(l.k_norm);
+  };
+  for (const LayerWeights& l : layers) layer_vectors(l);
+  if (mtp) {
+    vec(mtp->pre_fc_norm_embedding); vec(mtp->pre_fc_norm_hidden); vec(mtp->norm);
+    layer_vectors(mtp->layer);
   }
   return b;
 }

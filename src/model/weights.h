@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -92,6 +93,17 @@ struct LayerWeights {
   Matrix shared_expert_gate;           // [1, D]
 };
 
+// The multi-token-prediction draft head (HF `mtp.*`, docs/model.md §2.8): from the main model's hidden h_t after
+// the final norm and the embedding of token t+1, x = fc([norm_e(embed(x_{t+1})) ; norm_h(h_t)]), one full-attention
+// decoder layer over x at position t (its own KV cache), then `norm` and the shared LM head: logits for token t+2.
+struct MtpWeights {
+  std::vector<float> pre_fc_norm_embedding;  // [D] multiplier
+  std::vector<float> pre_fc_norm_hidden;     // [D] multiplier
+  Matrix fc;                                 // [D, 2D]; columns [embedding (D) | hidden (D)]
+  LayerWeights layer;                        // type full_attention
+  std::vector<float> norm;                   // [D] multiplier
+};
+
 // Backing memory for weights: mmap'd files and heap buffers created by load-time transforms.
 struct WeightStorage {
   virtual ~WeightStorage() = default;
@@ -106,6 +118,10 @@ struct ModelWeights {
   std::vector<std::shared_ptr<WeightStorage>> storage;  // keeps data alive
   std::string source_layout;           // "hf", "mlx", "demo"
   int64_t vocab_real = 0;              // ids >= vocab_real are padding (masked); from the tokenizer, else V
+  // The MTP draft head when the checkpoint (or --draft-weights) holds it; otherwise mtp_absent says why, in words.
+  std::optional<MtpWeights> mtp;
+  std::string mtp_absent;
+  std::string mtp_source;              // where mtp came from: the model folder or the --draft-weights file
 
   // Every matrix of the model with its name (for inspect, upload, tests).
   std::vector<std::pair<std::string, const Matrix*>> all_matrices() const;

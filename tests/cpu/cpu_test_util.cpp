@@ -44,9 +44,9 @@ std::shared_ptr<ModelWeights> make_tiny_model(const TinyModelSpec& s, uint64_t s
   w->lm_head = mat(s.V, s.D, 0.2f);
   w->final_norm = norm(s.D);
   const int64_t C = c.conv_channels();
-  for (int i = 0; i < s.layers; ++i) {
+  auto layer = [&](LayerType type) {
     LayerWeights l;
-    l.type = c.layer_types[size_t(i)];
+    l.type = type;
     l.input_norm = norm(s.D);
     l.post_attn_norm = norm(s.D);
     if (l.type == LayerType::linear_attention) {
@@ -77,7 +77,16 @@ std::shared_ptr<ModelWeights> make_tiny_model(const TinyModelSpec& s, uint64_t s
     l.shared_up = mat(s.Fs, s.D, 0.2f);
     l.shared_down = mat(s.D, s.Fs, 0.2f);
     l.shared_expert_gate = mat(1, s.D, 0.2f);
-    w->layers.push_back(std::move(l));
+    return l;
+  };
+  for (int i = 0; i < s.layers; ++i) w->layers.push_back(layer(c.layer_types[size_t(i)]));
+  if (s.mtp) {
+    MtpWeights& m = w->mtp.emplace();
+    m.pre_fc_norm_embedding = norm(s.D);
+    m.pre_fc_norm_hidden = norm(s.D);
+    m.fc = mat(s.D, 2 * s.D, 0.2f);
+    m.layer = layer(LayerType::full_attention);
+    m.norm = norm(s.D);
   }
   return w;
 }

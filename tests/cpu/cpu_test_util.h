@@ -104,6 +104,7 @@ struct TinyModelSpec {
   int64_t F = 32, Fs = 48;
   WeightFormat format = WeightFormat::f32;
   int64_t vocab_real = 90;
+  bool mtp = false;             // also the MTP draft head (ModelWeights::mtp), drawn after everything else
 };
 
 std::shared_ptr<ModelWeights> make_tiny_model(const TinyModelSpec& spec, uint64_t seed);

@@ -64,6 +64,29 @@ TEST(Config, DefaultsAreTheRealModel) {
   EXPECT_EQ(c.num_experts, 256);
 }
 
+TEST(Config, MtpFields) {
+  EXPECT_EQ(config_parse(tiny_text().dump()).mtp_num_hidden_layers, 1);  // Qwen3.6's value when absent
+  json t = tiny_text();
+  t["mtp_num_hidden_layers"] = 0;
+  t["mtp_use_dedicated_embeddings"] = true;
+  const Config c = config_parse(t.dump());
+  EXPECT_EQ(c.mtp_num_hidden_layers, 0);
+  EXPECT_TRUE(c.mtp_use_dedicated_embeddings);
+  t["mtp_num_hidden_layers"] = -1;
+  expect_error(t, "mtp_num_hidden_layers");
+  t["mtp_num_hidden_layers"] = "one";
+  expect_error(t, "mtp_num_hidden_layers");
+}
+
+TEST(Config, QuantizationSection) {
+  Config c = config_parse(tiny_text().dump());
+  config_set_quantization(c, R"({"bits": 4, "group_size": 64, "mtp.layers.0.mlp.gate": {"bits": 8, "group_size": 64}})");
+  EXPECT_EQ(c.quant_for("mtp.fc").bits, 4);
+  EXPECT_EQ(c.quant_for("mtp.layers.0.mlp.gate").bits, 8);
+  EXPECT_THROW(config_set_quantization(c, "[1]"), Error);
+  EXPECT_THROW(config_set_quantization(c, R"({"bits": 3})"), Error);
+}
+
 TEST(Config, GenerationConfig) {
   const Config c = config_parse(tiny_text().dump(),
                                 R"({"eos_token_id":[3,7],"bos_token_id":7,"temperature":0.6,"top_k":20,"top_p":0.95})");

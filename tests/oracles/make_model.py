@@ -8,8 +8,9 @@
 HF layout: transformers' Qwen3_5MoeForCausalLM.save_pretrained (--hf-format causal, the default: keys
 model.layers.*, lm_head.*, per-expert mlp.experts.{e}.{gate,up,down}_proj.weight, a qwen3_5_moe_text config), or
 that save rewritten into the official checkpoint's form (--hf-format official: keys model.language_model.*, fused
-mlp.experts.gate_up_proj / down_proj, a qwen3_5_moe config holding text_config, plus a few random mtp.* and
-model.visual.* tensors that a text engine skips). MLX layout: the official-form HF folder (in a temp dir)
+mlp.experts.gate_up_proj / down_proj, a qwen3_5_moe config holding text_config, the MTP draft head's 19 mtp.*
+tensors (random, the real structure; --no-mtp leaves them out) and a few random model.visual.* tensors that a text
+engine skips). MLX layout: the official-form HF folder (in a temp dir)
 converted by mlx-lm's converter, quantised with --bits 4/8 (group 64, the model's own predicate: 8-bit router
 and shared_expert_gate) or not with --bits 0.
 Every parameter is random (matrices N(0, 0.02); zero-centred norms N(0, 0.1); the router N(0, 1) so top-k is
@@ -233,6 +234,33 @@ def parse_size(text):
     return int(t)
 
 
+def mtp_tensors(cfg, g, torch):
+    """The MTP draft head as the official checkpoint stores it (docs/model.md §3.3), random as randomise() draws."""
+    D, Hq, Hkv, dh = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    E, F, Fs = cfg["num_experts"], cfg["moe_intermediate_size"], cfg["shared_expert_intermediate_size"]
+    p = "mtp.layers.0."
+    norms = ["mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight", "mtp.norm.weight",
+             p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
+    shapes = {n: (D,) for n in norms}
+    shapes.update({
+        "mtp.fc.weight": (D, 2 * D), p + "self_attn.q_proj.weight": (Hq * 2 * dh, D),
+        p + "self_attn.k_proj.weight": (Hkv * dh, D), p + "self_attn.v_proj.weight": (Hkv * dh, D),
+        p + "self_attn.o_proj.weight": (D, Hq * dh), p + "self_attn.q_norm.weight": (dh,),
+        p + "self_attn.k_norm.weight": (dh,), p + "mlp.gate.weight": (E, D),
+        p + "mlp.experts.gate_up_proj": (E, 2 * F, D), p + "mlp.experts.down_proj": (E, D, F),
+        p + "mlp.shared_expert.gate_proj.weight": (Fs, D), p + "mlp.shared_expert.up_proj.weight": (Fs, D),
+        p + "mlp.shared_expert.down_proj.weight": (D, Fs), p + "mlp.shared_expert_gate.weight": (1, D)})
+    out = {}
+    for n in sorted(shapes):
+        w = torch.randn(shapes[n], generator=g)
+        if not (n.endswith("norm.weight") or n.endswith("mlp.gate.weight")):
+            w = w * 0.02
+        elif n.endswith("norm.weight"):
+            w = w * 0.1  # zero-centred
+        out[n] = w
+    return out
+
+
 def to_official(args, hf_dir):
     """Rewrites a CausalLM save into the official checkpoint's form (see the module docstring)."""
     import torch
@@ -260,14 +288,15 @@ def to_official(args, hf_dir):
     for name in sorted(state):
         new = "model.language_model." + name[len("model."):] if name.startswith("model.") else name
         out[new] = state[name]
-    # A few tensors of the parts a text engine skips (random values; the names follow the real checkpoint).
+    # A few tensors of the vision tower a text engine skips (random values; the names follow the real checkpoint).
     g = torch.Generator().manual_seed(args.seed + 1)
     dt = next(iter(out.values())).dtype
     D = cfg["hidden_size"]
-    extra = {"mtp.fc.weight": (D, 2 * D), "mtp.norm.weight": (D,), "mtp.pre_fc_norm_hidden.weight": (D,),
-             "model.visual.patch_embed.proj.weight": (16, 3, 2, 4, 4), "model.visual.merger.norm.bias": (16,)}
+    extra = {"model.visual.patch_embed.proj.weight": (16, 3, 2, 4, 4), "model.visual.merger.norm.bias": (16,)}
     for n, shape in extra.items():
         out[n] = (torch.randn(shape, generator=g) * 0.02).to(dt)
+    if not args.no_mtp:
+        out.update({n: t.to(dt) for n, t in mtp_tensors(cfg, g, torch).items()})
     write_shards(out, hf_dir, parse_size(args.max_shard_size))
     text = {k: v for k, v in cfg.items() if k not in ("architectures", "transformers_version", "dtype")}
     text["dtype"] = args.dtype
@@ -306,6 +335,7 @@ def main():
     ap.add_argument("--bits", type=int, choices=[0, 4, 8], default=4, help="MLX layout only; 0: not quantised")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
     ap.add_argument("--hf-format", choices=["causal", "official"], default="causal")
+    ap.add_argument("--no-mtp", action="store_true", help="--hf-format official without the mtp.* draft head")
     ap.add_argument("--max-shard-size", default=None, help="e.g. 200KB: forces several shards (HF layout)")
     ap.add_argument("--tokenizer", default=None, help="copy tokenizer files from this dir instead of the tiny one")
     args = ap.parse_args()
