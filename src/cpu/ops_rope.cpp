@@ -37,4 +37,24 @@ void rope_apply(const RopeArgs& a) {
   }
 }
 
+void rope_apply_angles(float* x, int64_t T, int H, int dh, const float* angles) {
+  TERN_CHECK(dh % 2 == 0, "rope: head dim ", dh, " must be even");
+  const int half = dh / 2;
+  std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
+  for (int64_t t = 0; t < T; ++t) {
+    for (int i = 0; i < half; ++i) {
+      cs[size_t(i)] = std::cos(angles[t * half + i]);
+      sn[size_t(i)] = std::sin(angles[t * half + i]);
+    }
+    for (int h = 0; h < H; ++h) {
+      float* v = x + (t * H + h) * dh;
+      for (int i = 0; i < half; ++i) {
+        const float x0 = v[i], x1 = v[i + half];
+        v[i] = x0 * cs[size_t(i)] - x1 * sn[size_t(i)];
+        v[i + half] = x1 * cs[size_t(i)] + x0 * sn[size_t(i)];
+      }
+    }
+  }
+}
+
 }  // namespace tern::cpu

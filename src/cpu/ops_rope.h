@@ -21,6 +21,12 @@ struct RopeArgs {
 };
 void rope_apply(const RopeArgs& args);
 
+// Rotate-half rotary with explicit angles per token (the vision encoder's 2D positions; M-RoPE): in place on
+// x [T, H, dh], angles [T, dh/2] (φ_i for the pair (i, i + dh/2), the same for every head):
+//   x'[i] = x[i] cos φ_i − x[i + dh/2] sin φ_i,   x'[i + dh/2] = x[i + dh/2] cos φ_i + x[i] sin φ_i
+// cos and sin in fp32 of the fp32 angle, as HF computes them.
+void rope_apply_angles(float* x, int64_t T, int H, int dh, const float* angles);
+
 // The fp32 inverse frequency f_i = 1 / theta^(2i/rot), computed as HF does (fp32 pow). Shared with CUDA.
 float rope_inv_freq(int i, int rot, double theta);
 

@@ -21,6 +21,7 @@
 #include "core/thread_pool.h"
 #include "model/quantize.h"
 #include "model/safetensors.h"
+#include "model/vision_checkpoint.h"
 
 namespace tern {
 
@@ -597,7 +598,28 @@ struct Loaded {
   Config config;
   std::unique_ptr<Planner> planner;
   CheckpointSummary summary;
+  std::shared_ptr<VisionWeights> vision;
 };
+
+// The vision tower when config.json describes one and the files hold it (a text-only conversion keeps the config
+// but drops the tensors: images are then unavailable).
+void plan_vision(const fs::path& dir, Loaded& out) {
+  if (!out.config.vision) return;
+  const std::string prefix = vision_prefix(*out.set);
+  if (prefix.empty()) return;
+  try {
+    out.vision = vision_weights_load(out.set, *out.config.vision, prefix);
+  } catch (const Error& e) {
+    throw Error("checkpoint " + dir.string() + ": " + e.what());
+  }
+  CheckpointSummary& s = out.summary;
+  s.vision = true;
+  if (auto it = s.skipped.find(prefix); it != s.skipped.end()) {
+    s.vision_tensors = it->second.first;
+    s.vision_bytes = it->second.second;
+    s.skipped.erase(it);
+  }
+}
 
 // Reads config and headers, resolves the manifest and fails with the first problems when they do not match.
 void plan(const fs::path& dir, const LoadOptions& options, ModelWeights& w, Loaded& out) {
@@ -634,6 +656,7 @@ void plan(const fs::path& dir, const LoadOptions& options, ModelWeights& w, Load
     s.matrices.push_back(PlannedMatrix{j.name, j.kind, j.format, j.src.experts, j.src.rows, j.src.cols, j.group_size,
                                        planned_bytes(j), j.zero_copy});
   for (const VectorJob& v : p.vectors) s.vector_bytes += v.ref->info->numel() * 4;
+  plan_vision(dir, out);
 }
 
 }  // namespace
@@ -685,6 +708,7 @@ ModelWeights model_load(const fs::path& dir, const LoadOptions& options) {
   Planner& p = *l.planner;
   w.source_layout = l.summary.layout;
   w.vocab_real = l.summary.vocab_real;
+  w.vision = l.vision;
   int64_t total = 0;
   for (const MatrixJob& j : p.matrices) total += j.src.source_bytes;
   for (const VectorJob& v : p.vectors) total += int64_t(v.ref->bytes());

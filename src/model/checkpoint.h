@@ -47,6 +47,10 @@ struct CheckpointSummary {
   int64_t vocab_real = 0;
   std::vector<PlannedMatrix> matrices;
   int64_t vector_bytes = 0;  // norms, conv, A_log, dt_bias as fp32
+  // The vision encoder (model/vision_checkpoint.h): loaded when config.json has a vision_config and the files its
+  // tensors; they are then not among `skipped`.
+  bool vision = false;
+  int64_t vision_tensors = 0, vision_bytes = 0;  // source tensors and their bytes
   int64_t weight_bytes() const;
 };
 

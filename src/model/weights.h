@@ -97,6 +97,8 @@ struct WeightStorage {
   virtual ~WeightStorage() = default;
 };
 
+struct VisionWeights;  // model/vision_weights.h
+
 struct ModelWeights {
   Config config;
   Matrix embed;                        // [V, D]
@@ -106,6 +108,10 @@ struct ModelWeights {
   std::vector<std::shared_ptr<WeightStorage>> storage;  // keeps data alive
   std::string source_layout;           // "hf", "mlx", "demo"
   int64_t vocab_real = 0;              // ids >= vocab_real are padding (masked); from the tokenizer, else V
+  // The vision encoder, when config.json has a vision_config and the checkpoint its tensors (model.visual.* or
+  // vision_tower.*); null for text-only checkpoints: images are unavailable. Not part of all_matrices().
+  std::shared_ptr<const VisionWeights> vision;
+  bool has_vision() const { return vision != nullptr; }
 
   // Every matrix of the model with its name (for inspect, upload, tests).
   std::vector<std::pair<std::string, const Matrix*>> all_matrices() const;
