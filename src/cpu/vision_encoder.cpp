@@ -54,8 +54,8 @@ void vision_block(const VisionWeights& w, const VisionBlockWeights& b, const std
     std::copy(row + Dv, row + 2 * Dv, k.data() + t * Dv);
     std::copy(row + 2 * Dv, row + 3 * Dv, v.data() + t * Dv);
   }
-  rope_apply_angles(q.data(), N, H, dh, angles.data());
-  rope_apply_angles(k.data(), N, H, dh, angles.data());
+  rope_apply_angles(q.data(), N, H, dh, dh, angles.data());
+  rope_apply_angles(k.data(), N, H, dh, dh, angles.data());
   SegmentAttentionArgs a;
   a.q = q.data();
   a.k = k.data();
