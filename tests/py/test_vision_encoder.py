@@ -133,7 +133,13 @@ def test_malformed_vision_tensors_are_refused(probe, tmp_path):
     assert r.returncode == 1 and "rows but the grids hold 16 patches" in r.stderr, r.stderr[-2000:]
 
 
-def test_whole_checkpoint_with_and_without_vision(probe, tmp_path):
+def inspect_vision(tern_bin, model):
+    r = subprocess.run([tern_bin, "inspect", "-m", str(model), "--json"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout)["source"]
+
+
+def test_whole_checkpoint_with_and_without_vision(probe, tern_bin, tmp_path):
     """make_model.py's official-form checkpoint joined to an encoder of its width loads through model_load; the
     same folder without vision tensors (a text-only conversion that kept vision_config) loads as text only."""
     from safetensors.torch import load_file, save_file
@@ -156,6 +162,11 @@ def test_whole_checkpoint_with_and_without_vision(probe, tmp_path):
     save_file(tensors, str(text / "model.safetensors"))
     r = run_probe(probe, text, enc, enc / "text_only.npy", "--model", check=False)
     assert r.returncode == 1 and "no vision encoder" in r.stderr, r.stderr[-2000:]
-    tensors.update(load_file(str(enc / "model.safetensors")))
+    assert inspect_vision(tern_bin, text)["vision"]["loaded"] is False
+    vision = load_file(str(enc / "model.safetensors"))
+    tensors.update(vision)
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(text / "model.safetensors"))
     check_against_reference(probe, enc, text, "--model")
+    source = inspect_vision(tern_bin, text)
+    assert source["vision"]["loaded"] is True and source["vision"]["tensors"] == len(vision)
+    assert "model.visual." not in source["skipped"]
