@@ -81,7 +81,8 @@ nlohmann::json summary_json(const CheckpointSummary& s, const std::string& dtype
        {{"layout", s.layout}, {"key_prefix", s.naming}, {"experts", s.experts_form}, {"files", s.files},
         {"tensors", s.tensors}, {"bytes", s.source_bytes}, {"skipped", skipped},
         {"mtp", s.mtp.empty() ? json(nullptr) : json(s.mtp)},
-        {"mtp_absent", s.mtp_absent.empty() ? json(nullptr) : json(s.mtp_absent)}}},
+        {"mtp_absent", s.mtp_absent.empty() ? json(nullptr) : json(s.mtp_absent)},
+        {"vision", {{"loaded", s.vision}, {"tensors", s.vision_tensors}, {"bytes", s.vision_bytes}}}}},
       {"model",
        {{"model_type", "qwen3_5_moe"}, {"config", config}, {"vocab_real", s.vocab_real}, {"dtype", dtype},
         {"weights", {{"by_kind", by_kind}, {"vector_bytes", s.vector_bytes}, {"total_bytes", s.weight_bytes()}}},
@@ -103,6 +104,11 @@ void print_text(const CheckpointSummary& s, const nlohmann::json& j, const std::
     std::printf("skipped      %s* %lld tensors, %s\n", prefix.c_str(), (long long)cb.first, gb(cb.second).c_str());
   if (!s.mtp.empty()) std::printf("mtp head     from %s\n", s.mtp.c_str());
   else std::printf("mtp head     absent: %s\n", s.mtp_absent.c_str());
+  if (s.vision)
+    std::printf("vision       %lld tensors, %s (the image encoder, as stored)\n", (long long)s.vision_tensors,
+                gb(s.vision_bytes).c_str());
+  else
+    std::printf("vision       none (text only: images are unavailable)\n");
   std::printf("model        %s: %d layers (%d linear attention + %d full attention), D=%lld, V=%lld (%lld ids used)\n",
               c.model_type.c_str(), c.num_hidden_layers, c.num_linear_attention_layers(),
               c.num_full_attention_layers(), (long long)c.hidden_size, (long long)c.vocab_size,

@@ -68,4 +68,51 @@ void attention_causal(const AttentionArgs& a) {
   });
 }
 
+void attention_segments(const SegmentAttentionArgs& a) {
+  TERN_CHECK(a.segments >= 0 && (a.segments == 0 || (a.bounds[0] == 0 && a.bounds[a.segments] == a.N)),
+             "attention_segments: the segments must cover [0, ", a.N, ")");
+  std::vector<int64_t> segment_of(size_t(a.N));
+  for (int64_t s = 0; s < a.segments; ++s) {
+    TERN_CHECK(a.bounds[s] <= a.bounds[s + 1], "attention_segments: segment ", s, " ends before it starts");
+    for (int64_t t = a.bounds[s]; t < a.bounds[s + 1]; ++t) segment_of[size_t(t)] = s;
+  }
+  const int64_t dh = a.dh, row = int64_t(a.H) * dh;
+  // One task per (token, head), each computed by one thread in a fixed order.
+  thread_pool_global().parallel_for(a.N * a.H, 4, [&](int64_t i0, int64_t i1) {
+    std::vector<float> score;
+    std::vector<double> acc(static_cast<size_t>(dh));
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t t = i / a.H;
+      const int64_t h = i % a.H;
+      const int64_t s = segment_of[size_t(t)];
+      const int64_t j0 = a.bounds[s], j1 = a.bounds[s + 1];
+      const float* q = a.q + t * row + h * dh;
+      score.resize(size_t(j1 - j0));
+      float mx = -INFINITY;
+      for (int64_t j = j0; j < j1; ++j) {
+        const float* k = a.k + j * row + h * dh;
+        float dot = 0.0f;
+        for (int64_t d = 0; d < dh; ++d) dot += q[d] * k[d];
+        dot *= a.scale;
+        score[size_t(j - j0)] = dot;
+        mx = std::max(mx, dot);
+      }
+      double sum = 0.0;
+      for (float& x : score) {
+        x = std::exp(x - mx);
+        sum += x;
+      }
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int64_t j = j0; j < j1; ++j) {
+        const double p = score[size_t(j - j0)];
+        const float* v = a.v + j * row + h * dh;
+        for (int64_t d = 0; d < dh; ++d) acc[size_t(d)] += p * double(v[d]);
+      }
+      float* o = a.out + t * row + h * dh;
+      const double inv = 1.0 / sum;
+      for (int64_t d = 0; d < dh; ++d) o[d] = float(acc[size_t(d)] * inv);
+    }
+  });
+}
+
 }  // namespace tern::cpu

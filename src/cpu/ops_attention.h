@@ -39,4 +39,21 @@ struct AttentionArgs {
 };
 void attention_causal(const AttentionArgs& args);
 
+// Bidirectional attention within segments (the vision encoder: each image frame attends to itself only):
+//   out[t, h, :] = softmax_j( scale · q[t, h] · k[j, h] ) · v[j, h]   over j in t's segment
+// q, k, v, out [N, H, dh]; segment s is tokens [bounds[s], bounds[s + 1]) (bounds [S + 1], from 0 up to N).
+struct SegmentAttentionArgs {
+  const float* q = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t N = 0;
+  int H = 0;
+  int dh = 0;
+  const int64_t* bounds = nullptr;
+  int64_t segments = 0;
+  float scale = 0.0f;
+  float* out = nullptr;
+};
+void attention_segments(const SegmentAttentionArgs& args);
+
 }  // namespace tern::cpu

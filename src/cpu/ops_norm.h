@@ -15,6 +15,10 @@ void rms_norm(const float* x, const float* w, int64_t n, int64_t d, float eps, f
 // x, z, y [n, d] (n = tokens × Hv); w [d] used as is; y may equal x.
 void gated_rms_norm(const float* x, const float* z, const float* w, int64_t n, int64_t d, float eps, float* y);
 
+// LayerNorm (the vision encoder's), per row of d: y = (x − mean) · rsqrt(var + eps) · w + b, var the biased
+// variance (mean and variance accumulated in double). x, y [n, d]; w, b [d]; y may equal x.
+void layer_norm(const float* x, const float* w, const float* b, int64_t n, int64_t d, float eps, float* y);
+
 // L2 normalisation with a scale, per row: y = x * rsqrt(Σx² + eps) * scale. x, y [n, d]; y may equal x.
 void l2_norm(const float* x, int64_t n, int64_t d, float eps, float scale, float* y);
 

@@ -22,6 +22,7 @@
 #include "core/thread_pool.h"
 #include "model/quantize.h"
 #include "model/safetensors.h"
+#include "model/vision_checkpoint.h"
 
 namespace tern {
 
@@ -629,12 +630,33 @@ struct Loaded {
   Config draft_config;
   std::unique_ptr<Planner> draft_planner;
   CheckpointSummary summary;
+  std::shared_ptr<VisionWeights> vision;
   std::vector<Planner*> planners() const {
     std::vector<Planner*> v{planner.get()};
     if (draft_planner) v.push_back(draft_planner.get());
     return v;
   }
 };
+
+// The vision tower when config.json describes one and the files hold it (a text-only conversion keeps the config
+// but drops the tensors: images are then unavailable).
+void plan_vision(const fs::path& dir, Loaded& out) {
+  if (!out.config.vision) return;
+  const std::string prefix = vision_prefix(*out.set);
+  if (prefix.empty()) return;
+  try {
+    out.vision = vision_weights_load(out.set, *out.config.vision, prefix);
+  } catch (const Error& e) {
+    throw Error("checkpoint " + dir.string() + ": " + e.what());
+  }
+  CheckpointSummary& s = out.summary;
+  s.vision = true;
+  if (auto it = s.skipped.find(prefix); it != s.skipped.end()) {
+    s.vision_tensors = it->second.first;
+    s.vision_bytes = it->second.second;
+    s.skipped.erase(it);
+  }
+}
 
 // Why the model's config rules the MTP head out (empty when tern can run it).
 std::string mtp_unsupported(const Config& c) {
@@ -737,6 +759,7 @@ void plan(const fs::path& dir, const LoadOptions& options, ModelWeights& w, Load
                                          j.group_size, planned_bytes(j), j.zero_copy});
     for (const VectorJob& v : q->vectors) s.vector_bytes += v.ref->info->numel() * 4;
   }
+  plan_vision(dir, out);
 }
 
 }  // namespace
@@ -793,6 +816,7 @@ ModelWeights model_load(const fs::path& dir, const LoadOptions& options) {
     for (MatrixJob& j : q->matrices) matrices.push_back(&j);
     for (const VectorJob& v : q->vectors) vectors.push_back(&v);
   }
+  w.vision = l.vision;
   int64_t total = 0;
   for (const MatrixJob* j : matrices) total += j->src.source_bytes;
   for (const VectorJob* v : vectors) total += int64_t(v->ref->bytes());

@@ -52,6 +52,10 @@ struct CheckpointSummary {
   int64_t vector_bytes = 0;  // norms, conv, A_log, dt_bias as fp32
   std::string mtp;           // "DIR" or "FILE" the MTP head loads from; empty when it is absent
   std::string mtp_absent;    // why it is absent, in words
+  // The vision encoder (model/vision_checkpoint.h): loaded when config.json has a vision_config and the files its
+  // tensors; they are then not among `skipped`.
+  bool vision = false;
+  int64_t vision_tensors = 0, vision_bytes = 0;  // source tensors and their bytes
   int64_t weight_bytes() const;
 };
 

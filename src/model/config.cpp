@@ -62,6 +62,14 @@ struct Fields {
     }
     return fallback;
   }
+  // One token id (image_token_id ...).
+  void token_id(const char* key, int32_t& out) const {
+    if (const json* v = find(key)) {
+      TERN_CHECK(v->is_number_integer() && v->get<int64_t>() >= 0 && v->get<int64_t>() < (int64_t(1) << 31), where,
+                 ": field '", key, "' must be a non-negative token id, got ", v->dump());
+      out = int32_t(v->get<int64_t>());
+    }
+  }
   // An int or a list of ints (eos_token_id).
   void token_ids(const char* key, std::vector<int32_t>& out) const {
     const json* v = find(key);
@@ -109,7 +117,67 @@ void parse_quantization(const json& top, Config& c) {
   }
 }
 
+// vision_config (transformers' Qwen3_5MoeVisionConfig): absent fields keep its defaults; unknown ones (e.g.
+// deepstack_visual_indexes, which Qwen3_5MoeVisionModel does not use) are ignored as transformers ignores them.
+VisionConfig parse_vision_config(const json& j) {
+  const std::string where = "config.json vision_config";
+  TERN_CHECK(j.is_object(), where, " must be an object");
+  VisionConfig v;
+  const Fields f{j, where};
+  f.integer("depth", v.depth);
+  f.integer("num_hidden_layers", v.depth);  // transformers' attribute_map alias
+  f.integer("hidden_size", v.hidden_size);
+  f.integer("intermediate_size", v.intermediate_size);
+  f.integer("num_heads", v.num_heads);
+  f.integer("num_attention_heads", v.num_heads);
+  f.integer("in_channels", v.in_channels);
+  f.integer("patch_size", v.patch_size);
+  f.integer("temporal_patch_size", v.temporal_patch_size);
+  f.integer("spatial_merge_size", v.spatial_merge_size);
+  f.integer("out_hidden_size", v.out_hidden_size);
+  f.integer("num_position_embeddings", v.num_position_embeddings);
+  v.hidden_act = f.string("hidden_act", v.hidden_act);
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    const json* rp = f.find(key);
+    if (!rp) continue;
+    TERN_CHECK(rp->is_object(), where, ": field '", key, "' must be an object");
+    const Fields fr{*rp, where + " " + key};
+    fr.number("rope_theta", v.rope_theta);
+    const std::string type = fr.string("rope_type", fr.string("type", "axial"));
+    TERN_CHECK(type == "axial" || type == "default", where, " ", key, ": rope_type '", type,
+               "' is not supported (axial)");
+  }
+  return v;
+}
+
 }  // namespace
+
+int VisionConfig::grid_per_side() const { return int(std::sqrt(double(num_position_embeddings))); }
+
+void VisionConfig::validate() const {
+  auto positive = [](int64_t v, const char* name) {
+    TERN_CHECK(v > 0, "config: vision_config.", name, " must be positive, got ", v);
+    TERN_CHECK(v <= (int64_t(1) << 20), "config: vision_config.", name, " = ", v, " is implausibly large");
+  };
+  positive(depth, "depth");
+  positive(hidden_size, "hidden_size");
+  positive(intermediate_size, "intermediate_size");
+  positive(num_heads, "num_heads");
+  positive(in_channels, "in_channels");
+  positive(patch_size, "patch_size");
+  positive(temporal_patch_size, "temporal_patch_size");
+  positive(spatial_merge_size, "spatial_merge_size");
+  positive(out_hidden_size, "out_hidden_size");
+  positive(num_position_embeddings, "num_position_embeddings");
+  TERN_CHECK(hidden_size % num_heads == 0, "config: vision_config.hidden_size (", hidden_size,
+             ") must be a multiple of num_heads (", num_heads, ")");
+  TERN_CHECK(head_dim() % 4 == 0, "config: vision_config head_dim = hidden_size / num_heads = ", head_dim(),
+             " must be a multiple of 4 (two rotary axes of head_dim / 4 frequencies each)");
+  TERN_CHECK(hidden_act == "gelu_pytorch_tanh" || hidden_act == "gelu", "config: vision_config.hidden_act '",
+             hidden_act, "' is not supported (gelu_pytorch_tanh or gelu)");
+  TERN_CHECK(rope_theta > 0 && std::isfinite(rope_theta), "config: vision_config rope_theta must be positive, got ",
+             rope_theta);
+}
 
 QuantSpec Config::quant_for(const std::string& module_path) const {
   for (const auto& [path, spec] : quant_overrides)
@@ -173,6 +241,11 @@ void Config::validate() const {
     TERN_CHECK(q.group_size == 32 || q.group_size == 64 || q.group_size == 128, "config: ", where,
                " group_size = ", q.group_size, " is not supported (32, 64 or 128)");
   };
+  if (vision) {
+    vision->validate();
+    TERN_CHECK(vision->out_hidden_size == hidden_size, "config: vision_config.out_hidden_size (",
+               vision->out_hidden_size, ") must equal the language model's hidden_size (", hidden_size, ")");
+  }
   check_quant(quant_default, "quantization");
   for (const auto& [path, q] : quant_overrides) check_quant(q, "quantization." + path);
 }
@@ -236,6 +309,15 @@ Config config_parse(const std::string& config_json, const std::string& generatio
     const Fields fr{*rp, where + " " + key};
     fr.number("rope_theta", c.rope_theta);
     fr.number("partial_rotary_factor", c.partial_rotary_factor);
+    if (const json* ms = fr.find("mrope_section")) {
+      TERN_CHECK(ms->is_array() && ms->size() == 3, where, " ", key, ": mrope_section must be a list of 3 integers");
+      for (size_t i = 0; i < 3; ++i) {
+        TERN_CHECK((*ms)[i].is_number_integer() && (*ms)[i].get<int64_t>() >= 0 && (*ms)[i].get<int64_t>() < 4096,
+                   where, " ", key, ": mrope_section must hold 3 non-negative integers, got ", ms->dump());
+        c.mrope_section[i] = int((*ms)[i].get<int64_t>());
+      }
+    }
+    fr.boolean("mrope_interleaved", c.mrope_interleaved);
     std::string type = fr.string("rope_type", fr.string("type", "default"));
     TERN_CHECK(type == "default" || type == "mrope", where, " ", key, ": rope_type '", type,
                "' is not supported (default)");
@@ -267,6 +349,14 @@ Config config_parse(const std::string& config_json, const std::string& generatio
   if (!bos.empty()) c.bos_token_id = bos.back();
 
   parse_quantization(top, c);
+
+  if (c.model_type == "qwen3_5_moe") {
+    ft.token_id("image_token_id", c.image_token_id);
+    ft.token_id("video_token_id", c.video_token_id);
+    ft.token_id("vision_start_token_id", c.vision_start_token_id);
+    ft.token_id("vision_end_token_id", c.vision_end_token_id);
+    if (const json* vc = ft.find("vision_config")) c.vision = parse_vision_config(*vc);
+  }
 
   if (!generation_config_json.empty()) {
     const json g = parse_json(generation_config_json, "generation_config.json");

@@ -17,6 +17,30 @@ struct QuantSpec {  // MLX affine quantisation of one module
   int group_size = 64;
 };
 
+// The vision encoder's hyper-parameters: config.json's vision_config (transformers' Qwen3_5MoeVisionConfig; a field
+// the file leaves out takes transformers' default, as the reference would). Qwen3.6-35B-A3B: depth 27, width 1152,
+// 16 heads of 72, MLP 4304, patches 2 x 16 x 16 of 3 channels, merge 2 x 2, output 2048, 48 x 48 learned positions.
+struct VisionConfig {
+  int depth = 27;                           // vision blocks
+  int64_t hidden_size = 1152;               // Dv
+  int64_t intermediate_size = 4304;         // Iv
+  int num_heads = 16;                       // Hv (head_dim = Dv / Hv)
+  int in_channels = 3;                      // C
+  int patch_size = 16;                      // P
+  int temporal_patch_size = 2;              // Tp
+  int spatial_merge_size = 2;               // M (M x M patches become one LM token)
+  int64_t out_hidden_size = 3584;           // the LM width the merger projects into (2048 in Qwen3.6's file)
+  int64_t num_position_embeddings = 2304;   // learned position table rows (a side x side grid)
+  std::string hidden_act = "gelu_pytorch_tanh";  // the blocks' MLP activation (the merger's is always exact GELU)
+  double rope_theta = 10000.0;              // rope_parameters.rope_theta (axial 2D rotary)
+
+  int head_dim() const { return int(hidden_size / num_heads); }
+  int64_t patch_dim() const { return int64_t(in_channels) * temporal_patch_size * patch_size * patch_size; }
+  int grid_per_side() const;                // int(sqrt(num_position_embeddings)), as Python's int(n ** 0.5)
+  int64_t merged_dim() const { return hidden_size * spatial_merge_size * spatial_merge_size; }
+  void validate() const;                    // throws tern::Error naming the field
+};
+
 struct Config {
   // ---- text model (docs/model.md §1.1) ----
   int64_t hidden_size = 2048;               // D
@@ -59,6 +83,16 @@ struct Config {
   std::optional<int> gen_top_k;
 
   std::string model_type;  // as written in the file
+
+  // ---- vision (model_type qwen3_5_moe with a vision_config; absent for text-only configs) ----
+  std::optional<VisionConfig> vision;
+  int32_t image_token_id = 248056;          // <|image_pad|>
+  int32_t video_token_id = 248057;          // <|video_pad|>
+  int32_t vision_start_token_id = 248053;   // <|vision_start|>
+  int32_t vision_end_token_id = 248054;     // <|vision_end|>
+  // Interleaved M-RoPE of the text model (rope_parameters.mrope_section): rotary pairs per axis (t, h, w).
+  std::vector<int> mrope_section = {11, 11, 10};
+  bool mrope_interleaved = true;
 
   // Derived sizes.
   int rotary_dims() const { return int(head_dim * partial_rotary_factor); }          // r

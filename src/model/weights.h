@@ -109,6 +109,8 @@ struct WeightStorage {
   virtual ~WeightStorage() = default;
 };
 
+struct VisionWeights;  // model/vision_weights.h
+
 struct ModelWeights {
   Config config;
   Matrix embed;                        // [V, D]
@@ -122,6 +124,10 @@ struct ModelWeights {
   std::optional<MtpWeights> mtp;
   std::string mtp_absent;
   std::string mtp_source;              // where mtp came from: the model folder or the --draft-weights file
+  // The vision encoder, when config.json has a vision_config and the checkpoint its tensors (model.visual.* or
+  // vision_tower.*); null for text-only checkpoints: images are unavailable. Not part of all_matrices().
+  std::shared_ptr<const VisionWeights> vision;
+  bool has_vision() const { return vision != nullptr; }
 
   // Every matrix of the model with its name (for inspect, upload, tests).
   std::vector<std::pair<std::string, const Matrix*>> all_matrices() const;
