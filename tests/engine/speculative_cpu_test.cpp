@@ -118,7 +118,7 @@ TEST(SpeculativeCpu, SamplingWithADraftKeepsTheTargetDistribution) {
   req.starts_in_reasoning = true;
   req.reasoning_close_tokens = {t0};
   req.prediction = {t0, x};
-  const int trials = 3000;
+  const int trials = 2000;
   std::vector<int64_t> count(size_t(top_k), 0);
   int64_t accepted = 0, drafted = 0;
   for (int n = 0; n < trials; ++n) {
