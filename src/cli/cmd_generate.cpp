@@ -19,6 +19,7 @@
 #include "cli/commands.h"
 #include "cli/memory_flags.h"
 #include "cli/model_flags.h"
+#include "cli/speculative_flags.h"
 #include "core/check.h"
 #include "engine/generator.h"
 #include "text/chat_template.h"
@@ -30,6 +31,7 @@ namespace {
 struct GenerateArgs {
   ModelFlags model;
   SamplingFlags sampling;
+  SpeculativeFlags speculative;
   std::string prompt, prompt_file, prompt_tokens, system;
   bool chat = false, no_think = false, ignore_eos = false, print_ids = false, json = false, quiet = false;
   int64_t max_tokens = 256;
@@ -127,7 +129,9 @@ void run_generate(const GenerateArgs& a) {
   const std::unique_ptr<ModelRunner> runner =
       model_flags_runner_planned(a.model, src, ask, "tern generate", a.quiet).runner;
   auto session = runner->create_session(ctx);
-  Generator gen(*runner, *src.tokenizer);
+  GeneratorOptions gen_options;
+  gen_options.speculative = speculative_flags_options(a.speculative, *runner, a.quiet);
+  Generator gen(*runner, *src.tokenizer, gen_options);
 
   const bool stream_text = !a.json && !a.print_ids;
   nlohmann::ordered_json logprobs = nlohmann::ordered_json::array();
@@ -152,6 +156,8 @@ void run_generate(const GenerateArgs& a) {
                                   {"prompt_tokens", r.prompt_tokens},
                                   {"completion_tokens", r.completion_tokens},
                                   {"reasoning_tokens", r.reasoning_tokens},
+                                  {"draft_tokens", r.draft_tokens},
+                                  {"accepted_draft_tokens", r.accepted_draft_tokens},
                                   {"prefill_s", r.prefill_s},
                                   {"decode_s", r.decode_s},
                                   {"seed", r.seed},
@@ -196,6 +202,7 @@ void command_generate(CLI::App& app) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   sampling_flags_add(sub, a->sampling);
+  speculative_flags_add(sub, a->speculative);
   sub->add_option("--stop", a->stop, "Stop string (repeatable); never printed");
   sub->add_flag("--ignore-eos", a->ignore_eos, "Do not stop at the end-of-text ids");
   sub->add_option("--top-logprobs", a->top_logprobs, "With --json: log-probabilities and this many alternatives (0-20)")

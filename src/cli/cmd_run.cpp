@@ -33,6 +33,7 @@
 #include "cli/line_editor.h"
 #include "cli/memory_flags.h"
 #include "cli/model_flags.h"
+#include "cli/speculative_flags.h"
 #include "core/check.h"
 #include "engine/generator.h"
 #include "engine/prefix_cache.h"
@@ -51,6 +52,7 @@ extern "C" void on_sigint(int) { g_interrupted.store(true); }
 struct RunArgs {
   ModelFlags model;
   SamplingFlags sampling;
+  SpeculativeFlags speculative;
   std::string system;
   bool show_thinking = false, no_think = false, no_history = false;
   int64_t max_tokens = -1;
@@ -320,7 +322,9 @@ void run_chat(const RunArgs& a) {
     ctx = cpu_context("tern run", a.model.ctx_size, max_ctx);
   }
   PrefixCache cache(*runner, ctx, cache_options);
-  Generator gen(*runner, *src.tokenizer);
+  GeneratorOptions gen_options;
+  gen_options.speculative = speculative_flags_options(a.speculative, *runner);
+  Generator gen(*runner, *src.tokenizer, gen_options);
   SamplingParams sampling = sampling_flags_apply(a.sampling, src.defaults);
 
   const bool tty_out = isatty(STDOUT_FILENO), tty_err = isatty(STDERR_FILENO);
@@ -442,6 +446,7 @@ void command_run(CLI::App& app) {
   auto* sub = app.add_subcommand("run", "Chat in the terminal");
   model_flags_add(sub, a->model);
   sampling_flags_add(sub, a->sampling);
+  speculative_flags_add(sub, a->speculative);
   sub->add_option("--system", a->system, "System message");
   sub->add_flag("--show-thinking", a->show_thinking, "Show the model's thinking, dimmed (default: hidden)");
   sub->add_flag("--no-think", a->no_think, "Chat template with enable_thinking=false");

@@ -30,6 +30,7 @@
 #include "cli/commands.h"
 #include "cli/memory_flags.h"
 #include "cli/model_flags.h"
+#include "cli/speculative_flags.h"
 #include "core/check.h"
 #include "engine/generator.h"
 #include "server/http/listener.h"
@@ -43,6 +44,7 @@ namespace {
 struct ServeArgs {
   ModelFlags model;
   SamplingFlags sampling;
+  SpeculativeFlags speculative;
   server::ServerOptions server;
   bool quiet = false;
   bool no_prefix_cache = false;
@@ -168,7 +170,9 @@ void serve(const ServeArgs& a) {
     } else {  // the CPU: --parallel is what its RAM holds (the engine loop's own plan)
       ctx = cpu_context("tern serve", a.model.ctx_size, max_ctx);
     }
-    generator = std::make_unique<Generator>(*runner, *src.tokenizer);
+    GeneratorOptions gen_options;
+    gen_options.speculative = speculative_flags_options(a.speculative, *runner, a.quiet);
+    generator = std::make_unique<Generator>(*runner, *src.tokenizer, gen_options);
     model.model_id = src.name;
     model.aliases = options.model_aliases;
     model.model_path = a.model.model_dir.empty() ? "" : std::filesystem::absolute(a.model.model_dir).string();
@@ -221,6 +225,7 @@ void command_serve(CLI::App& app) {
   auto* sub = app.add_subcommand("serve", "Serve the OpenAI-compatible HTTP API");
   model_flags_add(sub, a->model);
   sampling_flags_add(sub, a->sampling);
+  speculative_flags_add(sub, a->speculative);
   server::ServerOptions& s = a->server;
   sub->add_option("--host", s.host, "Address to listen on (0.0.0.0 for every interface)")->capture_default_str();
   sub->add_option("--port", s.port, "TCP port, 1-65535 (0: any free port, printed at start)")

@@ -56,6 +56,9 @@ struct LayerState {
   std::vector<float> k_cache, v_cache;
   // Gated DeltaNet: conv state [Ck-1, C] and recurrent state [Hv, dv, dk].
   std::vector<float> conv_state, gdn_state;
+  // After a verify forward of T tokens (CpuRunner::forward_verify): the states after 0..T of its tokens,
+  // [T + 1, Ck-1, C] and [T + 1, Hv, dv, dk], for Session::rollback.
+  std::vector<float> kept_conv, kept_gdn;
 };
 
 // The Gated DeltaNet states of every linear-attention layer at one position. "Device" memory on the CPU is the
@@ -140,6 +143,7 @@ class CpuSession final : public Session {
   int64_t position() const override { return position_; }
   int64_t capacity() const override { return capacity_; }
   void reset() override {
+    drop_kept();
     position_ = 0;
     mtp_.clear();
     mtp_hidden_.clear();
@@ -179,7 +183,25 @@ class CpuSession final : public Session {
     mtp_.rows = std::min(mtp_.rows, std::max<int64_t>(0, position_ - 1));
     mtp_hidden_ = snap->mtp_hidden_;  // the pair at position - 1 can be fed again
     mtp_hidden_pos0_ = position_ - 1;
+    drop_kept();
   }
+
+  void rollback(int64_t position) override {
+    TERN_CHECK(kept_from_ >= 0, "cpu rollback: no verify forward's states are kept");
+    TERN_CHECK(position >= kept_from_ && position <= position_, "cpu rollback: position ", position,
+               " is outside the last verify forward's [", kept_from_, ", ", position_, "]");
+    const size_t j = size_t(position - kept_from_);
+    for (LayerState& l : layers_) {
+      if (l.conv_state.empty()) continue;
+      const size_t nc = l.conv_state.size(), ng = l.gdn_state.size();
+      std::copy_n(l.kept_conv.begin() + ptrdiff_t(j * nc), nc, l.conv_state.begin());
+      std::copy_n(l.kept_gdn.begin() + ptrdiff_t(j * ng), ng, l.gdn_state.begin());
+    }
+    position_ = position;
+    drop_kept();
+  }
+  // The kept states are no longer valid (their buffers stay allocated for the next verify forward).
+  void drop_kept() { kept_from_ = -1; }
 
   // Implemented below CpuRunner (needs the config): see copy_kv_prefix.
   void copy_kv_prefix(const Session& from, int64_t n) override;
@@ -210,6 +232,7 @@ class CpuSession final : public Session {
   int64_t position_ = 0;
   int64_t allocated_ = 0;  // KV positions allocated
   int64_t kv_width_ = 0;
+  int64_t kept_from_ = -1;  // the position before the last verify forward whose states are kept; -1: none
   std::vector<LayerState> layers_;
 
   // ---- the MTP draft head (only with weights that hold it) ----
@@ -301,7 +324,13 @@ class CpuRunner final : public ModelRunner {
   void set_activation_dump_dir(const std::string& dir) override { dump_dir_ = dir; }
 
   void forward(Session& session, std::span<const int32_t> tokens, bool all_logits,
-               std::vector<float>& logits) override;
+               std::vector<float>& logits) override {
+    run(session, tokens, all_logits, /*verify=*/false, logits);
+  }
+  bool supports_verify() const override { return true; }
+  void forward_verify(Session& session, std::span<const int32_t> tokens, std::vector<float>& logits) override {
+    run(session, tokens, /*all_logits=*/true, /*verify=*/true, logits);
+  }
 
   // ---- the MTP draft head (cpu/mtp_forward.h) ----
   bool supports_mtp() const override { return w_->mtp.has_value(); }
@@ -316,6 +345,10 @@ class CpuRunner final : public ModelRunner {
   int64_t mtp_rows(const Session& session) const override { return own(session).mtp_.rows; }
 
  private:
+  // forward (verify false) or forward_verify (true: the Gated DeltaNet layers token by token in the recurrent
+  // form, their states after every token kept).
+  void run(Session& session, std::span<const int32_t> tokens, bool all_logits, bool verify,
+           std::vector<float>& logits);
   void dump(const std::string& name, const float* data, std::vector<int64_t> shape) const {
     if (dump_dir_.empty()) return;
     std::filesystem::create_directories(dump_dir_);
@@ -330,7 +363,7 @@ class CpuRunner final : public ModelRunner {
   void validate_mtp() const;
   // logits [rows, V] = lm_head · h [rows, D], padding ids -inf.
   void lm_head_logits(const float* h, int64_t rows, std::vector<float>& logits) const;
-  void gdn_layer(int li, CpuSession& s, const float* a, int64_t T, float* out);
+  void gdn_layer(int li, CpuSession& s, const float* a, int64_t T, bool verify, float* out);
   void attention_layer(int li, CpuSession& s, const float* a, int64_t T, float* out);
 
   std::shared_ptr<const ModelWeights> w_;
@@ -426,8 +459,9 @@ void CpuRunner::forward_mtp(Session& session, std::span<const float> hidden, std
   lm_head_logits(hidden_out.data() + first * D, T - first, logits);
 }
 
-// a [T, D] normed hidden -> out [T, D] mixer output.
-void CpuRunner::gdn_layer(int li, CpuSession& s, const float* a, int64_t T, float* out) {
+// a [T, D] normed hidden -> out [T, D] mixer output. verify: one token at a time (the arithmetic of T one-token
+// calls), the states after each token kept in st.kept_*.
+void CpuRunner::gdn_layer(int li, CpuSession& s, const float* a, int64_t T, bool verify, float* out) {
   const Config& c = w_->config;
   const LayerWeights& lw = w_->layers[size_t(li)];
   LayerState& st = s.layers_[size_t(li)];
@@ -442,8 +476,20 @@ void CpuRunner::gdn_layer(int li, CpuSession& s, const float* a, int64_t T, floa
   matmul(lw.in_proj_z, a, T, z.data());          // [T, Hv*dv]
   matmul(lw.in_proj_b, a, T, gb.data());         // [T, Hv]
   matmul(lw.in_proj_a, a, T, ga.data());         // [T, Hv]
-  conv1d_causal_silu({.x = raw.data(), .T = T, .C = C, .w = lw.conv1d.data(), .Ck = c.linear_conv_kernel_dim,
-                      .state = st.conv_state.data(), .y = qkv.data()});
+  const size_t nc = st.conv_state.size(), ng = st.gdn_state.size();
+  if (verify) {  // the states before the first token: rollback to the verify's start
+    st.kept_conv.resize((size_t(T) + 1) * nc);
+    st.kept_gdn.resize((size_t(T) + 1) * ng);
+    std::copy(st.conv_state.begin(), st.conv_state.end(), st.kept_conv.begin());
+    std::copy(st.gdn_state.begin(), st.gdn_state.end(), st.kept_gdn.begin());
+  }
+  for (int64_t t0 = 0; t0 < T; t0 += verify ? 1 : T) {
+    const int64_t n = verify ? 1 : T;
+    conv1d_causal_silu({.x = raw.data() + t0 * C, .T = n, .C = C, .w = lw.conv1d.data(),
+                        .Ck = c.linear_conv_kernel_dim, .state = st.conv_state.data(), .y = qkv.data() + t0 * C});
+    if (verify)
+      std::copy(st.conv_state.begin(), st.conv_state.end(), st.kept_conv.begin() + ptrdiff_t(size_t(t0 + 1) * nc));
+  }
   dump(layer_name("gdn_conv", li), qkv.data(), {T, C});
   gdn_qk_norm(qkv.data(), T, d);
   gdn_gates(ga.data(), gb.data(), lw.A_log.data(), lw.dt_bias.data(), T, d.Hv, g.data(), beta.data());
@@ -451,10 +497,24 @@ void CpuRunner::gdn_layer(int li, CpuSession& s, const float* a, int64_t T, floa
   const GdnArgs args{.q = qkv.data(), .k = qkv.data() + int64_t(d.Hk) * d.dk,
                      .v = qkv.data() + 2LL * d.Hk * d.dk, .ld = C, .g = g.data(), .beta = beta.data(), .T = T,
                      .dims = d, .state = st.gdn_state.data(), .out = core.data()};
-  if (T > 1 && opt_.gdn_chunked)
+  if (verify) {
+    for (int64_t t = 0; t < T; ++t) {
+      GdnArgs one = args;
+      one.q += t * C;
+      one.k += t * C;
+      one.v += t * C;
+      one.g += t * d.Hv;
+      one.beta += t * d.Hv;
+      one.out += t * HV;
+      one.T = 1;
+      gdn_recurrent(one);
+      std::copy(st.gdn_state.begin(), st.gdn_state.end(), st.kept_gdn.begin() + ptrdiff_t(size_t(t + 1) * ng));
+    }
+  } else if (T > 1 && opt_.gdn_chunked) {
     gdn_chunked(args, opt_.gdn_chunk);
-  else
+  } else {
     gdn_recurrent(args);
+  }
   dump(layer_name("gdn_core", li), core.data(), {T, d.Hv, d.dv});
   gated_rms_norm(core.data(), z.data(), lw.gdn_norm.data(), T * d.Hv, d.dv, float(c.rms_norm_eps), core.data());
   matmul(lw.out_proj, core.data(), T, out);
@@ -470,8 +530,8 @@ void CpuRunner::attention_layer(int li, CpuSession& s, const float* a, int64_t T
   if (!core.empty()) dump(layer_name("attn_core", li), core.data(), {T, c.num_attention_heads, c.head_dim});
 }
 
-void CpuRunner::forward(Session& session, std::span<const int32_t> tokens, bool all_logits,
-                        std::vector<float>& logits) {
+void CpuRunner::run(Session& session, std::span<const int32_t> tokens, bool all_logits, bool verify,
+                    std::vector<float>& logits) {
   auto* sp = dynamic_cast<CpuSession*>(&session);
   TERN_CHECK(sp != nullptr && sp->owner_ == this, "cpu forward: the session was not created by this runner");
   CpuSession& s = *sp;
@@ -485,6 +545,7 @@ void CpuRunner::forward(Session& session, std::span<const int32_t> tokens, bool 
   std::vector<float> x(static_cast<size_t>(T * D)), a(static_cast<size_t>(T * D)), mix(static_cast<size_t>(T * D));
   embed_lookup(w_->embed, tokens, x.data());  // throws on a bad id before any state changes
   s.reserve_kv(c, s.position_ + T);
+  s.drop_kept();
   dump("embed", x.data(), {T, D});
 
   for (int li = 0; li < int(w_->layers.size()); ++li) {
@@ -492,7 +553,7 @@ void CpuRunner::forward(Session& session, std::span<const int32_t> tokens, bool 
         rms_norm(x.data(), lw.input_norm.data(), T, D, eps, a.data());
     dump(layer_name("attn_norm", li), a.data(), {T, D});
     if (c.layer_types[size_t(li)] == LayerType::linear_attention)
-      gdn_layer(li, s, a.data(), T, mix.data());
+      gdn_layer(li, s, a.data(), T, verify, mix.data());
     else
       attention_layer(li, s, a.data(), T, mix.data());
     dump(layer_name("attn_out", li), mix.data(), {T, D});
@@ -515,6 +576,7 @@ void CpuRunner::forward(Session& session, std::span<const int32_t> tokens, bool 
     rms_norm(x.data(), w_->final_norm.data(), T, D, eps, h.data());
     s.keep_mtp_hidden(h.data(), s.position_, T, D);
   }
+  if (verify) s.kept_from_ = s.position_;
   s.position_ += T;
 
   const int64_t first = all_logits ? 0 : T - 1, rows = T - first;
@@ -524,6 +586,17 @@ void CpuRunner::forward(Session& session, std::span<const int32_t> tokens, bool 
 }
 
 }  // namespace
+
+std::vector<float> cpu_session_gdn_states(const Session& session) {
+  const auto* s = dynamic_cast<const CpuSession*>(&session);
+  TERN_CHECK(s != nullptr, "cpu_session_gdn_states: not a CPU session");
+  std::vector<float> out;
+  for (const LayerState& l : s->layers_) {
+    out.insert(out.end(), l.conv_state.begin(), l.conv_state.end());
+    out.insert(out.end(), l.gdn_state.begin(), l.gdn_state.end());
+  }
+  return out;
+}
 
 std::unique_ptr<ModelRunner> cpu_runner_create(std::shared_ptr<const ModelWeights> weights) {
   return cpu_runner_create(std::move(weights), CpuRunnerOptions{});

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "model/runner.h"
 
@@ -18,5 +19,9 @@ struct CpuRunnerOptions {
 std::unique_ptr<ModelRunner> cpu_runner_create(std::shared_ptr<const ModelWeights> weights);
 std::unique_ptr<ModelRunner> cpu_runner_create(std::shared_ptr<const ModelWeights> weights,
                                                const CpuRunnerOptions& options);
+
+// The Gated DeltaNet conv and recurrent states of every linear-attention layer of a CPU session, back to back (for
+// tests that hold states bit for bit, e.g. Session::rollback's). Throws tern::Error for a session of another backend.
+std::vector<float> cpu_session_gdn_states(const Session& session);
 
 }  // namespace tern

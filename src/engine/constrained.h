@@ -36,13 +36,18 @@ class OutputConstraint final : public TokenMaskSource {
   bool complete() const { return active_ && matcher_.complete(); }
   // The constrained part of the output so far (the bytes the grammar accepted).
   const std::string& text() const { return matcher_.text(); }
+  // An independent copy of the current state (speculative decoding tries drafts on it). Cheap: the grammar's
+  // automaton is shared; the copy's mask buffer is allocated on its first fill().
+  OutputConstraint fork() const;
 
  private:
+  OutputConstraint(grammar::Matcher matcher, std::string start_after, std::string tail, bool active, size_t words);
   grammar::Matcher matcher_;
   std::vector<uint32_t> mask_;
   std::string start_after_;
   std::string tail_;  // the last start_after_.size() - 1 bytes of the output (the marker may straddle tokens)
   bool active_ = false;
+  size_t mask_words_ = 0;
 };
 
 }  // namespace tern

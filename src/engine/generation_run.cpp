@@ -139,8 +139,80 @@ bool GenerationRun::next_step(BatchEntry& entry, int64_t max_prompt_tokens) {
     return true;
   }
   entry.tokens = std::span<const int32_t>(fed_, 1);
+  if (drafter_) {
+    const std::vector<int32_t> drafts = next_drafts();
+    if (!drafts.empty()) {
+      verify_.assign(1, fed_[0]);
+      verify_.insert(verify_.end(), drafts.begin(), drafts.end());
+      entry.tokens = verify_;
+      entry.all_logits = true;
+      entry.keep_states = true;
+      entry.logits = &verify_logits_;
+      return true;
+    }
+  }
   if (device_ok_) entry.sampling = &sampling_;
   return true;
+}
+
+// At most as many drafts as the step could use: draft i guesses the token i places after the fed one (whose index
+// is step_), so max_tokens leaves max_tokens - step_ - 1 of them, and the session has room for its capacity -
+// position - 1; cut after an end id (nothing follows it) and before the first token the output constraint refuses
+// (the mask would reject it: a sure loss).
+std::vector<int32_t> GenerationRun::next_drafts() {
+  const uint64_t left = max_tokens_ - std::min(max_tokens_, step_ + 1);
+  const int64_t room = session_.capacity() - session_.position() - 1;
+  const int64_t limit = std::min<int64_t>(room, int64_t(std::min<uint64_t>(left, uint64_t(INT64_MAX))));
+  if (limit <= 0) return {};
+  std::vector<int32_t> d = drafter_->draft(limit);
+  std::optional<OutputConstraint> trial;
+  if (constraint_) trial.emplace(constraint_->fork());
+  for (size_t i = 0; i < d.size(); ++i) {
+    if (d[i] < 0 || d[i] >= vocab_ ||
+        (trial && !trial->accept(d[i], gen_.text_source().bytes(d[i])))) {
+      d.resize(i);
+      break;
+    }
+    if (std::binary_search(gen_.end_ids().begin(), gen_.end_ids().end(), d[i])) {
+      d.resize(i + 1);
+      break;
+    }
+  }
+  return d;
+}
+
+// Row j of the logits is what a plain step after feeding verify_[0..j] gets: each row is chosen as that step
+// would choose (the same sampler draw, mask, penalties, events and checks), and the rows go on while the choice
+// equals the next draft. Under temperature > 0 this is the exact rule for a deterministic drafter: the draft x is
+// kept with probability p(x), and otherwise the token is drawn from p without x, renormalised; seeded requests
+// draw the very tokens they would without drafts. The session then goes back to the last fed token that was used.
+void GenerationRun::verify_done(const BatchEntry& entry) {
+  const int64_t T = int64_t(verify_.size());
+  TERN_INTERNAL_CHECK(int64_t(entry.tokens.size()) == T && T >= 2 && verify_logits_.size() % size_t(T) == 0,
+                      "the verify step returned ", verify_logits_.size(), " logits for ", T, " tokens");
+  const size_t V = verify_logits_.size() / size_t(T);
+  TERN_INTERNAL_CHECK(int64_t(V) >= vocab_, "the backend returned ", V, " logits for a vocabulary of ", vocab_);
+  const int64_t pos0 = session_.position() - T;
+  int accepted = 0;
+  int64_t j = 0;
+  for (; j < T; ++j) {
+    logits_.assign(verify_logits_.begin() + ptrdiff_t(size_t(j) * V),
+                   verify_logits_.begin() + ptrdiff_t(size_t(j + 1) * V));
+    ++step_;
+    verify_pos_ = pos0 + j + 1;
+    chosen_ = -1;
+    choose_token(std::nullopt);
+    const bool match = j + 1 < T && chosen_ == verify_[size_t(j + 1)];
+    if (match) ++accepted;
+    if (finished_ || !match) break;
+  }
+  verify_pos_ = -1;
+  const int64_t keep = pos0 + std::min(j + 1, T);
+  if (keep < session_.position()) session_.rollback(keep);
+  result_.draft_tokens += T - 1;
+  result_.accepted_draft_tokens += accepted;
+  ++result_.verify_steps;
+  drafter_->record(int(T - 1), accepted);
 }
 
 void GenerationRun::step_done(const BatchEntry& entry) {
@@ -153,6 +225,7 @@ void GenerationRun::step_done(const BatchEntry& entry) {
     after_prompt_chunk(int64_t(entry.tokens.size()));
     return;
   }
+  if (entry.keep_states) return verify_done(entry);
   std::optional<int32_t> device_id = entry.sampled;
   if (device_id) {
     TERN_INTERNAL_CHECK(*device_id >= 0 && *device_id < vocab_, "the backend sampled token ", *device_id,
@@ -178,6 +251,9 @@ void GenerationRun::after_prompt_chunk(int64_t n) {
   // The decode loop starts: text output, device sampling when the request allows it.
   text_.emplace(request_.stop);
   device_ok_ = gen_.options().use_device_sampling && device_sampling_allowed(request_);
+  const SpeculativeOptions& spec = gen_.options().speculative;
+  if (spec.mode != SpeculativeMode::off && spec.max_drafts > 0 && gen_.runner().supports_verify())
+    drafter_ = std::make_unique<SequenceDrafter>(spec, request_.prompt, request_.prediction);
   t_decode_ = Clock::now();
   choose_token(std::nullopt);
 }
@@ -225,6 +301,8 @@ void GenerationRun::choose_token(std::optional<int32_t> device_id) {
   }
   sampler_->accept(id);
   result_.tokens.push_back(id);
+  chosen_ = id;
+  if (drafter_) drafter_->append(id);
 
   if (is_end(id) || grammar_ended) {
     result_.stop_id = id;
@@ -263,7 +341,7 @@ void GenerationRun::choose_token(std::optional<int32_t> device_id) {
     result_.finish = FinishReason::cancelled;
     return finish_decode();
   }
-  if (session_.position() + 1 > session_.capacity()) {
+  if (held_position() + 1 > session_.capacity()) {
     result_.finish = FinishReason::context;
     result_.message = detail::concat("the context limit of ", session_.capacity(), " tokens was reached");
     return finish_decode();

@@ -24,6 +24,7 @@
 #include "engine/constrained.h"
 #include "engine/generator.h"
 #include "engine/sampler.h"
+#include "engine/speculative.h"
 #include "engine/text_stream.h"
 #include "model/runner.h"
 
@@ -66,6 +67,11 @@ class GenerationRun {
   void after_prompt_chunk(int64_t n);
   void choose_token(std::optional<int32_t> device_id);  // one step of the decode loop, then feed or finish
   void finish_decode();
+  // Speculative decoding: the drafts for the next decode step (cut where they cannot help), and the outcome of a
+  // verify step (each row through choose_token as a step of its own, then the session rolled back).
+  std::vector<int32_t> next_drafts();
+  void verify_done(const BatchEntry& entry);
+  int64_t held_position() const { return verify_pos_ >= 0 ? verify_pos_ : session_.position(); }
 
   Generator& gen_;
   Session& session_;
@@ -84,6 +90,11 @@ class GenerationRun {
   uint64_t step_ = 0, max_tokens_ = 0;
   int32_t fed_[1] = {0};           // the id the next decode step feeds
   DeviceSampling sampling_;        // for that step, when device_ok_
+  std::unique_ptr<SequenceDrafter> drafter_;  // speculative decoding on; null: plain steps
+  std::vector<int32_t> verify_;    // a verify step's tokens: fed_[0], then the drafts
+  std::vector<float> verify_logits_;  // its logits [verify_.size(), V]
+  int64_t verify_pos_ = -1;        // while a verify step's rows are chosen: the position a plain run would hold
+  int32_t chosen_ = -1;            // the id choose_token last emitted
 };
 
 }  // namespace tern

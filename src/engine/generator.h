@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "engine/sampler.h"
+#include "engine/speculative.h"
 #include "grammar/grammar.h"
 #include "model/runner.h"
 
@@ -75,6 +76,9 @@ struct GenerationRequest {
   // prefill's first forward call (processed == cached), then after each of its forward calls (a chunk of the
   // prompt, never a token), the last time with processed == total, before the first token is sampled.
   std::function<void(const PromptProgress&)> on_prompt_progress;
+  // Speculative decoding (GeneratorOptions::speculative not off): the client's expected output, tokenised
+  // (OpenAI's `prediction`), a draft source besides the conversation. Never changes the output, only its speed.
+  std::vector<int32_t> prediction;
 };
 
 // What a spent thinking budget forces (callers tokenise it into reasoning_close_tokens): a note that tells the model
@@ -116,6 +120,11 @@ struct GenerationResult {
   int64_t reasoning_tokens = 0;         // generated inside the prompt's open reasoning block (see thinking_budget)
   bool reasoning_cut = false;           // the budget closed the reasoning block
   uint64_t seed = 0;                    // the seed used (drawn at random when the request gave none)
+  // Speculative decoding: drafted tokens verified, and those of them the model's own choice confirmed (emitted
+  // without a step of their own); drafted - accepted were rejected.
+  int64_t draft_tokens = 0;
+  int64_t accepted_draft_tokens = 0;
+  int64_t verify_steps = 0;             // forwards that verified drafts
 
   double prefill_tok_s() const { return prefill_s > 0 ? double(prompt_tokens - cached_tokens) / prefill_s : 0.0; }
   double decode_tok_s() const {
@@ -138,6 +147,8 @@ struct GeneratorOptions {
   // The token vocabulary for constrained requests; null: built from the tokenizer on the first constrained request
   // (once per generator, i.e. per loaded model) and kept.
   std::shared_ptr<const grammar::TokenVocabulary> vocabulary;
+  // Drafts verified in each decode step (engine/speculative.h); used only when the runner supports_verify().
+  SpeculativeOptions speculative;
 };
 
 class Generator {

@@ -20,6 +20,11 @@ void ModelRunner::forward_alone(BatchEntry& e) {
   e.error = nullptr;
   try {
     TERN_INTERNAL_CHECK(e.session != nullptr && !e.tokens.empty(), "forward_batch: an entry without a session or tokens");
+    if (e.keep_states) {
+      TERN_INTERNAL_CHECK(e.logits != nullptr, "forward_batch: a verify entry without a logits buffer");
+      forward_verify(*e.session, e.tokens, *e.logits);
+      return;
+    }
     if (e.sampling) e.sampled = forward_sample(*e.session, e.tokens, *e.sampling);
     if (!e.sampled) {
       TERN_INTERNAL_CHECK(e.logits != nullptr, "forward_batch: an entry without a logits buffer");

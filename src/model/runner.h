@@ -60,6 +60,16 @@ class Session {
   virtual void copy_kv_prefix(const Session& from, int64_t n) {
     throw std::logic_error("this backend's sessions cannot copy their KV cache");
   }
+
+  // Speculative decoding (ModelRunner::supports_verify): after a verify forward (BatchEntry::keep_states, or
+  // ModelRunner::forward_verify) that took the session from position p0 to p0 + T, sets it back to `position`
+  // (p0 <= position <= p0 + T) exactly: the Gated DeltaNet conv and recurrent states bit for bit those of a run
+  // that stopped there, the position `position`; the KV rows from it on are simply overwritten by the next forward.
+  // Valid once, right after that forward (any other forward, reset, restore or rollback drops the kept states).
+  // Throws tern::Error when no verify forward's states are kept or the position is outside [p0, p0 + T].
+  virtual void rollback(int64_t position) {
+    throw std::logic_error("this backend's sessions cannot roll back");
+  }
 };
 
 // Constrained decoding on the device path: the allowed-token bitmask of one decode step. The runner calls fill()
@@ -95,6 +105,10 @@ struct BatchEntry {
   bool all_logits = false;
   std::vector<float>* logits = nullptr;      // required unless the device samples
   const DeviceSampling* sampling = nullptr;  // optional: sample the next id on the device
+  // Verification of drafts (speculative decoding; needs ModelRunner::supports_verify()): the entry runs as
+  // forward_verify does: all_logits ([tokens.size(), V]), sampling ignored, each token's logits bit for bit what
+  // feeding the tokens one at a time would give, and the states after every token kept for Session::rollback.
+  bool keep_states = false;
   // Outputs:
   std::optional<int32_t> sampled;            // the id the device sampled (then *logits is not written)
   std::exception_ptr error;                  // this entry failed (its session's state is then unknown)
@@ -128,6 +142,17 @@ class ModelRunner {
   virtual std::optional<int32_t> forward_sample(Session& session, std::span<const int32_t> tokens,
                                                 const DeviceSampling& sampling) {
     return std::nullopt;
+  }
+
+  // Speculative decoding: true when forward_verify (and BatchEntry::keep_states) and Session::rollback work.
+  virtual bool supports_verify() const { return false; }
+  // Runs `tokens` (a sequence's last sampled id and its drafts) like forward(session, tokens, true, logits) —
+  // logits [tokens.size(), V] — with two promises more: row j is bit for bit the logits that feeding tokens[0..j]
+  // one forward call at a time would give (so greedy decoding with drafts equals decoding without), and the
+  // session keeps the states after every token so that Session::rollback can return to any position in between.
+  // Throws tern::Error as forward does (nothing is consumed then).
+  virtual void forward_verify(Session& session, std::span<const int32_t> tokens, std::vector<float>& logits) {
+    throw std::logic_error("this backend cannot verify drafts");
   }
 
   // One step over several sequences: each entry's tokens are appended to its session and its output written (see

@@ -208,5 +208,98 @@ TEST(CpuRunner, BatchedStepEqualsEachSequenceAlone) {
   for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(out[i], alone_next[i]) << "next token " << i;
 }
 
+// Speculative decoding's verify forward: k+1 tokens in one call give, row by row, the logits of feeding them one at
+// a time (bit for bit, after a chunked prefill as the engine runs it), and rolling back to any position inside the
+// call leaves the Gated DeltaNet states and every later logit exactly as a run that stopped there.
+void check_verify_and_rollback(WeightFormat f) {
+  test::TinyModelSpec spec;
+  spec.format = f;
+  spec.D = 64;
+  spec.F = 64;
+  spec.Fs = 64;
+  const uint64_t seed = test::fresh_seed("verify rollback");
+  auto model = test::make_tiny_model(spec, seed);
+  test::Rng rng(seed ^ 0x7e51f);
+  auto runner = cpu_runner_create(model);  // chunked prefill, as served
+  ASSERT_TRUE(runner->supports_verify());
+  const int64_t V = spec.V, T = 6;
+  const auto prompt = random_tokens(rng, 21, spec.vocab_real);
+  const auto drafts = random_tokens(rng, T, spec.vocab_real);  // the sampled id and 5 drafts
+  const auto after = random_tokens(rng, 3, spec.vocab_real);   // what follows a rollback (a correction, more)
+  const int64_t p0 = int64_t(prompt.size());
+
+  // One token at a time: each row's logits and the states after each token.
+  std::vector<float> one_logits, out;
+  std::vector<std::vector<float>> states;
+  {
+    auto s = runner->create_session(64);
+    runner->forward(*s, prompt, false, out);
+    states.push_back(cpu_session_gdn_states(*s));
+    for (int64_t j = 0; j < T; ++j) {
+      runner->forward(*s, std::span(drafts).subspan(size_t(j), 1), false, out);
+      one_logits.insert(one_logits.end(), out.begin(), out.end());
+      states.push_back(cpu_session_gdn_states(*s));
+    }
+  }
+  for (int64_t r = 0; r <= T; ++r) {
+    auto s = runner->create_session(64);
+    runner->forward(*s, prompt, false, out);
+    BatchEntry e;
+    e.session = s.get();
+    e.tokens = drafts;
+    e.keep_states = true;
+    e.logits = &out;
+    runner->forward_batch(std::span(&e, 1));
+    ASSERT_FALSE(e.error);
+    ASSERT_EQ(out.size(), size_t(T * V));
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (std::isinf(one_logits[i])) continue;  // padding ids
+      ASSERT_EQ(out[i], one_logits[i]) << "verify row " << i / size_t(V) << " (seed " << seed << ")";
+    }
+    EXPECT_EQ(s->position(), p0 + T);
+    s->rollback(p0 + r);
+    EXPECT_EQ(s->position(), p0 + r);
+    ASSERT_EQ(cpu_session_gdn_states(*s), states[size_t(r)]) << "states after rollback to " << r;
+    EXPECT_THROW(s->rollback(p0 + r), Error) << "the kept states are used up";
+
+    // What follows equals a run that fed drafts[0..r) and then `after`, one token at a time.
+    auto ref = runner->create_session(64);
+    std::vector<float> ref_out;
+    runner->forward(*ref, prompt, false, ref_out);
+    for (int64_t j = 0; j < r; ++j) runner->forward(*ref, std::span(drafts).subspan(size_t(j), 1), false, ref_out);
+    for (size_t j = 0; j < after.size(); ++j) {
+      runner->forward(*ref, std::span(after).subspan(j, 1), false, ref_out);
+      runner->forward(*s, std::span(after).subspan(j, 1), false, out);
+      ASSERT_EQ(out, ref_out) << "token " << j << " after rollback to " << r;
+    }
+    EXPECT_EQ(cpu_session_gdn_states(*s), cpu_session_gdn_states(*ref));
+  }
+}
+
+TEST(CpuRunner, VerifyRowsEqualOneTokenAtATimeAndRollbackIsExactF32) {
+  check_verify_and_rollback(WeightFormat::f32);
+}
+TEST(CpuRunner, VerifyRowsEqualOneTokenAtATimeAndRollbackIsExactAffine4) {
+  check_verify_and_rollback(WeightFormat::affine4);
+}
+
+TEST(CpuRunner, RollbackNeedsAVerifyForward) {
+  test::TinyModelSpec spec;
+  auto model = test::make_tiny_model(spec, 7);
+  auto runner = cpu_runner_create(model);
+  auto s = runner->create_session(32);
+  std::vector<float> out;
+  const std::vector<int32_t> t = {1, 2, 3};
+  EXPECT_THROW(s->rollback(0), Error);
+  runner->forward_verify(*s, t, out);
+  EXPECT_THROW(s->rollback(4), Error) << "past the forward";
+  runner->forward(*s, std::span(t).first(1), false, out);
+  EXPECT_THROW(s->rollback(2), Error) << "a plain forward drops the kept states";
+  runner->forward_verify(*s, t, out);
+  EXPECT_THROW(s->rollback(3), Error) << "before the forward";
+  s->reset();
+  EXPECT_THROW(s->rollback(0), Error) << "reset drops them";
+}
+
 }  // namespace
 }  // namespace tern

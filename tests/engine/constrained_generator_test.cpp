@@ -51,7 +51,12 @@ class TestSession : public Session {
   int64_t position() const override { return position_; }
   int64_t capacity() const override { return capacity_; }
   void reset() override { position_ = 0; }
-  int64_t position_ = 0, capacity_;
+  void rollback(int64_t position) override {  // the logits depend only on (position, last token): nothing else to undo
+    TERN_CHECK(kept_from_ >= 0 && position >= kept_from_ && position <= position_, "bad rollback");
+    position_ = position;
+    kept_from_ = -1;
+  }
+  int64_t position_ = 0, capacity_, kept_from_ = -1;
 };
 
 // Logits: a fixed pseudo-random function of (position, last token, id), plus `boost` at scripted positions.
@@ -89,6 +94,23 @@ class ScriptedRunner : public ModelRunner {
     ++device_steps;
     return int32_t(std::max_element(l.begin(), l.end()) - l.begin());
   }
+  // Speculative decoding: each token's logits as if it came alone; every verify forward recorded (its start
+  // position and tokens).
+  bool supports_verify() const override { return verify; }
+  void forward_verify(Session& session, std::span<const int32_t> tokens, std::vector<float>& logits) override {
+    auto& s = static_cast<TestSession&>(session);
+    verified.emplace_back(s.position_, std::vector<int32_t>(tokens.begin(), tokens.end()));
+    const int64_t from = s.position_;
+    logits.clear();
+    std::vector<float> row;
+    for (size_t j = 0; j < tokens.size(); ++j) {
+      forward(session, tokens.subspan(j, 1), false, row);
+      logits.insert(logits.end(), row.begin(), row.end());
+    }
+    s.kept_from_ = from;
+  }
+  bool verify = false;
+  std::vector<std::pair<int64_t, std::vector<int32_t>>> verified;
   std::map<int64_t, int32_t> boost;  // position after the forward -> id pushed to the top
   int masked_steps = 0, device_steps = 0;
 
@@ -98,8 +120,10 @@ class ScriptedRunner : public ModelRunner {
 };
 
 struct Fixture {
-  explicit Fixture(bool device = false) : runner(int64_t(kTokens.size()), device) {
+  explicit Fixture(bool device = false, SpeculativeOptions spec = {}) : runner(int64_t(kTokens.size()), device) {
+    runner.verify = spec.mode != SpeculativeMode::off;
     GeneratorOptions o;
+    o.speculative = spec;
     o.vocabulary = grammar::TokenVocabulary::from_tokens(kTokens, {kEnd});
     o.extra_end_ids = {kEnd};
     gen = std::make_unique<Generator>(
@@ -315,6 +339,59 @@ TEST(ConstrainedGenerator, BatchedWithFreeRequestsGivesTheOutputsAlone) {
       if (requests[i].grammar && r.finish == FinishReason::stop) expect_valid(r.text);
     }
   }
+}
+
+}  // namespace
+}  // namespace tern
+
+namespace tern {
+namespace {
+
+// Drafts under a grammar: the output is the same with drafts as without (greedy and seeded sampling; drafts from
+// the n-gram index and a prediction that goes wrong), and a drafted token the grammar refuses where it would be fed
+// is never verified (the drafts are cut before it).
+TEST(ConstrainedGenerator, DraftsGiveTheSameOutputAndStopBeforeARefusedToken) {
+  const auto g = grammar::compile_json_schema(kSchema);
+  int64_t accepted = 0;
+  for (int i = 0; i < 8; ++i) {
+    GenerationRequest r;
+    r.grammar = g;
+    r.max_tokens = 200;
+    r.sampling.temperature = i < 4 ? 0.0f : 1.0f;
+    r.sampling.seed = uint64_t(500 + i);
+    r.prompt = {token_of("x"), int32_t(1 + i % 20)};
+    Fixture plain;
+    const GenerationResult a = plain.run(r);
+    ASSERT_EQ(a.finish, FinishReason::stop) << a.text;
+    ASSERT_GE(a.tokens.size(), 6u);
+
+    // The prediction: the plain output with token k replaced by one the grammar refuses there.
+    const size_t k = a.tokens.size() / 2;
+    grammar::Matcher m(g, plain.gen->vocabulary());
+    for (size_t j = 0; j < k; ++j) ASSERT_TRUE(m.accept(a.tokens[j]));
+    int32_t refused = -1;
+    for (int32_t id = 1; id < int32_t(kTokens.size()) && refused < 0; ++id) {
+      grammar::Matcher probe = m.clone();
+      if (!probe.accept(id)) refused = id;
+    }
+    ASSERT_GE(refused, 0);
+    r.prediction = a.tokens;
+    r.prediction[k] = refused;
+
+    SpeculativeOptions spec;
+    spec.mode = SpeculativeMode::ngram;
+    Fixture drafted(false, spec);
+    const GenerationResult b = drafted.run(r);
+    EXPECT_EQ(a.tokens, b.tokens) << i;
+    EXPECT_EQ(a.text, b.text) << i;
+    EXPECT_GT(b.draft_tokens, 0) << i;
+    accepted += b.accepted_draft_tokens;
+    const int64_t at = int64_t(r.prompt.size()) + int64_t(k);  // where the refused token would be fed
+    for (const auto& [pos, tokens] : drafted.runner.verified)
+      for (size_t j = 0; j < tokens.size(); ++j)
+        EXPECT_FALSE(pos + int64_t(j) == at && tokens[j] == refused) << "a refused draft was verified (" << i << ")";
+  }
+  EXPECT_GT(accepted, 0);
 }
 
 }  // namespace

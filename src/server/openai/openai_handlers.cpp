@@ -71,6 +71,7 @@ void handle_chat_completions(ServerState& state, const httplib::Request& req, ht
   try {
     task->request.prompt = chat_prompt_tokens(chat_prompt, *state.model.tokenizer);
     if (request.forced_output) task->request.forced_tokens = state.model.tokenizer->encode(*request.forced_output);
+    if (request.prediction) task->request.prediction = state.model.tokenizer->encode(*request.prediction);
   } catch (const Error& e) {
     return respond_error(res, api_error_invalid("messages", strip_error_location(e.what())));
   }

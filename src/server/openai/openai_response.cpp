@@ -22,7 +22,11 @@ Json usage_json(const GenerationResult& r) {
             {"completion_tokens", r.completion_tokens},
             {"total_tokens", r.prompt_tokens + r.completion_tokens}};
   u["prompt_tokens_details"] = Json{{"cached_tokens", r.cached_tokens}};
-  u["completion_tokens_details"] = Json{{"reasoning_tokens", r.reasoning_tokens}};
+  // Speculative decoding's drafts (the request's `prediction` and the server's own, --speculative): those the
+  // model confirmed, and those it did not (work thrown away; not part of completion_tokens here).
+  u["completion_tokens_details"] = Json{{"reasoning_tokens", r.reasoning_tokens},
+                                        {"accepted_prediction_tokens", r.accepted_draft_tokens},
+                                        {"rejected_prediction_tokens", r.draft_tokens - r.accepted_draft_tokens}};
   return u;
 }
 

@@ -24,7 +24,9 @@ struct ResponseMeta {
 };
 
 // {"prompt_tokens","completion_tokens","total_tokens","prompt_tokens_details":{"cached_tokens"},
-//  "completion_tokens_details":{"reasoning_tokens"}} (reasoning: the tokens inside an open <think> block)
+//  "completion_tokens_details":{"reasoning_tokens", "accepted_prediction_tokens", "rejected_prediction_tokens"}}
+//  (reasoning: the tokens inside an open <think> block; predictions: speculative decoding's drafts, from the
+//  request's `prediction` and the server's n-gram drafter, confirmed by the model or not)
 Json usage_json(const GenerationResult& result);
 // "stop" / "length" (the context limit is "length" too, as in OpenAI and vLLM).
 const char* finish_reason_text(FinishReason reason);

@@ -96,6 +96,23 @@ std::vector<std::string> parse_stop(const Json& j) {
   return out;
 }
 
+std::optional<std::string> parse_content(const Json& content, const std::string& param);
+
+// Predicted Outputs: {"type": "content", "content": a string or text parts}; null or absent: none.
+std::optional<std::string> parse_prediction(const Json& j) {
+  const Json* p = field(j, "prediction");
+  if (!p || p->is_null()) return std::nullopt;
+  if (!p->is_object())
+    bad("prediction", "'prediction' must be an object like {\"type\": \"content\", \"content\": \"...\"}, got " +
+                          json_kind(*p) + ".");
+  const Json* type = field(*p, "type");
+  if (!type || !type->is_string() || type->get<std::string>() != "content")
+    bad("prediction.type", "'prediction.type' must be \"content\".");
+  const Json* content = field(*p, "content");
+  if (!content || content->is_null()) bad("prediction.content", "'prediction.content' is required.");
+  return parse_content(*content, "prediction.content");
+}
+
 std::optional<std::string> parse_forced_output(const Json& j, const ParseOptions& options) {
   auto forced = get_string(j, "tern_debug_forced_output");
   if (forced && !options.allow_forced_output)
@@ -362,6 +379,7 @@ std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, co
     parse_template_kwargs(j, r);
     r.truncate_prompt_tokens = get_integer(j, "truncate_prompt_tokens", 1, std::numeric_limits<int32_t>::max());
     r.forced_output = parse_forced_output(j, options);
+    r.prediction = parse_prediction(j);
     compile_constraint(r, j);
     return r;
   });

@@ -49,6 +49,8 @@ struct ChatRequest {
   std::optional<int64_t> thinking_budget;      // thinking_budget (tern): reasoning tokens before </think> is forced
   std::optional<int64_t> truncate_prompt_tokens;  // vLLM's: keep only the prompt's last N tokens (N >= 1)
   std::optional<std::string> forced_output;    // tern_debug_forced_output (only when the server allows it)
+  std::optional<std::string> prediction;       // Predicted Outputs: the expected reply (drafts; tern serve
+                                               // --speculative), OpenAI's prediction.content
   ResponseFormat response_format = ResponseFormat::text;
   std::string response_schema_name;            // json_schema: json_schema.name
   // The output constraint (src/grammar), compiled while parsing: tool_choice required or named -> the tool-call

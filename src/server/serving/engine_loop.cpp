@@ -234,6 +234,7 @@ void EngineLoop::finish(Running& r, EngineEvent done, TaskOutcome outcome) {
   metrics_.on_prefix_cache(cache_->stats(), cache_->active());
   metrics_.on_task_finished(outcome, result.prompt_tokens, result.cached_tokens, result.completion_tokens,
                             result.prefill_s, result.decode_s);
+  metrics_.on_drafts(result.draft_tokens, result.accepted_draft_tokens, result.verify_steps);
   task.events.push(std::move(done));
   r.run.reset();
   r.session = nullptr;

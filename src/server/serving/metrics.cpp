@@ -56,6 +56,13 @@ void Metrics::on_task_finished(TaskOutcome outcome, int64_t prompt_tokens, int64
   }
 }
 
+void Metrics::on_drafts(int64_t drafted, int64_t accepted, int64_t verify_steps) {
+  std::lock_guard lock(mutex_);
+  draft_tokens_ += drafted;
+  draft_accepted_ += accepted;
+  verify_steps_ += verify_steps;
+}
+
 void Metrics::on_step(int64_t sequences, int64_t tokens) {
   std::lock_guard lock(mutex_);
   ++steps_;
@@ -166,6 +173,13 @@ std::string Metrics::render_prometheus() const {
   value(o, "tern_prompt_tokens_cached_total", double(cached_tokens_));
   metric(o, "tern_completion_tokens_total", "counter", "Generated tokens (tokens out).");
   value(o, "tern_completion_tokens_total", double(completion_tokens_));
+  metric(o, "tern_draft_tokens_total", "counter", "Speculative decoding: drafted tokens verified.");
+  value(o, "tern_draft_tokens_total", double(draft_tokens_));
+  metric(o, "tern_draft_tokens_accepted_total", "counter",
+         "Speculative decoding: drafted tokens the model confirmed (the rest were rejected).");
+  value(o, "tern_draft_tokens_accepted_total", double(draft_accepted_));
+  metric(o, "tern_verify_steps_total", "counter", "Speculative decoding: steps that verified drafts.");
+  value(o, "tern_verify_steps_total", double(verify_steps_));
   metric(o, "tern_prefill_seconds_total", "counter", "Seconds spent in prefill.");
   value(o, "tern_prefill_seconds_total", prefill_s_);
   metric(o, "tern_decode_seconds_total", "counter", "Seconds spent decoding after the first token.");

@@ -30,6 +30,9 @@ class Metrics final : public ConnectionEvents {
   void on_task_finished(TaskOutcome outcome, int64_t prompt_tokens, int64_t cached_tokens,
                         int64_t completion_tokens, double prefill_s, double decode_s);
 
+  // Speculative decoding, per finished task: drafted tokens verified, those accepted, the verify steps.
+  void on_drafts(int64_t drafted, int64_t accepted, int64_t verify_steps);
+
   // One engine step: `sequences` tasks in one batched forward, `tokens` new tokens in all.
   void on_step(int64_t sequences, int64_t tokens);
 
@@ -62,6 +65,7 @@ class Metrics final : public ConnectionEvents {
   static constexpr int kBatchBuckets = 7;               // sequences per step <= 1, 2, 4, 8, 16, 32, 64
   int64_t steps_ = 0, step_tokens_ = 0, step_sequences_ = 0;
   int64_t batch_buckets_[kBatchBuckets] = {};          // steps per bucket (not cumulative)
+  int64_t draft_tokens_ = 0, draft_accepted_ = 0, verify_steps_ = 0;
   PrefixCacheStats prefix_cache_;
   bool prefix_cache_enabled_ = false;
 };
