@@ -1,4 +1,4 @@
-"""Shared pytest fixtures: where the tern binary is, and fresh seeds for every run."""
+"""Shared pytest fixtures: where the tern binary and its helper tools are, and fresh seeds for every run."""
 import os
 import pathlib
 import random
@@ -22,3 +22,24 @@ def seed() -> int:
     s = int(os.environ.get("TERN_TEST_SEED", random.SystemRandom().randrange(1 << 31)))
     print(f"seed={s}")
     return s
+
+
+@pytest.fixture(scope="session")
+def fresh_seed():
+    """fresh_seed(what): a fresh seed for one case, printed with its name (TERN_TEST_SEED repeats a run)."""
+    def make(what: str) -> int:
+        s = int(os.environ.get("TERN_TEST_SEED", random.SystemRandom().randrange(1 << 31)))
+        print(f"[seed] {what}: TERN_TEST_SEED={s}")
+        return s
+    return make
+
+
+@pytest.fixture(scope="session")
+def tern_tool():
+    """tern_tool(name): a helper binary built beside tern (tern_vision_probe, tern_mrope_probe, ...)."""
+    def find(name: str) -> pathlib.Path:
+        path = pathlib.Path(os.environ.get("TERN_BIN", ROOT / "build" / "tern")).parent / name
+        if not path.exists():
+            pytest.fail(f"{path} not found; build it (scripts/build)")
+        return path
+    return find

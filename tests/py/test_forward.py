@@ -10,7 +10,6 @@ run per model serves all lengths (causal model: the logits of a prefix are the f
 """
 import os
 import pathlib
-import random
 import subprocess
 import sys
 
@@ -20,12 +19,6 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PY = sys.executable
 LENGTHS = [1, 7, 64, 300]
-
-
-def fresh_seed(what):
-    s = int(os.environ.get("TERN_TEST_SEED", random.SystemRandom().randrange(1 << 31)))
-    print(f"[seed] {what}: TERN_TEST_SEED={s}")
-    return s
 
 
 def make_model(out, seed, *extra):
@@ -88,7 +81,7 @@ def tmp_models(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def tiny32(tern_bin, tmp_models):
+def tiny32(tern_bin, tmp_models, fresh_seed):
     return Case(tmp_models, tern_bin, "tiny32", fresh_seed("tiny fp32"),
                 ["--preset", "tiny", "--layers", "4", "--layout", "hf", "--dtype", "float32"], dump=True)
 
@@ -123,13 +116,13 @@ def test_activations_match_reference(tern_bin, tmp_models, tiny32):
         assert err <= 1e-4, f"activation {name}: rel err {err:.3g}"
 
 
-def test_fp32_realdims(tern_bin, tmp_models):
+def test_fp32_realdims(tern_bin, tmp_models, fresh_seed):
     case = Case(tmp_models, tern_bin, "real32", fresh_seed("realdims fp32"),
                 ["--preset", "realdims", "--layers", "4", "--layout", "hf", "--dtype", "float32"])
     case.check(1e-4)
 
 
-def test_mlx_4bit(tern_bin, tmp_models):
+def test_mlx_4bit(tern_bin, tmp_models, fresh_seed):
     case = Case(tmp_models, tern_bin, "mlx4", fresh_seed("mlx 4-bit"),
                 ["--preset", "tiny", "--layers", "4", "--layout", "mlx", "--bits", "4"])
     case.check(1e-3, lengths=[7, 64, 300])

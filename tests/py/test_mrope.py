@@ -6,8 +6,6 @@ tests/tools/mrope_probe.cpp (tern_mrope_probe). Positions and delta must be equa
 Text-only prompts keep the plain positions 0 .. n-1 on every axis, and a run of image tokens that does not match
 its grid is refused with a message (exit 1)."""
 import json
-import os
-import pathlib
 import random
 import subprocess
 import types
@@ -18,22 +16,12 @@ import torch
 from transformers import Qwen3_5MoeConfig
 from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeModel, Qwen3_5MoeTextRotaryEmbedding
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 IMAGE, VIDEO, START, END = 248056, 248057, 248053, 248054
 
 
 @pytest.fixture(scope="module")
-def probe():
-    path = pathlib.Path(os.environ.get("TERN_BIN", ROOT / "build" / "tern")).parent / "tern_mrope_probe"
-    if not path.exists():
-        pytest.fail(f"{path} not found; build it (scripts/build)")
-    return path
-
-
-def fresh_seed(what):
-    s = int(os.environ.get("TERN_TEST_SEED", random.SystemRandom().randrange(1 << 31)))
-    print(f"[seed] {what}: TERN_TEST_SEED={s}")
-    return s
+def probe(tern_tool):
+    return tern_tool("tern_mrope_probe")
 
 
 def random_prompt(rng, images, videos):
@@ -89,7 +77,7 @@ def run_probe(probe, tmp, tokens, image_grids, video_grids, section, rot, theta,
 
 
 @pytest.mark.parametrize("section,rot,theta", [([11, 11, 10], 64, 1e7), ([3, 3, 2], 16, 1e4)])
-def test_positions_and_angles_match_transformers(probe, tmp_path, section, rot, theta):
+def test_positions_and_angles_match_transformers(probe, tmp_path, section, rot, theta, fresh_seed):
     seed = fresh_seed(f"M-RoPE {section}")
     rng = random.Random(seed)
     for case in range(12):

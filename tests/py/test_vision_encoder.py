@@ -9,7 +9,6 @@ and Qwen3.6's real widths (1152 x 16 heads, MLP 4304, 48 x 48 positions, output 
 encoder joined to a whole checkpoint loads through model_load; a config without vision tensors loads as text
 only; malformed vision tensors are refused with a message naming the tensor (exit 1, never a signal)."""
 import json
-import os
 import pathlib
 import random
 import subprocess
@@ -24,17 +23,8 @@ TOL = 1e-4
 
 
 @pytest.fixture(scope="module")
-def probe():
-    path = pathlib.Path(os.environ.get("TERN_BIN", ROOT / "build" / "tern")).parent / "tern_vision_probe"
-    if not path.exists():
-        pytest.fail(f"{path} not found; build it (scripts/build)")
-    return path
-
-
-def fresh_seed(what):
-    s = int(os.environ.get("TERN_TEST_SEED", random.SystemRandom().randrange(1 << 31)))
-    print(f"[seed] {what}: TERN_TEST_SEED={s}")
-    return s
+def probe(tern_tool):
+    return tern_tool("tern_vision_probe")
 
 
 def random_grids(seed, images=2, frames=1, largest=24):
@@ -72,27 +62,27 @@ def check_against_reference(probe, d, model=None, *flags):
     assert err <= TOL, f"{d.name}: grids {grids}: rel err {err:.3g} > {TOL}"
 
 
-def test_two_images_hf_fp32(probe, tmp_path):
+def test_two_images_hf_fp32(probe, tmp_path, fresh_seed):
     seed = fresh_seed("two images, HF layout, fp32")
     d = make_encoder(tmp_path / "hf", seed, "--grids", random_grids(seed), "--layers", 3)
     check_against_reference(probe, d)
 
 
-def test_mlx_layout_bf16(probe, tmp_path):
+def test_mlx_layout_bf16(probe, tmp_path, fresh_seed):
     seed = fresh_seed("mlx-vlm layout, bf16 weights")
     d = make_encoder(tmp_path / "mlx", seed, "--grids", random_grids(seed, images=3), "--layout", "mlx",
                      "--dtype", "bfloat16")
     check_against_reference(probe, d)
 
 
-def test_frames_attend_within_themselves(probe, tmp_path):
+def test_frames_attend_within_themselves(probe, tmp_path, fresh_seed):
     seed = fresh_seed("several frames")
     grids = random_grids(seed, images=1, frames=3) + ";" + random_grids(seed + 1, images=1)
     d = make_encoder(tmp_path / "frames", seed, "--grids", grids)
     check_against_reference(probe, d)
 
 
-def test_real_widths(probe, tmp_path):
+def test_real_widths(probe, tmp_path, fresh_seed):
     seed = fresh_seed("Qwen3.6's vision widths, two blocks")
     d = make_encoder(tmp_path / "real", seed, "--preset", "real", "--layers", 2, "--dtype", "bfloat16",
                      "--grids", random_grids(seed, largest=16))
@@ -109,7 +99,7 @@ def rewrite(src, dst, edit):
     return dst
 
 
-def test_malformed_vision_tensors_are_refused(probe, tmp_path):
+def test_malformed_vision_tensors_are_refused(probe, tmp_path, fresh_seed):
     seed = fresh_seed("malformed vision tensors")
     d = make_encoder(tmp_path / "ok", seed, "--layers", 2)
     cases = {
@@ -139,7 +129,7 @@ def inspect_vision(tern_bin, model):
     return json.loads(r.stdout)["source"]
 
 
-def test_whole_checkpoint_with_and_without_vision(probe, tern_bin, tmp_path):
+def test_whole_checkpoint_with_and_without_vision(probe, tern_bin, tmp_path, fresh_seed):
     """make_model.py's official-form checkpoint joined to an encoder of its width loads through model_load; the
     same folder without vision tensors (a text-only conversion that kept vision_config) loads as text only."""
     from safetensors.torch import load_file, save_file
