@@ -150,15 +150,18 @@ VisionConfig parse_vision_config(const json& j) {
   return v;
 }
 
+// A size field of config.json: positive and at most `cap`, so that no product of sizes can overflow.
+void check_size_field(int64_t v, const char* prefix, const char* name, int64_t cap) {
+  TERN_CHECK(v > 0, "config: ", prefix, name, " must be positive, got ", v);
+  TERN_CHECK(v <= cap, "config: ", prefix, name, " = ", v, " is implausibly large");
+}
+
 }  // namespace
 
 int VisionConfig::grid_per_side() const { return int(std::sqrt(double(num_position_embeddings))); }
 
 void VisionConfig::validate() const {
-  auto positive = [](int64_t v, const char* name) {
-    TERN_CHECK(v > 0, "config: vision_config.", name, " must be positive, got ", v);
-    TERN_CHECK(v <= (int64_t(1) << 20), "config: vision_config.", name, " = ", v, " is implausibly large");
-  };
+  auto positive = [](int64_t v, const char* name) { check_size_field(v, "vision_config.", name, int64_t(1) << 20); };
   positive(depth, "depth");
   positive(hidden_size, "hidden_size");
   positive(intermediate_size, "intermediate_size");
@@ -194,11 +197,7 @@ int Config::num_linear_attention_layers() const {
 }
 
 void Config::validate() const {
-  // Positive and below a generous cap, so that no size product can overflow.
-  auto positive = [](int64_t v, const char* name) {
-    TERN_CHECK(v > 0, "config: ", name, " must be positive, got ", v);
-    TERN_CHECK(v <= (int64_t(1) << 24), "config: ", name, " = ", v, " is implausibly large");
-  };
+  auto positive = [](int64_t v, const char* name) { check_size_field(v, "", name, int64_t(1) << 24); };
   positive(hidden_size, "hidden_size");
   positive(num_hidden_layers, "num_hidden_layers");
   positive(vocab_size, "vocab_size");
