@@ -57,6 +57,19 @@ CudaRunner::CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const M
   }
   // TERN_PREFILL_EXACT_GATES=0: the GDN gate products (b, a) on the fp16 kernel too.
   exact_gates_ = prefill_kernel_ == PrefillKernel::wgmma_f16 && !env_is("TERN_PREFILL_EXACT_GATES", "0");
+  // TERN_PREFILL_ROUTER: how the prefill plan's router (8-bit weights) picks each token's experts. refine (default):
+  // the integer kernel (x in 16 bits per group of 64), then moe_router_refine recomputes in fp32 the tokens whose
+  // k-th and (k+1)-th logits lie within that rounding's bound. q16: the integer kernel alone, whose rounding swapped
+  // experts at near-ties (trained-scale weights, 8 layers, 640 positions: prefill mean KL 5.2e-3 against 3.2e-5
+  // refined in fp32; issue 29, docs/benchmarks.md). fp32: the router and the shared-expert gate on the fp32 SIMT
+  // kernel (exact, 6% of a 4K prefill).
+  if (env_is("TERN_PREFILL_ROUTER", "q16")) router_prefill_ = RouterPrefill::q16;
+  if (env_is("TERN_PREFILL_ROUTER", "fp32")) router_prefill_ = RouterPrefill::fp32;
+  // TERN_GDN_PREFILL=simt|tf32x3|twopass: the chunked Gated DeltaNet kernel of the prefill plan (default: the
+  // fastest that fits; for locating precision differences).
+  if (env_is("TERN_GDN_PREFILL", "simt")) gdn_prefill_kernel_ = GdnChunkedKernel::simt;
+  if (env_is("TERN_GDN_PREFILL", "tf32x3")) gdn_prefill_kernel_ = GdnChunkedKernel::tf32x3;
+  if (env_is("TERN_GDN_PREFILL", "twopass")) gdn_prefill_kernel_ = GdnChunkedKernel::twopass_tf32x3;
   // TERN_PREFILL_F16_SITES (a bit mask of PrefillSite, default 0): the inputs that take x as fp16 (11 significant
   // bits) on the warpgroup kernel; the others take bf16 hi + lo (16 significant bits) on the same kernel. Default:
   // none. On weights at trained scales (router near-ties; 8 layers, 640 positions against transformers in fp32) the
@@ -80,6 +93,7 @@ CudaRunner::CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const M
   if (const char* e = std::getenv("TERN_L2_PREFETCH")) l2_prefetch_ = std::atoi(e) & 12;
   if (!sm90_features()) l2_prefetch_ = 0;  // the bulk prefetch is sm_90+ (a no-op in older code): skip its launches' work
   allocate_decode_scratch();
+  if (router_prefill_ == RouterPrefill::refine) prepare_router_refine();
   attention_init();  // kernel attributes set once, outside any graph capture
   // The batched step's scratch (~80 MB at the model's widths) now, not at the first batched step: what a server
   // plans its sessions from (free_memory_bytes) is then what stays free.
@@ -167,7 +181,9 @@ CudaSession& CudaRunner::own(Session& session) {
   return *s;
 }
 
-void CudaRunner::check_tokens(const CudaSession& s, std::span<const int32_t> tokens) {
+// Every forward checks its tokens here first; a forward drops the states a verify kept (Session::rollback).
+void CudaRunner::check_tokens(CudaSession& s, std::span<const int32_t> tokens) {
+  s.drop_kept_states();
   TERN_CHECK(!tokens.empty(), "forward needs at least one token");
   TERN_CHECK(s.pos + int64_t(tokens.size()) <= s.capacity(), "context full: ", s.pos, " + ", tokens.size(),
              " tokens exceed the session capacity of ", s.capacity());

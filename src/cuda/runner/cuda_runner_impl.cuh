@@ -68,13 +68,16 @@ class CudaRunner final : public ModelRunner {
   std::optional<int32_t> forward_sample(Session& session, std::span<const int32_t> tokens,
                                         const DeviceSampling& sampling) override;
   void forward_batch(std::span<BatchEntry> batch) override;
+  bool supports_verify() const override;
+  int64_t max_verify_tokens() const override;
+  void forward_verify(Session& session, std::span<const int32_t> tokens, std::vector<float>& logits) override;
 
  private:
   static constexpr int64_t kLmRows = 128;  // logits rows computed at a time
 
   // cuda_runner.cu: sessions, the activation scratch, the chunk loop (both plans), the LM head
   CudaSession& own(Session& session);
-  void check_tokens(const CudaSession& s, std::span<const int32_t> tokens);
+  void check_tokens(CudaSession& s, std::span<const int32_t> tokens);
   void allocate_scratch();
   GdnDims gdn_dims(int64_t T) const;
   AttnDims attn_dims(int64_t T, int64_t capacity) const;
@@ -110,6 +113,10 @@ class CudaRunner final : public ModelRunner {
   QmvArgs decode_product(const DMat& w, const float* x, int64_t ldx, int64_t T, const float* norm_w, float* y,
                          int64_t ldy, bool accumulate = false, const L2Ranges& ahead = {}) const;
 
+  // verify_plan.cu: a session's last token and its drafts as the slots of one batched step, each slot bit for bit
+  // its token's one-token step, the Gated DeltaNet states before each token kept for Session::rollback
+  void verify_body(CudaSession& s, int T);
+
   // prefill_plan.cu: longer chunks
   void proj(const DMat& w, const float* x, int64_t T, float* y, bool accumulate = false, const PreparedX& prep = {},
             bool exact = false);
@@ -118,6 +125,7 @@ class CudaRunner final : public ModelRunner {
   void gdn_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, int64_t T);
   void attention_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, CudaSession& s, int64_t T, int64_t cap);
   void moe(const DeviceLayer& l, int64_t T);
+  void prepare_router_refine();
   void shared_expert(const DeviceLayer& l, int64_t T, const PreparedX& xp);
 
   std::unique_ptr<DeviceWeights> w_;
@@ -134,6 +142,12 @@ class CudaRunner final : public ModelRunner {
   enum class PrefillKernel { wgmma_f16, wgmma_split, int8, split };
   PrefillKernel prefill_kernel_ = PrefillKernel::int8;
   bool exact_gates_ = false;  // the GDN b and a products on the integer kernel (see gdn_mixer)
+  // The prefill router (TERN_PREFILL_ROUTER, see the constructor): refine (default), q16 or fp32.
+  enum class RouterPrefill { refine, q16, fp32 };
+  RouterPrefill router_prefill_ = RouterPrefill::refine;
+  DeviceArena router_bounds_mem_;
+  std::vector<const float*> router_bounds_;  // per layer: moe_router_refine's group bounds (null: not refined)
+  GdnChunkedKernel gdn_prefill_kernel_ = GdnChunkedKernel::automatic;  // TERN_GDN_PREFILL (see the constructor)
   int32_t device_token_ = 0;            // the token the last graph step left in tokens_ (when valid)
   bool device_token_valid_ = false;
   DeviceSampling last_params_{};        // the parameters in sample_params_slot (when valid)
@@ -174,6 +188,7 @@ class CudaRunner final : public ModelRunner {
   MoeDecodeScratch batch_moe_;
   std::vector<float*> batch_sample_scratch_;  // [batch_max()] one sampler scratch per slot
   int* batch_sampled_ = nullptr;         // [batch_max()] device
+  int* verify_pos_ = nullptr;            // [batch_max()] device: a verify step's slot positions p0 + slot
   bool batch_warm_ = false;              // a batched step has run outside capture
   int64_t batched_steps_ = 0;            // steps batch_step has run
   std::map<std::pair<int, int64_t>, cudaGraphExec_t> batch_graphs_;

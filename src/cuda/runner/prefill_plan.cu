@@ -10,6 +10,7 @@
 #include "cuda/kernels/conv1d/conv1d.cuh"
 #include "cuda/kernels/gdn/gdn.cuh"
 #include "cuda/kernels/moe/moe.cuh"
+#include "cuda/kernels/moe/moe_router_refine.cuh"
 #include "cuda/kernels/qmatmul/qmatmul.cuh"
 #include "cuda/kernels/qmatmul/qmatmul_int8.cuh"
 #include "cuda/kernels/qmatmul/qmatmul_wgmma.cuh"
@@ -132,7 +133,7 @@ void CudaRunner::gdn_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, in
   // here); short prompts and decode stay on the token-by-token recurrence.
   if (T >= 64)
     gdn_chunked(conv_out_, g_, beta_, lc.rec, d, o_, stream_, 64,
-                fp32_prefill_ ? GdnChunkedKernel::simt : GdnChunkedKernel::automatic, yd_, yd_bytes_);
+                fp32_prefill_ ? GdnChunkedKernel::simt : gdn_prefill_kernel_, yd_, yd_bytes_);
   else
     gdn_recurrent(conv_out_, g_, beta_, lc.rec, d, o_, stream_);
   gdn_gated_norm(o_, z_, l.gdn_norm, float(c.rms_norm_eps), d, gated_, stream_);
@@ -158,10 +159,13 @@ void CudaRunner::moe(const DeviceLayer& l, int64_t T) {
   const Config& c = w_->config;
   const int E = c.num_experts, k = c.num_experts_per_tok;
   const int64_t D = c.hidden_size, F = c.moe_intermediate_size;
-  // normed_ prepared once for the router, the shared-expert gate and the routed and shared gate/up products.
-  const PreparedX xp = prepare_x(normed_, D, T, D, kMoeIn, /*with_8bit=*/true);
+  // normed_ prepared once for the router, the shared-expert gate and the routed and shared gate/up products. The
+  // router's near-ties recomputed in fp32 (moe_router_refine; TERN_PREFILL_ROUTER in the constructor).
+  const PreparedX xp = prepare_x(normed_, D, T, D, kMoeIn, /*with_8bit=*/router_prefill_ != RouterPrefill::fp32);
   proj(l.router, normed_, T, router_logits_, false, xp);
   proj(l.shared_expert_gate, normed_, T, shared_logit_, false, xp);
+  if (const float* bounds = router_bounds_.empty() ? nullptr : router_bounds_[layer_index(l)]; bounds && !fp32_prefill_)
+    moe_router_refine(normed_, D, l.router, bounds, router_logits_, T, k, nullptr, stream_);
   moe_route(router_logits_, T, E, k, route_ids_, route_w_, stream_);
   const int* pos_of = nullptr;
   if (T == 1) {
@@ -241,6 +245,24 @@ void CudaRunner::shared_expert(const DeviceLayer& l, int64_t T, const PreparedX&
     swiglu(sg_, su_, T * Fs, sg_, stream_);
   }
   proj(l.shared_down, sg_, T, ys_, false, prepare_x(sg_, Fs, T, Fs, kMoeDown));  // xp is not read after this
+}
+
+// The group bounds of every layer's router for moe_router_refine (once, at load).
+void CudaRunner::prepare_router_refine() {
+  router_bounds_.assign(w_->layers.size(), nullptr);
+  size_t bytes = 0;
+  for (const DeviceLayer& l : w_->layers)
+    if (moe_router_refine_takes(l.router)) bytes += DeviceArena::align(size_t(l.router.cols / 64) * 4);
+  if (bytes == 0) return;
+  router_bounds_mem_ = DeviceArena(bytes, "router bounds");
+  for (size_t i = 0; i < w_->layers.size(); ++i) {
+    const DMat& r = w_->layers[i].router;
+    if (!moe_router_refine_takes(r)) continue;
+    float* b = router_bounds_mem_.take_n<float>(size_t(r.cols / 64));
+    router_group_bounds(r, b, stream_);
+    router_bounds_[i] = b;
+  }
+  TERN_CUDA(cudaStreamSynchronize(stream_));
 }
 
 }  // namespace tern::cuda
