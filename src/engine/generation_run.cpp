@@ -156,13 +156,14 @@ bool GenerationRun::next_step(BatchEntry& entry, int64_t max_prompt_tokens) {
 }
 
 // At most as many drafts as the step could use: draft i guesses the token i places after the fed one (whose index
-// is step_), so max_tokens leaves max_tokens - step_ - 1 of them, and the session has room for its capacity -
-// position - 1; cut after an end id (nothing follows it) and before the first token the output constraint refuses
+// is step_), so max_tokens leaves max_tokens - step_ - 1 of them, the session has room for its capacity -
+// position - 1 and the backend verifies max_verify_tokens() - 1; cut after an end id (nothing follows it) and before the first token the output constraint refuses
 // (the mask would reject it: a sure loss).
 std::vector<int32_t> GenerationRun::next_drafts() {
   const uint64_t left = max_tokens_ - std::min(max_tokens_, step_ + 1);
   const int64_t room = session_.capacity() - session_.position() - 1;
-  const int64_t limit = std::min<int64_t>(room, int64_t(std::min<uint64_t>(left, uint64_t(INT64_MAX))));
+  const int64_t limit = std::min({room, int64_t(std::min<uint64_t>(left, uint64_t(INT64_MAX))),
+                                   gen_.runner().max_verify_tokens() - 1});
   if (limit <= 0) return {};
   std::vector<int32_t> d = drafter_->draft(limit);
   std::optional<OutputConstraint> trial;

@@ -146,6 +146,8 @@ class ModelRunner {
 
   // Speculative decoding: true when forward_verify (and BatchEntry::keep_states) and Session::rollback work.
   virtual bool supports_verify() const { return false; }
+  // The most tokens (the fed one and its drafts) one forward_verify takes.
+  virtual int64_t max_verify_tokens() const { return int64_t(1) << 20; }
   // Runs `tokens` (a sequence's last sampled id and its drafts) like forward(session, tokens, true, logits) —
   // logits [tokens.size(), V] — with two promises more: row j is bit for bit the logits that feeding tokens[0..j]
   // one forward call at a time would give (so greedy decoding with drafts equals decoding without), and the

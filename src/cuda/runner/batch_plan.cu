@@ -23,23 +23,12 @@
 #include "cuda/kernels/qmv/qmv.cuh"
 #include "cuda/kernels/qmv/qmv_dp4a.cuh"
 #include "cuda/kernels/sampling/sampling.cuh"
+#include "cuda/runner/batch_tables.cuh"
 
 namespace tern::cuda {
 namespace {
 
-constexpr int kSlots = kBatchMaxTokens;
-
-// The device tables of one step, [kSlots] each, then two pointer tables per layer: (conv, rec) of a Gated DeltaNet
-// layer or (k, v) of an attention layer. Slots past the step's batch size are not read.
-struct BatchHeader {
-  int tokens[kSlots];
-  int splits[kSlots];      // attn_batch_splits of each session's capacity
-  int64_t capacity[kSlots];
-  int* pos[kSlots];        // CudaSession::d_pos
-};
-constexpr size_t kLayerTableBytes = 2 * kSlots * sizeof(void*);
-
-size_t layer_table_offset(size_t layer) { return sizeof(BatchHeader) + layer * kLayerTableBytes; }
+constexpr int kSlots = kBatchSlots;
 
 __global__ void advance_positions_kernel(int* const* pos, int B) {
   const int b = int(threadIdx.x);
@@ -120,7 +109,7 @@ void CudaRunner::allocate_batch_scratch() {
   const int64_t floats = B * proj_cols_ + B * Hv * dv + 2 * B * Hq * dh + attn_batch_partial_floats(B, Hq, dh) +
                          B * sample_scratch_floats(V);
   batch_tables_bytes_ = layer_table_offset(w_->layers.size());
-  batch_scratch_ = DeviceArena(size_t(floats) * 4 + moe_bytes + batch_tables_bytes_ + B * 4 + (B + 16) * 256,
+  batch_scratch_ = DeviceArena(size_t(floats) * 4 + moe_bytes + batch_tables_bytes_ + 2 * B * 4 + (B + 17) * 256,
                                "batched step scratch");
   batch_proj_ = batch_scratch_.take_n<float>(size_t(B * proj_cols_));
   batch_gated_ = batch_scratch_.take_n<float>(size_t(B * Hv * dv));
@@ -133,8 +122,10 @@ void CudaRunner::allocate_batch_scratch() {
   batch_sample_scratch_.clear();
   for (int b = 0; b < B; ++b) batch_sample_scratch_.push_back(batch_scratch_.take_n<float>(size_t(sample_scratch_floats(V))));
   batch_sampled_ = batch_scratch_.take_n<int>(size_t(B));
+  verify_pos_ = batch_scratch_.take_n<int>(size_t(B));
   batch_tables_ = static_cast<uint8_t*>(batch_scratch_.take(batch_tables_bytes_));
-  TERN_CUDA(cudaMallocHost(&batch_pinned_, batch_tables_bytes_ + B * (sizeof(DeviceSampling) + 4)));
+  // Pinned: the tables, then B sampling parameters, B sampled ids, B verify positions.
+  TERN_CUDA(cudaMallocHost(&batch_pinned_, batch_tables_bytes_ + B * (sizeof(DeviceSampling) + 8)));
   TERN_CUDA(cudaStreamSynchronize(stream_));
 }
 

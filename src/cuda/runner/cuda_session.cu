@@ -104,6 +104,7 @@ CudaSession::CudaSession(const DeviceWeights& w, int64_t capacity, const void* o
 }
 
 void CudaSession::reset() {
+  drop_kept_states();
   TERN_CUDA(cudaDeviceSynchronize());
   for (const LayerCache& lc : layers) {
     if (lc.conv) TERN_CUDA(cudaMemset(lc.conv, 0, lc.conv_bytes));
@@ -144,6 +145,7 @@ void CudaSession::restore(const StateSnapshot& snapshot) {
              " tokens, over this session's capacity of ", capacity_);
   TERN_CHECK(snap->size == gdn_state_bytes(), "cuda restore: the snapshot holds ", snap->size,
              " bytes, the session's states ", gdn_state_bytes());
+  drop_kept_states();
   TERN_CUDA(cudaDeviceSynchronize());
   const cudaStream_t cs = snapshot_buffers_->stream();
   const uint8_t* p = snap->data();  // device, or pinned host memory
@@ -158,6 +160,54 @@ void CudaSession::restore(const StateSnapshot& snapshot) {
   TERN_CUDA(cudaMemcpy(d_pos, &p32, sizeof(int), cudaMemcpyHostToDevice));
   TERN_CUDA(cudaDeviceSynchronize());
   pos = snap->pos;
+}
+
+const std::vector<CudaSession::KeptStates>& CudaSession::kept_buffers(int max_tokens) {
+  if (max_tokens <= kept_max_tokens_) return kept_;
+  drop_kept_states();
+  kept_.clear();
+  kept_arena_ = DeviceArena();  // the old buffers go before the larger ones are taken
+  size_t bytes = 0;
+  for (const LayerCache& lc : layers)
+    if (lc.rec) bytes += DeviceArena::align(lc.conv_bytes * size_t(max_tokens)) +
+                         DeviceArena::align(lc.rec_bytes * size_t(max_tokens));
+  if (bytes) kept_arena_ = DeviceArena(bytes, "verify kept states");
+  for (const LayerCache& lc : layers) {
+    KeptStates k;
+    if (lc.rec) {
+      k.conv = kept_arena_.take_n<float>(lc.conv_bytes / 4 * size_t(max_tokens));
+      k.rec = kept_arena_.take_n<float>(lc.rec_bytes / 4 * size_t(max_tokens));
+    }
+    kept_.push_back(k);
+  }
+  kept_max_tokens_ = max_tokens;
+  return kept_;
+}
+
+// The states before token (position - kept_from_) of the last verify back into place; none to copy when every
+// token was accepted. The runner's stream is idle here (forward_verify ends with a synchronize).
+void CudaSession::rollback(int64_t position) {
+  TERN_CHECK(kept_from_ >= 0, "cuda rollback: no verify forward's states are kept");
+  TERN_CHECK(position >= kept_from_ && position <= kept_from_ + kept_tokens_ && kept_from_ + kept_tokens_ == pos,
+             "cuda rollback: position ", position, " outside the last verify's [", kept_from_, ", ",
+             kept_from_ + kept_tokens_, "]");
+  const int64_t t = position - kept_from_;
+  drop_kept_states();
+  if (position == pos) return;
+  const cudaStream_t cs = snapshot_buffers_->stream();
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const LayerCache& lc = layers[i];
+    if (!lc.rec) continue;
+    if (lc.conv_bytes)
+      TERN_CUDA(cudaMemcpyAsync(lc.conv, kept_[i].conv + t * int64_t(lc.conv_bytes / 4), lc.conv_bytes,
+                                cudaMemcpyDeviceToDevice, cs));
+    TERN_CUDA(cudaMemcpyAsync(lc.rec, kept_[i].rec + t * int64_t(lc.rec_bytes / 4), lc.rec_bytes,
+                              cudaMemcpyDeviceToDevice, cs));
+  }
+  const int p32 = int(position);
+  TERN_CUDA(cudaMemcpyAsync(d_pos, &p32, sizeof(int), cudaMemcpyHostToDevice, cs));
+  TERN_CUDA(cudaStreamSynchronize(cs));
+  pos = position;
 }
 
 void CudaSession::copy_kv_prefix(const Session& from, int64_t n) {

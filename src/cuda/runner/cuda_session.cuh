@@ -88,6 +88,24 @@ class CudaSession final : public Session {
   void restore(const StateSnapshot& snapshot) override;
   void copy_kv_prefix(const Session& from, int64_t n) override;
 
+  // Verification of drafts (CudaRunner::forward_verify, verify_plan.cu): the Gated DeltaNet states before each of
+  // the verify's tokens, per layer conv [max_tokens, Ck-1, C] and rec [max_tokens, Hv, dv, dk] (null for attention
+  // layers), in one arena allocated at the session's first verify.
+  struct KeptStates {
+    float* conv = nullptr;
+    float* rec = nullptr;
+  };
+  // The kept states' buffers for verifies of up to max_tokens tokens (allocated once; ~66 MB per token at the
+  // model's widths).
+  const std::vector<KeptStates>& kept_buffers(int max_tokens);
+  // After a verify of `tokens` tokens from position `from` (the kernels filled kept_buffers).
+  void kept_states_from(int64_t from, int64_t tokens) {
+    kept_from_ = from;
+    kept_tokens_ = tokens;
+  }
+  void drop_kept_states() { kept_from_ = -1; }
+  void rollback(int64_t position) override;
+
   struct LayerCache {
     uint16_t* k = nullptr;  // [Hkv, capacity, dh] fp16 (bf16 with TERN_KV_BF16=1)
     uint16_t* v = nullptr;
@@ -106,6 +124,11 @@ class CudaSession final : public Session {
  private:
   int64_t capacity_;
   std::shared_ptr<SnapshotBuffers> snapshot_buffers_;
+  DeviceArena kept_arena_;
+  std::vector<KeptStates> kept_;
+  int kept_max_tokens_ = 0;
+  int64_t kept_from_ = -1;  // the last verify's first position (-1: no states kept)
+  int64_t kept_tokens_ = 0;
 };
 
 }  // namespace tern::cuda

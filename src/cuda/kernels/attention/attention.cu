@@ -847,7 +847,7 @@ int decode_splits(const AttnDims& d, const DecodeVariant& v, int sms) {
 // qg + i·ld_qg.
 template <int DH, bool F16>
 void launch_decode(const float* q, const float* qg, int64_t ld_qg, const Seqs<const uint16_t>& seqs, int columns,
-                   const AttnDims& d, const Partials& part, float* out, cudaStream_t stream) {
+                   const AttnDims& d, const Partials& part, float* out, cudaStream_t stream, bool kv_before_wait) {
   const AttentionSetup& setup = attention_setup();
   const int RW = decode_rows_warps(d.T * (d.Hq / d.Hkv));
   const DecodeVariant& v = decode_variant(setup, d);
@@ -857,7 +857,7 @@ void launch_decode(const float* q, const float* qg, int64_t ld_qg, const Seqs<co
                 : RW == 2 ? attention_decode_split_kernel<DH, 2, F16>
                           : attention_decode_split_kernel<DH, 4, F16>;
   launch_pdl("attention_decode_split", kernel, dim3(unsigned(d.Hkv), unsigned(columns), unsigned(seqs.B)), dim3(128),
-             v.smem, stream, q, seqs, d, v.stages, kv_early(), part);
+             v.smem, stream, q, seqs, d, v.stages, kv_before_wait, part);
   launch_pdl("attention_decode_merge", attention_decode_merge_kernel<DH>,
              dim3(unsigned(d.T * d.Hq), unsigned(seqs.B)), dim3(256), 0, stream, part, qg, ld_qg, seqs, d, out);
 }
@@ -876,7 +876,7 @@ void attention_dh(const float* q, const float* qg, const uint16_t* cache_k, cons
     part.l = part.m + d.T * d.Hq * splits;
     const Seqs<const uint16_t> seqs{
         .pos0 = pos0, .cache_k = cache_k, .cache_v = cache_v, .capacity = d.capacity, .splits = splits};
-    launch_decode<DH, F16>(q, qg, int64_t(d.Hq) * 2 * DH, seqs, splits, d, part, out, stream);
+    launch_decode<DH, F16>(q, qg, int64_t(d.Hq) * 2 * DH, seqs, splits, d, part, out, stream, kv_early());
   } else {
     TERN_CHECK(prefill_smem_bytes<DH>() <= size_t(setup.smem_optin), "attention: the prefill kernel needs ",
                prefill_smem_bytes<DH>(), " bytes of shared memory, the device has ", setup.smem_optin);
@@ -1011,7 +1011,8 @@ void attention_batched(const float* q, const float* qg, const AttnBatch& batch, 
   part.l = part.m + batch.B * room;
   part.stride = room;
   with_head_dim(d, [&]<int DH, bool F16>() {
-    launch_decode<DH, F16>(q, qg, batch.ld_qkv, batch_seqs<const uint16_t>(batch), columns, d, part, out, stream);
+    launch_decode<DH, F16>(q, qg, batch.ld_qkv, batch_seqs<const uint16_t>(batch), columns, d, part, out, stream,
+                           kv_early() && !batch.one_session);
   });
 }
 

@@ -81,6 +81,10 @@ struct AttnBatch {
   uint16_t* const* cache_v = nullptr;
   const int64_t* capacity = nullptr;  // [B] capacity_b: the rows of sequence b's cache (its d.capacity alone)
   const int* splits = nullptr;        // [B] attn_batch_splits(d with capacity_b) of each sequence (attention_batched)
+  // The B "sequences" are consecutive tokens of one session (verification of drafts: positions p0, p0 + 1, ...):
+  // rows below a sequence's position may be written by this step's attn_prepare_batched, so attention_batched reads
+  // no K/V tile before its wait on the kernel before.
+  bool one_session = false;
 };
 // The decode split count attention() uses for one token of a sequence whose cache has d.capacity rows, so that
 // the batched kernels split each sequence exactly as it is split alone. 1..kAttnMaxSplits; never more for a smaller

@@ -94,6 +94,10 @@ struct GdnDecodeArgs {
   float eps = 1e-6f;
   GdnDims d;  // d.T = tokens (0..8); dk = dv = 128 and Hv = 2·Hk (the model's GDN shape)
   float* out = nullptr;  // [T, Hv·dv] = gated RMSNorm(o, z): the input of out_proj
+  // Verification of drafts (gdn_decode only; null: not kept): the states before each token, conv_keep [T, Ck-1, C]
+  // and rec_keep [T, Hv, dv, dk], so that the caller can set the layer back to any of them (Session::rollback).
+  float* conv_keep = nullptr;
+  float* rec_keep = nullptr;
   // Tests only: take the portable path (one block per key head, no thread-block cluster) on any GPU.
   bool force_portable = false;
   // Which launch shape (tests and the workbench; automatic = cluster4_w16 on sm_90, portable before):

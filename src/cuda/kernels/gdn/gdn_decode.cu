@@ -128,6 +128,12 @@ __global__ void __launch_bounds__(NW * 32) gdn_decode_kernel(GdnDecodeArgs a, St
 #pragma unroll
     for (int t = 0; t < kDecodeMaxT; ++t) {
       if (t >= T) break;
+      if (a.conv_keep && (lc >= kQk || rank == 0)) {  // the state before token t (verification)
+        const int64_t c = channel(lc);
+#pragma unroll
+        for (int j = 0; j + 1 < kTaps; ++j)
+          if (j < Ck - 1) a.conv_keep[(int64_t(t) * (Ck - 1) + j) * C + c] = win[q][j];
+      }
       float u = 0.0f;
 #pragma unroll
       for (int j = 0; j < kTaps; ++j) {
@@ -166,7 +172,13 @@ __global__ void __launch_bounds__(NW * 32) gdn_decode_kernel(GdnDecodeArgs a, St
   __syncthreads();
   // 4. the delta rule, token by token: with ks = S_old·k, qs = S_old·q (one pass over the state),
   //    δ = β(v − e^g·ks), S = e^g·S + δ kᵀ, o = e^g·qs + (q·k)·δ.
+  const int64_t state_elems = int64_t(Hv) * kDecodeDv * kDecodeDk;
   for (int t = 0; t < T; ++t) {
+    if (a.rec_keep) {  // the state before token t (verification), at the rows' offset in rec_state
+      float* K = a.rec_keep + t * state_elems + (S - rec_state);
+#pragma unroll
+      for (int r = 0; r < RPW; ++r) *reinterpret_cast<float4*>(K + r * kDecodeDk) = s[r];
+    }
     const float4 q = *reinterpret_cast<const float4*>(&s_x[t][4 * lane]);
     const float4 k = *reinterpret_cast<const float4*>(&s_x[t][kDecodeDk + 4 * lane]);
     float qk = q.x * k.x + q.y * k.y + q.z * k.z + q.w * k.w;
@@ -329,7 +341,9 @@ bool gdn_decode_supported(const GdnDims& d) {
 void gdn_decode(const GdnDecodeArgs& a, cudaStream_t stream) {
   if (a.d.T == 0) return;
   TERN_CHECK((a.Ck == 1 || a.conv_state) && a.rec_state, "gdn_decode: null state");
-  TERN_CHECK(reinterpret_cast<uintptr_t>(a.rec_state) % 16 == 0, "gdn_decode: state not 16-byte aligned");
+  TERN_CHECK(reinterpret_cast<uintptr_t>(a.rec_state) % 16 == 0 && reinterpret_cast<uintptr_t>(a.rec_keep) % 16 == 0,
+             "gdn_decode: state not 16-byte aligned");
+  TERN_CHECK(!a.conv_keep == !a.rec_keep, "gdn_decode: keep both states or neither");
   decode(a, 1, StateTables{}, stream);
 }
 
@@ -338,6 +352,7 @@ void gdn_decode_batched(const GdnDecodeArgs& a, int B, float* const* conv_states
   TERN_CHECK(a.d.T == 1, "gdn_decode_batched: one token per sequence (d.T = ", a.d.T, ")");
   TERN_CHECK(B >= 1 && B <= kDecodeMaxSeqs, "gdn_decode_batched: ", B, " sequences (1..", kDecodeMaxSeqs, ")");
   TERN_CHECK((a.Ck == 1 || conv_states) && rec_states, "gdn_decode_batched: null state table");
+  TERN_CHECK(!a.conv_keep && !a.rec_keep, "gdn_decode_batched: kept states are gdn_decode's (one sequence)");
   decode(a, B, StateTables{conv_states, rec_states}, stream);
 }
 

@@ -1,0 +1,129 @@
+// The verify step of the CUDA runner (cuda_runner_impl.cuh), speculative decoding's multi-token step: a session's
+// last sampled token and its drafts (T <= kQmvMaxTokens) run as the T slots of one batched step (batch_plan.cu),
+// slot j at position p0 + j of the same session. The products, attention and MoE take the batched kernels, whose
+// every slot is bit for bit its token's one-token step; the Gated DeltaNet layers take gdn_decode over the T tokens
+// in order (the same per-token arithmetic as one token at a time), which also keeps the states before each token
+// (CudaSession::kept_buffers) for Session::rollback. So row j of the logits is what feeding the tokens one step at
+// a time gives, and a rollback is one copy per layer: no second pass.
+#include "cuda/runner/cuda_runner_impl.cuh"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/check.h"
+#include "cuda/common/cuda_common.cuh"
+#include "cuda/kernels/attention/attention.cuh"
+#include "cuda/kernels/gdn/gdn.cuh"
+#include "cuda/kernels/moe/moe_decode.cuh"
+#include "cuda/kernels/norm/norm.cuh"
+#include "cuda/kernels/qmv/qmv_dp4a.cuh"
+#include "cuda/kernels/sampling/sampling.cuh"
+#include "cuda/runner/batch_tables.cuh"
+
+namespace tern::cuda {
+namespace {
+
+__global__ void advance_position_by_kernel(int* pos, int n) { *pos += n; }
+
+}  // namespace
+
+// The batched kernels carry verification (batch_max: every product on the integer one-token kernels, the model's
+// Gated DeltaNet shape) and no switch keeps the decode kernels off.
+bool CudaRunner::supports_verify() const { return batch_max() >= 2; }
+
+int64_t CudaRunner::max_verify_tokens() const {
+  return std::min<int64_t>(kQmvMaxTokens, batch_max());  // gdn_decode's tokens per call
+}
+
+void CudaRunner::forward_verify(Session& session, std::span<const int32_t> tokens, std::vector<float>& logits) {
+  CudaSession& s = own(session);
+  check_tokens(s, tokens);
+  TERN_CHECK(supports_verify(), "forward_verify: this model or configuration has no batched one-token kernels");
+  const int T = int(tokens.size());
+  TERN_CHECK(T <= max_verify_tokens(), "forward_verify: ", T, " tokens (at most ", max_verify_tokens(), ")");
+  allocate_batch_scratch();
+  s.kept_buffers(int(kQmvMaxTokens));  // allocated before the step (a cudaFree or cudaMalloc synchronises)
+  const int64_t p0 = s.pos, V = w_->config.vocab_size;
+  BatchHeader& h = *reinterpret_cast<BatchHeader*>(batch_pinned_);
+  std::memset(batch_pinned_, 0, batch_tables_bytes_);
+  const int splits = attn_batch_splits(attn_dims(1, s.capacity()));
+  for (int j = 0; j < T; ++j) {
+    h.tokens[j] = tokens[size_t(j)];
+    h.capacity[j] = s.capacity();
+    h.splits[j] = splits;
+    h.pos[j] = verify_pos_ + j;
+    for (size_t i = 0; i < w_->layers.size(); ++i) {
+      void** t = reinterpret_cast<void**>(batch_pinned_ + layer_table_offset(i));
+      const CudaSession::LayerCache& lc = s.layers[i];
+      if (w_->layers[i].type == LayerType::linear_attention) continue;  // gdn_decode takes its states as arguments
+      t[j] = lc.k;
+      t[kBatchSlots + j] = lc.v;
+    }
+  }
+  int* pos_pinned = reinterpret_cast<int*>(batch_pinned_ + batch_tables_bytes_ +
+                                           kBatchSlots * (sizeof(DeviceSampling) + 4));
+  for (int j = 0; j < T; ++j) pos_pinned[j] = int(p0 + j);
+  TERN_CUDA(cudaMemcpyAsync(batch_tables_, batch_pinned_, batch_tables_bytes_, cudaMemcpyHostToDevice, stream_));
+  TERN_CUDA(cudaMemcpyAsync(verify_pos_, pos_pinned, size_t(T) * 4, cudaMemcpyHostToDevice, stream_));
+  verify_body(s, T);  // eager: gdn_decode takes this session's states and kept buffers as arguments
+  logits.resize(size_t(T) * size_t(V));
+  TERN_CUDA(cudaMemcpyAsync(logits.data(), logits_, size_t(T) * size_t(V) * 4, cudaMemcpyDeviceToHost, stream_));
+  TERN_CUDA(cudaStreamSynchronize(stream_));
+  s.pos = p0 + T;
+  s.kept_states_from(p0, T);
+}
+
+// Every kernel of a verify step of T tokens of session s (tables already on the device): batch_body's with T slots
+// of one session, gdn_decode over the T tokens in place of gdn_decode_batched, and no sampling.
+void CudaRunner::verify_body(CudaSession& s, int T) {
+  const Config& c = w_->config;
+  const int64_t D = c.hidden_size, V = c.vocab_size;
+  const BatchHeader* dev = reinterpret_cast<const BatchHeader*>(batch_tables_);
+  const std::vector<CudaSession::KeptStates>& kept = s.kept_buffers(int(kQmvMaxTokens));
+  embed_lookup(w_->embed, dev->tokens, T, hidden_, stream_);
+  for (size_t i = 0; i < w_->layers.size(); ++i) {
+    const DeviceLayer& l = w_->layers[i];
+    void* const* table = reinterpret_cast<void* const*>(batch_tables_ + layer_table_offset(i));
+    if (l.type == LayerType::linear_attention) {
+      const int64_t Z = int64_t(c.linear_num_value_heads) * c.linear_value_head_dim;
+      qmv_dp4a_batched(decode_product(l.in_proj_all, hidden_, D, 1, l.input_norm, batch_proj_, proj_cols_), T,
+                       stream_);
+      GdnDecodeArgs g = gdn_decode_args(l, T, batch_proj_, batch_gated_);
+      g.conv_state = s.layers[i].conv;
+      g.rec_state = s.layers[i].rec;
+      g.conv_keep = kept[i].conv;
+      g.rec_keep = kept[i].rec;
+      gdn_decode(g, stream_);
+      qmv_dp4a_batched(decode_product(l.out_proj, batch_gated_, Z, 1, nullptr, hidden_, D, true, output_ahead(l)), T,
+                       stream_);
+    } else {
+      const AttnDims d = attn_dims(1, s.capacity());
+      const int64_t Q = int64_t(d.Hq) * 2 * d.dh, KV = int64_t(d.Hkv) * d.dh;
+      qmv_dp4a_batched(decode_product(l.attn_qkv, hidden_, D, 1, l.input_norm, batch_proj_, proj_cols_), T, stream_);
+      AttnBatch ab;
+      ab.B = T;
+      ab.ld_qkv = proj_cols_;
+      ab.pos0 = dev->pos;
+      ab.cache_k = reinterpret_cast<uint16_t* const*>(table);
+      ab.cache_v = reinterpret_cast<uint16_t* const*>(table + kBatchSlots);
+      ab.splits = dev->splits;
+      ab.capacity = dev->capacity;
+      ab.one_session = true;  // slot j reads the rows slots 0..j-1 write in this step
+      attn_prepare_batched(batch_proj_, batch_proj_ + Q, batch_proj_ + Q + KV, l.q_norm, l.k_norm, ab, d, batch_q_,
+                           stream_);
+      attention_batched(batch_q_, batch_proj_, ab, d, batch_attn_part_, batch_attn_out_, stream_);
+      qmv_dp4a_batched(decode_product(l.o_proj, batch_attn_out_, int64_t(d.Hq) * d.dh, 1, nullptr, hidden_, D, true,
+                                      output_ahead(l)),
+                       T, stream_);
+    }
+    MoeDecodeWeights m = moe_w_[i];
+    m.prefetch_down = m.prefetch_down && T <= 4;  // as batch_body
+    moe_decode_batched(m, hidden_, T, batch_moe_, stream_);
+  }
+  advance_position_by_kernel<<<1, 1, 0, stream_>>>(s.d_pos, T);
+  TERN_CUDA_LAUNCHED("advance_position_by");
+  qmv_dp4a_batched(decode_product(w_->lm_head, hidden_, D, 1, w_->final_norm, logits_, V), T, stream_);
+  mask_padding(logits_, T, V, w_->vocab_real, stream_);
+}
+
+}  // namespace tern::cuda

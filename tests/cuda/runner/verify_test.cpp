@@ -1,0 +1,108 @@
+// Speculative decoding on the CUDA backend (issue 32): forward_verify runs a session's last token and its drafts as
+// one step whose row j is bit for bit the logits of feeding the tokens one forward call at a time, and
+// Session::rollback returns the session to any position of the verify exactly (the tokens after it then give the
+// logits of a run that never went past it). On a model at trained scales with a 4,096-token vocabulary, so that any
+// difference in a logit shows.
+#include <cstring>
+
+#include "../cuda_test_util.h"
+#include "cuda/runner/cuda_runner.h"
+#include "random_model.h"
+
+namespace tern::cuda::test {
+namespace {
+
+// Logits of feeding `tokens` one forward call at a time: [tokens.size(), V].
+std::vector<float> one_at_a_time(ModelRunner& r, Session& s, std::span<const int32_t> tokens) {
+  std::vector<float> rows, one;
+  for (int32_t t : tokens) {
+    r.forward(s, std::span(&t, 1), false, one);
+    rows.insert(rows.end(), one.begin(), one.end());
+  }
+  return rows;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+TEST(CudaVerify, RowsEqualOneTokenStepsAndRollbackIsExact) {
+  TERN_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed("CudaVerify.Rows");
+  RandomModel rm;
+  const int64_t V = 4096;
+  auto weights = random_model(seed, 8, V, rm, Scales::trained);
+  auto gpu = cuda_runner_create(weights, {.progress = false});
+  ASSERT_TRUE(gpu->supports_verify());
+  const int64_t max_t = gpu->max_verify_tokens();
+  ASSERT_GE(max_t, 2);
+  std::mt19937_64 rng(seed ^ 0xfeed);
+  // Prompt lengths that put the verify's rows at the edges of the attention kernel's 64-key tiles (slot j reads rows
+  // that slots before it write in the same step).
+  for (const int64_t prompt_len : {1, 63, 127, 200}) {
+    const auto prompt = random_tokens(rng, prompt_len, weights->vocab_real);
+    const auto tokens = random_tokens(rng, max_t, weights->vocab_real);
+    const auto after = random_tokens(rng, 3, weights->vocab_real);
+    std::vector<float> prompt_logits;
+    auto ref = gpu->create_session(4096);
+    gpu->forward(*ref, prompt, false, prompt_logits);
+    const std::vector<float> want = one_at_a_time(*gpu, *ref, tokens);
+    for (int64_t T = 1; T <= max_t; ++T) {
+      auto s = gpu->create_session(4096);
+      gpu->forward(*s, prompt, false, prompt_logits);
+      std::vector<float> got;
+      gpu->forward_verify(*s, std::span(tokens).first(size_t(T)), got);
+      EXPECT_TRUE(same_bits(got, std::vector<float>(want.begin(), want.begin() + T * V)))
+          << "prompt " << prompt_len << ", " << T << " tokens";
+      EXPECT_EQ(s->position(), prompt_len + T);
+    }
+    // Rollback to every position of a full verify, then three more tokens: the logits of a session that fed only
+    // the kept tokens one at a time.
+    for (int64_t keep = 0; keep <= max_t; ++keep) {
+      auto s = gpu->create_session(4096);
+      gpu->forward(*s, prompt, false, prompt_logits);
+      std::vector<float> got;
+      gpu->forward_verify(*s, tokens, got);
+      s->rollback(prompt_len + keep);
+      EXPECT_EQ(s->position(), prompt_len + keep);
+      const std::vector<float> next = one_at_a_time(*gpu, *s, after);
+      auto plain = gpu->create_session(4096);
+      gpu->forward(*plain, prompt, false, prompt_logits);
+      one_at_a_time(*gpu, *plain, std::span(tokens).first(size_t(keep)));
+      EXPECT_TRUE(same_bits(next, one_at_a_time(*gpu, *plain, after)))
+          << "prompt " << prompt_len << ", rolled back to " << keep << " of " << max_t << " tokens";
+      // Verify again from there (the kept buffers are reused) and roll back to the start.
+      gpu->forward_verify(*s, std::span(tokens).first(2), got);
+      s->rollback(prompt_len + keep + 3);
+      EXPECT_EQ(s->position(), prompt_len + keep + 3);
+    }
+  }
+}
+
+TEST(CudaVerify, RollbackNeedsTheLastForwardToBeAVerify) {
+  TERN_REQUIRE_GPU();
+  RandomModel rm;
+  auto weights = random_model(fresh_seed("CudaVerify.Rollback"), 4, 4096, rm, Scales::trained);
+  auto gpu = cuda_runner_create(weights, {.progress = false});
+  auto s = gpu->create_session(256);
+  std::vector<float> logits;
+  EXPECT_THROW(s->rollback(0), Error);  // nothing kept yet
+  gpu->forward(*s, std::vector<int32_t>{1, 2, 3}, false, logits);
+  gpu->forward_verify(*s, std::vector<int32_t>{4, 5, 6}, logits);
+  EXPECT_THROW(s->rollback(2), Error);  // before the verify's first position
+  EXPECT_THROW(s->rollback(7), Error);  // past its last
+  gpu->forward(*s, std::vector<int32_t>{7}, false, logits);
+  EXPECT_THROW(s->rollback(4), Error);  // a forward since the verify dropped the kept states
+  EXPECT_EQ(s->position(), 7);
+  // Too many tokens for one verify, and a full session: errors that consume nothing.
+  const std::vector<int32_t> many(size_t(gpu->max_verify_tokens() + 1), 1);
+  EXPECT_THROW(gpu->forward_verify(*s, many, logits), Error);
+  EXPECT_EQ(s->position(), 7);
+  auto small = gpu->create_session(4);
+  gpu->forward(*small, std::vector<int32_t>{1, 2, 3}, false, logits);
+  EXPECT_THROW(gpu->forward_verify(*small, std::vector<int32_t>{1, 2}, logits), Error);
+  EXPECT_EQ(small->position(), 3);
+}
+
+}  // namespace
+}  // namespace tern::cuda::test
