@@ -1,7 +1,8 @@
 // The device tables of a batched step (batch_plan.cu) and of a verify step (verify_plan.cu): per token slot its id,
-// its session's attention split count, capacity and position; then per layer two pointer tables, (conv, rec) of a
-// Gated DeltaNet layer or (k, v) of an attention layer. The runner fills them in pinned memory and copies them once
-// per step, so that one CUDA graph serves any sessions.
+// its session's attention split count, capacity and position; then per layer two pointer tables of kBatchSlots
+// entries: (k, v) of an attention layer per slot; of a Gated DeltaNet layer (conv, rec) per slot in a batched step,
+// and in a verify step (one session) the states at slot 0 and the kept buffers (conv_keep, rec_keep) at slot 1. The
+// runner fills them in pinned memory and copies them once per step, so that one CUDA graph serves any sessions.
 #pragma once
 
 #include <cstddef>
@@ -19,6 +20,7 @@ struct BatchHeader {
   int splits[kBatchSlots];      // attn_batch_splits of each slot's session capacity
   int64_t capacity[kBatchSlots];
   int* pos[kBatchSlots];        // the slot's position: CudaSession::d_pos (batched step), p0 + slot (verify step)
+  int* session_pos;             // the verify step's session: its CudaSession::d_pos, advanced by the step's tokens
 };
 constexpr size_t kLayerTableBytes = 2 * kBatchSlots * sizeof(void*);
 

@@ -108,6 +108,7 @@ CudaRunner::~CudaRunner() {
   cudaStreamSynchronize(stream_);
   for (auto& [key, g] : decode_graphs_) cudaGraphExecDestroy(g.exec);
   for (auto& [key, exec] : batch_graphs_) cudaGraphExecDestroy(exec);
+  for (auto& [key, exec] : verify_graphs_) cudaGraphExecDestroy(exec);
   if (batch_pinned_) cudaFreeHost(batch_pinned_);
   if (mask_pinned_) cudaFreeHost(mask_pinned_);
   if (mask_device_) cudaFree(mask_device_);

@@ -114,8 +114,9 @@ class CudaRunner final : public ModelRunner {
                          int64_t ldy, bool accumulate = false, const L2Ranges& ahead = {}) const;
 
   // verify_plan.cu: a session's last token and its drafts as the slots of one batched step, each slot bit for bit
-  // its token's one-token step, the Gated DeltaNet states before each token kept for Session::rollback
-  void verify_body(CudaSession& s, int T);
+  // its token's one-token step, the Gated DeltaNet states before each token kept for Session::rollback; one CUDA
+  // graph per (tokens, capacity)
+  void verify_body(int T, int64_t capacity);
 
   // prefill_plan.cu: longer chunks
   void proj(const DMat& w, const float* x, int64_t T, float* y, bool accumulate = false, const PreparedX& prep = {},
@@ -192,6 +193,8 @@ class CudaRunner final : public ModelRunner {
   bool batch_warm_ = false;              // a batched step has run outside capture
   int64_t batched_steps_ = 0;            // steps batch_step has run
   std::map<std::pair<int, int64_t>, cudaGraphExec_t> batch_graphs_;
+  bool verify_warm_ = false;  // a verify step has run outside capture
+  std::map<std::pair<int, int64_t>, cudaGraphExec_t> verify_graphs_;  // by (tokens, capacity)
   uint64_t graph_clock_ = 0, session_ids_ = 0;
   std::shared_ptr<SnapshotBuffers> snapshot_buffers_;  // made with the first session
   uint32_t *mask_device_ = nullptr, *mask_pinned_ = nullptr;  // [ceil(V / 32)] the step's token mask

@@ -4,7 +4,8 @@
 // every slot is bit for bit its token's one-token step; the Gated DeltaNet layers take gdn_decode over the T tokens
 // in order (the same per-token arithmetic as one token at a time), which also keeps the states before each token
 // (CudaSession::kept_buffers) for Session::rollback. So row j of the logits is what feeding the tokens one step at
-// a time gives, and a rollback is one copy per layer: no second pass.
+// a time gives, and a rollback is one copy per layer: no second pass. The step's tables (batch_tables.cuh) carry
+// every session pointer, so one CUDA graph per (tokens, capacity) serves any session.
 #include "cuda/runner/cuda_runner_impl.cuh"
 
 #include <algorithm>
@@ -23,7 +24,7 @@
 namespace tern::cuda {
 namespace {
 
-__global__ void advance_position_by_kernel(int* pos, int n) { *pos += n; }
+__global__ void advance_session_kernel(int* const* pos, int n) { **pos += n; }
 
 }  // namespace
 
@@ -42,7 +43,7 @@ void CudaRunner::forward_verify(Session& session, std::span<const int32_t> token
   const int T = int(tokens.size());
   TERN_CHECK(T <= max_verify_tokens(), "forward_verify: ", T, " tokens (at most ", max_verify_tokens(), ")");
   allocate_batch_scratch();
-  s.kept_buffers(int(kQmvMaxTokens));  // allocated before the step (a cudaFree or cudaMalloc synchronises)
+  const std::vector<CudaSession::KeptStates>& kept = s.kept_buffers(int(kQmvMaxTokens));
   const int64_t p0 = s.pos, V = w_->config.vocab_size;
   BatchHeader& h = *reinterpret_cast<BatchHeader*>(batch_pinned_);
   std::memset(batch_pinned_, 0, batch_tables_bytes_);
@@ -52,12 +53,21 @@ void CudaRunner::forward_verify(Session& session, std::span<const int32_t> token
     h.capacity[j] = s.capacity();
     h.splits[j] = splits;
     h.pos[j] = verify_pos_ + j;
-    for (size_t i = 0; i < w_->layers.size(); ++i) {
-      void** t = reinterpret_cast<void**>(batch_pinned_ + layer_table_offset(i));
-      const CudaSession::LayerCache& lc = s.layers[i];
-      if (w_->layers[i].type == LayerType::linear_attention) continue;  // gdn_decode takes its states as arguments
-      t[j] = lc.k;
-      t[kBatchSlots + j] = lc.v;
+  }
+  h.session_pos = s.d_pos;
+  for (size_t i = 0; i < w_->layers.size(); ++i) {
+    void** t = reinterpret_cast<void**>(batch_pinned_ + layer_table_offset(i));
+    const CudaSession::LayerCache& lc = s.layers[i];
+    if (w_->layers[i].type == LayerType::linear_attention) {
+      t[0] = lc.conv;
+      t[kBatchSlots] = lc.rec;
+      t[1] = kept[i].conv;
+      t[kBatchSlots + 1] = kept[i].rec;
+    } else {
+      for (int j = 0; j < T; ++j) {
+        t[j] = lc.k;
+        t[kBatchSlots + j] = lc.v;
+      }
     }
   }
   int* pos_pinned = reinterpret_cast<int*>(batch_pinned_ + batch_tables_bytes_ +
@@ -65,7 +75,16 @@ void CudaRunner::forward_verify(Session& session, std::span<const int32_t> token
   for (int j = 0; j < T; ++j) pos_pinned[j] = int(p0 + j);
   TERN_CUDA(cudaMemcpyAsync(batch_tables_, batch_pinned_, batch_tables_bytes_, cudaMemcpyHostToDevice, stream_));
   TERN_CUDA(cudaMemcpyAsync(verify_pos_, pos_pinned, size_t(T) * 4, cudaMemcpyHostToDevice, stream_));
-  verify_body(s, T);  // eager: gdn_decode takes this session's states and kept buffers as arguments
+  if (use_graphs_ && verify_warm_) {
+    const std::pair<int, int64_t> key{T, s.capacity()};
+    auto found = verify_graphs_.find(key);
+    if (found == verify_graphs_.end())
+      found = verify_graphs_.emplace(key, capture_graph([&] { verify_body(T, s.capacity()); })).first;
+    TERN_CUDA(cudaGraphLaunch(found->second, stream_));
+  } else {
+    verify_body(T, s.capacity());  // kernels set their one-time attributes outside any capture
+    verify_warm_ = true;
+  }
   logits.resize(size_t(T) * size_t(V));
   TERN_CUDA(cudaMemcpyAsync(logits.data(), logits_, size_t(T) * size_t(V) * 4, cudaMemcpyDeviceToHost, stream_));
   TERN_CUDA(cudaStreamSynchronize(stream_));
@@ -73,31 +92,27 @@ void CudaRunner::forward_verify(Session& session, std::span<const int32_t> token
   s.kept_states_from(p0, T);
 }
 
-// Every kernel of a verify step of T tokens of session s (tables already on the device): batch_body's with T slots
-// of one session, gdn_decode over the T tokens in place of gdn_decode_batched, and no sampling.
-void CudaRunner::verify_body(CudaSession& s, int T) {
+// Every kernel of a verify step of T tokens of one session (tables already on the device; the session's capacity
+// sets the attention grid): batch_body's with T slots, gdn_decode over the T tokens in place of gdn_decode_batched,
+// and no sampling. No host value depends on the session but its capacity, so one graph per (T, capacity) serves all.
+void CudaRunner::verify_body(int T, int64_t capacity) {
   const Config& c = w_->config;
   const int64_t D = c.hidden_size, V = c.vocab_size;
   const BatchHeader* dev = reinterpret_cast<const BatchHeader*>(batch_tables_);
-  const std::vector<CudaSession::KeptStates>& kept = s.kept_buffers(int(kQmvMaxTokens));
   embed_lookup(w_->embed, dev->tokens, T, hidden_, stream_);
   for (size_t i = 0; i < w_->layers.size(); ++i) {
     const DeviceLayer& l = w_->layers[i];
-    void* const* table = reinterpret_cast<void* const*>(batch_tables_ + layer_table_offset(i));
+    float* const* table = reinterpret_cast<float* const*>(batch_tables_ + layer_table_offset(i));
     if (l.type == LayerType::linear_attention) {
       const int64_t Z = int64_t(c.linear_num_value_heads) * c.linear_value_head_dim;
       qmv_dp4a_batched(decode_product(l.in_proj_all, hidden_, D, 1, l.input_norm, batch_proj_, proj_cols_), T,
                        stream_);
-      GdnDecodeArgs g = gdn_decode_args(l, T, batch_proj_, batch_gated_);
-      g.conv_state = s.layers[i].conv;
-      g.rec_state = s.layers[i].rec;
-      g.conv_keep = kept[i].conv;
-      g.rec_keep = kept[i].rec;
-      gdn_decode(g, stream_);
+      gdn_decode_from_tables(gdn_decode_args(l, T, batch_proj_, batch_gated_), table, table + kBatchSlots, table + 1,
+                             table + kBatchSlots + 1, stream_);
       qmv_dp4a_batched(decode_product(l.out_proj, batch_gated_, Z, 1, nullptr, hidden_, D, true, output_ahead(l)), T,
                        stream_);
     } else {
-      const AttnDims d = attn_dims(1, s.capacity());
+      const AttnDims d = attn_dims(1, capacity);
       const int64_t Q = int64_t(d.Hq) * 2 * d.dh, KV = int64_t(d.Hkv) * d.dh;
       qmv_dp4a_batched(decode_product(l.attn_qkv, hidden_, D, 1, l.input_norm, batch_proj_, proj_cols_), T, stream_);
       AttnBatch ab;
@@ -120,8 +135,8 @@ void CudaRunner::verify_body(CudaSession& s, int T) {
     m.prefetch_down = m.prefetch_down && T <= 4;  // as batch_body
     moe_decode_batched(m, hidden_, T, batch_moe_, stream_);
   }
-  advance_position_by_kernel<<<1, 1, 0, stream_>>>(s.d_pos, T);
-  TERN_CUDA_LAUNCHED("advance_position_by");
+  advance_session_kernel<<<1, 1, 0, stream_>>>(&dev->session_pos, T);
+  TERN_CUDA_LAUNCHED("advance_session");
   qmv_dp4a_batched(decode_product(w_->lm_head, hidden_, D, 1, w_->final_norm, logits_, V), T, stream_);
   mask_padding(logits_, T, V, w_->vocab_real, stream_);
 }

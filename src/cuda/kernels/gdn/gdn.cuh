@@ -132,5 +132,10 @@ bool gdn_decode_supported(const GdnDims& d);
 // (written by a copy before it, never by the kernel just before this one).
 void gdn_decode_batched(const GdnDecodeArgs& a, int B, float* const* conv_states, float* const* rec_states,
                         cudaStream_t stream);
+// gdn_decode for one sequence of a.d.T tokens whose states and kept buffers (GdnDecodeArgs::conv_keep, rec_keep;
+// kept here) are the first entries of four device tables instead of arguments, read before pdl_wait as
+// gdn_decode_batched's tables are: one captured step then serves any session (the verify step, issue 32).
+void gdn_decode_from_tables(const GdnDecodeArgs& a, float* const* conv_state, float* const* rec_state,
+                            float* const* conv_keep, float* const* rec_keep, cudaStream_t stream);
 
 }  // namespace tern::cuda

@@ -32,6 +32,8 @@ constexpr int kDecodeMaxSeqs = 32;  // gdn_decode_batched's B
 struct StateTables {
   float* const* conv = nullptr;  // [B] → [Ck-1, C]
   float* const* rec = nullptr;   // [B] → [Hv, dv, dk]
+  float* const* conv_keep = nullptr;  // [1] → [T, Ck-1, C] (gdn_decode_from_tables)
+  float* const* rec_keep = nullptr;   // [1] → [T, Hv, dv, dk]
 };
 
 template <int CS, int NW, int RPW, int kTaps>
@@ -60,6 +62,8 @@ __global__ void __launch_bounds__(NW * 32) gdn_decode_kernel(GdnDecodeArgs a, St
   float* const out = a.out + int64_t(seq) * T * Hv * kDecodeDv;  // [T, Hv·dv]
   float* const conv_state = tables.conv ? tables.conv[seq] : a.conv_state;
   float* const rec_state = tables.rec ? tables.rec[seq] : a.rec_state;
+  float* const conv_keep = tables.conv_keep ? tables.conv_keep[seq] : a.conv_keep;
+  float* const rec_keep = tables.rec_keep ? tables.rec_keep[seq] : a.rec_keep;
   const int row0 = rank * kRows;                       // first group row of the block
   const int head0 = kh * kDecodeRatio + row0 / kDecodeDv;  // first v-head of the block
   const int j00 = row0 % kDecodeDv;                     // first value dim of the block inside head0
@@ -128,11 +132,11 @@ __global__ void __launch_bounds__(NW * 32) gdn_decode_kernel(GdnDecodeArgs a, St
 #pragma unroll
     for (int t = 0; t < kDecodeMaxT; ++t) {
       if (t >= T) break;
-      if (a.conv_keep && (lc >= kQk || rank == 0)) {  // the state before token t (verification)
+      if (conv_keep && (lc >= kQk || rank == 0)) {  // the state before token t (verification)
         const int64_t c = channel(lc);
 #pragma unroll
         for (int j = 0; j + 1 < kTaps; ++j)
-          if (j < Ck - 1) a.conv_keep[(int64_t(t) * (Ck - 1) + j) * C + c] = win[q][j];
+          if (j < Ck - 1) conv_keep[(int64_t(t) * (Ck - 1) + j) * C + c] = win[q][j];
       }
       float u = 0.0f;
 #pragma unroll
@@ -174,8 +178,8 @@ __global__ void __launch_bounds__(NW * 32) gdn_decode_kernel(GdnDecodeArgs a, St
   //    δ = β(v − e^g·ks), S = e^g·S + δ kᵀ, o = e^g·qs + (q·k)·δ.
   const int64_t state_elems = int64_t(Hv) * kDecodeDv * kDecodeDk;
   for (int t = 0; t < T; ++t) {
-    if (a.rec_keep) {  // the state before token t (verification), at the rows' offset in rec_state
-      float* K = a.rec_keep + t * state_elems + (S - rec_state);
+    if (rec_keep) {  // the state before token t (verification), at the rows' offset in rec_state
+      float* K = rec_keep + t * state_elems + (S - rec_state);
 #pragma unroll
       for (int r = 0; r < RPW; ++r) *reinterpret_cast<float4*>(K + r * kDecodeDk) = s[r];
     }
@@ -354,6 +358,12 @@ void gdn_decode_batched(const GdnDecodeArgs& a, int B, float* const* conv_states
   TERN_CHECK((a.Ck == 1 || conv_states) && rec_states, "gdn_decode_batched: null state table");
   TERN_CHECK(!a.conv_keep && !a.rec_keep, "gdn_decode_batched: kept states are gdn_decode's (one sequence)");
   decode(a, B, StateTables{conv_states, rec_states}, stream);
+}
+
+void gdn_decode_from_tables(const GdnDecodeArgs& a, float* const* conv_state, float* const* rec_state,
+                            float* const* conv_keep, float* const* rec_keep, cudaStream_t stream) {
+  TERN_CHECK((a.Ck == 1 || conv_state) && rec_state && conv_keep && rec_keep, "gdn_decode_from_tables: null table");
+  decode(a, 1, StateTables{conv_state, rec_state, conv_keep, rec_keep}, stream);
 }
 
 }  // namespace tern::cuda
