@@ -148,6 +148,10 @@ bool GenerationRun::next_step(BatchEntry& entry, int64_t max_prompt_tokens) {
       entry.all_logits = true;
       entry.keep_states = true;
       entry.logits = &verify_logits_;
+      if (device_ok_ && !sampling_.mask) {  // the rows' ids sampled on the device where the backend can
+        entry.sampling = &sampling_;
+        entry.sampled_rows = &verify_ids_;
+      }
       return true;
     }
   }
@@ -189,20 +193,31 @@ std::vector<int32_t> GenerationRun::next_drafts() {
 // draw the very tokens they would without drafts. The session then goes back to the last fed token that was used.
 void GenerationRun::verify_done(const BatchEntry& entry) {
   const int64_t T = int64_t(verify_.size());
-  TERN_INTERNAL_CHECK(int64_t(entry.tokens.size()) == T && T >= 2 && verify_logits_.size() % size_t(T) == 0,
-                      "the verify step returned ", verify_logits_.size(), " logits for ", T, " tokens");
-  const size_t V = verify_logits_.size() / size_t(T);
-  TERN_INTERNAL_CHECK(int64_t(V) >= vocab_, "the backend returned ", V, " logits for a vocabulary of ", vocab_);
+  const bool sampled = entry.sampled_rows && !verify_ids_.empty();
+  size_t V = 0;
+  if (sampled) {
+    TERN_INTERNAL_CHECK(int64_t(entry.tokens.size()) == T && T >= 2 && int64_t(verify_ids_.size()) == T,
+                        "the verify step sampled ", verify_ids_.size(), " ids for ", T, " tokens");
+    for (int32_t id : verify_ids_)
+      TERN_INTERNAL_CHECK(id >= 0 && id < vocab_, "the backend sampled token ", id, ", outside the vocabulary [0, ",
+                          vocab_, ")");
+  } else {
+    TERN_INTERNAL_CHECK(int64_t(entry.tokens.size()) == T && T >= 2 && verify_logits_.size() % size_t(T) == 0,
+                        "the verify step returned ", verify_logits_.size(), " logits for ", T, " tokens");
+    V = verify_logits_.size() / size_t(T);
+    TERN_INTERNAL_CHECK(int64_t(V) >= vocab_, "the backend returned ", V, " logits for a vocabulary of ", vocab_);
+  }
   const int64_t pos0 = session_.position() - T;
   int accepted = 0;
   int64_t j = 0;
   for (; j < T; ++j) {
-    logits_.assign(verify_logits_.begin() + ptrdiff_t(size_t(j) * V),
-                   verify_logits_.begin() + ptrdiff_t(size_t(j + 1) * V));
+    if (!sampled)
+      logits_.assign(verify_logits_.begin() + ptrdiff_t(size_t(j) * V),
+                     verify_logits_.begin() + ptrdiff_t(size_t(j + 1) * V));
     ++step_;
     verify_pos_ = pos0 + j + 1;
     chosen_ = -1;
-    choose_token(std::nullopt);
+    choose_token(sampled ? std::optional<int32_t>(verify_ids_[size_t(j)]) : std::nullopt);
     const bool match = j + 1 < T && chosen_ == verify_[size_t(j + 1)];
     if (match) ++accepted;
     if (finished_ || !match) break;

@@ -93,6 +93,7 @@ class GenerationRun {
   std::unique_ptr<SequenceDrafter> drafter_;  // speculative decoding on; null: plain steps
   std::vector<int32_t> verify_;    // a verify step's tokens: fed_[0], then the drafts
   std::vector<float> verify_logits_;  // its logits [verify_.size(), V]
+  std::vector<int32_t> verify_ids_;   // or the ids the device sampled for its rows (BatchEntry::sampled_rows)
   int64_t verify_pos_ = -1;        // while a verify step's rows are chosen: the position a plain run would hold
   int32_t chosen_ = -1;            // the id choose_token last emitted
 };

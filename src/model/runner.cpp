@@ -21,6 +21,12 @@ void ModelRunner::forward_alone(BatchEntry& e) {
   try {
     TERN_INTERNAL_CHECK(e.session != nullptr && !e.tokens.empty(), "forward_batch: an entry without a session or tokens");
     if (e.keep_states) {
+      if (e.sampled_rows) {
+        e.sampled_rows->clear();
+        if (e.sampling && !e.sampling->mask && forward_verify_sample(*e.session, e.tokens, *e.sampling, *e.sampled_rows))
+          return;
+        e.sampled_rows->clear();
+      }
       TERN_INTERNAL_CHECK(e.logits != nullptr, "forward_batch: a verify entry without a logits buffer");
       forward_verify(*e.session, e.tokens, *e.logits);
       return;

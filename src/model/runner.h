@@ -109,6 +109,10 @@ struct BatchEntry {
   // forward_verify does: all_logits ([tokens.size(), V]), sampling ignored, each token's logits bit for bit what
   // feeding the tokens one at a time would give, and the states after every token kept for Session::rollback.
   bool keep_states = false;
+  // A verify entry whose ids the device may sample (sampling set without a token mask, and this buffer given): the
+  // runner fills it with the id row j's sampler draws (sampling with step + j), as forward_verify_sample does, and
+  // leaves *logits alone; else it stays empty and *logits holds the rows.
+  std::vector<int32_t>* sampled_rows = nullptr;
   // Outputs:
   std::optional<int32_t> sampled;            // the id the device sampled (then *logits is not written)
   std::exception_ptr error;                  // this entry failed (its session's state is then unknown)
@@ -155,6 +159,13 @@ class ModelRunner {
   // Throws tern::Error as forward does (nothing is consumed then).
   virtual void forward_verify(Session& session, std::span<const int32_t> tokens, std::vector<float>& logits) {
     throw std::logic_error("this backend cannot verify drafts");
+  }
+  // forward_verify with the rows sampled on the device instead of returned: ids[j] is the id forward_sample would
+  // return for row j's step with `sampling` at step sampling.step + j (so greedy and seeded draws equal decoding
+  // without drafts). sampling.mask must be null. Returns false (nothing run) when the backend has no such path.
+  virtual bool forward_verify_sample(Session& session, std::span<const int32_t> tokens, const DeviceSampling& sampling,
+                                     std::vector<int32_t>& ids) {
+    return false;
   }
 
   // One step over several sequences: each entry's tokens are appended to its session and its output written (see

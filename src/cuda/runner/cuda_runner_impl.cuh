@@ -71,6 +71,8 @@ class CudaRunner final : public ModelRunner {
   bool supports_verify() const override;
   int64_t max_verify_tokens() const override;
   void forward_verify(Session& session, std::span<const int32_t> tokens, std::vector<float>& logits) override;
+  bool forward_verify_sample(Session& session, std::span<const int32_t> tokens, const DeviceSampling& sampling,
+                             std::vector<int32_t>& ids) override;
 
  private:
   static constexpr int64_t kLmRows = 128;  // logits rows computed at a time
@@ -116,6 +118,7 @@ class CudaRunner final : public ModelRunner {
   // verify_plan.cu: a session's last token and its drafts as the slots of one batched step, each slot bit for bit
   // its token's one-token step, the Gated DeltaNet states before each token kept for Session::rollback; one CUDA
   // graph per (tokens, capacity)
+  void verify_step(CudaSession& s, std::span<const int32_t> tokens);
   void verify_body(int T, int64_t capacity);
 
   // prefill_plan.cu: longer chunks

@@ -36,15 +36,15 @@ int64_t CudaRunner::max_verify_tokens() const {
   return std::min<int64_t>(kQmvMaxTokens, batch_max());  // gdn_decode's tokens per call
 }
 
-void CudaRunner::forward_verify(Session& session, std::span<const int32_t> tokens, std::vector<float>& logits) {
-  CudaSession& s = own(session);
-  check_tokens(s, tokens);
+// The verify step of `tokens` on session s up to its logits in logits_ [T, V] (device); the session then at
+// p0 + T with the states before each token kept.
+void CudaRunner::verify_step(CudaSession& s, std::span<const int32_t> tokens) {
   TERN_CHECK(supports_verify(), "forward_verify: this model or configuration has no batched one-token kernels");
   const int T = int(tokens.size());
   TERN_CHECK(T <= max_verify_tokens(), "forward_verify: ", T, " tokens (at most ", max_verify_tokens(), ")");
   allocate_batch_scratch();
   const std::vector<CudaSession::KeptStates>& kept = s.kept_buffers(int(kQmvMaxTokens));
-  const int64_t p0 = s.pos, V = w_->config.vocab_size;
+  const int64_t p0 = s.pos;
   BatchHeader& h = *reinterpret_cast<BatchHeader*>(batch_pinned_);
   std::memset(batch_pinned_, 0, batch_tables_bytes_);
   const int splits = attn_batch_splits(attn_dims(1, s.capacity()));
@@ -85,11 +85,46 @@ void CudaRunner::forward_verify(Session& session, std::span<const int32_t> token
     verify_body(T, s.capacity());  // kernels set their one-time attributes outside any capture
     verify_warm_ = true;
   }
-  logits.resize(size_t(T) * size_t(V));
-  TERN_CUDA(cudaMemcpyAsync(logits.data(), logits_, size_t(T) * size_t(V) * 4, cudaMemcpyDeviceToHost, stream_));
-  TERN_CUDA(cudaStreamSynchronize(stream_));
   s.pos = p0 + T;
   s.kept_states_from(p0, T);
+}
+
+void CudaRunner::forward_verify(Session& session, std::span<const int32_t> tokens, std::vector<float>& logits) {
+  CudaSession& s = own(session);
+  check_tokens(s, tokens);
+  verify_step(s, tokens);
+  const size_t n = tokens.size() * size_t(w_->config.vocab_size);
+  logits.resize(n);
+  TERN_CUDA(cudaMemcpyAsync(logits.data(), logits_, n * 4, cudaMemcpyDeviceToHost, stream_));
+  TERN_CUDA(cudaStreamSynchronize(stream_));
+}
+
+// Row j sampled by the sampler a one-token step runs (sample_token_device on a batch slot's scratch), with the
+// parameters of step sampling.step + j: the ids forward_sample would return, without copying the logits.
+bool CudaRunner::forward_verify_sample(Session& session, std::span<const int32_t> tokens,
+                                       const DeviceSampling& sampling, std::vector<int32_t>& ids) {
+  CudaSession& s = own(session);
+  check_tokens(s, tokens);
+  sample_check(sampling);
+  TERN_CHECK(sampling.mask == nullptr, "forward_verify_sample: a token mask is the host's (use forward_verify)");
+  verify_step(s, tokens);
+  const int T = int(tokens.size());
+  const int64_t V = w_->config.vocab_size;
+  uint8_t* params_pinned = batch_pinned_ + batch_tables_bytes_;
+  for (int j = 0; j < T; ++j) {
+    DeviceSampling p = sampling;
+    p.step = sampling.step + uint64_t(j);
+    std::memcpy(params_pinned + j * sizeof(DeviceSampling), &p, sizeof(DeviceSampling));
+    TERN_CUDA(cudaMemcpyAsync(sample_params_slot(batch_sample_scratch_[size_t(j)], V),
+                              params_pinned + j * sizeof(DeviceSampling), sizeof(DeviceSampling),
+                              cudaMemcpyHostToDevice, stream_));
+    sample_token_device(logits_ + int64_t(j) * V, V, batch_sample_scratch_[size_t(j)], batch_sampled_ + j, stream_);
+  }
+  int* sampled_pinned = reinterpret_cast<int*>(params_pinned + kBatchSlots * sizeof(DeviceSampling));
+  TERN_CUDA(cudaMemcpyAsync(sampled_pinned, batch_sampled_, size_t(T) * 4, cudaMemcpyDeviceToHost, stream_));
+  TERN_CUDA(cudaStreamSynchronize(stream_));
+  ids.assign(sampled_pinned, sampled_pinned + T);
+  return true;
 }
 
 // Every kernel of a verify step of T tokens of one session (tables already on the device; the session's capacity

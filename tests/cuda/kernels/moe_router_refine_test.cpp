@@ -68,7 +68,7 @@ TEST(CudaMoeRouterRefine, NearTiesTakeTheFp32Choice) {
       }
     }
   }
-  DeviceBuf<float> bounds(size_t(G));
+  DeviceBuf<float> bounds(static_cast<size_t>(G));
   router_group_bounds(dm.d, bounds.p, nullptr);
   expect_close(bounds.host(), twin_bounds, 1e-5f, 1e-6f, "group bounds");
 

@@ -79,6 +79,39 @@ TEST(CudaVerify, RowsEqualOneTokenStepsAndRollbackIsExact) {
   }
 }
 
+// The rows sampled on the device (forward_verify_sample) are the ids forward_sample gives one step at a time, with
+// the step index of each row: greedy and seeded sampling alike, so drafts never change a seeded request's output.
+TEST(CudaVerify, SampledRowsEqualOneTokenSampling) {
+  TERN_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed("CudaVerify.Sampled");
+  RandomModel rm;
+  auto weights = random_model(seed, 8, 4096, rm, Scales::trained);
+  auto gpu = cuda_runner_create(weights, {.progress = false});
+  std::mt19937_64 rng(seed ^ 0xabc);
+  const int64_t T = gpu->max_verify_tokens();
+  for (const float temperature : {0.0f, 0.8f}) {
+    const auto prompt = random_tokens(rng, 40, weights->vocab_real);
+    const auto tokens = random_tokens(rng, T, weights->vocab_real);
+    const DeviceSampling base{.temperature = temperature, .top_p = 0.95f, .seed = seed + 7, .step = 11};
+    auto alone = gpu->create_session(256);
+    std::vector<float> unused;
+    gpu->forward(*alone, prompt, false, unused);
+    std::vector<int32_t> want;
+    for (int64_t j = 0; j < T; ++j) {
+      DeviceSampling p = base;
+      p.step = base.step + uint64_t(j);
+      want.push_back(*gpu->forward_sample(*alone, std::span(&tokens[size_t(j)], 1), p));
+    }
+    auto s = gpu->create_session(256);
+    gpu->forward(*s, prompt, false, unused);
+    std::vector<int32_t> got;
+    ASSERT_TRUE(gpu->forward_verify_sample(*s, tokens, base, got));
+    EXPECT_EQ(got, want) << "temperature " << temperature;
+    s->rollback(40 + 2);  // the kept states serve the sampled path too
+    EXPECT_EQ(s->position(), 42);
+  }
+}
+
 TEST(CudaVerify, RollbackNeedsTheLastForwardToBeAVerify) {
   TERN_REQUIRE_GPU();
   RandomModel rm;
