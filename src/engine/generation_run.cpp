@@ -157,8 +157,8 @@ bool GenerationRun::next_step(BatchEntry& entry, int64_t max_prompt_tokens) {
 
 // At most as many drafts as the step could use: draft i guesses the token i places after the fed one (whose index
 // is step_), so max_tokens leaves max_tokens - step_ - 1 of them, and the session has room for its capacity -
-// position - 1; cut after an end id (nothing follows it) and before the first token the output constraint refuses
-// (the mask would reject it: a sure loss).
+// position - 1; cut after an end id that would end the output (nothing follows it; under ignore_eos only one a grammar
+// accepts can) and before the first token the output constraint refuses (the mask would reject it: a sure loss).
 std::vector<int32_t> GenerationRun::next_drafts() {
   const uint64_t left = max_tokens_ - std::min(max_tokens_, step_ + 1);
   const int64_t room = session_.capacity() - session_.position() - 1;
@@ -173,7 +173,8 @@ std::vector<int32_t> GenerationRun::next_drafts() {
       d.resize(i);
       break;
     }
-    if (std::binary_search(gen_.end_ids().begin(), gen_.end_ids().end(), d[i])) {
+    if ((!request_.ignore_eos || constraint_) &&
+        std::binary_search(gen_.end_ids().begin(), gen_.end_ids().end(), d[i])) {
       d.resize(i + 1);
       break;
     }
