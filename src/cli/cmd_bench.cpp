@@ -9,6 +9,8 @@
 //   tern bench --synthetic --device cuda --lengths 4K --concurrency 1,2,4,8,16,32
 //                                                         (N streams decoding at once, one forward_batch per step:
 //                                                          src/engine/bench_run.h)
+//   tern bench --demo --speculative                       (verify and draft costs, tok/s at set draft acceptance:
+//                                                          src/engine/bench_speculative.h)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -30,6 +32,7 @@
 #include "engine/bench_run.h"
 #include "engine/demo_model.h"
 #ifndef TERN_GPU_ONLY
+#include "engine/bench_speculative.h"
 #include "engine/model_source.h"
 #include "grammar/grammar.h"
 #include "text/tokenizer.h"
@@ -55,6 +58,7 @@ struct BenchArgs {
   std::string lengths = "256,512,1K,2K,4K,8K,16K,32K,64K,128K";
   bool lengths_given = false;  // --lengths on the command line (else the default, cut to the model's context)
   int repeats = 3, warmup = 1, decode_steps = 32;
+  bool decode_steps_given = false;
   int64_t prefill_chunk = 0;
   uint64_t seed = 1;
   double peak_gb_s = -1, peak_tflop_s = -1;  // -1: the H200 figures of targets.md on CUDA, none on the CPU
@@ -67,6 +71,9 @@ struct BenchArgs {
   std::string concurrency;  // --concurrency 1,2,4: stream counts
   bool concurrency_given = false;  // else the table by length
   int64_t gpu_memory = 0;          // --gpu-memory in bytes (0: the GPU's free memory)
+  bool speculative = false;        // --speculative: the speculative decoding benchmark instead of the table
+  int draft_max = 8;
+  std::string draft_counts, acceptance;  // "" : the defaults
 };
 
 #ifndef TERN_GPU_ONLY
@@ -206,6 +213,76 @@ int64_t lengths_fit_memory(const BenchArgs& a, const ModelRunner& runner, const 
   return longest;
 }
 
+std::string device_description(const std::string& device) {
+#ifdef TERN_HAVE_CUDA
+  if (device == "cuda") return cuda_device_name();
+#endif
+  return cpu_description();
+}
+
+#ifndef TERN_GPU_ONLY
+// tern bench --speculative (engine/bench_speculative.h): the lengths (default 4K and 32K, with --demo 256 and 1K;
+// the default ones cut to what the model's positions and a GPU's memory hold), the run, the tables and the JSON.
+void run_speculative(BenchArgs a, ModelRunner& runner, const std::string& device, const std::string& model,
+                     const std::optional<GpuMemory>& gpu) {
+  SpecBenchOptions o;
+  o.max_drafts = a.draft_max;
+  o.tokens = a.decode_steps_given ? a.decode_steps : 128;
+  o.repeats = a.repeats;
+  o.warmup = a.warmup;
+  o.seed = a.seed;
+  try {
+    if (!a.draft_counts.empty()) o.draft_counts = bench_parse_draft_counts(a.draft_counts, a.draft_max);
+    if (!a.acceptance.empty()) o.acceptance = bench_parse_acceptance(a.acceptance);
+    if (!a.lengths_given) a.lengths = a.demo ? "256,1K" : "4K,32K";
+    o.lengths = bench_parse_lengths(a.lengths);
+  } catch (const Error& e) {
+    throw CLI::ValidationError(e.what());
+  }
+  for (int k : o.draft_counts)
+    TERN_USAGE_CHECK(k <= a.draft_max, "--draft-counts: ", k, " is more than --draft-max ", a.draft_max);
+  TERN_USAGE_CHECK(o.tokens >= 2, "--decode-steps: --speculative generates at least 2 tokens per run");
+  // Each length holds its prompt, a run's tokens (or the timed plain steps) and a verify step's drafts.
+  const int64_t extra = std::max<int64_t>(o.tokens + 1, o.warmup + o.repeats) + o.max_drafts + 2;
+  const int64_t positions = runner.config().max_position_embeddings;
+  std::erase_if(o.lengths, [&](int64_t length) {
+    TERN_USAGE_CHECK(length >= 2, "--lengths: ", length, " is too short for --speculative (at least 2)");
+    TERN_USAGE_CHECK(!a.lengths_given || length + extra <= positions, "--lengths ", bench_length_label(length),
+                     " with ", extra, " more positions (the tokens per run and the drafts) exceeds the model's ",
+                     positions);
+    return length + extra > positions;
+  });
+  TERN_USAGE_CHECK(!o.lengths.empty(), "no default length fits the model's ", positions, " positions; give --lengths");
+  if (gpu) {
+    a.decode_steps = int(extra);
+    lengths_fit_memory(a, runner, *gpu, o.lengths, {});
+  }
+  if (!a.quiet) o.log = [](const std::string& line) { std::fprintf(stderr, "bench: %s\n", line.c_str()); };
+  SpecBenchReport r = bench_speculative(runner, o);
+  r.version = TERN_VERSION;
+  r.device = device_description(device);
+  r.model = model;
+  std::string lengths;
+  for (int64_t length : o.lengths) lengths += (lengths.empty() ? "" : ",") + bench_length_label(length);
+  std::string counts, accept;
+  for (int k : o.draft_counts) counts += (counts.empty() ? "" : ",") + std::to_string(k);
+  for (double p : o.acceptance) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%s%g", accept.empty() ? "" : ",", p);
+    accept += buf;
+  }
+  r.command = "tern bench " +
+              (a.synthetic ? std::string("--synthetic") : a.demo ? std::string("--demo") : "-m " + a.model_dir) +
+              " --device " + device + " --speculative --lengths " + lengths + " --draft-max " +
+              std::to_string(o.max_drafts) + " --draft-counts " + counts + " --acceptance " + accept +
+              " --decode-steps " + std::to_string(o.tokens) + " --repeats " + std::to_string(o.repeats) +
+              " --warmup " + std::to_string(o.warmup) + " --seed " + std::to_string(o.seed);
+  std::fputs(bench_speculative_table(r).c_str(), stdout);
+  std::fflush(stdout);
+  if (!a.json_path.empty()) write_file(a.json_path, bench_speculative_json(r), "JSON");
+}
+#endif
+
 void run_bench(BenchArgs a) {
   TERN_USAGE_CHECK(int(!a.model_dir.empty()) + int(a.synthetic) + int(a.demo) == 1,
                    "tern bench: give exactly one of -m DIR, --synthetic or --demo");
@@ -219,6 +296,14 @@ void run_bench(BenchArgs a) {
     TERN_USAGE_CHECK(!a.prefix_reuse, "--concurrency and --prefix-reuse are two different benchmarks: give one");
     TERN_USAGE_CHECK(a.plot_path.empty(), "--plot draws the table by length; it has no plot with --concurrency");
     TERN_USAGE_CHECK(a.decode_steps >= 1, "--concurrency times decode steps: --decode-steps must be >= 1");
+  }
+  if (a.speculative) {
+    TERN_USAGE_CHECK(!a.concurrency_given && !a.prefix_reuse && a.plot_path.empty() && a.json_schema.empty(),
+                     "--speculative is a benchmark of its own: without --concurrency, --prefix-reuse, --plot or "
+                     "--json-schema");
+  } else {
+    TERN_USAGE_CHECK(a.draft_counts.empty() && a.acceptance.empty(), "--draft-counts and --acceptance are "
+                     "--speculative's: give --speculative too");
   }
   o.repeats = a.repeats;
   o.warmup = a.warmup;
@@ -277,6 +362,9 @@ void run_bench(BenchArgs a) {
     }
   }
   TERN_CHECK(runner != nullptr, "tern bench: no runner for device ", device);
+#ifndef TERN_GPU_ONLY
+  if (a.speculative) return run_speculative(a, *runner, device, report.model, gpu);
+#endif
   o.lengths = lengths_to_run(a, runner->config().max_position_embeddings);
   int64_t memory_context = 0;  // on a GPU: the longest context one sequence gets in its memory
   if (gpu && !a.prefix_reuse) memory_context = lengths_fit_memory(a, *runner, *gpu, o.lengths, o.concurrency);
@@ -303,7 +391,7 @@ void run_bench(BenchArgs a) {
 
   if (device == "cuda") {
 #ifdef TERN_HAVE_CUDA
-    report.device = cuda_device_name();
+    report.device = device_description(device);
     // The ceilings measured on the H200 of targets.md.
     o.peak_gb_s = a.peak_gb_s >= 0 ? a.peak_gb_s : 4600;
     o.peak_tflop_s = a.peak_tflop_s >= 0 ? a.peak_tflop_s : 790;
@@ -314,7 +402,7 @@ void run_bench(BenchArgs a) {
     };
 #endif
   } else {
-    report.device = cpu_description();
+    report.device = device_description(device);
     o.peak_gb_s = a.peak_gb_s > 0 ? a.peak_gb_s : 0;
     o.peak_tflop_s = a.peak_tflop_s > 0 ? a.peak_tflop_s : 0;
   }
@@ -383,8 +471,10 @@ void command_bench(CLI::App& app) {
   sub->add_option("--warmup", args->warmup, "Untimed runs per length before the timed ones")
       ->check(CLI::Range(0, 1000))
       ->capture_default_str();
-  sub->add_option("--decode-steps", args->decode_steps, "Decode tokens timed after each prefill")
+  sub->add_option("--decode-steps", args->decode_steps,
+                  "Decode tokens timed after each prefill (--speculative: tokens per run, default 128)")
       ->check(CLI::Range(0, 1 << 20))
+      ->each([args](const std::string&) { args->decode_steps_given = true; })
       ->capture_default_str();
   sub->add_option("--prefill-chunk", args->prefill_chunk, "Prompt tokens per forward call (0: all in one)")
       ->check(CLI::NonNegativeNumber)
@@ -421,6 +511,18 @@ void command_bench(CLI::App& app) {
 #ifndef TERN_GPU_ONLY
   sub->add_option("--json-schema", args->json_schema,
                   "Constrain the decode steps to this JSON Schema (greedy, masks on the host while the device runs)");
+  sub->add_flag("--speculative", args->speculative,
+                "Instead of the table: speculative decoding's costs and gains per --lengths (default 4K,32K; "
+                "--demo: 256,1K): the verify cost of k = 0..--draft-max drafts against a plain step, the MTP head's "
+                "draft cost, tok/s through the generation loop with drafts of a set --acceptance (--draft-counts "
+                "per step; every output checked against decoding without drafts), and the speed-up the published "
+                "MTP acceptance would give (computed)");
+  sub->add_option("--draft-max", args->draft_max, "--speculative: the largest draft count in the verify table")
+      ->check(CLI::Range(1, 32))
+      ->capture_default_str();
+  sub->add_option("--draft-counts", args->draft_counts, "--speculative: drafts per step end to end (default 3,5)");
+  sub->add_option("--acceptance", args->acceptance,
+                  "--speculative: per-draft probabilities of a right draft, end to end (default 0.5,0.7,0.8,0.9)");
 #endif
   sub->callback([args] { run_bench(*args); });
 }

@@ -23,6 +23,7 @@ void write_synthetic(const std::string& out, int layers, double shard_gb, bool p
   o.vocab_real = 248320;  // the real embedding rows
   o.eos_json = "[248046, 248044]";
   o.seed = 0x5717;
+  o.mtp = false;  // as an MLX conversion, which drops the MTP head
   // checkpoint_write_mlx takes the config from a source folder: write one for the synthetic model.
   const fs::path src = fs::temp_directory_path() / ("tern-synthetic-" + std::to_string(getpid()));
   fs::create_directories(src);

@@ -7,9 +7,10 @@ namespace tern::cli {
 void speculative_flags_add(CLI::App* sub, SpeculativeFlags& f) {
   sub->add_option("--speculative", f.mode,
                   "Speculative decoding: off, ngram (drafts from the conversation and a request's `prediction`, "
-                  "verified exactly: the output is the same, only faster) or auto (the best drafter the backend "
-                  "can verify)")
-      ->check(CLI::IsMember({"off", "ngram", "auto"}))
+                  "verified exactly: the output is the same, only faster), mtp (drafts from the model's MTP head, "
+                  "and the `prediction`) or auto (mtp where the model has the head, else ngram; off where the "
+                  "backend cannot verify)")
+      ->check(CLI::IsMember({"off", "ngram", "mtp", "auto"}))
       ->capture_default_str();
   sub->add_option("--draft-max", f.draft_max, "Drafts verified per step at most (each sequence adapts below it)")
       ->check(CLI::Range(1, 16))
@@ -20,12 +21,9 @@ SpeculativeOptions speculative_flags_options(const SpeculativeFlags& f, const Mo
   SpeculativeOptions o;
   o.mode = parse_speculative_mode(f.mode).value_or(SpeculativeMode::off);
   o.max_drafts = f.draft_max;
-  if (o.mode != SpeculativeMode::off && !runner.supports_verify()) {
-    if (!quiet && o.mode != SpeculativeMode::auto_)
-      std::fprintf(stderr, "tern: the %s backend cannot verify drafts yet: --speculative %s is off\n",
-                   runner.backend_name().c_str(), f.mode.c_str());
-    o.mode = SpeculativeMode::off;
-  }
+  const std::string why = speculative_unavailable(o.mode, runner);
+  if (!why.empty() && !quiet) std::fprintf(stderr, "tern: %s\n", why.c_str());
+  o.mode = speculative_effective_mode(o.mode, runner);
   return o;
 }
 

@@ -198,6 +198,9 @@ class CpuSession final : public Session {
       std::copy_n(l.kept_gdn.begin() + ptrdiff_t(j * ng), ng, l.gdn_state.begin());
     }
     position_ = position;
+    // The MTP head's input ends where the sequence now does, so that the next forward keeps its last row.
+    const int64_t D = cfg_->hidden_size, rows = int64_t(mtp_hidden_.size()) / D;
+    mtp_hidden_.resize(size_t(std::clamp<int64_t>(position - mtp_hidden_pos0_, 0, rows) * D));
     drop_kept();
   }
   // The kept states are no longer valid (their buffers stay allocated for the next verify forward).

@@ -141,9 +141,10 @@ std::shared_ptr<const ModelWeights> demo_model_build(const DemoModelOptions& o) 
   // Logits with a standard deviation of about 3: peaked enough to read as a language model's.
   w->lm_head = b.matrix(1, V, kD, 3.0f * s_in);
   w->final_norm = b.vector(kD, 1.0f, 0.1f);
-  for (int i = 0; i < c.num_hidden_layers; ++i) {
-    LayerWeights& l = w->layers.emplace_back();
-    l.type = c.layer_types[size_t(i)];
+  // One decoder layer's tensors, drawn in this order (the demo's weights depend on it).
+  auto layer = [&](LayerType type) {
+    LayerWeights l;
+    l.type = type;
     l.input_norm = b.vector(kD, 1.0f, 0.1f);
     l.post_attn_norm = b.vector(kD, 1.0f, 0.1f);
     if (l.type == LayerType::linear_attention) {
@@ -173,6 +174,20 @@ std::shared_ptr<const ModelWeights> demo_model_build(const DemoModelOptions& o) 
     l.shared_up = b.matrix(1, kF, kD, s_in);
     l.shared_down = b.matrix(1, kD, kF, 1.0f / std::sqrt(float(kF)));
     l.shared_expert_gate = b.matrix(1, 1, kD, s_in, 8);
+    return l;
+  };
+  for (int i = 0; i < c.num_hidden_layers; ++i) w->layers.push_back(layer(c.layer_types[size_t(i)]));
+  // The MTP draft head, drawn after everything else: the model's other weights are the same with or without it.
+  if (o.mtp) {
+    MtpWeights& m = w->mtp.emplace();
+    m.pre_fc_norm_embedding = b.vector(kD, 1.0f, 0.1f);
+    m.pre_fc_norm_hidden = b.vector(kD, 1.0f, 0.1f);
+    m.fc = b.matrix(1, kD, 2 * kD, 1.0f / std::sqrt(float(2 * kD)));
+    m.layer = layer(LayerType::full_attention);
+    m.norm = b.vector(kD, 1.0f, 0.1f);
+    w->mtp_source = "demo";
+  } else {
+    w->mtp_absent = "the demo model was built without it";
   }
   w->storage.push_back(storage);
   w->source_layout = "demo";

@@ -1,7 +1,7 @@
 // The built-in demo model: Qwen3.6's real architecture (Gated DeltaNet + gated attention layers, routed experts and
-// a shared expert) at a small size, with deterministic random weights built in memory at start-up, in MLX affine
-// 4-bit (router and shared-expert gate 8-bit, as MLX quantises them). Its output is meaningless text: the weights are
-// random. It lets every command run on a fresh machine with no download.
+// a shared expert, the MTP draft head) at a small size, with deterministic random weights built in memory at
+// start-up, in MLX affine 4-bit (router and shared-expert gate 8-bit, as MLX quantises them). Its output is
+// meaningless text: the weights are random. It lets every command run on a fresh machine with no download.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +19,8 @@ struct DemoModelOptions {
   std::string eos_json = "[151645, 151643]";  // <|im_end|>, <|endoftext|> of the Qwen3 tokenizer
   bool full_size = false;       // the real model's widths (D 2048, 256 experts, ...): the synthetic checkpoint
                                 // of `tern quantize --synthetic` (with layers = 40, vocab_real = 248077)
+  bool mtp = true;               // also the MTP draft head (ModelWeights::mtp), drawn after every other tensor so
+                                // that the rest is the same bit for bit without it
 };
 
 // The config.json text of the demo model (qwen3_5_moe_text at a small size).

@@ -65,7 +65,7 @@ class GenerationRun::ReasoningBudget {
 };
 
 GenerationRun::GenerationRun(Generator& generator, Session& session, const GenerationRequest& request,
-                             std::function<bool(const TokenEvent&)> on_token)
+                             std::function<bool(const TokenEvent&)> on_token, std::unique_ptr<Drafter> drafter)
     : gen_(generator), session_(session), request_(request), on_token_(std::move(on_token)) {
   ModelRunner& runner = gen_.runner();
   vocab_ = runner.vocab_real();
@@ -99,6 +99,18 @@ GenerationRun::GenerationRun(Generator& generator, Session& session, const Gener
   if (session.position() >= n_prompt) session.reset();
   result_.cached_tokens = session.position();
   rest_ = std::span<const int32_t>(request.prompt.data() + session.position(), size_t(n_prompt - session.position()));
+
+  // Speculative decoding: the drafter follows the prefill too (the MTP head is fed after each chunk).
+  if (drafter) {
+    TERN_CHECK(runner.supports_verify(), "the ", runner.backend_name(), " backend cannot verify drafts");
+    drafter_ = std::move(drafter);
+  } else if (const SpeculativeOptions& spec = gen_.options().speculative; spec.max_drafts > 0) {
+    const SpeculativeMode mode = speculative_effective_mode(spec.mode, runner);
+    if (mode != SpeculativeMode::off)
+      drafter_ = std::make_unique<SequenceDrafter>(
+          spec, mode, request.prompt, request.prediction,
+          mode == SpeculativeMode::mtp ? std::make_unique<MtpDrafter>(runner, session, request.prompt) : nullptr);
+  }
   report_prompt_progress();  // the prefill starts: processed == cached
 }
 
@@ -161,15 +173,16 @@ bool GenerationRun::next_step(BatchEntry& entry, int64_t max_prompt_tokens) {
 
 // At most as many drafts as the step could use: draft i guesses the token i places after the fed one (whose index
 // is step_), so max_tokens leaves max_tokens - step_ - 1 of them, the session has room for its capacity -
-// position - 1 and the backend verifies max_verify_tokens() - 1; cut after an end id (nothing follows it) and before the first token the output constraint refuses
-// (the mask would reject it: a sure loss).
+// position - 1 and the backend verifies max_verify_tokens() - 1; cut after an end id that would end the output
+// (nothing follows it; under ignore_eos only one a grammar accepts can) and before the first token the output
+// constraint refuses (the mask would reject it: a sure loss).
 std::vector<int32_t> GenerationRun::next_drafts() {
   const uint64_t left = max_tokens_ - std::min(max_tokens_, step_ + 1);
   const int64_t room = session_.capacity() - session_.position() - 1;
   const int64_t limit = std::min({room, int64_t(std::min<uint64_t>(left, uint64_t(INT64_MAX))),
                                    gen_.runner().max_verify_tokens() - 1});
+  std::vector<int32_t> d = drafter_->draft(std::max<int64_t>(0, limit));  // also at 0: the step comes all the same
   if (limit <= 0) return {};
-  std::vector<int32_t> d = drafter_->draft(limit);
   std::optional<OutputConstraint> trial;
   if (constraint_) trial.emplace(constraint_->fork());
   for (size_t i = 0; i < d.size(); ++i) {
@@ -178,7 +191,8 @@ std::vector<int32_t> GenerationRun::next_drafts() {
       d.resize(i);
       break;
     }
-    if (std::binary_search(gen_.end_ids().begin(), gen_.end_ids().end(), d[i])) {
+    if ((!request_.ignore_eos || constraint_) &&
+        std::binary_search(gen_.end_ids().begin(), gen_.end_ids().end(), d[i])) {
       d.resize(i + 1);
       break;
     }
@@ -255,6 +269,7 @@ void GenerationRun::step_done(const BatchEntry& entry) {
 
 void GenerationRun::after_prompt_chunk(int64_t n) {
   rest_ = rest_.subspan(size_t(n));
+  if (drafter_) drafter_->after_prompt_chunk();
   report_prompt_progress();
   const int64_t pos = session_.position(), every = request_.checkpoint_every;
   if (request_.on_checkpoint &&
@@ -267,9 +282,6 @@ void GenerationRun::after_prompt_chunk(int64_t n) {
   // The decode loop starts: text output, device sampling when the request allows it.
   text_.emplace(request_.stop);
   device_ok_ = gen_.options().use_device_sampling && device_sampling_allowed(request_);
-  const SpeculativeOptions& spec = gen_.options().speculative;
-  if (spec.mode != SpeculativeMode::off && spec.max_drafts > 0 && gen_.runner().supports_verify())
-    drafter_ = std::make_unique<SequenceDrafter>(spec, request_.prompt, request_.prediction);
   t_decode_ = Clock::now();
   choose_token(std::nullopt);
 }
@@ -377,6 +389,7 @@ void GenerationRun::choose_token(std::optional<int32_t> device_id) {
 
 void GenerationRun::finish_decode() {
   finished_ = true;
+  if (drafter_) drafter_->finish();
   if (first_) result_.prefill_s = seconds_since(t0_);
   else result_.decode_s = seconds_since(t_decode_);
   // Release held-back text (a partial stop string that never completed, an incomplete UTF-8 tail).

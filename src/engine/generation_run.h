@@ -34,9 +34,10 @@ class GenerationRun {
  public:
   // Checks the request (throws tern::Error as generate() does, the session then untouched) and sets up the prefill
   // (a session holding the whole prompt or more is reset). `generator`, `session`, `request` and on_token must
-  // outlive the run.
+  // outlive the run. drafter: the decode steps' drafts (a benchmark's; the runner must verify drafts); null: those of
+  // the generator's speculative options.
   GenerationRun(Generator& generator, Session& session, const GenerationRequest& request,
-                std::function<bool(const TokenEvent&)> on_token);
+                std::function<bool(const TokenEvent&)> on_token, std::unique_ptr<Drafter> drafter = nullptr);
   ~GenerationRun();
   GenerationRun(const GenerationRun&) = delete;
   GenerationRun& operator=(const GenerationRun&) = delete;
@@ -90,7 +91,7 @@ class GenerationRun {
   uint64_t step_ = 0, max_tokens_ = 0;
   int32_t fed_[1] = {0};           // the id the next decode step feeds
   DeviceSampling sampling_;        // for that step, when device_ok_
-  std::unique_ptr<SequenceDrafter> drafter_;  // speculative decoding on; null: plain steps
+  std::unique_ptr<Drafter> drafter_;  // speculative decoding on; null: plain steps
   std::vector<int32_t> verify_;    // a verify step's tokens: fed_[0], then the drafts
   std::vector<float> verify_logits_;  // its logits [verify_.size(), V]
   std::vector<int32_t> verify_ids_;   // or the ids the device sampled for its rows (BatchEntry::sampled_rows)

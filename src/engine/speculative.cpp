@@ -10,15 +10,34 @@ const char* speculative_mode_name(SpeculativeMode m) {
   switch (m) {
     case SpeculativeMode::off: return "off";
     case SpeculativeMode::ngram: return "ngram";
+    case SpeculativeMode::mtp: return "mtp";
     case SpeculativeMode::auto_: return "auto";
   }
   return "?";
 }
 
 std::optional<SpeculativeMode> parse_speculative_mode(std::string_view s) {
-  for (SpeculativeMode m : {SpeculativeMode::off, SpeculativeMode::ngram, SpeculativeMode::auto_})
+  for (SpeculativeMode m : {SpeculativeMode::off, SpeculativeMode::ngram, SpeculativeMode::mtp, SpeculativeMode::auto_})
     if (s == speculative_mode_name(m)) return m;
   return std::nullopt;
+}
+
+SpeculativeMode speculative_effective_mode(SpeculativeMode mode, const ModelRunner& runner) {
+  if (mode == SpeculativeMode::off || !runner.supports_verify()) return SpeculativeMode::off;
+  if (mode == SpeculativeMode::auto_) return runner.supports_mtp() ? SpeculativeMode::mtp : SpeculativeMode::ngram;
+  if (mode == SpeculativeMode::mtp && !runner.supports_mtp()) return SpeculativeMode::off;
+  return mode;
+}
+
+std::string speculative_unavailable(SpeculativeMode mode, const ModelRunner& runner) {
+  if (mode == SpeculativeMode::off || mode == SpeculativeMode::auto_) return "";
+  const std::string flag = std::string("--speculative ") + speculative_mode_name(mode);
+  if (!runner.supports_verify())
+    return "the " + runner.backend_name() + " backend cannot verify drafts yet: " + flag + " is off";
+  if (mode == SpeculativeMode::mtp && !runner.supports_mtp())
+    return "the model has no MTP draft head (--draft-weights FILE gives one; tern extract-mtp writes it): " + flag +
+           " runs without drafts";
+  return "";
 }
 
 DraftPolicy::DraftPolicy(int max_drafts) : max_(std::max(0, max_drafts)), k_(std::min(4, max_)) {}
@@ -48,10 +67,15 @@ void DraftPolicy::record(int drafted, int accepted) {
   }
 }
 
-SequenceDrafter::SequenceDrafter(const SpeculativeOptions& options, std::span<const int32_t> prompt,
-                                 std::vector<int32_t> prediction)
-    : policy_(options.max_drafts) {
-  TERN_INTERNAL_CHECK(options.mode != SpeculativeMode::off, "a drafter for a sequence without speculation");
+SequenceDrafter::SequenceDrafter(const SpeculativeOptions& options, SpeculativeMode mode,
+                                 std::span<const int32_t> prompt, std::vector<int32_t> prediction,
+                                 std::unique_ptr<MtpDrafter> mtp)
+    : policy_(options.max_drafts), mtp_(std::move(mtp)) {
+  TERN_INTERNAL_CHECK(mode == SpeculativeMode::ngram || mode == SpeculativeMode::mtp,
+                      "a sequence drafter for mode ", speculative_mode_name(mode));
+  TERN_INTERNAL_CHECK((mode == SpeculativeMode::mtp) == (mtp_ != nullptr), "mode ", speculative_mode_name(mode),
+                      mtp_ ? " with" : " without", " an MTP drafter");
+  // The n-gram index also under mtp: the drafts of a sequence whose head cannot be fed.
   ngram_.emplace(options.ngram_min_match);
   ngram_->append(prompt);
   if (!prediction.empty()) prediction_.emplace(std::move(prediction));
@@ -60,19 +84,37 @@ SequenceDrafter::SequenceDrafter(const SpeculativeOptions& options, std::span<co
 void SequenceDrafter::append(int32_t token) {
   if (ngram_) ngram_->append(token);
   if (prediction_) prediction_->append(token);
+  if (mtp_) mtp_->append(token);
 }
 
+void SequenceDrafter::after_prompt_chunk() {
+  if (mtp_) mtp_->catch_up();
+}
+
+void SequenceDrafter::finish() {
+  if (mtp_) mtp_->catch_up();
+}
+
+// The MTP head is fed at every step, whoever drafts: the runner keeps only the last forward's hidden states.
 std::vector<int32_t> SequenceDrafter::draft(int64_t limit) {
   const int64_t k = std::min<int64_t>(limit, policy_.next());
   if (k <= 0) {
     policy_.skip_step();
+    if (mtp_) mtp_->catch_up();
     return {};
   }
   if (prediction_) {
     std::vector<int32_t> d = prediction_->draft(k);
-    if (!d.empty()) return d;
+    if (!d.empty()) {
+      if (mtp_) mtp_->catch_up();
+      return d;
+    }
   }
-  return ngram_ ? ngram_->draft(k) : std::vector<int32_t>{};
+  if (mtp_ && mtp_->usable()) {
+    std::vector<int32_t> d = mtp_->draft(k);
+    if (mtp_->usable()) return d;  // else the head found a gap: the n-gram drafts from now on
+  }
+  return ngram_->draft(k);
 }
 
 }  // namespace tern

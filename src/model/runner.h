@@ -184,7 +184,8 @@ class ModelRunner {
   virtual bool supports_mtp() const { return false; }
   // The main model's hidden states after the final norm of the session's last forward call, [rows, D], for the
   // positions [*pos0, *pos0 + rows): that call's tokens, preceded by the previous call's last position when the
-  // two calls were consecutive (the pair it makes with this call's first token is known only now).
+  // two calls were consecutive (the pair it makes with this call's first token is known only now). After
+  // Session::rollback, the rows before the position it returned to (the next call continues from there).
   virtual std::span<const float> mtp_hidden(const Session& session, int64_t* pos0) const {
     throw std::logic_error("this backend has no MTP head");
   }

@@ -1,7 +1,8 @@
 // The MTP draft head on the CPU runner, on hand-built random models: pairs fed at once or one by one, draft rows
-// rewritten by the true pairs, snapshots, and errors. (Agreement with the PyTorch reference is tests/py/test_mtp.py.)
+// rewritten by the true pairs, snapshots, the hidden states after a rollback, and errors. (Agreement with the PyTorch reference is tests/py/test_mtp.py.)
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/check.h"
@@ -104,6 +105,30 @@ TEST(CpuMtp, DraftRowsAreRewrittenAndSnapshotsKeepThePendingPair) {
   }
   ASSERT_EQ(got.size(), reference.size());
   for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], reference[i]) << "pair " << i / size_t(V);
+}
+
+TEST(CpuMtp, RollbackCutsTheHiddenStatesToThePosition) {
+  MtpFixture f;
+  const int64_t D = f.D();
+  auto s = f.runner->create_session(int64_t(f.tokens.size()) + 4);
+  std::vector<float> logits;
+  f.runner->forward(*s, std::span(f.tokens).first(4), false, logits);
+  f.runner->forward_verify(*s, std::span(f.tokens).subspan(4, 5), logits);  // positions 4..8, after row 3
+  int64_t h0 = 0;
+  std::vector<float> verified(f.runner->mtp_hidden(*s, &h0).begin(), f.runner->mtp_hidden(*s, &h0).end());
+  EXPECT_EQ(h0, 3);
+  ASSERT_EQ(verified.size(), size_t(6 * D));
+  s->rollback(6);  // tokens 4 and 5 kept
+  std::span<const float> h = f.runner->mtp_hidden(*s, &h0);
+  EXPECT_EQ(h0, 3);
+  ASSERT_EQ(h.size(), size_t(3 * D)) << "rows 3, 4, 5: those before the position";
+  EXPECT_TRUE(std::equal(h.begin(), h.end(), verified.begin()));
+  // The next forward continues from there: row 5 is kept before its own.
+  f.runner->forward(*s, std::span(f.tokens).subspan(6, 1), false, logits);
+  h = f.runner->mtp_hidden(*s, &h0);
+  EXPECT_EQ(h0, 5);
+  ASSERT_EQ(h.size(), size_t(2 * D));
+  EXPECT_TRUE(std::equal(h.begin(), h.begin() + D, verified.begin() + 2 * D));
 }
 
 TEST(CpuMtp, Errors) {

@@ -57,6 +57,35 @@ TEST(DemoModel, RealArchitectureAtASmallSize) {
   EXPECT_EQ(c.gen_top_k, 20);
 }
 
+TEST(DemoModel, TheMtpHeadLeavesTheOtherWeightsAsTheyWere) {
+  DemoModelOptions o;
+  o.vocab_real = 1000;
+  const auto with = demo_model_build(o);
+  o.mtp = false;
+  const auto without = demo_model_build(o);
+  ASSERT_TRUE(with->mtp.has_value());
+  EXPECT_FALSE(without->mtp.has_value());
+  EXPECT_FALSE(without->mtp_absent.empty());
+  EXPECT_EQ(with->mtp->layer.type, LayerType::full_attention);
+  EXPECT_EQ(with->mtp->fc.cols, 2 * with->config.hidden_size);
+  const auto a = with->all_matrices(), b = without->all_matrices();
+  ASSERT_EQ(a.size(), b.size() + 13) << "fc and the layer's 12 matrices";
+  for (size_t i = 0; i < b.size(); ++i) {
+    ASSERT_EQ(a[i].first, b[i].first);
+    EXPECT_TRUE(same_bytes(*a[i].second, *b[i].second)) << a[i].first;
+  }
+  for (size_t i = 0; i < with->layers.size(); ++i) EXPECT_EQ(with->layers[i].A_log, without->layers[i].A_log);
+  EXPECT_EQ(with->final_norm, without->final_norm);
+  // The same logits through the CPU backend.
+  std::vector<float> la, lb;
+  const std::vector<int32_t> tokens = {3, 141, 59, 26, 535};
+  auto ra = cpu_runner_create(with), rb = cpu_runner_create(without);
+  auto sa = ra->create_session(16), sb = rb->create_session(16);
+  ra->forward(*sa, tokens, true, la);
+  rb->forward(*sb, tokens, true, lb);
+  EXPECT_EQ(la, lb);
+}
+
 TEST(DemoModel, EmbeddedTokenizerAndTemplate) {
   const auto tok = demo_tokenizer();
   EXPECT_EQ(tok->vocab_size(), 151669);

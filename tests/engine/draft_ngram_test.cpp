@@ -155,8 +155,10 @@ TEST(SpeculativeMode, Names) {
   EXPECT_EQ(parse_speculative_mode("off"), SpeculativeMode::off);
   EXPECT_EQ(parse_speculative_mode("ngram"), SpeculativeMode::ngram);
   EXPECT_EQ(parse_speculative_mode("auto"), SpeculativeMode::auto_);
-  EXPECT_FALSE(parse_speculative_mode("mtp").has_value());
+  EXPECT_EQ(parse_speculative_mode("mtp"), SpeculativeMode::mtp);
+  EXPECT_FALSE(parse_speculative_mode("eagle").has_value());
   EXPECT_STREQ(speculative_mode_name(SpeculativeMode::auto_), "auto");
+  EXPECT_STREQ(speculative_mode_name(SpeculativeMode::mtp), "mtp");
 }
 
 }  // namespace

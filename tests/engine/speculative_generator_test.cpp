@@ -253,6 +253,25 @@ TEST(SpeculativeGenerator, ThePredictionIsDraftedAndVerifiedInFewSteps) {
   EXPECT_EQ(session->position(), 2 + 40 - 1);
 }
 
+// Under ignore_eos an end id ends nothing, so drafts go on past it: 13 -> 1 (the end id) -> 5 -> 17 -> 13 ...
+TEST(SpeculativeGenerator, UnderIgnoreEosDraftsGoPastAnEndId) {
+  GenerationRequest req = greedy({13}, 40);
+  req.ignore_eos = true;
+  req.prediction = chain(13, 40);
+  VerifyRunner spec;
+  GeneratorOptions o;
+  o.speculative.mode = SpeculativeMode::ngram;
+  o.speculative.ngram_min_match = 1000;  // the prediction alone
+  Generator gen(spec, letters(), o);
+  auto session = spec.create_session(200);
+  const GenerationResult r = gen.generate(*session, req);
+  EXPECT_EQ(r.tokens, chain(13, 40));
+  EXPECT_EQ(r.accepted_draft_tokens, r.draft_tokens);
+  // The prefill, then 5, 7, 9, 9 and 9 tokens a step (4 drafts, then 2 more after each full acceptance, up to 8);
+  // cut at each end id, a step would hold 5 at most.
+  EXPECT_EQ(spec.forward_calls, 6);
+}
+
 TEST(SpeculativeGenerator, OffOrABackendWithoutVerifyRunsPlainSteps) {
   GenerationRequest req = greedy({5, 6}, 20);
   req.prediction = chain(6, 20);

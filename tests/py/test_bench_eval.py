@@ -2,6 +2,7 @@
 
 bench: the demo model at tiny lengths; the JSON holds every length with consistent figures, the SVG parses.
        --concurrency: a row per stream count, its figures consistent with the step times the JSON keeps.
+       --speculative: every table's rows, figures consistent with each other, no output changed by the drafts.
 eval:  a tiny random HF model (tests/oracles/make_model.py) teacher-forced in transformers (fp32, CPU) gives the
        reference logits (tests/oracles/reference_eval_logits.py); tern eval on the CPU must find KL ~ 0 and the same
        perplexity (1e-4 relative). With a perturbed reference, every metric tern reports must equal the one computed
@@ -49,6 +50,81 @@ def test_bench_demo_cpu(tern_bin, tmp_path):
     root = ET.parse(svg).getroot()  # well-formed XML
     assert root.tag.endswith("svg")
     assert len([e for e in root.iter() if e.tag.endswith("polyline")]) == 2
+
+
+def test_bench_speculative_demo_cpu(tern_bin, tmp_path):
+    """tern bench --speculative on the demo model: every table row there, the JSON's figures consistent with each
+    other, and every end-to-end run's output the reference's. Acceptance 0 and 1 make the drafts' fate certain: all
+    rejected, all accepted (k + 1 tokens a step, but for the last)."""
+    js = tmp_path / "spec.json"
+    r = run([tern_bin, "bench", "--demo", "--device", "cpu", "--speculative", "--lengths", "16,48", "--draft-max", "4",
+             "--draft-counts", "2,4", "--acceptance", "0,0.6,1", "--decode-steps", "20", "--repeats", "2",
+             "--warmup", "0", "--json", js, "--quiet"])
+    out = r.stdout
+    assert "| context | drafts | verify ms | x plain step | MTP draft ms | MTP ms / draft |" in out, out
+    assert "| context | drafts | acceptance | accepted / drafted | tokens / step |" in out, out
+    assert "COMPUTED from the costs above (not measured)" in out, out
+    assert "mismatches against decoding without drafts: 0 of 28 runs" in out, out
+    rows16 = [line for line in out.splitlines() if line.startswith("|      16 |")]
+    assert len(rows16) == (1 + 5) + (1 + 2 * 3) + 2 * 3, out  # verify: plain, k = 0..4; end to end; published
+    doc = json.loads(js.read_text())
+    assert doc["backend"] == "cpu" and doc["mtp"] is True and doc["mismatches"] == 0 and doc["runs"] == 28
+    assert doc["method"]["draft_counts"] == [2, 4] and doc["method"]["acceptance"] == [0, 0.6, 1]
+    assert "--speculative" in doc["command"]
+    assert [p["length"] for p in doc["points"]] == [16, 48]
+    for p in doc["points"]:
+        plain = p["plain_ms_median"]
+        assert len(p["plain_ms"]) == 2 and plain == pytest.approx(float(np.median(p["plain_ms"])), rel=1e-12)
+        assert [v["drafts"] for v in p["verify"]] == [0, 1, 2, 3, 4]
+        for v in p["verify"]:
+            assert len(v["ms"]) == 2 and v["ratio"] == pytest.approx(v["ms_median"] / plain, rel=1e-9)
+            assert (v["drafts"] > 0) == ("mtp_draft_ms_median" in v)
+            if v["drafts"] > 0:
+                assert v["mtp_draft_ms_median"] > 0
+        rows = p["end_to_end"]
+        assert [(e["drafts"], e["acceptance"]) for e in rows] == [(0, None), (2, 0), (2, 0.6), (2, 1), (4, 0),
+                                                                   (4, 0.6), (4, 1)]
+        for e in rows:
+            assert e["runs"] == 2 and e["mismatches"] == 0 and e["first_mismatch"] is None
+            assert e["generated"] == 2 * 19 and len(e["tok_s"]) == 2
+            assert e["speedup"] == pytest.approx(e["tok_s_median"] / rows[0]["tok_s_median"], rel=1e-9)
+            if e["drafts"] == 0:
+                assert e["drafted"] == 0 and e["decode_steps"] == e["generated"]
+                continue
+            k, a = e["drafts"], e["acceptance"]
+            verify = p["verify"][k]["ms_median"]
+            tokens_per_step = (k + 1) if a == 1 else (1 - a ** (k + 1)) / (1 - a)
+            assert e["computed_speedup"] == pytest.approx(tokens_per_step * plain / verify, rel=1e-9)
+            assert e["drafted"] > 0
+            if a == 0:  # every draft wrong: each step verifies and keeps only its own token
+                assert e["accepted"] == 0 and e["decode_steps"] == e["generated"]
+            if a == 1:  # every draft right: k + 1 tokens a step (the last step takes what is left)
+                assert e["accepted"] == e["drafted"]
+                assert e["decode_steps"] == 2 * -(-19 // (k + 1))
+        pub = p["published_computed"]
+        assert [(c["drafts"], c["acceptance"]) for c in pub] == [(3, 0.73), (3, 0.8), (3, 0.87), (4, 0.73), (4, 0.8),
+                                                                  (4, 0.87)]
+        for c in pub:
+            k, a = c["drafts"], c["acceptance"]
+            v = p["verify"][k]
+            assert c["draft_cost_included"] is True
+            assert c["tokens_per_step"] == pytest.approx((1 - a ** (k + 1)) / (1 - a), rel=1e-12)
+            assert c["cost_ratio"] == pytest.approx((v["ms_median"] + v["mtp_draft_ms_median"]) / plain, rel=1e-9)
+            assert c["computed_speedup"] == pytest.approx(c["tokens_per_step"] / c["cost_ratio"], rel=1e-9)
+
+
+def test_bench_speculative_rejects_bad_flags(tern_bin):
+    base = [tern_bin, "bench", "--demo", "--device", "cpu", "--lengths", "16"]
+    for extra, fragment in ((["--speculative", "--acceptance", "0.5,1.5"], "--acceptance"),
+                            (["--speculative", "--acceptance", "x"], "--acceptance"),
+                            (["--speculative", "--draft-counts", "9"], "--draft-counts"),
+                            (["--speculative", "--draft-max", "2", "--draft-counts", "3"], "--draft-counts"),
+                            (["--acceptance", "0.5"], "--speculative"),
+                            (["--speculative", "--plot", "x.svg"], "--speculative"),
+                            (["--speculative", "--concurrency", "1,2"], "--speculative"),
+                            (["--speculative", "--lengths", "32K"], "--lengths")):
+        r = run(base + extra, check=False)
+        assert r.returncode == 2 and fragment in r.stderr, (extra, r.stderr)
 
 
 def test_bench_rejects_bad_flags(tern_bin):

@@ -1,7 +1,8 @@
 """The MTP draft head (issue 32): tern's CPU logits against tests/oracles/mtp_reference.py (PyTorch, written from
 the published architecture, since transformers drops the mtp.* weights) on a fresh random model each run, fp32 and
 4-bit; a folder without the head loads and says so once; tern extract-mtp and --draft-weights round trip; tern
-quantize keeps the head; broken draft files fail with a message."""
+quantize keeps the head; broken draft files fail with a message; generation with the head's drafts
+(--speculative mtp) gives the tokens it gives without, and without the head mtp says so once."""
 import json
 import os
 import pathlib
@@ -116,6 +117,30 @@ def test_folder_without_mtp_loads_and_says_so_once(tern_bin, models):
     r = run([tern_bin, "logits", "-m", models["nomtp"], "--tokens", "1,2", "--out", models["base"] / "x.npy",
              "--mtp-out", models["base"] / "y.npy"], check=False)
     assert r.returncode == 1 and "no MTP draft head" in r.stderr and "extract-mtp" in r.stderr, r.stderr
+
+
+def generate_ids(tern_bin, model, mode, tokens, n=24):
+    r = run([tern_bin, "generate", "-m", model, "--device", "cpu", "--tokens", ",".join(map(str, tokens)), "-n", n,
+             "--temperature", "0", "--ignore-eos", "--print-ids", "--speculative", mode])
+    return r.stdout, r.stderr
+
+
+def test_generate_with_mtp_drafts_gives_the_same_tokens(tern_bin, models):
+    """--speculative mtp (and auto, which takes the head) on the model with the head: the tokens of --speculative off;
+    on the model without it, mtp says so once and runs without drafts, and auto falls back to ngram silently."""
+    tokens, _, _ = prompt(models, tern_bin, n=12)
+    want, _ = generate_ids(tern_bin, models["mtp"], "off", tokens)
+    assert want.strip()
+    for mode in ("mtp", "auto"):
+        got, err = generate_ids(tern_bin, models["mtp"], mode, tokens)
+        assert got == want, mode
+        assert "--speculative" not in err, err
+    got, err = generate_ids(tern_bin, models["nomtp"], "mtp", tokens)
+    assert got == generate_ids(tern_bin, models["nomtp"], "off", tokens)[0]
+    assert err.count("--speculative mtp runs without drafts") == 1, err
+    assert "no MTP draft head" in err.split("--speculative mtp")[0], err
+    got, err = generate_ids(tern_bin, models["nomtp"], "auto", tokens)
+    assert "--speculative" not in err, err
 
 
 def read_header(path):

@@ -2,7 +2,9 @@
 with `--speculative off`, over many prompts (random and repetitive), with the client's `prediction` (a corrupted
 copy of the answer, so that drafts are accepted and rejected: the test asserts some are accepted), in batches (--parallel), under a grammar,
 with stop strings and max_tokens, seeded sampling; usage's accepted/rejected prediction tokens and /metrics; a bad
-`prediction` is a 400; a client that hangs up mid-stream leaves a healthy server.
+`prediction` is a 400; a client that hangs up mid-stream leaves a healthy server. `--speculative mtp` (the demo
+model's MTP head drafts, its weights random): the same answers, alone, with a prediction, in batches and across the
+turns of a conversation (the head's cache resumed with the prefix cache).
 
 Prompts come from a generator seeded afresh each run (printed; TERN_TEST_SEED repeats a run).
 """
@@ -184,3 +186,54 @@ def test_metrics_count_drafts_and_a_hangup_mid_stream_is_clean(servers, seed):
     assert m["tern_verify_steps_total"] > 0
     assert on.alive()
     chat(on, "still here?")
+
+
+@pytest.fixture(scope="module")
+def mtp_server(tern_bin):
+    server = Server(tern_bin, "--ctx-size", "2048", "--parallel", "4", "--speculative", "mtp", "--draft-max", "4")
+    yield server
+    server.stop()
+
+
+def test_mtp_drafts_give_the_same_answers(servers, mtp_server, seed):
+    """The demo model's head is random, so its drafts are mostly rejected: the corrupted prediction gives accepted
+    ones, the head's drafts fill the steps between."""
+    off, _ = servers
+    rng = random.Random(seed + 7)
+    before = metrics(mtp_server.port)["tern_draft_tokens_total"]
+    accepted = 0
+    for p in prompts(rng, 16):
+        a = chat(off, p)
+        assert answer(chat(mtp_server, p)) == answer(a), p
+        content = a["choices"][0]["message"]["content"] or p
+        b = chat(mtp_server, p, prediction={"type": "content", "content": corrupt(rng, content)})
+        assert answer(b) == answer(a), p
+        accepted += details(b)["accepted_prediction_tokens"]
+    assert metrics(mtp_server.port)["tern_draft_tokens_total"] > before, "nothing was drafted"
+    assert accepted > 0, "no draft was accepted: the comparison proves little"
+
+
+def test_mtp_drafts_in_batches_and_conversations(servers, mtp_server, seed):
+    off, _ = servers
+    rng = random.Random(seed + 8)
+    ps = prompts(rng, 8)
+    alone = [answer(chat(off, p)) for p in ps]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(lambda p: answer(chat(mtp_server, p)), ps))
+    assert together == alone
+    # A conversation over three turns: each turn resumes the session (and its head's cache) from the prefix cache.
+    histories = {off.port: [], mtp_server.port: []}
+    for turn in range(3):
+        got = []
+        for server in (off, mtp_server):
+            history = histories[server.port]
+            history.append({"role": "user", "content": ps[turn]})
+            status, _, r = post_json(server.port, "/v1/chat/completions",
+                                     {"model": "m", "messages": history, "temperature": 0, "max_tokens": 24,
+                                      "chat_template_kwargs": {"enable_thinking": False}}, timeout=600)
+            assert status == 200, r
+            history.append({"role": "assistant", "content": r["choices"][0]["message"]["content"] or ""})
+            got.append(answer(r))
+        assert got[0] == got[1], turn
+        if turn > 0:
+            assert r["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0) > 0, r["usage"]
