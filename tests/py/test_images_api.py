@@ -218,6 +218,14 @@ def test_bad_images_are_400s_naming_the_image(server, url, words):
     assert server.alive()
 
 
+def test_an_image_too_large_for_the_context(server):
+    """4000 x 3000 pixels take about 11,700 tokens: more than the server's 4,096, refused with both numbers."""
+    status, _, r = chat(server.port, [{"type": "image_url", "image_url": {"url": data_url(
+        image_bytes((4000, 3000), (40, 40, 40)))}}])
+    assert status == 400 and r["error"]["code"] == "context_length_exceeded", r
+    assert "4096" in r["error"]["message"], r
+
+
 def test_images_only_where_they_belong(server):
     part = {"type": "image_url", "image_url": {"url": data_url(RED)}}
     body = {"model": MODEL, "max_tokens": 1, "messages": [{"role": "system", "content": [part]},

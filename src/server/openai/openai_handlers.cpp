@@ -77,7 +77,8 @@ void handle_chat_completions(ServerState& state, const httplib::Request& req, ht
   } catch (const Error& e) {
     return respond_error(res, api_error_invalid("messages", strip_error_location(e.what())));
   }
-  if (auto e = prompt_images_attach(state, request.images, task->request.prompt, &task->request.images))
+  if (auto e = prompt_images_attach(state, request.images, task->request.prompt, &task->request.images,
+                                    request.truncate_prompt_tokens.has_value()))
     return respond_error(res, *e);
   if (auto e = truncate_prompt_images(task->request.prompt, task->request.images, request.truncate_prompt_tokens))
     return respond_error(res, *e);

@@ -32,7 +32,8 @@ std::optional<ApiError> request_images_refused(const ServerState& state, const s
 }
 
 std::optional<ApiError> prompt_images_attach(const ServerState& state, const std::vector<RequestImage>& images,
-                                             std::vector<int32_t>& prompt, std::vector<PromptImage>* out) {
+                                             std::vector<int32_t>& prompt, std::vector<PromptImage>* out,
+                                             bool may_truncate) {
   if (images.empty()) return std::nullopt;
   if (auto e = request_images_refused(state, images)) return e;
   const ImageSettings& settings = state.model.images;
@@ -54,6 +55,8 @@ std::optional<ApiError> prompt_images_attach(const ServerState& state, const std
     return image_error(images[0], strip_error_location(e.what()));
   }
   if (!out) return std::nullopt;
+  if (!may_truncate && int64_t(prompt.size()) >= state.model.context)  // the pixels would be processed for nothing
+    return api_error_context(int64_t(prompt.size()), state.model.context);
   out->clear();
   for (size_t i = 0; i < prepared.size(); ++i) {
     try {

@@ -23,9 +23,12 @@ struct ServerState;
 std::optional<ApiError> request_images_refused(const ServerState& state, const std::vector<RequestImage>& images);
 
 // Expands `prompt`'s <|image_pad|> tokens for `images` (nothing without images). With `out`, also processes each
-// image into *out (offsets in the expanded prompt). nullopt when done; else the 400.
+// image into *out (offsets in the expanded prompt); a prompt that the images make too long for the context is
+// refused before any pixel is processed, unless `may_truncate` (truncate_prompt_tokens will cut it). nullopt when
+// done; else the 400.
 std::optional<ApiError> prompt_images_attach(const ServerState& state, const std::vector<RequestImage>& images,
-                                             std::vector<int32_t>& prompt, std::vector<PromptImage>* out);
+                                             std::vector<int32_t>& prompt, std::vector<PromptImage>* out,
+                                             bool may_truncate = false);
 
 // truncate_prompt_tokens with images: keeps the prompt's last `keep` tokens (none: unchanged), the images before
 // the cut dropped and the others' offsets moved. A cut through an image is a 400 (param truncate_prompt_tokens).
