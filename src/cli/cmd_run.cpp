@@ -283,7 +283,8 @@ void print_history(const Conversation& c) {
     if (m["content"].is_string()) {
       text = m["content"].get<std::string>();
     } else {
-      for (const auto& part : m["content"]) text += part["type"] == "image" ? "[image] " : part["text"].get<std::string>();
+      for (const auto& part : m["content"])
+        text += part["type"] == "image" ? "[image] " : part["text"].get<std::string>();
     }
     std::printf("[%s] %s\n", m["role"].get<std::string>().c_str(), text.c_str());
   }

@@ -18,7 +18,8 @@ struct VisionStorage : WeightStorage {
 // Draws the encoder's tensors in a fixed order, each from its own stream.
 class VisionBuilder {
  public:
-  VisionBuilder(uint64_t seed, VisionStorage& storage) : seed_(demo::mix(seed ^ 0x766973696f6eull)), storage_(storage) {}
+  VisionBuilder(uint64_t seed, VisionStorage& storage)
+      : seed_(demo::mix(seed ^ 0x766973696f6eull)), storage_(storage) {}  // "vision": a stream of its own
 
   // An fp32 [rows, cols] matrix, uniform with standard deviation `stddev`.
   Matrix matrix(int64_t rows, int64_t cols, float stddev) {

@@ -260,8 +260,10 @@ void GenerationRun::image_spans(int64_t pos, int64_t n) {
 }
 
 void GenerationRun::release_fed_images() {
-  for (size_t i = 0; i < encoded_.size(); ++i)
-    if (encoded_[i] && request_.images[i].offset + request_.images[i].tokens <= session_.position()) encoded_[i].reset();
+  for (size_t i = 0; i < encoded_.size(); ++i) {
+    const PromptImage& im = request_.images[i];
+    if (encoded_[i] && im.offset + im.tokens <= session_.position()) encoded_[i].reset();
+  }
 }
 
 void GenerationRun::after_prompt_chunk(int64_t n) {

@@ -24,7 +24,8 @@ ImageSettings image_settings(const Config& config, const std::string& runner_una
     return s;
   }
   const ImageProcessorConfig& p = s.processor;
-  if (p.patch_size != v.patch_size || p.temporal_patch_size != v.temporal_patch_size || p.merge_size != v.spatial_merge_size)
+  if (p.patch_size != v.patch_size || p.temporal_patch_size != v.temporal_patch_size ||
+      p.merge_size != v.spatial_merge_size)
     s.unavailable = detail::concat(
         "the model's preprocessor_config.json (patch ", p.patch_size, ", temporal patch ", p.temporal_patch_size,
         ", merge ", p.merge_size, ") does not match its vision_config (patch ", v.patch_size, ", temporal patch ",
