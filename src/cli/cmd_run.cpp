@@ -6,7 +6,8 @@
 // token count) or, with --show-thinking, shown dimmed. On a terminal the input has line editing and history
 // (cli/line_editor.h), kept between sessions (cli/history_file.h; --history-file, --no-history), and may span
 // lines (a trailing backslash, """ blocks, pasted text). Commands: /help, /clear
-// (new conversation; /reset too), /system TEXT, /history, /exit. Ctrl-C stops the answer, not the program; Ctrl-D
+// (new conversation; /reset too), /system TEXT, /image PATH (attaches an image to the next message, for a model
+// with a vision encoder), /history, /exit. Ctrl-C stops the answer, not the program; Ctrl-D
 // or /exit quits. After each answer: tok/s on stderr. When stdin is not a terminal, each line is one message.
 // The conversation's state is kept between turns in the server's prefix cache (engine/prefix_cache.h): a turn
 // resumes from the latest snapshot its prompt shares, also when the template re-renders the earlier answers (their
@@ -18,6 +19,7 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <filesystem>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -35,9 +37,12 @@
 #include "cli/model_flags.h"
 #include "cli/speculative_flags.h"
 #include "core/check.h"
+#include "core/text_file.h"
 #include "engine/generator.h"
+#include "engine/image_prompt.h"
 #include "engine/prefix_cache.h"
 #include "server/serving/chat_prompt.h"
+#include "server/serving/request_images.h"
 #include "text/chat_template.h"
 #include "text/stop_matcher.h"
 #include "text/tokenizer.h"
@@ -203,6 +208,7 @@ const char* const kHelp =
     "  /help          this text\n"
     "  /clear         a new conversation (/reset does the same)\n"
     "  /system TEXT   set the system message; a new conversation (/system alone clears it)\n"
+    "  /image PATH    attach an image (PNG, JPEG, WebP, GIF) to your next message\n"
     "  /history       show the conversation so far\n"
     "  /exit          quit (/quit, or Ctrl-D on an empty line)\n"
     "Keys: Left/Right, Home/End or Ctrl-A/E, Up/Down for earlier messages,\n"
@@ -254,16 +260,61 @@ class MessageInput {
   std::unique_ptr<LineEditor> editor_;
 };
 
-// Prints the conversation so far: each message's role and text (thinking left out).
-void print_history(const std::string& system, const nlohmann::ordered_json& messages) {
-  if (!system.empty()) std::printf("[system] %s\n", system.c_str());
-  if (messages.empty()) std::puts("(no messages yet)");
-  for (const auto& m : messages)
-    std::printf("[%s] %s\n", m["role"].get<std::string>().c_str(), m["content"].get<std::string>().c_str());
+// The conversation: the system message, the messages (a user message with images holds them as {"type": "image"}
+// parts before its text), the images in the order the template meets them, and those attached to the next message.
+struct Conversation {
+  std::string system;
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  std::vector<PromptImage> images;   // offsets are set for each turn's prompt
+  std::vector<PromptImage> pending;  // /image: for the next message
+  void clear() {
+    messages = nlohmann::ordered_json::array();
+    images.clear();
+    pending.clear();
+  }
+};
+
+// Prints the conversation so far: each message's role and text (thinking left out; an image as [image]).
+void print_history(const Conversation& c) {
+  if (!c.system.empty()) std::printf("[system] %s\n", c.system.c_str());
+  if (c.messages.empty()) std::puts("(no messages yet)");
+  for (const auto& m : c.messages) {
+    std::string text;
+    if (m["content"].is_string()) {
+      text = m["content"].get<std::string>();
+    } else {
+      for (const auto& part : m["content"])
+        text += part["type"] == "image" ? "[image] " : part["text"].get<std::string>();
+    }
+    std::printf("[%s] %s\n", m["role"].get<std::string>().c_str(), text.c_str());
+  }
+  if (!c.pending.empty()) std::printf("(%zu image(s) attached to the next message)\n", c.pending.size());
+}
+
+// /image PATH: the file decoded and processed now (a bad one is told here), kept for the next message.
+void attach_image(const std::string& path, const ImageSettings& settings, Conversation& c) {
+  if (!settings.unavailable.empty()) {
+    std::printf("cannot attach an image: %s\n", settings.unavailable.c_str());
+    return;
+  }
+  try {
+    constexpr uintmax_t kMaxFileBytes = uintmax_t(256) << 20;  // an image file's compressed bytes, at most
+    std::error_code ec;
+    TERN_CHECK(std::filesystem::is_regular_file(path, ec), path, ": no such file");
+    TERN_CHECK(std::filesystem::file_size(path, ec) <= kMaxFileBytes, path, ": the file is over 256 MiB");
+    const std::string bytes = read_text_file(path);
+    const PreparedImage image =
+        image_prompt_decode({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()}, settings, path);
+    c.pending.push_back(image_prompt_process(image, 0, settings));
+    std::printf("(image attached to your next message: %s, %dx%d, %lld tokens)\n", path.c_str(), image.image.width,
+                image.image.height, (long long)image.tokens);
+  } catch (const Error& e) {
+    std::printf("cannot attach the image: %s\n", e.what());
+  }
 }
 
 // The slash commands. Returns true when `line` was one (handled here); sets `quit` for /exit.
-bool run_command(const std::string& line, std::string& system, nlohmann::ordered_json& messages, bool& quit) {
+bool run_command(const std::string& line, Conversation& c, const ImageSettings& images, bool& quit) {
   if (line.empty() || line[0] != '/' || line.find('\n') != std::string::npos) return false;
   const std::string name = line.substr(0, line.find(' '));
   if (name == "/exit" || name == "/quit") {
@@ -271,16 +322,20 @@ bool run_command(const std::string& line, std::string& system, nlohmann::ordered
   } else if (name == "/help") {
     std::fputs(kHelp, stdout);
   } else if (name == "/clear" || name == "/reset") {
-    messages = nlohmann::ordered_json::array();
+    c.clear();
     std::fputs("(new conversation)\n", stdout);
   } else if (name == "/system") {
-    system = line.size() > 8 ? line.substr(8) : "";
-    messages = nlohmann::ordered_json::array();
-    std::fputs(system.empty() ? "(system message cleared; new conversation)\n"
-                              : "(system message set; new conversation)\n",
+    c.system = line.size() > 8 ? line.substr(8) : "";
+    c.clear();
+    std::fputs(c.system.empty() ? "(system message cleared; new conversation)\n"
+                                : "(system message set; new conversation)\n",
                stdout);
+  } else if (name == "/image") {
+    const size_t at = line.find_first_not_of(' ', name.size());
+    if (at == std::string::npos) std::fputs("/image PATH attaches the image at PATH to your next message\n", stdout);
+    else attach_image(line.substr(at), images, c);
   } else if (name == "/history") {
-    print_history(system, messages);
+    print_history(c);
   } else if (line.find(' ') == std::string::npos) {
     std::fprintf(stdout, "unknown command %s: /help lists the commands\n", line.c_str());
   } else {
@@ -326,6 +381,8 @@ void run_chat(const RunArgs& a) {
   gen_options.speculative = speculative_flags_options(a.speculative, *runner);
   Generator gen(*runner, *src.tokenizer, gen_options);
   SamplingParams sampling = sampling_flags_apply(a.sampling, src.defaults);
+  const ImageSettings image_settings_ =
+      image_settings(model_flags_config(src), runner->images_unavailable(), a.model.model_dir);
 
   const bool tty_out = isatty(STDOUT_FILENO), tty_err = isatty(STDERR_FILENO);
   struct sigaction sa = {};
@@ -334,8 +391,8 @@ void run_chat(const RunArgs& a) {
   sa.sa_flags = 0;  // no SA_RESTART: Ctrl-C at a plain prompt interrupts the read
   sigaction(SIGINT, &sa, nullptr);
 
-  std::string system = a.system;
-  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  Conversation conv;
+  conv.system = a.system;
   if (src.random_weights())
     std::fprintf(stderr, "tern: this is the %s model: its weights are random, so it answers with noise.\n",
                  src.demo ? "demo" : "synthetic");
@@ -352,27 +409,51 @@ void run_chat(const RunArgs& a) {
     const std::string& line = *next;
     if (line.find_first_not_of(" \t\n") == std::string::npos) continue;
     bool quit = false;
-    if (run_command(line, system, messages, quit)) {
+    if (run_command(line, conv, image_settings_, quit)) {
       if (quit) break;
       continue;
     }
 
-    messages.push_back({{"role", "user"}, {"content", line}});
+    // The message, its attached images first (as Ollama places them); undone when the turn fails.
+    server::MessageContent content;
+    for (size_t i = 0; i < conv.pending.size(); ++i) content.add_image();
+    content.add_text(line);
+    conv.messages.push_back({{"role", "user"}, {"content", content.json()}});
+    const size_t images_before = conv.images.size();
+    conv.images.insert(conv.images.end(), conv.pending.begin(), conv.pending.end());
+    conv.pending.clear();
+    auto undo_message = [&] {
+      conv.messages.erase(conv.messages.end() - 1);
+      conv.images.resize(images_before);
+    };
     ChatTemplateInputs in;
     in.messages = nlohmann::ordered_json::array();
-    if (!system.empty()) in.messages.push_back({{"role", "system"}, {"content", system}});
-    for (const auto& m : messages) in.messages.push_back(m);
+    if (!conv.system.empty()) in.messages.push_back({{"role", "system"}, {"content", conv.system}});
+    for (const auto& m : conv.messages) in.messages.push_back(m);
     if (a.no_think) in.extra_kwargs = {{"enable_thinking", false}};
     const std::string prompt_text = src.chat_template->render(in);
     GenerationRequest req;
     req.prompt = src.tokenizer->encode(prompt_text);
+    if (!conv.images.empty()) {  // each image's one <|image_pad|> becomes its tokens
+      std::vector<int64_t> counts;
+      for (const PromptImage& im : conv.images) counts.push_back(im.tokens);
+      try {
+        const std::vector<int64_t> offsets = image_pads_expand(req.prompt, counts, image_settings_.image_token_id);
+        for (size_t i = 0; i < conv.images.size(); ++i) conv.images[i].offset = offsets[i];
+      } catch (const Error& e) {  // e.g. <|image_pad|> typed in a message
+        std::fprintf(stderr, "tern: %s\n", e.what());
+        undo_message();
+        continue;
+      }
+      req.images = conv.images;
+    }
     req.sampling = sampling;
     req.max_tokens = a.max_tokens;
     req.cancel = &g_interrupted;
     if (int64_t(req.prompt.size()) >= ctx) {
       std::fprintf(stderr, "tern: the conversation (%zu tokens) no longer fits the context of %lld tokens; /reset "
                            "starts a new one\n", req.prompt.size(), (long long)ctx);
-      messages.erase(messages.end() - 1);
+      undo_message();
       continue;
     }
 
@@ -388,12 +469,12 @@ void run_chat(const RunArgs& a) {
     // answer, without its thinking, after that point), at the end of the prompt and of the answer.
     req.checkpoint_at = server::chat_prompt_checkpoints(req.prompt, *src.tokenizer);
     const int64_t n_prompt = int64_t(req.prompt.size());
-    const PrefixCache::Lease lease = cache.begin(req.prompt);
+    const PrefixCache::Lease lease = cache.begin(req.prompt, req.images);
     Session& session = *lease.session;
     PrefillProgress progress(tty_err, lease.cached, n_prompt);
     if (cache.active()) {
       req.checkpoint_every = cache.options().snapshot_every;
-      req.on_checkpoint = [&](Session& s) { cache.checkpoint(s, req.prompt); };
+      req.on_checkpoint = [&](Session& s) { cache.checkpoint(s, req.prompt, req.images); };
     } else {
       req.checkpoint_at.clear();
     }
@@ -413,7 +494,7 @@ void run_chat(const RunArgs& a) {
       input.answering(false);
       progress.done();
       cache.end(session, {}, false);  // the session's state is unknown: start over next turn
-      messages.erase(messages.end() - 1);
+      undo_message();
       std::fprintf(stderr, "\ntern: error: %s\n", e.what());
       continue;
     }
@@ -424,10 +505,10 @@ void run_chat(const RunArgs& a) {
     const int64_t pos = session.position();
     std::vector<int32_t> held(req.prompt.begin(), req.prompt.begin() + std::min(pos, n_prompt));
     for (size_t i = 0; int64_t(held.size()) < pos && i < r.tokens.size(); ++i) held.push_back(r.tokens[i]);
-    cache.end(session, held, int64_t(held.size()) == pos);
+    cache.end(session, held, int64_t(held.size()) == pos, req.images);
     nlohmann::ordered_json reply = {{"role", "assistant"}, {"content", printer.answer_text()}};
     if (!printer.thinking_text().empty()) reply["reasoning_content"] = printer.thinking_text();
-    messages.push_back(reply);
+    conv.messages.push_back(reply);
     std::fprintf(stderr, "%s[%lld tokens, %.1f tok/s; prompt %lld tokens (%lld reused), %.1f tok/s%s]%s\n",
                  tty_out ? "\x1b[2m" : "", (long long)r.completion_tokens, r.decode_tok_s(),
                  (long long)r.prompt_tokens, (long long)r.cached_tokens, r.prefill_tok_s(),

@@ -184,12 +184,14 @@ void serve(const ServeArgs& a) {
     model.defaults = sampling_flags_apply(a.sampling, src.defaults);
     model.context = ctx;
     model.vocab_size = runner->vocab_real();
+    model.images = image_settings(model_flags_config(src), runner->images_unavailable(), a.model.model_dir);
     http.set_model(model);
     std::fprintf(stderr,
                  "tern serve: ready: model '%s' on %s, context %lld tokens, %d requests at once, queue depth %zu, "
-                 "prefix cache %s\n",
+                 "prefix cache %s, images %s\n",
                  model.model_id.c_str(), runner->backend_name().c_str(), static_cast<long long>(ctx),
-                 http.parallel(), options.max_queue, options.prefix_cache.enabled ? "on" : "off");
+                 http.parallel(), options.max_queue, options.prefix_cache.enabled ? "on" : "off",
+                 model.images.unavailable.empty() ? "on" : ("off (" + model.images.unavailable + ")").c_str());
     std::string names = "\"" + model.model_id + "\"";
     for (const std::string& alias : model.aliases) names += " or \"" + alias + "\"";
     if (!options.strict_model_name) names += " (any other name is answered by it too)";
@@ -242,6 +244,10 @@ void command_serve(CLI::App& app) {
   sub->add_flag("--allow-special-in-content", s.allow_special_in_content,
                 "Special tokens typed in chat message content (<|im_start|>, ...) stay control tokens (default: "
                 "they are text)");
+  sub->add_flag("--allow-image-urls", s.allow_image_urls,
+                "Accept http(s) image URLs in requests. tern does not fetch them yet: such a request gets a 400 "
+                "saying remote images are not fetched (without the flag: that the server does not fetch on a "
+                "client's behalf). Inline images (data: URLs, base64) always work");
   sub->add_option("--max-connections", s.max_connections, "Open connections in all; more get 503")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();

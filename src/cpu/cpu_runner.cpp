@@ -13,6 +13,7 @@
 #include "core/check.h"
 #include "core/npy.h"
 #include "cpu/gated_attention.h"
+#include "cpu/image_tokens.h"
 #include "cpu/mtp_forward.h"
 #include "cpu/ops_attention.h"
 #include "cpu/ops_conv1d.h"
@@ -23,6 +24,8 @@
 #include "cpu/ops_moe.h"
 #include "cpu/ops_norm.h"
 #include "cpu/ops_rope.h"
+#include "cpu/vision_encoder.h"
+#include "model/vision_weights.h"
 
 namespace tern {
 namespace {
@@ -116,6 +119,7 @@ class CpuSnapshot final : public StateSnapshot {
 
   const void* owner_ = nullptr;
   int64_t position_ = 0;
+  int64_t rope_delta_ = 0;  // the session's M-RoPE delta at position_
   size_t elems_ = 0;
   bool host_ = false;
   std::vector<std::pair<std::vector<float>, std::vector<float>>> layers_;  // (conv, rec) per layer; empty: attention
@@ -142,9 +146,11 @@ class CpuSession final : public Session {
 
   int64_t position() const override { return position_; }
   int64_t capacity() const override { return capacity_; }
+  int64_t rope_delta() const override { return rope_delta_; }
   void reset() override {
     drop_kept();
     position_ = 0;
+    rope_delta_ = 0;
     mtp_.clear();
     mtp_hidden_.clear();
     for (LayerState& l : layers_) {
@@ -159,6 +165,7 @@ class CpuSession final : public Session {
     auto snap = std::make_unique<CpuSnapshot>();
     snap->owner_ = owner_;
     snap->position_ = position_;
+    snap->rope_delta_ = rope_delta_;
     for (const LayerState& l : layers_) {
       snap->layers_.emplace_back(l.conv_state, l.gdn_state);
       snap->sizes_.emplace_back(l.conv_state.size(), l.gdn_state.size());
@@ -178,6 +185,7 @@ class CpuSession final : public Session {
                " layers, the session ", layers_.size());
     for (size_t i = 0; i < layers_.size(); ++i) snap->read(i, layers_[i].conv_state, layers_[i].gdn_state);
     position_ = snap->position_;
+    rope_delta_ = snap->rope_delta_;
     // The MTP pair at position - 1 holds the token after it, which may change now: its row is cut, and the hidden at
     // position - 1 the snapshot kept (when the session had it) lets the engine feed that pair again.
     mtp_.rows = std::min(mtp_.rows, std::max<int64_t>(0, position_ - 1));
@@ -233,6 +241,7 @@ class CpuSession final : public Session {
   const void* owner_;
   int64_t capacity_;
   int64_t position_ = 0;
+  int64_t rope_delta_ = 0;  // M-RoPE: a text token at cache position p sits at p + rope_delta_ (Session::rope_delta)
   int64_t allocated_ = 0;  // KV positions allocated
   int64_t kv_width_ = 0;
   int64_t kept_from_ = -1;  // the position before the last verify forward whose states are kept; -1: none
@@ -328,11 +337,22 @@ class CpuRunner final : public ModelRunner {
 
   void forward(Session& session, std::span<const int32_t> tokens, bool all_logits,
                std::vector<float>& logits) override {
-    run(session, tokens, all_logits, /*verify=*/false, logits);
+    run(session, tokens, {}, all_logits, /*verify=*/false, logits);
   }
   bool supports_verify() const override { return true; }
   void forward_verify(Session& session, std::span<const int32_t> tokens, std::vector<float>& logits) override {
-    run(session, tokens, /*all_logits=*/true, /*verify=*/true, logits);
+    run(session, tokens, {}, /*all_logits=*/true, /*verify=*/true, logits);
+  }
+
+  // ---- images (cpu/vision_encoder.h, cpu/image_tokens.h) ----
+  std::string images_unavailable() const override {
+    if (w_->vision) return "";
+    return "this model has no vision encoder: its checkpoint holds no vision weights, so it reads text only";
+  }
+  ImageEmbeddings encode_image(const ImagePixels& pixels) override;
+  void forward_images(Session& session, std::span<const int32_t> tokens, std::span<const ImageSpan> images,
+                      bool all_logits, std::vector<float>& logits) override {
+    run(session, tokens, images, all_logits, /*verify=*/false, logits);
   }
 
   // ---- the MTP draft head (cpu/mtp_forward.h) ----
@@ -349,9 +369,9 @@ class CpuRunner final : public ModelRunner {
 
  private:
   // forward (verify false) or forward_verify (true: the Gated DeltaNet layers token by token in the recurrent
-  // form, their states after every token kept).
-  void run(Session& session, std::span<const int32_t> tokens, bool all_logits, bool verify,
-           std::vector<float>& logits);
+  // form, their states after every token kept); `images`: forward_images' spans.
+  void run(Session& session, std::span<const int32_t> tokens, std::span<const ImageSpan> images, bool all_logits,
+           bool verify, std::vector<float>& logits);
   void dump(const std::string& name, const float* data, std::vector<int64_t> shape) const {
     if (dump_dir_.empty()) return;
     std::filesystem::create_directories(dump_dir_);
@@ -367,7 +387,8 @@ class CpuRunner final : public ModelRunner {
   // logits [rows, V] = lm_head · h [rows, D], padding ids -inf.
   void lm_head_logits(const float* h, int64_t rows, std::vector<float>& logits) const;
   void gdn_layer(int li, CpuSession& s, const float* a, int64_t T, bool verify, float* out);
-  void attention_layer(int li, CpuSession& s, const float* a, int64_t T, float* out);
+  // rope_angles: the call's M-RoPE angles when it holds image tokens, else null (positions + the session's delta).
+  void attention_layer(int li, CpuSession& s, const float* a, int64_t T, const float* rope_angles, float* out);
 
   std::shared_ptr<const ModelWeights> w_;
   CpuRunnerOptions opt_;
@@ -523,18 +544,36 @@ void CpuRunner::gdn_layer(int li, CpuSession& s, const float* a, int64_t T, bool
   matmul(lw.out_proj, core.data(), T, out);
 }
 
-void CpuRunner::attention_layer(int li, CpuSession& s, const float* a, int64_t T, float* out) {
+void CpuRunner::attention_layer(int li, CpuSession& s, const float* a, int64_t T, const float* rope_angles,
+                                float* out) {
   const Config& c = w_->config;
   LayerState& st = s.layers_[size_t(li)];
   std::vector<float> core(dump_dir_.empty() ? 0 : size_t(T * c.num_attention_heads * c.head_dim));
   gated_attention({.config = &c, .layer = &w_->layers[size_t(li)],
                    .cache = {.k = st.k_cache.data(), .v = st.v_cache.data(), .capacity = s.allocated_},
-                   .pos0 = s.position_, .a = a, .T = T, .out = out, .core = core.empty() ? nullptr : core.data()});
+                   .pos0 = s.position_, .rope_offset = s.rope_delta_, .rope_angles = rope_angles, .a = a, .T = T,
+                   .out = out, .core = core.empty() ? nullptr : core.data()});
   if (!core.empty()) dump(layer_name("attn_core", li), core.data(), {T, c.num_attention_heads, c.head_dim});
 }
 
-void CpuRunner::run(Session& session, std::span<const int32_t> tokens, bool all_logits, bool verify,
-                    std::vector<float>& logits) {
+ImageEmbeddings CpuRunner::encode_image(const ImagePixels& pixels) {
+  TERN_CHECK(w_->vision, images_unavailable());
+  const VisionWeights& v = *w_->vision;
+  const MropeGrid& g = pixels.grid;
+  const int64_t tokens = mrope_grid_tokens(g, v.config.spatial_merge_size);
+  TERN_CHECK(pixels.patch_dim == v.config.patch_dim() &&
+                 int64_t(pixels.values.size()) == g.t * g.h * g.w * pixels.patch_dim,
+             "encode_image: ", pixels.values.size(), " pixel values of patch width ", pixels.patch_dim, " for a grid (",
+             g.t, ", ", g.h, ", ", g.w, ") of patches of width ", v.config.patch_dim());
+  ImageEmbeddings out;
+  out.grid = g;
+  out.tokens = tokens;
+  out.values = vision_encode(v, pixels.values.data(), g.t * g.h * g.w, pixels.patch_dim, {{g.t, g.h, g.w}});
+  return out;
+}
+
+void CpuRunner::run(Session& session, std::span<const int32_t> tokens, std::span<const ImageSpan> images,
+                    bool all_logits, bool verify, std::vector<float>& logits) {
   auto* sp = dynamic_cast<CpuSession*>(&session);
   TERN_CHECK(sp != nullptr && sp->owner_ == this, "cpu forward: the session was not created by this runner");
   CpuSession& s = *sp;
@@ -547,6 +586,14 @@ void CpuRunner::run(Session& session, std::span<const int32_t> tokens, bool all_
 
   std::vector<float> x(static_cast<size_t>(T * D)), a(static_cast<size_t>(T * D)), mix(static_cast<size_t>(T * D));
   embed_lookup(w_->embed, tokens, x.data());  // throws on a bad id before any state changes
+  // Image tokens: their rows from the encoder, their rotary angles from the 3-axis positions (checked up front too).
+  ImageTokenRope rope;
+  if (!images.empty()) {
+    TERN_CHECK(w_->vision, images_unavailable());
+    image_spans_check(images, T, D, w_->vision->config.spatial_merge_size);
+    image_embeddings_insert(images, D, x.data());
+    rope = image_token_rope(c, s.position_, s.rope_delta_, T, images);
+  }
   s.reserve_kv(c, s.position_ + T);
   s.drop_kept();
   dump("embed", x.data(), {T, D});
@@ -558,7 +605,7 @@ void CpuRunner::run(Session& session, std::span<const int32_t> tokens, bool all_
     if (c.layer_types[size_t(li)] == LayerType::linear_attention)
       gdn_layer(li, s, a.data(), T, verify, mix.data());
     else
-      attention_layer(li, s, a.data(), T, mix.data());
+      attention_layer(li, s, a.data(), T, images.empty() ? nullptr : rope.angles.data(), mix.data());
     dump(layer_name("attn_out", li), mix.data(), {T, D});
     add_inplace(x.data(), mix.data(), T * D);
     rms_norm(x.data(), lw.post_attn_norm.data(), T, D, eps, a.data());
@@ -581,6 +628,7 @@ void CpuRunner::run(Session& session, std::span<const int32_t> tokens, bool all_
   }
   if (verify) s.kept_from_ = s.position_;
   s.position_ += T;
+  if (!images.empty()) s.rope_delta_ = rope.delta_after;
 
   const int64_t first = all_logits ? 0 : T - 1, rows = T - first;
   rms_norm(x.data() + first * D, w_->final_norm.data(), rows, D, eps, a.data());

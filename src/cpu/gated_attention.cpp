@@ -31,8 +31,14 @@ void gated_attention(const GatedAttentionArgs& g) {
   }
   rms_norm(q.data(), lw.q_norm.data(), T * Hq, dh, eps, q.data());
   rms_norm(k.data(), lw.k_norm.data(), T * Hkv, dh, eps, k.data());
-  rope_apply({.x = q.data(), .T = T, .H = Hq, .dh = dh, .rot = c.rotary_dims(), .theta = c.rope_theta, .pos0 = g.pos0});
-  rope_apply({.x = k.data(), .T = T, .H = Hkv, .dh = dh, .rot = c.rotary_dims(), .theta = c.rope_theta, .pos0 = g.pos0});
+  if (g.rope_angles) {
+    rope_apply_angles(q.data(), T, Hq, dh, c.rotary_dims(), g.rope_angles);
+    rope_apply_angles(k.data(), T, Hkv, dh, c.rotary_dims(), g.rope_angles);
+  } else {
+    const int64_t p0 = g.pos0 + g.rope_offset;
+    rope_apply({.x = q.data(), .T = T, .H = Hq, .dh = dh, .rot = c.rotary_dims(), .theta = c.rope_theta, .pos0 = p0});
+    rope_apply({.x = k.data(), .T = T, .H = Hkv, .dh = dh, .rot = c.rotary_dims(), .theta = c.rope_theta, .pos0 = p0});
+  }
   kv_cache_write({.k = k.data(), .v = v.data(), .T = T, .Hkv = Hkv, .dh = dh, .k_cache = g.cache.k,
                   .v_cache = g.cache.v, .capacity = g.cache.capacity, .pos0 = g.pos0});
   std::vector<float> o(TQ);

@@ -1,6 +1,6 @@
 // The gated full-attention mixer (docs/model.md §2.5) composed from the ops: q|gate, k, v projections, q/k norms,
-// partial RoPE, the KV cache append, causal attention, the sigmoid gate and o_proj. Shared by the main model's
-// attention layers (cpu_runner) and the MTP head's layer (mtp_forward).
+// partial RoPE (or M-RoPE's angles), the KV cache append, causal attention, the sigmoid gate and o_proj. Shared by
+// the main model's attention layers (cpu_runner) and the MTP head's layer (mtp_forward).
 #pragma once
 
 #include <cstdint>
@@ -20,7 +20,11 @@ struct GatedAttentionArgs {
   const Config* config = nullptr;
   const LayerWeights* layer = nullptr;  // type full_attention
   KvCacheView cache;                    // rows [pos0, pos0 + T) are written, rows [0, pos0) read
-  int64_t pos0 = 0;                     // position of the first token (RoPE and the causal mask)
+  int64_t pos0 = 0;                     // cache position of the first token (its KV row and the causal mask)
+  // Rotary positions: pos0 + t + rope_offset on every axis (M-RoPE's delta after images; 0 for text-only sessions),
+  // unless rope_angles gives each token's angles [T, rot/2] (M-RoPE over image tokens, mrope_angles).
+  int64_t rope_offset = 0;
+  const float* rope_angles = nullptr;
   const float* a = nullptr;             // [T, D] the normed hidden
   int64_t T = 0;
   float* out = nullptr;                 // [T, D]

@@ -6,6 +6,8 @@
 
 #include "core/check.h"
 #include "core/thread_pool.h"
+#include "engine/demo_random.h"
+#include "engine/demo_vision.h"
 #include "model/quantize.h"
 
 namespace tern {
@@ -27,25 +29,7 @@ constexpr Dims kFullDims{2048, 16, 2, 256, 16, 32, 128, 128, 256, 8, 512};
 const Dims& dims_of(const DemoModelOptions& o) { return o.full_size ? kFullDims : kDemoDims; }
 constexpr int kGroup = 64;
 
-uint64_t mix(uint64_t x) {  // splitmix64 finaliser
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-// A deterministic stream of uniform numbers in [-1, 1) for one (tensor, row).
-class Uniform {
- public:
-  Uniform(uint64_t seed, uint64_t tensor, uint64_t row) : state_(mix(mix(seed ^ mix(tensor)) ^ row)) {}
-  float next() {
-    state_ = mix(state_);
-    return float(int64_t(state_ >> 40) - (int64_t(1) << 23)) / float(int64_t(1) << 23);
-  }
-
- private:
-  uint64_t state_;
-};
+using demo::Uniform;
 
 struct DemoStorage : WeightStorage {
   std::deque<std::vector<uint32_t>> words;  // deque: references stay valid as buffers are added
@@ -101,12 +85,21 @@ class Builder {
 
 }  // namespace
 
+bool demo_has_vision(const DemoModelOptions& o) {
+  return o.vision && !o.full_size && o.vocab_real > kDemoVideoTokenId;
+}
+
 std::string demo_config_json(const DemoModelOptions& o) {
   TERN_CHECK(o.vocab_real > 0, "demo model: vocabulary size must be positive, got ", o.vocab_real);
   TERN_CHECK(o.layers > 0, "demo model: layer count must be positive, got ", o.layers);
   const int64_t vocab = (o.vocab_real + 63) / 64 * 64;
   const Dims& d = dims_of(o);
-  return detail::concat(
+  const bool vision = demo_has_vision(o);
+  // M-RoPE sections for the demo's 8 rotary frequencies, in the real [11, 11, 10]'s proportions (images only).
+  const char* rope = vision ? ", \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 10000000, "
+                              "\"partial_rotary_factor\": 0.25, \"mrope_interleaved\": true, \"mrope_section\": [3, 3, 2]}"
+                            : "";
+  const std::string text = detail::concat(
       "{\"model_type\": \"qwen3_5_moe_text\", \"hidden_size\": ", d.D, ", \"num_hidden_layers\": ", o.layers,
       ", \"full_attention_interval\": 4, \"vocab_size\": ", vocab, ", \"num_attention_heads\": ", d.Hq,
       ", \"num_key_value_heads\": ", d.Hkv, ", \"head_dim\": ", d.Dh,
@@ -117,7 +110,13 @@ std::string demo_config_json(const DemoModelOptions& o) {
       ", \"shared_expert_intermediate_size\": ", d.F,
       ", \"norm_topk_prob\": true, \"rms_norm_eps\": 1e-06, \"tie_word_embeddings\": false"
       ", \"max_position_embeddings\": ", (o.full_size ? 262144 : 32768), ", \"hidden_act\": \"silu\", \"eos_token_id\": ",
-      o.eos_json, "}");
+      o.eos_json, rope, "}");
+  if (!vision) return text;
+  return detail::concat("{\"model_type\": \"qwen3_5_moe\", \"architectures\": [\"Qwen3_5MoeForConditionalGeneration\"], ",
+                        "\"text_config\": ", text, ", \"vision_config\": ", demo_vision_config_json(d.D),
+                        ", \"image_token_id\": ", kDemoImageTokenId, ", \"video_token_id\": ", kDemoVideoTokenId,
+                        ", \"vision_start_token_id\": ", kDemoVisionStartId, ", \"vision_end_token_id\": ",
+                        kDemoVisionEndId, ", \"tie_word_embeddings\": false}");
 }
 
 std::string demo_generation_config_json(const DemoModelOptions& o) {
@@ -190,6 +189,7 @@ std::shared_ptr<const ModelWeights> demo_model_build(const DemoModelOptions& o) 
     w->mtp_absent = "the demo model was built without it";
   }
   w->storage.push_back(storage);
+  if (c.vision) w->vision = demo_vision_build(*c.vision, o.seed);
   w->source_layout = "demo";
   w->vocab_real = o.vocab_real;
   return w;

@@ -21,9 +21,15 @@ struct DemoModelOptions {
                                 // of `tern quantize --synthetic` (with layers = 40, vocab_real = 248077)
   bool mtp = true;               // also the MTP draft head (ModelWeights::mtp), drawn after every other tensor so
                                 // that the rest is the same bit for bit without it
+  bool vision = true;           // a small vision encoder too (demo_vision.h), when the vocabulary holds the image
+                                // tokens (vocab_real > 151656) and not full_size
 };
 
-// The config.json text of the demo model (qwen3_5_moe_text at a small size).
+// True when demo_model_build gives the model its vision encoder.
+bool demo_has_vision(const DemoModelOptions& options);
+
+// The config.json text of the demo model: qwen3_5_moe_text at a small size, or, with its vision encoder, a
+// qwen3_5_moe config holding it as text_config beside the vision_config and the image token ids.
 std::string demo_config_json(const DemoModelOptions& options);
 // Its generation_config.json text.
 std::string demo_generation_config_json(const DemoModelOptions& options);

@@ -83,6 +83,14 @@ GenerationRun::GenerationRun(Generator& generator, Session& session, const Gener
     TERN_CHECK(id >= 0 && id < vocab_, "reasoning close token ", id, " is outside the vocabulary [0, ", vocab_, ")");
   TERN_CHECK(request.thinking_budget < 0 || !request.reasoning_close_tokens.empty(),
              "a thinking budget needs the tokens that close the reasoning");
+  if (!request.images.empty()) {
+    const std::string why = runner.images_unavailable();
+    TERN_CHECK(why.empty(), why);
+    const Config& c = runner.config();
+    TERN_CHECK(c.vision.has_value(), "the model's config has no vision_config");
+    prompt_images_check(request.prompt, request.images, c.image_token_id, c.vision->spatial_merge_size);
+    encoded_.resize(request.images.size());
+  }
 
   if (request.grammar) constraint_.emplace(request.grammar, gen_.vocabulary(), request.grammar_start_after);
   budget_ = std::make_unique<ReasoningBudget>(request);
@@ -148,6 +156,8 @@ bool GenerationRun::next_step(BatchEntry& entry, int64_t max_prompt_tokens) {
     for (int64_t at : request_.checkpoint_at)
       if (at > pos && at < n_prompt) n = std::min<size_t>(n, size_t(at - pos));
     entry.tokens = rest_.first(n);
+    image_spans(pos, int64_t(n));
+    entry.images = spans_;
     return true;
   }
   entry.tokens = std::span<const int32_t>(fed_, 1);
@@ -267,9 +277,30 @@ void GenerationRun::step_done(const BatchEntry& entry) {
   choose_token(device_id);
 }
 
+// The spans of the images that the chunk [pos, pos + n) holds, each image encoded when a chunk first reaches it.
+void GenerationRun::image_spans(int64_t pos, int64_t n) {
+  spans_.clear();
+  for (size_t i = 0; i < request_.images.size(); ++i) {
+    const PromptImage& im = request_.images[i];
+    const int64_t lo = std::max(im.offset, pos), hi = std::min(im.offset + im.tokens, pos + n);
+    if (lo >= hi) continue;
+    if (!encoded_[i]) encoded_[i] = std::make_unique<ImageEmbeddings>(gen_.runner().encode_image(*im.pixels));
+    spans_.push_back({.image = encoded_[i].get(), .at = lo - pos, .first = lo - im.offset, .count = hi - lo});
+  }
+}
+
+void GenerationRun::release_fed_images() {
+  for (size_t i = 0; i < encoded_.size(); ++i) {
+    const PromptImage& im = request_.images[i];
+    if (encoded_[i] && im.offset + im.tokens <= session_.position()) encoded_[i].reset();
+  }
+}
+
 void GenerationRun::after_prompt_chunk(int64_t n) {
   rest_ = rest_.subspan(size_t(n));
   if (drafter_) drafter_->after_prompt_chunk();
+  spans_.clear();
+  release_fed_images();
   report_prompt_progress();
   const int64_t pos = session_.position(), every = request_.checkpoint_every;
   if (request_.on_checkpoint &&

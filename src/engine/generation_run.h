@@ -85,7 +85,14 @@ class GenerationRun {
   std::optional<TextStream> text_;
   GenerationResult result_;
   Clock::time_point t0_, t_decode_;
+  // The images of the next prompt chunk, and their embeddings (encoded when a chunk first reaches an image, freed
+  // once the session holds all its tokens).
+  void image_spans(int64_t pos, int64_t n);
+  void release_fed_images();
+
   std::span<const int32_t> rest_;  // prompt tokens still to feed
+  std::vector<std::unique_ptr<ImageEmbeddings>> encoded_;  // [request.images.size()]
+  std::vector<ImageSpan> spans_;   // the current prompt chunk's image tokens
   std::vector<float> logits_;      // [V] of the last fed token
   bool finished_ = false, first_ = true, want_logprobs_ = false, device_ok_ = false, callback_stopped_ = false;
   uint64_t step_ = 0, max_tokens_ = 0;

@@ -22,6 +22,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/prompt_image.h"
 #include "engine/sampler.h"
 #include "engine/speculative.h"
 #include "grammar/grammar.h"
@@ -41,6 +42,10 @@ struct PromptProgress {
 
 struct GenerationRequest {
   std::vector<int32_t> prompt;          // token ids; must not be empty
+  // Images: each a run of <|image_pad|> tokens in the prompt (in order), encoded by the runner's vision encoder when
+  // the prefill reaches it (not when the session already holds it). Needs a runner that takes images
+  // (ModelRunner::images_unavailable() empty); otherwise the request is refused with that reason.
+  std::vector<PromptImage> images;
   SamplingParams sampling;
   int64_t max_tokens = -1;              // -1: until an end id, a stop string or the context limit
   std::vector<std::string> stop;        // stop strings; the matched text never reaches the output

@@ -15,6 +15,19 @@ int64_t common_prefix(std::span<const int32_t> a, std::span<const int32_t> b) {
   return int64_t(i);
 }
 
+// The first position where a slot's images and a prompt's stop being the same images at the same places (the start
+// of the first one that differs, in either), or INT64_MAX when they never do.
+template <typename Key>
+int64_t first_image_difference(std::span<const Key> slot, std::span<const PromptImage> prompt) {
+  for (size_t i = 0; i < slot.size() || i < prompt.size(); ++i) {
+    const Key* a = i < slot.size() ? &slot[i] : nullptr;
+    const PromptImage* b = i < prompt.size() ? &prompt[i] : nullptr;
+    if (a && b && a->offset == b->offset && a->tokens == b->tokens && a->hash == b->hash) continue;
+    return std::min(a ? a->offset : INT64_MAX, b ? b->offset : INT64_MAX);
+  }
+  return INT64_MAX;
+}
+
 }  // namespace
 
 PrefixCache::PrefixCache(ModelRunner& runner, int64_t context, PrefixCacheOptions options)
@@ -51,6 +64,13 @@ PrefixCache::Slot& PrefixCache::slot_of(Session& session) {
   return *slots_.front();
 }
 
+void PrefixCache::hold(Slot& slot, std::span<const int32_t> tokens, std::span<const PromptImage> images, int64_t n) {
+  slot.tokens.assign(tokens.begin(), tokens.begin() + n);
+  slot.images.clear();
+  for (const PromptImage& im : images)
+    if (im.offset < n) slot.images.push_back({im.offset, im.tokens, im.hash});
+}
+
 void PrefixCache::drop_after(Slot& slot, int64_t position) {
   const size_t before = slot.snaps.size();
   std::erase_if(slot.snaps, [&](const Entry& e) { return e.snap->position() > position; });
@@ -71,11 +91,12 @@ PrefixCache::Slot* PrefixCache::idle_slot() {
   if (target) {
     drop_after(*target, 0);
     target->tokens.clear();
+    target->images.clear();
   }
   return target;
 }
 
-PrefixCache::Lease PrefixCache::begin(std::span<const int32_t> prompt) {
+PrefixCache::Lease PrefixCache::begin(std::span<const int32_t> prompt, std::span<const PromptImage> images) {
   ++clock_;
   // Without snapshots (!active_) no slot holds any: every request takes the idle-slot path below.
   const int64_t n = int64_t(prompt.size());
@@ -85,7 +106,8 @@ PrefixCache::Lease PrefixCache::begin(std::span<const int32_t> prompt) {
   int64_t best_common = 0;
   for (auto& sp : slots_) {
     Slot& s = *sp;
-    const int64_t common = common_prefix(s.tokens, prompt);
+    const int64_t common = std::min(common_prefix(s.tokens, prompt),
+                                    first_image_difference(std::span<const ImageKey>(s.images), images));
     for (Entry& e : s.snaps) {
       const int64_t p = e.snap->position();
       if (p > 0 && p <= common && p <= n - 1 && (!best_entry || p > best_entry->snap->position())) {
@@ -127,11 +149,12 @@ PrefixCache::Lease PrefixCache::begin(std::span<const int32_t> prompt) {
   if (fork) {
     fork->session->copy_kv_prefix(*best->session, q);
     fork->session->restore(*best_entry->snap);
-    fork->tokens.assign(prompt.begin(), prompt.begin() + q);
+    hold(*fork, prompt, images, q);
     target = fork;
   } else {
     drop_after(*best, best_common);
     best->tokens.resize(size_t(best_common));
+    std::erase_if(best->images, [&](const ImageKey& k) { return k.offset >= best_common; });
     best->session->restore(*best_entry->snap);
   }
   target->busy = true;
@@ -156,18 +179,18 @@ void PrefixCache::take_snapshot(Slot& slot) {
   enforce_budgets();
 }
 
-void PrefixCache::checkpoint(Session& session, std::span<const int32_t> prompt) {
+void PrefixCache::checkpoint(Session& session, std::span<const int32_t> prompt, std::span<const PromptImage> images) {
   if (!active_) return;
   Slot& slot = slot_of(session);
   const int64_t pos = session.position();
   TERN_INTERNAL_CHECK(pos <= int64_t(prompt.size()), "prefix cache: checkpoint at ", pos, " past the prompt's ",
                       prompt.size(), " tokens");
-  if (pos > int64_t(slot.tokens.size())) slot.tokens.assign(prompt.begin(), prompt.begin() + pos);
+  if (pos > int64_t(slot.tokens.size())) hold(slot, prompt, images, pos);
   take_snapshot(slot);
   publish();
 }
 
-void PrefixCache::end(Session& session, std::span<const int32_t> held, bool ok) {
+void PrefixCache::end(Session& session, std::span<const int32_t> held, bool ok, std::span<const PromptImage> images) {
   Slot& slot = slot_of(session);
   slot.busy = false;
   if (!active_) {  // begin() resets the session before the next request
@@ -177,6 +200,7 @@ void PrefixCache::end(Session& session, std::span<const int32_t> held, bool ok) 
   if (!ok) {
     drop_after(slot, 0);
     slot.tokens.clear();
+    slot.images.clear();
     try {
       session.reset();
     } catch (...) {
@@ -187,7 +211,7 @@ void PrefixCache::end(Session& session, std::span<const int32_t> held, bool ok) 
   TERN_INTERNAL_CHECK(int64_t(held.size()) == session.position(), "prefix cache: ", held.size(),
                       " tokens held for a session at position ", session.position());
   // The slot's tokens beyond `held` (a prefill cancelled before reaching them) still match: keep the longer.
-  if (held.size() >= slot.tokens.size()) slot.tokens.assign(held.begin(), held.end());
+  if (held.size() >= slot.tokens.size()) hold(slot, held, images, int64_t(held.size()));
   take_snapshot(slot);
   publish();
 }

@@ -9,6 +9,9 @@
 //     `snapshot_every` tokens during a prefill, at the end of the prompt, and at the end of the request. A
 //     snapshot at position p of a slot is usable while the slot's tokens [0, p) are unchanged: the KV rows it
 //     needs are the session's own, reused in place (no copy).
+//   - Images: a slot also keeps the images its tokens hold (where they are, the hash of their pixels), and a prompt
+//     differs from it at the first token of the first image that is not the same image at the same place: two
+//     images of one size make the same <|image_pad|> tokens. A conversation with an image resumes like any other.
 //   - A request looks, over every slot, for the longest snapshot at or before the first token where its prompt
 //     differs from the slot's tokens (and before the prompt's last token: that one must run to give logits),
 //     restores it and prefills the rest. Snapshots past the divergence point are dropped (their KV rows are about
@@ -32,6 +35,7 @@
 #include <span>
 #include <vector>
 
+#include "engine/prompt_image.h"
 #include "model/runner.h"
 
 namespace tern {
@@ -70,15 +74,17 @@ class PrefixCache {
     Session* session = nullptr;  // run the request in this session; it holds prompt[0, cached) already
     int64_t cached = 0;
   };
-  // Chooses an idle session for `prompt` and restores the longest usable snapshot (or resets the session); the
-  // session is busy until end(). Throws tern::InternalError when every slot is busy.
-  Lease begin(std::span<const int32_t> prompt);
-  // During the prefill (GenerationRequest::on_checkpoint): snapshots the session at its position; `prompt` is
-  // the request's prompt (the session holds prompt[0, position)).
-  void checkpoint(Session& session, std::span<const int32_t> prompt);
+  // Chooses an idle session for `prompt` (with its `images`, GenerationRequest::images) and restores the longest
+  // usable snapshot (or resets the session); the session is busy until end(). Throws tern::InternalError when every
+  // slot is busy.
+  Lease begin(std::span<const int32_t> prompt, std::span<const PromptImage> images = {});
+  // During the prefill (GenerationRequest::on_checkpoint): snapshots the session at its position; `prompt` and
+  // `images` are the request's (the session holds prompt[0, position)).
+  void checkpoint(Session& session, std::span<const int32_t> prompt, std::span<const PromptImage> images = {});
   // After the request: the session holds `held` (the prompt and the generated tokens that were fed; size =
-  // session.position()). ok = false (an error): the session's state is unknown, so the slot is forgotten.
-  void end(Session& session, std::span<const int32_t> held, bool ok);
+  // session.position()) and the prompt's `images` that start before its end. ok = false (an error): the session's
+  // state is unknown, so the slot is forgotten.
+  void end(Session& session, std::span<const int32_t> held, bool ok, std::span<const PromptImage> images = {});
 
   // Makes sure `n` sessions exist now (raising options().slots to n when lower), so that n requests can run at
   // once and their memory is taken up front. Throws what the backend throws when one cannot be created.
@@ -91,9 +97,15 @@ class PrefixCache {
     std::unique_ptr<StateSnapshot> snap;
     uint64_t last_use = 0;
   };
+  struct ImageKey {                 // an image among a slot's tokens: where, how long, which pixels
+    int64_t offset = 0, tokens = 0;
+    uint64_t hash = 0;
+    bool operator==(const ImageKey&) const = default;
+  };
   struct Slot {
     std::unique_ptr<Session> session;
     std::vector<int32_t> tokens;   // what the session's KV rows [0, tokens.size()) hold
+    std::vector<ImageKey> images;  // the images among them (offsets below tokens.size()), in order
     std::vector<Entry> snaps;      // sorted by position, positions <= tokens.size()
     uint64_t last_use = 0;
     bool busy = false;             // a request runs in it (between begin() and end())
@@ -104,6 +116,8 @@ class PrefixCache {
   Slot* idle_slot();
   void take_snapshot(Slot& slot);
   void drop_after(Slot& slot, int64_t position);  // snapshots past `position`
+  // The slot holds tokens[0, n) and the images that start there.
+  static void hold(Slot& slot, std::span<const int32_t> tokens, std::span<const PromptImage> images, int64_t n);
   void enforce_budgets();
   void publish();  // refreshes stats_ (under stats_mutex_)
 

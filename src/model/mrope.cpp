@@ -6,6 +6,19 @@
 
 namespace tern {
 
+int64_t mrope_grid_tokens(const MropeGrid& g, int M) {
+  TERN_CHECK(M > 0 && g.t > 0 && g.h > 0 && g.w > 0 && g.h % M == 0 && g.w % M == 0, "M-RoPE: grid (", g.t, ", ",
+             g.h, ", ", g.w, ") is not made of whole ", M, " x ", M, " merge blocks");
+  return g.t * (g.h / M) * (g.w / M);
+}
+
+std::array<int64_t, 3> mrope_token_offsets(const MropeGrid& g, int M, int64_t k) {
+  const int64_t gh = g.h / M, gw = g.w / M;
+  return {k / (gh * gw), (k / gw) % gh, k % gw};
+}
+
+int64_t mrope_grid_advance(const MropeGrid& g, int M) { return std::max(g.h, g.w) / M; }
+
 MropePositions mrope_positions(const MropeInput& in) {
   const int M = in.spatial_merge_size;
   TERN_CHECK(M > 0, "M-RoPE: spatial merge size must be positive, got ", M);
@@ -35,19 +48,14 @@ MropePositions mrope_positions(const MropeInput& in) {
       TERN_CHECK(next[k] < grids[k]->size(), "M-RoPE: the prompt has more runs of ", what[k], " tokens than the ",
                  grids[k]->size(), " ", what[k], " grid(s) given");
       const MropeGrid g = (*grids[k])[next[k]++];
-      TERN_CHECK(g.t > 0 && g.h > 0 && g.w > 0 && g.h % M == 0 && g.w % M == 0, "M-RoPE: ", what[k], " grid (",
-                 g.t, ", ", g.h, ", ", g.w, ") is not made of whole ", M, " x ", M, " merge blocks");
-      const int64_t gh = g.h / M, gw = g.w / M;
-      TERN_CHECK(run == g.t * gh * gw, "M-RoPE: ", what[k], " ", next[k] - 1, " has ", run, " tokens at position ",
-                 i, " but its grid (", g.t, ", ", g.h, ", ", g.w, ") makes ", g.t * gh * gw);
-      for (int64_t f = 0; f < g.t; ++f)
-        for (int64_t r = 0; r < gh; ++r)
-          for (int64_t c = 0; c < gw; ++c) {
-            out.axes[0].push_back(current + f);
-            out.axes[1].push_back(current + r);
-            out.axes[2].push_back(current + c);
-          }
-      current += std::max(g.h, g.w) / M;
+      const int64_t tokens = mrope_grid_tokens(g, M);
+      TERN_CHECK(run == tokens, "M-RoPE: ", what[k], " ", next[k] - 1, " has ", run, " tokens at position ", i,
+                 " but its grid (", g.t, ", ", g.h, ", ", g.w, ") makes ", tokens);
+      for (int64_t t = 0; t < tokens; ++t) {
+        const std::array<int64_t, 3> o = mrope_token_offsets(g, M, t);
+        for (int a = 0; a < 3; ++a) out.axes[size_t(a)].push_back(current + o[size_t(a)]);
+      }
+      current += mrope_grid_advance(g, M);
     }
     i = j;
   }

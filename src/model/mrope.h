@@ -34,4 +34,13 @@ struct MropePositions {
 // outnumber the grids or grids are left over, or when a grid is not made of whole merge blocks.
 MropePositions mrope_positions(const MropeInput& input);
 
+// The tokens one grid makes in the prompt: t · (h / M) · (w / M). Throws tern::Error when the grid is not made of
+// whole M x M merge blocks.
+int64_t mrope_grid_tokens(const MropeGrid& g, int merge);
+// Token k of a grid's run (frames, then merged rows, then merged columns): its offsets (t, h, w) from the run's
+// start position.
+std::array<int64_t, 3> mrope_token_offsets(const MropeGrid& g, int merge, int64_t k);
+// How far the positions advance over a grid's run: the text after it starts at the run's start + max(h, w) / M.
+int64_t mrope_grid_advance(const MropeGrid& g, int merge);
+
 }  // namespace tern

@@ -15,11 +15,25 @@ void ModelRunner::forward_batch(std::span<BatchEntry> batch) {
   for (BatchEntry& e : batch) forward_alone(e);
 }
 
+ImageEmbeddings ModelRunner::encode_image(const ImagePixels&) { throw Error(images_unavailable()); }
+
+void ModelRunner::forward_images(Session& session, std::span<const int32_t> tokens, std::span<const ImageSpan> images,
+                                 bool all_logits, std::vector<float>& logits) {
+  if (!images.empty()) throw Error(images_unavailable());
+  forward(session, tokens, all_logits, logits);
+}
+
 void ModelRunner::forward_alone(BatchEntry& e) {
   e.sampled.reset();
   e.error = nullptr;
   try {
     TERN_INTERNAL_CHECK(e.session != nullptr && !e.tokens.empty(), "forward_batch: an entry without a session or tokens");
+    if (!e.images.empty()) {
+      TERN_INTERNAL_CHECK(e.logits != nullptr && !e.keep_states && e.sampling == nullptr,
+                          "forward_batch: an entry with images must ask for logits, without sampling or verify");
+      forward_images(*e.session, e.tokens, e.images, e.all_logits, *e.logits);
+      return;
+    }
     if (e.keep_states) {
       if (e.sampled_rows) {
         e.sampled_rows->clear();

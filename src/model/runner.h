@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "model/image_input.h"
 #include "model/weights.h"
 
 namespace tern {
@@ -35,9 +36,13 @@ class StateSnapshot {
 class Session {
  public:
   virtual ~Session() = default;
-  virtual int64_t position() const = 0;   // tokens consumed so far (= next RoPE position)
+  virtual int64_t position() const = 0;   // tokens consumed so far (= next RoPE position before any image)
   virtual int64_t capacity() const = 0;   // maximum tokens (context size)
   virtual void reset() = 0;               // back to an empty sequence; buffers kept
+  // M-RoPE (images): a text token fed now sits at rotary position position() + rope_delta() on every axis. 0 until
+  // an image's tokens ran; each image moves it by its grid's advance minus its token count (transformers'
+  // rope_deltas). Snapshots keep it; restore() and reset() set it back.
+  virtual int64_t rope_delta() const { return 0; }
 
   // The three below are the prefix cache's (src/engine/prefix_cache.h); a backend without them keeps these
   // defaults (can_snapshot() false: the cache turns itself off; the others throw).
@@ -113,6 +118,9 @@ struct BatchEntry {
   // runner fills it with the id row j's sampler draws (sampling with step + j), as forward_verify_sample does, and
   // leaves *logits alone; else it stays empty and *logits holds the rows.
   std::vector<int32_t>* sampled_rows = nullptr;
+  // A prompt chunk holding image tokens: where their embeddings come from (ModelRunner::forward_images). Never with
+  // sampling or keep_states.
+  std::span<const ImageSpan> images;
   // Outputs:
   std::optional<int32_t> sampled;            // the id the device sampled (then *logits is not written)
   std::exception_ptr error;                  // this entry failed (its session's state is then unknown)
@@ -147,6 +155,22 @@ class ModelRunner {
                                                 const DeviceSampling& sampling) {
     return std::nullopt;
   }
+
+  // ---- Images (the vision encoder; docs/architecture.md "Images in the language model") -----------------------
+  // "" when this runner takes images; else why not, in words a client can read (a 400's message).
+  virtual std::string images_unavailable() const {
+    return "images are not supported on the " + backend_name() + " backend";
+  }
+  // The vision encoder on one image: the embeddings of its <|image_pad|> tokens. Throws tern::Error when the pixels
+  // do not match their grid, or with images_unavailable() when the runner takes no images.
+  virtual ImageEmbeddings encode_image(const ImagePixels& pixels);
+  // forward(), where the tokens `images` covers are image tokens: their embeddings are the images' rows instead of
+  // the token ids', and their rotary positions (and the text's after them) the 3-axis M-RoPE positions
+  // (mrope_chunk_positions, from the session's rope_delta). No images: exactly forward(). Throws tern::Error for
+  // spans that do not fit the call (image_spans_check), or with images_unavailable(); nothing is consumed then.
+  virtual void forward_images(Session& session, std::span<const int32_t> tokens, std::span<const ImageSpan> images,
+                              bool all_logits, std::vector<float>& logits);
+  // ---- end of images ------------------------------------------------------------------------------------------
 
   // Speculative decoding: true when forward_verify (and BatchEntry::keep_states) and Session::rollback work.
   virtual bool supports_verify() const { return false; }

@@ -20,6 +20,7 @@
 #include "server/openai/openai_handlers.h"
 #include "server/responses/responses_handlers.h"
 #include "server/serving/chat_page.h"
+#include "server/serving/request_fields.h"
 #include "server/serving/server_state.h"
 #include "server/serving/util_handlers.h"
 #include "text/tokenizer.h"
@@ -286,7 +287,15 @@ void HttpServer::install_routes() {
   post("/responses", responses);
   get(R"(/v1/responses/([^/]+))", response_lookup);
   get(R"(/responses/([^/]+))", response_lookup);
-  post("/tokenize", [&s](const httplib::Request& req, httplib::Response& res) { handle_tokenize(s, req, res); });
+  // /tokenize: the chat form ("messages", OpenAI's chat shape, images counted) or the text form ("content").
+  post("/tokenize", [&s](const httplib::Request& req, httplib::Response& res) {
+    const bool chat = json_nesting_depth(req.body, 64) <= 64 && [&] {
+      const Json j = Json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+      return j.is_object() && j.contains("messages");
+    }();
+    if (chat) handle_tokenize_chat(s, req, res);
+    else handle_tokenize(s, req, res);
+  });
   post("/detokenize", [&s](const httplib::Request& req, httplib::Response& res) { handle_detokenize(s, req, res); });
   get("/props", [&s](const httplib::Request& req, httplib::Response& res) { handle_props(s, req, res); });
   // Ollama's API (ollama_handlers.cpp).

@@ -8,6 +8,7 @@
 
 #include "cpu/cpu_runner.h"
 #include "engine/demo_model.h"
+#include "engine/demo_vision.h"
 #include "engine/generator.h"
 #include "engine/model_source.h"
 #include "text/chat_template.h"
@@ -84,6 +85,34 @@ TEST(DemoModel, TheMtpHeadLeavesTheOtherWeightsAsTheyWere) {
   ra->forward(*sa, tokens, true, la);
   rb->forward(*sb, tokens, true, lb);
   EXPECT_EQ(la, lb);
+}
+
+// The vision encoder comes from a seed stream of its own: the language model's weights, and so every text output,
+// are those of the demo without it.
+TEST(DemoModel, VisionEncoderLeavesTheLanguageModelAlone) {
+  DemoModelOptions o;
+  const auto with = demo_model_build(o);
+  o.vision = false;
+  const auto without = demo_model_build(o);
+  ASSERT_TRUE(with->vision);
+  EXPECT_FALSE(without->vision);
+  const Config& c = with->config;
+  ASSERT_TRUE(c.vision.has_value());
+  EXPECT_EQ(c.vision->out_hidden_size, c.hidden_size);
+  EXPECT_EQ(c.image_token_id, kDemoImageTokenId);
+  EXPECT_EQ(demo_tokenizer()->token_id("<|image_pad|>"), kDemoImageTokenId);
+  EXPECT_EQ(demo_tokenizer()->token_id("<|vision_start|>"), kDemoVisionStartId);
+  EXPECT_EQ(demo_tokenizer()->token_id("<|vision_end|>"), kDemoVisionEndId);
+  const auto a = with->all_matrices(), b = without->all_matrices();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(same_bytes(*a[i].second, *b[i].second)) << a[i].first;
+  EXPECT_EQ(with->final_norm, without->final_norm);
+  EXPECT_EQ(with->layers[0].A_log, without->layers[0].A_log);
+  EXPECT_EQ(c.layer_types, without->config.layer_types);
+  EXPECT_EQ(c.rotary_dims(), without->config.rotary_dims());
+  DemoModelOptions small;
+  small.vocab_real = 1000;  // a vocabulary without the image tokens: no encoder
+  EXPECT_FALSE(demo_model_build(small)->vision);
 }
 
 TEST(DemoModel, EmbeddedTokenizerAndTemplate) {

@@ -2,9 +2,11 @@
 // transformers' get_rope_index.
 #include <gtest/gtest.h>
 
+#include <random>
 #include <vector>
 
 #include "core/check.h"
+#include "model/image_input.h"
 #include "model/mrope.h"
 
 namespace tern {
@@ -58,6 +60,73 @@ TEST(Mrope, MismatchesAreRefused) {
   EXPECT_THROW(mrope_positions(in), Error);
   in.images = {{1, 3, 4}};  // not whole merge blocks
   EXPECT_THROW(mrope_positions(in), Error);
+}
+
+// A session's calls, cut anywhere (inside images too), give the whole prompt's positions and delta.
+TEST(MropeChunks, CallsCutAnywhereAgreeWithTheWholePrompt) {
+  std::mt19937_64 rng(std::random_device{}());
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<int32_t> tokens;
+    std::vector<ImageEmbeddings> images;
+    std::vector<int64_t> offsets;
+    auto text = [&] {
+      for (uint64_t i = 0, n = rng() % 5; i < n; ++i) tokens.push_back(int32_t(rng() % 1000));
+    };
+    text();
+    for (uint64_t k = 0, n = rng() % 4; k < n; ++k) {
+      ImageEmbeddings im;
+      im.grid = {1, 2 * int64_t(1 + rng() % 4), 2 * int64_t(1 + rng() % 4)};
+      im.tokens = mrope_grid_tokens(im.grid, 2);
+      offsets.push_back(int64_t(tokens.size()));
+      tokens.insert(tokens.end(), size_t(im.tokens), kImage);
+      images.push_back(im);
+      tokens.push_back(7);  // <|vision_end|>'s place: images never touch
+      text();
+    }
+    MropeInput in;
+    in.tokens = tokens;
+    for (const ImageEmbeddings& im : images) in.images.push_back(im.grid);
+    const MropePositions want = mrope_positions(in);
+    const int64_t n = int64_t(tokens.size());
+    int64_t pos = 0, delta = 0;
+    while (pos < n) {
+      const int64_t to = std::min(n, pos + 1 + int64_t(rng() % 6));
+      std::vector<ImageSpan> spans;
+      for (size_t i = 0; i < images.size(); ++i) {
+        const int64_t lo = std::max(offsets[i], pos), hi = std::min(offsets[i] + images[i].tokens, to);
+        if (lo < hi) spans.push_back({.image = &images[i], .at = lo - pos, .first = lo - offsets[i], .count = hi - lo});
+      }
+      const ChunkPositions got = mrope_chunk_positions(pos, delta, to - pos, spans, 2);
+      for (int a = 0; a < 3; ++a)
+        for (int64_t t = pos; t < to; ++t)
+          ASSERT_EQ(got.axes[size_t(a)][size_t(t - pos)], want.axes[size_t(a)][size_t(t)])
+              << "trial " << trial << " axis " << a << " token " << t;
+      delta = got.delta_after;
+      pos = to;
+    }
+    EXPECT_EQ(delta, want.delta) << "trial " << trial;
+  }
+}
+
+TEST(MropeChunks, SpansAreChecked) {
+  ImageEmbeddings im;
+  im.grid = {1, 2, 4};
+  im.tokens = 2;
+  im.values.resize(2 * 8);
+  const ImageSpan ok{.image = &im, .at = 1, .first = 0, .count = 2};
+  EXPECT_NO_THROW(image_spans_check(std::span(&ok, 1), 4, 8, 2));
+  EXPECT_THROW(image_spans_check(std::span(&ok, 1), 2, 8, 2), Error);  // past the call
+  EXPECT_THROW(image_spans_check(std::span(&ok, 1), 4, 7, 2), Error);  // rows of another width
+  const ImageSpan two[2] = {ok, ok};
+  EXPECT_THROW(image_spans_check(two, 8, 8, 2), Error);                // overlapping
+  ImageSpan beyond = ok;
+  beyond.first = 1;
+  EXPECT_THROW(image_spans_check(std::span(&beyond, 1), 4, 8, 2), Error);  // past the image's tokens
+  ImageEmbeddings lying = im;
+  lying.tokens = 3;  // not what its grid makes
+  ImageSpan bad = ok;
+  bad.image = &lying;
+  EXPECT_THROW(image_spans_check(std::span(&bad, 1), 4, 8, 2), Error);
 }
 
 }  // namespace

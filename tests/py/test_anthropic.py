@@ -271,7 +271,9 @@ def test_errors_are_anthropic_shaped(server, client):
         client.messages.create(model=MODEL, max_tokens=8, messages=[{"role": "user", "content": [
             {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]}])
     err = error_of(e)
-    assert err["type"] == "invalid_request_error" and "images are not supported" in err["message"]
+    # An image whose bytes are only PNG's signature: a 400 naming the image and why (test_images_api.py has more).
+    assert err["type"] == "invalid_request_error" and "messages[0].content[0].source.data" in err["message"]
+    assert "PNG" in err["message"]
     # Another model's name is the served model, named by its id (--strict-model-name: a not_found_error, in
     # test_api_defaults.py).
     assert client.messages.create(model="claude-opus-9", max_tokens=1, messages=user("x")).model == MODEL

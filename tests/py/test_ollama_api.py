@@ -253,7 +253,7 @@ def test_tags_show_version_ps(server):
 
     status, _, show = post_json(server.port, "/api/show", {"model": MODEL + ":latest"})
     assert status == 200
-    assert show["capabilities"] == ["completion", "tools", "thinking"]
+    assert show["capabilities"] == ["completion", "tools", "thinking", "vision"]  # the demo has a vision encoder
     assert show["model_info"]["qwen3_5_moe.context_length"] == 1024
     assert "<|im_start|>" in show["template"] and show["details"] == tags["models"][0]["details"]
     status, _, old = post_json(server.port, "/api/show", {"name": "qwen-local"})  # the older field name

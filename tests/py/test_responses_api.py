@@ -365,6 +365,8 @@ BAD_BODIES = [
     ({"input": 5}, "input", "input"),
     ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role", "role"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}]},
+     "input[0].content[0].image_url", "does not fetch"),
+    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
      "input[0].content[0]", "not supported"),
     ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input[0].call_id", "call_id"),
     ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{bad"}]},

@@ -278,7 +278,7 @@ def test_errors_are_openai_shaped(server, client):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": "http://example.com/a.png"}}]}])
-    assert "not supported" in str(e.value)
+    assert "does not fetch" in str(e.value)
     status, _, body = post_json(server.port, "/v1/nowhere", {})
     assert status == 404 and body["error"]["message"]
     status, _, body = post_json(server.port, "/v1/chat/completions", {"messages": "x" * 70000})

@@ -56,9 +56,9 @@ int CudaRunner::batch_max() const {
   return int(std::min<int64_t>(kSlots, max_chunk_));
 }
 
-// Whether an entry can join the batched step: one token, sampled on the device without a token mask.
+// Whether an entry can join the batched step: one token (no image's), sampled on the device without a token mask.
 bool CudaRunner::batch_joins(const BatchEntry& e) const {
-  return e.session && e.tokens.size() == 1 && e.sampling && !e.sampling->mask && !dump_.on();
+  return e.session && e.tokens.size() == 1 && e.images.empty() && e.sampling && !e.sampling->mask && !dump_.on();
 }
 
 void CudaRunner::forward_batch(std::span<BatchEntry> batch) {

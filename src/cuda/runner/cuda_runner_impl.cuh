@@ -53,6 +53,8 @@ class CudaRunner final : public ModelRunner {
   ~CudaRunner() override;
 
   std::string backend_name() const override { return "cuda"; }
+  // No vision encoder on the GPU yet: encode_image and forward_images with images refuse with this (ModelRunner's).
+  std::string images_unavailable() const override { return "images are not supported on the CUDA backend yet"; }
   void set_activation_dump_dir(const std::string& dir) override { dump_.set_dir(dir); }
   const Config& config() const override { return w_->config; }
   int64_t vocab_real() const override { return w_->vocab_real; }

@@ -13,6 +13,7 @@
 #include "server/anthropic/anthropic_schema.h"
 #include "server/serving/chat_prompt.h"
 #include "server/serving/generation.h"
+#include "server/serving/prompt_images.h"
 #include "server/serving/output_common.h"
 #include "server/serving/server_state.h"
 #include "text/tokenizer.h"
@@ -23,12 +24,16 @@ namespace {
 
 struct RenderedPrompt {
   std::vector<int32_t> tokens;
+  std::vector<PromptImage> images;
   bool starts_in_reasoning = false;
 };
 
 // The request's prompt as the chat template renders it, tokenized as /v1/chat/completions does (special tokens
-// typed in content stay text unless --allow-special-in-content).
-std::variant<RenderedPrompt, ApiError> render_prompt(const ServerState& state, const ChatRequest& chat) {
+// typed in content stay text unless --allow-special-in-content), its images' tokens in place (their pixels
+// processed when `process_images`; a count needs only their sizes).
+std::variant<RenderedPrompt, ApiError> render_prompt(const ServerState& state, const ChatRequest& chat,
+                                                     bool process_images) {
+  if (auto e = request_images_refused(state, chat.images)) return *e;
   static const std::vector<std::string> kNone;
   auto prompt = chat_render_prompt(chat, *state.model.chat_template,
                                    state.options.allow_special_in_content ? kNone : state.special_tokens);
@@ -42,6 +47,7 @@ std::variant<RenderedPrompt, ApiError> render_prompt(const ServerState& state, c
   } catch (const Error& e) {
     return api_error_invalid("messages", strip_error_location(e.what()));
   }
+  if (auto e = prompt_images_attach(state, chat.images, out.tokens, process_images ? &out.images : nullptr)) return *e;
   return out;
 }
 
@@ -57,7 +63,7 @@ void handle_anthropic_messages(ServerState& state, const httplib::Request& req, 
 
   auto sampling = sampling_params(state, chat.sampling, -1);
   if (auto* e = std::get_if<ApiError>(&sampling)) return respond_anthropic_error(res, *e);
-  auto rendered = render_prompt(state, chat);
+  auto rendered = render_prompt(state, chat, /*process_images=*/true);
   if (auto* e = std::get_if<ApiError>(&rendered)) return respond_anthropic_error(res, *e);
   RenderedPrompt& prompt = std::get<RenderedPrompt>(rendered);
 
@@ -88,6 +94,7 @@ void handle_anthropic_messages(ServerState& state, const httplib::Request& req, 
   o.parallel_tool_calls = chat.parallel_tool_calls;
   o.starts_in_reasoning = prompt.starts_in_reasoning;
   task->request.prompt = std::move(prompt.tokens);
+  task->request.images = std::move(prompt.images);
   serve_output(state, req, res, std::move(task), std::make_unique<AnthropicOutput>(std::move(o)),
                            chat.stream);
 }
@@ -97,7 +104,7 @@ void handle_anthropic_count_tokens(ServerState& state, const httplib::Request& r
   if (!model_ready(state, res, respond_anthropic_error)) return;
   auto parsed = parse_anthropic_request(req.body, parse_options(state), AnthropicEndpoint::count_tokens);
   if (auto* e = std::get_if<ApiError>(&parsed)) return respond_anthropic_error(res, *e);
-  auto rendered = render_prompt(state, std::get<AnthropicRequest>(parsed).chat);
+  auto rendered = render_prompt(state, std::get<AnthropicRequest>(parsed).chat, /*process_images=*/false);
   if (auto* e = std::get_if<ApiError>(&rendered)) return respond_anthropic_error(res, *e);
   respond_json(res, Json{{"input_tokens", std::get<RenderedPrompt>(rendered).tokens.size()}});
 }

@@ -5,6 +5,7 @@
 #include "core/check.h"
 #include "grammar/grammar.h"
 #include "server/serving/request_fields.h"
+#include "server/serving/request_images.h"
 
 namespace tern::server {
 
@@ -37,7 +38,7 @@ std::string block_text(const Json& block, const std::string& p) {
 }
 
 [[noreturn]] void unsupported_block(const std::string& type, const std::string& p) {
-  if (type == "image") bad(p, "'" + p + "' is an image block: images are not supported (text only).");
+  if (type == "image") bad(p, "'" + p + "' is an image block: images are read in user messages and tool results.");
   if (type == "document" || type == "search_result" || type == "container_upload")
     bad(p, "'" + p + "' is a " + type + " block: only text, tool_use, tool_result and thinking blocks are supported.");
   bad(p, "'" + p + "' has type '" + type + "'; supported blocks are text, tool_use, tool_result, thinking.");
@@ -66,24 +67,56 @@ std::optional<std::string> parse_system(const Json& j) {
   return text;
 }
 
-// A tool_result block's content: a string or text blocks.
-std::string tool_result_text(const Json& block, const std::string& p) {
+// An image block's image: source {"type": "base64", "media_type": "image/png", "data": "..."} or
+// {"type": "url", "url": "https://..."}.
+RequestImage image_block(const Json& block, const std::string& p) {
+  const Json* source = field(block, "source");
+  if (!source || !source->is_object())
+    bad(p + ".source", "'" + p + ".source' must be an object like {\"type\": \"base64\", \"media_type\": "
+                                 "\"image/png\", \"data\": \"...\"}.");
+  const std::string type = str_field(*source, "type");
+  const std::string q = p + ".source";
+  if (type == "url") {
+    const Json* url = field(*source, "url");
+    if (!url || !url->is_string()) bad(q + ".url", "'" + q + ".url' must be a string.");
+    return request_image_from_url(url->get<std::string>(), q + ".url");
+  }
+  if (type != "base64")
+    bad(q + ".type", "'" + q + ".type' must be \"base64\" (or \"url\"), got \"" + type + "\"" +
+                         (type == "file" ? ": this server stores no files." : "."));
+  const std::string media = str_field(*source, "media_type");
+  if (!media.empty() && media.rfind("image/", 0) != 0)
+    bad(q + ".media_type", "'" + q + ".media_type' is '" + media + "', not an image type.");
+  const Json* data = field(*source, "data");
+  if (!data || !data->is_string()) bad(q + ".data", "'" + q + ".data' must be a string: the image's bytes in base64.");
+  return request_image_from_base64(data->get<std::string>(), q + ".data");
+}
+
+// A tool_result block's content: a string, or text and image blocks (images appended to `images`, left in the
+// content as {"type": "image"} parts).
+Json tool_result_content(const Json& block, const std::string& p, std::vector<RequestImage>& images) {
   const Json* content = field(block, "content");
   if (!content) return "";
-  if (content->is_string()) return content->get<std::string>();
+  if (content->is_string()) return *content;
   if (!content->is_array()) bad(p + ".content", "'" + p + ".content' must be a string or an array of text blocks.");
-  std::string text;
+  MessageContent out;
   for (size_t i = 0; i < content->size(); ++i) {
     const std::string q = p + ".content[" + std::to_string(i) + "]";
     const std::string type = block_type((*content)[i], q);
+    if (type == "image") {
+      images.push_back(image_block((*content)[i], q));
+      out.add_image();
+      continue;
+    }
     if (type != "text") unsupported_block(type, q);
-    text += block_text((*content)[i], q);
+    out.add_text(block_text((*content)[i], q));
   }
-  return text;
+  return out.json();
 }
 
-// Appends the internal messages of one Anthropic message.
-void translate_message(const Json& m, const std::string& p, Json& out) {
+// Appends the internal messages of one Anthropic message, and its images to `images` in the order they render (the
+// tool results' first: their messages come before the user's text).
+void translate_message(const Json& m, const std::string& p, Json& out, std::vector<RequestImage>& images) {
   if (!m.is_object()) bad(p, "'" + p + "' must be an object with 'role' and 'content'.");
   const std::string role = str_field(m, "role");
   if (role != "user" && role != "assistant")
@@ -96,21 +129,29 @@ void translate_message(const Json& m, const std::string& p, Json& out) {
     return;
   }
   if (!content->is_array()) bad(p + ".content", "'" + p + ".content' must be a string or an array of content blocks.");
-  std::string text, reasoning;
+  std::string reasoning;
+  MessageContent text;
+  std::vector<RequestImage> text_images;  // the user message's own, after the tool results'
   Json calls = Json::array();
   for (size_t i = 0; i < content->size(); ++i) {
     const std::string q = p + ".content[" + std::to_string(i) + "]";
     const Json& block = (*content)[i];
     const std::string type = block_type(block, q);
     if (type == "text") {
-      text += block_text(block, q);
+      text.add_text(block_text(block, q));
+    } else if (type == "image" && role == "user") {
+      text_images.push_back(image_block(block, q));
+      text.add_image();
     } else if (type == "tool_result" && role == "user") {
       const std::string id = str_field(block, "tool_use_id");
       if (id.empty()) bad(q + ".tool_use_id", "'" + q + ".tool_use_id' must be the id of the tool_use it answers.");
-      std::string result = tool_result_text(block, q);
+      Json result = tool_result_content(block, q, images);
       const Json* is_error = field(block, "is_error");
       if (is_error && !is_error->is_boolean()) bad(q + ".is_error", "'" + q + ".is_error' must be a boolean.");
-      if (is_error && is_error->get<bool>()) result = "Error: " + result;
+      if (is_error && is_error->get<bool>()) {
+        if (result.is_string()) result = "Error: " + result.get<std::string>();
+        else result.insert(result.begin(), Json{{"type", "text"}, {"text", "Error: "}});
+      }
       out.push_back(Json{{"role", "tool"}, {"tool_call_id", id}, {"content", std::move(result)}});
     } else if (type == "tool_use" && role == "assistant") {
       const std::string name = str_field(block, "name");
@@ -135,23 +176,26 @@ void translate_message(const Json& m, const std::string& p, Json& out) {
   }
   if (role == "user") {
     // Tool results were appended above, before the user's text: the template renders them in one user turn.
-    if (!text.empty() || out.empty() || out.back()["role"] != "tool") out.push_back(Json{{"role", "user"}, {"content", text}});
+    if (!text.text().empty() || text.has_images() || out.empty() || out.back()["role"] != "tool")
+      out.push_back(Json{{"role", "user"}, {"content", text.json()}});
+    images.insert(images.end(), text_images.begin(), text_images.end());
     return;
   }
-  Json msg = {{"role", "assistant"}, {"content", text}};
+  Json msg = {{"role", "assistant"}, {"content", text.text()}};
   if (!reasoning.empty()) msg["reasoning_content"] = reasoning;
   if (!calls.empty()) msg["tool_calls"] = std::move(calls);
   out.push_back(std::move(msg));
 }
 
-Json parse_messages(const Json& j, const std::optional<std::string>& system) {
+Json parse_messages(const Json& j, const std::optional<std::string>& system, std::vector<RequestImage>& images) {
   const Json* messages = field(j, "messages");
   if (!messages || !messages->is_array() || messages->empty())
     bad("messages", "'messages' is required: a non-empty array of {role, content} objects.");
   if (messages->size() > 100000) bad("messages", "'messages' holds too many entries (at most 100000).");
   Json out = Json::array();
   if (system) out.push_back(Json{{"role", "system"}, {"content", *system}});
-  for (size_t i = 0; i < messages->size(); ++i) translate_message((*messages)[i], "messages[" + std::to_string(i) + "]", out);
+  for (size_t i = 0; i < messages->size(); ++i)
+    translate_message((*messages)[i], "messages[" + std::to_string(i) + "]", out, images);
   return out;  // a last assistant message is a prefill: the reply continues it (ChatRequest::continue_final_message)
 }
 
@@ -280,7 +324,7 @@ std::variant<AnthropicRequest, ApiError> parse_anthropic_request(std::string_vie
       r.max_tokens = *integer_in(j, "max_tokens", 1, std::numeric_limits<int32_t>::max());
       c.max_tokens = r.max_tokens;
     }
-    c.messages = parse_messages(j, parse_system(j));
+    c.messages = parse_messages(j, parse_system(j), c.images);
     c.continue_final_message = true;
     c.tools = parse_tools(j);
     parse_tool_choice(j, c);

@@ -17,6 +17,7 @@
 #include "server/ollama/ollama_schema.h"
 #include "server/serving/chat_prompt.h"
 #include "server/serving/generation.h"
+#include "server/serving/prompt_images.h"
 #include "server/serving/output_common.h"
 #include "server/serving/server_state.h"
 #include "text/chat_template.h"
@@ -156,6 +157,7 @@ void serve_generation(ServerState& state, const httplib::Request& req, httplib::
     request_log().fields["load_only"] = true;
     return respond_json(res, load_response(request));
   }
+  if (auto e = request_images_refused(state, chat.images)) return respond_ollama_error(res, *e);
 
   auto task = std::make_shared<GenerationTask>();
   task->id = response_id("ollama-");
@@ -176,6 +178,8 @@ void serve_generation(ServerState& state, const httplib::Request& req, httplib::
       const ChatPrompt& prompt = std::get<ChatPrompt>(rendered);
       if (auto e = check_prompt_bytes(state, prompt.text.size(), prompt_param)) return respond_ollama_error(res, *e);
       task->request.prompt = chat_prompt_tokens(prompt, *state.model.tokenizer);
+      if (auto e = prompt_images_attach(state, chat.images, task->request.prompt, &task->request.images))
+        return respond_ollama_error(res, *e);
       task->request.checkpoint_at = chat_prompt_checkpoints(task->request.prompt, *state.model.tokenizer);
       starts_in_reasoning = prompt.starts_in_reasoning;
     }
@@ -274,7 +278,9 @@ void handle_ollama_show(ServerState& state, const httplib::Request& req, httplib
                          {"template", m.chat_template->source()},
                          {"details", details(m, f)},
                          {"model_info", std::move(model_info)},
-                         {"capabilities", Json::array({"completion", "tools", "thinking"})},
+                         {"capabilities", m.images.unavailable.empty()
+                                              ? Json::array({"completion", "tools", "thinking", "vision"})
+                                              : Json::array({"completion", "tools", "thinking"})},
                          {"modified_at", f.modified_at}});
 }
 

@@ -6,6 +6,7 @@
 #include "core/check.h"
 #include "grammar/grammar.h"
 #include "server/serving/request_fields.h"
+#include "server/serving/request_images.h"
 
 namespace tern::server {
 
@@ -47,12 +48,26 @@ std::string get_string(const Json& o, const char* key) {
   return v->get<std::string>();
 }
 
-// images on a message or a generate request: only an empty list is accepted (text-only model).
-void refuse_images(const Json& o, const std::string& p) {
+// `images` of a message or a generate request: base64 strings, appended to `out` (named p[i]). Their count.
+size_t read_images(const Json& o, const std::string& p, std::vector<RequestImage>& out) {
   const Json* v = field(o, "images");
-  if (!v) return;
+  if (!v) return 0;
   if (!v->is_array()) bad(p, "'" + p + "' must be an array of base64 images.");
-  if (!v->empty()) bad(p, "'" + p + "' holds images: images are not supported (this model reads text only).");
+  for (size_t i = 0; i < v->size(); ++i) {
+    const std::string q = p + "[" + std::to_string(i) + "]";
+    if (!(*v)[i].is_string()) bad(q, "'" + q + "' must be a string: an image's bytes in base64.");
+    out.push_back(request_image_from_base64((*v)[i].get<std::string>(), q));
+  }
+  return v->size();
+}
+
+// A message's content with its images before the text (as Ollama places them).
+Json with_images(size_t images, const std::string& text) {
+  if (images == 0) return text;
+  MessageContent content;
+  for (size_t i = 0; i < images; ++i) content.add_image();
+  content.add_text(text);
+  return content.json();
 }
 
 // A tool call of an assistant message: {function: {name, arguments (an object; a string holding one is accepted)}}.
@@ -77,7 +92,7 @@ Json parse_tool_call(const Json& call, const std::string& p) {
   return out;
 }
 
-Json parse_messages(const Json& j) {
+Json parse_messages(const Json& j, std::vector<RequestImage>& images) {
   const Json* messages = field(j, "messages");
   if (!messages) return Json::array();
   if (!messages->is_array()) bad("messages", "'messages' must be an array of {role, content} objects, got " + json_kind(*messages) + ".");
@@ -95,8 +110,14 @@ Json parse_messages(const Json& j) {
     const Json* content = field(m, "content");
     if (content && !content->is_string())
       bad(p + ".content", "'" + p + ".content' must be a string, got " + json_kind(*content) + ".");
-    refuse_images(m, p + ".images");
-    Json msg = {{"role", role}, {"content", content ? content->get<std::string>() : std::string()}};
+    const std::string text = content ? content->get<std::string>() : std::string();
+    size_t n_images = 0;
+    if (role == "user") {
+      n_images = read_images(m, p + ".images", images);
+    } else if (const Json* v = field(m, "images"); v && (!v->is_array() || !v->empty())) {
+      bad(p + ".images", "'" + p + ".images': images are read in user messages only.");
+    }
+    Json msg = {{"role", role}, {"content", with_images(n_images, text)}};
     if (role == "assistant") {
       if (const Json* thinking = field(m, "thinking")) {
         if (!thinking->is_string()) bad(p + ".thinking", "'" + p + ".thinking' must be a string.");
@@ -261,7 +282,7 @@ std::variant<OllamaRequest, ApiError> parse_ollama_request(std::string_view body
     r.endpoint = endpoint;
     parse_common(j, options, r);
     if (endpoint == OllamaEndpoint::chat) {
-      r.chat.messages = parse_messages(j);
+      r.chat.messages = parse_messages(j, r.chat.images);
       r.chat.continue_final_message = true;
       r.chat.tools = function_tools(j);
       r.load_only = r.chat.messages.empty();
@@ -271,16 +292,18 @@ std::variant<OllamaRequest, ApiError> parse_ollama_request(std::string_view body
       bad("suffix", "'suffix' (fill-in-the-middle) is not supported.");
     if (field(j, "context")) bad("context", "'context' (the token context of an earlier response) is not supported; "
                                             "send the conversation to /api/chat instead.");
-    refuse_images(j, "images");
+    const size_t n_images = read_images(j, "images", r.chat.images);
     if (field(j, "template")) bad("template", "'template' is not supported: the model's own chat template is used.");
     r.raw = get_bool(j, "raw").value_or(false);
     r.prompt = get_string(j, "prompt");
     const std::string system = get_string(j, "system");
     if (r.raw && !system.empty()) bad("system", "'system' cannot be used with 'raw': true (no template is applied).");
-    r.load_only = r.prompt.empty();
+    if (r.raw && n_images > 0)
+      bad("images", "'images' cannot be used with 'raw': true (no template places the image tokens).");
+    r.load_only = r.prompt.empty() && n_images == 0;
     if (!r.raw && !r.load_only) {
       if (!system.empty()) r.chat.messages.push_back(Json{{"role", "system"}, {"content", system}});
-      r.chat.messages.push_back(Json{{"role", "user"}, {"content", r.prompt}});
+      r.chat.messages.push_back(Json{{"role", "user"}, {"content", with_images(n_images, r.prompt)}});
     }
     return r;
   });

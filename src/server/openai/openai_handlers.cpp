@@ -14,6 +14,7 @@
 #include "server/openai/openai_schema.h"
 #include "server/serving/chat_prompt.h"
 #include "server/serving/generation.h"
+#include "server/serving/prompt_images.h"
 #include "server/serving/request_fields.h"
 #include "text/tokenizer.h"
 
@@ -53,6 +54,7 @@ void handle_chat_completions(ServerState& state, const httplib::Request& req, ht
   ex->state = &state;
   ex->request = std::move(std::get<ChatRequest>(parsed));
   const ChatRequest& request = ex->request;
+  if (auto e = request_images_refused(state, request.images)) return respond_error(res, *e);
 
   static const std::vector<std::string> kNone;
   auto prompt = chat_render_prompt(request, *state.model.chat_template,
@@ -75,7 +77,11 @@ void handle_chat_completions(ServerState& state, const httplib::Request& req, ht
   } catch (const Error& e) {
     return respond_error(res, api_error_invalid("messages", strip_error_location(e.what())));
   }
-  truncate_prompt(task->request.prompt, request.truncate_prompt_tokens);
+  if (auto e = prompt_images_attach(state, request.images, task->request.prompt, &task->request.images,
+                                    request.truncate_prompt_tokens.has_value()))
+    return respond_error(res, *e);
+  if (auto e = truncate_prompt_images(task->request.prompt, task->request.images, request.truncate_prompt_tokens))
+    return respond_error(res, *e);
   if (auto e = check_context(state, task->request.prompt.size()))
     return respond_error(res, *e);
   // The prefix cache also snapshots where the generation prompt starts (the prompt's last <|im_start|>): the next
@@ -145,6 +151,30 @@ void handle_completions(ServerState& state, const httplib::Request& req, httplib
   serve(state, req, res, ex, request.stream);
 }
 
+
+void handle_tokenize_chat(ServerState& state, const httplib::Request& req, httplib::Response& res) {
+  request_log().route = "/tokenize";
+  if (!model_ready(state, res)) return;
+  auto parsed = parse_chat_request(req.body, parse_options(state));
+  if (auto* e = std::get_if<ApiError>(&parsed)) return respond_error(res, *e);
+  const ChatRequest& request = std::get<ChatRequest>(parsed);
+  if (auto e = request_images_refused(state, request.images)) return respond_error(res, *e);
+  static const std::vector<std::string> kNone;
+  auto prompt = chat_render_prompt(request, *state.model.chat_template,
+                                   state.options.allow_special_in_content ? kNone : state.special_tokens);
+  if (auto* e = std::get_if<ApiError>(&prompt)) return respond_error(res, *e);
+  const ChatPrompt& chat_prompt = std::get<ChatPrompt>(prompt);
+  if (auto e = check_prompt_bytes(state, chat_prompt.text.size(), "messages")) return respond_error(res, *e);
+  std::vector<int32_t> tokens;
+  try {
+    tokens = chat_prompt_tokens(chat_prompt, *state.model.tokenizer);
+  } catch (const Error& e) {
+    return respond_error(res, api_error_invalid("messages", strip_error_location(e.what())));
+  }
+  if (auto e = prompt_images_attach(state, request.images, tokens, nullptr)) return respond_error(res, *e);
+  const size_t count = tokens.size();
+  respond_json(res, Json{{"tokens", std::move(tokens)}, {"count", count}, {"max_model_len", state.model.context}});
+}
 
 // The id first, then each --alias as an entry of its own (as vLLM lists its served names); also while the model
 // loads, so that a client that reads the list once at start sees it.

@@ -5,6 +5,7 @@
 
 #include "core/check.h"
 #include "server/serving/request_fields.h"
+#include "server/serving/request_images.h"
 
 namespace tern::server {
 
@@ -96,7 +97,7 @@ std::vector<std::string> parse_stop(const Json& j) {
   return out;
 }
 
-std::optional<std::string> parse_content(const Json& content, const std::string& param);
+std::optional<Json> parse_content(const Json& content, const std::string& param, std::vector<RequestImage>* images);
 
 // Predicted Outputs: {"type": "content", "content": a string or text parts}; null or absent: none.
 std::optional<std::string> parse_prediction(const Json& j) {
@@ -110,7 +111,7 @@ std::optional<std::string> parse_prediction(const Json& j) {
     bad("prediction.type", "'prediction.type' must be \"content\".");
   const Json* content = field(*p, "content");
   if (!content || content->is_null()) bad("prediction.content", "'prediction.content' is required.");
-  return parse_content(*content, "prediction.content");
+  return parse_content(*content, "prediction.content", nullptr)->get<std::string>();
 }
 
 std::optional<std::string> parse_forced_output(const Json& j, const ParseOptions& options) {
@@ -121,27 +122,49 @@ std::optional<std::string> parse_forced_output(const Json& j, const ParseOptions
   return forced;
 }
 
+// An image_url part's image: {"type": "image_url", "image_url": {"url": "data:...", "detail": ...}} (the url alone
+// as a string is accepted too).
+RequestImage parse_image_url_part(const Json& part, const std::string& p) {
+  auto it = part.find("image_url");
+  if (it == part.end()) bad(p + ".image_url", "'" + p + ".image_url' is required: {\"url\": \"data:image/png;base64,...\"}.");
+  if (it->is_string()) return request_image_from_url(it->get<std::string>(), p + ".image_url");
+  const Json* url = it->is_object() ? field(*it, "url") : nullptr;
+  if (!url || !url->is_string())
+    bad(p + ".image_url.url", "'" + p + ".image_url.url' must be a string: a data: URL (data:image/png;base64,...).");
+  if (const Json* detail = field(*it, "detail"); detail && !detail->is_string())
+    bad(p + ".image_url.detail", "'" + p + ".image_url.detail' must be a string (auto, low or high).");
+  return request_image_from_url(url->get<std::string>(), p + ".image_url.url");
+}
+
 // A message's content: a string, null, or an array of {"type":"text","text":...} parts (joined as the template
-// joins them: with nothing in between).
-std::optional<std::string> parse_content(const Json& content, const std::string& param) {
+// joins them: with nothing in between) and, where `images` takes them (user messages), image_url parts, appended
+// to `images` and left in the content as {"type": "image"} parts (MessageContent).
+std::optional<Json> parse_content(const Json& content, const std::string& param, std::vector<RequestImage>* images) {
   if (content.is_null()) return std::nullopt;
-  if (content.is_string()) return content.get<std::string>();
+  if (content.is_string()) return content;
   if (!content.is_array()) bad(param, "'" + param + "' must be a string or an array of text parts, got " + json_kind(content) + ".");
-  std::string text;
+  MessageContent out;
   for (size_t i = 0; i < content.size(); ++i) {
     const Json& part = content[i];
     const std::string p = param + "[" + std::to_string(i) + "]";
     if (!part.is_object()) bad(p, "'" + p + "' must be an object like {\"type\": \"text\", \"text\": \"...\"}.");
     const std::string type = part.contains("type") && part["type"].is_string() ? part["type"].get<std::string>() : "";
-    if (type == "image_url" || type == "image" || type == "input_image" || type == "video" || type == "video_url" ||
-        type == "input_audio" || type == "audio" || type == "file")
-      bad(p, "'" + p + "' is a " + type + " part: images, video, audio and files are not supported (text only).");
-    if (type != "text") bad(p, "'" + p + "' has type '" + type + "'; only \"text\" parts are supported.");
+    if (type == "image_url" && images) {
+      images->push_back(parse_image_url_part(part, p));
+      out.add_image();
+      continue;
+    }
+    if (type == "image_url" || type == "image" || type == "input_image")
+      bad(p, "'" + p + "' is a " + type + " part: images are read in user messages, as image_url parts "
+                                         "({\"type\": \"image_url\", \"image_url\": {\"url\": \"data:...\"}}).");
+    if (type == "video" || type == "video_url" || type == "input_audio" || type == "audio" || type == "file")
+      bad(p, "'" + p + "' is a " + type + " part: video, audio and files are not supported (text and images only).");
+    if (type != "text") bad(p, "'" + p + "' has type '" + type + "'; only \"text\" and \"image_url\" parts are supported.");
     auto it = part.find("text");
     if (it == part.end() || !it->is_string()) bad(p + ".text", "'" + p + ".text' must be a string.");
-    text += it->get<std::string>();
+    out.add_text(it->get<std::string>());
   }
-  return text;
+  return out.json();
 }
 
 Json parse_tool_calls(const Json& calls, const std::string& param) {
@@ -180,7 +203,7 @@ Json parse_tool_calls(const Json& calls, const std::string& param) {
   return out;
 }
 
-Json parse_messages(const Json& j) {
+Json parse_messages(const Json& j, std::vector<RequestImage>& images) {
   const Json* messages = field(j, "messages");
   if (!messages) bad("messages", "'messages' is required: a non-empty array of {role, content} objects.");
   if (!messages->is_array() || messages->empty())
@@ -200,10 +223,10 @@ Json parse_messages(const Json& j) {
     Json msg = Json::object();
     msg["role"] = role;
     auto content_it = m.find("content");
-    std::optional<std::string> content;
-    if (content_it != m.end()) content = parse_content(*content_it, p + ".content");
+    std::optional<Json> content;
+    if (content_it != m.end()) content = parse_content(*content_it, p + ".content", role == "user" ? &images : nullptr);
     if (role == "assistant") {
-      msg["content"] = content.value_or("");
+      msg["content"] = content.value_or(Json(""));
       for (const char* key : {"reasoning_content", "reasoning"}) {
         auto it = m.find(key);
         if (it == m.end() || it->is_null()) continue;
@@ -359,7 +382,7 @@ std::variant<ChatRequest, ApiError> parse_chat_request(std::string_view body, co
     ChatRequest r;
     check_model(j, options, r.model);
     check_n(j);
-    r.messages = parse_messages(j);
+    r.messages = parse_messages(j, r.images);
     r.continue_final_message = true;  // a last assistant message is a prefill, as llama.cpp and Anthropic read it
     r.tools = function_tools(j);
     parse_tool_choice(j, r);

@@ -15,6 +15,7 @@
 #include "server/responses/responses_schema.h"
 #include "server/serving/chat_prompt.h"
 #include "server/serving/generation.h"
+#include "server/serving/prompt_images.h"
 #include "server/serving/output_common.h"
 #include "server/serving/server_state.h"
 #include "text/tokenizer.h"
@@ -74,6 +75,7 @@ void handle_responses(ServerState& state, const httplib::Request& req, httplib::
 
   auto sampling = sampling_params(state, chat.sampling, -1);
   if (auto* e = std::get_if<ApiError>(&sampling)) return respond_error(res, *e);
+  if (auto e = request_images_refused(state, chat.images)) return respond_error(res, *e);
   static const std::vector<std::string> kNone;
   auto rendered = chat_render_prompt(chat, *state.model.chat_template,
                                      state.options.allow_special_in_content ? kNone : state.special_tokens);
@@ -93,6 +95,8 @@ void handle_responses(ServerState& state, const httplib::Request& req, httplib::
   } catch (const Error& e) {
     return respond_error(res, api_error_invalid("input", strip_error_location(e.what())));
   }
+  if (auto e = prompt_images_attach(state, chat.images, task->request.prompt, &task->request.images))
+    return respond_error(res, *e);
   if (auto e = check_context(state, task->request.prompt.size())) {
     e->param = "input";
     return respond_error(res, *e);

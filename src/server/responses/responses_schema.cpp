@@ -7,6 +7,7 @@
 #include "core/check.h"
 #include "grammar/grammar.h"
 #include "server/serving/request_fields.h"
+#include "server/serving/request_images.h"
 
 namespace tern::server {
 
@@ -75,28 +76,52 @@ void check_no_other_keys(const Json& object, const std::string& param, std::init
 }
 
 [[noreturn]] void unsupported_part(const std::string& type, const std::string& p) {
-  if (type == "input_image" || type == "input_file" || type == "input_audio" || type == "image_url")
-    bad(p, "'" + p + "' is an " + type + " part: images, files and audio are not supported (text only).");
-  bad(p, "'" + p + "' has type '" + type + "'; supported content parts are input_text and output_text.");
+  if (type == "input_image" || type == "image_url")
+    bad(p, "'" + p + "' is an " + type + " part: images are read in user messages, as input_image parts.");
+  if (type == "input_file" || type == "input_audio")
+    bad(p, "'" + p + "' is an " + type + " part: files and audio are not supported (text and images only).");
+  bad(p, "'" + p + "' has type '" + type + "'; supported content parts are input_text, output_text and input_image.");
 }
 
-// A message's (or a tool output's) content: a string, or text parts joined as the template joins them.
-std::string content_text(const Json& content, const std::string& p) {
-  if (content.is_string()) return content.get<std::string>();
+// An input_image part: {"type": "input_image", "image_url": "data:image/png;base64,...", "detail": ...}.
+RequestImage input_image(const Json& part, const std::string& q) {
+  if (field(part, "file_id"))
+    bad(q + ".file_id", "'" + q + ".file_id': this server stores no files; send the image as image_url, a data: URL.");
+  const Json* url = field(part, "image_url");
+  if (!url || !url->is_string())
+    bad(q + ".image_url", "'" + q + ".image_url' must be a string: a data: URL (data:image/png;base64,...).");
+  if (const Json* detail = field(part, "detail"); detail && !detail->is_string())
+    bad(q + ".detail", "'" + q + ".detail' must be a string (auto, low or high).");
+  return request_image_from_url(url->get<std::string>(), q + ".image_url");
+}
+
+// A message's (or a tool output's) content: a string, or text parts joined as the template joins them; where
+// `images` takes them (user messages), input_image parts too, appended there and left as {"type": "image"} parts.
+Json content_parts(const Json& content, const std::string& p, std::vector<RequestImage>* images) {
+  if (content.is_string()) return content;
   if (!content.is_array()) bad(p, "'" + p + "' must be a string or an array of input_text parts, got " + json_kind(content) + ".");
-  std::string text;
+  MessageContent out;
   for (size_t i = 0; i < content.size(); ++i) {
     const std::string q = index_path(p, i);
     const Json& part = content[i];
     if (!part.is_object()) bad(q, "'" + q + "' must be an object like {\"type\": \"input_text\", \"text\": \"...\"}.");
     const std::string type = str_field(part, "type");
+    if (type == "input_image" && images) {
+      images->push_back(input_image(part, q));
+      out.add_image();
+      continue;
+    }
     const char* key = type == "refusal" ? "refusal" : "text";
     if (type != "input_text" && type != "output_text" && type != "text" && type != "refusal") unsupported_part(type, q);
     const Json* t = field(part, key);
     if (!t || !t->is_string()) bad(q + "." + key, "'" + q + "." + key + "' must be a string.");
-    text += t->get<std::string>();
+    out.add_text(t->get<std::string>());
   }
-  return text;
+  return out.json();
+}
+
+std::string content_text(const Json& content, const std::string& p) {
+  return content_parts(content, p, nullptr).get<std::string>();
 }
 
 // Builds the internal messages from the input items; consecutive assistant-side items (reasoning, an assistant
@@ -104,6 +129,7 @@ std::string content_text(const Json& content, const std::string& p) {
 class InputTranslator {
  public:
   Json messages = Json::array();
+  std::vector<RequestImage> images;  // the user messages' input_image parts, in order
 
   void item(const Json& it, const std::string& p) {
     if (!it.is_object()) bad(p, "'" + p + "' must be an input item object (a message, function_call, ...).");
@@ -138,6 +164,11 @@ class InputTranslator {
                            (role.empty() ? std::string(".") : ", got \"" + role + "\"."));
     const Json* content = field(it, "content");
     if (!content) bad(p + ".content", "'" + p + ".content' is required: a string or an array of input_text parts.");
+    if (role == "user") {
+      open_ = -1;
+      messages.push_back(Json{{"role", "user"}, {"content", content_parts(*content, p + ".content", &images)}});
+      return;
+    }
     std::string text = content_text(*content, p + ".content");
     if (role == "assistant") {
       if (open_ >= 0 && messages[size_t(open_)].contains("tool_calls")) open_ = -1;  // text after calls: a new turn
@@ -234,6 +265,7 @@ Json parse_input(const Json& j, ResponsesRequest& r) {
   if (!system.empty()) out.push_back(Json{{"role", "system"}, {"content", system}});
   for (Json& m : t.messages)
     if (m["role"] != "system") out.push_back(std::move(m));
+  r.chat.images = std::move(t.images);
   return out;
 }
 

@@ -26,10 +26,22 @@ struct SamplingOverrides {
 enum class ToolChoice { tool_choice_auto, tool_choice_none, tool_choice_required, tool_choice_named };
 enum class ResponseFormat { text, json_object, json_schema };
 
+// An image a request carries, as its API's parser found it (serving/request_images.h); serving/prompt_images.h
+// decodes it and turns it into the prompt's image tokens.
+struct RequestImage {
+  std::string param;  // where it is in the body, for errors: "messages[1].content[0].image_url"
+  std::string bytes;  // the image file's bytes (base64-decoded from a data: URL or a base64 field)
+  std::string url;    // instead: the http(s) URL the request gave (refused; tern serve never fetches one)
+};
+
 struct ChatRequest {
   std::string model;
-  Json messages = Json::array();   // normalised: content as a string, developer -> system, tool-call arguments
+  Json messages = Json::array();   // normalised: content as a string (an array of text and {"type": "image"} parts
+                                   // when the message holds images), developer -> system, tool-call arguments
                                    // as objects, reasoning -> reasoning_content
+  // The images, in the order the chat template meets their {"type": "image"} parts (message by message, part by
+  // part): each becomes one <|image_pad|> run of the prompt.
+  std::vector<RequestImage> images;
   Json tools = Json::array();      // the tools to render (empty for tool_choice none; only the named one)
   ToolChoice tool_choice = ToolChoice::tool_choice_auto;
   std::string tool_choice_name;    // tool_choice_named

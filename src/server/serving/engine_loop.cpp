@@ -127,11 +127,11 @@ void EngineLoop::start(const std::shared_ptr<GenerationTask>& task) {
   GenerationTask& t = *task;
   try {
     t.request.cancel = &t.cancel;
-    const PrefixCache::Lease lease = cache_->begin(t.request.prompt);
+    const PrefixCache::Lease lease = cache_->begin(t.request.prompt, t.request.images);
     r->session = lease.session;
     if (cache_->active()) {
       t.request.checkpoint_every = cache_->options().snapshot_every;
-      t.request.on_checkpoint = [this, &t](Session& s) { cache_->checkpoint(s, t.request.prompt); };
+      t.request.on_checkpoint = [this, &t](Session& s) { cache_->checkpoint(s, t.request.prompt, t.request.images); };
     } else {
       t.request.checkpoint_at.clear();  // no snapshots: the prefill's chunks as without the cache
     }
@@ -223,7 +223,7 @@ void EngineLoop::finish(Running& r, EngineEvent done, TaskOutcome outcome) {
       std::vector<int32_t> held(task.request.prompt.begin(), task.request.prompt.begin() + std::min(pos, n_prompt));
       for (int64_t i = 0; int64_t(held.size()) < pos && i < int64_t(result.tokens.size()); ++i)
         held.push_back(result.tokens[size_t(i)]);
-      cache_->end(*r.session, held, int64_t(held.size()) == pos);
+      cache_->end(*r.session, held, int64_t(held.size()) == pos, task.request.images);
     } catch (const std::exception& e) {
       done = EngineEvent::of_error(internal_fault(task, e.what()));
       outcome = TaskOutcome::failed;

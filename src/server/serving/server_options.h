@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "engine/generator.h"
+#include "engine/image_prompt.h"
 #include "engine/prefix_cache.h"
 #include "engine/sampler.h"
 
@@ -38,6 +39,8 @@ struct ServerOptions {
   size_t max_body_bytes = 8u << 20;      // larger bodies get 413
   int http_threads = 0;                  // 0: max_queue + parallel + 8 (a streaming request holds a thread)
   bool allow_forced_output = false;      // --debug-allow-forced-output: accept tern_debug_forced_output
+  bool allow_image_urls = false;         // --allow-image-urls: an http(s) image URL is told that remote images are
+                                         // not fetched (rather than that the server refuses URLs); never fetched
   bool log_requests = true;              // one JSON line per request on stderr
   size_t max_connections = 1024;         // open connections in all; beyond: 503 and close
   size_t max_connections_per_address = 256;  // open connections from one client address
@@ -75,6 +78,9 @@ struct ServerModel {
   int cache_slots = 0;                   // the prefix cache's sessions (PrefixCacheOptions::slots)
   int64_t cache_gpu_bytes = -1;          // its snapshots in GPU memory (PrefixCacheOptions::gpu_bytes)
   int64_t vocab_size = 0;                // ids below it are valid in logit_bias and prompts
+  // Images: whether the model takes them (images.unavailable says why not), its processor and token ids
+  // (engine/image_prompt.h: image_settings).
+  ImageSettings images;
 };
 
 }  // namespace tern::server

@@ -3,9 +3,10 @@
 //
 //   /tokenize   {"content": str, "add_special": false, "parse_special": true, "with_pieces": false}
 //               -> {"tokens": [id, ...]}  or, with_pieces, {"tokens": [{"id": id, "piece": str | [bytes]}, ...]}
+//               (its chat form, {"messages": [...]}, is openai_handlers' handle_tokenize_chat)
 //   /detokenize {"tokens": [id, ...]} -> {"content": str}             (an id outside the vocabulary: 400)
 //   /props      -> {"model", "aliases", "model_path", "n_ctx", "total_slots", "default_generation_settings",
-//                   "chat_template", "random_weights", "build_info"}
+//                   "chat_template", "random_weights", "build_info", "modalities": {"vision", "audio"}}
 //
 // add_special asks for the tokenizer's added BOS/EOS; Qwen's tokenizer adds none, so it changes nothing here.
 // parse_special false tokenizes special-token texts (<|im_start|>, ...) as plain text.
@@ -137,6 +138,7 @@ void handle_props(ServerState& state, const httplib::Request&, httplib::Response
                          {"default_generation_settings", std::move(settings)},
                          {"chat_template", m.chat_template->source()},
                          {"random_weights", m.random_weights},
+                         {"modalities", Json{{"vision", m.images.unavailable.empty()}, {"audio", false}}},
                          {"build_info", m.build_info}});
 }
 
