@@ -57,12 +57,11 @@ CudaRunner::CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const M
   }
   // TERN_PREFILL_EXACT_GATES=0: the GDN gate products (b, a) on the fp16 kernel too.
   exact_gates_ = prefill_kernel_ == PrefillKernel::wgmma_f16 && !env_is("TERN_PREFILL_EXACT_GATES", "0");
-  // TERN_PREFILL_ROUTER: how the prefill plan's router (8-bit weights) picks each token's experts. refine (default):
-  // the integer kernel (x in 16 bits per group of 64), then moe_router_refine recomputes in fp32 the tokens whose
-  // k-th and (k+1)-th logits lie within that rounding's bound. q16: the integer kernel alone, whose rounding swapped
-  // experts at near-ties (trained-scale weights, 8 layers, 640 positions: prefill mean KL 5.2e-3 against 3.2e-5
-  // refined in fp32; issue 29, docs/benchmarks.md). fp32: the router and the shared-expert gate on the fp32 SIMT
-  // kernel (exact, 6% of a 4K prefill).
+  // TERN_PREFILL_ROUTER: how the prefill plan's 8-bit products (the router and the shared-expert gate) take x.
+  // exact (default): the integer kernel twice, on x in 16 bits per group of 64 and on the residual quantised again
+  // (matmul_quantize_x's residual: x to fp32's precision). q16: the first product alone, whose rounding swapped
+  // experts at near-ties (trained-scale weights, 8 layers, 640 positions: prefill mean KL 5.2e-3 against 3.2e-5 with
+  // the router in fp32; issue 29, docs/benchmarks.md). fp32: both on the fp32 SIMT kernel.
   if (env_is("TERN_PREFILL_ROUTER", "q16")) router_prefill_ = RouterPrefill::q16;
   if (env_is("TERN_PREFILL_ROUTER", "fp32")) router_prefill_ = RouterPrefill::fp32;
   // TERN_GDN_PREFILL=simt|tf32x3|twopass: the chunked Gated DeltaNet kernel of the prefill plan (default: the
@@ -93,7 +92,6 @@ CudaRunner::CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const M
   if (const char* e = std::getenv("TERN_L2_PREFETCH")) l2_prefetch_ = std::atoi(e) & 12;
   if (!sm90_features()) l2_prefetch_ = 0;  // the bulk prefetch is sm_90+ (a no-op in older code): skip its launches' work
   allocate_decode_scratch();
-  if (router_prefill_ == RouterPrefill::refine) prepare_router_refine();
   attention_init();  // kernel attributes set once, outside any graph capture
   // The batched step's scratch (~80 MB at the model's widths) now, not at the first batched step: what a server
   // plans its sessions from (free_memory_bytes) is then what stays free.
@@ -209,7 +207,7 @@ void CudaRunner::allocate_scratch() {
   prep_bytes_ = size_t(std::max({matmul_prepared_bytes(T, D), matmul_prepared_bytes(T, Hv * dv),
                                  matmul_prepared_bytes(T, Hq * dh), matmul_prepared_bytes(T * k, F)}));
   prep_q16_bytes_ = size_t(matmul_q16_bytes(T, D));
-  scratch_ = DeviceArena(size_t(floats) * 4 + size_t(ints) * 4 + prep_bytes_ + prep_q16_bytes_ + 64 * 256,
+  scratch_ = DeviceArena(size_t(floats) * 4 + size_t(ints) * 4 + prep_bytes_ + 2 * prep_q16_bytes_ + 64 * 256,
                          "activation scratch");
   hidden_ = scratch_.take_n<float>(size_t(T * D));
   normed_ = scratch_.take_n<float>(size_t(T * D));
@@ -240,6 +238,7 @@ void CudaRunner::allocate_scratch() {
   yd_bytes_ = size_t(T * k * D) * 4;
   prep_ = scratch_.take(prep_bytes_);
   prep_q16_ = scratch_.take(prep_q16_bytes_);
+  prep_q16_rest_ = scratch_.take(prep_q16_bytes_);
   sg_ = scratch_.take_n<float>(size_t(T * Fs));
   su_ = scratch_.take_n<float>(size_t(T * Fs));
   ys_ = scratch_.take_n<float>(size_t(T * D));

@@ -41,6 +41,7 @@ namespace tern::cuda {
 struct PreparedX {
   const void* main = nullptr;
   const void* q16 = nullptr;
+  const void* q16_rest = nullptr;  // x − x(q16) in the same form: the 8-bit products' second, exact term
   bool split = false;  // main holds bf16 hi + lo (matmul_prepare_x), not fp16, under the fp16 plan
 };
 
@@ -126,12 +127,13 @@ class CudaRunner final : public ModelRunner {
   // prefill_plan.cu: longer chunks
   void proj(const DMat& w, const float* x, int64_t T, float* y, bool accumulate = false, const PreparedX& prep = {},
             bool exact = false);
-  PreparedX prepare_x(const float* x, int64_t ldx, int64_t T, int64_t cols, PrefillSite site, bool with_8bit = false);
+  // with_8bit: also the 16-bit integer form for the 8-bit products (PreparedX::q16); with_rest: and its residual.
+  PreparedX prepare_x(const float* x, int64_t ldx, int64_t T, int64_t cols, PrefillSite site, bool with_8bit = false,
+                      bool with_rest = false);
   MatmulTile with_prepared_x(MatmulArgs& a, const PreparedX& prep, bool exact = false) const;
   void gdn_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, int64_t T);
   void attention_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, CudaSession& s, int64_t T, int64_t cap);
   void moe(const DeviceLayer& l, int64_t T);
-  void prepare_router_refine();
   void shared_expert(const DeviceLayer& l, int64_t T, const PreparedX& xp);
 
   std::unique_ptr<DeviceWeights> w_;
@@ -148,11 +150,9 @@ class CudaRunner final : public ModelRunner {
   enum class PrefillKernel { wgmma_f16, wgmma_split, int8, split };
   PrefillKernel prefill_kernel_ = PrefillKernel::int8;
   bool exact_gates_ = false;  // the GDN b and a products on the integer kernel (see gdn_mixer)
-  // The prefill router (TERN_PREFILL_ROUTER, see the constructor): refine (default), q16 or fp32.
-  enum class RouterPrefill { refine, q16, fp32 };
-  RouterPrefill router_prefill_ = RouterPrefill::refine;
-  DeviceArena router_bounds_mem_;
-  std::vector<const float*> router_bounds_;  // per layer: moe_router_refine's group bounds (null: not refined)
+  // The prefill router (TERN_PREFILL_ROUTER, see the constructor): exact (default), q16 or fp32.
+  enum class RouterPrefill { exact, q16, fp32 };
+  RouterPrefill router_prefill_ = RouterPrefill::exact;
   GdnChunkedKernel gdn_prefill_kernel_ = GdnChunkedKernel::automatic;  // TERN_GDN_PREFILL (see the constructor)
   int32_t device_token_ = 0;            // the token the last graph step left in tokens_ (when valid)
   bool device_token_valid_ = false;
@@ -214,6 +214,7 @@ class CudaRunner final : public ModelRunner {
   void* prep_ = nullptr;                // prepared activations of the prefill products (PreparedX::main)
   size_t prep_bytes_ = 0;
   void* prep_q16_ = nullptr;            // the MoE input quantised for the 8-bit products (PreparedX::q16)
+  void* prep_q16_rest_ = nullptr;       // its residual quantised (PreparedX::q16_rest)
   size_t prep_q16_bytes_ = 0;
   float *logits_ = nullptr, *sample_scratch_ = nullptr;
   int *tokens_ = nullptr, *route_ids_ = nullptr, *sample_out_ = nullptr;

@@ -10,7 +10,6 @@
 #include "cuda/kernels/conv1d/conv1d.cuh"
 #include "cuda/kernels/gdn/gdn.cuh"
 #include "cuda/kernels/moe/moe.cuh"
-#include "cuda/kernels/moe/moe_router_refine.cuh"
 #include "cuda/kernels/qmatmul/qmatmul.cuh"
 #include "cuda/kernels/qmatmul/qmatmul_int8.cuh"
 #include "cuda/kernels/qmatmul/qmatmul_wgmma.cuh"
@@ -43,7 +42,7 @@ void CudaRunner::proj(const DMat& w, const float* x, int64_t T, float* y, bool a
 }
 
 PreparedX CudaRunner::prepare_x(const float* x, int64_t ldx, int64_t T, int64_t cols, PrefillSite site,
-                                bool with_8bit) {
+                                bool with_8bit, bool with_rest) {
   PreparedX p;
   if (fp32_prefill_ || T <= 1) return p;
   PrefillKernel kernel = prefill_kernel_;
@@ -54,8 +53,10 @@ PreparedX CudaRunner::prepare_x(const float* x, int64_t ldx, int64_t T, int64_t 
   switch (kernel) {
     case PrefillKernel::int8:
       if (cols % 128 != 0 || matmul_q16_bytes(T, cols) > int64_t(prep_bytes_)) return p;
-      matmul_quantize_x(x, ldx, T, cols, prep_, stream_);
+      with_rest = with_rest && with_8bit && matmul_q16_bytes(T, cols) <= int64_t(prep_q16_bytes_);
+      matmul_quantize_x(x, ldx, T, cols, prep_, stream_, with_rest ? prep_q16_rest_ : nullptr);
       p.main = p.q16 = prep_;
+      if (with_rest) p.q16_rest = prep_q16_rest_;
       return p;
     case PrefillKernel::wgmma_f16:
       if (cols % 512 != 0 || matmul_f16_bytes(T, cols) > int64_t(prep_bytes_)) return p;
@@ -72,8 +73,9 @@ PreparedX CudaRunner::prepare_x(const float* x, int64_t ldx, int64_t T, int64_t 
       break;
   }
   if (with_8bit && cols % 128 == 0 && matmul_q16_bytes(T, cols) <= int64_t(prep_q16_bytes_)) {
-    matmul_quantize_x(x, ldx, T, cols, prep_q16_, stream_);
+    matmul_quantize_x(x, ldx, T, cols, prep_q16_, stream_, with_rest ? prep_q16_rest_ : nullptr);
     p.q16 = prep_q16_;
+    if (with_rest) p.q16_rest = prep_q16_rest_;
   }
   return p;
 }
@@ -160,12 +162,18 @@ void CudaRunner::moe(const DeviceLayer& l, int64_t T) {
   const int E = c.num_experts, k = c.num_experts_per_tok;
   const int64_t D = c.hidden_size, F = c.moe_intermediate_size;
   // normed_ prepared once for the router, the shared-expert gate and the routed and shared gate/up products. The
-  // router's near-ties recomputed in fp32 (moe_router_refine; TERN_PREFILL_ROUTER in the constructor).
-  const PreparedX xp = prepare_x(normed_, D, T, D, kMoeIn, /*with_8bit=*/router_prefill_ != RouterPrefill::fp32);
+  // 8-bit router and gate take x in two 16-bit terms (x to fp32's precision: a near-tie between experts is decided
+  // as in fp32; TERN_PREFILL_ROUTER in the constructor).
+  const PreparedX xp = prepare_x(normed_, D, T, D, kMoeIn, /*with_8bit=*/router_prefill_ != RouterPrefill::fp32,
+                                 /*with_rest=*/router_prefill_ == RouterPrefill::exact);
   proj(l.router, normed_, T, router_logits_, false, xp);
   proj(l.shared_expert_gate, normed_, T, shared_logit_, false, xp);
-  if (const float* bounds = router_bounds_.empty() ? nullptr : router_bounds_[layer_index(l)]; bounds && !fp32_prefill_)
-    moe_router_refine(normed_, D, l.router, bounds, router_logits_, T, k, nullptr, stream_);
+  if (xp.q16_rest) {  // the second term, on the integer kernel only (any other product already took x whole)
+    const PreparedX rest{.q16 = xp.q16_rest};
+    if (matmul_int8_takes(l.router)) proj(l.router, normed_, T, router_logits_, true, rest, /*exact=*/true);
+    if (matmul_int8_takes(l.shared_expert_gate))
+      proj(l.shared_expert_gate, normed_, T, shared_logit_, true, rest, /*exact=*/true);
+  }
   moe_route(router_logits_, T, E, k, route_ids_, route_w_, stream_);
   const int* pos_of = nullptr;
   if (T == 1) {
@@ -247,22 +255,5 @@ void CudaRunner::shared_expert(const DeviceLayer& l, int64_t T, const PreparedX&
   proj(l.shared_down, sg_, T, ys_, false, prepare_x(sg_, Fs, T, Fs, kMoeDown));  // xp is not read after this
 }
 
-// The group bounds of every layer's router for moe_router_refine (once, at load).
-void CudaRunner::prepare_router_refine() {
-  router_bounds_.assign(w_->layers.size(), nullptr);
-  size_t bytes = 0;
-  for (const DeviceLayer& l : w_->layers)
-    if (moe_router_refine_takes(l.router)) bytes += DeviceArena::align(size_t(l.router.cols / 64) * 4);
-  if (bytes == 0) return;
-  router_bounds_mem_ = DeviceArena(bytes, "router bounds");
-  for (size_t i = 0; i < w_->layers.size(); ++i) {
-    const DMat& r = w_->layers[i].router;
-    if (!moe_router_refine_takes(r)) continue;
-    float* b = router_bounds_mem_.take_n<float>(size_t(r.cols / 64));
-    router_group_bounds(r, b, stream_);
-    router_bounds_[i] = b;
-  }
-  TERN_CUDA(cudaStreamSynchronize(stream_));
-}
 
 }  // namespace tern::cuda

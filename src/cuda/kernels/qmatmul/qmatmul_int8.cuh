@@ -27,7 +27,11 @@ constexpr int64_t matmul_q16_bytes(int64_t rows, int64_t cols) { return rows * m
 
 // x [rows, cols] fp32 (row stride ldx) -> out (matmul_q16_bytes(rows, cols), row i at i · matmul_q16_row_bytes).
 // cols a multiple of 128, ldx a multiple of 4, x and out 16-byte aligned. Launched with PDL; one pass over x.
-void matmul_quantize_x(const float* x, int64_t ldx, int64_t rows, int64_t cols, void* out, cudaStream_t stream);
+// residual (optional, out's layout): the rest r = x − σ·v quantised the same way (|r| ≤ ~σ/2, so its own rounding is
+// ~m/4·10⁹). Two products, one on out and one accumulating on residual, then take x to fp32's precision (the
+// prefill router's exact form, issue 29).
+void matmul_quantize_x(const float* x, int64_t ldx, int64_t rows, int64_t cols, void* out, cudaStream_t stream,
+                       void* residual = nullptr);
 
 // Whether the integer kernel takes w: affine 4-bit or 8-bit, group 64, cols a multiple of 512, 16-byte aligned words
 // and scales, 4-byte aligned biases.
