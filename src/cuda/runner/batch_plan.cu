@@ -184,10 +184,24 @@ void CudaRunner::batch_step(std::span<BatchEntry* const> entries) {
   ++batched_steps_;
 }
 
-// Every kernel of a batched step of B sessions (tables already on the device): embed, each layer as the decode
-// plan runs it for one token (decode_plan.cu) with the batch index, the LM head, the positions, one sampler per
-// session. No host value depends on the sessions but B and the largest capacity (the attention grid's splits).
+// Every kernel of a batched step of B sessions (tables already on the device): slot_layers, the positions, one
+// sampler per session. No host value depends on the sessions but B and the largest capacity (the attention grid's
+// splits).
 void CudaRunner::batch_body(int B, int64_t max_capacity) {
+  const int64_t V = w_->config.vocab_size;
+  slot_layers(B, max_capacity, /*one_session=*/false);
+  advance_positions_kernel<<<1, kSlots, 0, stream_>>>(reinterpret_cast<const BatchHeader*>(batch_tables_)->pos, B);
+  TERN_CUDA_LAUNCHED("advance_positions");
+  for (int b = 0; b < B; ++b)
+    sample_token_device(logits_ + int64_t(b) * V, V, batch_sample_scratch_[size_t(b)], batch_sampled_ + b, stream_);
+}
+
+// The kernels the multi-token steps share (batch_body, verify_body; the tables on the device): embed, each layer as
+// the decode plan runs it for one token (decode_plan.cu) with the slot index, the LM head over the B slots.
+// one_session: the slots are one session's consecutive tokens (a verify step): the GDN layers run gdn_decode over
+// them in order (keeping each token's states, verify_plan.cu), and attention slot j reads the rows slots 0..j-1
+// write in this step. Otherwise each slot is its own session.
+void CudaRunner::slot_layers(int B, int64_t capacity, bool one_session) {
   const Config& c = w_->config;
   const int64_t D = c.hidden_size, V = c.vocab_size;
   const BatchHeader* dev = reinterpret_cast<const BatchHeader*>(batch_tables_);
@@ -199,13 +213,16 @@ void CudaRunner::batch_body(int B, int64_t max_capacity) {
       const int64_t Z = int64_t(c.linear_num_value_heads) * c.linear_value_head_dim;
       qmv_dp4a_batched(decode_product(l.in_proj_all, hidden_, D, 1, l.input_norm, batch_proj_, proj_cols_), B,
                        stream_);
-      const GdnDecodeArgs g = gdn_decode_args(l, 1, batch_proj_, batch_gated_);
-      gdn_decode_batched(g, B, reinterpret_cast<float* const*>(table), reinterpret_cast<float* const*>(table + kSlots),
-                         stream_);
+      const GdnDecodeArgs g = gdn_decode_args(l, one_session ? B : 1, batch_proj_, batch_gated_);
+      float* const* states = reinterpret_cast<float* const*>(table);
+      if (one_session)
+        gdn_decode_from_tables(g, states, states + kSlots, states + 1, states + kSlots + 1, stream_);
+      else
+        gdn_decode_batched(g, B, states, states + kSlots, stream_);
       qmv_dp4a_batched(decode_product(l.out_proj, batch_gated_, Z, 1, nullptr, hidden_, D, true, output_ahead(l)), B,
                        stream_);
     } else {
-      const AttnDims d = attn_dims(1, max_capacity);
+      const AttnDims d = attn_dims(1, capacity);
       const int64_t Q = int64_t(d.Hq) * 2 * d.dh, KV = int64_t(d.Hkv) * d.dh;
       qmv_dp4a_batched(decode_product(l.attn_qkv, hidden_, D, 1, l.input_norm, batch_proj_, proj_cols_), B, stream_);
       AttnBatch ab;
@@ -216,6 +233,7 @@ void CudaRunner::batch_body(int B, int64_t max_capacity) {
       ab.cache_v = reinterpret_cast<uint16_t* const*>(table + kSlots);
       ab.splits = dev->splits;
       ab.capacity = dev->capacity;
+      ab.one_session = one_session;
       attn_prepare_batched(batch_proj_, batch_proj_ + Q, batch_proj_ + Q + KV, l.q_norm, l.k_norm, ab, d, batch_q_,
                            stream_);
       attention_batched(batch_q_, batch_proj_, ab, d, batch_attn_part_, batch_attn_out_, stream_);
@@ -229,12 +247,8 @@ void CudaRunner::batch_body(int B, int64_t max_capacity) {
     m.prefetch_down = m.prefetch_down && B <= 4;
     moe_decode_batched(m, hidden_, B, batch_moe_, stream_);
   }
-  advance_positions_kernel<<<1, kSlots, 0, stream_>>>(dev->pos, B);
-  TERN_CUDA_LAUNCHED("advance_positions");
   qmv_dp4a_batched(decode_product(w_->lm_head, hidden_, D, 1, w_->final_norm, logits_, V), B, stream_);
   mask_padding(logits_, B, V, w_->vocab_real, stream_);
-  for (int b = 0; b < B; ++b)
-    sample_token_device(logits_ + int64_t(b) * V, V, batch_sample_scratch_[size_t(b)], batch_sampled_ + b, stream_);
 }
 
 }  // namespace tern::cuda

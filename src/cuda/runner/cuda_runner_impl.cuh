@@ -115,6 +115,7 @@ class CudaRunner final : public ModelRunner {
   void allocate_batch_scratch();
   void batch_step(std::span<BatchEntry* const> entries);
   void batch_body(int B, int64_t max_capacity);
+  void slot_layers(int B, int64_t capacity, bool one_session);  // the kernels batch_body and verify_body share
   QmvArgs decode_product(const DMat& w, const float* x, int64_t ldx, int64_t T, const float* norm_w, float* y,
                          int64_t ldy, bool accumulate = false, const L2Ranges& ahead = {}) const;
 

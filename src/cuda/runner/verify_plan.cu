@@ -128,52 +128,13 @@ bool CudaRunner::forward_verify_sample(Session& session, std::span<const int32_t
 }
 
 // Every kernel of a verify step of T tokens of one session (tables already on the device; the session's capacity
-// sets the attention grid): batch_body's with T slots, gdn_decode over the T tokens in place of gdn_decode_batched,
-// and no sampling. No host value depends on the session but its capacity, so one graph per (T, capacity) serves all.
+// sets the attention grid): slot_layers over the T tokens as one session, the session's position, no sampling. No
+// host value depends on the session but its capacity, so one graph per (T, capacity) serves all.
 void CudaRunner::verify_body(int T, int64_t capacity) {
-  const Config& c = w_->config;
-  const int64_t D = c.hidden_size, V = c.vocab_size;
+  slot_layers(T, capacity, /*one_session=*/true);
   const BatchHeader* dev = reinterpret_cast<const BatchHeader*>(batch_tables_);
-  embed_lookup(w_->embed, dev->tokens, T, hidden_, stream_);
-  for (size_t i = 0; i < w_->layers.size(); ++i) {
-    const DeviceLayer& l = w_->layers[i];
-    float* const* table = reinterpret_cast<float* const*>(batch_tables_ + layer_table_offset(i));
-    if (l.type == LayerType::linear_attention) {
-      const int64_t Z = int64_t(c.linear_num_value_heads) * c.linear_value_head_dim;
-      qmv_dp4a_batched(decode_product(l.in_proj_all, hidden_, D, 1, l.input_norm, batch_proj_, proj_cols_), T,
-                       stream_);
-      gdn_decode_from_tables(gdn_decode_args(l, T, batch_proj_, batch_gated_), table, table + kBatchSlots, table + 1,
-                             table + kBatchSlots + 1, stream_);
-      qmv_dp4a_batched(decode_product(l.out_proj, batch_gated_, Z, 1, nullptr, hidden_, D, true, output_ahead(l)), T,
-                       stream_);
-    } else {
-      const AttnDims d = attn_dims(1, capacity);
-      const int64_t Q = int64_t(d.Hq) * 2 * d.dh, KV = int64_t(d.Hkv) * d.dh;
-      qmv_dp4a_batched(decode_product(l.attn_qkv, hidden_, D, 1, l.input_norm, batch_proj_, proj_cols_), T, stream_);
-      AttnBatch ab;
-      ab.B = T;
-      ab.ld_qkv = proj_cols_;
-      ab.pos0 = dev->pos;
-      ab.cache_k = reinterpret_cast<uint16_t* const*>(table);
-      ab.cache_v = reinterpret_cast<uint16_t* const*>(table + kBatchSlots);
-      ab.splits = dev->splits;
-      ab.capacity = dev->capacity;
-      ab.one_session = true;  // slot j reads the rows slots 0..j-1 write in this step
-      attn_prepare_batched(batch_proj_, batch_proj_ + Q, batch_proj_ + Q + KV, l.q_norm, l.k_norm, ab, d, batch_q_,
-                           stream_);
-      attention_batched(batch_q_, batch_proj_, ab, d, batch_attn_part_, batch_attn_out_, stream_);
-      qmv_dp4a_batched(decode_product(l.o_proj, batch_attn_out_, int64_t(d.Hq) * d.dh, 1, nullptr, hidden_, D, true,
-                                      output_ahead(l)),
-                       T, stream_);
-    }
-    MoeDecodeWeights m = moe_w_[i];
-    m.prefetch_down = m.prefetch_down && T <= 4;  // as batch_body
-    moe_decode_batched(m, hidden_, T, batch_moe_, stream_);
-  }
   advance_session_kernel<<<1, 1, 0, stream_>>>(&dev->session_pos, T);
   TERN_CUDA_LAUNCHED("advance_session");
-  qmv_dp4a_batched(decode_product(w_->lm_head, hidden_, D, 1, w_->final_norm, logits_, V), T, stream_);
-  mask_padding(logits_, T, V, w_->vocab_real, stream_);
 }
 
 }  // namespace tern::cuda
