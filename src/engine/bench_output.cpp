@@ -1,43 +1,25 @@
 // tern bench outputs: the table a person reads and the JSON document (bench_run.h).
-#include <cstdarg>
-#include <cstdio>
-
 #include <nlohmann/json.hpp>
 
+#include "engine/bench_format.h"
 #include "engine/bench_run.h"
 
 namespace tern {
 
 namespace {
 
-std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-std::string format(const char* fmt, ...) {
-  char buf[512];
-  va_list ap;
-  va_start(ap, fmt);
-  std::vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  return buf;
-}
-
-std::string percent(double value, double peak) {
-  return peak > 0 && value > 0 ? format("%.1f%%", 100.0 * value / peak) : std::string("-");
-}
-
-std::string number(double v, const char* fmt) { return v > 0 ? format(fmt, v) : std::string("-"); }
-
 // tern bench --concurrency: one row per (context, N streams).
 std::string bench_concurrency_table(const BenchReport& r) {
   std::string out;
-  out += format("| %7s | %7s | %15s | %16s | %10s | %10s | %9s |\n", "context", "streams", "aggregate tok/s",
+  out += bench_format("| %7s | %7s | %15s | %16s | %10s | %10s | %9s |\n", "context", "streams", "aggregate tok/s",
                 "per-stream tok/s", "ITL p50 ms", "ITL p99 ms", "memory GB");
   out += "|--------:|--------:|----------------:|-----------------:|-----------:|-----------:|----------:|\n";
   for (const BenchConcurrencyPoint& p : r.concurrency)
-    out += format("| %7s | %7d | %15s | %16s | %10s | %10s | %9.2f |\n", bench_length_label(p.length).c_str(),
-                  p.streams, number(p.aggregate_tok_s, "%.1f").c_str(), number(p.stream_tok_s, "%.1f").c_str(),
-                  number(p.itl_p50_ms, "%.3f").c_str(), number(p.itl_p99_ms, "%.3f").c_str(),
+    out += bench_format("| %7s | %7d | %15s | %16s | %10s | %10s | %9.2f |\n", bench_length_label(p.length).c_str(),
+                  p.streams, bench_number(p.aggregate_tok_s, "%.1f").c_str(), bench_number(p.stream_tok_s, "%.1f").c_str(),
+                  bench_number(p.itl_p50_ms, "%.3f").c_str(), bench_number(p.itl_p99_ms, "%.3f").c_str(),
                   double(p.memory_peak_bytes) * 1e-9);
-  out += format("\npeak memory: %.2f GB (%s)\n", double(r.memory_peak_bytes) * 1e-9, r.memory_kind.c_str());
+  out += bench_format("\npeak memory: %.2f GB (%s)\n", double(r.memory_peak_bytes) * 1e-9, r.memory_kind.c_str());
   return out;
 }
 
@@ -47,40 +29,40 @@ std::string bench_table(const BenchReport& r) {
   const BenchOptions& o = r.options;
   const Roofline& f = r.roofline;
   std::string out;
-  out += format("tern bench %s | backend %s | device %s\n", r.version.c_str(), r.backend.c_str(), r.device.c_str());
-  out += format("model: %s\n", r.model.c_str());
-  out += format("decode bytes/token: weights %.1f MB + state %.1f MB + KV %.1f KiB per context token\n",
+  out += bench_format("tern bench %s | backend %s | device %s\n", r.version.c_str(), r.backend.c_str(), r.device.c_str());
+  out += bench_format("model: %s\n", r.model.c_str());
+  out += bench_format("decode bytes/token: weights %.1f MB + state %.1f MB + KV %.1f KiB per context token\n",
                 f.weight_bytes_per_token * 1e-6, f.state_bytes_per_token * 1e-6, f.kv_bytes_per_context / 1024.0);
-  out += format("prefill FLOPs/token: linear %.3f GFLOP + GDN %.3f GFLOP + attention %.1f kFLOP x position\n",
+  out += bench_format("prefill FLOPs/token: linear %.3f GFLOP + GDN %.3f GFLOP + attention %.1f kFLOP x position\n",
                 f.linear_flops_per_token * 1e-9, f.gdn_flops_per_token * 1e-9, f.attention_flops_coeff * 1e-3);
   if (o.concurrency.empty())
-    out += format("method: median of %d run(s) after %d warm-up run(s); %d decode step(s) per run; decode path %s\n",
+    out += bench_format("method: median of %d run(s) after %d warm-up run(s); %d decode step(s) per run; decode path %s\n",
                   o.repeats, o.warmup, o.decode_steps, r.decode_path.c_str());
   else
-    out += format("method: per context and N streams, N sessions each prefilled with the context (untimed), then %d "
+    out += bench_format("method: per context and N streams, N sessions each prefilled with the context (untimed), then %d "
                   "step(s) each one forward_batch of N entries (one token per stream); median of %d run(s) after %d "
                   "warm-up run(s); decode path %s\n",
                   o.decode_steps, o.repeats, o.warmup, r.decode_path.c_str());
   out += "ceilings: " +
-         (o.peak_gb_s > 0 ? format("%.0f GB/s", o.peak_gb_s) : std::string("no bandwidth ceiling")) + ", " +
-         (o.peak_tflop_s > 0 ? format("%.0f TFLOP/s", o.peak_tflop_s) : std::string("no compute ceiling")) + "\n\n";
+         (o.peak_gb_s > 0 ? bench_format("%.0f GB/s", o.peak_gb_s) : std::string("no bandwidth ceiling")) + ", " +
+         (o.peak_tflop_s > 0 ? bench_format("%.0f TFLOP/s", o.peak_tflop_s) : std::string("no compute ceiling")) + "\n\n";
   if (!r.concurrency.empty()) return out + bench_concurrency_table(r);
-  out += format("| %6s | %13s | %8s | %6s | %10s | %12s | %9s | %8s | %6s | %11s | %10s |\n", "length", "prefill tok/s",
+  out += bench_format("| %6s | %13s | %8s | %6s | %10s | %12s | %9s | %8s | %6s | %11s | %10s |\n", "length", "prefill tok/s",
                 "TFLOP/s", "% peak", "TTFT ms", "decode tok/s", "ms/token", "GB/s", "% peak", "limit tok/s",
                 "memory GB");
   out += "|-------:|--------------:|---------:|-------:|-----------:|-------------:|----------:|---------:|-------:|"
          "------------:|-----------:|\n";
   for (const BenchPoint& p : r.points) {
     const double limit = o.peak_gb_s > 0 ? o.peak_gb_s * 1e9 / f.decode_bytes(p.decode_context) : 0;
-    out += format("| %6s | %13s | %8s | %6s | %10s | %12s | %9s | %8s | %6s | %11s | %10.2f |\n",
-                  bench_length_label(p.length).c_str(), number(p.prefill_tok_s, "%.1f").c_str(),
-                  number(p.prefill_tflop_s, "%.3f").c_str(), percent(p.prefill_tflop_s, o.peak_tflop_s).c_str(),
-                  number(p.prefill_ms_median, "%.2f").c_str(), number(p.decode_tok_s, "%.1f").c_str(),
-                  number(p.decode_ms_median, "%.3f").c_str(), number(p.decode_gb_s, "%.1f").c_str(),
-                  percent(p.decode_gb_s, o.peak_gb_s).c_str(), number(limit, "%.0f").c_str(),
+    out += bench_format("| %6s | %13s | %8s | %6s | %10s | %12s | %9s | %8s | %6s | %11s | %10.2f |\n",
+                  bench_length_label(p.length).c_str(), bench_number(p.prefill_tok_s, "%.1f").c_str(),
+                  bench_number(p.prefill_tflop_s, "%.3f").c_str(), bench_percent(p.prefill_tflop_s, o.peak_tflop_s).c_str(),
+                  bench_number(p.prefill_ms_median, "%.2f").c_str(), bench_number(p.decode_tok_s, "%.1f").c_str(),
+                  bench_number(p.decode_ms_median, "%.3f").c_str(), bench_number(p.decode_gb_s, "%.1f").c_str(),
+                  bench_percent(p.decode_gb_s, o.peak_gb_s).c_str(), bench_number(limit, "%.0f").c_str(),
                   double(p.memory_peak_bytes) * 1e-9);
   }
-  out += format("\npeak memory: %.2f GB (%s)\n", double(r.memory_peak_bytes) * 1e-9, r.memory_kind.c_str());
+  out += bench_format("\npeak memory: %.2f GB (%s)\n", double(r.memory_peak_bytes) * 1e-9, r.memory_kind.c_str());
   return out;
 }
 

@@ -1,59 +1,42 @@
 // tern bench --speculative outputs: the tables a person reads and the JSON document (bench_speculative.h).
-#include <cstdarg>
-#include <cstdio>
-
 #include <nlohmann/json.hpp>
 
+#include "engine/bench_format.h"
 #include "engine/bench_run.h"
 #include "engine/bench_speculative.h"
 
 namespace tern {
 
-namespace {
-
-std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-std::string format(const char* fmt, ...) {
-  char buf[512];
-  va_list ap;
-  va_start(ap, fmt);
-  std::vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  return buf;
-}
-
-std::string ms_or_dash(double ms) { return ms > 0 ? format("%.3f", ms) : std::string("-"); }
-
-}  // namespace
 
 std::string bench_speculative_table(const SpecBenchReport& r) {
   const SpecBenchOptions& o = r.options;
   std::string out;
-  out += format("tern bench --speculative %s | backend %s | device %s\n", r.version.c_str(), r.backend.c_str(),
+  out += bench_format("tern bench --speculative %s | backend %s | device %s\n", r.version.c_str(), r.backend.c_str(),
                 r.device.c_str());
-  out += format("model: %s\n", r.model.c_str());
-  out += format("method: median of %d run(s) after %d warm-up run(s); plain step: %s, one token\n\n", o.repeats,
+  out += bench_format("model: %s\n", r.model.c_str());
+  out += bench_format("method: median of %d run(s) after %d warm-up run(s); plain step: %s, one token\n\n", o.repeats,
                 o.warmup, r.plain_path.c_str());
 
   out += "verify cost: the step's token and k drafts through forward_verify, then rollback";
   out += r.mtp ? "; MTP draft: k greedy drafts from the model's MTP head\n"
                : "; no MTP head (no draft cost measured)\n";
-  out += format("| %7s | %6s | %9s | %12s | %12s | %14s |\n", "context", "drafts", "verify ms", "x plain step",
+  out += bench_format("| %7s | %6s | %9s | %12s | %12s | %14s |\n", "context", "drafts", "verify ms", "x plain step",
                 "MTP draft ms", "MTP ms / draft");
   out += "|--------:|-------:|----------:|-------------:|-------------:|---------------:|\n";
   for (const SpecBenchPoint& p : r.points) {
     const std::string L = bench_length_label(p.length);
-    out += format("| %7s | %6s | %9.3f | %11.2fx | %12s | %14s |\n", L.c_str(), "plain", p.plain_ms_median, 1.0, "-",
+    out += bench_format("| %7s | %6s | %9.3f | %11.2fx | %12s | %14s |\n", L.c_str(), "plain", p.plain_ms_median, 1.0, "-",
                   "-");
     for (const SpecVerifyRow& v : p.verify)
-      out += format("| %7s | %6d | %9.3f | %11.2fx | %12s | %14s |\n", L.c_str(), v.drafts, v.ms_median, v.ratio,
-                    ms_or_dash(v.mtp_ms_median).c_str(),
-                    ms_or_dash(v.drafts > 0 ? v.mtp_ms_median / v.drafts : 0).c_str());
+      out += bench_format("| %7s | %6d | %9.3f | %11.2fx | %12s | %14s |\n", L.c_str(), v.drafts, v.ms_median, v.ratio,
+                    bench_number(v.mtp_ms_median, "%.3f").c_str(),
+                    bench_number(v.drafts > 0 ? v.mtp_ms_median / v.drafts : 0, "%.3f").c_str());
   }
 
-  out += format("\nend to end: %lld tokens, greedy, through the generation loop; drafts: the reference continuation, "
+  out += bench_format("\nend to end: %lld tokens, greedy, through the generation loop; drafts: the reference continuation, "
                 "each token wrong with probability 1 - acceptance; computed: from the verify costs above\n",
                 (long long)o.tokens);
-  out += format("| %7s | %6s | %10s | %17s | %13s | %9s | %8s | %8s | %10s |\n", "context", "drafts", "acceptance",
+  out += bench_format("| %7s | %6s | %10s | %17s | %13s | %9s | %8s | %8s | %10s |\n", "context", "drafts", "acceptance",
                 "accepted / drafted", "tokens / step", "tok/s", "speed-up", "computed", "mismatches");
   out += "|--------:|-------:|-----------:|------------------:|--------------:|----------:|---------:|---------:|"
          "-----------:|\n";
@@ -61,28 +44,28 @@ std::string bench_speculative_table(const SpecBenchReport& r) {
     const std::string L = bench_length_label(p.length);
     for (const SpecEndToEndRow& e : p.end_to_end) {
       const bool plain = e.drafts == 0;
-      out += format("| %7s | %6s | %10s | %17s | %13.2f | %9.1f | %7.2fx | %8s | %10s |\n", L.c_str(),
+      out += bench_format("| %7s | %6s | %10s | %17s | %13.2f | %9.1f | %7.2fx | %8s | %10s |\n", L.c_str(),
                     plain ? "off" : std::to_string(e.drafts).c_str(),
-                    plain ? "-" : format("%.2f", e.acceptance).c_str(),
-                    plain ? "-" : format("%.2f", e.drafted > 0 ? double(e.accepted) / double(e.drafted) : 0.0).c_str(),
+                    plain ? "-" : bench_format("%.2f", e.acceptance).c_str(),
+                    plain ? "-" : bench_format("%.2f", e.drafted > 0 ? double(e.accepted) / double(e.drafted) : 0.0).c_str(),
                     e.decode_steps > 0 ? double(e.generated) / double(e.decode_steps) : 0.0, e.tok_s_median,
-                    e.speedup, plain ? "-" : format("%.2fx", e.computed_speedup).c_str(),
-                    format("%d / %d", e.mismatches, e.runs).c_str());
+                    e.speedup, plain ? "-" : bench_format("%.2fx", e.computed_speedup).c_str(),
+                    bench_format("%d / %d", e.mismatches, e.runs).c_str());
     }
   }
 
   out += "\nthe MTP acceptance published for Qwen3.6-35B-A3B (llama.cpp: 73-87% with 3-4 drafts), as a per-draft "
          "probability: the speed-up it would give, COMPUTED from the costs above (not measured)\n";
-  out += format("| %7s | %6s | %10s | %13s | %17s | %19s |\n", "context", "drafts", "acceptance", "tokens / step",
+  out += bench_format("| %7s | %6s | %10s | %13s | %17s | %19s |\n", "context", "drafts", "acceptance", "tokens / step",
                 "step x plain step", "speed-up (computed)");
   out += "|--------:|-------:|-----------:|--------------:|------------------:|--------------------:|\n";
   for (const SpecBenchPoint& p : r.points)
     for (const SpecPublishedRow& q : p.published)
-      out += format("| %7s | %6d | %10.2f | %13.2f | %16.2fx | %18.2fx |\n", bench_length_label(p.length).c_str(),
+      out += bench_format("| %7s | %6d | %10.2f | %13.2f | %16.2fx | %18.2fx |\n", bench_length_label(p.length).c_str(),
                     q.drafts, q.acceptance, q.tokens_per_step, q.cost_ratio, q.speedup);
   out += r.mtp ? "(step = verify + the MTP head's drafts)\n"
                : "(step = verify only: this model has no MTP head, so its draft cost is not in it)\n";
-  out += format("\nmismatches against decoding without drafts: %d of %d runs%s\n", r.mismatches, r.runs,
+  out += bench_format("\nmismatches against decoding without drafts: %d of %d runs%s\n", r.mismatches, r.runs,
                 r.mismatches == 0 ? "" : " -- speculative decoding changed the output");
   return out;
 }
