@@ -61,6 +61,24 @@ __global__ void moe_route_kernel(const float* logits, int64_t T, int E, int k, i
   }
 }
 
+// f(i, ids[i]) for this thread's entries i = threadIdx.x + j·blockDim.x of ids [n], kIdBatch loads in flight at a
+// time: one block does all of a prefill's T·k entries, so a loop of one load per step would wait on memory 32 times.
+constexpr int kIdBatch = 16;
+template <class F>
+__device__ __forceinline__ void for_each_id_batch(const int* ids, int64_t n, F&& f) {
+  for (int64_t base = threadIdx.x; base < n; base += int64_t(blockDim.x) * kIdBatch) {
+    int id[kIdBatch];
+#pragma unroll
+    for (int j = 0; j < kIdBatch; ++j) {
+      const int64_t i = base + int64_t(j) * blockDim.x;
+      id[j] = i < n ? ids[i] : -1;
+    }
+#pragma unroll
+    for (int j = 0; j < kIdBatch; ++j)
+      if (id[j] >= 0) f(base + int64_t(j) * blockDim.x, id[j]);
+  }
+}
+
 // Single block of 1024 threads (E ≤ 1024): histogram, a block-wide exclusive scan of the experts' positions and
 // tiles (thread e owns expert e), each thread writing its expert's tiles, then a scatter. Tiles are listed by expert
 // in order. Within an expert the order of positions depends on atomics; every output row is computed independently,
@@ -75,7 +93,7 @@ __global__ void __launch_bounds__(1024) moe_group_kernel(const int* ids, int64_t
   const int e = threadIdx.x, lane = e % 32, warp = e / 32;
   if (e < E) count[e] = 0;
   __syncthreads();
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) atomicAdd(&count[ids[i]], 1);
+  for_each_id_batch(ids, n, [&](int64_t, int id) { atomicAdd(&count[id], 1); });
   __syncthreads();
   const int c = e < E ? count[e] : 0, nt = (c + tile - 1) / tile;
   int pos = c, tiles = nt;  // inclusive scans within the warp
@@ -116,11 +134,11 @@ __global__ void __launch_bounds__(1024) moe_group_kernel(const int* ids, int64_t
   }
   if (e == int(blockDim.x) - 1) *g.num_tiles = warp_tiles[31];
   __syncthreads();
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    const int pos = atomicAdd(&cursor[ids[i]], 1);
+  for_each_id_batch(ids, n, [&](int64_t i, int id) {
+    const int pos = atomicAdd(&cursor[id], 1);
     g.sorted_token[pos] = int(i / k);
     g.pos_of[i] = pos;
-  }
+  });
 }
 
 __global__ void swiglu_kernel(const float* gate, const float* up, int64_t n, float* h) {
