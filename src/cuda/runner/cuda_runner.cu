@@ -57,9 +57,9 @@ CudaRunner::CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const M
   }
   // TERN_PREFILL_EXACT_GATES=0: the GDN gate products (b, a) on the fp16 kernel too.
   exact_gates_ = prefill_kernel_ == PrefillKernel::wgmma_f16 && !env_is("TERN_PREFILL_EXACT_GATES", "0");
-  // TERN_PREFILL_ROUTER: how the prefill plan's 8-bit products (the router and the shared-expert gate) take x.
-  // exact (default): the integer kernel twice, on x in 16 bits per group of 64 and on the residual quantised again
-  // (matmul_quantize_x's residual: x to fp32's precision). q16: the first product alone, whose rounding swapped
+  // TERN_PREFILL_ROUTER: how the prefill plan's 8-bit router takes x. exact (default): the integer kernel twice, on
+  // x in 16 bits per group of 64 and on the residual quantised again (matmul_quantize_x's residual: x to fp32's
+  // precision; the shared-expert gate takes the first term only). q16: the first product alone, whose rounding swapped
   // experts at near-ties (trained-scale weights, 8 layers, 640 positions: prefill mean KL 5.2e-3 against 3.2e-5 with
   // the router in fp32; issue 29, docs/benchmarks.md). fp32: both on the fp32 SIMT kernel.
   if (env_is("TERN_PREFILL_ROUTER", "q16")) router_prefill_ = RouterPrefill::q16;
@@ -197,7 +197,7 @@ void CudaRunner::allocate_scratch() {
   const int64_t Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, dh = c.head_dim;
   const int E = c.num_experts, k = c.num_experts_per_tok;
   const int64_t F = c.moe_intermediate_size, Fs = c.shared_expert_intermediate_size, V = c.vocab_size;
-  const int64_t mixer_gdn = T * (2 * C + 3 * Hv * dv + 4 * Hv);
+  const int64_t mixer_gdn = T * (2 * C + 3 * Hv * dv + 4 * Hv);  // in_proj out [C | z | b | a], conv, o, gated, g, β
   const int64_t attn_parts = attn_partial_floats(T, int(Hq), int(dh));  // split-KV partials of the decode plan
   const int64_t mixer_attn = T * (Hq * 2 * dh + 2 * Hkv * dh + 2 * Hq * dh) + attn_parts;
   const int64_t floats = 2 * T * D + std::max(mixer_gdn, mixer_attn) + T * E + T * k + T +
@@ -213,14 +213,11 @@ void CudaRunner::allocate_scratch() {
   normed_ = scratch_.take_n<float>(size_t(T * D));
   float* mixer = scratch_.take_n<float>(size_t(std::max(mixer_gdn, mixer_attn)));
   // Gated DeltaNet view of the mixer scratch.
-  qkv_raw_ = mixer;
-  conv_out_ = qkv_raw_ + T * C;
-  z_ = conv_out_ + T * C;
-  o_ = z_ + T * Hv * dv;
+  in_proj_out_ = mixer;  // [T, C + Hv·dv + 2·Hv]: qkv_raw | z | b | a
+  conv_out_ = in_proj_out_ + T * (C + Hv * dv + 2 * Hv);
+  o_ = conv_out_ + T * C;
   gated_ = o_ + T * Hv * dv;
-  b_ = gated_ + T * Hv * dv;
-  a_ = b_ + T * Hv;
-  g_ = a_ + T * Hv;
+  g_ = gated_ + T * Hv * dv;
   beta_ = g_ + T * Hv;
   // Attention view of the same scratch.
   qg_ = mixer;

@@ -127,7 +127,7 @@ class CudaRunner final : public ModelRunner {
 
   // prefill_plan.cu: longer chunks
   void proj(const DMat& w, const float* x, int64_t T, float* y, bool accumulate = false, const PreparedX& prep = {},
-            bool exact = false);
+            bool exact = false, int64_t ldy = 0);
   // with_8bit: also the 16-bit integer form for the 8-bit products (PreparedX::q16); with_rest: and its residual.
   PreparedX prepare_x(const float* x, int64_t ldx, int64_t T, int64_t cols, PrefillSite site, bool with_8bit = false,
                       bool with_rest = false);
@@ -206,8 +206,8 @@ class CudaRunner final : public ModelRunner {
   uint32_t *mask_device_ = nullptr, *mask_pinned_ = nullptr;  // [ceil(V / 32)] the step's token mask
   void* pinned_ = nullptr;              // [256 B] token in, sampled id out, sampling parameters
   float *hidden_ = nullptr, *normed_ = nullptr;
-  float *qkv_raw_ = nullptr, *conv_out_ = nullptr, *z_ = nullptr, *o_ = nullptr, *gated_ = nullptr, *b_ = nullptr,
-        *a_ = nullptr, *g_ = nullptr, *beta_ = nullptr;
+  float *in_proj_out_ = nullptr, *conv_out_ = nullptr, *o_ = nullptr, *gated_ = nullptr, *g_ = nullptr,
+        *beta_ = nullptr;
   float *qg_ = nullptr, *k_ = nullptr, *v_ = nullptr, *q_ = nullptr, *attn_out_ = nullptr, *attn_part_ = nullptr;
   float *router_logits_ = nullptr, *route_w_ = nullptr, *shared_logit_ = nullptr;
   float *hg_ = nullptr, *hu_ = nullptr, *yd_ = nullptr, *sg_ = nullptr, *su_ = nullptr, *ys_ = nullptr;

@@ -16,11 +16,11 @@
 
 namespace tern::cuda {
 
-// y [T, rows] (+)= x [T, cols] · Wᵀ
+// y [T, rows] (+)= x [T, cols] · Wᵀ, y's row stride ldy (0: rows)
 // prep: x prepared by prepare_x (the kernels read it instead of converting x in every block); exact: the product
 // takes prep.q16 (the integer kernel's 16-bit x) whenever it is there.
 void CudaRunner::proj(const DMat& w, const float* x, int64_t T, float* y, bool accumulate, const PreparedX& prep,
-                      bool exact) {
+                      bool exact, int64_t ldy) {
   if (T == 1) {
     GemvArgs a;
     a.w = w;
@@ -34,7 +34,7 @@ void CudaRunner::proj(const DMat& w, const float* x, int64_t T, float* y, bool a
     a.x = x;
     a.ldx = w.cols;
     a.y = y;
-    a.ldy = w.rows;
+    a.ldy = ldy > 0 ? ldy : w.rows;
     a.tokens = T;
     a.accumulate = accumulate;
     matmul(a, stream_, with_prepared_x(a, prep, exact));
@@ -112,24 +112,33 @@ MatmulTile CudaRunner::with_prepared_x(MatmulArgs& a, const PreparedX& prep, boo
 
 void CudaRunner::gdn_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, int64_t T) {
   const Config& c = w_->config;
-  const GdnDims d = gdn_dims(T);
+  GdnDims d = gdn_dims(T);
   const int64_t C = d.C();
   // The decay and write-strength gates (b, a: 32 rows each) steer the recurrence over the whole sequence: when the
   // in_proj takes x as fp16 they take the 16-bit integer x instead (exact_gates_); on bf16 hi + lo (the default)
   // they share the in_proj's input.
   const bool gates_q16 = exact_gates_ && (chunk_f16_sites_ & kGdnIn);
   const PreparedX xp = prepare_x(normed_, c.hidden_size, T, c.hidden_size, kGdnIn, gates_q16);
-  proj(l.in_proj_qkv, normed_, T, qkv_raw_, false, xp);
-  proj(l.in_proj_z, normed_, T, z_, false, xp);
-  proj(l.in_proj_b, normed_, T, b_, false, xp, /*exact=*/true);
-  proj(l.in_proj_a, normed_, T, a_, false, xp, /*exact=*/true);
-  if (d.dk == 128) {  // the q/k norms inside the convolution (a warp per 128-channel head), then the gates
-    conv1d_silu_qknorm(qkv_raw_, C, T, C, c.linear_conv_kernel_dim, l.conv1d, lc.conv, conv_out_,
-                       int64_t(d.Hk) * d.dk, int64_t(d.Hk) * d.dk, d.dk, stream_);
-    gdn_gates(b_, a_, l.A_log, l.dt_bias, d, g_, beta_, stream_);
+  // in_proj_out_ [T, P] = [qkv_raw (C) | z (Z) | b (Hv) | a (Hv)]: one product over the matrices stored back to back
+  // (in_proj_all), else one per matrix into its columns; the gates on the 16-bit x when gates_q16.
+  const int64_t Z = int64_t(d.Hv) * d.dv, P = C + Z + 2 * d.Hv;
+  float *qkv_raw = in_proj_out_, *z = qkv_raw + C, *b = z + Z, *a = b + d.Hv;
+  if (l.in_proj_all.rows == P && !gates_q16) {
+    proj(l.in_proj_all, normed_, T, in_proj_out_, false, xp);
   } else {
-    conv1d_silu(qkv_raw_, C, T, C, c.linear_conv_kernel_dim, l.conv1d, lc.conv, conv_out_, stream_);
-    gdn_prepare(conv_out_, b_, a_, l.A_log, l.dt_bias, d, g_, beta_, stream_);
+    proj(l.in_proj_qkv, normed_, T, qkv_raw, false, xp, false, P);
+    proj(l.in_proj_z, normed_, T, z, false, xp, false, P);
+    proj(l.in_proj_b, normed_, T, b, false, xp, /*exact=*/true, P);
+    proj(l.in_proj_a, normed_, T, a, false, xp, /*exact=*/true, P);
+  }
+  d.ld_ba = d.ld_z = P;
+  if (d.dk == 128) {  // the q/k norms inside the convolution (a warp per 128-channel head), then the gates
+    conv1d_silu_qknorm(qkv_raw, P, T, C, c.linear_conv_kernel_dim, l.conv1d, lc.conv, conv_out_,
+                       int64_t(d.Hk) * d.dk, int64_t(d.Hk) * d.dk, d.dk, stream_);
+    gdn_gates(b, a, l.A_log, l.dt_bias, d, g_, beta_, stream_);
+  } else {
+    conv1d_silu(qkv_raw, P, T, C, c.linear_conv_kernel_dim, l.conv1d, lc.conv, conv_out_, stream_);
+    gdn_prepare(conv_out_, b, a, l.A_log, l.dt_bias, d, g_, beta_, stream_);
   }
   // Prefill: the chunked (WY) form through a workspace that aliases the MoE down-projection output (yd_, not live
   // here); short prompts and decode stay on the token-by-token recurrence.
@@ -138,8 +147,7 @@ void CudaRunner::gdn_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, in
                 fp32_prefill_ ? GdnChunkedKernel::simt : gdn_prefill_kernel_, yd_, yd_bytes_);
   else
     gdn_recurrent(conv_out_, g_, beta_, lc.rec, d, o_, stream_);
-  gdn_gated_norm(o_, z_, l.gdn_norm, float(c.rms_norm_eps), d, gated_, stream_);
-  const int64_t Z = int64_t(d.Hv) * d.dv;
+  gdn_gated_norm(o_, z, l.gdn_norm, float(c.rms_norm_eps), d, gated_, stream_);
   proj(l.out_proj, gated_, T, hidden_, /*accumulate=*/true, prepare_x(gated_, Z, T, Z, kMixerOut));
 }
 
@@ -162,18 +170,15 @@ void CudaRunner::moe(const DeviceLayer& l, int64_t T) {
   const int E = c.num_experts, k = c.num_experts_per_tok;
   const int64_t D = c.hidden_size, F = c.moe_intermediate_size;
   // normed_ prepared once for the router, the shared-expert gate and the routed and shared gate/up products. The
-  // 8-bit router and gate take x in two 16-bit terms (x to fp32's precision: a near-tie between experts is decided
-  // as in fp32; TERN_PREFILL_ROUTER in the constructor).
+  // 8-bit router takes x in two 16-bit terms (x to fp32's precision: a near-tie between experts is decided as in
+  // fp32; TERN_PREFILL_ROUTER in the constructor). The shared-expert gate (a sigmoid, no choice to flip) takes the
+  // first term only: its logit is off by ~1e-5 relative.
   const PreparedX xp = prepare_x(normed_, D, T, D, kMoeIn, /*with_8bit=*/router_prefill_ != RouterPrefill::fp32,
                                  /*with_rest=*/router_prefill_ == RouterPrefill::exact);
   proj(l.router, normed_, T, router_logits_, false, xp);
   proj(l.shared_expert_gate, normed_, T, shared_logit_, false, xp);
-  if (xp.q16_rest) {  // the second term, on the integer kernel only (any other product already took x whole)
-    const PreparedX rest{.q16 = xp.q16_rest};
-    if (matmul_int8_takes(l.router)) proj(l.router, normed_, T, router_logits_, true, rest, /*exact=*/true);
-    if (matmul_int8_takes(l.shared_expert_gate))
-      proj(l.shared_expert_gate, normed_, T, shared_logit_, true, rest, /*exact=*/true);
-  }
+  if (xp.q16_rest && matmul_int8_takes(l.router))  // the second term (any other product already took x whole)
+    proj(l.router, normed_, T, router_logits_, true, PreparedX{.q16 = xp.q16_rest}, /*exact=*/true);
   moe_route(router_logits_, T, E, k, route_ids_, route_w_, stream_);
   const int* pos_of = nullptr;
   if (T == 1) {

@@ -252,6 +252,18 @@ TEST(CudaGdnPrefill, ConvWithQkNormAndGatesMatchCpu) {
     expect_close(dstate.host(), L.conv_state, 0.0f, 0.0f, "conv1d_silu_qknorm state" + tag);
     expect_close(dg.host(), g, 1e-6f, 1e-5f, "gdn_gates log decay" + tag);
     expect_close(dbeta.host(), beta, 1e-6f, 1e-5f, "gdn_gates beta" + tag);
+    // The same gates read with a row stride (b and a as columns of the prefill plan's in_proj output).
+    GdnDims ds = d;
+    ds.ld_ba = 2 * d.Hv + 3;
+    std::vector<float> ba(size_t(T * ds.ld_ba), std::nanf(""));
+    for (int64_t t = 0; t < T; ++t) {
+      std::copy_n(b.begin() + t * d.Hv, d.Hv, ba.begin() + t * ds.ld_ba);
+      std::copy_n(a.begin() + t * d.Hv, d.Hv, ba.begin() + t * ds.ld_ba + d.Hv);
+    }
+    DeviceBuf<float> dba(ba), dg2(g.size()), dbeta2(g.size());
+    gdn_gates(dba.p, dba.p + d.Hv, dA.p, ddt.p, ds, dg2.p, dbeta2.p, nullptr);
+    expect_close(dg2.host(), g, 1e-6f, 1e-5f, "gdn_gates log decay, strided" + tag);
+    expect_close(dbeta2.host(), beta, 1e-6f, 1e-5f, "gdn_gates beta, strided" + tag);
   }
 }
 

@@ -239,11 +239,21 @@ TEST(CudaGdn, PrepareRecurrenceAndGatedNormMatchCpu) {
     auto qkv = random_floats(rng, size_t(T * C), -1.0f, 1.0f);
     const auto a = random_floats(rng, size_t(T * d.Hv), -3.0f, 3.0f), b = random_floats(rng, size_t(T * d.Hv), -3.0f, 3.0f);
     const auto z = random_floats(rng, size_t(T * d.Hv * d.dv), -2.0f, 2.0f);
-    DeviceBuf<float> dqkv(qkv), da(a), db(b), dz(z), g(size_t(T * d.Hv)), beta(size_t(T * d.Hv));
+    // z, b and a on the device as the prefill plan leaves them: columns of one buffer [T, P] (row stride P, padded).
+    const int64_t Z = int64_t(d.Hv) * d.dv, P = Z + 2 * d.Hv + 4;
+    std::vector<float> zba(size_t(T * P), std::nanf(""));
+    for (int64_t t = 0; t < T; ++t) {
+      std::copy_n(z.begin() + t * Z, Z, zba.begin() + t * P);
+      std::copy_n(b.begin() + t * d.Hv, d.Hv, zba.begin() + t * P + Z);
+      std::copy_n(a.begin() + t * d.Hv, d.Hv, zba.begin() + t * P + Z + d.Hv);
+    }
+    GdnDims ds = d;
+    ds.ld_ba = ds.ld_z = P;
+    DeviceBuf<float> dqkv(qkv), dzba(zba), g(size_t(T * d.Hv)), beta(size_t(T * d.Hv));
     DeviceBuf<float> o(size_t(T * d.Hv * d.dv)), y(size_t(T * d.Hv * d.dv));
-    gdn_prepare(dqkv.p, db.p, da.p, dA.p, ddt.p, d, g.p, beta.p, nullptr);
+    gdn_prepare(dqkv.p, dzba.p + Z, dzba.p + Z + d.Hv, dA.p, ddt.p, ds, g.p, beta.p, nullptr);
     gdn_recurrent(dqkv.p, g.p, beta.p, dstate.p, d, o.p, nullptr);
-    gdn_gated_norm(o.p, dz.p, dnw.p, 1e-6f, d, y.p, nullptr);
+    gdn_gated_norm(o.p, dzba.p, dnw.p, 1e-6f, ds, y.p, nullptr);
     // CPU twin
     std::vector<float> rg(size_t(T * d.Hv)), rb(size_t(T * d.Hv)), ro(size_t(T * d.Hv * d.dv)), ry(ro.size());
     cpu::gdn_gates(a.data(), b.data(), A_log.data(), dt_bias.data(), T, d.Hv, rg.data(), rb.data());

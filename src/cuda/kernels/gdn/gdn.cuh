@@ -14,13 +14,18 @@ namespace tern::cuda {
 struct GdnDims {
   int64_t T = 0;
   int Hk = 16, Hv = 32, dk = 128, dv = 128;
+  // Row strides (floats) of the prefill kernels' b and a (gdn_prepare, gdn_gates) and z (gdn_gated_norm) inputs; 0:
+  // packed (Hv, Hv·dv). The prefill plan reads them from the fused in_proj's output [T, C + Hv·dv + 2·Hv].
+  int64_t ld_ba = 0, ld_z = 0;
   __host__ __device__ int64_t C() const { return 2LL * Hk * dk + int64_t(Hv) * dv; }
+  __host__ __device__ int64_t ba_stride() const { return ld_ba > 0 ? ld_ba : Hv; }
+  __host__ __device__ int64_t z_stride() const { return ld_z > 0 ? ld_z : int64_t(Hv) * dv; }
 };
 
 // In place on qkv [T, C] = [q (Hk·dk) | k (Hk·dk) | v (Hv·dv)] (after conv + SiLU):
 //   q ← q·rsqrt(Σq² + 1e-6)/√dk, k ← k·rsqrt(Σk² + 1e-6) per key head;
 // and per value head h: g_log[t,h] = −exp(A_log[h])·softplus(a[t,h] + dt_bias[h]), beta[t,h] = sigmoid(b[t,h]).
-//   b, a [T, Hv]; g_log, beta [T, Hv].
+//   b, a [T, Hv] (row stride d.ba_stride()); g_log, beta [T, Hv].
 void gdn_prepare(float* qkv, const float* b, const float* a, const float* A_log, const float* dt_bias, const GdnDims& d,
                  float* g_log, float* beta, cudaStream_t stream);
 
@@ -73,7 +78,8 @@ void gdn_chunked(const float* qkv, const float* g_log, const float* beta, float*
                  cudaStream_t stream, int chunk = 64, GdnChunkedKernel kernel = GdnChunkedKernel::automatic,
                  void* workspace = nullptr, size_t workspace_bytes = 0);
 
-// out[t, h, :] = (o·rsqrt(mean(o²) + eps)·w) · silu(z[t, h, :]) per head over dv.  o, z, out [T, Hv·dv]; w [dv].
+// out[t, h, :] = (o·rsqrt(mean(o²) + eps)·w) · silu(z[t, h, :]) per head over dv.  o, out [T, Hv·dv]; z [T, Hv·dv]
+// (row stride d.z_stride()); w [dv].
 void gdn_gated_norm(const float* o, const float* z, const float* w, float eps, const GdnDims& d, float* out,
                     cudaStream_t stream);
 

@@ -33,11 +33,12 @@ __global__ void gdn_prepare_kernel(float* qkv, const float* b, const float* a, c
     if (task < d.Hk) inv *= rsqrtf(float(d.dk));
     for (int i = lane; i < d.dk; i += 32) v[i] *= inv;
   }
+  const int64_t ba = t * d.ba_stride();
   for (int h = threadIdx.x; h < d.Hv; h += blockDim.x) {
-    const float x = a[t * d.Hv + h] + dt_bias[h];
+    const float x = a[ba + h] + dt_bias[h];
     const float sp = x > 20.0f ? x : log1pf(expf(x));
     g_log[t * d.Hv + h] = -expf(A_log[h]) * sp;
-    beta[t * d.Hv + h] = 1.0f / (1.0f + expf(-b[t * d.Hv + h]));
+    beta[t * d.Hv + h] = 1.0f / (1.0f + expf(-b[ba + h]));
   }
 }
 
@@ -49,10 +50,11 @@ __global__ void gdn_gates_kernel(const float* b, const float* a, const float* A_
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= d.T * d.Hv) return;
   const int h = int(i % d.Hv);
-  const float x = a[i] + dt_bias[h];
+  const int64_t ba = (i / d.Hv) * d.ba_stride() + h;
+  const float x = a[ba] + dt_bias[h];
   const float sp = x > 20.0f ? x : log1pf(expf(x));
   g_log[i] = -expf(A_log[h]) * sp;
-  beta[i] = 1.0f / (1.0f + expf(-b[i]));
+  beta[i] = 1.0f / (1.0f + expf(-b[ba]));
 }
 
 constexpr int kRowsPerWarp = 4, kWarps = 4;  // a block owns 16 state rows of one v-head
@@ -136,11 +138,12 @@ __global__ void gdn_gated_norm_kernel(const float* o, const float* z, const floa
   const int64_t task = int64_t(blockIdx.x) * (blockDim.x / 32) + warp;  // (t, h)
   if (task >= d.T * d.Hv) return;
   const int64_t base = task * d.dv;
+  const float* zh = z + (task / d.Hv) * d.z_stride() + (task % d.Hv) * d.dv;  // z of token t, head h
   float ss = 0.0f;
   for (int i = lane; i < d.dv; i += 32) ss += o[base + i] * o[base + i];
   const float inv = rsqrtf(warp_sum(ss) / float(d.dv) + eps);
   for (int i = lane; i < d.dv; i += 32) {
-    const float zz = z[base + i];
+    const float zz = zh[i];
     out[base + i] = o[base + i] * inv * w[i] * (zz / (1.0f + expf(-zz)));
   }
 }
