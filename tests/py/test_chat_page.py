@@ -5,11 +5,15 @@ regenerate, edit and resend; deleting a chat asks; New chat and switching stop a
 offers a new chat), code highlighting and math (highlight.js and KaTeX with its fonts, served from the binary under
 /page/), the
 favicon, a phone (the placeholder fits; Enter adds a line and the Send button sends), the queue and prompt progress
-shown until the first token, and screenshots at desktop and phone size
+shown until the first token, images (picked, pasted or dropped; sent as image_url parts, kept with the chat,
+refused in the page when not an image or too large, the server's refusal shown with its reason), and screenshots
+at desktop and phone size
 (written to test-artifacts/ beside the tern binary, or $TERN_TEST_ARTIFACTS).
 
 Skipped only when no chromium binary exists (scripts/install-deps installs it).
 """
+import base64
+import io
 import json
 import os
 import pathlib
@@ -17,9 +21,10 @@ import re
 import time
 
 import pytest
+from PIL import Image
 
 from cdp_browser import Browser, find_chromium
-from test_server_helpers import demo_server_fixture, metrics, request, wait_idle
+from test_server_helpers import demo_server_fixture, metrics, post_json, request, wait_idle
 
 CHROMIUM = find_chromium()
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary (scripts/install-deps installs it)")
@@ -758,3 +763,195 @@ def test_long_prompt_shows_its_reading_on_the_real_server(browser, server):
     assert any(re.fullmatch(r"reading prompt [\d,]+ / 3,\d{3}", s) for s in seen), seen
     assert last(b, ".msg.assistant .content").strip() == "Read it."
     assert b.js("document.querySelector('#log .msg.assistant .progress').hidden")
+
+
+# ---- images (issue 34): attached by the pick button, a paste or a drop; sent as image_url parts; kept with the chat;
+# refused in the page when not an image or too large, and the server's refusal shown with its reason ----
+
+def png_bytes(width, height, color):
+    buf = io.BytesIO()
+    Image.new("RGB", (width, height), color).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def data_url(data, media="image/png"):
+    return f"data:{media};base64," + base64.b64encode(data).decode()
+
+
+def image_tokens(width, height):
+    """<|image_pad|> tokens of an image on the demo model (Qwen3.6's processor defaults: patch 16, merge 2)."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+    h, w = smart_resize(height, width, 32, 65536, 16777216)
+    return (h // 16) * (w // 16) // 4
+
+
+def pick_files(b, *paths):
+    """Chooses files in the page's file input, as its Attach button's picker would."""
+    root = b.call("DOM.getDocument", {"depth": 0})["root"]["nodeId"]
+    node = b.call("DOM.querySelector", {"nodeId": root, "selector": "#file"})["nodeId"]
+    b.call("DOM.setFileInputFiles", {"nodeId": node, "files": [str(p) for p in paths]})
+
+
+def js_file(data, name, media):
+    return (f"new File([Uint8Array.from(atob({json.dumps(base64.b64encode(data).decode())}), c => c.charCodeAt(0))],"
+            f" {json.dumps(name)}, {{type: {json.dumps(media)}}})")
+
+
+def paste_file(b, data, name, media="image/png"):
+    """A paste into the message box whose clipboard holds one file (as a screenshot tool leaves it)."""
+    b.js(f"""(() => {{ const dt = new DataTransfer(); dt.items.add({js_file(data, name, media)});
+      document.getElementById('input').dispatchEvent(
+        new ClipboardEvent('paste', {{clipboardData: dt, bubbles: true, cancelable: true}})); }})()""")
+
+
+def drop_file(b, file_js):
+    """A file (a JS File expression) dropped on the chat's log."""
+    b.js(f"""(() => {{ const dt = new DataTransfer(); dt.items.add({file_js});
+      document.getElementById('log').dispatchEvent(
+        new DragEvent('drop', {{dataTransfer: dt, bubbles: true, cancelable: true}})); }})()""")
+
+
+def composer_images(b, n):
+    """Waits for `n` thumbnails in the composer; their images' names."""
+    b.wait_for(f"document.querySelectorAll('#attachments .attachment img').length === {n}", timeout=10,
+               what=f"{n} image(s) in the composer")
+    return b.js("[...document.querySelectorAll('#attachments img')].map(i => i.alt)")
+
+
+def message_thumbnails(b, timeout=10):
+    """The user messages' thumbnails as (message index, natural width, src), once every one has loaded."""
+    expr = """(() => { const users = [...document.querySelectorAll('#log .msg.user')];
+      const out = []; users.forEach((u, i) => u.querySelectorAll('img.thumb').forEach(img => {
+        out.push([i, img.complete ? img.naturalWidth : 0, img.getAttribute('src')]); }));
+      return out; })()"""
+    b.wait_for(f"{expr}.every(t => t[1] > 0)", timeout=timeout, what="the thumbnails to load")
+    return b.js(expr)
+
+
+def note(b):
+    return b.js("(() => { const n = document.getElementById('attach-note'); return n.hidden ? '' : n.textContent; })()")
+
+
+def stored_images(b):
+    return b.js("""new Promise((resolve, reject) => { const r = indexedDB.open('tern', 1);
+      r.onsuccess = () => { const c = r.result.transaction('images').objectStore('images').count();
+        c.onsuccess = () => { resolve(c.result); r.result.close(); }; c.onerror = () => reject(c.error); };
+      r.onerror = () => reject(r.error); })""")
+
+
+def test_image_picked_is_sent_shown_and_kept(browser, server, tmp_path):
+    b = browser
+    new_chat(b)
+    red = png_bytes(64, 48, (220, 20, 20))
+    (tmp_path / "red.png").write_bytes(red)
+    pick_files(b, tmp_path / "red.png")
+    assert composer_images(b, 1) == ["red.png"]
+    record_requests(b)
+    ask_forced(b, "What is in the picture?", "A red picture.")
+    # (a) The question shows its image; the composer is empty again.
+    assert message_thumbnails(b) == [[0, 64, data_url(red)]]
+    assert b.js("document.getElementById('attachments').hidden") and note(b) == ""
+    assert log_messages(b) == [["user", "What is in the picture?"], ["assistant", "A red picture."]]
+    # (b) It went as an image_url part before the text, and the server read it: the prompt is longer than the same
+    # question without it by the image's tokens and its two markers.
+    sent = b.js("window.__bodies[0]")
+    assert sent["messages"][-1]["content"] == [{"type": "image_url", "image_url": {"url": data_url(red)}},
+                                               {"type": "text", "text": "What is in the picture?"}], sent["messages"]
+    with_image = int(re.search(r"prompt (\d+)", last(b, ".msg.assistant .meta")).group(1))
+    question = [{"role": "user", "content": "What is in the picture?"}]
+    text_only = dict(sent, stream=False, max_tokens=1, messages=question)
+    for streamed_only in ("stream_options", "return_progress"):
+        text_only.pop(streamed_only)
+    status, _, r = post_json(server.port, "/v1/chat/completions", text_only, timeout=300)
+    assert status == 200, r
+    assert with_image == r["usage"]["prompt_tokens"] + 2 + image_tokens(64, 48), (with_image, r["usage"])
+    # (c) After a reload the chat shows the image again, and a follow-up question resends it.
+    b.reload()
+    assert message_thumbnails(b) == [[0, 64, data_url(red)]]
+    record_requests(b)
+    ask_forced(b, "And now?", "Still red.")
+    msgs = b.js("window.__bodies[0].messages")
+    assert [m["role"] for m in msgs] == ["user", "assistant", "user"], msgs
+    assert msgs[0]["content"][0] == {"type": "image_url", "image_url": {"url": data_url(red)}}, msgs[0]
+    assert msgs[2]["content"] == "And now?"
+
+
+def test_images_pasted_and_dropped_and_one_removed(browser):
+    b = browser
+    new_chat(b)
+    blue, green = png_bytes(40, 40, (20, 20, 220)), png_bytes(50, 30, (20, 200, 20))
+    paste_file(b, blue, "blue.png")
+    assert composer_images(b, 1) == ["blue.png"]
+    # A file with no type (the server checks the type): the page tells it by its bytes.
+    drop_file(b, js_file(green, "green", ""))
+    assert composer_images(b, 2) == ["blue.png", "green"]
+    # Text pasted with a file (a spreadsheet's cells) is text: nothing more is attached.
+    b.js(f"""(() => {{ const dt = new DataTransfer(); dt.setData('text/plain', 'cells');
+      dt.items.add({js_file(blue, 'cells.png', 'image/png')});
+      document.getElementById('input').dispatchEvent(
+        new ClipboardEvent('paste', {{clipboardData: dt, bubbles: true, cancelable: true}})); }})()""")
+    time.sleep(0.3)
+    assert composer_images(b, 2) == ["blue.png", "green"]
+    b.js("document.querySelector('#attachments .remove').click()")  # × on the first: blue goes
+    assert composer_images(b, 1) == ["green"]
+    record_requests(b)
+    ask_forced(b, "Which colour?", "Green.")
+    content = b.js("window.__bodies[0].messages[0].content")
+    assert content == [{"type": "image_url", "image_url": {"url": data_url(green)}},
+                       {"type": "text", "text": "Which colour?"}], content
+    assert [(i, w) for i, w, _ in message_thumbnails(b)] == [(0, 50)]
+    # An image alone is a question too.
+    drop_file(b, js_file(blue, "only.png", "image/png"))
+    composer_images(b, 1)
+    ask_forced(b, "", "Blue.")
+    assert b.js("window.__bodies[1].messages[2].content") == [
+        {"type": "image_url", "image_url": {"url": data_url(blue)}}]
+    assert [(i, w) for i, w, _ in message_thumbnails(b)] == [(0, 50), (1, 40)]
+
+
+def test_non_images_and_huge_files_are_refused_in_the_page(browser, tmp_path):
+    b = browser
+    new_chat(b)
+    (tmp_path / "notes.txt").write_text("not a picture")
+    pick_files(b, tmp_path / "notes.txt")
+    b.wait_for("!document.getElementById('attach-note').hidden", timeout=10, what="the refusal")
+    assert "notes.txt is not an image" in note(b), note(b)
+    assert b.js("getComputedStyle(document.getElementById('attach-note')).display") != "none"
+    assert b.js("document.getElementById('attachments').hidden")
+    # A format the server does not read, and a PNG over the page's 20 MB.
+    drop_file(b, js_file(b"BM" + bytes(60), "old.bmp", "image/bmp"))
+    b.wait_for("document.getElementById('attach-note').textContent.includes('old.bmp')", timeout=10)
+    assert "format the server does not read" in note(b), note(b)
+    drop_file(b, "new File([new Uint8Array([0x89, 0x50, 0x4e, 0x47]), new Uint8Array(21 << 20)], 'huge.png',"
+                 " {type: 'image/png'})")
+    b.wait_for("document.getElementById('attach-note').textContent.includes('huge.png')", timeout=20)
+    assert "21 MB" in note(b) and "20 MB" in note(b), note(b)
+    assert b.js("document.getElementById('attachments').hidden")
+    # Sending stays as it was: nothing was attached. A good image clears the note.
+    paste_file(b, png_bytes(8, 8, (1, 2, 3)), "fine.png")
+    composer_images(b, 1)
+    assert note(b) == ""
+    b.js("document.querySelector('#attachments .remove').click()")
+    assert b.js("document.getElementById('attachments').hidden")
+
+
+def test_server_refusing_an_image_shows_why(browser):
+    b = browser
+    new_chat(b)
+    broken = png_bytes(64, 48, (9, 9, 9))[:60]  # a PNG's header, its pixels cut off: the page takes it, the server not
+    paste_file(b, broken, "broken.png")
+    composer_images(b, 1)
+    ask_forced(b, "Look at this", "unused")
+    err = last(b, ".msg.error .text")
+    assert err.startswith("The server refused an image (HTTP 400): ") and "PNG" in err, err
+    assert "delete the question with the image" in err, err
+    assert log_messages(b)[0] == ["user", "Look at this"] and len(log_messages(b)) == 2
+    # Deleting the question lets the chat go on; its image leaves the browser's storage.
+    stored = stored_images(b)
+    assert click_action(b, 0, "delete")
+    deadline = time.monotonic() + 10
+    while stored_images(b) != stored - 1:
+        assert time.monotonic() < deadline, "the deleted question's image stayed stored"
+        time.sleep(0.1)
+    ask_forced(b, "Plain text now", "Fine.")
+    assert log_messages(b) == [["user", "Plain text now"], ["assistant", "Fine."]]

@@ -4,6 +4,8 @@
 // server's prompt_progress: waiting in its queue, or reading the prompt). Messages can be copied, deleted, edited
 // and resent; the last answer regenerated. New chat, switching and deleting chats stop a streaming answer first
 // (deleting asks).
+// Images (the pick button, a paste or a drop) wait as thumbnails in the composer and go with the question as OpenAI
+// image_url parts (data: URLs); the chat keeps them (their bytes in IndexedDB) and resends them with each question.
 // Code blocks are highlighted (highlight.js) and formulas rendered (KaTeX), both served by this server under /page/.
 // No network but this server's own API.
 'use strict';
@@ -31,7 +33,70 @@
   let chats = load(STORE_CHATS, []);
   if (!Array.isArray(chats)) chats = [];
   let current = chats.find(c => c.id === load(STORE_CURRENT, null)) || null;
-  const saveChats = () => { store(STORE_CHATS, chats); store(STORE_CURRENT, current ? current.id : null); };
+  let sweepTimer = 0;
+  const saveChats = () => {
+    store(STORE_CHATS, chats);
+    store(STORE_CURRENT, current ? current.id : null);
+    clearTimeout(sweepTimer);  // the images of deleted messages and chats go a little later, once
+    sweepTimer = setTimeout(sweepImages, 1000);
+  };
+
+  // ---- images: their bytes in IndexedDB, a message keeps their ids ----------------------------------------------
+  // localStorage holds a few megabytes in all, less than one photo as a data: URL; IndexedDB holds far more. A
+  // question's images are [{id, name}]; each one's data: URL is stored under its id, and kept in memory once read.
+  // Without IndexedDB (some private modes) they last as long as the tab.
+  const IMAGE_DB = 'tern', IMAGE_STORE = 'images';
+  const imageUrls = new Map();  // id -> data: URL
+  let imageDb = null;
+  function openImageDb() {
+    if (!imageDb) imageDb = new Promise((resolve, reject) => {
+      const r = indexedDB.open(IMAGE_DB, 1);
+      r.onupgradeneeded = () => r.result.createObjectStore(IMAGE_STORE);
+      r.onsuccess = () => resolve(r.result);
+      r.onerror = () => reject(r.error);
+    });
+    return imageDb;
+  }
+  // One request in a transaction of its own: its result once the transaction is done.
+  async function imageRequest(mode, make) {
+    const db = await openImageDb();
+    return new Promise((resolve, reject) => {
+      const tx = db.transaction(IMAGE_STORE, mode), r = make(tx.objectStore(IMAGE_STORE));
+      tx.oncomplete = () => resolve(r.result);
+      tx.onerror = tx.onabort = () => reject(tx.error || r.error);
+    });
+  }
+  function keepImage(id, url) {
+    imageUrls.set(id, url);
+    imageRequest('readwrite', s => s.put(url, id)).catch(e => {
+      console.warn('tern: image not saved:', e);
+      showNote('An image could not be saved in this browser (' + (e && e.message) + '): it goes with this tab.');
+    });
+  }
+  // A stored image's data: URL; null once it is gone (storage cleared, or never kept).
+  async function imageUrl(id) {
+    if (!imageUrls.has(id)) {
+      try {
+        const url = await imageRequest('readonly', s => s.get(id));
+        if (url) imageUrls.set(id, url);
+      } catch (e) { console.warn('tern: image not read:', e); }
+    }
+    return imageUrls.get(id) || null;
+  }
+  // Drops the stored images that no chat refers to. The listing and the deletes share one transaction, and what is
+  // referred to is read when the listing is in, so an image stored meanwhile (its question already in a chat) stays.
+  // Another tab's chats count too, through what it saved.
+  function sweepImages() {
+    openImageDb().then(db => {
+      const tx = db.transaction(IMAGE_STORE, 'readwrite'), st = tx.objectStore(IMAGE_STORE), keys = st.getAllKeys();
+      keys.onsuccess = () => {
+        const saved = load(STORE_CHATS, []), used = new Set();
+        for (const c of chats.concat(Array.isArray(saved) ? saved : []))
+          for (const m of c.messages || []) for (const im of m.images || []) used.add(im.id);
+        for (const k of keys.result) if (!used.has(k)) { st.delete(k); imageUrls.delete(k); }
+      };
+    }).catch(e => console.warn('tern: images not swept:', e));
+  }
 
   // ---- model info: GET /props (model, random_weights, n_ctx), else GET /v1/models for the name ----------------
   const info = {model: null, random_weights: null, n_ctx: null};
@@ -120,10 +185,28 @@
     return bar;
   }
 
+  // A question's images as thumbnails (a click shows one whole); read from storage, so they may fill in a moment later.
+  function imagesView(images) {
+    const row = el('div', 'images');
+    for (const im of images) {
+      const img = el('img', 'thumb');
+      img.alt = img.title = im.name || 'image';
+      const known = imageUrls.get(im.id);
+      if (known) img.src = known;
+      else imageUrl(im.id).then(url => {
+        if (url) img.src = url;
+        else img.replaceWith(el('span', 'thumb missing', 'image not kept in this browser'));
+      });
+      row.append(img);
+    }
+    return row;
+  }
+
   // One message's element (its message in box.msg); assistant messages keep handles to update while streaming.
   function messageView(m) {
     if (m.role === 'user' || m.role === 'error') {
       const box = el('div', 'msg ' + m.role);
+      if (m.images && m.images.length) box.append(imagesView(m.images));
       box.append(el('div', 'text', m.content), actionsView(m));
       box.msg = m;
       return box;
@@ -313,6 +396,7 @@
   }
 
   // Edits a question in place; Send (or Enter) drops what followed it and asks again, Cancel (or Esc) keeps it.
+  // Its images stay as they are.
   function editMessage(box, m) {
     if (box.querySelector('.edit')) return;
     const ta = el('textarea', 'edit');
@@ -324,6 +408,7 @@
                actionButton('cancel', 'Cancel', 'Keep the message as it was'));
     box.classList.add('editing');
     box.replaceChildren(ta, bar);
+    if (m.images && m.images.length) box.prepend(imagesView(m.images));
     ta.addEventListener('keydown', e => {
       if (e.key === 'Enter' && !e.shiftKey && !e.isComposing && enterSends()) {
         e.preventDefault();
@@ -335,7 +420,7 @@
 
   function resend(box, m) {
     const text = box.querySelector('textarea.edit').value;
-    if (!text.trim() || streaming) return;
+    if ((!text.trim() && !(m.images || []).length) || streaming) return;
     const msgs = current.messages, i = msgs.indexOf(m);
     if (i < 0) return;
     m.content = text;
@@ -399,18 +484,32 @@
     refreshActions();
   }
 
-  function apiMessages() {
-    const out = [];
+  // A question with images is a list of parts, the images first (as Qwen's own examples put them), each a data: URL.
+  // An image no longer stored is left out (its thumbnail says so).
+  async function userContent(m) {
+    if (!m.images || !m.images.length) return m.content;
+    const parts = [];
+    for (const im of m.images) {
+      const url = await imageUrl(im.id);
+      if (url) parts.push({type: 'image_url', image_url: {url}});
+    }
+    if (m.content) parts.push({type: 'text', text: m.content});
+    return parts;
+  }
+
+  // The chat as it stands when called (taken at once; the images are read from storage after).
+  async function apiMessages() {
+    const out = [], msgs = current.messages.slice();
     if (settings.system.trim()) out.push({role: 'system', content: settings.system});
-    for (const m of current.messages) {
-      if (m.role === 'user') out.push({role: 'user', content: m.content});
+    for (const m of msgs) {
+      if (m.role === 'user') out.push({role: 'user', content: await userContent(m)});
       else if (m.role === 'assistant' && m.content) out.push({role: 'assistant', content: m.content});
     }
     return out;
   }
 
-  function requestBody() {
-    const b = {messages: apiMessages(), stream: true, stream_options: {include_usage: true}, return_progress: true,
+  async function requestBody() {
+    const b = {messages: null, stream: true, stream_options: {include_usage: true}, return_progress: true,
       max_tokens: Math.max(1, parseInt(settings.max_tokens, 10) || DEFAULTS.max_tokens),
       chat_template_kwargs: {enable_thinking: !!settings.thinking}};
     if (settings.temperature !== '' && settings.temperature != null) b.temperature = Number(settings.temperature);
@@ -418,6 +517,7 @@
     if (settings.thinking && settings.thinking_budget !== '' && settings.thinking_budget != null)
       b.thinking_budget = Number(settings.thinking_budget);
     Object.assign(b, testHooks.extraBody || {});
+    b.messages = await apiMessages();
     testHooks.lastBody = b;  // what was last sent, for tests
     return b;
   }
@@ -426,10 +526,21 @@
     const text = await res.text();
     try {
       const j = JSON.parse(text);
-      if (j.error && j.error.message) return {message: j.error.message, code: j.error.code};
+      if (j.error && j.error.message) return {message: j.error.message, code: j.error.code, param: j.error.param};
     } catch { /* not JSON */ }
-    return {message: text.trim() || res.statusText, code: null};
+    return {message: text.trim() || res.statusText, code: null, param: null};
   }
+
+  // Whether a 400 is about one of the request's images: its param names a part of the body that is an image.
+  function refusedImage(body, err) {
+    const r = /^messages\[(\d+)\]\.content\[(\d+)\]/.exec(err.param || '');
+    const m = r && body.messages[Number(r[1])], part = m && Array.isArray(m.content) && m.content[Number(r[2])];
+    return !!part && part.type === 'image_url';
+  }
+  const hasImages = body => body.messages.some(m => Array.isArray(m.content));
+  // Every question resends the chat's images, so one the server refuses stops the chat until it goes.
+  const IMAGE_HINT = ' Every question resends this chat\'s images: delete the question with the image to go on here, ' +
+    'or start a new chat.';
 
   function addError(chat, m) {
     if (typeof m === 'string') m = {role: 'error', content: m};
@@ -453,16 +564,19 @@
 
   const newId = () => Date.now().toString(36) + Math.random().toString(36).slice(2, 7);
 
-  async function send(text) {
-    if (streaming || !text.trim()) return;
+  // Sends a question; `images` ({id, name, url} from the composer) are stored and go with it.
+  async function send(text, images = []) {
+    if (streaming || (!text.trim() && !images.length)) return;
     if (!current) {
       current = {id: newId(), title: '', messages: [], updated: Date.now()};
       chats.push(current);
     }
-    if (!current.title) current.title = text.trim().split('\n')[0].slice(0, 60);
+    if (!current.title) current.title = text.trim().split('\n')[0].slice(0, 60) || (images[0] && images[0].name);
     if (!current.messages.length) log.replaceChildren();
     const user = {role: 'user', content: text};
+    if (images.length) user.images = images.map(a => ({id: a.id, name: a.name}));
     current.messages.push(user);
+    for (const a of images) keepImage(a.id, a.url);  // after the push: a sweep meanwhile sees the question
     log.append(messageView(user));
     return ask();
   }
@@ -470,7 +584,7 @@
   // Streams an answer to the current chat as it stands (its last message is a question).
   async function ask() {
     if (streaming || !current) return;
-    const body = requestBody();
+    const bodyReady = requestBody();  // the chat before the answer joins it; its images are read meanwhile
     const m = {role: 'assistant', content: '', reasoning: '', reasoning_tokens: 0, stats: {}};
     current.messages.push(m);
     const box = messageView(m);
@@ -522,13 +636,18 @@
       }
       redraw();
     };
+    let body = null;
     try {
+      body = await bodyReady;
       const res = await fetch('/v1/chat/completions', {method: 'POST', signal: controller.signal,
         headers: Object.assign({'Content-Type': 'application/json'}, authHeaders()), body: JSON.stringify(body)});
       if (!res.ok) {
         failed = true;
         const err = await errorOf(res);
         if (res.status === 400 && err.code === 'context_length_exceeded') addError(chat, contextError(err.message));
+        else if (res.status === 400 && refusedImage(body, err))
+          addError(chat, 'The server refused an image (HTTP 400): ' + err.message + IMAGE_HINT);
+        else if (res.status === 413 && hasImages(body)) addError(chat, 'HTTP 413: ' + err.message + IMAGE_HINT);
         else addError(chat, 'HTTP ' + res.status + ': ' + err.message);
       } else {
         const reader = res.body.getReader(), dec = new TextDecoder();
@@ -602,11 +721,14 @@
   $('composer').addEventListener('submit', e => {
     e.preventDefault();
     if (streaming) return;
-    const text = input.value;
-    if (!text.trim()) return;
+    const text = input.value, images = attached;
+    if (!text.trim() && !images.length) return;
     input.value = '';
     grow();
-    send(text);
+    attached = [];
+    renderAttached();
+    showNote('');
+    send(text, images);
   });
   stopBtn.addEventListener('click', stop);
   // The placeholder names Shift+Enter only where it applies and there is room for it (a narrow box would clip it).
@@ -618,7 +740,125 @@
   touchQuery.addEventListener('change', fitComposer);
   narrowQuery.addEventListener('change', fitComposer);
   fitComposer();
-  document.addEventListener('keydown', e => { if (e.key === 'Escape' && streaming) stop(); });
+  document.addEventListener('keydown', e => { if (e.key === 'Escape' && streaming && !viewer.open) stop(); });
+
+  // ---- attaching images: the pick button, a paste, a drop; thumbnails in the composer until sent -------------------
+  const MAX_IMAGE_BYTES = 20 << 20;  // a phone's photo is a few MB; past this it is hardly a picture meant for a chat
+  // The formats the server reads, told by their first bytes: a file's type comes from its name, and may be wrong.
+  const IMAGE_MAGIC = [['image/png', '\x89PNG'], ['image/jpeg', '\xff\xd8\xff'], ['image/gif', 'GIF8']];
+  function sniffImage(head) {
+    const text = String.fromCharCode(...head);
+    for (const [type, magic] of IMAGE_MAGIC) if (text.startsWith(magic)) return type;
+    return text.startsWith('RIFF') && text.slice(8, 12) === 'WEBP' ? 'image/webp' : null;
+  }
+  let attached = [];  // [{id, name, url}]: the composer's images, sent with the next question
+  const note = $('attach-note');
+  function showNote(text) {
+    note.textContent = text;
+    note.hidden = !text;
+  }
+  const megabytes = n => (n / (1 << 20)).toFixed(1).replace(/\.0$/, '') + ' MB';
+  const readDataUrl = file => new Promise((resolve, reject) => {
+    const r = new FileReader();
+    r.onload = () => resolve(r.result);
+    r.onerror = () => reject(r.error);
+    r.readAsDataURL(file);
+  });
+  // A file as an attachment {id, name, url}, or why it is refused (a sentence).
+  async function readImage(file) {
+    const name = file.name || 'The pasted image';
+    const type = sniffImage(new Uint8Array(await file.slice(0, 12).arrayBuffer()));
+    if (!type) {
+      return file.type.startsWith('image/')
+        ? name + ' (' + file.type + ') is in a format the server does not read: send a PNG, JPEG, WebP or GIF.'
+        : name + ' is not an image (PNG, JPEG, WebP or GIF).';
+    }
+    if (file.size > MAX_IMAGE_BYTES)
+      return name + ' is ' + megabytes(file.size) + ': images up to ' + megabytes(MAX_IMAGE_BYTES) + ' are sent.';
+    const url = await readDataUrl(file);
+    // The sniffed type, not the file's (empty for some, and the server checks it).
+    return {id: newId(), name, url: 'data:' + type + ';base64,' + url.slice(url.indexOf(',') + 1)};
+  }
+  async function attachFiles(files) {
+    const refused = [];
+    for (const file of files) {
+      try {
+        const r = await readImage(file);
+        if (typeof r === 'string') refused.push(r);
+        else attached.push(r);
+      } catch (e) { refused.push((file.name || 'The file') + ' could not be read: ' + e.message); }
+    }
+    showNote(refused.join(' '));
+    renderAttached();
+    input.focus();
+  }
+  function renderAttached() {
+    const box = $('attachments');
+    box.replaceChildren(...attached.map(a => {
+      const item = el('span', 'attachment'), img = el('img', 'thumb'), x = el('button', 'remove', '\u00d7');
+      img.src = a.url;
+      img.alt = img.title = a.name;
+      x.type = 'button';
+      x.title = 'Remove ' + a.name;
+      x.setAttribute('aria-label', x.title);
+      x.onclick = () => {
+        attached = attached.filter(o => o !== a);
+        renderAttached();
+        input.focus();
+      };
+      item.append(img, x);
+      return item;
+    }));
+    box.hidden = !attached.length;
+  }
+  $('attach').onclick = () => $('file').click();
+  $('file').addEventListener('change', e => {
+    attachFiles([...e.target.files]);
+    e.target.value = '';  // the same file can be picked again
+  });
+  // A pasted image is attached; pasted text goes into the box as ever (a spreadsheet's cells come as both: text
+  // wins). Not in another box (editing a question, settings): the image would land far from where it was pasted.
+  document.addEventListener('paste', e => {
+    const files = e.clipboardData ? [...e.clipboardData.files] : [];
+    if (!files.length || e.clipboardData.types.includes('text/plain')) return;
+    if (e.target !== input && e.target.closest && e.target.closest('textarea, input, dialog')) return;
+    e.preventDefault();
+    attachFiles(files);
+  });
+  // Files dropped anywhere on the page are attached (and never open in its place); the chat shows where while one
+  // is dragged over. dragenter and dragleave come for every element crossed, hence the count.
+  const dragsFiles = e => !!e.dataTransfer && [...e.dataTransfer.types].includes('Files');
+  let dragDepth = 0;
+  const dropping = on => { $('main').classList.toggle('dropping', on); };
+  document.addEventListener('dragenter', e => { if (dragsFiles(e)) dropping(++dragDepth > 0); });
+  document.addEventListener('dragleave', e => { if (dragsFiles(e)) dropping(--dragDepth > 0); });
+  document.addEventListener('dragover', e => {
+    if (!dragsFiles(e)) return;
+    e.preventDefault();
+    e.dataTransfer.dropEffect = 'copy';
+  });
+  document.addEventListener('drop', e => {
+    dragDepth = 0;
+    dropping(false);
+    if (!dragsFiles(e)) return;
+    e.preventDefault();
+    attachFiles([...e.dataTransfer.files]);
+  });
+  // A thumbnail's click shows the image whole; a click or Esc closes it.
+  const viewer = $('viewer');
+  function showImage(img) {
+    if (!img.src) return;
+    const big = el('img');
+    big.src = img.src;
+    big.alt = img.alt;
+    viewer.replaceChildren(big);
+    viewer.showModal();
+  }
+  viewer.addEventListener('click', () => viewer.close());
+  for (const root of [log, $('attachments')]) root.addEventListener('click', e => {
+    const img = e.target.closest('img.thumb');
+    if (img) showImage(img);
+  });
 
   // ---- chats, drawer, settings ---------------------------------------------------------------------------------
   const closeDrawer = () => { $('sidebar').classList.remove('open'); $('scrim').hidden = true; };
