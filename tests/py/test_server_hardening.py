@@ -250,7 +250,7 @@ def test_request_framing_and_codings(tern_bin):
         t0 = time.monotonic()
         assert request("GET", s.port, "/health", timeout=10)[0] == 200
         assert time.monotonic() - t0 < 3
-        # a gzip body that inflates to 64 MiB (the limit is 8 MiB): 413 without inflating it all
+        # a gzip body that inflates to 64 MiB (the limit is 32 MiB): 413 without inflating it all
         bomb = gzip.compress(b'{"messages":[{"role":"user","content":"hi"}],"max_tokens":1' + b" " * (64 << 20) + b"}")
         assert len(bomb) < (1 << 20)
         t0 = time.monotonic()
@@ -392,7 +392,7 @@ def test_cors_preflight_echoes_requested_headers(tern_bin):
 # --- 6. memory --------------------------------------------------------------------------------------------------
 
 def test_huge_prompts_refused_before_tokenizing_and_memory_returns(tern_bin):
-    s = Server(tern_bin, "-q")  # default context (32768) and body limit (8 MiB)
+    s = Server(tern_bin, "-q")  # default context (32768) and body limit (32 MiB)
     try:
         small = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
         for _ in range(3):

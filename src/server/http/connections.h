@@ -55,7 +55,7 @@ struct ConnectionLimits {
   std::chrono::milliseconds write_timeout{30000};   // one blocked write
   std::chrono::milliseconds linger_timeout{2000};   // draining before a close
   size_t max_head_bytes = 16384;       // request line + headers; more gets 431
-  size_t max_body_bytes = 8u << 20;    // the poller stops waiting for a body beyond this (httplib answers 413)
+  size_t max_body_bytes = 32u << 20;   // the poller stops waiting for a body beyond this (httplib answers 413)
   size_t workers = 8;                  // threads that run handlers
 };
 

@@ -36,7 +36,7 @@ struct ServerOptions {
   bool allow_special_in_content = false; // special tokens typed in chat content stay control tokens
   size_t max_queue = 64;                 // requests waiting beyond the running ones; more get 503
   SchedulerOptions scheduler;            // --parallel, --step-tokens
-  size_t max_body_bytes = 8u << 20;      // larger bodies get 413
+  size_t max_body_bytes = 32u << 20;     // larger bodies get 413 (room for a 20 MB image as a base64 data: URL)
   int http_threads = 0;                  // 0: max_queue + parallel + 8 (a streaming request holds a thread)
   bool allow_forced_output = false;      // --debug-allow-forced-output: accept tern_debug_forced_output
   bool allow_image_urls = false;         // --allow-image-urls: an http(s) image URL is told that remote images are
