@@ -72,7 +72,7 @@ struct BenchArgs {
   bool concurrency_given = false;  // else the table by length
   int64_t gpu_memory = 0;          // --gpu-memory in bytes (0: the GPU's free memory)
   bool speculative = false;        // --speculative: the speculative decoding benchmark instead of the table
-  int draft_max = 8;
+  int draft_max = 0;               // 0: the backend's most (max_verify_tokens() − 1), at most 8
   std::string draft_counts, acceptance;  // "" : the defaults
 };
 
@@ -225,6 +225,13 @@ std::string device_description(const std::string& device) {
 // the default ones cut to what the model's positions and a GPU's memory hold), the run, the tables and the JSON.
 void run_speculative(BenchArgs a, ModelRunner& runner, const std::string& device, const std::string& model,
                      const std::optional<GpuMemory>& gpu) {
+  // A verify of k drafts runs k + 1 tokens in one step: the backend's limit bounds k (the CUDA runner's batched
+  // one-token kernels: 8 tokens).
+  const int most = int(runner.max_verify_tokens()) - 1;
+  TERN_USAGE_CHECK(most >= 1, "--speculative: the ", device, " backend cannot verify drafts");
+  if (a.draft_max == 0) a.draft_max = std::min(8, most);
+  TERN_USAGE_CHECK(a.draft_max <= most, "--draft-max: ", a.draft_max, " drafts need ", a.draft_max + 1,
+                   " tokens in one verify step; the ", device, " backend verifies at most ", most + 1);
   SpecBenchOptions o;
   o.max_drafts = a.draft_max;
   o.tokens = a.decode_steps_given ? a.decode_steps : 128;
@@ -517,9 +524,10 @@ void command_bench(CLI::App& app) {
                 "draft cost, tok/s through the generation loop with drafts of a set --acceptance (--draft-counts "
                 "per step; every output checked against decoding without drafts), and the speed-up the published "
                 "MTP acceptance would give (computed)");
-  sub->add_option("--draft-max", args->draft_max, "--speculative: the largest draft count in the verify table")
-      ->check(CLI::Range(1, 32))
-      ->capture_default_str();
+  sub->add_option("--draft-max", args->draft_max,
+                  "--speculative: the largest draft count in the verify table (default: 8, or fewer where the "
+                  "backend verifies fewer tokens in one step)")
+      ->check(CLI::Range(1, 32));
   sub->add_option("--draft-counts", args->draft_counts, "--speculative: drafts per step end to end (default 3,5)");
   sub->add_option("--acceptance", args->acceptance,
                   "--speculative: per-draft probabilities of a right draft, end to end (default 0.5,0.7,0.8,0.9)");
