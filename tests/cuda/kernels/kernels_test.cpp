@@ -180,12 +180,14 @@ TEST(CudaNorm, EmbeddingAndRmsNormMatchCpu) {
     embed_lookup(de.d, dids.p, T, out.p, nullptr);
     expect_close(out.host(), ref, 0.0f, 1e-6f, "embedding");
   }
-  const auto x = random_floats(rng, size_t(T * D), -3.0f, 3.0f), w = random_floats(rng, size_t(D), 0.5f, 1.5f);
-  std::vector<float> ref(x.size());
-  cpu::rms_norm(x.data(), w.data(), T, D, 1e-6f, ref.data());
-  DeviceBuf<float> dx(x), dw(w), out(x.size());
-  rmsnorm(dx.p, dw.p, 1e-6f, T, D, out.p, nullptr);
-  expect_close(out.host(), ref, 1e-6f, 1e-5f, "rmsnorm");
+  for (int64_t cols : {D, D + 2}) {  // 16-byte pieces, and the scalar loop (rows not a multiple of 4)
+    const auto x = random_floats(rng, size_t(T * cols), -3.0f, 3.0f), w = random_floats(rng, size_t(cols), 0.5f, 1.5f);
+    std::vector<float> ref(x.size());
+    cpu::rms_norm(x.data(), w.data(), T, cols, 1e-6f, ref.data());
+    DeviceBuf<float> dx(x), dw(w), out(x.size());
+    rmsnorm(dx.p, dw.p, 1e-6f, T, cols, out.p, nullptr);
+    expect_close(out.host(), ref, 1e-6f, 1e-5f, "rmsnorm, " + std::to_string(cols) + " columns");
+  }
 }
 
 // ---- causal conv1d with state ------------------------------------------------------------------------------

@@ -40,6 +40,28 @@ __global__ void rmsnorm_kernel(const float* x, const float* w, float eps, int64_
   for (int64_t i = threadIdx.x; i < D; i += blockDim.x) o[i] = xr[i] * inv * w[i];
 }
 
+// rmsnorm_kernel on 16-byte pieces (D % 4 == 0, aligned rows): a 4K-token prefill's norm reads 33.5 MB and writes as
+// much, twice per layer; the scalar loop ran at ~2.3 TB/s (28 µs).
+__global__ void rmsnorm4_kernel(const float* x, const float* w, float eps, int64_t D, float* out) {
+  __shared__ float red[32];
+  const float4* xr = reinterpret_cast<const float4*>(x + int64_t(blockIdx.x) * D);
+  const float4* w4 = reinterpret_cast<const float4*>(w);
+  float4* o = reinterpret_cast<float4*>(out + int64_t(blockIdx.x) * D);
+  const int64_t n = D / 4;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float4 v = xr[i];
+    ss = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss))));
+  }
+  const float inv = rsqrtf(block_sum(ss, red) / float(D) + eps);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float4 v = xr[i], g = w4[i];
+    o[i] = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
+  }
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 }  // namespace
 
 void embed_lookup(const DMat& e, const int* tokens, int64_t T, float* out, cudaStream_t stream) {
@@ -56,7 +78,10 @@ void embed_lookup(const DMat& e, const int* tokens, int64_t T, float* out, cudaS
 
 void rmsnorm(const float* x, const float* w, float eps, int64_t T, int64_t D, float* out, cudaStream_t stream) {
   if (T == 0) return;
-  rmsnorm_kernel<<<unsigned(T), 256, 0, stream>>>(x, w, eps, D, out);
+  if (D % 4 == 0 && aligned16(x) && aligned16(w) && aligned16(out))
+    rmsnorm4_kernel<<<unsigned(T), 256, 0, stream>>>(x, w, eps, D, out);
+  else
+    rmsnorm_kernel<<<unsigned(T), 256, 0, stream>>>(x, w, eps, D, out);
   TERN_CUDA_LAUNCHED("rmsnorm");
 }
 
