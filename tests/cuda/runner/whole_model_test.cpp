@@ -251,16 +251,20 @@ TEST(CudaWholeModel, ErrorByLayerAgainstCpu) {
       const std::vector<float>& cpu_ids = tensor(want, layer_tensor("route_ids", i));
       const std::vector<float>& gpu_ids = tensor(got, layer_tensor("route_ids", i));
       int from_input = 0, from_router = 0, router_near_tie = 0;
+      float smallest_gap = INFINITY;  // of the tokens whose experts the GPU router chose otherwise
       for (int64_t t = 0; t < P; ++t) {
         from_input += !same_experts(cpu_ids.data() + t * k, ids_in.data() + t * k, k);
         if (!same_experts(ids_in.data() + t * k, gpu_ids.data() + t * k, k)) {
           ++from_router;
           router_near_tie += gap[size_t(t)] < 0.01f;
+          smallest_gap = std::min(smallest_gap, gap[size_t(t)]);
         }
       }
-      std::printf("[layer error, %s] %2zu %-9s %.3e / %.3e  %.3e / %.3e  experts differ: %d / %d (%d near ties)\n",
+      char gap_text[48] = "";
+      if (from_router > 0) std::snprintf(gap_text, sizeof gap_text, ", the smallest gap %.2e", smallest_gap);
+      std::printf("[layer error, %s] %2zu %-9s %.3e / %.3e  %.3e / %.3e  experts differ: %d / %d (%d near ties%s)\n",
                   plan, i, r->weights->layers[i].type == LayerType::full_attention ? "attention" : "deltanet", em.first,
-                  em.second, eo.first, eo.second, from_input, from_router, router_near_tie);
+                  em.second, eo.first, eo.second, from_input, from_router, router_near_tie, gap_text);
       EXPECT_EQ(from_router, router_near_tie) << plan << ", layer " << i
                                               << ": the GPU router picks other experts than the CPU's from the same "
                                                  "input away from a near-tie";
