@@ -293,7 +293,6 @@ void CudaRunner::run_chunk(CudaSession& s, std::span<const int32_t> tokens) {
 // body can be captured once in a CUDA graph and replayed.
 void CudaRunner::chunk_body(CudaSession& s, int64_t T) {
   const Config& c = w_->config;
-  const int64_t D = c.hidden_size;
   const float eps = float(c.rms_norm_eps);
   embed_lookup(w_->embed, tokens_, T, hidden_, stream_);
   if (decode_plan(T)) {
@@ -314,14 +313,12 @@ void CudaRunner::chunk_body(CudaSession& s, int64_t T) {
   for (size_t i = 0; i < w_->layers.size(); ++i) {
     const DeviceLayer& l = w_->layers[i];
     CudaSession::LayerCache& lc = s.layers[i];
-    rmsnorm(hidden_, l.input_norm, eps, T, D, normed_, stream_);
-    if (l.type == LayerType::linear_attention) {
+    if (l.type == LayerType::linear_attention) {  // each block normalises its input (norm_prepare)
       gdn_mixer(l, lc, T);
     } else {
       attention_mixer(l, lc, s, T, s.capacity());
     }
     dump_layer("mixer_res", i, T);
-    rmsnorm(hidden_, l.post_attn_norm, eps, T, D, normed_, stream_);
     moe(l, T);
     dump_layer("layer_out", i, T, route_ids_);
   }

@@ -132,6 +132,8 @@ class CudaRunner final : public ModelRunner {
   PreparedX prepare_x(const float* x, int64_t ldx, int64_t T, int64_t cols, PrefillSite site, bool with_8bit = false,
                       bool with_rest = false);
   MatmulTile with_prepared_x(MatmulArgs& a, const PreparedX& prep, bool exact = false) const;
+  // normed_ = rmsnorm(hidden_)·w, prepared for `site` (the blocks below normalise their own input).
+  PreparedX norm_prepare(const float* w, int64_t T, PrefillSite site, bool with_8bit = false, bool with_rest = false);
   void gdn_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, int64_t T);
   void attention_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, CudaSession& s, int64_t T, int64_t cap);
   void moe(const DeviceLayer& l, int64_t T);
@@ -149,6 +151,7 @@ class CudaRunner final : public ModelRunner {
   // mma.sync kernel (elsewhere), or the integer kernel (TERN_PREFILL_INT8=1). 8-bit matrices take the integer kernel
   // in every mode but split.
   enum class PrefillKernel { wgmma_f16, wgmma_split, int8, split };
+  PrefillKernel site_kernel(PrefillSite site) const;  // the kernel of the products at `site` in this chunk
   PrefillKernel prefill_kernel_ = PrefillKernel::int8;
   bool exact_gates_ = false;  // the GDN b and a products on the integer kernel (see gdn_mixer)
   // The prefill router (TERN_PREFILL_ROUTER, see the constructor): exact (default), q16 or fp32.

@@ -217,7 +217,6 @@ void CudaRunner::gdn_decode_mixer(const DeviceLayer& l, CudaSession::LayerCache&
   const GdnDims d = gdn_dims(T);
   const int64_t C = d.C(), Z = int64_t(d.Hv) * d.dv, D = c.hidden_size;
   if (!gdn_decode_supported(d)) {  // other head shapes (small test models): the prefill plan's kernels
-    rmsnorm(hidden_, l.input_norm, float(c.rms_norm_eps), T, D, normed_, stream_);
     gdn_mixer(l, lc, T);
     return;
   }

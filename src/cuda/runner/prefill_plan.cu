@@ -10,6 +10,7 @@
 #include "cuda/kernels/conv1d/conv1d.cuh"
 #include "cuda/kernels/gdn/gdn.cuh"
 #include "cuda/kernels/moe/moe.cuh"
+#include "cuda/kernels/norm/norm.cuh"
 #include "cuda/kernels/qmatmul/qmatmul.cuh"
 #include "cuda/kernels/qmatmul/qmatmul_int8.cuh"
 #include "cuda/kernels/qmatmul/qmatmul_wgmma.cuh"
@@ -45,11 +46,8 @@ PreparedX CudaRunner::prepare_x(const float* x, int64_t ldx, int64_t T, int64_t 
                                 bool with_8bit, bool with_rest) {
   PreparedX p;
   if (fp32_prefill_ || T <= 1) return p;
-  PrefillKernel kernel = prefill_kernel_;
-  if (kernel == PrefillKernel::wgmma_f16 && !(chunk_f16_sites_ & site)) {
-    kernel = PrefillKernel::wgmma_split;
-    p.split = true;
-  }
+  const PrefillKernel kernel = site_kernel(site);
+  p.split = kernel == PrefillKernel::wgmma_split && prefill_kernel_ == PrefillKernel::wgmma_f16;
   switch (kernel) {
     case PrefillKernel::int8:
       if (cols % 128 != 0 || matmul_q16_bytes(T, cols) > int64_t(prep_bytes_)) return p;
@@ -77,6 +75,38 @@ PreparedX CudaRunner::prepare_x(const float* x, int64_t ldx, int64_t T, int64_t 
     p.q16 = prep_q16_;
     if (with_rest) p.q16_rest = prep_q16_rest_;
   }
+  return p;
+}
+
+// The kernel the products at `site` take x for: the warpgroup kernel's fp16 input only at the chunk's fp16 sites.
+CudaRunner::PrefillKernel CudaRunner::site_kernel(PrefillSite site) const {
+  if (prefill_kernel_ == PrefillKernel::wgmma_f16 && !(chunk_f16_sites_ & site)) return PrefillKernel::wgmma_split;
+  return prefill_kernel_;
+}
+
+// normed_ [T, D] = rmsnorm(hidden_)·w, prepared for the products at `site` as prepare_x prepares it: in one pass over
+// hidden_ (rmsnorm_prepare) where the site takes bf16 hi + lo (and the 8-bit products the 16-bit forms), else
+// rmsnorm then prepare_x. Same bytes either way.
+PreparedX CudaRunner::norm_prepare(const float* w, int64_t T, PrefillSite site, bool with_8bit, bool with_rest) {
+  const int64_t D = w_->config.hidden_size;
+  const float eps = float(w_->config.rms_norm_eps);
+  const PrefillKernel kernel = site_kernel(site);
+  const bool split_x = kernel == PrefillKernel::wgmma_split || kernel == PrefillKernel::split;
+  if (fp32_prefill_ || T <= 1 || !split_x || !rmsnorm_prepare_takes(D) ||
+      matmul_prepared_bytes(T, D) > int64_t(prep_bytes_)) {
+    rmsnorm(hidden_, w, eps, T, D, normed_, stream_);
+    return prepare_x(normed_, D, T, D, site, with_8bit, with_rest);
+  }
+  // As prepare_x: the split-x kernel's 8-bit products take the fp32 SIMT kernel (no 16-bit x).
+  const bool q16 = with_8bit && kernel != PrefillKernel::split && matmul_q16_bytes(T, D) <= int64_t(prep_q16_bytes_);
+  const bool rest = q16 && with_rest;
+  rmsnorm_prepare(hidden_, w, eps, T, D, normed_, prep_, q16 ? prep_q16_ : nullptr, rest ? prep_q16_rest_ : nullptr,
+                  stream_);
+  PreparedX p;
+  p.main = prep_;
+  p.split = kernel == PrefillKernel::wgmma_split && prefill_kernel_ == PrefillKernel::wgmma_f16;
+  if (q16) p.q16 = prep_q16_;
+  if (rest) p.q16_rest = prep_q16_rest_;
   return p;
 }
 
@@ -118,7 +148,7 @@ void CudaRunner::gdn_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, in
   // in_proj takes x as fp16 they take the 16-bit integer x instead (exact_gates_); on bf16 hi + lo (the default)
   // they share the in_proj's input.
   const bool gates_q16 = exact_gates_ && (chunk_f16_sites_ & kGdnIn);
-  const PreparedX xp = prepare_x(normed_, c.hidden_size, T, c.hidden_size, kGdnIn, gates_q16);
+  const PreparedX xp = norm_prepare(l.input_norm, T, kGdnIn, gates_q16);
   // in_proj_out_ [T, P] = [qkv_raw (C) | z (Z) | b (Hv) | a (Hv)]: one product over the matrices stored back to back
   // (in_proj_all), else one per matrix into its columns; the gates on the 16-bit x when gates_q16.
   const int64_t Z = int64_t(d.Hv) * d.dv, P = C + Z + 2 * d.Hv;
@@ -155,7 +185,7 @@ void CudaRunner::attention_mixer(const DeviceLayer& l, CudaSession::LayerCache& 
                                  int64_t cap) {
   const Config& c = w_->config;
   const AttnDims d = attn_dims(T, cap);
-  const PreparedX xp = prepare_x(normed_, c.hidden_size, T, c.hidden_size, kAttnIn);
+  const PreparedX xp = norm_prepare(l.input_norm, T, kAttnIn);
   proj(l.q_proj, normed_, T, qg_, false, xp);
   proj(l.k_proj, normed_, T, k_, false, xp);
   proj(l.v_proj, normed_, T, v_, false, xp);
@@ -173,8 +203,8 @@ void CudaRunner::moe(const DeviceLayer& l, int64_t T) {
   // 8-bit router takes x in two 16-bit terms (x to fp32's precision: a near-tie between experts is decided as in
   // fp32; TERN_PREFILL_ROUTER in the constructor). The shared-expert gate (a sigmoid, no choice to flip) takes the
   // first term only: its logit is off by ~1e-5 relative.
-  const PreparedX xp = prepare_x(normed_, D, T, D, kMoeIn, /*with_8bit=*/router_prefill_ != RouterPrefill::fp32,
-                                 /*with_rest=*/router_prefill_ == RouterPrefill::exact);
+  const PreparedX xp = norm_prepare(l.post_attn_norm, T, kMoeIn, /*with_8bit=*/router_prefill_ != RouterPrefill::fp32,
+                                    /*with_rest=*/router_prefill_ == RouterPrefill::exact);
   proj(l.router, normed_, T, router_logits_, false, xp);
   proj(l.shared_expert_gate, normed_, T, shared_logit_, false, xp);
   if (xp.q16_rest && matmul_int8_takes(l.router))  // the second term (any other product already took x whole)

@@ -21,6 +21,7 @@
 #include "cuda/kernels/moe/moe.cuh"
 #include "cuda/kernels/norm/norm.cuh"
 #include "cuda/kernels/qmatmul/qmatmul.cuh"
+#include "cuda/kernels/qmatmul/qmatmul_int8.cuh"
 #include "cuda/kernels/sampling/sampling.cuh"
 
 namespace tern::cuda::test {
@@ -187,6 +188,44 @@ TEST(CudaNorm, EmbeddingAndRmsNormMatchCpu) {
     DeviceBuf<float> dx(x), dw(w), out(x.size());
     rmsnorm(dx.p, dw.p, 1e-6f, T, cols, out.p, nullptr);
     expect_close(out.host(), ref, 1e-6f, 1e-5f, "rmsnorm, " + std::to_string(cols) + " columns");
+  }
+}
+
+// rmsnorm_prepare: the norm as the CPU's, and each prepared form byte for byte what the preparing kernels
+// (matmul_prepare_x, matmul_quantize_x with its residual) write from that output. Rows scaled by powers of two with
+// outlier columns, as activations are; one all-zero row.
+TEST(CudaNorm, RmsNormPrepareWritesWhatThePreparingKernelsWrite) {
+  TERN_REQUIRE_GPU();
+  std::mt19937_64 rng(fresh_seed("CudaNorm.Prepare"));
+  const int64_t T = 37;
+  EXPECT_FALSE(rmsnorm_prepare_takes(2000));
+  EXPECT_FALSE(rmsnorm_prepare_takes(16384));
+  for (int64_t D : {int64_t(2048), int64_t(640), int64_t(4096)}) {
+    ASSERT_TRUE(rmsnorm_prepare_takes(D));
+    auto x = random_floats(rng, size_t(T * D), -2.0f, 2.0f);
+    for (int64_t t = 0; t < T; ++t) {
+      const float f = std::ldexp(1.0f, int(rng() % 17) - 8);
+      for (int64_t c = 0; c < D; ++c) x[size_t(t * D + c)] *= t == 5 ? 0.0f : f * (c % 37 == 0 ? 30.0f : 1.0f);
+    }
+    const auto w = random_floats(rng, size_t(D), 0.5f, 1.5f);
+    std::vector<float> ref(x.size());
+    cpu::rms_norm(x.data(), w.data(), T, D, 1e-6f, ref.data());
+    const size_t split_bytes = size_t(matmul_prepared_bytes(T, D)), q16_bytes = size_t(matmul_q16_bytes(T, D));
+    DeviceBuf<float> dx(x), dw(w), normed(x.size());
+    DeviceBuf<unsigned char> split(split_bytes), q16(q16_bytes), rest(q16_bytes);
+    DeviceBuf<unsigned char> want_split(split_bytes), want_q16(q16_bytes), want_rest(q16_bytes);
+    rmsnorm_prepare(dx.p, dw.p, 1e-6f, T, D, normed.p, split.p, q16.p, rest.p, nullptr);
+    matmul_prepare_x(normed.p, D, T, D, want_split.p, nullptr);
+    matmul_quantize_x(normed.p, D, T, D, want_q16.p, nullptr, want_rest.p);
+    const std::string tag = ", " + std::to_string(D) + " columns";
+    expect_close(normed.host(), ref, 1e-6f, 1e-5f, "rmsnorm_prepare's norm" + tag);
+    EXPECT_TRUE(split.host() == want_split.host()) << "the split form differs from matmul_prepare_x's" << tag;
+    EXPECT_TRUE(q16.host() == want_q16.host()) << "the 16-bit form differs from matmul_quantize_x's" << tag;
+    EXPECT_TRUE(rest.host() == want_rest.host()) << "the residual differs from matmul_quantize_x's" << tag;
+    // The split form alone (no 16-bit outputs), into a fresh buffer.
+    DeviceBuf<unsigned char> split_only(split_bytes);
+    rmsnorm_prepare(dx.p, dw.p, 1e-6f, T, D, normed.p, split_only.p, nullptr, nullptr, nullptr);
+    EXPECT_TRUE(split_only.host() == want_split.host()) << "the split form alone" << tag;
   }
 }
 

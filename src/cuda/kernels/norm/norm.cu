@@ -1,5 +1,9 @@
 #include "cuda/kernels/norm/norm.cuh"
 
+#include "core/check.h"
+#include "cuda/kernels/qmatmul/qmatmul.cuh"
+#include "cuda/kernels/qmatmul/qmatmul_int8.cuh"
+#include "cuda/kernels/qmatmul/x_forms.cuh"
 #include "cuda/weights/dmat_device.cuh"
 
 namespace tern::cuda {
@@ -62,6 +66,59 @@ __global__ void rmsnorm4_kernel(const float* x, const float* w, float eps, int64
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// rmsnorm_prepare: a row per block of 256 threads; thread i holds the row's 8-column words i, i + 256, ... (at most
+// kPrepareWords of them) from the one read of x to the last store. The 8 words of a group of 64 columns lie in 8
+// consecutive lanes, as the preparing kernels' shuffles need.
+constexpr int kPrepareThreads = 256, kPrepareWords = 4;
+__global__ void __launch_bounds__(kPrepareThreads) rmsnorm_prepare_kernel(const float* x, const float* w, float eps,
+                                                                          int64_t D, float* normed, unsigned char* split,
+                                                                          unsigned char* q16, unsigned char* q16_rest) {
+  __shared__ float red[32];
+  const int64_t t = blockIdx.x;
+  const int words = int(D / 8);
+  const float4* xr = reinterpret_cast<const float4*>(x + t * D);
+  float v[kPrepareWords][8];
+  float ss = 0.0f;
+#pragma unroll
+  for (int p = 0; p < kPrepareWords; ++p) {
+    const int wd = int(threadIdx.x) + p * kPrepareThreads;
+    float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a;
+    if (wd < words) {
+      a = xr[2 * wd];
+      b = xr[2 * wd + 1];
+    }
+    const float e[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      v[p][i] = e[i];
+      ss = fmaf(e[i], e[i], ss);
+    }
+  }
+  const float inv = rsqrtf(block_sum(ss, red) / float(D) + eps);
+  const float4* w4 = reinterpret_cast<const float4*>(w);
+  float4* out = reinterpret_cast<float4*>(normed + t * D);
+#pragma unroll
+  for (int p = 0; p < kPrepareWords; ++p) {
+    if (p * kPrepareThreads >= words) break;  // uniform: whole warps stay together for the shuffles below
+    const int wd = int(threadIdx.x) + p * kPrepareThreads;
+    const bool in = wd < words;
+    float y[8] = {};
+    if (in) {
+      const float4 g0 = w4[2 * wd], g1 = w4[2 * wd + 1];
+      const float g[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+#pragma unroll
+      for (int i = 0; i < 8; ++i) y[i] = v[p][i] * inv * g[i];
+      out[2 * wd] = make_float4(y[0], y[1], y[2], y[3]);
+      out[2 * wd + 1] = make_float4(y[4], y[5], y[6], y[7]);
+    }
+    if (split) xform::store_split_word(split + t * matmul_prepared_row_bytes(D), D, wd, y, in);
+    if (q16) {
+      const int64_t qrow = t * matmul_q16_row_bytes(D);
+      xform::store_q16_words(q16 + qrow, q16_rest ? q16_rest + qrow : nullptr, D, wd, y, in);
+    }
+  }
+}
+
 }  // namespace
 
 void embed_lookup(const DMat& e, const int* tokens, int64_t T, float* out, cudaStream_t stream) {
@@ -83,6 +140,22 @@ void rmsnorm(const float* x, const float* w, float eps, int64_t T, int64_t D, fl
   else
     rmsnorm_kernel<<<unsigned(T), 256, 0, stream>>>(x, w, eps, D, out);
   TERN_CUDA_LAUNCHED("rmsnorm");
+}
+
+bool rmsnorm_prepare_takes(int64_t D) { return D > 0 && D % 128 == 0 && D <= 8 * kPrepareThreads * kPrepareWords; }
+
+void rmsnorm_prepare(const float* x, const float* w, float eps, int64_t T, int64_t D, float* normed, void* split,
+                     void* q16, void* q16_rest, cudaStream_t stream) {
+  TERN_CHECK(rmsnorm_prepare_takes(D), "rmsnorm_prepare: ", D, " columns (a multiple of 128, at most ",
+             8 * kPrepareThreads * kPrepareWords, ")");
+  TERN_CHECK(aligned16(x) && aligned16(w) && aligned16(normed) && aligned16(split) && aligned16(q16) &&
+                 aligned16(q16_rest) && (q16 || !q16_rest) && x != normed,
+             "rmsnorm_prepare: needs 16-byte aligned buffers, q16 with q16_rest, and normed apart from x");
+  if (T == 0) return;
+  rmsnorm_prepare_kernel<<<unsigned(T), kPrepareThreads, 0, stream>>>(
+      x, w, eps, D, normed, static_cast<unsigned char*>(split), static_cast<unsigned char*>(q16),
+      static_cast<unsigned char*>(q16_rest));
+  TERN_CUDA_LAUNCHED("rmsnorm_prepare");
 }
 
 }  // namespace tern::cuda

@@ -12,6 +12,7 @@
 #include "cuda/kernels/qmatmul/matmul_tile.cuh"
 #include "cuda/kernels/qmatmul/qmatmul_int8.cuh"
 #include "cuda/kernels/qmatmul/qmatmul_wgmma.cuh"
+#include "cuda/kernels/qmatmul/x_forms.cuh"
 #include "cuda/weights/dmat_device.cuh"
 
 namespace tern::cuda {
@@ -254,44 +255,12 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-// Two bf16 (lo, hi) in one register, rounded to nearest even.
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-__device__ __forceinline__ float bf16x2_lo(uint32_t v) { return __uint_as_float(v << 16); }
-__device__ __forceinline__ float bf16x2_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
-
-// 8 consecutive x values -> one 16-byte chunk of the MMA layout: bf16 pairs (0,4) (1,5) (2,6) (3,7).
-__device__ __forceinline__ uint4 pack_chunk(const float4 lo, const float4 hi) {
-  return make_uint4(pack_bf16x2(lo.x, hi.x), pack_bf16x2(lo.y, hi.y), pack_bf16x2(lo.z, hi.z),
-                    pack_bf16x2(lo.w, hi.w));
-}
-
-// Values a and b (elements e and e + 4 of a chunk) -> hi and lo bf16 pairs; returns x'(a) + x'(b), x' = hi + lo
-// (each exact in fp32: hi holds the top 8 significant bits, lo the next 8 at most 9 binades lower).
-__device__ __forceinline__ float split_pair(float a, float b, uint32_t& hi, uint32_t& lo) {
-  hi = pack_bf16x2(a, b);
-  const float ha = bf16x2_lo(hi), hb = bf16x2_hi(hi);
-  lo = pack_bf16x2(a - ha, b - hb);
-  return (ha + bf16x2_lo(lo)) + (hb + bf16x2_hi(lo));
-}
-
-// 8 consecutive x values (p: 0..3, q: 4..7) -> the hi and lo chunks of the MMA layout; returns their Σx' (a fixed
-// order: the kernel and matmul_prepare_x get the same bits).
-__device__ __forceinline__ float split_chunk(const float4 p, const float4 q, uint4& hi, uint4& lo) {
-  const float s0 = split_pair(p.x, q.x, hi.x, lo.x), s1 = split_pair(p.y, q.y, hi.y, lo.y);
-  const float s2 = split_pair(p.z, q.z, hi.z, lo.z), s3 = split_pair(p.w, q.w, hi.w, lo.w);
-  return (s0 + s1) + (s2 + s3);
-}
-
-// Sum over the 8 lanes l ^ {1, 2, 4} (a group's 8 chunks); every lane gets the same bits. All lanes must call it.
-__device__ __forceinline__ float sum8(float v) {
-  v += __shfl_xor_sync(0xffffffffu, v, 1);
-  v += __shfl_xor_sync(0xffffffffu, v, 2);
-  v += __shfl_xor_sync(0xffffffffu, v, 4);
-  return v;
-}
+using xform::bf16x2_hi;
+using xform::bf16x2_lo;
+using xform::pack_bf16x2;
+using xform::pack_chunk;
+using xform::split_chunk;
+using xform::sum8;
 
 __device__ __forceinline__ uint32_t bf16x2_fma(uint32_t a, uint32_t b, uint32_t c) {
   uint32_t d;
@@ -687,15 +656,7 @@ __global__ void __launch_bounds__(256) prepare_x_kernel(const float* x, int64_t 
   pdl_trigger();
   const int64_t prow = matmul_prepared_row_bytes(cols);
   mm::for_each_x_word(x, ld, rows, cols, [&](bool in, int64_t r, int64_t c, const float (&v)[8]) {
-    uint4 hi, lo;
-    const float4 p = make_float4(v[0], v[1], v[2], v[3]), q = make_float4(v[4], v[5], v[6], v[7]);
-    const float sum = sum8(split_chunk(p, q, hi, lo));
-    if (in) {
-      unsigned char* row = out + r * prow;
-      reinterpret_cast<uint4*>(row + (c / 8) * 256)[c % 8] = hi;
-      reinterpret_cast<uint4*>(row + (c / 8) * 256 + 128)[c % 8] = lo;
-      if (c % 8 == 0) reinterpret_cast<float*>(row + cols * 4)[c / 8] = sum;
-    }
+    xform::store_split_word(out + r * prow, cols, c, v, in);
   });
 }
 

@@ -28,6 +28,7 @@
 #include "cuda/common/cuda_common.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/kernels/qmatmul/matmul_tile.cuh"
+#include "cuda/kernels/qmatmul/x_forms.cuh"
 #include "cuda/kernels/qmv/dp4a_tile.cuh"
 #include "cuda/kernels/qmv/qmv_tile.cuh"
 
@@ -316,41 +317,6 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) matmul_int8_kernel
   mm::store_warp_tile<SwiGLU>(a, acc, row0 + wm * 16 * (SwiGLU ? MT / 2 : MT), wtok0, g, t, p0, count);
 }
 
-// One word's 16-bit form stored: the word, and (first lane of each group) σ and σ·Σv in the row's tail.
-__device__ __forceinline__ void store_word(unsigned char* row, int64_t cols, int64_t w, uint4 word, float sig,
-                                           int sumv) {
-  reinterpret_cast<uint4*>(row)[w] = word;
-  if (w % 8 == 0) {
-    float* tail = reinterpret_cast<float*>(row + (cols / 64) * 128);  // σ [G], then σ·Σv [G]
-    tail[w / 8] = sig;
-    tail[cols / 64 + w / 8] = sig * float(sumv);
-  }
-}
-
-// σ of a group: m/32639 truncated to 22 significant bits (the kernel's fold relies on it; 2^-22 relative is far
-// below the rounding of v).
-__device__ __forceinline__ float group_sigma(float m) { return __uint_as_float(__float_as_uint(m / dp4a::kQMax) & ~3u); }
-
-__device__ __forceinline__ int byte_at(uint32_t word, int i) { return int(int8_t((word >> (8 * i)) & 0xffu)); }
-
-// r = x − σ·v for the 8 columns of a word stored as {even hi, odd hi, even lo, odd lo} (v = 256·hi + lo). One fma per
-// column: |r| ≤ ~σ/2, so its own rounding is 2^-24 of that.
-__device__ __forceinline__ void word_residual(const float (&x)[8], uint4 word, float sig, float (&r)[8]) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int even = 256 * byte_at(word.x, i) + byte_at(word.z, i), odd = 256 * byte_at(word.y, i) + byte_at(word.w, i);
-    r[2 * i] = fmaf(-sig, float(even), x[2 * i]);
-    r[2 * i + 1] = fmaf(-sig, float(odd), x[2 * i + 1]);
-  }
-}
-
-// The sum of a word's Σv over the 8 lanes of its group.
-__device__ __forceinline__ int group_sum(int v) {
-  v += __shfl_xor_sync(0xffffffffu, v, 1);
-  v += __shfl_xor_sync(0xffffffffu, v, 2);
-  return v + __shfl_xor_sync(0xffffffffu, v, 4);
-}
-
 // x (fp32 [rows, cols], row stride ld) -> the quantised layout, and (residual, when set) the residual x − x' quantised
 // the same way. One thread per 8-column word; the 8 words of a group lie in 8 consecutive lanes (cols % 64 == 0),
 // which share the group's max and add their Σv by shuffles.
@@ -360,22 +326,7 @@ __global__ void __launch_bounds__(256) quantize_x_kernel(const float* x, int64_t
   pdl_trigger();
   const int64_t row_bytes = matmul_q16_row_bytes(cols);
   mm::for_each_x_word(x, ld, rows, cols, [&](bool in, int64_t r, int64_t w, const float (&v)[8]) {
-    int sumv = 0;
-    float m = 0.0f;
-    const uint4 word = dp4a::quantize_word(v, sumv, m);
-    const float sig = group_sigma(m);
-    sumv = group_sum(sumv);
-    if (in) store_word(out + r * row_bytes, cols, w, word, sig, sumv);
-    if (residual) {  // uniform over the grid
-      float res[8];
-      word_residual(v, word, sig, res);
-      int sumr = 0;
-      float mr = 0.0f;
-      const uint4 rword = dp4a::quantize_word(res, sumr, mr);
-      const float rsig = group_sigma(mr);
-      sumr = group_sum(sumr);
-      if (in) store_word(residual + r * row_bytes, cols, w, rword, rsig, sumr);
-    }
+    xform::store_q16_words(out + r * row_bytes, residual ? residual + r * row_bytes : nullptr, cols, w, v, in);
   });
 }
 
