@@ -86,7 +86,7 @@ CudaRunner::PrefillKernel CudaRunner::site_kernel(PrefillSite site) const {
 
 // normed_ [T, D] = rmsnorm(hidden_)·w, prepared for the products at `site` as prepare_x prepares it: in one pass over
 // hidden_ (rmsnorm_prepare) where the site takes bf16 hi + lo (and the 8-bit products the 16-bit forms), else
-// rmsnorm then prepare_x. Same bytes either way.
+// rmsnorm then prepare_x. The same forms either way (rmsnorm_prepare sums the squares in another order).
 PreparedX CudaRunner::norm_prepare(const float* w, int64_t T, PrefillSite site, bool with_8bit, bool with_rest) {
   const int64_t D = w_->config.hidden_size;
   const float eps = float(w_->config.rms_norm_eps);
