@@ -104,25 +104,29 @@ __device__ __forceinline__ int group_sum(int v) {
   return v + __shfl_xor_sync(0xffffffffu, v, 4);
 }
 
-// Word w of a row: its 16-bit form into `out` and (residual set) the residual's into `residual` (rows of
-// matmul_q16_row_bytes(cols)). All 32 lanes must call it (the group's max and sums); `in` says whether to store.
-__device__ __forceinline__ void store_q16_words(unsigned char* out, unsigned char* residual, int64_t cols, int64_t w,
-                                                const float (&v)[8], bool in) {
+// Word w's 16-bit form into `row` (when `in`); returns the word, and its group's σ in sig. All 32 lanes must call it
+// (the group's max and Σv).
+__device__ __forceinline__ uint4 quantize_q16_word(unsigned char* row, int64_t cols, int64_t w, const float (&v)[8],
+                                                   bool in, float& sig) {
   int sumv = 0;
   float m = 0.0f;
   const uint4 word = dp4a::quantize_word(v, sumv, m);
-  const float sig = group_sigma(m);
+  sig = group_sigma(m);
   sumv = group_sum(sumv);
-  if (in) store_q16_word(out, cols, w, word, sig, sumv);
+  if (in) store_q16_word(row, cols, w, word, sig, sumv);
+  return word;
+}
+
+// Word w of a row: its 16-bit form into `out` and (residual set) the residual's into `residual` (rows of
+// matmul_q16_row_bytes(cols)). All 32 lanes must call it; `in` says whether to store.
+__device__ __forceinline__ void store_q16_words(unsigned char* out, unsigned char* residual, int64_t cols, int64_t w,
+                                                const float (&v)[8], bool in) {
+  float sig, rsig;
+  const uint4 word = quantize_q16_word(out, cols, w, v, in, sig);
   if (residual) {  // uniform over the grid
     float res[8];
     word_residual(v, word, sig, res);
-    int sumr = 0;
-    float mr = 0.0f;
-    const uint4 rword = dp4a::quantize_word(res, sumr, mr);
-    const float rsig = group_sigma(mr);
-    sumr = group_sum(sumr);
-    if (in) store_q16_word(residual, cols, w, rword, rsig, sumr);
+    quantize_q16_word(residual, cols, w, res, in, rsig);
   }
 }
 
