@@ -190,13 +190,15 @@ std::vector<int64_t> lengths_to_run(const BenchArgs& a, int64_t max_positions) {
 }
 
 // On a GPU, the lengths to run against its memory (engine/memory_plan.h): each length with its decode steps in one
-// sequence, and with --concurrency N sequences of the length at once. The default lengths are cut to what fits; a
-// length or stream count given that does not fit is refused with the numbers. Returns the longest context one
-// sequence gets.
+// sequence, and with --concurrency N sequences of the length at once; verify_bytes: the states a verify step keeps
+// (--speculative). The default lengths are cut to what fits; a length or stream count given that does not fit is
+// refused with the numbers. Returns the longest context one sequence gets.
 int64_t lengths_fit_memory(const BenchArgs& a, const ModelRunner& runner, const GpuMemory& gpu,
-                           std::vector<int64_t>& lengths, const std::vector<int>& concurrency) {
+                           std::vector<int64_t>& lengths, const std::vector<int>& concurrency,
+                           int64_t verify_bytes = 0) {
   MemoryPlanInput ask;
   ask.parallel = 1;
+  ask.verify_bytes = verify_bytes;
   ask.context_flag = "";  // bench takes prompt lengths, not a context
   ask.parallel_flag = "--concurrency";
   const MemoryPlanInput one = memory_plan_measure(runner, gpu, ask);
@@ -262,7 +264,9 @@ void run_speculative(BenchArgs a, ModelRunner& runner, const std::string& device
   TERN_USAGE_CHECK(!o.lengths.empty(), "no default length fits the model's ", positions, " positions; give --lengths");
   if (gpu) {
     a.decode_steps = int(extra);
-    lengths_fit_memory(a, runner, *gpu, o.lengths, {});
+    // The verify table's largest step (--draft-max drafts, as far as the runner verifies) keeps its states.
+    const int64_t tokens = std::min<int64_t>(int64_t(o.max_drafts) + 1, runner.max_verify_tokens());
+    lengths_fit_memory(a, runner, *gpu, o.lengths, {}, runner.verify_state_bytes(int(tokens)));
   }
   if (!a.quiet) o.log = [](const std::string& line) { std::fprintf(stderr, "bench: %s\n", line.c_str()); };
   SpecBenchReport r = bench_speculative(runner, o);

@@ -127,7 +127,7 @@ void run_generate(const GenerateArgs& a) {
   ask.parallel = 1;
   ask.parallel_flag = "";  // not a flag of tern generate
   const std::unique_ptr<ModelRunner> runner =
-      model_flags_runner_planned(a.model, src, ask, "tern generate", a.quiet).runner;
+      model_flags_runner_planned(a.model, src, ask, "tern generate", a.quiet, &a.speculative).runner;
   auto session = runner->create_session(ctx);
   GeneratorOptions gen_options;
   gen_options.speculative = speculative_flags_options(a.speculative, *runner, a.quiet);

@@ -367,7 +367,7 @@ void run_chat(const RunArgs& a) {
   ask.cache_slots = 1;
   ask.cache_slots_given = true;
   ask.snapshot_budget = cache_options.gpu_bytes;
-  PlannedRunner planned = model_flags_runner_planned(a.model, src, ask, "tern run");
+  PlannedRunner planned = model_flags_runner_planned(a.model, src, ask, "tern run", false, &a.speculative);
   std::unique_ptr<ModelRunner> runner = std::move(planned.runner);
   int64_t ctx = 0;
   if (planned.plan) {

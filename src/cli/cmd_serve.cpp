@@ -158,7 +158,7 @@ void serve(const ServeArgs& a) {
       ask.snapshot_budget = options.prefix_cache.gpu_bytes;
       ask.snapshot_budget_given = a.cache_gpu_mb_given;
     }
-    PlannedRunner planned = model_flags_runner_planned(a.model, src, ask, "tern serve");
+    PlannedRunner planned = model_flags_runner_planned(a.model, src, ask, "tern serve", false, &a.speculative);
     runner = std::move(planned.runner);
     server::ServerModel model;
     int64_t ctx = 0;

@@ -33,9 +33,10 @@ std::optional<GpuMemory> gpu_memory_before_load(const std::string& device, int64
 // Throws tern::Error, before they are uploaded, when weights of `weights_bytes` cannot fit (memory_plan_check_weights).
 void gpu_memory_check_weights(const GpuMemory& gpu, int64_t weights_bytes);
 
-// `ask` (what the command asks: context, sequences, prefix cache, flag names) completed with the GPU (`gpu`, read
-// before the runner was made) and the runner: its weights, its other buffers (what the free memory went down by
-// while it was made, less the weights), a session's state and KV bytes per token, the model's positions.
+// `ask` (what the command asks: context, sequences, prefix cache, flag names, speculative decoding's verify states)
+// completed with the GPU (`gpu`, read before the runner was made) and the runner: its weights, its other buffers
+// (what the free memory went down by while it was made, less the weights), a session's state and KV bytes per token,
+// the model's positions.
 MemoryPlanInput memory_plan_measure(const ModelRunner& runner, const GpuMemory& gpu, MemoryPlanInput ask);
 
 // The plan's lines on stderr, each after `who` ("tern serve").

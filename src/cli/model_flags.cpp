@@ -6,6 +6,7 @@
 
 #include "cli/backend_select.h"
 #include "cli/memory_flags.h"
+#include "cli/speculative_flags.h"
 #include "core/check.h"
 #include "engine/bench_roofline.h"
 #include "text/tokenizer.h"
@@ -72,7 +73,7 @@ const Config& model_flags_config(const ModelSource& src) {
 }
 
 PlannedRunner model_flags_runner_planned(const ModelFlags& f, const ModelSource& src, const MemoryPlanInput& ask,
-                                         const char* who, bool quiet) {
+                                         const char* who, bool quiet, const SpeculativeFlags* speculative) {
   // Synthetic weights are made on the GPU (model_flags_runner says so when there is none).
   const std::string device = f.synthetic ? (cuda_available() ? "cuda" : "cpu") : device_resolve(f.device);
   const std::optional<GpuMemory> gpu = gpu_memory_before_load(device, f.gpu_memory, quiet);
@@ -82,7 +83,9 @@ PlannedRunner model_flags_runner_planned(const ModelFlags& f, const ModelSource&
   PlannedRunner planned;
   planned.runner = model_flags_runner(f, src);
   if (!gpu) return planned;
-  planned.plan = memory_plan(memory_plan_measure(*planned.runner, *gpu, ask));
+  MemoryPlanInput in = ask;
+  if (speculative) in.verify_bytes = speculative_flags_verify_bytes(*speculative, *planned.runner);
+  planned.plan = memory_plan(memory_plan_measure(*planned.runner, *gpu, std::move(in)));
   if (!quiet) memory_plan_print(who, *planned.plan);
   return planned;
 }

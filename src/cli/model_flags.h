@@ -17,6 +17,8 @@
 
 namespace tern::cli {
 
+struct SpeculativeFlags;  // cli/speculative_flags.h
+
 struct ModelFlags {
   std::string model_dir;    // empty: the demo model
   bool demo = false;
@@ -40,14 +42,17 @@ const Config& model_flags_config(const ModelSource& src);
 
 // model_flags_runner with, on a GPU, the memory plan (engine/memory_plan.h) for what `ask` asks (its context,
 // sequences, prefix cache and flag names; the device's and the model's sizes are measured here, --gpu-memory from
-// f): the weights checked before they are uploaded, the plan printed on stderr after `who` unless quiet. Throws
-// tern::Error with the numbers when the plan is refused. On the CPU there is no plan (nullopt).
+// f): the weights checked before they are uploaded, the plan printed on stderr after `who` unless quiet. With
+// `speculative` (the command's --speculative and --draft-max), the verify steps' kept states are counted per
+// sequence (speculative_flags_verify_bytes). Throws tern::Error with the numbers when the plan is refused. On the CPU
+// there is no plan (nullopt).
 struct PlannedRunner {
   std::unique_ptr<ModelRunner> runner;
   std::optional<MemoryPlan> plan;
 };
 PlannedRunner model_flags_runner_planned(const ModelFlags& f, const ModelSource& src, const MemoryPlanInput& ask,
-                                         const char* who, bool quiet = false);
+                                         const char* who, bool quiet = false,
+                                         const SpeculativeFlags* speculative = nullptr);
 
 // Sampling flags; a flag not given keeps the model's default (generation_config.json).
 struct SamplingFlags {

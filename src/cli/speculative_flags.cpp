@@ -1,5 +1,6 @@
 #include "cli/speculative_flags.h"
 
+#include <algorithm>
 #include <cstdio>
 
 namespace tern::cli {
@@ -25,6 +26,13 @@ SpeculativeOptions speculative_flags_options(const SpeculativeFlags& f, const Mo
   if (!why.empty() && !quiet) std::fprintf(stderr, "tern: %s\n", why.c_str());
   o.mode = speculative_effective_mode(o.mode, runner);
   return o;
+}
+
+int64_t speculative_flags_verify_bytes(const SpeculativeFlags& f, const ModelRunner& runner) {
+  const SpeculativeOptions o = speculative_flags_options(f, runner, /*quiet=*/true);  // the command says why, once
+  if (o.mode == SpeculativeMode::off || o.max_drafts <= 0) return 0;
+  const int64_t tokens = std::min<int64_t>(int64_t(o.max_drafts) + 1, runner.max_verify_tokens());
+  return runner.verify_state_bytes(int(tokens));
 }
 
 }  // namespace tern::cli

@@ -340,6 +340,18 @@ class CpuRunner final : public ModelRunner {
     run(session, tokens, {}, all_logits, /*verify=*/false, logits);
   }
   bool supports_verify() const override { return true; }
+  // The states before the first token and after each (T + 1 per Gated DeltaNet layer, fp32, in RAM: gdn_layer), kept
+  // by the session for its life (resized to the largest verify).
+  int64_t verify_state_bytes(int tokens) const override {
+    if (tokens <= 0) return 0;
+    const Config& c = w_->config;
+    int64_t floats = 0;
+    for (LayerType t : c.layer_types)
+      if (t != LayerType::full_attention)
+        floats += int64_t(c.linear_conv_kernel_dim - 1) * c.conv_channels() +
+                  int64_t(c.linear_num_value_heads) * c.linear_value_head_dim * c.linear_key_head_dim;
+    return (int64_t(tokens) + 1) * floats * 4;
+  }
   void forward_verify(Session& session, std::span<const int32_t> tokens, std::vector<float>& logits) override {
     run(session, tokens, {}, /*all_logits=*/true, /*verify=*/true, logits);
   }

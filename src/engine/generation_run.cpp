@@ -248,7 +248,10 @@ void GenerationRun::verify_done(const BatchEntry& entry) {
   }
   verify_pos_ = -1;
   const int64_t keep = pos0 + std::min(j + 1, T);
-  if (keep < session_.position()) session_.rollback(keep);
+  // Also at the end of the request with every token kept (a rollback to the position copies nothing): the session
+  // then waits in the prefix cache, and the verify's kept states (on CUDA a buffer of the runner's pool, ~66 MB per
+  // token) are released now rather than at its next forward, so that only running sequences hold them.
+  if (keep < session_.position() || finished_) session_.rollback(keep);
   result_.draft_tokens += T - 1;
   result_.accepted_draft_tokens += accepted;
   ++result_.verify_steps;

@@ -53,13 +53,31 @@ class Sizes {
   int sessions(int parallel) const {
     return cache() && in_.cache_slots_given ? std::max(parallel, in_.cache_slots) : parallel;
   }
+  // One running sequence's verify states (one buffer of the CUDA runner's pool: cuda_session.cuh,
+  // KeptStateBuffers); 0 without speculative decoding.
+  int64_t verify() const { return round_up(in_.verify_bytes, kMemoryPlanAllocationGranule); }
+  int64_t verifies(int parallel) const { return parallel * verify(); }
+  // Whether `parallel` sequences of `context` tokens fit in `room`: their sessions (the prefix cache's when more)
+  // and their verify states.
+  bool fits(int parallel, int64_t context, int64_t room) const {
+    return sessions(parallel) * session(context) + verifies(parallel) <= room;
+  }
+  // The most sequences of `context` tokens, up to `most`, that fit in `room`; 0 when not even one does.
+  int parallel_fit(int64_t room, int64_t context, int most) const {
+    int p = most;
+    while (p >= 1 && !fits(p, context, room)) --p;
+    return p;
+  }
   // The room for sessions once the fixed parts and the snapshots under `budget` are counted (may be negative).
   int64_t room(int64_t budget) const { return available() - fixed() - snapshots(budget); }
-  // Sessions of `context` tokens that `room` holds.
-  int64_t sessions_fit(int64_t room, int64_t context) const { return room <= 0 ? 0 : room / session(context); }
-  // The longest context each of `n` sessions gets in `room`: the model's positions when they fit, else a multiple
-  // of the step; 0 when not even one step fits.
-  int64_t context_fit(int64_t room, int n) const {
+  // Sequences of `context` tokens that `room` holds, each with its own session and verify states.
+  int64_t sequences_fit(int64_t room, int64_t context) const {
+    return room <= 0 ? 0 : room / (session(context) + verify());
+  }
+  // The longest context each of `n` sessions gets in `room` beside the verify states of `parallel` sequences: the
+  // model's positions when they fit, else a multiple of the step; 0 when not even one step fits.
+  int64_t context_fit(int64_t room, int n, int parallel) const {
+    room -= verifies(parallel);
     if (n <= 0 || room <= 0) return 0;
     const int64_t kv_room = room / n / kMemoryPlanAllocationGranule * kMemoryPlanAllocationGranule - in_.state_bytes;
     if (kv_room < 0) return 0;
@@ -67,14 +85,21 @@ class Sizes {
     return kv_room / in_.kv_token_bytes / kMemoryPlanContextStep * kMemoryPlanContextStep;
   }
 
-  // "21.49 GB (weights 19.51 GB + scratch 1.30 GB + 1 session of 4,096 tokens 0.15 GB + ...)"
-  std::string need_text(int n, int64_t context, int64_t budget) const {
-    std::string s = concat(memory_size_text(fixed() + n * session(context) + snapshots(budget)), " (weights ",
-                           memory_size_text(in_.weights_bytes), " + scratch ", memory_size_text(in_.scratch_bytes),
-                           " + ", sessions_text(n), " of ", count_text(context), " tokens x ",
-                           memory_size_text(session(context)));
+  // "21.49 GB (weights 19.51 GB + scratch 1.30 GB + 1 session of 4,096 tokens 0.15 GB + ...)" for `parallel`
+  // sequences.
+  std::string need_text(int parallel, int64_t context, int64_t budget) const {
+    const int n = sessions(parallel);
+    std::string s = concat(memory_size_text(fixed() + n * session(context) + verifies(parallel) + snapshots(budget)),
+                           " (weights ", memory_size_text(in_.weights_bytes), " + scratch ",
+                           memory_size_text(in_.scratch_bytes), " + ", sessions_text(n), " of ", count_text(context),
+                           " tokens x ", memory_size_text(session(context)));
+    if (verify() > 0) s += concat(" + ", verify_text(parallel));
     if (cache()) s += " + prefix cache snapshots " + memory_size_text(snapshots(budget));
     return s + " + reserve " + memory_size_text(in_.reserve_bytes) + ")";
+  }
+  // "4 x speculative decoding's verify states 535.8 MB"
+  std::string verify_text(int parallel) const {
+    return concat(count_text(parallel), " x speculative decoding's verify states ", memory_size_text(verify()));
   }
   // "24.00 GB (--gpu-memory; 139.20 GB free of 143.77 GB)"
   std::string available_text() const {
@@ -92,11 +117,13 @@ class Sizes {
     const int n = sessions(parallel);
     const int64_t space = room(budget);
     std::vector<std::string> fits;
-    const int64_t k = sessions_fit(space, context);
-    const bool slots_bind = cache() && in_.cache_slots_given && k < in_.cache_slots;
+    const int k = parallel_fit(space, context, parallel);
+    // The given cache sessions do not fit beside even one sequence's verify states.
+    const bool slots_bind =
+        cache() && in_.cache_slots_given && in_.cache_slots * session(context) + verifies(1) > space;
     if (!in_.parallel_flag.empty() && !slots_bind && k >= 1 && k < parallel)
       fits.push_back(concat(in_.parallel_flag, " ", k, " fits at this context"));
-    if (const int64_t c = context_fit(space, n); c > 0 && !in_.context_flag.empty())
+    if (const int64_t c = context_fit(space, n, parallel); c > 0 && !in_.context_flag.empty())
       fits.push_back(concat(in_.context_flag, " ", c, " fits ", n == parallel ? sequences_text(n) : sessions_text(n)));
     else if (c > 0)
       fits.push_back(concat(n == parallel ? sequences_text(n) : sessions_text(n), " of ", count_text(c), " tokens ",
@@ -113,7 +140,7 @@ class Sizes {
     for (size_t i = 0; i < fits.size(); ++i) advice += (i == 0 ? "" : i + 1 == fits.size() ? "; or " : "; ") + fits[i];
     TERN_FAIL(sequences_text(parallel), " of ", count_text(context), " tokens", why,
               parallel == 1 ? " does not fit in GPU memory: it needs " : " do not fit in GPU memory: they need ",
-              need_text(n, context, budget), " but ", available_text(), " is available: ", advice);
+              need_text(parallel, context, budget), " but ", available_text(), " is available: ", advice);
   }
 
  private:
@@ -126,7 +153,7 @@ MemoryPlan memory_plan(const MemoryPlanInput& in) {
   TERN_CHECK(in.max_context > 0, "memory plan: the model's positions must be positive, got ", in.max_context);
   TERN_CHECK(in.free_bytes >= 0 && in.total_bytes >= 0 && in.cap_bytes >= 0, "memory plan: negative device sizes");
   TERN_CHECK(in.weights_bytes >= 0 && in.scratch_bytes >= 0 && in.state_bytes >= 0 && in.kv_token_bytes >= 0 &&
-                 in.reserve_bytes >= 0 && in.snapshot_budget >= 0,
+                 in.reserve_bytes >= 0 && in.snapshot_budget >= 0 && in.verify_bytes >= 0,
              "memory plan: negative model sizes");
   TERN_CHECK(in.context >= 0 && in.context <= in.max_context, "memory plan: a context of ", in.context,
              " tokens is outside the model's ", in.max_context, " positions");
@@ -144,28 +171,28 @@ MemoryPlan memory_plan(const MemoryPlanInput& in) {
   int64_t c = 0;
   if (in.context > 0) {  // the context as given
     c = in.context;
-    const int64_t fit = s.sessions_fit(room, c);
     if (in.parallel > 0) {
       p = in.parallel;
-      if (s.sessions(p) > fit) s.refuse(p, c, budget_asked, "");
+      if (!s.fits(p, c, room)) s.refuse(p, c, budget_asked, "");
     } else {
-      p = int(std::clamp<int64_t>(fit, 1, in.default_parallel));
-      if (s.sessions(p) > fit) s.refuse(p, c, budget_asked, "");
+      p = s.parallel_fit(room, c, in.default_parallel);
+      if (p == 0)
+        s.refuse(int(std::clamp<int64_t>(s.sequences_fit(room, c), 1, in.default_parallel)), c, budget_asked, "");
       if (p < in.default_parallel)
         plan.notes.push_back(concat(in.parallel_flag, " ", p, ": ", sequences_text(in.default_parallel), " of ",
                                     count_text(c), " tokens do not fit"));
     }
   } else if (in.parallel > 0) {  // the sequences as given, the longest context they hold
     p = in.parallel;
-    c = s.context_fit(room, s.sessions(p));
+    c = s.context_fit(room, s.sessions(p), p);
     if (c < min_context) s.refuse(p, min_context, budget_asked, " (the shortest context the plan chooses)");
   } else {
     // Both chosen: the most sequences (up to the default) that still hold the target context each, else the longest
     // context; fewer sequences only where that buys context.
     const int64_t target = std::min(kMemoryPlanParallelContext, in.max_context);
-    const int64_t longest = s.context_fit(room, s.sessions(1));
+    const int64_t longest = s.context_fit(room, s.sessions(1), 1);
     for (p = in.default_parallel; p > 1; --p) {
-      c = s.context_fit(room, s.sessions(p));
+      c = s.context_fit(room, s.sessions(p), p);
       if (c >= target || c >= longest) break;
     }
     if (p == 1) c = longest;
@@ -178,7 +205,7 @@ MemoryPlan memory_plan(const MemoryPlanInput& in) {
   // What is left goes to the prefix cache: first its sessions beyond the running ones, then its snapshots.
   const int64_t one = s.session(c);
   int sessions = s.sessions(p);
-  int64_t left = room - sessions * one;
+  int64_t left = room - sessions * one - s.verifies(p);
   if (s.cache() && !in.cache_slots_given && in.cache_slots > sessions) {
     const int64_t more = std::clamp<int64_t>(left / one, 0, in.cache_slots - sessions);
     if (sessions + more < in.cache_slots)
@@ -205,7 +232,8 @@ MemoryPlan memory_plan(const MemoryPlanInput& in) {
   plan.snapshot_budget = budget;
   plan.session_bytes = one;
   plan.snapshot_bytes = s.snapshots(budget);
-  plan.total_bytes = s.fixed() + sessions * one + plan.snapshot_bytes;
+  plan.verify_bytes = s.verifies(p);
+  plan.total_bytes = s.fixed() + sessions * one + plan.verify_bytes + plan.snapshot_bytes;
   TERN_INTERNAL_CHECK(plan.total_bytes <= plan.available_bytes, "memory plan: ", plan.total_bytes, " bytes planned in ",
                       plan.available_bytes);
   return plan;
@@ -229,6 +257,8 @@ std::vector<std::string> memory_plan_describe(const MemoryPlan& plan) {
                              memory_size_text(in.scratch_bytes), " + ", sessions_text(plan.sessions), " x ",
                              memory_size_text(plan.session_bytes), " (KV cache ", count_text(in.kv_token_bytes),
                              " B/token, Gated DeltaNet state ", memory_size_text(in.state_bytes), ")");
+  if (plan.verify_bytes > 0)  // per running sequence, held from a verify step to the sequence's next step
+    items += concat(" + ", s.verify_text(plan.parallel), " (Gated DeltaNet states kept by a verify step)");
   if (s.cache())
     items += concat(" + prefix cache snapshots ", memory_size_text(plan.snapshot_bytes),
                     plan.snapshot_budget > 0

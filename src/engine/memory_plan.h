@@ -5,11 +5,15 @@
 // What it counts, in bytes, against what is available (the GPU's free memory before the model was loaded, or
 // --gpu-memory when that is smaller):
 //
-//   weights + scratch + reserve + sessions x (state + context x kv_token) + snapshots  <=  available
+//   weights + scratch + reserve + sessions x (state + context x kv_token) + parallel x verify + snapshots
+//     <=  available
 //
 // where a session is one sequence's KV cache region and Gated DeltaNet state (one per request running at once, and
-// one per conversation the prefix cache keeps), and snapshots are the prefix cache's copies of that state kept in
-// GPU memory. Each allocation is counted at the 2 MiB the driver rounds it to.
+// one per conversation the prefix cache keeps), verify is what a speculative decoding step keeps for its rollback
+// (the Gated DeltaNet states before each of its tokens, held from the verify to the sequence's next step: once per
+// sequence running at once, not per session the cache keeps; 0 without speculative decoding), and snapshots are
+// the prefix cache's copies of the state kept in GPU memory. Each allocation is counted at the 2 MiB the driver
+// rounds it to.
 //
 // A flag that was given is kept as given; when it cannot fit, the plan is refused (tern::Error) with the memory
 // needed and available and what would fit. What was not given is chosen, and when memory is short the choices give
@@ -58,6 +62,10 @@ struct MemoryPlanInput {
   int64_t scratch_bytes = 0;   // the runner's other fixed buffers (activations, the batched step's tables)
   int64_t state_bytes = 0;     // per sequence, whatever its context: the Gated DeltaNet conv and recurrent states
   int64_t kv_token_bytes = 0;  // per sequence and context token: K and V of every attention layer
+  // Per sequence running at once, with speculative decoding: the states a verify of the most tokens the command
+  // verifies keeps (ModelRunner::verify_state_bytes of max drafts + 1 tokens); 0: speculative decoding off. The CUDA
+  // runner's pool of them holds no more than the most in use at once (cuda_session.cuh, KeptStateBuffers).
+  int64_t verify_bytes = 0;
   int64_t reserve_bytes = kMemoryPlanReserveBytes;
   int64_t max_context = 0;     // the model's positions
   // What the command asks; 0: the plan chooses.
@@ -84,6 +92,7 @@ struct MemoryPlan {
   int64_t available_bytes = 0;  // min(free, cap)
   int64_t session_bytes = 0;    // one session at `context`
   int64_t snapshot_bytes = 0;   // what the snapshots may hold on the device (budget and spare buffers)
+  int64_t verify_bytes = 0;     // the verify steps' kept states: parallel x input.verify_bytes (each in 2 MiB)
   int64_t total_bytes = 0;      // everything planned, reserve included (<= available_bytes)
   std::vector<std::string> notes;  // what gave way and why ("--parallel 3: ..."), empty when nothing did
   MemoryPlanInput input;        // what it was planned from

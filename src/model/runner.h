@@ -176,6 +176,10 @@ class ModelRunner {
   virtual bool supports_verify() const { return false; }
   // The most tokens (the fed one and its drafts) one forward_verify takes.
   virtual int64_t max_verify_tokens() const { return int64_t(1) << 20; }
+  // Memory (where session_bytes counts: device memory on CUDA, RAM on the CPU) that the states a verify of `tokens`
+  // tokens keeps for Session::rollback take, per session, beyond session_bytes, from the verify until the session's
+  // next forward or rollback (the memory plan's verify_bytes, engine/memory_plan.h); 0 when none or unknown.
+  virtual int64_t verify_state_bytes(int tokens) const { return 0; }
   // Runs `tokens` (a sequence's last sampled id and its drafts) like forward(session, tokens, true, logits) —
   // logits [tokens.size(), V] — with two promises more: row j is bit for bit the logits that feeding tokens[0..j]
   // one forward call at a time would give (so greedy decoding with drafts equals decoding without), and the

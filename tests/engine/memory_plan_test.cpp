@@ -1,5 +1,6 @@
 // The memory plan (engine/memory_plan.h) on fake devices with the real model's sizes: the context and sequences it
-// chooses on 24, 32, 80 and 141 GB, what gives way first, the flags kept as given, and the refusals' numbers.
+// chooses on 24, 32, 80 and 141 GB, what gives way first, the flags kept as given, the refusals' numbers, and
+// speculative decoding's verify states (once per running sequence).
 #include "engine/memory_plan.h"
 
 #include <gtest/gtest.h>
@@ -22,6 +23,11 @@ constexpr int64_t kKvToken = 20'480;
 constexpr int64_t kMaxContext = 262'144;
 constexpr int64_t kH200Total = 150'754'820'096;  // 143,771 MiB
 constexpr int64_t kGiB = int64_t(1) << 30;
+// What a verify step keeps per token (cuda_session.cu, kept_state_bytes_of): the 30 layers' Gated DeltaNet states
+// without the position. Speculative decoding's default --draft-max 8 verifies 8 tokens (the CUDA runner's most), 3
+// drafts verify 4.
+constexpr int64_t kVerifyToken = 30 * (3 * 8'192 * 4 + 32 * 128 * 128 * 4);
+constexpr int64_t kMiB2 = int64_t(2) << 20;
 
 // tern serve's defaults on a GPU with `free` bytes free (or an H200 under --gpu-memory `cap`).
 MemoryPlanInput serve_input(int64_t free, int64_t cap = 0) {
@@ -304,6 +310,79 @@ TEST(MemoryPlan, TheDescriptionNamesEveryItem) {
   EXPECT_EQ(lines[1],
             "  weights 19.51 GB + scratch 1.30 GB + 4 sessions x 5.44 GB (KV cache 20,480 B/token, Gated DeltaNet "
             "state 65.9 MB) + prefix cache snapshots 4.76 GB (4.29 GB kept and 5 spare buffers) + reserve 536.9 MB");
+}
+
+TEST(MemoryPlan, VerifyStatesAreCountedOncePerRunningSequence) {
+  MemoryPlanInput in = serve_input(141'000'000'000);
+  in.verify_bytes = 8 * kVerifyToken;  // 527 MB: 528.5 MB in 2 MiB
+  const MemoryPlan p = memory_plan(in);
+  EXPECT_EQ(p.parallel, 4);
+  EXPECT_EQ(p.context, kMaxContext);
+  EXPECT_EQ(p.verify_bytes, 4 * 252 * kMiB2);
+  EXPECT_EQ(p.total_bytes, kWeights + kScratch + kMemoryPlanReserveBytes + 4 * p.session_bytes + p.verify_bytes +
+                               p.snapshot_bytes);
+  // Eight cache sessions (conversations kept for reuse) still verify four at a time: four verify buffers.
+  in.cache_slots = 8;
+  in.cache_slots_given = true;
+  const MemoryPlan q = memory_plan(in);
+  EXPECT_EQ(q.sessions, 8);
+  EXPECT_EQ(q.verify_bytes, 4 * 252 * kMiB2);
+  EXPECT_EQ(q.total_bytes, kWeights + kScratch + kMemoryPlanReserveBytes + 8 * q.session_bytes + q.verify_bytes +
+                               q.snapshot_bytes);
+  // Without speculative decoding, none.
+  EXPECT_EQ(memory_plan(serve_input(141'000'000'000)).verify_bytes, 0);
+}
+
+TEST(MemoryPlan, VerifyStatesChangeWhatFits) {
+  // 24 GB: 3 sequences of 33,792 tokens without drafts; with 3 drafts per step (4 tokens: 264.2 MB per sequence)
+  // 3 sequences would hold 21,504 tokens each, so 2 of 39,936.
+  MemoryPlanInput in = serve_input(kH200Total - 600'000'000, 24'000'000'000);
+  in.verify_bytes = 4 * kVerifyToken;
+  const MemoryPlan p = memory_plan(in);
+  EXPECT_EQ(p.parallel, 2);
+  EXPECT_EQ(p.context, 39'936);
+  EXPECT_EQ(p.verify_bytes, 2 * 126 * kMiB2);
+  EXPECT_LE(p.total_bytes, 24'000'000'000);
+  EXPECT_EQ(p.notes.at(0), "--parallel 2: 4 sequences would hold fewer than 32,768 tokens each");
+  // With 8 tokens per verify (528.5 MB), one sequence of 83,968 tokens (two would hold 26,624 each).
+  in.verify_bytes = 8 * kVerifyToken;
+  const MemoryPlan q = memory_plan(in);
+  EXPECT_EQ(q.parallel, 1);
+  EXPECT_EQ(q.context, 83'968);
+  // Given --parallel 2, the longest context beside two verify buffers.
+  in.parallel = 2;
+  EXPECT_EQ(memory_plan(in).context, 26'624);
+  // A given context: the sequences that fit with their verify states.
+  in.parallel = 0;
+  in.verify_bytes = 4 * kVerifyToken;
+  in.context = 32'768;
+  EXPECT_EQ(memory_plan(in).parallel, 2);
+}
+
+TEST(MemoryPlan, ARefusalCountsTheVerifyStates) {
+  MemoryPlanInput in = serve_input(kH200Total - 600'000'000, 24'000'000'000);
+  in.verify_bytes = 4 * kVerifyToken;
+  in.context = 65'536;
+  in.parallel = 4;
+  const std::string e = refusal(in);
+  expect_contains(e, "4 sequences of 65,536 tokens do not fit in GPU memory: they need 28.38 GB");
+  expect_contains(e, "4 sessions of 65,536 tokens x 1.41 GB + 4 x speculative decoding's verify states 264.2 MB + "
+                     "prefix cache snapshots");
+  expect_contains(e, "--parallel 1 fits at this context; or --ctx-size 11264 fits 4 sequences");
+  in.verify_bytes = -1;
+  EXPECT_THROW(memory_plan(in), Error);
+}
+
+TEST(MemoryPlan, TheDescriptionNamesTheVerifyStates) {
+  MemoryPlanInput in = serve_input(141'000'000'000);
+  in.verify_bytes = 8 * kVerifyToken;
+  const std::vector<std::string> lines = memory_plan_describe(memory_plan(in));
+  ASSERT_EQ(lines.size(), 2u);
+  expect_contains(lines[0], "context 262,144 tokens x 4 sequences at once: 49.97 GB planned of 141.00 GB");
+  EXPECT_EQ(lines[1],
+            "  weights 19.51 GB + scratch 1.30 GB + 4 sessions x 5.44 GB (KV cache 20,480 B/token, Gated DeltaNet "
+            "state 65.9 MB) + 4 x speculative decoding's verify states 528.5 MB (Gated DeltaNet states kept by a "
+            "verify step) + prefix cache snapshots 4.76 GB (4.29 GB kept and 5 spare buffers) + reserve 536.9 MB");
 }
 
 TEST(MemorySizeParse, ReadsGbAndUnits) {

@@ -128,7 +128,7 @@ std::unique_ptr<Session> CudaRunner::create_session(int64_t max_context) {
   TERN_CHECK(max_context > 0, "session capacity must be positive, got ", max_context);
   TERN_CHECK(max_context < (int64_t(1) << 31), "session capacity ", max_context, " is too large");
   if (!snapshot_buffers_) snapshot_buffers_ = std::make_shared<SnapshotBuffers>(gdn_state_bytes_of(*w_));
-  return std::make_unique<CudaSession>(*w_, max_context, this, ++session_ids_, snapshot_buffers_);
+  return std::make_unique<CudaSession>(*w_, max_context, this, ++session_ids_, snapshot_buffers_, kept_pool_);
 }
 
 void CudaRunner::forward(Session& session, std::span<const int32_t> tokens, bool all_logits,
@@ -394,6 +394,12 @@ int64_t cuda_runner_batched_steps(const ModelRunner& runner) {
 
 int cuda_device_count() { return device_count(); }
 std::string cuda_device_name() { return device_count() > 0 ? device_description() : std::string("no CUDA device"); }
+
+CudaKeptStatePool cuda_runner_kept_state_pool(const ModelRunner& runner) {
+  const auto* r = dynamic_cast<const CudaRunner*>(&runner);
+  if (!r) return {};
+  return {.held_bytes = int64_t(r->kept_pool().held_bytes()), .in_use_bytes = int64_t(r->kept_pool().in_use_bytes())};
+}
 
 int64_t cuda_runner_weight_bytes(const ModelRunner& runner) {
   const auto* r = dynamic_cast<const CudaRunner*>(&runner);

@@ -48,4 +48,12 @@ int64_t cuda_runner_weight_bytes(const ModelRunner& runner);
 // another backend. For tests and the bench's method line.
 int64_t cuda_runner_batched_steps(const ModelRunner& runner);
 
+// The device memory of the runner's pool of verify kept-state buffers (cuda_session.cuh, KeptStateBuffers): what it
+// holds (buffers in use and spare) and what is in use (taken by sessions between a verify and their next forward or
+// rollback). Zeros for another backend. For tests.
+struct CudaKeptStatePool {
+  int64_t held_bytes = 0, in_use_bytes = 0;
+};
+CudaKeptStatePool cuda_runner_kept_state_pool(const ModelRunner& runner);
+
 }  // namespace tern

@@ -73,6 +73,8 @@ class CudaRunner final : public ModelRunner {
   void forward_batch(std::span<BatchEntry> batch) override;
   bool supports_verify() const override;
   int64_t max_verify_tokens() const override;
+  int64_t verify_state_bytes(int tokens) const override;
+  const KeptStateBuffers& kept_pool() const { return *kept_pool_; }
   void forward_verify(Session& session, std::span<const int32_t> tokens, std::vector<float>& logits) override;
   bool forward_verify_sample(Session& session, std::span<const int32_t> tokens, const DeviceSampling& sampling,
                              std::vector<int32_t>& ids) override;
@@ -206,6 +208,8 @@ class CudaRunner final : public ModelRunner {
   std::map<std::pair<int, int64_t>, cudaGraphExec_t> verify_graphs_;  // by (tokens, capacity)
   uint64_t graph_clock_ = 0, session_ids_ = 0;
   std::shared_ptr<SnapshotBuffers> snapshot_buffers_;  // made with the first session
+  // The verify steps' kept states (cuda_session.cuh), shared with the sessions.
+  std::shared_ptr<KeptStateBuffers> kept_pool_ = std::make_shared<KeptStateBuffers>();
   uint32_t *mask_device_ = nullptr, *mask_pinned_ = nullptr;  // [ceil(V / 32)] the step's token mask
   void* pinned_ = nullptr;              // [256 B] token in, sampled id out, sampling parameters
   float *hidden_ = nullptr, *normed_ = nullptr;

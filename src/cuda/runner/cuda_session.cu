@@ -1,5 +1,6 @@
 #include "cuda/runner/cuda_session.cuh"
 
+#include <algorithm>
 #include <utility>
 
 #include "core/check.h"
@@ -51,7 +52,84 @@ class CudaSnapshot final : public StateSnapshot {
   std::shared_ptr<SnapshotBuffers> buffers_;
 };
 
+// One layer's part of a kept-state buffer for `tokens` tokens: conv [tokens, Ck-1, C] and rec [tokens, Hv, dv, dk],
+// each 256-byte aligned (as DeviceArena carves them).
+size_t kept_layer_bytes(size_t conv_bytes, size_t rec_bytes, int tokens) {
+  return DeviceArena::align(conv_bytes * size_t(tokens)) + DeviceArena::align(rec_bytes * size_t(tokens));
+}
+
 }  // namespace
+
+KeptStateBuffers::~KeptStateBuffers() {
+  for (const Buffer& b : spare_) cudaFree(b.data);
+}
+
+KeptStateBuffers::Buffer KeptStateBuffers::take(size_t bytes) {
+  {
+    std::lock_guard lock(mu_);
+    auto best = spare_.end();
+    for (auto it = spare_.begin(); it != spare_.end(); ++it)
+      if (it->bytes >= bytes && (best == spare_.end() || it->bytes < best->bytes)) best = it;
+    if (best != spare_.end()) {
+      const Buffer b = *best;
+      spare_.erase(best);
+      in_use_ += b.bytes;
+      return b;
+    }
+    // None fits: every spare is smaller than what verifies now need; free them before the larger allocation.
+    for (const Buffer& b : spare_) {
+      cudaFree(b.data);
+      held_ -= b.bytes;
+    }
+    spare_.clear();
+  }
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, bytes);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    TERN_FAIL("cannot allocate ", bytes >> 20, " MiB of GPU memory for a verify step's kept states (", free_b >> 20,
+              " MiB free of ", total_b >> 20, " MiB): ", cudaGetErrorString(e));
+  }
+  std::lock_guard lock(mu_);
+  held_ += bytes;
+  in_use_ += bytes;
+  return {static_cast<uint8_t*>(p), bytes};
+}
+
+void KeptStateBuffers::give(Buffer b) {
+  if (!b.data) return;
+  std::lock_guard lock(mu_);
+  in_use_ -= b.bytes;
+  if (spare_.size() < kKeep) {
+    spare_.push_back(b);
+    return;
+  }
+  cudaFree(b.data);
+  held_ -= b.bytes;
+}
+
+size_t KeptStateBuffers::held_bytes() const {
+  std::lock_guard lock(mu_);
+  return held_;
+}
+
+size_t KeptStateBuffers::in_use_bytes() const {
+  std::lock_guard lock(mu_);
+  return in_use_;
+}
+
+size_t kept_state_bytes_of(const DeviceWeights& w, int tokens) {
+  const Config& c = w.config;
+  const int64_t conv_elems = int64_t(c.linear_conv_kernel_dim - 1) * c.conv_channels();
+  const int64_t rec_elems = int64_t(c.linear_num_value_heads) * c.linear_value_head_dim * c.linear_key_head_dim;
+  size_t bytes = 0;
+  for (const DeviceLayer& l : w.layers)
+    if (l.type != LayerType::full_attention)
+      bytes += kept_layer_bytes(size_t(conv_elems) * 4, size_t(rec_elems) * 4, tokens);
+  return bytes;
+}
 
 size_t gdn_state_bytes_of(const DeviceWeights& w) {
   const Config& c = w.config;
@@ -77,8 +155,13 @@ size_t CudaSession::bytes_for(const DeviceWeights& w, int64_t capacity) {
 }
 
 CudaSession::CudaSession(const DeviceWeights& w, int64_t capacity, const void* owner, uint64_t id,
-                         std::shared_ptr<SnapshotBuffers> snapshot_buffers)
-    : owner(owner), id(id), capacity_(capacity), snapshot_buffers_(std::move(snapshot_buffers)) {
+                         std::shared_ptr<SnapshotBuffers> snapshot_buffers,
+                         std::shared_ptr<KeptStateBuffers> kept_pool)
+    : owner(owner),
+      id(id),
+      capacity_(capacity),
+      snapshot_buffers_(std::move(snapshot_buffers)),
+      kept_pool_(std::move(kept_pool)) {
   const Config& c = w.config;
   kv_heads = c.num_key_value_heads;
   head_dim = c.head_dim;
@@ -162,38 +245,57 @@ void CudaSession::restore(const StateSnapshot& snapshot) {
   pos = snap->pos;
 }
 
-const std::vector<CudaSession::KeptStates>& CudaSession::kept_buffers(int max_tokens) {
-  if (max_tokens <= kept_max_tokens_) return kept_;
-  drop_kept_states();
-  kept_.clear();
-  kept_arena_ = DeviceArena();  // the old buffers go before the larger ones are taken
+size_t CudaSession::kept_bytes(int tokens) const {
   size_t bytes = 0;
   for (const LayerCache& lc : layers)
-    if (lc.rec) bytes += DeviceArena::align(lc.conv_bytes * size_t(max_tokens)) +
-                         DeviceArena::align(lc.rec_bytes * size_t(max_tokens));
-  if (bytes) kept_arena_ = DeviceArena(bytes, "verify kept states");
-  for (const LayerCache& lc : layers) {
-    KeptStates k;
-    if (lc.rec) {
-      k.conv = kept_arena_.take_n<float>(lc.conv_bytes / 4 * size_t(max_tokens));
-      k.rec = kept_arena_.take_n<float>(lc.rec_bytes / 4 * size_t(max_tokens));
-    }
-    kept_.push_back(k);
+    if (lc.rec) bytes += kept_layer_bytes(lc.conv_bytes, lc.rec_bytes, tokens);
+  return bytes;
+}
+
+const std::vector<CudaSession::KeptStates>& CudaSession::kept_buffers(int tokens) {
+  TERN_CHECK(tokens >= 1, "cuda verify: kept states for ", tokens, " tokens");
+  drop_kept_states();
+  const size_t bytes = kept_bytes(tokens);
+  if (bytes) kept_buffer_ = kept_pool_->take(bytes);
+  kept_.assign(layers.size(), KeptStates{});
+  uint8_t* p = kept_buffer_.data;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const LayerCache& lc = layers[i];
+    if (!lc.rec) continue;
+    kept_[i].conv = reinterpret_cast<float*>(p);
+    p += DeviceArena::align(lc.conv_bytes * size_t(tokens));
+    kept_[i].rec = reinterpret_cast<float*>(p);
+    p += DeviceArena::align(lc.rec_bytes * size_t(tokens));
   }
-  kept_max_tokens_ = max_tokens;
+  TERN_INTERNAL_CHECK(size_t(p - kept_buffer_.data) <= kept_buffer_.bytes, "cuda verify: kept states of ",
+                      p - kept_buffer_.data, " bytes in a buffer of ", kept_buffer_.bytes);
   return kept_;
 }
 
+void CudaSession::drop_kept_states() {
+  kept_from_ = -1;
+  if (!kept_buffer_.data) return;
+  kept_.clear();
+  kept_pool_->give(kept_buffer_);
+  kept_buffer_ = {};
+}
+
 // The states before token (position - kept_from_) of the last verify back into place; none to copy when every
-// token was accepted. The runner's stream is idle here (forward_verify ends with a synchronize).
+// token was accepted. The runner's stream is idle here (forward_verify ends with a synchronize). The kept buffer
+// goes back to the pool once the copies are done.
 void CudaSession::rollback(int64_t position) {
   TERN_CHECK(kept_from_ >= 0, "cuda rollback: no verify forward's states are kept");
   TERN_CHECK(position >= kept_from_ && position <= kept_from_ + kept_tokens_ && kept_from_ + kept_tokens_ == pos,
              "cuda rollback: position ", position, " outside the last verify's [", kept_from_, ", ",
              kept_from_ + kept_tokens_, "]");
   const int64_t t = position - kept_from_;
+  kept_from_ = -1;  // valid once, whatever happens below
+  if (position != pos) copy_kept_states(t, position);
   drop_kept_states();
-  if (position == pos) return;
+}
+
+// Each Gated DeltaNet layer's states before the verify's token t into place, and the position `position`.
+void CudaSession::copy_kept_states(int64_t t, int64_t position) {
   const cudaStream_t cs = snapshot_buffers_->stream();
   for (size_t i = 0; i < layers.size(); ++i) {
     const LayerCache& lc = layers[i];

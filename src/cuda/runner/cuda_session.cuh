@@ -1,6 +1,8 @@
 // The CUDA runner's sessions (model/runner.h's Session): every attention layer's KV cache and every Gated DeltaNet
 // layer's conv and recurrent state in one device arena, the position on the device too; snapshots of the Gated
-// DeltaNet states for prefix reuse, in device buffers the runner keeps for reuse (SnapshotBuffers).
+// DeltaNet states for prefix reuse, in device buffers the runner keeps for reuse (SnapshotBuffers); the states a
+// verify step keeps for Session::rollback, in buffers of a pool the runner shares with its sessions
+// (KeptStateBuffers).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -66,6 +68,44 @@ class SnapshotBuffers {
   std::vector<void*> free_;
 };
 
+// Device buffers for the states verify steps keep (CudaSession::kept_buffers: the Gated DeltaNet states before each of
+// a verify's T tokens, ~66 MB per token at the model's widths). A session takes one when a verify starts and gives it
+// back when the kept states are dropped (its next forward, a rollback once it copied, reset, restore, its end), so the
+// buffers in use at once are the sessions between a verify and their next step (at most the running sequences), not
+// every session that ever verified (the prefix cache keeps many). A buffer serves any verify it is large enough for.
+// Up to kKeep returned buffers are kept for reuse (a cudaMalloc, and a cudaFree that synchronises the device, per
+// verify step would cost more than the step's copies); a take that none fits frees them first (they are all smaller)
+// and allocates one of its size, so the pool never holds more than the most buffers in use at once, each of the
+// largest verify's size: what the memory plan counts per running sequence (engine/memory_plan.h, verify_bytes).
+// Shared by the runner and its sessions (a session may outlive the runner); thread-safe.
+class KeptStateBuffers {
+ public:
+  struct Buffer {
+    uint8_t* data = nullptr;
+    size_t bytes = 0;
+  };
+  KeptStateBuffers() = default;
+  ~KeptStateBuffers();
+  KeptStateBuffers(const KeptStateBuffers&) = delete;
+  KeptStateBuffers& operator=(const KeptStateBuffers&) = delete;
+  // A buffer of at least `bytes`: the smallest spare that fits, else a new one of exactly `bytes`. Throws tern::Error
+  // when the GPU has no room for it.
+  Buffer take(size_t bytes);
+  void give(Buffer b);  // no-op for an empty buffer
+  size_t held_bytes() const;    // in use and spare: the device memory the pool holds now
+  size_t in_use_bytes() const;  // taken and not given back
+
+ private:
+  static constexpr size_t kKeep = 4;  // spare buffers held at most (the rest are freed)
+  mutable std::mutex mu_;
+  std::vector<Buffer> spare_;
+  size_t held_ = 0, in_use_ = 0;
+};
+
+// Bytes of the kept-state buffer a verify of `tokens` tokens needs on weights `w` (every Gated DeltaNet layer's conv
+// [tokens, Ck-1, C] and rec [tokens, Hv, dv, dk], each 256-byte aligned): tokens x gdn_state_bytes_of(w), aligned.
+size_t kept_state_bytes_of(const DeviceWeights& w, int tokens);
+
 // Bytes of a session's Gated DeltaNet states (every linear-attention layer's conv and recurrent state): a snapshot.
 size_t gdn_state_bytes_of(const DeviceWeights& w);
 
@@ -74,7 +114,10 @@ class CudaSession final : public Session {
   // The device memory a session of `capacity` tokens takes (its one allocation).
   static size_t bytes_for(const DeviceWeights& w, int64_t capacity);
   CudaSession(const DeviceWeights& w, int64_t capacity, const void* owner, uint64_t id,
-              std::shared_ptr<SnapshotBuffers> snapshot_buffers);
+              std::shared_ptr<SnapshotBuffers> snapshot_buffers, std::shared_ptr<KeptStateBuffers> kept_pool);
+  ~CudaSession() override { drop_kept_states(); }  // the kept-state buffer back to the runner's pool
+  CudaSession(const CudaSession&) = delete;
+  CudaSession& operator=(const CudaSession&) = delete;
   int64_t position() const override { return pos; }
   int64_t capacity() const override { return capacity_; }
   void reset() override;
@@ -89,21 +132,25 @@ class CudaSession final : public Session {
   void copy_kv_prefix(const Session& from, int64_t n) override;
 
   // Verification of drafts (CudaRunner::forward_verify, verify_plan.cu): the Gated DeltaNet states before each of
-  // the verify's tokens, per layer conv [max_tokens, Ck-1, C] and rec [max_tokens, Hv, dv, dk] (null for attention
-  // layers), in one arena allocated at the session's first verify.
+  // the verify's T tokens, per layer conv [T, Ck-1, C] and rec [T, Hv, dv, dk] (null for attention layers), in one
+  // buffer of the runner's KeptStateBuffers, held from the verify until the states are dropped.
   struct KeptStates {
     float* conv = nullptr;
     float* rec = nullptr;
   };
-  // The kept states' buffers for verifies of up to max_tokens tokens (allocated once; ~66 MB per token at the
-  // model's widths).
-  const std::vector<KeptStates>& kept_buffers(int max_tokens);
+  // The kept states' buffers for a verify of `tokens` tokens (tokens x gdn_state_bytes(), ~66 MB per token at the
+  // model's widths): a buffer of the pool, carved for `tokens`. Drops any states kept before. The pointers hold
+  // until drop_kept_states(); the next verify may get others (verify_step uploads them with each step's tables).
+  const std::vector<KeptStates>& kept_buffers(int tokens);
+  size_t kept_bytes(int tokens) const;  // the buffer kept_buffers(tokens) needs
   // After a verify of `tokens` tokens from position `from` (the kernels filled kept_buffers).
   void kept_states_from(int64_t from, int64_t tokens) {
     kept_from_ = from;
     kept_tokens_ = tokens;
   }
-  void drop_kept_states() { kept_from_ = -1; }
+  // The kept states are no longer valid: their buffer goes back to the pool (every forward, rollback once it copied,
+  // reset, restore, the destructor).
+  void drop_kept_states();
   void rollback(int64_t position) override;
 
   struct LayerCache {
@@ -122,11 +169,13 @@ class CudaSession final : public Session {
   int kv_heads = 0, head_dim = 0;  // the KV caches' shape (copy_kv_prefix)
 
  private:
+  void copy_kept_states(int64_t t, int64_t position);
+
   int64_t capacity_;
   std::shared_ptr<SnapshotBuffers> snapshot_buffers_;
-  DeviceArena kept_arena_;
-  std::vector<KeptStates> kept_;
-  int kept_max_tokens_ = 0;
+  std::shared_ptr<KeptStateBuffers> kept_pool_;
+  KeptStateBuffers::Buffer kept_buffer_;  // taken from kept_pool_ by kept_buffers (empty: none held)
+  std::vector<KeptStates> kept_;          // per layer, into kept_buffer_
   int64_t kept_from_ = -1;  // the last verify's first position (-1: no states kept)
   int64_t kept_tokens_ = 0;
 };

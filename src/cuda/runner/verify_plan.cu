@@ -3,9 +3,10 @@
 // slot j at position p0 + j of the same session. The products, attention and MoE take the batched kernels, whose
 // every slot is bit for bit its token's one-token step; the Gated DeltaNet layers take gdn_decode over the T tokens
 // in order (the same per-token arithmetic as one token at a time), which also keeps the states before each token
-// (CudaSession::kept_buffers) for Session::rollback. So row j of the logits is what feeding the tokens one step at
-// a time gives, and a rollback is one copy per layer: no second pass. The step's tables (batch_tables.cuh) carry
-// every session pointer, so one CUDA graph per (tokens, capacity) serves any session.
+// (CudaSession::kept_buffers: room for T tokens in a buffer of the runner's pool) for Session::rollback. So row j of
+// the logits is what feeding the tokens one step at a time gives, and a rollback is one copy per layer: no second
+// pass. The step's tables (batch_tables.cuh) carry every session pointer, the kept buffers' too (they may change
+// from step to step), so one CUDA graph per (tokens, capacity) serves any session.
 #include "cuda/runner/cuda_runner_impl.cuh"
 
 #include <algorithm>
@@ -36,6 +37,13 @@ int64_t CudaRunner::max_verify_tokens() const {
   return std::min<int64_t>(kQmvMaxTokens, batch_max());  // gdn_decode's tokens per call
 }
 
+// The device memory a verify of `tokens` tokens keeps until the session's next forward or rollback: its kept-state
+// buffer (0 where this runner cannot verify).
+int64_t CudaRunner::verify_state_bytes(int tokens) const {
+  if (!supports_verify() || tokens <= 0) return 0;
+  return int64_t(kept_state_bytes_of(*w_, int(std::min<int64_t>(tokens, max_verify_tokens()))));
+}
+
 // The verify step of `tokens` on session s up to its logits in logits_ [T, V] (device); the session then at
 // p0 + T with the states before each token kept.
 void CudaRunner::verify_step(CudaSession& s, std::span<const int32_t> tokens) {
@@ -43,7 +51,8 @@ void CudaRunner::verify_step(CudaSession& s, std::span<const int32_t> tokens) {
   const int T = int(tokens.size());
   TERN_CHECK(T <= max_verify_tokens(), "forward_verify: ", T, " tokens (at most ", max_verify_tokens(), ")");
   allocate_batch_scratch();
-  const std::vector<CudaSession::KeptStates>& kept = s.kept_buffers(int(kQmvMaxTokens));
+  // Room for exactly T tokens' states; the buffer may differ from the last step's (the tables below carry it).
+  const std::vector<CudaSession::KeptStates>& kept = s.kept_buffers(T);
   const int64_t p0 = s.pos;
   BatchHeader& h = *reinterpret_cast<BatchHeader*>(batch_pinned_);
   std::memset(batch_pinned_, 0, batch_tables_bytes_);

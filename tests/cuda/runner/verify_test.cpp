@@ -112,6 +112,71 @@ TEST(CudaVerify, SampledRowsEqualOneTokenSampling) {
   }
 }
 
+// The states a verify keeps live in a buffer of the runner's pool sized for that verify's tokens, taken when the
+// verify starts and given back by the rollback (after it copied), the next forward, or the session's end: a verify
+// of 3 tokens then one of 5 leave the pool holding one 5-token buffer, not 8 tokens per session, and the results stay
+// bit for bit those of one token at a time.
+TEST(CudaVerify, KeptStatesTakeAPoolBufferOfTheVerifysSize) {
+  TERN_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed("CudaVerify.KeptPool");
+  RandomModel rm;
+  const int64_t V = 4096;
+  auto weights = random_model(seed, 8, V, rm, Scales::trained);
+  auto gpu = cuda_runner_create(weights, {.progress = false});
+  ASSERT_GE(gpu->max_verify_tokens(), 5);
+  const int64_t three = gpu->verify_state_bytes(3), five = gpu->verify_state_bytes(5);
+  ASSERT_GT(three, 0);
+  ASSERT_GT(five, three);
+  EXPECT_EQ(cuda_runner_kept_state_pool(*gpu).held_bytes, 0);
+  std::mt19937_64 rng(seed ^ 0x600d);
+  const int64_t prompt_len = 50;
+  const auto prompt = random_tokens(rng, prompt_len, weights->vocab_real);
+  const auto tokens = random_tokens(rng, 8, weights->vocab_real);
+  const auto after = random_tokens(rng, 2, weights->vocab_real);
+  std::vector<float> unused;
+  // The reference: the prompt, tokens [0, 1), after, tokens [3, 8) one at a time (the path of the verifies below).
+  auto ref = gpu->create_session(256);
+  gpu->forward(*ref, prompt, false, unused);
+  const std::vector<float> want3 = one_at_a_time(*gpu, *ref, std::span(tokens).first(3));
+  auto plain = gpu->create_session(256);
+  gpu->forward(*plain, prompt, false, unused);
+  one_at_a_time(*gpu, *plain, std::span(tokens).first(1));
+  const std::vector<float> want_after = one_at_a_time(*gpu, *plain, after);
+  const std::vector<float> want5 = one_at_a_time(*gpu, *plain, std::span(tokens).subspan(3, 5));
+
+  auto s = gpu->create_session(256);
+  gpu->forward(*s, prompt, false, unused);
+  std::vector<float> got;
+  gpu->forward_verify(*s, std::span(tokens).first(3), got);
+  EXPECT_TRUE(same_bits(got, want3));
+  EXPECT_EQ(cuda_runner_kept_state_pool(*gpu).in_use_bytes, three);  // exactly 3 tokens' room
+  s->rollback(prompt_len + 1);
+  EXPECT_EQ(cuda_runner_kept_state_pool(*gpu).in_use_bytes, 0);     // given back once it copied
+  EXPECT_TRUE(same_bits(one_at_a_time(*gpu, *s, after), want_after));
+  gpu->forward_verify(*s, std::span(tokens).subspan(3, 5), got);
+  EXPECT_TRUE(same_bits(got, want5));
+  EXPECT_EQ(cuda_runner_kept_state_pool(*gpu).in_use_bytes, five);
+  s->rollback(prompt_len + 3 + 2);
+  EXPECT_EQ(s->position(), prompt_len + 5);
+  // The 3-token buffer was freed for the 5-token one: the pool holds what one session needs.
+  CudaKeptStatePool pool = cuda_runner_kept_state_pool(*gpu);
+  EXPECT_EQ(pool.in_use_bytes, 0);
+  EXPECT_LE(pool.held_bytes, five);
+
+  // Another session's verify reuses the spare; a forward after a verify, and a session's end, give back too.
+  auto other = gpu->create_session(256);
+  gpu->forward(*other, prompt, false, unused);
+  gpu->forward_verify(*other, std::span(tokens).first(4), got);
+  EXPECT_LE(cuda_runner_kept_state_pool(*gpu).held_bytes, five);
+  gpu->forward(*other, std::span(after).first(1), false, unused);
+  EXPECT_EQ(cuda_runner_kept_state_pool(*gpu).in_use_bytes, 0);
+  gpu->forward_verify(*other, std::span(tokens).first(5), got);
+  other.reset();
+  pool = cuda_runner_kept_state_pool(*gpu);
+  EXPECT_EQ(pool.in_use_bytes, 0);
+  EXPECT_LE(pool.held_bytes, five);
+}
+
 TEST(CudaVerify, RollbackNeedsTheLastForwardToBeAVerify) {
   TERN_REQUIRE_GPU();
   RandomModel rm;
