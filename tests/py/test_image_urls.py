@@ -1,13 +1,16 @@
 """http(s) image URLs fetched by `tern serve --allow-image-urls` (the demo model and its small vision encoder), from a
 local HTTP server started here: a fetched PNG gives the same prompt tokens and log-probabilities as the same PNG sent
 as a data: URL, through OpenAI chat, the Responses API's input_image, Anthropic's url source, /tokenize and
-count_tokens; redirects are followed (a few, to http(s) only). Each failure is a 400 naming the image's field and
-saying why, within --image-url-timeout: an HTTP 404, a page that is not an image, a body over 20 MiB (announced or
-not), a slow server, a host that does not answer, too many redirects, a redirect to another scheme, corrupt image
-bytes (the decoder's own message, as for a data: URL). Without the flag a URL is still refused (test_images_api.py)."""
+count_tokens; redirects are followed (a few, to http(s) only); a conversation resumes from the prefix cache past a
+fetched image. Each failure is a 400 naming the image's field and saying why, within --image-url-timeout: an HTTP
+404, a page that is not an image, a body over 20 MiB (announced or not), a slow server, a host that does not answer,
+too many redirects, a redirect to another scheme, corrupt image bytes (the decoder's own message, as for a data:
+URL), an https server whose certificate no CA signed. Without the flag a URL is still refused (test_images_api.py)."""
 import base64
 import http.server
 import io
+import ssl
+import subprocess
 import threading
 import time
 
@@ -17,6 +20,7 @@ from PIL import Image
 from test_server_helpers import HOST, Server, free_port, post_json
 
 MODEL = "tern-demo-random-weights"
+IMAGE_PAD = 151655  # the demo tokenizer's <|image_pad|>
 TIMEOUT_S = 2  # --image-url-timeout here: the slow endpoint waits longer than this
 BIG = 20 * 2**20 + 1  # one byte past the cap
 
@@ -226,3 +230,45 @@ def test_the_server_keeps_serving_during_a_slow_fetch(server, images_url):
     assert status == 200, r
     slow.join(timeout=TIMEOUT_S + 30)
     assert results["slow"][0] == 400 and "timed out" in results["slow"][2]["error"]["message"], results
+
+
+def test_a_fetched_image_resumes_from_the_prefix_cache(server, images_url):
+    """The prefix cache keys images by their pixels: turn 1 sends the picture inline, turn 2 by URL, and turn 2
+    reuses turn 1's prompt past the image."""
+    def body(image, *more):
+        content = [{"type": "text", "text": "Remember this picture."},
+                   {"type": "image_url", "image_url": {"url": image}}]
+        return {"model": MODEL, "messages": [{"role": "user", "content": content}, *more], "max_tokens": 2,
+                "temperature": 0, "chat_template_kwargs": {"enable_thinking": False}}
+    status, _, t = post_json(server.port, "/tokenize", body(data_url(RED)), timeout=120)
+    assert status == 200, t
+    image_end = t["tokens"].index(IMAGE_PAD) + t["tokens"].count(IMAGE_PAD)
+    status, _, r = post_json(server.port, "/v1/chat/completions", body(data_url(RED)), timeout=120)
+    assert status == 200, r
+    follow = [{"role": "assistant", "content": "Done."}, {"role": "user", "content": "What colour was it?"}]
+    url = images_url + "/red.png"
+    status, _, r = post_json(server.port, "/v1/chat/completions", body(url, *follow), timeout=120)
+    assert status == 200, r
+    assert r["usage"]["prompt_tokens_details"]["cached_tokens"] > image_end, (r["usage"], image_end)
+
+
+def test_https_checks_the_certificate(server, tmp_path):
+    """https is fetched through OpenSSL: a server whose certificate no CA signed is refused, saying so."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    made = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                           "/CN=127.0.0.1", "-keyout", str(key), "-out", str(cert)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip("openssl could not make a certificate: " + made.stderr.decode()[-300:])
+    httpd = http.server.ThreadingHTTPServer((HOST, 0), Images)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"https://{HOST}:{httpd.server_address[1]}/red.png"
+        status, _, r = chat(server.port, url)
+        assert status == 400, r
+        assert "TLS certificate of" in r["error"]["message"] and r["error"]["param"] == "messages[0].content[1].image_url.url", r
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
