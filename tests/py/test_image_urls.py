@@ -268,7 +268,8 @@ def test_https_checks_the_certificate(server, tmp_path):
         url = f"https://{HOST}:{httpd.server_address[1]}/red.png"
         status, _, r = chat(server.port, url)
         assert status == 400, r
-        assert "TLS certificate of" in r["error"]["message"] and r["error"]["param"] == "messages[0].content[1].image_url.url", r
+        assert "TLS certificate of" in r["error"]["message"], r
+        assert r["error"]["param"] == "messages[0].content[1].image_url.url", r
     finally:
         httpd.shutdown()
         httpd.server_close()
