@@ -245,9 +245,14 @@ void command_serve(CLI::App& app) {
                 "Special tokens typed in chat message content (<|im_start|>, ...) stay control tokens (default: "
                 "they are text)");
   sub->add_flag("--allow-image-urls", s.allow_image_urls,
-                "Accept http(s) image URLs in requests. tern does not fetch them yet: such a request gets a 400 "
-                "saying remote images are not fetched (without the flag: that the server does not fetch on a "
-                "client's behalf). Inline images (data: URLs, base64) always work");
+                "Fetch http(s) image URLs that requests name (the server then reaches any address it can, the local "
+                "network included: only for trusted clients). Without it such a request gets a 400; inline images "
+                "(data: URLs, base64) always work");
+  sub->add_option("--image-url-timeout", s.image_url_timeout_s,
+                  "Seconds to fetch all of a request's image URLs, redirects included (400 after); with "
+                  "--allow-image-urls")
+      ->check(CLI::Range(0.1, 3600.0))
+      ->capture_default_str();
   sub->add_option("--max-connections", s.max_connections, "Open connections in all; more get 503")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();

@@ -6,7 +6,8 @@ Anthropic's count_tokens. Each image takes as many prompt tokens as transformers
 log-probabilities, the same image the same ones); a conversation with an image resumes from the prefix cache past
 the image, while another image of the same size is not mistaken for it. Bad input is a 400 that names the image and
 says why (not an image, truncated, an unsupported format, too many pixels, an aspect ratio over 200:1, bad base64, a
-remote URL, with and without --allow-image-urls), and a model folder without a vision encoder says it has none.
+remote URL without --allow-image-urls, one that cannot be fetched with it), and a model folder without a vision
+encoder says it has none.
 `tern run`'s /image attaches an image to the next message."""
 import base64
 import io
@@ -21,7 +22,7 @@ import pytest
 from PIL import Image
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
-from test_server_helpers import Server, demo_server_fixture, post_json, request
+from test_server_helpers import Server, demo_server_fixture, free_port, post_json, request
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MODEL = "tern-demo-random-weights"
@@ -237,10 +238,12 @@ def test_images_only_where_they_belong(server):
 def test_remote_urls_are_not_fetched(server, tern_bin):
     status, _, r = chat(server.port, [{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}])
     assert status == 400 and "does not fetch" in r["error"]["message"] and "--allow-image-urls" in r["error"]["message"]
+    # With --allow-image-urls the server fetches them (test_image_urls.py); here one where nothing answers.
     allowing = Server(tern_bin, "--ctx-size", "1024", "--allow-image-urls")
     try:
-        status, _, r = chat(allowing.port, [{"type": "image_url", "image_url": {"url": "http://example.com/a.png"}}])
-        assert status == 400 and "not fetched" in r["error"]["message"], r
+        url = f"http://127.0.0.1:{free_port()}/a.png"
+        status, _, r = chat(allowing.port, [{"type": "image_url", "image_url": {"url": url}}])
+        assert status == 400 and "could not be fetched" in r["error"]["message"], r
         assert r["error"]["param"] == "messages[0].content[0].image_url.url"
     finally:
         allowing.stop()

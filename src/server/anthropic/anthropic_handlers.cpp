@@ -30,10 +30,11 @@ struct RenderedPrompt {
 
 // The request's prompt as the chat template renders it, tokenized as /v1/chat/completions does (special tokens
 // typed in content stay text unless --allow-special-in-content), its images' tokens in place (their pixels
-// processed when `process_images`; a count needs only their sizes).
-std::variant<RenderedPrompt, ApiError> render_prompt(const ServerState& state, const ChatRequest& chat,
+// processed when `process_images`; a count needs only their sizes). Image URLs are fetched first (with
+// --allow-image-urls), into `chat`'s images.
+std::variant<RenderedPrompt, ApiError> render_prompt(const ServerState& state, ChatRequest& chat,
                                                      bool process_images) {
-  if (auto e = request_images_refused(state, chat.images)) return *e;
+  if (auto e = request_images_fetch(state, chat.images)) return *e;
   static const std::vector<std::string> kNone;
   auto prompt = chat_render_prompt(chat, *state.model.chat_template,
                                    state.options.allow_special_in_content ? kNone : state.special_tokens);
@@ -58,8 +59,8 @@ void handle_anthropic_messages(ServerState& state, const httplib::Request& req, 
   if (!model_ready(state, res, respond_anthropic_error)) return;
   auto parsed = parse_anthropic_request(req.body, parse_options(state), AnthropicEndpoint::messages);
   if (auto* e = std::get_if<ApiError>(&parsed)) return respond_anthropic_error(res, *e);
-  const AnthropicRequest& request = std::get<AnthropicRequest>(parsed);
-  const ChatRequest& chat = request.chat;
+  AnthropicRequest& request = std::get<AnthropicRequest>(parsed);
+  ChatRequest& chat = request.chat;
 
   auto sampling = sampling_params(state, chat.sampling, -1);
   if (auto* e = std::get_if<ApiError>(&sampling)) return respond_anthropic_error(res, *e);

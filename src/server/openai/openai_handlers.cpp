@@ -53,8 +53,8 @@ void handle_chat_completions(ServerState& state, const httplib::Request& req, ht
   auto ex = std::make_shared<Exchange<ChatRequest, ChatOutput>>();
   ex->state = &state;
   ex->request = std::move(std::get<ChatRequest>(parsed));
+  if (auto e = request_images_fetch(state, ex->request.images)) return respond_error(res, *e);
   const ChatRequest& request = ex->request;
-  if (auto e = request_images_refused(state, request.images)) return respond_error(res, *e);
 
   static const std::vector<std::string> kNone;
   auto prompt = chat_render_prompt(request, *state.model.chat_template,
@@ -157,8 +157,8 @@ void handle_tokenize_chat(ServerState& state, const httplib::Request& req, httpl
   if (!model_ready(state, res)) return;
   auto parsed = parse_chat_request(req.body, parse_options(state));
   if (auto* e = std::get_if<ApiError>(&parsed)) return respond_error(res, *e);
-  const ChatRequest& request = std::get<ChatRequest>(parsed);
-  if (auto e = request_images_refused(state, request.images)) return respond_error(res, *e);
+  ChatRequest& request = std::get<ChatRequest>(parsed);
+  if (auto e = request_images_fetch(state, request.images)) return respond_error(res, *e);
   static const std::vector<std::string> kNone;
   auto prompt = chat_render_prompt(request, *state.model.chat_template,
                                    state.options.allow_special_in_content ? kNone : state.special_tokens);

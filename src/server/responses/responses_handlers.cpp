@@ -70,12 +70,12 @@ void handle_responses(ServerState& state, const httplib::Request& req, httplib::
   if (!model_ready(state, res)) return;
   auto parsed = parse_responses_request(req.body, parse_options(state));
   if (auto* e = std::get_if<ApiError>(&parsed)) return respond_error(res, *e);
-  const ResponsesRequest& request = std::get<ResponsesRequest>(parsed);
+  ResponsesRequest& request = std::get<ResponsesRequest>(parsed);
   const ChatRequest& chat = request.chat;
 
   auto sampling = sampling_params(state, chat.sampling, -1);
   if (auto* e = std::get_if<ApiError>(&sampling)) return respond_error(res, *e);
-  if (auto e = request_images_refused(state, chat.images)) return respond_error(res, *e);
+  if (auto e = request_images_fetch(state, request.chat.images)) return respond_error(res, *e);
   static const std::vector<std::string> kNone;
   auto rendered = chat_render_prompt(chat, *state.model.chat_template,
                                      state.options.allow_special_in_content ? kNone : state.special_tokens);

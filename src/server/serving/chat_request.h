@@ -30,8 +30,9 @@ enum class ResponseFormat { text, json_object, json_schema };
 // decodes it and turns it into the prompt's image tokens.
 struct RequestImage {
   std::string param;  // where it is in the body, for errors: "messages[1].content[0].image_url"
-  std::string bytes;  // the image file's bytes (base64-decoded from a data: URL or a base64 field)
-  std::string url;    // instead: the http(s) URL the request gave (refused; tern serve never fetches one)
+  std::string bytes;  // the image file's bytes (base64-decoded from a data: URL or a base64 field, or fetched)
+  std::string url;    // or the http(s) URL the request gave: refused, or fetched into `bytes` with
+                      // --allow-image-urls (serving/prompt_images.h: request_images_fetch)
 };
 
 struct ChatRequest {

@@ -1,8 +1,14 @@
 #include "server/serving/prompt_images.h"
 
+#include <cctype>
+#include <chrono>
+
 #include "core/check.h"
 #include "engine/image_prompt.h"
+#include "server/http/respond.h"
+#include "server/serving/image_fetch.h"
 #include "server/serving/server_state.h"
+#include "vision/image_decode.h"
 
 namespace tern::server {
 
@@ -20,13 +26,62 @@ std::optional<ApiError> request_images_refused(const ServerState& state, const s
   if (!settings.unavailable.empty())
     return image_error(images[0], "'" + images[0].param + "' is an image, but " + settings.unavailable + ".");
   for (const RequestImage& im : images) {
-    if (im.url.empty()) continue;
+    if (im.url.empty() || !im.bytes.empty()) continue;  // inline, or a URL already fetched
     if (!state.options.allow_image_urls)
       return image_error(im, "'" + im.param + "' is an http(s) URL: this server does not fetch images on a client's "
                              "behalf (tern serve --allow-image-urls would allow it); send the image inline as a "
                              "data: URL (data:image/png;base64,...).");
-    return image_error(im, "'" + im.param + "' is an http(s) URL: remote image URLs are not fetched by this server; "
-                           "send the image inline as a data: URL (data:image/png;base64,...).");
+    return image_error(im, "'" + im.param + "' is an http(s) URL that was not fetched.");  // request_images_fetch's
+  }
+  return std::nullopt;
+}
+
+namespace {
+
+// A URL as an error message quotes it: long ones (a signed link) cut short.
+std::string quoted_url(const std::string& url) {
+  constexpr size_t kShown = 160;
+  return "'" + (url.size() <= kShown ? url : url.substr(0, kShown) + "...") + "'";
+}
+
+// The fetched bytes that cannot be an image: no known image format's first bytes and a Content-Type that does not
+// claim one (an HTML error page served with 200). Bytes that claim to be an image go to the decoder, which says
+// what is wrong with them exactly as for a data: URL.
+std::optional<std::string> not_an_image(const ImageFetchResult& fetched) {
+  const auto* data = reinterpret_cast<const uint8_t*>(fetched.bytes.data());
+  if (image_sniff_format({data, fetched.bytes.size()})) return std::nullopt;
+  std::string type = fetched.content_type.substr(0, fetched.content_type.find(';'));
+  for (char& c : type) c = char(std::tolower(static_cast<unsigned char>(c)));
+  if (type.rfind("image/", 0) == 0) return std::nullopt;
+  return "what it answered is not an image (Content-Type '" + (type.empty() ? "none" : type) + "', " +
+         std::to_string(fetched.bytes.size()) + " bytes)";
+}
+
+}  // namespace
+
+std::optional<ApiError> request_images_fetch(const ServerState& state, std::vector<RequestImage>& images) {
+  if (images.empty() || !state.model.images.unavailable.empty() || !state.options.allow_image_urls)
+    return request_images_refused(state, images);
+  ImageFetchLimits limits;  // one deadline for all the request's URLs: ten images take no longer than one may
+  limits.timeout_s = state.options.image_url_timeout_s;
+  limits.deadline = std::chrono::steady_clock::now() +
+                    std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                        std::chrono::duration<double>(limits.timeout_s));
+  limits.max_bytes = state.options.image_url_max_bytes;
+  const auto start = std::chrono::steady_clock::now();
+  int fetched_count = 0;
+  for (RequestImage& im : images) {
+    if (im.url.empty() || !im.bytes.empty()) continue;
+    ImageFetchResult fetched = image_url_fetch(im.url, limits);
+    ++fetched_count;
+    // The request log line says how long the request spent fetching (its latency is not the engine's).
+    request_log().fields["image_urls"] = fetched_count;
+    request_log().fields["image_fetch_ms"] =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+    std::optional<std::string> why = fetched.error.empty() ? not_an_image(fetched) : fetched.error;
+    if (why) return image_error(im, "'" + im.param + "' could not be fetched from " + quoted_url(im.url) + ": " +
+                                        *why + ".");
+    im.bytes = std::move(fetched.bytes);
   }
   return std::nullopt;
 }

@@ -1,6 +1,6 @@
 // How the API parsers read images (each API's <api>_schema.cpp): an image URL (a data: URL with base64 bytes, or an
-// http(s) URL kept for the server to refuse) or a base64 field into a RequestImage, and a message's content built
-// from text and image parts in the form the chat template takes. Nothing here knows the model; serving/
+// http(s) URL kept for the server to fetch or refuse) or a base64 field into a RequestImage, and a message's content
+// built from text and image parts in the form the chat template takes. Nothing here knows the model; serving/
 // prompt_images.h decodes the images once the prompt is rendered. Failed checks throw request_fields::BadRequest
 // (a 400 naming the field).
 #pragma once

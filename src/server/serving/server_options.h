@@ -39,8 +39,9 @@ struct ServerOptions {
   size_t max_body_bytes = 32u << 20;     // larger bodies get 413 (room for a 20 MB image as a base64 data: URL)
   int http_threads = 0;                  // 0: max_queue + parallel + 8 (a streaming request holds a thread)
   bool allow_forced_output = false;      // --debug-allow-forced-output: accept tern_debug_forced_output
-  bool allow_image_urls = false;         // --allow-image-urls: an http(s) image URL is told that remote images are
-                                         // not fetched (rather than that the server refuses URLs); never fetched
+  bool allow_image_urls = false;         // --allow-image-urls: http(s) image URLs are fetched (else refused)
+  double image_url_timeout_s = 10;       // --image-url-timeout: all of a request's image URLs are fetched within this
+  size_t image_url_max_bytes = 20u << 20;  // a fetched image past this is refused (as the chat page's own cap)
   bool log_requests = true;              // one JSON line per request on stderr
   size_t max_connections = 1024;         // open connections in all; beyond: 503 and close
   size_t max_connections_per_address = 256;  // open connections from one client address

@@ -42,7 +42,7 @@ TEST(RequestImages, OpenaiImageUrlParts) {
   const std::string remote = R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"HTTPS://x/a.png"}}]}]})";
   const ChatRequest u = expect_accepted(parse_chat_request(remote, options()), remote);
   ASSERT_EQ(u.images.size(), 1u);
-  EXPECT_EQ(u.images[0].url, "HTTPS://x/a.png");  // kept for the server to refuse
+  EXPECT_EQ(u.images[0].url, "HTTPS://x/a.png");  // kept for the server to fetch or refuse
   EXPECT_TRUE(u.images[0].bytes.empty());
   for (const char* bad : {
            R"({"messages":[{"role":"assistant","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,aGk="}}]}]})",
