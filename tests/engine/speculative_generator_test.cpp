@@ -236,14 +236,19 @@ TEST(SpeculativeGenerator, SeededSamplingGivesTheSameTokens) {
   }
 }
 
+// Drafts from the request's prediction alone (no n-gram match is ever long enough).
+GeneratorOptions prediction_only() {
+  GeneratorOptions o;
+  o.speculative.mode = SpeculativeMode::ngram;
+  o.speculative.ngram_min_match = 1000;
+  return o;
+}
+
 TEST(SpeculativeGenerator, ThePredictionIsDraftedAndVerifiedInFewSteps) {
   GenerationRequest req = greedy({5, 6}, 40);
   req.prediction = chain(6, 40);
   VerifyRunner spec;
-  GeneratorOptions o;
-  o.speculative.mode = SpeculativeMode::ngram;
-  o.speculative.ngram_min_match = 1000;  // the prediction alone
-  Generator gen(spec, letters(), o);
+  Generator gen(spec, letters(), prediction_only());
   auto session = spec.create_session(200);
   const GenerationResult r = gen.generate(*session, req);
   EXPECT_EQ(r.tokens, chain(6, 40));
@@ -259,10 +264,7 @@ TEST(SpeculativeGenerator, UnderIgnoreEosDraftsGoPastAnEndId) {
   req.ignore_eos = true;
   req.prediction = chain(13, 40);
   VerifyRunner spec;
-  GeneratorOptions o;
-  o.speculative.mode = SpeculativeMode::ngram;
-  o.speculative.ngram_min_match = 1000;  // the prediction alone
-  Generator gen(spec, letters(), o);
+  Generator gen(spec, letters(), prediction_only());
   auto session = spec.create_session(200);
   const GenerationResult r = gen.generate(*session, req);
   EXPECT_EQ(r.tokens, chain(13, 40));

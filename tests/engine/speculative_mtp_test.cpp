@@ -45,6 +45,17 @@ GenerationResult generate(ModelRunner& runner, SpeculativeMode mode, const Gener
   return gen.generate(*s, req);
 }
 
+// A greedy request of max_tokens after a random prompt of min_len + [0, spread) tokens.
+GenerationRequest random_greedy(std::mt19937_64& rng, int64_t max_tokens, bool ignore_eos, size_t min_len,
+                                size_t spread) {
+  GenerationRequest req;
+  req.sampling.temperature = 0.0f;
+  req.max_tokens = max_tokens;
+  req.ignore_eos = ignore_eos;
+  for (size_t j = 0, n = min_len + rng() % spread; j < n; ++j) req.prompt.push_back(int32_t(rng() % kVocab));
+  return req;
+}
+
 struct Drafts {
   std::vector<int32_t> tokens;
   std::vector<float> logits;
@@ -160,11 +171,7 @@ TEST(SpeculativeMtp, GreedyOutputIsTheSameWithMtpDrafts) {
   std::mt19937_64 rng(testing::fresh_seed());
   int64_t mtp_drafted = 0, accepted = 0;
   for (int i = 0; i < 10; ++i) {
-    GenerationRequest req;
-    req.sampling.temperature = 0.0f;
-    req.max_tokens = 32;
-    req.ignore_eos = i % 2 == 0;
-    for (size_t j = 0, n = 3 + rng() % 40; j < n; ++j) req.prompt.push_back(int32_t(rng() % kVocab));
+    GenerationRequest req = random_greedy(rng, 32, /*ignore_eos=*/i % 2 == 0, 3, 40);
     const GenerationResult a = generate(*runner, SpeculativeMode::off, req);
     const GenerationResult b = generate(*runner, SpeculativeMode::mtp, req);
     const GenerationResult c = generate(*runner, SpeculativeMode::auto_, req);
@@ -231,11 +238,7 @@ TEST(SpeculativeMtp, DraftsOfAHeadThatKnowsTheModelAreAccepted) {
   std::mt19937_64 rng(testing::fresh_seed());
   int64_t drafted = 0, accepted = 0;
   for (int i = 0; i < 4; ++i) {
-    GenerationRequest req;
-    req.sampling.temperature = 0.0f;
-    req.max_tokens = 40;
-    req.ignore_eos = true;
-    for (size_t j = 0, n = 2 + rng() % 10; j < n; ++j) req.prompt.push_back(int32_t(rng() % kVocab));
+    const GenerationRequest req = random_greedy(rng, 40, /*ignore_eos=*/true, 2, 10);
     const GenerationResult a = generate(*runner, SpeculativeMode::off, req);
     const GenerationResult b = generate(*runner, SpeculativeMode::mtp, req);
     ASSERT_EQ(a.tokens, b.tokens) << "prompt " << i;
