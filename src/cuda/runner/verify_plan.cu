@@ -15,10 +15,6 @@
 #include "core/check.h"
 #include "cuda/common/cuda_common.cuh"
 #include "cuda/kernels/attention/attention.cuh"
-#include "cuda/kernels/gdn/gdn.cuh"
-#include "cuda/kernels/moe/moe_decode.cuh"
-#include "cuda/kernels/norm/norm.cuh"
-#include "cuda/kernels/qmv/qmv_dp4a.cuh"
 #include "cuda/kernels/sampling/sampling.cuh"
 #include "cuda/runner/batch_tables.cuh"
 
