@@ -264,9 +264,8 @@ void run_speculative(BenchArgs a, ModelRunner& runner, const std::string& device
   TERN_USAGE_CHECK(!o.lengths.empty(), "no default length fits the model's ", positions, " positions; give --lengths");
   if (gpu) {
     a.decode_steps = int(extra);
-    // The verify table's largest step (--draft-max drafts, as far as the runner verifies) keeps its states.
-    const int64_t tokens = std::min<int64_t>(int64_t(o.max_drafts) + 1, runner.max_verify_tokens());
-    lengths_fit_memory(a, runner, *gpu, o.lengths, {}, runner.verify_state_bytes(int(tokens)));
+    // The verify table's largest step (--draft-max drafts, within the backend's limit above) keeps its states.
+    lengths_fit_memory(a, runner, *gpu, o.lengths, {}, runner.verify_state_bytes(o.max_drafts + 1));
   }
   if (!a.quiet) o.log = [](const std::string& line) { std::fprintf(stderr, "bench: %s\n", line.c_str()); };
   SpecBenchReport r = bench_speculative(runner, o);
