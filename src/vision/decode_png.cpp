@@ -198,6 +198,23 @@ uint32_t read_be32(const uint8_t* p) {
   return uint32_t(p[0]) << 24 | uint32_t(p[1]) << 16 | uint32_t(p[2]) << 8 | p[3];
 }
 
+// The bytes up to the first chunk whose declared length runs past the end of the data (all of them when none does,
+// or from IEND on). libpng allocates (and zeroes) a chunk's declared length before it reads the data, so a 1 KB file
+// that declares a 1 GB text chunk would cost a gigabyte and a second; cut there, libpng runs out of data at that
+// chunk instead, which is where it would have failed anyway (and a damaged tail after the pixels is dropped quietly,
+// as before).
+size_t png_framed_size(std::span<const uint8_t> bytes) {
+  size_t pos = 8;  // past the signature
+  while (pos < bytes.size()) {
+    if (bytes.size() - pos < 12) return pos;  // not even a whole header and CRC
+    const uint64_t length = read_be32(bytes.data() + pos);
+    if (length > bytes.size() - pos - 12) return pos;  // its data and CRC are not all there
+    if (std::memcmp(bytes.data() + pos + 4, "IEND", 4) == 0) break;
+    pos += 12 + size_t(length);
+  }
+  return bytes.size();
+}
+
 }  // namespace
 
 RgbImage decode_png(std::span<const uint8_t> bytes, const ImageLimits& limits, ImageMetadata& meta) {
@@ -209,7 +226,7 @@ RgbImage decode_png(std::span<const uint8_t> bytes, const ImageLimits& limits, I
 
   PngReader reader;
   reader.data = bytes.data();
-  reader.size = bytes.size();
+  reader.size = png_framed_size(bytes);
   PngHandles h;
   h.png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &reader, png_on_error, png_on_warning);
   if (!h.png) throw std::bad_alloc();

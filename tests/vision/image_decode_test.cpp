@@ -11,6 +11,8 @@
 #include <cstdlib>
 #include <new>
 
+#include <sys/resource.h>
+
 #include "image_fixtures.h"
 #include "vision/image_decode.h"
 
@@ -260,6 +262,35 @@ TEST(ImageDecode, TruncatedFilesAreRefusedEveryWhere) {
     EXPECT_EQ(e.kind(), ImageErrorKind::truncated) << e.what();
     EXPECT_NE(std::string(e.what()).find("ends early"), std::string::npos) << e.what();
   }
+}
+
+// The peak resident memory of this process so far, in bytes.
+int64_t peak_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return int64_t(u.ru_maxrss) * 1024;
+}
+
+// A PNG chunk that declares more bytes than the file holds: libpng would allocate (and zero) the declared length
+// before reading it. Before the pixels it is the truncation it is (data ending early) without that allocation; after
+// them the image decodes and the damaged tail is dropped, as Pillow does.
+TEST(ImageDecode, PngChunkLongerThanTheFileCostsNoMemory) {
+  const RgbImage img = test::fixture_image(16, 16, 5);
+  const Bytes text = {'R', 'a', 'w', 0, 'x', 'y'};
+  Bytes head = test::png_write_rgb(img, {{"tEXt", text}});
+  ASSERT_EQ(std::string(head.begin() + 37, head.begin() + 41), "tEXt");
+  head[33] = 0x3c, head[34] = 0x72, head[35] = 0x5a, head[36] = 0x67;  // 1,014,127,207 bytes
+  const int64_t before = peak_rss_bytes();
+  const ImageError e = decode_error(head);
+  EXPECT_EQ(e.kind(), ImageErrorKind::truncated) << e.what();
+  EXPECT_NE(std::string(e.what()).find("ends early"), std::string::npos) << e.what();
+
+  Bytes tail = test::png_write_rgb(img);
+  tail.resize(tail.size() - 12);  // IEND out: a chunk after the pixels that runs past the end instead
+  const Bytes header = {0x3c, 0x72, 0x5a, 0x67, 't', 'E', 'X', 't', 'R', 'a', 'w'};
+  tail.insert(tail.end(), header.begin(), header.end());
+  expect_same(decode(tail).image, img);
+  EXPECT_LT(peak_rss_bytes() - before, int64_t(256) << 20) << "a declared length was allocated";
 }
 
 TEST(ImageDecode, CorruptFilesAreRefused) {
