@@ -84,6 +84,10 @@ CudaRunner::CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const M
   if (const char* e = std::getenv("TERN_PREFILL_F16_MIN_TOKENS")) f16_min_tokens_ = std::max<int64_t>(0, std::atoll(e));
   if (o.f16_min_tokens >= 0) f16_min_tokens_ = o.f16_min_tokens;
   use_decode_kernels_ = !env_is("TERN_CUDA_DECODE_KERNELS", "0");
+  // TERN_SHORT_CALL_TOKENS (default 64; 0: off): a forward call of at most this many tokens (a short prompt, a chat
+  // turn after prefix reuse) runs as decode-plan chunks of kQmvMaxTokens instead of one prefill-plan chunk, whose
+  // fixed cost sets a short prompt's time (chunk_tokens).
+  if (const char* e = std::getenv("TERN_SHORT_CALL_TOKENS")) short_call_tokens_ = std::max<int64_t>(0, std::atoll(e));
   // The KV cache in fp16 (11 significant bits) unless TERN_KV_BF16=1 or the option asks for bf16 (8 bits).
   kv_f16_ = o.kv_f16 && !env_is("TERN_KV_BF16", "1");
   // TERN_L2_PREFETCH (a bit mask, default 12 = both; the one-token decode plan on Hopper; l2_prefetch.cuh): 4 the MoE
@@ -137,8 +141,8 @@ void CudaRunner::forward(Session& session, std::span<const int32_t> tokens, bool
   check_tokens(s, tokens);
   const int64_t V = w_->config.vocab_size, n = int64_t(tokens.size());
   logits.assign(size_t((all_logits ? n : 1) * V), 0.0f);
-  for (int64_t c0 = 0; c0 < n; c0 += max_chunk_) {
-    const int64_t T = std::min(max_chunk_, n - c0);
+  for (int64_t c0 = 0, T = 0; c0 < n; c0 += T) {
+    T = chunk_tokens(n, c0);
     run_chunk(s, tokens.subspan(size_t(c0), size_t(T)));
     if (all_logits) {
       lm_head_rows(0, T, logits.data() + c0 * V);
@@ -160,8 +164,8 @@ std::optional<int32_t> CudaRunner::forward_sample(Session& session, std::span<co
   // activation dumps on, every step does (a graph replay would write no rows).
   if (n == 1 && use_graphs_ && decode_warm_ && !dump_.on()) return decode_graph_step(s, tokens[0], sampling);
   if (n == 1) decode_warm_ = true;
-  for (int64_t c0 = 0; c0 < n; c0 += max_chunk_) {
-    const int64_t T = std::min(max_chunk_, n - c0);
+  for (int64_t c0 = 0, T = 0; c0 < n; c0 += T) {
+    T = chunk_tokens(n, c0);
     run_chunk(s, tokens.subspan(size_t(c0), size_t(T)));
     if (c0 + T == n) lm_head_device(T - 1, 1);
   }
@@ -278,6 +282,14 @@ AttnDims CudaRunner::attn_dims(int64_t T, int64_t capacity) const {
 bool CudaRunner::decode_plan(int64_t T) const {
   return use_decode_kernels_ && T <= std::min<int64_t>(kQmvMaxTokens, max_chunk_) &&
          w_->config.shared_expert_intermediate_size == w_->config.moe_intermediate_size;
+}
+
+// The tokens of the chunk at c0 of an n-token forward call. A call of at most short_call_tokens_ runs as decode-plan
+// chunks of kQmvMaxTokens (the multi-token decode kernels; the prefill plan's fixed cost makes its short chunks slow,
+// docs/benchmarks.md); a longer one in chunks of max_chunk_. The chunks depend on the call's own length only.
+int64_t CudaRunner::chunk_tokens(int64_t n, int64_t c0) const {
+  const int64_t step = n <= short_call_tokens_ && decode_plan(kQmvMaxTokens) ? kQmvMaxTokens : max_chunk_;
+  return std::min(step, n - c0);
 }
 
 void CudaRunner::run_chunk(CudaSession& s, std::span<const int32_t> tokens) {
