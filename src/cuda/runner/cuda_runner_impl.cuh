@@ -149,6 +149,7 @@ class CudaRunner final : public ModelRunner {
   std::shared_ptr<const ModelWeights> host_;  // keeps the source alive (not read after upload)
 
   // ---- images in the language model (image_tokens.cu) ----
+  const bool has_vision_ = host_ && host_->has_vision();  // read once host_ is set (declared after it)
   // The forward_images call running (null otherwise): its spans and its tokens' M-RoPE positions, from which each
   // chunk takes its part (the chunk starts at token s.pos - pos0 of the call).
   struct ImageCall {

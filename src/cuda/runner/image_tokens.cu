@@ -16,7 +16,7 @@ namespace tern::cuda {
 
 // The vision encoder itself is encode_image's (ModelRunner's refusal until the GPU encoder is in).
 std::string CudaRunner::images_unavailable() const {
-  if (host_ && host_->has_vision()) return "";
+  if (has_vision_) return "";
   return "this model has no vision encoder: its checkpoint holds no vision weights, so it reads text only";
 }
 

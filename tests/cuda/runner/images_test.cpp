@@ -268,10 +268,13 @@ TEST(CudaImages, SnapshotsKeepTheDelta) {
 TEST(CudaImages, RefusedCallsConsumeNothing) {
   TERN_REQUIRE_GPU();
   const uint64_t seed = fresh_seed("CudaImages.Refused");
-  RandomModel plain, with;
-  auto text_only = cuda_runner_create(random_model(seed, 4, kVocab, plain), {.progress = false});
+  RandomModel rm;
+  auto weights = model_with_vision(seed, rm);
+  auto without = std::make_shared<ModelWeights>(*weights);  // the same language model (its matrices shared)
+  without->vision.reset();
+  without->config.vision.reset();
+  auto text_only = cuda_runner_create(without, {.progress = false});
   EXPECT_FALSE(text_only->images_unavailable().empty());
-  auto weights = model_with_vision(seed, with);
   auto gpu = cuda_runner_create(weights, {.progress = false});
   EXPECT_EQ(gpu->images_unavailable(), "");
   std::mt19937_64 rng(seed);
