@@ -15,7 +15,10 @@ void ModelRunner::forward_batch(std::span<BatchEntry> batch) {
   for (BatchEntry& e : batch) forward_alone(e);
 }
 
-ImageEmbeddings ModelRunner::encode_image(const ImagePixels&) { throw Error(images_unavailable()); }
+ImageEmbeddings ModelRunner::encode_image(const ImagePixels&) {
+  const std::string why = images_unavailable();  // "" where the runner takes image rows but has no encoder of its own
+  throw Error(why.empty() ? "the " + backend_name() + " backend has no vision encoder" : why);
+}
 
 void ModelRunner::forward_images(Session& session, std::span<const int32_t> tokens, std::span<const ImageSpan> images,
                                  bool all_logits, std::vector<float>& logits) {

@@ -144,6 +144,7 @@ void CudaRunner::batch_step(std::span<BatchEntry* const> entries) {
     h.capacity[b] = s.capacity();
     h.splits[b] = attn_batch_splits(attn_dims(1, s.capacity()));
     h.pos[b] = s.d_pos;
+    h.rope_delta[b] = s.d_rope_delta;
     max_capacity = std::max(max_capacity, s.capacity());
     for (size_t i = 0; i < w_->layers.size(); ++i) {
       void** t = reinterpret_cast<void**>(batch_pinned_ + layer_table_offset(i));
@@ -233,6 +234,7 @@ void CudaRunner::slot_layers(int B, int64_t capacity, bool one_session) {
       ab.cache_v = reinterpret_cast<uint16_t* const*>(table + kSlots);
       ab.splits = dev->splits;
       ab.capacity = dev->capacity;
+      ab.rope_delta = dev->rope_delta;
       ab.one_session = one_session;
       attn_prepare_batched(batch_proj_, batch_proj_ + Q, batch_proj_ + Q + KV, l.q_norm, l.k_norm, ab, d, batch_q_,
                            stream_);

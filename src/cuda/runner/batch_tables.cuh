@@ -20,6 +20,7 @@ struct BatchHeader {
   int splits[kBatchSlots];      // attn_batch_splits of each slot's session capacity
   int64_t capacity[kBatchSlots];
   int* pos[kBatchSlots];        // the slot's position: CudaSession::d_pos (batched step), p0 + slot (verify step)
+  int* rope_delta[kBatchSlots]; // the slot's session's M-RoPE delta: CudaSession::d_rope_delta
   int* session_pos;             // the verify step's session: its CudaSession::d_pos, advanced by the step's tokens
 };
 constexpr size_t kLayerTableBytes = 2 * kBatchSlots * sizeof(void*);

@@ -307,6 +307,7 @@ void CudaRunner::chunk_body(CudaSession& s, int64_t T) {
   const Config& c = w_->config;
   const float eps = float(c.rms_norm_eps);
   embed_lookup(w_->embed, tokens_, T, hidden_, stream_);
+  insert_image_rows(s, T);
   if (decode_plan(T)) {
     for (size_t i = 0; i < w_->layers.size(); ++i) {
       const DeviceLayer& l = w_->layers[i];

@@ -54,8 +54,6 @@ class CudaRunner final : public ModelRunner {
   ~CudaRunner() override;
 
   std::string backend_name() const override { return "cuda"; }
-  // No vision encoder on the GPU yet: encode_image and forward_images with images refuse with this (ModelRunner's).
-  std::string images_unavailable() const override { return "images are not supported on the CUDA backend yet"; }
   void set_activation_dump_dir(const std::string& dir) override { dump_.set_dir(dir); }
   const Config& config() const override { return w_->config; }
   int64_t vocab_real() const override { return w_->vocab_real; }
@@ -78,6 +76,12 @@ class CudaRunner final : public ModelRunner {
   void forward_verify(Session& session, std::span<const int32_t> tokens, std::vector<float>& logits) override;
   bool forward_verify_sample(Session& session, std::span<const int32_t> tokens, const DeviceSampling& sampling,
                              std::vector<int32_t>& ids) override;
+
+  // ---- images in the language model (image_tokens.cu) ----
+  std::string images_unavailable() const override;
+  void forward_images(Session& session, std::span<const int32_t> tokens, std::span<const ImageSpan> images,
+                      bool all_logits, std::vector<float>& logits) override;
+  // ---- end of images ----
 
  private:
   static constexpr int64_t kLmRows = 128;  // logits rows computed at a time
@@ -144,6 +148,22 @@ class CudaRunner final : public ModelRunner {
 
   std::unique_ptr<DeviceWeights> w_;
   std::shared_ptr<const ModelWeights> host_;  // keeps the source alive (not read after upload)
+
+  // ---- images in the language model (image_tokens.cu) ----
+  const bool has_vision_ = host_ && host_->has_vision();  // read once host_ is set (declared after it)
+  // The forward_images call running (null otherwise): its spans and its tokens' M-RoPE positions, from which each
+  // chunk takes its part (the chunk starts at token s.pos - pos0 of the call).
+  struct ImageCall {
+    std::span<const ImageSpan> spans;
+    int64_t pos0 = 0;          // the session's position when the call began
+    const int* axes = nullptr; // [tokens, 3] device: every token's (t, h, w) rotary positions
+  };
+  const ImageCall* image_call_ = nullptr;
+  // The running chunk's image rows over its embeddings in hidden_ (chunk_body; none outside forward_images).
+  void insert_image_rows(const CudaSession& s, int64_t T);
+  // The rotary positions of the running chunk's attention layers: the session's delta, or the call's 3-axis ones.
+  AttnRope attn_rope(const CudaSession& s) const;
+  // ---- end of images ----
   int64_t max_chunk_;
   cudaStream_t stream_{};
   DeviceArena scratch_;

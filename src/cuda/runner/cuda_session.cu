@@ -44,6 +44,7 @@ class CudaSnapshot final : public StateSnapshot {
 
   const void* owner;
   int64_t pos;
+  int64_t rope_delta = 0;  // the session's M-RoPE delta at pos
   size_t size;
   uint8_t* dev = nullptr;
   uint8_t* host = nullptr;
@@ -146,7 +147,7 @@ size_t CudaSession::bytes_for(const DeviceWeights& w, int64_t capacity) {
   const int64_t kv_elems = int64_t(c.num_key_value_heads) * capacity * c.head_dim;
   const int64_t conv_elems = int64_t(c.linear_conv_kernel_dim - 1) * c.conv_channels();
   const int64_t rec_elems = int64_t(c.linear_num_value_heads) * c.linear_value_head_dim * c.linear_key_head_dim;
-  size_t bytes = DeviceArena::align(sizeof(int));
+  size_t bytes = DeviceArena::align(2 * sizeof(int));  // d_pos, d_rope_delta
   for (const DeviceLayer& l : w.layers)
     bytes += l.type == LayerType::full_attention ? 2 * DeviceArena::align(size_t(kv_elems) * 2)
                                                  : DeviceArena::align(size_t(conv_elems) * 4) +
@@ -169,7 +170,8 @@ CudaSession::CudaSession(const DeviceWeights& w, int64_t capacity, const void* o
   const int64_t conv_elems = int64_t(c.linear_conv_kernel_dim - 1) * c.conv_channels();
   const int64_t rec_elems = int64_t(c.linear_num_value_heads) * c.linear_value_head_dim * c.linear_key_head_dim;
   arena = DeviceArena(bytes_for(w, capacity), "session caches");
-  d_pos = arena.take_n<int>(1);
+  d_pos = arena.take_n<int>(2);
+  d_rope_delta = d_pos + 1;
   for (const DeviceLayer& l : w.layers) {
     LayerCache lc;
     if (l.type == LayerType::full_attention) {
@@ -193,9 +195,18 @@ void CudaSession::reset() {
     if (lc.conv) TERN_CUDA(cudaMemset(lc.conv, 0, lc.conv_bytes));
     if (lc.rec) TERN_CUDA(cudaMemset(lc.rec, 0, lc.rec_bytes));
   }
-  TERN_CUDA(cudaMemset(d_pos, 0, sizeof(int)));
+  TERN_CUDA(cudaMemset(d_pos, 0, 2 * sizeof(int)));  // and d_rope_delta
   TERN_CUDA(cudaDeviceSynchronize());
   pos = 0;
+  rope_delta_ = 0;
+}
+
+void CudaSession::set_rope_delta(int64_t delta, cudaStream_t stream) {
+  TERN_CHECK(delta >= INT32_MIN && delta <= INT32_MAX, "cuda session: M-RoPE delta ", delta, " out of range");
+  const int d32 = int(delta);
+  // From pageable memory: the copy has taken the value when the call returns.
+  TERN_CUDA(cudaMemcpyAsync(d_rope_delta, &d32, sizeof(int), cudaMemcpyHostToDevice, stream));
+  rope_delta_ = delta;
 }
 
 size_t CudaSession::gdn_state_bytes() const {
@@ -209,6 +220,7 @@ std::unique_ptr<StateSnapshot> CudaSession::snapshot() const {
   TERN_CHECK(snapshot_buffers_->bytes() == gdn_state_bytes(), "cuda snapshot: buffers of ", snapshot_buffers_->bytes(),
              " bytes for states of ", gdn_state_bytes());
   auto snap = std::make_unique<CudaSnapshot>(owner, pos, snapshot_buffers_);
+  snap->rope_delta = rope_delta_;
   const cudaStream_t cs = snapshot_buffers_->stream();
   uint8_t* p = snap->dev;
   for (const LayerCache& lc : layers) {
@@ -239,10 +251,11 @@ void CudaSession::restore(const StateSnapshot& snapshot) {
     p += lc.rec_bytes;
   }
   TERN_CUDA(cudaStreamSynchronize(cs));
-  const int p32 = int(snap->pos);
-  TERN_CUDA(cudaMemcpy(d_pos, &p32, sizeof(int), cudaMemcpyHostToDevice));
+  const int pos_delta[2] = {int(snap->pos), int(snap->rope_delta)};  // d_pos, d_rope_delta
+  TERN_CUDA(cudaMemcpy(d_pos, pos_delta, sizeof(pos_delta), cudaMemcpyHostToDevice));
   TERN_CUDA(cudaDeviceSynchronize());
   pos = snap->pos;
+  rope_delta_ = snap->rope_delta;
 }
 
 size_t CudaSession::kept_bytes(int tokens) const {

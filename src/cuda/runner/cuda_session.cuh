@@ -121,6 +121,10 @@ class CudaSession final : public Session {
   int64_t position() const override { return pos; }
   int64_t capacity() const override { return capacity_; }
   void reset() override;
+  // M-RoPE (images): kept on the host and at d_rope_delta for the attention layers; snapshots keep it.
+  int64_t rope_delta() const override { return rope_delta_; }
+  // Sets it, the device copy on `stream` (ordered before the stream's next step).
+  void set_rope_delta(int64_t delta, cudaStream_t stream);
 
   // Prefix reuse (runner.h). The runner's stream is non-blocking: synchronize the device before and after the
   // copies (plain cudaMemcpy on the legacy stream), so that no kernel of the runner races them. Buffers never
@@ -164,6 +168,7 @@ class CudaSession final : public Session {
   uint64_t id;           // unique per runner: the decode graph is bound to one session's buffers
   int64_t pos = 0;
   int* d_pos = nullptr;  // tokens in the cache, on the device
+  int* d_rope_delta = nullptr;  // rope_delta() on the device (the int after d_pos)
   std::vector<LayerCache> layers;
   DeviceArena arena;
   int kv_heads = 0, head_dim = 0;  // the KV caches' shape (copy_kv_prefix)
@@ -172,6 +177,7 @@ class CudaSession final : public Session {
   void copy_kept_states(int64_t t, int64_t position);
 
   int64_t capacity_;
+  int64_t rope_delta_ = 0;
   std::shared_ptr<SnapshotBuffers> snapshot_buffers_;
   std::shared_ptr<KeptStateBuffers> kept_pool_;
   KeptStateBuffers::Buffer kept_buffer_;  // taken from kept_pool_ by kept_buffers (empty: none held)

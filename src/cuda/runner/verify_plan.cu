@@ -58,6 +58,7 @@ void CudaRunner::verify_step(CudaSession& s, std::span<const int32_t> tokens) {
     h.capacity[j] = s.capacity();
     h.splits[j] = splits;
     h.pos[j] = verify_pos_ + j;
+    h.rope_delta[j] = s.d_rope_delta;
   }
   h.session_pos = s.d_pos;
   for (size_t i = 0; i < w_->layers.size(); ++i) {

@@ -267,6 +267,9 @@ struct Seqs {
   uint16_t* const* cache_v_of = nullptr;
   const int64_t* capacity_of = nullptr;
   const int* splits_of = nullptr;
+  // attn_prepare's rotary offsets (AttnRope::delta): the one sequence's, or the batched calls' table; null: 0.
+  const int* rope_delta = nullptr;
+  const int* const* rope_delta_of = nullptr;
 };
 
 template <typename Elem>
@@ -288,10 +291,23 @@ __device__ __forceinline__ int splits_at(const Seqs<Elem>& s, int b) {
   return s.splits_of ? s.splits_of[b] : s.splits;
 }
 
+// Sequence b's M-RoPE delta (0 without one). attn_prepare only, after its pdl_wait.
+template <typename Elem>
+__device__ __forceinline__ int64_t rope_delta_at(const Seqs<Elem>& s, int b) {
+  const int* delta = s.rope_delta_of ? s.rope_delta_of[b] : s.rope_delta;
+  return delta ? *delta : 0;
+}
+
 // ---- attn_prepare -----------------------------------------------------------------------------------------------
 
 struct RopeFreqs {
   float inv[kMaxRopeHalf];  // f_i = 1/θ^(2i/rot), computed on the host exactly as the CPU twin does
+};
+
+// A launch's 3-axis rotary positions (AttnRope::axes and section; one sequence only).
+struct RopeAxes {
+  const int* pos = nullptr;  // [rows, 3] (t, h, w) per row; null: every axis at the cache position + the delta
+  int section[3] = {0, 0, 0};
 };
 
 // attn_prepare holds a head row of DH floats in a group of CH = DH/8 lanes (lane = sub·CH + c): lane c of the group
@@ -308,17 +324,32 @@ __device__ __forceinline__ void stage_freqs(const RopeFreqs& freqs, float* inv_s
   __syncthreads();
 }
 
-// cos and sin of the rotate-half RoPE angles of the chunk's elements at position pos (1, 0 past rot); inv: the
+// Row i's rotary positions (t, h, w): its own with 3-axis positions, else its cache position pos plus its sequence's
+// M-RoPE delta on every axis (all three equal: the plain RoPE position).
+template <typename Elem>
+__device__ __forceinline__ void rope_positions(const Seqs<Elem>& seqs, const RopeAxes& axes, int64_t i, int b,
+                                               int64_t pos, int64_t (&p)[3]) {
+  if (axes.pos) {
+#pragma unroll
+    for (int a = 0; a < 3; ++a) p[a] = axes.pos[3 * i + a];
+    return;
+  }
+  p[0] = p[1] = p[2] = pos + rope_delta_at(seqs, b);
+}
+
+// cos and sin of the rotate-half RoPE angles of the chunk's elements at positions p (1, 0 past rot): pair j at the
+// position of its interleaved M-RoPE axis (section, as cpu::mrope_angles; any axis when the three are equal); inv: the
 // frequencies in shared memory (stage_freqs).
-__device__ __forceinline__ void rope_cos_sin(int64_t pos, int c, int rot, const float* inv, float (&cs)[8],
-                                             float (&sn)[8]) {
+__device__ __forceinline__ void rope_cos_sin(const int64_t (&p)[3], const int (&section)[3], int c, int rot,
+                                             const float* inv, float (&cs)[8], float (&sn)[8]) {
   const int half = rot / 2;
 #pragma unroll
   for (int e = 0; e < 8; ++e) {
-    const int i = 8 * c + e;
+    const int i = 8 * c + e, j = i < half ? i : i - half;
+    const int64_t pos = j % 3 == 1 && j < 3 * section[1] ? p[1] : j % 3 == 2 && j < 3 * section[2] ? p[2] : p[0];
     cs[e] = 1.0f;
     sn[e] = 0.0f;
-    if (i < rot) sincosf(float(pos) * inv[i < half ? i : i - half], &sn[e], &cs[e]);  // fp32, as the CPU twin
+    if (i < rot) sincosf(float(pos) * inv[j], &sn[e], &cs[e]);  // fp32, as the CPU twin
   }
 }
 
@@ -356,7 +387,7 @@ template <int DH, bool F16>
 __global__ void __launch_bounds__(256) attn_prepare_kernel(const float* qg, const float* k, const float* v,
                                                            int64_t ld_qg, int64_t ld_kv, const float* q_norm,
                                                            const float* k_norm, Seqs<uint16_t> seqs, AttnDims d,
-                                                           RopeFreqs freqs, float* q_out) {
+                                                           RopeFreqs freqs, RopeAxes axes, float* q_out) {
   constexpr int CH = DH / 8, PER_WARP = 32 / CH;
   __shared__ float inv_s[kMaxRopeHalf];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, c = lane % CH;
@@ -368,8 +399,9 @@ __global__ void __launch_bounds__(256) attn_prepare_kernel(const float* qg, cons
   const bool live = task < seqs.B * d.T * heads;  // dead lanes still take part in the shuffles
   const int64_t i = live ? task / heads : 0;
   const int h = live ? int(task % heads) : 0;
-  const Seq<uint16_t> s = seq_at(seqs, int(i / d.T));
-  const int64_t pos = s.pos0 + i % d.T;
+  const int b = int(i / d.T);
+  const Seq<uint16_t> s = seq_at(seqs, b);
+  const int64_t pos = s.pos0 + i % d.T;  // the cache row
   const bool is_q = h < d.Hq, is_v = h >= d.Hq + d.Hkv;
   float x[8];
   load_chunk(is_q ? qg + i * ld_qg + int64_t(h) * 2 * DH
@@ -380,7 +412,9 @@ __global__ void __launch_bounds__(256) attn_prepare_kernel(const float* qg, cons
         pack8_16<F16>(x);
   float w[8], cs[8], sn[8];
   load_chunk(is_q ? q_norm : k_norm, c, w);
-  rope_cos_sin(pos, c, d.rot, inv_s, cs, sn);
+  int64_t rope_pos[3];
+  rope_positions(seqs, axes, i, b, pos, rope_pos);
+  rope_cos_sin(rope_pos, axes.section, c, d.rot, inv_s, cs, sn);
   norm_rope_chunk<DH>(x, w, d.eps, d.rot, c, cs, sn);  // every lane: the shuffles span the warp
   if (!live || is_v) return;
   if (is_q) {
@@ -915,7 +949,7 @@ RopeFreqs rope_freqs(const AttnDims& d) {
 // at qg + i·ld_qg, of k and v at + i·ld_kv.
 void launch_prepare(const float* qg, const float* k, const float* v, int64_t ld_qg, int64_t ld_kv, const float* q_norm,
                     const float* k_norm, const Seqs<uint16_t>& seqs, const AttnDims& d, const RopeFreqs& freqs,
-                    float* q_out, cudaStream_t stream) {
+                    const RopeAxes& axes, float* q_out, cudaStream_t stream) {
   const int64_t tasks = seqs.B * d.T * (d.Hq + 2 * d.Hkv);
   const int per_block = 8 * (32 / (d.dh / 8));  // 8 warps, each 32 / (dh/8) rows at once
   auto kernel = d.kv_f16 ? (d.dh == 64 ? attn_prepare_kernel<64, true>
@@ -923,14 +957,14 @@ void launch_prepare(const float* qg, const float* k, const float* v, int64_t ld_
                          : (d.dh == 64 ? attn_prepare_kernel<64, false>
                             : d.dh == 128 ? attn_prepare_kernel<128, false> : attn_prepare_kernel<256, false>);
   launch_pdl("attn_prepare", kernel, dim3(blocks_for(tasks, per_block)), dim3(256), 0, stream, qg, k, v, ld_qg, ld_kv,
-             q_norm, k_norm, seqs, d, freqs, q_out);
+             q_norm, k_norm, seqs, d, freqs, axes, q_out);
 }
 
 // The batched calls' sequences: AttnBatch's tables.
 template <typename Elem>
 Seqs<Elem> batch_seqs(const AttnBatch& b) {
   return {.B = b.B, .pos0_of = b.pos0, .cache_k_of = b.cache_k, .cache_v_of = b.cache_v, .capacity_of = b.capacity,
-          .splits_of = b.splits};
+          .splits_of = b.splits, .rope_delta_of = b.rope_delta};
 }
 
 constexpr int kMaxBatch = 32;  // AttnBatch::B
@@ -953,12 +987,15 @@ void attention_check(const AttnDims& d) {
 
 void attn_prepare(const float* qg, const float* k, const float* v, const float* q_norm, const float* k_norm,
                   const int* pos0, const AttnDims& d, float* q_out, uint16_t* cache_k, uint16_t* cache_v,
-                  cudaStream_t stream) {
+                  cudaStream_t stream, const AttnRope& rope) {
   const RopeFreqs freqs = rope_freqs(d);
   if (d.T == 0) return;
-  const Seqs<uint16_t> seqs{.pos0 = pos0, .cache_k = cache_k, .cache_v = cache_v, .capacity = d.capacity};
-  launch_prepare(qg, k, v, int64_t(d.Hq) * 2 * d.dh, int64_t(d.Hkv) * d.dh, q_norm, k_norm, seqs, d, freqs, q_out,
-                 stream);
+  const Seqs<uint16_t> seqs{
+      .pos0 = pos0, .cache_k = cache_k, .cache_v = cache_v, .capacity = d.capacity, .rope_delta = rope.delta};
+  RopeAxes axes;
+  if (rope.axes) axes = {.pos = rope.axes, .section = {rope.section[0], rope.section[1], rope.section[2]}};
+  launch_prepare(qg, k, v, int64_t(d.Hq) * 2 * d.dh, int64_t(d.Hkv) * d.dh, q_norm, k_norm, seqs, d, freqs, axes,
+                 q_out, stream);
 }
 
 void attention_init() { attention_setup(); }
@@ -995,8 +1032,8 @@ void attn_prepare_batched(const float* qg, const float* k, const float* v, const
                           const AttnBatch& batch, const AttnDims& d, float* q_out, cudaStream_t stream) {
   const RopeFreqs freqs = rope_freqs(d);
   check_batch(batch, d, "attn_prepare_batched");
-  launch_prepare(qg, k, v, batch.ld_qkv, batch.ld_qkv, q_norm, k_norm, batch_seqs<uint16_t>(batch), d, freqs, q_out,
-                 stream);
+  launch_prepare(qg, k, v, batch.ld_qkv, batch.ld_qkv, q_norm, k_norm, batch_seqs<uint16_t>(batch), d, freqs, {},
+                 q_out, stream);
 }
 
 void attention_batched(const float* q, const float* qg, const AttnBatch& batch, const AttnDims& d, float* partial,

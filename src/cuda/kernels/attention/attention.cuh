@@ -33,13 +33,25 @@ struct AttnDims {
   bool kv_f16 = false;  // the cache (and q, the softmax weights on the tensor cores) in fp16, else bf16
 };
 
+// The rotary positions of the new tokens when they are not their cache positions (M-RoPE after images;
+// docs/architecture.md, "Images in the language model"). Token t rotates at pos0 + t + *delta on every axis, or, with
+// `axes`, at its own (t, h, w) positions: rotary pair i takes axis h when i % 3 == 1 and i < 3·section[1], axis w
+// when i % 3 == 2 and i < 3·section[2], else axis t (interleaved M-RoPE, cpu::mrope_angles). A token whose three
+// positions are equal rotates exactly as a token at that one position. Both are device memory, read after the
+// kernel's pdl_wait (written by copies before the launch, or by an earlier kernel). The cache row stays pos0 + t.
+struct AttnRope {
+  const int* delta = nullptr;  // [1]: the session's M-RoPE delta (Session::rope_delta); null: 0
+  const int* axes = nullptr;   // [T, 3]: token t's (t, h, w) positions, in place of pos0 + t + delta; null: none
+  int section[3] = {0, 0, 0};  // mrope_section (read only with axes)
+};
+
 // qg [T, Hq·2·dh] (per head [q | gate]), k, v [T, Hkv·dh] ->
 //   q_out [T, Hq, dh] = rope(rmsnorm(q)·q_norm), cache_k[kvh][pos0+t] = rope(rmsnorm(k)·k_norm), cache_v[..] = v (16-bit).
 // cache_k, cache_v: [Hkv, capacity, dh] fp16 or bf16 bits (d.kv_f16). Head dims 64, 128, 256; rotary dims 0 or a power of two from 16
-// to min(dh, 128) (anything else: tern::Error).
+// to min(dh, 128) (anything else: tern::Error). rope: the rotary positions when they are not pos0 + t (AttnRope).
 void attn_prepare(const float* qg, const float* k, const float* v, const float* q_norm, const float* k_norm,
                   const int* pos0, const AttnDims& d, float* q_out, uint16_t* cache_k, uint16_t* cache_v,
-                  cudaStream_t stream);
+                  cudaStream_t stream, const AttnRope& rope = {});
 
 // Floats of scratch (`partial` below) that attention() needs for any call of at most T new tokens, at any capacity:
 // the decode split partials o [min(T,8), Hq, splits, dh], m and l [min(T,8), Hq, splits] for up to
@@ -81,6 +93,8 @@ struct AttnBatch {
   uint16_t* const* cache_v = nullptr;
   const int64_t* capacity = nullptr;  // [B] capacity_b: the rows of sequence b's cache (its d.capacity alone)
   const int* splits = nullptr;        // [B] attn_batch_splits(d with capacity_b) of each sequence (attention_batched)
+  // [B] each sequence's M-RoPE delta (AttnRope::delta; attn_prepare_batched, read after its pdl_wait); null: none.
+  const int* const* rope_delta = nullptr;
   // The B "sequences" are consecutive tokens of one session (verification of drafts: positions p0, p0 + 1, ...):
   // rows below a sequence's position may be written by this step's attn_prepare_batched, so attention_batched reads
   // no K/V tile before its wait on the kernel before.
