@@ -31,7 +31,7 @@ struct CudaRunnerOptions {
   bool kv_f16 = true;
   // cuda_runner_create_synthetic: also a vision tower of these widths with random weights generated on the device, for
   // encode_image (tern bench --synthetic --image); cuda_runner_create takes the weights' own tower instead.
-  std::optional<VisionConfig> synthetic_vision;
+  std::optional<VisionConfig> synthetic_vision = std::nullopt;
 };
 
 // Uploads `weights` to GPU 0. Throws tern::Error when there is no GPU or the model does not fit.
