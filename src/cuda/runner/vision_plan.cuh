@@ -12,7 +12,7 @@
 // the attention output, fc1's activations) are rounded to bf16, as the tensor cores take them.
 //
 // Scratch: sized to the largest image encoded so far and kept (grown, never shrunk), so that repeated images of one
-// size allocate nothing; not sized up front to the processor's largest image (16.7 M pixels, 65,536 patches: ~2.4 GB)
+// size allocate nothing; not sized up front to the processor's largest image (16.7 M pixels, 65,536 patches: ~2.6 GB)
 // because most images are far smaller and the sessions' memory plan does not count it. The position taps and rotary
 // angles are computed on the host (cpu/ops_vision.h, the CPU encoder's own) and uploaded with the pixels.
 #pragma once

@@ -5,10 +5,10 @@
 // Expected error: the GPU rounds the products' inputs to bf16 (the norms' outputs, q, k, v, the softmax weights, the
 // attention output, fc1's activations: 2^-9 relative each) and keeps the residual stream and every accumulator in
 // fp32; the matrices are the same bf16 values on both sides (the demo's F32 ones are rounded at upload, a further
-// 2^-9 per weight). Measured as ‖gpu − cpu‖₂ / ‖cpu‖₂ over the whole output: a few 1e-3 per block's worth of
-// rounding that does not grow much with depth (LayerNorm rescales each block's input); asserted at 1.5e-2 for the
-// demo's widths and 3e-2 for the real widths at full depth (27 blocks), with every element within 15% of the
-// output's largest magnitude (an indexing error moves elements by ~100% of it).
+// 2^-9 per weight). Measured as ‖gpu − cpu‖₂ / ‖cpu‖₂ over the whole output: a few 1e-3, not growing much with
+// depth (LayerNorm rescales each block's input; H200: 3.7e-3 at the real widths over 27 blocks, ~5e-3 at the demo's
+// with its F32 weights rounded); asserted at 1e-2 for the real widths and 1.5e-2 for the demo's, with every element
+// within 15% of the output's largest magnitude (an indexing error moves elements by ~100% of it).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -141,7 +141,7 @@ TEST(VisionEncoderCuda, RealWidthsMatchCpu) {
   const ImagePixels p = random_pixels(rng, w->config, MropeGrid{1, 14, 18});
   const ImageEmbeddings e = plan.encode(p);
   ASSERT_EQ(e.tokens, 63);
-  expect_encoder_close(e.values, cpu_encode(*w, p), 3e-2, "real widths, 27 blocks, grid (1, 14, 18)");
+  expect_encoder_close(e.values, cpu_encode(*w, p), 1e-2, "real widths, 27 blocks, grid (1, 14, 18)");
 }
 
 TEST(VisionEncoderCuda, RefusesPixelsThatDoNotMatchTheGrid) {
