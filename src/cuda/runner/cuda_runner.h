@@ -46,7 +46,7 @@ std::unique_ptr<ModelRunner> cuda_runner_create_synthetic(const Config& config, 
 int cuda_device_count();
 std::string cuda_device_name();
 
-// Bytes the runner's weights occupy on the GPU (0 for another backend).
+// Bytes the runner's weights occupy on the GPU, the vision tower's included (0 for another backend).
 int64_t cuda_runner_weight_bytes(const ModelRunner& runner);
 
 // forward_batch steps that ran several sessions through the batched kernels (not one after another) so far; 0 for

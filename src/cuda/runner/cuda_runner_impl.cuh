@@ -62,7 +62,8 @@ class CudaRunner final : public ModelRunner {
   int64_t vocab_real() const override { return w_->vocab_real; }
   // The forward chunk: a 4K prompt in one call instead of two of 2K (H200: 225 against 257 ms).
   int64_t preferred_prefill_chunk() const override { return max_chunk_; }
-  int64_t weight_bytes() const { return w_->bytes; }
+  // The language model's weights and the vision tower's (vision_plan.cu), as the memory plan counts them.
+  int64_t weight_bytes() const { return w_->bytes + (vision_ ? vision_->weight_bytes() : 0); }
   int64_t batched_steps() const { return batched_steps_; }
 
   std::unique_ptr<Session> create_session(int64_t max_context) override;
