@@ -11,6 +11,9 @@
 //                                                          src/engine/bench_run.h)
 //   tern bench --demo --speculative                       (verify and draft costs, tok/s at set draft acceptance:
 //                                                          src/engine/bench_speculative.h)
+//   tern bench --synthetic --device cuda --image 1024     (also the vision encoder's time for a 1024 x 1024 image,
+//                                                          on a random tower of Qwen3.6's widths; a checkpoint with
+//                                                          a vision tower prints it by default on CUDA)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -39,6 +42,8 @@
 #endif
 #include "model/checkpoint.h"
 #include "model/config.h"
+#include "model/image_input.h"
+#include "model/runner.h"
 
 #ifdef TERN_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -74,6 +79,7 @@ struct BenchArgs {
   bool speculative = false;        // --speculative: the speculative decoding benchmark instead of the table
   int draft_max = 0;               // 0: the backend's most (max_verify_tokens() − 1), at most 8
   std::string draft_counts, acceptance;  // "" : the defaults
+  int image = -1;  // --image SIZE: time encode_image on a SIZE x SIZE image; 0 off; -1 the default (print_image_encode)
 };
 
 #ifndef TERN_GPU_ONLY
@@ -293,6 +299,38 @@ void run_speculative(BenchArgs a, ModelRunner& runner, const std::string& device
 }
 #endif
 
+// "image encode ms": the vision encoder (ModelRunner::encode_image) on a size x size image, the median of `repeats`
+// runs after one untimed. size must be a multiple of patch x merge (32), so that the processor keeps the square as
+// it is (between 256² and 4096² pixels): the grid is then (1, size/16, size/16). The pixels are random in the
+// processor's normalised range [-1, 1] (the encoder's time does not depend on them).
+void print_image_encode(ModelRunner& runner, const VisionConfig& vc, int size, int repeats) {
+  const int factor = vc.patch_size * vc.spatial_merge_size;
+  TERN_USAGE_CHECK(size % factor == 0 && int64_t(size) * size >= 65536 && int64_t(size) * size <= 16777216,
+                   "--image ", size, ": a side that is a multiple of ", factor, ", from 256 to 4096");
+  ImagePixels p;
+  p.grid = {1, size / vc.patch_size, size / vc.patch_size};
+  p.patch_dim = vc.patch_dim();
+  p.values.resize(size_t(p.grid.h * p.grid.w * p.patch_dim));
+  uint64_t state = 0x9e3779b97f4a7c15ull;
+  for (float& v : p.values) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    v = float(state >> 40) * (2.0f / 16777216.0f) - 1.0f;
+  }
+  ImageEmbeddings e = runner.encode_image(p);  // untimed: scratch, first launches
+  std::vector<double> ms;
+  for (int i = 0; i < std::max(1, repeats); ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    e = runner.encode_image(p);
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  std::printf("image encode ms: %.2f for a %dx%d image (grid 1 x %lld x %lld, %lld tokens; vision tower of %d blocks, "
+              "width %lld; median of %zu)\n",
+              ms[ms.size() / 2], size, size, (long long)p.grid.h, (long long)p.grid.w, (long long)e.tokens, vc.depth,
+              (long long)vc.hidden_size, ms.size());
+  std::fflush(stdout);
+}
+
 void run_bench(BenchArgs a) {
   TERN_USAGE_CHECK(int(!a.model_dir.empty()) + int(a.synthetic) + int(a.demo) == 1,
                    "tern bench: give exactly one of -m DIR, --synthetic or --demo");
@@ -345,7 +383,12 @@ void run_bench(BenchArgs a) {
     const ModelWeights shapes = weights_mlx4_shapes(config);
     roofline = roofline_from_weights(shapes);
     if (gpu) gpu_memory_check_weights(*gpu, shapes.total_bytes());
-    runner = cuda_runner_create_synthetic(config, a.seed);
+    CudaRunnerOptions ro;
+    if (a.image > 0) {  // a random vision tower of Qwen3.6's widths, made on the device
+      ro.synthetic_vision = VisionConfig{};
+      ro.synthetic_vision->out_hidden_size = config.hidden_size;
+    }
+    runner = cuda_runner_create_synthetic(config, a.seed, ro);
     report.model = "synthetic Qwen3.6-35B-A3B, random weights in the MLX 4-bit layout (routing near uniform), " +
                    weights_description(shapes, roofline);
 #endif
@@ -375,6 +418,16 @@ void run_bench(BenchArgs a) {
 #ifndef TERN_GPU_ONLY
   if (a.speculative) return run_speculative(a, *runner, device, report.model, gpu);
 #endif
+  // The vision encoder: by default on CUDA when the model has a tower (a real checkpoint), else with --image. Before
+  // the memory plan below, which then sees the encoder's scratch in use.
+  const std::optional<VisionConfig> vision =
+      a.synthetic && a.image > 0 ? std::optional<VisionConfig>(VisionConfig{}) : runner->config().vision;
+  const int image = a.image >= 0 ? a.image : (device == "cuda" && vision ? 1024 : 0);
+  if (image > 0) {
+    TERN_USAGE_CHECK(vision.has_value(), "--image: this model has no vision tower");
+    print_image_encode(*runner, *vision, image, a.repeats);
+  }
+
   o.lengths = lengths_to_run(a, runner->config().max_position_embeddings);
   int64_t memory_context = 0;  // on a GPU: the longest context one sequence gets in its memory
   if (gpu && !a.prefix_reuse) memory_context = lengths_fit_memory(a, *runner, *gpu, o.lengths, o.concurrency);
@@ -448,7 +501,8 @@ void run_bench(BenchArgs a) {
                      " --device " + device + " --lengths " + a.lengths + " --repeats " + std::to_string(a.repeats) +
                      " --warmup " + std::to_string(a.warmup) + " --decode-steps " + std::to_string(a.decode_steps) +
                      (a.prefill_chunk ? " --prefill-chunk " + std::to_string(a.prefill_chunk) : std::string()) +
-                     (!a.concurrency_given ? std::string() : std::string(" --concurrency ").append(a.concurrency));
+                     (!a.concurrency_given ? std::string() : std::string(" --concurrency ").append(a.concurrency)) +
+                     (a.image >= 0 ? " --image " + std::to_string(a.image) : std::string());
   if (device == "cuda") measured.memory_kind = "GPU memory in use (cudaMemGetInfo), highest sample";
   std::fputs(bench_table(measured).c_str(), stdout);
   std::fflush(stdout);
@@ -518,6 +572,11 @@ void command_bench(CLI::App& app) {
       ->each([args](const std::string&) { args->concurrency_given = true; });
   gpu_memory_flag_add(sub, args->gpu_memory);
   sub->add_flag("-q,--quiet", args->quiet, "No progress lines on stderr");
+  sub->add_option("--image", args->image,
+                  "Also time the vision encoder on a SIZE x SIZE image (\"image encode ms\"; SIZE a multiple of 32): "
+                  "default 1024 on CUDA when the model has a vision tower, 0 turns it off; with --synthetic a random "
+                  "tower of Qwen3.6's widths is made on the GPU for it")
+      ->check(CLI::Range(0, 4096));
 #ifndef TERN_GPU_ONLY
   sub->add_option("--json-schema", args->json_schema,
                   "Constrain the decode steps to this JSON Schema (greedy, masks on the host while the device runs)");

@@ -36,6 +36,7 @@ CudaRunner::CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const M
     : w_(std::move(w)), host_(std::move(host)), max_chunk_(std::max<int64_t>(1, o.max_chunk)) {
   TERN_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   allocate_scratch();
+  if (host_ && host_->vision) vision_ = std::make_unique<VisionPlan>(*host_->vision, stream_);
   TERN_CUDA(cudaMallocHost(&pinned_, 256));
   use_graphs_ = !env_is("TERN_CUDA_GRAPHS", "0");
   // TERN_CUDA_FP32=1: the prefill plan's matrix products and chunked Gated DeltaNet on the fp32 SIMT kernels
@@ -397,7 +398,9 @@ std::unique_ptr<ModelRunner> cuda_runner_create_synthetic(const Config& config, 
   require_gpu();
   auto dw = device_weights_synthetic(config, seed, options.progress);
   if (options.vocab_real > 0) dw->vocab_real = std::min<int64_t>(options.vocab_real, config.vocab_size);
-  return std::make_unique<CudaRunner>(std::move(dw), nullptr, options);
+  auto runner = std::make_unique<CudaRunner>(std::move(dw), nullptr, options);
+  if (options.synthetic_vision) runner->attach_synthetic_vision(*options.synthetic_vision, seed);
+  return runner;
 }
 
 int64_t cuda_runner_batched_steps(const ModelRunner& runner) {

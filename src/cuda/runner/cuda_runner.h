@@ -5,8 +5,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
+#include "model/config.h"
 #include "model/runner.h"
 
 namespace tern {
@@ -27,6 +29,9 @@ struct CudaRunnerOptions {
   int f16_sites = -1;
   // The KV cache (and the attention kernels' q and softmax weights) in fp16; false: bf16 (as TERN_KV_BF16=1).
   bool kv_f16 = true;
+  // cuda_runner_create_synthetic: also a vision tower of these widths with random weights generated on the device, for
+  // encode_image (tern bench --synthetic --image); cuda_runner_create takes the weights' own tower instead.
+  std::optional<VisionConfig> synthetic_vision = std::nullopt;
 };
 
 // Uploads `weights` to GPU 0. Throws tern::Error when there is no GPU or the model does not fit.
@@ -41,7 +46,7 @@ std::unique_ptr<ModelRunner> cuda_runner_create_synthetic(const Config& config, 
 int cuda_device_count();
 std::string cuda_device_name();
 
-// Bytes the runner's weights occupy on the GPU (0 for another backend).
+// Bytes the runner's weights occupy on the GPU, the vision tower's included (0 for another backend).
 int64_t cuda_runner_weight_bytes(const ModelRunner& runner);
 
 // forward_batch steps that ran several sessions through the batched kernels (not one after another) so far; 0 for

@@ -2,8 +2,8 @@
 // cuda_runner.cu (construction and options, sessions, the forward loop, activation scratch, the LM head),
 // decode_plan.cu (chunks of at most kQmvMaxTokens tokens: the fused decode kernels, one CUDA graph per step, the
 // token mask), batch_plan.cu (one token of each of several sessions in one step: forward_batch) and prefill_plan.cu
-// (longer chunks: the prepared inputs of the prefill products, the mixers and the MoE block). Included by those
-// files only.
+// (longer chunks: the prepared inputs of the prefill products, the mixers and the MoE block); vision_plan.cu holds
+// encode_image (the vision encoder, VisionPlan). Included by those files only.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -29,6 +29,7 @@
 #include "cuda/runner/cuda_runner.h"
 #include "cuda/runner/cuda_session.cuh"
 #include "cuda/runner/step_timer.cuh"
+#include "cuda/runner/vision_plan.cuh"
 #include "cuda/weights/device_weights.cuh"
 #include "model/runner.h"
 
@@ -59,7 +60,8 @@ class CudaRunner final : public ModelRunner {
   int64_t vocab_real() const override { return w_->vocab_real; }
   // The forward chunk: a 4K prompt in one call instead of two of 2K (H200: 225 against 257 ms).
   int64_t preferred_prefill_chunk() const override { return max_chunk_; }
-  int64_t weight_bytes() const { return w_->bytes; }
+  // The language model's weights and the vision tower's (vision_plan.cu), as the memory plan counts them.
+  int64_t weight_bytes() const { return w_->bytes + (vision_ ? vision_->weight_bytes() : 0); }
   int64_t batched_steps() const { return batched_steps_; }
 
   std::unique_ptr<Session> create_session(int64_t max_context) override;
@@ -76,6 +78,10 @@ class CudaRunner final : public ModelRunner {
   void forward_verify(Session& session, std::span<const int32_t> tokens, std::vector<float>& logits) override;
   bool forward_verify_sample(Session& session, std::span<const int32_t> tokens, const DeviceSampling& sampling,
                              std::vector<int32_t>& ids) override;
+  // vision_plan.cu: the vision encoder on the GPU, when the weights hold one (else images_unavailable()'s refusal).
+  ImageEmbeddings encode_image(const ImagePixels& pixels) override;
+  // A random vision tower of `config`'s widths on the device (cuda_runner_create_synthetic with synthetic_vision).
+  void attach_synthetic_vision(const VisionConfig& config, uint64_t seed);
 
   // ---- images in the language model (image_tokens.cu) ----
   std::string images_unavailable() const override;
@@ -150,7 +156,6 @@ class CudaRunner final : public ModelRunner {
   std::shared_ptr<const ModelWeights> host_;  // keeps the source alive (not read after upload)
 
   // ---- images in the language model (image_tokens.cu) ----
-  const bool has_vision_ = host_ && host_->has_vision();  // read once host_ is set (declared after it)
   // The forward_images call running (null otherwise): its spans and its tokens' M-RoPE positions, from which each
   // chunk takes its part (the chunk starts at token s.pos - pos0 of the call).
   struct ImageCall {
@@ -232,6 +237,7 @@ class CudaRunner final : public ModelRunner {
   std::shared_ptr<SnapshotBuffers> snapshot_buffers_;  // made with the first session
   // The verify steps' kept states (cuda_session.cuh), shared with the sessions.
   std::shared_ptr<KeptStateBuffers> kept_pool_ = std::make_shared<KeptStateBuffers>();
+  std::unique_ptr<VisionPlan> vision_;  // the vision encoder (vision_plan.cu), when the model has one
   uint32_t *mask_device_ = nullptr, *mask_pinned_ = nullptr;  // [ceil(V / 32)] the step's token mask
   void* pinned_ = nullptr;              // [256 B] token in, sampled id out, sampling parameters
   float *hidden_ = nullptr, *normed_ = nullptr;

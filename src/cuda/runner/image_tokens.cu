@@ -14,9 +14,9 @@
 
 namespace tern::cuda {
 
-// The vision encoder itself is encode_image's (ModelRunner's refusal until the GPU encoder is in).
+// Images run when the weights hold a vision tower (its encoder is vision_plan.cu's, built with the runner).
 std::string CudaRunner::images_unavailable() const {
-  if (has_vision_) return "";
+  if (vision_) return "";
   return "this model has no vision encoder: its checkpoint holds no vision weights, so it reads text only";
 }
 

@@ -13,6 +13,7 @@
 #include "cpu/cpu_runner.h"
 #include "cuda/runner/cuda_runner.h"
 #include "fidelity_util.h"
+#include "engine/demo_vision.h"
 #include "model/vision_weights.h"
 #include "random_model.h"
 
@@ -21,16 +22,19 @@ namespace {
 
 constexpr int64_t kVocab = 4096;
 
-// random_model's language model with a vision_config and an empty VisionWeights: the runners read only the merge
-// size (2) from them here, since no image is encoded.
+// random_model's language model with a small random vision tower (the demo's widths: the runners build their
+// encoder from it; these tests feed made-up image rows, so only its merge size (2) matters here).
 std::shared_ptr<const ModelWeights> model_with_vision(uint64_t seed, RandomModel& rm) {
   random_model(seed, 4, kVocab, rm);
   VisionConfig vc;
+  vc.depth = 2;
+  vc.hidden_size = 64;
+  vc.intermediate_size = 128;
+  vc.num_heads = 4;
+  vc.num_position_embeddings = 64;
   vc.out_hidden_size = rm.w->config.hidden_size;
   rm.w->config.vision = vc;
-  auto vision = std::make_shared<VisionWeights>();
-  vision->config = vc;
-  rm.w->vision = vision;
+  rm.w->vision = demo_vision_build(vc, seed ^ 0x5eedu);
   return rm.w;
 }
 
