@@ -3,7 +3,11 @@
 encoder of the real structure) and transformers' logits of a prompt holding images.
 
     .venv/bin/python tests/oracles/vlm_reference.py --out DIR --seed N [--grids "1,8,12;1,6,4"] [--layers 4]
-            [--text 5]
+            [--text 5] [--preset tiny|realdims|fullwidth] [--bf16]
+
+--preset fullwidth gives the language model Qwen3.6's widths (the GPU runner's kernels take those); --bf16 rounds
+every weight, the vision tower's included, to bf16 before the reference runs (still in fp32 on those values), as
+Qwen3.6's checkpoint stores them: the GPU then computes on exactly the reference's weights.
 
 DIR becomes a whole checkpoint in the official form (config.json: model_type qwen3_5_moe with text_config and
 vision_config; model.safetensors: model.language_model.*, lm_head.*, model.visual.*, fp32) with make_model.py's tiny
@@ -38,10 +42,10 @@ VISION = dict(depth=2, hidden_size=64, intermediate_size=96, num_heads=4, num_po
               spatial_merge_size=2, deepstack_visual_indexes=[])
 
 
-def make_text_model(out, seed, layers):
+def make_text_model(out, seed, layers, preset, bf16):
     r = subprocess.run([sys.executable, str(ROOT / "tests/oracles/make_model.py"), "--out", str(out), "--seed",
                         str(seed), "--layers", str(layers), "--hf-format", "official", "--no-mtp", "--dtype",
-                        "float32"], capture_output=True, text=True)
+                        "bfloat16" if bf16 else "float32", "--preset", preset], capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit(r.stderr)
 
@@ -77,9 +81,11 @@ def main():
     ap.add_argument("--grids", default="1,8,12;1,6,4", help="t,h,w per image (even h, w), ';' between images")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--text", type=int, default=5, help="random text tokens before, between and after the images")
+    ap.add_argument("--preset", default="tiny", help="make_model.py's widths of the language model")
+    ap.add_argument("--bf16", action="store_true", help="every weight rounded to bf16 (the reference still in fp32)")
     args = ap.parse_args()
     out = pathlib.Path(args.out)
-    make_text_model(out, args.seed, args.layers)
+    make_text_model(out, args.seed, args.layers, args.preset, args.bf16)
 
     config = json.loads((out / "config.json").read_text())
     vocab = config["text_config"]["vocab_size"]
@@ -102,7 +108,12 @@ def main():
     assert not unexpected, unexpected
     assert all(k.startswith("model.visual.") for k in missing), [k for k in missing if "visual" not in k]
     randomise_vision(model, args.seed + 7)
-    tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    if args.bf16:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(p.to(torch.bfloat16).float())
+    dtype = torch.bfloat16 if args.bf16 else torch.float32  # --bf16: the values are bf16's, stored so (half the bytes)
+    tensors = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
 
     grids = [[int(v) for v in g.split(",")] for g in args.grids.split(";")]

@@ -11,6 +11,7 @@ plain positions 0 .. T-1 instead of the 3-axis M-RoPE ones (the oracle's control
 further. Both one prefill of the whole prompt and a prefill that ends inside the first image (the rest decoded one
 token at a time, each image token with its own row and position) are checked, and text-only ids on the same
 checkpoint (no images) stay far from the image prompt's logits."""
+import os
 import pathlib
 import random
 import subprocess
@@ -115,3 +116,51 @@ def test_runs_that_do_not_match_the_images_are_refused(tern_bin, vlm, tmp_path):
         r = tern_logits(tern_bin, vlm, tmp_path / "x.npy", "--image-pixels", str(vlm / "pixel_values.npy"),
                         "--image-grids", str(tmp_path / "swapped.npy"), check=False)
         assert r.returncode == 1 and "its grid makes" in r.stderr, r.stderr[-2000:]
+
+
+# ---- The GPU runner (TERN_GPU_VLM=1 on a machine with an NVIDIA GPU; skipped elsewhere, as in CI) ----------------
+# The language model at Qwen3.6's widths (4 layers: three Gated DeltaNet and one attention layer), every weight
+# rounded to bf16 (as the checkpoint stores them) and run by `tern logits --device cuda --dtype bf16`: the vision
+# encoder on the GPU's bf16 tensor-core kernels, the image rows and 3-axis positions through the CUDA runner's
+# prefill and decode plans. The issue's bound: mean KL <= 1e-3 against transformers in fp32 on the same values.
+GPU_MAX_MEAN_KL = 1e-3
+
+gpu = pytest.mark.skipif(os.environ.get("TERN_GPU_VLM") != "1", reason="TERN_GPU_VLM=1 runs it (needs a CUDA GPU)")
+
+
+@pytest.fixture(scope="module")
+def vlm_fullwidth(tmp_path_factory, fresh_seed):
+    seed = fresh_seed("full-width vision-language checkpoint")
+    out = tmp_path_factory.mktemp("vlm-gpu") / "model"
+    r = subprocess.run([PY, str(ROOT / "tests/oracles/vlm_reference.py"), "--out", str(out), "--seed", str(seed),
+                        "--grids", random_grids(seed), "--preset", "fullwidth", "--bf16"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out
+
+
+def check_gpu(vlm, got, what):
+    ref, plain = np.load(vlm / "expected.npy"), np.load(vlm / "plain_positions.npy")
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    real = np.isfinite(got[0])
+    kl, control = mean_kl(ref, got, real), mean_kl(plain, got, real)
+    grids = np.load(vlm / "grid_thw.npy").tolist()
+    print(f"[cuda vs transformers, images] {what}: grids {grids}: mean KL {kl:.3g}; plain-position control: "
+          f"mean KL {control:.3g}")
+    assert kl <= GPU_MAX_MEAN_KL, f"{what}: mean KL {kl:.3g}"
+    assert control > 10 * kl, f"{what}: the control ({control:.3g}) is as close as the reference ({kl:.3g})"
+
+
+@gpu
+@pytest.mark.parametrize("prefill", [0, 1])
+def test_gpu_two_images(tern_bin, vlm_fullwidth, tmp_path, prefill):
+    """One prefill of the whole prompt, and a prefill that ends inside the first image (the rest one token a step)."""
+    extra = ["--device", "cuda", "--dtype", "bf16", *with_images(vlm_fullwidth)]
+    what = "one prefill"
+    if prefill:
+        tokens = np.load(vlm_fullwidth / "tokens.npy")
+        cut = int(np.argmax(tokens == tokens.max())) + 1
+        extra += ["--prefill", str(cut)]
+        what = f"prefill {cut} + decode"
+    tern_logits(tern_bin, vlm_fullwidth, tmp_path / "tern.npy", *extra)
+    check_gpu(vlm_fullwidth, np.load(tmp_path / "tern.npy"), what)
