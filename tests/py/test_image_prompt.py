@@ -130,6 +130,9 @@ gpu = pytest.mark.skipif(os.environ.get("TERN_GPU_VLM") != "1", reason="TERN_GPU
 
 @pytest.fixture(scope="module")
 def vlm_fullwidth(tmp_path_factory, fresh_seed):
+    """TERN_GPU_VLM_MODEL: a folder vlm_reference.py --preset fullwidth --bf16 already made (made here otherwise)."""
+    if os.environ.get("TERN_GPU_VLM_MODEL"):
+        return pathlib.Path(os.environ["TERN_GPU_VLM_MODEL"])
     seed = fresh_seed("full-width vision-language checkpoint")
     out = tmp_path_factory.mktemp("vlm-gpu") / "model"
     r = subprocess.run([PY, str(ROOT / "tests/oracles/vlm_reference.py"), "--out", str(out), "--seed", str(seed),
