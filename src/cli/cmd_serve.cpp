@@ -141,6 +141,7 @@ void serve(const ServeArgs& a) {
     ~TearDown() { http.reset(); }
   } tear_down{http_owner};
   try {
+    const std::jthread gpu_starting = device_start_early(a.model.device);  // while the tokenizer loads
     src = model_flags_open(a.model);
     TERN_CHECK(src.chat_template, "the model folder has no chat template (chat_template.jinja or "
                                   "tokenizer_config.json); /v1/chat/completions needs one");
