@@ -3,6 +3,8 @@
 #include "core/check.h"
 #include "cpu/cpu_runner.h"
 #ifdef TERN_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
 #include "cuda/runner/cuda_runner.h"
 #endif
 
@@ -14,6 +16,18 @@ bool cuda_available() {
 #else
   return false;
 #endif
+}
+
+std::jthread device_start_early(const std::string& device) {
+#ifdef TERN_HAVE_CUDA
+  if (device == "auto" || device.empty() || device == "cuda")
+    return std::jthread([] {
+      int n = 0;
+      if (cudaGetDeviceCount(&n) == cudaSuccess && n > 0) cudaFree(nullptr);  // creates the primary context
+      cudaGetLastError();  // this thread's error state, cleared
+    });
+#endif
+  return {};
 }
 
 std::string device_resolve(const std::string& device) {

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "model/runner.h"
 
@@ -16,6 +17,11 @@ bool cuda_available();
 // they can be honoured. Throws tern::Error with a clear message otherwise (e.g. cuda asked for without a GPU, or
 // a binary built without CUDA).
 std::string device_resolve(const std::string& device);
+
+// Brings the CUDA context up on another thread when `device` (auto or cuda) may be the GPU, so that it starts while
+// the caller reads the tokenizer and the checkpoint's headers; a no-op thread for cpu or without CUDA. Errors are
+// left to the caller's own first CUDA call. The thread is joined when the returned object goes.
+std::jthread device_start_early(const std::string& device);
 
 // A runner for the weights on the resolved device.
 std::unique_ptr<ModelRunner> runner_create(std::shared_ptr<const ModelWeights> weights, const std::string& device);

@@ -77,6 +77,7 @@ void exit_now(const char* why, int signal_number, int status) {
 }
 
 void serve(const ServeArgs& a) {
+  const auto started = std::chrono::steady_clock::now();  // the ready line says how long the start took
   // Signals are taken by one thread (sigwait) only: block them before any other thread starts.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
@@ -140,6 +141,7 @@ void serve(const ServeArgs& a) {
     ~TearDown() { http.reset(); }
   } tear_down{http_owner};
   try {
+    const std::jthread gpu_starting = device_start_early(a.model.device);  // while the tokenizer loads
     src = model_flags_open(a.model);
     TERN_CHECK(src.chat_template, "the model folder has no chat template (chat_template.jinja or "
                                   "tokenizer_config.json); /v1/chat/completions needs one");
@@ -187,8 +189,9 @@ void serve(const ServeArgs& a) {
     model.images = image_settings(model_flags_config(src), runner->images_unavailable(), a.model.model_dir);
     http.set_model(model);
     std::fprintf(stderr,
-                 "tern serve: ready: model '%s' on %s, context %lld tokens, %d requests at once, queue depth %zu, "
-                 "prefix cache %s, images %s\n",
+                 "tern serve: ready in %.2f s: model '%s' on %s, context %lld tokens, %d requests at once, queue "
+                 "depth %zu, prefix cache %s, images %s\n",
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(),
                  model.model_id.c_str(), runner->backend_name().c_str(), static_cast<long long>(ctx),
                  http.parallel(), options.max_queue, options.prefix_cache.enabled ? "on" : "off",
                  model.images.unavailable.empty() ? "on" : ("off (" + model.images.unavailable + ")").c_str());

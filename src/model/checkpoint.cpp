@@ -560,7 +560,6 @@ std::shared_ptr<HeapStorage> run_job(MatrixJob& j, Progress& progress) {
     m.expert_stride_groups = s.experts > 1 ? j.stride_groups : 0;
     if (m.expert_stride_data == m.rows * m.row_words()) m.expert_stride_data = 0;
     if (m.expert_stride_groups == m.rows * m.groups_per_row()) m.expert_stride_groups = 0;
-    progress.add(s.source_bytes);
     return nullptr;
   }
   const int64_t words = m.row_words(), groups = m.groups_per_row();
@@ -817,10 +816,18 @@ ModelWeights model_load(const fs::path& dir, const LoadOptions& options) {
     for (const VectorJob& v : q->vectors) vectors.push_back(&v);
   }
   w.vision = l.vision;
-  int64_t total = 0;
-  for (const MatrixJob* j : matrices) total += j->src.source_bytes;
-  for (const VectorJob* v : vectors) total += int64_t(v->ref->bytes());
-  Progress progress("loading " + dir.filename().string(), total, options.progress);
+  // The bar counts the bytes read and transformed here. Matrices used in place in the mapped files are read later
+  // (by the upload to a GPU, or as the CPU backend touches them): they add no bytes, and no speed, to it.
+  int64_t read_bytes = 0, mapped_bytes = 0, transformed = 0;
+  for (const MatrixJob* j : matrices) {
+    (j->zero_copy ? mapped_bytes : read_bytes) += j->src.source_bytes;
+    transformed += j->zero_copy ? 0 : 1;
+  }
+  for (const VectorJob* v : vectors) read_bytes += int64_t(v->ref->bytes());
+  const std::string name = "loading " + dir.filename().string();
+  if (options.progress && mapped_bytes > 0)
+    std::fprintf(stderr, "%s: %.2f GB mapped in place (read when first used)\n", name.c_str(), double(mapped_bytes) / 1e9);
+  Progress progress(name, read_bytes, options.progress && transformed > 0);
   bool any_zero_copy = false;
   if (!matrices.empty() && !matrices[0]->zero_copy) prefetch(*matrices[0]);
   for (size_t i = 0; i < matrices.size(); ++i) {

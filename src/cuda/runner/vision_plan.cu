@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 
 #include "core/bf16.h"
 #include "core/check.h"
+#include "core/thread_pool.h"
 #include "cpu/ops_vision.h"
 #include "cuda/runner/cuda_runner_impl.cuh"
 #include "cuda/kernels/vision/vision_attention.cuh"
@@ -12,6 +14,7 @@
 #include "cuda/kernels/vision/vision_gemm.cuh"
 #include "cuda/kernels/vision/vision_layernorm.cuh"
 #include "cuda/kernels/vision/vision_random.cuh"
+#include "cuda/weights/staged_upload.cuh"
 #include "model/mrope.h"
 #include "model/vision_weights.h"
 
@@ -20,28 +23,46 @@ namespace {
 
 constexpr float kLayerNormEps = 1e-6f;  // every LayerNorm of the vision tower (as cpu/vision_encoder.cpp)
 
-// A matrix as bf16 [rows, cols] on the device: BF16 copied as stored, F32 rounded (to nearest even).
-void upload_matrix(const uint16_t* dst, const Matrix& m, int64_t rows, int64_t cols, const char* name) {
-  TERN_CHECK(m.experts == 1 && m.rows == rows && m.cols == cols, "vision weights: ", name, " is [", m.rows, ", ",
-             m.cols, "], the config wants [", rows, ", ", cols, "]");
-  TERN_CHECK(m.format == WeightFormat::bf16 || m.format == WeightFormat::f32, "vision weights: ", name, " is ",
-             weight_format_name(m.format), "; the GPU encoder takes BF16 or F32");
-  void* d = const_cast<uint16_t*>(dst);
-  const size_t n = size_t(rows * cols);
-  if (m.format == WeightFormat::bf16) {
-    TERN_CUDA(cudaMemcpy(d, m.data, n * 2, cudaMemcpyHostToDevice));
-    return;
+// The vision tower's copies to the device, gathered and then sent at once through the staged upload (one sync, not
+// one per tensor). Matrices go as bf16 [rows, cols]: BF16 as stored, F32 rounded to nearest even here, on the host's
+// threads, into buffers kept (with the vectors built here) until the upload is done.
+class VisionUpload {
+ public:
+  void matrix(const uint16_t* dst, const Matrix& m, int64_t rows, int64_t cols, const char* name) {
+    TERN_CHECK(m.experts == 1 && m.rows == rows && m.cols == cols, "vision weights: ", name, " is [", m.rows, ", ",
+               m.cols, "], the config wants [", rows, ", ", cols, "]");
+    TERN_CHECK(m.format == WeightFormat::bf16 || m.format == WeightFormat::f32, "vision weights: ", name, " is ",
+               weight_format_name(m.format), "; the GPU encoder takes BF16 or F32");
+    const size_t n = size_t(rows * cols);
+    if (m.format == WeightFormat::bf16) {
+      put(dst, m.data, n * 2);
+      return;
+    }
+    std::vector<uint16_t>& rounded = rounded_.emplace_back(n);
+    const float* src = static_cast<const float*>(m.data);
+    thread_pool_global().parallel_for(int64_t(n), int64_t(1) << 16, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) rounded[size_t(i)] = float_to_bf16(src[i]);
+    });
+    put(dst, rounded.data(), n * 2);
   }
-  std::vector<uint16_t> staged(n);
-  const float* src = static_cast<const float*>(m.data);
-  for (size_t i = 0; i < n; ++i) staged[i] = float_to_bf16(src[i]);
-  TERN_CUDA(cudaMemcpy(d, staged.data(), n * 2, cudaMemcpyHostToDevice));
-}
+  void vector(const float* dst, const std::vector<float>& v, int64_t n, const char* name) {
+    TERN_CHECK(int64_t(v.size()) == n, "vision weights: ", name, " holds ", v.size(), " values, the config wants ", n);
+    put(dst, v.data(), size_t(n) * 4);
+  }
+  // A vector built for the upload: kept until it is done.
+  void vector(const float* dst, std::vector<float>&& v, int64_t n, const char* name) {
+    vector(dst, kept_.emplace_back(std::move(v)), n, name);
+  }
+  void run() { staged_upload(std::move(copies_), "vision tower to GPU", false); }
 
-void upload_vector(const float* dst, const std::vector<float>& v, int64_t n, const char* name) {
-  TERN_CHECK(int64_t(v.size()) == n, "vision weights: ", name, " holds ", v.size(), " values, the config wants ", n);
-  TERN_CUDA(cudaMemcpy(const_cast<float*>(dst), v.data(), size_t(n) * 4, cudaMemcpyHostToDevice));
-}
+ private:
+  void put(const void* dst, const void* src, size_t bytes) {
+    copies_.push_back(HostCopy{static_cast<const uint8_t*>(src), reinterpret_cast<uintptr_t>(dst), bytes});
+  }
+  std::vector<HostCopy> copies_;
+  std::deque<std::vector<uint16_t>> rounded_;
+  std::deque<std::vector<float>> kept_;
+};
 
 }  // namespace
 
@@ -105,35 +126,37 @@ VisionPlan::VisionPlan(const VisionWeights& w, cudaStream_t stream) : c_(w.confi
   table_rows_ = w.pos_embed.rows;
   layout_weights();
 
-  upload_matrix(patch_embed_, w.patch_embed, Dv, c_.patch_dim(), "patch_embed");
-  upload_vector(patch_embed_b_, w.patch_embed_bias, Dv, "patch_embed bias");
+  VisionUpload up;
+  up.matrix(patch_embed_, w.patch_embed, Dv, c_.patch_dim(), "patch_embed");
+  up.vector(patch_embed_b_, w.patch_embed_bias, Dv, "patch_embed bias");
   {
     std::vector<float> table(size_t(table_rows_ * Dv));
     for (int64_t r = 0; r < table_rows_; ++r) matrix_row_to_f32(w.pos_embed, r, table.data() + r * Dv);
-    upload_vector(pos_table_, table, table_rows_ * Dv, "pos_embed");
+    up.vector(pos_table_, std::move(table), table_rows_ * Dv, "pos_embed");
   }
   for (size_t i = 0; i < blocks_.size(); ++i) {
     const VisionBlockWeights& s = w.blocks[i];
     const Block& b = blocks_[i];
-    upload_vector(b.norm1_w, s.norm1_weight, Dv, "norm1 weight");
-    upload_vector(b.norm1_b, s.norm1_bias, Dv, "norm1 bias");
-    upload_vector(b.norm2_w, s.norm2_weight, Dv, "norm2 weight");
-    upload_vector(b.norm2_b, s.norm2_bias, Dv, "norm2 bias");
-    upload_matrix(b.qkv, s.qkv, 3 * Dv, Dv, "attn.qkv");
-    upload_vector(b.qkv_b, s.qkv_bias, 3 * Dv, "attn.qkv bias");
-    upload_matrix(b.proj, s.proj, Dv, Dv, "attn.proj");
-    upload_vector(b.proj_b, s.proj_bias, Dv, "attn.proj bias");
-    upload_matrix(b.fc1, s.fc1, Iv, Dv, "mlp.linear_fc1");
-    upload_vector(b.fc1_b, s.fc1_bias, Iv, "mlp.linear_fc1 bias");
-    upload_matrix(b.fc2, s.fc2, Dv, Iv, "mlp.linear_fc2");
-    upload_vector(b.fc2_b, s.fc2_bias, Dv, "mlp.linear_fc2 bias");
+    up.vector(b.norm1_w, s.norm1_weight, Dv, "norm1 weight");
+    up.vector(b.norm1_b, s.norm1_bias, Dv, "norm1 bias");
+    up.vector(b.norm2_w, s.norm2_weight, Dv, "norm2 weight");
+    up.vector(b.norm2_b, s.norm2_bias, Dv, "norm2 bias");
+    up.matrix(b.qkv, s.qkv, 3 * Dv, Dv, "attn.qkv");
+    up.vector(b.qkv_b, s.qkv_bias, 3 * Dv, "attn.qkv bias");
+    up.matrix(b.proj, s.proj, Dv, Dv, "attn.proj");
+    up.vector(b.proj_b, s.proj_bias, Dv, "attn.proj bias");
+    up.matrix(b.fc1, s.fc1, Iv, Dv, "mlp.linear_fc1");
+    up.vector(b.fc1_b, s.fc1_bias, Iv, "mlp.linear_fc1 bias");
+    up.matrix(b.fc2, s.fc2, Dv, Iv, "mlp.linear_fc2");
+    up.vector(b.fc2_b, s.fc2_bias, Dv, "mlp.linear_fc2 bias");
   }
-  upload_vector(merger_norm_w_, w.merger_norm_weight, Dv, "merger norm weight");
-  upload_vector(merger_norm_b_, w.merger_norm_bias, Dv, "merger norm bias");
-  upload_matrix(merger_fc1_, w.merger_fc1, Dm, Dm, "merger.linear_fc1");
-  upload_vector(merger_fc1_b_, w.merger_fc1_bias, Dm, "merger.linear_fc1 bias");
-  upload_matrix(merger_fc2_, w.merger_fc2, out, Dm, "merger.linear_fc2");
-  upload_vector(merger_fc2_b_, w.merger_fc2_bias, out, "merger.linear_fc2 bias");
+  up.vector(merger_norm_w_, w.merger_norm_weight, Dv, "merger norm weight");
+  up.vector(merger_norm_b_, w.merger_norm_bias, Dv, "merger norm bias");
+  up.matrix(merger_fc1_, w.merger_fc1, Dm, Dm, "merger.linear_fc1");
+  up.vector(merger_fc1_b_, w.merger_fc1_bias, Dm, "merger.linear_fc1 bias");
+  up.matrix(merger_fc2_, w.merger_fc2, out, Dm, "merger.linear_fc2");
+  up.vector(merger_fc2_b_, w.merger_fc2_bias, out, "merger.linear_fc2 bias");
+  up.run();
 }
 
 VisionPlan::VisionPlan(const VisionConfig& config, uint64_t seed, cudaStream_t stream) : c_(config), stream_(stream) {

@@ -1,10 +1,10 @@
 #include "cuda/weights/device_weights.cuh"
 
 #include <cstdio>
-#include <cstring>
 #include <cmath>
 
 #include "core/bf16.h"
+#include "cuda/weights/staged_upload.cuh"
 
 namespace tern::cuda {
 namespace {
@@ -58,66 +58,6 @@ bool fusable(const std::vector<const Matrix*>& parts) {
       return false;
   return true;
 }
-
-// Two pinned buffers; host chunks are copied into one while the other is in flight.
-class Stager {
- public:
-  Stager(int64_t total, bool progress) : total_(total), progress_(progress) {
-    for (int i = 0; i < 2; ++i) {
-      TERN_CUDA(cudaMallocHost(&pinned_[i], kChunk));
-      TERN_CUDA(cudaEventCreateWithFlags(&done_[i], cudaEventDisableTiming));
-    }
-    TERN_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  }
-  ~Stager() {
-    cudaStreamSynchronize(stream_);
-    for (int i = 0; i < 2; ++i) {
-      cudaFreeHost(pinned_[i]);
-      cudaEventDestroy(done_[i]);
-    }
-    cudaStreamDestroy(stream_);
-  }
-  void put(void* dst, const void* src, size_t bytes) {
-    const uint8_t* s = static_cast<const uint8_t*>(src);
-    uint8_t* d = static_cast<uint8_t*>(dst);
-    while (bytes > 0) {
-      const size_t n = bytes < kChunk ? bytes : kChunk;
-      TERN_CUDA(cudaEventSynchronize(done_[cur_]));
-      std::memcpy(pinned_[cur_], s, n);
-      TERN_CUDA(cudaMemcpyAsync(d, pinned_[cur_], n, cudaMemcpyHostToDevice, stream_));
-      TERN_CUDA(cudaEventRecord(done_[cur_], stream_));
-      cur_ ^= 1;
-      s += n;
-      d += n;
-      bytes -= n;
-      advance(int64_t(n));
-    }
-  }
-  void advance(int64_t n) {
-    done_bytes_ += n;
-    if (!progress_ || total_ <= 0) return;
-    const int pct = int(100 * done_bytes_ / total_);
-    if (pct != last_pct_) {
-      last_pct_ = pct;
-      const int bar = pct / 4;
-      std::fprintf(stderr, "\rupload to GPU [%-25.*s] %3d%% %6.2f GB", bar, "#########################", pct,
-                   double(done_bytes_) / 1e9);
-      if (pct == 100) std::fputc('\n', stderr);
-      std::fflush(stderr);
-    }
-  }
-  void finish() { TERN_CUDA(cudaStreamSynchronize(stream_)); }
-
- private:
-  static constexpr size_t kChunk = size_t(64) << 20;
-  void* pinned_[2] = {nullptr, nullptr};
-  cudaEvent_t done_[2]{};
-  cudaStream_t stream_{};
-  int cur_ = 0;
-  int64_t total_ = 0, done_bytes_ = 0;
-  bool progress_ = false;
-  int last_pct_ = -1;
-};
 
 }  // namespace
 
@@ -210,8 +150,12 @@ std::unique_ptr<DeviceWeights> device_weights_upload(const ModelWeights& w, bool
   dw->arena = DeviceArena(total, "model weights");
   dw->bytes = weight_bytes;
 
-  // Pass 2: copy.
-  Stager st(weight_bytes, progress);
+  // Pass 2: where every byte goes (the arena's slices, fused parts at their rows' offsets); then one staged upload
+  // of them all, the reading of the host memory overlapping the copies to the device.
+  std::vector<HostCopy> copies;
+  auto put = [&](const void* dst, const void* src, size_t bytes) {
+    copies.push_back(HostCopy{static_cast<const uint8_t*>(src), reinterpret_cast<uintptr_t>(dst), bytes});
+  };
   auto put_mat = [&](DMat& d, const Matrix& m) {
     if (m.empty()) return;
     const MatBytes b = mat_bytes(d);
@@ -221,10 +165,10 @@ std::unique_ptr<DeviceWeights> device_weights_upload(const ModelWeights& w, bool
     const size_t per_e = b.data / size_t(d.experts), per_g = b.groups / size_t(d.experts);
     for (int64_t e = 0; e < d.experts; ++e) {
       const Matrix me = m.experts == 1 ? m : m.expert(e);
-      st.put(static_cast<uint8_t*>(data) + e * per_e, me.data, per_e);
+      put(static_cast<uint8_t*>(data) + e * per_e, me.data, per_e);
       if (per_g) {
-        st.put(reinterpret_cast<uint8_t*>(sc) + e * per_g, me.scales, per_g);
-        st.put(reinterpret_cast<uint8_t*>(bi) + e * per_g, me.biases, per_g);
+        put(reinterpret_cast<uint8_t*>(sc) + e * per_g, me.scales, per_g);
+        put(reinterpret_cast<uint8_t*>(bi) + e * per_g, me.biases, per_g);
       }
     }
     d.data = data;
@@ -245,10 +189,10 @@ std::unique_ptr<DeviceWeights> device_weights_upload(const ModelWeights& w, bool
       const Matrix& m = *parts[i];
       DMat v = dmat_rows(d, row0, m.rows);
       const MatBytes pb = mat_bytes(v);
-      st.put(const_cast<void*>(v.data), m.data, pb.data);
+      put(v.data, m.data, pb.data);
       if (pb.groups) {
-        st.put(const_cast<uint16_t*>(v.scales), m.scales, pb.groups);
-        st.put(const_cast<uint16_t*>(v.biases), m.biases, pb.groups);
+        put(v.scales, m.scales, pb.groups);
+        put(v.biases, m.biases, pb.groups);
       }
       *views[i] = v;
       row0 += m.rows;
@@ -257,7 +201,7 @@ std::unique_ptr<DeviceWeights> device_weights_upload(const ModelWeights& w, bool
   auto put_vec = [&](const float*& dst, const std::vector<float>& v) {
     if (v.empty()) return;
     float* p = dw->arena.take_n<float>(v.size());
-    TERN_CUDA(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+    put(p, v.data(), v.size() * 4);
     dst = p;
   };
   put_mat(dw->embed, w.embed);
@@ -301,7 +245,7 @@ std::unique_ptr<DeviceWeights> device_weights_upload(const ModelWeights& w, bool
     put_vec(d.q_norm, l.q_norm);
     put_vec(d.k_norm, l.k_norm);
   }
-  st.finish();
+  staged_upload(std::move(copies), "upload to GPU", progress);
   return dw;
 }
 

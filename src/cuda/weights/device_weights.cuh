@@ -62,7 +62,9 @@ struct DeviceWeights {
   int64_t bytes = 0;  // bytes of weights on the device
 };
 
-// Uploads every weight once through pinned staging buffers (a progress bar on stderr when `progress`).
+// Uploads every weight once through pinned staging buffers (staged_upload.cuh: the host memory read by several
+// threads while earlier buffers travel, one sync at the end; a progress line of the bytes read per second on stderr
+// when `progress`).
 // Throws tern::Error for shapes the kernels cannot take (cols not a multiple of 32, odd group sizes).
 std::unique_ptr<DeviceWeights> device_weights_upload(const ModelWeights& w, bool progress);
 
