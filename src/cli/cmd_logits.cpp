@@ -1,6 +1,7 @@
 // tern logits: float32 logits of every position as .npy, for checking tern against reference implementations.
 //
 //   tern logits -m DIR --tokens 1,2,3 --out FILE.npy [--prefill N] [--dump-activations DIR] [--dtype stored]
+//               [--device cpu|cuda|auto]
 //               [--image-pixels PIXELS.npy --image-grids GRIDS.npy]
 //               [--mtp-out MTP.npy [--mtp-draft 7,8] [--draft-weights FILE]]
 //
@@ -25,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/backend_select.h"
 #include "cli/commands.h"
 #include "cli/model_flags.h"
 #include "core/check.h"
@@ -37,7 +39,7 @@ namespace tern::cli {
 namespace {
 
 struct LogitsArgs {
-  std::string model_dir, tokens, tokens_file, out, dump_dir, dtype = "stored", gdn = "chunked";
+  std::string model_dir, tokens, tokens_file, out, dump_dir, dtype = "stored", gdn = "chunked", device = "cpu";
   std::string image_pixels, image_grids;
   std::string mtp_out, mtp_draft, draft_weights;
   int64_t prefill = -1;
@@ -129,8 +131,10 @@ void run_logits(const LogitsArgs& a) {
   lo.progress = false;
   lo.draft_weights = a.draft_weights;
   auto weights = std::make_shared<ModelWeights>(model_load(a.model_dir, lo));
-  auto runner =
-      cpu_runner_create(weights, CpuRunnerOptions{.gdn_chunked = a.gdn == "chunked", .gdn_chunk = a.gdn_chunk});
+  const std::string device = device_resolve(a.device);
+  auto runner = device == "cpu" ? cpu_runner_create(weights, CpuRunnerOptions{.gdn_chunked = a.gdn == "chunked",
+                                                                              .gdn_chunk = a.gdn_chunk})
+                                : runner_create(weights, device);
   if (!a.dump_dir.empty()) runner->set_activation_dump_dir(a.dump_dir);
   const int64_t V = runner->config().vocab_size;
 
@@ -190,7 +194,8 @@ void run_logits(const LogitsArgs& a) {
 
 void command_logits(CLI::App& app) {
   auto args = std::make_shared<LogitsArgs>();
-  auto* sub = app.add_subcommand("logits", "Write the float32 logits of every position as .npy (CPU backend)");
+  auto* sub = app.add_subcommand("logits", "Write the float32 logits of every position as .npy (the CPU backend "
+                                             "unless --device cuda)");
   sub->add_option("-m,--model", args->model_dir, "Checkpoint directory")->required();
   sub->add_option("--tokens", args->tokens, "Token ids, comma separated");
   sub->add_option("--tokens-file", args->tokens_file, "File of token ids (text, or int32 .npy)");
@@ -206,7 +211,8 @@ void command_logits(CLI::App& app) {
   sub->add_option("--mtp-out", args->mtp_out, "Also write the MTP draft head's logits here: float32 [T-1+k, V]");
   sub->add_option("--mtp-draft", args->mtp_draft, "With --mtp-out: k tokens for a draft chain after the last token");
   sub->add_option("--draft-weights", args->draft_weights, "The MTP draft head from this file (tern extract-mtp)");
-  sub->add_option("--gdn", args->gdn, "Gated DeltaNet prefill: chunked or recurrent")->capture_default_str();
+  sub->add_option("--device", args->device, "cpu (the reference), cuda or auto")->capture_default_str();
+  sub->add_option("--gdn", args->gdn, "Gated DeltaNet prefill on the CPU: chunked or recurrent")->capture_default_str();
   sub->add_option("--gdn-chunk", args->gdn_chunk, "Chunk size of the chunked Gated DeltaNet")->capture_default_str();
   sub->callback([args] { run_logits(*args); });
 }

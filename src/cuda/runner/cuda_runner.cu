@@ -85,9 +85,9 @@ CudaRunner::CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const M
   if (const char* e = std::getenv("TERN_PREFILL_F16_MIN_TOKENS")) f16_min_tokens_ = std::max<int64_t>(0, std::atoll(e));
   if (o.f16_min_tokens >= 0) f16_min_tokens_ = o.f16_min_tokens;
   use_decode_kernels_ = !env_is("TERN_CUDA_DECODE_KERNELS", "0");
-  // TERN_SHORT_CALL_TOKENS (default 64; 0: off): a forward call of at most this many tokens (a short prompt, a chat
-  // turn after prefix reuse) runs as decode-plan chunks of kQmvMaxTokens instead of one prefill-plan chunk, whose
-  // fixed cost sets a short prompt's time (chunk_tokens).
+  // TERN_SHORT_CALL_TOKENS (default 64; 0: off): a forward call of 2 to this many tokens (a short prompt, a chat
+  // turn after prefix reuse) runs as verify steps instead of one prefill-plan chunk, whose fixed cost sets a short
+  // prompt's time (short_call).
   if (const char* e = std::getenv("TERN_SHORT_CALL_TOKENS")) short_call_tokens_ = std::max<int64_t>(0, std::atoll(e));
   // The KV cache in fp16 (11 significant bits) unless TERN_KV_BF16=1 or the option asks for bf16 (8 bits).
   kv_f16_ = o.kv_f16 && !env_is("TERN_KV_BF16", "1");
@@ -142,8 +142,15 @@ void CudaRunner::forward(Session& session, std::span<const int32_t> tokens, bool
   check_tokens(s, tokens);
   const int64_t V = w_->config.vocab_size, n = int64_t(tokens.size());
   logits.assign(size_t((all_logits ? n : 1) * V), 0.0f);
-  for (int64_t c0 = 0, T = 0; c0 < n; c0 += T) {
-    T = chunk_tokens(n, c0);
+  if (short_call(n)) {
+    run_short_call(s, tokens, all_logits ? logits.data() : nullptr);
+    if (!all_logits)
+      TERN_CUDA(cudaMemcpyAsync(logits.data(), logits_, size_t(V) * 4, cudaMemcpyDeviceToHost, stream_));
+    TERN_CUDA(cudaStreamSynchronize(stream_));
+    return;
+  }
+  for (int64_t c0 = 0; c0 < n; c0 += max_chunk_) {
+    const int64_t T = std::min(max_chunk_, n - c0);
     run_chunk(s, tokens.subspan(size_t(c0), size_t(T)));
     if (all_logits) {
       lm_head_rows(0, T, logits.data() + c0 * V);
@@ -165,10 +172,14 @@ std::optional<int32_t> CudaRunner::forward_sample(Session& session, std::span<co
   // activation dumps on, every step does (a graph replay would write no rows).
   if (n == 1 && use_graphs_ && decode_warm_ && !dump_.on()) return decode_graph_step(s, tokens[0], sampling);
   if (n == 1) decode_warm_ = true;
-  for (int64_t c0 = 0, T = 0; c0 < n; c0 += T) {
-    T = chunk_tokens(n, c0);
-    run_chunk(s, tokens.subspan(size_t(c0), size_t(T)));
-    if (c0 + T == n) lm_head_device(T - 1, 1);
+  if (short_call(n)) {
+    run_short_call(s, tokens, nullptr);
+  } else {
+    for (int64_t c0 = 0; c0 < n; c0 += max_chunk_) {
+      const int64_t T = std::min(max_chunk_, n - c0);
+      run_chunk(s, tokens.subspan(size_t(c0), size_t(T)));
+      if (c0 + T == n) lm_head_device(T - 1, 1);
+    }
   }
   apply_step_mask(sampling);  // token mask: filled on the host while the forward above runs
   sample_token(logits_, V, sampling, sample_scratch_, sample_out_, stream_);
@@ -285,12 +296,29 @@ bool CudaRunner::decode_plan(int64_t T) const {
          w_->config.shared_expert_intermediate_size == w_->config.moe_intermediate_size;
 }
 
-// The tokens of the chunk at c0 of an n-token forward call. A call of at most short_call_tokens_ runs as decode-plan
-// chunks of kQmvMaxTokens (the multi-token decode kernels; the prefill plan's fixed cost makes its short chunks slow,
-// docs/benchmarks.md); a longer one in chunks of max_chunk_. The chunks depend on the call's own length only.
-int64_t CudaRunner::chunk_tokens(int64_t n, int64_t c0) const {
-  const int64_t step = n <= short_call_tokens_ && decode_plan(kQmvMaxTokens) ? kQmvMaxTokens : max_chunk_;
-  return std::min(step, n - c0);
+// Whether a forward call of n tokens runs as verify steps (run_short_call): 2 to short_call_tokens_ tokens, no image
+// rows (chunk_body inserts those), no activation dumps, and the batched kernels present. Measured on the H200 (28
+// tokens): the prefill plan's one chunk 24.9 ms, decode-plan chunks of 8 tokens 30.5 ms (docs/benchmarks.md).
+bool CudaRunner::short_call(int64_t n) const {
+  return n >= 2 && n <= short_call_tokens_ && !image_call_ && !dump_.on() && supports_verify();
+}
+
+// A short call's tokens as verify steps of up to max_verify_tokens() without kept states: the batched step's kernels
+// in a CUDA graph, each row bit for bit its token's one-token step. all_rows: every row's logits [n, V] to the host
+// (else none). Leaves the last token's logits in row 0 of logits_ (device), as lm_head_device(T - 1, 1) does.
+void CudaRunner::run_short_call(CudaSession& s, std::span<const int32_t> tokens, float* all_rows) {
+  const int64_t V = w_->config.vocab_size, n = int64_t(tokens.size());
+  int64_t T = 0;
+  for (int64_t c0 = 0; c0 < n; c0 += T) {
+    T = std::min<int64_t>(max_verify_tokens(), n - c0);
+    verify_step(s, tokens.subspan(size_t(c0), size_t(T)), /*keep=*/false);
+    if (all_rows)
+      TERN_CUDA(cudaMemcpyAsync(all_rows + c0 * V, logits_, size_t(T * V) * 4, cudaMemcpyDeviceToHost, stream_));
+    TERN_CUDA(cudaStreamSynchronize(stream_));  // the next verify_step writes its pinned tables again
+  }
+  if (T > 1)
+    TERN_CUDA(cudaMemcpyAsync(logits_, logits_ + (T - 1) * V, size_t(V) * 4, cudaMemcpyDeviceToDevice, stream_));
+  device_token_valid_ = false;
 }
 
 void CudaRunner::run_chunk(CudaSession& s, std::span<const int32_t> tokens) {

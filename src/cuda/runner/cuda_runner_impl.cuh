@@ -99,7 +99,8 @@ class CudaRunner final : public ModelRunner {
   GdnDims gdn_dims(int64_t T) const;
   AttnDims attn_dims(int64_t T, int64_t capacity) const;
   bool decode_plan(int64_t T) const;
-  int64_t chunk_tokens(int64_t n, int64_t c0) const;
+  bool short_call(int64_t n) const;
+  void run_short_call(CudaSession& s, std::span<const int32_t> tokens, float* all_rows);
   void run_chunk(CudaSession& s, std::span<const int32_t> tokens);
   void chunk_body(CudaSession& s, int64_t T);
   void dump_layer(const char* base, size_t i, int64_t T, const int* ids = nullptr);
@@ -135,7 +136,7 @@ class CudaRunner final : public ModelRunner {
   // verify_plan.cu: a session's last token and its drafts as the slots of one batched step, each slot bit for bit
   // its token's one-token step, the Gated DeltaNet states before each token kept for Session::rollback; one CUDA
   // graph per (tokens, capacity)
-  void verify_step(CudaSession& s, std::span<const int32_t> tokens);
+  void verify_step(CudaSession& s, std::span<const int32_t> tokens, bool keep = true);
   void verify_body(int T, int64_t capacity);
 
   // prefill_plan.cu: longer chunks
@@ -192,7 +193,7 @@ class CudaRunner final : public ModelRunner {
   bool params_valid_ = false;
   bool decode_warm_ = false;           // a decode step has run outside capture
   bool use_decode_kernels_ = true;      // TERN_CUDA_DECODE_KERNELS=0: decode through the prefill plan's kernels
-  int64_t short_call_tokens_ = 64;      // calls of at most this many tokens: decode-plan chunks (TERN_SHORT_CALL_TOKENS)
+  int64_t short_call_tokens_ = 64;      // calls of at most this many tokens: verify steps (TERN_SHORT_CALL_TOKENS)
   bool kv_f16_ = true;                  // the KV cache in fp16, else bf16 (TERN_KV_BF16=1, CudaRunnerOptions::kv_f16)
   bool capturing_ = false;              // a decode graph is being captured (no activation dumps)
   ActivationDump dump_;                 // set_activation_dump_dir

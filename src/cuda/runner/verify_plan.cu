@@ -41,14 +41,16 @@ int64_t CudaRunner::verify_state_bytes(int tokens) const {
 }
 
 // The verify step of `tokens` on session s up to its logits in logits_ [T, V] (device); the session then at
-// p0 + T with the states before each token kept.
-void CudaRunner::verify_step(CudaSession& s, std::span<const int32_t> tokens) {
+// p0 + T with the states before each token kept (keep), or without them (a short forward call, run_short_call).
+// The step's tables go through pinned memory: the caller syncs the stream before the next step.
+void CudaRunner::verify_step(CudaSession& s, std::span<const int32_t> tokens, bool keep) {
   TERN_CHECK(supports_verify(), "forward_verify: this model or configuration has no batched one-token kernels");
   const int T = int(tokens.size());
   TERN_CHECK(T <= max_verify_tokens(), "forward_verify: ", T, " tokens (at most ", max_verify_tokens(), ")");
   allocate_batch_scratch();
   // Room for exactly T tokens' states; the buffer may differ from the last step's (the tables below carry it).
-  const std::vector<CudaSession::KeptStates>& kept = s.kept_buffers(T);
+  static const std::vector<CudaSession::KeptStates> none;
+  const std::vector<CudaSession::KeptStates>& kept = keep ? s.kept_buffers(T) : none;
   const int64_t p0 = s.pos;
   BatchHeader& h = *reinterpret_cast<BatchHeader*>(batch_pinned_);
   std::memset(batch_pinned_, 0, batch_tables_bytes_);
@@ -67,8 +69,8 @@ void CudaRunner::verify_step(CudaSession& s, std::span<const int32_t> tokens) {
     if (w_->layers[i].type == LayerType::linear_attention) {
       t[0] = lc.conv;
       t[kBatchSlots] = lc.rec;
-      t[1] = kept[i].conv;
-      t[kBatchSlots + 1] = kept[i].rec;
+      t[1] = keep ? kept[i].conv : nullptr;  // null entries: gdn_decode keeps nothing
+      t[kBatchSlots + 1] = keep ? kept[i].rec : nullptr;
     } else {
       for (int j = 0; j < T; ++j) {
         t[j] = lc.k;
@@ -92,7 +94,7 @@ void CudaRunner::verify_step(CudaSession& s, std::span<const int32_t> tokens) {
     verify_warm_ = true;
   }
   s.pos = p0 + T;
-  s.kept_states_from(p0, T);
+  if (keep) s.kept_states_from(p0, T);
 }
 
 void CudaRunner::forward_verify(Session& session, std::span<const int32_t> tokens, std::vector<float>& logits) {

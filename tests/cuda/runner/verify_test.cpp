@@ -3,7 +3,9 @@
 // Session::rollback returns the session to any position of the verify exactly (the tokens after it then give the
 // logits of a run that never went past it). On a model at trained scales with a 4,096-token vocabulary, so that any
 // difference in a logit shows.
+#include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "../cuda_test_util.h"
 #include "cuda/runner/cuda_runner.h"
@@ -81,6 +83,51 @@ TEST(CudaVerify, RowsEqualOneTokenStepsAndRollbackIsExact) {
 
 // The rows sampled on the device (forward_verify_sample) are the ids forward_sample gives one step at a time, with
 // the step index of each row: greedy and seeded sampling alike, so drafts never change a seeded request's output.
+// A forward call of 2..64 tokens (a short prompt, a turn after prefix reuse) runs as verify steps without kept
+// states (CudaRunner::run_short_call): every row, and the session it leaves, bit for bit what feeding the tokens one
+// at a time gives; greedy forward_sample picks the last row's argmax.
+TEST(CudaVerify, ShortCallsAreOneTokenStepsBitForBit) {
+  TERN_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed("CudaVerify.ShortCalls");
+  RandomModel rm;
+  const int64_t V = 4096;
+  auto weights = random_model(seed, 8, V, rm, Scales::trained);
+  auto gpu = cuda_runner_create(weights, {.progress = false});
+  ASSERT_TRUE(gpu->supports_verify());
+  std::mt19937_64 rng(seed ^ 0x5407);
+  const auto prompt = random_tokens(rng, 100, weights->vocab_real);  // the prefill plan first
+  const auto after = random_tokens(rng, 2, weights->vocab_real);
+  for (const int64_t n : {2, 7, 8, 9, 28, 64}) {
+    const auto tokens = random_tokens(rng, n, weights->vocab_real);
+    std::vector<float> prompt_logits, got, last;
+    auto ref = gpu->create_session(4096);
+    gpu->forward(*ref, prompt, false, prompt_logits);
+    const std::vector<float> want = one_at_a_time(*gpu, *ref, tokens);
+    const std::vector<float> want_after = one_at_a_time(*gpu, *ref, after);
+
+    auto s = gpu->create_session(4096);
+    gpu->forward(*s, prompt, false, prompt_logits);
+    gpu->forward(*s, tokens, /*all_logits=*/true, got);
+    EXPECT_TRUE(same_bits(got, want)) << n << " tokens, every row";
+    EXPECT_EQ(s->position(), 100 + n);
+    EXPECT_TRUE(same_bits(one_at_a_time(*gpu, *s, after), want_after)) << n << " tokens, then two more";
+
+    auto t = gpu->create_session(4096);
+    gpu->forward(*t, prompt, false, prompt_logits);
+    gpu->forward(*t, tokens, /*all_logits=*/false, last);
+    EXPECT_TRUE(same_bits(last, std::vector<float>(want.end() - V, want.end()))) << n << " tokens, the last row";
+
+    auto u = gpu->create_session(4096);
+    gpu->forward(*u, prompt, false, prompt_logits);
+    DeviceSampling greedy;
+    greedy.temperature = 0.0f;
+    const std::optional<int32_t> id = gpu->forward_sample(*u, tokens, greedy);
+    ASSERT_TRUE(id.has_value());
+    const auto top = std::max_element(want.end() - V, want.begin() + (n - 1) * V + weights->vocab_real);
+    EXPECT_EQ(*id, int32_t(top - (want.end() - V))) << n << " tokens, greedy";
+  }
+}
+
 TEST(CudaVerify, SampledRowsEqualOneTokenSampling) {
   TERN_REQUIRE_GPU();
   const uint64_t seed = fresh_seed("CudaVerify.Sampled");
