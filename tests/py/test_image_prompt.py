@@ -151,7 +151,11 @@ def check_gpu(vlm, got, what):
     print(f"[cuda vs transformers, images] {what}: grids {grids}: mean KL {kl:.3g}; plain-position control: "
           f"mean KL {control:.3g}")
     assert kl <= GPU_MAX_MEAN_KL, f"{what}: mean KL {kl:.3g}"
-    assert control > 10 * kl, f"{what}: the control ({control:.3g}) is as close as the reference ({kl:.3g})"
+    # The GPU's own error (bf16 weights and activations: 4.1e-4, H200, 2026-12-04) sits within 4.4x of what wrong
+    # positions cost this 4-layer model (its one attention layer: the control at 1.8e-3), so the control asks for
+    # logits clearly nearer the M-RoPE reference than the plain-position one: a run that ignored the 3-axis positions
+    # would land near the control's reference instead.
+    assert control > 2 * kl, f"{what}: the control ({control:.3g}) is not clearly further than the reference ({kl:.3g})"
 
 
 @gpu
