@@ -105,7 +105,10 @@ void run_generate(const GenerateArgs& a) {
   req.grammar = build_grammar(a);
   bool in_reasoning = false;
   req.prompt = build_prompt(a, src, &in_reasoning);
-  if (req.grammar && in_reasoning) req.grammar_start_after = "</think>";  // the reasoning stays free
+  if (req.grammar && in_reasoning) {  // the reasoning stays free
+    req.grammar_start_after = "</think>";
+    req.grammar_start_tokens = src.tokenizer->encode(req.grammar_start_after);
+  }
   req.starts_in_reasoning = in_reasoning;
   if (a.thinking_budget >= 0) {
     req.thinking_budget = a.thinking_budget;

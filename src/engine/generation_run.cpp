@@ -338,9 +338,18 @@ void GenerationRun::choose_token(std::optional<int32_t> device_id) {
     id = sampler_->sample(logits_, want_logprobs_ ? &info : nullptr,
                           constraint_ ? constraint_->fill() : std::span<const uint32_t>());
   }
-  const bool forced = budget_->forcing() || step < request.forced_tokens.size();
+  bool forced = budget_->forcing() || step < request.forced_tokens.size();
   if (forced) {
     id = budget_->forcing() ? budget_->next_forced() : request.forced_tokens[step];
+    if (want_logprobs_) info.logprob = sampler_->last_logprob(logits_, id);
+  } else if (marker_next_ >= 0 || (constraint_ && !constraint_->active() && is_end(id) &&
+                                   !request.grammar_start_tokens.empty())) {
+    // The model ends inside its reasoning while the constrained answer is still due: the marker that starts the
+    // constraint takes the end id's place (and the next steps', for a marker of several tokens).
+    if (marker_next_ < 0) marker_next_ = 0;
+    id = request.grammar_start_tokens[size_t(marker_next_)];
+    if (size_t(++marker_next_) == request.grammar_start_tokens.size()) marker_next_ = -1;
+    forced = true;
     if (want_logprobs_) info.logprob = sampler_->last_logprob(logits_, id);
   }
   const TokenTextSource& text_source = gen_.text_source();

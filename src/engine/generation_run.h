@@ -81,6 +81,7 @@ class GenerationRun {
   int64_t vocab_ = 0, chunk_ = 0;
   std::optional<OutputConstraint> constraint_;
   std::unique_ptr<ReasoningBudget> budget_;
+  int marker_next_ = -1;  // >= 0: the index of the next grammar_start_tokens to force (the constraint still due)
   std::optional<Sampler> sampler_;
   std::optional<TextStream> text_;
   GenerationResult result_;

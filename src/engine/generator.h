@@ -61,6 +61,10 @@ struct GenerationRequest {
   // With a grammar: the constraint starts after the output's raw bytes contain this text (e.g. "</think>": the
   // reasoning stays free); "": from the first token.
   std::string grammar_start_after;
+  // The tokens that write grammar_start_after. When set, an end id sampled before the constraint starts (the model
+  // ending inside its reasoning) is replaced by them, one per step, so that the answer the grammar shapes still
+  // follows; they count as output tokens.
+  std::vector<int32_t> grammar_start_tokens;
   // Reasoning budget: with thinking_budget >= 0, once that many tokens were generated inside the reasoning block the
   // prompt opened (starts_in_reasoning: the prompt ends inside <think>) and it is still open, the next tokens are
   // reasoning_close_tokens (a note and "</think>"; the model runs as usual, its choice is replaced), and the answer

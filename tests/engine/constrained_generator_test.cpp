@@ -268,6 +268,34 @@ TEST(ConstrainedGenerator, ConstraintStartsAfterTheMarker) {
   }
 }
 
+// The model ends inside its reasoning ("hello", then the end id) while the constrained answer is still due: the
+// marker's tokens take the end id's place and the schema's answer follows; without them (grammar_start_tokens
+// empty) the end id ends the output as before.
+TEST(ConstrainedGenerator, EndIdBeforeTheMarkerBecomesTheMarker) {
+  for (bool device : {false, true}) {
+    for (bool with_marker_tokens : {true, false}) {
+      Fixture f(device);
+      f.runner.boost = {{2, token_of("hello")}, {3, kEnd}};
+      GenerationRequest r;
+      r.grammar = grammar::compile_json_schema(kSchema);
+      r.grammar_start_after = "</think>";
+      if (with_marker_tokens) r.grammar_start_tokens = {token_of("</think>")};
+      r.max_tokens = 200;
+      r.sampling.temperature = 0.0f;
+      const GenerationResult res = f.run(r);
+      ASSERT_EQ(res.finish, FinishReason::stop) << res.text;
+      if (!with_marker_tokens) {
+        EXPECT_EQ(res.text, "hello");
+        EXPECT_EQ(res.tokens.back(), kEnd);
+        continue;
+      }
+      const std::string head = "hello</think>";
+      ASSERT_EQ(res.text.substr(0, head.size()), head) << res.text;
+      expect_valid(res.text.substr(head.size()));
+    }
+  }
+}
+
 TEST(ConstrainedGenerator, EndIdStopsEvenWithIgnoreEos) {
   Fixture f;
   GenerationRequest r;

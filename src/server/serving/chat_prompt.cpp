@@ -146,6 +146,8 @@ std::vector<int64_t> chat_prompt_checkpoints(const std::vector<int32_t>& prompt,
 void set_thinking_budget(const ServerState& state, GenerationRequest& request, std::optional<int64_t> budget,
                          bool starts_in_reasoning) {
   request.starts_in_reasoning = starts_in_reasoning;
+  if (!request.grammar_start_after.empty())
+    request.grammar_start_tokens = state.model.tokenizer->encode(request.grammar_start_after);
   const int64_t b = budget.value_or(state.options.thinking_budget);
   if (b < 0) return;
   request.thinking_budget = b;

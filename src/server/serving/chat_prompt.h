@@ -54,7 +54,9 @@ std::vector<int64_t> chat_prompt_checkpoints(const std::vector<int32_t>& prompt,
 
 // A thinking budget (thinking_budget, Anthropic's thinking.budget_tokens; else the server's --thinking-budget) for a
 // chat prompt: when the prompt ends inside <think>, at most that many reasoning tokens, then a short closing note and
-// "</think>\n\n" are forced (GenerationRequest::thinking_budget). Nothing without a budget.
+// "</think>\n\n" are forced (GenerationRequest::thinking_budget). Nothing without a budget. Also the tokens of the
+// constraint's start marker (GenerationRequest::grammar_start_tokens), when it has one: a constrained answer is then
+// never lost to an end id inside the reasoning.
 void set_thinking_budget(const ServerState& state, GenerationRequest& request, std::optional<int64_t> budget,
                          bool starts_in_reasoning);
 
