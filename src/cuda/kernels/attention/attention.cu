@@ -11,6 +11,7 @@
 #include "cpu/ops_rope.h"
 #include "cuda/common/cuda_common.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/ptx.cuh"
 #include "cuda/common/warp_reduce.cuh"
 #include "cuda/weights/dmat_device.cuh"
 
@@ -24,40 +25,14 @@ constexpr int kDecodeMaxRows = 64;    // T·(Hq/Hkv) query rows per decode block
 constexpr int kMaxRopeHalf = 64;      // rot/2 <= 64
 constexpr float kLog2e = 1.4426950408889634f;
 
-// ---- small device helpers -------------------------------------------------------------------------------------
+// ---- small device helpers (the cp.async, ldmatrix and bf16 mma wrappers are common/ptx.cuh's) ------------------
 
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
-
-// 16-byte global -> shared copy (L2 only); the destination is zero-filled and the source not read when !valid.
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 // Waits until at most n (0..3) committed groups are pending.
 __device__ __forceinline__ void cp_async_wait_dyn(int n) {
   if (n <= 0) cp_async_wait<0>();
   else if (n == 1) cp_async_wait<1>();
   else if (n == 2) cp_async_wait<2>();
   else cp_async_wait<3>();
-}
-
-// Four 8×8 16-bit matrices; lanes 8i..8i+7 address the rows of matrix i; register i of lane (g = lane/4, c = lane%4)
-// holds matrix i's row g, columns 2c, 2c+1 (.trans: rows 2c, 2c+1 of column g).
-__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
 }
 
 // The 16-bit element type of the KV cache, q and the softmax weights on the tensor cores (AttnDims::kv_f16):
@@ -76,11 +51,7 @@ __device__ __forceinline__ void mma16(float c[4], const uint32_t a[4], uint32_t 
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    mma_bf16_16816_volatile(c, a, b0, b1);
   }
 }
 
@@ -90,13 +61,13 @@ __device__ __forceinline__ void mma16(float c[4], const uint32_t a[4], uint32_t 
 // fmaxf/fminf would make it a finite -65504: fmaxf drops NaN). bf16, with fp32's exponent range, only rounds.
 template <bool F16>
 __device__ __forceinline__ uint32_t pack16(float lo, float hi) {
-  uint32_t r;
   if constexpr (F16) {
+    uint32_t r;
     asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
   } else {
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return cvt_bf16x2(lo, hi);
   }
-  return r;
 }
 
 // Byte offset of 16-byte chunk c of row r in a [rows][DH] 16-bit tile. The chunk index is XOR-swizzled with r % 8, so
@@ -241,7 +212,7 @@ __device__ __forceinline__ void copy_tile_async(uint32_t dst, const uint16_t* sr
 #pragma unroll
   for (int i = 0; i < kBlockKeys / RP; ++i) {
     const int r = r0 + i * RP;
-    cp_async_16(dst + swz<DH>(r, c), s + i * RP * DH, r < valid_rows);
+    cp_async_16(dst + swz<DH>(r, c), s + i * RP * DH, r < valid_rows ? 16u : 0u);
   }
 }
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "cuda/common/launch.cuh"
+#include "cuda/common/ptx.cuh"
 #include "cuda/kernels/gdn/gdn.cuh"
 #include "cuda/kernels/gdn/gdn_chunked_tc.cuh"
 
@@ -54,11 +55,8 @@ constexpr size_t seq_smem_floats() {
          2 * size_t(kBV) * kLdA + 2 * 2 * kL;
 }
 
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// cp.async.wait_group 0 with the 0 in the string: the wait of cp_async_wait<0>() (common/ptx.cuh, the 0 an "n"
+// operand), kept here because that form moves an instruction across the wait in gdn_prefill.cu's code.
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 
 template <bool kSplit>
@@ -233,8 +231,8 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_wy_prep_kernel(const float* q
   for (int e = tid; e < kL * kDk / 4; e += kThreads) {
     const int t = e / (kDk / 4), c4 = e % (kDk / 4);
     const bool ok = t < n;
-    cp_async16(&sK[t * kLdA + 4 * c4], ok ? ksrc + t * C + 4 * c4 : qkv, ok);
-    cp_async16(&sQV[t * kLdA + 4 * c4], ok ? qsrc + t * C + 4 * c4 : qkv, ok);
+    cp_async_16_if(&sK[t * kLdA + 4 * c4], ok ? ksrc + t * C + 4 * c4 : qkv, ok);
+    cp_async_16_if(&sQV[t * kLdA + 4 * c4], ok ? qsrc + t * C + 4 * c4 : qkv, ok);
   }
   cp_async_commit();
   if (warp == 0) {
@@ -297,7 +295,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_wy_prep_kernel(const float* q
   for (int e = tid; e < kL * kDv / 4; e += kThreads) {
     const int t = e / (kDv / 4), c4 = e % (kDv / 4);
     const bool ok = t < n;
-    cp_async16(&sQV[t * kLdB + 4 * c4], ok ? vsrc + t * C + 4 * c4 : qkv, ok);
+    cp_async_16_if(&sQV[t * kLdB + 4 * c4], ok ? vsrc + t * C + 4 * c4 : qkv, ok);
   }
   cp_async_commit();
   invert_unit_lower(sA, sT);
@@ -396,8 +394,8 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_wy_seq_kernel(const float* qk
     for (int e = tid; e < kL * kDk / 4; e += kThreads) {
       const int t = e / (kDk / 4), c4 = e % (kDk / 4);
       const bool ok = t < n;
-      cp_async16(&sW[t * kLdA + 4 * c4], Wc + t * kDk + 4 * c4, true);
-      cp_async16(&sQ[t * kLdA + 4 * c4], ok ? qsrc + (c0 + t) * C + 4 * c4 : qkv, ok);
+      cp_async_16_if(&sW[t * kLdA + 4 * c4], Wc + t * kDk + 4 * c4, true);
+      cp_async_16_if(&sQ[t * kLdA + 4 * c4], ok ? qsrc + (c0 + t) * C + 4 * c4 : qkv, ok);
     }
   };
   auto load_kpu = [&](int c, int b) {
@@ -411,17 +409,17 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_wy_seq_kernel(const float* qk
     for (int e = tid; e < kL * kDk / 4; e += kThreads) {
       const int t = e / (kDk / 4), c4 = e % (kDk / 4);
       const bool ok = t < n;
-      cp_async16(&K[t * kLdB + 4 * c4], ok ? ksrc + (c0 + t) * C + 4 * c4 : qkv, ok);
+      cp_async_16_if(&K[t * kLdB + 4 * c4], ok ? ksrc + (c0 + t) * C + 4 * c4 : qkv, ok);
     }
     for (int e = tid; e < kL * kL / 4; e += kThreads) {
       const int t = e / (kL / 4), c4 = e % (kL / 4);
-      cp_async16(&Pb[t * kLdL + 4 * c4], Pc + t * kL + 4 * c4, true);
+      cp_async_16_if(&Pb[t * kLdL + 4 * c4], Pc + t * kL + 4 * c4, true);
     }
     for (int e = tid; e < kL * kBV / 4; e += kThreads) {
       const int t = e / (kBV / 4), c4 = e % (kBV / 4);
-      cp_async16(&Ub[t * kLdV + 4 * c4], Uc + t * kDv + 4 * c4, true);
+      cp_async_16_if(&Ub[t * kLdV + 4 * c4], Uc + t * kDv + 4 * c4, true);
     }
-    if (tid < 2 * kL / 4) cp_async16(&sGt[b * 2 * kL + 4 * tid], v.gates + (h0 + c) * 2 * kL + 4 * tid, true);
+    if (tid < 2 * kL / 4) cp_async_16_if(&sGt[b * 2 * kL + 4 * tid], v.gates + (h0 + c) * 2 * kL + 4 * tid, true);
   };
 
   pdl_wait();

@@ -18,6 +18,7 @@
 #include "cuda/common/cuda_common.cuh"
 #include "cuda/common/l2_prefetch.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/ptx.cuh"
 #include "cuda/common/warp_reduce.cuh"
 #include "cuda/kernels/moe/moe_dp4a_parts.cuh"
 #include "cuda/kernels/qmv/dp4a_tile.cuh"
@@ -58,7 +59,7 @@ __device__ __forceinline__ void issue_gate_up(const GateUpParams& p, const int* 
       const uint16_t* base = (which & 1) ? M.biases : M.scales;
       src = base + e * M.expert_groups + int64_t(i) * p.gpr + piece * 8;
     }
-    qtile::cp_async_16(dst + uint32_t(c * 16), src, 16u);
+    cp_async_16(dst + uint32_t(c * 16), src, 16u);
   }
 }
 
@@ -78,7 +79,7 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_ring_kernel(const GateUp
   const float* xhat = p.xhat + int64_t(token) * (S * 1024);
   float* h = p.h + int64_t(token) * (p.k + 1) * p.F;
   uint8_t* my_ring = ring + warp * kStages * kStageBytes;
-  const uint32_t ring_addr = qtile::smem_addr(my_ring);
+  const uint32_t ring_addr = smem_addr(my_ring);
   pdl_wait();  // the routing and x̂ come from the router kernel
   if (int(threadIdx.x) < p.k) {
     const int e = ids[threadIdx.x];
@@ -88,7 +89,7 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_ring_kernel(const GateUp
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     issue_gate_up<S>(p, ids_s, first + s * warps, lane, ring_addr + uint32_t(s * kStageBytes));
-    qtile::cp_async_commit();
+    cp_async_commit();
   }
   if (p.down_ahead) prefetch_down(p, ids_s);
   float unused_ss = 0.0f;
@@ -103,8 +104,8 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_ring_kernel(const GateUp
     if (batch >= batches) break;
     const int slot_ahead = (it + kStages - 1) % kStages;
     issue_gate_up<S>(p, ids_s, batch + (kStages - 1) * warps, lane, ring_addr + uint32_t(slot_ahead * kStageBytes));
-    qtile::cp_async_commit();
-    qtile::cp_async_wait<kStages - 1>();
+    cp_async_commit();
+    cp_async_wait<kStages - 1>();
     __syncwarp();  // every lane's chunks of this batch have landed
     const uint8_t* st = my_ring + (it % kStages) * kStageBytes;
     const uint4* gw = reinterpret_cast<const uint4*>(st);
@@ -132,7 +133,7 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_ring_kernel(const GateUp
       h[int64_t(slot) * p.F + i] = silu_f(g) * u;
     }
   }
-  qtile::cp_async_wait<0>();
+  cp_async_wait<0>();
 }
 
 // ---- down + weighted sum + residual -------------------------------------------------------------------------------
@@ -156,7 +157,7 @@ __device__ __forceinline__ void issue_down(const DownParams& p, const int* ids, 
                                                            piece * 4)
                                 : static_cast<const void*>((kind == 1 ? M.scales : M.biases) + e * M.expert_groups +
                                                            int64_t(r) * p.gpr);
-    qtile::cp_async_16(dst + uint32_t(c * 16), src, 16u);
+    cp_async_16(dst + uint32_t(c * 16), src, 16u);
   }
 }
 
@@ -174,7 +175,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_ring_kernel(const DownPa
   const float* h = p.h + int64_t(token) * (kSeg * kDownCols);
   float* hidden = p.hidden + int64_t(token) * p.D;
   uint8_t* my_ring = ring + warp * kDownStages * kDownStageBytes;
-  const uint32_t ring_addr = qtile::smem_addr(my_ring);
+  const uint32_t ring_addr = smem_addr(my_ring);
   if (!p.early_routing) pdl_wait();
   if (int(threadIdx.x) < kTopK) {
     const int e = __ldcg(ids + threadIdx.x);  // L2: written by another kernel, maybe while this one was resident
@@ -185,7 +186,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_ring_kernel(const DownPa
 #pragma unroll
   for (int s = 0; s < kDownStages - 1; ++s) {
     issue_down(p, ids_s, first + s * warps, lane, ring_addr + uint32_t(s * kDownStageBytes));
-    qtile::cp_async_commit();
+    cp_async_commit();
   }
   if (p.early_routing) pdl_wait();  // h comes from gate_up
   float unused_ss = 0.0f;
@@ -201,9 +202,9 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_ring_kernel(const DownPa
     if (row >= p.D) break;
     const int slot_ahead = (it + kDownStages - 1) % kDownStages;
     issue_down(p, ids_s, row + (kDownStages - 1) * warps, lane, ring_addr + uint32_t(slot_ahead * kDownStageBytes));
-    qtile::cp_async_commit();
+    cp_async_commit();
     const float hid_next = lane == 0 && row + warps < p.D ? __ldcg(hidden + row + warps) : 0.0f;
-    qtile::cp_async_wait<kDownStages - 1>();
+    cp_async_wait<kDownStages - 1>();
     __syncwarp();  // every lane's chunks of this row have landed
     const uint8_t* st = my_ring + (it % kDownStages) * kDownStageBytes;
     const uint2* wv = reinterpret_cast<const uint2*>(st);
@@ -230,7 +231,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_ring_kernel(const DownPa
     if (lane == 0) hidden[row] = hid + acc;
     hid = hid_next;
   }
-  qtile::cp_async_wait<0>();
+  cp_async_wait<0>();
 }
 
 // Blocks per token of a grid (blocks, B) whose blocks are all resident: the wave shared by the tokens, at most

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "cuda/common/launch.cuh"
+#include "cuda/common/ptx.cuh"
 #include "cuda/kernels/qmatmul/qmatmul.cuh"
 #include "cuda/kernels/qmv/qmv_tile.cuh"
 
@@ -64,7 +65,7 @@ __device__ __forceinline__ void copy_block_scales(uint32_t dst, int rows, int ld
     const int row = i / (G / 8), piece = i % (G / 8);
     const DMat* m;
     const int64_t r = source(row, m);
-    qtile::cp_async_16(dst + (row * ld + piece * 8) * 2, m->scales + r * groups_per_row + piece * 8, 16);
+    cp_async_16(dst + (row * ld + piece * 8) * 2, m->scales + r * groups_per_row + piece * 8, 16);
   }
 }
 
@@ -92,14 +93,6 @@ __device__ __forceinline__ void store_warp_tile(const MatmulArgs& a, const float
       }
     }
   }
-}
-
-// d += a · b, m16n8k16, bf16 operands, fp32 accumulators.
-__device__ __forceinline__ void mma_bf16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // Two fp32 values -> three bf16x2 terms (hi, mid, lo; each pair in one register, the first value in the low half)
@@ -142,7 +135,7 @@ __device__ __forceinline__ void add_bias_term(float (&acc)[MT][NT][4], const uin
 #pragma unroll
       for (int ni = 0; ni < NT; ++ni)
 #pragma unroll
-        for (int term = 0; term < 3; ++term) mma_bf16(acc[mi][ni], af, bb[ni][0][term], bb[ni][1][term]);
+        for (int term = 0; term < 3; ++term) mma_bf16_16816(acc[mi][ni], af, bb[ni][0][term], bb[ni][1][term]);
     }
   }
 }

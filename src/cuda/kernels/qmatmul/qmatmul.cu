@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "cuda/common/launch.cuh"
+#include "cuda/common/ptx.cuh"
 #include "cuda/common/warp_reduce.cuh"
 #include "cuda/kernels/qmatmul/matmul_tile.cuh"
 #include "cuda/kernels/qmatmul/qmatmul_int8.cuh"
@@ -241,6 +242,7 @@ struct Plan {
   static_assert(kXBytes % 16 == 0 && kSlotBytes % 16 == 0, "16-byte aligned regions");
 };
 
+// Full 16 bytes (.cg) and 4 bytes (.ca) without zero-fill; commit, wait, the mma and lop3 are common/ptx.cuh's.
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   const uint32_t s = uint32_t(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
@@ -248,11 +250,6 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 __device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
   const uint32_t s = uint32_t(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 using xform::bf16x2_hi;
@@ -269,9 +266,7 @@ __device__ __forceinline__ uint32_t bf16x2_fma(uint32_t a, uint32_t b, uint32_t 
 }
 
 __device__ __forceinline__ uint32_t nibble_magic(uint32_t v) {
-  uint32_t m;
-  asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(m) : "r"(v), "r"(0x000f000fu), "r"(0x43004300u));  // (v & a) | b
-  return m;  // bf16x2 {128 + q0, 128 + q4}
+  return lop3_and_or(v, 0x000f000fu, 0x43004300u);  // bf16x2 {128 + q0, 128 + q4}
 }
 
 // Nibbles 0 and 4 of `v` (bits 0-3 and 16-19) -> bf16x2 q − 8, exact (128 + q − 136).
@@ -285,15 +280,8 @@ __device__ __forceinline__ uint32_t dequant_pair(uint32_t v, uint32_t s2, uint32
   return bf16x2_fma(q, s2, b2);
 }
 
-// d += a · b: A 16×16 row-major (4 regs), B 16×8 column-major (2 regs), C/D 16×8 fp32. Not volatile: a pure
-// function of its operands, so the compiler may interleave independent MMAs with the dequantisation.
-__device__ __forceinline__ void mma_bf16_16816(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-// d = a · b (C = 0).
+// d = a · b (C = 0): mma_bf16_16816 (common/ptx.cuh) with a zero accumulator, A 16×16 row-major (4 regs), B 16×8
+// column-major (2 regs), D 16×8 fp32.
 __device__ __forceinline__ void mma_bf16_16816_zero(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%10, %10, %10, %10};\n"

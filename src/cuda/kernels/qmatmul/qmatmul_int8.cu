@@ -27,6 +27,7 @@
 #include "core/check.h"
 #include "cuda/common/cuda_common.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/ptx.cuh"
 #include "cuda/kernels/qmatmul/matmul_tile.cuh"
 #include "cuda/kernels/qmatmul/x_forms.cuh"
 #include "cuda/kernels/qmv/dp4a_tile.cuh"
@@ -139,7 +140,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) matmul_int8_kernel
     wsrc[c] = static_cast<const unsigned char*>(m->data) + r * a.w.row_words * 4 + (i % P::kChunks) * 16;
   }
   const int G = int(a.w.cols / kStepK);
-  const uint32_t smem0 = qtile::smem_addr(smem);
+  const uint32_t smem0 = smem_addr(smem);
   const int scales_at = kStages * P::kSlotBytes, sigma_at = scales_at + S::kRows * P::ld_scales(G) * 2;
   // The block rows' scales, once; launch constants, so before any wait.
   mm::copy_block_scales(smem0 + scales_at, S::kRows, P::ld_scales(G), G, a.w.groups_per_row, source);
@@ -149,7 +150,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) matmul_int8_kernel
 #pragma unroll
     for (int c = 0; c < P::kWCopies; ++c) {
       const int i = tid + c * S::kThreads;
-      qtile::cp_async_16(st + wchunk<Bits>(i / P::kChunks, i % P::kChunks) * 16, wsrc[c] + step * P::kRowBytes, 16);
+      cp_async_16(st + wchunk<Bits>(i / P::kChunks, i % P::kChunks) * 16, wsrc[c] + step * P::kRowBytes, 16);
     }
   };
 
@@ -177,14 +178,14 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) matmul_int8_kernel
   for (int i = tid; i < S::kTokens * (G / 4); i += S::kThreads) {
     const int n = i / (G / 4), piece = i % (G / 4);
     const unsigned char* src = n < count ? xq + x_row(n) * xrow_bytes + sigma_off + piece * 16 : xq;
-    qtile::cp_async_16(smem0 + sigma_at + (n * P::ld_sigma(G) + piece * 4) * 4, src, n < count ? 16 : 0);
+    cp_async_16(smem0 + sigma_at + (n * P::ld_sigma(G) + piece * 4) * 4, src, n < count ? 16 : 0);
   }
   auto issue_x = [&](int step) {
     const uint32_t st = smem0 + stage(step) + P::kWBytes;
 #pragma unroll
     for (int m = 0; m < P::kXCopies; ++m) {
       const int n = tid / 8 + m * (S::kThreads / 8);
-      qtile::cp_async_16(st + xword(n, tid % 8) * 16, xq + xrow[m] * xrow_bytes + (tid % 8) * 16 + step * 128,
+      cp_async_16(st + xword(n, tid % 8) * 16, xq + xrow[m] * xrow_bytes + (tid % 8) * 16 + step * 128,
                          n < count ? 16 : 0);
     }
   };
@@ -193,7 +194,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) matmul_int8_kernel
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < steps) issue_x(s);
-    qtile::cp_async_commit();
+    cp_async_commit();
   }
 
   float acc[MT][NT][4];
@@ -210,13 +211,13 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) matmul_int8_kernel
   const int live = count - wtok0 <= 0 ? 0 : (count - wtok0 >= 8 * NT ? NT : int(count - wtok0 + 7) / 8);
 
   for (int step = 0; step < steps; ++step) {
-    qtile::cp_async_wait<kStages - 2>();  // this thread's copies of step `step` have landed
+    cp_async_wait<kStages - 2>();  // this thread's copies of step `step` have landed
     __syncthreads();                      // everyone's have; step − 1's stage is free
     if (step + kStages - 1 < steps) {
       issue_weights(step + kStages - 1);
       issue_x(step + kStages - 1);
     }
-    qtile::cp_async_commit();
+    cp_async_commit();
 
     auto compute = [&](auto full) {
       constexpr bool kFull = decltype(full)::value;

@@ -27,6 +27,7 @@
 #include "core/check.h"
 #include "cuda/common/cuda_common.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/ptx.cuh"
 #include "cuda/kernels/qmatmul/matmul_tile.cuh"
 #include "cuda/kernels/qmv/qmv_tile.cuh"
 
@@ -83,12 +84,12 @@ __device__ __forceinline__ uint64_t x_descriptor(uint32_t xs, int h, int i) {
 template <bool F16>
 __device__ __forceinline__ uint32_t nibble_pair(uint32_t w, int t) {
   if constexpr (F16) {
-    const uint32_t v = qtile::lop3_and_or(w >> (4 * t), 0x000F000Fu, 0x64006400u);
+    const uint32_t v = lop3_and_or(w >> (4 * t), 0x000F000Fu, 0x64006400u);
     __half2 h = *reinterpret_cast<const __half2*>(&v);
     h = __hsub2(h, __floats2half2_rn(1024.0f, 1024.0f));
     return *reinterpret_cast<const uint32_t*>(&h);
   } else {
-    const uint32_t v = qtile::lop3_and_or(w >> (4 * t), 0x000F000Fu, 0x43004300u);
+    const uint32_t v = lop3_and_or(w >> (4 * t), 0x000F000Fu, 0x43004300u);
     __nv_bfloat162 b = *reinterpret_cast<const __nv_bfloat162*>(&v);
     b = __hsub2(b, __floats2bfloat162_rn(128.0f, 128.0f));
     return *reinterpret_cast<const uint32_t*>(&b);
@@ -163,7 +164,7 @@ __global__ void __launch_bounds__(kThreads, S::kMinBlocks)
   constexpr bool kF16 = Terms == 1;  // one fp16 term with a per-token scale, else bf16 hi + lo
   constexpr int kOutRows = SwiGLU ? S::kRows / 2 : S::kRows;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  unsigned char* const smem = smem_raw + ((1024 - qtile::smem_addr(smem_raw) % 1024) % 1024);
+  unsigned char* const smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4;
   const int64_t row0 = int64_t(blockIdx.x) * kOutRows;
@@ -181,7 +182,7 @@ __global__ void __launch_bounds__(kThreads, S::kMinBlocks)
     wsrc[c] = static_cast<const unsigned char*>(m->data) + r * a.w.row_words * 4 + (i % 2) * 16;
   }
   const int G = int(a.w.cols / kStepK);
-  const uint32_t smem0 = qtile::smem_addr(smem);
+  const uint32_t smem0 = smem_addr(smem);
   const int scales_at = kStages * S::kSlotBytes;
   // The block rows' scales, once (launch constants; G % 8 == 0: matmul_wgmma_takes).
   mm::copy_block_scales(smem0 + scales_at, S::kRows, S::ld_scales(G), G, a.w.groups_per_row, source);
@@ -191,7 +192,7 @@ __global__ void __launch_bounds__(kThreads, S::kMinBlocks)
 #pragma unroll
     for (int c = 0; c < S::kWCopies; ++c) {
       const int i = tid + c * kThreads;
-      qtile::cp_async_16(st + wchunk(i / 2, i % 2) * 16, wsrc[c] + step * 32, 16);
+      cp_async_16(st + wchunk(i / 2, i % 2) * 16, wsrc[c] + step * 32, 16);
     }
   };
   const int steps = G;
@@ -216,14 +217,14 @@ __global__ void __launch_bounds__(kThreads, S::kMinBlocks)
 #pragma unroll
     for (int m = 0; m < S::kXCopies; ++m) {
       const int q = tid + m * kThreads, n = q / kChunksPerToken, c = q % kChunksPerToken;
-      qtile::cp_async_16(st + xchunk(n, c), xq + xrow[m] * xrow_bytes + int64_t(step) * (128 * Terms) + c * 16,
+      cp_async_16(st + xchunk(n, c), xq + xrow[m] * xrow_bytes + int64_t(step) * (128 * Terms) + c * 16,
                          n < count ? 16 : 0);
     }
   };
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < steps) issue_x(s);
-    qtile::cp_async_commit();
+    cp_async_commit();
   }
 
   float acc[MT][NT][4];
@@ -241,14 +242,14 @@ __global__ void __launch_bounds__(kThreads, S::kMinBlocks)
 
   const int wrow = warp * 16 * MT + g;  // this thread's first row inside the block (then +8, +16, ...)
   for (int step = 0; step < steps; ++step) {
-    qtile::cp_async_wait<kStages - 2>();  // this thread's copies of step `step` have landed
+    cp_async_wait<kStages - 2>();  // this thread's copies of step `step` have landed
     fence_proxy_async();                  // ... and are visible to the tensor cores' reads
     __syncthreads();                      // everyone's have; step − 1's stage is free (its MMAs completed)
     if (step + kStages - 1 < steps) {
       issue_weights(step + kStages - 1);
       issue_x(step + kStages - 1);
     }
-    qtile::cp_async_commit();
+    cp_async_commit();
 
     const unsigned char* st = smem + stage(step);
     const uint32_t xs = smem0 + stage(step) + S::kWBytes;

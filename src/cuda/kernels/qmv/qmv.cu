@@ -9,6 +9,7 @@
 #include "core/check.h"
 #include "cuda/common/cuda_common.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/ptx.cuh"
 #include "cuda/kernels/qmv/qmv_tile.cuh"
 
 namespace tern::cuda {
@@ -253,7 +254,7 @@ __device__ __forceinline__ void cp_issue_step(uint32_t st, const QmvJob<4>& job,
     const int row = 4 * i + (lane >> 3), r = tr + row;
     const bool ok = r < end;
     const uint32_t* src = job.words + (ok ? r * job.row_words + 32 * q + 4 * piece : 0);
-    qtile::cp_async_16(st + row * kCpRowBytes + piece * 16, src, ok ? 16u : 0u);
+    cp_async_16(st + row * kCpRowBytes + piece * 16, src, ok ? 16u : 0u);
   }
   const int row = lane & 15, r = tr + row;
   const bool ok = r < end;
@@ -283,7 +284,7 @@ __global__ void __launch_bounds__(qtile::kThreads, 2) qmv_q4_cp_kernel(const Qmv
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
   const qtile::StageSmem S = qtile::carve_stage(smem, p.layout);
   unsigned char* stages = smem + p.layout.bytes() + warp * D * kCpStageBytes;
-  const uint32_t stages_s = qtile::smem_addr(stages);
+  const uint32_t stages_s = smem_addr(stages);
   const int r0 = int(int64_t(blockIdx.x) * p.rows / gridDim.x);
   const int r1 = int(int64_t(blockIdx.x + 1) * p.rows / gridDim.x);
   const int tiles = (r1 - r0 + 15) / 16;
@@ -319,7 +320,7 @@ __global__ void __launch_bounds__(qtile::kThreads, 2) qmv_q4_cp_kernel(const Qmv
       cp_issue_step(stages_s + d * kCpStageBytes, job, lc.j, lc.q, lane);
       lc.next(spt);
     }
-    qtile::cp_async_commit();
+    cp_async_commit();
   }
   pdl_trigger();
   pdl_wait();
@@ -339,7 +340,7 @@ __global__ void __launch_bounds__(qtile::kThreads, 2) qmv_q4_cp_kernel(const Qmv
   int d = 0;
 #pragma unroll 1
   for (int s = lo; s < hi; ++s) {
-    qtile::cp_async_wait<D - 1>();  // this lane's copies of step s have landed
+    cp_async_wait<D - 1>();  // this lane's copies of step s have landed
     __syncwarp();                   // and every lane's
     qtile::SlotT<4> sl;
     cp_read_slot(stages + d * kCpStageBytes, sl, g, tig);
@@ -348,7 +349,7 @@ __global__ void __launch_bounds__(qtile::kThreads, 2) qmv_q4_cp_kernel(const Qmv
       cp_issue_step(stages_s + d * kCpStageBytes, job, lc.j, lc.q, lane);
       lc.next(spt);
     }
-    qtile::cp_async_commit();
+    cp_async_commit();
     d = d + 1 == D ? 0 : d + 1;
     qtile::compute_step<4>(sl, job.group(cc.q), job.bsrc, acc, lane);
     const bool tile_end = cc.q == spt - 1, range_end = cc.s == hi - 1;

@@ -30,6 +30,7 @@
 #include "cuda/common/cuda_common.cuh"
 #include "cuda/common/l2_prefetch.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/ptx.cuh"
 #include "cuda/common/warp_reduce.cuh"
 #include "cuda/kernels/qmv/dp4a_tile.cuh"
 #include "cuda/kernels/qmv/qmv_tile.cuh"
@@ -93,7 +94,7 @@ __device__ __forceinline__ void issue_tile(const MmaParams& p, uint8_t* smem, in
     const int r = i / L::kHG, h = i % L::kHG, row = row0 + r;
     const bool in = row < p.rows;
     const uint4* src = p.w + int64_t(in ? row : 0) * L::kHG + h;
-    qtile::cp_async_16(qtile::smem_addr(st + (r * L::kHG + (h ^ (r & 7))) * 16), src, in ? 16u : 0u);
+    cp_async_16(smem_addr(st + (r * L::kHG + (h ^ (r & 7))) * 16), src, in ? 16u : 0u);
   }
   constexpr int kSbChunks = L::kHG / 16;  // 16-byte chunks of one row's scales (HG / 2 bf16)
   for (int i = int(threadIdx.x); i < 2 * kTileRows * kSbChunks; i += kThreads) {
@@ -103,7 +104,7 @@ __device__ __forceinline__ void issue_tile(const MmaParams& p, uint8_t* smem, in
     const uint16_t* base = which ? p.biases : p.scales;
     const uint16_t* src = base + int64_t(in ? row : 0) * (L::kHG / 2) + ch * 8;
     uint8_t* dst = st + L::kStageW + which * kTileRows * L::kSbStride + r * L::kSbStride + ch * 16;
-    qtile::cp_async_16(qtile::smem_addr(dst), src, in ? 16u : 0u);
+    cp_async_16(smem_addr(dst), src, in ? 16u : 0u);
   }
 }
 
@@ -203,12 +204,6 @@ __device__ __forceinline__ void quantize_tokens(const MmaParams& p, uint8_t* sme
   }
 }
 
-__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
 // d = magic + a · b (u8 × s8 -> s32), m16n8k32.
 __device__ __forceinline__ void mma_from_magic(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -234,7 +229,7 @@ __device__ __forceinline__ void warp_tile(const uint8_t* smem, const uint8_t* st
   const int g = lane >> 2, c = lane & 3;
   // ldmatrix: lane L gives row (L & 7) + 8·((L >> 3) & 1) of half-group X (L < 16) or Y (L >= 16)
   const int mrow = (lane & 7) + 8 * ((lane >> 3) & 1);
-  const uint32_t wbase = qtile::smem_addr(st) + uint32_t(mrow * L::kHG * 16);
+  const uint32_t wbase = smem_addr(st) + uint32_t(mrow * L::kHG * 16);
   float leaf[kPositionsPerWarp][4];
 #pragma unroll
   for (int pi = 0; pi < kPositionsPerWarp; ++pi) {
@@ -247,7 +242,7 @@ __device__ __forceinline__ void warp_tile(const uint8_t* smem, const uint8_t* st
       const int hx = 32 * j0 + pos, hy = S > 1 ? hx + 32 : hx;
       const int hl = lane < 16 ? hx : hy;
       uint32_t wr[4];
-      ldmatrix_x4(wbase + uint32_t((hl ^ (mrow & 7)) * 16), wr);
+      ldmatrix_x4(wr, wbase + uint32_t((hl ^ (mrow & 7)) * 16));
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int j = j0 + half;
@@ -297,7 +292,7 @@ __global__ void __launch_bounds__(kThreads) qmv_dp4a_mma_kernel(const MmaParams 
   for (int s = 0; s < L::kStages - 1; ++s) {
     const int tile = first + s * step;
     if (tile < tiles) issue_tile<S>(p, smem, tile, s);
-    qtile::cp_async_commit();
+    cp_async_commit();
   }
   if (p.ahead.pieces) {
     const int64_t block = int64_t(blockIdx.y) * gridDim.x + blockIdx.x;
@@ -324,8 +319,8 @@ __global__ void __launch_bounds__(kThreads) qmv_dp4a_mma_kernel(const MmaParams 
     if (tile >= tiles) break;
     const int ahead = first + (it + L::kStages - 1) * step;
     if (ahead < tiles) issue_tile<S>(p, smem, ahead, (it + L::kStages - 1) % L::kStages);
-    qtile::cp_async_commit();
-    qtile::cp_async_wait<L::kStages - 1>();
+    cp_async_commit();
+    cp_async_wait<L::kStages - 1>();
     __syncthreads();  // every thread's copies of this tile have landed
 
     // The reducing threads' old outputs (accumulate): loaded now, used after the tile, off the critical path.
@@ -351,7 +346,7 @@ __global__ void __launch_bounds__(kThreads) qmv_dp4a_mma_kernel(const MmaParams 
       *y_out = p.accumulate ? y_old + v : v;
     }
   }
-  qtile::cp_async_wait<0>();  // nothing left in flight at exit
+  cp_async_wait<0>();  // nothing left in flight at exit
 }
 
 template <int S>

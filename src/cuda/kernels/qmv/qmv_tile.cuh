@@ -45,6 +45,7 @@
 #include <cstdint>
 
 #include "cuda/common/l2_prefetch.cuh"
+#include "cuda/common/ptx.cuh"
 #include "cuda/common/warp_reduce.cuh"
 #include "cuda/weights/dmat_device.cuh"
 
@@ -99,28 +100,11 @@ __device__ inline void prefetch_l2_range(const void* base, int64_t bytes, int la
     l2_prefetch_bulk(p + off, uint32_t(bytes - off < kPiece ? bytes - off : kPiece));
 }
 
-// cp.async (sm_80+): copies `bytes` (16: .cg, bypassing L1; 8: .ca) from global src to shared dst (a shared-window
-// address), filling the rest of the cp-size with zeros when src_bytes < cp-size (0: nothing is read).
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, uint32_t src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
+// cp.async of 8 bytes (.ca) from global src to shared dst (a shared-window address), zero-filling the rest of the 8
+// when src_bytes < 8 (0: nothing is read). The 16-byte .cg copy, commit, wait, smem_addr and lop3_and_or are
+// common/ptx.cuh's.
 __device__ __forceinline__ void cp_async_8(uint32_t dst, const void* src, uint32_t src_bytes) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-// Waits until at most N of this thread's committed groups are pending.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t mask, uint32_t magic) {
-  uint32_t d;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(mask), "r"(magic));  // (a & mask) | magic
-  return d;
 }
 
 // c += A·B, m16n8k16, fp16 operands, fp32 accumulators (row.col).

@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(kThreads) vision_attention_kernel(const uint16
     for (int i = int(threadIdx.x); i < kRows * kChunks; i += kThreads) {
       const int r = i / kChunks, col = (i % kChunks) * 8;
       const bool valid = r0 + r < L;
-      cp_async16(tile + r * LD + col, valid ? src + (r0 + r) * DHP + col : src, valid);
+      cp_async_16_if(tile + r * LD + col, valid ? src + (r0 + r) * DHP + col : src, valid);
     }
   };
 
@@ -110,8 +110,8 @@ __global__ void __launch_bounds__(kThreads) vision_attention_kernel(const uint16
         uint32_t r[4];
         const int row = np * 16 + (lane / 16) * 8 + lane % 8, col = ks * 16 + ((lane / 8) % 2) * 8;
         ldmatrix_x4(r, smem_addr(tk + row * LD + col));
-        mma_bf16(s[2 * np], qf[ks], r[0], r[1]);
-        mma_bf16(s[2 * np + 1], qf[ks], r[2], r[3]);
+        mma_bf16_16816_volatile(s[2 * np], qf[ks], r[0], r[1]);
+        mma_bf16_16816_volatile(s[2 * np + 1], qf[ks], r[2], r[3]);
       }
 
     // Online softmax in base 2: keys past the frame get -inf (tile j always holds at least one real key).
@@ -153,16 +153,16 @@ __global__ void __launch_bounds__(kThreads) vision_attention_kernel(const uint16
     // o += p · v: p's accumulator fragments of key tiles 2kk, 2kk + 1 are the a fragment of keys [16kk, 16kk + 16).
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
-      const uint32_t pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                              pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      const uint32_t pa[4] = {cvt_bf16x2(s[2 * kk][0], s[2 * kk][1]), cvt_bf16x2(s[2 * kk][2], s[2 * kk][3]),
+                              cvt_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              cvt_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
       for (int dp = 0; dp < DHP / 16; ++dp) {
         uint32_t r[4];
         const int row = kk * 16 + ((lane / 8) % 2) * 8 + lane % 8, col = dp * 16 + (lane / 16) * 8;
         ldmatrix_x4_trans(r, smem_addr(tv + row * LD + col));
-        mma_bf16(o[2 * dp], pa, r[0], r[1]);
-        mma_bf16(o[2 * dp + 1], pa, r[2], r[3]);
+        mma_bf16_16816_volatile(o[2 * dp], pa, r[0], r[1]);
+        mma_bf16_16816_volatile(o[2 * dp + 1], pa, r[2], r[3]);
       }
     }
     __syncthreads();  // the next iteration refills the other buffer pair, then this one after it
@@ -181,7 +181,7 @@ __global__ void __launch_bounds__(kThreads) vision_attention_kernel(const uint16
     for (int dt = 0; dt < DT; ++dt) {
       const int dim = dt * 8 + 2 * c;
       if (dim < d.dh)
-        *reinterpret_cast<uint32_t*>(row + dim) = pack_bf16(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
+        *reinterpret_cast<uint32_t*>(row + dim) = cvt_bf16x2(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
     }
   }
 }

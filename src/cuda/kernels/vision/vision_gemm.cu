@@ -34,7 +34,7 @@ __device__ __forceinline__ void load_tile(uint16_t* tile, const uint16_t* src, i
     const int r = chunk / 4, c = (chunk % 4) * 8;
     const int64_t gr = r0 + r, gk = k0 + c;
     const bool valid = gr < rows && gk < K;
-    cp_async16(tile + r * kLd + c, valid ? src + gr * K + gk : src, valid);
+    cp_async_16_if(tile + r * kLd + c, valid ? src + gr * K + gk : src, valid);
   }
 }
 
@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(kThreads) vision_gemm_kernel(VisionGemmArgs a)
 #pragma unroll
       for (int mt = 0; mt < 4; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt) mma_bf16(acc[mt][nt], af[mt], bf[nt][0], bf[nt][1]);
+        for (int nt = 0; nt < 4; ++nt) mma_bf16_16816_volatile(acc[mt][nt], af[mt], bf[nt][0], bf[nt][1]);
     }
   }
   cp_async_wait<0>();
@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(kThreads) vision_gemm_kernel(VisionGemmArgs a)
           }
           *y = make_float2(v0, v1);
         }
-        if (a.y_bf16) *reinterpret_cast<uint32_t*>(a.y_bf16 + at) = pack_bf16(v0, v1);
+        if (a.y_bf16) *reinterpret_cast<uint32_t*>(a.y_bf16 + at) = cvt_bf16x2(v0, v1);
       }
     }
 }
