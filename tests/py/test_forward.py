@@ -128,9 +128,25 @@ def test_mlx_4bit(tern_bin, tmp_models, fresh_seed):
     case.check(1e-3, lengths=[7, 64, 300])
 
 
+def test_logits_device(tern_bin, tmp_models, tiny32):
+    """--device cpu is the default's backend, bit for bit; auto takes the GPU only where one is visible (checked by
+    the GPU tests), so here: cpu and auto give the same logits when no GPU is visible, and a bad value is refused."""
+    tokens = tiny32.tokens[:16]
+    plain = tern_logits(tern_bin, tiny32.dir, tokens, tmp_models / "dev_default.npy")
+    cpu = tern_logits(tern_bin, tiny32.dir, tokens, tmp_models / "dev_cpu.npy", "--device", "cpu")
+    assert np.array_equal(plain, cpu)
+    if not os.path.exists("/dev/nvidia0"):
+        auto = tern_logits(tern_bin, tiny32.dir, tokens, tmp_models / "dev_auto.npy", "--device", "auto")
+        assert np.array_equal(plain, auto)
+        r = subprocess.run([tern_bin, "logits", "-m", str(tiny32.dir), "--tokens", "1,2", "--out",
+                            str(tmp_models / "o.npy"), "--device", "cuda"], capture_output=True, text=True)
+        assert r.returncode == 1 and "--device cuda" in r.stderr, r.stderr
+
+
 def test_logits_bad_input(tern_bin, tmp_models, tiny32):
     for args in (["--tokens", "1,99999999"], ["--tokens", "1,x"], ["--tokens", "1,2", "--prefill", "3"],
-                 ["--tokens-file", str(tmp_models / "missing.txt")], ["--tokens", "1", "--gdn", "other"]):
+                 ["--tokens-file", str(tmp_models / "missing.txt")], ["--tokens", "1", "--gdn", "other"],
+                 ["--tokens", "1", "--device", "tpu"]):
         r = subprocess.run([tern_bin, "logits", "-m", str(tiny32.dir), "--out", str(tmp_models / "o.npy"), *args],
                            capture_output=True, text=True)
         assert r.returncode == 1 and "error" in r.stderr, (args, r.returncode, r.stderr)
