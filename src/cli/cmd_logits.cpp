@@ -69,10 +69,11 @@ struct PromptImages {
   // The spans of the tokens [from, to).
   std::vector<ImageSpan> spans(int64_t from, int64_t to) const {
     std::vector<ImageSpan> out;
-    for (size_t i = 0; i < encoded.size(); ++i) {
-      const int64_t lo = std::max(offsets[i], from), hi = std::min(offsets[i] + encoded[i].tokens, to);
-      if (lo < hi) out.push_back({.image = &encoded[i], .at = lo - from, .first = lo - offsets[i], .count = hi - lo});
-    }
+    for (size_t i = 0; i < encoded.size(); ++i)
+      if (std::optional<ImageSpan> s = image_span_within(offsets[i], encoded[i].tokens, from, to)) {
+        s->image = &encoded[i];
+        out.push_back(*s);
+      }
     return out;
   }
 };

@@ -285,10 +285,11 @@ void GenerationRun::image_spans(int64_t pos, int64_t n) {
   spans_.clear();
   for (size_t i = 0; i < request_.images.size(); ++i) {
     const PromptImage& im = request_.images[i];
-    const int64_t lo = std::max(im.offset, pos), hi = std::min(im.offset + im.tokens, pos + n);
-    if (lo >= hi) continue;
+    std::optional<ImageSpan> span = image_span_within(im.offset, im.tokens, pos, pos + n);
+    if (!span) continue;
     if (!encoded_[i]) encoded_[i] = std::make_unique<ImageEmbeddings>(gen_.runner().encode_image(*im.pixels));
-    spans_.push_back({.image = encoded_[i].get(), .at = lo - pos, .first = lo - im.offset, .count = hi - lo});
+    span->image = encoded_[i].get();
+    spans_.push_back(*span);
   }
 }
 

@@ -1,8 +1,16 @@
 #include "model/image_input.h"
 
+#include <algorithm>
+
 #include "core/check.h"
 
 namespace tern {
+
+std::optional<ImageSpan> image_span_within(int64_t offset, int64_t tokens, int64_t from, int64_t to) {
+  const int64_t lo = std::max(offset, from), hi = std::min(offset + tokens, to);
+  if (lo >= hi) return std::nullopt;
+  return ImageSpan{.image = nullptr, .at = lo - from, .first = lo - offset, .count = hi - lo};
+}
 
 void image_spans_check(std::span<const ImageSpan> spans, int64_t T, int64_t D, int merge) {
   int64_t end = 0;  // where the previous span ended

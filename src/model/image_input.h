@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -36,6 +37,10 @@ struct ImageSpan {
   int64_t first = 0;
   int64_t count = 0;
 };
+
+// Where an image whose run of `tokens` tokens starts at token `offset` (of the whole prompt) meets a forward call's
+// tokens [from, to): the span of that part (its image left for the caller to set), or nothing when they do not meet.
+std::optional<ImageSpan> image_span_within(int64_t offset, int64_t tokens, int64_t from, int64_t to);
 
 // Checks a forward call's spans before anything runs: each inside [0, T) and inside its image, in order and
 // disjoint, its image's rows [tokens, D] and tokens its grid's. Throws tern::Error naming the span.

@@ -60,10 +60,11 @@ Fixture make_fixture(uint64_t seed) {
 // The spans of the tokens [from, to).
 std::vector<ImageSpan> spans(const Fixture& f, int64_t from, int64_t to) {
   std::vector<ImageSpan> out;
-  for (size_t i = 0; i < f.images.size(); ++i) {
-    const int64_t lo = std::max(f.offsets[i], from), hi = std::min(f.offsets[i] + f.images[i].tokens, to);
-    if (lo < hi) out.push_back({.image = &f.images[i], .at = lo - from, .first = lo - f.offsets[i], .count = hi - lo});
-  }
+  for (size_t i = 0; i < f.images.size(); ++i)
+    if (std::optional<ImageSpan> s = image_span_within(f.offsets[i], f.images[i].tokens, from, to)) {
+      s->image = &f.images[i];
+      out.push_back(*s);
+    }
   return out;
 }
 

@@ -129,5 +129,23 @@ TEST(MropeChunks, SpansAreChecked) {
   EXPECT_THROW(image_spans_check(std::span(&bad, 1), 4, 8, 2), Error);
 }
 
+// An image's run of 6 tokens at 10, against calls of the prompt: before it, cutting its start, inside it, cutting
+// its end, after it.
+TEST(MropeChunks, ImageSpanWithinACall) {
+  EXPECT_FALSE(image_span_within(10, 6, 0, 10).has_value());
+  EXPECT_FALSE(image_span_within(10, 6, 16, 20).has_value());
+  auto expect = [](std::optional<ImageSpan> s, int64_t at, int64_t first, int64_t count) {
+    ASSERT_TRUE(s.has_value());
+    EXPECT_EQ(s->image, nullptr);
+    EXPECT_EQ(s->at, at);
+    EXPECT_EQ(s->first, first);
+    EXPECT_EQ(s->count, count);
+  };
+  expect(image_span_within(10, 6, 8, 12), 2, 0, 2);
+  expect(image_span_within(10, 6, 12, 14), 0, 2, 2);
+  expect(image_span_within(10, 6, 14, 30), 0, 4, 2);
+  expect(image_span_within(10, 6, 0, 64), 10, 0, 6);
+}
+
 }  // namespace
 }  // namespace tern

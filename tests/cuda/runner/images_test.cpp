@@ -70,10 +70,11 @@ ImagePrompt make_prompt(std::mt19937_64& rng, int64_t D, int64_t real) {
 // The spans of the prompt's tokens [from, to).
 std::vector<ImageSpan> spans(const ImagePrompt& p, int64_t from, int64_t to) {
   std::vector<ImageSpan> out;
-  for (size_t i = 0; i < p.images.size(); ++i) {
-    const int64_t lo = std::max(p.offsets[i], from), hi = std::min(p.offsets[i] + p.images[i].tokens, to);
-    if (lo < hi) out.push_back({.image = &p.images[i], .at = lo - from, .first = lo - p.offsets[i], .count = hi - lo});
-  }
+  for (size_t i = 0; i < p.images.size(); ++i)
+    if (std::optional<ImageSpan> s = image_span_within(p.offsets[i], p.images[i].tokens, from, to)) {
+      s->image = &p.images[i];
+      out.push_back(*s);
+    }
   return out;
 }
 
