@@ -34,6 +34,7 @@
 #include "engine/bench_prefix.h"
 #include "engine/bench_run.h"
 #include "engine/demo_model.h"
+#include "engine/demo_random.h"
 #ifndef TERN_GPU_ONLY
 #include "engine/bench_speculative.h"
 #include "engine/model_source.h"
@@ -311,11 +312,8 @@ void print_image_encode(ModelRunner& runner, const VisionConfig& vc, int size, i
   p.grid = {1, size / vc.patch_size, size / vc.patch_size};
   p.patch_dim = vc.patch_dim();
   p.values.resize(size_t(p.grid.h * p.grid.w * p.patch_dim));
-  uint64_t state = 0x9e3779b97f4a7c15ull;
-  for (float& v : p.values) {
-    state = state * 6364136223846793005ull + 1442695040888963407ull;
-    v = float(state >> 40) * (2.0f / 16777216.0f) - 1.0f;
-  }
+  demo::Uniform pixels(/*seed=*/1, /*tensor=*/0, /*row=*/0);
+  for (float& v : p.values) v = pixels.next();
   ImageEmbeddings e = runner.encode_image(p);  // untimed: scratch, first launches
   std::vector<double> ms;
   for (int i = 0; i < std::max(1, repeats); ++i) {

@@ -85,7 +85,7 @@ void handle_anthropic_messages(ServerState& state, const httplib::Request& req, 
   // A forced tool call (tool_choice any / tool) is constrained after the reasoning, when the prompt opened <think>.
   task->request.grammar = chat.grammar;
   if (chat.grammar && prompt.starts_in_reasoning) task->request.grammar_start_after = "</think>";
-  set_thinking_budget(state, task->request, request.thinking_budget, prompt.starts_in_reasoning);
+  set_reasoning_controls(state, task->request, request.thinking_budget, prompt.starts_in_reasoning);
 
   AnthropicOutputOptions o;
   o.id = task->id;

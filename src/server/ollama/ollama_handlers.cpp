@@ -199,7 +199,7 @@ void serve_generation(ServerState& state, const httplib::Request& req, httplib::
   // format's constraint starts after the reasoning when the prompt opened it.
   task->request.grammar = chat.grammar;
   if (chat.grammar && starts_in_reasoning) task->request.grammar_start_after = "</think>";
-  set_thinking_budget(state, task->request, std::nullopt, starts_in_reasoning);  // the server's --thinking-budget
+  set_reasoning_controls(state, task->request, std::nullopt, starts_in_reasoning);  // the server's --thinking-budget
 
   OllamaOutputOptions o;
   o.model = request.model_name;

@@ -95,7 +95,7 @@ void handle_chat_completions(ServerState& state, const httplib::Request& req, ht
   // <think>: the reasoning stays free and the constraint starts after the model closes it.
   task->request.grammar = request.grammar;
   if (request.grammar && chat_prompt.starts_in_reasoning) task->request.grammar_start_after = "</think>";
-  set_thinking_budget(state, task->request, request.thinking_budget, chat_prompt.starts_in_reasoning);
+  set_reasoning_controls(state, task->request, request.thinking_budget, chat_prompt.starts_in_reasoning);
   task->report_progress = request.stream && request.return_progress;  // a non-streamed answer has nowhere to show it
   ex->task = task;
   ex->output = std::make_unique<ChatOutput>(ex->request, *state.model.tokenizer,

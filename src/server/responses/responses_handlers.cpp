@@ -107,7 +107,7 @@ void handle_responses(ServerState& state, const httplib::Request& req, httplib::
   // The output constraint (text.format, a forced tool call) starts after the reasoning when the prompt opened it.
   task->request.grammar = chat.grammar;
   if (chat.grammar && prompt.starts_in_reasoning) task->request.grammar_start_after = "</think>";
-  set_thinking_budget(state, task->request, std::nullopt, prompt.starts_in_reasoning);  // the server's --thinking-budget
+  set_reasoning_controls(state, task->request, std::nullopt, prompt.starts_in_reasoning);  // the server's --thinking-budget
 
   ResponsesOutputOptions o;
   o.response = response_skeleton(task->id, state, request, task->request.sampling);

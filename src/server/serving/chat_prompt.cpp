@@ -143,7 +143,7 @@ std::vector<int64_t> chat_prompt_checkpoints(const std::vector<int32_t>& prompt,
   return {};
 }
 
-void set_thinking_budget(const ServerState& state, GenerationRequest& request, std::optional<int64_t> budget,
+void set_reasoning_controls(const ServerState& state, GenerationRequest& request, std::optional<int64_t> budget,
                          bool starts_in_reasoning) {
   request.starts_in_reasoning = starts_in_reasoning;
   if (!request.grammar_start_after.empty())

@@ -52,12 +52,13 @@ bool prompt_ends_in_reasoning(const std::string& prompt);
 // (thinking dropped), but everything before that point stays the same.
 std::vector<int64_t> chat_prompt_checkpoints(const std::vector<int32_t>& prompt, const Tokenizer& tokenizer);
 
-// A thinking budget (thinking_budget, Anthropic's thinking.budget_tokens; else the server's --thinking-budget) for a
-// chat prompt: when the prompt ends inside <think>, at most that many reasoning tokens, then a short closing note and
-// "</think>\n\n" are forced (GenerationRequest::thinking_budget). Nothing without a budget. Also the tokens of the
-// constraint's start marker (GenerationRequest::grammar_start_tokens), when it has one: a constrained answer is then
-// never lost to an end id inside the reasoning.
-void set_thinking_budget(const ServerState& state, GenerationRequest& request, std::optional<int64_t> budget,
+// What a chat prompt that may open the reasoning sets on its request: starts_in_reasoning; the tokens of the output
+// constraint's start marker (GenerationRequest::grammar_start_tokens), when it has one, so that a constrained answer
+// is never lost to an end id inside the reasoning; and a thinking budget (thinking_budget, Anthropic's
+// thinking.budget_tokens; else the server's --thinking-budget): when the prompt ends inside <think>, at most that many
+// reasoning tokens, then a short closing note and "</think>\n\n" are forced (GenerationRequest::thinking_budget);
+// no budget without one.
+void set_reasoning_controls(const ServerState& state, GenerationRequest& request, std::optional<int64_t> budget,
                          bool starts_in_reasoning);
 
 }  // namespace tern::server
