@@ -164,6 +164,10 @@ class ModelRunner {
   // The vision encoder on one image: the embeddings of its <|image_pad|> tokens. Throws tern::Error when the pixels
   // do not match their grid, or with images_unavailable() when the runner takes no images.
   virtual ImageEmbeddings encode_image(const ImagePixels& pixels);
+  // Sets aside now, for every image up to `max_patches` patches of the encoder (the processor's max_pixels / patch²),
+  // the working memory encode_image needs, so that a memory plan made after it counts it and no request meets an
+  // allocation failure there. Returns the bytes that memory takes (0: the runner has none to set aside).
+  virtual int64_t reserve_image_memory(int64_t max_patches) { return 0; }
   // forward(), where the tokens `images` covers are image tokens: their embeddings are the images' rows instead of
   // the token ids', and their rotary positions (and the text's after them) the 3-axis M-RoPE positions
   // (mrope_chunk_positions, from the session's rope_delta). No images: exactly forward(). Throws tern::Error for

@@ -44,6 +44,26 @@ DeviceArena::DeviceArena(size_t bytes, const char* what) : capacity_(align(bytes
   base_ = static_cast<uint8_t*>(p);
 }
 
+PinnedHostBuffer::~PinnedHostBuffer() {
+  if (p_) cudaFreeHost(p_);
+}
+
+void* PinnedHostBuffer::ensure(size_t bytes, const char* what) {
+  if (bytes <= capacity_) return p_;
+  if (p_) TERN_CUDA(cudaFreeHost(p_));
+  p_ = nullptr;
+  capacity_ = 0;
+  const cudaError_t e = cudaMallocHost(&p_, bytes);
+  if (e != cudaSuccess) {
+    p_ = nullptr;
+    (void)cudaGetLastError();
+    throw Error(detail::concat("cannot allocate ", (bytes >> 20), " MiB of pinned host memory for ", what, ": ",
+                               cudaGetErrorString(e)));
+  }
+  capacity_ = bytes;
+  return p_;
+}
+
 DeviceArena::~DeviceArena() {
   if (base_) cudaFree(base_);
 }

@@ -70,6 +70,25 @@ class DeviceArena {
   std::string what_;
 };
 
+// Page-locked host memory (cudaMallocHost) for copies that must run at the link's speed and asynchronously (a copy
+// from pageable memory goes through the driver's bounce buffers, at a fraction of it). Grown on demand (the old
+// contents are not kept), never shrunk; freed with the object.
+class PinnedHostBuffer {
+ public:
+  PinnedHostBuffer() = default;
+  ~PinnedHostBuffer();
+  PinnedHostBuffer(const PinnedHostBuffer&) = delete;
+  PinnedHostBuffer& operator=(const PinnedHostBuffer&) = delete;
+
+  // At least `bytes` of pinned memory; the pointer is valid until the next ensure() that grows it.
+  void* ensure(size_t bytes, const char* what);
+  size_t capacity() const { return capacity_; }
+
+ private:
+  void* p_ = nullptr;
+  size_t capacity_ = 0;
+};
+
 inline unsigned blocks_for(int64_t n, int per_block) { return unsigned((n + per_block - 1) / per_block); }
 
 }  // namespace tern::cuda

@@ -36,7 +36,7 @@ CudaRunner::CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const M
     : w_(std::move(w)), host_(std::move(host)), max_chunk_(std::max<int64_t>(1, o.max_chunk)) {
   TERN_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   allocate_scratch();
-  if (host_ && host_->vision) vision_ = std::make_unique<VisionPlan>(*host_->vision, stream_);
+  if (host_ && host_->vision) build_vision_plan(*host_->vision);
   TERN_CUDA(cudaMallocHost(&pinned_, 256));
   use_graphs_ = !env_is("TERN_CUDA_GRAPHS", "0");
   // TERN_CUDA_FP32=1: the prefill plan's matrix products and chunked Gated DeltaNet on the fp32 SIMT kernels

@@ -80,8 +80,11 @@ class CudaRunner final : public ModelRunner {
                              std::vector<int32_t>& ids) override;
   // vision_plan.cu: the vision encoder on the GPU, when the weights hold one (else images_unavailable()'s refusal).
   ImageEmbeddings encode_image(const ImagePixels& pixels) override;
+  int64_t reserve_image_memory(int64_t max_patches) override;
   // A random vision tower of `config`'s widths on the device (cuda_runner_create_synthetic with synthetic_vision).
   void attach_synthetic_vision(const VisionConfig& config, uint64_t seed);
+  // The model's tower on the device; one the GPU encoder cannot take leaves images off (vision_error_), not a failure.
+  void build_vision_plan(const VisionWeights& w);
 
   // ---- images in the language model (image_tokens.cu) ----
   std::string images_unavailable() const override;
@@ -239,6 +242,7 @@ class CudaRunner final : public ModelRunner {
   // The verify steps' kept states (cuda_session.cuh), shared with the sessions.
   std::shared_ptr<KeptStateBuffers> kept_pool_ = std::make_shared<KeptStateBuffers>();
   std::unique_ptr<VisionPlan> vision_;  // the vision encoder (vision_plan.cu), when the model has one
+  std::string vision_error_;            // why the model's tower could not be built on the GPU ("" when it was)
   uint32_t *mask_device_ = nullptr, *mask_pinned_ = nullptr;  // [ceil(V / 32)] the step's token mask
   void* pinned_ = nullptr;              // [256 B] token in, sampled id out, sampling parameters
   float *hidden_ = nullptr, *normed_ = nullptr;

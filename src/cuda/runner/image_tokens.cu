@@ -17,6 +17,9 @@ namespace tern::cuda {
 // Images run when the weights hold a vision tower (its encoder is vision_plan.cu's, built with the runner).
 std::string CudaRunner::images_unavailable() const {
   if (vision_) return "";
+  if (!vision_error_.empty())
+    return "images are not available on this server: the GPU vision encoder cannot take this model's vision tower (" +
+           vision_error_ + ")";
   return "this model has no vision encoder: its checkpoint holds no vision weights, so it reads text only";
 }
 

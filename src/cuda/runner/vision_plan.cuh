@@ -11,10 +11,12 @@
 // statistics and the softmax are fp32; the inputs of the products (the norms' outputs, q, k, v, the softmax weights,
 // the attention output, fc1's activations) are rounded to bf16, as the tensor cores take them.
 //
-// Scratch: sized to the largest image encoded so far and kept (grown, never shrunk), so that repeated images of one
-// size allocate nothing; not sized up front to the processor's largest image (16.7 M pixels, 65,536 patches: ~2.6 GB)
-// because most images are far smaller and the sessions' memory plan does not count it. The position taps and rotary
-// angles are computed on the host (cpu/ops_vision.h, the CPU encoder's own) and uploaded with the pixels.
+// Scratch: ~39 KB per patch at Qwen3.6's widths (1024² pixels: 4,096 patches, ~160 MB; the processor's largest
+// default image, 16.7 M pixels, 65,536 patches: ~2.6 GB). The commands that plan memory reserve it for the largest
+// image their processor makes (reserve(), CudaRunner::reserve_image_memory, before the plan is measured;
+// --image-max-pixels lowers it); otherwise it is sized to the largest image encoded so far. Kept (grown, never
+// shrunk), so that images allocate nothing. The position taps and rotary angles are computed on the host
+// (cpu/ops_vision.h, the CPU encoder's own) and uploaded with the pixels.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -45,6 +47,9 @@ class VisionPlan {
   // The embeddings of the image's <|image_pad|> tokens, [grid.t·grid.h·grid.w / M², out_hidden_size] on the host.
   // Throws tern::Error when the pixels do not match their grid (the CPU encoder's checks). Synchronous.
   ImageEmbeddings encode(const ImagePixels& pixels);
+
+  // The scratch for images of up to `patches` patches, allocated now (kept; encode grows it only for a larger image).
+  void reserve(int64_t patches) { ensure_scratch(patches); }
 
   const VisionConfig& config() const { return c_; }
   int64_t weight_bytes() const { return int64_t(weights_.capacity()); }
@@ -82,19 +87,21 @@ class VisionPlan {
   const uint16_t* merger_fc2_ = nullptr;   // [out, Dm]
   const float* merger_fc2_b_ = nullptr;
 
-  // Scratch for scratch_patches_ patches (ensure_scratch). Aliases: the pixels (fp32) live in qkv_, their bf16 copy
-  // and the merger's hidden in mid_, none of them alive at once.
+  // Scratch for scratch_patches_ patches (ensure_scratch). Aliases: the pixels (bf16) and the merger's hidden live in
+  // mid_, never alive at once.
   DeviceArena scratch_;
   int64_t scratch_patches_ = 0;
   float* x_ = nullptr;                     // [N, Dv] the residual stream
   uint16_t* h_ = nullptr;                  // [N, Dv] bf16: a norm's output, then the attention's
-  float* qkv_ = nullptr;                   // [N, 3·Dv] (or the pixels [N, patch_dim])
+  float* qkv_ = nullptr;                   // [N, 3·Dv]
   uint16_t *q_ = nullptr, *k_ = nullptr, *v_ = nullptr;  // [H, N, dhp] bf16
   uint16_t* mid_ = nullptr;                // [N, Iv] bf16 (or the pixels, or the merger's [N/M², Dm])
   float* out_ = nullptr;                   // [N/M², out]
   float* angles_ = nullptr;                // [N, dh/2]
   int32_t* tap_index_ = nullptr;           // [N, 4]
   float* tap_weight_ = nullptr;            // [N, 4]
+  // Pinned host staging (grown to the largest image so far): what goes up (pixels, taps, angles), what comes back.
+  PinnedHostBuffer pinned_in_, pinned_out_;
 };
 
 }  // namespace tern::cuda

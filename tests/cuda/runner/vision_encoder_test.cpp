@@ -187,6 +187,36 @@ TEST(VisionEncoderCuda, RunnerEncodesWithTheWeightsTower) {
   expect_encoder_close(e.values, cpu_encode(*rm.w->vision, p), 1.5e-2, "CudaRunner::encode_image");
 }
 
+// A tower the GPU encoder cannot take (head dim 160: its attention holds at most 128) turns images off with the
+// reason and leaves the language model as it is: the same logits as the same model without a tower.
+TEST(VisionEncoderCuda, UnsupportedTowerTurnsImagesOffNotTheRunner) {
+  TERN_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed("CudaRunner unsupported tower");
+  RandomModel rm;
+  auto model = random_model(seed, 4, 4096, rm);
+  const std::vector<int32_t> tokens = {1, 7, 42, 300, 5, 9};
+  std::vector<float> want, got;
+  {
+    auto gpu = cuda_runner_create(model, {.progress = false});
+    auto s = gpu->create_session(64);
+    gpu->forward(*s, tokens, true, want);
+  }
+  VisionConfig vc = demo_widths(rm.w->config.hidden_size);
+  vc.hidden_size = 320;
+  vc.num_heads = 2;  // head dim 160
+  rm.w->config.vision = vc;
+  rm.w->vision = demo_vision_build(vc, seed);
+  std::unique_ptr<ModelRunner> gpu;
+  ASSERT_NO_THROW(gpu = cuda_runner_create(model, {.progress = false}));
+  const std::string why = gpu->images_unavailable();
+  EXPECT_NE(why.find("head dim 160"), std::string::npos) << why;
+  std::mt19937_64 rng(seed);
+  EXPECT_THROW(gpu->encode_image(random_pixels(rng, vc, MropeGrid{1, 4, 4})), Error);
+  auto s = gpu->create_session(64);
+  gpu->forward(*s, tokens, true, got);
+  EXPECT_TRUE(got == want) << "the language model changed with an unusable tower attached";
+}
+
 // A 1024 x 1024 image at Qwen3.6's widths (random weights made on the device): the processor resizes it to itself
 // (both sides already multiples of 32, the area inside [256², 4096²]), so its grid is (1, 64, 64): 4,096 patches,
 // 1,024 tokens. Prints the time; no assertion on it (the target is 40 ms on an H200).

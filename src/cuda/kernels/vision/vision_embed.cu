@@ -1,18 +1,10 @@
 #include "cuda/kernels/vision/vision_embed.cuh"
 
-#include <algorithm>
-
 #include "core/check.h"
 #include "cuda/common/cuda_common.cuh"
-#include "cuda/kernels/vision/vision_mma.cuh"
 
 namespace tern::cuda {
 namespace {
-
-__global__ void vision_to_bf16_kernel(const float* x, int64_t n, uint16_t* y) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    y[i] = vision_mma::to_bf16(x[i]);
-}
 
 // One block per patch, threads along Dv.
 __global__ void vision_add_positions_kernel(float* x, const float* table, const int32_t* index, const float* weight,
@@ -35,14 +27,6 @@ __global__ void vision_add_positions_kernel(float* x, const float* table, const 
 }
 
 }  // namespace
-
-void vision_to_bf16(const float* x, int64_t n, uint16_t* y, cudaStream_t stream) {
-  TERN_CHECK(n >= 0 && x && y, "vision_to_bf16: ", n, " values need x and y");
-  if (n == 0) return;
-  const unsigned blocks = unsigned(std::min<int64_t>((n + 255) / 256, int64_t(1) << 20));
-  vision_to_bf16_kernel<<<blocks, 256, 0, stream>>>(x, n, y);
-  TERN_CUDA_LAUNCHED("vision_to_bf16");
-}
 
 void vision_add_positions(float* x, const float* table, const int32_t* index, const float* weight, int64_t N,
                           int64_t Dv, cudaStream_t stream) {
