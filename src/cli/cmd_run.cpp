@@ -381,8 +381,7 @@ void run_chat(const RunArgs& a) {
   gen_options.speculative = speculative_flags_options(a.speculative, *runner);
   Generator gen(*runner, *src.tokenizer, gen_options);
   SamplingParams sampling = sampling_flags_apply(a.sampling, src.defaults);
-  const ImageSettings image_settings_ =
-      image_settings(model_flags_config(src), runner->images_unavailable(), a.model.model_dir);
+  const ImageSettings image_settings_ = model_flags_image_settings(a.model, src, *runner);
 
   const bool tty_out = isatty(STDOUT_FILENO), tty_err = isatty(STDERR_FILENO);
   struct sigaction sa = {};
@@ -526,6 +525,7 @@ void command_run(CLI::App& app) {
   auto a = std::make_shared<RunArgs>();
   auto* sub = app.add_subcommand("run", "Chat in the terminal");
   model_flags_add(sub, a->model);
+  model_flags_add_images(sub, a->model);
   sampling_flags_add(sub, a->sampling);
   speculative_flags_add(sub, a->speculative);
   sub->add_option("--system", a->system, "System message");

@@ -186,7 +186,7 @@ void serve(const ServeArgs& a) {
     model.defaults = sampling_flags_apply(a.sampling, src.defaults);
     model.context = ctx;
     model.vocab_size = runner->vocab_real();
-    model.images = image_settings(model_flags_config(src), runner->images_unavailable(), a.model.model_dir);
+    model.images = model_flags_image_settings(a.model, src, *runner);
     http.set_model(model);
     std::fprintf(stderr,
                  "tern serve: ready in %.2f s: model '%s' on %s, context %lld tokens, %d requests at once, queue "
@@ -229,6 +229,7 @@ void command_serve(CLI::App& app) {
   auto a = std::make_shared<ServeArgs>();
   auto* sub = app.add_subcommand("serve", "Serve the OpenAI-compatible HTTP API");
   model_flags_add(sub, a->model);
+  model_flags_add_images(sub, a->model);
   sampling_flags_add(sub, a->sampling);
   speculative_flags_add(sub, a->speculative);
   server::ServerOptions& s = a->server;

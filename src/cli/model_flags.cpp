@@ -1,5 +1,6 @@
 #include "cli/model_flags.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
@@ -38,6 +39,15 @@ void model_flags_add(CLI::App* sub, ModelFlags& f) {
   gpu_memory_flag_add(sub, f.gpu_memory);
 }
 
+void model_flags_add_images(CLI::App* sub, ModelFlags& f) {
+  f.images = true;
+  sub->add_option("--image-max-pixels", f.image_max_pixels,
+                  "Images are resized to at most this many pixels (default: the model's processor, 16,777,216 for "
+                  "Qwen3.6); on a GPU the vision encoder's memory for the largest image is set aside at start "
+                  "(~39 KB per 256 pixels), so a smaller value leaves more for the context")
+      ->check(CLI::Range(int64_t(1024), int64_t(1) << 28));
+}
+
 namespace {
 ModelSourceOptions source_options(const ModelFlags& f) {
   ModelSourceOptions o;
@@ -72,6 +82,18 @@ const Config& model_flags_config(const ModelSource& src) {
   return src.synthetic ? src.synthetic_config : src.weights->config;
 }
 
+ImageSettings model_flags_image_settings(const ModelFlags& f, const ModelSource& src, const ModelRunner& runner) {
+  ImageSettings s = image_settings(model_flags_config(src), runner.images_unavailable(), f.model_dir);
+  if (f.image_max_pixels > 0) {
+    const int64_t factor = int64_t(s.processor.patch_size) * s.processor.merge_size;
+    TERN_USAGE_CHECK(f.image_max_pixels >= factor * factor, "--image-max-pixels ", f.image_max_pixels,
+                     ": at least one image token's ", factor * factor, " pixels");
+    s.processor.max_pixels = std::min(s.processor.max_pixels, f.image_max_pixels);
+    s.processor.min_pixels = std::min(s.processor.min_pixels, s.processor.max_pixels);
+  }
+  return s;
+}
+
 PlannedRunner model_flags_runner_planned(const ModelFlags& f, const ModelSource& src, const MemoryPlanInput& ask,
                                          const char* who, bool quiet, const SpeculativeFlags* speculative) {
   // Synthetic weights are made on the GPU (model_flags_runner says so when there is none).
@@ -83,6 +105,17 @@ PlannedRunner model_flags_runner_planned(const ModelFlags& f, const ModelSource&
   PlannedRunner planned;
   planned.runner = model_flags_runner(f, src);
   if (!gpu) return planned;
+  // The vision encoder's memory for the largest image, set aside before the plan measures what the runner holds.
+  if (f.images) {
+    const ImageSettings images = model_flags_image_settings(f, src, *planned.runner);
+    if (images.unavailable.empty()) {
+      const int64_t patch = images.processor.patch_size, patches = images.processor.max_pixels / (patch * patch);
+      const int64_t bytes = planned.runner->reserve_image_memory(patches);
+      if (!quiet && bytes > 0)
+        std::fprintf(stderr,
+                     "%s: vision encoder: %s of working memory for images up to %s pixels (--image-max-pixels)\n", who, memory_size_text(bytes).c_str(), token_count_text(images.processor.max_pixels).c_str());
+    }
+  }
   MemoryPlanInput in = ask;
   if (speculative) in.verify_bytes = speculative_flags_verify_bytes(*speculative, *planned.runner);
   planned.plan = memory_plan(memory_plan_measure(*planned.runner, *gpu, std::move(in)));

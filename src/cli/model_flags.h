@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "engine/image_prompt.h"
 #include "engine/memory_plan.h"
 #include "engine/model_source.h"
 #include "engine/sampler.h"
@@ -29,8 +30,12 @@ struct ModelFlags {
   std::string name;
   int64_t ctx_size = 0;     // 0: the command's default (on a GPU: the memory plan's)
   int64_t gpu_memory = 0;   // --gpu-memory in bytes; 0: the GPU's free memory
+  bool images = false;           // the command takes images (model_flags_add_images)
+  int64_t image_max_pixels = 0;  // --image-max-pixels: images resized to at most this area; 0: the processor's
 };
 void model_flags_add(CLI::App* sub, ModelFlags& f);
+// For the commands that take images (serve, run): --image-max-pixels, and images on in f.
+void model_flags_add_images(CLI::App* sub, ModelFlags& f);
 // Loads the model and prints its banner on stderr (quiet: nothing at all, no load progress either).
 ModelSource model_flags_open(const ModelFlags& f, bool quiet = false);
 // The name model_flags_open will give the model, without loading it (model_source_name).
@@ -39,10 +44,15 @@ std::string model_flags_name(const ModelFlags& f);
 std::unique_ptr<ModelRunner> model_flags_runner(const ModelFlags& f, const ModelSource& src);
 // The model's config, before any runner is made.
 const Config& model_flags_config(const ModelSource& src);
+// The model's image settings (engine/image_prompt.h) with --image-max-pixels applied: the processor's max_pixels
+// (and min_pixels, when larger) lowered to it.
+ImageSettings model_flags_image_settings(const ModelFlags& f, const ModelSource& src, const ModelRunner& runner);
 
 // model_flags_runner with, on a GPU, the memory plan (engine/memory_plan.h) for what `ask` asks (its context,
 // sequences, prefix cache and flag names; the device's and the model's sizes are measured here, --gpu-memory from
-// f): the weights checked before they are uploaded, the plan printed on stderr after `who` unless quiet. With
+// f): the weights checked before they are uploaded, for a command that takes images (f.images) the vision encoder's
+// working memory for the largest image the processor makes set aside (ModelRunner::reserve_image_memory) and so
+// counted, the plan printed on stderr after `who` unless quiet. With
 // `speculative` (the command's --speculative and --draft-max), the verify steps' kept states are counted per
 // sequence (speculative_flags_verify_bytes). Throws tern::Error with the numbers when the plan is refused. On the CPU
 // there is no plan (nullopt).

@@ -6,8 +6,8 @@ Anthropic's count_tokens. Each image takes as many prompt tokens as transformers
 log-probabilities, the same image the same ones); a conversation with an image resumes from the prefix cache past
 the image, while another image of the same size is not mistaken for it. Bad input is a 400 that names the image and
 says why (not an image, truncated, an unsupported format, too many pixels, an aspect ratio over 200:1, bad base64, a
-remote URL without --allow-image-urls, one that cannot be fetched with it), and a model folder without a vision
-encoder says it has none.
+remote URL without --allow-image-urls, one that cannot be fetched with it), a model folder without a vision
+encoder says it has none, and --image-max-pixels lowers the largest image's size (and so its tokens).
 `tern run`'s /image attaches an image to the next message."""
 import base64
 import io
@@ -247,6 +247,23 @@ def test_remote_urls_are_not_fetched(server, tern_bin):
         assert r["error"]["param"] == "messages[0].content[0].image_url.url"
     finally:
         allowing.stop()
+
+
+def test_image_max_pixels_lowers_what_an_image_takes(tern_bin):
+    capped = Server(tern_bin, "--ctx-size", "4096", "--image-max-pixels", "65536")
+    try:
+        big = image_bytes((1024, 512), (0, 0, 200))  # 524,288 pixels: resized down to at most 65,536
+        messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(big)}}]}]
+        status, _, r = post_json(capped.port, "/tokenize", {"messages": messages}, timeout=300)
+        assert status == 200, r
+        h, w = smart_resize(512, 1024, 32, 65536, 65536)
+        want = (h // 16) * (w // 16) // 4
+        assert want < image_tokens(1024, 512)
+        assert r["tokens"].count(IMAGE_PAD) == want, (r["tokens"].count(IMAGE_PAD), want)
+    finally:
+        capped.stop()
+    bad = subprocess.run([tern_bin, "serve", "--image-max-pixels", "100"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--image-max-pixels" in bad.stderr, bad.stderr
 
 
 def cached(usage):
