@@ -378,13 +378,15 @@ __global__ void __launch_bounds__(256) attn_prepare_kernel(const float* qg, cons
   load_chunk(is_q ? qg + i * ld_qg + int64_t(h) * 2 * DH
                       : is_v ? v + i * ld_kv + int64_t(h - d.Hq - d.Hkv) * DH : k + i * ld_kv + int64_t(h - d.Hq) * DH,
                  c, x);
-  if (live && is_v)  // value head: a plain copy into the cache
-    *reinterpret_cast<uint4*>(s.cache_v + (int64_t(h - d.Hq - d.Hkv) * s.capacity + pos) * DH + 8 * c) =
-        pack8_16<F16>(x);
+  // Every load (the norm weights, the M-RoPE delta or positions) is issued before the value head's store, which the
+  // compiler may not move them past (it cannot tell that the cache does not alias them).
   float w[8], cs[8], sn[8];
   load_chunk(is_q ? q_norm : k_norm, c, w);
   int64_t rope_pos[3];
   rope_positions(seqs, axes, i, b, pos, rope_pos);
+  if (live && is_v)  // value head: a plain copy into the cache
+    *reinterpret_cast<uint4*>(s.cache_v + (int64_t(h - d.Hq - d.Hkv) * s.capacity + pos) * DH + 8 * c) =
+        pack8_16<F16>(x);
   rope_cos_sin(rope_pos, axes.section, c, d.rot, inv_s, cs, sn);
   norm_rope_chunk<DH>(x, w, d.eps, d.rot, c, cs, sn);  // every lane: the shuffles span the warp
   if (!live || is_v) return;
