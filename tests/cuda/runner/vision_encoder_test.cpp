@@ -180,9 +180,13 @@ TEST(VisionEncoderCuda, RunnerEncodesWithTheWeightsTower) {
   rm.w->config.vision = vc;
   rm.w->vision = demo_vision_build(vc, seed);
   auto gpu = cuda_runner_create(text_only, {.progress = false});
+  // The scratch set aside for images of up to 64 patches holds this one (48): encoding it grows nothing.
+  const int64_t reserved = gpu->reserve_image_memory(64);
+  EXPECT_GT(reserved, 0);
   std::mt19937_64 rng(seed);
   const ImagePixels p = random_pixels(rng, vc, MropeGrid{1, 8, 6});
   const ImageEmbeddings e = gpu->encode_image(p);
+  EXPECT_EQ(gpu->reserve_image_memory(48), reserved);
   EXPECT_EQ(e.tokens, 12);
   expect_encoder_close(e.values, cpu_encode(*rm.w->vision, p), 1.5e-2, "CudaRunner::encode_image");
 }
