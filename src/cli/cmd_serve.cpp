@@ -249,14 +249,29 @@ void command_serve(CLI::App& app) {
                 "Special tokens typed in chat message content (<|im_start|>, ...) stay control tokens (default: "
                 "they are text)");
   sub->add_flag("--allow-image-urls", s.allow_image_urls,
-                "Fetch http(s) image URLs that requests name (the server then reaches any address it can, the local "
-                "network included: only for trusted clients). Without it such a request gets a 400; inline images "
-                "(data: URLs, base64) always work");
+                "Fetch http(s) image URLs that requests name (public addresses only, unless --image-url-allow). "
+                "Without it such a request gets a 400; inline images (data: URLs, base64) always work");
   sub->add_option("--image-url-timeout", s.image_url_timeout_s,
-                  "Seconds to fetch all of a request's image URLs, redirects included (400 after); with "
+                  "Seconds to fetch all of a request's image URLs, host lookups and redirects included (400 after); with "
                   "--allow-image-urls")
       ->check(CLI::Range(0.1, 3600.0))
       ->capture_default_str();
+  sub->add_option("--image-url-allow",
+                  "Addresses image URLs may reach though they are not public (loopback, private, link-local, ...: "
+                  "refused by default, on every redirect), as CIDR ranges or addresses, comma-separated: "
+                  "10.1.2.0/24,127.0.0.1; with --allow-image-urls")
+      ->type_name("CIDR,...")
+      ->delimiter(',')
+      ->expected(1, CLI::detail::expected_max_vector_size)  // each range of each occurrence (the flag may repeat)
+      ->allow_extra_args(false)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            std::string why;
+            return server::ip_range_parse(text, &why) ? std::string() : why;
+          },
+          ""))
+      ->each([&s](const std::string& text) { s.image_url_allow.push_back(*server::ip_range_parse(text, nullptr)); });
   sub->add_option("--max-connections", s.max_connections, "Open connections in all; more get 503")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();

@@ -4,8 +4,10 @@ as a data: URL, through OpenAI chat, the Responses API's input_image, Anthropic'
 count_tokens; redirects are followed (a few, to http(s) only); a conversation resumes from the prefix cache past a
 fetched image. Each failure is a 400 naming the image's field and saying why, within --image-url-timeout: an HTTP
 404, a page that is not an image, a body over 20 MiB (announced or not), a slow server, a host that does not answer,
-too many redirects, a redirect to another scheme, corrupt image bytes (the decoder's own message, as for a data:
-URL), an https server whose certificate no CA signed. Without the flag a URL is still refused (test_images_api.py)."""
+too many redirects, a redirect to another scheme or to an address not allowed, corrupt image bytes (the decoder's own
+message, as for a data: URL), an https server whose certificate no CA signed. The local server is on loopback, which
+the server refuses unless --image-url-allow lets it through: the fixture's server allows 127.0.0.1 (only), and one
+without the flag refuses it saying why. Without --allow-image-urls a URL is still refused (test_images_api.py)."""
 import base64
 import http.server
 import io
@@ -92,6 +94,11 @@ class Images(http.server.BaseHTTPRequestHandler):
             return self.send(301, b"", "text/plain", extra=[("Location", "ftp://example.com/red.png")])
         if path == "/no-location":
             return self.send(302, b"", "text/plain")
+        if path == "/to-other-loopback":  # the same server at another loopback address, which is not allowed
+            port = self.server.server_address[1]
+            return self.send(302, b"", "text/plain", extra=[("Location", f"http://127.0.0.2:{port}/red.png")])
+        if path == "/to-metadata":  # the cloud metadata address
+            return self.send(302, b"", "text/plain", extra=[("Location", "http://169.254.169.254/latest/meta-data/")])
         return self.send(404, b"", "text/plain")
 
 
@@ -108,6 +115,15 @@ def images_url():
 
 @pytest.fixture(scope="module")
 def server(tern_bin):
+    s = Server(tern_bin, "--ctx-size", "2048", "--allow-image-urls", "--image-url-timeout", str(TIMEOUT_S),
+               "--image-url-allow", HOST)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def strict_server(tern_bin):
+    """--allow-image-urls alone: public addresses only."""
     s = Server(tern_bin, "--ctx-size", "2048", "--allow-image-urls", "--image-url-timeout", str(TIMEOUT_S))
     yield s
     s.stop()
@@ -187,7 +203,12 @@ def test_other_apis_fetch_urls_too(server, images_url):
     (f"/hop/{RED_REDIRECT_HOPS}", "redirected more than 3 times"),
     ("/to-ftp", "where it is not an http(s) URL"),
     ("/no-location", "HTTP 302 without a Location"),
-], ids=["404", "html", "corrupt", "big-announced", "big-unannounced", "slow", "redirects", "ftp", "no-location"])
+    ("/to-other-loopback", "/red.png', where the host 127.0.0.2 is a loopback address (127.0.0.0/8), which this "
+                           "server does not fetch from (tern serve --image-url-allow 127.0.0.2"),
+    ("/to-metadata", "it redirected to 'http://169.254.169.254/latest/meta-data/', where the host 169.254.169.254 is a "
+                     "link-local address (169.254.0.0/16, where cloud metadata services answer)"),
+], ids=["404", "html", "corrupt", "big-announced", "big-unannounced", "slow", "redirects", "ftp", "no-location",
+        "to-other-loopback", "to-metadata"])
 def test_fetch_failures_are_400s_naming_the_image(server, images_url, path, words):
     started = time.monotonic()
     status, _, r = chat(server.port, images_url + path)
@@ -210,6 +231,39 @@ def test_unreachable_hosts_and_bad_urls(server):
         status, _, r = chat(server.port, url)
         assert status == 400 and words in r["error"]["message"], (url, r)
         assert r["error"]["param"] == "messages[0].content[1].image_url.url", r
+
+
+def test_loopback_and_private_addresses_are_refused_by_default(strict_server, images_url):
+    """Without --image-url-allow the server fetches from public addresses only: the local server (on loopback), by
+    address or by name, the metadata address and private ranges are refused before any connection, saying why."""
+    port = images_url.rsplit(":", 1)[1]
+    for url, words in (
+            (images_url + "/red.png", f"the host {HOST} is a loopback address (127.0.0.0/8), which this server does "
+                                      f"not fetch from (tern serve --image-url-allow {HOST}, or a range holding it, "
+                                      "would allow it)"),
+            (f"http://localhost:{port}/red.png", "the host localhost resolves to "),
+            (f"http://[::1]:{port}/red.png", "the host ::1 is the loopback address (::1/128)"),
+            ("http://169.254.169.254/latest/meta-data/", "is a link-local address (169.254.0.0/16, where cloud "
+                                                         "metadata services answer)"),
+            ("http://10.0.0.5/x.png", "the host 10.0.0.5 is a private address (10.0.0.0/8)"),
+            ("http://[::ffff:192.168.1.1]/x.png", "is a private address (192.168.0.0/16)")):
+        started = time.monotonic()
+        status, _, r = chat(strict_server.port, url)
+        assert status == 400, (url, r)
+        err = r["error"]
+        assert err["param"] == "messages[0].content[1].image_url.url", err
+        assert "could not be fetched from '" + url + "': " in err["message"], err
+        assert words in err["message"], err
+        if "localhost" in url:
+            assert "a loopback address" in err["message"] or "the loopback address" in err["message"], err
+        assert time.monotonic() - started < TIMEOUT_S, url  # refused before any connection is tried
+
+
+def test_a_bad_allowed_range_is_refused_at_start(tern_bin):
+    done = subprocess.run([tern_bin, "serve", "--demo", "--port", "0", "--allow-image-urls", "--image-url-allow",
+                           "127.0.0.1,10.0.0.1/8"], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0, done
+    assert "'10.0.0.1/8' has bits set past its prefix length (did you mean 10.0.0.0/8?)" in done.stderr, done.stderr
 
 
 def test_the_first_failing_image_is_named(server, images_url):

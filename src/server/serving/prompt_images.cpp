@@ -68,6 +68,7 @@ std::optional<ApiError> request_images_fetch(const ServerState& state, std::vect
                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                         std::chrono::duration<double>(limits.timeout_s));
   limits.max_bytes = state.options.image_url_max_bytes;
+  limits.allowed = state.options.image_url_allow;
   const auto start = std::chrono::steady_clock::now();
   int fetched_count = 0;
   for (RequestImage& im : images) {

@@ -10,6 +10,7 @@
 #include "engine/image_prompt.h"
 #include "engine/prefix_cache.h"
 #include "engine/sampler.h"
+#include "server/serving/ip_address.h"
 
 namespace tern {
 class ChatTemplate;
@@ -42,6 +43,7 @@ struct ServerOptions {
   bool allow_image_urls = false;         // --allow-image-urls: http(s) image URLs are fetched (else refused)
   double image_url_timeout_s = 10;       // --image-url-timeout: all of a request's image URLs are fetched within this
   size_t image_url_max_bytes = 20u << 20;  // a fetched image past this is refused (as the chat page's own cap)
+  std::vector<IpRange> image_url_allow;  // --image-url-allow: non-public addresses image URLs may reach all the same
   bool log_requests = true;              // one JSON line per request on stderr
   size_t max_connections = 1024;         // open connections in all; beyond: 503 and close
   size_t max_connections_per_address = 256;  // open connections from one client address
