@@ -29,7 +29,10 @@ struct ModelFlags {
   std::string name;
   int64_t ctx_size = 0;     // 0: the command's default (on a GPU: the memory plan's)
   int64_t gpu_memory = 0;   // --gpu-memory in bytes; 0: the GPU's free memory
+  std::string kv_dtype = "f16";  // --kv-dtype: the KV cache's type (model/kv_dtype.h)
 };
+// --kv-dtype f16|bf16|fp8 on `sub` (model_flags_add adds it; bench and logits too).
+void kv_dtype_flag_add(CLI::App* sub, std::string& kv_dtype);
 void model_flags_add(CLI::App* sub, ModelFlags& f);
 // Loads the model and prints its banner on stderr (quiet: nothing at all, no load progress either).
 ModelSource model_flags_open(const ModelFlags& f, bool quiet = false);
