@@ -1,8 +1,9 @@
 // fp8 e4m3fn <-> float on the host, as cuda_fp8.h's __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3) and
 // __nv_cvt_fp8_to_halfraw do them on the device (the hardware cvt on sm_89+, the same rounding in software before):
 // round to nearest even, magnitudes past 448 (±inf included) saturate to ±448, NaN becomes the canonical NaN code
-// 0x7f whatever its sign (the software path canonicalises the float first). e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa bits; no infinities; the
-// codes 0x7f and 0xff are NaN; subnormals are m·2^-9. Also the fp8 KV cache's row quantisation (its CPU twin).
+// 0x7f whatever its sign (the software path canonicalises the float first). e4m3fn: 1 sign, 4 exponent (bias 7), 3
+// mantissa bits; no infinities; the codes 0x7f and 0xff are NaN; subnormals are m·2^-9. Also the fp8 KV cache's row
+// quantisation (its CPU twin).
 #pragma once
 
 #include <cmath>

@@ -1,5 +1,6 @@
 // The CUDA backend's ModelRunner: the whole forward pass on the GPU (fp32 activations, fp32 accumulation, fp32
-// Gated DeltaNet state, fp16 KV cache by default, bf16 or fp8 on request), weights uploaded once, scratch buffers allocated once per runner, routing
+// Gated DeltaNet state, fp16 KV cache by default, bf16 or fp8 on request), weights uploaded once, scratch buffers
+// allocated once per runner, routing
 // and sampling on the device. Plain C++ header: callers need no CUDA headers.
 #pragma once
 

@@ -251,7 +251,8 @@ void run_fp8_case(std::mt19937_64& rng, AttnDims d, int64_t pos0, int64_t T, int
   const std::vector<float> qg = random_floats(rng, size_t(T * d.Hq * 2 * d.dh), -2.0f, 2.0f);
   const std::vector<float> k = random_floats(rng, size_t(T * d.Hkv * d.dh), -2.0f, 2.0f);
   const std::vector<float> v = random_floats(rng, size_t(T * d.Hkv * d.dh), -1.0f, 1.0f);
-  const std::vector<float> qn = random_floats(rng, size_t(d.dh), 0.5f, 1.5f), kn = random_floats(rng, size_t(d.dh), 0.5f, 1.5f);
+  const std::vector<float> qn = random_floats(rng, size_t(d.dh), 0.5f, 1.5f);
+  const std::vector<float> kn = random_floats(rng, size_t(d.dh), 0.5f, 1.5f);
   DeviceBuf<float> dqg(qg), dk(k), dv(v), dqn(qn), dkn(kn), dq(size_t(T * d.Hq * d.dh)), out(dq.n);
   DeviceBuf<float> part(size_t(attn_partial_floats(T, d.Hq, d.dh)));
   DeviceBuf<int> dpos(std::vector<int>{int(pos0)});
@@ -267,7 +268,7 @@ TEST(CudaAttentionFp8, PrefillMatchesFp64OverTheDequantisedCache) {
   std::mt19937_64 rng(fresh_seed("CudaAttentionFp8.Prefill"));
   for (int64_t pos0 : {int64_t(0), int64_t(300)})
     for (int64_t T : {int64_t(9), int64_t(64), int64_t(65), int64_t(200)})
-      run_fp8_case(rng, model_fp8(), pos0, T, pos0 + T + (T % 2 ? 0 : 45));  // the cache's end inside a tile, or past it
+      run_fp8_case(rng, model_fp8(), pos0, T, pos0 + T + (T % 2 ? 0 : 45));  // the cache ending in a tile, or not
   run_fp8_case(rng, model_fp8(), 0, 640, 700);
 }
 
@@ -307,7 +308,8 @@ void run_fp8_batched_case(std::mt19937_64& rng, AttnDims d, const std::vector<st
     std::copy(v.begin(), v.end(), proj.begin() + b * ld + Q + KV);
   }
   DeviceBuf<float> dproj(proj);
-  const std::vector<float> qn = random_floats(rng, size_t(dh), 0.5f, 1.5f), kn = random_floats(rng, size_t(dh), 0.5f, 1.5f);
+  const std::vector<float> qn = random_floats(rng, size_t(dh), 0.5f, 1.5f);
+  const std::vector<float> kn = random_floats(rng, size_t(dh), 0.5f, 1.5f);
   DeviceBuf<float> dqn(qn), dkn(kn);
   std::vector<std::unique_ptr<DeviceBuf<uint8_t>>> kb, vb, k1, v1;  // the batched call's caches, the lone calls'
   std::vector<void*> k_ptrs, v_ptrs;
@@ -347,7 +349,8 @@ void run_fp8_batched_case(std::mt19937_64& rng, AttnDims d, const std::vector<st
   batch.capacity = dcaps.p;
   batch.splits = dsplits.p;
   DeviceBuf<float> q_b(size_t(B * out_n)), out_b(q_b.n), q_1(q_b.n), out_1(q_b.n);
-  DeviceBuf<float> part_b(size_t(attn_batch_partial_floats(B, d.Hq, d.dh))), part_1(size_t(attn_partial_floats(1, d.Hq, d.dh)));
+  DeviceBuf<float> part_b(size_t(attn_batch_partial_floats(B, d.Hq, d.dh)));
+  DeviceBuf<float> part_1(size_t(attn_partial_floats(1, d.Hq, d.dh)));
   attn_prepare_batched(dproj.p, dproj.p + Q, dproj.p + Q + KV, dqn.p, dkn.p, batch, dmax, q_b.p, nullptr);
   attention_batched(q_b.p, dproj.p, batch, dmax, part_b.p, out_b.p, nullptr);
   for (int b = 0; b < B; ++b) {

@@ -23,8 +23,8 @@
 namespace tern::cuda::test {
 namespace {
 
-// The cache's 16-bit values (f16: AttnDims::kv is KvDtype::f16, else bf16) as the kernels store them: fp16 rounds to nearest even and
-// saturates past ±65504 (keeping NaN), bf16 rounds to nearest even.
+// The cache's 16-bit values (f16: AttnDims::kv is KvDtype::f16, else bf16) as the kernels store them: fp16 rounds
+// to nearest even and saturates past ±65504 (keeping NaN), bf16 rounds to nearest even.
 uint16_t kv_bits(float x, bool f16) { return f16 ? float_to_f16_satfinite(x) : float_to_bf16(x); }
 float kv_float(uint16_t b, bool f16) { return f16 ? f16_to_float(b) : bf16_to_float(b); }
 float round_kv(float x, bool f16) { return kv_float(kv_bits(x, f16), f16); }

@@ -328,7 +328,8 @@ __device__ __forceinline__ void copy_tile_fp8(uint8_t* dst, const uint8_t* src, 
 // scalars), attn_prepare_batched and attention_batched are T = 1 (B sequences, each from AttnBatch's tables). A kernel
 // takes a sequence's values from seq_at / splits_at in both forms, so its arithmetic is the same code either way.
 
-template <typename Elem>  // void: attn_prepare writes the caches; const void: attention reads them (AttnDims::kv's type)
+// Elem: void (attn_prepare writes the caches), const void (attention reads them); the caches in AttnDims::kv's type.
+template <typename Elem>
 struct Seqs {
   int B = 1;
   // No tables (B = 1): the one sequence's first position, cache [Hkv, capacity, dh] and decode split count.
@@ -925,14 +926,15 @@ void setup_decode(AttentionSetup& s, int optin) {
   while (v.stages > 1 && decode_smem_bytes<DH, RW>(v.stages) > size_t(optin)) --v.stages;
   v.smem = decode_smem_bytes<DH, RW>(v.stages);
   if (v.smem > size_t(optin)) return;  // unusable on this device; attention() reports it
-  for (auto kernel : {attention_decode_split_kernel<DH, RW, KvDtype::f16>, attention_decode_split_kernel<DH, RW, KvDtype::bf16>,
+  for (auto kernel : {attention_decode_split_kernel<DH, RW, KvDtype::f16>,
+                      attention_decode_split_kernel<DH, RW, KvDtype::bf16>,
                       attention_decode_split_kernel<DH, RW, KvDtype::fp8>}) {
     TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(v.smem)));
     TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                    int(cudaSharedmemCarveoutMaxShared)));
   }
-  // The split count (from the occupancy of the fp16 kernel) is the same for every cache type, which differ only in
-  // their registers (one block of 128 threads per SM at most: __launch_bounds__(128, 1)).
+  // The split count comes from the fp16 kernel's occupancy for every cache type (the same shared memory; the fp8
+  // kernel's registers may differ), so that it depends on the capacity alone, as the batched calls need.
   int n = 0;
   TERN_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_decode_split_kernel<DH, RW, KvDtype::f16>, 128,
                                                           v.smem));
@@ -1081,8 +1083,8 @@ void launch_prepare(const float* qg, const float* k, const float* v, int64_t ld_
   const int64_t tasks = seqs.B * d.T * (d.Hq + 2 * d.Hkv);
   const int per_block = 8 * (32 / (d.dh / 8));  // 8 warps, each 32 / (dh/8) rows at once
   with_head_dim(d, [&]<int DH, KvDtype KV>() {
-    launch_pdl("attn_prepare", attn_prepare_kernel<DH, KV>, dim3(blocks_for(tasks, per_block)), dim3(256), 0, stream, qg,
-               k, v, ld_qg, ld_kv, q_norm, k_norm, seqs, d, freqs, axes, q_out);
+    launch_pdl("attn_prepare", attn_prepare_kernel<DH, KV>, dim3(blocks_for(tasks, per_block)), dim3(256), 0, stream,
+               qg, k, v, ld_qg, ld_kv, q_norm, k_norm, seqs, d, freqs, axes, q_out);
   });
 }
 
