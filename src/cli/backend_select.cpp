@@ -46,16 +46,24 @@ std::string device_resolve(const std::string& device) {
   TERN_FAIL("--device must be auto, cuda or cpu, got '", device, "'");
 }
 
-std::unique_ptr<ModelRunner> runner_create(std::shared_ptr<const ModelWeights> weights, const std::string& device) {
+void cpu_kv_dtype_check(KvDtype kv) {
+  TERN_CHECK(kv == KvDtype::f16, "--kv-dtype ", kv_dtype_name(kv),
+             ": the CPU backend keeps its KV cache in fp32 and takes only the default; bf16 and fp8 KV caches are "
+             "the CUDA backend's (--device cuda)");
+}
+
+std::unique_ptr<ModelRunner> runner_create(std::shared_ptr<const ModelWeights> weights, const std::string& device,
+                                           KvDtype kv) {
   const std::string d = device_resolve(device);
 #ifdef TERN_HAVE_CUDA
-  if (d == "cuda") return cuda_runner_create(std::move(weights));
+  if (d == "cuda") return cuda_runner_create(std::move(weights), CudaRunnerOptions{.kv = kv});
 #endif
+  cpu_kv_dtype_check(kv);
   return cpu_runner_create(std::move(weights));
 }
 
 std::unique_ptr<ModelRunner> runner_create_synthetic(const Config& config, uint64_t seed, const std::string& device,
-                                                     int64_t vocab_real) {
+                                                     int64_t vocab_real, KvDtype kv) {
   TERN_CHECK(device == "auto" || device == "cuda",
              "--synthetic generates full-size weights on the GPU: it needs --device cuda (or auto), not ", device);
 #ifdef TERN_HAVE_CUDA
@@ -63,6 +71,7 @@ std::unique_ptr<ModelRunner> runner_create_synthetic(const Config& config, uint6
                                "process (check the driver, nvidia-smi and CUDA_VISIBLE_DEVICES)");
   CudaRunnerOptions options;
   options.vocab_real = vocab_real;
+  options.kv = kv;
   return cuda_runner_create_synthetic(config, seed, options);
 #else
   TERN_FAIL("--synthetic generates full-size weights on the GPU: this tern was built without the CUDA backend");

@@ -6,6 +6,7 @@
 #include <string>
 #include <thread>
 
+#include "model/kv_dtype.h"
 #include "model/runner.h"
 
 namespace tern {
@@ -23,12 +24,18 @@ std::string device_resolve(const std::string& device);
 // left to the caller's own first CUDA call. The thread is joined when the returned object goes.
 std::jthread device_start_early(const std::string& device);
 
-// A runner for the weights on the resolved device.
-std::unique_ptr<ModelRunner> runner_create(std::shared_ptr<const ModelWeights> weights, const std::string& device);
+// A runner for the weights on the resolved device, its KV cache of type `kv` (--kv-dtype; the CPU backend takes only
+// the default: cpu_kv_dtype_check).
+std::unique_ptr<ModelRunner> runner_create(std::shared_ptr<const ModelWeights> weights, const std::string& device,
+                                           KvDtype kv = KvDtype::f16);
 
 // Full-size random weights in the MLX 4-bit layout, generated on the GPU (--synthetic); CUDA only. vocab_real > 0:
 // ids from it on are padding, never sampled (the tokenizer that goes with them has fewer ids than the rows).
 std::unique_ptr<ModelRunner> runner_create_synthetic(const Config& config, uint64_t seed, const std::string& device,
-                                                     int64_t vocab_real = 0);
+                                                     int64_t vocab_real = 0, KvDtype kv = KvDtype::f16);
+
+// The CPU runner keeps its KV cache in fp32 whatever --kv-dtype says: it takes the default (f16, which on the CPU
+// means its own cache) and refuses bf16 and fp8 with a tern::Error that says so.
+void cpu_kv_dtype_check(KvDtype kv);
 
 }  // namespace tern

@@ -24,6 +24,7 @@
 #include <vector>
 #include <string>
 
+#include "cli/backend_select.h"
 #include "cli/commands.h"
 #include "cli/memory_flags.h"
 #include "cli/model_flags.h"
@@ -61,6 +62,7 @@ struct BenchArgs {
   bool synthetic = false, demo = false;
   std::string device = "auto";
   std::string dtype = "auto";
+  std::string kv_dtype = "f16";  // --kv-dtype
   std::string lengths = "256,512,1K,2K,4K,8K,16K,32K,64K,128K";
   bool lengths_given = false;  // --lengths on the command line (else the default, cut to the model's context)
   int repeats = 3, warmup = 1, decode_steps = 32;
@@ -205,6 +207,7 @@ int64_t lengths_fit_memory(const BenchArgs& a, const ModelRunner& runner, const 
                            int64_t verify_bytes = 0) {
   MemoryPlanInput ask;
   ask.parallel = 1;
+  ask.kv_dtype = kv_dtype_parse(a.kv_dtype);
   ask.verify_bytes = verify_bytes;
   ask.context_flag = "";  // bench takes prompt lengths, not a context
   ask.parallel_flag = "--concurrency";
@@ -369,6 +372,8 @@ void run_bench(BenchArgs a) {
                    "--synthetic generates full-size weights on the GPU: it needs --device cuda");
   // On a GPU the sessions are planned in its memory (engine/memory_plan.h), as tern serve plans its own.
   const std::optional<GpuMemory> gpu = gpu_memory_before_load(device, a.gpu_memory, a.quiet);
+  const KvDtype kv = kv_dtype_parse(a.kv_dtype);
+  if (device == "cpu") cpu_kv_dtype_check(kv);
 
   BenchReport report;
   std::unique_ptr<ModelRunner> runner;
@@ -382,6 +387,7 @@ void run_bench(BenchArgs a) {
     roofline = roofline_from_weights(shapes);
     if (gpu) gpu_memory_check_weights(*gpu, shapes.total_bytes());
     CudaRunnerOptions ro;
+    ro.kv = kv;
     if (a.image > 0) {  // a random vision tower of Qwen3.6's widths, made on the device
       ro.synthetic_vision = VisionConfig{};
       ro.synthetic_vision->out_hidden_size = config.hidden_size;
@@ -408,7 +414,7 @@ void run_bench(BenchArgs a) {
     } else {
 #ifdef TERN_HAVE_CUDA
       if (gpu) gpu_memory_check_weights(*gpu, weights->total_bytes());
-      runner = cuda_runner_create(weights);
+      runner = cuda_runner_create(weights, CudaRunnerOptions{.kv = kv});
 #endif
     }
   }
@@ -522,6 +528,7 @@ void command_bench(CLI::App& app) {
   sub->add_option("--dtype", args->dtype, "Weights of -m: auto, q4, bf16 or stored (see tern inspect)")
       ->check(CLI::IsMember({"auto", "q4", "bf16", "stored"}))
       ->capture_default_str();
+  kv_dtype_flag_add(sub, args->kv_dtype);
   sub->add_option("--lengths", args->lengths,
                   "Prompt lengths, e.g. 256,4K,128K (default: those of 256 to 128K that fit the model's context "
                   "with the decode steps)")

@@ -40,6 +40,7 @@ namespace {
 
 struct LogitsArgs {
   std::string model_dir, tokens, tokens_file, out, dump_dir, dtype = "stored", gdn = "chunked", device = "cpu";
+  std::string kv_dtype = "f16";  // --kv-dtype (CUDA; the CPU takes only the default)
   std::string image_pixels, image_grids;
   std::string mtp_out, mtp_draft, draft_weights;
   int64_t prefill = -1;
@@ -133,9 +134,11 @@ void run_logits(const LogitsArgs& a) {
   lo.draft_weights = a.draft_weights;
   auto weights = std::make_shared<ModelWeights>(model_load(a.model_dir, lo));
   const std::string device = device_resolve(a.device);
+  const KvDtype kv = kv_dtype_parse(a.kv_dtype);
+  if (device == "cpu") cpu_kv_dtype_check(kv);
   auto runner = device == "cpu" ? cpu_runner_create(weights, CpuRunnerOptions{.gdn_chunked = a.gdn == "chunked",
                                                                               .gdn_chunk = a.gdn_chunk})
-                                : runner_create(weights, device);
+                                : runner_create(weights, device, kv);
   if (!a.dump_dir.empty()) runner->set_activation_dump_dir(a.dump_dir);
   const int64_t V = runner->config().vocab_size;
 
@@ -213,6 +216,7 @@ void command_logits(CLI::App& app) {
   sub->add_option("--mtp-draft", args->mtp_draft, "With --mtp-out: k tokens for a draft chain after the last token");
   sub->add_option("--draft-weights", args->draft_weights, "The MTP draft head from this file (tern extract-mtp)");
   sub->add_option("--device", args->device, "cpu (the reference), cuda or auto")->capture_default_str();
+  kv_dtype_flag_add(sub, args->kv_dtype);
   sub->add_option("--gdn", args->gdn, "Gated DeltaNet prefill on the CPU: chunked or recurrent")->capture_default_str();
   sub->add_option("--gdn-chunk", args->gdn_chunk, "Chunk size of the chunked Gated DeltaNet")->capture_default_str();
   sub->callback([args] { run_logits(*args); });

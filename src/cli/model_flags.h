@@ -30,9 +30,12 @@ struct ModelFlags {
   std::string name;
   int64_t ctx_size = 0;     // 0: the command's default (on a GPU: the memory plan's)
   int64_t gpu_memory = 0;   // --gpu-memory in bytes; 0: the GPU's free memory
+  std::string kv_dtype = "f16";  // --kv-dtype: the KV cache's type (model/kv_dtype.h)
   bool images = false;           // the command takes images (model_flags_add_images)
   int64_t image_max_pixels = 0;  // --image-max-pixels: images resized to at most this area; 0: the processor's
 };
+// --kv-dtype f16|bf16|fp8 on `sub` (model_flags_add adds it; bench and logits too).
+void kv_dtype_flag_add(CLI::App* sub, std::string& kv_dtype);
 void model_flags_add(CLI::App* sub, ModelFlags& f);
 // For the commands that take images (serve, run): --image-max-pixels, and images on in f.
 void model_flags_add_images(CLI::App* sub, ModelFlags& f);

@@ -255,8 +255,9 @@ std::vector<std::string> memory_plan_describe(const MemoryPlan& plan) {
                          " at once: ", memory_size_text(plan.total_bytes), " planned of ", s.available_text()));
   std::string items = concat("  weights ", memory_size_text(in.weights_bytes), " + scratch ",
                              memory_size_text(in.scratch_bytes), " + ", sessions_text(plan.sessions), " x ",
-                             memory_size_text(plan.session_bytes), " (KV cache ", count_text(in.kv_token_bytes),
-                             " B/token, Gated DeltaNet state ", memory_size_text(in.state_bytes), ")");
+                             memory_size_text(plan.session_bytes), " (KV cache ", kv_dtype_name(in.kv_dtype), " ",
+                             count_text(in.kv_token_bytes), " B/token, Gated DeltaNet state ",
+                             memory_size_text(in.state_bytes), ")");
   if (plan.verify_bytes > 0)  // per running sequence, held from a verify step to the sequence's next step
     items += concat(" + ", s.verify_text(plan.parallel), " (Gated DeltaNet states kept by a verify step)");
   if (s.cache())

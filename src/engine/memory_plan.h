@@ -33,6 +33,8 @@
 #include <string>
 #include <vector>
 
+#include "model/kv_dtype.h"
+
 namespace tern {
 
 // What the plan keeps free after it: the CUDA runtime's allocations that no one sizes in advance and that come
@@ -61,7 +63,8 @@ struct MemoryPlanInput {
   int64_t weights_bytes = 0;
   int64_t scratch_bytes = 0;   // the runner's other fixed buffers (activations, the batched step's tables)
   int64_t state_bytes = 0;     // per sequence, whatever its context: the Gated DeltaNet conv and recurrent states
-  int64_t kv_token_bytes = 0;  // per sequence and context token: K and V of every attention layer
+  int64_t kv_token_bytes = 0;  // per sequence and context token: K and V of every attention layer (kv_token_bytes())
+  KvDtype kv_dtype = KvDtype::f16;  // the KV cache's type (--kv-dtype), which kv_token_bytes was measured with
   // Per sequence running at once, with speculative decoding: the states a verify of the most tokens the command
   // verifies keeps (ModelRunner::verify_state_bytes of max drafts + 1 tokens); 0: speculative decoding off. The CUDA
   // runner's pool of them holds no more than the most in use at once (cuda_session.cuh, KeptStateBuffers).

@@ -1,6 +1,6 @@
 // The memory plan (engine/memory_plan.h) on fake devices with the real model's sizes: the context and sequences it
-// chooses on 24, 32, 80 and 141 GB, what gives way first, the flags kept as given, the refusals' numbers, and
-// speculative decoding's verify states (once per running sequence).
+// chooses on 24, 32, 80 and 141 GB, what gives way first, the flags kept as given, the refusals' numbers,
+// speculative decoding's verify states (once per running sequence), and the fp8 KV cache (--kv-dtype fp8).
 #include "engine/memory_plan.h"
 
 #include <gtest/gtest.h>
@@ -28,6 +28,8 @@ constexpr int64_t kGiB = int64_t(1) << 30;
 // drafts verify 4.
 constexpr int64_t kVerifyToken = 30 * (3 * 8'192 * 4 + 32 * 128 * 128 * 4);
 constexpr int64_t kMiB2 = int64_t(2) << 20;
+// The same KV cache in fp8 (model/kv_dtype.h): a byte per value and an fp32 scale per row of 256 values.
+constexpr int64_t kKvTokenFp8 = 10'400;
 
 // tern serve's defaults on a GPU with `free` bytes free (or an H200 under --gpu-memory `cap`).
 MemoryPlanInput serve_input(int64_t free, int64_t cap = 0) {
@@ -308,7 +310,7 @@ TEST(MemoryPlan, TheDescriptionNamesEveryItem) {
             "context 262,144 tokens x 4 sequences at once: 47.85 GB planned of 141.00 GB (the GPU's free memory, of "
             "141.50 GB)");
   EXPECT_EQ(lines[1],
-            "  weights 19.51 GB + scratch 1.30 GB + 4 sessions x 5.44 GB (KV cache 20,480 B/token, Gated DeltaNet "
+            "  weights 19.51 GB + scratch 1.30 GB + 4 sessions x 5.44 GB (KV cache f16 20,480 B/token, Gated DeltaNet "
             "state 65.9 MB) + prefix cache snapshots 4.76 GB (4.29 GB kept and 5 spare buffers) + reserve 536.9 MB");
 }
 
@@ -380,7 +382,7 @@ TEST(MemoryPlan, TheDescriptionNamesTheVerifyStates) {
   ASSERT_EQ(lines.size(), 2u);
   expect_contains(lines[0], "context 262,144 tokens x 4 sequences at once: 49.97 GB planned of 141.00 GB");
   EXPECT_EQ(lines[1],
-            "  weights 19.51 GB + scratch 1.30 GB + 4 sessions x 5.44 GB (KV cache 20,480 B/token, Gated DeltaNet "
+            "  weights 19.51 GB + scratch 1.30 GB + 4 sessions x 5.44 GB (KV cache f16 20,480 B/token, Gated DeltaNet "
             "state 65.9 MB) + 4 x speculative decoding's verify states 528.5 MB (Gated DeltaNet states kept by a "
             "verify step) + prefix cache snapshots 4.76 GB (4.29 GB kept and 5 spare buffers) + reserve 536.9 MB");
 }
@@ -406,6 +408,54 @@ TEST(MemorySizeParse, RefusesWhatIsNoSize) {
   } catch (const Error& e) {
     expect_contains(e.what(), "'-3' must be more than 0");
   }
+}
+
+// The KV bytes per token the plan is given (measured on the runner: cli/memory_flags.cpp) are the model's K and V rows
+// in the cache's type: 20,480 in fp16 or bf16, 10,400 in fp8 (1 byte per value and a 4-byte scale per 256 values).
+TEST(MemoryPlan, Fp8KvTokenBytesAreAboutHalfOfFp16) {
+  EXPECT_EQ(kv_token_bytes(KvDtype::f16, 10, 2, 256), kKvToken);
+  EXPECT_EQ(kv_token_bytes(KvDtype::bf16, 10, 2, 256), kKvToken);
+  EXPECT_EQ(kv_token_bytes(KvDtype::fp8, 10, 2, 256), kKvTokenFp8);
+}
+
+MemoryPlanInput with_fp8(MemoryPlanInput in) {
+  in.kv_token_bytes = kKvTokenFp8;
+  in.kv_dtype = KvDtype::fp8;
+  return in;
+}
+
+// Issue 33: with fp8 KV the 4-bit model serves 64K tokens of context on a 24 GB card (--gpu-memory 24 on a larger
+// one): --ctx-size 65536 is kept with 3 sequences at once (fp16 KV: 1, AGivenContextIsKeptAndTheSequencesFollow);
+// the plan's own choice is 4 sequences of 49,152 (fp16: 3 of 33,792), on a card of 24 GiB 4 of 91,136 (fp16: 46,080),
+// and one sequence alone (tern run) 216,064 (fp16: 109,568).
+TEST(MemoryPlan, Fp8KvServes64KOnA24GbCard) {
+  MemoryPlanInput in = with_fp8(serve_input(kH200Total - 600'000'000, 24'000'000'000));
+  in.context = 65'536;
+  const MemoryPlan given = memory_plan(in);
+  EXPECT_EQ(given.context, 65'536);
+  EXPECT_EQ(given.parallel, 3);
+  EXPECT_LE(given.total_bytes, 24'000'000'000);
+  EXPECT_EQ(given.session_bytes, (kState + 65'536 * kKvTokenFp8 + kMiB2 - 1) / kMiB2 * kMiB2);
+  in.parallel = 1;  // and one sequence of 64K with room to spare
+  EXPECT_EQ(memory_plan(in).parallel, 1);
+
+  const MemoryPlan p = memory_plan(with_fp8(serve_input(kH200Total - 600'000'000, 24'000'000'000)));
+  EXPECT_EQ(p.parallel, 4);
+  EXPECT_EQ(p.context, 49'152);
+  EXPECT_LE(p.total_bytes, 24'000'000'000);
+  const MemoryPlan q = memory_plan(with_fp8(serve_input(24 * kGiB)));
+  EXPECT_EQ(q.parallel, 4);
+  EXPECT_EQ(q.context, 91'136);
+  const MemoryPlan one = memory_plan(with_fp8(run_input(24'000'000'000)));
+  EXPECT_EQ(one.parallel, 1);
+  EXPECT_EQ(one.context, 216'064);
+}
+
+TEST(MemoryPlan, TheDescriptionNamesTheKvDtype) {
+  const std::vector<std::string> lines =
+      memory_plan_describe(memory_plan(with_fp8(serve_input(kH200Total - 600'000'000, 24'000'000'000))));
+  ASSERT_GE(lines.size(), 2u);
+  expect_contains(lines[1], "(KV cache fp8 10,400 B/token, Gated DeltaNet state 65.9 MB)");
 }
 
 }  // namespace

@@ -230,8 +230,8 @@ void CudaRunner::slot_layers(int B, int64_t capacity, bool one_session) {
       ab.B = B;
       ab.ld_qkv = proj_cols_;
       ab.pos0 = dev->pos;
-      ab.cache_k = reinterpret_cast<uint16_t* const*>(table);
-      ab.cache_v = reinterpret_cast<uint16_t* const*>(table + kSlots);
+      ab.cache_k = table;
+      ab.cache_v = table + kSlots;
       ab.splits = dev->splits;
       ab.capacity = dev->capacity;
       ab.rope_delta = dev->rope_delta;

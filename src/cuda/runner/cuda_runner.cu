@@ -89,8 +89,9 @@ CudaRunner::CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const M
   // turn after prefix reuse) runs as verify steps instead of one prefill-plan chunk, whose fixed cost sets a short
   // prompt's time (short_call).
   if (const char* e = std::getenv("TERN_SHORT_CALL_TOKENS")) short_call_tokens_ = std::max<int64_t>(0, std::atoll(e));
-  // The KV cache in fp16 (11 significant bits) unless TERN_KV_BF16=1 or the option asks for bf16 (8 bits).
-  kv_f16_ = o.kv_f16 && !env_is("TERN_KV_BF16", "1");
+  // The KV cache in fp16 (11 significant bits) unless the option asks for bf16 (8 bits) or fp8 (4 bits and a scale
+  // per row), or TERN_KV_BF16=1 turns the default into bf16.
+  kv_ = o.kv == KvDtype::f16 && env_is("TERN_KV_BF16", "1") ? KvDtype::bf16 : o.kv;
   // TERN_L2_PREFETCH (a bit mask, default 12 = both; the one-token decode plan on Hopper; l2_prefetch.cuh): 4 the MoE
   // gate_up asks L2 for the chosen experts' down matrices; 8 each mixer's output projection for the next layer's
   // first projection; 0 neither.
@@ -120,7 +121,7 @@ CudaRunner::~CudaRunner() {
 }
 
 int64_t CudaRunner::session_bytes(int64_t max_context) const {
-  return int64_t(CudaSession::bytes_for(*w_, max_context));
+  return int64_t(CudaSession::bytes_for(*w_, max_context, kv_));
 }
 
 int64_t CudaRunner::free_memory_bytes() const {
@@ -133,7 +134,7 @@ std::unique_ptr<Session> CudaRunner::create_session(int64_t max_context) {
   TERN_CHECK(max_context > 0, "session capacity must be positive, got ", max_context);
   TERN_CHECK(max_context < (int64_t(1) << 31), "session capacity ", max_context, " is too large");
   if (!snapshot_buffers_) snapshot_buffers_ = std::make_shared<SnapshotBuffers>(gdn_state_bytes_of(*w_));
-  return std::make_unique<CudaSession>(*w_, max_context, this, ++session_ids_, snapshot_buffers_, kept_pool_);
+  return std::make_unique<CudaSession>(*w_, max_context, kv_, this, ++session_ids_, snapshot_buffers_, kept_pool_);
 }
 
 void CudaRunner::forward(Session& session, std::span<const int32_t> tokens, bool all_logits,
@@ -286,7 +287,7 @@ AttnDims CudaRunner::attn_dims(int64_t T, int64_t capacity) const {
   d.theta = float(c.rope_theta);
   d.eps = float(c.rms_norm_eps);
   d.capacity = capacity;
-  d.kv_f16 = kv_f16_;
+  d.kv = kv_;
   return d;
 }
 

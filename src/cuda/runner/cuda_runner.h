@@ -1,5 +1,6 @@
 // The CUDA backend's ModelRunner: the whole forward pass on the GPU (fp32 activations, fp32 accumulation, fp32
-// Gated DeltaNet state, fp16 KV cache), weights uploaded once, scratch buffers allocated once per runner, routing
+// Gated DeltaNet state, fp16 KV cache by default, bf16 or fp8 on request), weights uploaded once, scratch buffers
+// allocated once per runner, routing
 // and sampling on the device. Plain C++ header: callers need no CUDA headers.
 #pragma once
 
@@ -9,6 +10,7 @@
 #include <string>
 
 #include "model/config.h"
+#include "model/kv_dtype.h"
 #include "model/runner.h"
 
 namespace tern {
@@ -27,8 +29,10 @@ struct CudaRunnerOptions {
   // The prefill inputs that take x as fp16 on Hopper (a bit mask: 2 attention q|k|v, 4 the mixers' output projections,
   // 8 the MoE input, 16 the MoE down inputs); -1: the default (none, or TERN_PREFILL_F16_SITES).
   int f16_sites = -1;
-  // The KV cache (and the attention kernels' q and softmax weights) in fp16; false: bf16 (as TERN_KV_BF16=1).
-  bool kv_f16 = true;
+  // The KV cache's type (--kv-dtype): fp16 (the attention kernels' q and softmax weights too), bf16 (those too; also
+  // TERN_KV_BF16=1 when this is f16) or fp8 (e4m3 with a scale per token and KV head, half the bytes; computed in
+  // fp16). attention.cuh has the formats.
+  KvDtype kv = KvDtype::f16;
   // cuda_runner_create_synthetic: also a vision tower of these widths with random weights generated on the device, for
   // encode_image (tern bench --synthetic --image); cuda_runner_create takes the weights' own tower instead.
   std::optional<VisionConfig> synthetic_vision = std::nullopt;

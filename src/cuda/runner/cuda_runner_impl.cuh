@@ -197,7 +197,7 @@ class CudaRunner final : public ModelRunner {
   bool decode_warm_ = false;           // a decode step has run outside capture
   bool use_decode_kernels_ = true;      // TERN_CUDA_DECODE_KERNELS=0: decode through the prefill plan's kernels
   int64_t short_call_tokens_ = 64;      // calls of at most this many tokens: verify steps (TERN_SHORT_CALL_TOKENS)
-  bool kv_f16_ = true;                  // the KV cache in fp16, else bf16 (TERN_KV_BF16=1, CudaRunnerOptions::kv_f16)
+  KvDtype kv_ = KvDtype::f16;           // the KV cache's type (CudaRunnerOptions::kv; TERN_KV_BF16=1 for bf16)
   bool capturing_ = false;              // a decode graph is being captured (no activation dumps)
   ActivationDump dump_;                 // set_activation_dump_dir
   int f16_sites_ = 0;                    // TERN_PREFILL_F16_SITES (see the constructor)

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "core/check.h"
+#include "cuda/kernels/attention/attention.cuh"
 
 namespace tern::cuda {
 namespace {
@@ -142,41 +143,42 @@ size_t gdn_state_bytes_of(const DeviceWeights& w) {
   return bytes;
 }
 
-size_t CudaSession::bytes_for(const DeviceWeights& w, int64_t capacity) {
+size_t CudaSession::bytes_for(const DeviceWeights& w, int64_t capacity, KvDtype kv) {
   const Config& c = w.config;
-  const int64_t kv_elems = int64_t(c.num_key_value_heads) * capacity * c.head_dim;
+  const int64_t kv_bytes = attn_cache_bytes(kv, c.num_key_value_heads, capacity, c.head_dim);  // K or V
   const int64_t conv_elems = int64_t(c.linear_conv_kernel_dim - 1) * c.conv_channels();
   const int64_t rec_elems = int64_t(c.linear_num_value_heads) * c.linear_value_head_dim * c.linear_key_head_dim;
   size_t bytes = DeviceArena::align(2 * sizeof(int));  // d_pos, d_rope_delta
   for (const DeviceLayer& l : w.layers)
-    bytes += l.type == LayerType::full_attention ? 2 * DeviceArena::align(size_t(kv_elems) * 2)
+    bytes += l.type == LayerType::full_attention ? 2 * DeviceArena::align(size_t(kv_bytes))
                                                  : DeviceArena::align(size_t(conv_elems) * 4) +
                                                        DeviceArena::align(size_t(rec_elems) * 4);
   return bytes;
 }
 
-CudaSession::CudaSession(const DeviceWeights& w, int64_t capacity, const void* owner, uint64_t id,
+CudaSession::CudaSession(const DeviceWeights& w, int64_t capacity, KvDtype kv, const void* owner, uint64_t id,
                          std::shared_ptr<SnapshotBuffers> snapshot_buffers,
                          std::shared_ptr<KeptStateBuffers> kept_pool)
     : owner(owner),
       id(id),
+      kv(kv),
       capacity_(capacity),
       snapshot_buffers_(std::move(snapshot_buffers)),
       kept_pool_(std::move(kept_pool)) {
   const Config& c = w.config;
   kv_heads = c.num_key_value_heads;
   head_dim = c.head_dim;
-  const int64_t kv_elems = int64_t(c.num_key_value_heads) * capacity * c.head_dim;
+  const int64_t kv_bytes = attn_cache_bytes(kv, c.num_key_value_heads, capacity, c.head_dim);  // K or V
   const int64_t conv_elems = int64_t(c.linear_conv_kernel_dim - 1) * c.conv_channels();
   const int64_t rec_elems = int64_t(c.linear_num_value_heads) * c.linear_value_head_dim * c.linear_key_head_dim;
-  arena = DeviceArena(bytes_for(w, capacity), "session caches");
+  arena = DeviceArena(bytes_for(w, capacity, kv), "session caches");
   d_pos = arena.take_n<int>(2);
   d_rope_delta = d_pos + 1;
   for (const DeviceLayer& l : w.layers) {
     LayerCache lc;
     if (l.type == LayerType::full_attention) {
-      lc.k = arena.take_n<uint16_t>(size_t(kv_elems));
-      lc.v = arena.take_n<uint16_t>(size_t(kv_elems));
+      lc.k = arena.take(size_t(kv_bytes));
+      lc.v = arena.take(size_t(kv_bytes));
     } else {
       lc.conv = arena.take_n<float>(size_t(conv_elems));
       lc.rec = arena.take_n<float>(size_t(rec_elems));
@@ -331,14 +333,25 @@ void CudaSession::copy_kv_prefix(const Session& from, int64_t n) {
   TERN_CHECK(n >= 0 && n <= src->capacity_ && n <= capacity_, "cuda copy_kv_prefix: ", n,
              " rows from a session of capacity ", src->capacity_, " into one of ", capacity_);
   if (src == this || n == 0) return;
+  TERN_INTERNAL_CHECK(src->kv == kv, "cuda copy_kv_prefix: KV caches of two types in one runner");
   TERN_CUDA(cudaDeviceSynchronize());
-  const size_t row = size_t(head_dim) * 2, width = size_t(n) * row;  // 16-bit rows of [Hkv, capacity, dh]
+  // Rows [0, n) of every head: [Hkv, capacity, dh] values of 2 bytes (fp16, bf16) or 1 (fp8); for fp8 also the rows'
+  // scales, [Hkv, capacity] floats after the values (attention.cuh).
+  const bool fp8 = kv == KvDtype::fp8;
+  const size_t row = size_t(head_dim) * (fp8 ? 1 : 2), width = size_t(n) * row;
+  auto copy_rows = [&](void* dst, const void* from) {
+    TERN_CUDA(cudaMemcpy2D(dst, size_t(capacity_) * row, from, size_t(src->capacity_) * row, width, size_t(kv_heads),
+                           cudaMemcpyDeviceToDevice));
+    if (!fp8) return;
+    auto* d8 = static_cast<uint8_t*>(dst) + attn_fp8_scales_offset(kv_heads, capacity_, head_dim);
+    const auto* s8 = static_cast<const uint8_t*>(from) + attn_fp8_scales_offset(kv_heads, src->capacity_, head_dim);
+    TERN_CUDA(cudaMemcpy2D(d8, size_t(capacity_) * sizeof(float), s8, size_t(src->capacity_) * sizeof(float),
+                           size_t(n) * sizeof(float), size_t(kv_heads), cudaMemcpyDeviceToDevice));
+  };
   for (size_t i = 0; i < layers.size(); ++i) {
     if (!layers[i].k) continue;
-    TERN_CUDA(cudaMemcpy2D(layers[i].k, size_t(capacity_) * row, src->layers[i].k, size_t(src->capacity_) * row,
-                           width, size_t(kv_heads), cudaMemcpyDeviceToDevice));
-    TERN_CUDA(cudaMemcpy2D(layers[i].v, size_t(capacity_) * row, src->layers[i].v, size_t(src->capacity_) * row,
-                           width, size_t(kv_heads), cudaMemcpyDeviceToDevice));
+    copy_rows(layers[i].k, src->layers[i].k);
+    copy_rows(layers[i].v, src->layers[i].v);
   }
   TERN_CUDA(cudaDeviceSynchronize());
 }

@@ -15,6 +15,7 @@
 
 #include "cuda/common/cuda_common.cuh"
 #include "cuda/weights/device_weights.cuh"
+#include "model/kv_dtype.h"
 #include "model/runner.h"
 
 namespace tern::cuda {
@@ -111,9 +112,9 @@ size_t gdn_state_bytes_of(const DeviceWeights& w);
 
 class CudaSession final : public Session {
  public:
-  // The device memory a session of `capacity` tokens takes (its one allocation).
-  static size_t bytes_for(const DeviceWeights& w, int64_t capacity);
-  CudaSession(const DeviceWeights& w, int64_t capacity, const void* owner, uint64_t id,
+  // The device memory a session of `capacity` tokens takes (its one allocation), its KV cache of type `kv`.
+  static size_t bytes_for(const DeviceWeights& w, int64_t capacity, KvDtype kv);
+  CudaSession(const DeviceWeights& w, int64_t capacity, KvDtype kv, const void* owner, uint64_t id,
               std::shared_ptr<SnapshotBuffers> snapshot_buffers, std::shared_ptr<KeptStateBuffers> kept_pool);
   ~CudaSession() override { drop_kept_states(); }  // the kept-state buffer back to the runner's pool
   CudaSession(const CudaSession&) = delete;
@@ -158,8 +159,10 @@ class CudaSession final : public Session {
   void rollback(int64_t position) override;
 
   struct LayerCache {
-    uint16_t* k = nullptr;  // [Hkv, capacity, dh] fp16 (bf16 with TERN_KV_BF16=1)
-    uint16_t* v = nullptr;
+    // [Hkv, capacity, dh] in the runner's KvDtype: fp16 or bf16 values, or fp8 bytes followed by the rows' fp32
+    // scales [Hkv, capacity] (attention.cuh, attn_cache_bytes)
+    void* k = nullptr;
+    void* v = nullptr;
     float* conv = nullptr;  // [Ck-1, C]
     float* rec = nullptr;   // [Hv, dv, dk]
     size_t conv_bytes = 0, rec_bytes = 0;
@@ -172,6 +175,7 @@ class CudaSession final : public Session {
   std::vector<LayerCache> layers;
   DeviceArena arena;
   int kv_heads = 0, head_dim = 0;  // the KV caches' shape (copy_kv_prefix)
+  KvDtype kv = KvDtype::f16;       // and their type
 
  private:
   void copy_kept_states(int64_t t, int64_t position);

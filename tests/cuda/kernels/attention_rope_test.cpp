@@ -37,7 +37,7 @@ struct PrepareCase {
     AttnDims d;  // the model's heads
     d.T = T;
     d.capacity = capacity;
-    d.kv_f16 = true;
+    d.kv = KvDtype::f16;
     return d;
   }
   struct Out {
@@ -154,7 +154,7 @@ TEST(CudaAttentionRope, BatchedTakesEachSequencesDelta) {
   DeviceBuf<float> dproj(proj), q_b(size_t(B * d.Hq * d.dh));
   std::vector<std::unique_ptr<DeviceBuf<uint16_t>>> ck, cv;
   std::vector<std::unique_ptr<DeviceBuf<int>>> dpos, ddelta;
-  std::vector<uint16_t*> k_ptrs, v_ptrs;
+  std::vector<void*> k_ptrs, v_ptrs;
   std::vector<int*> pos_ptrs, delta_ptrs;
   for (int b = 0; b < B; ++b) {
     ck.push_back(std::make_unique<DeviceBuf<uint16_t>>(size_t(d.Hkv * capacity * d.dh)));
@@ -166,7 +166,7 @@ TEST(CudaAttentionRope, BatchedTakesEachSequencesDelta) {
     pos_ptrs.push_back(dpos.back()->p);
     delta_ptrs.push_back(ddelta.back()->p);
   }
-  DeviceBuf<uint16_t*> dk_ptrs(k_ptrs), dv_ptrs(v_ptrs);
+  DeviceBuf<void*> dk_ptrs(k_ptrs), dv_ptrs(v_ptrs);
   DeviceBuf<int*> dpos_ptrs(pos_ptrs), ddelta_ptrs(delta_ptrs);
   DeviceBuf<int64_t> dcap(std::vector<int64_t>(B, capacity));
   AttnBatch batch;

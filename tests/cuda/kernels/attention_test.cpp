@@ -1,7 +1,8 @@
 // CUDA gated attention (attn_prepare + attention: the tensor-core prefill and split-KV decode paths) against the CPU
 // twin (cpu::rms_norm, rope_apply, attention_causal, mul_sigmoid) at the model's shapes, on fresh random inputs, with
 // outputs and unwritten cache rows poisoned (NaN) beforehand. The tests that compare against the twin run for both
-// KV cache types (AttnDims::kv_f16: fp16, the runner's default, and bf16), the twin reading the cache as it is stored.
+// 16-bit KV cache types (AttnDims::kv: fp16, the runner's default, and bf16), the twin reading the cache as it is
+// stored. The fp8 cache has its own tests (attention_fp8_test.cpp).
 // The batched forms (attn_prepare_batched, attention_batched) are held bit for bit to the one-sequence calls.
 #include <algorithm>
 #include <cmath>
@@ -22,12 +23,13 @@
 namespace tern::cuda::test {
 namespace {
 
-// The cache's 16-bit values (f16: AttnDims::kv_f16) as the kernels store them: fp16 rounds to nearest even and
-// saturates past ±65504 (keeping NaN), bf16 rounds to nearest even.
+// The cache's 16-bit values (f16: AttnDims::kv is KvDtype::f16, else bf16) as the kernels store them: fp16 rounds
+// to nearest even and saturates past ±65504 (keeping NaN), bf16 rounds to nearest even.
 uint16_t kv_bits(float x, bool f16) { return f16 ? float_to_f16_satfinite(x) : float_to_bf16(x); }
 float kv_float(uint16_t b, bool f16) { return f16 ? f16_to_float(b) : bf16_to_float(b); }
 float round_kv(float x, bool f16) { return kv_float(kv_bits(x, f16), f16); }
 const char* kv_name(bool f16) { return f16 ? "fp16" : "bf16"; }
+bool is_f16(const AttnDims& d) { return d.kv == KvDtype::f16; }
 
 // Uniform values in [lo, hi) rounded to the cache's type (cache contents), fast enough for 40K-position caches.
 std::vector<float> random_kv_values(std::mt19937_64& rng, size_t n, float lo, float hi, bool f16) {
@@ -40,7 +42,7 @@ std::vector<float> random_kv_values(std::mt19937_64& rng, size_t n, float lo, fl
   return v;
 }
 
-// One attention layer's KV cache on both sides: the device one [Hkv, capacity, dh] in the type of d.kv_f16 (NaN where
+// One attention layer's KV cache on both sides: the device one [Hkv, capacity, dh] in the type of d.kv (NaN where
 // nothing was written: 0xffff is NaN in both types) and a host fp32 copy of the same values.
 struct Cache {
   AttnDims d;
@@ -57,12 +59,12 @@ struct Cache {
   void fill_history(std::mt19937_64& rng, int64_t n) {
     const int64_t dh = d.dh;
     for (int h = 0; h < d.Hkv; ++h) {
-      const auto kk = random_kv_values(rng, size_t(n * dh), -1.7f, 1.7f, d.kv_f16);
-      const auto vv = random_kv_values(rng, size_t(n * dh), -1.0f, 1.0f, d.kv_f16);
+      const auto kk = random_kv_values(rng, size_t(n * dh), -1.7f, 1.7f, is_f16(d));
+      const auto vv = random_kv_values(rng, size_t(n * dh), -1.0f, 1.0f, is_f16(d));
       std::vector<uint16_t> kb(kk.size()), vb(vv.size());
       for (size_t i = 0; i < kk.size(); ++i) {
-        kb[i] = kv_bits(kk[i], d.kv_f16);
-        vb[i] = kv_bits(vv[i], d.kv_f16);
+        kb[i] = kv_bits(kk[i], is_f16(d));
+        vb[i] = kv_bits(vv[i], is_f16(d));
       }
       const int64_t off = h * d.capacity * dh;
       std::copy(kk.begin(), kk.end(), hk.begin() + off);
@@ -200,8 +202,8 @@ Twin run_twin(Cache& c, const Norms& nm, const Step& s, int64_t pos0) {
     for (int64_t t = 0; t < T; ++t)
       for (int64_t i = 0; i < dh; ++i) {
         const size_t ci = size_t((h * d.capacity + pos0 + t) * dh + i);
-        c.hk[ci] = kv_float(tw.kdev[ci], d.kv_f16);
-        c.hv[ci] = kv_float(tw.vdev[ci], d.kv_f16);
+        c.hk[ci] = kv_float(tw.kdev[ci], is_f16(d));
+        c.hv[ci] = kv_float(tw.vdev[ci], is_f16(d));
       }
 
   tw.out.resize(size_t(T * Hq * dh));
@@ -225,21 +227,21 @@ void check_step(Cache& c, const Norms& nm, const Step& s, int64_t pos0, const st
     for (int64_t t = 0; t < T; ++t)
       for (int64_t i = 0; i < dh; ++i) {
         const size_t ci = size_t((h * d.capacity + pos0 + t) * dh + i), si = size_t((t * Hkv + h) * dh + i);
-        k_got.push_back(kv_float(tw.kdev[ci], d.kv_f16));
-        k_want.push_back(round_kv(tw.k[si], d.kv_f16));
-        v_got.push_back(kv_float(tw.vdev[ci], d.kv_f16));
-        v_want.push_back(round_kv(s.v[si], d.kv_f16));
+        k_got.push_back(kv_float(tw.kdev[ci], is_f16(d)));
+        k_want.push_back(round_kv(tw.k[si], is_f16(d)));
+        v_got.push_back(kv_float(tw.vdev[ci], is_f16(d)));
+        v_want.push_back(round_kv(s.v[si], is_f16(d)));
       }
-  expect_close(k_got, k_want, 1e-6f, d.kv_f16 ? 1e-3f : 8e-3f, what + ": new K cache rows");
+  expect_close(k_got, k_want, 1e-6f, is_f16(d) ? 1e-3f : 8e-3f, what + ": new K cache rows");
   expect_close(v_got, v_want, 0.0f, 0.0f, what + ": new V cache rows");
-  expect_attention_close(s.out.host(), tw.out, tw.gate, int(dh), attn_bounds(d.kv_f16), what);
+  expect_attention_close(s.out.host(), tw.out, tw.gate, int(dh), attn_bounds(is_f16(d)), what);
 }
 
 // T new tokens after `pos0` random cached positions, in a fresh cache of `capacity` positions.
 void run_case(std::mt19937_64& rng, AttnDims d, int64_t pos0, int64_t T, int64_t capacity) {
   d.T = T;
   d.capacity = capacity;
-  const std::string what = std::string(kv_name(d.kv_f16)).append(" dh ").append(std::to_string(d.dh))
+  const std::string what = std::string(kv_name(is_f16(d))).append(" dh ").append(std::to_string(d.dh))
                                .append(" Hq ").append(std::to_string(d.Hq)).append(" T=").append(std::to_string(T))
                                .append(" at pos0 ").append(std::to_string(pos0)).append(" (capacity ")
                                .append(std::to_string(capacity)).append(")");
@@ -256,11 +258,11 @@ void run_case(std::mt19937_64& rng, AttnDims d, int64_t pos0, int64_t T, int64_t
 
 AttnDims model_dims() { return AttnDims{};  /* Hq 16, Hkv 2, dh 256, rot 64, theta 1e7 */ }
 AttnDims with_kv(AttnDims d, bool f16) {
-  d.kv_f16 = f16;
+  d.kv = f16 ? KvDtype::f16 : KvDtype::bf16;
   return d;
 }
 
-// The tests against the twin, once per cache type: the parameter is AttnDims::kv_f16.
+// The tests against the twin, once per 16-bit cache type: the parameter is AttnDims::kv == KvDtype::f16.
 class CudaAttentionKv : public ::testing::TestWithParam<bool> {};
 INSTANTIATE_TEST_SUITE_P(CacheType, CudaAttentionKv, ::testing::Values(true, false),
                          [](const ::testing::TestParamInfo<bool>& p) { return std::string(p.param ? "f16" : "bf16"); });
@@ -332,7 +334,7 @@ void run_batched_case(std::mt19937_64& rng, AttnDims d, const std::vector<BatchS
 
   // Each sequence's caches twice (the batched call's, the lone calls'), its position, capacity and split count.
   std::vector<std::unique_ptr<DeviceBuf<uint16_t>>> kb, vb, k1, v1;
-  std::vector<uint16_t*> k_ptrs, v_ptrs;
+  std::vector<void*> k_ptrs, v_ptrs;
   std::vector<int> pos;
   std::vector<int64_t> caps;
   std::vector<int> splits;
@@ -343,9 +345,9 @@ void run_batched_case(std::mt19937_64& rng, AttnDims d, const std::vector<BatchS
     for (auto* v : {&kb, &vb, &k1, &v1}) v->push_back(std::make_unique<DeviceBuf<uint16_t>>(n));  // NaN bits
     for (int64_t h = 0; h < Hkv; ++h)
       for (int kv = 0; kv < 2; ++kv) {
-        const auto vals = random_kv_values(rng, size_t(s.pos * dh), kv ? -1.0f : -1.7f, kv ? 1.0f : 1.7f, d.kv_f16);
+        const auto vals = random_kv_values(rng, size_t(s.pos * dh), kv ? -1.0f : -1.7f, kv ? 1.0f : 1.7f, is_f16(d));
         std::vector<uint16_t> bits(vals.size());
-        for (size_t i = 0; i < vals.size(); ++i) bits[i] = kv_bits(vals[i], d.kv_f16);
+        for (size_t i = 0; i < vals.size(); ++i) bits[i] = kv_bits(vals[i], is_f16(d));
         const size_t off = size_t(h * s.capacity * dh);
         for (auto* dst : {kv ? vb.back().get() : kb.back().get(), kv ? v1.back().get() : k1.back().get()})
           TERN_CUDA(cudaMemcpy(dst->p + off, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice));
@@ -370,7 +372,7 @@ void run_batched_case(std::mt19937_64& rng, AttnDims d, const std::vector<BatchS
   std::vector<const int*> pos_ptrs;
   for (int b = 0; b < B; ++b) pos_ptrs.push_back(dpos.p + b);
   DeviceBuf<const int*> pos_table(pos_ptrs);
-  DeviceBuf<uint16_t*> k_table(k_ptrs), v_table(v_ptrs);
+  DeviceBuf<void*> k_table(k_ptrs), v_table(v_ptrs);
 
   AttnBatch batch;
   batch.B = B;
@@ -490,7 +492,7 @@ TEST_P(CudaAttentionKv, DecodeReplaysInAGraphAsThePositionAdvances) {
     TERN_CUDA(cudaMemcpy(dpos.p, &p, sizeof(int), cudaMemcpyHostToDevice));
     TERN_CUDA(cudaGraphLaunch(exec, stream));
     TERN_CUDA(cudaStreamSynchronize(stream));
-    const std::string what = std::string(kv_name(d.kv_f16)).append(" graph replay at pos0 ");
+    const std::string what = std::string(kv_name(is_f16(d))).append(" graph replay at pos0 ");
     check_step(c, nm, s, pos0, std::string(what).append(std::to_string(pos0)));
   }
   cudaGraphExecDestroy(exec);

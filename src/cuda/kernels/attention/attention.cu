@@ -4,8 +4,13 @@
 // kernels with a sequence index (Seqs), so that a sequence's arithmetic is the one it gets alone.
 #include "cuda/kernels/attention/attention.cuh"
 
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
+#include <type_traits>
 
 #include "core/check.h"
 #include "cpu/ops_rope.h"
@@ -35,9 +40,17 @@ __device__ __forceinline__ void cp_async_wait_dyn(int n) {
   else cp_async_wait<3>();
 }
 
-// The 16-bit element type of the KV cache, q and the softmax weights on the tensor cores (AttnDims::kv_f16):
+// The 16-bit element type of q and the softmax weights on the tensor cores, and of the K/V tiles in shared memory:
 // F16 = true is fp16 (11 significant bits; magnitudes past 65504 saturate to ±65504 when stored, NaN stays NaN:
-// pack16), false bf16 (8 bits).
+// pack16), false bf16 (8 bits). The kernels take the cache's type (AttnDims::kv) as a template parameter KV: fp16 and
+// fp8 caches compute in fp16 (kF16), a bf16 cache in bf16.
+template <KvDtype KV>
+constexpr bool kF16 = KV != KvDtype::bf16;
+template <KvDtype KV>
+constexpr bool kFp8 = KV == KvDtype::fp8;
+// A cache row's element: 16 bits, or an e4m3 byte.
+template <KvDtype KV>
+using CacheElem = std::conditional_t<kFp8<KV>, uint8_t, uint16_t>;
 //
 // c[16×8] += a[16×16] · b[16×8], 16-bit inputs, fp32 accumulators. Fragments (g = lane/4, c = lane%4):
 //   a0 (g, 2c..2c+1), a1 (g+8, 2c..), a2 (g, 2c+8..), a3 (g+8, 2c+8..);  b0 (k 2c..2c+1, n g), b1 (k 2c+8.., n g);
@@ -85,6 +98,68 @@ __device__ __forceinline__ uint4 load8_as16(const float* src) {
 }
 
 __device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// ---- the fp8 cache (KvDtype::fp8; attention.cuh has the format, core/fp8.h the CPU twin) ----------------------
+
+// The rows' scales of an fp8 cache [Hkv, capacity, DH] bytes: [Hkv, capacity] fp32 after them.
+template <typename Byte>  // uint8_t or const uint8_t
+__device__ __forceinline__ auto fp8_scales(Byte* cache, int Hkv, int64_t capacity, int dh) {
+  using Float = std::conditional_t<std::is_const_v<Byte>, const float, float>;
+  return reinterpret_cast<Float*>(cache + int64_t(Hkv) * capacity * dh);
+}
+
+// The scale of a row whose largest magnitude is amax (NaN already dropped by fmaxf): amax / 448, ±inf as FLT_MAX.
+__device__ __forceinline__ float fp8_row_scale(float amax) { return __fdiv_rn(fminf(amax, FLT_MAX), 448.0f); }
+
+// The largest magnitude of the DH-value row that a group of CH = DH/8 lanes holds (8 values each), NaN ignored; every
+// lane of the warp must call it (the shuffles span the group).
+template <int DH>
+__device__ __forceinline__ float row_amax(const float (&v)[8]) {
+  constexpr int CH = DH / 8;
+  float a = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) a = fmaxf(a, fabsf(v[e]));
+#pragma unroll
+  for (int off = CH / 2; off > 0; off >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, off));
+  return a;
+}
+
+// 8 values of a row -> 8 e4m3 bytes, value e at byte e: e4m3(x / scale), round to nearest even, satfinite (±448; NaN
+// stays NaN). A zero scale (a row of zeros) stores x itself: ±0, or NaN.
+__device__ __forceinline__ uint2 quantize8_fp8(const float (&v)[8], float scale) {
+  uint32_t w[2] = {0u, 0u};
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const float x = scale > 0.0f ? __fdiv_rn(v[e], scale) : v[e];
+    w[e / 4] |= uint32_t(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3)) << (8 * (e % 4));
+  }
+  return make_uint2(w[0], w[1]);
+}
+
+// Lane c's 8 values of row `pos` of KV head `head` into an fp8 cache of `capacity` rows per head, and the row's
+// scale (lane 0 of the row's group).
+template <int DH>
+__device__ __forceinline__ void store_fp8_chunk(void* cache, int Hkv, int64_t capacity, int head, int64_t pos, int c,
+                                                const float (&x)[8], float scale) {
+  uint8_t* bytes = static_cast<uint8_t*>(cache);
+  const int64_t row = int64_t(head) * capacity + pos;
+  *reinterpret_cast<uint2*>(bytes + row * DH + 8 * c) = quantize8_fp8(x, scale);
+  if (c == 0) fp8_scales(bytes, Hkv, capacity, DH)[row] = scale;
+}
+
+// Two e4m3 bytes (the lower one first) and their row's scale -> a packed fp16 pair: fp16(float(e4m3) · scale), the
+// product rounded to fp32 and then to fp16 (pack16: nearest even, satfinite, NaN kept). e4m3 -> fp16 is exact.
+__device__ __forceinline__ uint32_t dequant2_f16(uint32_t two, float scale) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two), __NV_E4M3);
+  const float2 f = __half22float2(__half2(h));
+  return pack16<true>(f.x * scale, f.y * scale);
+}
+
+// 8 e4m3 bytes (value e at byte e) -> one 16-byte chunk of 8 fp16 values.
+__device__ __forceinline__ uint4 dequant8_f16(uint32_t lo, uint32_t hi, float scale) {
+  return make_uint4(dequant2_f16(lo & 0xffffu, scale), dequant2_f16(lo >> 16, scale), dequant2_f16(hi & 0xffffu, scale),
+                    dequant2_f16(hi >> 16, scale));
+}
 
 // One online-softmax step for a warp's 16 rows (this thread: rows g and g+8, hf = 0/1) over SN·8 new scores s (raw
 // q·k, −inf where masked). m: running raw max; l: this thread's partial row sum (its own columns; the 4 threads of a
@@ -216,6 +291,36 @@ __device__ __forceinline__ void copy_tile_async(uint32_t dst, const uint16_t* sr
   }
 }
 
+// copy_tile_async for an fp8 cache: this thread's share of rows [0, 64) of an e4m3 tile (row stride DH bytes, `scale`
+// the rows' scales) dequantised to fp16 (dequant8_f16) into the same swizzled 16-bit smem tile at `dst` (a generic
+// pointer): 16 values a load, rows tid/CH + i·(128/CH), chunks 2·(tid%CH) and +1. Rows >= valid_rows are zero-filled,
+// not read. Plain loads and stores, each thread's loads issued before its first store; the callers' cp_async waits
+// (of nothing) and __syncthreads order them as they order the copies.
+template <int DH>
+__device__ __forceinline__ void copy_tile_fp8(uint8_t* dst, const uint8_t* src, const float* scale, int valid_rows,
+                                              int tid) {
+  constexpr int CH = DH / 16, RP = 128 / CH, N = kBlockKeys / RP;
+  const int c = tid % CH, r0 = tid / CH;
+  uint4 raw[N];
+  float sc[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const int r = r0 + i * RP;
+    raw[i] = make_uint4(0u, 0u, 0u, 0u);
+    sc[i] = 0.0f;
+    if (r < valid_rows) {
+      raw[i] = *reinterpret_cast<const uint4*>(src + int64_t(r) * DH + 16 * c);
+      sc[i] = scale[r];
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const int r = r0 + i * RP;
+    *reinterpret_cast<uint4*>(dst + swz<DH>(r, 2 * c)) = dequant8_f16(raw[i].x, raw[i].y, sc[i]);
+    *reinterpret_cast<uint4*>(dst + swz<DH>(r, 2 * c + 1)) = dequant8_f16(raw[i].z, raw[i].w, sc[i]);
+  }
+}
+
 // ---- the sequences of a launch ----------------------------------------------------------------------------------
 //
 // Every kernel below runs B sequences of T new tokens each, row i = b·T + t of q_out, out and the decode partials:
@@ -223,7 +328,8 @@ __device__ __forceinline__ void copy_tile_async(uint32_t dst, const uint16_t* sr
 // scalars), attn_prepare_batched and attention_batched are T = 1 (B sequences, each from AttnBatch's tables). A kernel
 // takes a sequence's values from seq_at / splits_at in both forms, so its arithmetic is the same code either way.
 
-template <typename Elem>  // uint16_t: attn_prepare writes the caches; const uint16_t: attention reads them
+// Elem: void (attn_prepare writes the caches), const void (attention reads them); the caches in AttnDims::kv's type.
+template <typename Elem>
 struct Seqs {
   int B = 1;
   // No tables (B = 1): the one sequence's first position, cache [Hkv, capacity, dh] and decode split count.
@@ -234,8 +340,8 @@ struct Seqs {
   int splits = 1;
   // The batched calls: AttnBatch's tables, [B] each.
   const int* const* pos0_of = nullptr;
-  uint16_t* const* cache_k_of = nullptr;
-  uint16_t* const* cache_v_of = nullptr;
+  void* const* cache_k_of = nullptr;
+  void* const* cache_v_of = nullptr;
   const int64_t* capacity_of = nullptr;
   const int* splits_of = nullptr;
   // attn_prepare's rotary offsets (AttnRope::delta): the one sequence's, or the batched calls' table; null: 0.
@@ -353,12 +459,14 @@ __device__ __forceinline__ uint4 pack8_16(const float (&v)[8]) {
 }
 
 // One warp per 32/CH (row, head) tasks, rows i = b·T + t (Seqs): Hq query heads, then Hkv key heads, then Hkv value
-// heads. Row i of qg ([Hq][q | gate]) at qg + i·ld_qg, of k and v ([Hkv][dh]) at + i·ld_kv.
-template <int DH, bool F16>
+// heads. Row i of qg ([Hq][q | gate]) at qg + i·ld_qg, of k and v ([Hkv][dh]) at + i·ld_kv. The cache rows in KV's
+// type: 16-bit values, or fp8 bytes and the row's scale (the amax of the row the lanes hold: every lane takes part).
+template <int DH, KvDtype KV>
 __global__ void __launch_bounds__(256) attn_prepare_kernel(const float* qg, const float* k, const float* v,
                                                            int64_t ld_qg, int64_t ld_kv, const float* q_norm,
-                                                           const float* k_norm, Seqs<uint16_t> seqs, AttnDims d,
+                                                           const float* k_norm, Seqs<void> seqs, AttnDims d,
                                                            RopeFreqs freqs, RopeAxes axes, float* q_out) {
+  constexpr bool F16 = kF16<KV>;
   constexpr int CH = DH / 8, PER_WARP = 32 / CH;
   __shared__ float inv_s[kMaxRopeHalf];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, c = lane % CH;
@@ -371,7 +479,7 @@ __global__ void __launch_bounds__(256) attn_prepare_kernel(const float* qg, cons
   const int64_t i = live ? task / heads : 0;
   const int h = live ? int(task % heads) : 0;
   const int b = int(i / d.T);
-  const Seq<uint16_t> s = seq_at(seqs, b);
+  const Seq<void> s = seq_at(seqs, b);
   const int64_t pos = s.pos0 + i % d.T;  // the cache row
   const bool is_q = h < d.Hq, is_v = h >= d.Hq + d.Hkv;
   float x[8];
@@ -384,18 +492,27 @@ __global__ void __launch_bounds__(256) attn_prepare_kernel(const float* qg, cons
   load_chunk(is_q ? q_norm : k_norm, c, w);
   int64_t rope_pos[3];
   rope_positions(seqs, axes, i, b, pos, rope_pos);
-  if (live && is_v)  // value head: a plain copy into the cache
-    *reinterpret_cast<uint4*>(s.cache_v + (int64_t(h - d.Hq - d.Hkv) * s.capacity + pos) * DH + 8 * c) =
-        pack8_16<F16>(x);
+  if constexpr (kFp8<KV>) {  // value head: x quantised with its row's scale
+    const float v_scale = fp8_row_scale(row_amax<DH>(x));  // every lane: the shuffles span the warp
+    if (live && is_v) store_fp8_chunk<DH>(s.cache_v, d.Hkv, s.capacity, h - d.Hq - d.Hkv, pos, c, x, v_scale);
+  } else if (live && is_v) {  // value head: a plain copy into the cache
+    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(s.cache_v) + (int64_t(h - d.Hq - d.Hkv) * s.capacity + pos) * DH +
+                              8 * c) = pack8_16<F16>(x);
+  }
   rope_cos_sin(rope_pos, axes.section, c, d.rot, inv_s, cs, sn);
   norm_rope_chunk<DH>(x, w, d.eps, d.rot, c, cs, sn);  // every lane: the shuffles span the warp
+  float k_scale = 0.0f;  // fp8: the row's scale after the norm and RoPE (every lane, before any returns)
+  if constexpr (kFp8<KV>) k_scale = fp8_row_scale(row_amax<DH>(x));
   if (!live || is_v) return;
   if (is_q) {
     float4* dst = reinterpret_cast<float4*>(q_out + (i * d.Hq + h) * int64_t(DH) + 8 * c);
     dst[0] = make_float4(x[0], x[1], x[2], x[3]);
     dst[1] = make_float4(x[4], x[5], x[6], x[7]);
+  } else if constexpr (kFp8<KV>) {
+    store_fp8_chunk<DH>(s.cache_k, d.Hkv, s.capacity, h - d.Hq, pos, c, x, k_scale);
   } else {
-    *reinterpret_cast<uint4*>(s.cache_k + (int64_t(h - d.Hq) * s.capacity + pos) * DH + 8 * c) = pack8_16<F16>(x);
+    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(s.cache_k) + (int64_t(h - d.Hq) * s.capacity + pos) * DH + 8 * c) =
+        pack8_16<F16>(x);
   }
 }
 
@@ -412,10 +529,11 @@ constexpr size_t prefill_smem_bytes() {
   return size_t(kPrefillRows + 2 * kBlockKeys) * DH * 2;
 }
 
-template <int DH, bool F16>
+template <int DH, KvDtype KV>
 __global__ void __launch_bounds__(128, 2)
-    attention_prefill_kernel(const float* q, const float* qg, const uint16_t* cache_k, const uint16_t* cache_v,
+    attention_prefill_kernel(const float* q, const float* qg, const void* cache_k, const void* cache_v,
                              const int* pos0_ptr, AttnDims d, float* out) {
+  constexpr bool F16 = kF16<KV>;
   constexpr int BM = kPrefillRows, BN = kBlockKeys, CH = DH / 8, NT = DH / 8;
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t sq = smem_addr(smem), sk = sq + BM * DH * 2, sv = sk + BN * DH * 2;
@@ -430,14 +548,23 @@ __global__ void __launch_bounds__(128, 2)
   const int rows = int(T - t0 < BM ? T - t0 : BM);
   const int64_t kv_end = pos0 + t0 + rows;  // keys [0, kv_end) are read
   const int n_tiles = int((kv_end + BN - 1) / BN);
-  const uint16_t* Kh = cache_k + int64_t(kvh) * d.capacity * DH;
-  const uint16_t* Vh = cache_v + int64_t(kvh) * d.capacity * DH;
+  using Elem = CacheElem<KV>;
+  const Elem* Kh = static_cast<const Elem*>(cache_k) + int64_t(kvh) * d.capacity * DH;
+  const Elem* Vh = static_cast<const Elem*>(cache_v) + int64_t(kvh) * d.capacity * DH;
+  const float *Ks = nullptr, *Vs = nullptr;  // fp8: the head's row scales
+  if constexpr (kFp8<KV>) {
+    Ks = fp8_scales(static_cast<const uint8_t*>(cache_k), d.Hkv, d.capacity, DH) + int64_t(kvh) * d.capacity;
+    Vs = fp8_scales(static_cast<const uint8_t*>(cache_v), d.Hkv, d.capacity, DH) + int64_t(kvh) * d.capacity;
+  }
 
-  auto load_tile = [&](uint32_t dst, const uint16_t* base, int64_t k0) {
-    copy_tile_async<DH>(dst, base + k0 * DH, int(kv_end - k0 < BN ? kv_end - k0 : BN), tid);
+  auto load_tile = [&](uint32_t dst, const Elem* base, const float* scales, int64_t k0) {
+    if constexpr (kFp8<KV>)
+      copy_tile_fp8<DH>(smem + (dst - sq), base + k0 * DH, scales + k0, int(kv_end - k0 < BN ? kv_end - k0 : BN), tid);
+    else
+      copy_tile_async<DH>(dst, base + k0 * DH, int(kv_end - k0 < BN ? kv_end - k0 : BN), tid);
   };
 
-  load_tile(sk, Kh, 0);
+  load_tile(sk, Kh, Ks, 0);
   cp_async_commit();
   // Q tile, fp32 -> 16 bits; rows past T are zero.
 #pragma unroll 4
@@ -468,7 +595,7 @@ __global__ void __launch_bounds__(128, 2)
     const int64_t k0 = int64_t(j) * BN;
     cp_async_wait<0>();
     __syncthreads();  // K_j (and Q) are in; every warp is done with V_{j-1}
-    load_tile(sv, Vh, k0);
+    load_tile(sv, Vh, Vs, k0);
     cp_async_commit();
 
     float s[BN / 8][4];
@@ -481,7 +608,7 @@ __global__ void __launch_bounds__(128, 2)
 
     cp_async_wait<0>();
     __syncthreads();  // V_j is in; every warp is done with K_j
-    if (j + 1 < n_tiles) load_tile(sk, Kh, k0 + BN);
+    if (j + 1 < n_tiles) load_tile(sk, Kh, Ks, k0 + BN);
     cp_async_commit();
 
     accumulate_pv<DH, BN / 8, F16>(o, s, sv, 0, lane);
@@ -536,10 +663,11 @@ constexpr size_t decode_smem_bytes(int stages) {
   return q + stats + (tiles > merge ? tiles : merge);
 }
 
-template <int DH, int RW, bool F16>
+template <int DH, int RW, KvDtype KV>
 __global__ void __launch_bounds__(128, 1)
-    attention_decode_split_kernel(const float* q, Seqs<const uint16_t> seqs, AttnDims d, int stages,
+    attention_decode_split_kernel(const float* q, Seqs<const void> seqs, AttnDims d, int stages,
                                   bool kv_prefetch_enabled, Partials part) {
+  constexpr bool F16 = kF16<KV>;
   constexpr int BN = kBlockKeys, CH = DH / 8, NT = DH / 8;
   constexpr int KW = 4 / RW, KPW = BN / KW, SN = KPW / 8;
   constexpr int QROWS = 16 * RW, TILE = BN * DH * 2, OSTRIDE = DH + 8;
@@ -563,7 +691,7 @@ __global__ void __launch_bounds__(128, 1)
   const int splits = splits_at(seqs, b);
   if (splits > int(gridDim.y)) __trap();  // attention_batched's d.capacity below this sequence's: fail, loudly
   if (split >= splits) return;
-  const Seq<const uint16_t> sb = seq_at(seqs, b);
+  const Seq<const void> sb = seq_at(seqs, b);
   q += int64_t(b) * d.T * d.Hq * DH;  // the sequence's rows [T, Hq, DH]
   float* const part_o = part.o + b * part.stride * DH;
   float* const part_m = part.m + b * part.stride;
@@ -585,14 +713,28 @@ __global__ void __launch_bounds__(128, 1)
     }
     return;
   }
-  const uint16_t* Kh = sb.cache_k + int64_t(kvh) * sb.capacity * DH;
-  const uint16_t* Vh = sb.cache_v + int64_t(kvh) * sb.capacity * DH;
+  using Elem = CacheElem<KV>;
+  const Elem* Kh = static_cast<const Elem*>(sb.cache_k) + int64_t(kvh) * sb.capacity * DH;
+  const Elem* Vh = static_cast<const Elem*>(sb.cache_v) + int64_t(kvh) * sb.capacity * DH;
+  const float *Ks = nullptr, *Vs = nullptr;  // fp8: the head's row scales
+  if constexpr (kFp8<KV>) {
+    Ks = fp8_scales(static_cast<const uint8_t*>(sb.cache_k), d.Hkv, sb.capacity, DH) + int64_t(kvh) * sb.capacity;
+    Vs = fp8_scales(static_cast<const uint8_t*>(sb.cache_v), d.Hkv, sb.capacity, DH) + int64_t(kvh) * sb.capacity;
+  }
   auto load_tile = [&](int64_t tile, int stage) {
-    const uint32_t dk = sring + uint32_t(stage) * 2 * TILE;
-    const int64_t k0 = tile * BN;
-    const int valid = int(L - k0 < BN ? L - k0 : BN);
-    copy_tile_async<DH>(dk, Kh + k0 * DH, valid, tid);
-    copy_tile_async<DH>(dk + TILE, Vh + k0 * DH, valid, tid);
+    if constexpr (kFp8<KV>) {
+      uint8_t* const tk = ring + size_t(stage) * 2 * TILE;
+      const int64_t k0 = tile * BN;
+      const int valid = int(L - k0 < BN ? L - k0 : BN);
+      copy_tile_fp8<DH>(tk, Kh + k0 * DH, Ks + k0, valid, tid);
+      copy_tile_fp8<DH>(tk + TILE, Vh + k0 * DH, Vs + k0, valid, tid);
+    } else {
+      const uint32_t dk = sring + uint32_t(stage) * 2 * TILE;
+      const int64_t k0 = tile * BN;
+      const int valid = int(L - k0 < BN ? L - k0 : BN);
+      copy_tile_async<DH>(dk, Kh + k0 * DH, valid, tid);
+      copy_tile_async<DH>(dk + TILE, Vh + k0 * DH, valid, tid);
+    }
   };
   const int64_t prologue_end = tb + stages - 1 < te ? tb + stages - 1 : te;  // tiles [tb, prologue_end) first
   const bool early = prologue_end * BN <= pos0 && kv_prefetch_enabled;     // none holds a new row
@@ -701,7 +843,7 @@ __global__ void __launch_bounds__(128, 1)
 // Thread (split group sg, column quad c) sums splits sg, sg + SG, ...; splits of weight 0 (empty) are not read.
 template <int DH>
 __global__ void __launch_bounds__(256)
-    attention_decode_merge_kernel(Partials part, const float* qg, int64_t ld_qg, Seqs<const uint16_t> seqs,
+    attention_decode_merge_kernel(Partials part, const float* qg, int64_t ld_qg, Seqs<const void> seqs,
                                   AttnDims d, float* out) {
   constexpr int C4 = DH / 4, SG = 256 / C4;
   __shared__ float wts[kAttnMaxSplits];
@@ -786,13 +928,18 @@ void setup_decode(AttentionSetup& s, int optin) {
   while (v.stages > 1 && decode_smem_bytes<DH, RW>(v.stages) > size_t(optin)) --v.stages;
   v.smem = decode_smem_bytes<DH, RW>(v.stages);
   if (v.smem > size_t(optin)) return;  // unusable on this device; attention() reports it
-  for (auto kernel : {attention_decode_split_kernel<DH, RW, true>, attention_decode_split_kernel<DH, RW, false>}) {
+  for (auto kernel : {attention_decode_split_kernel<DH, RW, KvDtype::f16>,
+                      attention_decode_split_kernel<DH, RW, KvDtype::bf16>,
+                      attention_decode_split_kernel<DH, RW, KvDtype::fp8>}) {
     TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(v.smem)));
     TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                    int(cudaSharedmemCarveoutMaxShared)));
   }
-  int n = 0;  // the same resources for both element types
-  TERN_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_decode_split_kernel<DH, RW, true>, 128, v.smem));
+  // The split count comes from the fp16 kernel's occupancy for every cache type (the same shared memory; the fp8
+  // kernel's registers may differ), so that it depends on the capacity alone, as the batched calls need.
+  int n = 0;
+  TERN_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_decode_split_kernel<DH, RW, KvDtype::f16>, 128,
+                                                          v.smem));
   v.blocks_per_sm = std::max(1, n);
 }
 
@@ -800,7 +947,8 @@ template <int DH>
 void setup_dh(AttentionSetup& s, int optin) {
   constexpr size_t prefill = prefill_smem_bytes<DH>();
   if (prefill <= size_t(optin)) {
-    for (auto kernel : {attention_prefill_kernel<DH, true>, attention_prefill_kernel<DH, false>}) {
+    for (auto kernel : {attention_prefill_kernel<DH, KvDtype::f16>, attention_prefill_kernel<DH, KvDtype::bf16>,
+                        attention_prefill_kernel<DH, KvDtype::fp8>}) {
       TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(prefill)));
       TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                      int(cudaSharedmemCarveoutMaxShared)));
@@ -852,25 +1000,25 @@ int decode_splits(const AttnDims& d, const DecodeVariant& v, int sms) {
 // The decode path's two launches over seqs (B sequences of d.T tokens), `columns` splits in the grid: attention's
 // (one sequence, its split count) and attention_batched's (the largest split count of the batch). Row i of qg at
 // qg + i·ld_qg.
-template <int DH, bool F16>
-void launch_decode(const float* q, const float* qg, int64_t ld_qg, const Seqs<const uint16_t>& seqs, int columns,
+template <int DH, KvDtype KV>
+void launch_decode(const float* q, const float* qg, int64_t ld_qg, const Seqs<const void>& seqs, int columns,
                    const AttnDims& d, const Partials& part, float* out, cudaStream_t stream, bool kv_before_wait) {
   const AttentionSetup& setup = attention_setup();
   const int RW = decode_rows_warps(d.T * (d.Hq / d.Hkv));
   const DecodeVariant& v = decode_variant(setup, d);
   TERN_CHECK(v.smem <= size_t(setup.smem_optin), "attention: the decode kernel needs ", v.smem,
              " bytes of shared memory, the device has ", setup.smem_optin);
-  auto kernel = RW == 1 ? attention_decode_split_kernel<DH, 1, F16>
-                : RW == 2 ? attention_decode_split_kernel<DH, 2, F16>
-                          : attention_decode_split_kernel<DH, 4, F16>;
+  auto kernel = RW == 1 ? attention_decode_split_kernel<DH, 1, KV>
+                : RW == 2 ? attention_decode_split_kernel<DH, 2, KV>
+                          : attention_decode_split_kernel<DH, 4, KV>;
   launch_pdl("attention_decode_split", kernel, dim3(unsigned(d.Hkv), unsigned(columns), unsigned(seqs.B)), dim3(128),
              v.smem, stream, q, seqs, d, v.stages, kv_before_wait, part);
   launch_pdl("attention_decode_merge", attention_decode_merge_kernel<DH>,
              dim3(unsigned(d.T * d.Hq), unsigned(seqs.B)), dim3(256), 0, stream, part, qg, ld_qg, seqs, d, out);
 }
 
-template <int DH, bool F16>
-void attention_dh(const float* q, const float* qg, const uint16_t* cache_k, const uint16_t* cache_v, const int* pos0,
+template <int DH, KvDtype KV>
+void attention_dh(const float* q, const float* qg, const void* cache_k, const void* cache_v, const int* pos0,
                   const AttnDims& d, float* partial, float* out, cudaStream_t stream) {
   const AttentionSetup& setup = attention_setup();
   const int G = d.Hq / d.Hkv;
@@ -881,26 +1029,37 @@ void attention_dh(const float* q, const float* qg, const uint16_t* cache_k, cons
     part.o = partial;
     part.m = part.o + d.T * d.Hq * splits * DH;
     part.l = part.m + d.T * d.Hq * splits;
-    const Seqs<const uint16_t> seqs{
+    const Seqs<const void> seqs{
         .pos0 = pos0, .cache_k = cache_k, .cache_v = cache_v, .capacity = d.capacity, .splits = splits};
-    launch_decode<DH, F16>(q, qg, int64_t(d.Hq) * 2 * DH, seqs, splits, d, part, out, stream, kv_early());
+    launch_decode<DH, KV>(q, qg, int64_t(d.Hq) * 2 * DH, seqs, splits, d, part, out, stream, kv_early());
   } else {
     TERN_CHECK(prefill_smem_bytes<DH>() <= size_t(setup.smem_optin), "attention: the prefill kernel needs ",
                prefill_smem_bytes<DH>(), " bytes of shared memory, the device has ", setup.smem_optin);
     const int64_t tiles = (d.T + kPrefillRows - 1) / kPrefillRows;
     TERN_CHECK(tiles <= 65535, "attention: ", d.T, " tokens in one call exceed the grid limit");
-    launch_pdl("attention_prefill", attention_prefill_kernel<DH, F16>, dim3(unsigned(d.Hq), unsigned(tiles)), dim3(128),
+    launch_pdl("attention_prefill", attention_prefill_kernel<DH, KV>, dim3(unsigned(d.Hq), unsigned(tiles)), dim3(128),
                prefill_smem_bytes<DH>(), stream, q, qg, cache_k, cache_v, pos0, d, out);
   }
 }
 
-// f.template operator()<DH, F16>() for d's head dim (64, 128 or 256) and cache type (d.kv_f16).
+// f.template operator()<DH, KV>() for a cache type (d.kv) at head dim DH.
+template <int DH, typename F>
+void with_cache_type(const AttnDims& d, F&& f) {
+  switch (d.kv) {
+    case KvDtype::f16: return f.template operator()<DH, KvDtype::f16>();
+    case KvDtype::bf16: return f.template operator()<DH, KvDtype::bf16>();
+    case KvDtype::fp8: return f.template operator()<DH, KvDtype::fp8>();
+  }
+  TERN_FAIL("attention: KV cache type ", int(d.kv), " unknown");
+}
+
+// f.template operator()<DH, KV>() for d's head dim (64, 128 or 256) and cache type (d.kv).
 template <typename F>
 void with_head_dim(const AttnDims& d, F&& f) {
   switch (d.dh) {
-    case 64: return d.kv_f16 ? f.template operator()<64, true>() : f.template operator()<64, false>();
-    case 128: return d.kv_f16 ? f.template operator()<128, true>() : f.template operator()<128, false>();
-    case 256: return d.kv_f16 ? f.template operator()<256, true>() : f.template operator()<256, false>();
+    case 64: return with_cache_type<64>(d, f);
+    case 128: return with_cache_type<128>(d, f);
+    case 256: return with_cache_type<256>(d, f);
     default: TERN_FAIL("attention: head dim ", d.dh, " not supported by the CUDA kernels (64, 128 or 256)");
   }
 }
@@ -921,16 +1080,14 @@ RopeFreqs rope_freqs(const AttnDims& d) {
 // attn_prepare's one launch over seqs (rows seqs.B · d.T): attn_prepare's and attn_prepare_batched's. Row i of qg
 // at qg + i·ld_qg, of k and v at + i·ld_kv.
 void launch_prepare(const float* qg, const float* k, const float* v, int64_t ld_qg, int64_t ld_kv, const float* q_norm,
-                    const float* k_norm, const Seqs<uint16_t>& seqs, const AttnDims& d, const RopeFreqs& freqs,
+                    const float* k_norm, const Seqs<void>& seqs, const AttnDims& d, const RopeFreqs& freqs,
                     const RopeAxes& axes, float* q_out, cudaStream_t stream) {
   const int64_t tasks = seqs.B * d.T * (d.Hq + 2 * d.Hkv);
   const int per_block = 8 * (32 / (d.dh / 8));  // 8 warps, each 32 / (dh/8) rows at once
-  auto kernel = d.kv_f16 ? (d.dh == 64 ? attn_prepare_kernel<64, true>
-                            : d.dh == 128 ? attn_prepare_kernel<128, true> : attn_prepare_kernel<256, true>)
-                         : (d.dh == 64 ? attn_prepare_kernel<64, false>
-                            : d.dh == 128 ? attn_prepare_kernel<128, false> : attn_prepare_kernel<256, false>);
-  launch_pdl("attn_prepare", kernel, dim3(blocks_for(tasks, per_block)), dim3(256), 0, stream, qg, k, v, ld_qg, ld_kv,
-             q_norm, k_norm, seqs, d, freqs, axes, q_out);
+  with_head_dim(d, [&]<int DH, KvDtype KV>() {
+    launch_pdl("attn_prepare", attn_prepare_kernel<DH, KV>, dim3(blocks_for(tasks, per_block)), dim3(256), 0, stream,
+               qg, k, v, ld_qg, ld_kv, q_norm, k_norm, seqs, d, freqs, axes, q_out);
+  });
 }
 
 // The batched calls' sequences: AttnBatch's tables.
@@ -959,11 +1116,11 @@ void attention_check(const AttnDims& d) {
 }
 
 void attn_prepare(const float* qg, const float* k, const float* v, const float* q_norm, const float* k_norm,
-                  const int* pos0, const AttnDims& d, float* q_out, uint16_t* cache_k, uint16_t* cache_v,
+                  const int* pos0, const AttnDims& d, float* q_out, void* cache_k, void* cache_v,
                   cudaStream_t stream, const AttnRope& rope) {
   const RopeFreqs freqs = rope_freqs(d);
   if (d.T == 0) return;
-  const Seqs<uint16_t> seqs{
+  const Seqs<void> seqs{
       .pos0 = pos0, .cache_k = cache_k, .cache_v = cache_v, .capacity = d.capacity, .rope_delta = rope.delta};
   RopeAxes axes;
   if (rope.axes) axes = {.pos = rope.axes, .section = {rope.section[0], rope.section[1], rope.section[2]}};
@@ -978,13 +1135,13 @@ int64_t attn_partial_floats(int64_t T, int Hq, int dh) {
   return t * Hq * kAttnMaxSplits * (int64_t(dh) + 2);
 }
 
-void attention(const float* q, const float* qg, const uint16_t* cache_k, const uint16_t* cache_v, const int* pos0,
+void attention(const float* q, const float* qg, const void* cache_k, const void* cache_v, const int* pos0,
                const AttnDims& d, float* partial, float* out, cudaStream_t stream) {
   if (d.T == 0) return;
   TERN_CHECK(d.Hkv > 0 && d.Hq % d.Hkv == 0, "attention: ", d.Hq, " query heads over ", d.Hkv, " KV heads");
   TERN_CHECK(d.capacity > 0, "attention: empty KV cache");
-  with_head_dim(d, [&]<int DH, bool F16>() {
-    attention_dh<DH, F16>(q, qg, cache_k, cache_v, pos0, d, partial, out, stream);
+  with_head_dim(d, [&]<int DH, KvDtype KV>() {
+    attention_dh<DH, KV>(q, qg, cache_k, cache_v, pos0, d, partial, out, stream);
   });
 }
 
@@ -1005,7 +1162,7 @@ void attn_prepare_batched(const float* qg, const float* k, const float* v, const
                           const AttnBatch& batch, const AttnDims& d, float* q_out, cudaStream_t stream) {
   const RopeFreqs freqs = rope_freqs(d);
   check_batch(batch, d, "attn_prepare_batched");
-  launch_prepare(qg, k, v, batch.ld_qkv, batch.ld_qkv, q_norm, k_norm, batch_seqs<uint16_t>(batch), d, freqs, {},
+  launch_prepare(qg, k, v, batch.ld_qkv, batch.ld_qkv, q_norm, k_norm, batch_seqs<void>(batch), d, freqs, {},
                  q_out, stream);
 }
 
@@ -1020,8 +1177,8 @@ void attention_batched(const float* q, const float* qg, const AttnBatch& batch, 
   part.m = part.o + batch.B * room * d.dh;
   part.l = part.m + batch.B * room;
   part.stride = room;
-  with_head_dim(d, [&]<int DH, bool F16>() {
-    launch_decode<DH, F16>(q, qg, batch.ld_qkv, batch_seqs<const uint16_t>(batch), columns, d, part, out, stream,
+  with_head_dim(d, [&]<int DH, KvDtype KV>() {
+    launch_decode<DH, KV>(q, qg, batch.ld_qkv, batch_seqs<const void>(batch), columns, d, part, out, stream,
                            kv_early() && !batch.one_session);
   });
 }

@@ -1,26 +1,35 @@
 // Gated full attention (model.md §2.5): q/k RMSNorm + partial rotate-half RoPE + KV-cache append (attn_prepare),
-// then causal attention over the 16-bit KV cache (fp16 or bf16, AttnDims::kv_f16) with the sigmoid output gate
+// then causal attention over the KV cache (AttnDims::kv: fp16, bf16 or fp8) with the sigmoid output gate
 // (attention). Positions live in device
 // memory (*pos0 = tokens already in the cache), so a decode step needs no host value and replays in a CUDA graph.
 //
-// attention() picks one of two tensor-core paths (mma.sync m16n8k16 on the cache's 16-bit type, fp32 accumulation,
-// online softmax in fp32):
+// attention() picks one of two tensor-core paths (mma.sync m16n8k16 on 16-bit inputs, fp32 accumulation, online
+// softmax in fp32):
 //   - prefill (T > 8): flash attention, one block per (query head, 64 new tokens), K/V tiles of 64 keys;
 //   - decode (T <= 8): split-KV flash decoding, one block per (KV head, split) holding the T·(Hq/Hkv) query rows
 //     of that KV head, then a merge kernel that applies the gate. The split count is fixed by the device and the
 //     cache capacity (never by the current length), each split finds its key range from *pos0 on the device.
 // attn_prepare_batched and attention_batched run one token of each of B sequences (the batched decode step) through
 // the same kernels, each sequence with its own position, cache and split count, bit for bit as it runs alone.
-// Head dims 64, 128 and 256 are supported. q and the softmax weights are rounded to the cache's type for the tensor
-// cores. fp16 (the runner's default) keeps 11 significant bits against bf16's 8: on a model at trained scales the
-// attention layers' rounding was the floor of the whole model's error against an fp32 reference (docs/benchmarks.md);
-// magnitudes past 65504 saturate to ±65504 when stored (q and k are RMS-normed; v would have to be that large), NaN
-// stays NaN (so it reaches the output).
+// Head dims 64, 128 and 256 are supported. q and the softmax weights are rounded to the tensor cores' 16-bit type
+// (the cache's for fp16 and bf16; fp16 for fp8). fp16 (the runner's default) keeps 11 significant bits against
+// bf16's 8: on a model at trained scales the attention layers' rounding was the floor of the whole model's error
+// against an fp32 reference (docs/benchmarks.md); magnitudes past 65504 saturate to ±65504 when stored (q and k are
+// RMS-normed; v would have to be that large), NaN stays NaN (so it reaches the output).
+//
+// The fp8 cache (KvDtype::fp8, half the bytes): each row (one token's K or V of one KV head, dh values) is dh e4m3fn
+// bytes and an fp32 scale = amax(|row|) / 448 (NaN ignored, ±inf counted as FLT_MAX); byte = e4m3(x / scale),
+// round to nearest even, past ±448 saturated; a row of zeros has scale 0 and reads back zeros; NaN stays NaN (code
+// 0x7f). K is quantised after its norm and RoPE. The kernels dequantise as they load a tile into shared memory,
+// fp16(e4m3 · scale) (the product rounded to fp32, then to fp16), and run the fp16 path's mma on it. core/fp8.h is
+// the CPU twin of the quantiser.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "model/kv_dtype.h"
 
 namespace tern::cuda {
 
@@ -30,8 +39,15 @@ struct AttnDims {
   float theta = 1e7f;
   float eps = 1e-6f;
   int64_t capacity = 0; // KV cache length
-  bool kv_f16 = false;  // the cache (and q, the softmax weights on the tensor cores) in fp16, else bf16
+  KvDtype kv = KvDtype::bf16;  // the cache's type (q and the softmax weights: fp16, or bf16 with a bf16 cache)
 };
+
+// One layer's K (or V) cache, `capacity` rows per KV head: [Hkv, capacity, dh] 16-bit values (fp16, bf16), or for fp8
+// [Hkv, capacity, dh] e4m3 bytes followed by the rows' fp32 scales [Hkv, capacity] at byte attn_fp8_scales_offset.
+inline int64_t attn_fp8_scales_offset(int Hkv, int64_t capacity, int dh) { return int64_t(Hkv) * capacity * dh; }
+inline int64_t attn_cache_bytes(KvDtype kv, int Hkv, int64_t capacity, int dh) {
+  return int64_t(Hkv) * capacity * kv_row_bytes(kv, dh);
+}
 
 // The rotary positions of the new tokens when they are not their cache positions (M-RoPE after images;
 // docs/architecture.md, "Images in the language model"). Token t rotates at pos0 + t + *delta on every axis, or, with
@@ -46,11 +62,13 @@ struct AttnRope {
 };
 
 // qg [T, Hq·2·dh] (per head [q | gate]), k, v [T, Hkv·dh] ->
-//   q_out [T, Hq, dh] = rope(rmsnorm(q)·q_norm), cache_k[kvh][pos0+t] = rope(rmsnorm(k)·k_norm), cache_v[..] = v (16-bit).
-// cache_k, cache_v: [Hkv, capacity, dh] fp16 or bf16 bits (d.kv_f16). Head dims 64, 128, 256; rotary dims 0 or a power of two from 16
-// to min(dh, 128) (anything else: tern::Error). rope: the rotary positions when they are not pos0 + t (AttnRope).
+//   q_out [T, Hq, dh] = rope(rmsnorm(q)·q_norm), cache_k[kvh][pos0+t] = rope(rmsnorm(k)·k_norm), cache_v[..] = v, in
+//   the cache's type (d.kv; fp8: the row's bytes and scale).
+// cache_k, cache_v: attn_cache_bytes(d.kv, Hkv, capacity, dh) each. Head dims 64, 128, 256; rotary dims 0 or a power
+// of two from 16 to min(dh, 128) (anything else: tern::Error). rope: the rotary positions when they are not pos0 + t
+// (AttnRope).
 void attn_prepare(const float* qg, const float* k, const float* v, const float* q_norm, const float* k_norm,
-                  const int* pos0, const AttnDims& d, float* q_out, uint16_t* cache_k, uint16_t* cache_v,
+                  const int* pos0, const AttnDims& d, float* q_out, void* cache_k, void* cache_v,
                   cudaStream_t stream, const AttnRope& rope = {});
 
 // Floats of scratch (`partial` below) that attention() needs for any call of at most T new tokens, at any capacity:
@@ -75,7 +93,7 @@ void attention_check(const AttnDims& d);
 // Decode (T <= 8) reads *pos0 and the cache rows before pos0 before its pdl_wait (launch.cuh), overlapping their
 // loads with the kernel before it: that kernel must be attn_prepare (which triggers only after its own wait) or
 // work that is not a kernel launched with PDL; pos0 and rows < pos0 must not be written by the kernel just before.
-void attention(const float* q, const float* qg, const uint16_t* cache_k, const uint16_t* cache_v, const int* pos0,
+void attention(const float* q, const float* qg, const void* cache_k, const void* cache_v, const int* pos0,
                const AttnDims& d, float* partial, float* out, cudaStream_t stream);
 
 // ---- a batch of sequences, one token each (the batched decode step, issue 31) ----
@@ -89,8 +107,8 @@ struct AttnBatch {
   int64_t ld_qkv = 0;                 // row stride (floats) of qg, k and v: sequence b's row at + b·ld_qkv;
                                       // at least Hq·2·dh, a multiple of 4
   const int* const* pos0 = nullptr;   // [B] each sequence's position (tokens already in its cache)
-  uint16_t* const* cache_k = nullptr; // [B] each sequence's cache, [Hkv, capacity_b, dh] as for attn_prepare
-  uint16_t* const* cache_v = nullptr;
+  void* const* cache_k = nullptr;     // [B] each sequence's cache, capacity_b rows per head as for attn_prepare
+  void* const* cache_v = nullptr;
   const int64_t* capacity = nullptr;  // [B] capacity_b: the rows of sequence b's cache (its d.capacity alone)
   const int* splits = nullptr;        // [B] attn_batch_splits(d with capacity_b) of each sequence (attention_batched)
   // [B] each sequence's M-RoPE delta (AttnRope::delta; attn_prepare_batched, read after its pdl_wait); null: none.

@@ -1,0 +1,31 @@
+// The element type of a runner's KV cache (`--kv-dtype`, CudaRunnerOptions::kv): what one cached value costs and
+// how it rounds. The CUDA runner takes all three (docs/architecture.md, "Numerics and the fidelity oracle"); the CPU
+// runner keeps its cache in fp32 and takes only the default.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace tern {
+
+enum class KvDtype {
+  f16,   // IEEE fp16 (11 significant bits; past ±65504 saturates): the CUDA runner's default
+  bf16,  // bfloat16 (8 significant bits, fp32's range): TERN_KV_BF16=1
+  fp8,   // e4m3fn (4 significant bits, ±448) times an fp32 scale per (token, KV head) row: half the bytes of f16
+};
+
+// "f16", "bf16", "fp8": the flag's spelling.
+const char* kv_dtype_name(KvDtype t);
+// The flag's spelling back; throws tern::Error naming the value otherwise.
+KvDtype kv_dtype_parse(const std::string& text);
+
+// Bytes of one cached row, one token's K (or V) of one KV head of `head_dim` values: 2 per value for the 16-bit
+// types, 1 per value and the row's fp32 scale for fp8.
+int64_t kv_row_bytes(KvDtype t, int64_t head_dim);
+
+// Bytes per token of context of a model's KV cache: K and V of every attention layer, kv_heads rows each.
+inline int64_t kv_token_bytes(KvDtype t, int64_t attention_layers, int64_t kv_heads, int64_t head_dim) {
+  return 2 * attention_layers * kv_heads * kv_row_bytes(t, head_dim);
+}
+
+}  // namespace tern

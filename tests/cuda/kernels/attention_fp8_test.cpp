@@ -1,0 +1,394 @@
+// The fp8 KV cache of the CUDA attention kernels (AttnDims::kv = KvDtype::fp8; attention.cuh has the format):
+// attn_prepare's stored bytes and scales against the CPU quantiser (core/fp8.h) bit for bit; attention() (prefill and
+// decode) against an fp64 reference over the dequantised cache; the batched calls bit for bit as each sequence alone.
+// Buffers start poisoned (0xff: NaN codes and NaN scales), so a row read that was never written shows.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../cuda_test_util.h"
+#include "core/fp8.h"
+#include "cuda/kernels/attention/attention.cuh"
+
+namespace tern::cuda::test {
+namespace {
+
+AttnDims fp8_dims(int Hq, int Hkv, int dh, int rot) {
+  AttnDims d;
+  d.Hq = Hq;
+  d.Hkv = Hkv;
+  d.dh = dh;
+  d.rot = rot;
+  d.kv = KvDtype::fp8;
+  return d;
+}
+AttnDims model_fp8() { return fp8_dims(16, 2, 256, 64); }  // Qwen3.6's heads
+
+// A host image of one fp8 K (or V) cache of `capacity` rows per head: [Hkv, capacity, dh] bytes, then the rows'
+// scales [Hkv, capacity] fp32 (attn_fp8_scales_offset).
+struct Fp8Image {
+  int Hkv = 0, dh = 0;
+  int64_t capacity = 0;
+  std::vector<uint8_t> bytes;
+  Fp8Image(const AttnDims& d, int64_t cap)
+      : Hkv(d.Hkv), dh(d.dh), capacity(cap), bytes(size_t(attn_cache_bytes(KvDtype::fp8, d.Hkv, cap, d.dh)), 0xff) {}
+  uint8_t* row(int h, int64_t r) { return bytes.data() + (h * capacity + r) * dh; }
+  const uint8_t* row(int h, int64_t r) const { return bytes.data() + (h * capacity + r) * dh; }
+  float scale(int h, int64_t r) const {
+    float s;
+    std::memcpy(&s, bytes.data() + attn_fp8_scales_offset(Hkv, capacity, dh) + (h * capacity + r) * 4, 4);
+    return s;
+  }
+  void set_scale(int h, int64_t r, float s) {
+    std::memcpy(bytes.data() + attn_fp8_scales_offset(Hkv, capacity, dh) + (h * capacity + r) * 4, &s, 4);
+  }
+  // Row r of head h quantised from x (dh values) as attn_prepare does it.
+  void quantise_row(int h, int64_t r, const float* x) {
+    float amax = 0.0f;
+    for (int i = 0; i < dh; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+    const float s = fp8_row_scale(amax);
+    for (int i = 0; i < dh; ++i) row(h, r)[i] = fp8_row_encode(x[i], s);
+    set_scale(h, r, s);
+  }
+  // The dequantised value e4m3 · scale, exact in double.
+  double value(int h, int64_t r, int i) const { return double(fp8_e4m3_to_float(row(h, r)[i])) * scale(h, r); }
+  // Every value of rows [0, n), [Hkv, n, dh].
+  std::vector<double> values(int64_t n) const {
+    std::vector<double> out(size_t(Hkv * n * dh));
+    for (int h = 0; h < Hkv; ++h)
+      for (int64_t r = 0; r < n; ++r)
+        for (int i = 0; i < dh; ++i) out[size_t((h * n + r) * dh + i)] = value(h, r, i);
+    return out;
+  }
+  // Rows [0, n) of every head random: uniform in [lo, hi) and quantised.
+  void fill(std::mt19937_64& rng, int64_t n, float lo, float hi) {
+    for (int h = 0; h < Hkv; ++h)
+      for (int64_t r = 0; r < n; ++r) quantise_row(h, r, random_floats(rng, size_t(dh), lo, hi).data());
+  }
+};
+
+std::unique_ptr<DeviceBuf<uint8_t>> upload(const Fp8Image& img) {
+  return std::make_unique<DeviceBuf<uint8_t>>(img.bytes);
+}
+
+Fp8Image download(const DeviceBuf<uint8_t>& buf, const AttnDims& d, int64_t capacity) {
+  Fp8Image img(d, capacity);
+  img.bytes = buf.host();
+  return img;
+}
+
+bool is_nan_code(uint8_t b) { return (b & 0x7f) == 0x7f; }
+
+// attn_prepare on an fp8 cache writes each new row's bytes and scale exactly as the CPU quantiser does from the same
+// fp32 row. V is quantised from attn_prepare's input; K after its norm and RoPE, which the GPU and the CPU compute
+// differently in the last bits, so each token's key rows are made equal to a query head's row (the same input
+// values, k_norm = q_norm): the kernel runs the same arithmetic on both, and the fp32 row it quantises is that query
+// head's q_out. Special V rows: all zeros (scale 0, bytes 0), one with a NaN (NaN code there, the rest quantised by
+// the row's finite amax), one of magnitudes ~1e-36 (a subnormal fp32 scale) and one with ±1e6 and ±inf (±inf counted
+// as FLT_MAX: saturated to ±448, the rest 0). Rows other than the new ones stay untouched.
+TEST(CudaAttentionFp8, PrepareStoresTheRowsBytesAndScalesBitForBit) {
+  TERN_REQUIRE_GPU();
+  std::mt19937_64 rng(fresh_seed("CudaAttentionFp8.Prepare"));
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (const AttnDims& base : {model_fp8(), fp8_dims(4, 2, 64, 16), fp8_dims(8, 1, 128, 32)})
+    for (const int64_t T : {int64_t(1), int64_t(4), int64_t(100)}) {
+      AttnDims d = base;
+      const int64_t pos0 = 37, G = d.Hq / d.Hkv, dh = d.dh, Hq = d.Hq, Hkv = d.Hkv;
+      d.T = T;
+      d.capacity = pos0 + T + 5;
+      const std::string what = "dh " + std::to_string(dh) + " Hq " + std::to_string(Hq) + " T=" + std::to_string(T);
+      SCOPED_TRACE(what);
+      std::vector<float> qg = random_floats(rng, size_t(T * Hq * 2 * dh), -2.0f, 2.0f);
+      std::vector<float> k(size_t(T * Hkv * dh)), v = random_floats(rng, size_t(T * Hkv * dh), -1.0f, 1.0f);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t h = 0; h < Hkv; ++h)  // key head h of token t = query head h·G of token t
+          std::copy_n(qg.begin() + (t * Hq + h * G) * 2 * dh, dh, k.begin() + (t * Hkv + h) * dh);
+      float* v00 = v.data();  // token 0, KV head 0: zeros
+      std::fill_n(v00, dh, 0.0f);
+      if (T >= 4) {  // KV head 0 of tokens 1, 2, 3
+        float* nan_row = v.data() + (1 * Hkv + 0) * dh;
+        nan_row[3] = nan;
+        float* tiny_row = v.data() + (2 * Hkv + 0) * dh;
+        for (int64_t i = 0; i < dh; ++i) tiny_row[i] *= 1e-36f;
+        float* big_row = v.data() + (3 * Hkv + 0) * dh;
+        big_row[0] = 1e6f, big_row[1] = -1e6f, big_row[2] = inf, big_row[3] = -inf;
+      }
+      const std::vector<float> norm = random_floats(rng, size_t(dh), 0.5f, 1.5f);
+      DeviceBuf<float> dqg(qg), dk(k), dv(v), dnorm(norm), dq(size_t(T * Hq * dh));
+      DeviceBuf<uint8_t> ck(size_t(attn_cache_bytes(KvDtype::fp8, d.Hkv, d.capacity, d.dh))), cv(ck.n);
+      DeviceBuf<int> dpos(std::vector<int>{int(pos0)});
+      attn_prepare(dqg.p, dk.p, dv.p, dnorm.p, dnorm.p, dpos.p, d, dq.p, ck.p, cv.p, nullptr);
+      TERN_CUDA(cudaGetLastError());
+      const std::vector<float> q = dq.host();
+      const Fp8Image got_k = download(ck, d, d.capacity), got_v = download(cv, d, d.capacity);
+
+      Fp8Image want_k(d, d.capacity), want_v(d, d.capacity);  // 0xff where nothing is written
+      for (int64_t t = 0; t < T; ++t)
+        for (int h = 0; h < Hkv; ++h) {
+          want_k.quantise_row(h, pos0 + t, q.data() + (t * Hq + h * G) * dh);
+          want_v.quantise_row(h, pos0 + t, v.data() + (t * Hkv + h) * dh);
+        }
+      int64_t rows_off = 0;
+      for (int h = 0; h < Hkv; ++h)
+        for (int64_t r = 0; r < d.capacity; ++r) {
+          for (const auto* pair : {&got_k, &got_v}) {
+            const Fp8Image& got = *pair;
+            const Fp8Image& want = pair == &got_k ? want_k : want_v;
+            bool same = std::memcmp(&want.bytes[size_t(attn_fp8_scales_offset(Hkv, d.capacity, int(dh)) +
+                                                       (h * d.capacity + r) * 4)],
+                                    &got.bytes[size_t(attn_fp8_scales_offset(Hkv, d.capacity, int(dh)) +
+                                                      (h * d.capacity + r) * 4)],
+                                    4) == 0;
+            for (int64_t i = 0; i < dh; ++i) {
+              const uint8_t a = want.row(h, r)[i], b = got.row(h, r)[i];
+              // A NaN input's code: any NaN (0x7f or 0xff) written in a new row.
+              const bool new_row = r >= pos0 && r < pos0 + T;
+              same = same && (a == b || (new_row && is_nan_code(a) && is_nan_code(b)));
+            }
+            if (!same) {
+              if (++rows_off <= 5)
+                ADD_FAILURE() << (pair == &got_k ? "K" : "V") << " head " << h << " row " << r << ": scale "
+                              << got.scale(h, r) << ", want " << want.scale(h, r) << "; first bytes "
+                              << int(got.row(h, r)[0]) << " " << int(got.row(h, r)[1]) << ", want "
+                              << int(want.row(h, r)[0]) << " " << int(want.row(h, r)[1]);
+            }
+          }
+        }
+      EXPECT_EQ(rows_off, 0) << "rows whose bytes or scale differ from the CPU quantiser's";
+      // The special rows, as the format says.
+      EXPECT_EQ(got_v.scale(0, pos0), 0.0f) << "a row of zeros";
+      for (int64_t i = 0; i < dh; ++i) EXPECT_EQ(got_v.value(0, pos0, int(i)), 0.0) << "a row of zeros reads back 0";
+      if (T >= 4) {
+        EXPECT_TRUE(is_nan_code(got_v.row(0, pos0 + 1)[3])) << "NaN stays NaN";
+        EXPECT_TRUE(std::isfinite(got_v.scale(0, pos0 + 1))) << "NaN is not the row's amax";
+        EXPECT_GT(got_v.scale(0, pos0 + 2), 0.0f);
+        EXPECT_LT(got_v.scale(0, pos0 + 2), std::numeric_limits<float>::min()) << "a subnormal scale";
+        EXPECT_EQ(got_v.scale(0, pos0 + 3), std::numeric_limits<float>::max() / 448.0f) << "±inf counted as FLT_MAX";
+        EXPECT_EQ(got_v.row(0, pos0 + 3)[2], 0x7e) << "+inf saturates to 448";
+        EXPECT_EQ(got_v.row(0, pos0 + 3)[3], 0xfe) << "-inf saturates to -448";
+      }
+    }
+}
+
+// Bounds on the ungated outputs' error relative to each row's rms (see attention_test.cpp, attn_bounds): the
+// reference reads the dequantised cache exactly (e4m3 · scale in fp64); the kernels round q, the softmax weights and
+// each dequantised K and V value to fp16 (2^-11 relative each). That is the fp16 cache path's roundings of q and the
+// weights (bounds 2.5e-3 per element, 6.25e-4 rms, measured ~1.3e-3 and 2.9e-4) and as many again for K and V: twice
+// the fp16 bounds.
+constexpr double kElementBound = 5e-3, kRmsBound = 1.25e-3;
+
+// out [T, Hq, dh] against the fp64 reference over the dequantised caches and the kernels' own q (fp32 from
+// attn_prepare), gated by sigmoid(gate) in fp64: every element within kElementBound of its row's rms, and the
+// row-normalised rms error below kRmsBound (both on the ungated outputs).
+void expect_matches_fp64(const AttnDims& d, int64_t pos0, const std::vector<float>& q, const std::vector<float>& qg,
+                         const Fp8Image& kc, const Fp8Image& vc, const std::vector<float>& out,
+                         const std::string& what) {
+  const int64_t T = d.T, Hq = d.Hq, dh = d.dh, G = d.Hq / d.Hkv, L = pos0 + T;
+  const std::vector<double> K = kc.values(L), V = vc.values(L);  // [Hkv, L, dh]
+  const double scale = 1.0 / std::sqrt(double(dh));
+  size_t bad = 0;
+  double worst = 0.0, sum_sq_rel = 0.0;
+  std::vector<double> p, o(static_cast<size_t>(dh));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < Hq; ++h) {
+      const int kvh = int(h / G);
+      const int64_t n = pos0 + t + 1;
+      const float* qr = q.data() + (t * Hq + h) * dh;
+      p.assign(size_t(n), 0.0);
+      double mx = -1e300;
+      for (int64_t j = 0; j < n; ++j) {
+        const double* kr = K.data() + (kvh * L + j) * dh;
+        double s = 0.0;
+        for (int64_t i = 0; i < dh; ++i) s += double(qr[i]) * kr[i];
+        p[size_t(j)] = s * scale;
+        mx = std::max(mx, p[size_t(j)]);
+      }
+      double sum = 0.0;
+      for (double& x : p) sum += (x = std::exp(x - mx));
+      std::fill(o.begin(), o.end(), 0.0);
+      for (int64_t j = 0; j < n; ++j) {
+        const double* vr = V.data() + (kvh * L + j) * dh;
+        for (int64_t i = 0; i < dh; ++i) o[size_t(i)] += p[size_t(j)] / sum * vr[i];
+      }
+      double ss = 0.0, es = 0.0;
+      for (int64_t i = 0; i < dh; ++i) ss += o[size_t(i)] * o[size_t(i)];
+      const double row_rms = std::sqrt(ss / double(dh)) + 1e-30;
+      for (int64_t i = 0; i < dh; ++i) {
+        const size_t e = size_t((t * Hq + h) * dh + i);
+        const double gate = 1.0 / (1.0 + std::exp(-double(qg[size_t((t * Hq + h) * 2 * dh + dh + i)])));
+        const double err = std::fabs(double(out[e]) / gate - o[size_t(i)]);
+        const double ratio = std::isnan(err) ? 1e30 : err / row_rms;
+        es += std::min(ratio, 1e15) * std::min(ratio, 1e15);
+        if (!(ratio <= kElementBound)) ++bad;
+        worst = std::max(worst, ratio);
+      }
+      sum_sq_rel += es / double(dh);
+    }
+  const double rel_rms = std::sqrt(sum_sq_rel / double(T * Hq));
+  EXPECT_EQ(bad, 0u) << what << ": elements off by more than " << kElementBound << " of their row's rms (worst "
+                     << worst << ")";
+  EXPECT_LT(rel_rms, kRmsBound) << what << ": row-normalised rms error";
+  std::printf("[attention fp8] %s: row-normalised rms error %.2e, worst %.2e\n", what.c_str(), rel_rms, worst);
+}
+
+// T new tokens after pos0 cached rows (keys in [-1.7, 1.7), values in [-1, 1), quantised), in an fp8 cache of
+// `capacity` rows: attn_prepare then attention(), against the fp64 reference over the cache the kernels read (the
+// new rows as attn_prepare stored them).
+void run_fp8_case(std::mt19937_64& rng, AttnDims d, int64_t pos0, int64_t T, int64_t capacity) {
+  d.T = T;
+  d.capacity = capacity;
+  const std::string what = "dh " + std::to_string(d.dh) + " Hq " + std::to_string(d.Hq) + " T=" + std::to_string(T) +
+                           " at pos0 " + std::to_string(pos0) + " (capacity " + std::to_string(capacity) + ")";
+  SCOPED_TRACE(what);
+  Fp8Image k0(d, capacity), v0(d, capacity);
+  k0.fill(rng, pos0, -1.7f, 1.7f);
+  v0.fill(rng, pos0, -1.0f, 1.0f);
+  auto ck = upload(k0), cv = upload(v0);
+  const std::vector<float> qg = random_floats(rng, size_t(T * d.Hq * 2 * d.dh), -2.0f, 2.0f);
+  const std::vector<float> k = random_floats(rng, size_t(T * d.Hkv * d.dh), -2.0f, 2.0f);
+  const std::vector<float> v = random_floats(rng, size_t(T * d.Hkv * d.dh), -1.0f, 1.0f);
+  const std::vector<float> qn = random_floats(rng, size_t(d.dh), 0.5f, 1.5f);
+  const std::vector<float> kn = random_floats(rng, size_t(d.dh), 0.5f, 1.5f);
+  DeviceBuf<float> dqg(qg), dk(k), dv(v), dqn(qn), dkn(kn), dq(size_t(T * d.Hq * d.dh)), out(dq.n);
+  DeviceBuf<float> part(size_t(attn_partial_floats(T, d.Hq, d.dh)));
+  DeviceBuf<int> dpos(std::vector<int>{int(pos0)});
+  attn_prepare(dqg.p, dk.p, dv.p, dqn.p, dkn.p, dpos.p, d, dq.p, ck->p, cv->p, nullptr);
+  attention(dq.p, dqg.p, ck->p, cv->p, dpos.p, d, part.p, out.p, nullptr);
+  TERN_CUDA(cudaGetLastError());
+  expect_matches_fp64(d, pos0, dq.host(), qg, download(*ck, d, capacity), download(*cv, d, capacity), out.host(),
+                      what);
+}
+
+TEST(CudaAttentionFp8, PrefillMatchesFp64OverTheDequantisedCache) {
+  TERN_REQUIRE_GPU();
+  std::mt19937_64 rng(fresh_seed("CudaAttentionFp8.Prefill"));
+  for (int64_t pos0 : {int64_t(0), int64_t(300)})
+    for (int64_t T : {int64_t(9), int64_t(64), int64_t(65), int64_t(200)})
+      run_fp8_case(rng, model_fp8(), pos0, T, pos0 + T + (T % 2 ? 0 : 45));  // the cache ending in a tile, or not
+  run_fp8_case(rng, model_fp8(), 0, 640, 700);
+}
+
+TEST(CudaAttentionFp8, DecodeMatchesFp64OverTheDequantisedCache) {
+  TERN_REQUIRE_GPU();
+  std::mt19937_64 rng(fresh_seed("CudaAttentionFp8.Decode"));
+  struct C {
+    int64_t context, T, capacity;
+  };
+  // Many splits, most empty; tile edges; the decode kernels' row variants (T·G up to 16, 32, 64 rows).
+  for (const C& c : {C{1, 1, 65536}, C{100, 1, 100}, C{5000, 1, 5003}, C{20000, 1, 32768}, C{66, 3, 100},
+                     C{64 * 40 + 1, 2, 65536}, C{3000, 4, 3000}, C{777, 5, 1000}, C{4000, 8, 8192}, C{8, 8, 8}})
+    run_fp8_case(rng, model_fp8(), c.context - c.T, c.T, c.capacity);
+}
+
+TEST(CudaAttentionFp8, OtherHeadShapesMatchFp64) {
+  TERN_REQUIRE_GPU();
+  std::mt19937_64 rng(fresh_seed("CudaAttentionFp8.OtherShapes"));
+  for (const AttnDims& d : {fp8_dims(4, 2, 64, 16), fp8_dims(8, 1, 128, 32)})
+    for (int64_t T : {int64_t(1), int64_t(8), int64_t(100)}) run_fp8_case(rng, d, 250, T, 400);
+}
+
+// attn_prepare_batched + attention_batched over sequences of one token each with fp8 caches, against attn_prepare +
+// attention for each sequence alone: q, the outputs and the whole caches (bytes and scales) identical, as the 16-bit
+// caches are (attention_test.cpp, BatchedIsBitIdenticalToEachSequenceAlone).
+void run_fp8_batched_case(std::mt19937_64& rng, AttnDims d, const std::vector<std::pair<int64_t, int64_t>>& seqs,
+                          const std::string& what) {
+  SCOPED_TRACE(what);
+  d.T = 1;
+  const int B = int(seqs.size());
+  const int64_t Hq = d.Hq, Hkv = d.Hkv, dh = d.dh, Q = Hq * 2 * dh, KV = Hkv * dh;
+  const int64_t ld = Q + 2 * KV + 4, out_n = Hq * dh;
+  std::vector<float> proj(size_t(B * ld), std::numeric_limits<float>::quiet_NaN());
+  for (int b = 0; b < B; ++b) {
+    const auto qgk = random_floats(rng, size_t(Q + KV), -2.0f, 2.0f), v = random_floats(rng, size_t(KV), -1.0f, 1.0f);
+    std::copy(qgk.begin(), qgk.end(), proj.begin() + b * ld);
+    std::copy(v.begin(), v.end(), proj.begin() + b * ld + Q + KV);
+  }
+  DeviceBuf<float> dproj(proj);
+  const std::vector<float> qn = random_floats(rng, size_t(dh), 0.5f, 1.5f);
+  const std::vector<float> kn = random_floats(rng, size_t(dh), 0.5f, 1.5f);
+  DeviceBuf<float> dqn(qn), dkn(kn);
+  std::vector<std::unique_ptr<DeviceBuf<uint8_t>>> kb, vb, k1, v1;  // the batched call's caches, the lone calls'
+  std::vector<void*> k_ptrs, v_ptrs;
+  std::vector<int> pos, splits;
+  std::vector<int64_t> caps;
+  AttnDims dmax = d;
+  dmax.capacity = 0;
+  for (const auto& [capacity, position] : seqs) {
+    Fp8Image kc(d, capacity), vc(d, capacity);
+    kc.fill(rng, position, -1.7f, 1.7f);
+    vc.fill(rng, position, -1.0f, 1.0f);
+    kb.push_back(upload(kc));
+    k1.push_back(upload(kc));
+    vb.push_back(upload(vc));
+    v1.push_back(upload(vc));
+    k_ptrs.push_back(kb.back()->p);
+    v_ptrs.push_back(vb.back()->p);
+    pos.push_back(int(position));
+    caps.push_back(capacity);
+    AttnDims ds = d;
+    ds.capacity = capacity;
+    splits.push_back(attn_batch_splits(ds));
+    dmax.capacity = std::max(dmax.capacity, capacity);
+  }
+  DeviceBuf<int> dpos(pos), dsplits(splits);
+  DeviceBuf<int64_t> dcaps(caps);
+  std::vector<const int*> pos_ptrs;
+  for (int b = 0; b < B; ++b) pos_ptrs.push_back(dpos.p + b);
+  DeviceBuf<const int*> pos_table(pos_ptrs);
+  DeviceBuf<void*> k_table(k_ptrs), v_table(v_ptrs);
+  AttnBatch batch;
+  batch.B = B;
+  batch.ld_qkv = ld;
+  batch.pos0 = pos_table.p;
+  batch.cache_k = k_table.p;
+  batch.cache_v = v_table.p;
+  batch.capacity = dcaps.p;
+  batch.splits = dsplits.p;
+  DeviceBuf<float> q_b(size_t(B * out_n)), out_b(q_b.n), q_1(q_b.n), out_1(q_b.n);
+  DeviceBuf<float> part_b(size_t(attn_batch_partial_floats(B, d.Hq, d.dh)));
+  DeviceBuf<float> part_1(size_t(attn_partial_floats(1, d.Hq, d.dh)));
+  attn_prepare_batched(dproj.p, dproj.p + Q, dproj.p + Q + KV, dqn.p, dkn.p, batch, dmax, q_b.p, nullptr);
+  attention_batched(q_b.p, dproj.p, batch, dmax, part_b.p, out_b.p, nullptr);
+  for (int b = 0; b < B; ++b) {
+    AttnDims ds = d;
+    ds.capacity = caps[size_t(b)];
+    const float* row = dproj.p + b * ld;
+    attn_prepare(row, row + Q, row + Q + KV, dqn.p, dkn.p, dpos.p + b, ds, q_1.p + b * out_n, k1[size_t(b)]->p,
+                 v1[size_t(b)]->p, nullptr);
+    attention(q_1.p + b * out_n, row, k1[size_t(b)]->p, v1[size_t(b)]->p, dpos.p + b, ds, part_1.p,
+              out_1.p + b * out_n, nullptr);
+  }
+  TERN_CUDA(cudaGetLastError());
+  const auto qg = q_b.host(), qw = q_1.host(), og = out_b.host(), ow = out_1.host();
+  EXPECT_EQ(std::count_if(ow.begin(), ow.end(), [](float x) { return !std::isfinite(x); }), 0) << "lone outputs";
+  EXPECT_EQ(std::memcmp(qg.data(), qw.data(), qg.size() * sizeof(float)), 0) << "q after norm and rope";
+  for (int b = 0; b < B; ++b) {
+    const size_t o = size_t(b * out_n);
+    EXPECT_EQ(std::memcmp(og.data() + o, ow.data() + o, size_t(out_n) * sizeof(float)), 0)
+        << "output of sequence " << b << " (capacity " << caps[size_t(b)] << ", position " << pos[size_t(b)] << ", "
+        << splits[size_t(b)] << " splits)";
+    EXPECT_TRUE(kb[size_t(b)]->host() == k1[size_t(b)]->host()) << "K cache (bytes and scales) of sequence " << b;
+    EXPECT_TRUE(vb[size_t(b)]->host() == v1[size_t(b)]->host()) << "V cache (bytes and scales) of sequence " << b;
+  }
+}
+
+TEST(CudaAttentionFp8, BatchedIsBitIdenticalToEachSequenceAlone) {
+  TERN_REQUIRE_GPU();
+  std::mt19937_64 rng(fresh_seed("CudaAttentionFp8.Batched"));
+  const std::vector<std::pair<int64_t, int64_t>> sixteen = {
+      {4096, 0},   {64, 63},      {1000, 1},  {40000, 2000}, {4096, 64},   {1000, 999}, {64, 0},    {40000, 39999},
+      {5003, 4321}, {128, 65},    {4096, 4095}, {2048, 1024}, {40000, 63}, {1000, 500}, {65536, 40000}, {300, 129}};
+  run_fp8_batched_case(rng, model_fp8(), {{40000, 2000}}, "B=1");
+  run_fp8_batched_case(rng, model_fp8(), {sixteen.begin(), sixteen.begin() + 3}, "B=3");
+  run_fp8_batched_case(rng, model_fp8(), sixteen, "B=16");
+  for (const AttnDims& o : {fp8_dims(4, 2, 64, 16), fp8_dims(8, 1, 128, 32)})
+    run_fp8_batched_case(rng, o, {{400, 250}, {64, 0}, {3000, 2999}},
+                         "dh " + std::to_string(o.dh) + " Hq " + std::to_string(o.Hq) + " B=3");
+}
+
+}  // namespace
+}  // namespace tern::cuda::test
