@@ -90,8 +90,11 @@ CudaRunner::CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const M
   // prompt's time (short_call).
   if (const char* e = std::getenv("TERN_SHORT_CALL_TOKENS")) short_call_tokens_ = std::max<int64_t>(0, std::atoll(e));
   // The KV cache in fp16 (11 significant bits) unless the option asks for bf16 (8 bits) or fp8 (4 bits and a scale
-  // per row), or TERN_KV_BF16=1 turns the default into bf16.
-  kv_ = o.kv == KvDtype::f16 && env_is("TERN_KV_BF16", "1") ? KvDtype::bf16 : o.kv;
+  // per row), or TERN_KV_BF16=1 turns the default into bf16, or TERN_KV_DTYPE=f16|bf16|fp8 sets the default's type
+  // (measurement switches: the whole-model checks of test_cuda run on any type with them).
+  kv_ = o.kv;
+  if (kv_ == KvDtype::f16 && env_is("TERN_KV_BF16", "1")) kv_ = KvDtype::bf16;
+  if (const char* e = std::getenv("TERN_KV_DTYPE"); e && kv_ == KvDtype::f16) kv_ = kv_dtype_parse(e);
   // TERN_L2_PREFETCH (a bit mask, default 12 = both; the one-token decode plan on Hopper; l2_prefetch.cuh): 4 the MoE
   // gate_up asks L2 for the chosen experts' down matrices; 8 each mixer's output projection for the next layer's
   // first projection; 0 neither.
