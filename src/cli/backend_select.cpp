@@ -46,12 +46,6 @@ std::string device_resolve(const std::string& device) {
   TERN_FAIL("--device must be auto, cuda or cpu, got '", device, "'");
 }
 
-void cpu_kv_dtype_check(KvDtype kv) {
-  TERN_CHECK(kv == KvDtype::f16, "--kv-dtype ", kv_dtype_name(kv),
-             ": the CPU backend keeps its KV cache in fp32 and takes only the default; bf16 and fp8 KV caches are "
-             "the CUDA backend's (--device cuda)");
-}
-
 std::unique_ptr<ModelRunner> runner_create(std::shared_ptr<const ModelWeights> weights, const std::string& device,
                                            KvDtype kv) {
   const std::string d = device_resolve(device);
