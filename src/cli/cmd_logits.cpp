@@ -28,6 +28,7 @@
 
 #include "cli/backend_select.h"
 #include "cli/commands.h"
+#include "cli/memory_flags.h"
 #include "cli/model_flags.h"
 #include "core/check.h"
 #include "core/npy.h"

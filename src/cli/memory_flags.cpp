@@ -14,6 +14,14 @@
 
 namespace tern::cli {
 
+void kv_dtype_flag_add(CLI::App* sub, std::string& kv_dtype) {
+  sub->add_option("--kv-dtype", kv_dtype,
+                  "The KV cache's type on the GPU: f16, bf16, or fp8 (e4m3 with a scale per token and head: half the "
+                  "memory, so about twice the context; slightly less exact). The CPU keeps fp32 and takes only f16")
+      ->check(CLI::IsMember({"f16", "bf16", "fp8"}))
+      ->capture_default_str();
+}
+
 void gpu_memory_flag_add(CLI::App* sub, int64_t& cap_bytes) {
   sub->add_option("--gpu-memory",
                   "GPU memory the model may take, in GB (or with a unit: 24GiB, 24576MiB): the context (and how many "

@@ -40,14 +40,6 @@ void model_flags_add(CLI::App* sub, ModelFlags& f) {
   kv_dtype_flag_add(sub, f.kv_dtype);
 }
 
-void kv_dtype_flag_add(CLI::App* sub, std::string& kv_dtype) {
-  sub->add_option("--kv-dtype", kv_dtype,
-                  "The KV cache's type on the GPU: f16, bf16, or fp8 (e4m3 with a scale per token and head: half the "
-                  "memory, so about twice the context; slightly less exact). The CPU keeps fp32 and takes only f16")
-      ->check(CLI::IsMember({"f16", "bf16", "fp8"}))
-      ->capture_default_str();
-}
-
 void model_flags_add_images(CLI::App* sub, ModelFlags& f) {
   f.images = true;
   sub->add_option("--image-max-pixels", f.image_max_pixels,

@@ -34,8 +34,6 @@ struct ModelFlags {
   bool images = false;           // the command takes images (model_flags_add_images)
   int64_t image_max_pixels = 0;  // --image-max-pixels: images resized to at most this area; 0: the processor's
 };
-// --kv-dtype f16|bf16|fp8 on `sub` (model_flags_add adds it; bench and logits too).
-void kv_dtype_flag_add(CLI::App* sub, std::string& kv_dtype);
 void model_flags_add(CLI::App* sub, ModelFlags& f);
 // For the commands that take images (serve, run): --image-max-pixels, and images on in f.
 void model_flags_add_images(CLI::App* sub, ModelFlags& f);
