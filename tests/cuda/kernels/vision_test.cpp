@@ -7,7 +7,7 @@
 //   vision_attention        cpu::attention_segments over the same bf16 q, k, v (the GPU rounds the softmax weights
 //                           to bf16: error at most 2^-9·max|v| per output, and the output's own rounding)
 //   vision_layernorm        cpu::layer_norm, then bf16 rounding
-//   vision_add_positions    a float-exact loop
+//   vision_to_bf16, vision_add_positions   bit for bit / float-exact loops
 #include <cmath>
 #include <random>
 #include <vector>
@@ -58,7 +58,6 @@ struct GemmCase {
   int64_t M, N, K;
   VisionAct act;
   bool accumulate;
-  int tile_n = 0;  // VisionGemmArgs::tile_n
 };
 
 void check_gemm(std::mt19937_64& rng, const GemmCase& gc) {
@@ -71,7 +70,7 @@ void check_gemm(std::mt19937_64& rng, const GemmCase& gc) {
   DeviceBuf<float> dbias(bias), dy(size_t(M * N));
   if (gc.accumulate) TERN_CUDA(cudaMemcpy(dy.p, y0.data(), y0.size() * 4, cudaMemcpyHostToDevice));
   vision_gemm({.x = dx.p, .w = dw.p, .bias = dbias.p, .M = M, .N = N, .K = K, .act = gc.act, .y_f32 = dy.p,
-               .accumulate = gc.accumulate, .y_bf16 = dy16.p, .tile_n = gc.tile_n},
+               .accumulate = gc.accumulate, .y_bf16 = dy16.p},
               nullptr);
   const std::vector<float> got = dy.host(), got16 = bits_to_floats(dy16.host());
 
@@ -102,7 +101,7 @@ void check_gemm(std::mt19937_64& rng, const GemmCase& gc) {
       }
     }
   EXPECT_EQ(bad, 0u) << "gemm [" << M << ", " << K << "] x [" << N << ", " << K << "]ᵀ act " << int(gc.act)
-                     << " accumulate " << gc.accumulate << " tile " << gc.tile_n << ": " << first;
+                     << " accumulate " << gc.accumulate << ": " << first;
   EXPECT_EQ(bad16, 0u) << "gemm bf16 output [" << M << ", " << N << "]: " << first;
 }
 
@@ -116,75 +115,7 @@ TEST(VisionKernels, GemmMatchesPlainLoop) {
       {257, 1152, 4304, VisionAct::none, true},     // the blocks' fc2: K = 4304 ends half-way into a tile
       {64, 4608, 1152, VisionAct::gelu_erf, false}, // the merger's widths (N over a tile row of blocks)
   };
-  for (const int tile_n : {0, 64, 128})
-    for (GemmCase gc : cases) {
-      gc.tile_n = tile_n;
-      check_gemm(rng, gc);
-    }
-}
-
-// Both tile widths give the same bits (each output sums over K in the same order), edges included.
-TEST(VisionKernels, GemmTileWidthsAgreeBitForBit) {
-  TERN_REQUIRE_GPU();
-  std::mt19937_64 rng(fresh_seed("vision gemm tiles"));
-  for (const GemmCase gc : {GemmCase{200, 1154, 1152, VisionAct::gelu_tanh, true},
-                            GemmCase{4096, 1152, 4304, VisionAct::none, true}}) {
-    const Bf16Values x = random_bf16(rng, size_t(gc.M * gc.K), -2.0f, 2.0f),
-                     w = random_bf16(rng, size_t(gc.N * gc.K), -0.05f, 0.05f);
-    const std::vector<float> y0 = random_floats(rng, size_t(gc.M * gc.N), -1.0f, 1.0f);
-    DeviceBuf<uint16_t> dx(x.bits), dw(w.bits);
-    std::vector<std::vector<float>> f32;
-    std::vector<std::vector<uint16_t>> b16;
-    for (const int tile_n : {64, 128}) {
-      DeviceBuf<float> dy(y0);
-      DeviceBuf<uint16_t> dy16(size_t(gc.M * gc.N));
-      vision_gemm({.x = dx.p, .w = dw.p, .M = gc.M, .N = gc.N, .K = gc.K, .act = gc.act, .y_f32 = dy.p,
-                   .accumulate = gc.accumulate, .y_bf16 = dy16.p, .tile_n = tile_n},
-                  nullptr);
-      f32.push_back(dy.host());
-      b16.push_back(dy16.host());
-    }
-    EXPECT_TRUE(f32[0] == f32[1]) << "fp32 output differs between tile widths, [" << gc.M << ", " << gc.N << "]";
-    EXPECT_TRUE(b16[0] == b16[1]) << "bf16 output differs between tile widths, [" << gc.M << ", " << gc.N << "]";
-  }
-}
-
-// Times every product of the encoder on a 1024 x 1024 image (4,096 patches; merger 1,024 rows) at both tile widths
-// and the automatic choice. Prints; asserts nothing about time.
-TEST(VisionKernels, TimeGemmTileWidths) {
-  TERN_REQUIRE_GPU();
-  struct Shape {
-    const char* name;
-    int64_t M, N, K;
-  };
-  const Shape shapes[] = {{"patch", 4096, 1152, 1536}, {"qkv", 4096, 3456, 1152}, {"proj", 4096, 1152, 1152},
-                          {"fc1", 4096, 4304, 1152},   {"fc2", 4096, 1152, 4304}, {"merger fc1", 1024, 4608, 4608},
-                          {"merger fc2", 1024, 2048, 4608}};
-  DeviceBuf<uint16_t> x(size_t(4096 * 4608)), w(size_t(4608 * 4608));
-  DeviceBuf<float> y(size_t(4096 * 4608));
-  TERN_CUDA(cudaMemset(x.p, 0x3c, size_t(4096 * 4608) * 2));  // bf16 0x3c3c: ~0.0115, not zeros (power)
-  TERN_CUDA(cudaMemset(w.p, 0x3b, size_t(4608 * 4608) * 2));
-  cudaEvent_t a, b;
-  TERN_CUDA(cudaEventCreate(&a));
-  TERN_CUDA(cudaEventCreate(&b));
-  for (const Shape& s : shapes) {
-    std::printf("[vision gemm] %-10s [%lld, %lld] x [%lld]:", s.name, (long long)s.M, (long long)s.N, (long long)s.K);
-    for (const int tile_n : {64, 128, 0}) {
-      const VisionGemmArgs g{.x = x.p, .w = w.p, .M = s.M, .N = s.N, .K = s.K, .y_f32 = y.p, .tile_n = tile_n};
-      vision_gemm(g, nullptr);
-      TERN_CUDA(cudaEventRecord(a));
-      for (int i = 0; i < 10; ++i) vision_gemm(g, nullptr);
-      TERN_CUDA(cudaEventRecord(b));
-      TERN_CUDA(cudaEventSynchronize(b));
-      float ms = 0.0f;
-      TERN_CUDA(cudaEventElapsedTime(&ms, a, b));
-      const double us = 100.0 * ms, tflops = 2.0 * double(s.M * s.N * s.K) / (us * 1e-6) / 1e12;
-      std::printf("  %s %.1f us (%.0f TFLOP/s)", tile_n == 0 ? "auto" : tile_n == 64 ? "64" : "128", us, tflops);
-    }
-    std::printf("  [auto = %d]\n", vision_gemm_tile_n(s.M, s.N));
-  }
-  TERN_CUDA(cudaEventDestroy(a));
-  TERN_CUDA(cudaEventDestroy(b));
+  for (const GemmCase& gc : cases) check_gemm(rng, gc);
 }
 
 TEST(VisionKernels, GemmRejectsShapesItCannotTake) {
@@ -289,9 +220,18 @@ TEST(VisionKernels, LayerNormMatchesCpuTwin) {
   }
 }
 
-TEST(VisionKernels, AddPositionsMatchesLoop) {
+TEST(VisionKernels, EmbedHelpersMatchLoops) {
   TERN_REQUIRE_GPU();
   std::mt19937_64 rng(fresh_seed("vision embed"));
+  const std::vector<float> x = random_floats(rng, 10007, -300.0f, 300.0f);
+  DeviceBuf<float> dx(x);
+  DeviceBuf<uint16_t> dy(x.size());
+  vision_to_bf16(dx.p, int64_t(x.size()), dy.p, nullptr);
+  const std::vector<uint16_t> bits = dy.host();
+  size_t bad = 0;
+  for (size_t i = 0; i < x.size(); ++i) bad += bits[i] != float_to_bf16(x[i]);
+  EXPECT_EQ(bad, 0u) << "vision_to_bf16 differs from float_to_bf16";
+
   // Positions: a 6 x 10 grid resampled from an 8 x 8 table, the CPU encoder's taps.
   const int side = 8;
   const int64_t Dv = 96;

@@ -7,7 +7,7 @@
 //   y_f32     = v  (or y_f32 += v with accumulate: the residual stream)    [M, N] fp32, optional
 //   y_bf16    = bf16(v)                                                     [M, N] bf16, optional (the next input)
 //
-// Tiles of 128 x 128 or 128 x 64 outputs (vision_gemm_tile_n), 32 deep, in a 3-stage cp.async pipeline; the K tail and the M, N edges are zero-filled
+// Tiles of 128 x 128 outputs, 32 deep, in a 3-stage cp.async pipeline; the K tail and the M, N edges are zero-filled
 // or masked, so any M >= 0, N even and K a multiple of 8 work (16-byte aligned rows). Launched on `stream`.
 #pragma once
 
@@ -28,13 +28,7 @@ struct VisionGemmArgs {
   float* y_f32 = nullptr;          // [M, N] or null
   bool accumulate = false;         // y_f32 += v instead of y_f32 = v
   uint16_t* y_bf16 = nullptr;      // [M, N] bf16 bits or null
-  int tile_n = 0;                  // 64 or 128 output columns per block; 0: vision_gemm_tile_n(M, N)
 };
-
-// The tile width vision_gemm takes for an [M, N] output: 128, or 64 where the wider tiles would leave the device's
-// last round of blocks mostly empty (e.g. N = 1152 at M = 4096: 288 wide blocks on 132 SMs). The results are the
-// same bits either way (each output's sum runs over K in the same order). TERN_VISION_TILE_N=64|128 forces one.
-int vision_gemm_tile_n(int64_t M, int64_t N);
 
 // Throws tern::Error for shapes it cannot take (K not a multiple of 8, N odd, no output, misaligned pointers).
 void vision_gemm(const VisionGemmArgs& a, cudaStream_t stream);
