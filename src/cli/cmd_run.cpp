@@ -381,7 +381,7 @@ void run_chat(const RunArgs& a) {
   gen_options.speculative = speculative_flags_options(a.speculative, *runner);
   Generator gen(*runner, *src.tokenizer, gen_options);
   SamplingParams sampling = sampling_flags_apply(a.sampling, src.defaults);
-  const ImageSettings image_settings_ = model_flags_image_settings(a.model, src, *runner);
+  const ImageSettings image_settings_ = model_flags_image_settings(a.model, src, *runner, planned.image_max_pixels);
 
   const bool tty_out = isatty(STDOUT_FILENO), tty_err = isatty(STDERR_FILENO);
   struct sigaction sa = {};

@@ -162,6 +162,7 @@ void serve(const ServeArgs& a) {
     }
     PlannedRunner planned = model_flags_runner_planned(a.model, src, ask, "tern serve", false, &a.speculative);
     runner = std::move(planned.runner);
+    const int64_t image_max_pixels = planned.image_max_pixels;
     server::ServerModel model;
     int64_t ctx = 0;
     if (planned.plan) {
@@ -186,7 +187,7 @@ void serve(const ServeArgs& a) {
     model.defaults = sampling_flags_apply(a.sampling, src.defaults);
     model.context = ctx;
     model.vocab_size = runner->vocab_real();
-    model.images = model_flags_image_settings(a.model, src, *runner);
+    model.images = model_flags_image_settings(a.model, src, *runner, image_max_pixels);
     http.set_model(model);
     std::fprintf(stderr,
                  "tern serve: ready in %.2f s: model '%s' on %s, context %lld tokens, %d requests at once, queue "

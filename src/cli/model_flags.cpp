@@ -84,17 +84,53 @@ const Config& model_flags_config(const ModelSource& src) {
   return src.synthetic ? src.synthetic_config : src.weights->config;
 }
 
-ImageSettings model_flags_image_settings(const ModelFlags& f, const ModelSource& src, const ModelRunner& runner) {
+ImageSettings model_flags_image_settings(const ModelFlags& f, const ModelSource& src, const ModelRunner& runner,
+                                         int64_t planned_max_pixels) {
   ImageSettings s = image_settings(model_flags_config(src), runner.images_unavailable(), f.model_dir);
   if (f.image_max_pixels > 0) {
     const int64_t factor = int64_t(s.processor.patch_size) * s.processor.merge_size;
     TERN_USAGE_CHECK(f.image_max_pixels >= factor * factor, "--image-max-pixels ", f.image_max_pixels,
                      ": at least one image token's ", factor * factor, " pixels");
     s.processor.max_pixels = std::min(s.processor.max_pixels, f.image_max_pixels);
-    s.processor.min_pixels = std::min(s.processor.min_pixels, s.processor.max_pixels);
   }
+  if (planned_max_pixels > 0) s.processor.max_pixels = std::min(s.processor.max_pixels, planned_max_pixels);
+  s.processor.min_pixels = std::min(s.processor.min_pixels, s.processor.max_pixels);
   return s;
 }
+
+namespace {
+
+// The vision encoder's memory for the largest image, set aside before the plan measures what the runner holds;
+// returns that image's pixels (0: images off). Without --image-max-pixels the processor's largest image is lowered
+// (halved, in whole image tokens) while its memory would be more than a quarter of what the weights leave.
+int64_t reserve_image_memory(const ModelFlags& f, const ModelSource& src, ModelRunner& runner, const GpuMemory& gpu,
+                             const char* who, bool quiet) {
+  const ImageSettings images = model_flags_image_settings(f, src, runner);
+  if (!images.unavailable.empty()) return 0;
+  const int64_t patch_pixels = int64_t(images.processor.patch_size) * images.processor.patch_size;
+  const int64_t token_pixels = patch_pixels * images.processor.merge_size * images.processor.merge_size;
+  const int64_t processor_max = images.processor.max_pixels;
+  int64_t max_pixels = processor_max;
+  if (f.image_max_pixels == 0) {
+    const int64_t available = gpu.cap_bytes > 0 ? std::min(gpu.cap_bytes, gpu.free_bytes) : gpu.free_bytes;
+    const int64_t taken = gpu.free_bytes - runner.free_memory_bytes();  // the weights and the runner's buffers
+    const int64_t left = std::max<int64_t>(0, available - taken - kMemoryPlanReserveBytes);
+    while (max_pixels > token_pixels && runner.image_memory_bytes(max_pixels / patch_pixels) > left / 4)
+      max_pixels = std::max(token_pixels, max_pixels / 2 / token_pixels * token_pixels);
+  }
+  const int64_t bytes = runner.reserve_image_memory(max_pixels / patch_pixels);
+  if (!quiet && bytes > 0)
+    std::fprintf(stderr, "%s: vision encoder: %s of working memory for images up to %s pixels%s\n", who,
+                 memory_size_text(bytes).c_str(), token_count_text(max_pixels).c_str(),
+                 max_pixels < processor_max
+                     ? (" (the processor's " + token_count_text(processor_max) +
+                        " would take over a quarter of the memory the weights leave; --image-max-pixels sets it)")
+                           .c_str()
+                     : " (--image-max-pixels lowers it)");
+  return max_pixels;
+}
+
+}  // namespace
 
 PlannedRunner model_flags_runner_planned(const ModelFlags& f, const ModelSource& src, const MemoryPlanInput& ask,
                                          const char* who, bool quiet, const SpeculativeFlags* speculative) {
@@ -107,17 +143,7 @@ PlannedRunner model_flags_runner_planned(const ModelFlags& f, const ModelSource&
   PlannedRunner planned;
   planned.runner = model_flags_runner(f, src);
   if (!gpu) return planned;
-  // The vision encoder's memory for the largest image, set aside before the plan measures what the runner holds.
-  if (f.images) {
-    const ImageSettings images = model_flags_image_settings(f, src, *planned.runner);
-    if (images.unavailable.empty()) {
-      const int64_t patch = images.processor.patch_size, patches = images.processor.max_pixels / (patch * patch);
-      const int64_t bytes = planned.runner->reserve_image_memory(patches);
-      if (!quiet && bytes > 0)
-        std::fprintf(stderr,
-                     "%s: vision encoder: %s of working memory for images up to %s pixels (--image-max-pixels)\n", who, memory_size_text(bytes).c_str(), token_count_text(images.processor.max_pixels).c_str());
-    }
-  }
+  if (f.images) planned.image_max_pixels = reserve_image_memory(f, src, *planned.runner, *gpu, who, quiet);
   MemoryPlanInput in = ask;
   in.kv_dtype = kv_dtype_parse(f.kv_dtype);
   if (speculative) in.verify_bytes = speculative_flags_verify_bytes(*speculative, *planned.runner);

@@ -45,9 +45,10 @@ std::string model_flags_name(const ModelFlags& f);
 std::unique_ptr<ModelRunner> model_flags_runner(const ModelFlags& f, const ModelSource& src);
 // The model's config, before any runner is made.
 const Config& model_flags_config(const ModelSource& src);
-// The model's image settings (engine/image_prompt.h) with --image-max-pixels applied: the processor's max_pixels
-// (and min_pixels, when larger) lowered to it.
-ImageSettings model_flags_image_settings(const ModelFlags& f, const ModelSource& src, const ModelRunner& runner);
+// The model's image settings (engine/image_prompt.h) with --image-max-pixels, and the plan's cap (PlannedRunner::
+// image_max_pixels; 0: none), applied: the processor's max_pixels (and min_pixels, when larger) lowered to them.
+ImageSettings model_flags_image_settings(const ModelFlags& f, const ModelSource& src, const ModelRunner& runner,
+                                         int64_t planned_max_pixels = 0);
 
 // model_flags_runner with, on a GPU, the memory plan (engine/memory_plan.h) for what `ask` asks (its context,
 // sequences, prefix cache and flag names; the device's and the model's sizes are measured here, --gpu-memory from
@@ -60,6 +61,10 @@ ImageSettings model_flags_image_settings(const ModelFlags& f, const ModelSource&
 struct PlannedRunner {
   std::unique_ptr<ModelRunner> runner;
   std::optional<MemoryPlan> plan;
+  // The largest image whose working memory was set aside (pixels; 0: no cap beyond the flags'). Without
+  // --image-max-pixels it is the processor's, lowered when that image's memory would be more than a quarter of what
+  // the weights leave (a 24 GB card keeps its context): pass it to model_flags_image_settings.
+  int64_t image_max_pixels = 0;
 };
 PlannedRunner model_flags_runner_planned(const ModelFlags& f, const ModelSource& src, const MemoryPlanInput& ask,
                                          const char* who, bool quiet = false,

@@ -168,6 +168,8 @@ class ModelRunner {
   // the working memory encode_image needs, so that a memory plan made after it counts it and no request meets an
   // allocation failure there. Returns the bytes that memory takes (0: the runner has none to set aside).
   virtual int64_t reserve_image_memory(int64_t max_patches) { return 0; }
+  // What reserve_image_memory(max_patches) would hold, without allocating it.
+  virtual int64_t image_memory_bytes(int64_t max_patches) const { return 0; }
   // forward(), where the tokens `images` covers are image tokens: their embeddings are the images' rows instead of
   // the token ids', and their rotary positions (and the text's after them) the 3-axis M-RoPE positions
   // (mrope_chunk_positions, from the session's rope_delta). No images: exactly forward(). Throws tern::Error for

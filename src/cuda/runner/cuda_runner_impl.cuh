@@ -81,6 +81,7 @@ class CudaRunner final : public ModelRunner {
   // vision_plan.cu: the vision encoder on the GPU, when the weights hold one (else images_unavailable()'s refusal).
   ImageEmbeddings encode_image(const ImagePixels& pixels) override;
   int64_t reserve_image_memory(int64_t max_patches) override;
+  int64_t image_memory_bytes(int64_t max_patches) const override;
   // A random vision tower of `config`'s widths on the device (cuda_runner_create_synthetic with synthetic_vision).
   void attach_synthetic_vision(const VisionConfig& config, uint64_t seed);
   // The model's tower on the device; one the GPU encoder cannot take leaves images off (vision_error_), not a failure.

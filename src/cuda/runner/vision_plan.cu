@@ -201,18 +201,27 @@ VisionPlan::VisionPlan(const VisionConfig& config, uint64_t seed, cudaStream_t s
   TERN_CUDA(cudaStreamSynchronize(stream_));
 }
 
-void VisionPlan::ensure_scratch(int64_t N) {
-  if (N <= scratch_patches_) return;
+VisionPlan::ScratchSizes VisionPlan::scratch_sizes(int64_t N) const {
   const int64_t Dv = c_.hidden_size, pd = c_.patch_dim(), M2 = int64_t(c_.spatial_merge_size) * c_.spatial_merge_size;
   const int64_t tokens = N / M2, dhp = vision_attn_padded_dim(c_.head_dim());
   const size_t qkv_floats = size_t(N * 3 * Dv);
   const size_t mid_halves = size_t(std::max({N * c_.intermediate_size, N * pd, tokens * c_.merged_dim()}));
   const size_t head_halves = size_t(c_.num_heads * N * dhp);
-  const size_t sizes[] = {size_t(N * Dv) * 4,  size_t(N * Dv) * 2, qkv_floats * 4, head_halves * 2, head_halves * 2,
-                          head_halves * 2,     mid_halves * 2,      size_t(tokens * c_.out_hidden_size) * 4,
-                          size_t(N * (c_.head_dim() / 2)) * 4,   size_t(N * 4) * 4, size_t(N * 4) * 4};
-  size_t bytes = 0;
-  for (size_t s : sizes) bytes += DeviceArena::align(s);
+  ScratchSizes s{{size_t(N * Dv) * 4, size_t(N * Dv) * 2, qkv_floats * 4, head_halves * 2, head_halves * 2,
+                  head_halves * 2, mid_halves * 2, size_t(tokens * c_.out_hidden_size) * 4,
+                  size_t(N * (c_.head_dim() / 2)) * 4, size_t(N * 4) * 4, size_t(N * 4) * 4},
+                 0};
+  for (const size_t b : s.part) s.total += DeviceArena::align(b);
+  return s;
+}
+
+int64_t VisionPlan::scratch_bytes_for(int64_t patches) const { return int64_t(scratch_sizes(patches).total); }
+
+void VisionPlan::ensure_scratch(int64_t N) {
+  if (N <= scratch_patches_) return;
+  const ScratchSizes z = scratch_sizes(N);
+  const size_t* sizes = z.part;
+  const size_t bytes = z.total;
   scratch_ = DeviceArena();  // the old one first: both need not fit at once
   scratch_patches_ = 0;
   scratch_ = DeviceArena(bytes, "the vision encoder's scratch");
@@ -338,6 +347,10 @@ void CudaRunner::build_vision_plan(const VisionWeights& w) {
 ImageEmbeddings CudaRunner::encode_image(const ImagePixels& pixels) {
   if (!vision_) throw Error(images_unavailable());
   return vision_->encode(pixels);
+}
+
+int64_t CudaRunner::image_memory_bytes(int64_t max_patches) const {
+  return vision_ ? vision_->scratch_bytes_for(max_patches) : 0;
 }
 
 int64_t CudaRunner::reserve_image_memory(int64_t max_patches) {

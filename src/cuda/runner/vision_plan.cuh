@@ -50,6 +50,8 @@ class VisionPlan {
 
   // The scratch for images of up to `patches` patches, allocated now (kept; encode grows it only for a larger image).
   void reserve(int64_t patches) { ensure_scratch(patches); }
+  // The bytes of that scratch (reserve's allocation), without allocating it.
+  int64_t scratch_bytes_for(int64_t patches) const;
 
   const VisionConfig& config() const { return c_; }
   int64_t weight_bytes() const { return int64_t(weights_.capacity()); }
@@ -71,6 +73,11 @@ class VisionPlan {
   void check_config() const;
   void layout_weights();              // the arena sized and carved for c_'s tensors
   void ensure_scratch(int64_t N);     // room for an image of N patches
+  struct ScratchSizes {
+    size_t part[11];                  // x, h, qkv, q, k, v, mid, out, angles, tap index, tap weight (bytes)
+    size_t total;                     // each rounded up to the arena's alignment
+  };
+  ScratchSizes scratch_sizes(int64_t N) const;
   void run_block(const Block& b, int64_t N, int64_t frame_len);
 
   VisionConfig c_;
