@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "../cuda_test_util.h"
+#include "attention_batch_tables.h"
 #include "cpu/ops_attention.h"
 #include "cpu/ops_elementwise.h"
 #include "cpu/ops_norm.h"
@@ -367,21 +368,9 @@ void run_batched_case(std::mt19937_64& rng, AttnDims d, const std::vector<BatchS
   if (B >= 3) {
     EXPECT_GT(std::set<int>(splits.begin(), splits.end()).size(), 1u) << "the sequences' split counts all agree";
   }
-  DeviceBuf<int> dpos(pos), dsplits(splits);
-  DeviceBuf<int64_t> dcaps(caps);
-  std::vector<const int*> pos_ptrs;
-  for (int b = 0; b < B; ++b) pos_ptrs.push_back(dpos.p + b);
-  DeviceBuf<const int*> pos_table(pos_ptrs);
-  DeviceBuf<void*> k_table(k_ptrs), v_table(v_ptrs);
-
-  AttnBatch batch;
-  batch.B = B;
-  batch.ld_qkv = ld;
-  batch.pos0 = pos_table.p;
-  batch.cache_k = k_table.p;
-  batch.cache_v = v_table.p;
-  batch.capacity = dcaps.p;
-  batch.splits = dsplits.p;
+  DeviceAttnBatch tables(pos, splits, caps, k_ptrs, v_ptrs, ld);
+  const AttnBatch& batch = tables.batch;
+  DeviceBuf<int>& dpos = tables.pos;
   DeviceBuf<float> q_b(size_t(B * out_n)), out_b(size_t(B * out_n)), q_1(q_b.n), out_1(out_b.n);  // poisoned
   DeviceBuf<float> part_b(size_t(attn_batch_partial_floats(B, d.Hq, d.dh)));
   DeviceBuf<float> part_1(size_t(attn_partial_floats(1, d.Hq, d.dh)));
