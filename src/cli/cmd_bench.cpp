@@ -405,15 +405,17 @@ void run_bench(BenchArgs a) {
   Roofline roofline;
   if (a.synthetic) {
 #ifdef TERN_HAVE_CUDA
-    const Config config = config_parse(R"({"model_type": "qwen3_5_moe_text"})");
+    Config config = config_parse(R"({"model_type": "qwen3_5_moe_text"})");
     const ModelWeights shapes = weights_mlx4_shapes(config);
     roofline = roofline_from_weights(shapes);
     if (gpu) gpu_memory_check_weights(*gpu, shapes.total_bytes());
     CudaRunnerOptions ro;
     ro.kv = kv;
-    if (a.image > 0) {  // a random vision tower of Qwen3.6's widths, made on the device
-      ro.synthetic_vision = VisionConfig{};
-      ro.synthetic_vision->out_hidden_size = config.hidden_size;
+    if (a.image > 0) {  // a random vision tower of Qwen3.6's widths, made on the device (and the config says so,
+                        // for the image prefill's M-RoPE positions)
+      config.vision = VisionConfig{};
+      config.vision->out_hidden_size = config.hidden_size;
+      ro.synthetic_vision = config.vision;
     }
     runner = cuda_runner_create_synthetic(config, a.seed, ro);
     report.model = "synthetic Qwen3.6-35B-A3B, random weights in the MLX 4-bit layout (routing near uniform), " +
