@@ -17,7 +17,8 @@ namespace tern::cli {
 void kv_dtype_flag_add(CLI::App* sub, std::string& kv_dtype) {
   sub->add_option("--kv-dtype", kv_dtype,
                   "The KV cache's type on the GPU: f16, bf16, or fp8 (e4m3 with a scale per token and head: half the "
-                  "memory, so about twice the context; slightly less exact). The CPU keeps fp32 and takes only f16")
+                  "memory, so about twice the context, at a fidelity cost: mean KL ~7e-3 against ~6e-5 with f16 on a "
+                  "reference model). The CPU keeps fp32 and takes only f16")
       ->check(CLI::IsMember({"f16", "bf16", "fp8"}))
       ->capture_default_str();
 }
