@@ -221,6 +221,7 @@ bool moe_gate_up_dp4a(const MoeDecodeWeights& w, const MoeDecodeScratch& s, cuda
   p.h = s.h;
   p.down_ahead = w.prefetch_down && prefetch_aligned(w.expert_down) && prefetch_aligned(w.shared_down) &&
                  same_shape(w.expert_down, w.shared_down);
+  p.down_line = w.prefetch_line;
   p.down = q4_of(w.expert_down);
   p.sdown = q4_of(w.shared_down);
   p.down_rows = int(w.expert_down.rows);
