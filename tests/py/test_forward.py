@@ -16,6 +16,8 @@ import sys
 import numpy as np
 import pytest
 
+from near_tie import check_or_near_tie
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PY = sys.executable
 LENGTHS = [1, 7, 64, 300]
@@ -61,18 +63,25 @@ class Case:
         self.tmp, self.tern_bin, self.name = tmp, tern_bin, name
 
     def check(self, tol, lengths=LENGTHS, decode=True):
+        """Every length's prefill (and prefill of half + decode) within tol of the reference; a difference that a
+        main-model router near-tie explains (near_tie.py) is reported as a skip."""
         for n in lengths:
             tokens = self.tokens[:n]
             got = tern_logits(self.tern_bin, self.dir, tokens, self.tmp / f"{self.name}_{n}.npy")
             err = rel_err(got, self.ref[:n])
             print(f"{self.name} prefill {n}: rel err {err:.3g}")
-            assert err <= tol, f"{self.name}: prefill of {n} tokens: rel err {err:.3g} > {tol}"
+            self.within(err, tol, tokens, f"prefill of {n} tokens")
             if decode and n > 1:
                 got = tern_logits(self.tern_bin, self.dir, tokens, self.tmp / f"{self.name}_{n}_d.npy",
                                   "--prefill", str(n // 2))
                 err = rel_err(got, self.ref[:n])
                 print(f"{self.name} prefill {n // 2} + decode {n - n // 2}: rel err {err:.3g}")
-                assert err <= tol, f"{self.name}: prefill {n // 2} + decode to {n}: rel err {err:.3g} > {tol}"
+                self.within(err, tol, tokens, f"prefill {n // 2} + decode to {n}", decoded_from=n // 2)
+
+    def within(self, err, tol, tokens, what, decoded_from=None):
+        def check():
+            assert err <= tol, f"{self.name}: {what}: rel err {err:.3g} > {tol}"
+        check_or_near_tie(check, self.tern_bin, self.dir, tokens, self.tmp / f"{self.name}_tie", decoded_from)
 
 
 @pytest.fixture(scope="module")

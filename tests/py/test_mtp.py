@@ -7,13 +7,14 @@ import json
 import os
 import pathlib
 import random
-import re
 import struct
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+
+from near_tie import check_or_near_tie
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ORACLES = ROOT / "tests" / "oracles"
@@ -77,53 +78,9 @@ def assert_close(ours, ref, vocab, rel):
     assert (a.argmax(-1) == b.argmax(-1)).mean() >= 0.9
 
 
-NEAR_TIE = 1e-4  # a router's top-k boundary closer than this (relative to its largest logit) falls either way in fp32
-
-
-def main_router_near_tie(tern_bin, model, tokens, tmp):
-    """A main-model expert choice that tern and the reference make differently at a near-tie, or None. The reference's
-    router logits are its dumped MoE inputs (reference_logits.py --dump-activations) times the router's dequantised
-    weights; where tern's route ids (its own dump) differ from their top-k and the boundary gap is below NEAR_TIE,
-    fp32's order of sums decides, and the logits after it may differ by far more than the test's bound."""
-    import torch
-    sys.path.insert(0, str(ORACLES))
-    import reference_logits
-    csv = ",".join(map(str, tokens))
-    dt, dr = tmp / "dump_tern", tmp / "dump_ref"
-    run([tern_bin, "logits", "-m", model, "--tokens", csv, "--out", tmp / "main_t.npy", "--dtype", "stored",
-         "--dump-activations", dt])
-    run([sys.executable, ORACLES / "reference_logits.py", "--model", model, "--tokens", csv, "--out",
-         tmp / "main_r.npy", "--dump-activations", dr])
-    cfg = json.loads((pathlib.Path(model) / "config.json").read_text())
-    k = int(cfg.get("text_config", cfg)["num_experts_per_tok"])
-    mlx = any(pathlib.Path(model).glob("*.safetensors")) and "quantization" in cfg
-    tensors = (reference_logits.load_mlx_tensors(pathlib.Path(model), cfg["quantization"]) if mlx
-               else reference_logits.load_hf_tensors(pathlib.Path(model)))
-    for name, w in tensors.items():
-        m = re.search(r"layers\.(\d+)\.mlp\.gate\.weight$", name)
-        if not m or "mtp." in name or not (dr / f"moe_norm.{m.group(1)}.npy").exists():
-            continue
-        layer = m.group(1)
-        x = np.load(dr / f"moe_norm.{layer}.npy").reshape(len(tokens), -1).astype(np.float64)
-        logits = x @ w.double().numpy().T                                   # [T, E]
-        ours = np.load(dt / f"route_ids.{layer}.npy").reshape(len(tokens), -1).astype(int)
-        for t in range(len(tokens)):
-            order = np.argsort(-logits[t])
-            gap = (logits[t, order[k - 1]] - logits[t, order[k]]) / max(1.0, np.abs(logits[t]).max())
-            if set(ours[t]) != set(order[:k]) and gap < NEAR_TIE:
-                return f"{name}, position {t}: the reference's top-{k} boundary gap {gap:.2g} (relative)"
-    return None
-
-
 def assert_close_or_near_tie(ours, ref, vocab, rel, tern_bin, model, tokens, tmp):
     """assert_close, except that a difference a main-model near-tie explains is reported as a skip, not a failure."""
-    try:
-        assert_close(ours, ref, vocab, rel)
-    except AssertionError as e:
-        tie = main_router_near_tie(tern_bin, model, tokens, tmp)
-        if tie is None:
-            raise
-        pytest.skip(f"near-tie, reported not failed: {tie}; {e}")
+    check_or_near_tie(lambda: assert_close(ours, ref, vocab, rel), tern_bin, model, tokens, tmp)
 
 
 def test_mtp_logits_match_reference_fp32(tern_bin, models, tmp_path):
