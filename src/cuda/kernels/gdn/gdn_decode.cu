@@ -1,6 +1,7 @@
 // The decode plan's Gated DeltaNet mixer core in one kernel, gdn_decode (gdn.cuh): conv + SiLU, q/k norms, gates, the
 // delta rule on the fp32 state and the gated RMSNorm over 1..8 tokens; a thread-block cluster per key head on sm_90,
-// two plain blocks per key head (one per v-head) elsewhere.
+// elsewhere two plain blocks per key head (one per v-head; one block per key head without tickets or with
+// TERN_GDN_PORTABLE_SPLIT=0).
 // gdn_decode_batched runs the same kernel over B sequences of one token (a grid z index per sequence), so that each
 // sequence's arithmetic is exactly what gdn_decode does for it alone.
 #include "cuda/kernels/gdn/gdn.cuh"
@@ -362,7 +363,8 @@ void decode(const GdnDecodeArgs& a, int B, const StateTables& tables, cudaStream
     kind = cluster_ok ? K::cluster4_w16 : plain;
   else if (!cluster_ok && kind != K::portable && kind != K::portable_split)
     kind = plain;
-  TERN_CHECK(kind != K::portable_split || a.tickets, "gdn_decode: the portable_split shape needs GdnDecodeArgs::tickets");
+  TERN_CHECK(kind != K::portable_split || a.tickets,
+             "gdn_decode: the portable_split shape needs GdnDecodeArgs::tickets");
   const bool short_conv = a.Ck <= 4;  // the model's width 4: fewer registers
   switch (kind) {
     case K::cluster8_w16:
