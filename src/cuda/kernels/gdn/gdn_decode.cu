@@ -179,8 +179,8 @@ __global__ void __launch_bounds__(NW * 32) gdn_decode_kernel(GdnDecodeArgs a, St
   // the ticket back to 0 for the next launch (which touches it only after its pdl_wait, once this one has ended).
   // Memory order: the readers' loads → barrier → fence → atomicAdd (release side); the last block's atomicAdd →
   // fence → barrier (step 5) → its stores (acquire side): the fences synchronise through the atomic, so no block's
-  // read of a q/k entry can see the new value. Its result is used only after step 4 (the atomic's latency hidden).
-  // The last thread: warp NW - 1 has no task in step 3 (2·T ≤ 16 < NW tasks).
+  // read of a q/k entry can see the new value. The drawn number is looked at only after step 4, which hides the
+  // atomic's latency; the last thread's warp, NW - 1, has no task in step 3 (2·T ≤ 16 < NW tasks).
   unsigned* const ticket = kTicket ? a.tickets + int64_t(seq) * Hk + kh : nullptr;
   unsigned drawn = 0;
   if constexpr (kTicket) {
@@ -257,7 +257,8 @@ __global__ void __launch_bounds__(NW * 32) gdn_decode_kernel(GdnDecodeArgs a, St
     }
   }
 
-  // 5. group barrier: every block's partial sums are written and (in a cluster) its conv-state reads are done
+  // 5. group barrier: every block's partial sums are written and (in a cluster) its conv-state reads are done; plain
+  //    blocks: the block's own barrier, which also publishes s_writes_qk
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if constexpr (kCluster) cg::this_cluster().sync(); else __syncthreads();
 #else
