@@ -111,16 +111,15 @@ struct GdnDecodeArgs {
   unsigned* tickets = nullptr;
   // Tests only: take the one-block portable shape (no thread-block cluster, no tickets) on any GPU.
   bool force_portable = false;
-  // Which launch shape (tests and the workbench; automatic = cluster4_w16 on sm_90, else portable_split when tickets
-  // are given, else portable):
+  // Which launch shape (tests and the workbench; automatic = cluster4_w16 on sm_90, else as the fallback below):
   //   cluster8_w8:    clusters of 8 blocks × 8 warps × 4 state rows per warp (128 blocks of 256 threads);
   //   cluster8_w16:   clusters of 8 blocks × 16 warps × 2 rows (128 blocks of 512 threads);
   //   cluster16_w8:   clusters of 16 blocks × 8 warps × 2 rows (256 blocks of 256 threads; a non-portable size);
   //   cluster4_w16:   clusters of 4 blocks × 16 warps × 4 rows (64 blocks of 512 threads);
   //   portable:       one block of 32 warps × 8 rows per key head, no cluster (16 blocks of 1024 threads; any GPU);
   //   portable_split: one block of 32 warps × 4 rows per v-head, two per key head, no cluster (32 blocks of 1024
-  //                   threads; any GPU; needs tickets). Bit for bit cluster4_w16's results (the same rows per warp
-  //                   and warps per v-head, so the same sums).
+  //                   threads; any GPU; needs tickets). Meant to be bit for bit cluster4_w16's results (the same
+  //                   rows per warp and warps per v-head, so the same sums; gdn_test compares them on sm_90).
   // The cluster shapes fall back where the sm_90 binary does not run: to portable_split when tickets are given and
   // TERN_GDN_PORTABLE_SPLIT is not 0, else to portable.
   enum class Kernel { automatic, cluster8_w8, cluster8_w16, cluster16_w8, cluster4_w16, portable, portable_split };
@@ -146,10 +145,10 @@ int64_t gdn_decode_ticket_count(int Hk);
 // gdn_decode with a.d.T = 1, proj row b at a.proj + b·a.ld_proj, out row b at a.out + b·Hv·dv, and the states of
 // sequence b at conv_states[b] and rec_states[b] (device arrays of B pointers; a.conv_state and a.rec_state are not
 // read; rec_states[b] 16-byte aligned, the states of different sequences distinct). 1 <= B <= 32; the shapes of
-// gdn_decode_supported. The launch shape is gdn_decode's for a (a.kernel, a.force_portable), with a grid index per
-// sequence: the same kernel, so the same arithmetic. Launched with PDL like gdn_decode (the same rule for the states
-// read before pdl_wait); the two tables are read before pdl_wait too, so they are launch constants of the step
-// (written by a copy before it, never by the kernel just before this one).
+// gdn_decode_supported. The launch shape is gdn_decode's for a (a.kernel, a.force_portable, a.tickets), with a grid
+// index per sequence: the same kernel, so the same arithmetic. Launched with PDL like gdn_decode (the same rule for
+// the states read before pdl_wait); the two tables are read before pdl_wait too, so they are launch constants of the
+// step (written by a copy before it, never by the kernel just before this one).
 void gdn_decode_batched(const GdnDecodeArgs& a, int B, float* const* conv_states, float* const* rec_states,
                         cudaStream_t stream);
 // gdn_decode for one sequence of a.d.T tokens whose states and kept buffers (GdnDecodeArgs::conv_keep, rec_keep;
