@@ -47,6 +47,7 @@ struct DecodeSet {
   int64_t ld = 0;
   int copies = 0;
   std::vector<float*> proj, conv_state, rec_state, out;
+  unsigned* tickets = nullptr;  // gdn_decode's tickets (zero), as the runner passes them
   // unfused path scratch
   std::vector<float*> qkv, g, beta, o;
 };
@@ -70,6 +71,9 @@ DecodeSet& decode_set(int64_t T) {
       s->beta.push_back(bench_alloc_random_floats(size_t(T * d.Hv), 0.0f, 1.0f, 700 + c));
       s->o.push_back(bench_alloc_random_floats(size_t(T * Z), 0.0f, 1.0f, 800 + c));
     }
+    const size_t tickets = size_t(cuda::gdn_decode_ticket_count(d.Hk));
+    TERN_CUDA(cudaMalloc(&s->tickets, tickets * sizeof(unsigned)));
+    TERN_CUDA(cudaMemset(s->tickets, 0, tickets * sizeof(unsigned)));
     TERN_CUDA(cudaDeviceSynchronize());
   }
   return *s;
@@ -144,15 +148,17 @@ TERN_BENCH_CASES(gdn) {
       a.d = l.d;
       a.d.T = T;
       a.out = s.out[size_t(c)];
+      a.tickets = s.tickets;
       cuda::gdn_decode(a, stream);
     };
     cases.push_back(fused);
-    // Each launch shape of the fused kernel (automatic = cluster8_w8).
+    // Each launch shape of the fused kernel (automatic = cluster4_w16 on sm_90, else portable_split).
     using DK = cuda::GdnDecodeArgs::Kernel;
     const std::pair<DK, const char*> shapes[] = {{DK::cluster8_w16, "clusters 8 x 16 warps x 2 rows"},
                                                  {DK::cluster16_w8, "clusters 16 x 8 warps x 2 rows"},
                                                  {DK::cluster4_w16, "clusters 4 x 16 warps x 4 rows"},
-                                                 {DK::portable, "portable, 16 blocks x 32 warps"}};
+                                                 {DK::portable, "portable, 16 blocks x 32 warps"},
+                                                 {DK::portable_split, "portable split, 32 blocks x 32 warps"}};
     for (const auto& [kind, label] : shapes) {
       if (T != 1) break;
       Case v = fused;
@@ -177,6 +183,7 @@ TERN_BENCH_CASES(gdn) {
         a.d.T = T;
         a.out = s.out[size_t(c)];
         a.kernel = k;
+        a.tickets = s.tickets;
         cuda::gdn_decode(a, stream);
       };
       cases.push_back(v);

@@ -211,6 +211,9 @@ class CudaRunner final : public ModelRunner {
   float* proj_ = nullptr;               // [kQmvMaxTokens, proj_cols_] fused input projection output
   int64_t proj_cols_ = 0;
   MoeDecodeScratch moe_scratch_;
+  // [gdn_decode_ticket_count(Hk)] gdn_decode's tickets (GdnDecodeArgs::tickets), zeroed once; every gdn_decode
+  // launch of the runner (decode, batched and verify steps, all on stream_) takes them.
+  unsigned* gdn_tickets_ = nullptr;
   std::vector<MoeDecodeWeights> moe_w_;  // per layer
   // The decode step's CUDA graphs, one per (session id, token-mask step: the forward without sampling), so that
   // sessions that take turns (the server's parallel sequences) replay their own instead of capturing again; the

@@ -20,7 +20,7 @@
 namespace tern::cuda {
 
 // The decode plan's buffers: the fused input projection's output and the MoE block's scratch, for up to
-// kQmvMaxTokens tokens; and the per-layer MoE weight bundles.
+// kQmvMaxTokens tokens, and gdn_decode's tickets; and the per-layer MoE weight bundles.
 void CudaRunner::allocate_decode_scratch() {
   const Config& c = w_->config;
   const int T = kQmvMaxTokens;
@@ -28,11 +28,14 @@ void CudaRunner::allocate_decode_scratch() {
   const int64_t dv = c.linear_value_head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads, dh = c.head_dim;
   proj_cols_ = std::max(C + Hv * dv + 2 * Hv, Hq * 2 * dh + 2 * Hkv * dh);
   const size_t moe_bytes = moe_decode_scratch_bytes(T, D, c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size);
-  decode_scratch_ = DeviceArena(size_t(T * proj_cols_) * 4 + moe_bytes + 2 * 256, "decode scratch");
+  const size_t tickets = size_t(gdn_decode_ticket_count(c.linear_num_key_heads));
+  decode_scratch_ = DeviceArena(size_t(T * proj_cols_) * 4 + moe_bytes + tickets * 4 + 3 * 256, "decode scratch");
   proj_ = decode_scratch_.take_n<float>(size_t(T * proj_cols_));
   moe_scratch_ = moe_decode_scratch_view(decode_scratch_.take(moe_bytes), T, D, c.num_experts, c.num_experts_per_tok,
                                          c.moe_intermediate_size);
   moe_decode_scratch_init(moe_scratch_, stream_);
+  gdn_tickets_ = decode_scratch_.take_n<unsigned>(tickets);
+  TERN_CUDA(cudaMemsetAsync(gdn_tickets_, 0, tickets * 4, stream_));
   for (const DeviceLayer& l : w_->layers) {
     MoeDecodeWeights m;
     m.norm_w = l.post_attn_norm;
@@ -238,7 +241,7 @@ void CudaRunner::gdn_decode_mixer(const DeviceLayer& l, CudaSession::LayerCache&
 }
 
 // gdn_decode's arguments for layer l over T tokens: proj [T, proj_cols_] in, out [T, Hv·dv]; the states are the
-// caller's to set.
+// caller's to set. Every plan's launches share the tickets (one stream: never two at once).
 GdnDecodeArgs CudaRunner::gdn_decode_args(const DeviceLayer& l, int64_t T, const float* proj, float* out) const {
   const Config& c = w_->config;
   GdnDecodeArgs g;
@@ -252,6 +255,7 @@ GdnDecodeArgs CudaRunner::gdn_decode_args(const DeviceLayer& l, int64_t T, const
   g.eps = float(c.rms_norm_eps);
   g.d = gdn_dims(T);
   g.out = out;
+  g.tickets = gdn_tickets_;
   return g;
 }
 

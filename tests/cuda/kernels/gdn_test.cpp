@@ -1,8 +1,10 @@
 // Gated DeltaNet kernels against their CPU twins at the model's real shapes (Hk 16, Hv 32, dk = dv = 128, C 8192,
 // conv width 4), on fresh random inputs, outputs poisoned (NaN) first, states carried from call to call.
 //   - gdn_decode (one kernel: conv + SiLU → q/k norms + gates → delta rule → gated RMSNorm) against the composition
-//     of the CPU ops it replaces, on both its paths (sm_90 clusters and the portable one-block-per-key-head path);
+//     of the CPU ops it replaces, on all its paths (sm_90 clusters, the portable block per v-head with its tickets,
+//     and the one block per key head);
 //   - gdn_decode_batched (B sequences, one token each) bit for bit against gdn_decode for each sequence alone;
+//   - the portable block per v-head bit for bit against the clusters of 4 × 16 warps × 4 rows (sm_90);
 //   - gdn_chunked (prefill) against the CPU chunked form and the CPU recurrence, for lengths around the chunk size.
 #include <algorithm>
 #include <cmath>
@@ -68,8 +70,14 @@ std::vector<float> cpu_decode_twin(GdnLayer& L, const std::vector<float>& proj, 
   return out;
 }
 
+// Every ticket back at zero (GdnDecodeArgs::tickets: each launch leaves them so).
+void expect_tickets_zero(const DeviceBuf<unsigned>& tickets, const std::string& what) {
+  const auto t = tickets.host();
+  EXPECT_EQ(size_t(std::count(t.begin(), t.end(), 0u)), t.size()) << "tickets not back at zero after " << what;
+}
+
 // Several calls (T = 1 five times, then 3, 8 and 2), the conv and recurrent states carried on the GPU and on the
-// CPU alike; every launch shape runs on its own copies of the states.
+// CPU alike; every launch shape runs on its own copies of the states (portable_split with its tickets).
 TEST(CudaGdnDecode, MatchesCpuTwinAcrossCallsWithStateCarried) {
   TERN_REQUIRE_GPU();
   std::mt19937_64 rng(fresh_seed("CudaGdnDecode"));
@@ -78,11 +86,13 @@ TEST(CudaGdnDecode, MatchesCpuTwinAcrossCallsWithStateCarried) {
   const int64_t C = d.C(), Z = int64_t(d.Hv) * d.dv;
   const int64_t ld = C + Z + 2 * d.Hv + 12;  // a row stride wider than the row, as a fused projection may leave
   DeviceBuf<float> dw(L.conv_w), dA(L.A_log), ddt(L.dt_bias), dnw(L.norm_w);
-  // Every launch shape on its own copy of the states (the cluster shapes run as portable before sm_90).
+  DeviceBuf<unsigned> tickets(std::vector<unsigned>(size_t(gdn_decode_ticket_count(d.Hk)), 0u));
+  // Every launch shape on its own copy of the states (the cluster shapes run as portable before sm_90: no tickets).
   constexpr GdnDecodeArgs::Kernel kDecodeKernels[] = {
-      GdnDecodeArgs::Kernel::cluster8_w8, GdnDecodeArgs::Kernel::cluster8_w16, GdnDecodeArgs::Kernel::cluster16_w8,
-      GdnDecodeArgs::Kernel::cluster4_w16, GdnDecodeArgs::Kernel::portable};
-  constexpr const char* kDecodeNames[] = {"cluster8_w8", "cluster8_w16", "cluster16_w8", "cluster4_w16", "portable"};
+      GdnDecodeArgs::Kernel::cluster8_w8,  GdnDecodeArgs::Kernel::cluster8_w16, GdnDecodeArgs::Kernel::cluster16_w8,
+      GdnDecodeArgs::Kernel::cluster4_w16, GdnDecodeArgs::Kernel::portable,     GdnDecodeArgs::Kernel::portable_split};
+  constexpr const char* kDecodeNames[] = {"cluster8_w8",  "cluster8_w16", "cluster16_w8",
+                                          "cluster4_w16", "portable",     "portable_split"};
   constexpr int kDecodeVariants = sizeof(kDecodeKernels) / sizeof(kDecodeKernels[0]);
   std::vector<std::unique_ptr<DeviceBuf<float>>> conv, rec;
   for (int v = 0; v < kDecodeVariants; ++v) {
@@ -119,6 +129,7 @@ TEST(CudaGdnDecode, MatchesCpuTwinAcrossCallsWithStateCarried) {
       a.out = out.p;
       a.force_portable = portable;
       a.kernel = kDecodeKernels[v];
+      a.tickets = kDecodeKernels[v] == GdnDecodeArgs::Kernel::portable_split ? tickets.p : nullptr;
       gdn_decode(a, nullptr);
       TERN_CUDA(cudaGetLastError());
       const std::string tag = std::string(" ") + kDecodeNames[v] + " T=" + std::to_string(T);
@@ -126,14 +137,16 @@ TEST(CudaGdnDecode, MatchesCpuTwinAcrossCallsWithStateCarried) {
       expect_close(conv[size_t(v)]->host(), L.conv_state, 0.0f, 0.0f, "gdn_decode conv state" + tag);
       expect_close(rec[size_t(v)]->host(), L.rec_state, 2e-5f * rms_of(L.rec_state), 2e-4f,
                    "gdn_decode recurrent state" + tag);
+      expect_tickets_zero(tickets, "gdn_decode" + tag);
     }
   }
 }
 
 // gdn_decode_batched against gdn_decode run for each sequence alone (T = 1), bit for bit: B sequences with their own
 // proj rows and their own conv and recurrent states (separate allocations, different values), two steps with the
-// states carried, for every launch shape (the batched call takes a.kernel as gdn_decode does). The outputs and both
-// updated states must be identical to the last bit, and the states must have changed.
+// states carried, for every launch shape (the batched call takes a.kernel as gdn_decode does; portable_split, and
+// automatic as the runner calls it, with tickets). The outputs and both updated states must be identical to the last
+// bit, the states must have changed, and the tickets must be back at zero.
 TEST(CudaGdnDecode, BatchedIsBitIdenticalToEachSequenceAlone) {
   TERN_REQUIRE_GPU();
   std::mt19937_64 rng(fresh_seed("CudaGdnDecodeBatched"));
@@ -143,11 +156,18 @@ TEST(CudaGdnDecode, BatchedIsBitIdenticalToEachSequenceAlone) {
   const int64_t ld = C + Z + 2 * d.Hv + 12;  // a row stride wider than the row, as a fused projection may leave
   const size_t conv_n = size_t((L.Ck - 1) * C), rec_n = size_t(d.Hv) * d.dv * d.dk;
   DeviceBuf<float> dw(L.conv_w), dA(L.A_log), ddt(L.dt_bias), dnw(L.norm_w);
+  DeviceBuf<unsigned> tickets(std::vector<unsigned>(size_t(gdn_decode_ticket_count(d.Hk)), 0u));
   using K = GdnDecodeArgs::Kernel;
-  const std::pair<K, const char*> kernels[] = {{K::automatic, "automatic"},     {K::cluster8_w8, "cluster8_w8"},
-                                               {K::cluster8_w16, "cluster8_w16"}, {K::cluster16_w8, "cluster16_w8"},
-                                               {K::cluster4_w16, "cluster4_w16"}, {K::portable, "portable"}};
-  for (const auto& [kernel, name] : kernels)
+  struct Shape {
+    K kernel;
+    const char* name;
+    bool tickets;  // GdnDecodeArgs::tickets given
+  };
+  const Shape kernels[] = {{K::automatic, "automatic", false},        {K::automatic, "automatic+tickets", true},
+                           {K::cluster8_w8, "cluster8_w8", false},    {K::cluster8_w16, "cluster8_w16", false},
+                           {K::cluster16_w8, "cluster16_w8", false},  {K::cluster4_w16, "cluster4_w16", false},
+                           {K::portable, "portable", false},          {K::portable_split, "portable_split", true}};
+  for (const auto& [kernel, name, with_tickets] : kernels)
     for (int B : {1, 2, 7, 32}) {
       const std::string tag = std::string(name) + " B=" + std::to_string(B);
       SCOPED_TRACE(tag);
@@ -187,6 +207,7 @@ TEST(CudaGdnDecode, BatchedIsBitIdenticalToEachSequenceAlone) {
         a.d.T = 1;
         a.kernel = kernel;
         a.force_portable = kernel == K::portable;
+        a.tickets = with_tickets ? tickets.p : nullptr;
         a.out = out_b.p;
         gdn_decode_batched(a, B, conv_table.p, rec_table.p, nullptr);
         TERN_CUDA(cudaGetLastError());
@@ -212,10 +233,128 @@ TEST(CudaGdnDecode, BatchedIsBitIdenticalToEachSequenceAlone) {
           EXPECT_EQ(std::memcmp(rb.data(), r1.data(), rb.size() * sizeof(float)), 0)
               << "recurrent state of sequence " << b << at;
         }
+        expect_tickets_zero(tickets, tag + at);
       }
       EXPECT_NE(std::memcmp(rec_b[0]->host().data(), rec0.data(), rec0.size() * sizeof(float)), 0)
           << "the batched call left sequence 0's recurrent state as it was";
     }
+}
+
+// portable_split against cluster4_w16, bit for bit (sm_90: the clusters must run). Both give each warp 4 state rows
+// and each v-head 32 warps, so every sum is formed in the same order. B = 3 sequences, each with a copy of its states
+// per shape; calls of one token (gdn_decode_batched over the three) and of three tokens (gdn_decode for each
+// sequence, sequence 0 keeping the states before each token), the states carried from call to call. The outputs, the
+// conv and recurrent states and the kept states must be identical, and the tickets back at zero after every call
+// (the next call's q/k conv state would be written by the wrong block, or not at all, otherwise).
+TEST(CudaGdnDecode, PortableSplitIsBitIdenticalToCluster4) {
+  TERN_REQUIRE_GPU();
+  if (!sm90_features()) GTEST_SKIP() << "cluster4_w16 needs sm_90 code and no TERN_GPU_PATH=portable";
+  std::mt19937_64 rng(fresh_seed("CudaGdnDecodeSplit"));
+  GdnLayer L(rng);
+  const GdnDims& d = L.d;
+  const int64_t C = d.C(), Z = int64_t(d.Hv) * d.dv;
+  const int64_t ld = C + Z + 2 * d.Hv + 12;  // a row stride wider than the row, as a fused projection may leave
+  const size_t conv_n = size_t((L.Ck - 1) * C), rec_n = size_t(d.Hv) * d.dv * d.dk;
+  constexpr int B = 3;
+  using K = GdnDecodeArgs::Kernel;
+  const K shapes[2] = {K::cluster4_w16, K::portable_split};
+  DeviceBuf<float> dw(L.conv_w), dA(L.A_log), ddt(L.dt_bias), dnw(L.norm_w);
+  DeviceBuf<unsigned> tickets(std::vector<unsigned>(size_t(gdn_decode_ticket_count(d.Hk)), 0u));
+  // states[shape]: each sequence's conv and recurrent state (the same values for both shapes), and their tables.
+  struct States {
+    std::vector<std::unique_ptr<DeviceBuf<float>>> conv, rec;
+    std::vector<float*> conv_ptrs, rec_ptrs;
+    std::unique_ptr<DeviceBuf<float*>> conv_table, rec_table;
+  } states[2];
+  for (int b = 0; b < B; ++b) {
+    const auto conv = random_floats(rng, conv_n, -2.0f, 2.0f), rec = random_floats(rng, rec_n, -0.3f, 0.3f);
+    for (States& st : states) {
+      st.conv.push_back(std::make_unique<DeviceBuf<float>>(conv));
+      st.rec.push_back(std::make_unique<DeviceBuf<float>>(rec));
+      st.conv_ptrs.push_back(st.conv.back()->p);
+      st.rec_ptrs.push_back(st.rec.back()->p);
+    }
+  }
+  for (States& st : states) {
+    st.conv_table = std::make_unique<DeviceBuf<float*>>(st.conv_ptrs);
+    st.rec_table = std::make_unique<DeviceBuf<float*>>(st.rec_ptrs);
+  }
+  const std::vector<float> rec0 = states[1].rec[0]->host();
+  auto all_finite = [](const std::vector<float>& v) {
+    return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+  };
+  auto same = [](const std::vector<float>& x, const std::vector<float>& y) {
+    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+  };
+  int call = 0;
+  for (int64_t T : {1, 3, 1, 1, 3, 1}) {
+    const std::string at = "call " + std::to_string(call++) + " T=" + std::to_string(T);
+    SCOPED_TRACE(at);
+    // Sequence b's T rows at row b·T; the padding columns are NaN.
+    std::vector<float> proj(size_t(B * T * ld), std::nanf(""));
+    for (int64_t r = 0; r < B * T; ++r) {
+      const auto row = random_floats(rng, size_t(C + Z), -2.0f, 2.0f);
+      const auto gates = random_floats(rng, size_t(2 * d.Hv), -3.0f, 3.0f);
+      std::copy(row.begin(), row.end(), proj.begin() + r * ld);
+      std::copy(gates.begin(), gates.end(), proj.begin() + r * ld + C + Z);
+    }
+    DeviceBuf<float> dproj(proj);
+    std::vector<float> out[2], conv_keep[2], rec_keep[2];
+    for (int s = 0; s < 2; ++s) {
+      States& st = states[s];
+      DeviceBuf<float> dout(size_t(B * T * Z));  // poisoned
+      GdnDecodeArgs a;
+      a.proj = dproj.p;
+      a.ld_proj = ld;
+      a.conv_w = dw.p;
+      a.Ck = L.Ck;
+      a.A_log = dA.p;
+      a.dt_bias = ddt.p;
+      a.norm_w = dnw.p;
+      a.eps = 1e-6f;
+      a.d = d;
+      a.d.T = T;
+      a.out = dout.p;
+      a.kernel = shapes[s];
+      a.tickets = tickets.p;
+      if (T == 1) {
+        gdn_decode_batched(a, B, st.conv_table->p, st.rec_table->p, nullptr);
+      } else {
+        DeviceBuf<float> dconv_keep(size_t(T) * conv_n), drec_keep(size_t(T) * rec_n);  // poisoned
+        for (int b = 0; b < B; ++b) {
+          GdnDecodeArgs one = a;
+          one.proj = dproj.p + b * T * ld;
+          one.out = dout.p + b * T * Z;
+          one.conv_state = st.conv[size_t(b)]->p;
+          one.rec_state = st.rec[size_t(b)]->p;
+          if (b == 0) {
+            one.conv_keep = dconv_keep.p;
+            one.rec_keep = drec_keep.p;
+          }
+          gdn_decode(one, nullptr);
+        }
+        conv_keep[s] = dconv_keep.host();
+        rec_keep[s] = drec_keep.host();
+      }
+      TERN_CUDA(cudaGetLastError());
+      out[s] = dout.host();
+      expect_tickets_zero(tickets, std::string(s ? "portable_split " : "cluster4_w16 ") + at);
+    }
+    EXPECT_TRUE(all_finite(out[0])) << "cluster4_w16 outputs";
+    EXPECT_TRUE(same(out[0], out[1])) << "outputs";
+    if (T > 1) {
+      EXPECT_TRUE(all_finite(conv_keep[0]) && all_finite(rec_keep[0])) << "cluster4_w16 kept states";
+      EXPECT_TRUE(same(conv_keep[0], conv_keep[1])) << "kept conv states";
+      EXPECT_TRUE(same(rec_keep[0], rec_keep[1])) << "kept recurrent states";
+    }
+    for (int b = 0; b < B; ++b) {
+      EXPECT_TRUE(same(states[0].conv[size_t(b)]->host(), states[1].conv[size_t(b)]->host()))
+          << "conv state of sequence " << b;
+      EXPECT_TRUE(same(states[0].rec[size_t(b)]->host(), states[1].rec[size_t(b)]->host()))
+          << "recurrent state of sequence " << b;
+    }
+  }
+  EXPECT_FALSE(same(states[1].rec[0]->host(), rec0)) << "portable_split left sequence 0's recurrent state as it was";
 }
 
 // Prefill front end: conv1d_silu_qknorm + gdn_gates against the CPU conv, q/k norms and gates, over calls with the

@@ -104,16 +104,25 @@ struct GdnDecodeArgs {
   // and rec_keep [T, Hv, dv, dk], so that the caller can set the layer back to any of them (Session::rollback).
   float* conv_keep = nullptr;
   float* rec_keep = nullptr;
-  // Tests only: take the portable path (one block per key head, no thread-block cluster) on any GPU.
+  // [gdn_decode_ticket_count(Hk)] device, zeroed once by the owner; every launch leaves it at zero again. The
+  // portable_split shape's tickets (one per sequence and key head: which of a key head's two blocks writes the q/k
+  // conv state, after both have read it). Launches that may run at the same time (different streams) need separate
+  // arrays; those of one stream may share one. Null: no portable_split (the portable path runs portable).
+  unsigned* tickets = nullptr;
+  // Tests only: take the one-block portable shape (no thread-block cluster, no tickets) on any GPU.
   bool force_portable = false;
-  // Which launch shape (tests and the workbench; automatic = cluster4_w16 on sm_90, portable before):
-  //   cluster8_w8:  clusters of 8 blocks × 8 warps × 4 state rows per warp (128 blocks of 256 threads);
-  //   cluster8_w16: clusters of 8 blocks × 16 warps × 2 rows (128 blocks of 512 threads);
-  //   cluster16_w8: clusters of 16 blocks × 8 warps × 2 rows (256 blocks of 256 threads; a non-portable size);
-  //   cluster4_w16: clusters of 4 blocks × 16 warps × 4 rows (64 blocks of 512 threads);
-  //   portable:     one block of 32 warps × 8 rows per key head, no cluster (any GPU).
-  // The cluster shapes fall back to portable where the sm_90 binary does not run.
-  enum class Kernel { automatic, cluster8_w8, cluster8_w16, cluster16_w8, cluster4_w16, portable };
+  // Which launch shape (tests and the workbench; automatic = cluster4_w16 on sm_90, else as the fallback below):
+  //   cluster8_w8:    clusters of 8 blocks × 8 warps × 4 state rows per warp (128 blocks of 256 threads);
+  //   cluster8_w16:   clusters of 8 blocks × 16 warps × 2 rows (128 blocks of 512 threads);
+  //   cluster16_w8:   clusters of 16 blocks × 8 warps × 2 rows (256 blocks of 256 threads; a non-portable size);
+  //   cluster4_w16:   clusters of 4 blocks × 16 warps × 4 rows (64 blocks of 512 threads);
+  //   portable:       one block of 32 warps × 8 rows per key head, no cluster (16 blocks of 1024 threads; any GPU);
+  //   portable_split: one block of 32 warps × 4 rows per v-head, two per key head, no cluster (32 blocks of 1024
+  //                   threads; any GPU; needs tickets). Meant to be bit for bit cluster4_w16's results (the same
+  //                   rows per warp and warps per v-head, so the same sums; gdn_test compares them on sm_90).
+  // The cluster shapes fall back where the sm_90 binary does not run: to portable_split when tickets are given and
+  // TERN_GDN_PORTABLE_SPLIT is not 0, else to portable.
+  enum class Kernel { automatic, cluster8_w8, cluster8_w16, cluster16_w8, cluster4_w16, portable, portable_split };
   Kernel kernel = Kernel::automatic;
 };
 
@@ -122,20 +131,24 @@ struct GdnDecodeArgs {
 // just before it in the stream; callers must not launch two state-writing calls on the same state back to back
 // within one PDL chain (one call per layer per decode graph is fine: graph launches are fully ordered).
 // sm_90+: a thread-block cluster per key head (its 2 v-heads split into row slices; the gated norm sums over the
-// cluster through distributed shared memory; Kernel picks the shape); before sm_90: one 1024-thread block per key head.
+// cluster through distributed shared memory; Kernel picks the shape); before sm_90: a 1024-thread block per v-head
+// (with tickets) or per key head.
 void gdn_decode(const GdnDecodeArgs& a, cudaStream_t stream);
 // Whether gdn_decode takes these head shapes (the model's: dk = dv = 128, Hv = 2·Hk).
 bool gdn_decode_supported(const GdnDims& d);
+// The unsigned counters GdnDecodeArgs::tickets holds for Hk key heads: one per (sequence, key head), for the
+// largest batch gdn_decode_batched takes.
+int64_t gdn_decode_ticket_count(int Hk);
 
 // ---- a batch of sequences, one token each (the batched decode step, issue 31) ----
 // B sequences, one new token each, each bit for bit what gdn_decode gives for that sequence alone: a as for
 // gdn_decode with a.d.T = 1, proj row b at a.proj + b·a.ld_proj, out row b at a.out + b·Hv·dv, and the states of
 // sequence b at conv_states[b] and rec_states[b] (device arrays of B pointers; a.conv_state and a.rec_state are not
 // read; rec_states[b] 16-byte aligned, the states of different sequences distinct). 1 <= B <= 32; the shapes of
-// gdn_decode_supported. The launch shape is gdn_decode's for a (a.kernel, a.force_portable), with a grid index per
-// sequence: the same kernel, so the same arithmetic. Launched with PDL like gdn_decode (the same rule for the states
-// read before pdl_wait); the two tables are read before pdl_wait too, so they are launch constants of the step
-// (written by a copy before it, never by the kernel just before this one).
+// gdn_decode_supported. The launch shape is gdn_decode's for a (a.kernel, a.force_portable, a.tickets), with a grid
+// index per sequence: the same kernel, so the same arithmetic. Launched with PDL like gdn_decode (the same rule for
+// the states read before pdl_wait); the two tables are read before pdl_wait too, so they are launch constants of the
+// step (written by a copy before it, never by the kernel just before this one).
 void gdn_decode_batched(const GdnDecodeArgs& a, int B, float* const* conv_states, float* const* rec_states,
                         cudaStream_t stream);
 // gdn_decode for one sequence of a.d.T tokens whose states and kept buffers (GdnDecodeArgs::conv_keep, rec_keep;

@@ -1,5 +1,7 @@
 // The decode plan's Gated DeltaNet mixer core in one kernel, gdn_decode (gdn.cuh): conv + SiLU, q/k norms, gates, the
-// delta rule on the fp32 state and the gated RMSNorm over 1..8 tokens; a thread-block cluster per key head on sm_90.
+// delta rule on the fp32 state and the gated RMSNorm over 1..8 tokens; a thread-block cluster per key head on sm_90,
+// elsewhere two plain blocks per key head (one per v-head; one block per key head without tickets or with
+// TERN_GDN_PORTABLE_SPLIT=0).
 // gdn_decode_batched runs the same kernel over B sequences of one token (a grid z index per sequence), so that each
 // sequence's arithmetic is exactly what gdn_decode does for it alone.
 #include "cuda/kernels/gdn/gdn.cuh"
@@ -16,12 +18,17 @@ namespace {
 
 // ---- decode: conv + SiLU, q/k norms, gates, delta rule and gated norm in one kernel ------------------------------
 // A "group" is everything one key head kh needs: its q/k channels, the kRatio = 2 v-heads that share it, their
-// 2·dv = 256 state rows and v/z channels. A group is CS blocks (a cluster of CS on sm_90; CS = 1 before), block
-// `rank` owning group rows [rank·kRows, (rank+1)·kRows) (row r = v-head kh·2 + r/dv, value dim r%dv), NW warps of
-// RPW rows each; a lane holds key dims 4·lane..4·lane+3 of its warp's rows in registers for all T tokens.
+// 2·dv = 256 state rows and v/z channels. A group is CS blocks, block `rank` owning group rows
+// [rank·kRows, (rank+1)·kRows) (row r = v-head kh·2 + r/dv, value dim r%dv), NW warps of RPW rows each; a lane holds
+// key dims 4·lane..4·lane+3 of its warp's rows in registers for all T tokens. The CS blocks are a thread-block
+// cluster (kCluster, sm_90: a v-head may span blocks, its sums of squares meet through distributed shared memory) or
+// plain blocks that each hold whole v-heads (CS = 1: the group in one block; CS = 2: a block per v-head) and share
+// nothing but the conv state.
 // Every block recomputes the conv + SiLU of the group's 256 q/k channels (the L2 norms need whole heads) and of its
-// own v channels. Conv state: the q/k entries are read by every block of the group and written only by rank 0,
-// after the group barrier that follows every block's reads; a block's v entries are read and written by it alone.
+// own v channels. Conv state: the q/k entries are read by every block of the group and written by one of them only
+// once every block has read them: in a cluster rank 0, after the cluster barrier that follows every block's reads;
+// in plain blocks (CS > 1) the last block to take the group's ticket (GdnDecodeArgs::tickets, see below). A block's
+// v entries are read and written by it alone.
 // A launch covers B sequences of T tokens each (grid z = sequence; gdn_decode: B = 1, gdn_decode_batched: T = 1);
 // the groups of different sequences share nothing.
 constexpr int kDecodeMaxT = 8, kDecodeMaxTaps = 8, kDecodeDk = 128, kDecodeDv = 128, kDecodeRatio = 2;
@@ -36,7 +43,7 @@ struct StateTables {
   float* const* rec_keep = nullptr;   // [1] → [T, Hv, dv, dk]
 };
 
-template <int CS, int NW, int RPW, int kTaps>
+template <int CS, bool kCluster, int NW, int RPW, int kTaps>
 __global__ void __launch_bounds__(NW * 32) gdn_decode_kernel(GdnDecodeArgs a, StateTables tables) {
   namespace cg = cooperative_groups;
   constexpr int kRows = NW * RPW;                      // state rows of this block
@@ -44,14 +51,18 @@ __global__ void __launch_bounds__(NW * 32) gdn_decode_kernel(GdnDecodeArgs a, St
   constexpr int kCh = kQk + kRows;                     // conv channels this block computes
   constexpr int kHeads = kRows > kDecodeDv ? kRows / kDecodeDv : 1;  // v-heads the block touches
   constexpr int kWarpsPerHead = kDecodeDv / RPW;       // partial sums of squares per v-head (over the group)
+  constexpr bool kTicket = CS > 1 && !kCluster;        // plain blocks that meet only through the conv-state ticket
   static_assert(CS * kRows == kDecodeRatio * kDecodeDv, "a group covers the 2·dv rows of one key head");
   static_assert(kDecodeDv % kRows == 0 || kRows % kDecodeDv == 0, "blocks hold whole heads or slices of one head");
   static_assert(kDecodeDv % RPW == 0, "warps lie inside one head");
+  static_assert(kCluster ? CS > 1 : kRows % kDecodeDv == 0, "a cluster has blocks to share; a plain block whole heads");
+  static_assert(!kTicket || 2 * kDecodeMaxT < NW, "the ticket's thread (warp NW - 1) has no task in step 3");
   __shared__ __align__(16) float s_x[kDecodeMaxT][kCh];  // conv+SiLU outputs [t][q 128 | k 128 | v kRows]
   __shared__ float s_conv_new[kTaps - 1][kCh];           // the new conv state of those channels
   __shared__ float s_o[kDecodeMaxT][kRows];              // delta-rule outputs
   __shared__ float s_sq[kDecodeMaxT][NW];                // Σ o² per (token, warp), read across the group
   __shared__ float s_decay[kDecodeMaxT][kHeads], s_beta[kDecodeMaxT][kHeads], s_inv[kDecodeMaxT][kHeads];
+  __shared__ bool s_writes_qk;                           // kTicket: this block writes the q/k conv state
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int rank = blockIdx.x, kh = blockIdx.y, seq = blockIdx.z;
@@ -162,6 +173,22 @@ __global__ void __launch_bounds__(NW * 32) gdn_decode_kernel(GdnDecodeArgs a, St
     s_beta[t][hs] = 1.0f / (1.0f + expf(-gate_b));
   }
   __syncthreads();
+  // The group's ticket (kTicket; [sequence][key head] in a.tickets, 0 at every launch's start): every thread of the
+  // block has read its conv-state entries (step 1, before the barrier above), so the last thread takes a ticket. The
+  // block that draws CS - 1 is the last of the group to have read the q/k entries: it writes them in step 7 and sets
+  // the ticket back to 0 for the next launch (which touches it only after its pdl_wait, once this one has ended).
+  // Memory order: the readers' loads → barrier → fence → atomicAdd (release side); the last block's atomicAdd →
+  // fence → barrier (step 5) → its stores (acquire side): the fences synchronise through the atomic, so no block's
+  // read of a q/k entry can see the new value. The drawn number is looked at only after step 4, which hides the
+  // atomic's latency; the last thread's warp, NW - 1, has no task in step 3 (2·T ≤ 16 < NW tasks).
+  unsigned* const ticket = kTicket ? a.tickets + int64_t(seq) * Hk + kh : nullptr;
+  unsigned drawn = 0;
+  if constexpr (kTicket) {
+    if (tid == kNt - 1) {
+      __threadfence();
+      drawn = atomicAdd(ticket, 1u);
+    }
+  }
   // 3. L2 norms of q (scaled by 1/√dk) and k, a warp per (token, q|k)
   for (int task = warp; task < 2 * T; task += NW) {
     float* v = &s_x[task / 2][(task % 2) * kDecodeDk];
@@ -219,17 +246,29 @@ __global__ void __launch_bounds__(NW * 32) gdn_decode_kernel(GdnDecodeArgs a, St
   }
 #pragma unroll
   for (int r = 0; r < RPW; ++r) *reinterpret_cast<float4*>(S + r * kDecodeDk) = s[r];
+  if constexpr (kTicket) {
+    if (tid == kNt - 1) {
+      const bool last = drawn == unsigned(CS - 1);
+      if (last) {
+        __threadfence();  // acquire: the group's reads before this block's conv-state stores
+        *ticket = 0u;     // ready for the next launch
+      }
+      s_writes_qk = last;
+    }
+  }
 
-  // 5. group barrier: every block's partial sums are written and its conv-state reads are done
+  // 5. group barrier: every block's partial sums are written and (in a cluster) its conv-state reads are done; plain
+  //    blocks: the block's own barrier, which also publishes s_writes_qk
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if constexpr (CS > 1) cg::this_cluster().sync(); else __syncthreads();
+  if constexpr (kCluster) cg::this_cluster().sync(); else __syncthreads();
 #else
-  if constexpr (CS > 1) __trap();  // never launched: the host takes the cluster path only for sm_90 binaries
+  if constexpr (kCluster) __trap();  // never launched: the host takes the cluster path only for sm_90 binaries
   __syncthreads();
 #endif
+  // The partial sums of group block `block`; a plain block holds whole heads, so it reads only its own (block = rank).
   auto partials = [&](int block) -> const float* {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if constexpr (CS > 1) return cg::this_cluster().map_shared_rank(&s_sq[0][0], block);
+    if constexpr (kCluster) return cg::this_cluster().map_shared_rank(&s_sq[0][0], block);
 #endif
     return &s_sq[0][0];
   };
@@ -248,7 +287,7 @@ __global__ void __launch_bounds__(NW * 32) gdn_decode_kernel(GdnDecodeArgs a, St
     if (lane == 0) s_inv[t][hs] = rsqrtf(ss / float(kDecodeDv) + a.eps);
   }
   __syncthreads();
-  // 7. gated norm out, and the conv state (q/k channels by rank 0 only)
+  // 7. gated norm out, and the conv state (q/k channels by one block of the group: rank 0, or the ticket's last)
 #pragma unroll
   for (int q = 0; q < kOutPerThread; ++q) {
     const int i = tid + q * kNt, t = i / kRows, r = i % kRows;
@@ -258,32 +297,35 @@ __global__ void __launch_bounds__(NW * 32) gdn_decode_kernel(GdnDecodeArgs a, St
     const float zz = zin[q];
     out[t * int64_t(Hv) * kDecodeDv + col] = s_o[t][r] * s_inv[t][hs] * a.norm_w[j] * (zz / (1.0f + expf(-zz)));
   }
+  const bool writes_qk = kTicket ? s_writes_qk : rank == 0;
   for (int lc = tid; lc < kCh; lc += NW * 32) {
-    if (lc < kQk && rank != 0) continue;
+    if (lc < kQk && !writes_qk) continue;
     const int64_t c = channel(lc);
     for (int j = 0; j < Ck - 1; ++j) conv_state[j * C + c] = s_conv_new[j][lc];
   }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if constexpr (CS > 1) cg::this_cluster().sync();  // keep s_sq alive until every block of the cluster read it
+  if constexpr (kCluster) cg::this_cluster().sync();  // keep s_sq alive until every block of the cluster read it
 #endif
 }
 
-// sm_90: clusters of blocks (GdnDecodeArgs::Kernel; automatic: clusters of 4 × 16 warps × 4 rows, 64 blocks); before:
-// one block of 32 warps × 8 rows per key head.
+// sm_90: clusters of blocks (GdnDecodeArgs::Kernel; automatic: clusters of 4 × 16 warps × 4 rows, 64 blocks); without
+// clusters: a block of 32 warps × 4 rows per v-head (portable_split: 32 blocks, the tickets given), or one block of
+// 32 warps × 8 rows per key head (portable: 16 blocks).
 constexpr int kDecodeClusterCS = 8, kDecodeClusterNW = 8, kDecodeClusterRPW = 4;
 constexpr int kDecodePortableNW = 32, kDecodePortableRPW = 8;
+constexpr int kDecodeSplitNW = 32, kDecodeSplitRPW = 4;  // RPW 4 as cluster4_w16's: the same sums of squares
 
 }  // namespace
 
 namespace {
 
-// One launch of shape (CS blocks per key head in a cluster, NW warps, RPW rows per warp) over B sequences (grid z);
-// CS = 1: plain.
-template <int CS, int NW, int RPW, int kTaps>
+// One launch of shape (CS blocks per key head, in a cluster or plain; NW warps, RPW rows per warp) over B sequences
+// (grid z).
+template <int CS, bool kCluster, int NW, int RPW, int kTaps>
 void launch_decode(const GdnDecodeArgs& a, int B, const StateTables& tables, cudaStream_t stream) {
-  auto kernel = gdn_decode_kernel<CS, NW, RPW, kTaps>;
+  auto kernel = gdn_decode_kernel<CS, kCluster, NW, RPW, kTaps>;
   const dim3 grid(CS, unsigned(a.d.Hk), unsigned(B));
-  if constexpr (CS == 1) {
+  if constexpr (!kCluster) {
     launch_pdl("gdn_decode", kernel, grid, dim3(NW * 32), 0, stream, a, tables);
   } else {
     if constexpr (CS > 8) {  // non-portable cluster size: allowed once, outside any capture (the first call is eager)
@@ -311,28 +353,40 @@ void decode(const GdnDecodeArgs& a, int B, const StateTables& tables, cudaStream
   TERN_CHECK(a.proj && a.conv_w && a.A_log && a.dt_bias && a.norm_w && a.out, "gdn_decode: null pointer");
   using K = GdnDecodeArgs::Kernel;
   // The cluster shapes run when the code chosen for this device was compiled for sm_90+ (not a JIT of the sm_80 PTX,
-  // not the portable path). Decided once, outside any capture (no stream work).
+  // not the portable path). Without them: a block per v-head when the caller gave the tickets, unless
+  // TERN_GDN_PORTABLE_SPLIT=0 (then, as without tickets, one block per key head). Decided once, outside any capture.
   static const bool cluster_ok = sm90_features();
+  static const bool split_ok = !env_is("TERN_GDN_PORTABLE_SPLIT", "0");
+  const K plain = a.tickets && split_ok ? K::portable_split : K::portable;
   K kind = a.force_portable ? K::portable : a.kernel;
-  if (kind == K::automatic) kind = K::cluster4_w16;  // fastest in the workbench (H200, 2026-12-01: 5.2 µs vs 6.2 for cluster8_w8)
-  if (!cluster_ok) kind = K::portable;
+  // automatic on sm_90: cluster4_w16, fastest in the workbench (H200, 2026-12-01: 5.2 µs vs 6.2 for cluster8_w8).
+  if (kind == K::automatic)
+    kind = cluster_ok ? K::cluster4_w16 : plain;
+  else if (!cluster_ok && kind != K::portable && kind != K::portable_split)
+    kind = plain;
+  TERN_CHECK(kind != K::portable_split || a.tickets,
+             "gdn_decode: the portable_split shape needs GdnDecodeArgs::tickets");
   const bool short_conv = a.Ck <= 4;  // the model's width 4: fewer registers
   switch (kind) {
     case K::cluster8_w16:
-      return short_conv ? launch_decode<8, 16, 2, 4>(a, B, tables, stream)
-                        : launch_decode<8, 16, 2, 8>(a, B, tables, stream);
+      return short_conv ? launch_decode<8, true, 16, 2, 4>(a, B, tables, stream)
+                        : launch_decode<8, true, 16, 2, 8>(a, B, tables, stream);
     case K::cluster16_w8:
-      return short_conv ? launch_decode<16, 8, 2, 4>(a, B, tables, stream)
-                        : launch_decode<16, 8, 2, 8>(a, B, tables, stream);
+      return short_conv ? launch_decode<16, true, 8, 2, 4>(a, B, tables, stream)
+                        : launch_decode<16, true, 8, 2, 8>(a, B, tables, stream);
     case K::cluster4_w16:
-      return short_conv ? launch_decode<4, 16, 4, 4>(a, B, tables, stream)
-                        : launch_decode<4, 16, 4, 8>(a, B, tables, stream);
+      return short_conv ? launch_decode<4, true, 16, 4, 4>(a, B, tables, stream)
+                        : launch_decode<4, true, 16, 4, 8>(a, B, tables, stream);
     case K::portable:
-      return short_conv ? launch_decode<1, kDecodePortableNW, kDecodePortableRPW, 4>(a, B, tables, stream)
-                        : launch_decode<1, kDecodePortableNW, kDecodePortableRPW, 8>(a, B, tables, stream);
+      return short_conv ? launch_decode<1, false, kDecodePortableNW, kDecodePortableRPW, 4>(a, B, tables, stream)
+                        : launch_decode<1, false, kDecodePortableNW, kDecodePortableRPW, 8>(a, B, tables, stream);
+    case K::portable_split:
+      return short_conv ? launch_decode<kDecodeRatio, false, kDecodeSplitNW, kDecodeSplitRPW, 4>(a, B, tables, stream)
+                        : launch_decode<kDecodeRatio, false, kDecodeSplitNW, kDecodeSplitRPW, 8>(a, B, tables, stream);
     default:
-      return short_conv ? launch_decode<kDecodeClusterCS, kDecodeClusterNW, kDecodeClusterRPW, 4>(a, B, tables, stream)
-                        : launch_decode<kDecodeClusterCS, kDecodeClusterNW, kDecodeClusterRPW, 8>(a, B, tables, stream);
+      return short_conv
+                 ? launch_decode<kDecodeClusterCS, true, kDecodeClusterNW, kDecodeClusterRPW, 4>(a, B, tables, stream)
+                 : launch_decode<kDecodeClusterCS, true, kDecodeClusterNW, kDecodeClusterRPW, 8>(a, B, tables, stream);
   }
 }
 
@@ -341,6 +395,8 @@ void decode(const GdnDecodeArgs& a, int B, const StateTables& tables, cudaStream
 bool gdn_decode_supported(const GdnDims& d) {
   return d.dk == kDecodeDk && d.dv == kDecodeDv && d.Hk > 0 && d.Hv == kDecodeRatio * d.Hk;
 }
+
+int64_t gdn_decode_ticket_count(int Hk) { return int64_t(kDecodeMaxSeqs) * Hk; }
 
 void gdn_decode(const GdnDecodeArgs& a, cudaStream_t stream) {
   if (a.d.T == 0) return;
