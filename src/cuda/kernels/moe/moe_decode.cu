@@ -1,6 +1,7 @@
 // Over ~800 lines in one file: the decode MoE block's three kernels (router, gate/up, down) share the 4-bit views,
 // the staged-activation sources and the host checks below. Its one-token integer kernels are in moe_dp4a.cu, the
-// cluster router in moe_router_cluster.cu; moe_decode_batched (at the end) runs those three for a batch of sequences.
+// cluster router in moe_router_cluster.cu, the fused router + gate_up in moe_router_gate_up.cu (the router's device
+// parts in moe_router_parts.cuh); moe_decode_batched (at the end) runs those three for a batch of sequences.
 #include "cuda/kernels/moe/moe_decode.cuh"
 
 #include <algorithm>
@@ -11,8 +12,9 @@
 #include "cuda/common/cuda_common.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/kernels/moe/moe_dp4a.cuh"
-#include "cuda/kernels/moe/moe_route.cuh"
 #include "cuda/kernels/moe/moe_router_cluster.cuh"
+#include "cuda/kernels/moe/moe_router_gate_up.cuh"
+#include "cuda/kernels/moe/moe_router_parts.cuh"
 #include "cuda/kernels/qmv/qmv.cuh"
 #include "cuda/kernels/qmv/qmv_dp4a.cuh"
 #include "cuda/kernels/qmv/qmv_tile.cuh"
@@ -22,12 +24,12 @@ namespace tern::cuda {
 namespace {
 
 using qtile::kTokens;
+using namespace router_parts;
 
 constexpr int kMaxExperts = 1024;  // router top-k: 32 probabilities per lane
 constexpr int kMaxTopK = 32;
 
 __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
-__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 // ---- 1. router ------------------------------------------------------------------------------------------------
 
@@ -52,9 +54,6 @@ Q4Mat q4_mat(const DMat& m) {
   return Q4Mat{static_cast<const uint32_t*>(m.data), m.scales, m.biases, m.rows * m.row_words, m.rows * m.groups_per_row};
 }
 
-constexpr int kRouterWarps = 8;                 // rows per router block (one warp per row)
-constexpr int kRouterMaxChunks = 8;             // fast path: D <= 8 · 512
-
 struct RouterParams {
   DMat router, sgate;
   const float* norm_w;
@@ -65,11 +64,6 @@ struct RouterParams {
   // L2 prefetch of the chosen experts' weights by the routing block (Hopper; nullptr words: off)
   Q4Mat pf_gate, pf_up, pf_down, pf_sgate, pf_sup, pf_sdown;
 };
-
-// x̂ staged in shared memory as x·norm_w (fp32), 4 floats of padding after every 64 so that the lanes' 16-column
-// slices (64 bytes apart) fall on different banks.
-__host__ __device__ inline int router_ldxs(int D) { return D + (D / 64 + 1) * 4; }
-__device__ __forceinline__ int router_pad(int c) { return c + (c / 64) * 4; }
 
 // x̂(t, c) from the staged x·norm_w and the RMSNorm factors (generic dot).
 struct StagedX {
@@ -85,87 +79,33 @@ struct StagedX {
   }
 };
 
-// Blocks of 8 warps, one warp per row of [router; shared_expert_gate]. Fast (affine8, group 64, D % 512 == 0): lane
-// l reads 16 bytes of each 512-column chunk (columns 512·i + 16·l ..), all issued before pdl_wait(). The block stages
-// x·norm_w and the per-token Σx² in shared memory (one pass over x, L2-resident); logits = rinv · (W·(x·norm_w)).
-// The last block to finish (an atomic ticket) routes the tokens, one warp each, and (Hopper) asks L2 to fetch the
-// chosen experts' weights for the next two kernels.
+// Blocks of 8 warps, one warp per row of [router; shared_expert_gate] (moe_router_parts.cuh). Fast (affine8, group
+// 64, D % 512 == 0): lane l reads 16 bytes of each 512-column chunk (columns 512·i + 16·l ..), all issued before
+// pdl_wait(). The block stages x·norm_w and the per-token Σx² in shared memory (one pass over x, L2-resident);
+// logits = rinv · (W·(x·norm_w)). The last block to finish (an atomic ticket) routes the tokens, one warp each, and
+// (Hopper) asks L2 to fetch the chosen experts' weights for the next two kernels.
 template <bool kFast8, int NP>
 __global__ void __launch_bounds__(kRouterWarps * 32) moe_router_kernel(const RouterParams p) {
   extern __shared__ __align__(16) float rsm[];
   __shared__ float ss_part[kRouterWarps][kTokens];
   __shared__ float rinv[kTokens];
-  __shared__ bool is_last;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int row = blockIdx.x * kRouterWarps + warp;
   const bool has_row = row <= p.E;
   const bool shared_row = row == p.E;
   const int ldxs = router_ldxs(p.D);
-
-  uint4 wq[kRouterMaxChunks];
-  uint32_t ws[kRouterMaxChunks], wb[kRouterMaxChunks];
   const int nch = p.D / 512;
-  if (kFast8 && has_row) {
-    const int64_t mrow = shared_row ? 0 : row;
-    const uint32_t* words = static_cast<const uint32_t*>(shared_row ? p.sgate.data : p.router.data) +
-                            mrow * (shared_row ? p.sgate.row_words : p.router.row_words) + 4 * lane;
-    const int64_t g0 = mrow * (shared_row ? p.sgate.groups_per_row : p.router.groups_per_row) + lane / 4;
-    const uint16_t* sc = (shared_row ? p.sgate.scales : p.router.scales) + g0;
-    const uint16_t* bi = (shared_row ? p.sgate.biases : p.router.biases) + g0;
-#pragma unroll
-    for (int i = 0; i < kRouterMaxChunks; ++i)
-      if (i < nch) {
-        wq[i] = qtile::ld_weights_u4(words + i * 128);
-        ws[i] = qtile::ld_const_u16(sc + 8 * i);
-        wb[i] = qtile::ld_const_u16(bi + 8 * i);
-      }
-  }
+
+  RouterRow8 rw;
+  if (kFast8 && has_row) router_row_load8(p.router, p.sgate, row, p.E, nch, lane, rw);
   pdl_trigger();
   pdl_wait();
 
-  // Stage x·norm_w and Σx² per token: thread columns c4 = tid, tid + 256, ... (float4); tokens clamped so that every
-  // load is valid and all of them are issued together.
-  {
-    float ss[kTokens];
-#pragma unroll
-    for (int t = 0; t < kTokens; ++t) ss[t] = 0.0f;
-    for (int c4 = threadIdx.x; c4 < p.D / 4; c4 += blockDim.x) {
-      const float4 nw = reinterpret_cast<const float4*>(p.norm_w)[c4];
-      float4 xv[kTokens];
-#pragma unroll
-      for (int t = 0; t < kTokens; ++t)
-        if (t < p.T) xv[t] = reinterpret_cast<const float4*>(p.hidden + int64_t(t) * p.D)[c4];
-#pragma unroll
-      for (int t = 0; t < kTokens; ++t) {
-        if (t < p.T) {
-          const float4 x = xv[t];
-          ss[t] = fmaf(x.x, x.x, fmaf(x.y, x.y, fmaf(x.z, x.z, fmaf(x.w, x.w, ss[t]))));
-          *reinterpret_cast<float4*>(rsm + t * ldxs + router_pad(4 * c4)) =
-              make_float4(x.x * nw.x, x.y * nw.y, x.z * nw.z, x.w * nw.w);
-        }
-      }
-    }
-#pragma unroll
-    for (int t = 0; t < kTokens; ++t) {
-      if (t < p.T) {
-        const float v = warp_sum(ss[t]);
-        if (lane == 0) ss_part[warp][t] = v;
-      }
-    }
-  }
-  __syncthreads();
-  if (threadIdx.x < kTokens) {
-    float v = 0.0f;
-    for (int w = 0; w < kRouterWarps; ++w) v += int(threadIdx.x) < p.T ? ss_part[w][threadIdx.x] : 0.0f;
-    rinv[threadIdx.x] = 1.0f / sqrtf(v / float(p.D) + p.eps);
-  }
-  __syncthreads();
+  router_stage<kTokens>(p.hidden, p.norm_w, p.D, p.T, p.eps, rsm, ldxs, ss_part, rinv);
   if (blockIdx.x == 0) {  // x̂ for the expert kernels
     for (int i = threadIdx.x; i < p.T * p.D / 4; i += blockDim.x) {
       const int t = i / (p.D / 4), c = (i - t * (p.D / 4)) * 4;
-      const float4 v = *reinterpret_cast<const float4*>(rsm + t * ldxs + router_pad(c));
-      const float f = rinv[t];
-      reinterpret_cast<float4*>(p.s.xhat + int64_t(t) * p.D)[c / 4] = make_float4(v.x * f, v.y * f, v.z * f, v.w * f);
+      reinterpret_cast<float4*>(p.s.xhat + int64_t(t) * p.D)[c / 4] = router_xhat4(rsm, ldxs, rinv, t, c);
     }
   }
 
@@ -174,19 +114,7 @@ __global__ void __launch_bounds__(kRouterWarps * 32) moe_router_kernel(const Rou
 #pragma unroll
     for (int t = 0; t < kTokens; ++t) acc[t] = 0.0f;
     if constexpr (kFast8) {
-      // Σ_g s_g·Σ q·xw + b_g·Σ xw over the lane's 16-column slices (each inside one group).
-#pragma unroll
-      for (int i = 0; i < kRouterMaxChunks; ++i) {
-        if (i < nch) {
-          const float sg = bf16_bits_to_float(uint16_t(ws[i])), bg = bf16_bits_to_float(uint16_t(wb[i]));
-          float qf[16];
-          router_unpack16(wq[i], qf);
-          const int base = router_pad(i * 512 + 16 * lane);
-#pragma unroll
-          for (int t = 0; t < kTokens; ++t)
-            if (t < p.T) acc[t] = router_dot16(qf, rsm + t * ldxs + base, sg, bg, acc[t]);
-        }
-      }
+      router_row_dot8<kTokens>(rw, rsm, ldxs, nch, p.T, lane, acc);
     } else {
       const int64_t rows[1] = {shared_row ? 0 : row};
       float a1[1][kTokens] = {};
@@ -195,52 +123,31 @@ __global__ void __launch_bounds__(kRouterWarps * 32) moe_router_kernel(const Rou
 #pragma unroll
       for (int t = 0; t < kTokens; ++t) acc[t] = a1[0][t];
     }
-#pragma unroll
-    for (int t = 0; t < kTokens; ++t) {
-      if (t >= p.T) break;
-      const float v = warp_sum(acc[t]) * (kFast8 ? rinv[t] : 1.0f);
-      if (lane == 0) {
-        if (shared_row)
-          p.s.shared_logit[t] = v;
-        else
-          p.s.router_logits[int64_t(t) * p.E + row] = v;
-      }
-    }
+    router_row_write<kTokens, kFast8>(acc, rinv, row, p.E, p.T, p.s, lane);
   }
   // Ticket: the last block sees every block's logits.
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) is_last = atomicAdd(p.s.ticket, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
-  if (warp < p.T) {
-    int my_id = 0;
-    route_token<NP, true>(p.s.router_logits + int64_t(warp) * p.E, p.E, p.k, p.s.ids + warp * p.k, p.s.w + warp * p.k, lane,
-                    my_id);
+  if (!router_ticket(p.s.ticket)) return;
+  [[maybe_unused]] const int my_id = router_route<NP>(p.s, p.T, p.E, p.k, warp, lane);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (p.pf_gate.words) {  // every chosen expert's gate, up and down; warp 0 adds the shared expert
-      for (int j = 0; j <= p.k; ++j) {
-        if (j == p.k && warp != 0) break;
-        const bool sh = j == p.k;
-        const int ej = sh ? 0 : __shfl_sync(0xffffffffu, my_id, j);
-        const Q4Mat mg = pick(sh, p.pf_sgate, p.pf_gate);
-        const Q4Mat mu = pick(sh, p.pf_sup, p.pf_up);
-        const Q4Mat md = pick(sh, p.pf_sdown, p.pf_down);
-        qtile::prefetch_l2_range(mg.w(ej), mg.expert_words * 4, lane);
-        qtile::prefetch_l2_range(mu.w(ej), mu.expert_words * 4, lane);
-        qtile::prefetch_l2_range(md.w(ej), md.expert_words * 4, lane);
-        if (lane < 6) {
-          const Q4Mat m = pick(lane < 2, mg, pick(lane < 4, mu, md));
-          const void* b = (lane & 1) ? static_cast<const void*>(m.b(ej)) : static_cast<const void*>(m.s(ej));
-          qtile::prefetch_l2_range(b, m.expert_groups * 2, 0);
-        }
+  if (warp < p.T && p.pf_gate.words) {  // every chosen expert's gate, up and down; warp 0 adds the shared expert
+    for (int j = 0; j <= p.k; ++j) {
+      if (j == p.k && warp != 0) break;
+      const bool sh = j == p.k;
+      const int ej = sh ? 0 : __shfl_sync(0xffffffffu, my_id, j);
+      const Q4Mat mg = pick(sh, p.pf_sgate, p.pf_gate);
+      const Q4Mat mu = pick(sh, p.pf_sup, p.pf_up);
+      const Q4Mat md = pick(sh, p.pf_sdown, p.pf_down);
+      qtile::prefetch_l2_range(mg.w(ej), mg.expert_words * 4, lane);
+      qtile::prefetch_l2_range(mu.w(ej), mu.expert_words * 4, lane);
+      qtile::prefetch_l2_range(md.w(ej), md.expert_words * 4, lane);
+      if (lane < 6) {
+        const Q4Mat m = pick(lane < 2, mg, pick(lane < 4, mu, md));
+        const void* b = (lane & 1) ? static_cast<const void*>(m.b(ej)) : static_cast<const void*>(m.s(ej));
+        qtile::prefetch_l2_range(b, m.expert_groups * 2, 0);
       }
     }
-#endif
   }
-  if (threadIdx.x < p.T) p.s.shared_gate[threadIdx.x] = sigmoid_f(__ldcg(p.s.shared_logit + threadIdx.x));
-  if (threadIdx.x == 0) *p.s.ticket = 0u;  // ready for the next launch
+#endif
 }
 
 // ---- 2. gate/up + SwiGLU ----------------------------------------------------------------------------------------
@@ -615,6 +522,14 @@ void check_shapes(const MoeDecodeWeights& w, int T) {
   TERN_CHECK(D % 8 == 0 && F % 8 == 0, "moe_decode: D and F must be multiples of 8");
 }
 
+// What every router launch needs: the shapes, the input and the scratch.
+void check_router_inputs(const MoeDecodeWeights& w, const float* hidden, int T, const MoeDecodeScratch& s) {
+  check_shapes(w, T);
+  TERN_CHECK(hidden && s.xhat && s.ticket, "moe_router_decode: null hidden or scratch");
+  TERN_CHECK((reinterpret_cast<uintptr_t>(hidden) & 15) == 0 && (reinterpret_cast<uintptr_t>(w.norm_w) & 15) == 0,
+             "moe_router_decode: hidden and norm_w must be 16-byte aligned");
+}
+
 // Variant 1 (4 groups per step, 8-byte scale/bias loads; also under qmv's variants 2 and 3, which change only qmv):
 // every matrix's scale and bias bases 8-byte aligned (the per-expert and per-row offsets are, as gpr % 4 == 0).
 bool wide_ok(const qtile::Tuning& tu, int gpr, std::initializer_list<const DMat*> ms) {
@@ -650,6 +565,14 @@ bool& prefetch_flag() {
 bool integer_kernels_wanted() { return qtile::tuning().variant == 3; }
 bool cluster_router_wanted() { return integer_kernels_wanted() && !prefetch_flag(); }
 
+// One token where launches cannot overlap (no programmatic dependent launch: the portable path, GPUs before sm_90):
+// the router and the integer gate_up as one kernel (moe_router_gate_up.cuh), unless TERN_MOE_FUSED_ROUTER=0 (read
+// once). Hopper keeps its cluster router and PDL.
+bool fused_router_wanted() {
+  static const bool on = !env_is("TERN_MOE_FUSED_ROUTER", "0");
+  return on && !sm90_features() && integer_kernels_wanted() && !prefetch_flag();
+}
+
 // 16-byte aligned base pointers and per-expert strides (bulk prefetch ranges).
 bool prefetchable(const DMat& m) {
   return (((reinterpret_cast<uintptr_t>(m.data) | reinterpret_cast<uintptr_t>(m.scales) |
@@ -675,7 +598,7 @@ void launch_router(const RouterParams& p, int smem, cudaStream_t stream) {
 
 size_t moe_decode_scratch_bytes(int T, int64_t D, int E, int k, int64_t F) {
   const int64_t b = align_up(T * D * 4) + align_up(int64_t(T) * E * 4) + align_up(T * 4) + align_up(int64_t(T) * k * 4) +
-                    align_up(int64_t(T) * k * 4) + align_up(T * 4) + align_up(T * (k + 1) * F * 4) + align_up(4);
+                    align_up(int64_t(T) * k * 4) + align_up(T * 4) + align_up(T * (k + 1) * F * 4) + align_up(2 * 4);
   return size_t(b);
 }
 
@@ -695,22 +618,20 @@ MoeDecodeScratch moe_decode_scratch_view(void* base, int T, int64_t D, int E, in
   s.w = static_cast<float*>(take(int64_t(T) * k * 4));
   s.shared_gate = static_cast<float*>(take(T * 4));
   s.h = static_cast<float*>(take(T * (k + 1) * F * 4));
-  s.ticket = static_cast<unsigned*>(take(4));
+  s.ticket = static_cast<unsigned*>(take(2 * 4));
+  s.epoch = s.ticket + 1;
   return s;
 }
 
 void moe_decode_scratch_init(const MoeDecodeScratch& s, cudaStream_t stream) {
-  TERN_CUDA(cudaMemsetAsync(s.ticket, 0, sizeof(unsigned), stream));
+  TERN_CUDA(cudaMemsetAsync(s.ticket, 0, 2 * sizeof(unsigned), stream));  // the ticket and the epoch after it
 }
 
 void moe_decode_set_l2_prefetch(bool on) { prefetch_flag() = on; }
 
 void moe_router_decode(const MoeDecodeWeights& w, const float* hidden, int T, const MoeDecodeScratch& s,
                        cudaStream_t stream) {
-  check_shapes(w, T);
-  TERN_CHECK(hidden && s.xhat && s.ticket, "moe_router_decode: null hidden or scratch");
-  TERN_CHECK((reinterpret_cast<uintptr_t>(hidden) & 15) == 0 && (reinterpret_cast<uintptr_t>(w.norm_w) & 15) == 0,
-             "moe_router_decode: hidden and norm_w must be 16-byte aligned");
+  check_router_inputs(w, hidden, T, s);
   if (T == 1 && cluster_router_wanted() && moe_router_cluster(w, hidden, T, s, stream)) return;
   RouterParams p{};
   p.router = w.router;
@@ -723,12 +644,8 @@ void moe_router_decode(const MoeDecodeWeights& w, const float* hidden, int T, co
   p.E = int(w.router.rows);
   p.k = w.top_k;
   p.s = s;
-  const auto fast8 = [&](const DMat& m) {
-    return m.format == WeightFormat::affine8 && m.group_size == 64 && m.cols % 512 == 0 &&
-           m.cols <= 512 * kRouterMaxChunks && m.row_words == m.cols / 4 &&
-           (reinterpret_cast<uintptr_t>(m.data) & 15) == 0;
-  };
-  const bool fast = fast8(w.router) && fast8(w.shared_expert_gate) && w.shared_expert_gate.cols == w.router.cols;
+  const bool fast = router_fast8(w.router) && router_fast8(w.shared_expert_gate) &&
+                    w.shared_expert_gate.cols == w.router.cols;
   const bool q4 = qtile::q4_fast_ok(w.expert_gate) && qtile::q4_fast_ok(w.expert_up) &&
                   qtile::q4_fast_ok(w.expert_down);
   // Only while the experts of the step fit comfortably in L2 (T = 1 at the model's shapes: 9 × 1.77 MB); beyond,
@@ -868,6 +785,26 @@ void moe_down_decode(const MoeDecodeWeights& w, float* hidden, int T, const MoeD
   }
   DownGenericParams p{w.expert_down, w.shared_down, T, k, int(w.expert_down.experts), hidden, s};
   launch_pdl("moe_down_decode", moe_down_generic_kernel, dim3(blocks_for(D, 8)), dim3(256), 0, stream, p);
+}
+
+bool moe_decode_fuses_router(const MoeDecodeWeights& w, int T) {
+  return T == 1 && fused_router_wanted() && moe_router_gate_up_fits(w);
+}
+
+bool moe_router_gate_up_decode(const MoeDecodeWeights& w, const float* hidden, int T, const MoeDecodeScratch& s,
+                               cudaStream_t stream) {
+  check_router_inputs(w, hidden, T, s);
+  return moe_decode_fuses_router(w, T) && moe_router_gate_up_dp4a(w, hidden, s, stream);
+}
+
+void moe_decode(const MoeDecodeWeights& w, float* hidden, int T, const MoeDecodeScratch& s, cudaStream_t stream) {
+  if (moe_router_gate_up_decode(w, hidden, T, s, stream)) {
+    moe_down_decode(w, hidden, T, s, stream, true);  // the fused kernel, like the integer gate_up, ends the routing
+    return;
+  }
+  moe_router_decode(w, hidden, T, s, stream);
+  const bool integer_gate_up = moe_gate_up_decode(w, T, s, stream);
+  moe_down_decode(w, hidden, T, s, stream, integer_gate_up);
 }
 
 // Where clusters are missing (before sm_90, the portable path), the ticket router routes the batch in launches of

@@ -8,6 +8,8 @@
 //      (slot k).
 //   3. moe_down_decode:    hidden[t] += Σ_{s<k} w[t, s]·(Wd[e_s]·h[t, s]) + shared_gate[t]·(Wd_shared·h[t, k]),
 //      each output element summed in a fixed order (deterministic, no float atomics).
+// One token without Hopper's features (the portable path, GPUs before sm_90): 1 and 2 as one kernel
+// (moe_router_gate_up.cuh), the same bits, so that the routing overlaps the shared expert's rows and a launch is saved.
 // One token of each of B sequences (the batched decode step): moe_decode_batched runs the T = 1 path's kernels (the
 // cluster router, the integer gate_up and down) once each with a token index, every token bit for bit as alone.
 #pragma once
@@ -37,8 +39,9 @@ struct MoeDecodeWeights {
 };
 
 // Device scratch of one MoE decode step for T tokens; moe_decode_scratch_bytes() bytes, carved by
-// moe_decode_scratch_view(). Holds x̂, ids, weights, shared gate, h, and the router's ticket counter (zeroed by
-// moe_decode_scratch_init once; each router launch leaves it at zero again).
+// moe_decode_scratch_view(). Holds x̂, ids, weights, shared gate, h, the router's ticket counter and the fused
+// router's epoch (both zeroed by moe_decode_scratch_init once; each router launch leaves the ticket at zero again, each
+// fused launch adds one to the epoch).
 struct MoeDecodeScratch {
   float* xhat = nullptr;         // [T, D] normed input (written by the router kernel)
   float* router_logits = nullptr;// [T, E]
@@ -47,7 +50,8 @@ struct MoeDecodeScratch {
   float* w = nullptr;            // [T, k] routing weights
   float* shared_gate = nullptr;  // [T] sigmoid(shared logit)
   float* h = nullptr;            // [T, k+1, F]
-  unsigned* ticket = nullptr;    // [1]
+  unsigned* ticket = nullptr;    // [1] arrivals of a router launch's blocks (the ticket or the fused kernel)
+  unsigned* epoch = nullptr;     // [1] routings published by the fused router + gate_up kernel (ticket + 1)
 };
 size_t moe_decode_scratch_bytes(int T, int64_t D, int E, int k, int64_t F);
 MoeDecodeScratch moe_decode_scratch_view(void* base, int T, int64_t D, int E, int k, int64_t F);
@@ -86,11 +90,16 @@ bool moe_decode_batched_supported(const MoeDecodeWeights& w);
 void moe_decode_batched(const MoeDecodeWeights& w, float* hidden, int B, const MoeDecodeScratch& s,
                         cudaStream_t stream);
 
-// All three in order.
-inline void moe_decode(const MoeDecodeWeights& w, float* hidden, int T, const MoeDecodeScratch& s, cudaStream_t stream) {
-  moe_router_decode(w, hidden, T, s, stream);
-  const bool integer_gate_up = moe_gate_up_decode(w, T, s, stream);
-  moe_down_decode(w, hidden, T, s, stream, integer_gate_up);
-}
+// Whether moe_decode runs router and gate_up as the one fused kernel (moe_router_gate_up.cuh): T = 1, no sm_90
+// features (the portable path or an older GPU), qmv variant 3, no router L2 prefetch, TERN_MOE_FUSED_ROUTER not 0,
+// and the kernel takes these weights (moe_router_gate_up_fits).
+bool moe_decode_fuses_router(const MoeDecodeWeights& w, int T);
+// Runs the fused kernel and returns true when moe_decode_fuses_router(w, T); false: nothing was launched. The routing
+// is then complete when the next kernel starts (moe_down_decode's after_integer_gate_up holds).
+bool moe_router_gate_up_decode(const MoeDecodeWeights& w, const float* hidden, int T, const MoeDecodeScratch& s,
+                               cudaStream_t stream);
+
+// All three in order (router and gate_up fused where moe_decode_fuses_router).
+void moe_decode(const MoeDecodeWeights& w, float* hidden, int T, const MoeDecodeScratch& s, cudaStream_t stream);
 
 }  // namespace tern::cuda

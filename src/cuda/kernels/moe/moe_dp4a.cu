@@ -20,42 +20,6 @@ namespace {
 using namespace moe_parts;
 
 template <int S>
-struct GateUpBatch {
-  uint4 g[S], u[S];
-  uint32_t gsb[S], usb[S];
-};
-
-// Batch b: slot pair = b / F (0: the shared expert), intermediate row i = b % F.
-template <int S>
-__device__ __forceinline__ void load_gate_up(const GateUpParams& p, const int* ids, int b, int lane,
-                                             GateUpBatch<S>& out) {
-  if (b >= (p.k + 1) * p.F) {
-#pragma unroll
-    for (int j = 0; j < S; ++j) {
-      out.g[j] = out.u[j] = make_uint4(0, 0, 0, 0);
-      out.gsb[j] = out.usb[j] = 0;
-    }
-    return;
-  }
-  const int pair = b / p.F, i = b - pair * p.F;
-  const bool sh = pair == 0;
-  const int64_t e = sh ? 0 : ids[pair - 1];
-  const Q4 G = pick(sh, p.sgate, p.gate), U = pick(sh, p.sup, p.up);
-  const int64_t wo = e * G.expert_words + int64_t(i) * p.row_words, go = e * G.expert_groups + int64_t(i) * p.gpr;
-  const uint4* gw = reinterpret_cast<const uint4*>(G.words + wo) + lane;
-  const uint4* uw = reinterpret_cast<const uint4*>(U.words + wo) + lane;
-#pragma unroll
-  for (int j = 0; j < S; ++j) {
-    out.g[j] = qtile::ld_weights_u4(gw + 32 * j);
-    out.u[j] = qtile::ld_weights_u4(uw + 32 * j);
-    const int64_t g = go + 16 * j + lane / 2;
-    out.gsb[j] = qtile::ld_const_u16(G.scales + g) | (qtile::ld_const_u16(G.biases + g) << 16);
-    out.usb[j] = qtile::ld_const_u16(U.scales + g) | (qtile::ld_const_u16(U.biases + g) << 16);
-  }
-}
-
-
-template <int S>
 __global__ void __launch_bounds__(kThreads) moe_gate_up_dp4a_kernel(const GateUpParams p) {
   __shared__ int ids_s[kTopK];
   __shared__ uint4 xs[S * 128];
@@ -70,14 +34,14 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_dp4a_kernel(const GateUp
   float* h = p.h + int64_t(token) * (p.k + 1) * p.F;
   GateUpBatch<S> cur;  // the first batch's weights in flight while the activations are quantised
   const bool early = batch < p.F;  // a shared-expert row: known before the routing
-  if (early) load_gate_up<S>(p, ids_s, batch, lane, cur);
+  if (early) load_gate_up<S>(p, ids_s, batch, batches, lane, cur);
   pdl_wait();  // the routing and x̂ come from the router kernel
   if (int(threadIdx.x) < p.k) {
     const int e = ids[threadIdx.x];
     ids_s[threadIdx.x] = e < 0 ? 0 : (e >= p.E ? p.E - 1 : e);
   }
   __syncthreads();
-  if (!early) load_gate_up<S>(p, ids_s, batch, lane, cur);
+  if (!early) load_gate_up<S>(p, ids_s, batch, batches, lane, cur);
   if (p.down_ahead) prefetch_down(p, ids_s);
   float unused_ss = 0.0f;
   dp4a::quantize_block<dp4a::quantize_passes(S * 128, kThreads)>(xhat, nullptr, S * 128, xs, xsum, xsig, unused_ss);
@@ -86,18 +50,7 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_dp4a_kernel(const GateUp
   uint4 xq[S][4];
   float sig[S], sx[S];
   gate_up_lane_x<S>(xs, xsum, xsig, lane, xq, sig, sx);
-  for (; batch < batches; batch += warps) {
-    GateUpBatch<S> nxt;
-    load_gate_up<S>(p, ids_s, batch + warps, lane, nxt);
-    const float g = warp_sum(dot_row<S>(cur.g, cur.gsb, xq, sig, sx));
-    const float u = warp_sum(dot_row<S>(cur.u, cur.usb, xq, sig, sx));
-    if (lane == 0) {
-      const int pair = batch / p.F, i = batch - pair * p.F;
-      const int slot = pair == 0 ? p.k : pair - 1;
-      h[int64_t(slot) * p.F + i] = silu_f(g) * u;
-    }
-    cur = nxt;
-  }
+  gate_up_rows<S>(p, ids_s, batch, batches, warps, lane, xq, sig, sx, cur, h);
 }
 
 // ---- down + weighted sum + residual -------------------------------------------------------------------------------
@@ -206,27 +159,7 @@ bool moe_down_dp4a_fits(const MoeDecodeWeights& w) {
 bool moe_gate_up_dp4a(const MoeDecodeWeights& w, const MoeDecodeScratch& s, cudaStream_t stream, int B) {
   if (B < 1 || !moe_gate_up_dp4a_fits(w) || (reinterpret_cast<uintptr_t>(s.xhat) & 15)) return false;
   const DMat& g = w.expert_gate;
-  GateUpParams p;
-  p.gate = q4_of(g);
-  p.up = q4_of(w.expert_up);
-  p.sgate = q4_of(w.shared_gate);
-  p.sup = q4_of(w.shared_up);
-  p.F = int(g.rows);
-  p.row_words = int(g.row_words);
-  p.gpr = int(g.groups_per_row);
-  p.E = int(g.experts);
-  p.k = w.top_k;
-  p.ids = s.ids;
-  p.xhat = s.xhat;
-  p.h = s.h;
-  p.down_ahead = w.prefetch_down && prefetch_aligned(w.expert_down) && prefetch_aligned(w.shared_down) &&
-                 same_shape(w.expert_down, w.shared_down);
-  p.down_line = w.prefetch_line;
-  p.down = q4_of(w.expert_down);
-  p.sdown = q4_of(w.shared_down);
-  p.down_rows = int(w.expert_down.rows);
-  p.down_row_words = int(w.expert_down.row_words);
-  p.down_gpr = int(w.expert_down.groups_per_row);
+  const GateUpParams p = gate_up_params(w, s);
   const bool ring_aligned = prefetch_aligned(g) && prefetch_aligned(w.expert_up) && prefetch_aligned(w.shared_gate) &&
                             prefetch_aligned(w.shared_up);
   if (B >= 2 && ring_aligned && gate_up_ring(p, int(g.cols), B, stream)) return true;

@@ -25,7 +25,9 @@ bool moe_down_dp4a_fits(const MoeDecodeWeights& w);
 // nothing was launched. hidden [B, D]; the scratch's rows b hold token b's routing, x̂ and h.
 // The gate_up kernel calls pdl_trigger only after its pdl_wait (in every block, every token), so the kernel after it
 // starts only once the routing kernel before it has completed: down with early_routing (the launch right after this
-// gate_up kernel, same step, same B) reads the routing and issues its first weight loads before its own pdl_wait.
+// gate_up kernel, same step, same B; or right after the fused router + gate_up of moe_router_gate_up.cuh, whose blocks
+// trigger only once they have seen the routing) reads the routing and issues its first weight loads before its own
+// pdl_wait.
 // With w.prefetch_down each token's gate_up blocks ask L2 for that token's down matrices.
 bool moe_gate_up_dp4a(const MoeDecodeWeights& w, const MoeDecodeScratch& s, cudaStream_t stream, int B = 1);
 bool moe_down_dp4a(const MoeDecodeWeights& w, float* hidden, const MoeDecodeScratch& s, bool early_routing,

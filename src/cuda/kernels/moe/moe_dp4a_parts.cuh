@@ -1,5 +1,6 @@
-// Parts shared by the MoE decode block's integer expert kernels: the one-token kernels (moe_dp4a.cu) and their
-// batched ring forms (moe_dp4a_ring.cu). Included by those .cu files only.
+// Parts shared by the MoE decode block's integer expert kernels: the one-token kernels (moe_dp4a.cu), their batched
+// ring forms (moe_dp4a_ring.cu) and the fused router + gate_up kernel (moe_router_gate_up.cu). Included by those .cu
+// files only.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -8,6 +9,7 @@
 
 #include "cuda/common/cuda_common.cuh"
 #include "cuda/common/l2_prefetch.cuh"
+#include "cuda/common/warp_reduce.cuh"
 #include "cuda/kernels/moe/moe_decode.cuh"
 #include "cuda/kernels/qmv/dp4a_tile.cuh"
 #include "cuda/kernels/qmv/qmv_tile.cuh"
@@ -105,6 +107,65 @@ __device__ __forceinline__ float dot_row(const uint4 (&w)[S], const uint32_t (&s
   return acc;
 }
 
+// What a lane reads of one gate_up batch (one intermediate row of one slot: its gate row and its up row): a uint4 of
+// words per 1024-column slice j and the group's bf16 scale (low half) and bias (high half).
+template <int S>
+struct GateUpBatch {
+  uint4 g[S], u[S];
+  uint32_t gsb[S], usb[S];
+};
+
+// Loads batch b of one token: slot pair = b / F (0: the shared expert, whose rows need no routing), intermediate row
+// i = b % F; ids the token's clamped routing. Zeros, nothing read, for b >= end.
+template <int S>
+__device__ __forceinline__ void load_gate_up(const GateUpParams& p, const int* ids, int b, int end, int lane,
+                                             GateUpBatch<S>& out) {
+  if (b >= end) {
+#pragma unroll
+    for (int j = 0; j < S; ++j) {
+      out.g[j] = out.u[j] = make_uint4(0, 0, 0, 0);
+      out.gsb[j] = out.usb[j] = 0;
+    }
+    return;
+  }
+  const int pair = b / p.F, i = b - pair * p.F;
+  const bool sh = pair == 0;
+  const int64_t e = sh ? 0 : ids[pair - 1];
+  const Q4 G = pick(sh, p.sgate, p.gate), U = pick(sh, p.sup, p.up);
+  const int64_t wo = e * G.expert_words + int64_t(i) * p.row_words, go = e * G.expert_groups + int64_t(i) * p.gpr;
+  const uint4* gw = reinterpret_cast<const uint4*>(G.words + wo) + lane;
+  const uint4* uw = reinterpret_cast<const uint4*>(U.words + wo) + lane;
+#pragma unroll
+  for (int j = 0; j < S; ++j) {
+    out.g[j] = qtile::ld_weights_u4(gw + 32 * j);
+    out.u[j] = qtile::ld_weights_u4(uw + 32 * j);
+    const int64_t g = go + 16 * j + lane / 2;
+    out.gsb[j] = qtile::ld_const_u16(G.scales + g) | (qtile::ld_const_u16(G.biases + g) << 16);
+    out.usb[j] = qtile::ld_const_u16(U.scales + g) | (qtile::ld_const_u16(U.biases + g) << 16);
+  }
+}
+
+// One warp's batches batch, batch + warps, ... below end: h[slot][i] = silu(gate·x̂)·(up·x̂) (slot k: the shared
+// expert), x̂ as gate_up_lane_x leaves it. cur holds the first batch's weights on entry; each step loads the next
+// batch's (below end) before its dot products. Returns the first of the warp's batches at or past end.
+template <int S>
+__device__ __forceinline__ int gate_up_rows(const GateUpParams& p, const int* ids, int batch, int end, int warps,
+                                            int lane, const uint4 (&xq)[S][4], const float (&sig)[S],
+                                            const float (&sx)[S], GateUpBatch<S>& cur, float* h) {
+  for (; batch < end; batch += warps) {
+    GateUpBatch<S> nxt;
+    load_gate_up<S>(p, ids, batch + warps, end, lane, nxt);
+    const float g = warp_sum(dot_row<S>(cur.g, cur.gsb, xq, sig, sx));
+    const float u = warp_sum(dot_row<S>(cur.u, cur.usb, xq, sig, sx));
+    if (lane == 0) {
+      const int pair = batch / p.F, i = batch - pair * p.F;
+      const int slot = pair == 0 ? p.k : pair - 1;
+      h[int64_t(slot) * p.F + i] = silu_f(g) * u;
+    }
+    cur = nxt;
+  }
+  return batch;
+}
 
 // ---- down + weighted sum + residual -------------------------------------------------------------------------------
 
@@ -131,6 +192,34 @@ inline bool same_shape(const DMat& a, const DMat& b) { return a.rows == b.rows &
 inline bool prefetch_aligned(const DMat& m) {
   const auto al = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
   return al(m.data) && al(m.scales) && al(m.biases) && (m.groups_per_row * 2) % 16 == 0 && (m.row_words * 4) % 16 == 0;
+}
+
+// The gate_up kernels' parameters for w's experts over the scratch s (rows b: token b), down_ahead where
+// w.prefetch_down and the down matrices' pieces are aligned.
+inline GateUpParams gate_up_params(const MoeDecodeWeights& w, const MoeDecodeScratch& s) {
+  const DMat& g = w.expert_gate;
+  GateUpParams p;
+  p.gate = q4_of(g);
+  p.up = q4_of(w.expert_up);
+  p.sgate = q4_of(w.shared_gate);
+  p.sup = q4_of(w.shared_up);
+  p.F = int(g.rows);
+  p.row_words = int(g.row_words);
+  p.gpr = int(g.groups_per_row);
+  p.E = int(g.experts);
+  p.k = w.top_k;
+  p.ids = s.ids;
+  p.xhat = s.xhat;
+  p.h = s.h;
+  p.down_ahead = w.prefetch_down && prefetch_aligned(w.expert_down) && prefetch_aligned(w.shared_down) &&
+                 same_shape(w.expert_down, w.shared_down);
+  p.down_line = w.prefetch_line;
+  p.down = q4_of(w.expert_down);
+  p.sdown = q4_of(w.shared_down);
+  p.down_rows = int(w.expert_down.rows);
+  p.down_row_words = int(w.expert_down.row_words);
+  p.down_gpr = int(w.expert_down.groups_per_row);
+  return p;
 }
 
 // B tokens: grid (blocks, B), the blocks per token from qtile::balanced_grid (B = 1: the one-token grid).
