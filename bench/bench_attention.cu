@@ -1,6 +1,6 @@
 // Workbench cases of the attention family at the model's shapes (Hq 16, Hkv 2, dh 256): the tensor-core causal
-// prefill (TFLOP/s, FLOPs = 4·Hq·dh·Σ_t (pos0 + t + 1)), the split-KV decode with its merge kernel or its fused merge
-// (tickets; GB/s of the K/V bytes read, 2·Hkv·L·dh·2) and attn_prepare.
+// prefill (TFLOP/s, FLOPs = 4·Hq·dh·Σ_t (pos0 + t + 1)), the split-KV decode with its merge (GB/s of the K/V bytes
+// read, 2·Hkv·L·dh·2) and attn_prepare.
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,8 +41,6 @@ struct AttnState {
   std::vector<uint16_t*> k, v;
   float *q = nullptr, *qg = nullptr, *kin = nullptr, *vin = nullptr, *norm = nullptr, *part = nullptr, *out = nullptr;
   int* pos = nullptr;
-  bool fused = false;           // the decode merge fused into the split kernel
-  unsigned* tickets = nullptr;  // [Hkv] zeroed, when fused
   bool ready = false;
 
   void setup() {
@@ -62,11 +60,6 @@ struct AttnState {
     part = bench_alloc_random_floats(size_t(cuda::attn_partial_floats(T, d.Hq, d.dh)), 0.0f, 1.0f, 12);
     out = bench_alloc_random_floats(size_t(T * d.Hq * d.dh), 0.0f, 1.0f, 13);
     pos = alloc_position(int(pos0));
-    if (fused) {
-      const size_t bytes = size_t(cuda::attn_ticket_count(1, d.Hkv)) * sizeof(unsigned);
-      tickets = static_cast<unsigned*>(bench_alloc_random_bytes(bytes, 14));
-      TERN_CUDA(cudaMemset(tickets, 0, bytes));
-    }
     TERN_CUDA(cudaDeviceSynchronize());
     ready = true;
   }
@@ -81,9 +74,8 @@ std::shared_ptr<AttnState> make_state(int64_t T, int64_t pos0, int64_t capacity)
 }
 
 void add_attention_case(CaseList& cases, const std::string& group, const std::string& name, int64_t T, int64_t pos0,
-                        int64_t capacity, bool fused = false) {
+                        int64_t capacity) {
   auto s = make_state(T, pos0, capacity);
-  s->fused = fused;
   const AttnDims& d = s->d;
   const double keys_read = double(pos0 + T);  // every key up to the last token's position is read
   const double visible = double(T) * double(pos0) + double(T) * double(T + 1) / 2.0;
@@ -95,8 +87,7 @@ void add_attention_case(CaseList& cases, const std::string& group, const std::st
   c.setup = [s] { s->setup(); };
   c.run = [s](cudaStream_t stream, int rep) {
     const int i = rep % s->copies;
-    cuda::attention(s->q, s->qg, s->k[size_t(i)], s->v[size_t(i)], s->pos, s->d, s->part, s->out, stream,
-                    s->tickets);
+    cuda::attention(s->q, s->qg, s->k[size_t(i)], s->v[size_t(i)], s->pos, s->d, s->part, s->out, stream);
   };
   cases.push_back(std::move(c));
 }
@@ -127,8 +118,6 @@ TERN_BENCH_CASES(attention) {
   for (int64_t L : {int64_t(4096), int64_t(32768), int64_t(131072)}) {
     const std::string ctx = std::to_string(L / 1024) + "K";
     add_attention_case(cases, "decode", "attention split-KV T=1 context " + ctx, 1, L - 1, L + 64);
-    add_attention_case(cases, "decode", "attention split-KV T=1 context " + ctx + " fused merge", 1, L - 1, L + 64,
-                       true);
   }
   add_attention_case(cases, "decode", "attention split-KV T=4 context 32K", 4, 32768 - 4, 32768 + 64);
   add_prepare_case(cases, "decode", 1);

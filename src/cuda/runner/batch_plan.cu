@@ -238,7 +238,7 @@ void CudaRunner::slot_layers(int B, int64_t capacity, bool one_session) {
       ab.one_session = one_session;
       attn_prepare_batched(batch_proj_, batch_proj_ + Q, batch_proj_ + Q + KV, l.q_norm, l.k_norm, ab, d, batch_q_,
                            stream_);
-      attention_batched(batch_q_, batch_proj_, ab, d, batch_attn_part_, batch_attn_out_, stream_, attn_tickets_);
+      attention_batched(batch_q_, batch_proj_, ab, d, batch_attn_part_, batch_attn_out_, stream_);
       qmv_dp4a_batched(decode_product(l.o_proj, batch_attn_out_, int64_t(d.Hq) * d.dh, 1, nullptr, hidden_, D, true,
                                       output_ahead(l)),
                        B, stream_);

@@ -19,7 +19,6 @@
 #include "cuda/kernels/qmatmul/qmatmul_wgmma.cuh"
 #include "cuda/kernels/qmv/qmv.cuh"
 #include "cuda/kernels/sampling/sampling.cuh"
-#include "cuda/runner/batch_tables.cuh"
 #include "cuda/runner/cuda_runner_impl.cuh"
 #include "cuda/runner/cuda_session.cuh"
 #include "cuda/weights/device_weights.cuh"
@@ -232,10 +231,7 @@ void CudaRunner::allocate_scratch() {
   prep_bytes_ = size_t(std::max({matmul_prepared_bytes(T, D), matmul_prepared_bytes(T, Hv * dv),
                                  matmul_prepared_bytes(T, Hq * dh), matmul_prepared_bytes(T * k, F)}));
   prep_q16_bytes_ = size_t(matmul_q16_bytes(T, D));
-  // The fused decode merge's tickets, for the largest attention call: a batched step's kBatchSlots sequences.
-  const int64_t tickets = attn_fused_merge() ? attn_ticket_count(kBatchSlots, int(Hkv)) : 0;
-  scratch_ = DeviceArena(size_t(floats) * 4 + size_t(ints + tickets) * 4 + prep_bytes_ + 2 * prep_q16_bytes_ +
-                             64 * 256,
+  scratch_ = DeviceArena(size_t(floats) * 4 + size_t(ints) * 4 + prep_bytes_ + 2 * prep_q16_bytes_ + 64 * 256,
                          "activation scratch");
   hidden_ = scratch_.take_n<float>(size_t(T * D));
   normed_ = scratch_.take_n<float>(size_t(T * D));
@@ -274,10 +270,6 @@ void CudaRunner::allocate_scratch() {
   int* group_scratch = scratch_.take_n<int>(size_t(moe_group_ints(T, E, k)));
   groups_ = moe_groups_view(group_scratch, T, E, k);
   sample_out_ = scratch_.take_n<int>(1);
-  if (tickets > 0) {
-    attn_tickets_ = scratch_.take_n<unsigned>(size_t(tickets));
-    TERN_CUDA(cudaMemsetAsync(attn_tickets_, 0, size_t(tickets) * sizeof(unsigned), stream_));
-  }
 }
 
 GdnDims CudaRunner::gdn_dims(int64_t T) const {

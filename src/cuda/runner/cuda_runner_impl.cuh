@@ -254,9 +254,6 @@ class CudaRunner final : public ModelRunner {
   float *in_proj_out_ = nullptr, *conv_out_ = nullptr, *o_ = nullptr, *gated_ = nullptr, *g_ = nullptr,
         *beta_ = nullptr;
   float *qg_ = nullptr, *k_ = nullptr, *v_ = nullptr, *q_ = nullptr, *attn_out_ = nullptr, *attn_part_ = nullptr;
-  // [kBatchSlots, Hkv] the fused decode merge's tickets (zeroed once; every attention call of the runner's stream
-  // leaves them zero); null when attn_fused_merge() is off: the merge kernel.
-  unsigned* attn_tickets_ = nullptr;
   float *router_logits_ = nullptr, *route_w_ = nullptr, *shared_logit_ = nullptr;
   float *hg_ = nullptr, *hu_ = nullptr, *yd_ = nullptr, *sg_ = nullptr, *su_ = nullptr, *ys_ = nullptr;
   size_t yd_bytes_ = 0;                 // also the chunked Gated DeltaNet's workspace

@@ -277,7 +277,7 @@ void CudaRunner::attention_decode_mixer(const DeviceLayer& l, CudaSession::Layer
     qmv_into(l.v_proj, hidden_, D, T, l.input_norm, v_, KV);
   }
   attn_prepare(qg, k, v, l.q_norm, l.k_norm, s.d_pos, d, q_, lc.k, lc.v, stream_, attn_rope(s));
-  attention(q_, qg, lc.k, lc.v, s.d_pos, d, attn_part_, attn_out_, stream_, attn_tickets_);
+  attention(q_, qg, lc.k, lc.v, s.d_pos, d, attn_part_, attn_out_, stream_);
   qmv_into(l.o_proj, attn_out_, int64_t(d.Hq) * d.dh, T, nullptr, hidden_, D, /*accumulate=*/true, output_ahead(l));
 }
 

@@ -190,7 +190,7 @@ void CudaRunner::attention_mixer(const DeviceLayer& l, CudaSession::LayerCache& 
   proj(l.k_proj, normed_, T, k_, false, xp);
   proj(l.v_proj, normed_, T, v_, false, xp);
   attn_prepare(qg_, k_, v_, l.q_norm, l.k_norm, s.d_pos, d, q_, lc.k, lc.v, stream_, attn_rope(s));
-  attention(q_, qg_, lc.k, lc.v, s.d_pos, d, attn_part_, attn_out_, stream_, attn_tickets_);
+  attention(q_, qg_, lc.k, lc.v, s.d_pos, d, attn_part_, attn_out_, stream_);
   const int64_t O = int64_t(d.Hq) * d.dh;
   proj(l.o_proj, attn_out_, T, hidden_, /*accumulate=*/true, prepare_x(attn_out_, O, T, O, kMixerOut));
 }

@@ -1,8 +1,6 @@
 // The fp8 KV cache of the CUDA attention kernels (AttnDims::kv = KvDtype::fp8; attention.cuh has the format):
 // attn_prepare's stored bytes and scales against the CPU quantiser (core/fp8.h) bit for bit; attention() (prefill and
-// decode) against an fp64 reference over the dequantised cache; the batched calls bit for bit as each sequence alone;
-// the decode merge fused into the split kernel (tickets) bit for bit as the merge kernel. The decode calls take the
-// merge the runner takes by default (attn_fused_merge).
+// decode) against an fp64 reference over the dequantised cache; the batched calls bit for bit as each sequence alone.
 // Buffers start poisoned (0xff: NaN codes and NaN scales), so a row read that was never written shows.
 #include <algorithm>
 #include <cmath>
@@ -14,7 +12,6 @@
 
 #include "../cuda_test_util.h"
 #include "attention_batch_tables.h"
-#include "attention_merge.h"
 #include "core/fp8.h"
 #include "cuda/kernels/attention/attention.cuh"
 
@@ -260,9 +257,8 @@ void run_fp8_case(std::mt19937_64& rng, AttnDims d, int64_t pos0, int64_t T, int
   DeviceBuf<float> dqg(qg), dk(k), dv(v), dqn(qn), dkn(kn), dq(size_t(T * d.Hq * d.dh)), out(dq.n);
   DeviceBuf<float> part(size_t(attn_partial_floats(T, d.Hq, d.dh)));
   DeviceBuf<int> dpos(std::vector<int>{int(pos0)});
-  const DefaultTickets tickets(1, d.Hkv);
   attn_prepare(dqg.p, dk.p, dv.p, dqn.p, dkn.p, dpos.p, d, dq.p, ck->p, cv->p, nullptr);
-  attention(dq.p, dqg.p, ck->p, cv->p, dpos.p, d, part.p, out.p, nullptr, tickets.p());
+  attention(dq.p, dqg.p, ck->p, cv->p, dpos.p, d, part.p, out.p, nullptr);
   TERN_CUDA(cudaGetLastError());
   expect_matches_fp64(d, pos0, dq.host(), qg, download(*ck, d, capacity), download(*cv, d, capacity), out.host(),
                       what);
@@ -345,9 +341,8 @@ void run_fp8_batched_case(std::mt19937_64& rng, AttnDims d, const std::vector<st
   DeviceBuf<float> q_b(size_t(B * out_n)), out_b(q_b.n), q_1(q_b.n), out_1(q_b.n);
   DeviceBuf<float> part_b(size_t(attn_batch_partial_floats(B, d.Hq, d.dh)));
   DeviceBuf<float> part_1(size_t(attn_partial_floats(1, d.Hq, d.dh)));
-  const DefaultTickets tickets(B, d.Hkv);  // for the batched call and each lone one
   attn_prepare_batched(dproj.p, dproj.p + Q, dproj.p + Q + KV, dqn.p, dkn.p, batch, dmax, q_b.p, nullptr);
-  attention_batched(q_b.p, dproj.p, batch, dmax, part_b.p, out_b.p, nullptr, tickets.p());
+  attention_batched(q_b.p, dproj.p, batch, dmax, part_b.p, out_b.p, nullptr);
   for (int b = 0; b < B; ++b) {
     AttnDims ds = d;
     ds.capacity = caps[size_t(b)];
@@ -355,7 +350,7 @@ void run_fp8_batched_case(std::mt19937_64& rng, AttnDims d, const std::vector<st
     attn_prepare(row, row + Q, row + Q + KV, dqn.p, dkn.p, dpos.p + b, ds, q_1.p + b * out_n, k1[size_t(b)]->p,
                  v1[size_t(b)]->p, nullptr);
     attention(q_1.p + b * out_n, row, k1[size_t(b)]->p, v1[size_t(b)]->p, dpos.p + b, ds, part_1.p,
-              out_1.p + b * out_n, nullptr, tickets.p());
+              out_1.p + b * out_n, nullptr);
   }
   TERN_CUDA(cudaGetLastError());
   const auto qg = q_b.host(), qw = q_1.host(), og = out_b.host(), ow = out_1.host();
@@ -383,85 +378,6 @@ TEST(CudaAttentionFp8, BatchedIsBitIdenticalToEachSequenceAlone) {
   for (const AttnDims& o : {fp8_dims(4, 2, 64, 16), fp8_dims(8, 1, 128, 32)})
     run_fp8_batched_case(rng, o, {{400, 250}, {64, 0}, {3000, 2999}},
                          "dh " + std::to_string(o.dh) + " Hq " + std::to_string(o.Hq) + " B=3");
-}
-
-// The decode merge fused into the split kernel against the merge kernel on fp8 caches, bit for bit
-// (expect_fused_merge_matches, as attention_test.cpp's FusedMergeIsBitIdenticalToTheMergeKernel): one sequence of
-// one token at one split (capacity 64), two (100) and many (65536: most empty at context 5000; 32768: none at 20000),
-// and 8 query heads per KV head at head dim 64 (two passes of the fused merge's 4 rows); then attention_batched over
-// B = 3 sequences of one, two and many splits.
-TEST(CudaAttentionFp8, FusedMergeIsBitIdenticalToTheMergeKernel) {
-  TERN_REQUIRE_GPU();
-  std::mt19937_64 rng(fresh_seed("CudaAttentionFp8.FusedMerge"));
-  struct C {
-    AttnDims d;
-    int64_t context, capacity;
-  };
-  for (const C& c : {C{model_fp8(), 40, 64}, C{model_fp8(), 100, 100}, C{model_fp8(), 5000, 65536},
-                     C{model_fp8(), 20000, 32768}, C{fp8_dims(16, 2, 64, 16), 3000, 4096}}) {
-    AttnDims d = c.d;
-    d.T = 1;
-    d.capacity = c.capacity;
-    const int64_t pos0 = c.context - 1;
-    const int64_t T = d.T;
-    Fp8Image k0(d, c.capacity), v0(d, c.capacity);
-    k0.fill(rng, pos0, -1.7f, 1.7f);
-    v0.fill(rng, pos0, -1.0f, 1.0f);
-    auto ck = upload(k0), cv = upload(v0);
-    DeviceBuf<float> dqg(random_floats(rng, size_t(T * d.Hq * 2 * d.dh), -2.0f, 2.0f));
-    DeviceBuf<float> dk(random_floats(rng, size_t(T * d.Hkv * d.dh), -2.0f, 2.0f));
-    DeviceBuf<float> dv(random_floats(rng, size_t(T * d.Hkv * d.dh), -1.0f, 1.0f));
-    DeviceBuf<float> dn(random_floats(rng, size_t(d.dh), 0.5f, 1.5f)), dq(size_t(T * d.Hq * d.dh));
-    DeviceBuf<float> part(size_t(attn_partial_floats(T, d.Hq, d.dh)));
-    DeviceBuf<int> dpos(std::vector<int>{int(pos0)});
-    attn_prepare(dqg.p, dk.p, dv.p, dn.p, dn.p, dpos.p, d, dq.p, ck->p, cv->p, nullptr);
-    TERN_CUDA(cudaDeviceSynchronize());
-    expect_fused_merge_matches(
-        dq.n, attn_ticket_count(1, d.Hkv),
-        [&](unsigned* tickets, float* out, cudaStream_t stream) {
-          attention(dq.p, dqg.p, ck->p, cv->p, dpos.p, d, part.p, out, stream, tickets);
-        },
-        "fp8 dh " + std::to_string(d.dh) + " Hq " + std::to_string(d.Hq) + " context " +
-            std::to_string(c.context) + " (capacity " + std::to_string(c.capacity) + ")");
-  }
-
-  AttnDims d = model_fp8();
-  d.T = 1;
-  const std::vector<std::pair<int64_t, int64_t>> seqs = {{64, 40}, {100, 70}, {65536, 30000}};  // capacity, position
-  const int B = int(seqs.size());
-  const int64_t Q = int64_t(d.Hq) * 2 * d.dh, KV = int64_t(d.Hkv) * d.dh, ld = Q + 2 * KV;
-  DeviceBuf<float> dproj(random_floats(rng, size_t(B * ld), -2.0f, 2.0f));
-  DeviceBuf<float> dn(random_floats(rng, size_t(d.dh), 0.5f, 1.5f));
-  std::vector<std::unique_ptr<DeviceBuf<uint8_t>>> caches;
-  std::vector<void*> k_ptrs, v_ptrs;
-  std::vector<int> pos, splits;
-  std::vector<int64_t> caps;
-  AttnDims dmax = d;
-  for (const auto& [capacity, position] : seqs) {
-    Fp8Image kc(d, capacity), vc(d, capacity);
-    kc.fill(rng, position, -1.7f, 1.7f);
-    vc.fill(rng, position, -1.0f, 1.0f);
-    caches.push_back(upload(kc));
-    k_ptrs.push_back(caches.back()->p);
-    caches.push_back(upload(vc));
-    v_ptrs.push_back(caches.back()->p);
-    pos.push_back(int(position));
-    caps.push_back(capacity);
-    AttnDims ds = d;
-    ds.capacity = capacity;
-    splits.push_back(attn_batch_splits(ds));
-    dmax.capacity = std::max(dmax.capacity, capacity);
-  }
-  DeviceAttnBatch tables(pos, splits, caps, k_ptrs, v_ptrs, ld);
-  DeviceBuf<float> q(size_t(B * d.Hq * d.dh)), part(size_t(attn_batch_partial_floats(B, d.Hq, d.dh)));
-  attn_prepare_batched(dproj.p, dproj.p + Q, dproj.p + Q + KV, dn.p, dn.p, tables.batch, dmax, q.p, nullptr);
-  TERN_CUDA(cudaDeviceSynchronize());
-  expect_fused_merge_matches(
-      q.n, attn_ticket_count(B, d.Hkv),
-      [&](unsigned* tickets, float* out, cudaStream_t stream) {
-        attention_batched(q.p, dproj.p, tables.batch, dmax, part.p, out, stream, tickets);
-      },
-      "fp8 B=3, 1, 2 and many splits");
 }
 
 }  // namespace

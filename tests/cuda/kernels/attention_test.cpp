@@ -3,9 +3,7 @@
 // outputs and unwritten cache rows poisoned (NaN) beforehand. The tests that compare against the twin run for both
 // 16-bit KV cache types (AttnDims::kv: fp16, the runner's default, and bf16), the twin reading the cache as it is
 // stored. The fp8 cache has its own tests (attention_fp8_test.cpp).
-// The batched forms (attn_prepare_batched, attention_batched) are held bit for bit to the one-sequence calls, and the
-// decode merge fused into the split kernel (tickets) to the merge kernel. The decode calls take the merge the runner
-// takes by default (attn_fused_merge).
+// The batched forms (attn_prepare_batched, attention_batched) are held bit for bit to the one-sequence calls.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -17,7 +15,6 @@
 
 #include "../cuda_test_util.h"
 #include "attention_batch_tables.h"
-#include "attention_merge.h"
 #include "cpu/ops_attention.h"
 #include "cpu/ops_elementwise.h"
 #include "cpu/ops_norm.h"
@@ -91,7 +88,6 @@ struct Step {
   int64_t T;
   std::vector<float> qg, k, v;
   DeviceBuf<float> dqg, dk, dv, dq, out, part;
-  DefaultTickets tickets;
   Step(std::mt19937_64& rng, const AttnDims& d)
       : T(d.T),
         qg(random_floats(rng, size_t(d.T * d.Hq * 2 * d.dh), -2.0f, 2.0f)),
@@ -100,8 +96,7 @@ struct Step {
         dqg(qg), dk(k), dv(v),
         dq(size_t(d.T * d.Hq * d.dh)),
         out(size_t(d.T * d.Hq * d.dh)),
-        part(size_t(attn_partial_floats(d.T, d.Hq, d.dh))),
-        tickets(1, d.Hkv) {}
+        part(size_t(attn_partial_floats(d.T, d.Hq, d.dh))) {}
   // New random inputs in the same device buffers (for graph replays).
   void refresh(std::mt19937_64& rng) {
     for (auto* x : {&qg, &k}) *x = random_floats(rng, x->size(), -2.0f, 2.0f);
@@ -117,7 +112,7 @@ struct Step {
   }
   void run(Cache& c, const Norms& nm, const int* dpos, cudaStream_t stream) {
     attn_prepare(dqg.p, dk.p, dv.p, nm.dq.p, nm.dk.p, dpos, c.d, dq.p, c.k.p, c.v.p, stream);
-    attention(dq.p, dqg.p, c.k.p, c.v.p, dpos, c.d, part.p, out.p, stream, tickets.p());
+    attention(dq.p, dqg.p, c.k.p, c.v.p, dpos, c.d, part.p, out.p, stream);
   }
 };
 
@@ -379,9 +374,8 @@ void run_batched_case(std::mt19937_64& rng, AttnDims d, const std::vector<BatchS
   DeviceBuf<float> q_b(size_t(B * out_n)), out_b(size_t(B * out_n)), q_1(q_b.n), out_1(out_b.n);  // poisoned
   DeviceBuf<float> part_b(size_t(attn_batch_partial_floats(B, d.Hq, d.dh)));
   DeviceBuf<float> part_1(size_t(attn_partial_floats(1, d.Hq, d.dh)));
-  const DefaultTickets tickets(B, d.Hkv);  // for the batched call and each lone one
   attn_prepare_batched(dproj.p, dproj.p + Q, dproj.p + Q + KV, nm.dq.p, nm.dk.p, batch, dmax, q_b.p, nullptr);
-  attention_batched(q_b.p, dproj.p, batch, dmax, part_b.p, out_b.p, nullptr, tickets.p());
+  attention_batched(q_b.p, dproj.p, batch, dmax, part_b.p, out_b.p, nullptr);
   TERN_CUDA(cudaGetLastError());
   for (int b = 0; b < B; ++b) {
     AttnDims ds = d;
@@ -390,7 +384,7 @@ void run_batched_case(std::mt19937_64& rng, AttnDims d, const std::vector<BatchS
     attn_prepare(row, row + Q, row + Q + KV, nm.dq.p, nm.dk.p, dpos.p + b, ds, q_1.p + b * out_n, k1[size_t(b)]->p,
                  v1[size_t(b)]->p, nullptr);
     attention(q_1.p + b * out_n, row, k1[size_t(b)]->p, v1[size_t(b)]->p, dpos.p + b, ds, part_1.p,
-              out_1.p + b * out_n, nullptr, tickets.p());
+              out_1.p + b * out_n, nullptr);
   }
   TERN_CUDA(cudaGetLastError());
 
@@ -425,111 +419,6 @@ TEST_P(CudaAttentionKv, BatchedIsBitIdenticalToEachSequenceAlone) {
   for (const AttnDims& o : {small_dims(4, 2, 64, 16), small_dims(8, 1, 128, 32)})
     run_batched_case(rng, with_kv(o, GetParam()), {{400, 250}, {64, 0}, {3000, 2999}},
                      "dh " + std::to_string(o.dh) + " Hq " + std::to_string(o.Hq) + " B=3");
-}
-
-// The decode merge fused into the split kernel against the merge kernel, bit for bit (expect_fused_merge_matches:
-// twice in a row and as graph replays, the tickets back at 0 each time), one sequence of one token: capacities of one
-// split (64 keys), two (100; at context 30 the second split is empty) and many (65536: all but one empty at context
-// 1, most at 5000, none at 40000), and the other head shapes, among them 8 and 16 query heads per KV head at head
-// dims 64, 128 and 256 (two passes of the fused merge's 4 or 8 rows where they are more).
-TEST_P(CudaAttentionKv, FusedMergeIsBitIdenticalToTheMergeKernel) {
-  TERN_REQUIRE_GPU();
-  std::mt19937_64 rng(fresh_seed("CudaAttention.FusedMerge"));
-  const AttnDims model = with_kv(model_dims(), GetParam());
-  const AttnDims dh64 = with_kv(small_dims(4, 2, 64, 16), GetParam());
-  const AttnDims dh64_g8 = with_kv(small_dims(16, 2, 64, 16), GetParam());
-  const AttnDims dh128 = with_kv(small_dims(8, 1, 128, 32), GetParam());
-  const AttnDims dh128_g16 = with_kv(small_dims(32, 2, 128, 32), GetParam());
-  const AttnDims dh256_g16 = with_kv(small_dims(32, 2, 256, 64), GetParam());
-  const auto splits_of = [](AttnDims d, int64_t capacity) {
-    d.capacity = capacity;
-    return attn_batch_splits(d);
-  };
-  EXPECT_EQ(splits_of(model, 64), 1);
-  EXPECT_EQ(splits_of(model, 100), 2);
-  EXPECT_GT(splits_of(model, 65536), 2);
-  struct C {
-    AttnDims d;
-    int64_t context, capacity;
-  };
-  for (const C& c : {C{model, 40, 64}, C{model, 64, 64}, C{model, 100, 100}, C{model, 30, 100}, C{model, 1, 65536},
-                     C{model, 5000, 65536}, C{model, 40000, 65536}, C{dh64, 250, 400}, C{dh64_g8, 3000, 4096},
-                     C{dh128, 3000, 4096}, C{dh128_g16, 3000, 4096}, C{dh256_g16, 5000, 65536}}) {
-    AttnDims d = c.d;
-    d.T = 1;
-    d.capacity = c.capacity;
-    const int64_t pos0 = c.context - 1;
-    Cache cache(d);
-    cache.fill_history(rng, pos0);
-    Norms nm(rng, d.dh);
-    Step s(rng, d);
-    DeviceBuf<int> dpos(std::vector<int>{int(pos0)});
-    s.run(cache, nm, dpos.p, nullptr);  // q and the new cache rows
-    TERN_CUDA(cudaDeviceSynchronize());
-    const std::string what = std::string(kv_name(is_f16(d))) + " dh " + std::to_string(d.dh) + " Hq " +
-                             std::to_string(d.Hq) + " Hkv " + std::to_string(d.Hkv) + " context " +
-                             std::to_string(c.context) + " (capacity " + std::to_string(d.capacity) + ")";
-    expect_fused_merge_matches(
-        s.out.n, attn_ticket_count(1, d.Hkv),
-        [&](unsigned* tickets, float* out, cudaStream_t stream) {
-          attention(s.dq.p, s.dqg.p, cache.k.p, cache.v.p, dpos.p, d, s.part.p, out, stream, tickets);
-        },
-        what);
-  }
-}
-
-// The same for attention_batched over `seqs` (one token each, each its own cache, position and split count).
-void run_batched_fused_case(std::mt19937_64& rng, AttnDims d, const std::vector<BatchSeq>& seqs,
-                            const std::string& what) {
-  d.T = 1;
-  const int B = int(seqs.size());
-  const int64_t Q = int64_t(d.Hq) * 2 * d.dh, KV = int64_t(d.Hkv) * d.dh, ld = Q + 2 * KV;
-  std::vector<float> proj = random_floats(rng, size_t(B * ld), -2.0f, 2.0f);
-  DeviceBuf<float> dproj(proj);
-  Norms nm(rng, d.dh);
-  std::vector<std::unique_ptr<Cache>> caches;
-  std::vector<void*> k_ptrs, v_ptrs;
-  std::vector<int> pos, splits;
-  std::vector<int64_t> caps;
-  AttnDims dmax = d;
-  dmax.capacity = 0;
-  std::string split_list;
-  for (const BatchSeq& s : seqs) {
-    AttnDims ds = d;
-    ds.capacity = s.capacity;
-    caches.push_back(std::make_unique<Cache>(ds));
-    caches.back()->fill_history(rng, s.pos);
-    k_ptrs.push_back(caches.back()->k.p);
-    v_ptrs.push_back(caches.back()->v.p);
-    pos.push_back(int(s.pos));
-    caps.push_back(s.capacity);
-    splits.push_back(attn_batch_splits(ds));
-    split_list += " " + std::to_string(splits.back());
-    dmax.capacity = std::max(dmax.capacity, s.capacity);
-  }
-  std::printf("[attention] fused merge %s: splits%s\n", what.c_str(), split_list.c_str());
-  DeviceAttnBatch tables(pos, splits, caps, k_ptrs, v_ptrs, ld);
-  DeviceBuf<float> q(size_t(B * d.Hq * d.dh)), part(size_t(attn_batch_partial_floats(B, d.Hq, d.dh)));
-  attn_prepare_batched(dproj.p, dproj.p + Q, dproj.p + Q + KV, nm.dq.p, nm.dk.p, tables.batch, dmax, q.p, nullptr);
-  TERN_CUDA(cudaDeviceSynchronize());
-  expect_fused_merge_matches(
-      q.n, attn_ticket_count(B, d.Hkv),
-      [&](unsigned* tickets, float* out, cudaStream_t stream) {
-        attention_batched(q.p, dproj.p, tables.batch, dmax, part.p, out, stream, tickets);
-      },
-      std::string(kv_name(is_f16(d))) + " " + what);
-}
-
-// B = 3 sequences of one, two and many splits (capacities 64, 100, 65536), three of many splits at different lengths,
-// and three at head dim 64.
-TEST_P(CudaAttentionKv, FusedMergeIsBitIdenticalToTheMergeKernelBatched) {
-  TERN_REQUIRE_GPU();
-  std::mt19937_64 rng(fresh_seed("CudaAttention.FusedMergeBatched"));
-  const AttnDims d = with_kv(model_dims(), GetParam());
-  run_batched_fused_case(rng, d, {{64, 40}, {100, 70}, {65536, 30000}}, "B=3, 1, 2 and many splits");
-  run_batched_fused_case(rng, d, {{40000, 2000}, {4096, 4095}, {65536, 100}}, "B=3, many splits");
-  run_batched_fused_case(rng, with_kv(small_dims(4, 2, 64, 16), GetParam()), {{400, 250}, {64, 0}, {3000, 2999}},
-                         "dh 64 Hq 4 B=3");
 }
 
 // Shapes the kernels do not take are refused with an error before anything is launched, by attn_prepare and by

@@ -645,8 +645,6 @@ __global__ void __launch_bounds__(128, 2)
 // tiles stream through a `stages`-deep cp.async ring; the KW key-warps are combined in shared memory at the end and
 // the block writes the unnormalised partial o with its max m (log2 units) and sum l. Empty splits write m = −inf,
 // l = 0 and no o. The grid has the largest split count's columns; a sequence's columns past its own count do nothing.
-// The partials are merged (merge_rows) by the merge kernel, one block per output row, or with tickets (the fused
-// merge) by the split block that finishes last for its (sequence, KV head), all T·G rows of that KV head.
 
 // Where a launch's split partials are: sequence b's o at o + b·stride·dh, [T, Hq, splits_b, dh]; its m and l at
 // m + b·stride and l + b·stride, [T, Hq, splits_b]. attention (one sequence): stride unused; attention_batched:
@@ -656,16 +654,6 @@ struct Partials {
   float* m = nullptr;
   float* l = nullptr;
   int64_t stride = 0;
-  // [B, Hkv] the fused merge's counters (attn_ticket_count), zero between launches; null: the merge kernel merges.
-  unsigned* tickets = nullptr;
-};
-
-// Where the merge writes: out [B·T, Hq·dh] = the merged rows times sigmoid(gate), the gate of row i = b·T + t from
-// qg + i·ld_qg ([Hq][q | gate]).
-struct MergeOut {
-  const float* qg = nullptr;
-  int64_t ld_qg = 0;
-  float* out = nullptr;
 };
 
 template <int DH, int RW>
@@ -675,171 +663,10 @@ constexpr size_t decode_smem_bytes(int stages) {
   return q + stats + (tiles > merge ? tiles : merge);
 }
 
-// ---- the merge of the split partials ------------------------------------------------------------------------------
-//
-// Output row (token t, query head h) of sequence b, from its splits' partials o_s, m_s, l_s:
-//   out[j] = (Σ_s 2^{m_s−M} o_s[j]) / (Σ_s 2^{m_s−M} l_s) · sigmoid(gate[j]),  M = max_s m_s.
-// One code for both mergers (merge_rows), so that the fused merge's bits are the merge kernel's by construction.
-
-// Where merge_rows reads one row's partials and writes its output.
-struct MergeRow {
-  const float* m;     // [splits] the splits' maxima (log2 units)
-  const float* l;     // [splits] their sums
-  const float* o;     // [splits, DH] their unnormalised outputs
-  const float* gate;  // [DH]
-  float* out;         // [DH]
-};
-
-// Row th = t·Hq + h of sequence b, whose partials are [T, Hq, splits].
-template <int DH>
-__device__ __forceinline__ MergeRow merge_row(const Partials& part, const MergeOut& mo, const AttnDims& d, int b,
-                                              int64_t th, int splits) {
-  const int64_t t = th / d.Hq, h = th % d.Hq, i = b * d.T + t;  // the row of qg and out
-  const int64_t p = b * part.stride + th * splits;                // the row's first partial
-  return {part.m + p, part.l + p, part.o + p * DH, mo.qg + i * mo.ld_qg + h * 2 * DH + DH,
-          mo.out + (i * d.Hq + h) * DH};
-}
-
-// merge_rows' shared memory for RC rows.
-template <int RC>
-struct MergeSmem {
-  float4 red[RC][256];              // each row's 256 partial sums (virtual thread v: split group v / C4, quad v % C4)
-  float wts[RC][kAttnMaxSplits];    // each row's split weights 2^{m_s−M}, 0 for an empty split
-  float inv_sum[RC];                // each row's 1 / Σ_s 2^{m_s−M} l_s
-};
-
-// Merges n <= RC rows (row_at(i) -> MergeRow, i < n) of `splits` splits each; every thread of the block (THREADS of
-// them) calls it, and the caller syncs before reusing sm. The arithmetic of a row is laid out on 256 virtual threads
-// v = (split group sg = v / C4, column quad c = v % C4): warp i % (THREADS / 32) finds row i's M, weights and sum
-// (lane-strided over the splits, then warp_max and warp_sum); v sums w_s·o_s over splits sg, sg + SG, ... of its
-// columns in that order (splits of weight 0, the empty ones, not read); then v = c adds the other groups' sums in
-// group order and applies 1/L and the gate. Real thread i runs the virtual threads i, i + THREADS, ... of every row,
-// their chains interleaved (independent loads in flight), each chain in its own order: the operations and their
-// order per value are the same for any THREADS and RC, so are the bits. Partials are read with ld.global.cg (L2, the
-// coherence point: the fused merge reads what other blocks of its own grid wrote, merge_if_last).
-template <int DH, int THREADS, int RC, typename RowAt>
-__device__ __forceinline__ void merge_rows(int n, int splits, const RowAt& row_at, MergeSmem<RC>& sm) {
-  constexpr int C4 = DH / 4, SG = 256 / C4, V = 256 / THREADS, WARPS = THREADS / 32;
-  static_assert(256 % THREADS == 0 && THREADS % C4 == 0, "merge_rows: THREADS divides 256, C4 divides THREADS");
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, c = tid % C4;
-  for (int i = warp; i < n; i += WARPS) {
-    const MergeRow r = row_at(i);
-    float M = -INFINITY;
-    for (int s = lane; s < splits; s += 32) M = fmaxf(M, __ldcg(r.m + s));
-    M = warp_max(M);
-    float L = 0.0f;
-    for (int s = lane; s < splits; s += 32) {
-      const float ms = __ldcg(r.m + s);
-      const float w = ms == -INFINITY ? 0.0f : exp2f(ms - M);
-      sm.wts[i][s] = w;
-      if (w != 0.0f) L += w * __ldcg(r.l + s);
-    }
-    L = warp_sum(L);
-    if (lane == 0) sm.inv_sum[i] = 1.0f / L;
-  }
-  __syncthreads();
-  float4 acc[RC][V];  // virtual thread tid + j·THREADS of row i
-#pragma unroll
-  for (int i = 0; i < RC; ++i)
-#pragma unroll
-    for (int j = 0; j < V; ++j) acc[i][j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  for (int k = 0; k * SG < splits; ++k) {
-#pragma unroll
-    for (int i = 0; i < RC; ++i) {
-      if (i >= n) break;
-      const float* o = row_at(i).o;
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        const int s = (tid + j * THREADS) / C4 + k * SG;
-        const float w = s < splits ? sm.wts[i][s] : 0.0f;
-        if (w != 0.0f) {
-          const float4 v = __ldcg(reinterpret_cast<const float4*>(o + int64_t(s) * DH + 4 * c));
-          acc[i][j].x += w * v.x;
-          acc[i][j].y += w * v.y;
-          acc[i][j].z += w * v.z;
-          acc[i][j].w += w * v.w;
-        }
-      }
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < RC; ++i)
-#pragma unroll
-    for (int j = 0; j < V; ++j)
-      if (i < n) sm.red[i][tid + j * THREADS] = acc[i][j];
-  __syncthreads();
-  for (int e = tid; e < n * C4; e += THREADS) {
-    const int i = e / C4, q4 = e % C4;
-    float4 sum = sm.red[i][q4];
-#pragma unroll
-    for (int g = 1; g < SG; ++g) {
-      const float4 v = sm.red[i][g * C4 + q4];
-      sum.x += v.x;
-      sum.y += v.y;
-      sum.z += v.z;
-      sum.w += v.w;
-    }
-    const float inv = sm.inv_sum[i];
-    const MergeRow r = row_at(i);
-    const float4 gv = *reinterpret_cast<const float4*>(r.gate + 4 * q4);
-    *reinterpret_cast<float4*>(r.out + 4 * q4) =
-        make_float4(sum.x * inv * sigmoidf(gv.x), sum.y * inv * sigmoidf(gv.y), sum.z * inv * sigmoidf(gv.z),
-                    sum.w * inv * sigmoidf(gv.w));
-  }
-}
-
-// Rows the fused merge takes at once: what fits the split kernel's smallest dynamic shared memory (RW = 1, one stage).
-template <int DH>
-constexpr int kFusedMergeRows = DH == 64 ? 4 : 8;
-
-// The fused merge (part.tickets set), called by every thread of split block (kvh, split) of sequence b once the
-// block's partials are written (an empty split's m = −inf and l = 0 included); smem: the block's dynamic shared
-// memory, free by then. The block that finishes last of the sequence's `splits` blocks of KV head kvh merges the
-// T·G rows of that KV head (merge_rows, the merge kernel's arithmetic) and sets its ticket back to 0 for the next
-// launch (so graph replays need no reset).
-// Why the last block reads every block's partials: each thread's partial stores precede its __threadfence
-// (membar.gl, GPU scope), the barrier after it orders every thread's fence before thread 0's atomicAdd on the
-// ticket, and a block whose atomicAdd returns splits − 1 is ordered after every other block's atomicAdd, hence after
-// their stores (the pattern of CUDA's threadFenceReduction sample and of cooperative groups' grid sync). Its thread 0
-// fences again (the acquire side) before the barrier that lets the block's threads read. They read with
-// ld.global.cg (L2): L1 is not coherent across SMs; it could hold a stale line only of a partial this block read
-// before, which it did not, but .cg does not depend on that. One split (the block is the only one): its own
-// partials, ordered by the barrier; no ticket, no fence. The next launch's atomics (the next layer's attention may
-// use the same tickets) come after this grid completes: a plain launch waits for it, and a PDL launch's pdl_wait,
-// which every block passes before it writes anything, waits for every earlier kernel of the stream (launch.cuh).
-template <int DH>
-__device__ __forceinline__ void merge_if_last(const Partials& part, const MergeOut& mo, const AttnDims& d, int b,
-                                              int kvh, int splits, uint8_t* smem) {
-  constexpr int RC = kFusedMergeRows<DH>;
-  static_assert(sizeof(MergeSmem<RC>) <= decode_smem_bytes<DH, 1>(1), "the fused merge's rows fit any variant");
-  if (splits > 1) __threadfence();
-  __syncthreads();
-  int last = splits == 1;
-  if (threadIdx.x == 0 && splits > 1) {
-    unsigned* const ticket = part.tickets + int64_t(b) * d.Hkv + kvh;
-    last = atomicAdd(ticket, 1u) == unsigned(splits - 1);
-    if (last) {
-      *ticket = 0u;  // every block of this launch has taken its ticket
-      __threadfence();
-    }
-  }
-  if (!__syncthreads_or(last)) return;
-  MergeSmem<RC>& sm = *reinterpret_cast<MergeSmem<RC>*>(smem);
-  const int G = d.Hq / d.Hkv, R = int(d.T) * G;
-  for (int r0 = 0; r0 < R; r0 += RC) {
-    const auto row_at = [&](int i) {
-      const int r = r0 + i;  // query row r = t·G + hg: head kvh·G + hg of token t
-      return merge_row<DH>(part, mo, d, b, int64_t(r / G) * d.Hq + kvh * G + r % G, splits);
-    };
-    merge_rows<DH, 128, RC>(R - r0 < RC ? R - r0 : RC, splits, row_at, sm);
-    __syncthreads();  // sm is reused by the next rows
-  }
-}
-
 template <int DH, int RW, KvDtype KV>
 __global__ void __launch_bounds__(128, 1)
     attention_decode_split_kernel(const float* q, Seqs<const void> seqs, AttnDims d, int stages,
-                                  bool kv_prefetch_enabled, Partials part, MergeOut mo) {
+                                  bool kv_prefetch_enabled, Partials part) {
   constexpr bool F16 = kF16<KV>;
   constexpr int BN = kBlockKeys, CH = DH / 8, NT = DH / 8;
   constexpr int KW = 4 / RW, KPW = BN / KW, SN = KPW / 8;
@@ -858,10 +685,9 @@ __global__ void __launch_bounds__(128, 1)
   const int G = d.Hq / d.Hkv, R = int(d.T) * G;
 
   // A column past the sequence's own split count (a batched launch, whose grid has the largest count's columns)
-  // exits at once, before any pdl_wait or pdl_trigger (and takes no ticket): a block that exits counts as triggered,
-  // and the next kernel's pdl_wait (the merge kernel's, or the one after the fused merge) still waits for this whole
-  // grid, whose other blocks (split 0 of every sequence at least) wait for the kernel before. The tables are launch
-  // constants (attention_batched), read before the wait like the position.
+  // exits at once, before any pdl_wait or pdl_trigger: a block that exits counts as triggered, and the merge kernel's
+  // pdl_wait still waits for this whole grid, whose other blocks (split 0 of every sequence at least) wait for the
+  // kernel before. The tables are launch constants (attention_batched), read before the wait like the position.
   const int splits = splits_at(seqs, b);
   if (splits > int(gridDim.y)) __trap();  // attention_batched's d.capacity below this sequence's: fail, loudly
   if (split >= splits) return;
@@ -885,7 +711,6 @@ __global__ void __launch_bounds__(128, 1)
       part_m[part_index(r)] = -INFINITY;
       part_l[part_index(r)] = 0.0f;
     }
-    if (part.tickets) merge_if_last<DH>(part, mo, d, b, kvh, splits, smem);
     return;
   }
   using Elem = CacheElem<KV>;
@@ -1011,21 +836,73 @@ __global__ void __launch_bounds__(128, 1)
       part_l[pi] = lsum;
     }
   }
-  if (part.tickets) merge_if_last<DH>(part, mo, d, b, kvh, splits, smem);
 }
 
-// The two-kernel merge: one block per output row (t, h, sequence b) over the sequence's own split count
-// (merge_rows with 256 threads, one row).
+// out[i, h·dh + j] = (Σ_s 2^{m_s−M} o_s[j]) / (Σ_s 2^{m_s−M} l_s) · sigmoid(gate[i, h, j]) for row i = b·T + t;
+// one block per (t, h, sequence b) over the sequence's own split count. Row i of qg at qg + i·ld_qg ([Hq][q | gate]).
+// Thread (split group sg, column quad c) sums splits sg, sg + SG, ...; splits of weight 0 (empty) are not read.
 template <int DH>
 __global__ void __launch_bounds__(256)
-    attention_decode_merge_kernel(Partials part, MergeOut mo, Seqs<const void> seqs, AttnDims d) {
-  __shared__ MergeSmem<1> sm;
-  const int64_t th = blockIdx.x;
-  const int b = blockIdx.y;
+    attention_decode_merge_kernel(Partials part, const float* qg, int64_t ld_qg, Seqs<const void> seqs,
+                                  AttnDims d, float* out) {
+  constexpr int C4 = DH / 4, SG = 256 / C4;
+  __shared__ float wts[kAttnMaxSplits];
+  __shared__ float inv_sum;
+  __shared__ float4 red[256];
+  const int tid = threadIdx.x;
+  const int64_t th = blockIdx.x, t = th / d.Hq;
+  const int h = int(th % d.Hq), b = blockIdx.y;
+  const int64_t row = b * d.T + t;  // of qg and out
   const int splits = splits_at(seqs, b);
+  const float* const part_o = part.o + b * part.stride * DH;
+  const float* const part_m = part.m + b * part.stride;
+  const float* const part_l = part.l + b * part.stride;
   pdl_wait();
   pdl_trigger();
-  merge_rows<DH, 256, 1>(1, splits, [&](int) { return merge_row<DH>(part, mo, d, b, th, splits); }, sm);
+  if (tid < 32) {
+    float M = -INFINITY;
+    for (int s = tid; s < splits; s += 32) M = fmaxf(M, part_m[th * splits + s]);
+    M = warp_max(M);
+    float L = 0.0f;
+    for (int s = tid; s < splits; s += 32) {
+      const float ms = part_m[th * splits + s];
+      const float w = ms == -INFINITY ? 0.0f : exp2f(ms - M);
+      wts[s] = w;
+      if (w != 0.0f) L += w * part_l[th * splits + s];
+    }
+    L = warp_sum(L);
+    if (tid == 0) inv_sum = 1.0f / L;
+  }
+  __syncthreads();
+  const int c = tid % C4, sg = tid / C4;
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int s = sg; s < splits; s += SG) {
+    const float w = wts[s];
+    if (w != 0.0f) {
+      const float4 v = *reinterpret_cast<const float4*>(part_o + (th * splits + s) * DH + 4 * c);
+      acc.x += w * v.x;
+      acc.y += w * v.y;
+      acc.z += w * v.z;
+      acc.w += w * v.w;
+    }
+  }
+  red[tid] = acc;
+  __syncthreads();
+  if (sg == 0) {
+#pragma unroll
+    for (int k = 1; k < SG; ++k) {
+      const float4 v = red[k * C4 + c];
+      acc.x += v.x;
+      acc.y += v.y;
+      acc.z += v.z;
+      acc.w += v.w;
+    }
+    const float inv = inv_sum;
+    const float4 gv = *reinterpret_cast<const float4*>(qg + row * ld_qg + int64_t(h) * 2 * DH + DH + 4 * c);
+    *reinterpret_cast<float4*>(out + (row * d.Hq + h) * DH + 4 * c) =
+        make_float4(acc.x * inv * sigmoidf(gv.x), acc.y * inv * sigmoidf(gv.y), acc.z * inv * sigmoidf(gv.z),
+                    acc.w * inv * sigmoidf(gv.w));
+  }
 }
 
 // ---- host side --------------------------------------------------------------------------------------------------
@@ -1105,12 +982,6 @@ bool kv_early() {
   return on;
 }
 
-// Whether the runner fuses the decode merge into the split kernel unless TERN_ATTN_FUSED_MERGE says: where kernel
-// boundaries are not overlapped (no PDL: the portable path, GPUs before sm_90) the merge kernel's launch costs
-// ~2.4 us of idle GPU per attention layer, which the fused merge saves; Hopper's path keeps the two kernels until the
-// fused merge is measured there.
-bool fused_merge_by_default() { return !sm90_features(); }
-
 int decode_rows_warps(int64_t rows) { return rows <= 16 ? 1 : rows <= 32 ? 2 : 4; }
 
 // The decode kernels' variant (rows per warp: its stages, shared memory and occupancy) for d.T tokens of d's heads.
@@ -1126,12 +997,12 @@ int decode_splits(const AttnDims& d, const DecodeVariant& v, int sms) {
   return int(std::clamp<int64_t>(std::min(want, tiles), 1, kAttnMaxSplits));
 }
 
-// The decode path's launches over seqs (B sequences of d.T tokens), `columns` splits in the grid: attention's (one
-// sequence, its split count) and attention_batched's (the largest split count of the batch). The split kernel, then
-// the merge kernel, or with part.tickets the split kernel alone (its fused merge).
+// The decode path's two launches over seqs (B sequences of d.T tokens), `columns` splits in the grid: attention's
+// (one sequence, its split count) and attention_batched's (the largest split count of the batch). Row i of qg at
+// qg + i·ld_qg.
 template <int DH, KvDtype KV>
-void launch_decode(const float* q, const Seqs<const void>& seqs, int columns, const AttnDims& d, const Partials& part,
-                   const MergeOut& mo, cudaStream_t stream, bool kv_before_wait) {
+void launch_decode(const float* q, const float* qg, int64_t ld_qg, const Seqs<const void>& seqs, int columns,
+                   const AttnDims& d, const Partials& part, float* out, cudaStream_t stream, bool kv_before_wait) {
   const AttentionSetup& setup = attention_setup();
   const int RW = decode_rows_warps(d.T * (d.Hq / d.Hkv));
   const DecodeVariant& v = decode_variant(setup, d);
@@ -1141,15 +1012,14 @@ void launch_decode(const float* q, const Seqs<const void>& seqs, int columns, co
                 : RW == 2 ? attention_decode_split_kernel<DH, 2, KV>
                           : attention_decode_split_kernel<DH, 4, KV>;
   launch_pdl("attention_decode_split", kernel, dim3(unsigned(d.Hkv), unsigned(columns), unsigned(seqs.B)), dim3(128),
-             v.smem, stream, q, seqs, d, v.stages, kv_before_wait, part, mo);
-  if (!part.tickets)
-    launch_pdl("attention_decode_merge", attention_decode_merge_kernel<DH>,
-               dim3(unsigned(d.T * d.Hq), unsigned(seqs.B)), dim3(256), 0, stream, part, mo, seqs, d);
+             v.smem, stream, q, seqs, d, v.stages, kv_before_wait, part);
+  launch_pdl("attention_decode_merge", attention_decode_merge_kernel<DH>,
+             dim3(unsigned(d.T * d.Hq), unsigned(seqs.B)), dim3(256), 0, stream, part, qg, ld_qg, seqs, d, out);
 }
 
 template <int DH, KvDtype KV>
 void attention_dh(const float* q, const float* qg, const void* cache_k, const void* cache_v, const int* pos0,
-                  const AttnDims& d, float* partial, float* out, cudaStream_t stream, unsigned* tickets) {
+                  const AttnDims& d, float* partial, float* out, cudaStream_t stream) {
   const AttentionSetup& setup = attention_setup();
   const int G = d.Hq / d.Hkv;
   if (d.T <= kDecodeMaxTokens && d.T * G <= kDecodeMaxRows) {
@@ -1159,13 +1029,9 @@ void attention_dh(const float* q, const float* qg, const void* cache_k, const vo
     part.o = partial;
     part.m = part.o + d.T * d.Hq * splits * DH;
     part.l = part.m + d.T * d.Hq * splits;
-    // Fused for one token only: with T tokens the last split block would merge T·G rows alone, where the merge
-    // kernel spreads the T·Hq rows over as many blocks.
-    part.tickets = d.T == 1 ? tickets : nullptr;
     const Seqs<const void> seqs{
         .pos0 = pos0, .cache_k = cache_k, .cache_v = cache_v, .capacity = d.capacity, .splits = splits};
-    launch_decode<DH, KV>(q, seqs, splits, d, part, {.qg = qg, .ld_qg = int64_t(d.Hq) * 2 * DH, .out = out}, stream,
-                          kv_early());
+    launch_decode<DH, KV>(q, qg, int64_t(d.Hq) * 2 * DH, seqs, splits, d, part, out, stream, kv_early());
   } else {
     TERN_CHECK(prefill_smem_bytes<DH>() <= size_t(setup.smem_optin), "attention: the prefill kernel needs ",
                prefill_smem_bytes<DH>(), " bytes of shared memory, the device has ", setup.smem_optin);
@@ -1269,19 +1135,13 @@ int64_t attn_partial_floats(int64_t T, int Hq, int dh) {
   return t * Hq * kAttnMaxSplits * (int64_t(dh) + 2);
 }
 
-bool attn_fused_merge() {
-  static const bool on = env_is("TERN_ATTN_FUSED_MERGE", "1") ||
-                         (!env_is("TERN_ATTN_FUSED_MERGE", "0") && fused_merge_by_default());
-  return on;
-}
-
 void attention(const float* q, const float* qg, const void* cache_k, const void* cache_v, const int* pos0,
-               const AttnDims& d, float* partial, float* out, cudaStream_t stream, unsigned* tickets) {
+               const AttnDims& d, float* partial, float* out, cudaStream_t stream) {
   if (d.T == 0) return;
   TERN_CHECK(d.Hkv > 0 && d.Hq % d.Hkv == 0, "attention: ", d.Hq, " query heads over ", d.Hkv, " KV heads");
   TERN_CHECK(d.capacity > 0, "attention: empty KV cache");
   with_head_dim(d, [&]<int DH, KvDtype KV>() {
-    attention_dh<DH, KV>(q, qg, cache_k, cache_v, pos0, d, partial, out, stream, tickets);
+    attention_dh<DH, KV>(q, qg, cache_k, cache_v, pos0, d, partial, out, stream);
   });
 }
 
@@ -1307,7 +1167,7 @@ void attn_prepare_batched(const float* qg, const float* k, const float* v, const
 }
 
 void attention_batched(const float* q, const float* qg, const AttnBatch& batch, const AttnDims& d, float* partial,
-                       float* out, cudaStream_t stream, unsigned* tickets) {
+                       float* out, cudaStream_t stream) {
   const int columns = attn_batch_splits(d);  // the largest capacity's: no sequence has more splits
   check_batch(batch, d, "attention_batched");
   TERN_CHECK(batch.splits && partial, "attention_batched: null split table or partial scratch");
@@ -1317,10 +1177,9 @@ void attention_batched(const float* q, const float* qg, const AttnBatch& batch, 
   part.m = part.o + batch.B * room * d.dh;
   part.l = part.m + batch.B * room;
   part.stride = room;
-  part.tickets = tickets;
   with_head_dim(d, [&]<int DH, KvDtype KV>() {
-    launch_decode<DH, KV>(q, batch_seqs<const void>(batch), columns, d, part,
-                          {.qg = qg, .ld_qg = batch.ld_qkv, .out = out}, stream, kv_early() && !batch.one_session);
+    launch_decode<DH, KV>(q, qg, batch.ld_qkv, batch_seqs<const void>(batch), columns, d, part, out, stream,
+                           kv_early() && !batch.one_session);
   });
 }
 

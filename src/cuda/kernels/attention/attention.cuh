@@ -7,10 +7,8 @@
 // softmax in fp32):
 //   - prefill (T > 8): flash attention, one block per (query head, 64 new tokens), K/V tiles of 64 keys;
 //   - decode (T <= 8): split-KV flash decoding, one block per (KV head, split) holding the T·(Hq/Hkv) query rows
-//     of that KV head, then a merge kernel that applies the gate; or, given tickets and one token per sequence, no
-//     merge kernel: the split block that finishes last for its KV head merges (the same arithmetic, the same bits).
-//     The split count is fixed by the device and the cache capacity (never by the current length), each split finds
-//     its key range from *pos0 on the device.
+//     of that KV head, then a merge kernel that applies the gate. The split count is fixed by the device and the
+//     cache capacity (never by the current length), each split finds its key range from *pos0 on the device.
 // attn_prepare_batched and attention_batched run one token of each of B sequences (the batched decode step) through
 // the same kernels, each sequence with its own position, cache and split count, bit for bit as it runs alone.
 // Head dims 64, 128 and 256 are supported. q and the softmax weights are rounded to the tensor cores' 16-bit type
@@ -90,25 +88,13 @@ void attention_init();
 // KV head); T and capacity are not looked at. For a runner to refuse a model when it loads, not at its first step.
 void attention_check(const AttnDims& d);
 
-// The decode merge fused into the split kernel (the runner passes tickets to attention and attention_batched):
-// TERN_ATTN_FUSED_MERGE=1 or 0, else the default (attention.cu, fused_merge_by_default: on without Hopper's PDL,
-// off with it). Read once; call it outside any graph capture.
-bool attn_fused_merge();
-// The tickets of the fused merge for B sequences: one counter per (sequence, KV head), [B, Hkv] unsigned ints,
-// zeroed once by their owner (each launch leaves them zero again, CUDA graph replays included). One array serves
-// every attention and attention_batched call of a stream with at most B sequences (1 for attention).
-inline int64_t attn_ticket_count(int B, int Hkv) { return int64_t(B) * Hkv; }
-
 // out [T, Hq·dh] = softmax(q·Kᵀ/√dh, causal over positions 0..pos0+t) · V, times sigmoid(gate) from qg.
 // q fp32 [T, Hq, dh] (from attn_prepare); cache rows [0, pos0 + T) must be written; partial: attn_partial_floats.
 // Decode (T <= 8) reads *pos0 and the cache rows before pos0 before its pdl_wait (launch.cuh), overlapping their
 // loads with the kernel before it: that kernel must be attn_prepare (which triggers only after its own wait) or
 // work that is not a kernel launched with PDL; pos0 and rows < pos0 must not be written by the kernel just before.
-// tickets: null, the decode path's split and merge kernels; else attn_ticket_count(1, Hkv) zeroed counters (at
-// least), and for one token (d.T = 1) the merge fused into the split kernel, the output bit for bit the same. More
-// tokens (the merge kernel spreads their rows over more blocks) and the prefill path do not use them.
 void attention(const float* q, const float* qg, const void* cache_k, const void* cache_v, const int* pos0,
-               const AttnDims& d, float* partial, float* out, cudaStream_t stream, unsigned* tickets = nullptr);
+               const AttnDims& d, float* partial, float* out, cudaStream_t stream);
 
 // ---- a batch of sequences, one token each (the batched decode step, issue 31) ----
 // Where each sequence's cache and position are: device arrays of B entries, filled by the caller before the launch
@@ -149,8 +135,8 @@ void attn_prepare_batched(const float* qg, const float* k, const float* v, const
 // attn_prepare_batched, the gate from qg rows b at + b·ld_qkv; out [B, Hq·dh]. Each sequence bit for bit as
 // attention() alone with its own cache, position and capacity (its own split count: the same kernels, a sequence's
 // columns past its count exit at once). partial: attn_batch_partial_floats(B, ...) floats. Needs Hq/Hkv <= 64 (the
-// decode path of one token). tickets: as attention's, attn_ticket_count(B, Hkv) of them.
+// decode path of one token).
 void attention_batched(const float* q, const float* qg, const AttnBatch& batch, const AttnDims& d, float* partial,
-                       float* out, cudaStream_t stream, unsigned* tickets = nullptr);
+                       float* out, cudaStream_t stream);
 
 }  // namespace tern::cuda
