@@ -1,6 +1,6 @@
-// Asking L2 to fetch weights ahead of the kernel that reads them (Hopper's cp.async.bulk.prefetch.L2, or before sm_90
-// and on the portable path prefetch.global.L2 per line: L2Ranges::line; a hint; L2 is the coherence point, so a
-// prefetch can never return stale data and may be issued at any time, before pdl_wait() too). A one-token decode step is a chain of short kernels, each a few µs above the read
+// Asking L2 to fetch weights ahead of the kernel that reads them (Hopper's cp.async.bulk.prefetch.L2; a hint, a
+// no-op before sm_90; L2 is the coherence point, so a prefetch can never return stale data and may be issued at any
+// time, before pdl_wait() too). A one-token decode step is a chain of short kernels, each a few µs above the read
 // time of its bytes, and device memory idles across each kernel boundary; a prefetch issued a kernel or more ahead
 // keeps it busy there, and the later kernel reads L2.
 //
@@ -29,17 +29,6 @@ __device__ __forceinline__ void l2_prefetch_bulk(const void* p, uint32_t bytes) 
 #endif
 }
 
-// Asks L2 for [p, p + bytes): line == 0, one bulk prefetch (sm_90+; nothing in older code); else one
-// prefetch.global.L2 (any GPU) every `line` bytes, the form GPUs before Hopper have (L2Ranges::line).
-__device__ __forceinline__ void l2_prefetch_piece(const void* p, uint32_t bytes, uint32_t line) {
-  if (line == 0) {
-    l2_prefetch_bulk(p, bytes);
-    return;
-  }
-  const char* c = static_cast<const char*>(p);
-  for (uint32_t off = 0; off < bytes; off += line) asm volatile("prefetch.global.L2 [%0];" ::"l"(c + off));
-}
-
 // Calls fn(piece pointer, piece bytes) for pieces thread, thread + threads, ... of the ranges taken one after another
 // (threads past the last piece return at once: the grids are larger than the piece counts).
 template <typename Fn>
@@ -55,8 +44,7 @@ __device__ inline void l2_for_each_piece(const L2Ranges& r, int64_t thread, int6
 
 // Thread `thread` of `threads` asks L2 for its pieces of r.
 __device__ inline void l2_prefetch_share(const L2Ranges& r, int64_t thread, int64_t threads) {
-  const uint32_t line = r.line;
-  l2_for_each_piece(r, thread, threads, [line](const char* p, uint32_t bytes) { l2_prefetch_piece(p, bytes, line); });
+  l2_for_each_piece(r, thread, threads, [](const char* p, uint32_t bytes) { l2_prefetch_bulk(p, bytes); });
 }
 
 // The calling thread's index in the grid and the grid's thread count (1-D grids).

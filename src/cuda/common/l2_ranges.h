@@ -14,9 +14,6 @@ struct L2Ranges {
   uint32_t first[kMax] = {};  // index of range i's first piece among all the ranges' pieces
   uint32_t pieces = 0;        // pieces of all the ranges
   int n = 0;
-  // How a piece is asked for: 0, one bulk prefetch (Hopper's cp.async.bulk.prefetch.L2); else one prefetch.global.L2
-  // per `line` bytes (GPUs before sm_90 and the portable path, which lack the bulk form).
-  uint32_t line = 0;
 
   // Adds [ptr, ptr + nbytes), trimmed inward to 16-byte bounds (the instruction's alignment); ranges of 4 GB or more
   // are cut to their first 4 GB - 4 KB. Returns false, adding nothing, when the list is full.

@@ -95,15 +95,11 @@ CudaRunner::CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const M
   kv_ = o.kv;
   if (kv_ == KvDtype::f16 && env_is("TERN_KV_BF16", "1")) kv_ = KvDtype::bf16;
   if (const char* e = std::getenv("TERN_KV_DTYPE"); e && kv_ == KvDtype::f16) kv_ = kv_dtype_parse(e);
-  // TERN_L2_PREFETCH (a bit mask, default 12 = both; the one-token decode plan; l2_prefetch.cuh): 4 the MoE gate_up
-  // asks L2 for the chosen experts' down matrices; 8 each mixer's output projection for the next layer's first
-  // projection; 0 neither. Hopper asks with one bulk prefetch per 4 KB piece; without its features (before sm_90, the
-  // portable path) one prefetch.global.L2 per TERN_L2_LINE bytes (default 128, the L2 line; 32 to 4096).
+  // TERN_L2_PREFETCH (a bit mask, default 12 = both; the one-token decode plan on Hopper; l2_prefetch.cuh): 4 the MoE
+  // gate_up asks L2 for the chosen experts' down matrices; 8 each mixer's output projection for the next layer's
+  // first projection; 0 neither.
   if (const char* e = std::getenv("TERN_L2_PREFETCH")) l2_prefetch_ = std::atoi(e) & 12;
-  if (!sm90_features()) {
-    l2_line_ = 128;
-    if (const char* e = std::getenv("TERN_L2_LINE")) l2_line_ = uint32_t(std::clamp(std::atoi(e), 32, 4096));
-  }
+  if (!sm90_features()) l2_prefetch_ = 0;  // the bulk prefetch is sm_90+ (a no-op in older code): skip its launches' work
   allocate_decode_scratch();
   attention_init();  // kernel attributes set once, outside any graph capture
   // The batched step's scratch (~80 MB at the model's widths) now, not at the first batched step: what a server

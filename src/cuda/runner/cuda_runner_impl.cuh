@@ -205,7 +205,6 @@ class CudaRunner final : public ModelRunner {
   int64_t f16_min_tokens_ = 512;         // TERN_PREFILL_F16_MIN_TOKENS (see the constructor)
   int chunk_f16_sites_ = 0;              // f16_sites_, or 0 for a chunk under f16_min_tokens_ (run_chunk)
   int l2_prefetch_ = 12;                // TERN_L2_PREFETCH bit mask (see the constructor)
-  uint32_t l2_line_ = 0;                // L2Ranges::line of the decode plan's prefetches (see the constructor)
   std::vector<L2Ranges> l2_output_ahead_;  // per layer: what its output projection asks L2 for (plan_l2_prefetch)
   DeviceArena decode_scratch_;
   float* proj_ = nullptr;               // [kQmvMaxTokens, proj_cols_] fused input projection output

@@ -50,7 +50,6 @@ void CudaRunner::allocate_decode_scratch() {
     m.shared_down = l.shared_down;
     m.top_k = c.num_experts_per_tok;
     m.prefetch_down = l2_prefetch_ & 4;
-    m.prefetch_line = l2_line_;
     moe_w_.push_back(m);
   }
   plan_l2_prefetch();
@@ -68,7 +67,6 @@ void CudaRunner::plan_l2_prefetch() {
     const DMat& m = n.type == LayerType::linear_attention ? n.in_proj_all : n.attn_qkv;
     if (m.empty() || m.format != WeightFormat::affine4) continue;
     L2Ranges& r = l2_output_ahead_[i];
-    r.line = l2_line_;
     r.add(m.data, m.rows * m.row_words * 4);
     r.add(m.scales, m.rows * m.groups_per_row * 2);
     r.add(m.biases, m.rows * m.groups_per_row * 2);

@@ -35,7 +35,6 @@ struct MoeDecodeWeights {
   // One token on the integer path (moe_dp4a.cuh): the gate_up kernel, once it has read the routing, asks L2 for the
   // down matrices of the chosen experts and the shared expert (l2_prefetch.cuh), so that the down kernel reads L2.
   bool prefetch_down = false;
-  uint32_t prefetch_line = 0;  // how it asks: L2Ranges::line (0 bulk, else one prefetch.global.L2 per that many bytes)
 };
 
 // Device scratch of one MoE decode step for T tokens; moe_decode_scratch_bytes() bytes, carved by

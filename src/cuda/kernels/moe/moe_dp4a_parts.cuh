@@ -53,7 +53,6 @@ struct GateUpParams {
   // L2 prefetch (MoeDecodeWeights::prefetch_down): the down kernel's matrices (down_rows rows of down_row_words words,
   // down_gpr groups) of the k chosen experts and the shared expert.
   bool down_ahead = false;
-  uint32_t down_line = 0;  // how: L2Ranges::line
   Q4 down, sdown;
   int down_rows = 0, down_row_words = 0, down_gpr = 0;
 };
@@ -85,8 +84,7 @@ __device__ inline void prefetch_down(const GateUpParams& p, const int* ids) {
       bytes = gbytes;
     }
     const int64_t off = k * L2Ranges::kPiece;
-    l2_prefetch_piece(base + off, uint32_t(bytes - off < L2Ranges::kPiece ? bytes - off : L2Ranges::kPiece),
-                      p.down_line);
+    l2_prefetch_bulk(base + off, uint32_t(bytes - off < L2Ranges::kPiece ? bytes - off : L2Ranges::kPiece));
   }
 }
 
@@ -213,7 +211,6 @@ inline GateUpParams gate_up_params(const MoeDecodeWeights& w, const MoeDecodeScr
   p.h = s.h;
   p.down_ahead = w.prefetch_down && prefetch_aligned(w.expert_down) && prefetch_aligned(w.shared_down) &&
                  same_shape(w.expert_down, w.shared_down);
-  p.down_line = w.prefetch_line;
   p.down = q4_of(w.expert_down);
   p.sdown = q4_of(w.shared_down);
   p.down_rows = int(w.expert_down.rows);
