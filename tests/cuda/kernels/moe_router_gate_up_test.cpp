@@ -177,8 +177,7 @@ TEST(CudaMoeRouterGateUp, MatchesRouterThenGateUpBitwise) {
 }
 
 // moe_decode's choice: the fused kernel for one token under qmv variant 3 exactly where Hopper's features are
-// missing (the portable path, GPUs before sm_90; on every GPU with TERN_MOE_FUSED_ROUTER=1), never with
-// TERN_MOE_FUSED_ROUTER=0, with its down phase unless also
+// missing (the portable path, GPUs before sm_90), unless TERN_MOE_FUSED_ROUTER=0, with its down phase unless also
 // TERN_MOE_FUSED_DOWN=0; never for T > 1. Where it chooses it, moe_decode leaves the bits of the three kernels.
 TEST(CudaMoeRouterGateUp, DecodeChoosesItWithoutHopperFeatures) {
   TERN_REQUIRE_GPU();
@@ -192,7 +191,7 @@ TEST(CudaMoeRouterGateUp, DecodeChoosesItWithoutHopperFeatures) {
   EXPECT_FALSE(moe_decode_fuses_router(md.w, 1)) << "variant 1";
   EXPECT_FALSE(moe_decode_fuses_down(md.w, 1)) << "variant 1";
   qmv_set_variant(3);
-  const bool want = (!sm90_features() || env_is("TERN_MOE_FUSED_ROUTER", "1")) && !env_is("TERN_MOE_FUSED_ROUTER", "0");
+  const bool want = !sm90_features() && !env_is("TERN_MOE_FUSED_ROUTER", "0");
   EXPECT_EQ(moe_decode_fuses_router(md.w, 1), want) << "sm_90 features " << sm90_features();
   EXPECT_EQ(moe_decode_fuses_down(md.w, 1), want && !env_is("TERN_MOE_FUSED_DOWN", "0"))
       << "sm_90 features " << sm90_features();

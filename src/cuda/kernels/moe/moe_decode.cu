@@ -566,11 +566,11 @@ bool integer_kernels_wanted() { return qtile::tuning().variant == 3; }
 bool cluster_router_wanted() { return integer_kernels_wanted() && !prefetch_flag(); }
 
 // One token where launches cannot overlap (no programmatic dependent launch: the portable path, GPUs before sm_90):
-// the router and the integer gate_up as one kernel (moe_router_gate_up.cuh). Hopper keeps its cluster router and PDL.
-// TERN_MOE_FUSED_ROUTER (read once): 0 never, 1 on every GPU (Hopper too, a measurement switch), unset as above.
+// the router and the integer gate_up as one kernel (moe_router_gate_up.cuh), unless TERN_MOE_FUSED_ROUTER=0 (read
+// once). Hopper keeps its cluster router and PDL.
 bool fused_router_wanted() {
-  static const int mode = env_is("TERN_MOE_FUSED_ROUTER", "0") ? 0 : env_is("TERN_MOE_FUSED_ROUTER", "1") ? 1 : 2;
-  return mode != 0 && (mode == 1 || !sm90_features()) && integer_kernels_wanted() && !prefetch_flag();
+  static const bool on = !env_is("TERN_MOE_FUSED_ROUTER", "0");
+  return on && !sm90_features() && integer_kernels_wanted() && !prefetch_flag();
 }
 
 // The fused kernel with its down phase too (the whole one-token block in one launch), unless TERN_MOE_FUSED_DOWN=0
