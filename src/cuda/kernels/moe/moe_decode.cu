@@ -573,13 +573,6 @@ bool fused_router_wanted() {
   return on && !sm90_features() && integer_kernels_wanted() && !prefetch_flag();
 }
 
-// The fused kernel with its down phase too (the whole one-token block in one launch), unless TERN_MOE_FUSED_DOWN=0
-// (read once): then the integer down kernel after it.
-bool fused_down_wanted() {
-  static const bool on = !env_is("TERN_MOE_FUSED_DOWN", "0");
-  return on;
-}
-
 // 16-byte aligned base pointers and per-expert strides (bulk prefetch ranges).
 bool prefetchable(const DMat& m) {
   return (((reinterpret_cast<uintptr_t>(m.data) | reinterpret_cast<uintptr_t>(m.scales) |
@@ -605,7 +598,7 @@ void launch_router(const RouterParams& p, int smem, cudaStream_t stream) {
 
 size_t moe_decode_scratch_bytes(int T, int64_t D, int E, int k, int64_t F) {
   const int64_t b = align_up(T * D * 4) + align_up(int64_t(T) * E * 4) + align_up(T * 4) + align_up(int64_t(T) * k * 4) +
-                    align_up(int64_t(T) * k * 4) + align_up(T * 4) + align_up(T * (k + 1) * F * 4) + align_up(4 * 4);
+                    align_up(int64_t(T) * k * 4) + align_up(T * 4) + align_up(T * (k + 1) * F * 4) + align_up(2 * 4);
   return size_t(b);
 }
 
@@ -625,15 +618,13 @@ MoeDecodeScratch moe_decode_scratch_view(void* base, int T, int64_t D, int E, in
   s.w = static_cast<float*>(take(int64_t(T) * k * 4));
   s.shared_gate = static_cast<float*>(take(T * 4));
   s.h = static_cast<float*>(take(T * (k + 1) * F * 4));
-  s.ticket = static_cast<unsigned*>(take(4 * 4));
+  s.ticket = static_cast<unsigned*>(take(2 * 4));
   s.epoch = s.ticket + 1;
-  s.done = s.ticket + 2;
-  s.exits = s.ticket + 3;
   return s;
 }
 
 void moe_decode_scratch_init(const MoeDecodeScratch& s, cudaStream_t stream) {
-  TERN_CUDA(cudaMemsetAsync(s.ticket, 0, 4 * sizeof(unsigned), stream));  // the ticket, epoch, done and exits
+  TERN_CUDA(cudaMemsetAsync(s.ticket, 0, 2 * sizeof(unsigned), stream));  // the ticket and the epoch after it
 }
 
 void moe_decode_set_l2_prefetch(bool on) { prefetch_flag() = on; }
@@ -800,22 +791,15 @@ bool moe_decode_fuses_router(const MoeDecodeWeights& w, int T) {
   return T == 1 && fused_router_wanted() && moe_router_gate_up_fits(w);
 }
 
-bool moe_decode_fuses_down(const MoeDecodeWeights& w, int T) {
-  return moe_decode_fuses_router(w, T) && fused_down_wanted() && moe_router_gate_up_down_fits(w);
-}
-
-bool moe_router_gate_up_decode(const MoeDecodeWeights& w, float* hidden, int T, const MoeDecodeScratch& s,
-                               bool with_down, cudaStream_t stream) {
+bool moe_router_gate_up_decode(const MoeDecodeWeights& w, const float* hidden, int T, const MoeDecodeScratch& s,
+                               cudaStream_t stream) {
   check_router_inputs(w, hidden, T, s);
-  return (with_down ? moe_decode_fuses_down(w, T) : moe_decode_fuses_router(w, T)) &&
-         moe_router_gate_up_dp4a(w, hidden, s, with_down, stream);
+  return moe_decode_fuses_router(w, T) && moe_router_gate_up_dp4a(w, hidden, s, stream);
 }
 
 void moe_decode(const MoeDecodeWeights& w, float* hidden, int T, const MoeDecodeScratch& s, cudaStream_t stream) {
-  const bool with_down = moe_decode_fuses_down(w, T);
-  if (moe_router_gate_up_decode(w, hidden, T, s, with_down, stream)) {
-    // Without down: the fused kernel, like the integer gate_up, ends the routing.
-    if (!with_down) moe_down_decode(w, hidden, T, s, stream, true);
+  if (moe_router_gate_up_decode(w, hidden, T, s, stream)) {
+    moe_down_decode(w, hidden, T, s, stream, true);  // the fused kernel, like the integer gate_up, ends the routing
     return;
   }
   moe_router_decode(w, hidden, T, s, stream);

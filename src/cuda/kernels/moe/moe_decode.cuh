@@ -8,9 +8,8 @@
 //      (slot k).
 //   3. moe_down_decode:    hidden[t] += Σ_{s<k} w[t, s]·(Wd[e_s]·h[t, s]) + shared_gate[t]·(Wd_shared·h[t, k]),
 //      each output element summed in a fixed order (deterministic, no float atomics).
-// One token without Hopper's features (the portable path, GPUs before sm_90): 1, 2 and 3 as one kernel
-// (moe_router_gate_up.cuh), the same bits, so that the routing overlaps the shared expert's rows and two launches are
-// saved (TERN_MOE_FUSED_DOWN=0: 1 and 2 fused, then 3).
+// One token without Hopper's features (the portable path, GPUs before sm_90): 1 and 2 as one kernel
+// (moe_router_gate_up.cuh), the same bits, so that the routing overlaps the shared expert's rows and a launch is saved.
 // One token of each of B sequences (the batched decode step): moe_decode_batched runs the T = 1 path's kernels (the
 // cluster router, the integer gate_up and down) once each with a token index, every token bit for bit as alone.
 #pragma once
@@ -39,10 +38,9 @@ struct MoeDecodeWeights {
 };
 
 // Device scratch of one MoE decode step for T tokens; moe_decode_scratch_bytes() bytes, carved by
-// moe_decode_scratch_view(). Holds x̂, ids, weights, shared gate, h, the router's ticket counter, the fused router's
-// epoch and the fused down phase's two counters (all zeroed by moe_decode_scratch_init once; each router launch leaves
-// the ticket at zero again, each fused launch adds one to the epoch, each fused launch with down leaves done and exits
-// at zero again).
+// moe_decode_scratch_view(). Holds x̂, ids, weights, shared gate, h, the router's ticket counter and the fused
+// router's epoch (both zeroed by moe_decode_scratch_init once; each router launch leaves the ticket at zero again, each
+// fused launch adds one to the epoch).
 struct MoeDecodeScratch {
   float* xhat = nullptr;         // [T, D] normed input (written by the router kernel)
   float* router_logits = nullptr;// [T, E]
@@ -53,8 +51,6 @@ struct MoeDecodeScratch {
   float* h = nullptr;            // [T, k+1, F]
   unsigned* ticket = nullptr;    // [1] arrivals of a router launch's blocks (the ticket or the fused kernel)
   unsigned* epoch = nullptr;     // [1] routings published by the fused router + gate_up kernel (ticket + 1)
-  unsigned* done = nullptr;      // [1] blocks of a fused launch with down past their gate_up rows (ticket + 2)
-  unsigned* exits = nullptr;     // [1] blocks of a fused launch with down past their wait on done (ticket + 3)
 };
 size_t moe_decode_scratch_bytes(int T, int64_t D, int E, int k, int64_t F);
 MoeDecodeScratch moe_decode_scratch_view(void* base, int T, int64_t D, int E, int k, int64_t F);
@@ -97,17 +93,12 @@ void moe_decode_batched(const MoeDecodeWeights& w, float* hidden, int B, const M
 // features (the portable path or an older GPU), qmv variant 3, no router L2 prefetch, TERN_MOE_FUSED_ROUTER not 0,
 // and the kernel takes these weights (moe_router_gate_up_fits).
 bool moe_decode_fuses_router(const MoeDecodeWeights& w, int T);
-// Whether that kernel also runs down (the whole block in one kernel): moe_decode_fuses_router, TERN_MOE_FUSED_DOWN
-// not 0 (read once; on by default) and the kernel takes the down weights (moe_router_gate_up_down_fits).
-bool moe_decode_fuses_down(const MoeDecodeWeights& w, int T);
-// Runs the fused kernel, with the down phase (hidden updated) where with_down, and returns true when
-// moe_decode_fuses_router(w, T) (and moe_decode_fuses_down(w, T) for with_down); false: nothing was launched. Without
-// down the routing is complete when the next kernel starts (moe_down_decode's after_integer_gate_up holds).
-bool moe_router_gate_up_decode(const MoeDecodeWeights& w, float* hidden, int T, const MoeDecodeScratch& s,
-                               bool with_down, cudaStream_t stream);
+// Runs the fused kernel and returns true when moe_decode_fuses_router(w, T); false: nothing was launched. The routing
+// is then complete when the next kernel starts (moe_down_decode's after_integer_gate_up holds).
+bool moe_router_gate_up_decode(const MoeDecodeWeights& w, const float* hidden, int T, const MoeDecodeScratch& s,
+                               cudaStream_t stream);
 
-// All three in order (router, gate_up and down fused where moe_decode_fuses_down; router and gate_up where only
-// moe_decode_fuses_router).
+// All three in order (router and gate_up fused where moe_decode_fuses_router).
 void moe_decode(const MoeDecodeWeights& w, float* hidden, int T, const MoeDecodeScratch& s, cudaStream_t stream);
 
 }  // namespace tern::cuda

@@ -55,6 +55,31 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_dp4a_kernel(const GateUp
 
 // ---- down + weighted sum + residual -------------------------------------------------------------------------------
 
+struct DownBatch {
+  uint2 w[kSeg];
+  uint32_t sb[kSeg];
+};
+
+// Output row r: segment s < kTopK reads routed expert ids[s], segment kTopK the shared expert; lane l its columns
+// [16·l, +16) (two words).
+__device__ __forceinline__ void load_down(const DownParams& p, const int* ids, int r, int lane, DownBatch& out) {
+#pragma unroll
+  for (int s = 0; s < kSeg; ++s) {
+    if (r >= p.D) {
+      out.w[s] = make_uint2(0, 0);
+      out.sb[s] = 0;
+      continue;
+    }
+    const bool sh = s == kTopK;
+    const Q4 M = pick(sh, p.sdown, p.down);
+    const int64_t e = sh ? 0 : ids[s];
+    const uint32_t* row = M.words + e * M.expert_words + int64_t(r) * p.row_words;
+    out.w[s] = qtile::ld_weights_u2(row + 2 * lane);
+    const int64_t g = e * M.expert_groups + int64_t(r) * p.gpr + lane / 4;
+    out.sb[s] = qtile::ld_const_u16(M.scales + g) | (qtile::ld_const_u16(M.biases + g) << 16);
+  }
+}
+
 __global__ void __launch_bounds__(kThreads, 2) moe_down_dp4a_kernel(const DownParams p) {
   __shared__ int ids_s[kTopK];
   __shared__ uint4 xs[kSeg * 64];
@@ -81,7 +106,30 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_dp4a_kernel(const DownPa
   dp4a::quantize_block<dp4a::quantize_passes(kSeg * 64, kThreads)>(h, nullptr, kSeg * 64, xs, xsum, xsig, unused_ss);
   __syncthreads();
   pdl_trigger();
-  down_rows<false>(p, token, ids_s, row, warps, lane, xs, xsum, xsig, cur, hidden);
+  float sig[kSeg], sx[kSeg];  // coefficient·σ of the lane's group, coefficient·σ·Σv of its 16 columns
+  down_lane_coefficients(p, token, xsum, xsig, lane, sig, sx);
+  // The residual row this lane 0 adds to, loaded a row ahead with the weights (after pdl_wait: an earlier kernel
+  // writes it), so that the add does not wait a round trip per row.
+  float hid = lane == 0 && row < p.D ? __ldcg(hidden + row) : 0.0f;
+  for (; row < p.D; row += warps) {
+    DownBatch nxt;
+    load_down(p, ids_s, row + warps, lane, nxt);
+    const float hid_next = lane == 0 && row + warps < p.D ? __ldcg(hidden + row + warps) : 0.0f;
+    float acc = 0.0f;
+#pragma unroll
+    for (int s = 0; s < kSeg; ++s) {
+      int dh = 0, dl = 0;
+      // The activations stay in shared memory (xs_slot: the 8 lanes of a quarter-warp read distinct bank groups).
+      dp4a::dot_word(cur.w[s].x, xs[dp4a::xs_slot(s * 64 + 2 * lane)], dh, dl);
+      dp4a::dot_word(cur.w[s].y, xs[dp4a::xs_slot(s * 64 + 2 * lane + 1)], dh, dl);
+      acc = fmaf(dp4a::scale_of(cur.sb[s]) * sig[s], float(dh * 256 + dl), acc);
+      acc = fmaf(dp4a::bias_of(cur.sb[s]), sx[s], acc);
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) hidden[row] = hid + acc;
+    hid = hid_next;
+    cur = nxt;
+  }
 }
 
 template <int S>
@@ -127,7 +175,19 @@ bool moe_down_dp4a(const MoeDecodeWeights& w, float* hidden, const MoeDecodeScra
                    cudaStream_t stream, int B) {
   if (B < 1 || !moe_down_dp4a_fits(w) || (reinterpret_cast<uintptr_t>(s.h) & 15)) return false;
   const DMat& d = w.expert_down;
-  const DownParams p = down_params(w, hidden, s, early_routing);
+  DownParams p;
+  p.down = q4_of(d);
+  p.sdown = q4_of(w.shared_down);
+  p.D = int(d.rows);
+  p.row_words = int(d.row_words);
+  p.gpr = int(d.groups_per_row);
+  p.E = int(d.experts);
+  p.ids = s.ids;
+  p.w = s.w;
+  p.shared_gate = s.shared_gate;
+  p.h = s.h;
+  p.hidden = hidden;
+  p.early_routing = early_routing;
   if (B >= 2 && prefetch_aligned(d) && prefetch_aligned(w.shared_down) && down_ring(p, B, stream)) return true;
   const int blocks = qtile::balanced_grid(reinterpret_cast<const void*>(moe_down_dp4a_kernel), p.D, B);
   launch_pdl("moe_down_dp4a", moe_down_dp4a_kernel, dim3(unsigned(blocks), unsigned(B)), dim3(kThreads), 0, stream,

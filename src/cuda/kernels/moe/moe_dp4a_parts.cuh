@@ -1,5 +1,5 @@
 // Parts shared by the MoE decode block's integer expert kernels: the one-token kernels (moe_dp4a.cu), their batched
-// ring forms (moe_dp4a_ring.cu) and the fused router + gate_up (+ down) kernel (moe_router_gate_up.cu). Included by those .cu
+// ring forms (moe_dp4a_ring.cu) and the fused router + gate_up kernel (moe_router_gate_up.cu). Included by those .cu
 // files only.
 #pragma once
 
@@ -178,33 +178,6 @@ struct DownParams {
   bool early_routing;        // ids complete before this launch: read them and the first weights before pdl_wait
 };
 
-// What a lane reads of one down output row: per segment (k routed experts, then the shared expert) the row's two words
-// of its columns [16·lane, +16) and its group's bf16 scale (low half) and bias (high half).
-struct DownBatch {
-  uint2 w[kSeg];
-  uint32_t sb[kSeg];
-};
-
-// Output row r: segment s < kTopK reads routed expert ids[s] (ids clamped), segment kTopK the shared expert; lane l
-// its columns [16·l, +16) (two words). Zeros, nothing read, for r >= p.D.
-__device__ __forceinline__ void load_down(const DownParams& p, const int* ids, int r, int lane, DownBatch& out) {
-#pragma unroll
-  for (int s = 0; s < kSeg; ++s) {
-    if (r >= p.D) {
-      out.w[s] = make_uint2(0, 0);
-      out.sb[s] = 0;
-      continue;
-    }
-    const bool sh = s == kTopK;
-    const Q4 M = pick(sh, p.sdown, p.down);
-    const int64_t e = sh ? 0 : ids[s];
-    const uint32_t* row = M.words + e * M.expert_words + int64_t(r) * p.row_words;
-    out.w[s] = qtile::ld_weights_u2(row + 2 * lane);
-    const int64_t g = e * M.expert_groups + int64_t(r) * p.gpr + lane / 4;
-    out.sb[s] = qtile::ld_const_u16(M.scales + g) | (qtile::ld_const_u16(M.biases + g) << 16);
-  }
-}
-
 
 inline bool q4_dp4a_ok(const DMat& m) {
   return m.format == WeightFormat::affine4 && m.group_size == 64 && m.row_words == m.cols / 8 &&
@@ -246,26 +219,6 @@ inline GateUpParams gate_up_params(const MoeDecodeWeights& w, const MoeDecodeScr
   return p;
 }
 
-// The down kernels' parameters for w's experts over the scratch s and hidden [B][D].
-inline DownParams down_params(const MoeDecodeWeights& w, float* hidden, const MoeDecodeScratch& s,
-                              bool early_routing) {
-  const DMat& d = w.expert_down;
-  DownParams p;
-  p.down = q4_of(d);
-  p.sdown = q4_of(w.shared_down);
-  p.D = int(d.rows);
-  p.row_words = int(d.row_words);
-  p.gpr = int(d.groups_per_row);
-  p.E = int(d.experts);
-  p.ids = s.ids;
-  p.w = s.w;
-  p.shared_gate = s.shared_gate;
-  p.h = s.h;
-  p.hidden = hidden;
-  p.early_routing = early_routing;
-  return p;
-}
-
 // B tokens: grid (blocks, B), the blocks per token from qtile::balanced_grid (B = 1: the one-token grid).
 
 // The gate_up kernels' activations as lane `lane` reads them from the block's quantize_block output: its columns
@@ -286,56 +239,15 @@ __device__ __forceinline__ void gate_up_lane_x(const uint4* xs, const int* xsum,
 
 // The down kernels' per-segment factors for lane `lane` (columns [16·lane, +16) of each of the k + 1 rows of h):
 // coefficient·σ of its group and coefficient·σ·Σv of its 16 columns, the coefficient the routing weight (or the
-// shared expert's gate) of token `token`. kL2: the routing weights and shared gate read through L2 (written by another
-// block of the same launch: the fused router + gate_up + down kernel); the same values, the same arithmetic.
-template <bool kL2 = false>
+// shared expert's gate) of token `token`.
 __device__ __forceinline__ void down_lane_coefficients(const DownParams& p, int token, const int* xsum,
                                                        const float* xsig, int lane, float (&sig)[kSeg],
                                                        float (&sx)[kSeg]) {
 #pragma unroll
   for (int s = 0; s < kSeg; ++s) {
-    const float* c = s < kTopK ? p.w + token * kTopK + s : p.shared_gate + token;
-    const float coef = kL2 ? __ldcg(c) : *c;
+    const float coef = s < kTopK ? p.w[token * kTopK + s] : p.shared_gate[token];
     sig[s] = coef * xsig[s * 8 + lane / 4];
     sx[s] = sig[s] * float(xsum[s * 64 + 2 * lane] + xsum[s * 64 + 2 * lane + 1]);
-  }
-}
-
-// One warp's output rows row, row + warps, ... below p.D of token `token` (hidden: the token's row [D]):
-// hidden[r] += Σ_s coefficient_s·(Wd[e_s]·h[s]) over the k + 1 segments, summed in a fixed order by the warp alone
-// (warp_sum; no other warp or block touches row r), so a row's bits do not depend on how the rows are spread over
-// warps and blocks. xs, xsum, xsig: the block's quantize_block of the token's k + 1 rows of h ([kSeg·64] words; read
-// after a barrier); ids the token's clamped routing; cur holds the first row's weights on entry (load_down), each
-// step loads the next row's before its dot products. The one-token down kernel (moe_dp4a.cu) and the fused router +
-// gate_up + down kernel (moe_router_gate_up.cu) both run this; kL2 as for down_lane_coefficients (the residual rows
-// are read through L2 in both).
-template <bool kL2>
-__device__ __forceinline__ void down_rows(const DownParams& p, int token, const int* ids, int row, int warps,
-                                          int lane, const uint4* xs, const int* xsum, const float* xsig,
-                                          DownBatch& cur, float* hidden) {
-  float sig[kSeg], sx[kSeg];  // coefficient·σ of the lane's group, coefficient·σ·Σv of its 16 columns
-  down_lane_coefficients<kL2>(p, token, xsum, xsig, lane, sig, sx);
-  // The residual row this lane 0 adds to, loaded a row ahead with the weights (an earlier kernel writes it), so that
-  // the add does not wait a round trip per row.
-  float hid = lane == 0 && row < p.D ? __ldcg(hidden + row) : 0.0f;
-  for (; row < p.D; row += warps) {
-    DownBatch nxt;
-    load_down(p, ids, row + warps, lane, nxt);
-    const float hid_next = lane == 0 && row + warps < p.D ? __ldcg(hidden + row + warps) : 0.0f;
-    float acc = 0.0f;
-#pragma unroll
-    for (int s = 0; s < kSeg; ++s) {
-      int dh = 0, dl = 0;
-      // The activations stay in shared memory (xs_slot: the 8 lanes of a quarter-warp read distinct bank groups).
-      dp4a::dot_word(cur.w[s].x, xs[dp4a::xs_slot(s * 64 + 2 * lane)], dh, dl);
-      dp4a::dot_word(cur.w[s].y, xs[dp4a::xs_slot(s * 64 + 2 * lane + 1)], dh, dl);
-      acc = fmaf(dp4a::scale_of(cur.sb[s]) * sig[s], float(dh * 256 + dl), acc);
-      acc = fmaf(dp4a::bias_of(cur.sb[s]), sx[s], acc);
-    }
-    acc = warp_sum(acc);
-    if (lane == 0) hidden[row] = hid + acc;
-    hid = hid_next;
-    cur = nxt;
   }
 }
 

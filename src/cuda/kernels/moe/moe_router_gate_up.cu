@@ -1,5 +1,5 @@
-// The fused MoE router + integer gate_up (+ down) for one token: see moe_router_gate_up.cuh. The router's arithmetic
-// is moe_router_parts.cuh's, the gate_up's and down's moe_dp4a_parts.cuh's: the same code as the kernels it replaces.
+// The fused MoE router + integer gate_up for one token: see moe_router_gate_up.cuh. The router's arithmetic is
+// moe_router_parts.cuh's, the gate_up's moe_dp4a_parts.cuh's: the same code as the two kernels it replaces.
 #include "cuda/kernels/moe/moe_router_gate_up.cuh"
 
 #include <cstdint>
@@ -29,9 +29,8 @@ struct RouterGateUpParams {
   float eps;
   const float* hidden;  // [D]
   int E;
-  MoeDecodeScratch s;   // one token's; s.ticket and s.epoch the grid's rendezvous (s.done and s.exits: the down's)
+  MoeDecodeScratch s;   // one token's; s.ticket and s.epoch the grid's rendezvous
   GateUpParams gu;      // over the same scratch (ids, x̂, h)
-  DownParams dn;        // over the same scratch and hidden (the down phase's; unused without it)
 };
 
 // The routing's publication: a release store of the epoch by the routing block, acquire loads by the waiting ones.
@@ -44,61 +43,11 @@ __device__ __forceinline__ void st_release_gpu(unsigned* p, unsigned v) {
   asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
-// The down phase's shared memory: the block's quantize_block of the k + 1 rows of h (kSeg·64 words), as the down
-// kernel's xs, xsum and xsig, in floats.
-constexpr int kDownSmemFloats = kSeg * 64 * 4 + kSeg * 64 + kSeg * 8;
-
-// The down phase, once the block's gate_up rows are done: the down kernel's rows (down_rows) over this grid's warps,
-// global warp w taking output rows w, w + warps, ... as the down kernel's warps do over its own grid (each row one
-// warp's alone, so the bits do not depend on the grid). ids: the clamped routing; smem: kDownSmemFloats floats,
-// 16-byte aligned, no longer read by anyone in the block (a barrier precedes their first write here).
-//
-// The grid's rendezvous (every block resident: moe_router_gate_up_dp4a): each block, after its own h rows, arrives at
-// p.s.done (__syncthreads: the block's h writes before thread 0's __threadfence and atomicAdd, a release pattern);
-// thread 0 waits with acquire loads until all gridDim.x blocks have arrived, then __syncthreads (acquire pattern):
-// every row of h, written by any block, is then visible, and is read through L2 (__ldcg: h, and also the routing
-// weights and shared gate, which another block wrote before publishing the epoch; ids are ids_s, read after the
-// epoch). Counters for the next launch: after its wait thread 0 adds one to p.s.exits; the block that takes exits to
-// gridDim.x - 1 is the last one past the wait, so nobody reads done or exits again in this launch, and it sets both
-// back to 0 (plain stores: the next launch reads them after its pdl_wait or stream order, once this one completed).
-//
-// hidden: every block stages x from hidden (router_stage) before its gate_up rows, so before it arrives at done; a
-// block writes hidden only after all gridDim.x blocks have arrived, so no block can still be reading hidden for its
-// staging. Within the down phase row r of hidden is read (residual) and written by one warp only.
-__device__ __forceinline__ void down_phase(const RouterGateUpParams& p, const int* ids, int warp, int lane,
-                                           float* smem) {
-  uint4* xs = reinterpret_cast<uint4*>(smem);               // [kSeg·64]
-  int* xsum = reinterpret_cast<int*>(xs + kSeg * 64);       // [kSeg·64]
-  float* xsig = reinterpret_cast<float*>(xsum + kSeg * 64);  // [kSeg·8]
-  const int warps = int(gridDim.x) * kWarps;
-  const int row = int(blockIdx.x) * kWarps + warp;
-  DownBatch cur;  // the first row's weights in flight while the other blocks finish gate_up (PDL's early loads)
-  load_down(p.dn, ids, row, lane, cur);
-  __syncthreads();  // the block's rows of h are written
-  if (threadIdx.x == 0) {
-    __threadfence();
-    atomicAdd(p.s.done, 1u);
-    while (ld_acquire_gpu(p.s.done) < gridDim.x) __nanosleep(64);
-    if (atomicAdd(p.s.exits, 1u) == gridDim.x - 1) {
-      *p.s.done = 0u;
-      *p.s.exits = 0u;
-    }
-  }
-  __syncthreads();
-  float unused_ss = 0.0f;
-  dp4a::quantize_block<dp4a::quantize_passes(kSeg * 64, kThreads), false, true>(p.dn.h, nullptr, kSeg * 64, xs, xsum,
-                                                                                xsig, unused_ss);
-  __syncthreads();
-  down_rows<true>(p.dn, 0, ids, row, warps, lane, xs, xsum, xsig, cur, p.dn.hidden);
-}
-
-// D = S·1024 columns. Every block must be resident at once (the blocks past the ticket wait for the last one; with
-// kDown every block waits for all the others after gate_up).
-template <int S, bool kDown>
+// D = S·1024 columns. Every block must be resident at once (the blocks past the ticket wait for the last one).
+template <int S>
 __global__ void __launch_bounds__(kThreads) moe_router_gate_up_kernel(const RouterGateUpParams p) {
   constexpr int D = S * 1024, ldxs = router_ldxs(D), nch = D / 512;
-  // x·norm_w, router_pad layout; with kDown, once the router rows and x̂ are done, the down phase's activations.
-  __shared__ __align__(16) float rsm[kDown && kDownSmemFloats > ldxs ? kDownSmemFloats : ldxs];
+  __shared__ __align__(16) float rsm[ldxs];  // x·norm_w, router_pad layout
   __shared__ float ss_part[kRouterWarps][1];
   __shared__ float rinv[1];
   __shared__ __align__(16) float xh[D];      // x̂, as the scratch's
@@ -163,25 +112,20 @@ __global__ void __launch_bounds__(kThreads) moe_router_gate_up_kernel(const Rout
   }
   __syncthreads();
   if (p.gu.down_ahead) prefetch_down(p.gu, ids_s);
-  // Without down: the routing is complete, the down kernel may read it before its own wait. With down the next
-  // kernel reads hidden, which this block writes last: the implicit trigger at the block's exit.
-  if constexpr (!kDown) pdl_trigger();
+  pdl_trigger();  // the routing is complete: the down kernel may read it before its own wait
   load_gate_up<S>(p.gu, ids_s, batch, batches, lane, cur);
   gate_up_rows<S>(p.gu, ids_s, batch, batches, warps, lane, xq, sig, sx, cur, p.gu.h);
-  if constexpr (kDown) down_phase(p, ids_s, warp, lane, rsm);
 }
 
-// The kernel for D columns (1024, 2048 or 4096), with or without the down phase.
+// The kernel for D columns (1024, 2048 or 4096).
 using Kernel = void (*)(RouterGateUpParams);
-template <bool kDown>
 Kernel kernel_for(int64_t D) {
   switch (D) {
-    case 1024: return moe_router_gate_up_kernel<1, kDown>;
-    case 2048: return moe_router_gate_up_kernel<2, kDown>;
-    default: return moe_router_gate_up_kernel<4, kDown>;
+    case 1024: return moe_router_gate_up_kernel<1>;
+    case 2048: return moe_router_gate_up_kernel<2>;
+    default: return moe_router_gate_up_kernel<4>;
   }
 }
-Kernel kernel_for(int64_t D, bool with_down) { return with_down ? kernel_for<true>(D) : kernel_for<false>(D); }
 
 // The most blocks of `kernel` resident at once: occupancy × SMs.
 int resident_blocks(Kernel kernel) {
@@ -197,28 +141,19 @@ bool moe_router_gate_up_fits(const MoeDecodeWeights& w) {
          w.norm_w && (reinterpret_cast<uintptr_t>(w.norm_w) & 15) == 0;
 }
 
-bool moe_router_gate_up_down_fits(const MoeDecodeWeights& w) {
-  return moe_router_gate_up_fits(w) && moe_down_dp4a_fits(w) && w.expert_down.rows == w.expert_gate.cols &&
-         w.expert_down.experts == w.expert_gate.experts;
+int moe_router_gate_up_max_blocks(const MoeDecodeWeights& w) {
+  TERN_CHECK(moe_router_gate_up_fits(w), "moe_router_gate_up: the kernel does not take these weights");
+  return resident_blocks(kernel_for(w.expert_gate.cols));
 }
 
-int moe_router_gate_up_max_blocks(const MoeDecodeWeights& w, bool with_down) {
-  TERN_CHECK(with_down ? moe_router_gate_up_down_fits(w) : moe_router_gate_up_fits(w),
-             "moe_router_gate_up: the kernel does not take these weights");
-  return resident_blocks(kernel_for(w.expert_gate.cols, with_down));
-}
-
-bool moe_router_gate_up_dp4a(const MoeDecodeWeights& w, float* hidden, const MoeDecodeScratch& s, bool with_down,
+bool moe_router_gate_up_dp4a(const MoeDecodeWeights& w, const float* hidden, const MoeDecodeScratch& s,
                              cudaStream_t stream, int blocks) {
   const auto aligned = [](const void* q) { return q && (reinterpret_cast<uintptr_t>(q) & 15) == 0; };
-  if (!(with_down ? moe_router_gate_up_down_fits(w) : moe_router_gate_up_fits(w)) || !aligned(hidden) ||
-      !aligned(s.xhat) || !aligned(s.h))
-    return false;
+  if (!moe_router_gate_up_fits(w) || !aligned(hidden) || !aligned(s.xhat) || !aligned(s.h)) return false;
   TERN_CHECK(s.ticket && s.epoch, "moe_router_gate_up: the scratch has no ticket or epoch");
-  TERN_CHECK(!with_down || (s.done && s.exits), "moe_router_gate_up: the scratch has no done or exits counter");
-  const Kernel kernel = kernel_for(w.expert_gate.cols, with_down);
-  // The blocks past the ticket spin until the last one has routed (and with down every block until all have done
-  // gate_up): a block that could not be resident with them would never run.
+  const Kernel kernel = kernel_for(w.expert_gate.cols);
+  // The blocks past the ticket spin until the last one has routed: a block that could not be resident with them
+  // would never run.
   const int most = resident_blocks(kernel);
   const int grid = blocks > 0 ? blocks
                               : qtile::balanced_grid(reinterpret_cast<const void*>(kernel),
@@ -234,7 +169,6 @@ bool moe_router_gate_up_dp4a(const MoeDecodeWeights& w, float* hidden, const Moe
   p.E = int(w.router.rows);
   p.s = s;
   p.gu = gate_up_params(w, s);
-  p.dn = down_params(w, hidden, s, false);
   launch_pdl("moe_router_gate_up_dp4a", kernel, dim3(unsigned(grid)), dim3(kThreads), 0, stream, p);
   return true;
 }

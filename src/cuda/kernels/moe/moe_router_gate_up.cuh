@@ -1,5 +1,5 @@
-// The MoE router and the integer gate_up (and down) for one token in one kernel: what moe_decode runs as steps 1 and 2
-// (and 3) (moe_decode.cuh) where launches cannot overlap (the portable path, GPUs before sm_90: no programmatic dependent
+// The MoE router and the integer gate_up for one token in one kernel: what moe_decode runs as steps 1 and 2
+// (moe_decode.cuh) where launches cannot overlap (the portable path, GPUs before sm_90: no programmatic dependent
 // launch, ~2.4 µs of idle GPU per kernel boundary). A persistent grid, every block resident at once:
 //   1. each block stages x·norm_w and the RMSNorm factor as the multi-block router does (moe_router_parts.cuh); the
 //      grid's warps share the E + 1 rows of [router; shared_expert_gate]; block 0 writes x̂ to the scratch;
@@ -7,15 +7,10 @@
 //      zero and publishes the routing by advancing the scratch's epoch (a release store);
 //   3. each block quantises x̂ from its own staging (the same bits as the scratch's x̂) and runs the shared expert's
 //      rows of gate_up, which need no routing, then waits for the epoch (an acquire load) and runs the routed rows,
-//      the gate_up kernel's loop (moe_dp4a_parts.cuh);
-//   4. with down: each warp loads its first down row's weights, the block arrives at the scratch's done counter and
-//      waits until every block has (all of h written), then runs the down kernel's rows over the grid's warps
-//      (down_rows: the block quantises the k + 1 rows of h; hidden += the weighted sum), and the last block past the
-//      wait sets done and exits back to zero.
+//      the gate_up kernel's loop (moe_dp4a_parts.cuh).
 // x̂, the logits, ids, weights, shared gate and h are bit for bit those of the router kernel followed by the integer
-// gate_up kernel, and with down the hidden row those of the integer down kernel after them. Without down the blocks
-// trigger the next launch (PDL, where on) once they have seen the routing, so the down kernel after it may read the
-// routing early (moe_down_dp4a's early_routing); with down only at their exit (the next kernel reads hidden).
+// gate_up kernel. The blocks trigger the next launch (PDL, where on) only once they have seen the routing, so the
+// down kernel after it may read the routing early (moe_down_dp4a's early_routing).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -28,19 +23,14 @@ namespace tern::cuda {
 // top_k = 8), the router and shared gate in the router's fast 8-bit form over the same D, E <= 256, norm_w 16-byte
 // aligned.
 bool moe_router_gate_up_fits(const MoeDecodeWeights& w);
-// Whether it also takes them with the down phase: moe_router_gate_up_fits, the integer down's (moe_down_dp4a_fits),
-// down's D rows the router's D columns and its experts gate_up's.
-bool moe_router_gate_up_down_fits(const MoeDecodeWeights& w);
-// The most blocks that can be resident at once on this device (occupancy × SMs): the largest grid the kernel (with or
-// without down) may run.
-int moe_router_gate_up_max_blocks(const MoeDecodeWeights& w, bool with_down);
-// Runs the kernel for one token (hidden [D]: read; with_down: also updated by the down phase) and returns true when it
-// fits (moe_router_gate_up_fits, or moe_router_gate_up_down_fits with_down; hidden and the scratch's x̂ and h 16-byte
-// aligned); false: nothing was launched. blocks: the grid (0: qtile::balanced_grid over the (k + 1)·F gate_up
-// batches, as the gate_up kernel sizes its own; a test may ask for any 1 .. moe_router_gate_up_max_blocks, more is
-// refused). Runs on any device: moe_decode chooses it only where moe_decode_fuses_router (with_down where
-// moe_decode_fuses_down).
-bool moe_router_gate_up_dp4a(const MoeDecodeWeights& w, float* hidden, const MoeDecodeScratch& s, bool with_down,
+// The most blocks that can be resident at once on this device (occupancy × SMs): the largest grid the kernel may run.
+int moe_router_gate_up_max_blocks(const MoeDecodeWeights& w);
+// Runs the kernel for one token (hidden [D]) and returns true when it fits (moe_router_gate_up_fits, hidden and the
+// scratch's x̂ and h 16-byte aligned); false: nothing was launched. blocks: the grid (0: qtile::balanced_grid over
+// the (k + 1)·F gate_up batches, as the gate_up kernel sizes its own; a test may ask for any 1 ..
+// moe_router_gate_up_max_blocks, more is refused). Runs on any device: moe_decode chooses it only where
+// moe_decode_fuses_router.
+bool moe_router_gate_up_dp4a(const MoeDecodeWeights& w, const float* hidden, const MoeDecodeScratch& s,
                              cudaStream_t stream, int blocks = 0);
 
 }  // namespace tern::cuda

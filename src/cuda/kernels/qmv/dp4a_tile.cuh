@@ -101,8 +101,7 @@ constexpr int quantize_passes(int words, int threads) { return (words + threads 
 // the first word is quantised: one L2 round trip, not P. With scale (norm_w, [words·8]) the block quantises x·scale
 // and each thread adds its Σx² to ss, pass by pass (the RMSNorm factor is applied to the output by the caller). Ends
 // without a barrier: __syncthreads() before reading xs. kWide: 24-bit activations, the lo bytes in xs_lo[xs_slot(w)].
-// kL2: x is read through L2 (ld.global.cg), for x written by other blocks of the same launch.
-template <int P, bool kWide = false, bool kL2 = false>
+template <int P, bool kWide = false>
 __device__ __forceinline__ void quantize_block(const float* x, const float* scale, int words, uint4* xs, int* xsum,
                                                float* xsig, float& ss, uint2* xs_lo = nullptr) {
   float4 a[P], b[P], n0[P], n1[P];
@@ -111,13 +110,8 @@ __device__ __forceinline__ void quantize_block(const float* x, const float* scal
     const int word = int(threadIdx.x) + pass * int(blockDim.x);
     a[pass] = b[pass] = n0[pass] = n1[pass] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (word < words) {
-      if constexpr (kL2) {
-        a[pass] = __ldcg(reinterpret_cast<const float4*>(x) + 2 * word);
-        b[pass] = __ldcg(reinterpret_cast<const float4*>(x) + 2 * word + 1);
-      } else {
-        a[pass] = reinterpret_cast<const float4*>(x)[2 * word];
-        b[pass] = reinterpret_cast<const float4*>(x)[2 * word + 1];
-      }
+      a[pass] = reinterpret_cast<const float4*>(x)[2 * word];
+      b[pass] = reinterpret_cast<const float4*>(x)[2 * word + 1];
       if (scale) {
         n0[pass] = reinterpret_cast<const float4*>(scale)[2 * word];
         n1[pass] = reinterpret_cast<const float4*>(scale)[2 * word + 1];
