@@ -122,7 +122,6 @@ void check_shape(std::mt19937_64& rng, int E, int64_t D, int64_t F) {
         const std::string what = what_grid + " run " + std::to_string(run);
         MoeDecodeWeights w = md.w;
         w.prefetch_down = run >= 1;
-        w.prefetch_line = run == 2 ? 128 : 0;
         TERN_CUDA(cudaMemcpyAsync(dh.p, x0.p, size_t(D) * 4, cudaMemcpyDeviceToDevice, stream));
         poison(s, D, E, F, stream);
         const unsigned epoch = read_u32(s.epoch);
