@@ -416,6 +416,12 @@ TEST_P(CudaAttentionKv, BatchedIsBitIdenticalToEachSequenceAlone) {
   run_batched_case(rng, d, {{40000, 2000}}, "B=1");
   run_batched_case(rng, d, {sixteen.begin(), sixteen.begin() + 3}, "B=3");
   run_batched_case(rng, d, sixteen, "B=16");
+  // Capacities of at most two 64-key tiles per split and a grid of several waves: the batched launch takes the
+  // one-stage form of the kernel (launch_decode), the sequences alone the deep ring; the values must not change.
+  run_batched_case(rng, d,
+                   {{4096, 0}, {64, 63}, {1000, 1}, {4096, 64}, {8000, 7999}, {64, 0}, {4096, 4095}, {2048, 1024},
+                    {128, 65}, {300, 129}, {8448, 4000}, {4160, 4159}},
+                   "B=12 short caches");
   for (const AttnDims& o : {small_dims(4, 2, 64, 16), small_dims(8, 1, 128, 32)})
     run_batched_case(rng, with_kv(o, GetParam()), {{400, 250}, {64, 0}, {3000, 2999}},
                      "dh " + std::to_string(o.dh) + " Hq " + std::to_string(o.Hq) + " B=3");

@@ -736,13 +736,16 @@ __global__ void __launch_bounds__(128, 1)
       copy_tile_async<DH>(dk + TILE, Vh + k0 * DH, valid, tid);
     }
   };
-  const int64_t prologue_end = tb + stages - 1 < te ? tb + stages - 1 : te;  // tiles [tb, prologue_end) first
-  const bool early = prologue_end * BN <= pos0 && kv_prefetch_enabled;     // none holds a new row
+  // Tiles [tb, prologue_end) are copied first: stages - 1 of them, or with one stage (a batched launch whose splits
+  // hold one or two tiles, see launch_decode) the first tile, into the one stage the loop then refills.
+  const int ahead = stages > 1 ? stages - 1 : 1;
+  const int64_t prologue_end = tb + ahead < te ? tb + ahead : te;
+  const bool early = prologue_end * BN <= pos0 && kv_prefetch_enabled;  // none holds a new row
   if (!early) {
     pdl_wait();
     pdl_trigger();
   }
-  for (int s = 0; s < stages - 1; ++s) {
+  for (int s = 0; s < ahead; ++s) {
     if (tb + s < te) load_tile(tb + s, s);
     cp_async_commit();
   }
@@ -774,7 +777,11 @@ __global__ void __launch_bounds__(128, 1)
 
   for (int64_t j = tb; j < te; ++j) {
     const int i = int(j - tb);
-    if (j + stages - 1 < te) load_tile(j + stages - 1, (i + stages - 1) % stages);  // the stage read at i - 1
+    if (stages == 1) {
+      if (j > tb) load_tile(j, 0);  // the stage read at i - 1, free since the barrier that ended it
+    } else if (j + stages - 1 < te) {
+      load_tile(j + stages - 1, (i + stages - 1) % stages);  // the stage read at i - 1
+    }
     cp_async_commit();
     cp_async_wait_dyn(stages - 1);
     __syncthreads();  // tile j is in for every thread
@@ -911,6 +918,10 @@ struct DecodeVariant {
   int stages = 1;
   size_t smem = 0;
   int blocks_per_sm = 1;
+  // The one-stage form of the same kernel (launch_decode takes it for a batched grid of more than one wave whose
+  // splits hold at most two tiles): less shared memory, more blocks per SM, the same arithmetic.
+  size_t smem_one_stage = 0;
+  int blocks_per_sm_one_stage = 1;
 };
 
 struct AttentionSetup {
@@ -941,6 +952,10 @@ void setup_decode(AttentionSetup& s, int optin) {
   TERN_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_decode_split_kernel<DH, RW, KvDtype::f16>, 128,
                                                           v.smem));
   v.blocks_per_sm = std::max(1, n);
+  v.smem_one_stage = decode_smem_bytes<DH, RW>(1);
+  TERN_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_decode_split_kernel<DH, RW, KvDtype::f16>, 128,
+                                                          v.smem_one_stage));
+  v.blocks_per_sm_one_stage = std::max(1, n);
 }
 
 template <int DH>
@@ -982,6 +997,12 @@ bool kv_early() {
   return on;
 }
 
+// TERN_ATTN_BATCH_STAGES=0: batched launches keep the deep ring (launch_decode's one-stage form off; for comparison).
+bool attn_batch_one_stage() {
+  static const bool on = !env_is("TERN_ATTN_BATCH_STAGES", "0");
+  return on;
+}
+
 int decode_rows_warps(int64_t rows) { return rows <= 16 ? 1 : rows <= 32 ? 2 : 4; }
 
 // The decode kernels' variant (rows per warp: its stages, shared memory and occupancy) for d.T tokens of d's heads.
@@ -1011,8 +1032,18 @@ void launch_decode(const float* q, const float* qg, int64_t ld_qg, const Seqs<co
   auto kernel = RW == 1 ? attention_decode_split_kernel<DH, 1, KV>
                 : RW == 2 ? attention_decode_split_kernel<DH, 2, KV>
                           : attention_decode_split_kernel<DH, 4, KV>;
+  // A grid of more than one wave whose splits hold one or two 64-key tiles (the batched step at short and middle
+  // lengths: 8 sequences at 4K are 8 waves of one-tile splits) gains nothing from a deep ring and loses blocks per
+  // SM to it: it takes the one-stage form (3 blocks per SM instead of 1 at DH = 256). The stages change only when
+  // the copies are issued, not what is summed, so every sequence's values are the same either way.
+  const int64_t tiles_per_split = ((d.capacity + kBlockKeys - 1) / kBlockKeys + columns - 1) / columns;
+  const int64_t blocks = int64_t(d.Hkv) * columns * seqs.B;
+  const bool one_stage = attn_batch_one_stage() && v.stages > 1 && tiles_per_split <= 2 &&
+                         v.blocks_per_sm_one_stage > v.blocks_per_sm &&
+                         blocks > int64_t(setup.sms) * v.blocks_per_sm;
   launch_pdl("attention_decode_split", kernel, dim3(unsigned(d.Hkv), unsigned(columns), unsigned(seqs.B)), dim3(128),
-             v.smem, stream, q, seqs, d, v.stages, kv_before_wait, part);
+             one_stage ? v.smem_one_stage : v.smem, stream, q, seqs, d, one_stage ? 1 : v.stages, kv_before_wait,
+             part);
   launch_pdl("attention_decode_merge", attention_decode_merge_kernel<DH>,
              dim3(unsigned(d.T * d.Hq), unsigned(seqs.B)), dim3(256), 0, stream, part, qg, ld_qg, seqs, d, out);
 }
