@@ -22,6 +22,7 @@
 #include "cuda/kernels/norm/norm.cuh"
 #include "cuda/kernels/qmv/qmv.cuh"
 #include "cuda/kernels/qmv/qmv_dp4a.cuh"
+#include "cuda/kernels/qmv/qmv_dp4a_mma.cuh"
 #include "cuda/kernels/sampling/sampling.cuh"
 #include "cuda/runner/batch_tables.cuh"
 
@@ -108,8 +109,12 @@ void CudaRunner::allocate_batch_scratch() {
                                                     c.moe_intermediate_size);
   const int64_t floats = B * proj_cols_ + B * Hv * dv + 2 * B * Hq * dh + attn_batch_partial_floats(B, Hq, dh) +
                          B * sample_scratch_floats(V);
+  // The quantised activations of slot_layers' products (one at a time): sized for the widest of their inputs.
+  const int64_t widest = std::max({int64_t(c.hidden_size), Hv * dv, int64_t(Hq) * dh});
+  const size_t xq_bytes = qmv_dp4a_mma_scratch_bytes(B, widest);
   batch_tables_bytes_ = layer_table_offset(w_->layers.size());
-  batch_scratch_ = DeviceArena(size_t(floats) * 4 + moe_bytes + batch_tables_bytes_ + 2 * B * 4 + (B + 17) * 256,
+  batch_scratch_ = DeviceArena(size_t(floats) * 4 + moe_bytes + batch_tables_bytes_ + 2 * B * 4 + xq_bytes +
+                                   (B + 18) * 256,
                                "batched step scratch");
   batch_proj_ = batch_scratch_.take_n<float>(size_t(B * proj_cols_));
   batch_gated_ = batch_scratch_.take_n<float>(size_t(B * Hv * dv));
@@ -123,6 +128,8 @@ void CudaRunner::allocate_batch_scratch() {
   for (int b = 0; b < B; ++b) batch_sample_scratch_.push_back(batch_scratch_.take_n<float>(size_t(sample_scratch_floats(V))));
   batch_sampled_ = batch_scratch_.take_n<int>(size_t(B));
   verify_pos_ = batch_scratch_.take_n<int>(size_t(B));
+  batch_qmv_xq_bytes_ = xq_bytes;
+  batch_qmv_xq_ = xq_bytes ? batch_scratch_.take(xq_bytes) : nullptr;
   batch_tables_ = static_cast<uint8_t*>(batch_scratch_.take(batch_tables_bytes_));
   // Pinned: the tables, then B sampling parameters, B sampled ids, B verify positions.
   TERN_CUDA(cudaMallocHost(&batch_pinned_, batch_tables_bytes_ + B * (sizeof(DeviceSampling) + 8)));
@@ -207,25 +214,29 @@ void CudaRunner::slot_layers(int B, int64_t capacity, bool one_session) {
   const int64_t D = c.hidden_size, V = c.vocab_size;
   const BatchHeader* dev = reinterpret_cast<const BatchHeader*>(batch_tables_);
   embed_lookup(w_->embed, dev->tokens, B, hidden_, stream_);
+  // Every product quantises its B tokens once into the shared scratch (the products run one after another).
+  auto product = [&](QmvArgs a) {
+    a.xq = batch_qmv_xq_;
+    a.xq_bytes = batch_qmv_xq_bytes_;
+    qmv_dp4a_batched(a, B, stream_);
+  };
   for (size_t i = 0; i < w_->layers.size(); ++i) {
     const DeviceLayer& l = w_->layers[i];
     void* const* table = reinterpret_cast<void* const*>(batch_tables_ + layer_table_offset(i));
     if (l.type == LayerType::linear_attention) {
       const int64_t Z = int64_t(c.linear_num_value_heads) * c.linear_value_head_dim;
-      qmv_dp4a_batched(decode_product(l.in_proj_all, hidden_, D, 1, l.input_norm, batch_proj_, proj_cols_), B,
-                       stream_);
+      product(decode_product(l.in_proj_all, hidden_, D, 1, l.input_norm, batch_proj_, proj_cols_));
       const GdnDecodeArgs g = gdn_decode_args(l, one_session ? B : 1, batch_proj_, batch_gated_);
       float* const* states = reinterpret_cast<float* const*>(table);
       if (one_session)
         gdn_decode_from_tables(g, states, states + kSlots, states + 1, states + kSlots + 1, stream_);
       else
         gdn_decode_batched(g, B, states, states + kSlots, stream_);
-      qmv_dp4a_batched(decode_product(l.out_proj, batch_gated_, Z, 1, nullptr, hidden_, D, true, output_ahead(l)), B,
-                       stream_);
+      product(decode_product(l.out_proj, batch_gated_, Z, 1, nullptr, hidden_, D, true, output_ahead(l)));
     } else {
       const AttnDims d = attn_dims(1, capacity);
       const int64_t Q = int64_t(d.Hq) * 2 * d.dh, KV = int64_t(d.Hkv) * d.dh;
-      qmv_dp4a_batched(decode_product(l.attn_qkv, hidden_, D, 1, l.input_norm, batch_proj_, proj_cols_), B, stream_);
+      product(decode_product(l.attn_qkv, hidden_, D, 1, l.input_norm, batch_proj_, proj_cols_));
       AttnBatch ab;
       ab.B = B;
       ab.ld_qkv = proj_cols_;
@@ -239,9 +250,8 @@ void CudaRunner::slot_layers(int B, int64_t capacity, bool one_session) {
       attn_prepare_batched(batch_proj_, batch_proj_ + Q, batch_proj_ + Q + KV, l.q_norm, l.k_norm, ab, d, batch_q_,
                            stream_);
       attention_batched(batch_q_, batch_proj_, ab, d, batch_attn_part_, batch_attn_out_, stream_);
-      qmv_dp4a_batched(decode_product(l.o_proj, batch_attn_out_, int64_t(d.Hq) * d.dh, 1, nullptr, hidden_, D, true,
-                                      output_ahead(l)),
-                       B, stream_);
+      product(decode_product(l.o_proj, batch_attn_out_, int64_t(d.Hq) * d.dh, 1, nullptr, hidden_, D, true,
+                             output_ahead(l)));
     }
     // The gate_up's L2 request for the chosen experts' down matrices (a hint: results unchanged) only while B
     // tokens' ~5 MB each stay well inside L2 beside the weights the tokens share.
@@ -249,7 +259,7 @@ void CudaRunner::slot_layers(int B, int64_t capacity, bool one_session) {
     m.prefetch_down = m.prefetch_down && B <= 4;
     moe_decode_batched(m, hidden_, B, batch_moe_, stream_);
   }
-  qmv_dp4a_batched(decode_product(w_->lm_head, hidden_, D, 1, w_->final_norm, logits_, V), B, stream_);
+  product(decode_product(w_->lm_head, hidden_, D, 1, w_->final_norm, logits_, V));
   mask_padding(logits_, B, V, w_->vocab_real, stream_);
 }
 

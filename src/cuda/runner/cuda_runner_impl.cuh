@@ -236,6 +236,8 @@ class CudaRunner final : public ModelRunner {
   std::vector<float*> batch_sample_scratch_;  // [batch_max()] one sampler scratch per slot
   int* batch_sampled_ = nullptr;         // [batch_max()] device
   int* verify_pos_ = nullptr;            // [batch_max()] device: a verify step's slot positions p0 + slot
+  void* batch_qmv_xq_ = nullptr;         // device: the batched products' quantised activations (QmvArgs::xq)
+  size_t batch_qmv_xq_bytes_ = 0;
   bool batch_warm_ = false;              // a batched step has run outside capture
   int64_t batched_steps_ = 0;            // steps batch_step has run
   std::map<std::pair<int, int64_t>, cudaGraphExec_t> batch_graphs_;

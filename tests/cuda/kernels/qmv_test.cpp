@@ -615,11 +615,15 @@ std::vector<float> batch_outputs(std::mt19937_64& rng, int B, int64_t rows, int6
 
 // qmv_dp4a_batched (one token of each of B sequences in one launch) against qmv_dp4a per token: every output row bit
 // for bit, at the model's shapes (the fused GDN in_proj 12352 x 2048, o_proj 2048 x 4096, a 16384-row slice of the
-// LM head, 1024 columns with an odd row count, a stacked matrix at expert 2), B in {1, 2, 5, 8, 32}, every mode (bit 0:
-// the norm, bit 1: accumulate), the tensor-core form (qmv_dp4a_mma) and on the first shape also the dp4a form with
-// both activation widths; tokens of very different magnitudes and an
-// all-zero one (batch_inputs). B = 5 reads x and writes y through strides past the rows (x's gaps NaN: never read;
-// y's gaps NaN: never written). The batched call also asks L2 for ranges (l2_ahead), which must change nothing.
+// LM head, 1024 columns with an odd row count, a stacked matrix at expert 2), B in {1, 2, 5, 8, 9, 16, 32}, every mode
+// (bit 0: the norm, bit 1: accumulate), the tensor-core form (qmv_dp4a_mma) with its activations quantised in every
+// block (no scratch), once per product into scratch (QmvArgs::xq), and with scratch given but TERN_QMV_PREQUANT's
+// switch off (the scratch must stay untouched), and on the first shape also the dp4a form with both activation
+// widths; tokens of very different magnitudes and an all-zero one (batch_inputs). B = 5 and 9 read x and write y
+// through strides past the rows (x's gaps NaN: never read; y's gaps NaN: never written). The scratch starts as 0xff
+// bytes (NaN, -1) and has 256 bytes past what qmv_dp4a_mma_scratch_bytes asks for: the pre-quantising kernel must
+// write each token tile's tables and nothing past them. The batched call also asks L2 for ranges (l2_ahead), which
+// must change nothing.
 TEST(CudaQmv, BatchedIntegerPathMatchesOneTokenBitwise) {
   TERN_REQUIRE_GPU();
   std::mt19937_64 rng(fresh_seed("CudaQmv.Dp4aBatched"));
@@ -628,20 +632,24 @@ TEST(CudaQmv, BatchedIntegerPathMatchesOneTokenBitwise) {
       {WeightFormat::affine4, 1, 16384, 2048, 0}, {WeightFormat::affine4, 1, 1001, 1024, 0},
       {WeightFormat::affine4, 3, 517, 2048, 2},
   };
-  const bool wide0 = qmv_dp4a_wide(), mma0 = qmv_dp4a_batched_mma();
+  const bool wide0 = qmv_dp4a_wide(), mma0 = qmv_dp4a_batched_mma(), prequant0 = qmv_dp4a_prequant();
+  constexpr size_t kScratchSlack = 256;
   for (const QmvCase& c : cases) {
     auto h = random_matrix(rng, c.f, c.experts, c.rows, c.cols);
     DeviceMatrix dm(*h);
     const auto nw = random_floats(rng, size_t(c.cols), 0.5f, 1.5f);
     DeviceBuf<float> dnw(nw);
-    // kernel 0: 24-bit activations on the tensor cores (qmv_dp4a_mma), 1: 24-bit on dp4a, 2: 16-bit on dp4a
-    for (const int kernel : {0, 1, 2}) {
-      const bool wide = kernel < 2;
-      if (kernel > 0 && &c != &cases[0]) continue;
+    // kernel 0: 24-bit activations on the tensor cores (qmv_dp4a_mma), quantised per block, 1: 24-bit on dp4a,
+    // 2: 16-bit on dp4a, 3: kernel 0 quantised once into scratch, 4: kernel 0 given scratch with the switch off
+    for (const int kernel : {0, 3, 4, 1, 2}) {
+      const bool mma = kernel == 0 || kernel >= 3, wide = kernel != 2, scratch = kernel >= 3;
+      if (!mma && &c != &cases[0]) continue;
       qmv_dp4a_set_wide(wide);
-      qmv_dp4a_set_batched_mma(kernel == 0);
-      for (int B : {1, 2, 5, 8, 32}) {
-        const int64_t ldx = B == 5 ? c.cols + 4 : c.cols, ldy = B == 5 ? c.rows + 3 : c.rows;
+      qmv_dp4a_set_batched_mma(mma);
+      qmv_dp4a_set_prequant(kernel != 4);
+      for (int B : {1, 2, 5, 8, 9, 16, 32}) {
+        const bool strided = B == 5 || B == 9;
+        const int64_t ldx = strided ? c.cols + 4 : c.cols, ldy = strided ? c.rows + 3 : c.rows;
         DeviceBuf<float> dx(batch_inputs(rng, B, c.cols, ldx));
         for (int mode = 0; mode < 4; ++mode) {
           const bool acc = mode & 2;
@@ -666,15 +674,41 @@ TEST(CudaQmv, BatchedIntegerPathMatchesOneTokenBitwise) {
           batched.y = dy_batched.p;
           batched.l2_ahead.add(dm.d.data, c.experts * c.rows * dm.d.row_words * 4);
           batched.l2_ahead.add(dx.p, B * ldx * 4);
+          const size_t xq_need = qmv_dp4a_mma_scratch_bytes(B, c.cols);
+          DeviceBuf<uint8_t> xq(xq_need + kScratchSlack);  // 0xff bytes
+          if (scratch) {
+            batched.xq = xq.p;
+            batched.xq_bytes = xq_need;
+          }
           qmv_dp4a_batched(batched, B, nullptr);
           TERN_CUDA(cudaGetLastError());
           const auto got = dy_batched.host(), want = dy_alone.host();
-          if (kernel == 0 && B >= 2 && qmv_dp4a_mma_fits(c.cols))
+          const bool on_mma = mma && B >= 2 && qmv_dp4a_mma_fits(c.cols);
+          if (on_mma) {
             EXPECT_TRUE(qmv_dp4a_mma_supported(batched, B)) << c.rows << "x" << c.cols;
-          const std::string what = std::string(kernel == 0 ? "24-bit mma " : wide ? "24-bit " : "16-bit ") +
+          }
+          const std::string what = std::string(kernel == 0   ? "24-bit mma "
+                                               : kernel == 3 ? "24-bit mma, scratch "
+                                               : kernel == 4 ? "24-bit mma, scratch switched off "
+                                               : wide        ? "24-bit "
+                                                             : "16-bit ") +
                                    std::to_string(c.rows) + "x" +
                                    std::to_string(c.cols) + " expert " + std::to_string(c.expert) + " B=" +
                                    std::to_string(B) + " mode " + std::to_string(mode);
+          if (scratch) {
+            // Kernel 3 on the tensor cores: every token tile's tables written (not all 0xff), nothing past them;
+            // otherwise (B = 1, the switch off, or the shape not on the tensor cores) the scratch untouched.
+            const std::vector<uint8_t> xh = xq.host();
+            const size_t tiles = size_t(B + 7) / 8, per_tile = xq_need / tiles;
+            ASSERT_EQ(per_tile * tiles, xq_need) << what;
+            for (size_t tile = 0; tile < tiles; ++tile) {
+              const bool untouched = std::all_of(xh.begin() + tile * per_tile, xh.begin() + (tile + 1) * per_tile,
+                                                 [](uint8_t v) { return v == 0xff; });
+              EXPECT_EQ(untouched, !(kernel == 3 && on_mma)) << what << ": scratch of token tile " << tile;
+            }
+            EXPECT_TRUE(std::all_of(xh.begin() + xq_need, xh.end(), [](uint8_t v) { return v == 0xff; }))
+                << what << ": writes past the scratch's " << xq_need << " bytes";
+          }
           for (int t = 0; t < B; ++t) {
             size_t diff = 0, first = 0, unwritten = 0, gap_writes = 0;
             for (int64_t r = 0; r < ldy; ++r) {
@@ -700,6 +734,41 @@ TEST(CudaQmv, BatchedIntegerPathMatchesOneTokenBitwise) {
   }
   qmv_dp4a_set_wide(wide0);
   qmv_dp4a_set_batched_mma(mma0);
+  qmv_dp4a_set_prequant(prequant0);
+}
+
+// The tensor-core form refuses scratch (QmvArgs::xq) that is too small or not 16-byte aligned (a check that stays on
+// in release builds), and takes the exact size qmv_dp4a_mma_scratch_bytes gives: ⌈B/8⌉ tiles, linear in the columns.
+TEST(CudaQmv, BatchedTensorCorePathChecksItsScratch) {
+  TERN_REQUIRE_GPU();
+  EXPECT_EQ(qmv_dp4a_mma_scratch_bytes(8, 1024), qmv_dp4a_mma_scratch_bytes(2, 1024));
+  EXPECT_EQ(qmv_dp4a_mma_scratch_bytes(9, 1024), 2 * qmv_dp4a_mma_scratch_bytes(8, 1024));
+  EXPECT_EQ(qmv_dp4a_mma_scratch_bytes(32, 2048), 4 * qmv_dp4a_mma_scratch_bytes(8, 2048));
+  EXPECT_EQ(qmv_dp4a_mma_scratch_bytes(8, 3072), 0u);
+  std::mt19937_64 rng(fresh_seed("CudaQmv.Dp4aBatchedScratch"));
+  const QmvCase c{WeightFormat::affine4, 1, 1001, 1024, 0};
+  auto h = random_matrix(rng, c.f, c.experts, c.rows, c.cols);
+  DeviceMatrix dm(*h);
+  const int B = 9;
+  DeviceBuf<float> dx(batch_inputs(rng, B, c.cols, c.cols)), dy(size_t(B * c.rows));
+  const size_t need = qmv_dp4a_mma_scratch_bytes(B, c.cols);
+  DeviceBuf<uint8_t> xq(need + 16);
+  QmvArgs a;
+  a.w = dm.d;
+  a.x = dx.p;
+  a.ldx = c.cols;
+  a.y = dy.p;
+  a.ldy = c.rows;
+  if (!qmv_dp4a_mma_supported(a, B)) GTEST_SKIP() << "the tensor-core form does not take 1024 columns here";
+  a.xq = xq.p;
+  a.xq_bytes = need - 16;
+  EXPECT_THROW(qmv_dp4a_mma_batched(a, B, nullptr), Error);
+  a.xq = xq.p + 8;
+  a.xq_bytes = need;
+  EXPECT_THROW(qmv_dp4a_mma_batched(a, B, nullptr), Error);
+  a.xq = xq.p + 16;
+  EXPECT_NO_THROW(qmv_dp4a_mma_batched(a, B, nullptr));
+  TERN_CUDA(cudaDeviceSynchronize());
 }
 
 // qmv_dp4a_batched against the CPU twins of OneTokenIntegerPathMatchesTwin (dp4a_want, its tolerances) token by

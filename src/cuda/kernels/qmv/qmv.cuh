@@ -6,6 +6,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "cuda/common/l2_ranges.h"
@@ -46,6 +47,11 @@ struct QmvArgs {
   // Ranges for the kernels after this one that the kernel asks L2 for before its pdl_wait (l2_prefetch.cuh); one
   // token on the integer path (qmv_dp4a) only, other paths ignore them.
   L2Ranges l2_ahead;
+  // Device scratch for the batched integer tensor-core product (qmv_dp4a_mma_batched, B >= 2 tokens; ignored by
+  // every other path): xq_bytes >= qmv_dp4a_mma_scratch_bytes(B, w.cols) bytes, 16-byte aligned, into which the
+  // activations are quantised once per product (unless TERN_QMV_PREQUANT=0). Null: every block quantises them.
+  void* xq = nullptr;
+  size_t xq_bytes = 0;
 };
 void qmv(const QmvArgs& a, cudaStream_t stream);
 // Whether qmv runs this product (one token) on the integer path of qmv_dp4a.cuh (variant 3 and the shape fits):

@@ -302,6 +302,13 @@ bool& batched_mma_setting() {
   return on;
 }
 
+// The tensor-core form's activations quantised once per product into QmvArgs::xq where given, unless
+// TERN_QMV_PREQUANT=0 (then every block quantises its tokens: the A/B comparison).
+bool& prequant_setting() {
+  static bool on = !env_is("TERN_QMV_PREQUANT", "0");
+  return on;
+}
+
 int& rows_per_batch_setting() {
   static int r = 2;  // H200: 2 rows per batch beat 4 and 8 (GDN in_proj 7.95 / 8.45 / 10.8 µs, LM head 68 / 73 / 99)
   return r;
@@ -394,6 +401,8 @@ void qmv_dp4a_set_rows_per_batch(int r) { rows_per_batch_setting() = r; }
 void qmv_dp4a_set_wide(bool wide) { wide_setting() = wide; }
 void qmv_dp4a_set_batched_mma(bool on) { batched_mma_setting() = on; }
 bool qmv_dp4a_batched_mma() { return batched_mma_setting(); }
+void qmv_dp4a_set_prequant(bool on) { prequant_setting() = on; }
+bool qmv_dp4a_prequant() { return prequant_setting(); }
 bool qmv_dp4a_wide() { return wide_setting(); }
 
 int64_t qmv_dp4a_min_rows() {
@@ -416,7 +425,12 @@ void qmv_dp4a_batched(const QmvArgs& a, int B, cudaStream_t stream) {
   // Rows of x 16-byte aligned (the quantiser's float4 loads) and rows of y apart.
   TERN_CHECK(B == 1 || (a.ldx >= a.w.cols && a.ldx % 4 == 0 && a.ldy >= a.w.rows), "qmv_dp4a_batched: ldx ", a.ldx,
              " / ldy ", a.ldy, " for the matrix [", a.w.rows, ", ", a.w.cols, "] (ldx a multiple of 4)");
-  if (batched_mma_setting() && qmv_dp4a_mma_supported(a, B)) return qmv_dp4a_mma_batched(a, B, stream);
+  if (batched_mma_setting() && qmv_dp4a_mma_supported(a, B)) {
+    if (prequant_setting() || !a.xq) return qmv_dp4a_mma_batched(a, B, stream);
+    QmvArgs per_block = a;
+    per_block.xq = nullptr;
+    return qmv_dp4a_mma_batched(per_block, B, stream);
+  }
   run(a, B, stream);
 }
 

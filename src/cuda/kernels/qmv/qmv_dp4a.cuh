@@ -44,10 +44,15 @@ constexpr int kBatchMaxTokens = 32;  // tokens (sequences) per batched call
 // qmv_dp4a_supported(a) true; 1 <= B <= kBatchMaxTokens; for B > 1 ldx >= cols (a multiple of 4) and ldy >= rows.
 // B >= 2 runs on the integer tensor cores where qmv_dp4a_mma_supported (qmv_dp4a_mma.cuh), else on dp4a in tiles of
 // 8 tokens (grid.y), each weight batch folded with every token of the tile in turn; a.l2_ahead is asked for once.
-// B = 1 is qmv_dp4a(a).
+// The tensor-core form quantises the tokens once into a.xq where given (qmv_dp4a_mma.cuh says how much), else in
+// every block. B = 1 is qmv_dp4a(a).
 void qmv_dp4a_batched(const QmvArgs& a, int B, cudaStream_t stream);
 // Whether B >= 2 may take the tensor-core form (true unless TERN_QMV_BATCHED_MMA=0); for tests and comparisons.
 void qmv_dp4a_set_batched_mma(bool on);
 bool qmv_dp4a_batched_mma();
+// Whether the tensor-core form uses a.xq where given (true unless TERN_QMV_PREQUANT=0; the same bits either way); for
+// tests and comparisons.
+void qmv_dp4a_set_prequant(bool on);
+bool qmv_dp4a_prequant();
 
 }  // namespace tern::cuda

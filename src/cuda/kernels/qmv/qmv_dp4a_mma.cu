@@ -11,9 +11,16 @@
 // Work split. A block of 8 warps takes tiles of 16 weight rows × 8 tokens (blockIdx.y: tokens 8·y ..); warp w owns
 // positions [4w, 4w + 4) of every slice, folds its 4 leaves as (l0 + l1) + (l2 + l3) per output, and the block adds the
 // 8 warps' subtrees as ((P0 + P1) + (P2 + P3)) + ((P4 + P5) + (P6 + P7)): the tree of the 32 leaves, unchanged.
-// The tokens are quantised once per block (as qmv_dp4a quantises its one token, the same 256 threads and order, so
-// the RMSNorm's Σx² is the same too) into shared memory in the MMA's B-fragment order; the row tiles stream through a
-// cp.async pipeline of Layout::kStages stages (weights, scales, biases), the first ones issued before pdl_wait().
+// The tokens are quantised (as qmv_dp4a quantises its one token, the same 256 threads and order, so the RMSNorm's Σx²
+// and rsqrt are the same too) into the MMA's B-fragment tables (Layout's xf, xl, sx, sig, rinv per tile of 8 tokens)
+// either once per product, when the caller gives scratch (QmvArgs::xq): qmv_dp4a_prequant_kernel, one block per
+// token slot of every token tile (grid ⌈B/8⌉·8; slots past B write zeros), writes each tile's tables to global memory
+// in the shared-memory layout (it lets the product launch right after its own pdl_wait), and every block of the
+// product copies its tile's tables in with cp.async right after its pdl_wait(), beside the weight stages in flight;
+// or, without scratch (or TERN_QMV_PREQUANT=0), by every block for its own tile in its prologue (the same code, so
+// the same bits).
+// The row tiles stream through a cp.async pipeline of Layout::kStages stages (weights, scales, biases), the first
+// ones issued before pdl_wait().
 //
 // Fragments (m16n8k32, thread g = lane/4, c = lane%4): A holds (row g, k 4c..4c+3), (row g+8, same), (row g,
 // k 16+4c..), (row g+8, same); B (k 4c.., token g), (k 16+4c.., token g). Slots 4c.. of a half-group take the even
@@ -59,6 +66,8 @@ struct MmaParams {
   int B = 0;
   bool accumulate = false;
   L2Ranges ahead;
+  // [⌈B/8⌉][Layout<S>::kTableBytes]: each token tile's tables, quantised once per product (null: per block)
+  uint8_t* xq = nullptr;
 };
 
 // Shared memory of a block for S slices (HG = 32·S half-groups of a row), in bytes from the start.
@@ -72,14 +81,17 @@ struct Layout {
   static constexpr int kXL = kXF + kHG * kTileTokens * 4 * 16;       // uint2 [HG][8][4]: lo pairs
   static constexpr int kSX = kXL + kHG * kTileTokens * 4 * 8;        // float [HG][8]: σ·Σv of the half-group
   static constexpr int kSig = kSX + kHG * kTileTokens * 4;           // float [HG / 2][8]: σ of the group
-  static constexpr int kRed = kSig + kHG / 2 * kTileTokens * 4;      // float [8 tokens][8 warps]: Σx² per warp
-  static constexpr int kRinv = kRed + kTileTokens * kWarps * 4;      // float [8]
-  static constexpr int kPart = kRinv + kTileTokens * 4;              // float [2][8 warps][16 rows · 8 tokens]
+  static constexpr int kRinv = kSig + kHG / 2 * kTileTokens * 4;     // float [8]: the norm's rsqrt per token (or 1)
+  // Bytes [0, kTableBytes) are a token tile's tables: what qmv_dp4a_prequant_kernel writes per tile, byte for byte.
+  static constexpr int kTableBytes = kRinv + kTileTokens * 4;
+  static constexpr int kRed = kTableBytes;                           // float [8 tokens][8 warps]: Σx² per warp
+  static constexpr int kPart = kRed + kTileTokens * kWarps * 4;      // float [2][8 warps][16 rows · 8 tokens]
   static constexpr int kStage0 = kPart + 2 * kWarps * kTileRows * kTileTokens * 4;
   static constexpr int kStageW = kTileRows * kHG * 16;               // weights [16][HG] of 16 bytes, swizzled
   static constexpr int kStageBytes = kStageW + 2 * kTileRows * kSbStride;  // + scales, biases [16][stride]
   static constexpr int kBytes = kStage0 + kStages * kStageBytes;
   static_assert(kStage0 % 16 == 0 && kStageBytes % 16 == 0, "16-byte aligned stages");
+  static_assert(kTableBytes % 16 == 0, "16-byte chunks of tables (cp.async), 16-byte aligned tiles of them");
 };
 
 // Issues the cp.async copies of row tile `tile` into stage `slot` (rows past the end read nothing: zeros).
@@ -108,20 +120,25 @@ __device__ __forceinline__ void issue_tile(const MmaParams& p, uint8_t* smem, in
   }
 }
 
-// Quantises the block's tokens into the B-fragment tables, each word as qmv_dp4a's quantize_block does it (thread t
-// takes words t, t + 256, ...; Σx² per thread in that order, then per warp), tokens past nt as zeros. The loads of
-// kGroup tokens are issued together (one L2 round trip per group, not per token).
+// Tokens a block quantises per group of loads in its prologue (the path without scratch): 64 registers of x in flight.
 template <int S>
-__device__ __forceinline__ void quantize_tokens(const MmaParams& p, uint8_t* smem, int t0, int nt) {
+constexpr int kPrologueGroup = dp4a::quantize_passes(Layout<S>::kHG * 4, kThreads) == 1 ? kTileTokens : kTileTokens / 2;
+
+// Quantises tokens [first, end) of the tile at t0 (nt of its 8 tokens present) into the B-fragment tables at `tables`
+// (shared or global memory, Layout<S>'s offsets), each word as qmv_dp4a's quantize_block does it (thread t takes words
+// t, t + 256, ...; Σx² per thread in that order, then per warp into red [8 tokens][8 warps]), tokens past nt as
+// zeros. The loads of kGroup tokens are issued together (one L2 round trip per group, not per token). A token's
+// tables do not depend on the range or the group: every block that quantises it writes the same bits.
+template <int S, int kGroup>
+__device__ __forceinline__ void quantize_tokens(const MmaParams& p, uint8_t* tables, float* red, int t0, int first,
+                                                int end, int nt) {
   using L = Layout<S>;
   constexpr int kWords = L::kHG * 4;
   constexpr int kPasses = dp4a::quantize_passes(kWords, kThreads);
-  constexpr int kGroup = kPasses == 1 ? kTileTokens : kTileTokens / 2;  // 64 registers of x in flight
-  uint4* xf = reinterpret_cast<uint4*>(smem + L::kXF);
-  uint2* xl = reinterpret_cast<uint2*>(smem + L::kXL);
-  float* sx = reinterpret_cast<float*>(smem + L::kSX);
-  float* sig = reinterpret_cast<float*>(smem + L::kSig);
-  float* red = reinterpret_cast<float*>(smem + L::kRed);
+  uint4* xf = reinterpret_cast<uint4*>(tables + L::kXF);
+  uint2* xl = reinterpret_cast<uint2*>(tables + L::kXL);
+  float* sx = reinterpret_cast<float*>(tables + L::kSX);
+  float* sig = reinterpret_cast<float*>(tables + L::kSig);
   const int lane = int(threadIdx.x) & 31;
   float4 n0[kPasses], n1[kPasses];  // the norm's weights, the same for every token
 #pragma unroll
@@ -135,19 +152,20 @@ __device__ __forceinline__ void quantize_tokens(const MmaParams& p, uint8_t* sme
   }
   // Tokens past nt (a tile that is not full): zeros, so that their MMA columns add nothing (their outputs are never
   // written); not quantised.
-  for (int i = int(threadIdx.x); i < L::kHG * (kTileTokens - nt) * 4; i += kThreads) {
-    const int hg = i / ((kTileTokens - nt) * 4), t = nt + (i / 4) % (kTileTokens - nt), c = i % 4;
+  const int zero0 = max(first, nt), zeros = end - zero0, live_end = min(end, nt);
+  for (int i = int(threadIdx.x); i < L::kHG * zeros * 4; i += kThreads) {
+    const int hg = i / (zeros * 4), t = zero0 + (i / 4) % zeros, c = i % 4;
     xf[(hg * kTileTokens + t) * 4 + c] = make_uint4(0u, 0u, 0u, 0u);
     xl[(hg * kTileTokens + t) * 4 + c] = make_uint2(0u, 0u);
     if (c == 0) sx[hg * kTileTokens + t] = 0.0f;
     if (c == 0 && (hg & 1) == 0) sig[(hg / 2) * kTileTokens + t] = 0.0f;
   }
 #pragma unroll 1
-  for (int tg = 0; tg < nt; tg += kGroup) {
+  for (int tg = first; tg < live_end; tg += kGroup) {
     float4 a[kGroup][kPasses], b[kGroup][kPasses];
 #pragma unroll
     for (int u = 0; u < kGroup; ++u) {
-      const bool live = tg + u < nt;  // uniform over the block
+      const bool live = tg + u < live_end;  // uniform over the block
       const float* x = p.x + int64_t(t0 + tg + u) * p.ldx;
 #pragma unroll
       for (int pass = 0; pass < kPasses; ++pass) {
@@ -162,7 +180,7 @@ __device__ __forceinline__ void quantize_tokens(const MmaParams& p, uint8_t* sme
 #pragma unroll
     for (int u = 0; u < kGroup; ++u) {
       const int t = tg + u;
-      if (t >= nt) break;  // uniform over the block
+      if (t >= live_end) break;  // uniform over the block
       float ss = 0.0f;
 #pragma unroll
       for (int pass = 0; pass < kPasses; ++pass) {
@@ -201,6 +219,39 @@ __device__ __forceinline__ void quantize_tokens(const MmaParams& p, uint8_t* sme
         if (lane == 0) red[t * kWarps + (threadIdx.x >> 5)] = ss;
       }
     }
+  }
+}
+
+// The factor of a token's outputs: rms_factor of qmv_dp4a.cu (its 8 warps' Σx² in order) with the norm, else 1.
+template <int S>
+__device__ __forceinline__ float token_rinv(const MmaParams& p, const float* red_of_token) {
+  if (!p.norm_w) return 1.0f;
+  float t = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) t += red_of_token[w];
+  return rsqrtf(t / float(Layout<S>::kHG * 32) + p.eps);
+}
+
+// The tables of every token tile, once per product: block b takes token slot b % 8 of tile b / 8 (a slot past B
+// writes its zeros) and writes bytes of p.xq + (b / 8)·kTableBytes, in the layout the product's blocks copy into
+// shared memory as is.
+template <int S>
+__global__ void __launch_bounds__(kThreads) qmv_dp4a_prequant_kernel(const MmaParams p) {
+  using L = Layout<S>;
+  __shared__ float red[kTileTokens * kWarps];  // row u only
+  const int tile = int(blockIdx.x) / kTileTokens, u = int(blockIdx.x) % kTileTokens;
+  const int t0 = tile * kTileTokens, nt = min(kTileTokens, p.B - t0);
+  uint8_t* tables = p.xq + int64_t(tile) * L::kTableBytes;
+  pdl_wait();  // x is an earlier kernel's output, and the previous product may still read the scratch
+  // The product may start now: its blocks issue their first weight stages while this grid quantises, and wait in
+  // their pdl_wait for it to complete (its writes included) before they copy the tables.
+  pdl_trigger();
+  quantize_tokens<S, 1>(p, tables, red, t0, u, u + 1, nt);
+  if (u < nt) {  // uniform over the block
+    __syncthreads();  // red is written
+    if (threadIdx.x == 0) reinterpret_cast<float*>(tables + L::kRinv)[u] = token_rinv<S>(p, red + u * kWarps);
+  } else if (threadIdx.x == 0) {
+    reinterpret_cast<float*>(tables + L::kRinv)[u] = 0.0f;  // never read: its outputs are not written
   }
 }
 
@@ -287,30 +338,40 @@ __global__ void __launch_bounds__(kThreads) qmv_dp4a_mma_kernel(const MmaParams 
   const int t0 = int(blockIdx.y) * kTileTokens, nt = min(kTileTokens, p.B - t0);
   const int first = int(blockIdx.x), step = int(gridDim.x);
 
-  // The first stages' weights are launch constants: copied before the wait.
+  // The first stages' weights are launch constants: copied before the wait. With scratch, the stages' copies are
+  // committed after the tables' (below), so that they all share group 0.
 #pragma unroll
   for (int s = 0; s < L::kStages - 1; ++s) {
     const int tile = first + s * step;
     if (tile < tiles) issue_tile<S>(p, smem, tile, s);
-    cp_async_commit();
+    if (!p.xq) cp_async_commit();
   }
   if (p.ahead.pieces) {
     const int64_t block = int64_t(blockIdx.y) * gridDim.x + blockIdx.x;
     l2_prefetch_share(p.ahead, block * kThreads + threadIdx.x, int64_t(gridDim.x) * gridDim.y * kThreads);
   }
   pdl_wait();
-  quantize_tokens<S>(p, smem, t0, nt);
-  __syncthreads();
-  pdl_trigger();  // x is read
   float* rinv = reinterpret_cast<float*>(smem + L::kRinv);
-  if (int(threadIdx.x) < kTileTokens) {
-    const float* red = reinterpret_cast<const float*>(smem + L::kRed) + threadIdx.x * kWarps;
-    float t = 0.0f;  // rms_factor of qmv_dp4a.cu: the warps in order
+  if (p.xq) {
+    // The tile's tables (qmv_dp4a_prequant_kernel's output, complete at pdl_wait) into bytes [0, kTableBytes):
+    // in group 0 with the first stages' weights, landed at the first iteration's wait. The groups after it are
+    // empty: tile `it` stays in group `it` (or 0) at the loop's waits.
+    const uint8_t* src = p.xq + int64_t(blockIdx.y) * L::kTableBytes;
+    for (int i = int(threadIdx.x); i < L::kTableBytes / 16; i += kThreads)
+      cp_async_16(smem_addr(smem + i * 16), src + i * 16, 16u);
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) t += red[w];
-    rinv[threadIdx.x] = p.norm_w ? rsqrtf(t / float(L::kHG * 32) + p.eps) : 1.0f;
+    for (int s = 0; s < L::kStages - 1; ++s) cp_async_commit();
+    // Nothing of an earlier kernel is read after this point but the scratch, whose next writer (the next product's
+    // pre-quantising kernel) waits in its pdl_wait for this grid to complete.
+    pdl_trigger();
+  } else {
+    float* red = reinterpret_cast<float*>(smem + L::kRed);
+    quantize_tokens<S, kPrologueGroup<S>>(p, smem, red, t0, 0, kTileTokens, nt);
+    __syncthreads();
+    pdl_trigger();  // x is read
+    if (int(threadIdx.x) < kTileTokens) rinv[threadIdx.x] = token_rinv<S>(p, red + threadIdx.x * kWarps);
   }
-  // (the barrier at the top of the first iteration orders rinv before its reads)
+  // (the barrier at the top of the first iteration orders the tables and rinv before their reads)
 
   float* part = reinterpret_cast<float*>(smem + L::kPart);
   const int g = lane >> 2, c = lane & 3;
@@ -351,6 +412,10 @@ __global__ void __launch_bounds__(kThreads) qmv_dp4a_mma_kernel(const MmaParams 
 
 template <int S>
 void launch(const MmaParams& p, cudaStream_t stream) {
+  const int token_tiles = (p.B + kTileTokens - 1) / kTileTokens;
+  if (p.xq)
+    launch_pdl("qmv_dp4a_prequant", qmv_dp4a_prequant_kernel<S>, dim3(unsigned(token_tiles * kTileTokens)),
+               dim3(kThreads), 0, stream, p);
   auto kernel = qmv_dp4a_mma_kernel<S>;
   constexpr int smem = Layout<S>::kBytes;
   static bool attribute_set = false;
@@ -359,7 +424,6 @@ void launch(const MmaParams& p, cudaStream_t stream) {
     attribute_set = true;
   }
   const int tiles = (p.rows + kTileRows - 1) / kTileRows;
-  const int token_tiles = (p.B + kTileTokens - 1) / kTileTokens;
   const int wave = std::max(1, qtile::blocks_fit(reinterpret_cast<const void*>(kernel), smem)) * qtile::sm_count();
   const int blocks = std::clamp(wave / token_tiles, 1, tiles);
   launch_pdl("qmv_dp4a_mma", kernel, dim3(unsigned(blocks), unsigned(token_tiles)), dim3(kThreads), size_t(smem),
@@ -374,6 +438,14 @@ int smem_for_cols(int64_t cols) {
 }
 
 }  // namespace
+
+size_t qmv_dp4a_mma_scratch_bytes(int B, int64_t cols) {
+  const int per_tile = cols == 1024   ? Layout<1>::kTableBytes
+                       : cols == 2048 ? Layout<2>::kTableBytes
+                       : cols == 4096 ? Layout<4>::kTableBytes
+                                      : 0;
+  return size_t((std::max(B, 0) + kTileTokens - 1) / kTileTokens) * size_t(per_tile);
+}
 
 bool qmv_dp4a_mma_fits(int64_t cols) { return smem_for_cols(cols) <= qtile::max_dynamic_smem(); }
 
@@ -404,6 +476,13 @@ void qmv_dp4a_mma_batched(const QmvArgs& a, int B, cudaStream_t stream) {
   p.B = B;
   p.accumulate = a.accumulate;
   p.ahead = a.l2_ahead;
+  if (a.xq) {
+    const size_t need = qmv_dp4a_mma_scratch_bytes(B, w.cols);
+    TERN_CHECK(a.xq_bytes >= need && (reinterpret_cast<uintptr_t>(a.xq) & 15) == 0,
+               "qmv_dp4a_mma_batched: activation scratch of ", a.xq_bytes, " bytes at ", a.xq, " for B = ", B, " x ",
+               w.cols, " columns (", need, " bytes, 16-byte aligned, needed)");
+    p.xq = static_cast<uint8_t*>(a.xq);
+  }
   switch (w.cols) {
     case 1024: launch<1>(p, stream); break;
     case 2048: launch<2>(p, stream); break;

@@ -11,6 +11,9 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
+#include <cstdint>
+
 #include "cuda/kernels/qmv/qmv.cuh"
 #include "cuda/kernels/qmv/qmv_dp4a.cuh"
 
@@ -24,6 +27,12 @@ bool qmv_dp4a_mma_supported(const QmvArgs& a, int B);
 // 225 KB: Hopper only; 1024 and 2048 fit 99 KB).
 bool qmv_dp4a_mma_fits(int64_t cols);
 // y (+)= W · x̂ for B tokens (x row b at a.x + b·a.ldx, y row b at a.y + b·a.ldy), each bit for bit qmv_dp4a's.
+// With a.xq (a.xq_bytes >= qmv_dp4a_mma_scratch_bytes(B, cols), 16-byte aligned; checked) a first small kernel
+// quantises the B tokens once into it and the product's blocks copy their token tile's tables from there; without it
+// every block quantises its tile's tokens itself. The same bits either way.
 void qmv_dp4a_mma_batched(const QmvArgs& a, int B, cudaStream_t stream);
+// Bytes of QmvArgs::xq that qmv_dp4a_mma_batched needs for B tokens of `cols` columns: ⌈B/8⌉ token tiles' activation
+// tables (~26 KB per tile and 1024 columns, linear in the columns); 0 for widths it never takes.
+size_t qmv_dp4a_mma_scratch_bytes(int B, int64_t cols);
 
 }  // namespace tern::cuda
