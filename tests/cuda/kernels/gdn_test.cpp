@@ -5,6 +5,8 @@
 //     and the one block per key head);
 //   - gdn_decode_batched (B sequences, one token each) bit for bit against gdn_decode for each sequence alone;
 //   - the portable block per v-head bit for bit against the clusters of 4 × 16 warps × 4 rows (sm_90);
+//   - gdn_decode over steps of several chunks (T up to kGdnDecodeMaxTokens) against the CPU twin and bit for bit
+//     against one-token calls (outputs, states, kept states);
 //   - gdn_chunked (prefill) against the CPU chunked form and the CPU recurrence, for lengths around the chunk size.
 #include <algorithm>
 #include <cmath>
@@ -30,7 +32,7 @@ struct GdnLayer {
   int Ck = 4;
   std::vector<float> conv_w, A_log, dt_bias, norm_w;
   std::vector<float> conv_state, rec_state;  // the CPU twin's states
-  explicit GdnLayer(std::mt19937_64& rng) {
+  explicit GdnLayer(std::mt19937_64& rng, int ck = 4) : Ck(ck) {
     const int64_t C = d.C();
     conv_w = random_floats(rng, size_t(C * Ck), -0.5f, 0.5f);
     A_log = random_floats(rng, size_t(d.Hv), 0.0f, 2.7f);
@@ -355,6 +357,141 @@ TEST(CudaGdnDecode, PortableSplitIsBitIdenticalToCluster4) {
     }
   }
   EXPECT_FALSE(same(states[1].rec[0]->host(), rec0)) << "portable_split left sequence 0's recurrent state as it was";
+}
+
+// Steps of more than one chunk (gdn_decode walks T = 1..kGdnDecodeMaxTokens tokens in chunks of 8): T = 9, 16, 17,
+// 32 (and 8, one whole chunk), conv widths 4 and 6 (the kernels of 4 and of 8 taps), every launch shape
+// (portable_split with its tickets), the states carried from step to step on the GPU and on the CPU alike. Each step
+// runs three ways on each shape's own copies of the states:
+//   long:  one call of T tokens keeping the states before each token (conv_keep, rec_keep);
+//   plain: the same call without kept states (its own state copies);
+//   one:   T calls of one token in order (its own state copies), the states downloaded before each token.
+// (a) long against the CPU twin (outputs and recurrent state within tolerance, conv state exact); (b) long, plain
+// and one bit for bit: outputs, final conv and recurrent states; (c) long's kept states bit for bit the states the
+// one-token calls had before each token. The tickets must be back at zero after every call.
+TEST(CudaGdnDecode, LongStepsMatchOneTokenCallsAndCpuTwin) {
+  TERN_REQUIRE_GPU();
+  static_assert(kGdnDecodeMaxTokens == 32, "the lengths below cover chunks of 8 up to 32 tokens");
+  std::mt19937_64 rng(fresh_seed("CudaGdnDecodeLong"));
+  using K = GdnDecodeArgs::Kernel;
+  const K kShapes[] = {K::cluster8_w8, K::cluster8_w16, K::cluster16_w8, K::cluster4_w16, K::portable,
+                       K::portable_split};
+  const char* const kNames[] = {"cluster8_w8", "cluster8_w16", "cluster16_w8", "cluster4_w16", "portable",
+                                "portable_split"};
+  constexpr int kShapeCount = sizeof(kShapes) / sizeof(kShapes[0]);
+  auto same = [](const std::vector<float>& x, const std::vector<float>& y) {
+    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+  };
+  auto all_finite = [](const std::vector<float>& v) {
+    return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+  };
+  for (int Ck : {4, 6}) {
+    GdnLayer L(rng, Ck);
+    const GdnDims& d = L.d;
+    const int64_t C = d.C(), Z = int64_t(d.Hv) * d.dv;
+    const int64_t ld = C + Z + 2 * d.Hv + 12;  // a row stride wider than the row, as a fused projection may leave
+    const size_t conv_n = size_t((Ck - 1) * C), rec_n = size_t(d.Hv) * d.dv * d.dk;
+    DeviceBuf<float> dw(L.conv_w), dA(L.A_log), ddt(L.dt_bias), dnw(L.norm_w);
+    DeviceBuf<unsigned> tickets(std::vector<unsigned>(size_t(gdn_decode_ticket_count(d.Hk)), 0u));
+    // [shape][long, plain, one]: the states of each way of running the steps.
+    std::unique_ptr<DeviceBuf<float>> conv[kShapeCount][3], rec[kShapeCount][3];
+    for (int v = 0; v < kShapeCount; ++v)
+      for (int w = 0; w < 3; ++w) {
+        conv[v][w] = std::make_unique<DeviceBuf<float>>(L.conv_state);
+        rec[v][w] = std::make_unique<DeviceBuf<float>>(L.rec_state);
+      }
+    for (int64_t T : {9, 16, 17, 32, 8}) {
+      const std::string step = "Ck=" + std::to_string(Ck) + " T=" + std::to_string(T);
+      // qkv_raw and z ~ U(-2, 2), gates b, a ~ U(-3, 3); the padding columns are NaN.
+      std::vector<float> proj(size_t(T * ld), std::nanf(""));
+      for (int64_t t = 0; t < T; ++t) {
+        const auto row = random_floats(rng, size_t(C + Z), -2.0f, 2.0f);
+        const auto gates = random_floats(rng, size_t(2 * d.Hv), -3.0f, 3.0f);
+        std::copy(row.begin(), row.end(), proj.begin() + t * ld);
+        std::copy(gates.begin(), gates.end(), proj.begin() + t * ld + C + Z);
+      }
+      const auto ref = cpu_decode_twin(L, proj, ld, T);
+      DeviceBuf<float> dproj(proj);
+      for (int v = 0; v < kShapeCount; ++v) {
+        const std::string tag = std::string(kNames[v]) + " " + step;
+        SCOPED_TRACE(tag);
+        GdnDecodeArgs a;
+        a.proj = dproj.p;
+        a.ld_proj = ld;
+        a.conv_w = dw.p;
+        a.Ck = Ck;
+        a.A_log = dA.p;
+        a.dt_bias = ddt.p;
+        a.norm_w = dnw.p;
+        a.eps = 1e-6f;
+        a.d = d;
+        a.d.T = T;
+        a.kernel = kShapes[v];
+        a.force_portable = kShapes[v] == K::portable;
+        a.tickets = kShapes[v] == K::portable_split ? tickets.p : nullptr;
+        // long: T tokens in one call, the states before each token kept.
+        DeviceBuf<float> out_long(size_t(T * Z)), conv_keep(size_t(T) * conv_n), rec_keep(size_t(T) * rec_n);
+        GdnDecodeArgs la = a;
+        la.out = out_long.p;
+        la.conv_state = conv[v][0]->p;
+        la.rec_state = rec[v][0]->p;
+        la.conv_keep = conv_keep.p;
+        la.rec_keep = rec_keep.p;
+        gdn_decode(la, nullptr);
+        TERN_CUDA(cudaGetLastError());
+        expect_tickets_zero(tickets, "long " + tag);
+        // plain: the same without kept states.
+        DeviceBuf<float> out_plain(size_t(T * Z));
+        GdnDecodeArgs pa = a;
+        pa.out = out_plain.p;
+        pa.conv_state = conv[v][1]->p;
+        pa.rec_state = rec[v][1]->p;
+        gdn_decode(pa, nullptr);
+        TERN_CUDA(cudaGetLastError());
+        expect_tickets_zero(tickets, "plain " + tag);
+        // one: T calls of one token, the states before each token downloaded.
+        DeviceBuf<float> out_one(size_t(T * Z));
+        std::vector<std::vector<float>> conv_before, rec_before;
+        for (int64_t t = 0; t < T; ++t) {
+          conv_before.push_back(conv[v][2]->host());
+          rec_before.push_back(rec[v][2]->host());
+          GdnDecodeArgs oa = a;
+          oa.d.T = 1;
+          oa.proj = dproj.p + t * ld;
+          oa.out = out_one.p + t * Z;
+          oa.conv_state = conv[v][2]->p;
+          oa.rec_state = rec[v][2]->p;
+          gdn_decode(oa, nullptr);
+          TERN_CUDA(cudaGetLastError());
+          expect_tickets_zero(tickets, "one-token call " + std::to_string(t) + " " + tag);
+        }
+        const auto got = out_long.host();
+        const auto conv_got = conv[v][0]->host(), rec_got = rec[v][0]->host();
+        // (a) the CPU twin
+        expect_close(got, ref, 2e-5f * rms_of(ref), 2e-4f, "gdn_decode out " + tag);
+        expect_close(conv_got, L.conv_state, 0.0f, 0.0f, "gdn_decode conv state " + tag);
+        expect_close(rec_got, L.rec_state, 2e-5f * rms_of(L.rec_state), 2e-4f, "gdn_decode recurrent state " + tag);
+        // (b) bit for bit: long, plain and one token at a time
+        const auto one = out_one.host();
+        EXPECT_TRUE(all_finite(got) && all_finite(one)) << "outputs";
+        EXPECT_TRUE(same(got, one)) << "outputs: T tokens in one call vs one token per call";
+        EXPECT_TRUE(same(got, out_plain.host())) << "outputs: with vs without kept states";
+        EXPECT_TRUE(same(conv_got, conv[v][2]->host())) << "conv state: one call vs one token per call";
+        EXPECT_TRUE(same(rec_got, rec[v][2]->host())) << "recurrent state: one call vs one token per call";
+        EXPECT_TRUE(same(conv_got, conv[v][1]->host())) << "conv state: with vs without kept states";
+        EXPECT_TRUE(same(rec_got, rec[v][1]->host())) << "recurrent state: with vs without kept states";
+        EXPECT_FALSE(same(rec_got, rec_before[0])) << "the call left the recurrent state as it was";
+        // (c) the kept states: the one-token calls' states before each token
+        const auto ck = conv_keep.host(), rk = rec_keep.host();
+        for (int64_t t = 0; t < T; ++t) {
+          const std::vector<float> ck_t(ck.begin() + t * int64_t(conv_n), ck.begin() + (t + 1) * int64_t(conv_n));
+          const std::vector<float> rk_t(rk.begin() + t * int64_t(rec_n), rk.begin() + (t + 1) * int64_t(rec_n));
+          EXPECT_TRUE(same(ck_t, conv_before[size_t(t)])) << "kept conv state before token " << t;
+          EXPECT_TRUE(same(rk_t, rec_before[size_t(t)])) << "kept recurrent state before token " << t;
+        }
+      }
+    }
+  }
 }
 
 // Prefill front end: conv1d_silu_qknorm + gdn_gates against the CPU conv, q/k norms and gates, over calls with the

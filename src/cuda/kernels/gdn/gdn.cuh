@@ -84,9 +84,12 @@ void gdn_gated_norm(const float* o, const float* z, const float* w, float eps, c
                     cudaStream_t stream);
 
 // ---- decode: the whole mixer core after in_proj in one kernel ---------------------------------------------------
-// Exactly conv1d_silu → gdn_prepare → gdn_recurrent → gdn_gated_norm over T = 1..8 tokens (processed in order):
-// the conv (+ SiLU) of the qkv channels with its state, the q/k L2 norms, the gates, the delta rule on the fp32
-// state and the gated RMSNorm, without intermediate buffers.
+// Exactly conv1d_silu → gdn_prepare → gdn_recurrent → gdn_gated_norm over T = 1..kGdnDecodeMaxTokens tokens
+// (processed in order): the conv (+ SiLU) of the qkv channels with its state, the q/k L2 norms, the gates, the delta
+// rule on the fp32 state and the gated RMSNorm, without intermediate buffers. The kernel walks the tokens in chunks of
+// 8 (the state in registers throughout); every token runs the same code, so T tokens in one call give bit for bit
+// what T calls of one token in order give (outputs, final and kept states).
+constexpr int kGdnDecodeMaxTokens = 32;
 struct GdnDecodeArgs {
   const float* proj = nullptr;  // [T, ld_proj]: row = [qkv_raw (C) | z (Hv·dv) | b (Hv) | a (Hv)] (in_proj output)
   int64_t ld_proj = 0;          // ≥ C + Hv·dv + 2·Hv
@@ -98,7 +101,7 @@ struct GdnDecodeArgs {
   const float* dt_bias = nullptr;  // [Hv]
   const float* norm_w = nullptr;   // [dv]
   float eps = 1e-6f;
-  GdnDims d;  // d.T = tokens (0..8); dk = dv = 128 and Hv = 2·Hk (the model's GDN shape)
+  GdnDims d;  // d.T = tokens (0..kGdnDecodeMaxTokens); dk = dv = 128 and Hv = 2·Hk (the model's GDN shape)
   float* out = nullptr;  // [T, Hv·dv] = gated RMSNorm(o, z): the input of out_proj
   // Verification of drafts (gdn_decode only; null: not kept): the states before each token, conv_keep [T, Ck-1, C]
   // and rec_keep [T, Hv, dv, dk], so that the caller can set the layer back to any of them (Session::rollback).

@@ -1,12 +1,14 @@
 // The decode plan's Gated DeltaNet mixer core in one kernel, gdn_decode (gdn.cuh): conv + SiLU, q/k norms, gates, the
-// delta rule on the fp32 state and the gated RMSNorm over 1..8 tokens; a thread-block cluster per key head on sm_90,
-// elsewhere two plain blocks per key head (one per v-head; one block per key head without tickets or with
-// TERN_GDN_PORTABLE_SPLIT=0).
+// delta rule on the fp32 state and the gated RMSNorm over 1..32 tokens (kGdnDecodeMaxTokens, in chunks of 8); a
+// thread-block cluster per key head on sm_90, elsewhere two plain blocks per key head (one per v-head; one block per
+// key head without tickets or with TERN_GDN_PORTABLE_SPLIT=0).
 // gdn_decode_batched runs the same kernel over B sequences of one token (a grid z index per sequence), so that each
 // sequence's arithmetic is exactly what gdn_decode does for it alone.
 #include "cuda/kernels/gdn/gdn.cuh"
 
 #include <cooperative_groups.h>
+
+#include <type_traits>
 
 #include "core/check.h"
 #include "cuda/common/cuda_common.cuh"
@@ -20,7 +22,12 @@ namespace {
 // A "group" is everything one key head kh needs: its q/k channels, the kRatio = 2 v-heads that share it, their
 // 2·dv = 256 state rows and v/z channels. A group is CS blocks, block `rank` owning group rows
 // [rank·kRows, (rank+1)·kRows) (row r = v-head kh·2 + r/dv, value dim r%dv), NW warps of RPW rows each; a lane holds
-// key dims 4·lane..4·lane+3 of its warp's rows in registers for all T tokens. The CS blocks are a thread-block
+// key dims 4·lane..4·lane+3 of its warp's rows in registers for all T tokens.
+// The T tokens (1..kGdnDecodeMaxTokens) are processed in chunks of kDecodeChunk = 8 with the same per-chunk shared
+// buffers and registers: the state stays in registers from chunk to chunk, the conv window passes through the
+// block's s_conv_new (each thread its own channels), and every token runs the same code whatever its chunk (T tokens
+// in one launch are bit for bit T launches of one token). The global states are read once before the first chunk
+// and written once after the last. The CS blocks are a thread-block
 // cluster (kCluster, sm_90: a v-head may span blocks, its sums of squares meet through distributed shared memory) or
 // plain blocks that each hold whole v-heads (CS = 1: the group in one block; CS = 2: a block per v-head) and share
 // nothing but the conv state.
@@ -31,8 +38,9 @@ namespace {
 // v entries are read and written by it alone.
 // A launch covers B sequences of T tokens each (grid z = sequence; gdn_decode: B = 1, gdn_decode_batched: T = 1);
 // the groups of different sequences share nothing.
-constexpr int kDecodeMaxT = 8, kDecodeMaxTaps = 8, kDecodeDk = 128, kDecodeDv = 128, kDecodeRatio = 2;
+constexpr int kDecodeChunk = 8, kDecodeMaxTaps = 8, kDecodeDk = 128, kDecodeDv = 128, kDecodeRatio = 2;
 constexpr int kDecodeMaxSeqs = 32;  // gdn_decode_batched's B
+static_assert(kGdnDecodeMaxTokens >= kDecodeChunk, "a launch takes at least one whole chunk");
 
 // Where the sequences' states are: null tables for gdn_decode (its one sequence's a.conv_state, a.rec_state), device
 // arrays of B pointers for gdn_decode_batched.
@@ -43,7 +51,9 @@ struct StateTables {
   float* const* rec_keep = nullptr;   // [1] → [T, Hv, dv, dk]
 };
 
-template <int CS, bool kCluster, int NW, int RPW, int kTaps>
+// kChunked: T may exceed kDecodeChunk (the loop over the chunks); else one chunk of T ≤ kDecodeChunk tokens, the loop
+// gone at compile time (the registers of the one-chunk code: the portable shapes' 64 per thread are tight).
+template <int CS, bool kCluster, int NW, int RPW, int kTaps, bool kChunked>
 __global__ void __launch_bounds__(NW * 32) gdn_decode_kernel(GdnDecodeArgs a, StateTables tables) {
   namespace cg = cooperative_groups;
   constexpr int kRows = NW * RPW;                      // state rows of this block
@@ -56,13 +66,14 @@ __global__ void __launch_bounds__(NW * 32) gdn_decode_kernel(GdnDecodeArgs a, St
   static_assert(kDecodeDv % kRows == 0 || kRows % kDecodeDv == 0, "blocks hold whole heads or slices of one head");
   static_assert(kDecodeDv % RPW == 0, "warps lie inside one head");
   static_assert(kCluster ? CS > 1 : kRows % kDecodeDv == 0, "a cluster has blocks to share; a plain block whole heads");
-  static_assert(!kTicket || 2 * kDecodeMaxT < NW, "the ticket's thread (warp NW - 1) has no task in step 3");
-  __shared__ __align__(16) float s_x[kDecodeMaxT][kCh];  // conv+SiLU outputs [t][q 128 | k 128 | v kRows]
-  __shared__ float s_conv_new[kTaps - 1][kCh];           // the new conv state of those channels
-  __shared__ float s_o[kDecodeMaxT][kRows];              // delta-rule outputs
-  __shared__ float s_sq[kDecodeMaxT][NW];                // Σ o² per (token, warp), read across the group
-  __shared__ float s_decay[kDecodeMaxT][kHeads], s_beta[kDecodeMaxT][kHeads], s_inv[kDecodeMaxT][kHeads];
-  __shared__ bool s_writes_qk;                           // kTicket: this block writes the q/k conv state
+  static_assert(!kTicket || 2 * kDecodeChunk < NW, "the ticket's thread (warp NW - 1) has no task in step 3");
+  // The per-chunk buffers (a chunk = up to kDecodeChunk tokens; reused by every chunk of the launch).
+  __shared__ __align__(16) float s_x[kDecodeChunk][kCh];  // conv+SiLU outputs [t][q 128 | k 128 | v kRows]
+  __shared__ float s_conv_new[kTaps - 1][kCh];            // the conv state of those channels after the chunk
+  __shared__ float s_o[kDecodeChunk][kRows];              // delta-rule outputs
+  __shared__ float s_sq[kDecodeChunk][NW];                // Σ o² per (token, warp), read across the group
+  __shared__ float s_decay[kDecodeChunk][kHeads], s_beta[kDecodeChunk][kHeads], s_inv[kDecodeChunk][kHeads];
+  __shared__ bool s_writes_qk;                            // kTicket: this block writes the q/k conv state
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int rank = blockIdx.x, kh = blockIdx.y, seq = blockIdx.z;
@@ -82,7 +93,8 @@ __global__ void __launch_bounds__(NW * 32) gdn_decode_kernel(GdnDecodeArgs a, St
   const int wslot = (j00 + warp * RPW) / kDecodeDv, wj0 = (j00 + warp * RPW) % kDecodeDv;
   const int wh = head0 + wslot;
 
-  // State rows, before pdl_wait(): see gdn.cuh (only this layer's own GDN kernels write them).
+  // State rows, before pdl_wait(): see gdn.cuh (only this layer's own GDN kernels write them). They stay in
+  // registers across the chunks and are stored once, after the last chunk's delta rule.
   float* S = rec_state + (int64_t(wh) * kDecodeDv + wj0) * kDecodeDk + 4 * lane;
   float4 s[RPW];
 #pragma unroll
@@ -94,218 +106,244 @@ __global__ void __launch_bounds__(NW * 32) gdn_decode_kernel(GdnDecodeArgs a, St
     if (lc < kQk) return int64_t(Hk) * kDecodeDk + int64_t(kh) * kDecodeDk + (lc - kDecodeDk);
     return 2LL * Hk * kDecodeDk + int64_t(kh) * kDecodeRatio * kDecodeDv + row0 + (lc - kQk);
   };
-  // Conv weights of the thread's channels lc = tid + q·NT (launch constants: before pdl_wait too).
   constexpr int kNt = NW * 32, kChPerThread = (kCh + kNt - 1) / kNt;
+  constexpr int kOutPerThread = (kDecodeChunk * kRows + kNt - 1) / kNt;
+  // Conv weights of the thread's channels lc = tid + q·NT (launch constants): one chunk's before pdl_wait; with
+  // chunks, per chunk (rather than held in registers through the delta rule).
   float cw[kChPerThread][kTaps];
+  auto load_weights = [&] {
 #pragma unroll
-  for (int q = 0; q < kChPerThread; ++q) {
-    const int lc = tid + q * kNt;
-    const int64_t c = lc < kCh ? channel(lc) : 0;
+    for (int q = 0; q < kChPerThread; ++q) {
+      const int lc = tid + q * kNt;
+      const int64_t c = lc < kCh ? channel(lc) : 0;
 #pragma unroll
-    for (int j = 0; j < kTaps; ++j) cw[q][j] = lc < kCh && j < Ck ? a.conv_w[c * Ck + j] : 0.0f;
-  }
+      for (int j = 0; j < kTaps; ++j) cw[q][j] = lc < kCh && j < Ck ? a.conv_w[c * Ck + j] : 0.0f;
+    }
+  };
+  if constexpr (!kChunked) load_weights();
 
   pdl_wait();
   pdl_trigger();
 
-  // Every global input after the wait is requested up front: conv state and inputs, gates, z of the outputs.
-  float win[kChPerThread][kTaps], xin[kChPerThread][kDecodeMaxT];
-#pragma unroll
-  for (int q = 0; q < kChPerThread; ++q) {
-    const int lc = tid + q * kNt;
-    const int64_t c = lc < kCh ? channel(lc) : 0;
-#pragma unroll
-    for (int j = 0; j < kTaps; ++j) win[q][j] = lc < kCh && j < Ck - 1 ? conv_state[j * C + c] : 0.0f;
-#pragma unroll
-    for (int t = 0; t < kDecodeMaxT; ++t) xin[q][t] = lc < kCh && t < T ? proj[t * ld + c] : 0.0f;
-  }
-  float gate_a = 0.0f, gate_b = 0.0f;
-  if (tid < T * kHeads) {
-    const int t = tid / kHeads, h = head0 + tid % kHeads;
-    const float* row = proj + t * ld + C + int64_t(Hv) * kDecodeDv;  // [b (Hv) | a (Hv)]
-    gate_b = row[h];
-    gate_a = row[Hv + h];
-  }
-  constexpr int kOutPerThread = (kDecodeMaxT * kRows + kNt - 1) / kNt;
-  float zin[kOutPerThread];
-#pragma unroll
-  for (int q = 0; q < kOutPerThread; ++q) {
-    const int i = tid + q * kNt, t = i / kRows, r = i % kRows;
-    const int64_t col = int64_t(head0) * kDecodeDv + j00 + r;  // the block's rows are consecutive columns
-    zin[q] = i < T * kRows ? proj[t * ld + C + col] : 0.0f;
-  }
-
-  // 1. conv + SiLU over the T tokens, window in registers (taps unrolled to kTaps, guarded by Ck).
-#pragma unroll
-  for (int q = 0; q < kChPerThread; ++q) {
-    const int lc = tid + q * kNt;
-    if (lc >= kCh) continue;
-#pragma unroll
-    for (int t = 0; t < kDecodeMaxT; ++t) {
-      if (t >= T) break;
-      if (conv_keep && (lc >= kQk || rank == 0)) {  // the state before token t (verification)
-        const int64_t c = channel(lc);
-#pragma unroll
-        for (int j = 0; j + 1 < kTaps; ++j)
-          if (j < Ck - 1) conv_keep[(int64_t(t) * (Ck - 1) + j) * C + c] = win[q][j];
-      }
-      float u = 0.0f;
-#pragma unroll
-      for (int j = 0; j < kTaps; ++j) {
-        if (j == Ck - 1) win[q][j] = xin[q][t];
-        if (j < Ck) u += cw[q][j] * win[q][j];
-      }
-      s_x[t][lc] = u / (1.0f + expf(-u));
-#pragma unroll
-      for (int j = 0; j + 1 < kTaps; ++j)
-        if (j < Ck - 1) win[q][j] = win[q][j + 1];
-    }
-#pragma unroll
-    for (int j = 0; j + 1 < kTaps; ++j)
-      if (j < Ck - 1) s_conv_new[j][lc] = win[q][j];
-  }
-  // 2. gates of the block's v-heads
-  if (tid < T * kHeads) {
-    const int t = tid / kHeads, hs = tid % kHeads, h = head0 + hs;
-    const float x = gate_a + a.dt_bias[h];
-    const float sp = x > 20.0f ? x : log1pf(expf(x));
-    s_decay[t][hs] = expf(-expf(a.A_log[h]) * sp);
-    s_beta[t][hs] = 1.0f / (1.0f + expf(-gate_b));
-  }
-  __syncthreads();
-  // The group's ticket (kTicket; [sequence][key head] in a.tickets, 0 at every launch's start): every thread of the
-  // block has read its conv-state entries (step 1, before the barrier above), so the last thread takes a ticket. The
-  // block that draws CS - 1 is the last of the group to have read the q/k entries: it writes them in step 7 and sets
-  // the ticket back to 0 for the next launch (which touches it only after its pdl_wait, once this one has ended).
-  // Memory order: the readers' loads → barrier → fence → atomicAdd (release side); the last block's atomicAdd →
-  // fence → barrier (step 5) → its stores (acquire side): the fences synchronise through the atomic, so no block's
-  // read of a q/k entry can see the new value. The drawn number is looked at only after step 4, which hides the
-  // atomic's latency; the last thread's warp, NW - 1, has no task in step 3 (2·T ≤ 16 < NW tasks).
   unsigned* const ticket = kTicket ? a.tickets + int64_t(seq) * Hk + kh : nullptr;
   unsigned drawn = 0;
-  if constexpr (kTicket) {
-    if (tid == kNt - 1) {
-      __threadfence();
-      drawn = atomicAdd(ticket, 1u);
-    }
-  }
-  // 3. L2 norms of q (scaled by 1/√dk) and k, a warp per (token, q|k)
-  for (int task = warp; task < 2 * T; task += NW) {
-    float* v = &s_x[task / 2][(task % 2) * kDecodeDk];
-    float ss = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kDecodeDk / 32; ++i) ss += v[lane + 32 * i] * v[lane + 32 * i];
-    float inv = rsqrtf(warp_sum(ss) + 1e-6f);
-    if (task % 2 == 0) inv *= rsqrtf(float(kDecodeDk));
-#pragma unroll
-    for (int i = 0; i < kDecodeDk / 32; ++i) v[lane + 32 * i] *= inv;
-  }
-  __syncthreads();
-  // 4. the delta rule, token by token: with ks = S_old·k, qs = S_old·q (one pass over the state),
-  //    δ = β(v − e^g·ks), S = e^g·S + δ kᵀ, o = e^g·qs + (q·k)·δ.
   const int64_t state_elems = int64_t(Hv) * kDecodeDv * kDecodeDk;
-  for (int t = 0; t < T; ++t) {
-    if (rec_keep) {  // the state before token t (verification), at the rows' offset in rec_state
-      float* K = rec_keep + t * state_elems + (S - rec_state);
+
+  // The chunks: tokens c0..c0+Tc-1 (Tc = min(kDecodeChunk, T - c0)), the state s carried in registers. Every token
+  // runs the same code whatever its chunk (so T tokens in one launch give what T launches of one token give).
+  for (int c0 = 0; c0 < (kChunked ? T : 1); c0 += kDecodeChunk) {
+    const int Tc = kChunked ? min(kDecodeChunk, T - c0) : T;
+    const bool first = !kChunked || c0 == 0, last = !kChunked || c0 + Tc >= T;
+    const float* const cproj = proj + int64_t(c0) * ld;  // the chunk's rows
+    float* const cout = out + int64_t(c0) * Hv * kDecodeDv;
+    // Every global input of the chunk is requested up front: (with chunks) the conv weights, the window and inputs
+    // of the thread's channels, the gates and the z of the outputs. The window: the first chunk's from the conv state (the only reads of the global
+    // conv state: the q/k ticket and the cluster barrier below order them before the one write after the last chunk),
+    // a later chunk's from s_conv_new, where the same thread left it after the chunk before.
+    if constexpr (kChunked) load_weights();
+    float win[kChPerThread][kTaps], xin[kChPerThread][kDecodeChunk];
 #pragma unroll
-      for (int r = 0; r < RPW; ++r) *reinterpret_cast<float4*>(K + r * kDecodeDk) = s[r];
+    for (int q = 0; q < kChPerThread; ++q) {
+      const int lc = tid + q * kNt;
+      const int64_t c = lc < kCh ? channel(lc) : 0;
+#pragma unroll
+      for (int t = 0; t < kDecodeChunk; ++t) xin[q][t] = lc < kCh && t < Tc ? cproj[t * ld + c] : 0.0f;
+#pragma unroll
+      for (int j = 0; j < kTaps; ++j)
+        win[q][j] = lc < kCh && j < Ck - 1 ? (first ? conv_state[j * C + c] : s_conv_new[j][lc]) : 0.0f;
     }
-    const float4 q = *reinterpret_cast<const float4*>(&s_x[t][4 * lane]);
-    const float4 k = *reinterpret_cast<const float4*>(&s_x[t][kDecodeDk + 4 * lane]);
-    float qk = q.x * k.x + q.y * k.y + q.z * k.z + q.w * k.w;
-    float ks[RPW], qs[RPW];
-#pragma unroll
-    for (int r = 0; r < RPW; ++r) {
-      ks[r] = s[r].x * k.x + s[r].y * k.y + s[r].z * k.z + s[r].w * k.w;
-      qs[r] = s[r].x * q.x + s[r].y * q.y + s[r].z * q.z + s[r].w * q.w;
+    float gate_a = 0.0f, gate_b = 0.0f;
+    if (tid < Tc * kHeads) {
+      const int t = tid / kHeads, h = head0 + tid % kHeads;
+      const float* row = cproj + t * ld + C + int64_t(Hv) * kDecodeDv;  // [b (Hv) | a (Hv)]
+      gate_b = row[h];
+      gate_a = row[Hv + h];
     }
+    float zin[kOutPerThread];
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      qk += __shfl_xor_sync(0xffffffffu, qk, off);
+    for (int q = 0; q < kOutPerThread; ++q) {
+      const int i = tid + q * kNt, t = i / kRows, r = i % kRows;
+      const int64_t col = int64_t(head0) * kDecodeDv + j00 + r;  // the block's rows are consecutive columns
+      zin[q] = i < Tc * kRows ? cproj[t * ld + C + col] : 0.0f;
+    }
+
+    // 1. conv + SiLU over the chunk's tokens, window in registers (taps unrolled to kTaps, guarded by Ck).
+#pragma unroll
+    for (int q = 0; q < kChPerThread; ++q) {
+      const int lc = tid + q * kNt;
+      if (lc >= kCh) continue;
+#pragma unroll
+      for (int t = 0; t < kDecodeChunk; ++t) {
+        if (t >= Tc) break;
+        if (conv_keep && (lc >= kQk || rank == 0)) {  // the state before token c0 + t (verification)
+          const int64_t c = channel(lc);
+#pragma unroll
+          for (int j = 0; j + 1 < kTaps; ++j)
+            if (j < Ck - 1) conv_keep[(int64_t(c0 + t) * (Ck - 1) + j) * C + c] = win[q][j];
+        }
+        float u = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kTaps; ++j) {
+          if (j == Ck - 1) win[q][j] = xin[q][t];
+          if (j < Ck) u += cw[q][j] * win[q][j];
+        }
+        s_x[t][lc] = u / (1.0f + expf(-u));
+#pragma unroll
+        for (int j = 0; j + 1 < kTaps; ++j)
+          if (j < Ck - 1) win[q][j] = win[q][j + 1];
+      }
+#pragma unroll
+      for (int j = 0; j + 1 < kTaps; ++j)
+        if (j < Ck - 1) s_conv_new[j][lc] = win[q][j];
+    }
+    // 2. gates of the block's v-heads
+    if (tid < Tc * kHeads) {
+      const int t = tid / kHeads, hs = tid % kHeads, h = head0 + hs;
+      const float x = gate_a + a.dt_bias[h];
+      const float sp = x > 20.0f ? x : log1pf(expf(x));
+      s_decay[t][hs] = expf(-expf(a.A_log[h]) * sp);
+      s_beta[t][hs] = 1.0f / (1.0f + expf(-gate_b));
+    }
+    __syncthreads();
+    // The group's ticket (kTicket, first chunk; [sequence][key head] in a.tickets, 0 at every launch's start): every
+    // thread of the block has read its conv-state entries (the first chunk's window, before the barrier above), so the
+    // last thread takes a ticket. The block that draws CS - 1 is the last of the group to have read the q/k entries:
+    // it writes them after the last chunk and sets the ticket back to 0 for the next launch (which touches it only
+    // after its pdl_wait, once this one has ended).
+    // Memory order: the readers' loads → barrier → fence → atomicAdd (release side); the last block's atomicAdd →
+    // fence → barrier (step 5) → its stores (acquire side): the fences synchronise through the atomic, so no block's
+    // read of a q/k entry can see the new value. The drawn number is looked at only after step 4, which hides the
+    // atomic's latency; the last thread's warp, NW - 1, has no task in step 3 (2·Tc ≤ 16 < NW tasks).
+    if constexpr (kTicket) {
+      if (first && tid == kNt - 1) {
+        __threadfence();
+        drawn = atomicAdd(ticket, 1u);
+      }
+    }
+    // 3. L2 norms of q (scaled by 1/√dk) and k, a warp per (token, q|k)
+    for (int task = warp; task < 2 * Tc; task += NW) {
+      float* v = &s_x[task / 2][(task % 2) * kDecodeDk];
+      float ss = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kDecodeDk / 32; ++i) ss += v[lane + 32 * i] * v[lane + 32 * i];
+      float inv = rsqrtf(warp_sum(ss) + 1e-6f);
+      if (task % 2 == 0) inv *= rsqrtf(float(kDecodeDk));
+#pragma unroll
+      for (int i = 0; i < kDecodeDk / 32; ++i) v[lane + 32 * i] *= inv;
+    }
+    __syncthreads();
+    // 4. the delta rule, token by token: with ks = S_old·k, qs = S_old·q (one pass over the state),
+    //    δ = β(v − e^g·ks), S = e^g·S + δ kᵀ, o = e^g·qs + (q·k)·δ.
+    for (int t = 0; t < Tc; ++t) {
+      if (rec_keep) {  // the state before token c0 + t (verification), at the rows' offset in rec_state
+        float* K = rec_keep + (c0 + t) * state_elems + (S - rec_state);
+#pragma unroll
+        for (int r = 0; r < RPW; ++r) *reinterpret_cast<float4*>(K + r * kDecodeDk) = s[r];
+      }
+      const float4 q = *reinterpret_cast<const float4*>(&s_x[t][4 * lane]);
+      const float4 k = *reinterpret_cast<const float4*>(&s_x[t][kDecodeDk + 4 * lane]);
+      float qk = q.x * k.x + q.y * k.y + q.z * k.z + q.w * k.w;
+      float ks[RPW], qs[RPW];
 #pragma unroll
       for (int r = 0; r < RPW; ++r) {
-        ks[r] += __shfl_xor_sync(0xffffffffu, ks[r], off);
-        qs[r] += __shfl_xor_sync(0xffffffffu, qs[r], off);
+        ks[r] = s[r].x * k.x + s[r].y * k.y + s[r].z * k.z + s[r].w * k.w;
+        qs[r] = s[r].x * q.x + s[r].y * q.y + s[r].z * q.z + s[r].w * q.w;
+      }
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) {
+        qk += __shfl_xor_sync(0xffffffffu, qk, off);
+#pragma unroll
+        for (int r = 0; r < RPW; ++r) {
+          ks[r] += __shfl_xor_sync(0xffffffffu, ks[r], off);
+          qs[r] += __shfl_xor_sync(0xffffffffu, qs[r], off);
+        }
+      }
+      const float g = s_decay[t][wslot], b = s_beta[t][wslot];
+      float sq = 0.0f, mine = 0.0f;
+#pragma unroll
+      for (int r = 0; r < RPW; ++r) {
+        const float delta = b * (s_x[t][kQk + warp * RPW + r] - g * ks[r]);
+        s[r].x = g * s[r].x + k.x * delta;
+        s[r].y = g * s[r].y + k.y * delta;
+        s[r].z = g * s[r].z + k.z * delta;
+        s[r].w = g * s[r].w + k.w * delta;
+        const float o = g * qs[r] + qk * delta;
+        sq += o * o;
+        if (lane == r) mine = o;
+      }
+      if (lane < RPW) s_o[t][warp * RPW + lane] = mine;
+      if (lane == 0) s_sq[t][warp] = sq;
+    }
+    if (last) {
+#pragma unroll
+      for (int r = 0; r < RPW; ++r) *reinterpret_cast<float4*>(S + r * kDecodeDk) = s[r];
+    }
+    if constexpr (kTicket) {
+      if (first && tid == kNt - 1) {
+        const bool writer = drawn == unsigned(CS - 1);
+        if (writer) {
+          __threadfence();  // acquire: the group's reads before this block's conv-state stores
+          *ticket = 0u;     // ready for the next launch
+        }
+        s_writes_qk = writer;
       }
     }
-    const float g = s_decay[t][wslot], b = s_beta[t][wslot];
-    float sq = 0.0f, mine = 0.0f;
-#pragma unroll
-    for (int r = 0; r < RPW; ++r) {
-      const float delta = b * (s_x[t][kQk + warp * RPW + r] - g * ks[r]);
-      s[r].x = g * s[r].x + k.x * delta;
-      s[r].y = g * s[r].y + k.y * delta;
-      s[r].z = g * s[r].z + k.z * delta;
-      s[r].w = g * s[r].w + k.w * delta;
-      const float o = g * qs[r] + qk * delta;
-      sq += o * o;
-      if (lane == r) mine = o;
-    }
-    if (lane < RPW) s_o[t][warp * RPW + lane] = mine;
-    if (lane == 0) s_sq[t][warp] = sq;
-  }
-#pragma unroll
-  for (int r = 0; r < RPW; ++r) *reinterpret_cast<float4*>(S + r * kDecodeDk) = s[r];
-  if constexpr (kTicket) {
-    if (tid == kNt - 1) {
-      const bool last = drawn == unsigned(CS - 1);
-      if (last) {
-        __threadfence();  // acquire: the group's reads before this block's conv-state stores
-        *ticket = 0u;     // ready for the next launch
-      }
-      s_writes_qk = last;
-    }
-  }
 
-  // 5. group barrier: every block's partial sums are written and (in a cluster) its conv-state reads are done; plain
-  //    blocks: the block's own barrier, which also publishes s_writes_qk
+    // 5. group barrier: every block's partial sums are written and (in a cluster, first chunk) its conv-state reads
+    //    are done; plain blocks: the block's own barrier, which also publishes s_writes_qk
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if constexpr (kCluster) cg::this_cluster().sync(); else __syncthreads();
+    if constexpr (kCluster) cg::this_cluster().sync(); else __syncthreads();
 #else
-  if constexpr (kCluster) __trap();  // never launched: the host takes the cluster path only for sm_90 binaries
-  __syncthreads();
+    if constexpr (kCluster) __trap();  // never launched: the host takes the cluster path only for sm_90 binaries
+    __syncthreads();
 #endif
-  // The partial sums of group block `block`; a plain block holds whole heads, so it reads only its own (block = rank).
-  auto partials = [&](int block) -> const float* {
+    // The partial sums of group block `block`; a plain block holds whole heads, so it reads only its own (block =
+    // rank).
+    auto partials = [&](int block) -> const float* {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if constexpr (kCluster) return cg::this_cluster().map_shared_rank(&s_sq[0][0], block);
+      if constexpr (kCluster) return cg::this_cluster().map_shared_rank(&s_sq[0][0], block);
 #endif
-    return &s_sq[0][0];
-  };
-  // 6. per (token, v-head of the block): inv = rsqrt(mean(o²) + eps) over the head's dv rows (kWarpsPerHead warps)
-  for (int task = warp; task < T * kHeads; task += NW) {
-    const int t = task / kHeads, hs = task % kHeads;
-    const int gw0 = (head0 - kh * kDecodeRatio + hs) * kWarpsPerHead;  // first group warp of the head
-    float ss = 0.0f;
+      return &s_sq[0][0];
+    };
+    // 6. per (token, v-head of the block): inv = rsqrt(mean(o²) + eps) over the head's dv rows (kWarpsPerHead warps)
+    for (int task = warp; task < Tc * kHeads; task += NW) {
+      const int t = task / kHeads, hs = task % kHeads;
+      const int gw0 = (head0 - kh * kDecodeRatio + hs) * kWarpsPerHead;  // first group warp of the head
+      float ss = 0.0f;
 #pragma unroll
-    for (int i = 0; i < (kWarpsPerHead + 31) / 32; ++i) {
-      if (lane + 32 * i >= kWarpsPerHead) break;
-      const int gw = gw0 + lane + 32 * i;
-      ss += partials(gw / NW)[t * NW + gw % NW];
+      for (int i = 0; i < (kWarpsPerHead + 31) / 32; ++i) {
+        if (lane + 32 * i >= kWarpsPerHead) break;
+        const int gw = gw0 + lane + 32 * i;
+        ss += partials(gw / NW)[t * NW + gw % NW];
+      }
+      ss = warp_sum(ss);
+      if (lane == 0) s_inv[t][hs] = rsqrtf(ss / float(kDecodeDv) + a.eps);
     }
-    ss = warp_sum(ss);
-    if (lane == 0) s_inv[t][hs] = rsqrtf(ss / float(kDecodeDv) + a.eps);
-  }
-  __syncthreads();
-  // 7. gated norm out, and the conv state (q/k channels by one block of the group: rank 0, or the ticket's last)
+    __syncthreads();
+    // 7. gated norm out, and after the last chunk the conv state (q/k channels by one block of the group: rank 0, or
+    //    the ticket's last)
 #pragma unroll
-  for (int q = 0; q < kOutPerThread; ++q) {
-    const int i = tid + q * kNt, t = i / kRows, r = i % kRows;
-    if (i >= T * kRows) break;
-    const int hs = (j00 + r) / kDecodeDv, j = (j00 + r) % kDecodeDv;
-    const int64_t col = int64_t(head0 + hs) * kDecodeDv + j;
-    const float zz = zin[q];
-    out[t * int64_t(Hv) * kDecodeDv + col] = s_o[t][r] * s_inv[t][hs] * a.norm_w[j] * (zz / (1.0f + expf(-zz)));
-  }
-  const bool writes_qk = kTicket ? s_writes_qk : rank == 0;
-  for (int lc = tid; lc < kCh; lc += NW * 32) {
-    if (lc < kQk && !writes_qk) continue;
-    const int64_t c = channel(lc);
-    for (int j = 0; j < Ck - 1; ++j) conv_state[j * C + c] = s_conv_new[j][lc];
-  }
+    for (int q = 0; q < kOutPerThread; ++q) {
+      const int i = tid + q * kNt, t = i / kRows, r = i % kRows;
+      if (i >= Tc * kRows) break;
+      const int hs = (j00 + r) / kDecodeDv, j = (j00 + r) % kDecodeDv;
+      const int64_t col = int64_t(head0 + hs) * kDecodeDv + j;
+      const float zz = zin[q];
+      cout[t * int64_t(Hv) * kDecodeDv + col] = s_o[t][r] * s_inv[t][hs] * a.norm_w[j] * (zz / (1.0f + expf(-zz)));
+    }
+    if (last) {
+      const bool writes_qk = kTicket ? s_writes_qk : rank == 0;
+      for (int lc = tid; lc < kCh; lc += NW * 32) {
+        if (lc < kQk && !writes_qk) continue;
+        const int64_t c = channel(lc);
+        for (int j = 0; j < Ck - 1; ++j) conv_state[j * C + c] = s_conv_new[j][lc];
+      }
+    }
+    // Keep s_sq alive until every block of the cluster has read it (the next chunk's step 4 writes it again).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if constexpr (kCluster) cg::this_cluster().sync();  // keep s_sq alive until every block of the cluster read it
+    if constexpr (kCluster) cg::this_cluster().sync();
 #endif
+  }
 }
 
 // sm_90: clusters of blocks (GdnDecodeArgs::Kernel; automatic: clusters of 4 × 16 warps × 4 rows, 64 blocks); without
@@ -321,9 +359,9 @@ namespace {
 
 // One launch of shape (CS blocks per key head, in a cluster or plain; NW warps, RPW rows per warp) over B sequences
 // (grid z).
-template <int CS, bool kCluster, int NW, int RPW, int kTaps>
-void launch_decode(const GdnDecodeArgs& a, int B, const StateTables& tables, cudaStream_t stream) {
-  auto kernel = gdn_decode_kernel<CS, kCluster, NW, RPW, kTaps>;
+template <int CS, bool kCluster, int NW, int RPW, int kTaps, bool kChunked>
+void launch_decode_kernel(const GdnDecodeArgs& a, int B, const StateTables& tables, cudaStream_t stream) {
+  auto kernel = gdn_decode_kernel<CS, kCluster, NW, RPW, kTaps, kChunked>;
   const dim3 grid(CS, unsigned(a.d.Hk), unsigned(B));
   if constexpr (!kCluster) {
     launch_pdl("gdn_decode", kernel, grid, dim3(NW * 32), 0, stream, a, tables);
@@ -338,12 +376,20 @@ void launch_decode(const GdnDecodeArgs& a, int B, const StateTables& tables, cud
     launch_cluster_pdl("gdn_decode (cluster)", kernel, grid, dim3(NW * 32), CS, 0, stream, a, tables);
   }
 }
+// The one-chunk kernel up to kDecodeChunk tokens, the chunked one beyond.
+template <int CS, bool kCluster, int NW, int RPW, int kTaps>
+void launch_decode(const GdnDecodeArgs& a, int B, const StateTables& tables, cudaStream_t stream) {
+  if (a.d.T > kDecodeChunk)
+    launch_decode_kernel<CS, kCluster, NW, RPW, kTaps, true>(a, B, tables, stream);
+  else
+    launch_decode_kernel<CS, kCluster, NW, RPW, kTaps, false>(a, B, tables, stream);
+}
 
 // gdn_decode and gdn_decode_batched after their own checks of the states: the other arguments' checks and the launch
 // shape, the same for both (so that a sequence of a batch runs the code it runs alone).
 void decode(const GdnDecodeArgs& a, int B, const StateTables& tables, cudaStream_t stream) {
   const GdnDims& d = a.d;
-  TERN_CHECK(d.T >= 1 && d.T <= kDecodeMaxT, "gdn_decode: ", d.T, " tokens (1..", kDecodeMaxT, ")");
+  TERN_CHECK(d.T >= 1 && d.T <= kGdnDecodeMaxTokens, "gdn_decode: ", d.T, " tokens (1..", kGdnDecodeMaxTokens, ")");
   TERN_CHECK(gdn_decode_supported(d),
              "gdn_decode: needs dk = dv = 128 and Hv = 2·Hk (got dk ", d.dk, ", dv ", d.dv, ", Hk ", d.Hk, ", Hv ",
              d.Hv, ")");
