@@ -89,6 +89,7 @@ CudaRunner::CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const M
   // turn after prefix reuse) runs as verify steps instead of one prefill-plan chunk, whose fixed cost sets a short
   // prompt's time (short_call).
   if (const char* e = std::getenv("TERN_SHORT_CALL_TOKENS")) short_call_tokens_ = std::max<int64_t>(0, std::atoll(e));
+  if (const char* e = std::getenv("TERN_SHORT_STEP_TOKENS")) short_step_tokens_ = std::max<int64_t>(2, std::atoll(e));
   // The KV cache in fp16 (11 significant bits) unless the option asks for bf16 (8 bits) or fp8 (4 bits and a scale
   // per row), or TERN_KV_BF16=1 turns the default into bf16, or TERN_KV_DTYPE=f16|bf16|fp8 sets the default's type
   // (measurement switches: the whole-model checks of test_cuda run on any type with them).
@@ -307,14 +308,14 @@ bool CudaRunner::short_call(int64_t n) const {
   return n >= 2 && n <= short_call_tokens_ && !image_call_ && !dump_.on() && supports_verify();
 }
 
-// A short call's tokens as verify steps of up to max_verify_tokens() without kept states: the batched step's kernels
+// A short call's tokens as verify steps of up to max_step_tokens() without kept states: the batched step's kernels
 // in a CUDA graph, each row bit for bit its token's one-token step. all_rows: every row's logits [n, V] to the host
 // (else none). Leaves the last token's logits in row 0 of logits_ (device), as lm_head_device(T - 1, 1) does.
 void CudaRunner::run_short_call(CudaSession& s, std::span<const int32_t> tokens, float* all_rows) {
   const int64_t V = w_->config.vocab_size, n = int64_t(tokens.size());
   int64_t T = 0;
   for (int64_t c0 = 0; c0 < n; c0 += T) {
-    T = std::min<int64_t>(max_verify_tokens(), n - c0);
+    T = std::min<int64_t>(max_step_tokens(), n - c0);
     verify_step(s, tokens.subspan(size_t(c0), size_t(T)), /*keep=*/false);
     if (all_rows)
       TERN_CUDA(cudaMemcpyAsync(all_rows + c0 * V, logits_, size_t(T * V) * 4, cudaMemcpyDeviceToHost, stream_));

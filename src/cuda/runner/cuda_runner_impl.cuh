@@ -73,6 +73,7 @@ class CudaRunner final : public ModelRunner {
   void forward_batch(std::span<BatchEntry> batch) override;
   bool supports_verify() const override;
   int64_t max_verify_tokens() const override;
+  int64_t max_step_tokens() const;
   int64_t verify_state_bytes(int tokens) const override;
   const KeptStateBuffers& kept_pool() const { return *kept_pool_; }
   void forward_verify(Session& session, std::span<const int32_t> tokens, std::vector<float>& logits) override;
@@ -198,6 +199,7 @@ class CudaRunner final : public ModelRunner {
   bool decode_warm_ = false;           // a decode step has run outside capture
   bool use_decode_kernels_ = true;      // TERN_CUDA_DECODE_KERNELS=0: decode through the prefill plan's kernels
   int64_t short_call_tokens_ = 64;      // calls of at most this many tokens: verify steps (TERN_SHORT_CALL_TOKENS)
+  int64_t short_step_tokens_ = 32;      // tokens per such step at most (TERN_SHORT_STEP_TOKENS; kGdnDecodeMaxTokens)
   KvDtype kv_ = KvDtype::f16;           // the KV cache's type (CudaRunnerOptions::kv; TERN_KV_BF16=1 for bf16)
   bool capturing_ = false;              // a decode graph is being captured (no activation dumps)
   ActivationDump dump_;                 // set_activation_dump_dir

@@ -1,5 +1,6 @@
 // The verify step of the CUDA runner (cuda_runner_impl.cuh), speculative decoding's multi-token step: a session's
-// last sampled token and its drafts (T <= kQmvMaxTokens) run as the T slots of one batched step (batch_plan.cu),
+// last sampled token and its drafts (T <= kQmvMaxTokens; a short call's step without kept states: up to
+// kGdnDecodeMaxTokens) run as the T slots of one batched step (batch_plan.cu),
 // slot j at position p0 + j of the same session. The products, attention and MoE take the batched kernels, whose
 // every slot is bit for bit its token's one-token step; the Gated DeltaNet layers take gdn_decode over the T tokens
 // in order (the same per-token arithmetic as one token at a time), which also keeps the states before each token
@@ -15,6 +16,7 @@
 #include "core/check.h"
 #include "cuda/common/cuda_common.cuh"
 #include "cuda/kernels/attention/attention.cuh"
+#include "cuda/kernels/gdn/gdn.cuh"
 #include "cuda/kernels/sampling/sampling.cuh"
 #include "cuda/runner/batch_tables.cuh"
 
@@ -30,7 +32,13 @@ __global__ void advance_session_kernel(int* const* pos, int n) { **pos += n; }
 bool CudaRunner::supports_verify() const { return batch_max() >= 2; }
 
 int64_t CudaRunner::max_verify_tokens() const {
-  return std::min<int64_t>(kQmvMaxTokens, batch_max());  // gdn_decode's tokens per call
+  return std::min<int64_t>(kQmvMaxTokens, batch_max());  // the drafts' kept states: 8 tokens at most
+}
+
+// The tokens of one verify step without kept states (a short call's step): gdn_decode's most per call, and at most
+// short_step_tokens_ (TERN_SHORT_STEP_TOKENS).
+int64_t CudaRunner::max_step_tokens() const {
+  return std::min<int64_t>({int64_t(kGdnDecodeMaxTokens), batch_max(), short_step_tokens_});
 }
 
 // The device memory a verify of `tokens` tokens keeps until the session's next forward or rollback: its kept-state
@@ -46,7 +54,8 @@ int64_t CudaRunner::verify_state_bytes(int tokens) const {
 void CudaRunner::verify_step(CudaSession& s, std::span<const int32_t> tokens, bool keep) {
   TERN_CHECK(supports_verify(), "forward_verify: this model or configuration has no batched one-token kernels");
   const int T = int(tokens.size());
-  TERN_CHECK(T <= max_verify_tokens(), "forward_verify: ", T, " tokens (at most ", max_verify_tokens(), ")");
+  const int64_t most = keep ? max_verify_tokens() : max_step_tokens();
+  TERN_CHECK(T >= 1 && T <= most, "forward_verify: ", T, " tokens (1 to ", most, ")");
   allocate_batch_scratch();
   // Room for exactly T tokens' states; the buffer may differ from the last step's (the tables below carry it).
   static const std::vector<CudaSession::KeptStates> none;

@@ -97,7 +97,7 @@ TEST(CudaVerify, ShortCallsAreOneTokenStepsBitForBit) {
   std::mt19937_64 rng(seed ^ 0x5407);
   const auto prompt = random_tokens(rng, 100, weights->vocab_real);  // the prefill plan first
   const auto after = random_tokens(rng, 2, weights->vocab_real);
-  for (const int64_t n : {2, 7, 8, 9, 28, 64}) {
+  for (const int64_t n : {2, 7, 8, 9, 28, 33, 64}) {
     const auto tokens = random_tokens(rng, n, weights->vocab_real);
     std::vector<float> prompt_logits, got, last;
     auto ref = gpu->create_session(4096);
