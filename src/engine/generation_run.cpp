@@ -307,18 +307,24 @@ void GenerationRun::after_prompt_chunk(int64_t n) {
   release_fed_images();
   report_prompt_progress();
   const int64_t pos = session_.position(), every = request_.checkpoint_every;
-  if (request_.on_checkpoint &&
+  const bool checkpoint =
+      request_.on_checkpoint &&
       (rest_.empty() || (every > 0 && pos % every == 0) ||
-       std::find(request_.checkpoint_at.begin(), request_.checkpoint_at.end(), pos) != request_.checkpoint_at.end()))
-    request_.on_checkpoint(session_);
-  if (!rest_.empty()) return;
+       std::find(request_.checkpoint_at.begin(), request_.checkpoint_at.end(), pos) != request_.checkpoint_at.end());
+  if (!rest_.empty()) {
+    if (checkpoint) request_.on_checkpoint(session_);
+    return;
+  }
   TERN_INTERNAL_CHECK(int64_t(logits_.size()) >= vocab_, "the backend returned ", logits_.size(),
                       " logits for a vocabulary of ", vocab_);
-  // The decode loop starts: text output, device sampling when the request allows it.
+  // The decode loop starts: text output, device sampling when the request allows it. The first token goes out
+  // before the prompt-end snapshot is taken (the session is still at the prompt's end: nothing is fed until the next
+  // step), so that the client does not wait for the copy.
   text_.emplace(request_.stop);
   device_ok_ = gen_.options().use_device_sampling && device_sampling_allowed(request_);
   t_decode_ = Clock::now();
   choose_token(std::nullopt);
+  if (checkpoint) request_.on_checkpoint(session_);
 }
 
 // One iteration of the decode loop at step_: the next id from the last logits (or the device's), the checks, the
