@@ -124,8 +124,11 @@ void CudaRunner::allocate_batch_scratch() {
   batch_moe_ = moe_decode_scratch_view(batch_scratch_.take(moe_bytes), B, c.hidden_size, c.num_experts,
                                        c.num_experts_per_tok, c.moe_intermediate_size);
   moe_decode_scratch_init(batch_moe_, stream_);
+  // One sampler scratch per slot, at a fixed stride (sample_tokens_device samples every slot in one launch each).
+  batch_sample_stride_ = int64_t(DeviceArena::align(size_t(sample_scratch_floats(V)) * 4) / 4);
+  float* const samplers = batch_scratch_.take_n<float>(size_t(B * batch_sample_stride_));
   batch_sample_scratch_.clear();
-  for (int b = 0; b < B; ++b) batch_sample_scratch_.push_back(batch_scratch_.take_n<float>(size_t(sample_scratch_floats(V))));
+  for (int b = 0; b < B; ++b) batch_sample_scratch_.push_back(samplers + b * batch_sample_stride_);
   batch_sampled_ = batch_scratch_.take_n<int>(size_t(B));
   verify_pos_ = batch_scratch_.take_n<int>(size_t(B));
   batch_qmv_xq_bytes_ = xq_bytes;
@@ -167,10 +170,8 @@ void CudaRunner::batch_step(std::span<BatchEntry* const> entries) {
     DeviceSampling p = *entries[size_t(b)]->sampling;
     p.mask = nullptr;  // a host pointer: not part of what the device reads
     std::memcpy(params_pinned + b * sizeof(DeviceSampling), &p, sizeof(DeviceSampling));
-    TERN_CUDA(cudaMemcpyAsync(sample_params_slot(batch_sample_scratch_[size_t(b)], V),
-                              params_pinned + b * sizeof(DeviceSampling), sizeof(DeviceSampling),
-                              cudaMemcpyHostToDevice, stream_));
   }
+  copy_sample_params(params_pinned, B);
   if (use_graphs_ && batch_warm_) {
     const std::pair<int, int64_t> key{B, max_capacity};
     auto found = batch_graphs_.find(key);
@@ -200,8 +201,15 @@ void CudaRunner::batch_body(int B, int64_t max_capacity) {
   slot_layers(B, max_capacity, /*one_session=*/false);
   advance_positions_kernel<<<1, kSlots, 0, stream_>>>(reinterpret_cast<const BatchHeader*>(batch_tables_)->pos, B);
   TERN_CUDA_LAUNCHED("advance_positions");
-  for (int b = 0; b < B; ++b)
-    sample_token_device(logits_ + int64_t(b) * V, V, batch_sample_scratch_[size_t(b)], batch_sampled_ + b, stream_);
+  sample_tokens_device(logits_, V, B, batch_sample_scratch_[0], batch_sample_stride_, batch_sampled_, stream_);
+}
+
+// The sampling parameters of slots 0..n-1 (pinned, packed) into their samplers' scratch: one strided copy.
+void CudaRunner::copy_sample_params(const uint8_t* params_pinned, int n) {
+  const int64_t V = w_->config.vocab_size;
+  TERN_CUDA(cudaMemcpy2DAsync(sample_params_slot(batch_sample_scratch_[0], V), size_t(batch_sample_stride_) * 4,
+                              params_pinned, sizeof(DeviceSampling), sizeof(DeviceSampling), size_t(n),
+                              cudaMemcpyHostToDevice, stream_));
 }
 
 // The kernels the multi-token steps share (batch_body, verify_body; the tables on the device): embed, each layer as

@@ -134,6 +134,7 @@ class CudaRunner final : public ModelRunner {
   void allocate_batch_scratch();
   void batch_step(std::span<BatchEntry* const> entries);
   void batch_body(int B, int64_t max_capacity);
+  void copy_sample_params(const uint8_t* params_pinned, int n);
   void slot_layers(int B, int64_t capacity, bool one_session);  // the kernels batch_body and verify_body share
   QmvArgs decode_product(const DMat& w, const float* x, int64_t ldx, int64_t T, const float* norm_w, float* y,
                          int64_t ldy, bool accumulate = false, const L2Ranges& ahead = {}) const;
@@ -235,7 +236,8 @@ class CudaRunner final : public ModelRunner {
   float *batch_proj_ = nullptr, *batch_gated_ = nullptr, *batch_q_ = nullptr, *batch_attn_out_ = nullptr,
         *batch_attn_part_ = nullptr;
   MoeDecodeScratch batch_moe_;
-  std::vector<float*> batch_sample_scratch_;  // [batch_max()] one sampler scratch per slot
+  std::vector<float*> batch_sample_scratch_;  // [batch_max()] one sampler scratch per slot, batch_sample_stride_ apart
+  int64_t batch_sample_stride_ = 0;           // floats
   int* batch_sampled_ = nullptr;         // [batch_max()] device
   int* verify_pos_ = nullptr;            // [batch_max()] device: a verify step's slot positions p0 + slot
   void* batch_qmv_xq_ = nullptr;         // device: the batched products' quantised activations (QmvArgs::xq)

@@ -116,7 +116,7 @@ void CudaRunner::forward_verify(Session& session, std::span<const int32_t> token
   TERN_CUDA(cudaStreamSynchronize(stream_));
 }
 
-// Row j sampled by the sampler a one-token step runs (sample_token_device on a batch slot's scratch), with the
+// Row j sampled by the sampler a one-token step runs (sample_tokens_device, row j on slot j's scratch), with the
 // parameters of step sampling.step + j: the ids forward_sample would return, without copying the logits.
 bool CudaRunner::forward_verify_sample(Session& session, std::span<const int32_t> tokens,
                                        const DeviceSampling& sampling, std::vector<int32_t>& ids) {
@@ -132,11 +132,9 @@ bool CudaRunner::forward_verify_sample(Session& session, std::span<const int32_t
     DeviceSampling p = sampling;
     p.step = sampling.step + uint64_t(j);
     std::memcpy(params_pinned + j * sizeof(DeviceSampling), &p, sizeof(DeviceSampling));
-    TERN_CUDA(cudaMemcpyAsync(sample_params_slot(batch_sample_scratch_[size_t(j)], V),
-                              params_pinned + j * sizeof(DeviceSampling), sizeof(DeviceSampling),
-                              cudaMemcpyHostToDevice, stream_));
-    sample_token_device(logits_ + int64_t(j) * V, V, batch_sample_scratch_[size_t(j)], batch_sampled_ + j, stream_);
   }
+  copy_sample_params(params_pinned, T);
+  sample_tokens_device(logits_, V, T, batch_sample_scratch_[0], batch_sample_stride_, batch_sampled_, stream_);
   int* sampled_pinned = reinterpret_cast<int*>(params_pinned + kBatchSlots * sizeof(DeviceSampling));
   TERN_CUDA(cudaMemcpyAsync(sampled_pinned, batch_sampled_, size_t(T) * 4, cudaMemcpyDeviceToHost, stream_));
   TERN_CUDA(cudaStreamSynchronize(stream_));

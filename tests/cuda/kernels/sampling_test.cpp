@@ -384,5 +384,52 @@ TEST(CudaSampling, GraphReplayWithNewParametersMatchesDirectCalls) {
   cudaStreamDestroy(stream);
 }
 
+// Several rows sampled by one sample_tokens_device launch (the batched decode step's sessions), each with its own
+// logits and parameters (greedy, temperature with top-k / top-p / min-p, seeds and steps; one row of all -inf, one
+// with ties at the top), give the ids each row gets alone; repeated over steps so that the draws differ.
+TEST(CudaSampling, RowsOfOneLaunchMatchEachRowAlone) {
+  TERN_REQUIRE_GPU();
+  std::mt19937_64 rng(fresh_seed("CudaSampling.RowsOfOneLaunchMatchEachRowAlone"));
+  const int rows = 7;
+  const int64_t stride = (sample_scratch_floats(kV) + 63) / 64 * 64 + 64;  // not the minimum: the stride is honoured
+  std::vector<float> all;
+  for (int r = 0; r < rows; ++r) {
+    std::vector<float> l = masked(head_logits(rng, kV, kReal, 10 + 10 * r, -6.0f, 2.0f), kReal);
+    if (r == 3) std::fill(l.begin(), l.end(), -kInf);
+    if (r == 5) l[17] = l[1234] = *std::max_element(l.begin(), l.end()) + 1.0f;  // a tie at the top
+    all.insert(all.end(), l.begin(), l.end());
+  }
+  DeviceBuf<float> dl(all), scratch(size_t(rows * stride)), alone(size_t(sample_scratch_floats(kV)));
+  DeviceBuf<int> out(static_cast<size_t>(rows)), one(1);
+  const std::vector<DeviceSampling> kinds = {DeviceSampling{},
+                                             DeviceSampling{.temperature = 0.7f, .top_k = 20, .top_p = 0.95f},
+                                             DeviceSampling{.temperature = 1.0f, .top_p = 0.9f},
+                                             DeviceSampling{.temperature = 1.0f, .min_p = 0.05f},
+                                             DeviceSampling{.temperature = 1.3f},
+                                             DeviceSampling{.temperature = 0.8f, .top_k = 2},
+                                             DeviceSampling{.temperature = 1.0f, .top_k = 1}};
+  int differing = 0;
+  for (uint64_t step = 0; step < 20; ++step) {
+    std::vector<DeviceSampling> p(static_cast<size_t>(rows));
+    for (int r = 0; r < rows; ++r) {
+      p[size_t(r)] = kinds[size_t((r + int(step)) % rows)];
+      p[size_t(r)].seed = rng();
+      p[size_t(r)].step = step;
+      TERN_CUDA(cudaMemcpy(sample_params_slot(scratch.p + r * stride, kV), &p[size_t(r)], sizeof(DeviceSampling),
+                           cudaMemcpyHostToDevice));
+    }
+    sample_tokens_device(dl.p, kV, rows, scratch.p, stride, out.p, nullptr);
+    TERN_CUDA(cudaDeviceSynchronize());
+    const std::vector<int> got = out.host();
+    for (int r = 0; r < rows; ++r) {
+      const int want = sample_once(dl.p + r * kV, kV, p[size_t(r)], alone.p, one.p);
+      EXPECT_EQ(got[size_t(r)], want) << "row " << r << ", step " << step << " " << describe(p[size_t(r)]);
+      differing += r != 3 && want != int(ranked(std::vector<float>(all.begin() + r * kV, all.begin() + (r + 1) * kV))[0]);
+    }
+  }
+  EXPECT_GT(differing, 0) << "sampling never left the arg-max";
+  EXPECT_THROW(sample_tokens_device(dl.p, kV, 2, scratch.p, sample_scratch_floats(kV) - 4, out.p, nullptr), tern::Error);
+}
+
 }  // namespace
 }  // namespace tern::cuda::test

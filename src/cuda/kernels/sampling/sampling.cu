@@ -89,7 +89,7 @@ struct SampleScratch {
   uint32_t* cand;       // [kCandCap] candidate keys (any order)
 };
 
-SampleScratch scratch_view(float* scratch) {
+__host__ __device__ SampleScratch scratch_view(float* scratch) {
   auto* b = reinterpret_cast<uint8_t*>(scratch);
   return SampleScratch{reinterpret_cast<const DeviceSampling*>(b + kOffParams), reinterpret_cast<SampleState*>(b + kOffState),
                        reinterpret_cast<uint32_t*>(b + kOffHistCnt), reinterpret_cast<u64*>(b + kOffHistMass),
@@ -345,10 +345,21 @@ __device__ uint32_t block_select(const ItemSource& src, Weight weight, u64 targe
 }
 
 // ---- kernels ----
+// Each kernel samples row blockIdx.y of a launch (sample_tokens_device: one per sequence; sample_token_device: row
+// 0 only): logits row y, the scratch at scratch + y·stride floats, output out[y]. Every row runs the code and the
+// blocks of a one-row launch, so its id is the same either way.
 
-__global__ void __launch_bounds__(kThreads) sample_max_kernel(const float* logits, int64_t V, int64_t chunk, SampleScratch sc) {
+__device__ __forceinline__ SampleScratch row_of(const float*& logits, int64_t V, float* scratch, int64_t stride) {
+  logits += int64_t(blockIdx.y) * V;
+  return scratch_view(scratch + int64_t(blockIdx.y) * stride);
+}
+
+
+__global__ void __launch_bounds__(kThreads) sample_max_kernel(const float* logits, int64_t V, int64_t chunk, float* scratch,
+                                                              int64_t stride) {
   pdl_wait();
   pdl_trigger();
+  const SampleScratch sc = row_of(logits, V, scratch, stride);
   __shared__ u64 red64[kWarps];
   __shared__ uint32_t red32[kWarps];
   u64 best = 0;
@@ -377,10 +388,12 @@ __global__ void __launch_bounds__(kThreads) sample_max_kernel(const float* logit
   }
 }
 
-__global__ void __launch_bounds__(kThreads) sample_hist_kernel(const float* logits, int64_t V, int64_t chunk, SampleScratch sc,
-                                                               int* out) {
+__global__ void __launch_bounds__(kThreads) sample_hist_kernel(const float* logits, int64_t V, int64_t chunk, float* scratch,
+                                                               int64_t stride, int* out) {
   pdl_wait();
   pdl_trigger();
+  const SampleScratch sc = row_of(logits, V, scratch, stride);
+  out += blockIdx.y;
   __shared__ uint32_t s_cnt[kBins];
   __shared__ u64 s_mass[kBins];
   __shared__ u64 red64[kWarps];
@@ -551,9 +564,10 @@ __global__ void __launch_bounds__(kThreads) sample_hist_kernel(const float* logi
 }
 
 __global__ void __launch_bounds__(kThreads) sample_select_kernel(const float* logits, int64_t V, int64_t chunk,
-                                                                 SampleScratch sc) {
+                                                                 float* scratch, int64_t stride) {
   pdl_wait();
   pdl_trigger();
+  const SampleScratch sc = row_of(logits, V, scratch, stride);
   __shared__ SelectShared sh;
   __shared__ int flag;
   const SampleState st = *sc.state;
@@ -627,10 +641,12 @@ __device__ __forceinline__ u64 kept_mass(float l, const ProbCtx& ctx, uint32_t t
   return p < min_p ? 0 : fixed_mass(p);
 }
 
-__global__ void __launch_bounds__(kThreads) sample_draw_kernel(const float* logits, int64_t V, int64_t chunk, SampleScratch sc,
-                                                               int* out) {
+__global__ void __launch_bounds__(kThreads) sample_draw_kernel(const float* logits, int64_t V, int64_t chunk, float* scratch,
+                                                               int64_t stride, int* out) {
   pdl_wait();
   pdl_trigger();
+  const SampleScratch sc = row_of(logits, V, scratch, stride);
+  out += blockIdx.y;
   __shared__ u64 red64[kWarps];
   __shared__ int flag, s_block;
   __shared__ u64 s_u;
@@ -704,17 +720,28 @@ void sample_check(const DeviceSampling& s) {
              ", top_k ", s.top_k, ")");
 }
 
-void sample_token_device(const float* logits, int64_t V, float* scratch, int* out, cudaStream_t stream) {
+void sample_tokens_device(const float* logits, int64_t V, int rows, float* scratch, int64_t scratch_stride, int* out,
+                          cudaStream_t stream) {
   // V < 2^24 keeps the fixed-point mass of the whole vocabulary below 2^64.
   TERN_CHECK(V > 0 && V < (int64_t(1) << 24), "sample_token: vocabulary of ", V, " (supported: 1 to 2^24 - 1)");
-  TERN_CHECK(reinterpret_cast<uintptr_t>(scratch) % 16 == 0, "sample_token: scratch must be 16-byte aligned");
+  TERN_CHECK(rows >= 1 && rows <= 65535, "sample_tokens: ", rows, " rows (1 to 65535)");
+  TERN_CHECK(rows == 1 || scratch_stride >= sample_scratch_floats(V),
+             "sample_tokens: scratch stride ", scratch_stride, " floats, below one row's ", sample_scratch_floats(V));
+  TERN_CHECK(reinterpret_cast<uintptr_t>(scratch) % 16 == 0 && scratch_stride % 4 == 0,
+             "sample_token: scratch must be 16-byte aligned");
   const int64_t chunk = chunk_for(V);
-  const dim3 grid(unsigned((V + chunk - 1) / chunk)), block(kThreads);
-  const SampleScratch sc = scratch_view(scratch);
-  launch_pdl("sample_max", sample_max_kernel, grid, block, 0, stream, logits, V, chunk, sc);
-  launch_pdl("sample_hist", sample_hist_kernel, grid, block, 0, stream, logits, V, chunk, sc, out);
-  launch_pdl("sample_select", sample_select_kernel, grid, block, 0, stream, logits, V, chunk, sc);
-  launch_pdl("sample_draw", sample_draw_kernel, grid, block, 0, stream, logits, V, chunk, sc, out);
+  const dim3 grid(unsigned((V + chunk - 1) / chunk), unsigned(rows)), block(kThreads);
+  launch_pdl("sample_max", sample_max_kernel, grid, block, 0, stream, logits, V, chunk, scratch, scratch_stride);
+  launch_pdl("sample_hist", sample_hist_kernel, grid, block, 0, stream, logits, V, chunk, scratch, scratch_stride,
+             out);
+  launch_pdl("sample_select", sample_select_kernel, grid, block, 0, stream, logits, V, chunk, scratch,
+             scratch_stride);
+  launch_pdl("sample_draw", sample_draw_kernel, grid, block, 0, stream, logits, V, chunk, scratch, scratch_stride,
+             out);
+}
+
+void sample_token_device(const float* logits, int64_t V, float* scratch, int* out, cudaStream_t stream) {
+  sample_tokens_device(logits, V, 1, scratch, 0, out, stream);
 }
 
 void sample_token(const float* logits, int64_t V, const DeviceSampling& s, float* scratch, int* out, cudaStream_t stream) {

@@ -31,5 +31,11 @@ void sample_token(const float* logits, int64_t V, const DeviceSampling& s, float
 // The same with the parameters already in sample_params_slot(scratch, V) on the device: no host value is read, so
 // the launch can be captured in a CUDA graph and replayed with new parameters.
 void sample_token_device(const float* logits, int64_t V, float* scratch, int* out, cudaStream_t stream);
+// sample_token_device for `rows` rows at once (the batched step's sessions): row r samples logits [r, V] with the
+// parameters and scratch at scratch + r·scratch_stride floats (each row's own, scratch_stride ≥
+// sample_scratch_floats(V), a multiple of 4) into out[r]: each row's id is what sample_token_device gives it alone.
+// One launch of each of the four kernels for all the rows.
+void sample_tokens_device(const float* logits, int64_t V, int rows, float* scratch, int64_t scratch_stride, int* out,
+                          cudaStream_t stream);
 
 }  // namespace tern::cuda
