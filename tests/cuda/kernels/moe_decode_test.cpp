@@ -17,7 +17,6 @@
 #include "cpu/ops_moe.h"
 #include "cpu/ops_norm.h"
 #include "cuda/kernels/moe/moe_decode.cuh"
-#include "cuda/kernels/moe/moe_down_mma.cuh"
 #include "cuda/kernels/moe/moe_dp4a.cuh"
 #include "cuda/kernels/moe/moe_gate_up_mma.cuh"
 #include "cuda/kernels/qmv/qmv.cuh"
@@ -237,13 +236,11 @@ TEST(CudaMoeDecode, GenericFormatsMatchCpu) {
 
 // moe_decode_batched (one token of each of B sequences) against moe_decode per token (T = 1, its own scratch): the
 // hidden rows bit for bit, and every row of the scratch the same (x̂, router logits, shared logit and gate, ids,
-// routing weights, h), at the model's shapes, B in {1, 2, 3, 8, 9, 16, 32}, the batch's gate_up and down on the integer
-// tensor cores (moe_gate_up_mma.cuh, moe_down_mma.cuh; runs 0 and 1), both on the ring kernels (TERN_MOE_MMA=0 and
-// TERN_MOE_MMA_DOWN=0; run 2), and the MMA gate_up with the ring down (run 3); tokens of different magnitudes (×100,
-// ×1e-2) and an all-zero one (x̂ = 0: every logit ties, the lowest k experts win). Run with random router rows, with
-// repeated ones (exact ties among 16 copies of each row), and with every token the same (all tokens route to the same
-// experts); the batched step again with the down matrices' L2 prefetch, which must change nothing. Skipped where the
-// batched step does not apply (not an sm_90 binary).
+// routing weights, h), at the model's shapes, B in {1, 2, 3, 8, 9, 16, 32}, the batch's gate_up on the integer tensor
+// cores (moe_gate_up_mma.cuh; runs 0 and 1) and on the ring kernel (TERN_MOE_MMA=0's path; run 2); tokens of different magnitudes (×100, ×1e-2) and an
+// all-zero one (x̂ = 0: every logit ties, the lowest k experts win). Run with random router rows and with repeated
+// ones (exact ties among 16 copies of each row); the batched step again with the down matrices' L2 prefetch, which
+// must change nothing. Skipped where the batched step does not apply (not an sm_90 binary).
 TEST(CudaMoeDecode, BatchedMatchesOneTokenBitwise) {
   TERN_REQUIRE_GPU();
   std::mt19937_64 rng(fresh_seed("CudaMoeDecode.Batched"));
@@ -251,8 +248,7 @@ TEST(CudaMoeDecode, BatchedMatchesOneTokenBitwise) {
   const int64_t D = 2048, F = 512;
   const int v0 = qmv_variant();
   qmv_set_variant(3);
-  for (const int kind : {0, 1, 2}) {  // random router, repeated router rows, identical tokens
-    const bool tied = kind == 1, same_tokens = kind == 2;
+  for (const bool tied : {false, true}) {
     auto mh = make_moe(rng, WeightFormat::affine4, WeightFormat::affine8, E, k, D, F);
     if (tied) repeat_router_rows(*mh);
     MoeDevice md(*mh);
@@ -264,13 +260,9 @@ TEST(CudaMoeDecode, BatchedMatchesOneTokenBitwise) {
       auto hidden = random_floats(rng, size_t(B * D), -4.0f, 4.0f);
       for (int t = 0; t < B; ++t) {
         const float f = (B > 3 && t == B - 1) ? 0.0f : t == 1 ? 100.0f : t == 2 ? 1e-2f : 1.0f;
-        for (int64_t d = 0; d < D; ++d) {
-          float& v = hidden[size_t(t * D + d)];
-          v = same_tokens ? hidden[size_t(d)] : v * f;
-        }
+        for (int64_t d = 0; d < D; ++d) hidden[size_t(t * D + d)] *= f;
       }
-      const std::string what = std::string(tied ? "repeated router rows" : same_tokens ? "identical tokens" : "random router") +
-                               " B=" + std::to_string(B);
+      const std::string what = std::string(tied ? "repeated router rows" : "random router") + " B=" + std::to_string(B);
 
       // Each token alone (moe_decode at T = 1), its scratch rows gathered into [B, ...] arrays.
       DeviceBuf<float> dh_alone(hidden);
@@ -303,7 +295,7 @@ TEST(CudaMoeDecode, BatchedMatchesOneTokenBitwise) {
         for (float v : want) bad += std::isfinite(v) ? 0 : 1;
         EXPECT_EQ(bad, 0u) << what << ": non-finite hidden from the tokens alone";
         EXPECT_NE(std::memcmp(want.data(), hidden.data(), hidden.size() * 4), 0) << what << ": hidden unchanged";
-        if (B > 3 && !same_tokens) {  // the all-zero token: every logit 0, the lowest k experts in order
+        if (B > 3) {  // the all-zero token: every logit 0, the lowest k experts in order
           for (int j = 0; j < k; ++j) EXPECT_EQ(ids[size_t((B - 1) * k + j)], j) << what << ": zero token slot " << j;
         }
       }
@@ -313,26 +305,22 @@ TEST(CudaMoeDecode, BatchedMatchesOneTokenBitwise) {
       const size_t scratch_bytes = moe_decode_scratch_bytes(B, D, E, k, F);
       DeviceBuf<uint8_t> scratch(scratch_bytes);
       const MoeDecodeScratch s = moe_decode_scratch_view(scratch.p, B, D, E, k, F);
-      const bool mma0 = moe_mma_enabled(), down0 = moe_down_mma_enabled();
-      for (int run = 0; run < 4; ++run) {
+      const bool mma0 = moe_mma_enabled();
+      for (int run = 0; run < 3; ++run) {
         const std::string what_run = what + (run == 1   ? " (L2 prefetch of the down matrices)"
-                                              : run == 2 ? " (gate_up and down on the ring kernels)"
-                                              : run == 3 ? " (down on the ring kernel)"
+                                              : run == 2 ? " (gate_up on the ring kernel)"
                                                          : "");
         TERN_CUDA(cudaMemset(scratch.p, 0xff, scratch_bytes));
         moe_decode_scratch_init(s, nullptr);
         DeviceBuf<float> dh(hidden);
         MoeDecodeWeights w = md.w;
         w.prefetch_down = run == 1;
-        moe_mma_set_enabled(run != 2);
-        moe_down_mma_set_enabled(run < 2);
+        moe_mma_set_enabled(run < 2);
         if (run == 0 && B >= 2) {
           EXPECT_TRUE(moe_gate_up_mma_supported(w, s, B)) << what_run << ": the MMA gate_up does not apply";
-          EXPECT_TRUE(moe_down_mma_supported(w, s, B)) << what_run << ": the MMA down does not apply";
         }
         moe_decode_batched(w, dh.p, B, s, nullptr);
         moe_mma_set_enabled(mma0);
-        moe_down_mma_set_enabled(down0);
         TERN_CUDA(cudaGetLastError());
         const auto got = dh.host();
         const auto same = [&](const auto& a, const auto& b, const char* name) {
@@ -491,180 +479,6 @@ TEST(CudaMoeDecode, GateUpMmaSwitch) {
   EXPECT_FALSE(moe_gate_up_mma_supported(md.w, s, 9)) << "a scratch for 8 tokens taken for 9";
   EXPECT_FALSE(moe_gate_up_mma_supported(md.w, s1, 2));
   moe_mma_set_enabled(mma0);
-}
-
-
-// The batched down on the integer tensor cores (moe_down_mma) against the one-token integer down (moe_down_dp4a at
-// B = 1, each token with its own scratch and hidden row), hidden [B][D] bit for bit, with the routing set by hand:
-// every token the same experts, no two tokens sharing one, random, drawn from a pool of 12 experts, and random with a
-// token listing an expert twice; B in {2, 3, 8, 9, 16, 32}; h with tokens of different magnitudes (×1e4, ×1e-3, and
-// one with every other segment ×1e-31, below dp4a's kMinGroupMax: quantised to zero, the rest ×1e-20; the small
-// tokens' hidden rows start at zero), an all-zero token, a zero group and a group of one large value among tiny
-// ones; routing weights and shared gates random (one zero weight). Both with the routing read before
-// pdl_wait (early_routing) and after. The scratch's tables poisoned (NaN bytes) before each run: a table left
-// unwritten fails; every token but the zero one changes hidden (checked), so a row left unwritten fails too. The ring
-// kernel (TERN_MOE_MMA_DOWN=0's path, moe_down_dp4a at B) is held to the same values.
-TEST(CudaMoeDecode, DownMmaMatchesOneTokenBitwise) {
-  TERN_REQUIRE_GPU();
-  std::mt19937_64 rng(fresh_seed("CudaMoeDecode.DownMma"));
-  const int E = 256, k = 8;
-  const int64_t D = 2048, F = 512;
-  auto mh = make_moe(rng, WeightFormat::affine4, WeightFormat::affine8, E, k, D, F);
-  MoeDevice md(*mh);
-  const bool down0 = moe_down_mma_enabled();
-  moe_down_mma_set_enabled(true);
-  const char* const kRoutings[] = {"same experts", "disjoint experts", "random", "pool of 12", "a repeated expert"};
-  for (int B : {2, 3, 8, 9, 16, 32}) {
-    const size_t scratch_bytes = moe_decode_scratch_bytes(B, D, E, k, F);
-    DeviceBuf<uint8_t> scratch(scratch_bytes);
-    const MoeDecodeScratch s = moe_decode_scratch_view(scratch.p, B, D, E, k, F);
-    if (!moe_down_mma_supported(md.w, s, B)) {
-      moe_down_mma_set_enabled(down0);
-      GTEST_SKIP() << "moe_down_mma does not apply here (B = " << B << ")";
-    }
-    for (int routing = 0; routing < 5; ++routing) {
-      const std::string what = std::string(kRoutings[routing]) + " B=" + std::to_string(B);
-      std::vector<int> ids(size_t(B * k));
-      std::vector<int> all(static_cast<size_t>(E));
-      for (int e = 0; e < E; ++e) all[size_t(e)] = e;
-      std::shuffle(all.begin(), all.end(), rng);
-      for (int t = 0; t < B; ++t) {
-        std::vector<int> pick(all.begin(), all.begin() + k);  // routing 0: the same 8 for every token
-        if (routing == 1) {
-          for (int j = 0; j < k; ++j) pick[size_t(j)] = all[size_t(t * k + k - 1 - j)];  // B·k <= E: no overlap
-        } else if (routing == 2 || routing == 4) {
-          std::vector<int> v(all);
-          std::shuffle(v.begin(), v.end(), rng);
-          pick.assign(v.begin(), v.begin() + k);
-          if (routing == 4 && t % 2 == 0) pick[size_t(k - 1)] = pick[0];
-        } else if (routing == 3) {
-          std::vector<int> v(all.begin(), all.begin() + 12);
-          std::shuffle(v.begin(), v.end(), rng);
-          pick.assign(v.begin(), v.begin() + k);
-        }
-        std::copy(pick.begin(), pick.end(), ids.begin() + int64_t(t) * k);
-      }
-      auto wts = random_floats(rng, size_t(B * k), 0.0f, 0.5f);
-      wts[1] = 0.0f;
-      auto sgate = random_floats(rng, size_t(B), 0.0f, 1.0f);
-      const size_t per_token = size_t((k + 1) * F);
-      auto h = random_floats(rng, size_t(B) * per_token, -2.0f, 2.0f);
-      for (int t = 0; t < B; ++t) {
-        const float f = (B > 3 && t == B - 1) ? 0.0f : t == 1 ? 1e4f : t == 2 ? 1e-3f : 1.0f;
-        for (size_t i = 0; i < per_token; ++i) {
-          // token 3 (not the last): even segments below kMinGroupMax (quantised to zero), odd ones tiny
-          const float ft = t == 3 && B > 4 ? ((i / size_t(F)) % 2 == 0 ? 1e-31f : 1e-20f) : f;
-          h[size_t(t) * per_token + i] *= ft;
-        }
-      }
-      std::fill(h.begin() + 64, h.begin() + 128, 0.0f);  // a zero group of token 0 (segment 0)
-      for (int i = 0; i < 64; ++i) h[size_t(3 * F + 128 + i)] = i == 17 ? 3e3f : 1e-6f * float(i - 32);  // one large value
-      auto hidden = random_floats(rng, size_t(B * D), -4.0f, 4.0f);
-      for (int t = 2; t < std::min(B, 4); ++t)  // the small tokens' rows start at zero: their sums show in hidden
-        std::fill(hidden.begin() + int64_t(t) * D, hidden.begin() + int64_t(t + 1) * D, 0.0f);
-
-      // Each token alone.
-      std::vector<float> want(size_t(B * D));
-      {
-        DeviceBuf<uint8_t> scratch1(moe_decode_scratch_bytes(1, D, E, k, F));
-        const MoeDecodeScratch s1 = moe_decode_scratch_view(scratch1.p, 1, D, E, k, F);
-        DeviceBuf<float> hid1(std::vector<float>(size_t(D), 0.0f));
-        for (int t = 0; t < B; ++t) {
-          TERN_CUDA(cudaMemcpy(s1.ids, ids.data() + t * k, size_t(k) * 4, cudaMemcpyHostToDevice));
-          TERN_CUDA(cudaMemcpy(s1.w, wts.data() + t * k, size_t(k) * 4, cudaMemcpyHostToDevice));
-          TERN_CUDA(cudaMemcpy(s1.shared_gate, sgate.data() + t, 4, cudaMemcpyHostToDevice));
-          TERN_CUDA(cudaMemcpy(s1.h, h.data() + size_t(t) * per_token, per_token * 4, cudaMemcpyHostToDevice));
-          TERN_CUDA(cudaMemcpy(hid1.p, hidden.data() + t * D, size_t(D) * 4, cudaMemcpyHostToDevice));
-          ASSERT_TRUE(moe_down_dp4a(md.w, hid1.p, s1, false, nullptr, 1)) << what;
-          TERN_CUDA(cudaGetLastError());
-          const auto r = to_host(hid1.p, size_t(D));
-          std::copy(r.begin(), r.end(), want.begin() + int64_t(t) * D);
-        }
-      }
-      size_t bad = 0, unchanged = 0;
-      for (size_t i = 0; i < want.size(); ++i) {
-        bad += std::isfinite(want[i]) ? 0 : 1;
-        const bool zero_token = B > 3 && int64_t(i) / D == B - 1;
-        unchanged += !zero_token && std::memcmp(&want[i], &hidden[i], 4) == 0 ? 1 : 0;
-      }
-      ASSERT_EQ(bad, 0u) << what << ": non-finite hidden from the tokens alone";
-      EXPECT_LT(unchanged, want.size() / 100) << what << ": the tokens alone leave hidden unchanged";
-
-      for (int run = 0; run < 3; ++run) {  // MMA with early routing, MMA without, the ring
-        const bool mma = run < 2, early = run == 0;
-        const std::string what_run = what + (run == 0 ? " (MMA, early routing)" : run == 1 ? " (MMA)" : " (ring)");
-        TERN_CUDA(cudaMemset(scratch.p, 0xff, scratch_bytes));
-        TERN_CUDA(cudaMemcpy(s.ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
-        TERN_CUDA(cudaMemcpy(s.w, wts.data(), wts.size() * 4, cudaMemcpyHostToDevice));
-        TERN_CUDA(cudaMemcpy(s.shared_gate, sgate.data(), sgate.size() * 4, cudaMemcpyHostToDevice));
-        TERN_CUDA(cudaMemcpy(s.h, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
-        DeviceBuf<float> dh(hidden);
-        if (mma) {
-          ASSERT_TRUE(moe_down_mma(md.w, dh.p, s, early, nullptr, B)) << what_run;
-        } else {
-          moe_down_mma_set_enabled(false);
-          ASSERT_FALSE(moe_down_mma(md.w, dh.p, s, true, nullptr, B)) << what_run << ": launched while switched off";
-          ASSERT_TRUE(moe_down_dp4a(md.w, dh.p, s, true, nullptr, B)) << what_run;
-          moe_down_mma_set_enabled(true);
-        }
-        TERN_CUDA(cudaGetLastError());
-        const auto got = dh.host();
-        size_t diff = 0, first = 0;
-        for (size_t i = 0; i < got.size(); ++i)
-          if (std::memcmp(&got[i], &want[i], 4) != 0 && diff++ == 0) first = i;
-        EXPECT_EQ(diff, 0u) << what_run << ": hidden differs from the tokens alone in " << diff << " of "
-                            << got.size() << " elements; first at token " << first / size_t(D) << " row "
-                            << first % size_t(D) << ": " << got[first] << " vs " << want[first];
-      }
-      // Through moe_down_dp4a's dispatch (switched on: the MMA kernel), the same values.
-      {
-        TERN_CUDA(cudaMemset(scratch.p, 0xff, scratch_bytes));
-        TERN_CUDA(cudaMemcpy(s.ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
-        TERN_CUDA(cudaMemcpy(s.w, wts.data(), wts.size() * 4, cudaMemcpyHostToDevice));
-        TERN_CUDA(cudaMemcpy(s.shared_gate, sgate.data(), sgate.size() * 4, cudaMemcpyHostToDevice));
-        TERN_CUDA(cudaMemcpy(s.h, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
-        DeviceBuf<float> dh(hidden);
-        ASSERT_TRUE(moe_down_dp4a(md.w, dh.p, s, true, nullptr, B)) << what;
-        EXPECT_EQ(std::memcmp(dh.host().data(), want.data(), want.size() * 4), 0) << what << " (moe_down_dp4a dispatch)";
-      }
-      if (HasFailure()) break;
-    }
-    if (HasFailure()) break;
-  }
-  moe_down_mma_set_enabled(down0);
-}
-
-// The down switch: off (TERN_MOE_MMA_DOWN=0's semantics), nothing applies and nothing is launched; B = 1, B past the
-// scratch's tokens, or a scratch without the tables (sized for one token) never applies.
-TEST(CudaMoeDecode, DownMmaSwitch) {
-  TERN_REQUIRE_GPU();
-  std::mt19937_64 rng(fresh_seed("CudaMoeDecode.DownMmaSwitch"));
-  const int E = 256, k = 8;
-  const int64_t D = 2048, F = 512;
-  auto mh = make_moe(rng, WeightFormat::affine4, WeightFormat::affine8, E, k, D, F);
-  MoeDevice md(*mh);
-  const bool down0 = moe_down_mma_enabled();
-  DeviceBuf<uint8_t> scratch(moe_decode_scratch_bytes(8, D, E, k, F));
-  const MoeDecodeScratch s = moe_decode_scratch_view(scratch.p, 8, D, E, k, F);
-  DeviceBuf<uint8_t> scratch1(moe_decode_scratch_bytes(1, D, E, k, F));
-  const MoeDecodeScratch s1 = moe_decode_scratch_view(scratch1.p, 1, D, E, k, F);
-  DeviceBuf<float> hidden(std::vector<float>(size_t(8 * D), 1.0f));
-  EXPECT_EQ(s1.mma_down, nullptr);
-  EXPECT_NE(s.mma_down, nullptr);
-  EXPECT_EQ(moe_down_mma_scratch_bytes(1, F, k), 0u);
-  EXPECT_EQ(moe_down_mma_scratch_bytes(8, 256, k), 0u);
-  EXPECT_GT(moe_down_mma_scratch_bytes(2, F, k), 0u);
-  moe_down_mma_set_enabled(false);
-  EXPECT_FALSE(moe_down_mma_enabled());
-  EXPECT_FALSE(moe_down_mma_supported(md.w, s, 8));
-  EXPECT_FALSE(moe_down_mma(md.w, hidden.p, s, true, nullptr, 8));
-  moe_down_mma_set_enabled(true);
-  EXPECT_TRUE(moe_down_mma_enabled());
-  EXPECT_TRUE(moe_down_mma_supported(md.w, s, 8));
-  EXPECT_FALSE(moe_down_mma_supported(md.w, s, 1));
-  EXPECT_FALSE(moe_down_mma_supported(md.w, s, 9)) << "a scratch for 8 tokens taken for 9";
-  EXPECT_FALSE(moe_down_mma_supported(md.w, s1, 2));
-  moe_down_mma_set_enabled(down0);
 }
 
 }  // namespace

@@ -12,7 +12,6 @@
 #include "cuda/common/cuda_common.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/kernels/moe/moe_dp4a.cuh"
-#include "cuda/kernels/moe/moe_down_mma.cuh"
 #include "cuda/kernels/moe/moe_gate_up_mma.cuh"
 #include "cuda/kernels/moe/moe_router_cluster.cuh"
 #include "cuda/kernels/moe/moe_router_gate_up.cuh"
@@ -601,8 +600,7 @@ void launch_router(const RouterParams& p, int smem, cudaStream_t stream) {
 size_t moe_decode_scratch_bytes(int T, int64_t D, int E, int k, int64_t F) {
   const int64_t b = align_up(T * D * 4) + align_up(int64_t(T) * E * 4) + align_up(T * 4) + align_up(int64_t(T) * k * 4) +
                     align_up(int64_t(T) * k * 4) + align_up(T * 4) + align_up(T * (k + 1) * F * 4) + align_up(2 * 4) +
-                    align_up(int64_t(moe_gate_up_mma_scratch_bytes(T, D, E, k))) +
-                    align_up(int64_t(moe_down_mma_scratch_bytes(T, F, k)));
+                    align_up(int64_t(moe_gate_up_mma_scratch_bytes(T, D, E, k)));
   return size_t(b);
 }
 
@@ -626,8 +624,6 @@ MoeDecodeScratch moe_decode_scratch_view(void* base, int T, int64_t D, int E, in
   s.epoch = s.ticket + 1;
   s.mma_bytes = moe_gate_up_mma_scratch_bytes(T, D, E, k);
   s.mma = s.mma_bytes ? take(int64_t(s.mma_bytes)) : nullptr;
-  s.mma_down_bytes = moe_down_mma_scratch_bytes(T, F, k);
-  s.mma_down = s.mma_down_bytes ? take(int64_t(s.mma_down_bytes)) : nullptr;
   return s;
 }
 

@@ -13,8 +13,7 @@
 // One token of each of B sequences (the batched decode step): moe_decode_batched runs the T = 1 path's kernels (the
 // cluster router, the integer gate_up and down) once each with a token index, every token bit for bit as alone; at
 // D = 2048 its gate_up runs on the integer tensor cores grouped by expert (moe_gate_up_mma.cuh, the same bits;
-// TERN_MOE_MMA=0 keeps the per-token ring kernel), and its down on the integer tensor cores per token
-// (moe_down_mma.cuh, the same bits; TERN_MOE_MMA_DOWN=0 keeps the ring kernel).
+// TERN_MOE_MMA=0 keeps the per-token ring kernel).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -58,10 +57,6 @@ struct MoeDecodeScratch {
   // min(T, kBatchMaxTokens) tokens; null (0 bytes) where it does not apply (T < 2, D != 2048).
   void* mma = nullptr;
   size_t mma_bytes = 0;
-  // The batched MMA down's tables (moe_down_mma.cuh: each token's h quantised once) for min(T, kBatchMaxTokens)
-  // tokens; null (0 bytes) where it does not apply (T < 2, F != 512, k != 8).
-  void* mma_down = nullptr;
-  size_t mma_down_bytes = 0;
 };
 size_t moe_decode_scratch_bytes(int T, int64_t D, int E, int k, int64_t F);
 MoeDecodeScratch moe_decode_scratch_view(void* base, int T, int64_t D, int E, int k, int64_t F);

@@ -1,6 +1,5 @@
 // One-token MoE expert kernels on integer dot products: see moe_dp4a.cuh and dp4a_tile.cuh. B >= 2 tokens take the
-// ring forms of moe_dp4a_ring.cu where they apply (the same arithmetic, the weights streamed through shared memory);
-// down first tries its tensor-core form (moe_down_mma.cuh, the same bits).
+// ring forms of moe_dp4a_ring.cu where they apply (the same arithmetic, the weights streamed through shared memory).
 #include "cuda/kernels/moe/moe_dp4a.cuh"
 
 #include <algorithm>
@@ -11,7 +10,6 @@
 #include "cuda/common/l2_prefetch.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/warp_reduce.cuh"
-#include "cuda/kernels/moe/moe_down_mma.cuh"
 #include "cuda/kernels/qmv/dp4a_tile.cuh"
 #include "cuda/kernels/qmv/qmv_tile.cuh"
 #include "cuda/kernels/moe/moe_dp4a_parts.cuh"
@@ -190,9 +188,6 @@ bool moe_down_dp4a(const MoeDecodeWeights& w, float* hidden, const MoeDecodeScra
   p.h = s.h;
   p.hidden = hidden;
   p.early_routing = early_routing;
-  // B >= 2: on the integer tensor cores (moe_down_mma.cuh, the same bits) where it applies and TERN_MOE_MMA_DOWN is
-  // not 0, else the ring kernel.
-  if (B >= 2 && moe_down_mma(w, hidden, s, early_routing, stream, B)) return true;
   if (B >= 2 && prefetch_aligned(d) && prefetch_aligned(w.shared_down) && down_ring(p, B, stream)) return true;
   const int blocks = qtile::balanced_grid(reinterpret_cast<const void*>(moe_down_dp4a_kernel), p.D, B);
   launch_pdl("moe_down_dp4a", moe_down_dp4a_kernel, dim3(unsigned(blocks), unsigned(B)), dim3(kThreads), 0, stream,
