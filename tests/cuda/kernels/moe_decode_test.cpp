@@ -17,8 +17,6 @@
 #include "cpu/ops_moe.h"
 #include "cpu/ops_norm.h"
 #include "cuda/kernels/moe/moe_decode.cuh"
-#include "cuda/kernels/moe/moe_dp4a.cuh"
-#include "cuda/kernels/moe/moe_gate_up_mma.cuh"
 #include "cuda/kernels/qmv/qmv.cuh"
 #include "moe_decode_test_util.h"
 
@@ -236,8 +234,7 @@ TEST(CudaMoeDecode, GenericFormatsMatchCpu) {
 
 // moe_decode_batched (one token of each of B sequences) against moe_decode per token (T = 1, its own scratch): the
 // hidden rows bit for bit, and every row of the scratch the same (x̂, router logits, shared logit and gate, ids,
-// routing weights, h), at the model's shapes, B in {1, 2, 3, 8, 9, 16, 32}, the batch's gate_up on the integer tensor
-// cores (moe_gate_up_mma.cuh; runs 0 and 1) and on the ring kernel (TERN_MOE_MMA=0's path; run 2); tokens of different magnitudes (×100, ×1e-2) and an
+// routing weights, h), at the model's shapes, B in {1, 3, 16, 32}; tokens of different magnitudes (×100, ×1e-2) and an
 // all-zero one (x̂ = 0: every logit ties, the lowest k experts win). Run with random router rows and with repeated
 // ones (exact ties among 16 copies of each row); the batched step again with the down matrices' L2 prefetch, which
 // must change nothing. Skipped where the batched step does not apply (not an sm_90 binary).
@@ -256,7 +253,7 @@ TEST(CudaMoeDecode, BatchedMatchesOneTokenBitwise) {
       qmv_set_variant(v0);
       GTEST_SKIP() << "moe_decode_batched does not apply here (needs the sm_90 cluster router)";
     }
-    for (int B : {1, 2, 3, 8, 9, 16, 32}) {
+    for (int B : {1, 3, 16, 32}) {
       auto hidden = random_floats(rng, size_t(B * D), -4.0f, 4.0f);
       for (int t = 0; t < B; ++t) {
         const float f = (B > 3 && t == B - 1) ? 0.0f : t == 1 ? 100.0f : t == 2 ? 1e-2f : 1.0f;
@@ -305,22 +302,14 @@ TEST(CudaMoeDecode, BatchedMatchesOneTokenBitwise) {
       const size_t scratch_bytes = moe_decode_scratch_bytes(B, D, E, k, F);
       DeviceBuf<uint8_t> scratch(scratch_bytes);
       const MoeDecodeScratch s = moe_decode_scratch_view(scratch.p, B, D, E, k, F);
-      const bool mma0 = moe_mma_enabled();
-      for (int run = 0; run < 3; ++run) {
-        const std::string what_run = what + (run == 1   ? " (L2 prefetch of the down matrices)"
-                                              : run == 2 ? " (gate_up on the ring kernel)"
-                                                         : "");
+      for (int run = 0; run < 2; ++run) {
+        const std::string what_run = what + (run ? " (L2 prefetch of the down matrices)" : "");
         TERN_CUDA(cudaMemset(scratch.p, 0xff, scratch_bytes));
         moe_decode_scratch_init(s, nullptr);
         DeviceBuf<float> dh(hidden);
         MoeDecodeWeights w = md.w;
         w.prefetch_down = run == 1;
-        moe_mma_set_enabled(run < 2);
-        if (run == 0 && B >= 2) {
-          EXPECT_TRUE(moe_gate_up_mma_supported(w, s, B)) << what_run << ": the MMA gate_up does not apply";
-        }
         moe_decode_batched(w, dh.p, B, s, nullptr);
-        moe_mma_set_enabled(mma0);
         TERN_CUDA(cudaGetLastError());
         const auto got = dh.host();
         const auto same = [&](const auto& a, const auto& b, const char* name) {
@@ -346,139 +335,6 @@ TEST(CudaMoeDecode, BatchedMatchesOneTokenBitwise) {
     if (HasFailure()) break;
   }
   qmv_set_variant(v0);
-}
-
-// The batched gate_up on the integer tensor cores (moe_gate_up_mma) against the one-token integer gate_up
-// (moe_gate_up_dp4a at B = 1, each token with its own scratch), h [B][k + 1][F] bit for bit, with the routing set by
-// hand: every token the same experts (full tiles of 8 and a remainder), no two tokens sharing one, random, drawn
-// from a pool of 12 experts (heavy overlap, several tiles an expert), and random with a token listing an expert twice
-// (the router never does; both slots must hold the one-token values), B in {2, 3, 8, 9, 16, 32}; x̂ with tokens of
-// different magnitudes, a zero token and a zero group. h poisoned (NaN) before each run: a row left unwritten fails.
-// The ring kernel (TERN_MOE_MMA=0's path) is held to the same values.
-TEST(CudaMoeDecode, GateUpMmaMatchesOneTokenBitwise) {
-  TERN_REQUIRE_GPU();
-  std::mt19937_64 rng(fresh_seed("CudaMoeDecode.GateUpMma"));
-  const int E = 256, k = 8;
-  const int64_t D = 2048, F = 512;
-  auto mh = make_moe(rng, WeightFormat::affine4, WeightFormat::affine8, E, k, D, F);
-  MoeDevice md(*mh);
-  const bool mma0 = moe_mma_enabled();
-  moe_mma_set_enabled(true);
-  const char* const kRoutings[] = {"same experts", "disjoint experts", "random", "pool of 12", "a repeated expert"};
-  for (int B : {2, 3, 8, 9, 16, 32}) {
-    const size_t scratch_bytes = moe_decode_scratch_bytes(B, D, E, k, F);
-    DeviceBuf<uint8_t> scratch(scratch_bytes);
-    const MoeDecodeScratch s = moe_decode_scratch_view(scratch.p, B, D, E, k, F);
-    if (!moe_gate_up_mma_supported(md.w, s, B)) {
-      moe_mma_set_enabled(mma0);
-      GTEST_SKIP() << "moe_gate_up_mma does not apply here (B = " << B << ")";
-    }
-    for (int routing = 0; routing < 5; ++routing) {
-      const std::string what = std::string(kRoutings[routing]) + " B=" + std::to_string(B);
-      std::vector<int> ids(size_t(B * k));
-      std::vector<int> all(static_cast<size_t>(E));
-      for (int e = 0; e < E; ++e) all[size_t(e)] = e;
-      std::shuffle(all.begin(), all.end(), rng);
-      for (int t = 0; t < B; ++t) {
-        std::vector<int> pick(all.begin(), all.begin() + k);  // routing 0: the same 8 for every token
-        if (routing == 1) {
-          for (int j = 0; j < k; ++j) pick[size_t(j)] = all[size_t(t * k + k - 1 - j)];  // B·k <= E: no overlap
-        } else if (routing == 2 || routing == 4) {
-          std::vector<int> v(all);
-          std::shuffle(v.begin(), v.end(), rng);
-          pick.assign(v.begin(), v.begin() + k);
-          if (routing == 4 && t % 2 == 0) pick[size_t(k - 1)] = pick[0];
-        } else if (routing == 3) {
-          std::vector<int> v(all.begin(), all.begin() + 12);
-          std::shuffle(v.begin(), v.end(), rng);
-          pick.assign(v.begin(), v.begin() + k);
-        }
-        std::copy(pick.begin(), pick.end(), ids.begin() + int64_t(t) * k);
-      }
-      auto xhat = random_floats(rng, size_t(B * D), -4.0f, 4.0f);
-      for (int t = 0; t < B; ++t) {
-        const float f = (B > 3 && t == B - 1) ? 0.0f : t == 1 ? 100.0f : t == 2 ? 1e-2f : 1.0f;
-        for (int64_t d = 0; d < D; ++d) xhat[size_t(t * D + d)] *= f;
-      }
-      std::fill(xhat.begin() + 64, xhat.begin() + 128, 0.0f);  // a zero group of token 0
-
-      // Each token alone.
-      std::vector<float> want(size_t(B * (k + 1) * F));
-      {
-        DeviceBuf<uint8_t> scratch1(moe_decode_scratch_bytes(1, D, E, k, F));
-        const MoeDecodeScratch s1 = moe_decode_scratch_view(scratch1.p, 1, D, E, k, F);
-        for (int t = 0; t < B; ++t) {
-          TERN_CUDA(cudaMemcpy(s1.ids, ids.data() + t * k, size_t(k) * 4, cudaMemcpyHostToDevice));
-          TERN_CUDA(cudaMemcpy(s1.xhat, xhat.data() + t * D, size_t(D) * 4, cudaMemcpyHostToDevice));
-          TERN_CUDA(cudaMemset(s1.h, 0xff, size_t((k + 1) * F) * 4));
-          ASSERT_TRUE(moe_gate_up_dp4a(md.w, s1, nullptr, 1)) << what;
-          TERN_CUDA(cudaGetLastError());
-          const auto h1 = to_host(s1.h, size_t((k + 1) * F));
-          std::copy(h1.begin(), h1.end(), want.begin() + int64_t(t) * (k + 1) * F);
-        }
-      }
-      size_t bad = 0;
-      for (float v : want) bad += std::isfinite(v) ? 0 : 1;
-      ASSERT_EQ(bad, 0u) << what << ": non-finite h from the tokens alone";
-
-      for (const bool mma : {true, false}) {
-        const std::string what_run = what + (mma ? " (MMA)" : " (ring)");
-        TERN_CUDA(cudaMemset(scratch.p, 0xff, scratch_bytes));
-        TERN_CUDA(cudaMemcpy(s.ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
-        TERN_CUDA(cudaMemcpy(s.xhat, xhat.data(), xhat.size() * 4, cudaMemcpyHostToDevice));
-        if (mma) {
-          ASSERT_TRUE(moe_gate_up_mma(md.w, s, nullptr, B)) << what_run;
-        } else {
-          moe_mma_set_enabled(false);
-          ASSERT_FALSE(moe_gate_up_mma(md.w, s, nullptr, B)) << what_run << ": launched while switched off";
-          ASSERT_TRUE(moe_gate_up_dp4a(md.w, s, nullptr, B)) << what_run;
-          moe_mma_set_enabled(true);
-        }
-        TERN_CUDA(cudaGetLastError());
-        const auto got = to_host(s.h, want.size());
-        size_t diff = 0, first = 0;
-        for (size_t i = 0; i < got.size(); ++i)
-          if (std::memcmp(&got[i], &want[i], 4) != 0 && diff++ == 0) first = i;
-        EXPECT_EQ(diff, 0u) << what_run << ": h differs from the tokens alone in " << diff << " of " << got.size()
-                            << " elements; first at token " << first / size_t((k + 1) * F) << " slot "
-                            << (first / size_t(F)) % size_t(k + 1) << " row " << first % size_t(F) << ": "
-                            << got[first] << " vs " << want[first];
-      }
-      if (HasFailure()) break;
-    }
-    if (HasFailure()) break;
-  }
-  moe_mma_set_enabled(mma0);
-}
-
-// The switch: off (TERN_MOE_MMA=0's semantics), nothing applies and nothing is launched; B = 1 or a scratch without
-// the tables (sized for one token) never applies.
-TEST(CudaMoeDecode, GateUpMmaSwitch) {
-  TERN_REQUIRE_GPU();
-  std::mt19937_64 rng(fresh_seed("CudaMoeDecode.GateUpMmaSwitch"));
-  const int E = 256, k = 8;
-  const int64_t D = 2048, F = 512;
-  auto mh = make_moe(rng, WeightFormat::affine4, WeightFormat::affine8, E, k, D, F);
-  MoeDevice md(*mh);
-  const bool mma0 = moe_mma_enabled();
-  DeviceBuf<uint8_t> scratch(moe_decode_scratch_bytes(8, D, E, k, F));
-  const MoeDecodeScratch s = moe_decode_scratch_view(scratch.p, 8, D, E, k, F);
-  DeviceBuf<uint8_t> scratch1(moe_decode_scratch_bytes(1, D, E, k, F));
-  const MoeDecodeScratch s1 = moe_decode_scratch_view(scratch1.p, 1, D, E, k, F);
-  EXPECT_EQ(s1.mma, nullptr);
-  EXPECT_EQ(moe_gate_up_mma_scratch_bytes(1, D, E, k), 0u);
-  EXPECT_GT(moe_gate_up_mma_scratch_bytes(2, D, E, k), 0u);
-  moe_mma_set_enabled(false);
-  EXPECT_FALSE(moe_mma_enabled());
-  EXPECT_FALSE(moe_gate_up_mma_supported(md.w, s, 8));
-  EXPECT_FALSE(moe_gate_up_mma(md.w, s, nullptr, 8));
-  moe_mma_set_enabled(true);
-  EXPECT_TRUE(moe_mma_enabled());
-  EXPECT_TRUE(moe_gate_up_mma_supported(md.w, s, 8));
-  EXPECT_FALSE(moe_gate_up_mma_supported(md.w, s, 1));
-  EXPECT_FALSE(moe_gate_up_mma_supported(md.w, s, 9)) << "a scratch for 8 tokens taken for 9";
-  EXPECT_FALSE(moe_gate_up_mma_supported(md.w, s1, 2));
-  moe_mma_set_enabled(mma0);
 }
 
 }  // namespace

@@ -12,7 +12,6 @@
 #include "cuda/common/cuda_common.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/kernels/moe/moe_dp4a.cuh"
-#include "cuda/kernels/moe/moe_gate_up_mma.cuh"
 #include "cuda/kernels/moe/moe_router_cluster.cuh"
 #include "cuda/kernels/moe/moe_router_gate_up.cuh"
 #include "cuda/kernels/moe/moe_router_parts.cuh"
@@ -599,8 +598,7 @@ void launch_router(const RouterParams& p, int smem, cudaStream_t stream) {
 
 size_t moe_decode_scratch_bytes(int T, int64_t D, int E, int k, int64_t F) {
   const int64_t b = align_up(T * D * 4) + align_up(int64_t(T) * E * 4) + align_up(T * 4) + align_up(int64_t(T) * k * 4) +
-                    align_up(int64_t(T) * k * 4) + align_up(T * 4) + align_up(T * (k + 1) * F * 4) + align_up(2 * 4) +
-                    align_up(int64_t(moe_gate_up_mma_scratch_bytes(T, D, E, k)));
+                    align_up(int64_t(T) * k * 4) + align_up(T * 4) + align_up(T * (k + 1) * F * 4) + align_up(2 * 4);
   return size_t(b);
 }
 
@@ -622,8 +620,6 @@ MoeDecodeScratch moe_decode_scratch_view(void* base, int T, int64_t D, int E, in
   s.h = static_cast<float*>(take(T * (k + 1) * F * 4));
   s.ticket = static_cast<unsigned*>(take(2 * 4));
   s.epoch = s.ticket + 1;
-  s.mma_bytes = moe_gate_up_mma_scratch_bytes(T, D, E, k);
-  s.mma = s.mma_bytes ? take(int64_t(s.mma_bytes)) : nullptr;
   return s;
 }
 
@@ -857,10 +853,7 @@ void moe_decode_batched(const MoeDecodeWeights& w, float* hidden, int B, const M
   const auto aligned = [](const void* p) { return p && (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
   TERN_CHECK(aligned(hidden) && aligned(s.xhat) && aligned(s.h),
              "moe_decode_batched: hidden and the scratch's x̂ and h must be 16-byte aligned");
-  // gate_up: on the integer tensor cores grouped by expert (moe_gate_up_mma.cuh) where it applies, else the ring /
-  // one-token integer kernel; both trigger only after their pdl_wait, so down's early routing read holds either way.
-  const bool launched = route_batch(w, hidden, B, s, stream) &&
-                        (moe_gate_up_mma(w, s, stream, B) || moe_gate_up_dp4a(w, s, stream, B)) &&
+  const bool launched = route_batch(w, hidden, B, s, stream) && moe_gate_up_dp4a(w, s, stream, B) &&
                         moe_down_dp4a(w, hidden, s, early_routing_enabled(), stream, B);
   TERN_INTERNAL_CHECK(launched, "moe_decode_batched: a kernel refused after the checks");
 }

@@ -11,9 +11,7 @@
 // One token without Hopper's features (the portable path, GPUs before sm_90): 1 and 2 as one kernel
 // (moe_router_gate_up.cuh), the same bits, so that the routing overlaps the shared expert's rows and a launch is saved.
 // One token of each of B sequences (the batched decode step): moe_decode_batched runs the T = 1 path's kernels (the
-// cluster router, the integer gate_up and down) once each with a token index, every token bit for bit as alone; at
-// D = 2048 its gate_up runs on the integer tensor cores grouped by expert (moe_gate_up_mma.cuh, the same bits;
-// TERN_MOE_MMA=0 keeps the per-token ring kernel).
+// cluster router, the integer gate_up and down) once each with a token index, every token bit for bit as alone.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -53,10 +51,6 @@ struct MoeDecodeScratch {
   float* h = nullptr;            // [T, k+1, F]
   unsigned* ticket = nullptr;    // [1] arrivals of a router launch's blocks (the ticket or the fused kernel)
   unsigned* epoch = nullptr;     // [1] routings published by the fused router + gate_up kernel (ticket + 1)
-  // The batched MMA gate_up's tables (moe_gate_up_mma.cuh: activations quantised once per token, the work table) for
-  // min(T, kBatchMaxTokens) tokens; null (0 bytes) where it does not apply (T < 2, D != 2048).
-  void* mma = nullptr;
-  size_t mma_bytes = 0;
 };
 size_t moe_decode_scratch_bytes(int T, int64_t D, int E, int k, int64_t F);
 MoeDecodeScratch moe_decode_scratch_view(void* base, int T, int64_t D, int E, int k, int64_t F);
