@@ -137,9 +137,10 @@ __global__ void __launch_bounds__(NW * 32) gdn_decode_kernel(GdnDecodeArgs a, St
     const float* const cproj = proj + int64_t(c0) * ld;  // the chunk's rows
     float* const cout = out + int64_t(c0) * Hv * kDecodeDv;
     // Every global input of the chunk is requested up front: (with chunks) the conv weights, the window and inputs
-    // of the thread's channels, the gates and the z of the outputs. The window: the first chunk's from the conv state (the only reads of the global
-    // conv state: the q/k ticket and the cluster barrier below order them before the one write after the last chunk),
-    // a later chunk's from s_conv_new, where the same thread left it after the chunk before.
+    // of the thread's channels, the gates and the z of the outputs. The window: the first chunk's from the conv
+    // state (the only reads of the global conv state: the q/k ticket and the cluster barrier below order them before
+    // the one write after the last chunk), a later chunk's from s_conv_new, where the same thread left it after the
+    // chunk before.
     if constexpr (kChunked) load_weights();
     float win[kChPerThread][kTaps], xin[kChPerThread][kDecodeChunk];
 #pragma unroll
