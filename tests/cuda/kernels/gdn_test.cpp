@@ -43,6 +43,47 @@ struct GdnLayer {
   }
 };
 
+// Rows of the fused in_proj's output [rows, ld] at realistic magnitudes: qkv_raw and z ~ U(-2, 2), the gates b, a ~
+// U(-3, 3); the padding columns past them NaN.
+std::vector<float> random_proj(std::mt19937_64& rng, const GdnDims& d, int64_t rows, int64_t ld) {
+  const int64_t C = d.C(), Z = int64_t(d.Hv) * d.dv;
+  std::vector<float> proj(size_t(rows * ld), std::nanf(""));
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto row = random_floats(rng, size_t(C + Z), -2.0f, 2.0f);
+    const auto gates = random_floats(rng, size_t(2 * d.Hv), -3.0f, 3.0f);
+    std::copy(row.begin(), row.end(), proj.begin() + r * ld);
+    std::copy(gates.begin(), gates.end(), proj.begin() + r * ld + C + Z);
+  }
+  return proj;
+}
+
+// gdn_decode's arguments for T rows of proj [T, ld] over the layer's weights on the device (dw, dA, ddt, dnw: its
+// conv_w, A_log, dt_bias, norm_w); the states, outputs, launch shape and tickets are the caller's.
+GdnDecodeArgs decode_args(const GdnLayer& L, const DeviceBuf<float>& dw, const DeviceBuf<float>& dA,
+                          const DeviceBuf<float>& ddt, const DeviceBuf<float>& dnw, const float* proj, int64_t ld,
+                          int64_t T) {
+  GdnDecodeArgs a;
+  a.proj = proj;
+  a.ld_proj = ld;
+  a.conv_w = dw.p;
+  a.Ck = L.Ck;
+  a.A_log = dA.p;
+  a.dt_bias = ddt.p;
+  a.norm_w = dnw.p;
+  a.eps = 1e-6f;
+  a.d = L.d;
+  a.d.T = T;
+  return a;
+}
+
+bool same_bits(const std::vector<float>& x, const std::vector<float>& y) {
+  return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+}
+
+bool all_finite(const std::vector<float>& v) {
+  return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+}
+
 // The CPU twin of gdn_decode: conv1d_causal_silu → gdn_qk_norm, gdn_gates → gdn_recurrent → gated_rms_norm, as
 // src/cpu/cpu_runner.cpp composes the mixer. proj [T, ld] rows = [qkv_raw (C) | z (Hv·dv) | b (Hv) | a (Hv)].
 std::vector<float> cpu_decode_twin(GdnLayer& L, const std::vector<float>& proj, int64_t ld, int64_t T) {
@@ -103,31 +144,15 @@ TEST(CudaGdnDecode, MatchesCpuTwinAcrossCallsWithStateCarried) {
   }
   for (int64_t T : {1, 1, 1, 1, 1, 3, 8, 2}) {
     // Realistic magnitudes: qkv_raw and z ~ U(-2, 2), gates b, a ~ U(-3, 3); the padding columns are NaN.
-    std::vector<float> proj(size_t(T * ld), std::nanf(""));
-    for (int64_t t = 0; t < T; ++t) {
-      auto row = random_floats(rng, size_t(C + Z), -2.0f, 2.0f);
-      auto gates = random_floats(rng, size_t(2 * d.Hv), -3.0f, 3.0f);
-      std::copy(row.begin(), row.end(), proj.begin() + t * ld);
-      std::copy(gates.begin(), gates.end(), proj.begin() + t * ld + C + Z);
-    }
+    const std::vector<float> proj = random_proj(rng, d, T, ld);
     const auto ref = cpu_decode_twin(L, proj, ld, T);
     DeviceBuf<float> dproj(proj);
     for (int v = 0; v < kDecodeVariants; ++v) {
       const bool portable = kDecodeKernels[v] == GdnDecodeArgs::Kernel::portable;
       DeviceBuf<float> out(size_t(T * Z));  // poisoned
-      GdnDecodeArgs a;
-      a.proj = dproj.p;
-      a.ld_proj = ld;
-      a.conv_w = dw.p;
-      a.Ck = L.Ck;
+      GdnDecodeArgs a = decode_args(L, dw, dA, ddt, dnw, dproj.p, ld, T);
       a.conv_state = conv[size_t(v)]->p;
       a.rec_state = rec[size_t(v)]->p;
-      a.A_log = dA.p;
-      a.dt_bias = ddt.p;
-      a.norm_w = dnw.p;
-      a.eps = 1e-6f;
-      a.d = d;
-      a.d.T = T;
       a.out = out.p;
       a.force_portable = portable;
       a.kernel = kDecodeKernels[v];
@@ -188,25 +213,9 @@ TEST(CudaGdnDecode, BatchedIsBitIdenticalToEachSequenceAlone) {
       const std::vector<float> rec0 = rec_b[0]->host();
       DeviceBuf<float*> conv_table(conv_ptrs), rec_table(rec_ptrs);
       for (int step = 0; step < 2; ++step) {
-        std::vector<float> proj(size_t(B * ld), std::nanf(""));  // the padding columns are NaN
-        for (int b = 0; b < B; ++b) {
-          const auto row = random_floats(rng, size_t(C + Z), -2.0f, 2.0f);
-          const auto gates = random_floats(rng, size_t(2 * d.Hv), -3.0f, 3.0f);
-          std::copy(row.begin(), row.end(), proj.begin() + b * ld);
-          std::copy(gates.begin(), gates.end(), proj.begin() + b * ld + C + Z);
-        }
+        const std::vector<float> proj = random_proj(rng, d, B, ld);  // the padding columns are NaN
         DeviceBuf<float> dproj(proj), out_b(size_t(B * Z)), out_1(size_t(B * Z));  // outputs poisoned
-        GdnDecodeArgs a;
-        a.proj = dproj.p;
-        a.ld_proj = ld;
-        a.conv_w = dw.p;
-        a.Ck = L.Ck;
-        a.A_log = dA.p;
-        a.dt_bias = ddt.p;
-        a.norm_w = dnw.p;
-        a.eps = 1e-6f;
-        a.d = d;
-        a.d.T = 1;
+        GdnDecodeArgs a = decode_args(L, dw, dA, ddt, dnw, dproj.p, ld, 1);
         a.kernel = kernel;
         a.force_portable = kernel == K::portable;
         a.tickets = with_tickets ? tickets.p : nullptr;
@@ -282,40 +291,18 @@ TEST(CudaGdnDecode, PortableSplitIsBitIdenticalToCluster4) {
     st.rec_table = std::make_unique<DeviceBuf<float*>>(st.rec_ptrs);
   }
   const std::vector<float> rec0 = states[1].rec[0]->host();
-  auto all_finite = [](const std::vector<float>& v) {
-    return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
-  };
-  auto same = [](const std::vector<float>& x, const std::vector<float>& y) {
-    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
-  };
   int call = 0;
   for (int64_t T : {1, 3, 1, 1, 3, 1}) {
     const std::string at = "call " + std::to_string(call++) + " T=" + std::to_string(T);
     SCOPED_TRACE(at);
     // Sequence b's T rows at row b·T; the padding columns are NaN.
-    std::vector<float> proj(size_t(B * T * ld), std::nanf(""));
-    for (int64_t r = 0; r < B * T; ++r) {
-      const auto row = random_floats(rng, size_t(C + Z), -2.0f, 2.0f);
-      const auto gates = random_floats(rng, size_t(2 * d.Hv), -3.0f, 3.0f);
-      std::copy(row.begin(), row.end(), proj.begin() + r * ld);
-      std::copy(gates.begin(), gates.end(), proj.begin() + r * ld + C + Z);
-    }
+    const std::vector<float> proj = random_proj(rng, d, B * T, ld);
     DeviceBuf<float> dproj(proj);
     std::vector<float> out[2], conv_keep[2], rec_keep[2];
     for (int s = 0; s < 2; ++s) {
       States& st = states[s];
       DeviceBuf<float> dout(size_t(B * T * Z));  // poisoned
-      GdnDecodeArgs a;
-      a.proj = dproj.p;
-      a.ld_proj = ld;
-      a.conv_w = dw.p;
-      a.Ck = L.Ck;
-      a.A_log = dA.p;
-      a.dt_bias = ddt.p;
-      a.norm_w = dnw.p;
-      a.eps = 1e-6f;
-      a.d = d;
-      a.d.T = T;
+      GdnDecodeArgs a = decode_args(L, dw, dA, ddt, dnw, dproj.p, ld, T);
       a.out = dout.p;
       a.kernel = shapes[s];
       a.tickets = tickets.p;
@@ -343,20 +330,20 @@ TEST(CudaGdnDecode, PortableSplitIsBitIdenticalToCluster4) {
       expect_tickets_zero(tickets, std::string(s ? "portable_split " : "cluster4_w16 ") + at);
     }
     EXPECT_TRUE(all_finite(out[0])) << "cluster4_w16 outputs";
-    EXPECT_TRUE(same(out[0], out[1])) << "outputs";
+    EXPECT_TRUE(same_bits(out[0], out[1])) << "outputs";
     if (T > 1) {
       EXPECT_TRUE(all_finite(conv_keep[0]) && all_finite(rec_keep[0])) << "cluster4_w16 kept states";
-      EXPECT_TRUE(same(conv_keep[0], conv_keep[1])) << "kept conv states";
-      EXPECT_TRUE(same(rec_keep[0], rec_keep[1])) << "kept recurrent states";
+      EXPECT_TRUE(same_bits(conv_keep[0], conv_keep[1])) << "kept conv states";
+      EXPECT_TRUE(same_bits(rec_keep[0], rec_keep[1])) << "kept recurrent states";
     }
     for (int b = 0; b < B; ++b) {
-      EXPECT_TRUE(same(states[0].conv[size_t(b)]->host(), states[1].conv[size_t(b)]->host()))
+      EXPECT_TRUE(same_bits(states[0].conv[size_t(b)]->host(), states[1].conv[size_t(b)]->host()))
           << "conv state of sequence " << b;
-      EXPECT_TRUE(same(states[0].rec[size_t(b)]->host(), states[1].rec[size_t(b)]->host()))
+      EXPECT_TRUE(same_bits(states[0].rec[size_t(b)]->host(), states[1].rec[size_t(b)]->host()))
           << "recurrent state of sequence " << b;
     }
   }
-  EXPECT_FALSE(same(states[1].rec[0]->host(), rec0)) << "portable_split left sequence 0's recurrent state as it was";
+  EXPECT_FALSE(same_bits(states[1].rec[0]->host(), rec0)) << "portable_split left sequence 0's recurrent state as it was";
 }
 
 // Steps of more than one chunk (gdn_decode walks T = 1..kGdnDecodeMaxTokens tokens in chunks of 8): T = 9, 16, 17,
@@ -379,12 +366,6 @@ TEST(CudaGdnDecode, LongStepsMatchOneTokenCallsAndCpuTwin) {
   const char* const kNames[] = {"cluster8_w8", "cluster8_w16", "cluster16_w8", "cluster4_w16", "portable",
                                 "portable_split"};
   constexpr int kShapeCount = sizeof(kShapes) / sizeof(kShapes[0]);
-  auto same = [](const std::vector<float>& x, const std::vector<float>& y) {
-    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
-  };
-  auto all_finite = [](const std::vector<float>& v) {
-    return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
-  };
   for (int Ck : {4, 6}) {
     GdnLayer L(rng, Ck);
     const GdnDims& d = L.d;
@@ -403,29 +384,13 @@ TEST(CudaGdnDecode, LongStepsMatchOneTokenCallsAndCpuTwin) {
     for (int64_t T : {9, 16, 17, 32, 8}) {
       const std::string step = "Ck=" + std::to_string(Ck) + " T=" + std::to_string(T);
       // qkv_raw and z ~ U(-2, 2), gates b, a ~ U(-3, 3); the padding columns are NaN.
-      std::vector<float> proj(size_t(T * ld), std::nanf(""));
-      for (int64_t t = 0; t < T; ++t) {
-        const auto row = random_floats(rng, size_t(C + Z), -2.0f, 2.0f);
-        const auto gates = random_floats(rng, size_t(2 * d.Hv), -3.0f, 3.0f);
-        std::copy(row.begin(), row.end(), proj.begin() + t * ld);
-        std::copy(gates.begin(), gates.end(), proj.begin() + t * ld + C + Z);
-      }
+      const std::vector<float> proj = random_proj(rng, d, T, ld);
       const auto ref = cpu_decode_twin(L, proj, ld, T);
       DeviceBuf<float> dproj(proj);
       for (int v = 0; v < kShapeCount; ++v) {
         const std::string tag = std::string(kNames[v]) + " " + step;
         SCOPED_TRACE(tag);
-        GdnDecodeArgs a;
-        a.proj = dproj.p;
-        a.ld_proj = ld;
-        a.conv_w = dw.p;
-        a.Ck = Ck;
-        a.A_log = dA.p;
-        a.dt_bias = ddt.p;
-        a.norm_w = dnw.p;
-        a.eps = 1e-6f;
-        a.d = d;
-        a.d.T = T;
+        GdnDecodeArgs a = decode_args(L, dw, dA, ddt, dnw, dproj.p, ld, T);
         a.kernel = kShapes[v];
         a.force_portable = kShapes[v] == K::portable;
         a.tickets = kShapes[v] == K::portable_split ? tickets.p : nullptr;
@@ -474,20 +439,20 @@ TEST(CudaGdnDecode, LongStepsMatchOneTokenCallsAndCpuTwin) {
         // (b) bit for bit: long, plain and one token at a time
         const auto one = out_one.host();
         EXPECT_TRUE(all_finite(got) && all_finite(one)) << "outputs";
-        EXPECT_TRUE(same(got, one)) << "outputs: T tokens in one call vs one token per call";
-        EXPECT_TRUE(same(got, out_plain.host())) << "outputs: with vs without kept states";
-        EXPECT_TRUE(same(conv_got, conv[v][2]->host())) << "conv state: one call vs one token per call";
-        EXPECT_TRUE(same(rec_got, rec[v][2]->host())) << "recurrent state: one call vs one token per call";
-        EXPECT_TRUE(same(conv_got, conv[v][1]->host())) << "conv state: with vs without kept states";
-        EXPECT_TRUE(same(rec_got, rec[v][1]->host())) << "recurrent state: with vs without kept states";
-        EXPECT_FALSE(same(rec_got, rec_before[0])) << "the call left the recurrent state as it was";
+        EXPECT_TRUE(same_bits(got, one)) << "outputs: T tokens in one call vs one token per call";
+        EXPECT_TRUE(same_bits(got, out_plain.host())) << "outputs: with vs without kept states";
+        EXPECT_TRUE(same_bits(conv_got, conv[v][2]->host())) << "conv state: one call vs one token per call";
+        EXPECT_TRUE(same_bits(rec_got, rec[v][2]->host())) << "recurrent state: one call vs one token per call";
+        EXPECT_TRUE(same_bits(conv_got, conv[v][1]->host())) << "conv state: with vs without kept states";
+        EXPECT_TRUE(same_bits(rec_got, rec[v][1]->host())) << "recurrent state: with vs without kept states";
+        EXPECT_FALSE(same_bits(rec_got, rec_before[0])) << "the call left the recurrent state as it was";
         // (c) the kept states: the one-token calls' states before each token
         const auto ck = conv_keep.host(), rk = rec_keep.host();
         for (int64_t t = 0; t < T; ++t) {
           const std::vector<float> ck_t(ck.begin() + t * int64_t(conv_n), ck.begin() + (t + 1) * int64_t(conv_n));
           const std::vector<float> rk_t(rk.begin() + t * int64_t(rec_n), rk.begin() + (t + 1) * int64_t(rec_n));
-          EXPECT_TRUE(same(ck_t, conv_before[size_t(t)])) << "kept conv state before token " << t;
-          EXPECT_TRUE(same(rk_t, rec_before[size_t(t)])) << "kept recurrent state before token " << t;
+          EXPECT_TRUE(same_bits(ck_t, conv_before[size_t(t)])) << "kept conv state before token " << t;
+          EXPECT_TRUE(same_bits(rk_t, rec_before[size_t(t)])) << "kept recurrent state before token " << t;
         }
       }
     }
