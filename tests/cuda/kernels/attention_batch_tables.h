@@ -1,9 +1,19 @@
-// The device tables of an AttnBatch (attention.cuh) over B sequences, built from host vectors and owned here: each
-// sequence's position (pos.p + b is its *pos0, as attn_prepare alone takes it), cache pointers, capacity and split
-// count. For the batched attention tests (attention_test.cpp, attention_fp8_test.cpp).
+// What the batched attention tests (attention_test.cpp: the 16-bit caches, attention_fp8_test.cpp: the fp8 cache)
+// share: the device tables of an AttnBatch over B sequences, and the comparison of a batched step against each
+// sequence alone.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "../cuda_test_util.h"
@@ -11,6 +21,8 @@
 
 namespace tern::cuda::test {
 
+// The device tables of an AttnBatch (attention.cuh), built from host vectors and owned here: each sequence's
+// position (pos.p + b is its *pos0, as attn_prepare alone takes it), cache pointers, capacity and split count.
 struct DeviceAttnBatch {
   DeviceBuf<int> pos, splits;
   DeviceBuf<int64_t> capacity;
@@ -44,5 +56,105 @@ struct DeviceAttnBatch {
     return p;
   }
 };
+
+// One sequence's K and V caches twice, as bytes in the cache's type (the batched call's kb, vb; the lone calls' k1,
+// v1), with the same rows below its position and NaN codes above it.
+struct BatchSeqCaches {
+  std::unique_ptr<DeviceBuf<uint8_t>> kb, vb, k1, v1;
+};
+// Makes a sequence's caches for the cache type under test: (rng, capacity, position).
+using MakeSeqCaches = std::function<BatchSeqCaches(std::mt19937_64&, int64_t, int64_t)>;
+
+// {capacity, position} of 16 sequences: capacities giving 1 to the most splits, positions 0, 1, at and past a
+// 64-key tile edge, the last row of a cache.
+inline std::vector<std::pair<int64_t, int64_t>> sixteen_seqs() {
+  return {{4096, 0},     {64, 63},     {1000, 1},    {40000, 2000}, {4096, 64},  {1000, 999},
+          {64, 0},       {40000, 39999}, {5003, 4321}, {128, 65},     {4096, 4095}, {2048, 1024},
+          {40000, 63},   {1000, 500},  {65536, 40000}, {300, 129}};
+}
+
+// {capacity, position} of 12 sequences whose splits hold at most two 64-key tiles, in a grid of several waves: the
+// batched launch takes the one-stage form of the decode kernel (launch_decode), each sequence alone the deep ring.
+inline std::vector<std::pair<int64_t, int64_t>> short_caches() {
+  return {{4096, 0}, {64, 63},     {1000, 1}, {4096, 64},   {8000, 7999}, {64, 0},
+          {4096, 4095}, {2048, 1024}, {128, 65}, {300, 129}, {8448, 4000}, {4160, 4159}};
+}
+
+// attn_prepare_batched + attention_batched over the sequences (one token each; {capacity, position} pairs) against
+// attn_prepare + attention for each sequence alone, bit for bit: q after norm and RoPE, the gated outputs and the
+// whole caches (the row each call writes, and every other row). qg, k and v are the rows of one fused projection
+// buffer [B, ld] as the engine has them, ld wider than them (the padding NaN).
+inline void expect_batched_matches_alone(std::mt19937_64& rng, AttnDims d,
+                                         const std::vector<std::pair<int64_t, int64_t>>& seqs, const std::string& what,
+                                         const MakeSeqCaches& make_caches) {
+  SCOPED_TRACE(what);
+  d.T = 1;
+  const int B = int(seqs.size());
+  const int64_t Hq = d.Hq, Hkv = d.Hkv, dh = d.dh, Q = Hq * 2 * dh, KV = Hkv * dh;
+  const int64_t ld = Q + 2 * KV + 4, out_n = Hq * dh;
+  std::vector<float> proj(size_t(B * ld), std::numeric_limits<float>::quiet_NaN());
+  for (int b = 0; b < B; ++b) {
+    const auto qgk = random_floats(rng, size_t(Q + KV), -2.0f, 2.0f), v = random_floats(rng, size_t(KV), -1.0f, 1.0f);
+    std::copy(qgk.begin(), qgk.end(), proj.begin() + b * ld);
+    std::copy(v.begin(), v.end(), proj.begin() + b * ld + Q + KV);
+  }
+  DeviceBuf<float> dproj(proj);
+  DeviceBuf<float> q_norm(random_floats(rng, size_t(dh), 0.5f, 1.5f));
+  DeviceBuf<float> k_norm(random_floats(rng, size_t(dh), 0.5f, 1.5f));
+  std::vector<BatchSeqCaches> caches;
+  std::vector<void*> k_ptrs, v_ptrs;
+  std::vector<int> pos, splits;
+  std::vector<int64_t> caps;
+  AttnDims dmax = d;
+  dmax.capacity = 0;
+  for (const auto& [capacity, position] : seqs) {
+    caches.push_back(make_caches(rng, capacity, position));
+    k_ptrs.push_back(caches.back().kb->p);
+    v_ptrs.push_back(caches.back().vb->p);
+    pos.push_back(int(position));
+    caps.push_back(capacity);
+    AttnDims ds = d;
+    ds.capacity = capacity;
+    splits.push_back(attn_batch_splits(ds));
+    dmax.capacity = std::max(dmax.capacity, capacity);
+  }
+  std::string split_list;
+  for (int x : splits) split_list += " " + std::to_string(x);
+  std::printf("[attention] %s: splits%s\n", what.c_str(), split_list.c_str());
+  if (B >= 3) {
+    EXPECT_GT(std::set<int>(splits.begin(), splits.end()).size(), 1u) << "the sequences' split counts all agree";
+  }
+  DeviceAttnBatch tables(pos, splits, caps, k_ptrs, v_ptrs, ld);
+  DeviceBuf<float> q_b(size_t(B * out_n)), out_b(q_b.n), q_1(q_b.n), out_1(q_b.n);  // poisoned
+  DeviceBuf<float> part_b(size_t(attn_batch_partial_floats(B, d.Hq, d.dh)));
+  DeviceBuf<float> part_1(size_t(attn_partial_floats(1, d.Hq, d.dh)));
+  attn_prepare_batched(dproj.p, dproj.p + Q, dproj.p + Q + KV, q_norm.p, k_norm.p, tables.batch, dmax, q_b.p,
+                       nullptr);
+  attention_batched(q_b.p, dproj.p, tables.batch, dmax, part_b.p, out_b.p, nullptr);
+  TERN_CUDA(cudaGetLastError());
+  for (int b = 0; b < B; ++b) {
+    AttnDims ds = d;
+    ds.capacity = caps[size_t(b)];
+    const float* row = dproj.p + b * ld;
+    const BatchSeqCaches& c = caches[size_t(b)];
+    attn_prepare(row, row + Q, row + Q + KV, q_norm.p, k_norm.p, tables.pos.p + b, ds, q_1.p + b * out_n, c.k1->p,
+                 c.v1->p, nullptr);
+    attention(q_1.p + b * out_n, row, c.k1->p, c.v1->p, tables.pos.p + b, ds, part_1.p, out_1.p + b * out_n,
+              nullptr);
+  }
+  TERN_CUDA(cudaGetLastError());
+  const auto qg = q_b.host(), qw = q_1.host(), og = out_b.host(), ow = out_1.host();
+  EXPECT_EQ(std::count_if(ow.begin(), ow.end(), [](float x) { return !std::isfinite(x); }), 0) << "lone outputs";
+  EXPECT_EQ(std::memcmp(qg.data(), qw.data(), qg.size() * sizeof(float)), 0) << "q after norm and rope";
+  for (int b = 0; b < B; ++b) {
+    const size_t o = size_t(b * out_n);
+    EXPECT_EQ(std::memcmp(og.data() + o, ow.data() + o, size_t(out_n) * sizeof(float)), 0)
+        << "output of sequence " << b << " (capacity " << caps[size_t(b)] << ", position " << pos[size_t(b)] << ", "
+        << splits[size_t(b)] << " splits)";
+    const BatchSeqCaches& c = caches[size_t(b)];
+    EXPECT_TRUE(c.kb->host() == c.k1->host()) << "K cache of sequence " << b;
+    EXPECT_TRUE(c.vb->host() == c.v1->host()) << "V cache of sequence " << b;
+  }
+}
 
 }  // namespace tern::cuda::test

@@ -295,89 +295,36 @@ TEST(CudaAttentionFp8, OtherHeadShapesMatchFp64) {
 // attn_prepare_batched + attention_batched over sequences of one token each with fp8 caches, against attn_prepare +
 // attention for each sequence alone: q, the outputs and the whole caches (bytes and scales) identical, as the 16-bit
 // caches are (attention_test.cpp, BatchedIsBitIdenticalToEachSequenceAlone).
-void run_fp8_batched_case(std::mt19937_64& rng, AttnDims d, const std::vector<std::pair<int64_t, int64_t>>& seqs,
-                          const std::string& what) {
-  SCOPED_TRACE(what);
-  d.T = 1;
-  const int B = int(seqs.size());
-  const int64_t Hq = d.Hq, Hkv = d.Hkv, dh = d.dh, Q = Hq * 2 * dh, KV = Hkv * dh;
-  const int64_t ld = Q + 2 * KV + 4, out_n = Hq * dh;
-  std::vector<float> proj(size_t(B * ld), std::numeric_limits<float>::quiet_NaN());
-  for (int b = 0; b < B; ++b) {
-    const auto qgk = random_floats(rng, size_t(Q + KV), -2.0f, 2.0f), v = random_floats(rng, size_t(KV), -1.0f, 1.0f);
-    std::copy(qgk.begin(), qgk.end(), proj.begin() + b * ld);
-    std::copy(v.begin(), v.end(), proj.begin() + b * ld + Q + KV);
-  }
-  DeviceBuf<float> dproj(proj);
-  const std::vector<float> qn = random_floats(rng, size_t(dh), 0.5f, 1.5f);
-  const std::vector<float> kn = random_floats(rng, size_t(dh), 0.5f, 1.5f);
-  DeviceBuf<float> dqn(qn), dkn(kn);
-  std::vector<std::unique_ptr<DeviceBuf<uint8_t>>> kb, vb, k1, v1;  // the batched call's caches, the lone calls'
-  std::vector<void*> k_ptrs, v_ptrs;
-  std::vector<int> pos, splits;
-  std::vector<int64_t> caps;
-  AttnDims dmax = d;
-  dmax.capacity = 0;
-  for (const auto& [capacity, position] : seqs) {
+// A sequence's fp8 caches for expect_batched_matches_alone (attention_batch_tables.h): random quantised rows below
+// its position.
+MakeSeqCaches fp8_caches(const AttnDims& d) {
+  return [d](std::mt19937_64& rng, int64_t capacity, int64_t pos) {
     Fp8Image kc(d, capacity), vc(d, capacity);
-    kc.fill(rng, position, -1.7f, 1.7f);
-    vc.fill(rng, position, -1.0f, 1.0f);
-    kb.push_back(upload(kc));
-    k1.push_back(upload(kc));
-    vb.push_back(upload(vc));
-    v1.push_back(upload(vc));
-    k_ptrs.push_back(kb.back()->p);
-    v_ptrs.push_back(vb.back()->p);
-    pos.push_back(int(position));
-    caps.push_back(capacity);
-    AttnDims ds = d;
-    ds.capacity = capacity;
-    splits.push_back(attn_batch_splits(ds));
-    dmax.capacity = std::max(dmax.capacity, capacity);
-  }
-  DeviceAttnBatch tables(pos, splits, caps, k_ptrs, v_ptrs, ld);
-  const AttnBatch& batch = tables.batch;
-  DeviceBuf<int>& dpos = tables.pos;
-  DeviceBuf<float> q_b(size_t(B * out_n)), out_b(q_b.n), q_1(q_b.n), out_1(q_b.n);
-  DeviceBuf<float> part_b(size_t(attn_batch_partial_floats(B, d.Hq, d.dh)));
-  DeviceBuf<float> part_1(size_t(attn_partial_floats(1, d.Hq, d.dh)));
-  attn_prepare_batched(dproj.p, dproj.p + Q, dproj.p + Q + KV, dqn.p, dkn.p, batch, dmax, q_b.p, nullptr);
-  attention_batched(q_b.p, dproj.p, batch, dmax, part_b.p, out_b.p, nullptr);
-  for (int b = 0; b < B; ++b) {
-    AttnDims ds = d;
-    ds.capacity = caps[size_t(b)];
-    const float* row = dproj.p + b * ld;
-    attn_prepare(row, row + Q, row + Q + KV, dqn.p, dkn.p, dpos.p + b, ds, q_1.p + b * out_n, k1[size_t(b)]->p,
-                 v1[size_t(b)]->p, nullptr);
-    attention(q_1.p + b * out_n, row, k1[size_t(b)]->p, v1[size_t(b)]->p, dpos.p + b, ds, part_1.p,
-              out_1.p + b * out_n, nullptr);
-  }
-  TERN_CUDA(cudaGetLastError());
-  const auto qg = q_b.host(), qw = q_1.host(), og = out_b.host(), ow = out_1.host();
-  EXPECT_EQ(std::count_if(ow.begin(), ow.end(), [](float x) { return !std::isfinite(x); }), 0) << "lone outputs";
-  EXPECT_EQ(std::memcmp(qg.data(), qw.data(), qg.size() * sizeof(float)), 0) << "q after norm and rope";
-  for (int b = 0; b < B; ++b) {
-    const size_t o = size_t(b * out_n);
-    EXPECT_EQ(std::memcmp(og.data() + o, ow.data() + o, size_t(out_n) * sizeof(float)), 0)
-        << "output of sequence " << b << " (capacity " << caps[size_t(b)] << ", position " << pos[size_t(b)] << ", "
-        << splits[size_t(b)] << " splits)";
-    EXPECT_TRUE(kb[size_t(b)]->host() == k1[size_t(b)]->host()) << "K cache (bytes and scales) of sequence " << b;
-    EXPECT_TRUE(vb[size_t(b)]->host() == v1[size_t(b)]->host()) << "V cache (bytes and scales) of sequence " << b;
-  }
+    kc.fill(rng, pos, -1.7f, 1.7f);
+    vc.fill(rng, pos, -1.0f, 1.0f);
+    BatchSeqCaches c;
+    c.kb = upload(kc);
+    c.k1 = upload(kc);
+    c.vb = upload(vc);
+    c.v1 = upload(vc);
+    return c;
+  };
 }
 
+// The batched step over fp8 caches gives each sequence the bits it gets alone (the 16-bit caches' test with the same
+// sequences, attention_test.cpp).
 TEST(CudaAttentionFp8, BatchedIsBitIdenticalToEachSequenceAlone) {
   TERN_REQUIRE_GPU();
   std::mt19937_64 rng(fresh_seed("CudaAttentionFp8.Batched"));
-  const std::vector<std::pair<int64_t, int64_t>> sixteen = {
-      {4096, 0},   {64, 63},      {1000, 1},  {40000, 2000}, {4096, 64},   {1000, 999}, {64, 0},    {40000, 39999},
-      {5003, 4321}, {128, 65},    {4096, 4095}, {2048, 1024}, {40000, 63}, {1000, 500}, {65536, 40000}, {300, 129}};
-  run_fp8_batched_case(rng, model_fp8(), {{40000, 2000}}, "B=1");
-  run_fp8_batched_case(rng, model_fp8(), {sixteen.begin(), sixteen.begin() + 3}, "B=3");
-  run_fp8_batched_case(rng, model_fp8(), sixteen, "B=16");
+  const AttnDims d = model_fp8();
+  const auto sixteen = sixteen_seqs();
+  expect_batched_matches_alone(rng, d, {{40000, 2000}}, "B=1", fp8_caches(d));
+  expect_batched_matches_alone(rng, d, {sixteen.begin(), sixteen.begin() + 3}, "B=3", fp8_caches(d));
+  expect_batched_matches_alone(rng, d, sixteen, "B=16", fp8_caches(d));
+  expect_batched_matches_alone(rng, d, short_caches(), "B=12 short caches", fp8_caches(d));
   for (const AttnDims& o : {fp8_dims(4, 2, 64, 16), fp8_dims(8, 1, 128, 32)})
-    run_fp8_batched_case(rng, o, {{400, 250}, {64, 0}, {3000, 2999}},
-                         "dh " + std::to_string(o.dh) + " Hq " + std::to_string(o.Hq) + " B=3");
+    expect_batched_matches_alone(rng, o, {{400, 250}, {64, 0}, {3000, 2999}},
+                                 "dh " + std::to_string(o.dh) + " Hq " + std::to_string(o.Hq) + " B=3", fp8_caches(o));
 }
 
 }  // namespace

@@ -9,7 +9,6 @@
 #include <cstring>
 #include <limits>
 #include <memory>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -309,122 +308,44 @@ TEST_P(CudaAttentionKv, OtherHeadShapesMatchCpu) {
     for (int64_t T : {int64_t(1), int64_t(8), int64_t(100)}) run_case(rng, with_kv(d, GetParam()), 250, T, 400);
 }
 
-// One sequence of a batched step: its cache's capacity and its position (tokens already in the cache).
-struct BatchSeq {
-  int64_t capacity, pos;
-};
-
-// attn_prepare_batched + attention_batched over `seqs` (one token each) against attn_prepare + attention for each
-// sequence alone, bit for bit. Each sequence has two caches of its own capacity with the same random rows below its
-// position (NaN above); qg, k and v rows are the rows of one fused projection buffer [B, ld] as the engine has them.
-// q, the gated outputs and the whole caches (the row each call writes, and every other row) must be identical.
-void run_batched_case(std::mt19937_64& rng, AttnDims d, const std::vector<BatchSeq>& seqs, const std::string& what) {
-  SCOPED_TRACE(what);
-  d.T = 1;
-  const int B = int(seqs.size());
-  const int64_t Hq = d.Hq, Hkv = d.Hkv, dh = d.dh, Q = Hq * 2 * dh, KV = Hkv * dh;
-  const int64_t ld = Q + 2 * KV + 4, out_n = Hq * dh;  // a row stride wider than q|gate, k, v (padding NaN)
-  std::vector<float> proj(size_t(B * ld), std::numeric_limits<float>::quiet_NaN());
-  for (int b = 0; b < B; ++b) {
-    const auto qgk = random_floats(rng, size_t(Q + KV), -2.0f, 2.0f), v = random_floats(rng, size_t(KV), -1.0f, 1.0f);
-    std::copy(qgk.begin(), qgk.end(), proj.begin() + b * ld);
-    std::copy(v.begin(), v.end(), proj.begin() + b * ld + Q + KV);
-  }
-  DeviceBuf<float> dproj(proj);
-  Norms nm(rng, d.dh);
-
-  // Each sequence's caches twice (the batched call's, the lone calls'), its position, capacity and split count.
-  std::vector<std::unique_ptr<DeviceBuf<uint16_t>>> kb, vb, k1, v1;
-  std::vector<void*> k_ptrs, v_ptrs;
-  std::vector<int> pos;
-  std::vector<int64_t> caps;
-  std::vector<int> splits;
-  AttnDims dmax = d;
-  dmax.capacity = 0;
-  for (const BatchSeq& s : seqs) {
-    const size_t n = size_t(Hkv * s.capacity * dh);
-    for (auto* v : {&kb, &vb, &k1, &v1}) v->push_back(std::make_unique<DeviceBuf<uint16_t>>(n));  // NaN bits
-    for (int64_t h = 0; h < Hkv; ++h)
+// A sequence's 16-bit caches for expect_batched_matches_alone (attention_batch_tables.h): random rows below its
+// position, NaN bits above.
+MakeSeqCaches sixteen_bit_caches(const AttnDims& d) {
+  return [d](std::mt19937_64& rng, int64_t capacity, int64_t pos) {
+    BatchSeqCaches c;
+    const size_t bytes = size_t(d.Hkv * capacity * d.dh) * 2;
+    for (auto* p : {&c.kb, &c.vb, &c.k1, &c.v1}) *p = std::make_unique<DeviceBuf<uint8_t>>(bytes);  // NaN bits
+    for (int64_t h = 0; h < d.Hkv; ++h)
       for (int kv = 0; kv < 2; ++kv) {
-        const auto vals = random_kv_values(rng, size_t(s.pos * dh), kv ? -1.0f : -1.7f, kv ? 1.0f : 1.7f, is_f16(d));
+        const auto vals = random_kv_values(rng, size_t(pos * d.dh), kv ? -1.0f : -1.7f, kv ? 1.0f : 1.7f, is_f16(d));
         std::vector<uint16_t> bits(vals.size());
         for (size_t i = 0; i < vals.size(); ++i) bits[i] = kv_bits(vals[i], is_f16(d));
-        const size_t off = size_t(h * s.capacity * dh);
-        for (auto* dst : {kv ? vb.back().get() : kb.back().get(), kv ? v1.back().get() : k1.back().get()})
-          TERN_CUDA(cudaMemcpy(dst->p + off, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice));
+        const size_t off = size_t(h * capacity * d.dh) * 2;
+        for (const auto* dst : {kv ? &c.vb : &c.kb, kv ? &c.v1 : &c.k1})
+          TERN_CUDA(cudaMemcpy((*dst)->p + off, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice));
       }
-    k_ptrs.push_back(kb.back()->p);
-    v_ptrs.push_back(vb.back()->p);
-    pos.push_back(int(s.pos));
-    caps.push_back(s.capacity);
-    AttnDims ds = d;
-    ds.capacity = s.capacity;
-    splits.push_back(attn_batch_splits(ds));
-    dmax.capacity = std::max(dmax.capacity, s.capacity);
-  }
-  std::string split_list;
-  for (int x : splits) split_list += " " + std::to_string(x);
-  std::printf("[attention] %s: splits%s\n", what.c_str(), split_list.c_str());
-  if (B >= 3) {
-    EXPECT_GT(std::set<int>(splits.begin(), splits.end()).size(), 1u) << "the sequences' split counts all agree";
-  }
-  DeviceAttnBatch tables(pos, splits, caps, k_ptrs, v_ptrs, ld);
-  const AttnBatch& batch = tables.batch;
-  DeviceBuf<int>& dpos = tables.pos;
-  DeviceBuf<float> q_b(size_t(B * out_n)), out_b(size_t(B * out_n)), q_1(q_b.n), out_1(out_b.n);  // poisoned
-  DeviceBuf<float> part_b(size_t(attn_batch_partial_floats(B, d.Hq, d.dh)));
-  DeviceBuf<float> part_1(size_t(attn_partial_floats(1, d.Hq, d.dh)));
-  attn_prepare_batched(dproj.p, dproj.p + Q, dproj.p + Q + KV, nm.dq.p, nm.dk.p, batch, dmax, q_b.p, nullptr);
-  attention_batched(q_b.p, dproj.p, batch, dmax, part_b.p, out_b.p, nullptr);
-  TERN_CUDA(cudaGetLastError());
-  for (int b = 0; b < B; ++b) {
-    AttnDims ds = d;
-    ds.capacity = caps[size_t(b)];
-    const float* row = dproj.p + b * ld;
-    attn_prepare(row, row + Q, row + Q + KV, nm.dq.p, nm.dk.p, dpos.p + b, ds, q_1.p + b * out_n, k1[size_t(b)]->p,
-                 v1[size_t(b)]->p, nullptr);
-    attention(q_1.p + b * out_n, row, k1[size_t(b)]->p, v1[size_t(b)]->p, dpos.p + b, ds, part_1.p,
-              out_1.p + b * out_n, nullptr);
-  }
-  TERN_CUDA(cudaGetLastError());
-
-  const auto qg = q_b.host(), qw = q_1.host(), og = out_b.host(), ow = out_1.host();
-  EXPECT_EQ(std::count_if(ow.begin(), ow.end(), [](float x) { return !std::isfinite(x); }), 0) << "lone outputs";
-  EXPECT_EQ(std::memcmp(qg.data(), qw.data(), qg.size() * sizeof(float)), 0) << "q after norm and rope";
-  for (int b = 0; b < B; ++b) {
-    const size_t o = size_t(b * out_n);
-    EXPECT_EQ(std::memcmp(og.data() + o, ow.data() + o, size_t(out_n) * sizeof(float)), 0)
-        << "output of sequence " << b << " (capacity " << caps[size_t(b)] << ", position " << pos[size_t(b)]
-        << ", " << splits[size_t(b)] << " splits)";
-    const auto kg = kb[size_t(b)]->host(), kw = k1[size_t(b)]->host();
-    const auto vg = vb[size_t(b)]->host(), vw = v1[size_t(b)]->host();
-    EXPECT_EQ(std::memcmp(kg.data(), kw.data(), kg.size() * 2), 0) << "K cache of sequence " << b;
-    EXPECT_EQ(std::memcmp(vg.data(), vw.data(), vg.size() * 2), 0) << "V cache of sequence " << b;
-  }
+    return c;
+  };
 }
 
-// The batched decode step's attention at the model's shapes for B = 1, 3 and 16 (capacities giving 1 to the most
-// splits, positions 0, 1, at and past a 64-key tile edge, the last row of a cache), and at the other head shapes.
+// The batched decode step's attention at the model's shapes for B = 1, 3 and 16 (sixteen_seqs) and 12 short caches
+// (the one-stage form), and at the other head shapes.
 TEST_P(CudaAttentionKv, BatchedIsBitIdenticalToEachSequenceAlone) {
   TERN_REQUIRE_GPU();
   std::mt19937_64 rng(fresh_seed("CudaAttention.Batched"));
   const AttnDims d = with_kv(model_dims(), GetParam());
-  const std::vector<BatchSeq> sixteen = {{4096, 0},    {64, 63},   {1000, 1},     {40000, 2000}, {4096, 64},
-                                         {1000, 999},  {64, 0},    {40000, 39999}, {5003, 4321}, {128, 65},
-                                         {4096, 4095}, {2048, 1024}, {40000, 63},  {1000, 500},   {65536, 40000},
-                                         {300, 129}};
-  run_batched_case(rng, d, {{40000, 2000}}, "B=1");
-  run_batched_case(rng, d, {sixteen.begin(), sixteen.begin() + 3}, "B=3");
-  run_batched_case(rng, d, sixteen, "B=16");
-  // Capacities of at most two 64-key tiles per split and a grid of several waves: the batched launch takes the
-  // one-stage form of the kernel (launch_decode), the sequences alone the deep ring; the values must not change.
-  run_batched_case(rng, d,
-                   {{4096, 0}, {64, 63}, {1000, 1}, {4096, 64}, {8000, 7999}, {64, 0}, {4096, 4095}, {2048, 1024},
-                    {128, 65}, {300, 129}, {8448, 4000}, {4160, 4159}},
-                   "B=12 short caches");
-  for (const AttnDims& o : {small_dims(4, 2, 64, 16), small_dims(8, 1, 128, 32)})
-    run_batched_case(rng, with_kv(o, GetParam()), {{400, 250}, {64, 0}, {3000, 2999}},
-                     "dh " + std::to_string(o.dh) + " Hq " + std::to_string(o.Hq) + " B=3");
+  const auto sixteen = sixteen_seqs();
+  const MakeSeqCaches caches = sixteen_bit_caches(d);
+  expect_batched_matches_alone(rng, d, {{40000, 2000}}, "B=1", caches);
+  expect_batched_matches_alone(rng, d, {sixteen.begin(), sixteen.begin() + 3}, "B=3", caches);
+  expect_batched_matches_alone(rng, d, sixteen, "B=16", caches);
+  expect_batched_matches_alone(rng, d, short_caches(), "B=12 short caches", caches);
+  for (const AttnDims& o : {small_dims(4, 2, 64, 16), small_dims(8, 1, 128, 32)}) {
+    const AttnDims od = with_kv(o, GetParam());
+    expect_batched_matches_alone(rng, od, {{400, 250}, {64, 0}, {3000, 2999}},
+                                 "dh " + std::to_string(o.dh) + " Hq " + std::to_string(o.Hq) + " B=3",
+                                 sixteen_bit_caches(od));
+  }
 }
 
 // Shapes the kernels do not take are refused with an error before anything is launched, by attn_prepare and by
