@@ -1034,8 +1034,9 @@ void launch_decode(const float* q, const float* qg, int64_t ld_qg, const Seqs<co
                           : attention_decode_split_kernel<DH, 4, KV>;
   // A grid of more than one wave whose splits hold one or two 64-key tiles (the batched step at short and middle
   // lengths: 8 sequences at 4K are 8 waves of one-tile splits) gains nothing from a deep ring and loses blocks per
-  // SM to it: it takes the one-stage form (3 blocks per SM instead of 1 at DH = 256). The stages change only when
-  // the copies are issued, not what is summed, so every sequence's values are the same either way.
+  // SM to it: it takes the one-stage form (at DH = 256: 76 KB of shared memory, 2 blocks per SM instead of 1, the
+  // registers allowing no more). The stages change only when the copies are issued, not what is summed, so every
+  // sequence's values are the same either way.
   const int64_t tiles_per_split = ((d.capacity + kBlockKeys - 1) / kBlockKeys + columns - 1) / columns;
   const int64_t blocks = int64_t(d.Hkv) * columns * seqs.B;
   const bool one_stage = attn_batch_one_stage() && v.stages > 1 && tiles_per_split <= 2 &&

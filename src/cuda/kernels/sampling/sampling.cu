@@ -354,7 +354,6 @@ __device__ __forceinline__ SampleScratch row_of(const float*& logits, int64_t V,
   return scratch_view(scratch + int64_t(blockIdx.y) * stride);
 }
 
-
 __global__ void __launch_bounds__(kThreads) sample_max_kernel(const float* logits, int64_t V, int64_t chunk, float* scratch,
                                                               int64_t stride) {
   pdl_wait();
@@ -728,7 +727,7 @@ void sample_tokens_device(const float* logits, int64_t V, int rows, float* scrat
   TERN_CHECK(rows == 1 || scratch_stride >= sample_scratch_floats(V),
              "sample_tokens: scratch stride ", scratch_stride, " floats, below one row's ", sample_scratch_floats(V));
   TERN_CHECK(reinterpret_cast<uintptr_t>(scratch) % 16 == 0 && scratch_stride % 4 == 0,
-             "sample_token: scratch must be 16-byte aligned");
+             "sample_token: scratch (and every row's, scratch_stride floats apart) must be 16-byte aligned");
   const int64_t chunk = chunk_for(V);
   const dim3 grid(unsigned((V + chunk - 1) / chunk), unsigned(rows)), block(kThreads);
   launch_pdl("sample_max", sample_max_kernel, grid, block, 0, stream, logits, V, chunk, scratch, scratch_stride);
