@@ -234,10 +234,91 @@ TEST(CudaMoeDecode, GenericFormatsMatchCpu) {
 
 // moe_decode_batched (one token of each of B sequences) against moe_decode per token (T = 1, its own scratch): the
 // hidden rows bit for bit, and every row of the scratch the same (x̂, router logits, shared logit and gate, ids,
-// routing weights, h), at the model's shapes, B in {1, 3, 16, 32}; tokens of different magnitudes (×100, ×1e-2) and an
-// all-zero one (x̂ = 0: every logit ties, the lowest k experts win). Run with random router rows and with repeated
-// ones (exact ties among 16 copies of each row); the batched step again with the down matrices' L2 prefetch, which
-// must change nothing. Skipped where the batched step does not apply (not an sm_90 binary).
+// routing weights, h). Tokens of different magnitudes (×100, ×1e-2) and, for B > 3, an all-zero one (x̂ = 0: every
+// logit ties, the lowest k experts win). The batched step runs twice, the second time with the down matrices' L2
+// prefetch, which must change nothing.
+void expect_batched_matches_alone(std::mt19937_64& rng, const MoeDevice& md, int E, int k, int64_t D, int64_t F, int B,
+                                  const std::string& label) {
+  auto hidden = random_floats(rng, size_t(B * D), -4.0f, 4.0f);
+  for (int t = 0; t < B; ++t) {
+    const float f = (B > 3 && t == B - 1) ? 0.0f : t == 1 ? 100.0f : t == 2 ? 1e-2f : 1.0f;
+    for (int64_t d = 0; d < D; ++d) hidden[size_t(t * D + d)] *= f;
+  }
+  const std::string what = label + " B=" + std::to_string(B);
+
+  // Each token alone (moe_decode at T = 1), its scratch rows gathered into [B, ...] arrays.
+  DeviceBuf<float> dh_alone(hidden);
+  std::vector<float> xhat(size_t(B * D)), logits(size_t(B * E)), slogit(static_cast<size_t>(B)),
+      wts(size_t(B * k)), sgate(static_cast<size_t>(B)), h(size_t(B * (k + 1) * F));
+  std::vector<int> ids(size_t(B * k));
+  {
+    DeviceBuf<uint8_t> scratch(moe_decode_scratch_bytes(1, D, E, k, F));
+    const MoeDecodeScratch s = moe_decode_scratch_view(scratch.p, 1, D, E, k, F);
+    moe_decode_scratch_init(s, nullptr);
+    const auto gather = [](auto& rows, int row, const auto* src, size_t n) {  // rows[row] = src[0, n)
+      const auto v = to_host(src, n);
+      std::copy(v.begin(), v.end(), rows.begin() + int64_t(row) * int64_t(n));
+    };
+    for (int t = 0; t < B; ++t) {
+      moe_decode(md.w, dh_alone.p + t * D, 1, s, nullptr);
+      TERN_CUDA(cudaGetLastError());
+      gather(xhat, t, s.xhat, size_t(D));
+      gather(logits, t, s.router_logits, size_t(E));
+      gather(slogit, t, s.shared_logit, 1);
+      gather(ids, t, s.ids, size_t(k));
+      gather(wts, t, s.w, size_t(k));
+      gather(sgate, t, s.shared_gate, 1);
+      gather(h, t, s.h, size_t((k + 1) * F));
+    }
+  }
+  const auto want = dh_alone.host();
+  {  // The tokens alone are held to the CPU elsewhere; here only that they ran: finite, hidden changed.
+    size_t bad = 0;
+    for (float v : want) bad += std::isfinite(v) ? 0 : 1;
+    EXPECT_EQ(bad, 0u) << what << ": non-finite hidden from the tokens alone";
+    EXPECT_NE(std::memcmp(want.data(), hidden.data(), hidden.size() * 4), 0) << what << ": hidden unchanged";
+    if (B > 3) {  // the all-zero token: every logit 0, the lowest k experts in order
+      for (int j = 0; j < k; ++j) EXPECT_EQ(ids[size_t((B - 1) * k + j)], j) << what << ": zero token slot " << j;
+    }
+  }
+
+  // The batch, twice from the same input (the second with the L2 prefetch of the down matrices); scratch for B
+  // tokens, poisoned before each run (NaN / -1) so that rows left unwritten fail.
+  const size_t scratch_bytes = moe_decode_scratch_bytes(B, D, E, k, F);
+  DeviceBuf<uint8_t> scratch(scratch_bytes);
+  const MoeDecodeScratch s = moe_decode_scratch_view(scratch.p, B, D, E, k, F);
+  for (int run = 0; run < 2; ++run) {
+    const std::string what_run = what + (run ? " (L2 prefetch of the down matrices)" : "");
+    TERN_CUDA(cudaMemset(scratch.p, 0xff, scratch_bytes));
+    moe_decode_scratch_init(s, nullptr);
+    DeviceBuf<float> dh(hidden);
+    MoeDecodeWeights w = md.w;
+    w.prefetch_down = run == 1;
+    moe_decode_batched(w, dh.p, B, s, nullptr);
+    TERN_CUDA(cudaGetLastError());
+    const auto got = dh.host();
+    const auto same = [&](const auto& a, const auto& b, const char* name) {
+      ASSERT_EQ(a.size(), b.size());
+      size_t diff = 0, first = 0;
+      for (size_t i = 0; i < a.size(); ++i)
+        if (std::memcmp(&a[i], &b[i], sizeof(a[i])) != 0 && diff++ == 0) first = i;
+      EXPECT_EQ(diff, 0u) << what_run << ": " << name << " differs from the tokens alone in " << diff << " of "
+                          << a.size() << " elements; first at " << first << " (token " << first * B / a.size()
+                          << "): " << a[first] << " vs " << b[first];
+    };
+    same(got, want, "hidden");
+    same(to_host(s.xhat, xhat.size()), xhat, "x̂");
+    same(to_host(s.router_logits, logits.size()), logits, "router logits");
+    same(to_host(s.shared_logit, slogit.size()), slogit, "shared logit");
+    same(to_host(s.ids, ids.size()), ids, "expert ids");
+    same(to_host(s.w, wts.size()), wts, "routing weights");
+    same(to_host(s.shared_gate, sgate.size()), sgate, "shared gate");
+    same(to_host(s.h, h.size()), h, "SwiGLU hidden");
+  }
+}
+
+// expect_batched_matches_alone at the model's shapes, B in {1, 3, 16, 32}, with random router rows and with repeated
+// ones (exact ties among 16 copies of each row). Skipped where the batched step does not apply (not an sm_90 binary).
 TEST(CudaMoeDecode, BatchedMatchesOneTokenBitwise) {
   TERN_REQUIRE_GPU();
   std::mt19937_64 rng(fresh_seed("CudaMoeDecode.Batched"));
@@ -254,84 +335,33 @@ TEST(CudaMoeDecode, BatchedMatchesOneTokenBitwise) {
       GTEST_SKIP() << "moe_decode_batched does not apply here (needs the sm_90 cluster router)";
     }
     for (int B : {1, 3, 16, 32}) {
-      auto hidden = random_floats(rng, size_t(B * D), -4.0f, 4.0f);
-      for (int t = 0; t < B; ++t) {
-        const float f = (B > 3 && t == B - 1) ? 0.0f : t == 1 ? 100.0f : t == 2 ? 1e-2f : 1.0f;
-        for (int64_t d = 0; d < D; ++d) hidden[size_t(t * D + d)] *= f;
-      }
-      const std::string what = std::string(tied ? "repeated router rows" : "random router") + " B=" + std::to_string(B);
-
-      // Each token alone (moe_decode at T = 1), its scratch rows gathered into [B, ...] arrays.
-      DeviceBuf<float> dh_alone(hidden);
-      std::vector<float> xhat(size_t(B * D)), logits(size_t(B * E)), slogit(static_cast<size_t>(B)),
-          wts(size_t(B * k)), sgate(static_cast<size_t>(B)), h(size_t(B * (k + 1) * F));
-      std::vector<int> ids(size_t(B * k));
-      {
-        DeviceBuf<uint8_t> scratch(moe_decode_scratch_bytes(1, D, E, k, F));
-        const MoeDecodeScratch s = moe_decode_scratch_view(scratch.p, 1, D, E, k, F);
-        moe_decode_scratch_init(s, nullptr);
-        const auto gather = [](auto& rows, int row, const auto* src, size_t n) {  // rows[row] = src[0, n)
-          const auto v = to_host(src, n);
-          std::copy(v.begin(), v.end(), rows.begin() + int64_t(row) * int64_t(n));
-        };
-        for (int t = 0; t < B; ++t) {
-          moe_decode(md.w, dh_alone.p + t * D, 1, s, nullptr);
-          TERN_CUDA(cudaGetLastError());
-          gather(xhat, t, s.xhat, size_t(D));
-          gather(logits, t, s.router_logits, size_t(E));
-          gather(slogit, t, s.shared_logit, 1);
-          gather(ids, t, s.ids, size_t(k));
-          gather(wts, t, s.w, size_t(k));
-          gather(sgate, t, s.shared_gate, 1);
-          gather(h, t, s.h, size_t((k + 1) * F));
-        }
-      }
-      const auto want = dh_alone.host();
-      {  // The tokens alone are held to the CPU elsewhere; here only that they ran: finite, hidden changed.
-        size_t bad = 0;
-        for (float v : want) bad += std::isfinite(v) ? 0 : 1;
-        EXPECT_EQ(bad, 0u) << what << ": non-finite hidden from the tokens alone";
-        EXPECT_NE(std::memcmp(want.data(), hidden.data(), hidden.size() * 4), 0) << what << ": hidden unchanged";
-        if (B > 3) {  // the all-zero token: every logit 0, the lowest k experts in order
-          for (int j = 0; j < k; ++j) EXPECT_EQ(ids[size_t((B - 1) * k + j)], j) << what << ": zero token slot " << j;
-        }
-      }
-
-      // The batch, twice from the same input (the second with the L2 prefetch of the down matrices); scratch for B
-      // tokens, poisoned before each run (NaN / -1) so that rows left unwritten fail.
-      const size_t scratch_bytes = moe_decode_scratch_bytes(B, D, E, k, F);
-      DeviceBuf<uint8_t> scratch(scratch_bytes);
-      const MoeDecodeScratch s = moe_decode_scratch_view(scratch.p, B, D, E, k, F);
-      for (int run = 0; run < 2; ++run) {
-        const std::string what_run = what + (run ? " (L2 prefetch of the down matrices)" : "");
-        TERN_CUDA(cudaMemset(scratch.p, 0xff, scratch_bytes));
-        moe_decode_scratch_init(s, nullptr);
-        DeviceBuf<float> dh(hidden);
-        MoeDecodeWeights w = md.w;
-        w.prefetch_down = run == 1;
-        moe_decode_batched(w, dh.p, B, s, nullptr);
-        TERN_CUDA(cudaGetLastError());
-        const auto got = dh.host();
-        const auto same = [&](const auto& a, const auto& b, const char* name) {
-          ASSERT_EQ(a.size(), b.size());
-          size_t diff = 0, first = 0;
-          for (size_t i = 0; i < a.size(); ++i)
-            if (std::memcmp(&a[i], &b[i], sizeof(a[i])) != 0 && diff++ == 0) first = i;
-          EXPECT_EQ(diff, 0u) << what_run << ": " << name << " differs from the tokens alone in " << diff << " of "
-                              << a.size() << " elements; first at " << first << " (token " << first * B / a.size()
-                              << "): " << a[first] << " vs " << b[first];
-        };
-        same(got, want, "hidden");
-        same(to_host(s.xhat, xhat.size()), xhat, "x̂");
-        same(to_host(s.router_logits, logits.size()), logits, "router logits");
-        same(to_host(s.shared_logit, slogit.size()), slogit, "shared logit");
-        same(to_host(s.ids, ids.size()), ids, "expert ids");
-        same(to_host(s.w, wts.size()), wts, "routing weights");
-        same(to_host(s.shared_gate, sgate.size()), sgate, "shared gate");
-        same(to_host(s.h, h.size()), h, "SwiGLU hidden");
-      }
+      expect_batched_matches_alone(rng, md, E, k, D, F, B, tied ? "repeated router rows" : "random router");
       if (HasFailure()) break;
     }
+    if (HasFailure()) break;
+  }
+  qmv_set_variant(v0);
+}
+
+// The same at D = 1024 (the ring gate_up kernel's one-slice form; the model's D = 2048 takes two slices) with 64
+// experts, B in {2, 5, 8}: each B its own grid, so the warps' last batches and rows end at other places. D = 4096 (four
+// slices) has no batched step here: the cluster router takes D up to 2048, and the ticket router batches only where
+// clusters are missing.
+TEST(CudaMoeDecode, BatchedMatchesOneTokenBitwiseOneSlice) {
+  TERN_REQUIRE_GPU();
+  std::mt19937_64 rng(fresh_seed("CudaMoeDecode.BatchedOneSlice"));
+  const int E = 64, k = 8;
+  const int64_t D = 1024, F = 512;
+  const int v0 = qmv_variant();
+  qmv_set_variant(3);
+  auto mh = make_moe(rng, WeightFormat::affine4, WeightFormat::affine8, E, k, D, F);
+  MoeDevice md(*mh);
+  if (!moe_decode_batched_supported(md.w)) {
+    qmv_set_variant(v0);
+    GTEST_SKIP() << "moe_decode_batched does not apply here (needs the sm_90 cluster router)";
+  }
+  for (int B : {2, 5, 8}) {
+    expect_batched_matches_alone(rng, md, E, k, D, F, B, "D=1024");
     if (HasFailure()) break;
   }
   qmv_set_variant(v0);
