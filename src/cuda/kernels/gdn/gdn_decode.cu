@@ -45,13 +45,6 @@ constexpr int kDecodeChunk = 8, kDecodeMaxTaps = 8, kDecodeDk = 128, kDecodeDv =
 constexpr int kDecodeMaxSeqs = 32;  // gdn_decode_batched's B
 static_assert(kGdnDecodeMaxTokens >= kDecodeChunk, "a launch takes at least one whole chunk");
 
-// a·b over 4 lanes of a float4, each rounding spelt out: fmaf(a.w, b.w, fmaf(a.z, b.z, fmaf(a.y, b.y, a.x·b.x))). The
-// delta rule below writes every multiply-add so too (fmaf, __fmul_rn), so that no shape's compilation may contract a
-// sum otherwise: the shapes (and chunked or one-token forms) give the same bits because they run the same roundings.
-__device__ __forceinline__ float dot4(const float4& a, const float4& b) {
-  return fmaf(a.w, b.w, fmaf(a.z, b.z, fmaf(a.y, b.y, __fmul_rn(a.x, b.x))));
-}
-
 // Where the sequences' states are: null tables for gdn_decode (its one sequence's a.conv_state, a.rec_state), device
 // arrays of B pointers for gdn_decode_batched.
 struct StateTables {
@@ -270,7 +263,7 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocks) gdn_decode_kernel(GdnDeco
       // at once; q·k's butterfly with the first set's); each row's arithmetic is the same whatever the set.
       const float4 q = *reinterpret_cast<const float4*>(&s_x[t][4 * lane]);
       const float4 k = *reinterpret_cast<const float4*>(&s_x[t][kDecodeDk + 4 * lane]);
-      float qk = dot4(q, k);
+      float qk = q.x * k.x + q.y * k.y + q.z * k.z + q.w * k.w;
       float sq[kSets], mine = 0.0f;
 #pragma unroll
       for (int set = 0; set < kSets; ++set) {
@@ -278,8 +271,8 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocks) gdn_decode_kernel(GdnDeco
 #pragma unroll
         for (int r = 0; r < kSq; ++r) {
           const float4& sr = s[set * kSq + r];
-          ks[r] = dot4(sr, k);
-          qs[r] = dot4(sr, q);
+          ks[r] = sr.x * k.x + sr.y * k.y + sr.z * k.z + sr.w * k.w;
+          qs[r] = sr.x * q.x + sr.y * q.y + sr.z * q.z + sr.w * q.w;
         }
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) {
@@ -295,13 +288,13 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocks) gdn_decode_kernel(GdnDeco
 #pragma unroll
         for (int r = 0; r < kSq; ++r) {
           const int wr = set * kSq + r;  // the row within the warp's
-          const float delta = __fmul_rn(b, fmaf(-g, ks[r], s_x[t][kQk + warp * RPW + wr]));
-          s[wr].x = fmaf(g, s[wr].x, __fmul_rn(k.x, delta));
-          s[wr].y = fmaf(g, s[wr].y, __fmul_rn(k.y, delta));
-          s[wr].z = fmaf(g, s[wr].z, __fmul_rn(k.z, delta));
-          s[wr].w = fmaf(g, s[wr].w, __fmul_rn(k.w, delta));
-          const float o = fmaf(g, qs[r], __fmul_rn(qk, delta));
-          sq[set] = fmaf(o, o, sq[set]);
+          const float delta = b * (s_x[t][kQk + warp * RPW + wr] - g * ks[r]);
+          s[wr].x = g * s[wr].x + k.x * delta;
+          s[wr].y = g * s[wr].y + k.y * delta;
+          s[wr].z = g * s[wr].z + k.z * delta;
+          s[wr].w = g * s[wr].w + k.w * delta;
+          const float o = g * qs[r] + qk * delta;
+          sq[set] += o * o;
           if (lane == wr) mine = o;
         }
       }

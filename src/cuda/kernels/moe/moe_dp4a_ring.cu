@@ -521,12 +521,11 @@ int ring_blocks(const void* kernel, int smem, int64_t work, int B) {
   return int(std::clamp<int64_t>(wave / B, 1, (work + kWarps - 1) / kWarps));
 }
 
-// Whether B >= 2 takes the first ring kernel (issue_*_v1: every chunk's address made per row) instead of the
-// current one, for A/B measurements: TERN_MOE_RING_V1=1 both kernels, =gate_up or =down that one only.
-bool ring_v1(bool down) {
-  static const bool gate_up_v1 = env_is("TERN_MOE_RING_V1", "1") || env_is("TERN_MOE_RING_V1", "gate_up");
-  static const bool down_v1 = env_is("TERN_MOE_RING_V1", "1") || env_is("TERN_MOE_RING_V1", "down");
-  return down ? down_v1 : gate_up_v1;
+// Whether B >= 2 takes the first ring kernels (issue_*_v1: every chunk's address made per row) instead of the
+// current ones: TERN_MOE_RING_V1=1, for one A/B measurement.
+bool ring_v1() {
+  static const bool on = env_is("TERN_MOE_RING_V1", "1");
+  return on;
 }
 
 // Sets kernel's dynamic shared memory limit to smem, once per kernel (`done`: that kernel's flag).
@@ -539,7 +538,7 @@ void set_smem_once(const void* kernel, int smem, bool& done) {
 // False (nothing launched) when the ring does not fit the device's shared memory.
 template <int S>
 bool launch_gate_up_ring(const GateUpParams& p, int B, cudaStream_t stream) {
-  const bool v1 = ring_v1(false);
+  const bool v1 = ring_v1();
   auto kernel = v1 ? moe_gate_up_ring_kernel_v1<S> : moe_gate_up_ring_kernel<S>;
   constexpr int smem = kWarps * gate_up_stages<S>() * gate_up_stage_bytes<S>();
   if (smem > qtile::max_dynamic_smem()) return false;
@@ -570,7 +569,7 @@ bool gate_up_ring(const GateUpParams& p, int cols, int B, cudaStream_t stream) {
 bool down_ring(const DownParams& p, int B, cudaStream_t stream) {
   if (B < 2 || !ring_enabled()) return false;
   constexpr int smem = kWarps * kDownStages * kDownStageBytes;
-  const bool v1 = ring_v1(true);
+  const bool v1 = ring_v1();
   auto kernel = v1 ? moe_down_ring_kernel_v1 : moe_down_ring_kernel;
   static bool attribute_set[2] = {false, false};
   set_smem_once(reinterpret_cast<const void*>(kernel), smem, attribute_set[v1]);
