@@ -141,20 +141,18 @@ __device__ __forceinline__ void load_gate_up(const GateUpParams& p, const int* i
   }
   const int pair = b / p.F, i = b - pair * p.F;
   const bool sh = pair == 0;
-  const uint32_t e = sh ? 0u : uint32_t(ids[pair - 1]);
+  const int64_t e = sh ? 0 : ids[pair - 1];
   const Q4 G = pick(sh, p.sgate, p.gate), U = pick(sh, p.sup, p.up);
-  // Offsets in 32 bits: below experts·rows·row_words < 2^31 words (q4_dp4a_ok), and the groups an eighth of that.
-  const uint32_t wo = e * uint32_t(G.expert_words) + uint32_t(i) * uint32_t(p.row_words) + uint32_t(4 * lane);
-  const uint32_t go = e * uint32_t(G.expert_groups) + uint32_t(i) * uint32_t(p.gpr) + uint32_t(lane / 2);
-  const uint32_t* gw = G.words + wo;
-  const uint32_t* uw = U.words + wo;
-  const uint16_t *gs = G.scales + go, *gb = G.biases + go, *us = U.scales + go, *ub = U.biases + go;
+  const int64_t wo = e * G.expert_words + int64_t(i) * p.row_words, go = e * G.expert_groups + int64_t(i) * p.gpr;
+  const uint4* gw = reinterpret_cast<const uint4*>(G.words + wo) + lane;
+  const uint4* uw = reinterpret_cast<const uint4*>(U.words + wo) + lane;
 #pragma unroll
   for (int j = 0; j < S; ++j) {
-    out.g[j] = qtile::ld_weights_u4(reinterpret_cast<const uint4*>(gw + 128 * j));
-    out.u[j] = qtile::ld_weights_u4(reinterpret_cast<const uint4*>(uw + 128 * j));
-    out.gsb[j] = qtile::ld_const_u16(gs + 16 * j) | (qtile::ld_const_u16(gb + 16 * j) << 16);
-    out.usb[j] = qtile::ld_const_u16(us + 16 * j) | (qtile::ld_const_u16(ub + 16 * j) << 16);
+    out.g[j] = qtile::ld_weights_u4(gw + 32 * j);
+    out.u[j] = qtile::ld_weights_u4(uw + 32 * j);
+    const int64_t g = go + 16 * j + lane / 2;
+    out.gsb[j] = qtile::ld_const_u16(G.scales + g) | (qtile::ld_const_u16(G.biases + g) << 16);
+    out.usb[j] = qtile::ld_const_u16(U.scales + g) | (qtile::ld_const_u16(U.biases + g) << 16);
   }
 }
 
@@ -168,11 +166,13 @@ __device__ __forceinline__ int gate_up_rows(const GateUpParams& p, const int* id
   for (; batch < end; batch += warps) {
     GateUpBatch<S> nxt;
     load_gate_up<S>(p, ids, batch + warps, end, lane, nxt);
-    const float v = warp_sum_gate_up(dot_row<S>(cur.g, cur.gsb, xq, sig, sx), dot_row<S>(cur.u, cur.usb, xq, sig, sx),
-                                     lane);
-    const float u = __shfl_sync(0xffffffffu, v, 16);  // Σu, to lane 0 (which holds Σg)
-    // Batch b is slot pair b / F, row b mod F: h's slot k (the shared expert) for pair 0, slot pair − 1 after it.
-    if (lane == 0) h[batch >= p.F ? batch - p.F : batch + p.k * p.F] = silu_f(v) * u;
+    const float g = warp_sum(dot_row<S>(cur.g, cur.gsb, xq, sig, sx));
+    const float u = warp_sum(dot_row<S>(cur.u, cur.usb, xq, sig, sx));
+    if (lane == 0) {
+      const int pair = batch / p.F, i = batch - pair * p.F;
+      const int slot = pair == 0 ? p.k : pair - 1;
+      h[int64_t(slot) * p.F + i] = silu_f(g) * u;
+    }
     cur = nxt;
   }
   return batch;
