@@ -105,19 +105,6 @@ __device__ __forceinline__ float dot_row(const uint4 (&w)[S], const uint32_t (&s
   return acc;
 }
 
-// warp_sum(g) and warp_sum(u) in one butterfly: the step over 16 lanes sends the value the lane does not keep (lanes
-// < 16 keep g, lanes >= 16 keep u), the steps over 8, 4, 2, 1 lanes add within each half. Returns Σg on lanes < 16,
-// Σu on lanes >= 16, each bit for bit warp_sum's: a lane of warp_sum holds after each step the same value as every
-// lane that differs from it only in the steps' bits (a + b == b + a, bitwise), so its last step leaves one value on
-// all 32 lanes, and the steps here are warp_sum's steps on lanes 0..15 (for g) and 16..31 (for u).
-__device__ __forceinline__ float warp_sum_gate_up(float g, float u, int lane) {
-  const bool keep_g = lane < 16;
-  float v = (keep_g ? g : u) + __shfl_xor_sync(0xffffffffu, keep_g ? u : g, 16);
-#pragma unroll
-  for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
 // What a lane reads of one gate_up batch (one intermediate row of one slot: its gate row and its up row): a uint4 of
 // words per 1024-column slice j and the group's bf16 scale (low half) and bias (high half).
 template <int S>

@@ -4,8 +4,8 @@
 // gate_up per warp), and one row in flight per warp left both kernels waiting on memory (docs/benchmarks.md).
 //
 // Every value is made as in the one-token kernels: the same lane owns the same columns of a row, the same activations
-// (quantised by the same quantize_block), the same fold (dot_row / the segment loop) and the same warp_sum trees, so
-// each token's h and hidden are bit for bit its one-token result. Only where a lane's weights wait differs.
+// (quantised by the same quantize_block), the same fold (dot_row / the segment loop) and the same warp_sum, so each
+// token's h and hidden are bit for bit its one-token result. Only where a lane's weights wait differs.
 //
 // A stage holds one row's bytes in the order of its 16-byte chunks; lane l copies chunks c = l + 32·j, j = 0, 1, ...:
 //   gate_up (S slices of 1024 columns): gate words [S·512 B], up words [S·512 B], then the gate's scales, its biases,
@@ -17,16 +17,12 @@
 //            the shared expert (l < 16), scales of segment l − 16 (16 <= l < 25), biases of segment l − 25 (l >= 25);
 //            j = 5 (l < 2): biases of segment 7 + l.
 //
-// The per-row work besides the dot products is kept small (one A/B against the first form, TERN_MOE_RING_V1=1, which
-// made every chunk's address per row from the routing: divisions, 64-bit products, branches):
-//   gate_up: each block writes, once, after reading the routing, the bases of each slot pair's six arrays (GateUpBases:
-//            pair 0 the shared expert, pair q its routed expert q − 1) to shared memory; a warp steps its batch
-//            b = pair·F + i by the token's warp count without a division (BatchPos), and a row's chunks are
-//            base + 32-bit row offset (i·row_words + 4·l words, i·gpr + 8·(l mod 2S) groups; both < 2^31, q4_dp4a_ok).
-//            Σgate and Σup share one butterfly (warp_sum_gate_up) and lane 0 gets Σup from lane 16 by one shuffle;
-//   down:    each lane makes, once, the source of its up to 6 chunks at row 0 and their row strides (DownChunks), so
-//            that row r's chunk j is base[j] + r·stride[j]; the activations' shared-memory slots of a lane are one
-//            address per word of its two and an offset per segment.
+// The down kernel keeps its per-row work besides the dot products small: each lane makes, once, the source of its up
+// to 6 chunks at row 0 and their row strides (DownChunks), so that row r's chunk j is base[j] + r·stride[j]; the
+// activations' shared-memory slots of a lane are one address per word of its two and an offset per segment (against
+// per-chunk addresses made per row from the routing: 8 / 16 streams +0.1% / +1.2%, docs/benchmarks.md). The same
+// treatment of gate_up (the slot pairs' bases in shared memory, batches stepped without a division, Σgate and Σup in
+// one butterfly) was 5% slower at 8 and 16 streams, though 34% fewer instructions a row, and is not kept.
 #include <algorithm>
 #include <cstdint>
 
@@ -50,11 +46,11 @@ constexpr int kDownStages = 4;
 constexpr int kDownStageBytes = kSeg * 256 + 2 * kSeg * 16;  // 2592
 constexpr int kDownChunks = kDownStageBytes / 16;            // 162
 
-// ---- gate_up + SwiGLU, the first form (TERN_MOE_RING_V1=1) ----------------------------------------------------------
+// ---- gate_up + SwiGLU ---------------------------------------------------------------------------------------------
 
 // Copies batch b's chunks (of this lane) into the stage at dst (shared-window address); b past the end: nothing.
 template <int S>
-__device__ __forceinline__ void issue_gate_up_v1(const GateUpParams& p, const int* ids, int b, int lane, uint32_t dst) {
+__device__ __forceinline__ void issue_gate_up(const GateUpParams& p, const int* ids, int b, int lane, uint32_t dst) {
   if (b >= (p.k + 1) * p.F) return;
   const int pair = b / p.F, i = b - pair * p.F;
   const bool sh = pair == 0;
@@ -79,7 +75,7 @@ __device__ __forceinline__ void issue_gate_up_v1(const GateUpParams& p, const in
 }
 
 template <int S>
-__global__ void __launch_bounds__(kThreads) moe_gate_up_ring_kernel_v1(const GateUpParams p) {
+__global__ void __launch_bounds__(kThreads) moe_gate_up_ring_kernel(const GateUpParams p) {
   constexpr int kStages = gate_up_stages<S>(), kStageBytes = gate_up_stage_bytes<S>();
   extern __shared__ __align__(16) uint8_t ring[];  // [kWarps][kStages][kStageBytes]
   __shared__ int ids_s[kTopK];
@@ -103,7 +99,7 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_ring_kernel_v1(const Gat
   __syncthreads();
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    issue_gate_up_v1<S>(p, ids_s, first + s * warps, lane, ring_addr + uint32_t(s * kStageBytes));
+    issue_gate_up<S>(p, ids_s, first + s * warps, lane, ring_addr + uint32_t(s * kStageBytes));
     cp_async_commit();
   }
   if (p.down_ahead) prefetch_down(p, ids_s);
@@ -118,7 +114,7 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_ring_kernel_v1(const Gat
     const int batch = first + it * warps;
     if (batch >= batches) break;
     const int slot_ahead = (it + kStages - 1) % kStages;
-    issue_gate_up_v1<S>(p, ids_s, batch + (kStages - 1) * warps, lane, ring_addr + uint32_t(slot_ahead * kStageBytes));
+    issue_gate_up<S>(p, ids_s, batch + (kStages - 1) * warps, lane, ring_addr + uint32_t(slot_ahead * kStageBytes));
     cp_async_commit();
     cp_async_wait<kStages - 1>();
     __syncwarp();  // every lane's chunks of this batch have landed
@@ -151,247 +147,6 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_ring_kernel_v1(const Gat
   cp_async_wait<0>();
 }
 
-// ---- down + weighted sum + residual, the first form (TERN_MOE_RING_V1=1) --------------------------------------------
-
-// Copies output row r's chunks (of this lane) into the stage at dst; r past the end: nothing.
-__device__ __forceinline__ void issue_down_v1(const DownParams& p, const int* ids, int r, int lane, uint32_t dst) {
-  if (r >= p.D) return;
-#pragma unroll
-  for (int c = lane; c < kDownChunks; c += 32) {
-    int s, piece, kind;  // kind 0: words, 1: scales, 2: biases
-    if (c < kSeg * 16) {
-      s = c / 16, piece = c % 16, kind = 0;
-    } else {
-      const int d = c - kSeg * 16;
-      kind = 1 + d / kSeg, s = d % kSeg, piece = 0;
-    }
-    const bool sh = s == kTopK;
-    const Q4 M = pick(sh, p.sdown, p.down);
-    const int64_t e = sh ? 0 : ids[s];
-    const void* src = kind == 0 ? static_cast<const void*>(M.words + e * M.expert_words + int64_t(r) * p.row_words +
-                                                           piece * 4)
-                                : static_cast<const void*>((kind == 1 ? M.scales : M.biases) + e * M.expert_groups +
-                                                           int64_t(r) * p.gpr);
-    cp_async_16(dst + uint32_t(c * 16), src, 16u);
-  }
-}
-
-__global__ void __launch_bounds__(kThreads, 2) moe_down_ring_kernel_v1(const DownParams p) {
-  extern __shared__ __align__(16) uint8_t ring[];  // [kWarps][kDownStages][kDownStageBytes]
-  __shared__ int ids_s[kTopK];
-  __shared__ uint4 xs[kSeg * 64];
-  __shared__ int xsum[kSeg * 64];
-  __shared__ float xsig[kSeg * 8];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int warps = int(gridDim.x) * kWarps;  // of this token
-  const int first = int(blockIdx.x) * kWarps + warp;
-  const int token = int(blockIdx.y);
-  const int* ids = p.ids + token * kTopK;
-  const float* h = p.h + int64_t(token) * (kSeg * kDownCols);
-  float* hidden = p.hidden + int64_t(token) * p.D;
-  uint8_t* my_ring = ring + warp * kDownStages * kDownStageBytes;
-  const uint32_t ring_addr = smem_addr(my_ring);
-  if (!p.early_routing) pdl_wait();
-  if (int(threadIdx.x) < kTopK) {
-    const int e = __ldcg(ids + threadIdx.x);  // L2: written by another kernel, maybe while this one was resident
-    ids_s[threadIdx.x] = e < 0 ? 0 : (e >= p.E ? p.E - 1 : e);
-  }
-  __syncthreads();
-  // The first rows' weights in flight while gate_up finishes / the activations are quantised.
-#pragma unroll
-  for (int s = 0; s < kDownStages - 1; ++s) {
-    issue_down_v1(p, ids_s, first + s * warps, lane, ring_addr + uint32_t(s * kDownStageBytes));
-    cp_async_commit();
-  }
-  if (p.early_routing) pdl_wait();  // h comes from gate_up
-  float unused_ss = 0.0f;
-  dp4a::quantize_block<dp4a::quantize_passes(kSeg * 64, kThreads)>(h, nullptr, kSeg * 64, xs, xsum, xsig, unused_ss);
-  __syncthreads();
-  pdl_trigger();
-  float sig[kSeg], sx[kSeg];  // coefficient·σ of the lane's group, coefficient·σ·Σv of its 16 columns
-  down_lane_coefficients(p, token, xsum, xsig, lane, sig, sx);
-  // The residual row lane 0 adds to, a row ahead (after pdl_wait: an earlier kernel writes it).
-  float hid = lane == 0 && first < p.D ? __ldcg(hidden + first) : 0.0f;
-  for (int it = 0;; ++it) {
-    const int row = first + it * warps;
-    if (row >= p.D) break;
-    const int slot_ahead = (it + kDownStages - 1) % kDownStages;
-    issue_down_v1(p, ids_s, row + (kDownStages - 1) * warps, lane, ring_addr + uint32_t(slot_ahead * kDownStageBytes));
-    cp_async_commit();
-    const float hid_next = lane == 0 && row + warps < p.D ? __ldcg(hidden + row + warps) : 0.0f;
-    cp_async_wait<kDownStages - 1>();
-    __syncwarp();  // every lane's chunks of this row have landed
-    const uint8_t* st = my_ring + (it % kDownStages) * kDownStageBytes;
-    const uint2* wv = reinterpret_cast<const uint2*>(st);
-    const uint16_t* sc = reinterpret_cast<const uint16_t*>(st + kSeg * 256);
-    const uint16_t* bi = sc + kSeg * 8;
-    uint2 w[kSeg];
-    uint32_t sb[kSeg];
-#pragma unroll
-    for (int s = 0; s < kSeg; ++s) {
-      w[s] = wv[s * 32 + lane];
-      sb[s] = uint32_t(sc[s * 8 + lane / 4]) | (uint32_t(bi[s * 8 + lane / 4]) << 16);
-    }
-    __syncwarp();  // the stage is read: the next iteration may refill it
-    float acc = 0.0f;
-#pragma unroll
-    for (int s = 0; s < kSeg; ++s) {
-      int dh = 0, dl = 0;
-      dp4a::dot_word(w[s].x, xs[dp4a::xs_slot(s * 64 + 2 * lane)], dh, dl);
-      dp4a::dot_word(w[s].y, xs[dp4a::xs_slot(s * 64 + 2 * lane + 1)], dh, dl);
-      acc = fmaf(dp4a::scale_of(sb[s]) * sig[s], float(dh * 256 + dl), acc);
-      acc = fmaf(dp4a::bias_of(sb[s]), sx[s], acc);
-    }
-    acc = warp_sum(acc);
-    if (lane == 0) hidden[row] = hid + acc;
-    hid = hid_next;
-  }
-  cp_async_wait<0>();
-}
-
-// ---- gate_up + SwiGLU -----------------------------------------------------------------------------------------------
-
-// Where slot pair q of the block's token starts (q = 0: the shared expert, q >= 1: routed expert ids[q − 1]), filled
-// once per block after the routing is read: words[q] = {gate, up} words of the expert (row 0; as pointers' bits),
-// sb[q][m] = its gate scales, gate biases, up scales, up biases (m = 0..3) at row 0.
-struct GateUpBases {
-  ulonglong2 words[kSeg];
-  unsigned long long sb[kSeg][4];
-};
-
-// Pair q's entry of t, the routed expert e (unused for q = 0).
-__device__ __forceinline__ void fill_gate_up_bases(const GateUpParams& p, int q, int e, GateUpBases& t) {
-  const bool sh = q == 0;
-  const int64_t x = sh ? 0 : e;
-  const Q4 G = pick(sh, p.sgate, p.gate), U = pick(sh, p.sup, p.up);
-  t.words[q] = make_ulonglong2(reinterpret_cast<uintptr_t>(G.words + x * G.expert_words),
-                               reinterpret_cast<uintptr_t>(U.words + x * U.expert_words));
-  t.sb[q][0] = reinterpret_cast<uintptr_t>(G.scales + x * G.expert_groups);
-  t.sb[q][1] = reinterpret_cast<uintptr_t>(G.biases + x * G.expert_groups);
-  t.sb[q][2] = reinterpret_cast<uintptr_t>(U.scales + x * U.expert_groups);
-  t.sb[q][3] = reinterpret_cast<uintptr_t>(U.biases + x * U.expert_groups);
-}
-
-// Batch pair·F + i of one token, stepped by a fixed count (the token's warps) without a division per step.
-struct BatchPos {
-  int pair, i;
-};
-
-// Copies the lane's chunks of batch (pair, i) into the stage whose lane-l chunk 0 is at dst (shared-window address:
-// stage + 16·lane); pair > k: nothing. Chunk c = lane + 32·j: j < S gate words (row word 4·lane + 128·j), S <= j < 2S
-// up words (the same), j = 2S (lanes < 8S) chunk `lane` of the 8S scale/bias chunks: array lane / 2S of the pair's
-// sb[] at group 8·(lane mod 2S). Offsets in 32 bits: i·row_words + 4·lane + 128·j < expert_words < 2^31 and
-// i·gpr + 8·(lane mod 2S) < expert_groups (q4_dp4a_ok).
-template <int S>
-__device__ __forceinline__ void issue_gate_up(const GateUpParams& p, const GateUpBases& t, BatchPos b, int lane,
-                                              uint32_t dst) {
-  if (b.pair > p.k) return;
-  const ulonglong2 w = t.words[b.pair];
-  const uint32_t wo = uint32_t(b.i) * uint32_t(p.row_words) + uint32_t(4 * lane);
-  const uint32_t* g = reinterpret_cast<const uint32_t*>(w.x) + wo;
-  const uint32_t* u = reinterpret_cast<const uint32_t*>(w.y) + wo;
-#pragma unroll
-  for (int j = 0; j < S; ++j) cp_async_16(dst + uint32_t(512 * j), g + 128 * j, 16u);
-#pragma unroll
-  for (int j = 0; j < S; ++j) cp_async_16(dst + uint32_t(512 * (S + j)), u + 128 * j, 16u);
-  if (lane < 8 * S) {
-    const uint16_t* sb = reinterpret_cast<const uint16_t*>(t.sb[b.pair][lane / (2 * S)]) +
-                         (uint32_t(b.i) * uint32_t(p.gpr) + uint32_t(8 * (lane % (2 * S))));
-    cp_async_16(dst + uint32_t(1024 * S), sb, 16u);
-  }
-}
-
-template <int S>
-__global__ void __launch_bounds__(kThreads) moe_gate_up_ring_kernel(const GateUpParams p) {
-  constexpr int kStages = gate_up_stages<S>(), kStageBytes = gate_up_stage_bytes<S>();
-  extern __shared__ __align__(16) uint8_t ring[];  // [kWarps][kStages][kStageBytes]
-  __shared__ int ids_s[kTopK];
-  __shared__ GateUpBases bases;
-  __shared__ uint4 xs[S * 128];
-  __shared__ __align__(16) int xsum[S * 128];
-  __shared__ float xsig[S * 16];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int warps = int(gridDim.x) * kWarps, batches = (p.k + 1) * p.F;  // of this token
-  const int first = int(blockIdx.x) * kWarps + warp;
-  const int token = int(blockIdx.y);
-  const int* ids = p.ids + token * p.k;
-  const float* xhat = p.xhat + int64_t(token) * (S * 1024);
-  float* h = p.h + int64_t(token) * (p.k + 1) * p.F;
-  const uint8_t* my_ring = ring + warp * kStages * kStageBytes;
-  const uint32_t lane_addr = smem_addr(my_ring) + uint32_t(16 * lane);  // the lane's chunk 0 of stage 0
-  pdl_wait();  // the routing and x̂ come from the router kernel
-  if (int(threadIdx.x) < p.k) {
-    const int e = ids[threadIdx.x];
-    const int ec = e < 0 ? 0 : (e >= p.E ? p.E - 1 : e);
-    ids_s[threadIdx.x] = ec;
-    fill_gate_up_bases(p, int(threadIdx.x) + 1, ec, bases);
-  } else if (int(threadIdx.x) == p.k) {
-    fill_gate_up_bases(p, 0, 0, bases);
-  }
-  __syncthreads();
-  // The issue position steps by warps = step_pairs·F + step_i.
-  const int step_pairs = warps / p.F, step_i = warps - step_pairs * p.F;
-  BatchPos ahead{first / p.F, first - (first / p.F) * p.F};
-  const auto advance = [&](BatchPos& b) {
-    b.i += step_i;
-    b.pair += step_pairs;
-    if (b.i >= p.F) {
-      b.i -= p.F;
-      ++b.pair;
-    }
-  };
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    issue_gate_up<S>(p, bases, ahead, lane, lane_addr + uint32_t(s * kStageBytes));
-    cp_async_commit();
-    advance(ahead);
-  }
-  if (p.down_ahead) prefetch_down(p, ids_s);
-  float unused_ss = 0.0f;
-  dp4a::quantize_block<dp4a::quantize_passes(S * 128, kThreads)>(xhat, nullptr, S * 128, xs, xsum, xsig, unused_ss);
-  __syncthreads();
-  pdl_trigger();  // after pdl_wait in every block: moe_down's early routing read stays safe (moe_dp4a.cuh)
-  uint4 xq[S][4];
-  float sig[S], sx[S];
-  gate_up_lane_x<S>(xs, xsum, xsig, lane, xq, sig, sx);
-  // Batch b is slot pair b / F, row b mod F: h's slot k (the shared expert) for pair 0, slot pair − 1 after it.
-  float* h_shared = h + p.k * p.F;  // [b] for b < F
-  float* h_routed = h - p.F;        // [b] for b >= F
-  // Byte offsets in the warp's ring of the stage read (rd) and of the one refilled (wr, read one iteration before).
-  uint32_t rd = 0, wr = (kStages - 1) * kStageBytes;
-  for (int batch = first; batch < batches; batch += warps) {
-    issue_gate_up<S>(p, bases, ahead, lane, lane_addr + wr);
-    cp_async_commit();
-    advance(ahead);
-    cp_async_wait<kStages - 1>();
-    __syncwarp();  // every lane's chunks of this batch have landed
-    const uint8_t* st = my_ring + rd;
-    const uint4* gw = reinterpret_cast<const uint4*>(st);
-    const uint4* uw = gw + 32 * S;
-    const uint16_t* gsc = reinterpret_cast<const uint16_t*>(st + 1024 * S);
-    const uint16_t* gbi = gsc + 16 * S;
-    const uint16_t* usc = gbi + 16 * S;
-    const uint16_t* ubi = usc + 16 * S;
-    uint4 gv[S], uv[S];
-    uint32_t gsb[S], usb[S];
-#pragma unroll
-    for (int j = 0; j < S; ++j) {
-      gv[j] = gw[32 * j + lane];
-      uv[j] = uw[32 * j + lane];
-      const int g = 16 * j + lane / 2;
-      gsb[j] = uint32_t(gsc[g]) | (uint32_t(gbi[g]) << 16);
-      usb[j] = uint32_t(usc[g]) | (uint32_t(ubi[g]) << 16);
-    }
-    __syncwarp();  // the stage is read: the next iteration may refill it
-    const float v = warp_sum_gate_up(dot_row<S>(gv, gsb, xq, sig, sx), dot_row<S>(uv, usb, xq, sig, sx), lane);
-    const float u = __shfl_sync(0xffffffffu, v, 16);  // Σu, to lane 0 (which holds Σg)
-    if (lane == 0) (batch >= p.F ? h_routed : h_shared)[batch] = silu_f(v) * u;
-    wr = rd;
-    rd = rd + kStageBytes == kStages * kStageBytes ? 0 : rd + kStageBytes;
-  }
-  cp_async_wait<0>();
-}
-
 // ---- down + weighted sum + residual ---------------------------------------------------------------------------------
 
 constexpr int kDownRuns = (kDownChunks + 31) / 32;  // 6: a lane's chunks per row
@@ -408,7 +163,7 @@ __device__ __forceinline__ void down_lane_chunks(const DownParams& p, const int*
 #pragma unroll
   for (int j = 0; j < kDownRuns; ++j) {
     const int c = lane + 32 * j;
-    int s, piece, kind;  // kind 0: words, 1: scales, 2: biases (issue_down_v1's chunk order)
+    int s, piece, kind;  // kind 0: words, 1: scales, 2: biases (the stage's chunk order above)
     if (c < kSeg * 16) {
       s = c / 16, piece = c % 16, kind = 0;
     } else {
@@ -521,32 +276,20 @@ int ring_blocks(const void* kernel, int smem, int64_t work, int B) {
   return int(std::clamp<int64_t>(wave / B, 1, (work + kWarps - 1) / kWarps));
 }
 
-// Whether B >= 2 takes the first ring kernels (issue_*_v1: every chunk's address made per row) instead of the
-// current ones: TERN_MOE_RING_V1=1, for one A/B measurement.
-bool ring_v1() {
-  static const bool on = env_is("TERN_MOE_RING_V1", "1");
-  return on;
-}
-
-// Sets kernel's dynamic shared memory limit to smem, once per kernel (`done`: that kernel's flag).
-void set_smem_once(const void* kernel, int smem, bool& done) {
-  if (done) return;
-  TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  done = true;
-}
-
 // False (nothing launched) when the ring does not fit the device's shared memory.
 template <int S>
 bool launch_gate_up_ring(const GateUpParams& p, int B, cudaStream_t stream) {
-  const bool v1 = ring_v1();
-  auto kernel = v1 ? moe_gate_up_ring_kernel_v1<S> : moe_gate_up_ring_kernel<S>;
+  auto kernel = moe_gate_up_ring_kernel<S>;
   constexpr int smem = kWarps * gate_up_stages<S>() * gate_up_stage_bytes<S>();
   if (smem > qtile::max_dynamic_smem()) return false;
-  static bool attribute_set[2] = {false, false};
-  set_smem_once(reinterpret_cast<const void*>(kernel), smem, attribute_set[v1]);
+  static bool attribute_set = false;
+  if (!attribute_set) {
+    TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    attribute_set = true;
+  }
   const int blocks = ring_blocks(reinterpret_cast<const void*>(kernel), smem, int64_t(p.k + 1) * p.F, B);
-  launch_pdl(v1 ? "moe_gate_up_ring_v1" : "moe_gate_up_ring", kernel, dim3(unsigned(blocks), unsigned(B)),
-             dim3(kThreads), size_t(smem), stream, p);
+  launch_pdl("moe_gate_up_ring", kernel, dim3(unsigned(blocks), unsigned(B)), dim3(kThreads), size_t(smem), stream,
+             p);
   return true;
 }
 
@@ -569,13 +312,14 @@ bool gate_up_ring(const GateUpParams& p, int cols, int B, cudaStream_t stream) {
 bool down_ring(const DownParams& p, int B, cudaStream_t stream) {
   if (B < 2 || !ring_enabled()) return false;
   constexpr int smem = kWarps * kDownStages * kDownStageBytes;
-  const bool v1 = ring_v1();
-  auto kernel = v1 ? moe_down_ring_kernel_v1 : moe_down_ring_kernel;
-  static bool attribute_set[2] = {false, false};
-  set_smem_once(reinterpret_cast<const void*>(kernel), smem, attribute_set[v1]);
-  const int blocks = ring_blocks(reinterpret_cast<const void*>(kernel), smem, p.D, B);
-  launch_pdl(v1 ? "moe_down_ring_v1" : "moe_down_ring", kernel, dim3(unsigned(blocks), unsigned(B)), dim3(kThreads),
-             size_t(smem), stream, p);
+  static bool attribute_set = false;
+  if (!attribute_set) {
+    TERN_CUDA(cudaFuncSetAttribute(moe_down_ring_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    attribute_set = true;
+  }
+  const int blocks = ring_blocks(reinterpret_cast<const void*>(moe_down_ring_kernel), smem, p.D, B);
+  launch_pdl("moe_down_ring", moe_down_ring_kernel, dim3(unsigned(blocks), unsigned(B)), dim3(kThreads), size_t(smem),
+             stream, p);
   return true;
 }
 
