@@ -474,6 +474,7 @@ void run_chat(const RunArgs& a) {
     if (cache.active()) {
       req.checkpoint_every = cache.options().snapshot_every;
       req.on_checkpoint = [&](Session& s) { cache.checkpoint(s, req.prompt, req.images); };
+      req.on_kept_checkpoint = [&](Session& s) { cache.checkpoint_kept(s, req.prompt, req.images); };
     } else {
       req.checkpoint_at.clear();
     }

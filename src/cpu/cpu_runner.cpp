@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "core/check.h"
@@ -149,6 +151,7 @@ class CpuSession final : public Session {
   int64_t rope_delta() const override { return rope_delta_; }
   void reset() override {
     drop_kept();
+    keep_at_ = -1;
     position_ = 0;
     rope_delta_ = 0;
     mtp_.clear();
@@ -194,6 +197,13 @@ class CpuSession final : public Session {
     drop_kept();
   }
 
+  void keep_state_at(int64_t position) override {
+    TERN_CHECK(position > position_, "cpu keep_state_at: position ", position, " is not past the session's ",
+               position_);
+    keep_at_ = position;
+  }
+  std::unique_ptr<StateSnapshot> take_kept_snapshot() override { return std::move(kept_snap_); }
+
   void rollback(int64_t position) override {
     TERN_CHECK(kept_from_ >= 0, "cpu rollback: no verify forward's states are kept");
     TERN_CHECK(position >= kept_from_ && position <= position_, "cpu rollback: position ", position,
@@ -211,8 +221,12 @@ class CpuSession final : public Session {
     mtp_hidden_.resize(size_t(std::clamp<int64_t>(position - mtp_hidden_pos0_, 0, rows) * D));
     drop_kept();
   }
-  // The kept states are no longer valid (their buffers stay allocated for the next verify forward).
-  void drop_kept() { kept_from_ = -1; }
+  // The kept states are no longer valid (their buffers stay allocated for the next verify forward), nor the kept
+  // snapshot.
+  void drop_kept() {
+    kept_from_ = -1;
+    kept_snap_.reset();
+  }
 
   // Implemented below CpuRunner (needs the config): see copy_kv_prefix.
   void copy_kv_prefix(const Session& from, int64_t n) override;
@@ -245,6 +259,8 @@ class CpuSession final : public Session {
   int64_t allocated_ = 0;  // KV positions allocated
   int64_t kv_width_ = 0;
   int64_t kept_from_ = -1;  // the position before the last verify forward whose states are kept; -1: none
+  int64_t keep_at_ = -1;    // keep_state_at's position for the next forward; -1: none
+  std::unique_ptr<CpuSnapshot> kept_snap_;  // what the last forward kept there (take_kept_snapshot)
   std::vector<LayerState> layers_;
 
   // ---- the MTP draft head (only with weights that hold it) ----
@@ -339,6 +355,9 @@ class CpuRunner final : public ModelRunner {
                std::vector<float>& logits) override {
     run(session, tokens, {}, all_logits, /*verify=*/false, logits);
   }
+  // A forward call of two tokens or more splits its Gated DeltaNet layers at the kept position: the arithmetic of two
+  // calls cut there.
+  bool keeps_state_inside(int64_t tokens) const override { return tokens >= 2; }
   bool supports_verify() const override { return true; }
   // The states before the first token and after each (T + 1 per Gated DeltaNet layer, fp32, in RAM: gdn_layer), kept
   // by the session for its life (resized to the largest verify).
@@ -398,7 +417,9 @@ class CpuRunner final : public ModelRunner {
   void validate_mtp() const;
   // logits [rows, V] = lm_head · h [rows, D], padding ids -inf.
   void lm_head_logits(const float* h, int64_t rows, std::vector<float>& logits) const;
-  void gdn_layer(int li, CpuSession& s, const float* a, int64_t T, bool verify, float* out);
+  // keep_t > 0: the states after the call's first keep_t tokens also into `kept` (Session::keep_state_at).
+  void gdn_layer(int li, CpuSession& s, const float* a, int64_t T, bool verify, int64_t keep_t, CpuSnapshot* kept,
+                 float* out);
   // rope_angles: the call's M-RoPE angles when it holds image tokens, else null (positions + the session's delta).
   void attention_layer(int li, CpuSession& s, const float* a, int64_t T, const float* rope_angles, float* out);
 
@@ -496,8 +517,10 @@ void CpuRunner::forward_mtp(Session& session, std::span<const float> hidden, std
 }
 
 // a [T, D] normed hidden -> out [T, D] mixer output. verify: one token at a time (the arithmetic of T one-token
-// calls), the states after each token kept in st.kept_*.
-void CpuRunner::gdn_layer(int li, CpuSession& s, const float* a, int64_t T, bool verify, float* out) {
+// calls), the states after each token kept in st.kept_*. keep_t in (0, T): in two pieces, [0, keep_t) and [keep_t, T)
+// (the arithmetic of two calls cut there), the states between them copied into kept's layer li.
+void CpuRunner::gdn_layer(int li, CpuSession& s, const float* a, int64_t T, bool verify, int64_t keep_t,
+                          CpuSnapshot* kept, float* out) {
   const Config& c = w_->config;
   const LayerWeights& lw = w_->layers[size_t(li)];
   LayerState& st = s.layers_[size_t(li)];
@@ -519,12 +542,17 @@ void CpuRunner::gdn_layer(int li, CpuSession& s, const float* a, int64_t T, bool
     std::copy(st.conv_state.begin(), st.conv_state.end(), st.kept_conv.begin());
     std::copy(st.gdn_state.begin(), st.gdn_state.end(), st.kept_gdn.begin());
   }
-  for (int64_t t0 = 0; t0 < T; t0 += verify ? 1 : T) {
-    const int64_t n = verify ? 1 : T;
+  const bool keep = !verify && kept && keep_t > 0 && keep_t < T;
+  // The pieces the conv and the delta rule run in: one token each (verify), two (keep), else one of T.
+  const auto piece_end = [&](int64_t t0) { return verify ? t0 + 1 : keep && t0 < keep_t ? keep_t : T; };
+  std::pair<std::vector<float>, std::vector<float>>* const kept_layer = keep ? &kept->layers_[size_t(li)] : nullptr;
+  for (int64_t t0 = 0; t0 < T; t0 = piece_end(t0)) {
+    const int64_t n = piece_end(t0) - t0;
     conv1d_causal_silu({.x = raw.data() + t0 * C, .T = n, .C = C, .w = lw.conv1d.data(),
                         .Ck = c.linear_conv_kernel_dim, .state = st.conv_state.data(), .y = qkv.data() + t0 * C});
     if (verify)
       std::copy(st.conv_state.begin(), st.conv_state.end(), st.kept_conv.begin() + ptrdiff_t(size_t(t0 + 1) * nc));
+    if (keep && t0 + n == keep_t) kept_layer->first = st.conv_state;
   }
   dump(layer_name("gdn_conv", li), qkv.data(), {T, C});
   gdn_qk_norm(qkv.data(), T, d);
@@ -533,23 +561,22 @@ void CpuRunner::gdn_layer(int li, CpuSession& s, const float* a, int64_t T, bool
   const GdnArgs args{.q = qkv.data(), .k = qkv.data() + int64_t(d.Hk) * d.dk,
                      .v = qkv.data() + 2LL * d.Hk * d.dk, .ld = C, .g = g.data(), .beta = beta.data(), .T = T,
                      .dims = d, .state = st.gdn_state.data(), .out = core.data()};
-  if (verify) {
-    for (int64_t t = 0; t < T; ++t) {
-      GdnArgs one = args;
-      one.q += t * C;
-      one.k += t * C;
-      one.v += t * C;
-      one.g += t * d.Hv;
-      one.beta += t * d.Hv;
-      one.out += t * HV;
-      one.T = 1;
-      gdn_recurrent(one);
-      std::copy(st.gdn_state.begin(), st.gdn_state.end(), st.kept_gdn.begin() + ptrdiff_t(size_t(t + 1) * ng));
-    }
-  } else if (T > 1 && opt_.gdn_chunked) {
-    gdn_chunked(args, opt_.gdn_chunk);
-  } else {
-    gdn_recurrent(args);
+  for (int64_t t0 = 0; t0 < T; t0 = piece_end(t0)) {
+    GdnArgs piece = args;
+    piece.q += t0 * C;
+    piece.k += t0 * C;
+    piece.v += t0 * C;
+    piece.g += t0 * d.Hv;
+    piece.beta += t0 * d.Hv;
+    piece.out += t0 * HV;
+    piece.T = piece_end(t0) - t0;
+    if (piece.T > 1 && opt_.gdn_chunked)
+      gdn_chunked(piece, opt_.gdn_chunk);
+    else
+      gdn_recurrent(piece);
+    if (verify)
+      std::copy(st.gdn_state.begin(), st.gdn_state.end(), st.kept_gdn.begin() + ptrdiff_t(size_t(t0 + 1) * ng));
+    if (keep && t0 + piece.T == keep_t) kept_layer->second = st.gdn_state;
   }
   dump(layer_name("gdn_core", li), core.data(), {T, d.Hv, d.dv});
   gated_rms_norm(core.data(), z.data(), lw.gdn_norm.data(), T * d.Hv, d.dv, float(c.rms_norm_eps), core.data());
@@ -589,6 +616,7 @@ void CpuRunner::run(Session& session, std::span<const int32_t> tokens, std::span
   auto* sp = dynamic_cast<CpuSession*>(&session);
   TERN_CHECK(sp != nullptr && sp->owner_ == this, "cpu forward: the session was not created by this runner");
   CpuSession& s = *sp;
+  const int64_t keep_at = std::exchange(s.keep_at_, -1);  // this call's, whether it runs or throws
   const Config& c = w_->config;
   const int64_t T = int64_t(tokens.size()), D = c.hidden_size;
   TERN_CHECK(T > 0, "cpu forward: no tokens");
@@ -608,6 +636,18 @@ void CpuRunner::run(Session& session, std::span<const int32_t> tokens, std::span
   }
   s.reserve_kv(c, s.position_ + T);
   s.drop_kept();
+  // Session::keep_state_at: the states after keep_t of the call's tokens (text only) into a snapshot.
+  const int64_t keep_t = !verify && images.empty() && keep_at > s.position_ && keep_at < s.position_ + T
+                             ? keep_at - s.position_
+                             : -1;
+  std::unique_ptr<CpuSnapshot> kept;
+  if (keep_t > 0) {
+    kept = std::make_unique<CpuSnapshot>();
+    kept->owner_ = this;
+    kept->position_ = keep_at;
+    kept->rope_delta_ = s.rope_delta_;
+    kept->layers_.resize(s.layers_.size());  // the Gated DeltaNet layers' filled by gdn_layer
+  }
   dump("embed", x.data(), {T, D});
 
   for (int li = 0; li < int(w_->layers.size()); ++li) {
@@ -615,7 +655,7 @@ void CpuRunner::run(Session& session, std::span<const int32_t> tokens, std::span
         rms_norm(x.data(), lw.input_norm.data(), T, D, eps, a.data());
     dump(layer_name("attn_norm", li), a.data(), {T, D});
     if (c.layer_types[size_t(li)] == LayerType::linear_attention)
-      gdn_layer(li, s, a.data(), T, verify, mix.data());
+      gdn_layer(li, s, a.data(), T, verify, keep_t, kept.get(), mix.data());
     else
       attention_layer(li, s, a.data(), T, images.empty() ? nullptr : rope.angles.data(), mix.data());
     dump(layer_name("attn_out", li), mix.data(), {T, D});
@@ -637,6 +677,14 @@ void CpuRunner::run(Session& session, std::span<const int32_t> tokens, std::span
     std::vector<float> h(static_cast<size_t>(T * D));
     rms_norm(x.data(), w_->final_norm.data(), T, D, eps, h.data());
     s.keep_mtp_hidden(h.data(), s.position_, T, D);
+    if (kept) kept->mtp_hidden_.assign(h.begin() + (keep_t - 1) * D, h.begin() + keep_t * D);  // at keep_at - 1
+  }
+  if (kept) {
+    for (const LayerState& l : s.layers_) {
+      kept->sizes_.emplace_back(l.conv_state.size(), l.gdn_state.size());
+      kept->elems_ += l.conv_state.size() + l.gdn_state.size();
+    }
+    s.kept_snap_ = std::move(kept);
   }
   if (verify) s.kept_from_ = s.position_;
   s.position_ += T;

@@ -1,6 +1,7 @@
 #include "engine/generation_run.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "core/check.h"
 
@@ -151,10 +152,9 @@ bool GenerationRun::next_step(BatchEntry& entry, int64_t max_prompt_tokens) {
     }
     size_t n = std::min<size_t>(rest_.size(), size_t(std::min(chunk_, std::max<int64_t>(1, max_prompt_tokens))));
     const int64_t every = request_.checkpoint_every;
-    const int64_t pos = session_.position(), n_prompt = int64_t(request_.prompt.size());
+    const int64_t pos = session_.position();
     if (every > 0) n = std::min<size_t>(n, size_t(every - pos % every));
-    for (int64_t at : request_.checkpoint_at)
-      if (at > pos && at < n_prompt) n = std::min<size_t>(n, size_t(at - pos));
+    n = cut_at_checkpoints(pos, n);
     entry.tokens = rest_.first(n);
     image_spans(pos, int64_t(n));
     entry.images = spans_;
@@ -179,6 +179,33 @@ bool GenerationRun::next_step(BatchEntry& entry, int64_t max_prompt_tokens) {
   }
   if (device_ok_) entry.sampling = &sampling_;
   return true;
+}
+
+// The prompt chunk from `pos` of at most n tokens, cut at the checkpoint_at positions inside it: at the first one, or
+// (where the runner keeps a state inside a call of the chunk's tokens, and on_kept_checkpoint takes it) at the
+// second, the first kept by the session (Session::keep_state_at) for after_prompt_chunk. A chunk that holds image
+// tokens is always cut.
+size_t GenerationRun::cut_at_checkpoints(int64_t pos, size_t n) {
+  const int64_t n_prompt = int64_t(request_.prompt.size());
+  std::vector<int64_t> inside;  // checkpoints strictly inside the chunk, in order
+  for (int64_t at : request_.checkpoint_at)
+    if (at > pos && at < pos + int64_t(n) && at < n_prompt) inside.push_back(at);
+  if (inside.empty()) return n;
+  std::sort(inside.begin(), inside.end());
+  inside.erase(std::unique(inside.begin(), inside.end()), inside.end());
+  const auto text_only = [&](int64_t end) {
+    return std::none_of(request_.images.begin(), request_.images.end(), [&](const PromptImage& im) {
+      return im.offset < end && im.offset + im.tokens > pos;
+    });
+  };
+  const size_t kept_n = inside.size() > 1 ? size_t(inside[1] - pos) : n;  // the chunk when the first is kept
+  if (request_.on_kept_checkpoint && gen_.runner().keeps_state_inside(int64_t(kept_n)) &&
+      text_only(pos + int64_t(kept_n))) {
+    session_.keep_state_at(inside[0]);
+    kept_at_ = inside[0];
+    return kept_n;
+  }
+  return size_t(inside[0] - pos);
 }
 
 // At most as many drafts as the step could use: draft i guesses the token i places after the fed one (whose index
@@ -311,7 +338,10 @@ void GenerationRun::after_prompt_chunk(int64_t n) {
       request_.on_checkpoint &&
       (rest_.empty() || (every > 0 && pos % every == 0) ||
        std::find(request_.checkpoint_at.begin(), request_.checkpoint_at.end(), pos) != request_.checkpoint_at.end());
+  // The checkpoint the session kept inside this chunk (cut_at_checkpoints), if the runner kept it.
+  const bool kept = std::exchange(kept_at_, -1) >= 0;
   if (!rest_.empty()) {
+    if (kept) request_.on_kept_checkpoint(session_);
     if (checkpoint) request_.on_checkpoint(session_);
     return;
   }
@@ -324,6 +354,7 @@ void GenerationRun::after_prompt_chunk(int64_t n) {
   device_ok_ = gen_.options().use_device_sampling && device_sampling_allowed(request_);
   t_decode_ = Clock::now();
   choose_token(std::nullopt);
+  if (kept) request_.on_kept_checkpoint(session_);
   if (checkpoint) request_.on_checkpoint(session_);
 }
 

@@ -90,10 +90,12 @@ class GenerationRun {
   // once the session holds all its tokens).
   void image_spans(int64_t pos, int64_t n);
   void release_fed_images();
+  size_t cut_at_checkpoints(int64_t pos, size_t n);
 
   std::span<const int32_t> rest_;  // prompt tokens still to feed
   std::vector<std::unique_ptr<ImageEmbeddings>> encoded_;  // [request.images.size()]
   std::vector<ImageSpan> spans_;   // the current prompt chunk's image tokens
+  int64_t kept_at_ = -1;           // the checkpoint the current prompt chunk keeps inside (Session::keep_state_at)
   std::vector<float> logits_;      // [V] of the last fed token
   bool finished_ = false, first_ = true, want_logprobs_ = false, device_ok_ = false, callback_stopped_ = false;
   uint64_t step_ = 0, max_tokens_ = 0;

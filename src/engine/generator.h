@@ -78,9 +78,14 @@ struct GenerationRequest {
   // checkpoint_every (absolute positions; 0: none), and on_checkpoint(session) runs there and once the whole
   // prompt is in (before the first token is sampled).
   // checkpoint_at: more such positions (e.g. where the chat template's generation prompt begins).
+  // on_kept_checkpoint (optional): where the runner can keep a state inside a forward call
+  // (ModelRunner::keeps_state_inside), a checkpoint_at position inside a prompt chunk does not cut the chunk: the
+  // session keeps the states there (Session::keep_state_at) and on_kept_checkpoint(session) runs after the chunk, to
+  // take them (Session::take_kept_snapshot). Without it, every checkpoint_at position ends a forward call.
   int64_t checkpoint_every = 0;
   std::vector<int64_t> checkpoint_at;
   std::function<void(Session&)> on_checkpoint;
+  std::function<void(Session&)> on_kept_checkpoint;
   // Prefill progress (a status line, a client's "reading prompt N / M"): on_prompt_progress runs once before the
   // prefill's first forward call (processed == cached), then after each of its forward calls (a chunk of the
   // prompt, never a token), the last time with processed == total, before the first token is sampled.

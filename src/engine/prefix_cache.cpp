@@ -171,8 +171,20 @@ void PrefixCache::take_snapshot(Slot& slot) {
     it->last_use = clock_;
     return;
   }
+  hold_snapshot(slot, slot.session->snapshot());
+}
+
+void PrefixCache::hold_snapshot(Slot& slot, std::unique_ptr<StateSnapshot> snap) {
+  const int64_t pos = snap->position();
+  TERN_INTERNAL_CHECK(pos > 0 && pos <= int64_t(slot.tokens.size()), "prefix cache: a snapshot at ", pos,
+                      " of a slot holding ", slot.tokens.size(), " tokens");
+  auto it = std::find_if(slot.snaps.begin(), slot.snaps.end(), [&](const Entry& e) { return e.snap->position() >= pos; });
+  if (it != slot.snaps.end() && it->snap->position() == pos) {  // already held (same tokens: slot invariant)
+    it->last_use = clock_;
+    return;
+  }
   Entry e;
-  e.snap = slot.session->snapshot();
+  e.snap = std::move(snap);
   e.last_use = ++clock_;  // the newest snapshot is the most recently used
   slot.snaps.insert(it, std::move(e));
   ++counters_.snapshots_taken;
@@ -187,6 +199,20 @@ void PrefixCache::checkpoint(Session& session, std::span<const int32_t> prompt, 
                       prompt.size(), " tokens");
   if (pos > int64_t(slot.tokens.size())) hold(slot, prompt, images, pos);
   take_snapshot(slot);
+  publish();
+}
+
+void PrefixCache::checkpoint_kept(Session& session, std::span<const int32_t> prompt,
+                                  std::span<const PromptImage> images) {
+  if (!active_) return;
+  std::unique_ptr<StateSnapshot> snap = session.take_kept_snapshot();
+  if (!snap) return;
+  Slot& slot = slot_of(session);
+  const int64_t pos = session.position();
+  TERN_INTERNAL_CHECK(pos <= int64_t(prompt.size()) && snap->position() < pos, "prefix cache: a kept snapshot at ",
+                      snap->position(), " of a session at ", pos, " in a prompt of ", prompt.size(), " tokens");
+  if (pos > int64_t(slot.tokens.size())) hold(slot, prompt, images, pos);
+  hold_snapshot(slot, std::move(snap));
   publish();
 }
 

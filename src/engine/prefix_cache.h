@@ -81,6 +81,9 @@ class PrefixCache {
   // During the prefill (GenerationRequest::on_checkpoint): snapshots the session at its position; `prompt` and
   // `images` are the request's (the session holds prompt[0, position)).
   void checkpoint(Session& session, std::span<const int32_t> prompt, std::span<const PromptImage> images = {});
+  // After a prompt chunk that kept a state inside (GenerationRequest::on_kept_checkpoint): holds the session's kept
+  // snapshot (Session::take_kept_snapshot; nothing when it kept none). Arguments as for checkpoint().
+  void checkpoint_kept(Session& session, std::span<const int32_t> prompt, std::span<const PromptImage> images = {});
   // After the request: the session holds `held` (the prompt and the generated tokens that were fed; size =
   // session.position()) and the prompt's `images` that start before its end. ok = false (an error): the session's
   // state is unknown, so the slot is forgotten.
@@ -115,6 +118,7 @@ class PrefixCache {
   Slot& new_slot();
   Slot* idle_slot();
   void take_snapshot(Slot& slot);
+  void hold_snapshot(Slot& slot, std::unique_ptr<StateSnapshot> snap);  // at its position, unless one is there
   void drop_after(Slot& slot, int64_t position);  // snapshots past `position`
   // The slot holds tokens[0, n) and the images that start there.
   static void hold(Slot& slot, std::span<const int32_t> tokens, std::span<const PromptImage> images, int64_t n);

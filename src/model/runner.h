@@ -65,6 +65,17 @@ class Session {
   virtual void copy_kv_prefix(const Session& from, int64_t n) {
     throw std::logic_error("this backend's sessions cannot copy their KV cache");
   }
+  // A snapshot from inside a forward call (where ModelRunner::keeps_state_inside says the call honours it): the next
+  // forward call on this session, whose tokens must hold `position` strictly inside (position() < position <
+  // position() + tokens), also captures the Gated DeltaNet states at `position` as a snapshot, the very states a call
+  // that stopped there would leave; take_kept_snapshot() hands it over. So a prompt need not be cut at a checkpoint
+  // (one forward call, one step, fewer) to be snapshotted there. Throws tern::Error for a position not past position().
+  virtual void keep_state_at(int64_t position) {
+    throw std::logic_error("this backend's sessions cannot keep a state inside a forward call");
+  }
+  // The snapshot the last forward call kept (keep_state_at), once; null when it kept none (it did not cover the
+  // position, or the backend did not honour it). Any later forward, reset, restore or rollback drops it.
+  virtual std::unique_ptr<StateSnapshot> take_kept_snapshot() { return nullptr; }
 
   // Speculative decoding (ModelRunner::supports_verify): after a verify forward (BatchEntry::keep_states, or
   // ModelRunner::forward_verify) that took the session from position p0 to p0 + T, sets it back to `position`
@@ -177,6 +188,9 @@ class ModelRunner {
   virtual void forward_images(Session& session, std::span<const int32_t> tokens, std::span<const ImageSpan> images,
                               bool all_logits, std::vector<float>& logits);
   // ---- end of images ------------------------------------------------------------------------------------------
+
+  // Whether a forward call of `tokens` text tokens (no image rows) honours Session::keep_state_at.
+  virtual bool keeps_state_inside(int64_t tokens) const { return false; }
 
   // Speculative decoding: true when forward_verify (and BatchEntry::keep_states) and Session::rollback work.
   virtual bool supports_verify() const { return false; }

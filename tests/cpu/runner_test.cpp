@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
 #include <string>
 
 #include "cpu/cpu_runner.h"
@@ -299,6 +300,75 @@ TEST(CpuRunner, RollbackNeedsAVerifyForward) {
   EXPECT_THROW(s->rollback(3), Error) << "before the forward";
   s->reset();
   EXPECT_THROW(s->rollback(0), Error) << "reset drops them";
+}
+
+// Session::keep_state_at: one forward call that keeps the states at a position inside it gives what two calls cut
+// there give, bit for bit: the last token's logits, the states at the end, and (the kept snapshot) the states at the
+// cut, also restored into another session and continued. With the chunked Gated DeltaNet too (it runs the two
+// pieces as the two calls would), and with the MTP head's input kept at the position before.
+void check_keep_state_inside(bool chunked, bool mtp) {
+  test::TinyModelSpec spec;
+  spec.mtp = mtp;
+  const uint64_t seed = test::fresh_seed("keep_inside");
+  auto model = test::make_tiny_model(spec, seed);
+  auto runner = cpu_runner_create(model, CpuRunnerOptions{.gdn_chunked = chunked});
+  ASSERT_TRUE(runner->keeps_state_inside(2));
+  test::Rng rng(seed ^ 0x4b);
+  const int64_t n = 23 + int64_t(rng.bits() % 20), at = 1 + int64_t(rng.bits() % uint32_t(n - 1));
+  const auto tokens = random_tokens(rng, n, spec.vocab_real);
+  const std::vector<int32_t> after = random_tokens(rng, 3, spec.vocab_real);
+  SCOPED_TRACE(testing::Message() << "seed " << seed << ", " << n << " tokens, kept at " << at);
+
+  std::vector<float> split_out, kept_out, out;
+  auto split = runner->create_session(64);
+  runner->forward(*split, std::span(tokens).first(size_t(at)), false, out);
+  const std::vector<float> states_at = cpu_session_gdn_states(*split);
+  const std::unique_ptr<StateSnapshot> split_snap = split->snapshot();
+  runner->forward(*split, std::span(tokens).subspan(size_t(at)), false, split_out);
+
+  auto s = runner->create_session(64);
+  EXPECT_THROW(s->keep_state_at(0), Error) << "not past the position";
+  s->keep_state_at(at);
+  runner->forward(*s, tokens, false, kept_out);
+  EXPECT_EQ(s->position(), n);
+  ASSERT_EQ(kept_out, split_out);
+  EXPECT_EQ(cpu_session_gdn_states(*s), cpu_session_gdn_states(*split));
+  std::unique_ptr<StateSnapshot> kept = s->take_kept_snapshot();
+  ASSERT_TRUE(kept);
+  EXPECT_EQ(kept->position(), at);
+  EXPECT_EQ(kept->bytes(), split_snap->bytes());
+  EXPECT_FALSE(s->take_kept_snapshot()) << "handed over once";
+
+  // Restored elsewhere (its KV rows copied in) and continued: as the split session restored to its own snapshot.
+  for (bool to_host : {false, true}) {
+    if (to_host) kept->to_host();
+    auto r = runner->create_session(64);
+    r->copy_kv_prefix(*s, at);
+    r->restore(*kept);
+    EXPECT_EQ(r->position(), at);
+    ASSERT_EQ(cpu_session_gdn_states(*r), states_at);
+    split->restore(*split_snap);
+    std::vector<float> a, b;
+    runner->forward(*r, after, true, a);
+    runner->forward(*split, after, true, b);
+    ASSERT_EQ(a, b) << "continued after the kept snapshot (host " << to_host << ")";
+  }
+
+  // Any later forward drops an unclaimed one; a call that does not hold the position keeps none.
+  s->reset();
+  s->keep_state_at(at);
+  runner->forward(*s, tokens, false, out);
+  runner->forward(*s, after, false, out);
+  EXPECT_FALSE(s->take_kept_snapshot());
+  s->reset();
+  s->keep_state_at(n + 5);
+  runner->forward(*s, tokens, false, out);
+  EXPECT_FALSE(s->take_kept_snapshot());
+}
+
+TEST(CpuRunner, KeepStateInsideEqualsTwoCallsCutThere) {
+  check_keep_state_inside(/*chunked=*/true, /*mtp=*/false);
+  check_keep_state_inside(/*chunked=*/false, /*mtp=*/true);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <limits>
 #include <map>
 #include <random>
+#include <utility>
 
 #include "core/check.h"
 #include "engine/generator.h"
@@ -17,13 +18,31 @@ namespace {
 constexpr int64_t kVocab = 40, kPadded = 64;
 constexpr int32_t kEnd = 1;
 
+class FakeSnapshot : public StateSnapshot {
+ public:
+  explicit FakeSnapshot(int64_t position) : position_(position) {}
+  int64_t position() const override { return position_; }
+  size_t bytes() const override { return 0; }
+  bool on_host() const override { return false; }
+  void to_host() override {}
+  void to_device() override {}
+
+ private:
+  int64_t position_;
+};
+
 class FakeSession : public Session {
  public:
   explicit FakeSession(int64_t cap) : cap_(cap) {}
   int64_t position() const override { return int64_t(tokens.size()); }
   int64_t capacity() const override { return cap_; }
   void reset() override { tokens.clear(); }
+  // Session::keep_state_at: the runner's forward keeps a FakeSnapshot at the position when its call holds it.
+  void keep_state_at(int64_t position) override { keep_at = position; }
+  std::unique_ptr<StateSnapshot> take_kept_snapshot() override { return std::move(kept); }
   std::vector<int32_t> tokens;
+  int64_t keep_at = -1;
+  std::unique_ptr<StateSnapshot> kept;
 
  private:
   int64_t cap_;
@@ -47,6 +66,10 @@ class FakeRunner : public ModelRunner {
                std::vector<float>& logits) override {
     auto& s = static_cast<FakeSession&>(session);
     TERN_CHECK(s.position() + int64_t(tokens.size()) <= s.capacity(), "fake: over capacity");
+    const int64_t keep_at = std::exchange(s.keep_at, -1);
+    s.kept.reset();
+    if (keep_at > s.position() && keep_at < s.position() + int64_t(tokens.size()))
+      s.kept = std::make_unique<FakeSnapshot>(keep_at);
     s.tokens.insert(s.tokens.end(), tokens.begin(), tokens.end());
     forward_calls++;
     call_sizes.push_back(int64_t(tokens.size()));
@@ -59,9 +82,11 @@ class FakeRunner : public ModelRunner {
   }
   static int32_t next(int32_t t) { return (3 * t + 2) % int32_t(kVocab); }
   int64_t preferred_prefill_chunk() const override { return preferred_chunk; }
+  bool keeps_state_inside(int64_t tokens) const override { return tokens >= 2 && tokens <= keeps_inside_up_to; }
 
   Config config_;
   int64_t preferred_chunk = 2048;
+  int64_t keeps_inside_up_to = 0;   // calls of 2 to this many tokens keep a state inside (0: none)
   std::vector<int64_t> call_sizes;  // tokens of every forward call
   int64_t end_after = 0;
   int forward_calls = 0;
@@ -150,6 +175,50 @@ TEST(Generator, PrefillCallsFollowTheRunnersChunkAndTheCheckpoints) {
     auto session = runner.create_session(100);
     gen.generate(*session, greedy_request(prompt, 1));
     EXPECT_EQ(runner.call_sizes, (std::vector<int64_t>{23}));
+  }
+}
+
+// GenerationRequest::checkpoint_at with on_kept_checkpoint: a checkpoint inside a call the runner can keep it in
+// does not cut the call (the session keeps the state there, taken after the call); a second one inside still does;
+// where the runner cannot keep one in a call of that size, or nothing takes it, the calls are cut as before.
+TEST(Generator, CheckpointsKeptInsideACallDoNotCutIt) {
+  std::vector<int32_t> prompt(23);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t(2 + i % 30);
+  struct Run {
+    std::vector<int64_t> calls, checkpoints, kept;
+    GenerationResult result;
+  };
+  auto run = [&](int64_t keeps_up_to, bool take_kept) {
+    FakeRunner runner;
+    runner.preferred_chunk = 10;
+    runner.keeps_inside_up_to = keeps_up_to;
+    Generator gen(runner, letters());
+    auto session = runner.create_session(100);
+    GenerationRequest r = greedy_request(prompt, 3);
+    r.checkpoint_at = {17, 15, 40};  // in any order; past the prompt: ignored
+    Run out;
+    r.on_checkpoint = [&](Session& s) { out.checkpoints.push_back(s.position()); };
+    if (take_kept) {
+      r.on_kept_checkpoint = [&](Session& s) {
+        std::unique_ptr<StateSnapshot> snap = s.take_kept_snapshot();
+        EXPECT_TRUE(snap) << "a kept checkpoint without a snapshot";
+        if (snap) out.kept.push_back(snap->position());
+        EXPECT_EQ(s.position(), 17) << "taken right after its call";
+      };
+    }
+    out.result = gen.generate(*session, r);
+    out.calls = runner.call_sizes;
+    return out;
+  };
+  const Run kept = run(10, true);
+  EXPECT_EQ(kept.calls, (std::vector<int64_t>{10, 7, 6, 1, 1}));  // 15 kept inside [10, 17); 17 cuts
+  EXPECT_EQ(kept.kept, (std::vector<int64_t>{15}));
+  EXPECT_EQ(kept.checkpoints, (std::vector<int64_t>{17, 23}));
+  for (const Run& cut : {run(10, false), run(4, true), run(0, true)}) {
+    EXPECT_EQ(cut.calls, (std::vector<int64_t>{10, 5, 2, 6, 1, 1}));
+    EXPECT_TRUE(cut.kept.empty());
+    EXPECT_EQ(cut.checkpoints, (std::vector<int64_t>{15, 17, 23}));
+    EXPECT_EQ(cut.result.tokens, kept.result.tokens);
   }
 }
 

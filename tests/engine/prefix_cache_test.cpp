@@ -134,7 +134,10 @@ struct Harness {
     cache = std::make_unique<PrefixCache>(*runner, 512, o);
   }
 
-  Turn turn(const std::vector<int32_t>& prompt, int64_t max_tokens = 6) {
+  // checkpoint_at: GenerationRequest's; kept: where the runner can, snapshotted there without cutting the prompt's
+  // forward call (on_kept_checkpoint). calls: the prompt's forward calls, counted.
+  Turn turn(const std::vector<int32_t>& prompt, int64_t max_tokens = 6, std::vector<int64_t> checkpoint_at = {},
+            bool kept = false, int* calls = nullptr) {
     GenerationRequest req;
     req.prompt = prompt;
     req.max_tokens = max_tokens;
@@ -144,7 +147,13 @@ struct Harness {
     PrefixCache::Lease lease = cache->begin(prompt);
     if (cache->active()) {
       req.checkpoint_every = cache->options().snapshot_every;
+      req.checkpoint_at = checkpoint_at;
       req.on_checkpoint = [&](Session& s) { cache->checkpoint(s, prompt); };
+      if (kept) req.on_kept_checkpoint = [&](Session& s) { cache->checkpoint_kept(s, prompt); };
+    }
+    if (calls) {
+      *calls = -1;  // the first report comes before any call
+      req.on_prompt_progress = [calls](const PromptProgress&) { ++*calls; };
     }
     Turn t;
     GenerationResult r = gen->generate(*lease.session, req, [&](const TokenEvent& e) {
@@ -223,6 +232,34 @@ TEST(PrefixCache, SecondTurnResumesAndMatchesScratch) {
   EXPECT_EQ(st.tokens_reused, 46 + 48 + 16);
   EXPECT_GT(st.bytes_gpu, 0);
   EXPECT_EQ(st.bytes_host, 0);
+}
+
+// The generation prompt's checkpoint (GenerationRequest::checkpoint_at, where the next turn re-renders this answer):
+// kept inside the prompt's one forward call (on_kept_checkpoint) it serves the next turn as the cut one does, from the
+// same position with the same result, and the prompt takes one call fewer.
+TEST(PrefixCache, CheckpointKeptInsideTheCallServesTheNextTurn) {
+  const uint64_t seed = fresh_seed("prefix cache kept checkpoint");
+  std::mt19937_64 rng(seed ^ 0x4b);
+  Harness kept(seed, cache_options(0)), cut(seed, cache_options(0)), scratch(seed, no_cache());
+  const int64_t n = 30 + int64_t(rng() % 20), at = n - 1 - int64_t(rng() % 6);  // the last <|im_start|>, as in chat
+  const std::vector<int32_t> p1 = random_tokens(rng, n);
+  int kept_calls = 0, cut_calls = 0;
+  const Turn k1 = kept.turn(p1, 6, {at}, /*kept=*/true, &kept_calls);
+  const Turn c1 = cut.turn(p1, 6, {at}, /*kept=*/false, &cut_calls);
+  expect_same_turn(k1, c1, "turn 1");
+  expect_same_turn(k1, scratch.turn(p1), "turn 1 without the cache");
+  EXPECT_EQ(kept_calls, 1) << "one forward call for the prompt";
+  EXPECT_EQ(cut_calls, 2) << "cut at the checkpoint";
+  EXPECT_EQ(kept.cache->stats().snapshots_taken, cut.cache->stats().snapshots_taken);
+  // Turn 2 re-renders the answer after the checkpoint: the prompts part there.
+  std::vector<int32_t> p2(p1.begin(), p1.begin() + at);
+  const std::vector<int32_t> more = random_tokens(rng, 12);
+  p2.insert(p2.end(), more.begin(), more.end());
+  const Turn k2 = kept.turn(p2), c2 = cut.turn(p2);
+  EXPECT_EQ(k2.cached, at);
+  EXPECT_EQ(c2.cached, at);
+  expect_same_turn(k2, c2, "turn 2");
+  expect_same_turn(k2, scratch.turn(p2), "turn 2 without the cache");
 }
 
 TEST(PrefixCache, InterleavedConversationsBothHit) {

@@ -217,7 +217,7 @@ void CudaRunner::copy_sample_params(const uint8_t* params_pinned, int n) {
 // one_session: the slots are one session's consecutive tokens (a verify step): the GDN layers run gdn_decode over
 // them in order (keeping each token's states, verify_plan.cu), and attention slot j reads the rows slots 0..j-1
 // write in this step. Otherwise each slot is its own session.
-void CudaRunner::slot_layers(int B, int64_t capacity, bool one_session) {
+void CudaRunner::slot_layers(int B, int64_t capacity, bool one_session, bool keep_one) {
   const Config& c = w_->config;
   const int64_t D = c.hidden_size, V = c.vocab_size;
   const BatchHeader* dev = reinterpret_cast<const BatchHeader*>(batch_tables_);
@@ -237,7 +237,8 @@ void CudaRunner::slot_layers(int B, int64_t capacity, bool one_session) {
       const GdnDecodeArgs g = gdn_decode_args(l, one_session ? B : 1, batch_proj_, batch_gated_);
       float* const* states = reinterpret_cast<float* const*>(table);
       if (one_session)
-        gdn_decode_from_tables(g, states, states + kSlots, states + 1, states + kSlots + 1, stream_);
+        gdn_decode_from_tables(g, states, states + kSlots, states + 1, states + kSlots + 1,
+                               keep_one ? &dev->keep_token : nullptr, stream_);
       else
         gdn_decode_batched(g, B, states, states + kSlots, stream_);
       product(decode_product(l.out_proj, batch_gated_, Z, 1, nullptr, hidden_, D, true, output_ahead(l)));

@@ -1,7 +1,8 @@
 // The device tables of a batched step (batch_plan.cu) and of a verify step (verify_plan.cu): per token slot its id,
 // its session's attention split count, capacity and position; then per layer two pointer tables of kBatchSlots
 // entries: (k, v) of an attention layer per slot; of a Gated DeltaNet layer (conv, rec) per slot in a batched step,
-// and in a verify step (one session) the states at slot 0 and the kept buffers (conv_keep, rec_keep) at slot 1. The
+// and in a verify step (one session) the states at slot 0 and the kept buffers (conv_keep, rec_keep) at slot 1 (a
+// kept snapshot's layer buffers when the step keeps one state, BatchHeader::keep_token). The
 // runner fills them in pinned memory and copies them once per step, so that one CUDA graph serves any sessions.
 #pragma once
 
@@ -22,6 +23,7 @@ struct BatchHeader {
   int* pos[kBatchSlots];        // the slot's position: CudaSession::d_pos (batched step), p0 + slot (verify step)
   int* rope_delta[kBatchSlots]; // the slot's session's M-RoPE delta: CudaSession::d_rope_delta
   int* session_pos;             // the verify step's session: its CudaSession::d_pos, advanced by the step's tokens
+  int keep_token;               // a verify step that keeps one state (a prefix snapshot): the token it is before
 };
 constexpr size_t kLayerTableBytes = 2 * kBatchSlots * sizeof(void*);
 

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "core/check.h"
 #include "cuda/common/cuda_common.cuh"
@@ -204,6 +205,7 @@ CudaSession& CudaRunner::own(Session& session) {
 // Every forward checks its tokens here first; a forward drops the states a verify kept (Session::rollback).
 void CudaRunner::check_tokens(CudaSession& s, std::span<const int32_t> tokens) {
   s.drop_kept_states();
+  s.keep_in_call = s.take_keep_request();  // Session::keep_state_at's, for this call (run_short_call) only
   TERN_CHECK(!tokens.empty(), "forward needs at least one token");
   TERN_CHECK(s.pos + int64_t(tokens.size()) <= s.capacity(), "context full: ", s.pos, " + ", tokens.size(),
              " tokens exceed the session capacity of ", s.capacity());
@@ -312,11 +314,17 @@ bool CudaRunner::short_call(int64_t n) const {
 // in a CUDA graph, each row bit for bit its token's one-token step. all_rows: every row's logits [n, V] to the host
 // (else none). Leaves the last token's logits in row 0 of logits_ (device), as lm_head_device(T - 1, 1) does.
 void CudaRunner::run_short_call(CudaSession& s, std::span<const int32_t> tokens, float* all_rows) {
-  const int64_t V = w_->config.vocab_size, n = int64_t(tokens.size());
+  const int64_t V = w_->config.vocab_size, n = int64_t(tokens.size()), p0 = s.pos;
+  // Session::keep_state_at inside the call: the step that holds it writes the states there into a snapshot.
+  const int64_t keep_at = std::exchange(s.keep_in_call, -1);
+  const bool keep = keep_at > p0 && keep_at < p0 + n && gdn_decode_keeps_one();
+  if (keep) s.begin_kept_snapshot(keep_at);
   int64_t T = 0;
   for (int64_t c0 = 0; c0 < n; c0 += T) {
     T = std::min<int64_t>(max_step_tokens(), n - c0);
-    verify_step(s, tokens.subspan(size_t(c0), size_t(T)), /*keep=*/false);
+    const int64_t t_keep = keep_at - (p0 + c0);  // the kept state's token in this step, when in [0, T)
+    verify_step(s, tokens.subspan(size_t(c0), size_t(T)), /*keep=*/false,
+                keep && t_keep >= 0 && t_keep < T ? int(t_keep) : -1);
     if (all_rows)
       TERN_CUDA(cudaMemcpyAsync(all_rows + c0 * V, logits_, size_t(T * V) * 4, cudaMemcpyDeviceToHost, stream_));
     TERN_CUDA(cudaStreamSynchronize(stream_));  // the next verify_step writes its pinned tables again
@@ -324,6 +332,7 @@ void CudaRunner::run_short_call(CudaSession& s, std::span<const int32_t> tokens,
   if (T > 1)
     TERN_CUDA(cudaMemcpyAsync(logits_, logits_ + (T - 1) * V, size_t(V) * 4, cudaMemcpyDeviceToDevice, stream_));
   device_token_valid_ = false;
+  if (keep) s.kept_snapshot_done();  // its step has run (each step above ends with a synchronisation)
 }
 
 void CudaRunner::run_chunk(CudaSession& s, std::span<const int32_t> tokens) {

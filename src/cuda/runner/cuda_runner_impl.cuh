@@ -15,6 +15,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cuda/common/cuda_common.cuh"
@@ -73,6 +74,7 @@ class CudaRunner final : public ModelRunner {
   void forward_batch(std::span<BatchEntry> batch) override;
   bool supports_verify() const override;
   int64_t max_verify_tokens() const override;
+  bool keeps_state_inside(int64_t tokens) const override;
   int64_t max_step_tokens() const;
   int64_t verify_state_bytes(int tokens) const override;
   const KeptStateBuffers& kept_pool() const { return *kept_pool_; }
@@ -135,15 +137,16 @@ class CudaRunner final : public ModelRunner {
   void batch_step(std::span<BatchEntry* const> entries);
   void batch_body(int B, int64_t max_capacity);
   void copy_sample_params(const uint8_t* params_pinned, int n);
-  void slot_layers(int B, int64_t capacity, bool one_session);  // the kernels batch_body and verify_body share
+  // the kernels batch_body and verify_body share; keep_one: the verify step keeps one state (BatchHeader::keep_token)
+  void slot_layers(int B, int64_t capacity, bool one_session, bool keep_one = false);
   QmvArgs decode_product(const DMat& w, const float* x, int64_t ldx, int64_t T, const float* norm_w, float* y,
                          int64_t ldy, bool accumulate = false, const L2Ranges& ahead = {}) const;
 
   // verify_plan.cu: a session's last token and its drafts as the slots of one batched step, each slot bit for bit
   // its token's one-token step, the Gated DeltaNet states before each token kept for Session::rollback; one CUDA
-  // graph per (tokens, capacity)
-  void verify_step(CudaSession& s, std::span<const int32_t> tokens, bool keep = true);
-  void verify_body(int T, int64_t capacity);
+  // graph per (tokens, capacity, one state kept or not)
+  void verify_step(CudaSession& s, std::span<const int32_t> tokens, bool keep = true, int snapshot_token = -1);
+  void verify_body(int T, int64_t capacity, bool keep_one);
 
   // prefill_plan.cu: longer chunks
   void proj(const DMat& w, const float* x, int64_t T, float* y, bool accumulate = false, const PreparedX& prep = {},
@@ -246,7 +249,7 @@ class CudaRunner final : public ModelRunner {
   int64_t batched_steps_ = 0;            // steps batch_step has run
   std::map<std::pair<int, int64_t>, cudaGraphExec_t> batch_graphs_;
   bool verify_warm_ = false;  // a verify step has run outside capture
-  std::map<std::pair<int, int64_t>, cudaGraphExec_t> verify_graphs_;  // by (tokens, capacity)
+  std::map<std::tuple<int, int64_t, bool>, cudaGraphExec_t> verify_graphs_;  // by (tokens, capacity, keep_one)
   uint64_t graph_clock_ = 0, session_ids_ = 0;
   std::shared_ptr<SnapshotBuffers> snapshot_buffers_;  // made with the first session
   // The verify steps' kept states (cuda_session.cuh), shared with the sessions.

@@ -192,6 +192,7 @@ CudaSession::CudaSession(const DeviceWeights& w, int64_t capacity, KvDtype kv, c
 
 void CudaSession::reset() {
   drop_kept_states();
+  keep_at_ = -1;
   TERN_CUDA(cudaDeviceSynchronize());
   for (const LayerCache& lc : layers) {
     if (lc.conv) TERN_CUDA(cudaMemset(lc.conv, 0, lc.conv_bytes));
@@ -243,6 +244,7 @@ void CudaSession::restore(const StateSnapshot& snapshot) {
   TERN_CHECK(snap->size == gdn_state_bytes(), "cuda restore: the snapshot holds ", snap->size,
              " bytes, the session's states ", gdn_state_bytes());
   drop_kept_states();
+  keep_at_ = -1;
   TERN_CUDA(cudaDeviceSynchronize());
   const cudaStream_t cs = snapshot_buffers_->stream();
   const uint8_t* p = snap->data();  // device, or pinned host memory
@@ -289,10 +291,44 @@ const std::vector<CudaSession::KeptStates>& CudaSession::kept_buffers(int tokens
 
 void CudaSession::drop_kept_states() {
   kept_from_ = -1;
+  kept_snap_.reset();
+  kept_snap_layers_.clear();
+  kept_snap_done_ = false;
   if (!kept_buffer_.data) return;
   kept_.clear();
   kept_pool_->give(kept_buffer_);
   kept_buffer_ = {};
+}
+
+void CudaSession::keep_state_at(int64_t position) {
+  TERN_CHECK(position > pos, "cuda keep_state_at: position ", position, " is not past the session's ", pos);
+  keep_at_ = position;
+}
+
+std::unique_ptr<StateSnapshot> CudaSession::take_kept_snapshot() {
+  if (!kept_snap_done_) return nullptr;
+  kept_snap_done_ = false;
+  kept_snap_layers_.clear();
+  return std::move(kept_snap_);
+}
+
+const std::vector<CudaSession::KeptStates>& CudaSession::begin_kept_snapshot(int64_t position) {
+  TERN_CHECK(snapshot_buffers_->bytes() == gdn_state_bytes(), "cuda snapshot: buffers of ", snapshot_buffers_->bytes(),
+             " bytes for states of ", gdn_state_bytes());
+  auto snap = std::make_unique<CudaSnapshot>(owner, position, snapshot_buffers_);
+  snap->rope_delta = rope_delta_;  // a short call holds no image tokens: the delta is the call's throughout
+  kept_snap_layers_.assign(layers.size(), KeptStates{});
+  uint8_t* p = snap->dev;  // snapshot()'s layout: every layer's conv then rec, back to back
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const LayerCache& lc = layers[i];
+    if (lc.conv) kept_snap_layers_[i].conv = reinterpret_cast<float*>(p);
+    p += lc.conv_bytes;
+    if (lc.rec) kept_snap_layers_[i].rec = reinterpret_cast<float*>(p);
+    p += lc.rec_bytes;
+  }
+  kept_snap_ = std::move(snap);
+  kept_snap_done_ = false;
+  return kept_snap_layers_;
 }
 
 // The states before token (position - kept_from_) of the last verify back into place; none to copy when every

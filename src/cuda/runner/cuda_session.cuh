@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "cuda/common/cuda_common.cuh"
@@ -154,9 +155,22 @@ class CudaSession final : public Session {
     kept_tokens_ = tokens;
   }
   // The kept states are no longer valid: their buffer goes back to the pool (every forward, rollback once it copied,
-  // reset, restore, the destructor).
+  // reset, restore, the destructor); so is the kept snapshot below.
   void drop_kept_states();
   void rollback(int64_t position) override;
+
+  // A prefix snapshot inside a short call (Session::keep_state_at; CudaRunner::run_short_call): the verify step that
+  // holds the position writes the Gated DeltaNet states there straight into a snapshot's buffer, each layer's where
+  // snapshot() would copy it (gdn_decode_from_tables with a keep_token), so no copy and no memory beyond the
+  // snapshot's. keep_state_at records the request; check_tokens hands it to the call (keep_in_call), which calls
+  // begin_kept_snapshot, runs the step, then kept_snapshot_done.
+  void keep_state_at(int64_t position) override;
+  std::unique_ptr<StateSnapshot> take_kept_snapshot() override;
+  int64_t take_keep_request() { return std::exchange(keep_at_, -1); }
+  const std::vector<KeptStates>& begin_kept_snapshot(int64_t position);  // per layer: where its states go
+  const std::vector<KeptStates>& kept_snapshot_layers() const { return kept_snap_layers_; }
+  void kept_snapshot_done() { kept_snap_done_ = true; }
+  int64_t keep_in_call = -1;  // the current forward call's keep_state_at position (-1: none)
 
   struct LayerCache {
     // [Hkv, capacity, dh] in the runner's KvDtype: fp16 or bf16 values, or fp8 bytes followed by the rows' fp32
@@ -188,6 +202,10 @@ class CudaSession final : public Session {
   std::vector<KeptStates> kept_;          // per layer, into kept_buffer_
   int64_t kept_from_ = -1;  // the last verify's first position (-1: no states kept)
   int64_t kept_tokens_ = 0;
+  int64_t keep_at_ = -1;                     // keep_state_at's position for the next forward (-1: none)
+  std::unique_ptr<StateSnapshot> kept_snap_;  // begin_kept_snapshot's, filled once kept_snap_done_
+  std::vector<KeptStates> kept_snap_layers_;  // per layer, into kept_snap_'s buffer
+  bool kept_snap_done_ = false;
 };
 
 }  // namespace tern::cuda

@@ -35,6 +35,9 @@ int64_t CudaRunner::max_verify_tokens() const {
   return std::min<int64_t>(kQmvMaxTokens, batch_max());  // the drafts' kept states: 8 tokens at most
 }
 
+// A short call keeps a state inside (Session::keep_state_at) where gdn_decode has the kernels for it.
+bool CudaRunner::keeps_state_inside(int64_t tokens) const { return short_call(tokens) && gdn_decode_keeps_one(); }
+
 // The tokens of one verify step without kept states (a short call's step): gdn_decode's most per call, and at most
 // short_step_tokens_ (TERN_SHORT_STEP_TOKENS).
 int64_t CudaRunner::max_step_tokens() const {
@@ -49,17 +52,24 @@ int64_t CudaRunner::verify_state_bytes(int tokens) const {
 }
 
 // The verify step of `tokens` on session s up to its logits in logits_ [T, V] (device); the session then at
-// p0 + T with the states before each token kept (keep), or without them (a short forward call, run_short_call).
-// The step's tables go through pinned memory: the caller syncs the stream before the next step.
-void CudaRunner::verify_step(CudaSession& s, std::span<const int32_t> tokens, bool keep) {
+// p0 + T with the states before each token kept (keep), or without them (a short forward call, run_short_call);
+// snapshot_token >= 0 (not with keep): the states before that token into the session's kept snapshot
+// (CudaSession::begin_kept_snapshot, called before). The step's tables go through pinned memory: the caller syncs
+// the stream before the next step.
+void CudaRunner::verify_step(CudaSession& s, std::span<const int32_t> tokens, bool keep, int snapshot_token) {
   TERN_CHECK(supports_verify(), "forward_verify: this model or configuration has no batched one-token kernels");
   const int T = int(tokens.size());
   const int64_t most = keep ? max_verify_tokens() : max_step_tokens();
   TERN_CHECK(T >= 1 && T <= most, "forward_verify: ", T, " tokens (1 to ", most, ")");
+  const bool keep_one = snapshot_token >= 0;
+  TERN_INTERNAL_CHECK(!keep_one || (!keep && snapshot_token < T && !s.kept_snapshot_layers().empty()),
+                      "verify step: a kept snapshot before token ", snapshot_token, " of ", T);
   allocate_batch_scratch();
   // Room for exactly T tokens' states; the buffer may differ from the last step's (the tables below carry it).
   static const std::vector<CudaSession::KeptStates> none;
-  const std::vector<CudaSession::KeptStates>& kept = keep ? s.kept_buffers(T) : none;
+  const std::vector<CudaSession::KeptStates>& kept = keep       ? s.kept_buffers(T)
+                                                     : keep_one ? s.kept_snapshot_layers()
+                                                                : none;
   const int64_t p0 = s.pos;
   BatchHeader& h = *reinterpret_cast<BatchHeader*>(batch_pinned_);
   std::memset(batch_pinned_, 0, batch_tables_bytes_);
@@ -72,14 +82,15 @@ void CudaRunner::verify_step(CudaSession& s, std::span<const int32_t> tokens, bo
     h.rope_delta[j] = s.d_rope_delta;
   }
   h.session_pos = s.d_pos;
+  h.keep_token = keep_one ? snapshot_token : 0;
   for (size_t i = 0; i < w_->layers.size(); ++i) {
     void** t = reinterpret_cast<void**>(batch_pinned_ + layer_table_offset(i));
     const CudaSession::LayerCache& lc = s.layers[i];
     if (w_->layers[i].type == LayerType::linear_attention) {
       t[0] = lc.conv;
       t[kBatchSlots] = lc.rec;
-      t[1] = keep ? kept[i].conv : nullptr;  // null entries: gdn_decode keeps nothing
-      t[kBatchSlots + 1] = keep ? kept[i].rec : nullptr;
+      t[1] = keep || keep_one ? kept[i].conv : nullptr;  // null entries: gdn_decode keeps nothing
+      t[kBatchSlots + 1] = keep || keep_one ? kept[i].rec : nullptr;
     } else {
       for (int j = 0; j < T; ++j) {
         t[j] = lc.k;
@@ -93,13 +104,13 @@ void CudaRunner::verify_step(CudaSession& s, std::span<const int32_t> tokens, bo
   TERN_CUDA(cudaMemcpyAsync(batch_tables_, batch_pinned_, batch_tables_bytes_, cudaMemcpyHostToDevice, stream_));
   TERN_CUDA(cudaMemcpyAsync(verify_pos_, pos_pinned, size_t(T) * 4, cudaMemcpyHostToDevice, stream_));
   if (use_graphs_ && verify_warm_) {
-    const std::pair<int, int64_t> key{T, s.capacity()};
+    const std::tuple<int, int64_t, bool> key{T, s.capacity(), keep_one};
     auto found = verify_graphs_.find(key);
     if (found == verify_graphs_.end())
-      found = verify_graphs_.emplace(key, capture_graph([&] { verify_body(T, s.capacity()); })).first;
+      found = verify_graphs_.emplace(key, capture_graph([&] { verify_body(T, s.capacity(), keep_one); })).first;
     TERN_CUDA(cudaGraphLaunch(found->second, stream_));
   } else {
-    verify_body(T, s.capacity());  // kernels set their one-time attributes outside any capture
+    verify_body(T, s.capacity(), keep_one);  // kernels set their one-time attributes outside any capture
     verify_warm_ = true;
   }
   s.pos = p0 + T;
@@ -145,8 +156,8 @@ bool CudaRunner::forward_verify_sample(Session& session, std::span<const int32_t
 // Every kernel of a verify step of T tokens of one session (tables already on the device; the session's capacity
 // sets the attention grid): slot_layers over the T tokens as one session, the session's position, no sampling. No
 // host value depends on the session but its capacity, so one graph per (T, capacity) serves all.
-void CudaRunner::verify_body(int T, int64_t capacity) {
-  slot_layers(T, capacity, /*one_session=*/true);
+void CudaRunner::verify_body(int T, int64_t capacity, bool keep_one) {
+  slot_layers(T, capacity, /*one_session=*/true, keep_one);
   const BatchHeader* dev = reinterpret_cast<const BatchHeader*>(batch_tables_);
   advance_session_kernel<<<1, 1, 0, stream_>>>(&dev->session_pos, T);
   TERN_CUDA_LAUNCHED("advance_session");

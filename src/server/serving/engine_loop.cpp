@@ -132,6 +132,9 @@ void EngineLoop::start(const std::shared_ptr<GenerationTask>& task) {
     if (cache_->active()) {
       t.request.checkpoint_every = cache_->options().snapshot_every;
       t.request.on_checkpoint = [this, &t](Session& s) { cache_->checkpoint(s, t.request.prompt, t.request.images); };
+      t.request.on_kept_checkpoint = [this, &t](Session& s) {
+        cache_->checkpoint_kept(s, t.request.prompt, t.request.images);
+      };
     } else {
       t.request.checkpoint_at.clear();  // no snapshots: the prefill's chunks as without the cache
     }
@@ -230,6 +233,7 @@ void EngineLoop::finish(Running& r, EngineEvent done, TaskOutcome outcome) {
     }
   }
   task.request.on_checkpoint = nullptr;
+  task.request.on_kept_checkpoint = nullptr;
   task.request.on_prompt_progress = nullptr;
   metrics_.on_prefix_cache(cache_->stats(), cache_->active());
   metrics_.on_task_finished(outcome, result.prompt_tokens, result.cached_tokens, result.completion_tokens,

@@ -5,7 +5,9 @@
 // difference in a logit shows.
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <optional>
+#include <utility>
 
 #include "../cuda_test_util.h"
 #include "cuda/runner/cuda_runner.h"
@@ -126,6 +128,81 @@ TEST(CudaVerify, ShortCallsAreOneTokenStepsBitForBit) {
     const auto top = std::max_element(want.end() - V, want.begin() + (n - 1) * V + weights->vocab_real);
     EXPECT_EQ(*id, int32_t(top - (want.end() - V))) << n << " tokens, greedy";
   }
+}
+
+// Session::keep_state_at inside a short call (the prefix cache's checkpoint without cutting the call): the call's
+// logits are those of the same tokens cut at the position, and the kept snapshot, restored into another session, is
+// the state there: what follows gives the bits a session cut there gives. Positions inside the first step, at a
+// step boundary (32) and in the last step; calls of one step and of two.
+TEST(CudaVerify, StateKeptInsideAShortCallIsTheCutOnes) {
+  TERN_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed("CudaVerify.KeptInside");
+  RandomModel rm;
+  const int64_t V = 4096;
+  auto weights = random_model(seed, 8, V, rm, Scales::trained);
+  auto gpu = cuda_runner_create(weights, {.progress = false});
+  if (!gpu->keeps_state_inside(2)) GTEST_SKIP() << "no kept states inside a call here (sm_90 code only)";
+  EXPECT_TRUE(gpu->keeps_state_inside(64));
+  EXPECT_FALSE(gpu->keeps_state_inside(1));
+  EXPECT_FALSE(gpu->keeps_state_inside(65)) << "the prefill plan's calls";
+  std::mt19937_64 rng(seed ^ 0x4b1);
+  const auto prompt = random_tokens(rng, 100, weights->vocab_real);
+  const auto after = random_tokens(rng, 3, weights->vocab_real);
+  for (const auto& [n, k] : std::vector<std::pair<int64_t, int64_t>>{{7, 3}, {28, 27}, {40, 34}, {40, 32}, {64, 1}}) {
+    SCOPED_TRACE(testing::Message() << n << " tokens kept at " << k << " (seed " << seed << ")");
+    const auto tokens = random_tokens(rng, n, weights->vocab_real);
+    std::vector<float> unused, want, got;
+    auto cut = gpu->create_session(4096);
+    gpu->forward(*cut, prompt, false, unused);
+    gpu->forward(*cut, std::span(tokens).first(size_t(k)), false, unused);
+    const std::unique_ptr<StateSnapshot> cut_snap = cut->snapshot();
+    gpu->forward(*cut, std::span(tokens).subspan(size_t(k)), false, want);
+
+    auto s = gpu->create_session(4096);
+    gpu->forward(*s, prompt, false, unused);
+    s->keep_state_at(100 + k);
+    gpu->forward(*s, tokens, false, got);
+    EXPECT_TRUE(same_bits(got, want)) << "the call's last row";
+    EXPECT_EQ(s->position(), 100 + n);
+    std::unique_ptr<StateSnapshot> kept = s->take_kept_snapshot();
+    ASSERT_TRUE(kept);
+    EXPECT_FALSE(s->take_kept_snapshot()) << "handed over once";
+    EXPECT_EQ(kept->position(), 100 + k);
+    EXPECT_EQ(kept->bytes(), cut_snap->bytes());
+
+    for (const bool to_host : {false, true}) {
+      if (to_host) kept->to_host();
+      auto r = gpu->create_session(4096);
+      r->copy_kv_prefix(*s, 100 + k);
+      r->restore(*kept);
+      cut->restore(*cut_snap);
+      EXPECT_TRUE(same_bits(one_at_a_time(*gpu, *r, after), one_at_a_time(*gpu, *cut, after)))
+          << "continued from the kept snapshot (host " << to_host << ")";
+    }
+    // The session itself goes on as the cut one did.
+    std::vector<float> a, b;
+    gpu->forward(*s, after, true, a);
+    auto ref = gpu->create_session(4096);
+    gpu->forward(*ref, prompt, false, unused);
+    gpu->forward(*ref, tokens, false, unused);
+    gpu->forward(*ref, after, true, b);
+    EXPECT_TRUE(same_bits(a, b)) << "the keeping session afterwards";
+  }
+  // A later forward drops an unclaimed one; a call that does not hold the position, or a long one, keeps none.
+  auto s = gpu->create_session(4096);
+  std::vector<float> unused;
+  s->keep_state_at(5);
+  gpu->forward(*s, std::span(prompt).first(10), false, unused);
+  gpu->forward(*s, after, false, unused);
+  EXPECT_FALSE(s->take_kept_snapshot());
+  s->keep_state_at(50);
+  gpu->forward(*s, after, false, unused);
+  EXPECT_FALSE(s->take_kept_snapshot());
+  s->reset();
+  s->keep_state_at(50);
+  gpu->forward(*s, prompt, false, unused);  // 100 tokens: the prefill plan
+  EXPECT_FALSE(s->take_kept_snapshot());
+  EXPECT_THROW(s->keep_state_at(100), Error) << "not past the position";
 }
 
 TEST(CudaVerify, SampledRowsEqualOneTokenSampling) {

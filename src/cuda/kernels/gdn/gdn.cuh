@@ -157,7 +157,14 @@ void gdn_decode_batched(const GdnDecodeArgs& a, int B, float* const* conv_states
 // gdn_decode for one sequence of a.d.T tokens whose states and kept buffers (GdnDecodeArgs::conv_keep, rec_keep;
 // kept here) are the first entries of four device tables instead of arguments, read before pdl_wait as
 // gdn_decode_batched's tables are: one captured step then serves any session (the verify step, issue 32).
+// keep_token (null, or a device int in [0, T) read before pdl_wait like the tables): null keeps the states before
+// every token as gdn_decode does; else only those before token *keep_token, in the kept buffers' first slot
+// ([Ck-1, C] and [Hv, dv, dk]: a prefix snapshot taken inside a short call, Session::keep_state_at), by kernels of
+// their own (the verification kernels' registers stay as they are); only where gdn_decode_keeps_one().
 void gdn_decode_from_tables(const GdnDecodeArgs& a, float* const* conv_state, float* const* rec_state,
-                            float* const* conv_keep, float* const* rec_keep, cudaStream_t stream);
+                            float* const* conv_keep, float* const* rec_keep, const int* keep_token,
+                            cudaStream_t stream);
+// Whether gdn_decode_from_tables takes a keep_token here: the cluster4_w16 shape's (sm_90 code, not the portable path).
+bool gdn_decode_keeps_one();
 
 }  // namespace tern::cuda

@@ -49,11 +49,14 @@ struct StateTables {
   float* const* rec = nullptr;   // [B] → [Hv, dv, dk]
   float* const* conv_keep = nullptr;  // [1] → [T, Ck-1, C] (gdn_decode_from_tables)
   float* const* rec_keep = nullptr;   // [1] → [T, Hv, dv, dk]
+  const int* keep_token = nullptr;    // [1] (kKeepOne): keep only the state before this token, in slot 0
 };
 
 // kChunked: T may exceed kDecodeChunk (the loop over the chunks); else one chunk of T ≤ kDecodeChunk tokens, the loop
 // gone at compile time (the registers of the one-chunk code: the portable shapes' 64 per thread are tight).
-template <int CS, bool kCluster, int NW, int RPW, int kTaps, bool kChunked>
+// kKeepOne: the kept buffers take only the states before token *tables.keep_token, in their first slot (a prefix
+// snapshot inside a short call); else those before every token c0 + t, in slot c0 + t (verification).
+template <int CS, bool kCluster, int NW, int RPW, int kTaps, bool kChunked, bool kKeepOne>
 __global__ void __launch_bounds__(NW * 32) gdn_decode_kernel(GdnDecodeArgs a, StateTables tables) {
   namespace cg = cooperative_groups;
   constexpr int kRows = NW * RPW;                      // state rows of this block
@@ -86,6 +89,12 @@ __global__ void __launch_bounds__(NW * 32) gdn_decode_kernel(GdnDecodeArgs a, St
   float* const rec_state = tables.rec ? tables.rec[seq] : a.rec_state;
   float* const conv_keep = tables.conv_keep ? tables.conv_keep[seq] : a.conv_keep;
   float* const rec_keep = tables.rec_keep ? tables.rec_keep[seq] : a.rec_keep;
+  // The state before token tt of the launch is kept (kept(tt)) in slot keep_slot(tt): every one in its own slot, or
+  // (kKeepOne) keep_token's alone, in slot 0.
+  int keep_token = 0;
+  if constexpr (kKeepOne) keep_token = *tables.keep_token;
+  auto kept = [&](int tt) { return !kKeepOne || tt == keep_token; };
+  auto keep_slot = [&](int tt) -> int64_t { return kKeepOne ? 0 : tt; };
   const int row0 = rank * kRows;                       // first group row of the block
   const int head0 = kh * kDecodeRatio + row0 / kDecodeDv;  // first v-head of the block
   const int j00 = row0 % kDecodeDv;                     // first value dim of the block inside head0
@@ -176,11 +185,11 @@ __global__ void __launch_bounds__(NW * 32) gdn_decode_kernel(GdnDecodeArgs a, St
 #pragma unroll
       for (int t = 0; t < kDecodeChunk; ++t) {
         if (t >= Tc) break;
-        if (conv_keep && (lc >= kQk || rank == 0)) {  // the state before token c0 + t (verification)
-          const int64_t c = channel(lc);
+        if (conv_keep && (lc >= kQk || rank == 0) && kept(c0 + t)) {  // the state before token c0 + t
+          const int64_t c = channel(lc), slot = keep_slot(c0 + t);
 #pragma unroll
           for (int j = 0; j + 1 < kTaps; ++j)
-            if (j < Ck - 1) conv_keep[(int64_t(c0 + t) * (Ck - 1) + j) * C + c] = win[q][j];
+            if (j < Ck - 1) conv_keep[(slot * (Ck - 1) + j) * C + c] = win[q][j];
         }
         float u = 0.0f;
 #pragma unroll
@@ -236,8 +245,8 @@ __global__ void __launch_bounds__(NW * 32) gdn_decode_kernel(GdnDecodeArgs a, St
     // 4. the delta rule, token by token: with ks = S_old·k, qs = S_old·q (one pass over the state),
     //    δ = β(v − e^g·ks), S = e^g·S + δ kᵀ, o = e^g·qs + (q·k)·δ.
     for (int t = 0; t < Tc; ++t) {
-      if (rec_keep) {  // the state before token c0 + t (verification), at the rows' offset in rec_state
-        float* K = rec_keep + (c0 + t) * state_elems + (S - rec_state);
+      if (rec_keep && kept(c0 + t)) {  // the state before token c0 + t, at the rows' offset in rec_state
+        float* K = rec_keep + keep_slot(c0 + t) * state_elems + (S - rec_state);
 #pragma unroll
         for (int r = 0; r < RPW; ++r) *reinterpret_cast<float4*>(K + r * kDecodeDk) = s[r];
       }
@@ -360,9 +369,9 @@ namespace {
 
 // One launch of shape (CS blocks per key head, in a cluster or plain; NW warps, RPW rows per warp) over B sequences
 // (grid z).
-template <int CS, bool kCluster, int NW, int RPW, int kTaps, bool kChunked>
+template <int CS, bool kCluster, int NW, int RPW, int kTaps, bool kChunked, bool kKeepOne = false>
 void launch_decode_kernel(const GdnDecodeArgs& a, int B, const StateTables& tables, cudaStream_t stream) {
-  auto kernel = gdn_decode_kernel<CS, kCluster, NW, RPW, kTaps, kChunked>;
+  auto kernel = gdn_decode_kernel<CS, kCluster, NW, RPW, kTaps, kChunked, kKeepOne>;
   const dim3 grid(CS, unsigned(a.d.Hk), unsigned(B));
   if constexpr (!kCluster) {
     launch_pdl("gdn_decode", kernel, grid, dim3(NW * 32), 0, stream, a, tables);
@@ -378,12 +387,12 @@ void launch_decode_kernel(const GdnDecodeArgs& a, int B, const StateTables& tabl
   }
 }
 // The one-chunk kernel up to kDecodeChunk tokens, the chunked one beyond.
-template <int CS, bool kCluster, int NW, int RPW, int kTaps>
+template <int CS, bool kCluster, int NW, int RPW, int kTaps, bool kKeepOne = false>
 void launch_decode(const GdnDecodeArgs& a, int B, const StateTables& tables, cudaStream_t stream) {
   if (a.d.T > kDecodeChunk)
-    launch_decode_kernel<CS, kCluster, NW, RPW, kTaps, true>(a, B, tables, stream);
+    launch_decode_kernel<CS, kCluster, NW, RPW, kTaps, true, kKeepOne>(a, B, tables, stream);
   else
-    launch_decode_kernel<CS, kCluster, NW, RPW, kTaps, false>(a, B, tables, stream);
+    launch_decode_kernel<CS, kCluster, NW, RPW, kTaps, false, kKeepOne>(a, B, tables, stream);
 }
 
 // gdn_decode and gdn_decode_batched after their own checks of the states: the other arguments' checks and the launch
@@ -414,6 +423,12 @@ void decode(const GdnDecodeArgs& a, int B, const StateTables& tables, cudaStream
   TERN_CHECK(kind != K::portable_split || a.tickets,
              "gdn_decode: the portable_split shape needs GdnDecodeArgs::tickets");
   const bool short_conv = a.Ck <= 4;  // the model's width 4: fewer registers
+  if (tables.keep_token) {  // one kept state (gdn_decode_from_tables): cluster4_w16's kernels only
+    TERN_CHECK(kind == K::cluster4_w16, "gdn_decode: one kept state needs the cluster4_w16 shape (sm_90; see "
+               "gdn_decode_keeps_one)");
+    return short_conv ? launch_decode<4, true, 16, 4, 4, true>(a, B, tables, stream)
+                      : launch_decode<4, true, 16, 4, 8, true>(a, B, tables, stream);
+  }
   switch (kind) {
     case K::cluster8_w16:
       return short_conv ? launch_decode<8, true, 16, 2, 4>(a, B, tables, stream)
@@ -445,6 +460,8 @@ bool gdn_decode_supported(const GdnDims& d) {
 
 int64_t gdn_decode_ticket_count(int Hk) { return int64_t(kDecodeMaxSeqs) * Hk; }
 
+bool gdn_decode_keeps_one() { return sm90_features(); }
+
 void gdn_decode(const GdnDecodeArgs& a, cudaStream_t stream) {
   if (a.d.T == 0) return;
   TERN_CHECK((a.Ck == 1 || a.conv_state) && a.rec_state, "gdn_decode: null state");
@@ -464,9 +481,11 @@ void gdn_decode_batched(const GdnDecodeArgs& a, int B, float* const* conv_states
 }
 
 void gdn_decode_from_tables(const GdnDecodeArgs& a, float* const* conv_state, float* const* rec_state,
-                            float* const* conv_keep, float* const* rec_keep, cudaStream_t stream) {
+                            float* const* conv_keep, float* const* rec_keep, const int* keep_token,
+                            cudaStream_t stream) {
   TERN_CHECK((a.Ck == 1 || conv_state) && rec_state && conv_keep && rec_keep, "gdn_decode_from_tables: null table");
-  decode(a, 1, StateTables{conv_state, rec_state, conv_keep, rec_keep}, stream);
+  TERN_CHECK(!keep_token || gdn_decode_keeps_one(), "gdn_decode_from_tables: one kept state needs sm_90 code");
+  decode(a, 1, StateTables{conv_state, rec_state, conv_keep, rec_keep, keep_token}, stream);
 }
 
 }  // namespace tern::cuda
