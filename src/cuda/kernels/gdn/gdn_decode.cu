@@ -46,8 +46,12 @@ constexpr int kDecodeMaxSeqs = 32;  // gdn_decode_batched's B
 static_assert(kGdnDecodeMaxTokens >= kDecodeChunk, "a launch takes at least one whole chunk");
 
 // a·b over 4 lanes of a float4, each rounding spelt out: fmaf(a.w, b.w, fmaf(a.z, b.z, fmaf(a.y, b.y, a.x·b.x))). The
-// delta rule below writes every multiply-add so too (fmaf, __fmul_rn), so that no shape's compilation may contract a
-// sum otherwise: the shapes (and chunked or one-token forms) give the same bits because they run the same roundings.
+// delta rule below writes every multiply-add so too (fmaf, __fmul_rn), and so do the conv's taps and the q/k norms'
+// sums of squares (fmaf), so that no shape's compilation may contract a sum otherwise: the shapes (and chunked or
+// one-token forms) give the same bits because they run the same roundings. (A plain `u += w·x` is contracted at the
+// compiler's discretion: the one-chunk kernels, sm_90a, nvcc 13.0, left the last tap a separate FMUL + FADD, the
+// product taken from an FSEL between tokens, while the one-token kernels fused it, FFMA: the batched shapes' conv
+// outputs, hence their outputs and states, differed from cluster4_w16's in the last bits.)
 __device__ __forceinline__ float dot4(const float4& a, const float4& b) {
   return fmaf(a.w, b.w, fmaf(a.z, b.z, fmaf(a.y, b.y, __fmul_rn(a.x, b.x))));
 }
@@ -207,11 +211,15 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocks) gdn_decode_kernel(GdnDeco
           for (int j = 0; j + 1 < kTaps; ++j)
             if (j < Ck - 1) conv_keep[(int64_t(c0 + t) * (Ck - 1) + j) * C + c] = win[q][j];
         }
+        // u = Σ_j w_j·x_j, one fmaf per tap in tap order (the first: w_0·x_0 + 0). All kTaps taps, unguarded: beyond
+        // Ck the weight and the window are 0 (load_weights, the window's loads and shifts), so such a tap adds +0 (it
+        // changes nothing but a sum of -0, to +0). Unguarded, ptxas keeps cluster4_w16's one-chunk kernel (4 taps) at
+        // 64 registers without spills (guarded by j < Ck: 20 bytes of spills).
         float u = 0.0f;
 #pragma unroll
         for (int j = 0; j < kTaps; ++j) {
           if (j == Ck - 1) win[q][j] = xin[q][t];
-          if (j < Ck) u += cw[q][j] * win[q][j];
+          u = fmaf(cw[q][j], win[q][j], u);
         }
         s_x[t][lc] = u / (1.0f + expf(-u));
 #pragma unroll
@@ -251,7 +259,7 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocks) gdn_decode_kernel(GdnDeco
       float* v = &s_x[task / 2][(task % 2) * kDecodeDk];
       float ss = 0.0f;
 #pragma unroll
-      for (int i = 0; i < kDecodeDk / 32; ++i) ss += v[lane + 32 * i] * v[lane + 32 * i];
+      for (int i = 0; i < kDecodeDk / 32; ++i) ss = fmaf(v[lane + 32 * i], v[lane + 32 * i], ss);
       float inv = rsqrtf(warp_sum(ss) + 1e-6f);
       if (task % 2 == 0) inv *= rsqrtf(float(kDecodeDk));
 #pragma unroll
