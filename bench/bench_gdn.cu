@@ -157,6 +157,8 @@ TERN_BENCH_CASES(gdn) {
     const std::pair<DK, const char*> shapes[] = {{DK::cluster8_w16, "clusters 8 x 16 warps x 2 rows"},
                                                  {DK::cluster16_w8, "clusters 16 x 8 warps x 2 rows"},
                                                  {DK::cluster4_w16, "clusters 4 x 16 warps x 4 rows"},
+                                                 {DK::cluster2_w16, "clusters 2 x 16 warps x 8 rows"},
+                                                 {DK::cluster4_w8, "clusters 4 x 8 warps x 8 rows"},
                                                  {DK::portable, "portable, 16 blocks x 32 warps"},
                                                  {DK::portable_split, "portable split, 32 blocks x 32 warps"}};
     for (const auto& [kind, label] : shapes) {

@@ -5,6 +5,7 @@
 //     and the one block per key head);
 //   - gdn_decode_batched (B sequences, one token each) bit for bit against gdn_decode for each sequence alone;
 //   - the portable block per v-head bit for bit against the clusters of 4 × 16 warps × 4 rows (sm_90);
+//   - the batched step's shapes (8 rows per warp: cluster2_w16, cluster4_w8) bit for bit against the same (sm_90);
 //   - gdn_decode over steps of several chunks (T up to kGdnDecodeMaxTokens) against the CPU twin and bit for bit
 //     against one-token calls (outputs, states, kept states);
 //   - gdn_chunked (prefill) against the CPU chunked form and the CPU recurrence, for lengths around the chunk size.
@@ -132,10 +133,11 @@ TEST(CudaGdnDecode, MatchesCpuTwinAcrossCallsWithStateCarried) {
   DeviceBuf<unsigned> tickets(std::vector<unsigned>(size_t(gdn_decode_ticket_count(d.Hk)), 0u));
   // Every launch shape on its own copy of the states (the cluster shapes run as portable before sm_90: no tickets).
   constexpr GdnDecodeArgs::Kernel kDecodeKernels[] = {
-      GdnDecodeArgs::Kernel::cluster8_w8,  GdnDecodeArgs::Kernel::cluster8_w16, GdnDecodeArgs::Kernel::cluster16_w8,
-      GdnDecodeArgs::Kernel::cluster4_w16, GdnDecodeArgs::Kernel::portable,     GdnDecodeArgs::Kernel::portable_split};
-  constexpr const char* kDecodeNames[] = {"cluster8_w8",  "cluster8_w16", "cluster16_w8",
-                                          "cluster4_w16", "portable",     "portable_split"};
+      GdnDecodeArgs::Kernel::cluster8_w8,    GdnDecodeArgs::Kernel::cluster8_w16, GdnDecodeArgs::Kernel::cluster16_w8,
+      GdnDecodeArgs::Kernel::cluster4_w16,   GdnDecodeArgs::Kernel::portable,     GdnDecodeArgs::Kernel::portable_split,
+      GdnDecodeArgs::Kernel::cluster2_w16,   GdnDecodeArgs::Kernel::cluster4_w8};
+  constexpr const char* kDecodeNames[] = {"cluster8_w8", "cluster8_w16",   "cluster16_w8", "cluster4_w16",
+                                          "portable",    "portable_split", "cluster2_w16", "cluster4_w8"};
   constexpr int kDecodeVariants = sizeof(kDecodeKernels) / sizeof(kDecodeKernels[0]);
   std::vector<std::unique_ptr<DeviceBuf<float>>> conv, rec;
   for (int v = 0; v < kDecodeVariants; ++v) {
@@ -172,8 +174,10 @@ TEST(CudaGdnDecode, MatchesCpuTwinAcrossCallsWithStateCarried) {
 // gdn_decode_batched against gdn_decode run for each sequence alone (T = 1), bit for bit: B sequences with their own
 // proj rows and their own conv and recurrent states (separate allocations, different values), two steps with the
 // states carried, for every launch shape (the batched call takes a.kernel as gdn_decode does; portable_split, and
-// automatic as the runner calls it, with tickets). The outputs and both updated states must be identical to the last
-// bit, the states must have changed, and the tickets must be back at zero.
+// automatic as the runner calls it, with tickets). automatic is the cross-shape check where TERN_GDN_BATCH_SHAPE names
+// a batched shape: on sm_90 the batched call then takes it from B = 2 on, the lone calls cluster4_w16. The
+// outputs and both updated states must be identical to the last bit, the states must have changed, and the tickets
+// must be back at zero.
 TEST(CudaGdnDecode, BatchedIsBitIdenticalToEachSequenceAlone) {
   TERN_REQUIRE_GPU();
   std::mt19937_64 rng(fresh_seed("CudaGdnDecodeBatched"));
@@ -193,7 +197,8 @@ TEST(CudaGdnDecode, BatchedIsBitIdenticalToEachSequenceAlone) {
   const Shape kernels[] = {{K::automatic, "automatic", false},        {K::automatic, "automatic+tickets", true},
                            {K::cluster8_w8, "cluster8_w8", false},    {K::cluster8_w16, "cluster8_w16", false},
                            {K::cluster16_w8, "cluster16_w8", false},  {K::cluster4_w16, "cluster4_w16", false},
-                           {K::portable, "portable", false},          {K::portable_split, "portable_split", true}};
+                           {K::portable, "portable", false},          {K::portable_split, "portable_split", true},
+                           {K::cluster2_w16, "cluster2_w16", false},  {K::cluster4_w8, "cluster4_w8", false}};
   for (const auto& [kernel, name, with_tickets] : kernels)
     for (int B : {1, 2, 7, 32}) {
       const std::string tag = std::string(name) + " B=" + std::to_string(B);
@@ -346,6 +351,115 @@ TEST(CudaGdnDecode, PortableSplitIsBitIdenticalToCluster4) {
   EXPECT_FALSE(same_bits(states[1].rec[0]->host(), rec0)) << "portable_split left sequence 0's recurrent state as it was";
 }
 
+// The batched step's shapes against cluster4_w16, bit for bit (sm_90: the clusters must run): cluster2_w16 and
+// cluster4_w8 hold 8 state rows per warp where cluster4_w16 holds 4, but each row's arithmetic is the same and the
+// gated norm's sums of squares are formed over the same sets of 4 rows in the same order, so every number must be
+// the same. Conv widths 4 and 6 (the kernels of 4 and 8 taps). Per width, B = 3 sequences with a copy of their states
+// per shape, the states carried from call to call:
+//   gdn_decode of sequence 0 forced to each shape, T = 1 (the one-token kernel), 5 (one chunk), 20 (three chunks,
+//   the last short) and 1 again, keeping the states before each token;
+//   gdn_decode_batched over the three (T = 1), forced to each shape.
+// The outputs, the conv and recurrent states of every sequence and the kept states must be identical.
+TEST(CudaGdnDecode, BatchShapesAreBitIdenticalToCluster4) {
+  TERN_REQUIRE_GPU();
+  if (!sm90_features()) GTEST_SKIP() << "the cluster shapes need sm_90 code and no TERN_GPU_PATH=portable";
+  std::mt19937_64 rng(fresh_seed("CudaGdnDecodeBatchShapes"));
+  using K = GdnDecodeArgs::Kernel;
+  constexpr int kShapes = 3;
+  const K shapes[kShapes] = {K::cluster4_w16, K::cluster2_w16, K::cluster4_w8};
+  const char* const names[kShapes] = {"cluster4_w16", "cluster2_w16", "cluster4_w8"};
+  constexpr int B = 3;
+  for (int Ck : {4, 6}) {
+    GdnLayer L(rng, Ck);
+    const GdnDims& d = L.d;
+    const int64_t C = d.C(), Z = int64_t(d.Hv) * d.dv;
+    const int64_t ld = C + Z + 2 * d.Hv + 12;  // a row stride wider than the row, as a fused projection may leave
+    const size_t conv_n = size_t((Ck - 1) * C), rec_n = size_t(d.Hv) * d.dv * d.dk;
+    DeviceBuf<float> dw(L.conv_w), dA(L.A_log), ddt(L.dt_bias), dnw(L.norm_w);
+    // states[shape]: each sequence's conv and recurrent state (the same values for every shape), and their tables.
+    struct States {
+      std::vector<std::unique_ptr<DeviceBuf<float>>> conv, rec;
+      std::vector<float*> conv_ptrs, rec_ptrs;
+      std::unique_ptr<DeviceBuf<float*>> conv_table, rec_table;
+    } states[kShapes];
+    for (int b = 0; b < B; ++b) {
+      const auto conv = random_floats(rng, conv_n, -2.0f, 2.0f), rec = random_floats(rng, rec_n, -0.3f, 0.3f);
+      for (States& st : states) {
+        st.conv.push_back(std::make_unique<DeviceBuf<float>>(conv));
+        st.rec.push_back(std::make_unique<DeviceBuf<float>>(rec));
+        st.conv_ptrs.push_back(st.conv.back()->p);
+        st.rec_ptrs.push_back(st.rec.back()->p);
+      }
+    }
+    for (States& st : states) {
+      st.conv_table = std::make_unique<DeviceBuf<float*>>(st.conv_ptrs);
+      st.rec_table = std::make_unique<DeviceBuf<float*>>(st.rec_ptrs);
+    }
+    const std::vector<float> rec0 = states[0].rec[0]->host();
+    // Every sequence's states of each shape against cluster4_w16's.
+    auto expect_states_match = [&](const std::string& at) {
+      for (int s = 1; s < kShapes; ++s)
+        for (int b = 0; b < B; ++b) {
+          EXPECT_TRUE(same_bits(states[0].conv[size_t(b)]->host(), states[s].conv[size_t(b)]->host()))
+              << names[s] << " conv state of sequence " << b << " " << at;
+          EXPECT_TRUE(same_bits(states[0].rec[size_t(b)]->host(), states[s].rec[size_t(b)]->host()))
+              << names[s] << " recurrent state of sequence " << b << " " << at;
+        }
+    };
+    int call = 0;
+    for (int64_t T : {1, 5, 20, 1}) {
+      const std::string at = "Ck=" + std::to_string(Ck) + " call " + std::to_string(call++) + " T=" + std::to_string(T);
+      SCOPED_TRACE(at);
+      const std::vector<float> proj = random_proj(rng, d, T, ld);  // the padding columns are NaN
+      DeviceBuf<float> dproj(proj);
+      std::vector<float> out[kShapes], conv_keep[kShapes], rec_keep[kShapes];
+      for (int s = 0; s < kShapes; ++s) {
+        DeviceBuf<float> dout(size_t(T * Z)), dconv_keep(size_t(T) * conv_n), drec_keep(size_t(T) * rec_n);  // poisoned
+        GdnDecodeArgs a = decode_args(L, dw, dA, ddt, dnw, dproj.p, ld, T);
+        a.kernel = shapes[s];
+        a.out = dout.p;
+        a.conv_state = states[s].conv[0]->p;
+        a.rec_state = states[s].rec[0]->p;
+        a.conv_keep = dconv_keep.p;
+        a.rec_keep = drec_keep.p;
+        gdn_decode(a, nullptr);
+        TERN_CUDA(cudaGetLastError());
+        out[s] = dout.host();
+        conv_keep[s] = dconv_keep.host();
+        rec_keep[s] = drec_keep.host();
+      }
+      EXPECT_TRUE(all_finite(out[0])) << "cluster4_w16 outputs";
+      EXPECT_TRUE(all_finite(conv_keep[0]) && all_finite(rec_keep[0])) << "cluster4_w16 kept states";
+      for (int s = 1; s < kShapes; ++s) {
+        EXPECT_TRUE(same_bits(out[0], out[s])) << names[s] << " outputs";
+        EXPECT_TRUE(same_bits(conv_keep[0], conv_keep[s])) << names[s] << " kept conv states";
+        EXPECT_TRUE(same_bits(rec_keep[0], rec_keep[s])) << names[s] << " kept recurrent states";
+      }
+      expect_states_match("after gdn_decode");
+    }
+    for (int step = 0; step < 2; ++step) {
+      const std::string at = "Ck=" + std::to_string(Ck) + " batched step " + std::to_string(step);
+      SCOPED_TRACE(at);
+      const std::vector<float> proj = random_proj(rng, d, B, ld);  // sequence b's row at row b
+      DeviceBuf<float> dproj(proj);
+      std::vector<float> out[kShapes];
+      for (int s = 0; s < kShapes; ++s) {
+        DeviceBuf<float> dout(size_t(B * Z));  // poisoned
+        GdnDecodeArgs a = decode_args(L, dw, dA, ddt, dnw, dproj.p, ld, 1);
+        a.kernel = shapes[s];
+        a.out = dout.p;
+        gdn_decode_batched(a, B, states[s].conv_table->p, states[s].rec_table->p, nullptr);
+        TERN_CUDA(cudaGetLastError());
+        out[s] = dout.host();
+      }
+      EXPECT_TRUE(all_finite(out[0])) << "cluster4_w16 outputs";
+      for (int s = 1; s < kShapes; ++s) EXPECT_TRUE(same_bits(out[0], out[s])) << names[s] << " outputs";
+      expect_states_match("after gdn_decode_batched");
+    }
+    EXPECT_FALSE(same_bits(states[0].rec[0]->host(), rec0)) << "the calls left sequence 0's recurrent state as it was";
+  }
+}
+
 // Steps of more than one chunk (gdn_decode walks T = 1..kGdnDecodeMaxTokens tokens in chunks of 8): T = 9, 16, 17,
 // 32 (and 8, one whole chunk), conv widths 4 and 6 (the kernels of 4 and of 8 taps), every launch shape
 // (portable_split with its tickets), the states carried from step to step on the GPU and on the CPU alike. Each step
@@ -361,10 +475,10 @@ TEST(CudaGdnDecode, LongStepsMatchOneTokenCallsAndCpuTwin) {
   static_assert(kGdnDecodeMaxTokens == 32, "the lengths below cover chunks of 8 up to 32 tokens");
   std::mt19937_64 rng(fresh_seed("CudaGdnDecodeLong"));
   using K = GdnDecodeArgs::Kernel;
-  const K kShapes[] = {K::cluster8_w8, K::cluster8_w16, K::cluster16_w8, K::cluster4_w16, K::portable,
-                       K::portable_split};
-  const char* const kNames[] = {"cluster8_w8", "cluster8_w16", "cluster16_w8", "cluster4_w16", "portable",
-                                "portable_split"};
+  const K kShapes[] = {K::cluster8_w8, K::cluster8_w16,   K::cluster16_w8,  K::cluster4_w16,
+                       K::portable,    K::portable_split, K::cluster2_w16, K::cluster4_w8};
+  const char* const kNames[] = {"cluster8_w8", "cluster8_w16",   "cluster16_w8", "cluster4_w16",
+                                "portable",    "portable_split", "cluster2_w16", "cluster4_w8"};
   constexpr int kShapeCount = sizeof(kShapes) / sizeof(kShapes[0]);
   for (int Ck : {4, 6}) {
     GdnLayer L(rng, Ck);

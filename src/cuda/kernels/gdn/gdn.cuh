@@ -114,7 +114,8 @@ struct GdnDecodeArgs {
   unsigned* tickets = nullptr;
   // Tests only: take the one-block portable shape (no thread-block cluster, no tickets) on any GPU.
   bool force_portable = false;
-  // Which launch shape (tests and the workbench; automatic = cluster4_w16 on sm_90, else as the fallback below):
+  // Which launch shape (tests and the workbench; automatic = cluster4_w16 on sm_90, also for gdn_decode_batched
+  // unless TERN_GDN_BATCH_SHAPE names cluster2_w16 or cluster4_w8 for B ≥ 2; else as the fallback below):
   //   cluster8_w8:    clusters of 8 blocks × 8 warps × 4 state rows per warp (128 blocks of 256 threads);
   //   cluster8_w16:   clusters of 8 blocks × 16 warps × 2 rows (128 blocks of 512 threads);
   //   cluster16_w8:   clusters of 16 blocks × 8 warps × 2 rows (256 blocks of 256 threads; a non-portable size);
@@ -123,9 +124,25 @@ struct GdnDecodeArgs {
   //   portable_split: one block of 32 warps × 4 rows per v-head, two per key head, no cluster (32 blocks of 1024
   //                   threads; any GPU; needs tickets). Meant to be bit for bit cluster4_w16's results (the same
   //                   rows per warp and warps per v-head, so the same sums; gdn_test compares them on sm_90).
+  //   cluster2_w16:   clusters of 2 blocks × 16 warps × 8 rows (32 blocks of 512 threads; a block per v-head); the
+  //                   batched step's: its one-token kernel holds 8 rows per warp in 64 registers, 2 blocks per SM
+  //                   (B = 8: 256 blocks, one wave on an H200);
+  //   cluster4_w8:    clusters of 4 blocks × 8 warps × 8 rows (64 blocks of 256 threads; one token: 80 registers, 3
+  //                   blocks per SM).
+  //   Both sum the gated norm's squares over sets of 4 rows as cluster4_w16 does: bit for bit its results.
   // The cluster shapes fall back where the sm_90 binary does not run: to portable_split when tickets are given and
   // TERN_GDN_PORTABLE_SPLIT is not 0, else to portable.
-  enum class Kernel { automatic, cluster8_w8, cluster8_w16, cluster16_w8, cluster4_w16, portable, portable_split };
+  enum class Kernel {
+    automatic,
+    cluster8_w8,
+    cluster8_w16,
+    cluster16_w8,
+    cluster4_w16,
+    portable,
+    portable_split,
+    cluster2_w16,
+    cluster4_w8
+  };
   Kernel kernel = Kernel::automatic;
 };
 
@@ -149,7 +166,8 @@ int64_t gdn_decode_ticket_count(int Hk);
 // sequence b at conv_states[b] and rec_states[b] (device arrays of B pointers; a.conv_state and a.rec_state are not
 // read; rec_states[b] 16-byte aligned, the states of different sequences distinct). 1 <= B <= 32; the shapes of
 // gdn_decode_supported. The launch shape is gdn_decode's for a (a.kernel, a.force_portable, a.tickets), with a grid
-// index per sequence: the same kernel, so the same arithmetic. Launched with PDL like gdn_decode (the same rule for
+// index per sequence, except that automatic takes TERN_GDN_BATCH_SHAPE's shape (cluster2_w16, cluster4_w8: more of
+// the batch resident at once) on sm_90 for B ≥ 2 where it names one: the same arithmetic for each sequence either way. Launched with PDL like gdn_decode (the same rule for
 // the states read before pdl_wait); the two tables are read before pdl_wait too, so they are launch constants of the
 // step (written by a copy before it, never by the kernel just before this one).
 void gdn_decode_batched(const GdnDecodeArgs& a, int B, float* const* conv_states, float* const* rec_states,

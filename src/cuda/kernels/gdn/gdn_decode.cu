@@ -3,7 +3,11 @@
 // thread-block cluster per key head on sm_90, elsewhere two plain blocks per key head (one per v-head; one block per
 // key head without tickets or with TERN_GDN_PORTABLE_SPLIT=0).
 // gdn_decode_batched runs the same kernel over B sequences of one token (a grid z index per sequence), so that each
-// sequence's arithmetic is exactly what gdn_decode does for it alone.
+// sequence's arithmetic is exactly what gdn_decode does for it alone; with TERN_GDN_BATCH_SHAPE=cluster2_w16, from
+// B = 2 on sm_90 in a shape of its own (8 state rows per warp instead of 4, 2 registers per state float instead of 4:
+// twice the rows resident per SM, B = 8 in one wave), whose numbers are cluster4_w16's: the rows' arithmetic does not
+// depend on the shape (every multiply-add written out, see dot4), and the gated norm's sums of squares are formed
+// over the same sets of 4 rows in the same order (see decode()).
 #include "cuda/kernels/gdn/gdn.cuh"
 
 #include <cooperative_groups.h>
@@ -42,6 +46,17 @@ constexpr int kDecodeChunk = 8, kDecodeMaxTaps = 8, kDecodeDk = 128, kDecodeDv =
 constexpr int kDecodeMaxSeqs = 32;  // gdn_decode_batched's B
 static_assert(kGdnDecodeMaxTokens >= kDecodeChunk, "a launch takes at least one whole chunk");
 
+// a·b over 4 lanes of a float4, each rounding spelt out: fmaf(a.w, b.w, fmaf(a.z, b.z, fmaf(a.y, b.y, a.x·b.x))). The
+// delta rule below writes every multiply-add so too (fmaf, __fmul_rn), and so do the conv's taps and the q/k norms'
+// sums of squares (fmaf), so that no shape's compilation may contract a sum otherwise: the shapes (and chunked or
+// one-token forms) give the same bits because they run the same roundings. (A plain `u += w·x` is contracted at the
+// compiler's discretion: the one-chunk kernels, sm_90a, nvcc 13.0, left the last tap a separate FMUL + FADD, the
+// product taken from an FSEL between tokens, while the one-token kernels fused it, FFMA: the batched shapes' conv
+// outputs, hence their outputs and states, differed from cluster4_w16's in the last bits.)
+__device__ __forceinline__ float dot4(const float4& a, const float4& b) {
+  return fmaf(a.w, b.w, fmaf(a.z, b.z, fmaf(a.y, b.y, __fmul_rn(a.x, b.x))));
+}
+
 // Where the sequences' states are: null tables for gdn_decode (its one sequence's a.conv_state, a.rec_state), device
 // arrays of B pointers for gdn_decode_batched.
 struct StateTables {
@@ -52,30 +67,45 @@ struct StateTables {
   const int* keep_token = nullptr;    // [1] (kKeepOne): keep only the state before this token, in slot 0
 };
 
-// kChunked: T may exceed kDecodeChunk (the loop over the chunks); else one chunk of T ≤ kDecodeChunk tokens, the loop
-// gone at compile time (the registers of the one-chunk code: the portable shapes' 64 per thread are tight).
+// kSq: the rows of one partial sum of squares of the gated norm (a warp's RPW rows in RPW / kSq row sets, each summed
+// in row order into its own partial; a v-head's dv / kSq partials are then summed in one warp_sum). The sums of
+// squares, hence the outputs, depend on kSq and on nothing else of the shape: the shapes with kSq = 4 (cluster4_w16,
+// cluster2_w16, cluster4_w8, portable_split) give the same numbers.
+// kMinBlocks: blocks per SM the registers must allow (__launch_bounds__); 0: none (no .minnctapersm at all: even 1
+// changes ptxas's choice, cluster4_w16 then takes 80 registers instead of 64).
+// kMaxT: the most tokens of a launch. kGdnDecodeMaxTokens: T may exceed kDecodeChunk (the loop over the chunks,
+// kChunked); kDecodeChunk: one chunk of T ≤ kDecodeChunk tokens, the loop gone at compile time (the registers of the
+// one-chunk code: the portable shapes' 64 per thread are tight); 1: one token (T = 1), the chunk's buffers and
+// per-thread inputs (xin, zin) sized for it (the batched step's shapes: 64 registers for cluster2_w16 rather than the
+// one-chunk code's 102). The code of a token is the same in all three.
 // kKeepOne: the kept buffers take only the states before token *tables.keep_token, in their first slot (a prefix
 // snapshot inside a short call); else those before every token c0 + t, in slot c0 + t (verification).
-template <int CS, bool kCluster, int NW, int RPW, int kTaps, bool kChunked, bool kKeepOne>
-__global__ void __launch_bounds__(NW * 32) gdn_decode_kernel(GdnDecodeArgs a, StateTables tables) {
+template <int CS, bool kCluster, int NW, int RPW, int kSq, int kMinBlocks, int kTaps, int kMaxT, bool kKeepOne>
+__global__ void __launch_bounds__(NW * 32, kMinBlocks) gdn_decode_kernel(GdnDecodeArgs a, StateTables tables) {
   namespace cg = cooperative_groups;
+  constexpr bool kChunked = kMaxT > kDecodeChunk;
+  constexpr int kChunk = kChunked ? kDecodeChunk : kMaxT;  // tokens of a chunk (buffers, per-thread inputs)
+  static_assert(kMaxT == 1 || kMaxT == kDecodeChunk || kMaxT == kGdnDecodeMaxTokens, "one token, one chunk or all");
   constexpr int kRows = NW * RPW;                      // state rows of this block
   constexpr int kQk = 2 * kDecodeDk;                   // q and k channels of the key head
   constexpr int kCh = kQk + kRows;                     // conv channels this block computes
   constexpr int kHeads = kRows > kDecodeDv ? kRows / kDecodeDv : 1;  // v-heads the block touches
-  constexpr int kWarpsPerHead = kDecodeDv / RPW;       // partial sums of squares per v-head (over the group)
+  constexpr int kSets = RPW / kSq;                     // row sets (partial sums of squares) per warp
+  constexpr int kSqPerBlock = kRows / kSq;             // partial sums of squares per block (per token)
+  constexpr int kSqPerHead = kDecodeDv / kSq;          // partial sums of squares per v-head (over the group)
   constexpr bool kTicket = CS > 1 && !kCluster;        // plain blocks that meet only through the conv-state ticket
   static_assert(CS * kRows == kDecodeRatio * kDecodeDv, "a group covers the 2·dv rows of one key head");
   static_assert(kDecodeDv % kRows == 0 || kRows % kDecodeDv == 0, "blocks hold whole heads or slices of one head");
   static_assert(kDecodeDv % RPW == 0, "warps lie inside one head");
+  static_assert(RPW % kSq == 0, "a warp's rows are whole row sets");
   static_assert(kCluster ? CS > 1 : kRows % kDecodeDv == 0, "a cluster has blocks to share; a plain block whole heads");
-  static_assert(!kTicket || 2 * kDecodeChunk < NW, "the ticket's thread (warp NW - 1) has no task in step 3");
-  // The per-chunk buffers (a chunk = up to kDecodeChunk tokens; reused by every chunk of the launch).
-  __shared__ __align__(16) float s_x[kDecodeChunk][kCh];  // conv+SiLU outputs [t][q 128 | k 128 | v kRows]
-  __shared__ float s_conv_new[kTaps - 1][kCh];            // the conv state of those channels after the chunk
-  __shared__ float s_o[kDecodeChunk][kRows];              // delta-rule outputs
-  __shared__ float s_sq[kDecodeChunk][NW];                // Σ o² per (token, warp), read across the group
-  __shared__ float s_decay[kDecodeChunk][kHeads], s_beta[kDecodeChunk][kHeads], s_inv[kDecodeChunk][kHeads];
+  static_assert(!kTicket || 2 * kChunk < NW, "the ticket's thread (warp NW - 1) has no task in step 3");
+  // The per-chunk buffers (a chunk = up to kChunk tokens; reused by every chunk of the launch).
+  __shared__ __align__(16) float s_x[kChunk][kCh];  // conv+SiLU outputs [t][q 128 | k 128 | v kRows]
+  __shared__ float s_conv_new[kTaps - 1][kCh];      // the conv state of those channels after the chunk
+  __shared__ float s_o[kChunk][kRows];              // delta-rule outputs
+  __shared__ float s_sq[kChunk][kSqPerBlock];       // Σ o² per (token, row set), read across the group
+  __shared__ float s_decay[kChunk][kHeads], s_beta[kChunk][kHeads], s_inv[kChunk][kHeads];
   __shared__ bool s_writes_qk;                            // kTicket: this block writes the q/k conv state
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -116,7 +146,7 @@ __global__ void __launch_bounds__(NW * 32) gdn_decode_kernel(GdnDecodeArgs a, St
     return 2LL * Hk * kDecodeDk + int64_t(kh) * kDecodeRatio * kDecodeDv + row0 + (lc - kQk);
   };
   constexpr int kNt = NW * 32, kChPerThread = (kCh + kNt - 1) / kNt;
-  constexpr int kOutPerThread = (kDecodeChunk * kRows + kNt - 1) / kNt;
+  constexpr int kOutPerThread = (kChunk * kRows + kNt - 1) / kNt;
   // Conv weights of the thread's channels lc = tid + q·NT (launch constants): one chunk's before pdl_wait; with
   // chunks, per chunk (rather than held in registers through the delta rule).
   float cw[kChPerThread][kTaps];
@@ -141,7 +171,7 @@ __global__ void __launch_bounds__(NW * 32) gdn_decode_kernel(GdnDecodeArgs a, St
   // The chunks: tokens c0..c0+Tc-1 (Tc = min(kDecodeChunk, T - c0)), the state s carried in registers. Every token
   // runs the same code whatever its chunk (so T tokens in one launch give what T launches of one token give).
   for (int c0 = 0; c0 < (kChunked ? T : 1); c0 += kDecodeChunk) {
-    const int Tc = kChunked ? min(kDecodeChunk, T - c0) : T;
+    const int Tc = kChunked ? min(kDecodeChunk, T - c0) : kMaxT == 1 ? 1 : T;
     const bool first = !kChunked || c0 == 0, last = !kChunked || c0 + Tc >= T;
     const float* const cproj = proj + int64_t(c0) * ld;  // the chunk's rows
     float* const cout = out + int64_t(c0) * Hv * kDecodeDv;
@@ -151,13 +181,13 @@ __global__ void __launch_bounds__(NW * 32) gdn_decode_kernel(GdnDecodeArgs a, St
     // the one write after the last chunk), a later chunk's from s_conv_new, where the same thread left it after the
     // chunk before.
     if constexpr (kChunked) load_weights();
-    float win[kChPerThread][kTaps], xin[kChPerThread][kDecodeChunk];
+    float win[kChPerThread][kTaps], xin[kChPerThread][kChunk];
 #pragma unroll
     for (int q = 0; q < kChPerThread; ++q) {
       const int lc = tid + q * kNt;
       const int64_t c = lc < kCh ? channel(lc) : 0;
 #pragma unroll
-      for (int t = 0; t < kDecodeChunk; ++t) xin[q][t] = lc < kCh && t < Tc ? cproj[t * ld + c] : 0.0f;
+      for (int t = 0; t < kChunk; ++t) xin[q][t] = lc < kCh && t < Tc ? cproj[t * ld + c] : 0.0f;
 #pragma unroll
       for (int j = 0; j < kTaps; ++j)
         win[q][j] = lc < kCh && j < Ck - 1 ? (first ? conv_state[j * C + c] : s_conv_new[j][lc]) : 0.0f;
@@ -183,7 +213,7 @@ __global__ void __launch_bounds__(NW * 32) gdn_decode_kernel(GdnDecodeArgs a, St
       const int lc = tid + q * kNt;
       if (lc >= kCh) continue;
 #pragma unroll
-      for (int t = 0; t < kDecodeChunk; ++t) {
+      for (int t = 0; t < kChunk; ++t) {
         if (t >= Tc) break;
         if (conv_keep && (lc >= kQk || rank == 0) && kept(c0 + t)) {  // the state before token c0 + t
           const int64_t c = channel(lc), slot = keep_slot(c0 + t);
@@ -191,11 +221,15 @@ __global__ void __launch_bounds__(NW * 32) gdn_decode_kernel(GdnDecodeArgs a, St
           for (int j = 0; j + 1 < kTaps; ++j)
             if (j < Ck - 1) conv_keep[(slot * (Ck - 1) + j) * C + c] = win[q][j];
         }
+        // u = Σ_j w_j·x_j, one fmaf per tap in tap order (the first: w_0·x_0 + 0). All kTaps taps, unguarded: beyond
+        // Ck the weight and the window are 0 (load_weights, the window's loads and shifts), so such a tap adds +0 (it
+        // changes nothing but a sum of -0, to +0). Unguarded, ptxas keeps cluster4_w16's one-chunk kernel (4 taps) at
+        // 64 registers without spills (guarded by j < Ck: 20 bytes of spills).
         float u = 0.0f;
 #pragma unroll
         for (int j = 0; j < kTaps; ++j) {
           if (j == Ck - 1) win[q][j] = xin[q][t];
-          if (j < Ck) u += cw[q][j] * win[q][j];
+          u = fmaf(cw[q][j], win[q][j], u);
         }
         s_x[t][lc] = u / (1.0f + expf(-u));
 #pragma unroll
@@ -235,7 +269,7 @@ __global__ void __launch_bounds__(NW * 32) gdn_decode_kernel(GdnDecodeArgs a, St
       float* v = &s_x[task / 2][(task % 2) * kDecodeDk];
       float ss = 0.0f;
 #pragma unroll
-      for (int i = 0; i < kDecodeDk / 32; ++i) ss += v[lane + 32 * i] * v[lane + 32 * i];
+      for (int i = 0; i < kDecodeDk / 32; ++i) ss = fmaf(v[lane + 32 * i], v[lane + 32 * i], ss);
       float inv = rsqrtf(warp_sum(ss) + 1e-6f);
       if (task % 2 == 0) inv *= rsqrtf(float(kDecodeDk));
 #pragma unroll
@@ -250,39 +284,50 @@ __global__ void __launch_bounds__(NW * 32) gdn_decode_kernel(GdnDecodeArgs a, St
 #pragma unroll
         for (int r = 0; r < RPW; ++r) *reinterpret_cast<float4*>(K + r * kDecodeDk) = s[r];
       }
+      // Row set by row set (kSq rows each: the butterflies of one set at a time, fewer registers than all RPW rows'
+      // at once; q·k's butterfly with the first set's); each row's arithmetic is the same whatever the set.
       const float4 q = *reinterpret_cast<const float4*>(&s_x[t][4 * lane]);
       const float4 k = *reinterpret_cast<const float4*>(&s_x[t][kDecodeDk + 4 * lane]);
-      float qk = q.x * k.x + q.y * k.y + q.z * k.z + q.w * k.w;
-      float ks[RPW], qs[RPW];
+      float qk = dot4(q, k);
+      float sq[kSets], mine = 0.0f;
 #pragma unroll
-      for (int r = 0; r < RPW; ++r) {
-        ks[r] = s[r].x * k.x + s[r].y * k.y + s[r].z * k.z + s[r].w * k.w;
-        qs[r] = s[r].x * q.x + s[r].y * q.y + s[r].z * q.z + s[r].w * q.w;
-      }
+      for (int set = 0; set < kSets; ++set) {
+        float ks[kSq], qs[kSq];
 #pragma unroll
-      for (int off = 16; off > 0; off >>= 1) {
-        qk += __shfl_xor_sync(0xffffffffu, qk, off);
+        for (int r = 0; r < kSq; ++r) {
+          const float4& sr = s[set * kSq + r];
+          ks[r] = dot4(sr, k);
+          qs[r] = dot4(sr, q);
+        }
 #pragma unroll
-        for (int r = 0; r < RPW; ++r) {
-          ks[r] += __shfl_xor_sync(0xffffffffu, ks[r], off);
-          qs[r] += __shfl_xor_sync(0xffffffffu, qs[r], off);
+        for (int off = 16; off > 0; off >>= 1) {
+          if (set == 0) qk += __shfl_xor_sync(0xffffffffu, qk, off);
+#pragma unroll
+          for (int r = 0; r < kSq; ++r) {
+            ks[r] += __shfl_xor_sync(0xffffffffu, ks[r], off);
+            qs[r] += __shfl_xor_sync(0xffffffffu, qs[r], off);
+          }
+        }
+        const float g = s_decay[t][wslot], b = s_beta[t][wslot];
+        sq[set] = 0.0f;
+#pragma unroll
+        for (int r = 0; r < kSq; ++r) {
+          const int wr = set * kSq + r;  // the row within the warp's
+          const float delta = __fmul_rn(b, fmaf(-g, ks[r], s_x[t][kQk + warp * RPW + wr]));
+          s[wr].x = fmaf(g, s[wr].x, __fmul_rn(k.x, delta));
+          s[wr].y = fmaf(g, s[wr].y, __fmul_rn(k.y, delta));
+          s[wr].z = fmaf(g, s[wr].z, __fmul_rn(k.z, delta));
+          s[wr].w = fmaf(g, s[wr].w, __fmul_rn(k.w, delta));
+          const float o = fmaf(g, qs[r], __fmul_rn(qk, delta));
+          sq[set] = fmaf(o, o, sq[set]);
+          if (lane == wr) mine = o;
         }
       }
-      const float g = s_decay[t][wslot], b = s_beta[t][wslot];
-      float sq = 0.0f, mine = 0.0f;
-#pragma unroll
-      for (int r = 0; r < RPW; ++r) {
-        const float delta = b * (s_x[t][kQk + warp * RPW + r] - g * ks[r]);
-        s[r].x = g * s[r].x + k.x * delta;
-        s[r].y = g * s[r].y + k.y * delta;
-        s[r].z = g * s[r].z + k.z * delta;
-        s[r].w = g * s[r].w + k.w * delta;
-        const float o = g * qs[r] + qk * delta;
-        sq += o * o;
-        if (lane == r) mine = o;
-      }
       if (lane < RPW) s_o[t][warp * RPW + lane] = mine;
-      if (lane == 0) s_sq[t][warp] = sq;
+      if (lane == 0) {
+#pragma unroll
+        for (int set = 0; set < kSets; ++set) s_sq[t][warp * kSets + set] = sq[set];  // the block's row sets in order
+      }
     }
     if (last) {
 #pragma unroll
@@ -315,16 +360,17 @@ __global__ void __launch_bounds__(NW * 32) gdn_decode_kernel(GdnDecodeArgs a, St
 #endif
       return &s_sq[0][0];
     };
-    // 6. per (token, v-head of the block): inv = rsqrt(mean(o²) + eps) over the head's dv rows (kWarpsPerHead warps)
+    // 6. per (token, v-head of the block): inv = rsqrt(mean(o²) + eps) over the head's dv rows: its kSqPerHead
+    //    partial sums (group row set gp = group row / kSq, in block gp / kSqPerBlock), lane by lane in row order
     for (int task = warp; task < Tc * kHeads; task += NW) {
       const int t = task / kHeads, hs = task % kHeads;
-      const int gw0 = (head0 - kh * kDecodeRatio + hs) * kWarpsPerHead;  // first group warp of the head
+      const int gp0 = (head0 - kh * kDecodeRatio + hs) * kSqPerHead;  // first group row set of the head
       float ss = 0.0f;
 #pragma unroll
-      for (int i = 0; i < (kWarpsPerHead + 31) / 32; ++i) {
-        if (lane + 32 * i >= kWarpsPerHead) break;
-        const int gw = gw0 + lane + 32 * i;
-        ss += partials(gw / NW)[t * NW + gw % NW];
+      for (int i = 0; i < (kSqPerHead + 31) / 32; ++i) {
+        if (lane + 32 * i >= kSqPerHead) break;
+        const int gp = gp0 + lane + 32 * i;
+        ss += partials(gp / kSqPerBlock)[t * kSqPerBlock + gp % kSqPerBlock];
       }
       ss = warp_sum(ss);
       if (lane == 0) s_inv[t][hs] = rsqrtf(ss / float(kDecodeDv) + a.eps);
@@ -356,22 +402,26 @@ __global__ void __launch_bounds__(NW * 32) gdn_decode_kernel(GdnDecodeArgs a, St
   }
 }
 
-// sm_90: clusters of blocks (GdnDecodeArgs::Kernel; automatic: clusters of 4 × 16 warps × 4 rows, 64 blocks); without
-// clusters: a block of 32 warps × 4 rows per v-head (portable_split: 32 blocks, the tickets given), or one block of
-// 32 warps × 8 rows per key head (portable: 16 blocks).
+// sm_90: clusters of blocks (GdnDecodeArgs::Kernel; automatic: clusters of 4 × 16 warps × 4 rows, 64 blocks, or for
+// the batched step of B ≥ 2 clusters of 2 × 16 warps × 8 rows, 32·B blocks); without clusters: a block of 32 warps ×
+// 4 rows per v-head (portable_split: 32 blocks, the tickets given), or one block of 32 warps × 8 rows per key head
+// (portable: 16 blocks).
 constexpr int kDecodeClusterCS = 8, kDecodeClusterNW = 8, kDecodeClusterRPW = 4;
 constexpr int kDecodePortableNW = 32, kDecodePortableRPW = 8;
 constexpr int kDecodeSplitNW = 32, kDecodeSplitRPW = 4;  // RPW 4 as cluster4_w16's: the same sums of squares
+// The batched step's shapes (sm_90): 8 rows per warp, summed in sets of 4 (so the sums of squares are cluster4_w16's):
+// cluster2_w16 (2 × 16 warps, 2 blocks per SM) and cluster4_w8 (4 × 8 warps, 3 blocks per SM); see decode().
+constexpr int kDecodeBatchRPW = 8, kDecodeBatchSq = 4;
 
 }  // namespace
 
 namespace {
 
-// One launch of shape (CS blocks per key head, in a cluster or plain; NW warps, RPW rows per warp) over B sequences
-// (grid z).
-template <int CS, bool kCluster, int NW, int RPW, int kTaps, bool kChunked, bool kKeepOne = false>
+// One launch of shape (CS blocks per key head, in a cluster or plain; NW warps, RPW rows per warp, kSq rows per
+// partial sum of squares; kMinBlocks blocks per SM) over B sequences (grid z).
+template <int CS, bool kCluster, int NW, int RPW, int kSq, int kMinBlocks, int kTaps, int kMaxT, bool kKeepOne = false>
 void launch_decode_kernel(const GdnDecodeArgs& a, int B, const StateTables& tables, cudaStream_t stream) {
-  auto kernel = gdn_decode_kernel<CS, kCluster, NW, RPW, kTaps, kChunked, kKeepOne>;
+  auto kernel = gdn_decode_kernel<CS, kCluster, NW, RPW, kSq, kMinBlocks, kTaps, kMaxT, kKeepOne>;
   const dim3 grid(CS, unsigned(a.d.Hk), unsigned(B));
   if constexpr (!kCluster) {
     launch_pdl("gdn_decode", kernel, grid, dim3(NW * 32), 0, stream, a, tables);
@@ -386,13 +436,27 @@ void launch_decode_kernel(const GdnDecodeArgs& a, int B, const StateTables& tabl
     launch_cluster_pdl("gdn_decode (cluster)", kernel, grid, dim3(NW * 32), CS, 0, stream, a, tables);
   }
 }
-// The one-chunk kernel up to kDecodeChunk tokens, the chunked one beyond.
-template <int CS, bool kCluster, int NW, int RPW, int kTaps, bool kKeepOne = false>
+// One shape's launch: the kernel of 4 taps for the model's conv width (fewer registers), of 8 beyond; the one-chunk
+// kernel up to kDecodeChunk tokens, the chunked one beyond. kSq: rows per partial sum of squares (RPW: one per warp).
+// kOneTokenBlocks > 0 (the batched step's shapes): T = 1 takes the one-token kernel, at conv width ≤ 4 bound to that
+// many blocks per SM (__launch_bounds__'s second argument; the other kernels have none). kKeepOne: the kernels that
+// keep one state (gdn_decode_from_tables with a keep_token).
+template <int CS, bool kCluster, int NW, int RPW, int kSq = RPW, int kOneTokenBlocks = 0, bool kKeepOne = false>
 void launch_decode(const GdnDecodeArgs& a, int B, const StateTables& tables, cudaStream_t stream) {
-  if (a.d.T > kDecodeChunk)
-    launch_decode_kernel<CS, kCluster, NW, RPW, kTaps, true, kKeepOne>(a, B, tables, stream);
-  else
-    launch_decode_kernel<CS, kCluster, NW, RPW, kTaps, false, kKeepOne>(a, B, tables, stream);
+  const int T = int(a.d.T);
+  const bool short_conv = a.Ck <= 4;
+  if constexpr (kOneTokenBlocks > 0) {
+    if (T == 1 && short_conv)
+      return launch_decode_kernel<CS, kCluster, NW, RPW, kSq, kOneTokenBlocks, 4, 1>(a, B, tables, stream);
+    if (T == 1) return launch_decode_kernel<CS, kCluster, NW, RPW, kSq, 0, 8, 1>(a, B, tables, stream);
+  }
+  constexpr int kOne = kDecodeChunk, kAll = kGdnDecodeMaxTokens;
+  if (T <= kDecodeChunk && short_conv)
+    return launch_decode_kernel<CS, kCluster, NW, RPW, kSq, 0, 4, kOne, kKeepOne>(a, B, tables, stream);
+  if (T <= kDecodeChunk)
+    return launch_decode_kernel<CS, kCluster, NW, RPW, kSq, 0, 8, kOne, kKeepOne>(a, B, tables, stream);
+  if (short_conv) return launch_decode_kernel<CS, kCluster, NW, RPW, kSq, 0, 4, kAll, kKeepOne>(a, B, tables, stream);
+  return launch_decode_kernel<CS, kCluster, NW, RPW, kSq, 0, 8, kAll, kKeepOne>(a, B, tables, stream);
 }
 
 // gdn_decode and gdn_decode_batched after their own checks of the states: the other arguments' checks and the launch
@@ -413,42 +477,55 @@ void decode(const GdnDecodeArgs& a, int B, const StateTables& tables, cudaStream
   // TERN_GDN_PORTABLE_SPLIT=0 (then, as without tickets, one block per key head). Decided once, outside any capture.
   static const bool cluster_ok = sm90_features();
   static const bool split_ok = !env_is("TERN_GDN_PORTABLE_SPLIT", "0");
+  // TERN_GDN_BATCH_SHAPE (the batched step's shape for B >= 2): cluster2_w16 or cluster4_w8; else cluster4_w16.
+  static const K batch_kind = env_is("TERN_GDN_BATCH_SHAPE", "cluster2_w16")  ? K::cluster2_w16
+                              : env_is("TERN_GDN_BATCH_SHAPE", "cluster4_w8") ? K::cluster4_w8
+                                                                              : K::cluster4_w16;
   const K plain = a.tickets && split_ok ? K::portable_split : K::portable;
   K kind = a.force_portable ? K::portable : a.kernel;
-  // automatic on sm_90: cluster4_w16, fastest in the workbench (H200, 2026-12-01: 5.2 µs vs 6.2 for cluster8_w8).
+  // automatic on sm_90:
+  //  - one sequence (gdn_decode, gdn_decode_from_tables, gdn_decode_batched with B = 1): cluster4_w16, fastest in the
+  //    workbench (H200, 2026-12-01: 5.2 µs vs 6.2 for cluster8_w8). Its 64 blocks (Hk = 16) are under one wave
+  //    already, where 8 rows per warp would only lengthen each warp's chain; kept (not measured against those).
+  //  - gdn_decode_batched with B ≥ 2 (only it passes B > 1 here): cluster4_w16 too, until cluster2_w16's bits are
+  //    confirmed on the GPU (TERN_GDN_BATCH_SHAPE above; on 2340328 they differed from cluster4_w16's in the last
+  //    bits: the conv's last tap, contracted by some kernels and not by others, now an explicit fmaf). The
+  //    step is latency-bound and its state (B · 2 MB) is as large as the register files: cluster4_w16 holds 16 state
+  //    floats per thread in 64 registers (4 per float), 2 blocks of 512 threads per SM = 128 rows per SM, so B = 8
+  //    is 512 blocks over 264 slots on the H200's 132 SMs (1.94 waves; Nsight: 22.4 µs, 47% occupancy, DRAM 17%).
+  //    cluster2_w16's one-token kernel holds 32 in 64 registers (2 per float): 2 blocks of 512 threads = 256 rows per
+  //    SM, B = 8 is 256 blocks over 264 slots (0.97 waves), B = 16 1.94 (cluster4_w16: 3.9). cluster4_w8 (80
+  //    registers, 2.5 per float): 3 blocks of 256 threads = 192 rows per SM, B = 8 1.29 waves, B = 16 2.59.
+  //    Every one of them gives a sequence the numbers cluster4_w16 gives it alone (the same per-row arithmetic, the
+  //    sums of squares in sets of 4 rows), so a batch's outputs do not depend on the shape. Arithmetic, not measured.
   if (kind == K::automatic)
-    kind = cluster_ok ? K::cluster4_w16 : plain;
+    kind = !cluster_ok ? plain : B >= 2 ? batch_kind : K::cluster4_w16;
   else if (!cluster_ok && kind != K::portable && kind != K::portable_split)
     kind = plain;
   TERN_CHECK(kind != K::portable_split || a.tickets,
              "gdn_decode: the portable_split shape needs GdnDecodeArgs::tickets");
-  const bool short_conv = a.Ck <= 4;  // the model's width 4: fewer registers
   if (tables.keep_token) {  // one kept state (gdn_decode_from_tables): cluster4_w16's kernels only
     TERN_CHECK(kind == K::cluster4_w16, "gdn_decode: one kept state needs the cluster4_w16 shape (sm_90; see "
                "gdn_decode_keeps_one)");
-    return short_conv ? launch_decode<4, true, 16, 4, 4, true>(a, B, tables, stream)
-                      : launch_decode<4, true, 16, 4, 8, true>(a, B, tables, stream);
+    return launch_decode<4, true, 16, 4, 4, 0, true>(a, B, tables, stream);
   }
   switch (kind) {
     case K::cluster8_w16:
-      return short_conv ? launch_decode<8, true, 16, 2, 4>(a, B, tables, stream)
-                        : launch_decode<8, true, 16, 2, 8>(a, B, tables, stream);
+      return launch_decode<8, true, 16, 2>(a, B, tables, stream);
     case K::cluster16_w8:
-      return short_conv ? launch_decode<16, true, 8, 2, 4>(a, B, tables, stream)
-                        : launch_decode<16, true, 8, 2, 8>(a, B, tables, stream);
+      return launch_decode<16, true, 8, 2>(a, B, tables, stream);
     case K::cluster4_w16:
-      return short_conv ? launch_decode<4, true, 16, 4, 4>(a, B, tables, stream)
-                        : launch_decode<4, true, 16, 4, 8>(a, B, tables, stream);
+      return launch_decode<4, true, 16, 4>(a, B, tables, stream);
+    case K::cluster2_w16:
+      return launch_decode<2, true, 16, kDecodeBatchRPW, kDecodeBatchSq, 2>(a, B, tables, stream);
+    case K::cluster4_w8:
+      return launch_decode<4, true, 8, kDecodeBatchRPW, kDecodeBatchSq, 3>(a, B, tables, stream);
     case K::portable:
-      return short_conv ? launch_decode<1, false, kDecodePortableNW, kDecodePortableRPW, 4>(a, B, tables, stream)
-                        : launch_decode<1, false, kDecodePortableNW, kDecodePortableRPW, 8>(a, B, tables, stream);
+      return launch_decode<1, false, kDecodePortableNW, kDecodePortableRPW>(a, B, tables, stream);
     case K::portable_split:
-      return short_conv ? launch_decode<kDecodeRatio, false, kDecodeSplitNW, kDecodeSplitRPW, 4>(a, B, tables, stream)
-                        : launch_decode<kDecodeRatio, false, kDecodeSplitNW, kDecodeSplitRPW, 8>(a, B, tables, stream);
+      return launch_decode<kDecodeRatio, false, kDecodeSplitNW, kDecodeSplitRPW>(a, B, tables, stream);
     default:
-      return short_conv
-                 ? launch_decode<kDecodeClusterCS, true, kDecodeClusterNW, kDecodeClusterRPW, 4>(a, B, tables, stream)
-                 : launch_decode<kDecodeClusterCS, true, kDecodeClusterNW, kDecodeClusterRPW, 8>(a, B, tables, stream);
+      return launch_decode<kDecodeClusterCS, true, kDecodeClusterNW, kDecodeClusterRPW>(a, B, tables, stream);
   }
 }
 
