@@ -147,6 +147,134 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_ring_kernel(const GateUp
   cp_async_wait<0>();
 }
 
+// ---- gate_up + SwiGLU, the lean form (opt-in: TERN_MOE_RING_GATE_UP=lean) -------------------------------------------
+//
+// moe_gate_up_ring_kernel line for line (the same stages, the same issue point and chunks per lane, the same stage
+// reads, dot_row and two warp_sum trees, so h is bit for bit the same: only the chunks' addresses are made
+// differently, and they name the same bytes), with the per-row address work of the 5%-slower form of 9ad95de but not
+// its other changes: batches stepped by the token's warp count without a division (GateUpPos), the expert's offset
+// from the routing in shared memory (ids_s, as here) in 32 bits, and h's slot without a division. Kept from the
+// first form, against 9ad95de: no table of bases in shared memory read per row (an LDS before each row's loads), Σgate
+// and Σup in two interleaved butterflies (not one butterfly and a sixth shuffle on the row's path), and at S <= 2 the
+// first form's 64 registers (__launch_bounds__ minimum 4 blocks; 9ad95de's form took 70): 64 is what an SM has left
+// beside one block of the cluster router that precedes gate_up under PDL (512 threads of 96 registers).
+
+// Batch pair·F + i of one token.
+struct GateUpPos {
+  int pair, i;
+};
+
+// The chunks issue_gate_up copies for batch (pair, i) (pair > k: nothing). Offsets in 32 bits: e·expert_words +
+// i·row_words + 4·lane + 128·j < experts·rows·row_words < 2^31 words (q4_dp4a_ok), the groups an eighth of that; the
+// four matrices have one shape (moe_gate_up_dp4a_fits: same_shape), so G's strides serve U.
+template <int S>
+__device__ __forceinline__ void issue_gate_up_lean(const GateUpParams& p, const int* ids, GateUpPos b, int lane,
+                                                   uint32_t dst) {
+  if (b.pair > p.k) return;
+  const bool sh = b.pair == 0;
+  const uint32_t e = sh ? 0u : uint32_t(ids[b.pair - 1]);
+  const Q4 G = pick(sh, p.sgate, p.gate), U = pick(sh, p.sup, p.up);
+  const uint32_t wo = e * uint32_t(G.expert_words) + uint32_t(b.i) * uint32_t(p.row_words) + uint32_t(4 * lane);
+  const uint32_t* g = G.words + wo;
+  const uint32_t* u = U.words + wo;
+#pragma unroll
+  for (int j = 0; j < S; ++j) cp_async_16(dst + uint32_t(512 * j), g + 128 * j, 16u);
+#pragma unroll
+  for (int j = 0; j < S; ++j) cp_async_16(dst + uint32_t(512 * (S + j)), u + 128 * j, 16u);
+  if (lane < 8 * S) {  // chunk `lane` of the 8S scale/bias chunks: array lane / 2S at group 8·(lane mod 2S)
+    const int which = lane / (2 * S), piece = lane - which * (2 * S);
+    const Q4 M = pick(which < 2, G, U);
+    const uint16_t* base = (which & 1) ? M.biases : M.scales;
+    const uint32_t go = e * uint32_t(G.expert_groups) + uint32_t(b.i) * uint32_t(p.gpr) + uint32_t(8 * piece);
+    cp_async_16(dst + uint32_t(1024 * S), base + go, 16u);
+  }
+}
+
+template <int S>
+__global__ void __launch_bounds__(kThreads, S <= 2 ? 4 : 1) moe_gate_up_ring_kernel_lean(const GateUpParams p) {
+  constexpr int kStages = gate_up_stages<S>(), kStageBytes = gate_up_stage_bytes<S>();
+  extern __shared__ __align__(16) uint8_t ring[];  // [kWarps][kStages][kStageBytes]
+  __shared__ int ids_s[kTopK];
+  __shared__ uint4 xs[S * 128];
+  __shared__ __align__(16) int xsum[S * 128];
+  __shared__ float xsig[S * 16];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int warps = int(gridDim.x) * kWarps, batches = (p.k + 1) * p.F;  // of this token
+  const int first = int(blockIdx.x) * kWarps + warp;
+  const int token = int(blockIdx.y);
+  const int* ids = p.ids + token * p.k;
+  const float* xhat = p.xhat + int64_t(token) * (S * 1024);
+  float* h = p.h + int64_t(token) * (p.k + 1) * p.F;
+  uint8_t* my_ring = ring + warp * kStages * kStageBytes;
+  const uint32_t ring_addr = smem_addr(my_ring);
+  pdl_wait();  // the routing and x̂ come from the router kernel
+  if (int(threadIdx.x) < p.k) {
+    const int e = ids[threadIdx.x];
+    ids_s[threadIdx.x] = e < 0 ? 0 : (e >= p.E ? p.E - 1 : e);
+  }
+  __syncthreads();
+  // The issue position steps by warps = step_pairs·F + step_i (step_i < F).
+  const int step_pairs = warps / p.F, step_i = warps - step_pairs * p.F;
+  GateUpPos ahead{first / p.F, first - (first / p.F) * p.F};
+  const auto advance = [&](GateUpPos& b) {
+    b.i += step_i;
+    b.pair += step_pairs;
+    if (b.i >= p.F) {
+      b.i -= p.F;
+      ++b.pair;
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    issue_gate_up_lean<S>(p, ids_s, ahead, lane, ring_addr + uint32_t(s * kStageBytes));
+    cp_async_commit();
+    advance(ahead);
+  }
+  if (p.down_ahead) prefetch_down(p, ids_s);
+  float unused_ss = 0.0f;
+  dp4a::quantize_block<dp4a::quantize_passes(S * 128, kThreads)>(xhat, nullptr, S * 128, xs, xsum, xsig, unused_ss);
+  __syncthreads();
+  pdl_trigger();  // after pdl_wait in every block: moe_down's early routing read stays safe (moe_dp4a.cuh)
+  uint4 xq[S][4];
+  float sig[S], sx[S];
+  gate_up_lane_x<S>(xs, xsum, xsig, lane, xq, sig, sx);
+  // Batch b is slot pair b / F, row b mod F: h's slot k (the shared expert) for pair 0, slot pair − 1 after it, i.e.
+  // h[b + k·F] for b < F and h[b − F] after.
+  const int h_shared = p.k * p.F, h_routed = -p.F;
+  for (int it = 0;; ++it) {
+    const int batch = first + it * warps;
+    if (batch >= batches) break;
+    const int slot_ahead = (it + kStages - 1) % kStages;  // kStages a constant: no division
+    issue_gate_up_lean<S>(p, ids_s, ahead, lane, ring_addr + uint32_t(slot_ahead * kStageBytes));
+    cp_async_commit();
+    advance(ahead);
+    cp_async_wait<kStages - 1>();
+    __syncwarp();  // every lane's chunks of this batch have landed
+    const uint8_t* st = my_ring + (it % kStages) * kStageBytes;
+    const uint4* gw = reinterpret_cast<const uint4*>(st);
+    const uint4* uw = gw + 32 * S;
+    const uint16_t* gsc = reinterpret_cast<const uint16_t*>(st + 1024 * S);
+    const uint16_t* gbi = gsc + 16 * S;
+    const uint16_t* usc = gbi + 16 * S;
+    const uint16_t* ubi = usc + 16 * S;
+    uint4 gv[S], uv[S];
+    uint32_t gsb[S], usb[S];
+#pragma unroll
+    for (int j = 0; j < S; ++j) {
+      gv[j] = gw[32 * j + lane];
+      uv[j] = uw[32 * j + lane];
+      const int g = 16 * j + lane / 2;
+      gsb[j] = uint32_t(gsc[g]) | (uint32_t(gbi[g]) << 16);
+      usb[j] = uint32_t(usc[g]) | (uint32_t(ubi[g]) << 16);
+    }
+    __syncwarp();  // the stage is read: the next iteration may refill it
+    const float g = warp_sum(dot_row<S>(gv, gsb, xq, sig, sx));
+    const float u = warp_sum(dot_row<S>(uv, usb, xq, sig, sx));
+    if (lane == 0) h[batch + (batch >= p.F ? h_routed : h_shared)] = silu_f(g) * u;
+  }
+  cp_async_wait<0>();
+}
+
 // ---- down + weighted sum + residual ---------------------------------------------------------------------------------
 
 constexpr int kDownRuns = (kDownChunks + 31) / 32;  // 6: a lane's chunks per row
@@ -277,19 +405,27 @@ int ring_blocks(const void* kernel, int smem, int64_t work, int B) {
 }
 
 // False (nothing launched) when the ring does not fit the device's shared memory.
+// Whether B >= 2 takes the lean gate_up form (moe_gate_up_ring_kernel_lean) instead of the first one: opt-in,
+// TERN_MOE_RING_GATE_UP=lean, for an A/B measurement. Read once.
+bool gate_up_lean() {
+  static const bool on = env_is("TERN_MOE_RING_GATE_UP", "lean");
+  return on;
+}
+
 template <int S>
 bool launch_gate_up_ring(const GateUpParams& p, int B, cudaStream_t stream) {
-  auto kernel = moe_gate_up_ring_kernel<S>;
+  const bool lean = gate_up_lean();
+  auto kernel = lean ? moe_gate_up_ring_kernel_lean<S> : moe_gate_up_ring_kernel<S>;
   constexpr int smem = kWarps * gate_up_stages<S>() * gate_up_stage_bytes<S>();
   if (smem > qtile::max_dynamic_smem()) return false;
-  static bool attribute_set = false;
+  static bool attribute_set = false;  // for `kernel`: the switch is read once
   if (!attribute_set) {
     TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     attribute_set = true;
   }
   const int blocks = ring_blocks(reinterpret_cast<const void*>(kernel), smem, int64_t(p.k + 1) * p.F, B);
-  launch_pdl("moe_gate_up_ring", kernel, dim3(unsigned(blocks), unsigned(B)), dim3(kThreads), size_t(smem), stream,
-             p);
+  launch_pdl(lean ? "moe_gate_up_ring_lean" : "moe_gate_up_ring", kernel, dim3(unsigned(blocks), unsigned(B)),
+             dim3(kThreads), size_t(smem), stream, p);
   return true;
 }
 
