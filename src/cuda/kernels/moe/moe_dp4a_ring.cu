@@ -404,7 +404,6 @@ int ring_blocks(const void* kernel, int smem, int64_t work, int B) {
   return int(std::clamp<int64_t>(wave / B, 1, (work + kWarps - 1) / kWarps));
 }
 
-// False (nothing launched) when the ring does not fit the device's shared memory.
 // Whether B >= 2 takes the lean gate_up form (moe_gate_up_ring_kernel_lean) instead of the first one: opt-in,
 // TERN_MOE_RING_GATE_UP=lean, for an A/B measurement. Read once.
 bool gate_up_lean() {
@@ -412,6 +411,7 @@ bool gate_up_lean() {
   return on;
 }
 
+// False (nothing launched) when the ring does not fit the device's shared memory.
 template <int S>
 bool launch_gate_up_ring(const GateUpParams& p, int B, cudaStream_t stream) {
   const bool lean = gate_up_lean();
