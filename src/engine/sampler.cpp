@@ -142,7 +142,19 @@ void Sampler::apply_penalties(std::span<float> logits) const {
 float Sampler::last_logprob(std::span<const float> logits, int32_t id) const {
   TERN_CHECK(id >= 0 && id < vocab_real_ && size_t(id) < logits.size(), "token ", id, " is outside the vocabulary [0, ",
              vocab_real_, ")");
-  return float(double(logits[size_t(id)]) - last_max_ - last_log_z_);
+  return float(double(logits[size_t(id)]) - last_max_ - last_log_z(logits));
+}
+
+double Sampler::last_log_z(std::span<const float> logits) const {
+  if (!log_z_known_) {
+    double z = 0.0;
+    for (int64_t i = 0; i < vocab_real_; ++i)
+      if (usable(logits[size_t(i)])) z += std::exp(double(logits[size_t(i)]) - last_max_);
+    last_z_ = z;
+    last_log_z_ = std::log(z);
+    log_z_known_ = true;
+  }
+  return last_log_z_;
 }
 
 int32_t Sampler::sample(std::span<float> logits, SampleInfo* info, std::span<const uint32_t> allowed) {
@@ -173,12 +185,8 @@ int32_t Sampler::sample(std::span<float> logits, SampleInfo* info, std::span<con
                                               "output is not finite)"
                                             : "sampler: no token that the output constraint allows has a finite "
                                               "logit (every allowed id is banned or the model output is not finite)");
-  double z = 0.0;
-  for (int64_t i = 0; i < n; ++i)
-    if (usable(logits[size_t(i)])) z += std::exp(double(logits[size_t(i)]) - m);
-  const double log_z = std::log(z);
   last_max_ = m;
-  last_log_z_ = log_z;
+  log_z_known_ = false;  // the normaliser when something reads it (last_log_z): a pass of exp over the vocabulary
 
   int32_t chosen = -1;
   if (greedy) {
@@ -201,19 +209,41 @@ int32_t Sampler::sample(std::span<float> logits, SampleInfo* info, std::span<con
       if (u < acc) break;
     }
   } else {
-    // Candidates: the top c ids, widened until they hold top_p of the mass (top-k off) or c = top_k.
+    // Candidates: the top c ids (before's order, a total one, so the set is unique): c = top_k, in one pass that
+    // keeps the c best seen so far (a heap whose top is the worst of them); without top-k, the top 1024 widened until
+    // they hold top_p of the mass.
     scratch_.clear();
-    for (int64_t i = 0; i < n; ++i)
-      if (usable(logits[size_t(i)])) scratch_.emplace_back(logits[size_t(i)], int32_t(i));
-    const int64_t total = int64_t(scratch_.size());
-    int64_t c = params_.top_k > 0 ? std::min<int64_t>(params_.top_k, total) : std::min<int64_t>(1024, total);
-    for (;;) {
-      std::nth_element(scratch_.begin(), scratch_.begin() + (c - 1), scratch_.end(), before);
-      if (params_.top_k > 0 || c == total) break;
-      double mass = 0.0;
-      for (int64_t i = 0; i < c; ++i) mass += std::exp(double(scratch_[size_t(i)].first) - m);
-      if (mass / z >= double(params_.top_p)) break;
-      c = std::min<int64_t>(total, c * 4);
+    int64_t c = 0;
+    if (params_.top_k > 0) {
+      c = std::min<int64_t>(params_.top_k, n_usable);
+      for (int64_t i = 0; i < n; ++i) {
+        const float l = logits[size_t(i)];
+        if (!usable(l)) continue;
+        const std::pair<float, int32_t> e{l, int32_t(i)};
+        if (int64_t(scratch_.size()) < c) {
+          scratch_.push_back(e);
+          std::push_heap(scratch_.begin(), scratch_.end(), before);
+        } else if (before(e, scratch_.front())) {
+          std::pop_heap(scratch_.begin(), scratch_.end(), before);
+          scratch_.back() = e;
+          std::push_heap(scratch_.begin(), scratch_.end(), before);
+        }
+      }
+    } else {
+      for (int64_t i = 0; i < n; ++i)
+        if (usable(logits[size_t(i)])) scratch_.emplace_back(logits[size_t(i)], int32_t(i));
+      const int64_t total = int64_t(scratch_.size());
+      last_log_z(logits);
+      const double z = last_z_;
+      c = std::min<int64_t>(1024, total);
+      for (;;) {
+        std::nth_element(scratch_.begin(), scratch_.begin() + (c - 1), scratch_.end(), before);
+        if (c == total) break;
+        double mass = 0.0;
+        for (int64_t i = 0; i < c; ++i) mass += std::exp(double(scratch_[size_t(i)].first) - m);
+        if (mass / z >= double(params_.top_p)) break;
+        c = std::min<int64_t>(total, c * 4);
+      }
     }
     std::sort(scratch_.begin(), scratch_.begin() + c, before);
     // Top-p over the candidates' renormalised mass: keep the shortest prefix whose mass reaches top_p.
@@ -249,6 +279,7 @@ int32_t Sampler::sample(std::span<float> logits, SampleInfo* info, std::span<con
   }
 
   if (info && params_.top_logprobs >= 0) {
+    const double log_z = last_log_z(logits);
     info->logprob = float(double(logits[size_t(chosen)]) - m - log_z);
     info->top.clear();
     for (int32_t id : sampler_top_n(logits, n, params_.top_logprobs))

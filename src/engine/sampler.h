@@ -75,11 +75,16 @@ class Sampler {
  private:
   void apply_penalties(std::span<float> logits) const;
   double next_uniform();  // [0, 1)
+  // log Σ exp(l - last_max_) over the usable logits of the last sample() call (`logits`, as it left them), computed
+  // at the first call after it: greedy and top-k draws without log-probabilities never need it.
+  double last_log_z(std::span<const float> logits) const;
 
   SamplingParams params_;
   int64_t vocab_real_;
   uint64_t seed_;
-  double last_max_ = 0.0, last_log_z_ = 0.0;        // of the last sample() call's distribution
+  double last_max_ = 0.0;                            // of the last sample() call's distribution
+  mutable double last_z_ = 0.0, last_log_z_ = 0.0;   // its normaliser and log, once log_z_known_ (last_log_z)
+  mutable bool log_z_known_ = false;
   uint64_t rng_state_[4];
   std::unordered_map<int32_t, int> output_counts_;  // generated id -> count
   std::vector<int32_t> seen_;                        // prompt + generated ids, unique (repetition penalty)

@@ -314,6 +314,30 @@ TEST(Sampler, DistributionMatchesTheDefinition) {
   }
 }
 
+// top_k candidates in one pass (a heap of the k best so far): ties at the k-th value go to the lower ids, as a full
+// sort by (value desc, id asc) gives them; every candidate is drawn at its share.
+TEST(Sampler, TopKTiesGoToTheLowerIds) {
+  const uint64_t seed = fresh_seed();
+  std::vector<float> base(50, 1.0f);
+  base[40] = 2.0f;  // the best, then 49 tied at 1.0
+  SamplingParams p;
+  p.seed = seed;
+  p.top_k = 4;
+  Sampler s(p, 50);
+  std::vector<int> counts(50, 0);
+  for (int i = 0; i < 4000; ++i) {
+    auto l = base;
+    ++counts[size_t(s.sample(l))];
+  }
+  for (int id = 0; id < 50; ++id) {
+    if (id == 40 || id < 3)
+      EXPECT_GT(counts[size_t(id)], 0) << id << " (seed " << seed << ")";
+    else
+      EXPECT_EQ(counts[size_t(id)], 0) << id << " is not among the top 4 (seed " << seed << ")";
+  }
+  EXPECT_GT(counts[40], counts[0]);  // e/(e + 3) of the draws against 1/(e + 3)
+}
+
 TEST(Sampler, FullVocabularyIsFastAndStaysInTheNucleus) {
   const int64_t V = 248320, real = 248077;
   std::mt19937_64 rng(fresh_seed());

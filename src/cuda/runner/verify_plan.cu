@@ -35,8 +35,12 @@ int64_t CudaRunner::max_verify_tokens() const {
   return std::min<int64_t>(kQmvMaxTokens, batch_max());  // the drafts' kept states: 8 tokens at most
 }
 
-// A short call keeps a state inside (Session::keep_state_at) where gdn_decode has the kernels for it.
-bool CudaRunner::keeps_state_inside(int64_t tokens) const { return short_call(tokens) && gdn_decode_keeps_one(); }
+// A short call keeps a state inside (Session::keep_state_at) where gdn_decode has the kernels for it, unless
+// TERN_SHORT_CALL_KEEP=0 (an A/B: the engine then cuts the call at its checkpoint, one step more).
+bool CudaRunner::keeps_state_inside(int64_t tokens) const {
+  static const bool on = !env_is("TERN_SHORT_CALL_KEEP", "0");
+  return on && short_call(tokens) && gdn_decode_keeps_one();
+}
 
 // The tokens of one verify step without kept states (a short call's step): gdn_decode's most per call, and at most
 // short_step_tokens_ (TERN_SHORT_STEP_TOKENS).
