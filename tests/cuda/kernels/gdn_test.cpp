@@ -262,6 +262,36 @@ TEST(CudaGdnDecode, BatchedIsBitIdenticalToEachSequenceAlone) {
 // sequence, sequence 0 keeping the states before each token), the states carried from call to call. The outputs, the
 // conv and recurrent states and the kept states must be identical, and the tickets back at zero after every call
 // (the next call's q/k conv state would be written by the wrong block, or not at all, otherwise).
+// B sequences' conv and recurrent states on the device, one copy per launch shape under test (the same random values
+// in every copy), with each copy's pointer tables for gdn_decode_batched: states(shape).conv[b], .rec_table, ...
+class ShapeStates {
+ public:
+  struct Copy {
+    std::vector<std::unique_ptr<DeviceBuf<float>>> conv, rec;
+    std::vector<float*> conv_ptrs, rec_ptrs;
+    std::unique_ptr<DeviceBuf<float*>> conv_table, rec_table;
+  };
+  ShapeStates(std::mt19937_64& rng, int shapes, int B, size_t conv_n, size_t rec_n) : copies_(size_t(shapes)) {
+    for (int b = 0; b < B; ++b) {
+      const auto conv = random_floats(rng, conv_n, -2.0f, 2.0f), rec = random_floats(rng, rec_n, -0.3f, 0.3f);
+      for (Copy& st : copies_) {
+        st.conv.push_back(std::make_unique<DeviceBuf<float>>(conv));
+        st.rec.push_back(std::make_unique<DeviceBuf<float>>(rec));
+        st.conv_ptrs.push_back(st.conv.back()->p);
+        st.rec_ptrs.push_back(st.rec.back()->p);
+      }
+    }
+    for (Copy& st : copies_) {
+      st.conv_table = std::make_unique<DeviceBuf<float*>>(st.conv_ptrs);
+      st.rec_table = std::make_unique<DeviceBuf<float*>>(st.rec_ptrs);
+    }
+  }
+  Copy& operator[](int shape) { return copies_[size_t(shape)]; }
+
+ private:
+  std::vector<Copy> copies_;
+};
+
 TEST(CudaGdnDecode, PortableSplitIsBitIdenticalToCluster4) {
   TERN_REQUIRE_GPU();
   if (!sm90_features()) GTEST_SKIP() << "cluster4_w16 needs sm_90 code and no TERN_GPU_PATH=portable";
@@ -276,25 +306,7 @@ TEST(CudaGdnDecode, PortableSplitIsBitIdenticalToCluster4) {
   const K shapes[2] = {K::cluster4_w16, K::portable_split};
   DeviceBuf<float> dw(L.conv_w), dA(L.A_log), ddt(L.dt_bias), dnw(L.norm_w);
   DeviceBuf<unsigned> tickets(std::vector<unsigned>(size_t(gdn_decode_ticket_count(d.Hk)), 0u));
-  // states[shape]: each sequence's conv and recurrent state (the same values for both shapes), and their tables.
-  struct States {
-    std::vector<std::unique_ptr<DeviceBuf<float>>> conv, rec;
-    std::vector<float*> conv_ptrs, rec_ptrs;
-    std::unique_ptr<DeviceBuf<float*>> conv_table, rec_table;
-  } states[2];
-  for (int b = 0; b < B; ++b) {
-    const auto conv = random_floats(rng, conv_n, -2.0f, 2.0f), rec = random_floats(rng, rec_n, -0.3f, 0.3f);
-    for (States& st : states) {
-      st.conv.push_back(std::make_unique<DeviceBuf<float>>(conv));
-      st.rec.push_back(std::make_unique<DeviceBuf<float>>(rec));
-      st.conv_ptrs.push_back(st.conv.back()->p);
-      st.rec_ptrs.push_back(st.rec.back()->p);
-    }
-  }
-  for (States& st : states) {
-    st.conv_table = std::make_unique<DeviceBuf<float*>>(st.conv_ptrs);
-    st.rec_table = std::make_unique<DeviceBuf<float*>>(st.rec_ptrs);
-  }
+  ShapeStates states(rng, 2, B, conv_n, rec_n);  // states[shape]: the same values for both shapes
   const std::vector<float> rec0 = states[1].rec[0]->host();
   int call = 0;
   for (int64_t T : {1, 3, 1, 1, 3, 1}) {
@@ -305,7 +317,7 @@ TEST(CudaGdnDecode, PortableSplitIsBitIdenticalToCluster4) {
     DeviceBuf<float> dproj(proj);
     std::vector<float> out[2], conv_keep[2], rec_keep[2];
     for (int s = 0; s < 2; ++s) {
-      States& st = states[s];
+      ShapeStates::Copy& st = states[s];
       DeviceBuf<float> dout(size_t(B * T * Z));  // poisoned
       GdnDecodeArgs a = decode_args(L, dw, dA, ddt, dnw, dproj.p, ld, T);
       a.out = dout.p;
@@ -376,25 +388,7 @@ TEST(CudaGdnDecode, BatchShapesAreBitIdenticalToCluster4) {
     const int64_t ld = C + Z + 2 * d.Hv + 12;  // a row stride wider than the row, as a fused projection may leave
     const size_t conv_n = size_t((Ck - 1) * C), rec_n = size_t(d.Hv) * d.dv * d.dk;
     DeviceBuf<float> dw(L.conv_w), dA(L.A_log), ddt(L.dt_bias), dnw(L.norm_w);
-    // states[shape]: each sequence's conv and recurrent state (the same values for every shape), and their tables.
-    struct States {
-      std::vector<std::unique_ptr<DeviceBuf<float>>> conv, rec;
-      std::vector<float*> conv_ptrs, rec_ptrs;
-      std::unique_ptr<DeviceBuf<float*>> conv_table, rec_table;
-    } states[kShapes];
-    for (int b = 0; b < B; ++b) {
-      const auto conv = random_floats(rng, conv_n, -2.0f, 2.0f), rec = random_floats(rng, rec_n, -0.3f, 0.3f);
-      for (States& st : states) {
-        st.conv.push_back(std::make_unique<DeviceBuf<float>>(conv));
-        st.rec.push_back(std::make_unique<DeviceBuf<float>>(rec));
-        st.conv_ptrs.push_back(st.conv.back()->p);
-        st.rec_ptrs.push_back(st.rec.back()->p);
-      }
-    }
-    for (States& st : states) {
-      st.conv_table = std::make_unique<DeviceBuf<float*>>(st.conv_ptrs);
-      st.rec_table = std::make_unique<DeviceBuf<float*>>(st.rec_ptrs);
-    }
+    ShapeStates states(rng, kShapes, B, conv_n, rec_n);  // states[shape]: the same values for every shape
     const std::vector<float> rec0 = states[0].rec[0]->host();
     // Every sequence's states of each shape against cluster4_w16's.
     auto expect_states_match = [&](const std::string& at) {
