@@ -158,6 +158,12 @@ bool GenerationRun::next_step(BatchEntry& entry, int64_t max_prompt_tokens) {
     entry.tokens = rest_.first(n);
     image_spans(pos, int64_t(n));
     entry.images = spans_;
+    // The prompt's last chunk: its first token drawn on the device where the request allows, as the decode steps'
+    // are, so that neither a copy of the logits nor the host's passes over the vocabulary come before it.
+    if (n == rest_.size() && spans_.empty() && gen_.options().use_device_sampling && device_sampling_allowed(request_)) {
+      sampling_ = device_sampling_at(step_);
+      entry.sampling = &sampling_;
+    }
     return true;
   }
   entry.tokens = std::span<const int32_t>(fed_, 1);
@@ -292,7 +298,7 @@ void GenerationRun::step_done(const BatchEntry& entry) {
     std::rethrow_exception(entry.error);
   }
   if (!rest_.empty()) {
-    after_prompt_chunk(int64_t(entry.tokens.size()));
+    after_prompt_chunk(entry);
     return;
   }
   if (entry.keep_states) return verify_done(entry);
@@ -327,8 +333,8 @@ void GenerationRun::release_fed_images() {
   }
 }
 
-void GenerationRun::after_prompt_chunk(int64_t n) {
-  rest_ = rest_.subspan(size_t(n));
+void GenerationRun::after_prompt_chunk(const BatchEntry& entry) {
+  rest_ = rest_.subspan(entry.tokens.size());
   if (drafter_) drafter_->after_prompt_chunk();
   spans_.clear();
   release_fed_images();
@@ -345,15 +351,22 @@ void GenerationRun::after_prompt_chunk(int64_t n) {
     if (checkpoint) request_.on_checkpoint(session_);
     return;
   }
-  TERN_INTERNAL_CHECK(int64_t(logits_.size()) >= vocab_, "the backend returned ", logits_.size(),
-                      " logits for a vocabulary of ", vocab_);
-  // The decode loop starts: text output, device sampling when the request allows it. The first token goes out
-  // before the prompt-end snapshot is taken (the session is still at the prompt's end: nothing is fed until the next
-  // step), so that the client does not wait for the copy.
+  // The first token: the device's draw (next_step asked for it), else from the logits.
+  const std::optional<int32_t> device_id = entry.sampled;
+  if (device_id)
+    TERN_INTERNAL_CHECK(*device_id >= 0 && *device_id < vocab_, "the backend sampled token ", *device_id,
+                        ", outside the vocabulary [0, ", vocab_, ")");
+  else
+    TERN_INTERNAL_CHECK(int64_t(logits_.size()) >= vocab_, "the backend returned ", logits_.size(),
+                        " logits for a vocabulary of ", vocab_);
+  // The decode loop starts: text output, device sampling when the request allows it (and the backend has it). The
+  // first token goes out before the prompt-end snapshot is taken (the session is still at the prompt's end: nothing is
+  // fed until the next step), so that the client does not wait for the copy.
   text_.emplace(request_.stop);
-  device_ok_ = gen_.options().use_device_sampling && device_sampling_allowed(request_);
+  device_ok_ = gen_.options().use_device_sampling && device_sampling_allowed(request_) &&
+               !(entry.sampling && !device_id);
   t_decode_ = Clock::now();
-  choose_token(std::nullopt);
+  choose_token(device_id);
   if (kept) request_.on_kept_checkpoint(session_);
   if (checkpoint) request_.on_checkpoint(session_);
 }
@@ -457,15 +470,20 @@ void GenerationRun::choose_token(std::optional<int32_t> device_id) {
   }
   // The next step feeds the id and gets the next logits (or the next id straight from the device).
   fed_[0] = id;
-  if (device_ok_) {
-    sampling_ = DeviceSampling{.temperature = request.sampling.greedy() ? 0.0f : request.sampling.temperature,
-                               .top_k = std::max(0, request.sampling.top_k),
-                               .top_p = request.sampling.top_p,
-                               .min_p = request.sampling.min_p,
-                               .seed = sampler_->seed(),
-                               .step = step + 1,
-                               .mask = constraint_ && constraint_->active() ? &*constraint_ : nullptr};
-  }
+  if (device_ok_) sampling_ = device_sampling_at(step + 1);
+}
+
+// The device's draw of output token `step` (ModelRunner::forward_sample): the request's parameters and seed, the
+// output constraint's mask while it is active.
+DeviceSampling GenerationRun::device_sampling_at(uint64_t step) {
+  const SamplingParams& p = request_.sampling;
+  return DeviceSampling{.temperature = p.greedy() ? 0.0f : p.temperature,
+                        .top_k = std::max(0, p.top_k),
+                        .top_p = p.top_p,
+                        .min_p = p.min_p,
+                        .seed = sampler_->seed(),
+                        .step = step,
+                        .mask = constraint_ && constraint_->active() ? &*constraint_ : nullptr};
 }
 
 void GenerationRun::finish_decode() {

@@ -65,8 +65,9 @@ class GenerationRun {
 
   bool cancelled() const;
   void report_prompt_progress() const;  // request.on_prompt_progress, when set
-  void after_prompt_chunk(int64_t n);
+  void after_prompt_chunk(const BatchEntry& entry);  // the prompt chunk `entry` ran
   void choose_token(std::optional<int32_t> device_id);  // one step of the decode loop, then feed or finish
+  DeviceSampling device_sampling_at(uint64_t step);
   void finish_decode();
   // Speculative decoding: the drafts for the next decode step (cut where they cannot help), and the outcome of a
   // verify step (each row through choose_token as a step of its own, then the session rolled back).

@@ -230,8 +230,34 @@ TEST(ConstrainedGenerator, DeviceSamplingGetsTheMaskAndMatchesTheHostPath) {
   EXPECT_EQ(a.tokens, b.tokens);
   EXPECT_EQ(a.text, b.text);
   expect_valid(b.text);
-  EXPECT_GT(device.runner.device_steps, 0);
-  EXPECT_EQ(device.runner.masked_steps, device.runner.device_steps);  // every device step carried the mask
+  // Every output token drawn on the device, the first (from the prompt's last chunk) too, each with the mask.
+  EXPECT_EQ(device.runner.device_steps, int(b.tokens.size()));
+  EXPECT_EQ(device.runner.masked_steps, device.runner.device_steps);
+}
+
+// The first token comes from the prompt's last forward call drawn on the device where the request allows it (no
+// logits copied, no pass of the host's sampler), and where it does not (log-probabilities, penalties, forced
+// tokens), every token is the host's; the tokens are the same either way (greedy).
+TEST(ConstrainedGenerator, TheFirstTokenIsDrawnOnTheDeviceToo) {
+  GenerationRequest r;
+  r.max_tokens = 6;
+  r.ignore_eos = true;
+  r.sampling.temperature = 0.0f;
+  Fixture host(false), device(true);
+  const GenerationResult a = host.run(r), b = device.run(r);
+  ASSERT_EQ(b.tokens.size(), 6u);
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_EQ(device.runner.device_steps, 6);
+  GenerationRequest lp = r;
+  lp.sampling.top_logprobs = 2;
+  Fixture device_lp(true);
+  EXPECT_EQ(device_lp.run(lp).tokens, a.tokens);
+  EXPECT_EQ(device_lp.runner.device_steps, 0);
+  GenerationRequest pen = r;
+  pen.sampling.repetition_penalty = 1.0001f;
+  Fixture device_pen(true);
+  device_pen.run(pen);
+  EXPECT_EQ(device_pen.runner.device_steps, 0);
 }
 
 TEST(ConstrainedGenerator, MaxTokensTooSmallGivesLengthWithAPrefix) {
