@@ -317,7 +317,7 @@ void CudaRunner::run_short_call(CudaSession& s, std::span<const int32_t> tokens,
   const int64_t V = w_->config.vocab_size, n = int64_t(tokens.size()), p0 = s.pos;
   // Session::keep_state_at inside the call: the step that holds it writes the states there into a snapshot.
   const int64_t keep_at = std::exchange(s.keep_in_call, -1);
-  const bool keep = keep_at > p0 && keep_at < p0 + n && gdn_decode_keeps_one();
+  const bool keep = keep_at > p0 && keep_at < p0 + n && gdn_decode_keeps_one(gdn_tickets_ != nullptr);
   if (keep) s.begin_kept_snapshot(keep_at);
   int64_t T = 0;
   for (int64_t c0 = 0; c0 < n; c0 += T) {

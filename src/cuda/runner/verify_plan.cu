@@ -39,7 +39,7 @@ int64_t CudaRunner::max_verify_tokens() const {
 // TERN_SHORT_CALL_KEEP=0 (an A/B: the engine then cuts the call at its checkpoint, one step more).
 bool CudaRunner::keeps_state_inside(int64_t tokens) const {
   static const bool on = !env_is("TERN_SHORT_CALL_KEEP", "0");
-  return on && short_call(tokens) && gdn_decode_keeps_one();
+  return on && short_call(tokens) && gdn_decode_keeps_one(gdn_tickets_ != nullptr);
 }
 
 // The tokens of one verify step without kept states (a short call's step): gdn_decode's most per call, and at most

@@ -178,11 +178,12 @@ void gdn_decode_batched(const GdnDecodeArgs& a, int B, float* const* conv_states
 // keep_token (null, or a device int in [0, T) read before pdl_wait like the tables): null keeps the states before
 // every token as gdn_decode does; else only those before token *keep_token, in the kept buffers' first slot
 // ([Ck-1, C] and [Hv, dv, dk]: a prefix snapshot taken inside a short call, Session::keep_state_at), by kernels of
-// their own (the verification kernels' registers stay as they are); only where gdn_decode_keeps_one().
+// their own (the verification kernels' registers stay as they are); only where gdn_decode_keeps_one(a.tickets given).
 void gdn_decode_from_tables(const GdnDecodeArgs& a, float* const* conv_state, float* const* rec_state,
                             float* const* conv_keep, float* const* rec_keep, const int* keep_token,
                             cudaStream_t stream);
-// Whether gdn_decode_from_tables takes a keep_token here: the cluster4_w16 shape's (sm_90 code, not the portable path).
-bool gdn_decode_keeps_one();
+// Whether gdn_decode_from_tables takes a keep_token here (with or without GdnDecodeArgs::tickets): where its automatic
+// shape is cluster4_w16 (sm_90 code, not the portable path) or portable_split (tickets, TERN_GDN_PORTABLE_SPLIT not 0).
+bool gdn_decode_keeps_one(bool tickets);
 
 }  // namespace tern::cuda

@@ -504,9 +504,12 @@ void decode(const GdnDecodeArgs& a, int B, const StateTables& tables, cudaStream
     kind = plain;
   TERN_CHECK(kind != K::portable_split || a.tickets,
              "gdn_decode: the portable_split shape needs GdnDecodeArgs::tickets");
-  if (tables.keep_token) {  // one kept state (gdn_decode_from_tables): cluster4_w16's kernels only
-    TERN_CHECK(kind == K::cluster4_w16, "gdn_decode: one kept state needs the cluster4_w16 shape (sm_90; see "
-               "gdn_decode_keeps_one)");
+  if (tables.keep_token) {  // one kept state (gdn_decode_from_tables): cluster4_w16's or portable_split's kernels
+    TERN_CHECK(kind == K::cluster4_w16 || kind == K::portable_split,
+               "gdn_decode: one kept state needs the cluster4_w16 or portable_split shape (see gdn_decode_keeps_one)");
+    if (kind == K::portable_split)
+      return launch_decode<kDecodeRatio, false, kDecodeSplitNW, kDecodeSplitRPW, kDecodeSplitRPW, 0, true>(a, B, tables,
+                                                                                                       stream);
     return launch_decode<4, true, 16, 4, 4, 0, true>(a, B, tables, stream);
   }
   switch (kind) {
@@ -537,7 +540,9 @@ bool gdn_decode_supported(const GdnDims& d) {
 
 int64_t gdn_decode_ticket_count(int Hk) { return int64_t(kDecodeMaxSeqs) * Hk; }
 
-bool gdn_decode_keeps_one() { return sm90_features(); }
+bool gdn_decode_keeps_one(bool tickets) {
+  return sm90_features() || (tickets && !env_is("TERN_GDN_PORTABLE_SPLIT", "0"));  // decode()'s automatic choice
+}
 
 void gdn_decode(const GdnDecodeArgs& a, cudaStream_t stream) {
   if (a.d.T == 0) return;
@@ -561,7 +566,8 @@ void gdn_decode_from_tables(const GdnDecodeArgs& a, float* const* conv_state, fl
                             float* const* conv_keep, float* const* rec_keep, const int* keep_token,
                             cudaStream_t stream) {
   TERN_CHECK((a.Ck == 1 || conv_state) && rec_state && conv_keep && rec_keep, "gdn_decode_from_tables: null table");
-  TERN_CHECK(!keep_token || gdn_decode_keeps_one(), "gdn_decode_from_tables: one kept state needs sm_90 code");
+  TERN_CHECK(!keep_token || (!a.force_portable && gdn_decode_keeps_one(a.tickets != nullptr)),
+             "gdn_decode_from_tables: one kept state needs the cluster4_w16 or portable_split shape");
   decode(a, 1, StateTables{conv_state, rec_state, conv_keep, rec_keep, keep_token}, stream);
 }
 
