@@ -174,18 +174,27 @@ CudaSession::CudaSession(const DeviceWeights& w, int64_t capacity, KvDtype kv, c
   arena = DeviceArena(bytes_for(w, capacity, kv), "session caches");
   d_pos = arena.take_n<int>(2);
   d_rope_delta = d_pos + 1;
-  for (const DeviceLayer& l : w.layers) {
-    LayerCache lc;
-    if (l.type == LayerType::full_attention) {
-      lc.k = arena.take(size_t(kv_bytes));
-      lc.v = arena.take(size_t(kv_bytes));
-    } else {
-      lc.conv = arena.take_n<float>(size_t(conv_elems));
-      lc.rec = arena.take_n<float>(size_t(rec_elems));
-      lc.conv_bytes = size_t(conv_elems) * 4;
-      lc.rec_bytes = size_t(rec_elems) * 4;
-    }
-    layers.push_back(lc);
+  // Every Gated DeltaNet layer's states first, in layer order (conv, rec), then the KV caches: where the sizes need no
+  // padding (the model's widths), the states are one block laid out as a snapshot is (gdn_block_), copied, restored
+  // and cleared in one call each instead of two per layer.
+  layers.resize(w.layers.size());
+  const size_t used_before = arena.used();
+  uint8_t* first = nullptr;
+  for (size_t i = 0; i < w.layers.size(); ++i) {
+    if (w.layers[i].type == LayerType::full_attention) continue;
+    LayerCache& lc = layers[i];
+    lc.conv = arena.take_n<float>(size_t(conv_elems));
+    lc.rec = arena.take_n<float>(size_t(rec_elems));
+    lc.conv_bytes = size_t(conv_elems) * 4;
+    lc.rec_bytes = size_t(rec_elems) * 4;
+    if (!first) first = reinterpret_cast<uint8_t*>(lc.conv);
+  }
+  const size_t state_bytes = gdn_state_bytes();
+  if (first && conv_elems > 0 && arena.used() - used_before == state_bytes) gdn_block_ = first;
+  for (size_t i = 0; i < w.layers.size(); ++i) {
+    if (w.layers[i].type != LayerType::full_attention) continue;
+    layers[i].k = arena.take(size_t(kv_bytes));
+    layers[i].v = arena.take(size_t(kv_bytes));
   }
   reset();
 }
@@ -194,9 +203,13 @@ void CudaSession::reset() {
   drop_kept_states();
   keep_at_ = -1;
   TERN_CUDA(cudaDeviceSynchronize());
-  for (const LayerCache& lc : layers) {
-    if (lc.conv) TERN_CUDA(cudaMemset(lc.conv, 0, lc.conv_bytes));
-    if (lc.rec) TERN_CUDA(cudaMemset(lc.rec, 0, lc.rec_bytes));
+  if (gdn_block_) {
+    TERN_CUDA(cudaMemset(gdn_block_, 0, gdn_state_bytes()));
+  } else {
+    for (const LayerCache& lc : layers) {
+      if (lc.conv) TERN_CUDA(cudaMemset(lc.conv, 0, lc.conv_bytes));
+      if (lc.rec) TERN_CUDA(cudaMemset(lc.rec, 0, lc.rec_bytes));
+    }
   }
   TERN_CUDA(cudaMemset(d_pos, 0, 2 * sizeof(int)));  // and d_rope_delta
   TERN_CUDA(cudaDeviceSynchronize());
@@ -225,12 +238,16 @@ std::unique_ptr<StateSnapshot> CudaSession::snapshot() const {
   auto snap = std::make_unique<CudaSnapshot>(owner, pos, snapshot_buffers_);
   snap->rope_delta = rope_delta_;
   const cudaStream_t cs = snapshot_buffers_->stream();
-  uint8_t* p = snap->dev;
-  for (const LayerCache& lc : layers) {
-    if (lc.conv) TERN_CUDA(cudaMemcpyAsync(p, lc.conv, lc.conv_bytes, cudaMemcpyDeviceToDevice, cs));
-    p += lc.conv_bytes;
-    if (lc.rec) TERN_CUDA(cudaMemcpyAsync(p, lc.rec, lc.rec_bytes, cudaMemcpyDeviceToDevice, cs));
-    p += lc.rec_bytes;
+  if (gdn_block_) {
+    TERN_CUDA(cudaMemcpyAsync(snap->dev, gdn_block_, snap->size, cudaMemcpyDeviceToDevice, cs));
+  } else {
+    uint8_t* p = snap->dev;
+    for (const LayerCache& lc : layers) {
+      if (lc.conv) TERN_CUDA(cudaMemcpyAsync(p, lc.conv, lc.conv_bytes, cudaMemcpyDeviceToDevice, cs));
+      p += lc.conv_bytes;
+      if (lc.rec) TERN_CUDA(cudaMemcpyAsync(p, lc.rec, lc.rec_bytes, cudaMemcpyDeviceToDevice, cs));
+      p += lc.rec_bytes;
+    }
   }
   TERN_CUDA(cudaStreamSynchronize(cs));
   return snap;
@@ -248,11 +265,15 @@ void CudaSession::restore(const StateSnapshot& snapshot) {
   TERN_CUDA(cudaDeviceSynchronize());
   const cudaStream_t cs = snapshot_buffers_->stream();
   const uint8_t* p = snap->data();  // device, or pinned host memory
-  for (const LayerCache& lc : layers) {
-    if (lc.conv) TERN_CUDA(cudaMemcpyAsync(lc.conv, p, lc.conv_bytes, cudaMemcpyDefault, cs));
-    p += lc.conv_bytes;
-    if (lc.rec) TERN_CUDA(cudaMemcpyAsync(lc.rec, p, lc.rec_bytes, cudaMemcpyDefault, cs));
-    p += lc.rec_bytes;
+  if (gdn_block_) {
+    TERN_CUDA(cudaMemcpyAsync(gdn_block_, p, snap->size, cudaMemcpyDefault, cs));
+  } else {
+    for (const LayerCache& lc : layers) {
+      if (lc.conv) TERN_CUDA(cudaMemcpyAsync(lc.conv, p, lc.conv_bytes, cudaMemcpyDefault, cs));
+      p += lc.conv_bytes;
+      if (lc.rec) TERN_CUDA(cudaMemcpyAsync(lc.rec, p, lc.rec_bytes, cudaMemcpyDefault, cs));
+      p += lc.rec_bytes;
+    }
   }
   TERN_CUDA(cudaStreamSynchronize(cs));
   const int pos_delta[2] = {int(snap->pos), int(snap->rope_delta)};  // d_pos, d_rope_delta

@@ -202,6 +202,7 @@ class CudaSession final : public Session {
   std::vector<KeptStates> kept_;          // per layer, into kept_buffer_
   int64_t kept_from_ = -1;  // the last verify's first position (-1: no states kept)
   int64_t kept_tokens_ = 0;
+  uint8_t* gdn_block_ = nullptr;  // every layer's (conv, rec) back to back, as a snapshot holds them; null: not so
   int64_t keep_at_ = -1;                     // keep_state_at's position for the next forward (-1: none)
   std::unique_ptr<StateSnapshot> kept_snap_;  // begin_kept_snapshot's, filled once kept_snap_done_
   std::vector<KeptStates> kept_snap_layers_;  // per layer, into kept_snap_'s buffer
