@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "../cuda_test_util.h"
+#include "cuda/runner/cuda_runner.h"
 #include "model/weights.h"
 
 namespace tern::cuda::test {
@@ -87,6 +88,17 @@ inline std::shared_ptr<const ModelWeights> random_model(uint64_t seed, int layer
   }
   return rm.w;
 }
+
+// The CUDA runner on a random model at trained scales, `layers` layers, vocabulary V (4,096 by default: any difference
+// in a logit shows as another token before long).
+struct TrainedRunner {
+  explicit TrainedRunner(uint64_t seed, int layers = 8, int64_t V = 4096)
+      : weights(random_model(seed, layers, V, rm, Scales::trained)),
+        gpu(cuda_runner_create(weights, {.progress = false})) {}
+  RandomModel rm;
+  std::shared_ptr<const ModelWeights> weights;
+  std::unique_ptr<ModelRunner> gpu;
+};
 
 inline std::vector<int32_t> random_tokens(std::mt19937_64& rng, int64_t n, int64_t V) {
   std::vector<int32_t> t(static_cast<size_t>(n));

@@ -137,10 +137,9 @@ TEST(CudaVerify, ShortCallsAreOneTokenStepsBitForBit) {
 TEST(CudaVerify, StateKeptInsideAShortCallIsTheCutOnes) {
   TERN_REQUIRE_GPU();
   const uint64_t seed = fresh_seed("CudaVerify.KeptInside");
-  RandomModel rm;
-  const int64_t V = 4096;
-  auto weights = random_model(seed, 8, V, rm, Scales::trained);
-  auto gpu = cuda_runner_create(weights, {.progress = false});
+  const TrainedRunner t(seed);
+  const std::shared_ptr<const ModelWeights>& weights = t.weights;
+  ModelRunner* const gpu = t.gpu.get();
   if (!gpu->keeps_state_inside(2)) GTEST_SKIP() << "no kept states inside a call here (TERN_GDN_PORTABLE_SPLIT=0?)";
   EXPECT_TRUE(gpu->keeps_state_inside(64));
   EXPECT_FALSE(gpu->keeps_state_inside(1));
