@@ -402,10 +402,10 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocks) gdn_decode_kernel(GdnDeco
   }
 }
 
-// sm_90: clusters of blocks (GdnDecodeArgs::Kernel; automatic: clusters of 4 × 16 warps × 4 rows, 64 blocks, or for
-// the batched step of B ≥ 2 clusters of 2 × 16 warps × 8 rows, 32·B blocks); without clusters: a block of 32 warps ×
-// 4 rows per v-head (portable_split: 32 blocks, the tickets given), or one block of 32 warps × 8 rows per key head
-// (portable: 16 blocks).
+// sm_90: clusters of blocks (GdnDecodeArgs::Kernel; automatic: clusters of 4 × 16 warps × 4 rows, 64 blocks, or with
+// TERN_GDN_BATCH_SHAPE=cluster2_w16 for the batched step of B ≥ 2 clusters of 2 × 16 warps × 8 rows, 32·B blocks);
+// without clusters: a block of 32 warps × 4 rows per v-head (portable_split: 32 blocks, the tickets given), or one
+// block of 32 warps × 8 rows per key head (portable: 16 blocks).
 constexpr int kDecodeClusterCS = 8, kDecodeClusterNW = 8, kDecodeClusterRPW = 4;
 constexpr int kDecodePortableNW = 32, kDecodePortableRPW = 8;
 constexpr int kDecodeSplitNW = 32, kDecodeSplitRPW = 4;  // RPW 4 as cluster4_w16's: the same sums of squares
@@ -459,6 +459,38 @@ void launch_decode(const GdnDecodeArgs& a, int B, const StateTables& tables, cud
   return launch_decode_kernel<CS, kCluster, NW, RPW, kSq, 0, 8, kAll, kKeepOne>(a, B, tables, stream);
 }
 
+// The shape `automatic` takes for B sequences (gdn_decode_keeps_one asks it too). The cluster shapes run when the code
+// chosen for this device was compiled for sm_90+ (not a JIT of the sm_80 PTX, not the portable path). Without them: a
+// block per v-head when the caller gave the tickets, unless TERN_GDN_PORTABLE_SPLIT=0 (then, as without tickets, one
+// block per key head). The switches are read once, outside any capture.
+// On sm_90:
+//  - one sequence (gdn_decode, gdn_decode_from_tables, gdn_decode_batched with B = 1): cluster4_w16, fastest in the
+//    workbench (H200, 2026-12-01: 5.2 µs vs 6.2 for cluster8_w8). Its 64 blocks (Hk = 16) are under one wave
+//    already, where 8 rows per warp would only lengthen each warp's chain; kept (not measured against those).
+//  - gdn_decode_batched with B ≥ 2 (only it passes B > 1 here): cluster4_w16 too, until cluster2_w16's bits are
+//    confirmed on the GPU (TERN_GDN_BATCH_SHAPE below; on 2340328 they differed from cluster4_w16's in the last
+//    bits: the conv's last tap, contracted by some kernels and not by others, now an explicit fmaf). The
+//    step is latency-bound and its state (B · 2 MB) is as large as the register files: cluster4_w16 holds 16 state
+//    floats per thread in 64 registers (4 per float), 2 blocks of 512 threads per SM = 128 rows per SM, so B = 8
+//    is 512 blocks over 264 slots on the H200's 132 SMs (1.94 waves; Nsight: 22.4 µs, 47% occupancy, DRAM 17%).
+//    cluster2_w16's one-token kernel holds 32 in 64 registers (2 per float): 2 blocks of 512 threads = 256 rows per
+//    SM, B = 8 is 256 blocks over 264 slots (0.97 waves), B = 16 1.94 (cluster4_w16: 3.9). cluster4_w8 (80
+//    registers, 2.5 per float): 3 blocks of 256 threads = 192 rows per SM, B = 8 1.29 waves, B = 16 2.59.
+//    Each is meant to give a sequence the numbers cluster4_w16 gives it alone (the same per-row arithmetic, the sums
+//    of squares in sets of 4 rows): the same FP instruction sequence in the SASS since the fmaf fix, the bits to be
+//    confirmed on the GPU (CudaGdnDecode.BatchShapesAreBitIdenticalToCluster4).
+GdnDecodeArgs::Kernel automatic_kind(int B, bool tickets) {
+  using K = GdnDecodeArgs::Kernel;
+  static const bool cluster_ok = sm90_features();
+  static const bool split_ok = !env_is("TERN_GDN_PORTABLE_SPLIT", "0");
+  // TERN_GDN_BATCH_SHAPE (the batched step's shape for B >= 2): cluster2_w16 or cluster4_w8; else cluster4_w16.
+  static const K batch_kind = env_is("TERN_GDN_BATCH_SHAPE", "cluster2_w16")  ? K::cluster2_w16
+                              : env_is("TERN_GDN_BATCH_SHAPE", "cluster4_w8") ? K::cluster4_w8
+                                                                              : K::cluster4_w16;
+  if (!cluster_ok) return tickets && split_ok ? K::portable_split : K::portable;
+  return B >= 2 ? batch_kind : K::cluster4_w16;
+}
+
 // gdn_decode and gdn_decode_batched after their own checks of the states: the other arguments' checks and the launch
 // shape, the same for both (so that a sequence of a batch runs the code it runs alone).
 void decode(const GdnDecodeArgs& a, int B, const StateTables& tables, cudaStream_t stream) {
@@ -472,36 +504,11 @@ void decode(const GdnDecodeArgs& a, int B, const StateTables& tables, cudaStream
   TERN_CHECK(a.ld_proj >= d.C() + int64_t(d.Hv) * d.dv + 2 * d.Hv, "gdn_decode: ld_proj ", a.ld_proj, " too small");
   TERN_CHECK(a.proj && a.conv_w && a.A_log && a.dt_bias && a.norm_w && a.out, "gdn_decode: null pointer");
   using K = GdnDecodeArgs::Kernel;
-  // The cluster shapes run when the code chosen for this device was compiled for sm_90+ (not a JIT of the sm_80 PTX,
-  // not the portable path). Without them: a block per v-head when the caller gave the tickets, unless
-  // TERN_GDN_PORTABLE_SPLIT=0 (then, as without tickets, one block per key head). Decided once, outside any capture.
-  static const bool cluster_ok = sm90_features();
-  static const bool split_ok = !env_is("TERN_GDN_PORTABLE_SPLIT", "0");
-  // TERN_GDN_BATCH_SHAPE (the batched step's shape for B >= 2): cluster2_w16 or cluster4_w8; else cluster4_w16.
-  static const K batch_kind = env_is("TERN_GDN_BATCH_SHAPE", "cluster2_w16")  ? K::cluster2_w16
-                              : env_is("TERN_GDN_BATCH_SHAPE", "cluster4_w8") ? K::cluster4_w8
-                                                                              : K::cluster4_w16;
-  const K plain = a.tickets && split_ok ? K::portable_split : K::portable;
   K kind = a.force_portable ? K::portable : a.kernel;
-  // automatic on sm_90:
-  //  - one sequence (gdn_decode, gdn_decode_from_tables, gdn_decode_batched with B = 1): cluster4_w16, fastest in the
-  //    workbench (H200, 2026-12-01: 5.2 µs vs 6.2 for cluster8_w8). Its 64 blocks (Hk = 16) are under one wave
-  //    already, where 8 rows per warp would only lengthen each warp's chain; kept (not measured against those).
-  //  - gdn_decode_batched with B ≥ 2 (only it passes B > 1 here): cluster4_w16 too, until cluster2_w16's bits are
-  //    confirmed on the GPU (TERN_GDN_BATCH_SHAPE above; on 2340328 they differed from cluster4_w16's in the last
-  //    bits: the conv's last tap, contracted by some kernels and not by others, now an explicit fmaf). The
-  //    step is latency-bound and its state (B · 2 MB) is as large as the register files: cluster4_w16 holds 16 state
-  //    floats per thread in 64 registers (4 per float), 2 blocks of 512 threads per SM = 128 rows per SM, so B = 8
-  //    is 512 blocks over 264 slots on the H200's 132 SMs (1.94 waves; Nsight: 22.4 µs, 47% occupancy, DRAM 17%).
-  //    cluster2_w16's one-token kernel holds 32 in 64 registers (2 per float): 2 blocks of 512 threads = 256 rows per
-  //    SM, B = 8 is 256 blocks over 264 slots (0.97 waves), B = 16 1.94 (cluster4_w16: 3.9). cluster4_w8 (80
-  //    registers, 2.5 per float): 3 blocks of 256 threads = 192 rows per SM, B = 8 1.29 waves, B = 16 2.59.
-  //    Every one of them gives a sequence the numbers cluster4_w16 gives it alone (the same per-row arithmetic, the
-  //    sums of squares in sets of 4 rows), so a batch's outputs do not depend on the shape. Arithmetic, not measured.
   if (kind == K::automatic)
-    kind = !cluster_ok ? plain : B >= 2 ? batch_kind : K::cluster4_w16;
-  else if (!cluster_ok && kind != K::portable && kind != K::portable_split)
-    kind = plain;
+    kind = automatic_kind(B, a.tickets != nullptr);
+  else if (!sm90_features() && kind != K::portable && kind != K::portable_split)
+    kind = automatic_kind(B, a.tickets != nullptr);  // the cluster shapes only where the sm_90 code runs
   TERN_CHECK(kind != K::portable_split || a.tickets,
              "gdn_decode: the portable_split shape needs GdnDecodeArgs::tickets");
   if (tables.keep_token) {  // one kept state (gdn_decode_from_tables): cluster4_w16's or portable_split's kernels
@@ -541,7 +548,8 @@ bool gdn_decode_supported(const GdnDims& d) {
 int64_t gdn_decode_ticket_count(int Hk) { return int64_t(kDecodeMaxSeqs) * Hk; }
 
 bool gdn_decode_keeps_one(bool tickets) {
-  return sm90_features() || (tickets && !env_is("TERN_GDN_PORTABLE_SPLIT", "0"));  // decode()'s automatic choice
+  const GdnDecodeArgs::Kernel kind = automatic_kind(1, tickets);
+  return kind == GdnDecodeArgs::Kernel::cluster4_w16 || kind == GdnDecodeArgs::Kernel::portable_split;
 }
 
 void gdn_decode(const GdnDecodeArgs& a, cudaStream_t stream) {
