@@ -295,8 +295,9 @@ void command_serve(CLI::App& app) {
                   "while 4 would hold fewer than 32768 tokens each)")
       ->check(CLI::Range(1, 256));
   sub->add_option("--step-tokens", s.scheduler.step_tokens,
-                  "Prompt tokens prefilled per step while other requests decode (a long prompt is read in such "
-                  "chunks between their tokens)")
+                  "Prompt tokens prefilled per step while other requests decode, counted through every layer: a "
+                  "long prompt is read between their tokens in the backend's own chunks (4096 tokens on CUDA), each "
+                  "chunk through this share of its layers per step")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 30))
       ->capture_default_str();
   sub->add_option("--max-queue", s.max_queue, "Requests that may wait behind the running ones; more get 503")

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -151,6 +152,7 @@ class CpuSession final : public Session {
   int64_t rope_delta() const override { return rope_delta_; }
   void reset() override {
     drop_kept();
+    part_way_.reset();
     keep_at_ = -1;
     position_ = 0;
     rope_delta_ = 0;
@@ -165,6 +167,7 @@ class CpuSession final : public Session {
   bool can_snapshot() const override { return true; }
 
   std::unique_ptr<StateSnapshot> snapshot() const override {
+    TERN_CHECK(!part_way_, "cpu snapshot: the session holds a prompt chunk part way");
     auto snap = std::make_unique<CpuSnapshot>();
     snap->owner_ = owner_;
     snap->position_ = position_;
@@ -187,6 +190,7 @@ class CpuSession final : public Session {
     TERN_CHECK(snap->layers_.size() == layers_.size(), "cpu restore: the snapshot has ", snap->layers_.size(),
                " layers, the session ", layers_.size());
     for (size_t i = 0; i < layers_.size(); ++i) snap->read(i, layers_[i].conv_state, layers_[i].gdn_state);
+    part_way_.reset();
     position_ = snap->position_;
     rope_delta_ = snap->rope_delta_;
     // The MTP pair at position - 1 holds the token after it, which may change now: its row is cut, and the hidden at
@@ -204,7 +208,27 @@ class CpuSession final : public Session {
   }
   std::unique_ptr<StateSnapshot> take_kept_snapshot() override { return std::move(kept_snap_); }
 
+  // ---- a prompt chunk in pieces of layers (CpuRunner::forward_layers) ----
+  int layers_pending() const override { return part_way_ ? int(layers_.size()) - part_way_->done : 0; }
+  void drop_pending_layers() override {
+    if (!part_way_) return;
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      layers_[i].conv_state = part_way_->gdn_before[i].first;
+      layers_[i].gdn_state = part_way_->gdn_before[i].second;
+    }
+    part_way_.reset();
+  }
+  // The chunk run part way: its tokens, its hidden rows after `done` layers, and the Gated DeltaNet states before it.
+  struct PartWay {
+    std::vector<int32_t> tokens;
+    std::vector<float> x;  // [T, D]
+    int done = 0;
+    std::vector<std::pair<std::vector<float>, std::vector<float>>> gdn_before;  // (conv, rec) per layer
+  };
+  std::optional<PartWay> part_way_;
+
   void rollback(int64_t position) override {
+    TERN_CHECK(!part_way_, "cpu rollback: the session holds a prompt chunk part way");
     TERN_CHECK(kept_from_ >= 0, "cpu rollback: no verify forward's states are kept");
     TERN_CHECK(position >= kept_from_ && position <= position_, "cpu rollback: position ", position,
                " is outside the last verify forward's [", kept_from_, ", ", position_, "]");
@@ -375,6 +399,12 @@ class CpuRunner final : public ModelRunner {
     run(session, tokens, {}, /*all_logits=*/true, /*verify=*/true, logits);
   }
 
+  // A chunk in pieces of layers: any text chunk of two tokens or more (each session keeps its own piece's rows).
+  bool runs_layers_apart(const Session& session, int64_t tokens) const override {
+    return tokens >= 2 && w_->layers.size() >= 2 && own(session).keep_at_ < 0;
+  }
+  void forward_layers(Session& session, std::span<const int32_t> tokens, int layers) override;
+
   // ---- images (cpu/vision_encoder.h, cpu/image_tokens.h) ----
   std::string images_unavailable() const override {
     if (w_->vision) return "";
@@ -422,6 +452,11 @@ class CpuRunner final : public ModelRunner {
                  float* out);
   // rope_angles: the call's M-RoPE angles when it holds image tokens, else null (positions + the session's delta).
   void attention_layer(int li, CpuSession& s, const float* a, int64_t T, const float* rope_angles, float* out);
+  // Layers [l0, l1) over the residual x [T, D] (a, mix: [T, D] scratch); the arguments of gdn_layer and
+  // attention_layer.
+  void run_layers(CpuSession& s, int l0, int l1, float* x, float* a, float* mix, int64_t T, bool verify, int64_t keep_t,
+                  CpuSnapshot* kept, const float* rope_angles);
+  CpuSession& own_mut(Session& session) const { return const_cast<CpuSession&>(own(session)); }
 
   std::shared_ptr<const ModelWeights> w_;
   CpuRunnerOptions opt_;
@@ -625,7 +660,17 @@ void CpuRunner::run(Session& session, std::span<const int32_t> tokens, std::span
   const float eps = float(c.rms_norm_eps);
 
   std::vector<float> x(static_cast<size_t>(T * D)), a(static_cast<size_t>(T * D)), mix(static_cast<size_t>(T * D));
-  embed_lookup(w_->embed, tokens, x.data());  // throws on a bad id before any state changes
+  // A chunk run part way (forward_layers): its rows go on from the layer it stopped at.
+  int l0 = 0;
+  if (s.part_way_) {
+    TERN_CHECK(!verify && images.empty() && std::ranges::equal(tokens, s.part_way_->tokens),
+               "cpu forward: the session holds a prompt chunk part way; its next forward must carry that chunk");
+    x.swap(s.part_way_->x);
+    l0 = s.part_way_->done;
+    s.part_way_.reset();
+  } else {
+    embed_lookup(w_->embed, tokens, x.data());  // throws on a bad id before any state changes
+  }
   // Image tokens: their rows from the encoder, their rotary angles from the 3-axis positions (checked up front too).
   ImageTokenRope rope;
   if (!images.empty()) {
@@ -637,7 +682,7 @@ void CpuRunner::run(Session& session, std::span<const int32_t> tokens, std::span
   s.reserve_kv(c, s.position_ + T);
   s.drop_kept();
   // Session::keep_state_at: the states after keep_t of the call's tokens (text only) into a snapshot.
-  const int64_t keep_t = !verify && images.empty() && keep_at > s.position_ && keep_at < s.position_ + T
+  const int64_t keep_t = l0 == 0 && !verify && images.empty() && keep_at > s.position_ && keep_at < s.position_ + T
                              ? keep_at - s.position_
                              : -1;
   std::unique_ptr<CpuSnapshot> kept;
@@ -648,31 +693,9 @@ void CpuRunner::run(Session& session, std::span<const int32_t> tokens, std::span
     kept->rope_delta_ = s.rope_delta_;
     kept->layers_.resize(s.layers_.size());  // the Gated DeltaNet layers' filled by gdn_layer
   }
-  dump("embed", x.data(), {T, D});
-
-  for (int li = 0; li < int(w_->layers.size()); ++li) {
-    const LayerWeights& lw = w_->layers[size_t(li)];
-        rms_norm(x.data(), lw.input_norm.data(), T, D, eps, a.data());
-    dump(layer_name("attn_norm", li), a.data(), {T, D});
-    if (c.layer_types[size_t(li)] == LayerType::linear_attention)
-      gdn_layer(li, s, a.data(), T, verify, keep_t, kept.get(), mix.data());
-    else
-      attention_layer(li, s, a.data(), T, images.empty() ? nullptr : rope.angles.data(), mix.data());
-    dump(layer_name("attn_out", li), mix.data(), {T, D});
-    add_inplace(x.data(), mix.data(), T * D);
-    rms_norm(x.data(), lw.post_attn_norm.data(), T, D, eps, a.data());
-    dump(layer_name("moe_norm", li), a.data(), {T, D});
-    std::vector<int32_t> ids(dump_dir_.empty() ? 0 : size_t(T * c.num_experts_per_tok));
-    moe_forward({.layer = &lw, .config = &c, .x = a.data(), .T = T, .y = mix.data(),
-                 .ids = ids.empty() ? nullptr : ids.data()});
-    dump(layer_name("moe_out", li), mix.data(), {T, D});
-    if (!ids.empty()) {
-      const std::vector<float> idf(ids.begin(), ids.end());
-      dump(layer_name("route_ids", li), idf.data(), {T, c.num_experts_per_tok});
-    }
-    add_inplace(x.data(), mix.data(), T * D);
-    dump(layer_name("layer_out", li), x.data(), {T, D});
-  }
+  if (l0 == 0) dump("embed", x.data(), {T, D});
+  run_layers(s, l0, int(w_->layers.size()), x.data(), a.data(), mix.data(), T, verify, keep_t, kept.get(),
+             images.empty() ? nullptr : rope.angles.data());
   if (w_->mtp) {  // the MTP head's input: every token's hidden after the final norm
     std::vector<float> h(static_cast<size_t>(T * D));
     rms_norm(x.data(), w_->final_norm.data(), T, D, eps, h.data());
@@ -694,6 +717,67 @@ void CpuRunner::run(Session& session, std::span<const int32_t> tokens, std::span
   rms_norm(x.data() + first * D, w_->final_norm.data(), rows, D, eps, a.data());
   dump("final_norm", a.data(), {rows, D});
   lm_head_logits(a.data(), rows, logits);
+}
+
+void CpuRunner::run_layers(CpuSession& s, int l0, int l1, float* x, float* a, float* mix, int64_t T, bool verify,
+                           int64_t keep_t, CpuSnapshot* kept, const float* rope_angles) {
+  const Config& c = w_->config;
+  const int64_t D = c.hidden_size;
+  const float eps = float(c.rms_norm_eps);
+  for (int li = l0; li < l1; ++li) {
+    const LayerWeights& lw = w_->layers[size_t(li)];
+    rms_norm(x, lw.input_norm.data(), T, D, eps, a);
+    dump(layer_name("attn_norm", li), a, {T, D});
+    if (c.layer_types[size_t(li)] == LayerType::linear_attention)
+      gdn_layer(li, s, a, T, verify, keep_t, kept, mix);
+    else
+      attention_layer(li, s, a, T, rope_angles, mix);
+    dump(layer_name("attn_out", li), mix, {T, D});
+    add_inplace(x, mix, T * D);
+    rms_norm(x, lw.post_attn_norm.data(), T, D, eps, a);
+    dump(layer_name("moe_norm", li), a, {T, D});
+    std::vector<int32_t> ids(dump_dir_.empty() ? 0 : size_t(T * c.num_experts_per_tok));
+    moe_forward({.layer = &lw, .config = &c, .x = a, .T = T, .y = mix, .ids = ids.empty() ? nullptr : ids.data()});
+    dump(layer_name("moe_out", li), mix, {T, D});
+    if (!ids.empty()) {
+      const std::vector<float> idf(ids.begin(), ids.end());
+      dump(layer_name("route_ids", li), idf.data(), {T, c.num_experts_per_tok});
+    }
+    add_inplace(x, mix, T * D);
+    dump(layer_name("layer_out", li), x, {T, D});
+  }
+}
+
+// The first piece embeds the tokens and keeps the states it will change (drop_pending_layers); each piece runs its
+// layers over the rows the last one left, exactly as run() would in one call.
+void CpuRunner::forward_layers(Session& session, std::span<const int32_t> tokens, int layers) {
+  CpuSession& s = own_mut(session);
+  const Config& c = w_->config;
+  const int64_t T = int64_t(tokens.size()), D = c.hidden_size;
+  const int L = int(w_->layers.size());
+  const int done = s.part_way_ ? s.part_way_->done : 0;
+  TERN_CHECK(layers >= 1 && done + layers < L, "cpu forward_layers: ", layers, " more layers of a chunk at layer ", done,
+             " of ", L, " (the last layers run in a forward call)");
+  if (s.part_way_) {
+    TERN_CHECK(std::ranges::equal(tokens, s.part_way_->tokens),
+               "cpu forward_layers: the session holds another prompt chunk part way");
+  } else {
+    TERN_CHECK(runs_layers_apart(session, T), "cpu forward_layers: a chunk of ", T, " tokens does not run in pieces");
+    TERN_CHECK(s.position_ + T <= s.capacity_, "the session holds ", s.position_, " tokens; ", T,
+               " more would exceed its capacity of ", s.capacity_, " tokens");
+    CpuSession::PartWay pw;
+    pw.x.resize(size_t(T * D));
+    embed_lookup(w_->embed, tokens, pw.x.data());  // throws on a bad id before any state changes
+    pw.tokens.assign(tokens.begin(), tokens.end());
+    for (const LayerState& l : s.layers_) pw.gdn_before.emplace_back(l.conv_state, l.gdn_state);
+    s.reserve_kv(c, s.position_ + T);
+    s.drop_kept();
+    dump("embed", pw.x.data(), {T, D});
+    s.part_way_ = std::move(pw);
+  }
+  std::vector<float> a(size_t(T * D)), mix(size_t(T * D));
+  run_layers(s, done, done + layers, s.part_way_->x.data(), a.data(), mix.data(), T, false, -1, nullptr, nullptr);
+  s.part_way_->done = done + layers;
 }
 
 }  // namespace

@@ -123,7 +123,14 @@ GenerationRun::GenerationRun(Generator& generator, Session& session, const Gener
   report_prompt_progress();  // the prefill starts: processed == cached
 }
 
-GenerationRun::~GenerationRun() = default;
+// A run dropped with a chunk part way (the engine stopping) leaves its session as before that chunk.
+GenerationRun::~GenerationRun() {
+  if (piece_tokens_ == 0) return;
+  try {
+    session_.drop_pending_layers();
+  } catch (...) {
+  }
+}
 
 void GenerationRun::report_prompt_progress() const {
   if (!request_.on_prompt_progress) return;
@@ -143,27 +150,24 @@ bool GenerationRun::next_step(BatchEntry& entry, int64_t max_prompt_tokens) {
   entry = BatchEntry{};
   entry.session = &session_;
   entry.logits = &logits_;
+  work_ = 0;
   if (!rest_.empty()) {
     if (cancelled()) {
+      if (std::exchange(piece_tokens_, 0) > 0) session_.drop_pending_layers();  // back to before the chunk
       result_.finish = FinishReason::cancelled;
       result_.prefill_s = seconds_since(t0_);
       finished_ = true;
       return false;
     }
-    size_t n = std::min<size_t>(rest_.size(), size_t(std::min(chunk_, std::max<int64_t>(1, max_prompt_tokens))));
-    const int64_t every = request_.checkpoint_every;
-    const int64_t pos = session_.position();
-    if (every > 0) n = std::min<size_t>(n, size_t(every - pos % every));
-    n = cut_at_checkpoints(pos, n);
+    const int64_t budget = std::max<int64_t>(1, max_prompt_tokens);
+    if (prompt_piece(entry, budget)) return true;
+    size_t n = std::min<size_t>(rest_.size(), size_t(std::min(chunk_, budget)));
+    n = cut_at_checkpoints(session_.position(), whole_chunk(n));
     entry.tokens = rest_.first(n);
-    image_spans(pos, int64_t(n));
+    work_ = int64_t(n);
+    image_spans(session_.position(), int64_t(n));
     entry.images = spans_;
-    // The prompt's last chunk: its first token drawn on the device where the request allows, as the decode steps'
-    // are, so that neither a copy of the logits nor the host's passes over the vocabulary come before it.
-    if (n == rest_.size() && spans_.empty() && gen_.options().use_device_sampling && device_sampling_allowed(request_)) {
-      sampling_ = device_sampling_at(step_);
-      entry.sampling = &sampling_;
-    }
+    last_prompt_sampling(entry);
     return true;
   }
   entry.tokens = std::span<const int32_t>(fed_, 1);
@@ -184,6 +188,61 @@ bool GenerationRun::next_step(BatchEntry& entry, int64_t max_prompt_tokens) {
     }
   }
   if (device_ok_) entry.sampling = &sampling_;
+  return true;
+}
+
+// The prompt's last chunk: its first token drawn on the device where the request allows, as the decode steps' are,
+// so that neither a copy of the logits nor the host's passes over the vocabulary come before it.
+void GenerationRun::last_prompt_sampling(BatchEntry& entry) {
+  if (entry.tokens.size() == rest_.size() && spans_.empty() && gen_.options().use_device_sampling &&
+      device_sampling_allowed(request_)) {
+    sampling_ = device_sampling_at(step_);
+    entry.sampling = &sampling_;
+  }
+}
+
+// At most n of the prompt's next tokens, ending at the next multiple of checkpoint_every.
+size_t GenerationRun::whole_chunk(size_t n) const {
+  const int64_t every = request_.checkpoint_every, pos = session_.position();
+  n = std::min(n, rest_.size());
+  return every > 0 ? std::min<size_t>(n, size_t(every - pos % every)) : n;
+}
+
+// A prompt chunk in pieces of layers (BatchEntry::layer_limit): when the budget (prompt tokens through every layer)
+// is less than the runner's chunk, the chunk runs whole and a budget's share of its layers each step, rather than
+// shrinking (a shorter chunk costs more per token: each layer's fixed cost comes with every chunk); it shrinks only
+// to the budget's tokens through every layer, so that one layer of it fits the budget, and ends at the first
+// checkpoint inside it. Only a text chunk, on a runner that runs it so. The piece that reaches the last layer is the
+// chunk's forward call and gives its output; until then the chunk stays part way (piece_tokens_). False: the chunk
+// is not in pieces (next_step cuts it as usual).
+bool GenerationRun::prompt_piece(BatchEntry& entry, int64_t budget) {
+  const int L = gen_.runner().config().num_hidden_layers;
+  size_t n = piece_tokens_;
+  if (n == 0) {
+    // The runner's chunk, or one that a single layer of fits the budget (a model of few layers).
+    n = whole_chunk(size_t(std::min<int64_t>(chunk_, budget > INT64_MAX / L ? INT64_MAX : budget * L)));
+    const int64_t pos = session_.position();
+    for (int64_t at : request_.checkpoint_at)  // cut at the first checkpoint inside: a snapshot is taken there
+      if (at > pos && at < pos + int64_t(n)) n = size_t(at - pos);
+    const bool images = std::any_of(request_.images.begin(), request_.images.end(), [&](const PromptImage& im) {
+      return im.offset < pos + int64_t(n) && im.offset + im.tokens > pos;
+    });
+    if (budget >= int64_t(n) || L < 2 || images || !gen_.runner().runs_layers_apart(session_, int64_t(n)))
+      return false;
+  }
+  const int left = piece_tokens_ ? session_.layers_pending() : L;
+  TERN_INTERNAL_CHECK(left > 0, "generation: the chunk part way has no layers left");
+  const int layers = budget >= int64_t(n) ? L : int(std::max<int64_t>(1, budget * L / int64_t(n)));
+  entry.tokens = rest_.first(n);
+  if (layers < left) {
+    entry.layer_limit = layers;
+    work_ = (int64_t(n) * layers + L - 1) / L;
+    return true;
+  }
+  work_ = (int64_t(n) * left + L - 1) / L;  // the last piece: the chunk's forward call
+  spans_.clear();
+  entry.images = spans_;
+  last_prompt_sampling(entry);
   return true;
 }
 
@@ -298,7 +357,8 @@ void GenerationRun::step_done(const BatchEntry& entry) {
     std::rethrow_exception(entry.error);
   }
   if (!rest_.empty()) {
-    after_prompt_chunk(entry);
+    piece_tokens_ = entry.layers_left > 0 ? entry.tokens.size() : 0;
+    if (piece_tokens_ == 0) after_prompt_chunk(entry);  // else the chunk is part way: nothing out yet
     return;
   }
   if (entry.keep_states) return verify_done(entry);

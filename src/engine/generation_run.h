@@ -47,10 +47,14 @@ class GenerationRun {
   int64_t prompt_left() const { return int64_t(rest_.size()); }  // prompt tokens not yet fed
   Session& session() { return session_; }
 
-  // The next forward: fills `entry` (session, tokens, output buffers) and returns true; a prompt chunk holds at
-  // most max_prompt_tokens (>= 1) tokens. False when the run ended instead (cancelled before the step): nothing
-  // to run.
+  // The next forward: fills `entry` (session, tokens, output buffers) and returns true. A prompt chunk is at most
+  // max_prompt_tokens (>= 1) of prompt work: tokens through every layer, so a longer chunk may run a share of its
+  // layers (BatchEntry::layer_limit; the runner's chunk in pieces, see prompt_piece). False when the run ended
+  // instead (cancelled before the step; a chunk part way is dropped, the session as before it): nothing to run.
   bool next_step(BatchEntry& entry, int64_t max_prompt_tokens);
+  // The prompt work of the last next_step's entry: its tokens x the layers it runs / all layers, rounded up (0 for a
+  // decode step). What a scheduler's per-step prompt budget counts.
+  int64_t step_work() const { return work_; }
   // The forward of the last next_step() ran (its output in `entry`): samples, emits, and ends the run or not.
   // Rethrows the entry's error (the run is then finished, its result unusable).
   void step_done(const BatchEntry& entry);
@@ -92,11 +96,16 @@ class GenerationRun {
   void image_spans(int64_t pos, int64_t n);
   void release_fed_images();
   size_t cut_at_checkpoints(int64_t pos, size_t n);
+  size_t whole_chunk(size_t n) const;
+  bool prompt_piece(BatchEntry& entry, int64_t budget);
+  void last_prompt_sampling(BatchEntry& entry);
 
   std::span<const int32_t> rest_;  // prompt tokens still to feed
   std::vector<std::unique_ptr<ImageEmbeddings>> encoded_;  // [request.images.size()]
   std::vector<ImageSpan> spans_;   // the current prompt chunk's image tokens
   int64_t kept_at_ = -1;           // the checkpoint the current prompt chunk keeps inside (Session::keep_state_at)
+  size_t piece_tokens_ = 0;        // the prompt chunk the session holds part way (its first tokens of rest_); 0: none
+  int64_t work_ = 0;               // step_work()
   std::vector<float> logits_;      // [V] of the last fed token
   bool finished_ = false, first_ = true, want_logprobs_ = false, device_ok_ = false, callback_stopped_ = false;
   uint64_t step_ = 0, max_tokens_ = 0;

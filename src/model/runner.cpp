@@ -29,8 +29,22 @@ void ModelRunner::forward_images(Session& session, std::span<const int32_t> toke
 void ModelRunner::forward_alone(BatchEntry& e) {
   e.sampled.reset();
   e.error = nullptr;
+  e.layers_left = 0;
   try {
     TERN_INTERNAL_CHECK(e.session != nullptr && !e.tokens.empty(), "forward_batch: an entry without a session or tokens");
+    if (e.layer_limit > 0) {  // a piece of the chunk's layers, unless the limit reaches its last layer
+      TERN_INTERNAL_CHECK(e.images.empty() && !e.keep_states,
+                          "forward_batch: a chunk in pieces of layers with images or verify");
+      const int pending = e.session->layers_pending();
+      const int left = pending > 0 ? pending : config().num_hidden_layers;
+      if (e.layer_limit < left) {
+        TERN_INTERNAL_CHECK(pending > 0 || runs_layers_apart(*e.session, int64_t(e.tokens.size())),
+                            "forward_batch: a chunk in pieces of layers that the backend does not run so");
+        forward_layers(*e.session, e.tokens, e.layer_limit);
+        e.layers_left = left - e.layer_limit;
+        return;
+      }
+    }
     if (!e.images.empty()) {
       TERN_INTERNAL_CHECK(e.logits != nullptr && !e.keep_states && e.sampling == nullptr,
                           "forward_batch: an entry with images must ask for logits, without sampling or verify");

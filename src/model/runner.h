@@ -77,6 +77,15 @@ class Session {
   // position, or the backend did not honour it). Any later forward, reset, restore or rollback drops it.
   virtual std::unique_ptr<StateSnapshot> take_kept_snapshot() { return nullptr; }
 
+  // Layers of a prompt chunk run part way (ModelRunner::forward_layers) that are still to run; 0: none. While some
+  // are, position() is that of before the chunk, snapshot() and rollback() refuse (tern::Error), and the next forward
+  // call on the session must carry the chunk's tokens (it runs the layers left).
+  virtual int layers_pending() const { return 0; }
+  // Drops a chunk run part way: the session is again exactly what it was before the chunk's first layers ran (its
+  // Gated DeltaNet states bit for bit; KV rows past position() are simply overwritten later). No-op when none.
+  // reset() and restore() drop it too.
+  virtual void drop_pending_layers() {}
+
   // Speculative decoding (ModelRunner::supports_verify): after a verify forward (BatchEntry::keep_states, or
   // ModelRunner::forward_verify) that took the session from position p0 to p0 + T, sets it back to `position`
   // (p0 <= position <= p0 + T) exactly: the Gated DeltaNet conv and recurrent states bit for bit those of a run
@@ -132,8 +141,14 @@ struct BatchEntry {
   // A prompt chunk holding image tokens: where their embeddings come from (ModelRunner::forward_images). Never with
   // sampling or keep_states.
   std::span<const ImageSpan> images;
+  // A prompt chunk of text may run only part of its layers in this step (a long prompt read beside running streams,
+  // a share of its work per step): at most this many layers (>= 1; 0: all of them). Where it stops short of the last
+  // layer (ModelRunner::forward_layers; the backend must run_layers_apart it), nothing is written and
+  // `layers_left` says how many remain; the session's next forward, with the same tokens, goes on from there.
+  int layer_limit = 0;
   // Outputs:
   std::optional<int32_t> sampled;            // the id the device sampled (then *logits is not written)
+  int layers_left = 0;                       // layer_limit stopped the chunk part way: its layers still to run
   std::exception_ptr error;                  // this entry failed (its session's state is then unknown)
 };
 
@@ -188,6 +203,20 @@ class ModelRunner {
   virtual void forward_images(Session& session, std::span<const int32_t> tokens, std::span<const ImageSpan> images,
                               bool all_logits, std::vector<float>& logits);
   // ---- end of images ------------------------------------------------------------------------------------------
+
+  // ---- A prompt chunk in pieces of layers (BatchEntry::layer_limit) ------------------------------------------------
+  // Whether forward_layers takes a chunk of `tokens` text tokens on this session now (where a chunk of that length
+  // runs the backend's chunked plan, and none of its other sessions holds a chunk part way).
+  virtual bool runs_layers_apart(const Session& session, int64_t tokens) const { return false; }
+  // Runs the next `layers` layers (>= 1, fewer than the chunk has left) of the prompt chunk `tokens` (text only) on
+  // the session, which then holds the chunk part way (Session::layers_pending). The forward call that finishes it
+  // (forward, forward_sample or forward_batch with the same tokens) runs the layers left and gives the output of
+  // one call over the whole chunk, bit for bit. Throws tern::Error as forward does, or when the tokens are not those
+  // of the chunk the session holds part way (nothing is run then).
+  virtual void forward_layers(Session& session, std::span<const int32_t> tokens, int layers) {
+    throw std::logic_error("this backend runs every chunk through all its layers at once");
+  }
+  // ---- end of the chunk in pieces ---------------------------------------------------------------------------------
 
   // Whether a forward call of `tokens` text tokens (no image rows) honours Session::keep_state_at.
   virtual bool keeps_state_inside(int64_t tokens) const { return false; }

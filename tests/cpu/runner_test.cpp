@@ -2,6 +2,7 @@
 // DeltaNet, capacity and bad-input errors, masked padding ids. (Agreement with transformers is tests/py.)
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -369,6 +370,112 @@ void check_keep_state_inside(bool chunked, bool mtp) {
 TEST(CpuRunner, KeepStateInsideEqualsTwoCallsCutThere) {
   check_keep_state_inside(/*chunked=*/true, /*mtp=*/false);
   check_keep_state_inside(/*chunked=*/false, /*mtp=*/true);
+}
+
+// ModelRunner::forward_layers: a chunk run in pieces of layers, with another session's forward between the pieces,
+// then finished by a forward call, gives that call's logits and states bit for bit as one call over the chunk; the
+// next token too. Through forward_batch's layer_limit as the engine drives it.
+void check_chunk_in_pieces(bool chunked, bool mtp) {
+  test::TinyModelSpec spec;
+  spec.layers = 8;
+  spec.mtp = mtp;
+  const uint64_t seed = test::fresh_seed("layer_pieces");
+  auto model = test::make_tiny_model(spec, seed);
+  auto runner = cpu_runner_create(model, CpuRunnerOptions{.gdn_chunked = chunked});
+  test::Rng rng(seed ^ 0x9e);
+  const int64_t n0 = 1 + int64_t(rng.bits() % 9), n = 20 + int64_t(rng.bits() % 30);
+  const auto before = random_tokens(rng, n0, spec.vocab_real), chunk = random_tokens(rng, n, spec.vocab_real);
+  const std::vector<int32_t> next = random_tokens(rng, 1, spec.vocab_real), other = random_tokens(rng, 7, spec.vocab_real);
+  SCOPED_TRACE(testing::Message() << "seed " << seed << ", chunk of " << n << " after " << n0);
+
+  std::vector<float> whole, whole_next, out;
+  auto one = runner->create_session(128);
+  runner->forward(*one, before, false, out);
+  runner->forward(*one, chunk, true, whole);
+  const std::vector<float> states = cpu_session_gdn_states(*one);
+  runner->forward(*one, next, false, whole_next);
+
+  auto s = runner->create_session(128), bystander = runner->create_session(128);
+  runner->forward(*s, before, false, out);
+  ASSERT_TRUE(runner->runs_layers_apart(*s, n));
+  EXPECT_EQ(s->layers_pending(), 0);
+  std::vector<float> pieces;
+  BatchEntry e;
+  e.session = s.get();
+  e.tokens = chunk;
+  e.logits = &pieces;
+  e.layer_limit = 3;
+  runner->forward_batch({&e, 1});
+  ASSERT_FALSE(e.error);
+  EXPECT_EQ(e.layers_left, 5);
+  EXPECT_EQ(s->layers_pending(), 5);
+  EXPECT_EQ(s->position(), n0) << "the chunk is not consumed yet";
+  EXPECT_TRUE(pieces.empty()) << "nothing written by a piece";
+  runner->forward(*bystander, other, false, out);  // another session's step between the pieces
+  runner->forward_layers(*s, chunk, 1);
+  EXPECT_EQ(s->layers_pending(), 4);
+  e.layer_limit = 4;  // reaches the last layer: the chunk's forward call
+  e.all_logits = true;
+  runner->forward_batch({&e, 1});
+  ASSERT_FALSE(e.error);
+  EXPECT_EQ(e.layers_left, 0);
+  EXPECT_EQ(s->layers_pending(), 0);
+  EXPECT_EQ(s->position(), n0 + n);
+  ASSERT_EQ(pieces, whole);
+  EXPECT_EQ(cpu_session_gdn_states(*s), states);
+  runner->forward(*s, next, false, out);
+  EXPECT_EQ(out, whole_next);
+  if (mtp) {
+    int64_t p0 = 0, q0 = 0;
+    const std::span<const float> a = runner->mtp_hidden(*s, &p0), b = runner->mtp_hidden(*one, &q0);
+    EXPECT_EQ(p0, q0);
+    EXPECT_TRUE(std::ranges::equal(a, b)) << "the MTP head's input";
+  }
+}
+
+TEST(CpuRunner, ChunkInPiecesOfLayersEqualsOneCall) {
+  check_chunk_in_pieces(/*chunked=*/true, /*mtp=*/false);
+  check_chunk_in_pieces(/*chunked=*/false, /*mtp=*/true);
+}
+
+// A chunk part way: dropped, the session is as before it (states, position) and the chunk then runs as if never
+// started; other tokens, a snapshot, a rollback or a piece reaching the last layer are refused; reset drops it.
+TEST(CpuRunner, ChunkPartWayIsDroppedExactlyAndGuarded) {
+  test::TinyModelSpec spec;
+  const uint64_t seed = test::fresh_seed("layer_pieces_drop");
+  auto model = test::make_tiny_model(spec, seed);
+  auto runner = cpu_runner_create(model);
+  test::Rng rng(seed);
+  const auto before = random_tokens(rng, 5, spec.vocab_real), chunk = random_tokens(rng, 12, spec.vocab_real);
+  std::vector<float> expected, out;
+  auto ref = runner->create_session(64);
+  runner->forward(*ref, before, false, out);
+  runner->forward(*ref, chunk, false, expected);
+
+  auto s = runner->create_session(64);
+  runner->forward(*s, before, false, out);
+  const std::vector<float> states = cpu_session_gdn_states(*s);
+  runner->forward_layers(*s, chunk, 2);
+  EXPECT_NE(cpu_session_gdn_states(*s), states) << "the first layers ran";
+  EXPECT_THROW(runner->forward(*s, before, false, out), Error) << "other tokens";
+  EXPECT_THROW(s->snapshot(), Error);
+  EXPECT_THROW(s->rollback(5), Error);
+  EXPECT_THROW(runner->forward_layers(*s, chunk, 2), Error) << "would reach the last layer";
+  EXPECT_THROW(runner->forward_layers(*s, before, 1), Error) << "another chunk";
+  s->drop_pending_layers();
+  EXPECT_EQ(s->layers_pending(), 0);
+  EXPECT_EQ(s->position(), 5);
+  EXPECT_EQ(cpu_session_gdn_states(*s), states);
+  runner->forward(*s, chunk, false, out);
+  EXPECT_EQ(out, expected);
+
+  runner->forward_layers(*s, chunk, 1);
+  s->reset();
+  EXPECT_EQ(s->layers_pending(), 0);
+  runner->forward(*s, before, false, out);  // an ordinary forward again
+  EXPECT_EQ(s->position(), 5);
+  EXPECT_THROW(runner->forward_layers(*s, chunk, 0), Error);
+  EXPECT_THROW(runner->forward_layers(*s, chunk, 4), Error) << "all the layers: that is a forward call";
 }
 
 }  // namespace

@@ -91,6 +91,9 @@ CudaRunner::CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const M
   // prompt's time (short_call).
   if (const char* e = std::getenv("TERN_SHORT_CALL_TOKENS")) short_call_tokens_ = std::max<int64_t>(0, std::atoll(e));
   if (const char* e = std::getenv("TERN_SHORT_STEP_TOKENS")) short_step_tokens_ = std::max<int64_t>(2, std::atoll(e));
+  // TERN_LAYER_PIECES=0: every prompt chunk runs all its layers in one step (forward_layers refused; the server's
+  // scheduler then shrinks the chunk to its budget instead), for the A/B of the admission test.
+  layer_pieces_ = !env_is("TERN_LAYER_PIECES", "0");
   // The KV cache in fp16 (11 significant bits) unless the option asks for bf16 (8 bits) or fp8 (4 bits and a scale
   // per row), or TERN_KV_BF16=1 turns the default into bf16, or TERN_KV_DTYPE=f16|bf16|fp8 sets the default's type
   // (measurement switches: the whole-model checks of test_cuda run on any type with them).
@@ -139,7 +142,8 @@ std::unique_ptr<Session> CudaRunner::create_session(int64_t max_context) {
   TERN_CHECK(max_context > 0, "session capacity must be positive, got ", max_context);
   TERN_CHECK(max_context < (int64_t(1) << 31), "session capacity ", max_context, " is too large");
   if (!snapshot_buffers_) snapshot_buffers_ = std::make_shared<SnapshotBuffers>(gdn_state_bytes_of(*w_));
-  return std::make_unique<CudaSession>(*w_, max_context, kv_, this, ++session_ids_, snapshot_buffers_, kept_pool_);
+  return std::make_unique<CudaSession>(*w_, max_context, kv_, this, ++session_ids_, snapshot_buffers_, kept_pool_,
+                                       part_way_);
 }
 
 void CudaRunner::forward(Session& session, std::span<const int32_t> tokens, bool all_logits,
@@ -204,6 +208,8 @@ CudaSession& CudaRunner::own(Session& session) {
 
 // Every forward checks its tokens here first; a forward drops the states a verify kept (Session::rollback).
 void CudaRunner::check_tokens(CudaSession& s, std::span<const int32_t> tokens) {
+  TERN_CHECK(!s.holds_part_way() || std::ranges::equal(tokens, s.part_way().tokens),
+             "the session holds a prompt chunk part way; its next forward must carry that chunk");
   s.drop_kept_states();
   s.keep_in_call = s.take_keep_request();  // Session::keep_state_at's, for this call (run_short_call) only
   TERN_CHECK(!tokens.empty(), "forward needs at least one token");
@@ -230,8 +236,14 @@ void CudaRunner::allocate_scratch() {
   prep_bytes_ = size_t(std::max({matmul_prepared_bytes(T, D), matmul_prepared_bytes(T, Hv * dv),
                                  matmul_prepared_bytes(T, Hq * dh), matmul_prepared_bytes(T * k, F)}));
   prep_q16_bytes_ = size_t(matmul_q16_bytes(T, D));
-  scratch_ = DeviceArena(size_t(floats) * 4 + size_t(ints) * 4 + prep_bytes_ + 2 * prep_q16_bytes_ + 64 * 256,
+  // A chunk part way (forward_layers): its rows [T, D] and a snapshot's worth of Gated DeltaNet states.
+  const size_t part_way_bytes = size_t(T * D) * 4 + gdn_state_bytes_of(*w_);
+  scratch_ = DeviceArena(size_t(floats) * 4 + size_t(ints) * 4 + prep_bytes_ + 2 * prep_q16_bytes_ + part_way_bytes +
+                             66 * 256,
                          "activation scratch");
+  part_way_ = std::make_shared<PartWayChunk>();
+  part_way_->hidden = scratch_.take_n<float>(size_t(T * D));
+  part_way_->gdn_before = static_cast<uint8_t*>(scratch_.take(gdn_state_bytes_of(*w_)));
   hidden_ = scratch_.take_n<float>(size_t(T * D));
   normed_ = scratch_.take_n<float>(size_t(T * D));
   float* mixer = scratch_.take_n<float>(size_t(std::max(mixer_gdn, mixer_attn)));
@@ -335,23 +347,78 @@ void CudaRunner::run_short_call(CudaSession& s, std::span<const int32_t> tokens,
   if (keep) s.kept_snapshot_done();  // its step has run (each step above ends with a synchronisation)
 }
 
+// A chunk the session holds part way (forward_layers) goes on from the layer its last piece reached.
 void CudaRunner::run_chunk(CudaSession& s, std::span<const int32_t> tokens) {
   const int64_t T = int64_t(tokens.size());
-  TERN_CUDA(cudaMemcpyAsync(tokens_, tokens.data(), size_t(T) * 4, cudaMemcpyHostToDevice, stream_));
+  int l0 = 0;
+  if (s.holds_part_way()) {
+    PartWayChunk& pw = s.part_way();
+    TERN_INTERNAL_CHECK(!image_call_ && std::ranges::equal(tokens, pw.tokens),
+                        "cuda forward: a chunk part way resumed with other tokens or images");
+    TERN_CUDA(cudaMemcpyAsync(hidden_, pw.hidden, size_t(T * w_->config.hidden_size) * 4, cudaMemcpyDeviceToDevice,
+                              stream_));
+    l0 = pw.done;
+    s.release_part_way();
+  } else {
+    TERN_CUDA(cudaMemcpyAsync(tokens_, tokens.data(), size_t(T) * 4, cudaMemcpyHostToDevice, stream_));
+  }
   device_token_valid_ = false;
   chunk_f16_sites_ = T >= f16_min_tokens_ ? f16_sites_ : 0;
-  chunk_body(s, T);
+  chunk_body(s, T, l0);
   s.pos += T;
 }
 
-// Every kernel of one chunk of T tokens (already in tokens_); no host value depends on the step, so a T = 1
-// body can be captured once in a CUDA graph and replayed.
-void CudaRunner::chunk_body(CudaSession& s, int64_t T) {
-  const Config& c = w_->config;
-  const float eps = float(c.rms_norm_eps);
-  embed_lookup(w_->embed, tokens_, T, hidden_, stream_);
-  insert_image_rows(s, T);
+// A chunk of `tokens` in pieces of layers: where the chunk runs the prefill plan (longer than a short call and
+// kQmvMaxTokens, at most max_chunk_) and the runner's PartWayChunk is free or this session's.
+bool CudaRunner::runs_layers_apart(const Session& session, int64_t tokens) const {
+  const auto* s = dynamic_cast<const CudaSession*>(&session);
+  return layer_pieces_ && s && s->owner == this && part_way_ &&
+         (part_way_->holder == 0 || part_way_->holder == s->id) &&
+         tokens >= 2 && tokens <= max_chunk_ && !short_call(tokens) && !decode_plan(tokens) && !dump_.on() &&
+         w_->layers.size() >= 2;
+}
+
+// The first piece keeps the session's Gated DeltaNet states (drop_pending_layers) and embeds the tokens; each piece
+// runs its layers from the rows the last one parked and parks them again. Nothing waits for the device: the next
+// step's work follows on the same stream.
+void CudaRunner::forward_layers(Session& session, std::span<const int32_t> tokens, int layers) {
+  CudaSession& s = own(session);
+  const int64_t T = int64_t(tokens.size()), D = w_->config.hidden_size;
+  const int L = int(w_->layers.size());
+  PartWayChunk& pw = *part_way_;
+  const bool first = !s.holds_part_way();
+  TERN_CHECK(!first || runs_layers_apart(s, T), "cuda forward_layers: a chunk of ", T,
+             " tokens does not run in pieces here");
+  const int done = first ? 0 : pw.done;
+  TERN_CHECK(layers >= 1 && done + layers < L, "cuda forward_layers: ", layers, " more layers of a chunk at layer ",
+             done, " of ", L, " (the last layers run in a forward call)");
+  check_tokens(s, tokens);  // a later piece: the chunk's own tokens
+  if (first) {
+    s.copy_states_out(pw.gdn_before, stream_);
+    TERN_CUDA(cudaMemcpyAsync(tokens_, tokens.data(), size_t(T) * 4, cudaMemcpyHostToDevice, stream_));
+    embed_lookup(w_->embed, tokens_, T, hidden_, stream_);
+    pw.tokens.assign(tokens.begin(), tokens.end());
+    pw.done = 0;
+    pw.holder = s.id;
+  } else {
+    TERN_CUDA(cudaMemcpyAsync(hidden_, pw.hidden, size_t(T * D) * 4, cudaMemcpyDeviceToDevice, stream_));
+  }
+  device_token_valid_ = false;
+  chunk_f16_sites_ = T >= f16_min_tokens_ ? f16_sites_ : 0;
+  prefill_layers(s, T, done, done + layers);
+  TERN_CUDA(cudaMemcpyAsync(pw.hidden, hidden_, size_t(T * D) * 4, cudaMemcpyDeviceToDevice, stream_));
+  pw.done = done + layers;
+}
+
+// Every kernel of one chunk of T tokens (already in tokens_) from layer l0 (> 0: a chunk part way, its rows in
+// hidden_); no host value depends on the step, so a T = 1 body can be captured once in a CUDA graph and replayed.
+void CudaRunner::chunk_body(CudaSession& s, int64_t T, int l0) {
+  if (l0 == 0) {
+    embed_lookup(w_->embed, tokens_, T, hidden_, stream_);
+    insert_image_rows(s, T);
+  }
   if (decode_plan(T)) {
+    TERN_INTERNAL_CHECK(l0 == 0, "cuda forward: a chunk of the decode plan part way");
     for (size_t i = 0; i < w_->layers.size(); ++i) {
       const DeviceLayer& l = w_->layers[i];
       if (l.type == LayerType::linear_attention)
@@ -366,7 +433,14 @@ void CudaRunner::chunk_body(CudaSession& s, int64_t T) {
     TERN_CUDA_LAUNCHED("advance_position");
     return;
   }
-  for (size_t i = 0; i < w_->layers.size(); ++i) {
+  prefill_layers(s, T, l0, int(w_->layers.size()));
+  advance_position_kernel<<<1, 1, 0, stream_>>>(s.d_pos, int(T));
+  TERN_CUDA_LAUNCHED("advance_position");
+}
+
+// The prefill plan's layers [l0, l1) over hidden_ [T, D]; the session's position is that of the chunk's first token.
+void CudaRunner::prefill_layers(CudaSession& s, int64_t T, int l0, int l1) {
+  for (size_t i = size_t(l0); i < size_t(l1); ++i) {
     const DeviceLayer& l = w_->layers[i];
     CudaSession::LayerCache& lc = s.layers[i];
     if (l.type == LayerType::linear_attention) {  // each block normalises its input (norm_prepare)
@@ -378,8 +452,6 @@ void CudaRunner::chunk_body(CudaSession& s, int64_t T) {
     moe(l, T);
     dump_layer("layer_out", i, T, route_ids_);
   }
-  advance_position_kernel<<<1, 1, 0, stream_>>>(s.d_pos, int(T));
-  TERN_CUDA_LAUNCHED("advance_position");
 }
 
 // Activation dumps (activation_dump.cuh): the residual hidden_ [T, D] of layer i under `base`, and with ids the

@@ -75,6 +75,8 @@ class CudaRunner final : public ModelRunner {
   bool supports_verify() const override;
   int64_t max_verify_tokens() const override;
   bool keeps_state_inside(int64_t tokens) const override;
+  bool runs_layers_apart(const Session& session, int64_t tokens) const override;
+  void forward_layers(Session& session, std::span<const int32_t> tokens, int layers) override;
   int64_t max_step_tokens() const;
   int64_t verify_state_bytes(int tokens) const override;
   const KeptStateBuffers& kept_pool() const { return *kept_pool_; }
@@ -109,7 +111,8 @@ class CudaRunner final : public ModelRunner {
   bool short_call(int64_t n) const;
   void run_short_call(CudaSession& s, std::span<const int32_t> tokens, float* all_rows);
   void run_chunk(CudaSession& s, std::span<const int32_t> tokens);
-  void chunk_body(CudaSession& s, int64_t T);
+  void chunk_body(CudaSession& s, int64_t T, int l0 = 0);
+  void prefill_layers(CudaSession& s, int64_t T, int l0, int l1);
   void dump_layer(const char* base, size_t i, int64_t T, const int* ids = nullptr);
   void lm_head_device(int64_t r0, int64_t n);
   void lm_head_rows(int64_t r0, int64_t n, float* host);
@@ -204,6 +207,7 @@ class CudaRunner final : public ModelRunner {
   bool use_decode_kernels_ = true;      // TERN_CUDA_DECODE_KERNELS=0: decode through the prefill plan's kernels
   int64_t short_call_tokens_ = 64;      // calls of at most this many tokens: verify steps (TERN_SHORT_CALL_TOKENS)
   int64_t short_step_tokens_ = 32;      // tokens per such step at most (TERN_SHORT_STEP_TOKENS; kGdnDecodeMaxTokens)
+  bool layer_pieces_ = true;            // runs_layers_apart may say yes (TERN_LAYER_PIECES)
   KvDtype kv_ = KvDtype::f16;           // the KV cache's type (CudaRunnerOptions::kv; TERN_KV_BF16=1 for bf16)
   bool capturing_ = false;              // a decode graph is being captured (no activation dumps)
   ActivationDump dump_;                 // set_activation_dump_dir
@@ -254,6 +258,8 @@ class CudaRunner final : public ModelRunner {
   std::shared_ptr<SnapshotBuffers> snapshot_buffers_;  // made with the first session
   // The verify steps' kept states (cuda_session.cuh), shared with the sessions.
   std::shared_ptr<KeptStateBuffers> kept_pool_ = std::make_shared<KeptStateBuffers>();
+  // A prompt chunk in pieces of layers (forward_layers), in the activation scratch; shared with the sessions.
+  std::shared_ptr<PartWayChunk> part_way_;
   std::unique_ptr<VisionPlan> vision_;  // the vision encoder (vision_plan.cu), when the model has one
   std::string vision_error_;            // why the model's tower could not be built on the GPU ("" when it was)
   uint32_t *mask_device_ = nullptr, *mask_pinned_ = nullptr;  // [ceil(V / 32)] the step's token mask

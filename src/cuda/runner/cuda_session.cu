@@ -158,13 +158,14 @@ size_t CudaSession::bytes_for(const DeviceWeights& w, int64_t capacity, KvDtype 
 
 CudaSession::CudaSession(const DeviceWeights& w, int64_t capacity, KvDtype kv, const void* owner, uint64_t id,
                          std::shared_ptr<SnapshotBuffers> snapshot_buffers,
-                         std::shared_ptr<KeptStateBuffers> kept_pool)
+                         std::shared_ptr<KeptStateBuffers> kept_pool, std::shared_ptr<PartWayChunk> part_way)
     : owner(owner),
       id(id),
       kv(kv),
       capacity_(capacity),
       snapshot_buffers_(std::move(snapshot_buffers)),
-      kept_pool_(std::move(kept_pool)) {
+      kept_pool_(std::move(kept_pool)),
+      part_way_(std::move(part_way)) {
   const Config& c = w.config;
   kv_heads = c.num_key_value_heads;
   head_dim = c.head_dim;
@@ -201,6 +202,7 @@ CudaSession::CudaSession(const DeviceWeights& w, int64_t capacity, KvDtype kv, c
 
 void CudaSession::reset() {
   drop_kept_states();
+  release_part_way();
   keep_at_ = -1;
   TERN_CUDA(cudaDeviceSynchronize());
   if (gdn_block_) {
@@ -231,24 +233,52 @@ size_t CudaSession::gdn_state_bytes() const {
   return bytes;
 }
 
+void CudaSession::copy_states_out(uint8_t* p, cudaStream_t stream) const {
+  if (gdn_block_) {
+    TERN_CUDA(cudaMemcpyAsync(p, gdn_block_, gdn_state_bytes(), cudaMemcpyDefault, stream));
+    return;
+  }
+  for (const LayerCache& lc : layers) {
+    if (lc.conv) TERN_CUDA(cudaMemcpyAsync(p, lc.conv, lc.conv_bytes, cudaMemcpyDefault, stream));
+    p += lc.conv_bytes;
+    if (lc.rec) TERN_CUDA(cudaMemcpyAsync(p, lc.rec, lc.rec_bytes, cudaMemcpyDefault, stream));
+    p += lc.rec_bytes;
+  }
+}
+
+void CudaSession::copy_states_in(const uint8_t* p, cudaStream_t stream) {
+  if (gdn_block_) {
+    TERN_CUDA(cudaMemcpyAsync(gdn_block_, p, gdn_state_bytes(), cudaMemcpyDefault, stream));
+    return;
+  }
+  for (const LayerCache& lc : layers) {
+    if (lc.conv) TERN_CUDA(cudaMemcpyAsync(lc.conv, p, lc.conv_bytes, cudaMemcpyDefault, stream));
+    p += lc.conv_bytes;
+    if (lc.rec) TERN_CUDA(cudaMemcpyAsync(lc.rec, p, lc.rec_bytes, cudaMemcpyDefault, stream));
+    p += lc.rec_bytes;
+  }
+}
+
+// The forward that ran the chunk's pieces is on the runner's stream: the device is synchronised before the copy (as
+// restore does), and after it.
+void CudaSession::drop_pending_layers() {
+  if (!holds_part_way()) return;
+  TERN_CUDA(cudaDeviceSynchronize());
+  const cudaStream_t cs = snapshot_buffers_->stream();
+  copy_states_in(part_way_->gdn_before, cs);
+  TERN_CUDA(cudaStreamSynchronize(cs));
+  release_part_way();
+}
+
 std::unique_ptr<StateSnapshot> CudaSession::snapshot() const {
+  TERN_CHECK(!holds_part_way(), "cuda snapshot: the session holds a prompt chunk part way");
   TERN_CUDA(cudaDeviceSynchronize());
   TERN_CHECK(snapshot_buffers_->bytes() == gdn_state_bytes(), "cuda snapshot: buffers of ", snapshot_buffers_->bytes(),
              " bytes for states of ", gdn_state_bytes());
   auto snap = std::make_unique<CudaSnapshot>(owner, pos, snapshot_buffers_);
   snap->rope_delta = rope_delta_;
   const cudaStream_t cs = snapshot_buffers_->stream();
-  if (gdn_block_) {
-    TERN_CUDA(cudaMemcpyAsync(snap->dev, gdn_block_, snap->size, cudaMemcpyDeviceToDevice, cs));
-  } else {
-    uint8_t* p = snap->dev;
-    for (const LayerCache& lc : layers) {
-      if (lc.conv) TERN_CUDA(cudaMemcpyAsync(p, lc.conv, lc.conv_bytes, cudaMemcpyDeviceToDevice, cs));
-      p += lc.conv_bytes;
-      if (lc.rec) TERN_CUDA(cudaMemcpyAsync(p, lc.rec, lc.rec_bytes, cudaMemcpyDeviceToDevice, cs));
-      p += lc.rec_bytes;
-    }
-  }
+  copy_states_out(snap->dev, cs);
   TERN_CUDA(cudaStreamSynchronize(cs));
   return snap;
 }
@@ -261,20 +291,11 @@ void CudaSession::restore(const StateSnapshot& snapshot) {
   TERN_CHECK(snap->size == gdn_state_bytes(), "cuda restore: the snapshot holds ", snap->size,
              " bytes, the session's states ", gdn_state_bytes());
   drop_kept_states();
+  release_part_way();
   keep_at_ = -1;
   TERN_CUDA(cudaDeviceSynchronize());
   const cudaStream_t cs = snapshot_buffers_->stream();
-  const uint8_t* p = snap->data();  // device, or pinned host memory
-  if (gdn_block_) {
-    TERN_CUDA(cudaMemcpyAsync(gdn_block_, p, snap->size, cudaMemcpyDefault, cs));
-  } else {
-    for (const LayerCache& lc : layers) {
-      if (lc.conv) TERN_CUDA(cudaMemcpyAsync(lc.conv, p, lc.conv_bytes, cudaMemcpyDefault, cs));
-      p += lc.conv_bytes;
-      if (lc.rec) TERN_CUDA(cudaMemcpyAsync(lc.rec, p, lc.rec_bytes, cudaMemcpyDefault, cs));
-      p += lc.rec_bytes;
-    }
-  }
+  copy_states_in(snap->data(), cs);  // from device, or pinned host memory
   TERN_CUDA(cudaStreamSynchronize(cs));
   const int pos_delta[2] = {int(snap->pos), int(snap->rope_delta)};  // d_pos, d_rope_delta
   TERN_CUDA(cudaMemcpy(d_pos, pos_delta, sizeof(pos_delta), cudaMemcpyHostToDevice));
@@ -356,6 +377,7 @@ const std::vector<CudaSession::KeptStates>& CudaSession::begin_kept_snapshot(int
 // token was accepted. The runner's stream is idle here (forward_verify ends with a synchronize). The kept buffer
 // goes back to the pool once the copies are done.
 void CudaSession::rollback(int64_t position) {
+  TERN_CHECK(!holds_part_way(), "cuda rollback: the session holds a prompt chunk part way");
   TERN_CHECK(kept_from_ >= 0, "cuda rollback: no verify forward's states are kept");
   TERN_CHECK(position >= kept_from_ && position <= kept_from_ + kept_tokens_ && kept_from_ + kept_tokens_ == pos,
              "cuda rollback: position ", position, " outside the last verify's [", kept_from_, ", ",

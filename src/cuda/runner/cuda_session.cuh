@@ -111,13 +111,29 @@ size_t kept_state_bytes_of(const DeviceWeights& w, int tokens);
 // Bytes of a session's Gated DeltaNet states (every linear-attention layer's conv and recurrent state): a snapshot.
 size_t gdn_state_bytes_of(const DeviceWeights& w);
 
+// A prompt chunk run part way (CudaRunner::forward_layers; Session::layers_pending): its residual rows between two of
+// its pieces (the runner's hidden_ is every chunk's scratch; other sessions' steps run in between) and its session's
+// Gated DeltaNet states from before it (Session::drop_pending_layers). One per runner, in memory set aside with the
+// activation scratch, held by one session at a time; shared by the runner and its sessions.
+struct PartWayChunk {
+  float* hidden = nullptr;        // [max_chunk, D]
+  uint8_t* gdn_before = nullptr;  // gdn_state_bytes_of(w), laid out as a snapshot
+  uint64_t holder = 0;            // the session holding it (CudaSession::id; 0: none)
+  std::vector<int32_t> tokens;    // the chunk's
+  int done = 0;                   // its layers run
+};
+
 class CudaSession final : public Session {
  public:
   // The device memory a session of `capacity` tokens takes (its one allocation), its KV cache of type `kv`.
   static size_t bytes_for(const DeviceWeights& w, int64_t capacity, KvDtype kv);
   CudaSession(const DeviceWeights& w, int64_t capacity, KvDtype kv, const void* owner, uint64_t id,
-              std::shared_ptr<SnapshotBuffers> snapshot_buffers, std::shared_ptr<KeptStateBuffers> kept_pool);
-  ~CudaSession() override { drop_kept_states(); }  // the kept-state buffer back to the runner's pool
+              std::shared_ptr<SnapshotBuffers> snapshot_buffers, std::shared_ptr<KeptStateBuffers> kept_pool,
+              std::shared_ptr<PartWayChunk> part_way);
+  ~CudaSession() override {  // the kept-state buffer back to the runner's pool, the part-way chunk free
+    drop_kept_states();
+    release_part_way();
+  }
   CudaSession(const CudaSession&) = delete;
   CudaSession& operator=(const CudaSession&) = delete;
   int64_t position() const override { return pos; }
@@ -136,6 +152,19 @@ class CudaSession final : public Session {
   std::unique_ptr<StateSnapshot> snapshot() const override;
   void restore(const StateSnapshot& snapshot) override;
   void copy_kv_prefix(const Session& from, int64_t n) override;
+  // Every Gated DeltaNet layer's states to / from `p` (device or pinned memory), laid out as a snapshot, on `stream`.
+  void copy_states_out(uint8_t* p, cudaStream_t stream) const;
+  void copy_states_in(const uint8_t* p, cudaStream_t stream);
+
+  // A prompt chunk in pieces of layers (CudaRunner::forward_layers): whether this session holds the runner's
+  // PartWayChunk, and the layers it has left.
+  bool holds_part_way() const { return part_way_ && part_way_->holder == id; }
+  PartWayChunk& part_way() { return *part_way_; }
+  int layers_pending() const override { return holds_part_way() ? int(layers.size()) - part_way_->done : 0; }
+  void drop_pending_layers() override;  // the states from before the chunk copied back
+  void release_part_way() {
+    if (holds_part_way()) part_way_->holder = 0;
+  }
 
   // Verification of drafts (CudaRunner::forward_verify, verify_plan.cu): the Gated DeltaNet states before each of
   // the verify's T tokens, per layer conv [T, Ck-1, C] and rec [T, Hv, dv, dk] (null for attention layers), in one
@@ -198,6 +227,7 @@ class CudaSession final : public Session {
   int64_t rope_delta_ = 0;
   std::shared_ptr<SnapshotBuffers> snapshot_buffers_;
   std::shared_ptr<KeptStateBuffers> kept_pool_;
+  std::shared_ptr<PartWayChunk> part_way_;  // the runner's (null: none)
   KeptStateBuffers::Buffer kept_buffer_;  // taken from kept_pool_ by kept_buffers (empty: none held)
   std::vector<KeptStates> kept_;          // per layer, into kept_buffer_
   int64_t kept_from_ = -1;  // the last verify's first position (-1: no states kept)

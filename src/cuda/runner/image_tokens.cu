@@ -38,6 +38,7 @@ void CudaRunner::forward_images(Session& session, std::span<const int32_t> token
              "image tokens need the interleaved M-RoPE of Qwen3.5/3.6 (rope_parameters.mrope_interleaved, three "
              "mrope_section entries)");
   // Everything is checked before anything runs: a refused call consumes nothing.
+  TERN_CHECK(!s.holds_part_way(), "image tokens for a session that holds a prompt chunk part way");
   check_tokens(s, tokens);
   const int merge = c.vision->spatial_merge_size;
   const int64_t n = int64_t(tokens.size());

@@ -62,6 +62,7 @@ int64_t CudaRunner::verify_state_bytes(int tokens) const {
 // the stream before the next step.
 void CudaRunner::verify_step(CudaSession& s, std::span<const int32_t> tokens, bool keep, int snapshot_token) {
   TERN_CHECK(supports_verify(), "forward_verify: this model or configuration has no batched one-token kernels");
+  TERN_CHECK(!s.holds_part_way(), "forward_verify: the session holds a prompt chunk part way");
   const int T = int(tokens.size());
   const int64_t most = keep ? max_verify_tokens() : max_step_tokens();
   TERN_CHECK(T >= 1 && T <= most, "forward_verify: ", T, " tokens (1 to ", most, ")");

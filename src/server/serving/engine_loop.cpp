@@ -183,8 +183,9 @@ void EngineLoop::step() {
       fail(r, std::current_exception());
       continue;
     }
-    if (prefill) budget -= int64_t(e.tokens.size());
-    tokens += int64_t(e.tokens.size());
+    const int64_t work = prefill ? r.run->step_work() : int64_t(e.tokens.size());  // a piece of a chunk: its share
+    if (prefill) budget -= work;
+    tokens += work;
     batch.push_back(e);
     owners.push_back(&r);
   }

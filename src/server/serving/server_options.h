@@ -24,8 +24,10 @@ struct SchedulerOptions {
   int parallel = 0;              // requests that run at once (--parallel; 0: kDefaultParallel, fewer when the memory
                                  // holds fewer sessions); the others wait in the queue
   static constexpr int kDefaultParallel = 4;
-  int64_t step_tokens = 1024;    // prompt tokens per step while other requests decode (--step-tokens); a prompt
-                                 // with no one else decoding prefills in the runner's own chunks
+  int64_t step_tokens = 512;     // prompt work per step while other requests decode (--step-tokens): tokens through
+                                 // every layer; a longer chunk of the runner's runs a share of its layers per step
+                                 // (GenerationRun::next_step). A prompt with no one else decoding prefills in the
+                                 // runner's own chunks
 };
 
 struct ServerOptions {
