@@ -89,7 +89,8 @@ CudaRunner::CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const M
   // 32 or 16 (forced, for tests and A/Bs; any kernel takes them), or auto (moe_tile_tokens: by the chunk's average
   // tokens per expert, where the warpgroup kernel runs the grouped products). On narrow tiles the warpgroup kernel
   // runs blocks of 16 or 32 tokens (m64n16k16, m64n32k16) instead of 64: a short chunk gives each expert few tokens
-  // (256 tokens: 8 on average), which a 64-token block pads with tensor work. The outputs are the same bits.
+  // (256 tokens: 8 on average), which a 64-token block pads with tensor work. The outputs should be the same bits
+  // (each output's sums run in the same order whatever the width; matmul_wgmma_test and runner_test check it).
   if (const char* e = std::getenv("TERN_MOE_TILE_TOKENS")) {
     const std::string v = e;
     moe_tile_tokens_ = v == "auto" ? 0 : v == "16" ? 16 : v == "32" ? 32 : v == "64" ? 64 : -1;
