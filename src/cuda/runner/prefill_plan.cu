@@ -255,9 +255,9 @@ void CudaRunner::moe(const DeviceLayer& l, int64_t T) {
     gemv(a, stream_);
     shared_expert(l, T, PreparedX{});
   } else {
-    // hg_ prepared for the down product once the gate/up products are done. The tiles' width (moe_tile_tokens) as
-    // the kernels of both grouped products allow: the gate/up one's is known from its arguments, the down one's
-    // from its input's site.
+    // hg_ prepared for the down product once the gate/up products are done. The tiles' width (moe_tile_tokens)
+    // depends on the kernels of both grouped products: the gate/up product's is known from its arguments, the down
+    // product's from its input's site (runs_wgmma).
     MatmulArgs a;
     a.x = normed_;
     a.ldx = D;
