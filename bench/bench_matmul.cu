@@ -5,7 +5,9 @@
 // SIMT kernel for reference, and the preparation pass itself (matmul_prepare_x); then the integer kernel
 // (qmatmul_int8.cuh: x quantised once by matmul_quantize_x, "int8" in the name) for each of its block shapes, with the
 // 8-bit router beside the 4-bit products; then the Hopper warpgroup kernel (qmatmul_wgmma.cuh: x as fp16 with a scale
-// per token by matmul_prepare_x_f16, "wgmma f16", or the hi + lo split of matmul_prepare_x, "wgmma split").
+// per token by matmul_prepare_x_f16, "wgmma f16", or the hi + lo split of matmul_prepare_x, "wgmma split"), its
+// grouped products also on tiles of at most 16 or 32 tokens ("tile=16", "tile=32" in the name: blocks of that many
+// tokens, TERN_MOE_TILE_TOKENS) beside 64 at short chunks; `tern_kernels wgmma grouped T=256` compares them.
 #include <algorithm>
 #include <map>
 #include <memory>
@@ -186,11 +188,14 @@ struct GroupedData {
   int* scratch = nullptr;
   cuda::MoeGroups groups;
   int max_tiles = 0;
+  int tile_tokens = cuda::kMatmulTileTokens;  // the most tokens of a tile (moe_group's tile)
 };
 
-std::shared_ptr<GroupedData> grouped_data(int64_t rows, int64_t cols, int64_t T, int E, int k, bool gather) {
+std::shared_ptr<GroupedData> grouped_data(int64_t rows, int64_t cols, int64_t T, int E, int k, bool gather,
+                                          int tile_tokens = cuda::kMatmulTileTokens) {
   static std::map<std::string, std::shared_ptr<GroupedData>> cache;
-  const std::string key = std::to_string(rows) + "x" + std::to_string(cols) + "T" + std::to_string(T);
+  const std::string key = std::to_string(rows) + "x" + std::to_string(cols) + "T" + std::to_string(T) + "tile" +
+                          std::to_string(tile_tokens);
   auto& d = cache[key];
   if (!d) {
     d = std::make_shared<GroupedData>();
@@ -213,9 +218,10 @@ std::shared_ptr<GroupedData> grouped_data(int64_t rows, int64_t cols, int64_t T,
     TERN_CUDA(cudaMemcpy(d->ids, ids.data(), ids.size() * sizeof(int), cudaMemcpyHostToDevice));
     TERN_CUDA(cudaMalloc(&d->scratch, size_t(cuda::moe_group_ints(T, E, k)) * sizeof(int)));
     d->groups = cuda::moe_groups_view(d->scratch, T, E, k);
-    cuda::moe_group(d->ids, T, E, k, cuda::kMatmulTileTokens, d->groups, nullptr);
+    cuda::moe_group(d->ids, T, E, k, tile_tokens, d->groups, nullptr);
     TERN_CUDA(cudaDeviceSynchronize());
     d->max_tiles = cuda::moe_max_tiles(T, E, k);
+    d->tile_tokens = tile_tokens;
   }
   return d;
 }
@@ -228,7 +234,7 @@ MatmulArgs grouped_args(const GroupedData& d, int64_t rows, int64_t cols, bool g
   a.ldx = cols;
   a.y = d.y;
   a.ldy = rows;
-  cuda::set_tiles(a, d.groups, d.max_tiles);
+  cuda::set_tiles(a, d.groups, d.max_tiles, d.tile_tokens);
   a.gather = gather ? d.groups.sorted_token : nullptr;
   return a;
 }
@@ -376,20 +382,22 @@ void add_dense_wgmma(CaseList& cases, const char* what, int64_t rows, int64_t co
   };
   cases.push_back(std::move(c));
 }
+// tile: the most tokens of a tile (the kernel's blocks: 16, 32 or 64 tokens); named "tile=N" unless 64.
 void add_grouped_wgmma(CaseList& cases, const char* what, int64_t rows, int64_t cols, int64_t T, bool gather,
-                       cuda::WgmmaX xk, bool swiglu = false) {
+                       cuda::WgmmaX xk, bool swiglu = false, int tile = cuda::kMatmulTileTokens) {
   constexpr int E = 256, k = 8;
   const int mats = swiglu ? 2 : 1;
   Case c;
   c.group = "prefill";
   c.name = std::string(swiglu ? "matmul_swiglu wgmma " : "matmul wgmma ") + wgmma_label(xk) + " grouped 4-bit " +
-           what + " 256x " + std::to_string(rows) + "x" + std::to_string(cols) + " T=" + std::to_string(T) + " k=8";
+           what + " 256x " + std::to_string(rows) + "x" + std::to_string(cols) + " T=" + std::to_string(T) + " k=8" +
+           (tile != cuda::kMatmulTileTokens ? " tile=" + std::to_string(tile) : std::string());
   const int64_t xrows = gather ? T : T * k;
   c.flops = 2.0 * mats * double(T * k) * double(rows) * double(cols);
   c.bytes = mats * affine4_bytes(E, rows, cols) + double(cuda::matmul_f16_bytes(xrows, cols)) +
             double(T * k * rows) * 4;
   auto data = std::make_shared<std::shared_ptr<GroupedData>>();
-  c.setup = [=] { *data = grouped_data(rows, cols, T, E, k, gather); };
+  c.setup = [=] { *data = grouped_data(rows, cols, T, E, k, gather, tile); };
   c.run = [=](cudaStream_t stream, int) {
     const GroupedData& d = **data;
     MatmulArgs a = grouped_args(d, rows, cols, gather);
@@ -491,6 +499,18 @@ TERN_BENCH_CASES(matmul) {
       add_grouped_wgmma(cases, "gate", 512, 2048, T, true, xk);
       add_grouped_wgmma(cases, "down", 2048, 512, T, false, xk);
       add_grouped_wgmma(cases, "gate+up", 512, 2048, T, true, xk, true);
+    }
+  }
+  // The grouped products of short chunks (T = 256: 8 tokens per expert on average; 512: 16) on tiles of at most 16,
+  // 32 and 64 tokens (the blocks' width; TERN_MOE_TILE_TOKENS).
+  for (cuda::WgmmaX xk : {cuda::WgmmaX::f16, cuda::WgmmaX::split}) {
+    for (int64_t T : {int64_t(256), int64_t(512)}) {
+      for (int tile : {16, 32, 64}) {
+        if (T == 512 && tile == 64) continue;  // above
+        add_grouped_wgmma(cases, "gate", 512, 2048, T, true, xk, false, tile);
+        add_grouped_wgmma(cases, "down", 2048, 512, T, false, xk, false, tile);
+        add_grouped_wgmma(cases, "gate+up", 512, 2048, T, true, xk, true, tile);
+      }
     }
   }
   // The runner's products at T = 32,768 (a 32K prompt in one product call; the runner itself cuts prompts into

@@ -163,6 +163,9 @@ class CudaRunner final : public ModelRunner {
   void gdn_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, int64_t T);
   void attention_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, CudaSession& s, int64_t T, int64_t cap);
   void moe(const DeviceLayer& l, int64_t T);
+  // The most tokens of the chunk's grouped expert tiles (TERN_MOE_TILE_TOKENS); wgmma: the warpgroup kernel runs
+  // both grouped products.
+  int moe_tile_tokens(int64_t T, bool wgmma) const;
   void shared_expert(const DeviceLayer& l, int64_t T, const PreparedX& xp);
 
   std::unique_ptr<DeviceWeights> w_;
@@ -193,6 +196,8 @@ class CudaRunner final : public ModelRunner {
   // in every mode but split.
   enum class PrefillKernel { wgmma_f16, wgmma_split, int8, split };
   PrefillKernel site_kernel(PrefillSite site) const;  // the kernel of the products at `site` in this chunk
+  bool prep_fits(PrefillKernel kernel, int64_t T, int64_t cols) const;  // prepare_x prepares x [T, cols] for it
+  bool runs_wgmma(PrefillSite site, const DMat& w, int64_t T) const;  // w's product at `site` on the warpgroup kernel
   PrefillKernel prefill_kernel_ = PrefillKernel::int8;
   bool exact_gates_ = false;  // the GDN b and a products on the integer kernel (see gdn_mixer)
   // The prefill router (TERN_PREFILL_ROUTER, see the constructor): exact (default), q16 or fp32.
@@ -214,6 +219,7 @@ class CudaRunner final : public ModelRunner {
   int f16_sites_ = 0;                    // TERN_PREFILL_F16_SITES (see the constructor)
   int64_t f16_min_tokens_ = 512;         // TERN_PREFILL_F16_MIN_TOKENS (see the constructor)
   int chunk_f16_sites_ = 0;              // f16_sites_, or 0 for a chunk under f16_min_tokens_ (run_chunk)
+  int moe_tile_tokens_ = kMatmulTileTokens;  // TERN_MOE_TILE_TOKENS (see the constructor): 16, 32, 64; 0 auto
   int l2_prefetch_ = 12;                // TERN_L2_PREFETCH bit mask (see the constructor)
   std::vector<L2Ranges> l2_output_ahead_;  // per layer: what its output projection asks L2 for (plan_l2_prefetch)
   DeviceArena decode_scratch_;

@@ -17,6 +17,12 @@
 
 namespace tern::cuda {
 
+// TERN_MOE_TILE_TOKENS=auto: the chunk's grouped expert tiles hold at most 16 tokens where its average tokens per
+// expert T·k/E is at most kMoeTile16MaxAverage, 32 where at most kMoeTile32MaxAverage, else 64 (on the model, k = 8 of
+// E = 256: 16 up to 384 tokens, 32 up to 768). Unmeasured guesses: a narrower block does less padded tensor work but
+// reads an expert's weights once per tile, and an expert past the width takes two tiles.
+constexpr int64_t kMoeTile16MaxAverage = 12, kMoeTile32MaxAverage = 24;
+
 // y [T, rows] (+)= x [T, cols] · Wᵀ, y's row stride ldy (0: rows)
 // prep: x prepared by prepare_x (the kernels read it instead of converting x in every block); exact: the product
 // takes prep.q16 (the integer kernel's 16-bit x) whenever it is there.
@@ -48,16 +54,15 @@ PreparedX CudaRunner::prepare_x(const float* x, int64_t ldx, int64_t T, int64_t 
   if (fp32_prefill_ || T <= 1) return p;
   const PrefillKernel kernel = site_kernel(site);
   p.split = kernel == PrefillKernel::wgmma_split && prefill_kernel_ == PrefillKernel::wgmma_f16;
+  if (!prep_fits(kernel, T, cols)) return p;
   switch (kernel) {
     case PrefillKernel::int8:
-      if (cols % 128 != 0 || matmul_q16_bytes(T, cols) > int64_t(prep_bytes_)) return p;
       with_rest = with_rest && with_8bit && matmul_q16_bytes(T, cols) <= int64_t(prep_q16_bytes_);
       matmul_quantize_x(x, ldx, T, cols, prep_, stream_, with_rest ? prep_q16_rest_ : nullptr);
       p.main = p.q16 = prep_;
       if (with_rest) p.q16_rest = prep_q16_rest_;
       return p;
     case PrefillKernel::wgmma_f16:
-      if (cols % 512 != 0 || matmul_f16_bytes(T, cols) > int64_t(prep_bytes_)) return p;
       matmul_prepare_x_f16(x, ldx, T, cols, prep_, stream_);
       p.main = prep_;
       break;
@@ -65,7 +70,6 @@ PreparedX CudaRunner::prepare_x(const float* x, int64_t ldx, int64_t T, int64_t 
       with_8bit = false;
       [[fallthrough]];
     case PrefillKernel::wgmma_split:
-      if (cols % 64 != 0 || matmul_prepared_bytes(T, cols) > int64_t(prep_bytes_)) return p;
       matmul_prepare_x(x, ldx, T, cols, prep_, stream_);
       p.main = prep_;
       break;
@@ -76,6 +80,25 @@ PreparedX CudaRunner::prepare_x(const float* x, int64_t ldx, int64_t T, int64_t 
     if (with_rest) p.q16_rest = prep_q16_rest_;
   }
   return p;
+}
+
+// Whether prepare_x prepares x [T, cols] in `kernel`'s form: the form's column multiple, and prep_ holds it.
+bool CudaRunner::prep_fits(PrefillKernel kernel, int64_t T, int64_t cols) const {
+  switch (kernel) {
+    case PrefillKernel::int8: return cols % 128 == 0 && matmul_q16_bytes(T, cols) <= int64_t(prep_bytes_);
+    case PrefillKernel::wgmma_f16: return cols % 512 == 0 && matmul_f16_bytes(T, cols) <= int64_t(prep_bytes_);
+    case PrefillKernel::split:
+    case PrefillKernel::wgmma_split: return cols % 64 == 0 && matmul_prepared_bytes(T, cols) <= int64_t(prep_bytes_);
+  }
+  return false;
+}
+
+// Whether the 4-bit product of w on an input at `site` of T rows, prepared by prepare_x without the 8-bit forms,
+// runs on the warpgroup kernel (as prepare_x and with_prepared_x decide).
+bool CudaRunner::runs_wgmma(PrefillSite site, const DMat& w, int64_t T) const {
+  const PrefillKernel kernel = site_kernel(site);
+  return !fp32_prefill_ && T > 1 && (kernel == PrefillKernel::wgmma_f16 || kernel == PrefillKernel::wgmma_split) &&
+         prep_fits(kernel, T, w.cols) && matmul_wgmma_takes(w);
 }
 
 // The kernel the products at `site` take x for: the warpgroup kernel's fp16 input only at the chunk's fp16 sites.
@@ -232,17 +255,21 @@ void CudaRunner::moe(const DeviceLayer& l, int64_t T) {
     gemv(a, stream_);
     shared_expert(l, T, PreparedX{});
   } else {
-    // hg_ prepared for the down product once the gate/up products are done.
-    moe_group(route_ids_, T, E, k, kMatmulTileTokens, groups_, stream_);
+    // hg_ prepared for the down product once the gate/up products are done. The tiles' width (moe_tile_tokens)
+    // depends on the kernels of both grouped products: the gate/up product's is known from its arguments, the down
+    // product's from its input's site (runs_wgmma).
     MatmulArgs a;
-    set_tiles(a, groups_, moe_max_tiles(T, E, k));
-    a.gather = groups_.sorted_token;
     a.x = normed_;
     a.ldx = D;
     a.ldy = F;
     a.w = l.expert_gate;
     a.y = hg_;
     const MatmulTile tile = with_prepared_x(a, xp);
+    const bool wgmma = (a.x_f16 || tile == MatmulTile::wgmma) && runs_wgmma(kMoeDown, l.expert_down, T * k);
+    const int tile_tokens = moe_tile_tokens(T, wgmma);
+    moe_group(route_ids_, T, E, k, tile_tokens, groups_, stream_);
+    set_tiles(a, groups_, moe_max_tiles(T, E, k), tile_tokens);
+    a.gather = groups_.sorted_token;
     if (!fp32_prefill_ && matmul_swiglu_supported(a, l.expert_up)) {  // h = silu(gate·x) ⊙ (up·x) in one pass
       matmul_swiglu(a, l.expert_up, stream_, tile);
     } else {
@@ -266,6 +293,20 @@ void CudaRunner::moe(const DeviceLayer& l, int64_t T) {
     pos_of = groups_.pos_of;
   }
   moe_combine(hidden_, yd_, pos_of, route_w_, ys_, shared_logit_, T, D, k, stream_);
+}
+
+// The most tokens of the chunk's grouped expert tiles: TERN_MOE_TILE_TOKENS's width (16, 32 or 64, for any kernel),
+// or with auto one by the chunk's average tokens per expert where the warpgroup kernel runs both grouped products
+// (wgmma), whose blocks then take 16 or 32 tokens; 64 elsewhere (the other kernels' blocks hold 64 tokens whatever
+// the width: narrower tiles would only leave more of them idle).
+int CudaRunner::moe_tile_tokens(int64_t T, bool wgmma) const {
+  if (moe_tile_tokens_ != 0) return moe_tile_tokens_;
+  if (!wgmma) return kMatmulTileTokens;
+  const Config& c = w_->config;
+  const int64_t pairs = T * c.num_experts_per_tok, E = c.num_experts;  // average per expert: pairs / E
+  if (pairs <= kMoeTile16MaxAverage * E) return 16;
+  if (pairs <= kMoeTile32MaxAverage * E) return 32;
+  return kMatmulTileTokens;
 }
 
 // The shared expert of the prefill plan: ys_ [T, D] = down(silu(gate·x) ⊙ (up·x)), x = normed_ (split in xp).

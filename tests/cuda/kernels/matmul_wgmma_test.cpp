@@ -318,5 +318,165 @@ TEST(CudaMatmulWgmma, GroupedExpertsFollowTheDeviceTileMap) {
   }
 }
 
+// Grouped products on tiles of at most `tile` tokens (moe_group's tile, MatmulArgs::tile_tokens): the warpgroup
+// kernel runs blocks of N = 16, 32 or 64 tokens (the narrowest that holds a tile). A few tokens per expert (T = 40,
+// k = 4 of E = 64: 2.5 on average) and many (T = 300: 19, an expert over several tiles at N = 16 and 32; skewed: expert
+// 0 on all 300 tokens). The x of the down product comes by pair (token t, slot j at t·k + j) and each width's own
+// moe_group places it (sorted positions depend on atomics), so outputs are compared by pair through that map's pos_of.
+struct NarrowCase {
+  int64_t T;
+  bool skewed;
+};
+constexpr NarrowCase kNarrowCases[] = {{40, false}, {300, false}, {300, true}};
+constexpr int kNarrowE = 64, kNarrowK = 4;
+constexpr int64_t kNarrowD = 2048, kNarrowF = 512;
+
+struct NarrowModel {
+  std::unique_ptr<HostMatrix> gate, up, down;
+  std::unique_ptr<DeviceMatrix> dgate, dup, ddown;
+  explicit NarrowModel(std::mt19937_64& rng)
+      : gate(random_matrix(rng, WeightFormat::affine4, kNarrowE, kNarrowF, kNarrowD)),
+        up(random_matrix(rng, WeightFormat::affine4, kNarrowE, kNarrowF, kNarrowD)),
+        down(random_matrix(rng, WeightFormat::affine4, kNarrowE, kNarrowD, kNarrowF)),
+        dgate(std::make_unique<DeviceMatrix>(*gate)),
+        dup(std::make_unique<DeviceMatrix>(*up)),
+        ddown(std::make_unique<DeviceMatrix>(*down)) {}
+};
+
+// The grouped gate [T·k, F], gate+up SwiGLU [T·k, F] and down [T·k, D] outputs, rows by pair.
+struct PairOutputs {
+  std::vector<float> gate, swiglu, down;
+};
+
+// Runs the three grouped products over a tile map of tiles of at most `tile` tokens, built on the device from ids.
+// x [T, D] (token rows), xd_pair [T·k, F] by pair. tc: the split-x mma.sync kernel of matmul() (x_prep, 64-token
+// blocks) instead of the warpgroup kernel (then xk must be split).
+PairOutputs run_grouped(const NarrowModel& m, const std::vector<int>& ids, const std::vector<float>& x,
+                        const std::vector<float>& xd_pair, int64_t T, int tile, WgmmaX xk, bool tc = false) {
+  const int E = kNarrowE, k = kNarrowK;
+  const int64_t D = kNarrowD, F = kNarrowF, n = T * k;
+  DeviceBuf<int> dids(ids);
+  DeviceBuf<int> scratch(size_t(moe_group_ints(T, E, k)));
+  const MoeGroups g = moe_groups_view(scratch.p, T, E, k);
+  moe_group(dids.p, T, E, k, tile, g, nullptr);
+  std::vector<int> pos_of(static_cast<size_t>(n));
+  TERN_CUDA(cudaMemcpy(pos_of.data(), g.pos_of, pos_of.size() * 4, cudaMemcpyDeviceToHost));
+  std::vector<float> xd_sorted(xd_pair.size());
+  for (int64_t i = 0; i < n; ++i)
+    std::copy_n(xd_pair.begin() + i * F, F, xd_sorted.begin() + int64_t(pos_of[size_t(i)]) * F);
+  DeviceBuf<float> dx(x), dxd(xd_sorted);
+  const PreparedInput px = prepared(dx.p, D, T, D, xk), pxd = prepared(dxd.p, F, n, F, xk);
+  DeviceBuf<float> yg(size_t(n * F)), ys(size_t(n * F)), yd(size_t(n * D));  // poisoned (NaN)
+  auto product = [&](const MatmulArgs& a, const DMat* up) {
+    if (!tc) {
+      run_product(a, xk, up);
+    } else if (up) {
+      matmul_swiglu(a, *up, nullptr, MatmulTile::automatic);
+    } else {
+      matmul(a, nullptr, MatmulTile::automatic);
+    }
+  };
+  MatmulArgs a;
+  set_tiles(a, g, moe_max_tiles(T, E, k), tile);
+  a.w = m.dgate->d;
+  a.x = dx.p;
+  a.ldx = D;
+  px.set(a, xk, D);
+  a.gather = g.sorted_token;
+  a.y = yg.p;
+  a.ldy = F;
+  product(a, nullptr);
+  a.y = ys.p;
+  product(a, &m.dup->d);
+  MatmulArgs b;
+  set_tiles(b, g, moe_max_tiles(T, E, k), tile);
+  b.w = m.ddown->d;
+  b.x = dxd.p;
+  b.ldx = F;
+  pxd.set(b, xk, F);
+  b.y = yd.p;
+  b.ldy = D;
+  product(b, nullptr);
+  auto by_pair = [&](const std::vector<float>& sorted, int64_t cols) {
+    std::vector<float> r(sorted.size());
+    for (int64_t i = 0; i < n; ++i)
+      std::copy_n(sorted.begin() + int64_t(pos_of[size_t(i)]) * cols, cols, r.begin() + i * cols);
+    return r;
+  };
+  return {by_pair(yg.host(), F), by_pair(ys.host(), F), by_pair(yd.host(), D)};
+}
+
+std::string narrow_label(const NarrowCase& c, int tile, WgmmaX xk) {
+  return std::string(c.skewed ? "skewed " : "") + "T=" + std::to_string(c.T) + " tile=" + std::to_string(tile) + " " +
+         x_name(xk);
+}
+
+// At N = 16 and 32: against the CPU twin, at the bounds of the 64-token grouped test above.
+TEST(CudaMatmulWgmma, GroupedNarrowTilesMatchTheTwin) {
+  TERN_REQUIRE_WGMMA();
+  std::mt19937_64 rng(fresh_seed("CudaMatmulWgmma.GroupedNarrow"));
+  const NarrowModel m(rng);
+  const int E = kNarrowE, k = kNarrowK;
+  const int64_t D = kNarrowD, F = kNarrowF;
+  for (const NarrowCase& c : kNarrowCases) {
+    const int64_t T = c.T;
+    const std::vector<int> ids = routing_ids(rng, T, E, k, c.skewed);
+    const auto x = activations(rng, T, D, true), xd = activations(rng, T * k, F, false);
+    std::vector<int> identity(static_cast<size_t>(T * k));
+    std::iota(identity.begin(), identity.end(), 0);
+    for (WgmmaX xk : kXs) {
+      // The references by pair: grouped_references with the identity for pos_of.
+      const GroupedReferences refs = grouped_references(m.gate->m, m.up->m, m.down->m, ids, identity,
+                                                        as_seen(x, xk, D), as_seen(xd, xk, F), T, E, k, D, F);
+      for (int tile : {16, 32}) {
+        const PairOutputs got = run_grouped(m, ids, x, xd, T, tile, xk);
+        const std::string label = narrow_label(c, tile, xk);
+        expect_product(got.gate, refs.gate, refs.gate, F, "grouped gate " + label, kTwinRms, kTwinWorst);
+        expect_product(got.swiglu, refs.swiglu, refs.swiglu, F, "grouped swiglu " + label, kSwigluRms, kSwigluWorst);
+        expect_product(got.down, refs.down, refs.down, D, "grouped down " + label, kTwinRms, kTwinWorst);
+      }
+    }
+  }
+}
+
+// Elements whose bits differ (NaN against NaN included).
+int64_t bit_differences(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return int64_t(std::max(a.size(), b.size()));
+  int64_t d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d += std::memcmp(&a[i], &b[i], 4) != 0 || std::isnan(a[i]);
+  return d;
+}
+void expect_same_bits(const PairOutputs& got, const PairOutputs& want, const std::string& label) {
+  EXPECT_EQ(bit_differences(got.gate, want.gate), 0) << "grouped gate " << label;
+  EXPECT_EQ(bit_differences(got.swiglu, want.swiglu), 0) << "grouped swiglu " << label;
+  EXPECT_EQ(bit_differences(got.down, want.down), 0) << "grouped down " << label;
+}
+
+// The same bits at every width: an output element's sum runs over k in the same order whatever N (per group of 64
+// k the same 4 or 8 k16 MMAs in the same order into a fresh accumulator, folded with the row's scale by the same fmaf,
+// then the bias term's MMAs over the groups and the token's σ in the same order); the token's place in its tile (its
+// n8 tile, lane and tile) does not enter the arithmetic. Tiles of 24 and 48 tokens run on blocks of 32 and 64. The
+// split-x mma.sync kernel of matmul() (64-token blocks, which read each tile's count) takes the narrow tiles too,
+// with the same bits as on 64-token tiles.
+TEST(CudaMatmulWgmma, GroupedOutputsAreTheSameBitsAtEveryWidth) {
+  TERN_REQUIRE_WGMMA();
+  std::mt19937_64 rng(fresh_seed("CudaMatmulWgmma.GroupedWidths"));
+  const NarrowModel m(rng);
+  for (const NarrowCase& c : kNarrowCases) {
+    const int64_t T = c.T;
+    const std::vector<int> ids = routing_ids(rng, T, kNarrowE, kNarrowK, c.skewed);
+    const auto x = activations(rng, T, kNarrowD, true), xd = activations(rng, T * kNarrowK, kNarrowF, false);
+    for (WgmmaX xk : kXs) {
+      const PairOutputs wide = run_grouped(m, ids, x, xd, T, 64, xk);
+      for (int tile : {16, 24, 32, 48})
+        expect_same_bits(run_grouped(m, ids, x, xd, T, tile, xk), wide, narrow_label(c, tile, xk) + " vs tile=64");
+    }
+    const PairOutputs tc_wide = run_grouped(m, ids, x, xd, T, 64, WgmmaX::split, /*tc=*/true);
+    for (int tile : {16, 32})
+      expect_same_bits(run_grouped(m, ids, x, xd, T, tile, WgmmaX::split, /*tc=*/true), tc_wide,
+                       "split-x mma.sync kernel " + narrow_label(c, tile, WgmmaX::split) + " vs tile=64");
+  }
+}
+
 }  // namespace
 }  // namespace tern::cuda::test

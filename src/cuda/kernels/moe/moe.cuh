@@ -15,7 +15,8 @@ namespace tern::cuda {
 // w[t, j] = p_j / Σ_top p. logits [T, E]; ids [T, k] int; w [T, k] fp32. E <= 1024, k <= 32.
 void moe_route(const float* logits, int64_t T, int E, int k, int* ids, float* w, cudaStream_t stream);
 
-// Scratch for moe_group (device ints), and the grid bound of the grouped matmul for T tokens.
+// Scratch for moe_group (device ints), and the grid bound of the grouped matmul for T tokens: both hold the tiles of
+// any width moe_group takes (16 or more).
 int64_t moe_group_ints(int64_t T, int E, int k);
 int moe_max_tiles(int64_t T, int E, int k);
 
@@ -31,14 +32,16 @@ struct MoeGroups {
 MoeGroups moe_groups_view(int* scratch, int64_t T, int E, int k);
 // Sorts the T·k pairs by expert (counting sort on the device) and builds tiles of at most `tile` positions.
 void moe_group(const int* ids, int64_t T, int E, int k, int tile, const MoeGroups& g, cudaStream_t stream);
-// Grouped mode of a (qmatmul.cuh) over g's tile map with the grid max_tiles (moe_max_tiles); gather is left to the
-// caller (g.sorted_token for inputs indexed by token, none for inputs already in sorted order).
-inline void set_tiles(MatmulArgs& a, const MoeGroups& g, int max_tiles) {
+// Grouped mode of a (qmatmul.cuh) over g's tile map, built by moe_group with tiles of at most tile_tokens positions,
+// with the grid max_tiles (moe_max_tiles); gather is left to the caller (g.sorted_token for inputs indexed by token,
+// none for inputs already in sorted order).
+inline void set_tiles(MatmulArgs& a, const MoeGroups& g, int max_tiles, int tile_tokens = kMatmulTileTokens) {
   a.tile_expert = g.tile_expert;
   a.tile_start = g.tile_start;
   a.tile_count = g.tile_count;
   a.num_tiles = g.num_tiles;
   a.max_tiles = max_tiles;
+  a.tile_tokens = tile_tokens;
 }
 
 // h[i] = silu(gate[i]) · up[i] for i < n.  h may equal gate.

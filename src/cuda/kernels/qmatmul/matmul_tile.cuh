@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "core/check.h"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/ptx.cuh"
 #include "cuda/kernels/qmatmul/qmatmul.cuh"
@@ -34,6 +35,14 @@ __device__ __forceinline__ bool token_tile(const MatmulArgs& a, int tokens_per_b
     count = a.tokens - p0 < tokens_per_block ? a.tokens - p0 : tokens_per_block;
   }
   return true;
+}
+
+// Host: that a grouped product's tiles (a.tile_tokens positions at most) fit blocks of block_tokens tokens. Kernels
+// whose blocks read each tile's count (token_tile) take tiles of any width up to their own, so tiles built for the
+// warpgroup kernel's narrower blocks (16 or 32 tokens) run correctly on 64-token blocks, only with idle tokens.
+inline void check_tile_tokens(const MatmulArgs& a, int block_tokens, const char* what) {
+  TERN_CHECK(a.tile_expert == nullptr || (a.tile_tokens >= 1 && a.tile_tokens <= block_tokens), what,
+             ": grouped tiles of up to ", a.tile_tokens, " tokens, blocks of ", block_tokens);
 }
 
 // Block row i -> its matrix (m: a.w, or `up` for SwiGLU blocks) and row in the stacked matrix. Plain blocks: output

@@ -871,6 +871,7 @@ void matmul(const MatmulArgs& a, cudaStream_t stream, MatmulTile tile) {
     matmul_int8(a, stream);
     return;
   }
+  mm::check_tile_tokens(a, kMatmulTileTokens, "matmul");  // every block below holds 64 tokens or more
   const bool grouped = a.tile_expert != nullptr;
   if (a.w.rows == 0 || (grouped ? a.max_tiles <= 0 : a.tokens <= 0)) return;
   if (tile != MatmulTile::simt && tc::takes(a)) {
@@ -915,6 +916,7 @@ void matmul_swiglu(const MatmulArgs& gate, const DMat& up, cudaStream_t stream, 
     matmul_int8_swiglu(gate, up, stream);
     return;
   }
+  mm::check_tile_tokens(gate, kMatmulTileTokens, "matmul_swiglu");  // every block below holds 64 tokens or more
   const bool grouped = gate.tile_expert != nullptr;
   if (gate.w.rows == 0 || (grouped ? gate.max_tiles <= 0 : gate.tokens <= 0)) return;
   TERN_CHECK(matmul_swiglu_supported(gate, up), "matmul_swiglu: needs two 4-bit matrices of one shape (group 64, ",

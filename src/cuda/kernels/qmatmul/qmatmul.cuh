@@ -24,6 +24,8 @@ struct GemvArgs {
 };
 void gemv(const GemvArgs& a, cudaStream_t stream);
 
+constexpr int kMatmulTileTokens = 64;  // tokens per tile (grouped tiles hold at most this many)
+
 // Tiled product over many tokens. Dense mode: x [tokens, cols] (row stride ldx) -> y [tokens, rows] (ldy).
 // Grouped mode (tile_expert set): tile t multiplies expert tile_expert[t] with the x rows gather[p] for the sorted
 // positions p in [tile_start[t], tile_start[t] + tile_count[t]) and writes y rows p. Tiles >= *num_tiles exit, so
@@ -48,6 +50,10 @@ struct MatmulArgs {
   const int* tile_count = nullptr;
   const int* num_tiles = nullptr;    // [1]
   int max_tiles = 0;
+  // Grouped mode: the most positions a tile holds (moe_group's `tile`, 1 .. kMatmulTileTokens; checked). The Hopper
+  // warpgroup kernel runs blocks of the narrowest of 16, 32 and 64 tokens that holds them; the other kernels' blocks
+  // hold 64 tokens whatever it is (they read each tile's count).
+  int tile_tokens = kMatmulTileTokens;
   const int* gather = nullptr;       // [positions] x row of each sorted position (nullptr: identity)
   // Optional, read by the 4-bit tensor-core kernel only: x already split by matmul_prepare_x, indexed by the same
   // row numbers as x (x_prep row i is x row i; gather indexes both), prepared for x_prep_cols columns, which must be
@@ -67,7 +73,6 @@ struct MatmulArgs {
   const void* x_f16 = nullptr;
   int64_t x_f16_cols = 0;
 };
-constexpr int kMatmulTileTokens = 64;  // tokens per tile (grouped tiles hold at most this many)
 
 // Block shape of the product: `automatic` picks by format and shape; the others force one kernel (tests and the
 // workbench compare them). tcRxT: the tensor-core kernel with R weight rows × T tokens per block, warp tiles of 64

@@ -388,6 +388,7 @@ void run(const MatmulArgs& a, const DMat& up, Int8Tile tile, cudaStream_t stream
                "matmul_int8_swiglu: needs two 4-bit matrices of one shape; got ", a.w.rows, "x", a.w.cols, " and ",
                up.rows, "x", up.cols);
   }
+  mm::check_tile_tokens(a, kMatmulTileTokens, "matmul_int8");  // the grouped shapes hold 64 tokens
   const bool grouped = a.tile_expert != nullptr;
   if (a.w.rows == 0 || (grouped ? a.max_tiles <= 0 : a.tokens <= 0)) return;
   if (a.w.format == WeightFormat::affine8) {

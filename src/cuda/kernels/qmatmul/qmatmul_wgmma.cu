@@ -12,11 +12,15 @@
 // and 2i + 1 of the row's group: nibbles t and t + 4 of those words, one 16-bit pair each ((w >> 4t) & 0x000F000F |
 // the bits of 1024.0 (fp16) or 128.0 (bf16), less that: exact).
 //
+// Token width. N = kTokens tokens per block and wgmma (m64nNk16): 64 for dense products and 64-token grouped tiles
+// (the measured default), 32 or 16 for grouped tiles of at most that many (MatmulArgs::tile_tokens): the same code
+// with N/8 n8 tiles, N/2 accumulators per thread and row tile, N/8 swizzle atoms of x per term.
+//
 // Shared memory (1024-byte aligned), per pipeline stage: weights [kRows][32 bytes] (16-byte chunks swizzled by row,
-// as the int8 kernel), then per x term a tile [64 tokens][128 bytes] (one group); then, once, the block rows'
+// as the int8 kernel), then per x term a tile [N tokens][128 bytes] (one group); then, once, the block rows'
 // scales. The x tiles are in the 128-byte-swizzle K-major layout (chunk c of token n at 16·(c ^ n % 8); k-step i's
-// descriptor starts 32·i bytes in, 8-token groups 1024 bytes apart); the no-swizzle layout measured 1.2–1.5x slower
-// (docs/benchmarks.md). cp.async fills the stages kStages deep, one barrier a step.
+// descriptor starts 32·i bytes in, 8-token groups 1024 bytes apart, whatever N); the no-swizzle layout measured
+// 1.2–1.5x slower (docs/benchmarks.md). cp.async fills the stages kStages deep, one barrier a step.
 #include "cuda/kernels/qmatmul/qmatmul_wgmma.cuh"
 
 #include <cuda_bf16.h>
@@ -41,14 +45,15 @@ namespace tern::cuda {
 namespace {
 namespace wg {
 
-constexpr int kStepK = 64;     // k per pipeline step: one quantisation group
-constexpr int kTokens = 64;    // N of every wgmma: tokens per block (grouped tiles hold at most this many)
-constexpr int kThreads = 128;  // one warpgroup
-static_assert(kTokens >= kMatmulTileTokens, "grouped tiles must fit one block");
+constexpr int kStepK = 64;       // k per pipeline step: one quantisation group
+constexpr int kWideTokens = 64;  // N of dense products and of grouped tiles of up to 64 tokens
+constexpr int kThreads = 128;    // one warpgroup
+static_assert(kWideTokens >= kMatmulTileTokens, "grouped tiles must fit one block");
 
-template <int MT, int Terms, int Stages, int MinBlocks>
+template <int MT, int Terms, int Stages, int MinBlocks, int Tokens>
 struct Shape {
   static constexpr int kMTiles = MT, kTerms = Terms, kStages = Stages, kMinBlocks = MinBlocks;
+  static constexpr int kTokens = Tokens;                  // N: tokens per block and wgmma
   static constexpr int kRows = 64 * MT;                   // weight rows per block
   static constexpr int kWBytes = kRows * 32;              // 4-bit: 32 bytes per row and group
   static constexpr int kXBytes = kTokens * 128 * Terms;   // 16-bit: 128 bytes per token, group and term
@@ -60,22 +65,29 @@ struct Shape {
   static constexpr size_t smem(int G) {
     return 1024 + size_t(kStages) * kSlotBytes + size_t(kRows) * ld_scales(G) * 2;
   }
+  static_assert(Tokens == 16 || Tokens == 32 || Tokens == 64, "the wgmma forms below: N = 16, 32 or 64");
   static_assert(kRows * 2 % kThreads == 0 && kTokens * 8 * Terms % kThreads == 0, "even copies");
+  // Every x tile (stage, term) on a 1024-byte boundary: the 128-byte swizzle's pattern is of address bits 4..9, and
+  // its 8-token atoms are 1024 bytes.
+  static_assert(kWBytes % 1024 == 0 && kXBytes % 1024 == 0, "x tiles 1024-byte aligned");
 };
 
 // Position of 16-byte chunk c (0, 1) of weight row r in a stage: the A loads of a warp (rows g, g + 8, all 8 g at
 // once) fall on distinct banks.
 __device__ __forceinline__ int wchunk(int r, int c) { return r * 2 + (c ^ ((r >> 2) & 1)); }
-// Byte offset, in a stage's x area, of 16-byte chunk c (0 .. 8·Terms − 1) of token n's group: term c / 8's tile,
-// row n, chunk c % 8 (k-step (c % 8) / 2, k half c % 2) at the 128-byte swizzle's place.
+// Byte offset, in a stage's x area of N-token tiles, of 16-byte chunk c (0 .. 8·Terms − 1) of token n's group: term
+// c / 8's tile, row n, chunk c % 8 (k-step (c % 8) / 2, k half c % 2) at the 128-byte swizzle's place.
+template <int N>
 __device__ __forceinline__ int xchunk(int n, int c) {
-  return (c >> 3) * (kTokens * 128) + n * 128 + (((c & 7) ^ (n & 7)) << 4);
+  return (c >> 3) * (N * 128) + n * 128 + (((c & 7) ^ (n & 7)) << 4);
 }
-// The descriptor of term h, k-step i of the x tile at shared address xs: start address >> 4 in bits 0..13, the
-// leading byte offset (bits 16..29; unused by swizzled K-major tiles: 1) and the stride between 8-token groups
-// (bits 32..45, 1024 bytes, >> 4), the swizzle mode in bits 62..63 (1: 128 bytes).
+// The descriptor of term h, k-step i of the x tiles (N tokens each) at shared address xs: start address >> 4 in bits
+// 0..13, the leading byte offset (bits 16..29; unused by swizzled K-major tiles: 1) and the stride between 8-token
+// groups (bits 32..45, 1024 bytes, >> 4; the same for every N: an m64nNk16 reads N/8 such groups), the swizzle mode
+// in bits 62..63 (1: 128 bytes).
+template <int N>
 __device__ __forceinline__ uint64_t x_descriptor(uint32_t xs, int h, int i) {
-  const uint32_t addr = xs + h * (kTokens * 128) + i * 32;
+  const uint32_t addr = xs + h * (N * 128) + i * 32;
   return uint64_t((addr & 0x3FFFFu) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
 }
 
@@ -118,18 +130,38 @@ __device__ __forceinline__ void wgmma_wait() {
 #endif
 }
 // Pins registers the asynchronous MMAs read or write at this point of the program (no instruction).
-__device__ __forceinline__ void fence_regs(float (&d)[32]) {
+template <int R>
+__device__ __forceinline__ void fence_regs(float (&d)[R]) {
 #pragma unroll
-  for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 __device__ __forceinline__ void fence_regs(uint32_t (&a)[4]) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[i])::"memory");
 }
 
-// d (=, scale_d == 0; +=, 1) A · B: m64n64k16, A fp16 (F16) or bf16 from registers (the mma.sync m16n8k16 A
-// fragment of each warp's 16 rows), B of the same type K-major from shared memory (descriptor), fp32 accumulators (the
-// m16n8 C fragments of n8 tiles 0..7: d[4j + c]).
+// d (=, scale_d == 0; +=, 1) A · B: m64nNk16, A fp16 (F16) or bf16 from registers (the mma.sync m16n8k16 A
+// fragment of each warp's 16 rows), B of the same type K-major from shared memory (descriptor), fp32 accumulators:
+// N/2 per thread, the m16n8 C fragments of n8 tiles 0 .. N/8 − 1, d[4j + c] (c0, c1: row g, tokens 8j + 2t, 8j + 2t
+// + 1; c2, c3: row g + 8), as the PTX ISA's figure of the m64nNk16 accumulator for any N. Operands: the N/2
+// accumulators, then the 4 A registers, the descriptor and scale_d (a predicate), numbered in that order.
+#define TERN_WGMMA_M64N16K16(TYPE)                                                                                   \
+  asm volatile(                                                                                                      \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"                                                                   \
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32." TYPE "." TYPE " "                                                 \
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, "                                                                            \
+      "{%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"                                                                    \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])               \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d))
+#define TERN_WGMMA_M64N32K16(TYPE)                                                                                   \
+  asm volatile(                                                                                                      \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"                                                                   \
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32." TYPE "." TYPE " "                                                 \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "                                      \
+      "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"                                                                  \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])                   \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d))
 #define TERN_WGMMA_M64N64K16(TYPE)                                                                                   \
   asm volatile(                                                                                                      \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                                   \
@@ -142,25 +174,42 @@ __device__ __forceinline__ void fence_regs(uint32_t (&a)[4]) {
         "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),     \
         "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                   \
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d))
-template <bool F16>
-__device__ __forceinline__ void wgmma_16bit(float (&d)[32], const uint32_t (&a)[4], uint64_t desc, int scale_d) {
+template <bool F16, int R>  // R = N/2 accumulators
+__device__ __forceinline__ void wgmma_16bit(float (&d)[R], const uint32_t (&a)[4], uint64_t desc, int scale_d) {
+  static_assert(R == 8 || R == 16 || R == 32, "m64n16k16, m64n32k16 or m64n64k16");
 #if TERN_WGMMA
-  if constexpr (F16) {
-    TERN_WGMMA_M64N64K16("f16");
+  if constexpr (R == 8) {
+    if constexpr (F16) {
+      TERN_WGMMA_M64N16K16("f16");
+    } else {
+      TERN_WGMMA_M64N16K16("bf16");
+    }
+  } else if constexpr (R == 16) {
+    if constexpr (F16) {
+      TERN_WGMMA_M64N32K16("f16");
+    } else {
+      TERN_WGMMA_M64N32K16("bf16");
+    }
   } else {
-    TERN_WGMMA_M64N64K16("bf16");
+    if constexpr (F16) {
+      TERN_WGMMA_M64N64K16("f16");
+    } else {
+      TERN_WGMMA_M64N64K16("bf16");
+    }
   }
 #else
   (void)d, (void)a, (void)desc, (void)scale_d;
   __trap();
 #endif
 }
+#undef TERN_WGMMA_M64N16K16
+#undef TERN_WGMMA_M64N32K16
 #undef TERN_WGMMA_M64N64K16
 template <class S, bool SwiGLU>
 __global__ void __launch_bounds__(kThreads, S::kMinBlocks)
     matmul_wgmma_kernel(MatmulArgs a, DMat up, const void* xsrc, int64_t xrow_bytes, int64_t sums_off) {
   static_assert(!SwiGLU || S::kMTiles % 2 == 0, "SwiGLU pairs gate and up row tiles");
-  constexpr int kStages = S::kStages, MT = S::kMTiles, Terms = S::kTerms, NT = kTokens / 8;
+  constexpr int kStages = S::kStages, MT = S::kMTiles, Terms = S::kTerms, N = S::kTokens, NT = N / 8;
   constexpr bool kF16 = Terms == 1;  // one fp16 term with a per-token scale, else bf16 hi + lo
   constexpr int kOutRows = SwiGLU ? S::kRows / 2 : S::kRows;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -171,7 +220,7 @@ __global__ void __launch_bounds__(kThreads, S::kMinBlocks)
   const bool grouped = a.tile_expert != nullptr;
 
   int64_t expert, p0, count;
-  if (!mm::token_tile(a, kTokens, expert, p0, count)) return;
+  if (!mm::token_tile(a, N, expert, p0, count)) return;
   auto source = [&](int i, const DMat*& m) { return mm::block_row_source<SwiGLU, MT>(a, up, row0, expert, i, m); };
   const unsigned char* wsrc[S::kWCopies];
 #pragma unroll
@@ -217,7 +266,7 @@ __global__ void __launch_bounds__(kThreads, S::kMinBlocks)
 #pragma unroll
     for (int m = 0; m < S::kXCopies; ++m) {
       const int q = tid + m * kThreads, n = q / kChunksPerToken, c = q % kChunksPerToken;
-      cp_async_16(st + xchunk(n, c), xq + xrow[m] * xrow_bytes + int64_t(step) * (128 * Terms) + c * 16,
+      cp_async_16(st + xchunk<N>(n, c), xq + xrow[m] * xrow_bytes + int64_t(step) * (128 * Terms) + c * 16,
                          n < count ? 16 : 0);
     }
   };
@@ -234,11 +283,11 @@ __global__ void __launch_bounds__(kThreads, S::kMinBlocks)
     for (int ni = 0; ni < NT; ++ni)
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[mi][ni][c] = 0.0f;
-  float part[MT][32];  // one group's sums of each row tile (the wgmma accumulators)
+  float part[MT][N / 2];  // one group's sums of each row tile (the wgmma accumulators)
 #pragma unroll
   for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
-    for (int c = 0; c < 32; ++c) part[mi][c] = 0.0f;
+    for (int c = 0; c < N / 2; ++c) part[mi][c] = 0.0f;
 
   const int wrow = warp * 16 * MT + g;  // this thread's first row inside the block (then +8, +16, ...)
   for (int step = 0; step < steps; ++step) {
@@ -274,7 +323,7 @@ __global__ void __launch_bounds__(kThreads, S::kMinBlocks)
       for (int h = 0; h < Terms; ++h)
 #pragma unroll
         for (int i = 0; i < 4; ++i)
-          wgmma_16bit<kF16>(part[mi], af[mi][i], x_descriptor(xs, h, i), h + i > 0 ? 1 : 0);
+          wgmma_16bit<kF16>(part[mi], af[mi][i], x_descriptor<N>(xs, h, i), h + i > 0 ? 1 : 0);
       wgmma_commit();
     }
     // Fold each row tile's group sums with its rows' scales as its MMAs complete.
@@ -381,9 +430,14 @@ __global__ void __launch_bounds__(256) prepare_x_f16_kernel(const float* x, int6
   }
 }
 
-//                     MT Terms Stages MinBlocks
-using Plain1 = Shape<2, 1, 4, 2>;  // 128 rows × 64 tokens, x in one fp16 term
-using Plain2 = Shape<2, 2, 4, 2>;  // the same, x as bf16 hi + lo
+// Blocks of 128 rows × N tokens, x in Terms terms (1: fp16, 2: bf16 hi + lo). Blocks per SM the registers must allow:
+// 2 at N = 64 (the measured default); 3 at N = 32 and 4 at N = 16 (≤ 168 and ≤ 128 registers; unmeasured guesses:
+// short chunks run many small blocks; shared memory allows as many at the model's widths).
+constexpr int min_blocks(int tokens) { return tokens == 64 ? 2 : tokens == 32 ? 3 : 4; }
+template <int Terms, int Tokens>
+using Block = Shape</*MT=*/2, Terms, /*Stages=*/4, min_blocks(Tokens), Tokens>;
+using Plain1 = Block<1, kWideTokens>;  // 128 rows × 64 tokens, x in one fp16 term
+using Plain2 = Block<2, kWideTokens>;  // the same, x as bf16 hi + lo
 
 template <class S, bool SwiGLU>
 void launch(const MatmulArgs& a, const DMat& up, const void* x, int64_t row_bytes, int64_t sums_off,
@@ -394,11 +448,30 @@ void launch(const MatmulArgs& a, const DMat& up, const void* x, int64_t row_byte
   TERN_CHECK(smem <= size_t(limit), "matmul_wgmma: ", a.w.cols, " columns need ", smem, " bytes of shared memory, ",
              "more than the device's ", limit);
   const bool grouped = a.tile_expert != nullptr;
-  const int64_t tiles = grouped ? a.max_tiles : (a.tokens + kTokens - 1) / kTokens;
+  const int64_t tiles = grouped ? a.max_tiles : (a.tokens + S::kTokens - 1) / S::kTokens;
   TERN_CHECK(tiles <= 65535, "matmul_wgmma: ", tiles, " token tiles exceed the grid limit");
   const dim3 grid(blocks_for(a.w.rows, SwiGLU ? S::kRows / 2 : S::kRows), unsigned(tiles));
   launch_pdl(SwiGLU ? "matmul_swiglu (wgmma)" : "matmul (wgmma)", kernel, grid, dim3(kThreads), smem, stream, a, up,
              x, row_bytes, sums_off);
+}
+
+// The block width of a product: 64 tokens for dense products, the narrowest of 16, 32 and 64 that holds a grouped
+// product's tiles (a.tile_tokens positions at most).
+int block_tokens(const MatmulArgs& a) {
+  if (a.tile_expert == nullptr) return kWideTokens;
+  TERN_CHECK(a.tile_tokens >= 1 && a.tile_tokens <= kWideTokens, "matmul_wgmma: grouped tiles of up to ",
+             a.tile_tokens, " tokens (the blocks take 1 to ", kWideTokens, ")");
+  return a.tile_tokens <= 16 ? 16 : a.tile_tokens <= 32 ? 32 : kWideTokens;
+}
+
+template <int Terms, bool SwiGLU>
+void launch_width(int tokens, const MatmulArgs& a, const DMat& up, const void* x, int64_t row_bytes,
+                  int64_t sums_off, cudaStream_t stream) {
+  switch (tokens) {
+    case 16: launch<Block<Terms, 16>, SwiGLU>(a, up, x, row_bytes, sums_off, stream); return;
+    case 32: launch<Block<Terms, 32>, SwiGLU>(a, up, x, row_bytes, sums_off, stream); return;
+    default: launch<Block<Terms, kWideTokens>, SwiGLU>(a, up, x, row_bytes, sums_off, stream); return;
+  }
 }
 
 template <bool SwiGLU>
@@ -419,11 +492,12 @@ void run(const MatmulArgs& a, const DMat& up, WgmmaX xk, cudaStream_t stream) {
                up.rows, "x", up.cols);
   }
   const bool grouped = a.tile_expert != nullptr;
+  const int tokens = block_tokens(a);
   if (a.w.rows == 0 || (grouped ? a.max_tiles <= 0 : a.tokens <= 0)) return;
   if (one) {
-    launch<Plain1, SwiGLU>(a, up, x, matmul_f16_row_bytes(a.w.cols), a.w.cols * 2, stream);  // sums, then σ
+    launch_width<1, SwiGLU>(tokens, a, up, x, matmul_f16_row_bytes(a.w.cols), a.w.cols * 2, stream);  // sums, then σ
   } else {
-    launch<Plain2, SwiGLU>(a, up, x, matmul_prepared_row_bytes(a.w.cols), a.w.cols * 4, stream);
+    launch_width<2, SwiGLU>(tokens, a, up, x, matmul_prepared_row_bytes(a.w.cols), a.w.cols * 4, stream);
   }
 }
 

@@ -9,8 +9,10 @@
 //     of the weights and fp16(x/σ), up to fp32 summation;
 //   two terms (x_prep, the split of matmul_prepare_x in qmatmul.cuh): x ≈ hi + lo in bf16 (16 significant bits),
 //     twice the tensor work; the result is the fp32 product of the weights and hi + lo.
-// A block is one warpgroup (4 warps) of 128 weight rows × 64 tokens; per group of 64 k the warpgroup issues 4 (or 8)
-// wgmma m64n64k16 per 64-row tile into a scratch accumulator and folds it with the rows' scales.
+// A block is one warpgroup (4 warps) of 128 weight rows × N tokens; per group of 64 k the warpgroup issues 4 (or 8)
+// wgmma m64nNk16 per 64-row tile into a scratch accumulator and folds it with the rows' scales. N = 64, except for
+// grouped products whose tiles hold at most 32 or 16 tokens (MatmulArgs::tile_tokens): N = 32 or 16, so that a
+// short chunk's few tokens per expert do not pay for 64 tokens of tensor work.
 #pragma once
 
 #include <cuda_runtime.h>
