@@ -5,8 +5,10 @@
 // Method, per context length L (one session; L random prompt tokens from `seed`):
 //   plain step:  one-token forwards at L, L + 1, ... as the generation's decode steps run them (forward_sample,
 //                greedy on the device, where the runner has it; else forward with the last logits);
-//   verify cost: for k = 0..max_drafts, k + 1 tokens through forward_verify, then Session::rollback to L, timed
-//                together on the host; as ms and as a ratio to the plain step;
+//   verify cost: for k = 0..max_drafts, k + 1 tokens through forward_verify_sample (the rows' ids sampled on the
+//                device, as the generation's verify steps run where the runner can; else forward_verify, the logits
+//                to the host), then Session::rollback to L, timed together on the host; as ms and as a ratio to the
+//                plain step;
 //   draft cost:  (runners with the MTP head, fed over the prompt) MtpDrafter::draft(k) at L for k = 1..max_drafts:
 //                the pair (h_{L-1}, x_L) and k - 1 chained steps of the head;
 //   end to end:  `tokens` tokens generated greedily through GenerationRun (the engine's loop: its verify steps,
@@ -21,7 +23,8 @@
 //                the step's own token), step cost verify(k) + draft(k) (draft(k) only where measured), speed-up
 //                E x plain / step cost. Beside every end-to-end row, and for the MTP acceptance published for this
 //                model (llama.cpp: 73-87% with 3-4 drafts).
-// Timings are medians of `repeats` runs after `warmup` untimed ones.
+// Timings are medians of `repeats` runs after `warmup` untimed ones (the steps' at least two: a runner may run a step
+// eagerly the first time and capture its CUDA graph the second).
 #pragma once
 
 #include <cstdint>
@@ -96,6 +99,7 @@ struct SpecBenchReport {
   std::string version, command, device, model;  // set by the caller
   std::string backend;             // runner.backend_name()
   std::string plain_path;          // "forward_sample" or "forward"
+  std::string verify_path;         // "forward_verify_sample" or "forward_verify"
   bool mtp = false;                // the runner has the MTP head (the draft-cost column)
   bool snapshots = false;          // end-to-end runs restore the prompt (else prefill it again)
   SpecBenchOptions options;        // as run (log dropped)

@@ -13,10 +13,11 @@ std::string bench_speculative_table(const SpecBenchReport& r) {
   out += bench_format("tern bench --speculative %s | backend %s | device %s\n", r.version.c_str(), r.backend.c_str(),
                       r.device.c_str());
   out += bench_format("model: %s\n", r.model.c_str());
-  out += bench_format("method: median of %d run(s) after %d warm-up run(s); plain step: %s, one token\n\n", o.repeats,
-                      o.warmup, r.plain_path.c_str());
+  out += bench_format(
+      "method: median of %d run(s) after %d warm-up run(s) (the steps: at least 2); plain step: %s, one token\n\n",
+      o.repeats, o.warmup, r.plain_path.c_str());
 
-  out += "verify cost: the step's token and k drafts through forward_verify, then rollback";
+  out += bench_format("verify cost: the step's token and k drafts through %s, then rollback", r.verify_path.c_str());
   out +=
       r.mtp ? "; MTP draft: k greedy drafts from the model's MTP head\n" : "; no MTP head (no draft cost measured)\n";
   out += bench_format("| %7s | %6s | %9s | %12s | %12s | %14s |\n", "context", "drafts", "verify ms", "x plain step",
@@ -79,6 +80,7 @@ std::string bench_speculative_json(const SpecBenchReport& r) {
   json j;
   bench_json_identity(j, r.version, r.command, r.backend, r.device, r.model);
   j["plain_path"] = r.plain_path;
+  j["verify_path"] = r.verify_path;
   j["mtp"] = r.mtp;
   j["method"] = {{"repeats", o.repeats},
                  {"warmup", o.warmup},
