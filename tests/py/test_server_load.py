@@ -249,3 +249,44 @@ def test_request_admitted_while_another_decodes_starts_at_once(tern_bin):
         wait_idle(s.port, timeout_s=10)
     finally:
         s.stop()
+
+
+def long_prompt_answer(port, content):
+    """The greedy answer's tokens (their bytes, from the log-probabilities) and the usage of one streamed request."""
+    st = RawStream(port, "/v1/chat/completions", {**body(12), "messages": [{"role": "user", "content": content}],
+                                                   "temperature": 0, "logprobs": True})
+    status, data = dechunk(st.read_all())
+    st.close()
+    events, done = sse_events(data)
+    assert status == 200 and done, (status, events[-2:])
+    tokens = [tuple(t["bytes"]) for e in events if e.get("choices") and e["choices"][0].get("logprobs")
+              for t in e["choices"][0]["logprobs"]["content"]]
+    return tokens, events[-1]["usage"]
+
+
+def test_long_prompt_read_in_pieces_beside_a_stream_gets_its_answer_alone(tern_bin):
+    """A prompt of ~1,500 tokens arrives while another request decodes: with --step-tokens 64 the demo runner's chunks
+    run a share of their layers per step (tern_engine_prompt_pieces_total counts them), the running stream keeps
+    getting tokens, and the long prompt's greedy tokens are the ones it gets alone (on a second server, so that no
+    prefix-cache snapshot of the first run serves the second)."""
+    content = "Repeat after me: " + " ".join(f"w{i}" for i in range(700))
+    s = Server(tern_bin, "--parallel", "2", "--ctx-size", "4096", "-q")
+    try:
+        alone, _ = long_prompt_answer(s.port, content)
+    finally:
+        s.stop()
+    s = Server(tern_bin, "--parallel", "2", "--ctx-size", "4096", "--step-tokens", "64", "-q")
+    try:
+        running = RawStream(s.port, "/v1/chat/completions", body(3000))
+        running.read_events(2)  # decoding
+        together, usage = long_prompt_answer(s.port, content)
+        assert usage["prompt_tokens"] > 1000 and usage["completion_tokens"] == 12, usage
+        assert len(alone) == 12 and together == alone, "the long prompt answered differently when read in pieces"
+        m = metrics(s.port)
+        assert m["tern_engine_prompt_pieces_total"] >= 3, m
+        assert m["tern_requests_running"] == 1, "the running stream still decodes"
+        running.read_events(2)  # and goes on
+        running.close()
+        wait_idle(s.port, timeout_s=10)
+    finally:
+        s.stop()

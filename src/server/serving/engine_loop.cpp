@@ -191,7 +191,8 @@ void EngineLoop::step() {
   }
   if (!batch.empty()) {
     generator_.runner().forward_batch(batch);
-    metrics_.on_step(int64_t(batch.size()), tokens);
+    const int64_t pieces = std::count_if(batch.begin(), batch.end(), [](const BatchEntry& e) { return e.layers_left > 0; });
+    metrics_.on_step(int64_t(batch.size()), tokens, pieces);
   }
   for (size_t i = 0; i < batch.size(); ++i) {
     Running& r = *owners[i];

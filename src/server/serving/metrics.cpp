@@ -63,10 +63,11 @@ void Metrics::on_drafts(int64_t drafted, int64_t accepted, int64_t verify_steps)
   verify_steps_ += verify_steps;
 }
 
-void Metrics::on_step(int64_t sequences, int64_t tokens) {
+void Metrics::on_step(int64_t sequences, int64_t tokens, int64_t pieces) {
   std::lock_guard lock(mutex_);
   ++steps_;
   step_tokens_ += tokens;
+  step_pieces_ += pieces;
   step_sequences_ += sequences;
   int b = 0;
   while (b + 1 < kBatchBuckets && sequences > (int64_t(1) << b)) ++b;
@@ -156,6 +157,9 @@ std::string Metrics::render_prometheus() const {
   value(o, "tern_engine_steps_total", double(steps_));
   metric(o, "tern_engine_step_tokens_total", "counter", "New tokens over all steps (prompt chunks and decoded tokens).");
   value(o, "tern_engine_step_tokens_total", double(step_tokens_));
+  metric(o, "tern_engine_prompt_pieces_total", "counter",
+         "Prompt chunks' pieces of layers (a long prompt read beside running requests, a share of its layers a step).");
+  value(o, "tern_engine_prompt_pieces_total", double(step_pieces_));
   metric(o, "tern_engine_batch_size", "histogram", "Requests per engine step.");
   {
     int64_t cumulative = 0;

@@ -34,7 +34,8 @@ class Metrics final : public ConnectionEvents {
   void on_drafts(int64_t drafted, int64_t accepted, int64_t verify_steps);
 
   // One engine step: `sequences` tasks in one batched forward, `tokens` new tokens in all.
-  void on_step(int64_t sequences, int64_t tokens);
+  // pieces: entries that ran part of a prompt chunk's layers (BatchEntry::layer_limit stopped short of the last).
+  void on_step(int64_t sequences, int64_t tokens, int64_t pieces = 0);
 
   // The prefix cache's counters and memory (after each task).
   void on_prefix_cache(const PrefixCacheStats& stats, bool enabled);
@@ -63,7 +64,7 @@ class Metrics final : public ConnectionEvents {
   double ttft_sum_s_ = 0; int64_t ttft_count_ = 0;      // prefill time (time to first token, engine side)
   double queue_wait_sum_s_ = 0; int64_t queue_wait_count_ = 0;
   static constexpr int kBatchBuckets = 7;               // sequences per step <= 1, 2, 4, 8, 16, 32, 64
-  int64_t steps_ = 0, step_tokens_ = 0, step_sequences_ = 0;
+  int64_t steps_ = 0, step_tokens_ = 0, step_sequences_ = 0, step_pieces_ = 0;
   int64_t batch_buckets_[kBatchBuckets] = {};          // steps per bucket (not cumulative)
   int64_t draft_tokens_ = 0, draft_accepted_ = 0, verify_steps_ = 0;
   PrefixCacheStats prefix_cache_;
