@@ -310,6 +310,7 @@ class CpuSession final : public Session {
 void CpuSession::copy_kv_prefix(const Session& from, int64_t n) {
   const auto* src = dynamic_cast<const CpuSession*>(&from);
   TERN_CHECK(src != nullptr && src->owner_ == owner_, "cpu copy_kv_prefix: the session was not made by this runner");
+  TERN_CHECK(!part_way_, "cpu copy_kv_prefix: the session holds a prompt chunk part way");
   TERN_CHECK(n >= 0 && n <= src->allocated_ && n <= capacity_, "cpu copy_kv_prefix: ", n, " rows from a session of ",
              src->allocated_, " into one of capacity ", capacity_);
   if (src == this || n == 0) return;

@@ -123,9 +123,9 @@ GenerationRun::GenerationRun(Generator& generator, Session& session, const Gener
   report_prompt_progress();  // the prefill starts: processed == cached
 }
 
-// A run dropped with a chunk part way (the engine stopping) leaves its session as before that chunk.
+// A run dropped with a chunk part way (the engine stopping, a failed piece) leaves its session as before that chunk
+// (a no-op when the session holds none).
 GenerationRun::~GenerationRun() {
-  if (piece_tokens_ == 0) return;
   try {
     session_.drop_pending_layers();
   } catch (...) {
@@ -145,7 +145,7 @@ bool GenerationRun::cancelled() const {
   return request_.cancel && request_.cancel->load(std::memory_order_relaxed);
 }
 
-bool GenerationRun::next_step(BatchEntry& entry, int64_t max_prompt_tokens) {
+bool GenerationRun::next_step(BatchEntry& entry, int64_t max_prompt_tokens, bool may_start_pieces) {
   TERN_INTERNAL_CHECK(!finished_, "generation: a step after the end");
   entry = BatchEntry{};
   entry.session = &session_;
@@ -160,7 +160,7 @@ bool GenerationRun::next_step(BatchEntry& entry, int64_t max_prompt_tokens) {
       return false;
     }
     const int64_t budget = std::max<int64_t>(1, max_prompt_tokens);
-    if (prompt_piece(entry, budget)) return true;
+    if (prompt_piece(entry, budget, may_start_pieces)) return true;
     size_t n = std::min<size_t>(rest_.size(), size_t(std::min(chunk_, budget)));
     n = cut_at_checkpoints(session_.position(), whole_chunk(n));
     entry.tokens = rest_.first(n);
@@ -215,10 +215,11 @@ size_t GenerationRun::whole_chunk(size_t n) const {
 // checkpoint inside it. Only a text chunk, on a runner that runs it so. The piece that reaches the last layer is the
 // chunk's forward call and gives its output; until then the chunk stays part way (piece_tokens_). False: the chunk
 // is not in pieces (next_step cuts it as usual).
-bool GenerationRun::prompt_piece(BatchEntry& entry, int64_t budget) {
+bool GenerationRun::prompt_piece(BatchEntry& entry, int64_t budget, bool may_start) {
   const int L = gen_.runner().config().num_hidden_layers;
   size_t n = piece_tokens_;
   if (n == 0) {
+    if (!may_start) return false;
     // The runner's chunk, or one that a single layer of fits the budget (a model of few layers).
     n = whole_chunk(size_t(std::min<int64_t>(chunk_, budget > INT64_MAX / L ? INT64_MAX : budget * L)));
     const int64_t pos = session_.position();

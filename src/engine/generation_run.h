@@ -51,10 +51,15 @@ class GenerationRun {
   // max_prompt_tokens (>= 1) of prompt work: tokens through every layer, so a longer chunk may run a share of its
   // layers (BatchEntry::layer_limit; the runner's chunk in pieces, see prompt_piece). False when the run ended
   // instead (cancelled before the step; a chunk part way is dropped, the session as before it): nothing to run.
-  bool next_step(BatchEntry& entry, int64_t max_prompt_tokens);
+  // may_start_pieces false: no new chunk in pieces this step (a chunk part way goes on; the runner may hold only one
+  // chunk part way at a time, so a scheduler lets one run start pieces per step: see holds_chunk_part_way).
+  bool next_step(BatchEntry& entry, int64_t max_prompt_tokens, bool may_start_pieces = true);
   // The prompt work of the last next_step's entry: its tokens x the layers it runs / all layers, rounded up (0 for a
   // decode step). What a scheduler's per-step prompt budget counts.
   int64_t step_work() const { return work_; }
+  // The session holds this run's prompt chunk part way: a scheduler gives this run its prompt budget first, so that
+  // the runner's one part-way slot is not held by a run that waits.
+  bool holds_chunk_part_way() const { return piece_tokens_ > 0; }
   // The forward of the last next_step() ran (its output in `entry`): samples, emits, and ends the run or not.
   // Rethrows the entry's error (the run is then finished, its result unusable).
   void step_done(const BatchEntry& entry);
@@ -97,7 +102,7 @@ class GenerationRun {
   void release_fed_images();
   size_t cut_at_checkpoints(int64_t pos, size_t n);
   size_t whole_chunk(size_t n) const;
-  bool prompt_piece(BatchEntry& entry, int64_t budget);
+  bool prompt_piece(BatchEntry& entry, int64_t budget, bool may_start);
   void last_prompt_sampling(BatchEntry& entry);
 
   std::span<const int32_t> rest_;  // prompt tokens still to feed

@@ -44,8 +44,9 @@ std::vector<int32_t> random_prompt(std::mt19937_64& rng, size_t n) {
   return p;
 }
 
-// Runs the requests together as the server's engine loop does: one forward_batch per step, decode steps first, then
-// prompt chunks while `budget` of prompt work is left (every prompt at once when none decodes). Returns the results;
+// Runs the requests together as the server's engine loop does: one forward_batch per step; the run whose chunk is part
+// way first, the others in order, prompt chunks while `budget` of prompt work is left (every prompt at once when none
+// decodes), one run at most starting a chunk in pieces per step. Returns the results;
 // *most_work: the largest prompt work of one step while some request decoded; *pieces: entries that ran part of a
 // chunk's layers.
 std::vector<GenerationResult> run_together(Demo& d, const std::vector<GenerationRequest>& requests, int64_t budget,
@@ -62,18 +63,25 @@ std::vector<GenerationResult> run_together(Demo& d, const std::vector<Generation
     const bool decoding = std::any_of(runs.begin(), runs.end(), [](auto& r) { return !r->finished() && !r->prefilling(); });
     int64_t left = decoding ? budget : INT64_MAX, work = 0;
     std::vector<BatchEntry> batch;
-    std::vector<GenerationRun*> owners;
-    for (auto& run : runs) {
+    std::vector<GenerationRun*> owners, order;
+    for (auto& run : runs)
+      if (run->holds_chunk_part_way()) order.push_back(run.get());
+    bool started = !order.empty();
+    for (auto& run : runs)
+      if (!run->holds_chunk_part_way()) order.push_back(run.get());
+    for (GenerationRun* run : order) {
       if (run->finished() || (run->prefilling() && left <= 0)) continue;
       BatchEntry e;
-      if (!run->next_step(e, run->prefilling() ? left : 1)) continue;
+      const bool held = run->holds_chunk_part_way();
+      if (!run->next_step(e, run->prefilling() ? left : 1, !started)) continue;
+      started = started || (!held && e.layer_limit > 0);
       if (run->prefilling()) {
         left -= run->step_work();
         work += run->step_work();
         if (e.layer_limit > 0) ++*pieces;
       }
       batch.push_back(e);
-      owners.push_back(run.get());
+      owners.push_back(run);
     }
     if (batch.empty()) break;
     if (decoding) *most_work = std::max(*most_work, work);

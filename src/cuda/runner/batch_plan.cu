@@ -73,6 +73,7 @@ void CudaRunner::forward_batch(std::span<BatchEntry> batch) {
     }
     e.sampled.reset();
     e.error = nullptr;
+    e.layers_left = 0;
     try {
       CudaSession& s = own(*e.session);
       check_tokens(s, e.tokens);

@@ -129,6 +129,7 @@ CudaRunner::CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const M
 
 CudaRunner::~CudaRunner() {
   cudaStreamSynchronize(stream_);
+  if (part_way_) *part_way_ = PartWayChunk{};  // its memory goes with the scratch: a session that outlives us holds none
   for (auto& [key, g] : decode_graphs_) cudaGraphExecDestroy(g.exec);
   for (auto& [key, exec] : batch_graphs_) cudaGraphExecDestroy(exec);
   for (auto& [key, exec] : verify_graphs_) cudaGraphExecDestroy(exec);
@@ -383,17 +384,33 @@ void CudaRunner::run_chunk(CudaSession& s, std::span<const int32_t> tokens) {
 // kQmvMaxTokens, at most max_chunk_) and the runner's PartWayChunk is free or this session's.
 bool CudaRunner::runs_layers_apart(const Session& session, int64_t tokens) const {
   const auto* s = dynamic_cast<const CudaSession*>(&session);
-  return layer_pieces_ && s && s->owner == this && part_way_ &&
+  return layer_pieces_ && s && s->owner == this && part_way_ && part_way_->hidden && !s->keep_requested() &&
          (part_way_->holder == 0 || part_way_->holder == s->id) &&
          tokens >= 2 && tokens <= max_chunk_ && !short_call(tokens) && !decode_plan(tokens) && !dump_.on() &&
          w_->layers.size() >= 2;
 }
 
 // The first piece keeps the session's Gated DeltaNet states (drop_pending_layers) and embeds the tokens; each piece
-// runs its layers from the rows the last one parked and parks them again. Nothing waits for the device: the next
-// step's work follows on the same stream.
+// runs its layers from the rows the last one parked and parks them again, then waits for the device, so that a fault
+// is this call's and not the next step's (another request's). A first piece that fails leaves the session as before.
 void CudaRunner::forward_layers(Session& session, std::span<const int32_t> tokens, int layers) {
   CudaSession& s = own(session);
+  const bool first = !s.holds_part_way();
+  try {
+    run_layers_piece(s, tokens, layers);
+  } catch (...) {
+    if (first && s.holds_part_way()) {
+      try {
+        s.drop_pending_layers();
+      } catch (...) {
+        s.release_part_way();
+      }
+    }
+    throw;
+  }
+}
+
+void CudaRunner::run_layers_piece(CudaSession& s, std::span<const int32_t> tokens, int layers) {
   const int64_t T = int64_t(tokens.size()), D = w_->config.hidden_size;
   const int L = int(w_->layers.size());
   PartWayChunk& pw = *part_way_;
@@ -418,6 +435,7 @@ void CudaRunner::forward_layers(Session& session, std::span<const int32_t> token
   chunk_f16_sites_ = T >= f16_min_tokens_ ? f16_sites_ : 0;
   prefill_layers(s, T, done, done + layers);
   TERN_CUDA(cudaMemcpyAsync(pw.hidden, hidden_, size_t(T * D) * 4, cudaMemcpyDeviceToDevice, stream_));
+  TERN_CUDA(cudaStreamSynchronize(stream_));
   pw.done = done + layers;
 }
 

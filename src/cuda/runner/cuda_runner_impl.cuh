@@ -113,6 +113,7 @@ class CudaRunner final : public ModelRunner {
   void run_chunk(CudaSession& s, std::span<const int32_t> tokens);
   void chunk_body(CudaSession& s, int64_t T, int l0 = 0);
   void prefill_layers(CudaSession& s, int64_t T, int l0, int l1);
+  void run_layers_piece(CudaSession& s, std::span<const int32_t> tokens, int layers);  // forward_layers' body
   void dump_layer(const char* base, size_t i, int64_t T, const int* ids = nullptr);
   void lm_head_device(int64_t r0, int64_t n);
   void lm_head_rows(int64_t r0, int64_t n, float* host);

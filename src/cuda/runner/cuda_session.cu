@@ -409,6 +409,7 @@ void CudaSession::copy_kept_states(int64_t t, int64_t position) {
 void CudaSession::copy_kv_prefix(const Session& from, int64_t n) {
   const auto* src = dynamic_cast<const CudaSession*>(&from);
   TERN_CHECK(src != nullptr && src->owner == owner, "cuda copy_kv_prefix: the session was not made by this runner");
+  TERN_CHECK(!holds_part_way(), "cuda copy_kv_prefix: the session holds a prompt chunk part way");
   TERN_CHECK(n >= 0 && n <= src->capacity_ && n <= capacity_, "cuda copy_kv_prefix: ", n,
              " rows from a session of capacity ", src->capacity_, " into one of ", capacity_);
   if (src == this || n == 0) return;

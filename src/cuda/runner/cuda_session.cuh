@@ -196,6 +196,7 @@ class CudaSession final : public Session {
   void keep_state_at(int64_t position) override;
   std::unique_ptr<StateSnapshot> take_kept_snapshot() override;
   int64_t take_keep_request() { return std::exchange(keep_at_, -1); }
+  bool keep_requested() const { return keep_at_ >= 0; }
   const std::vector<KeptStates>& begin_kept_snapshot(int64_t position);  // per layer: where its states go
   const std::vector<KeptStates>& kept_snapshot_layers() const { return kept_snap_layers_; }
   void kept_snapshot_done() { kept_snap_done_ = true; }

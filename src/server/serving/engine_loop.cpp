@@ -166,19 +166,30 @@ void EngineLoop::step() {
   batch.clear();
   owners.clear();
   int64_t tokens = 0;
-  // The prompt budget: only when some task decodes (a prompt alone runs in the runner's own chunks).
+  // The prompt budget: only when some task decodes (a prompt alone runs in the runner's own chunks). A task whose chunk
+  // the runner holds part way takes it first (the runner holds one such chunk at a time: it must not wait), and at most
+  // one task starts a chunk in pieces per step.
   const bool decoding = std::any_of(running_.begin(), running_.end(), [](const auto& r) { return !r->run->prefilling(); });
   int64_t budget = decoding ? scheduler_.step_tokens : INT64_MAX;
-  for (auto& rp : running_) {
+  std::vector<Running*>& order = order_;  // running_ in arrival order, the holder of a chunk part way first
+  order.clear();
+  for (auto& rp : running_)
+    if (rp->run->holds_chunk_part_way()) order.push_back(rp.get());
+  bool pieces = !order.empty();
+  for (auto& rp : running_)
+    if (!rp->run->holds_chunk_part_way()) order.push_back(rp.get());
+  for (Running* rp : order) {
     Running& r = *rp;
     const bool prefill = r.run->prefilling();
     if (prefill && budget <= 0) continue;  // waits for the next step
     BatchEntry e;
     try {
-      if (!r.run->next_step(e, prefill ? budget : 1)) {  // cancelled before its step
+      const bool held = r.run->holds_chunk_part_way();
+      if (!r.run->next_step(e, prefill ? budget : 1, !pieces)) {  // cancelled before its step
         finish(r, EngineEvent::of_done(r.run->take_result()), TaskOutcome::cancelled);
         continue;
       }
+      pieces = pieces || (!held && e.layer_limit > 0);
     } catch (...) {
       fail(r, std::current_exception());
       continue;

@@ -73,6 +73,7 @@ class EngineLoop {
   std::vector<std::unique_ptr<Running>> running_;  // in arrival order
   std::vector<BatchEntry> batch_;                  // step(): this step's forwards, and whose they are
   std::vector<Running*> owners_;
+  std::vector<Running*> order_;  // step()'s order of the running tasks
   std::thread thread_;
 };
 

@@ -18,6 +18,8 @@
 
 #include "../../engine/eval_fake_runner.h"
 #include "core/check.h"
+#include "cpu/cpu_runner.h"
+#include "engine/demo_model.h"
 #include "server/serving/engine_loop.h"
 
 namespace tern::server {
@@ -485,6 +487,78 @@ TEST(EngineLoopScheduler, MemoryPlanChoosesOrRefusesTheParallelSequences) {
       EXPECT_NE(what.find(says), std::string::npos) << what;
   }
   EXPECT_EQ(runner.sessions_created, 0) << "refused before any session is made";
+}
+
+// The CPU runner (the demo model's architecture) with the CUDA runner's rule for chunks in pieces of layers: one
+// session at a time may hold a chunk part way, and runs_layers_apart says no to the others meanwhile.
+class OneSlotRunner final : public ModelRunner {
+ public:
+  explicit OneSlotRunner(std::unique_ptr<ModelRunner> inner) : inner_(std::move(inner)) {}
+  std::string backend_name() const override { return inner_->backend_name(); }
+  const Config& config() const override { return inner_->config(); }
+  int64_t vocab_real() const override { return inner_->vocab_real(); }
+  int64_t preferred_prefill_chunk() const override { return inner_->preferred_prefill_chunk(); }
+  std::unique_ptr<Session> create_session(int64_t max_context) override { return inner_->create_session(max_context); }
+  void forward(Session& session, std::span<const int32_t> tokens, bool all_logits,
+               std::vector<float>& logits) override {
+    inner_->forward(session, tokens, all_logits, logits);
+  }
+  bool runs_layers_apart(const Session& session, int64_t tokens) const override {
+    return free_for(session) && inner_->runs_layers_apart(session, tokens);
+  }
+  void forward_layers(Session& session, std::span<const int32_t> tokens, int layers) override {
+    TERN_CHECK(free_for(session), "the one part-way chunk is another session's");
+    inner_->forward_layers(session, tokens, layers);
+    holder_ = &session;
+    ++pieces;
+  }
+  int pieces = 0;
+
+ private:
+  bool free_for(const Session& session) const {
+    if (holder_ && holder_->layers_pending() == 0) holder_ = nullptr;  // finished, dropped or reset since
+    return holder_ == nullptr || holder_ == &session;
+  }
+  std::unique_ptr<ModelRunner> inner_;
+  mutable const Session* holder_ = nullptr;
+};
+
+// Two long prompts arrive while a request decodes, on a runner that holds one chunk part way at a time: one of them
+// reads in pieces while the other waits (or reads whole chunks), never both starting pieces in one step, and every
+// request gets the tokens it gets alone.
+TEST(EngineLoopScheduler, OnePromptAtATimeReadsInPiecesOnARunnerWithOneSlot) {
+  DemoModelOptions o;
+  o.vocab_real = 512;
+  o.eos_json = "[500]";
+  o.mtp = false;
+  OneSlotRunner runner(cpu_runner_create(demo_model_build(o)));
+  GeneratorOptions g;
+  g.prefill_chunk = 64;
+  Generator generator(runner, letters(), g);
+  std::vector<GenerationRequest> requests = {request({3, 4, 5}, 80), request({}, 4), request({}, 4)};
+  for (int i = 0; i < 150; ++i) requests[1].prompt.push_back(int32_t((7 * i + 1) % 480));
+  for (int i = 0; i < 200; ++i) requests[2].prompt.push_back(int32_t((11 * i + 5) % 480));
+  for (GenerationRequest& r : requests) r.ignore_eos = true;
+  std::vector<GenerationResult> alone;
+  for (const GenerationRequest& r : requests) {
+    auto session = runner.create_session(1024);
+    alone.push_back(generator.generate(*session, r));
+  }
+  ASSERT_EQ(runner.pieces, 0);
+  Metrics metrics;
+  EngineLoop loop(generator, 1024, 16, metrics, {}, SchedulerOptions{.parallel = 3, .step_tokens = 16});
+  auto a = submit(loop, requests[0], "a");
+  std::optional<EngineEvent> first = a->events.pop(std::chrono::seconds(30));
+  ASSERT_TRUE(first && first->kind == EngineEvent::Kind::token);  // a decodes now
+  auto b = submit(loop, requests[1], "b"), c = submit(loop, requests[2], "c");
+  const EngineEvent eb = wait_end(*b), ec = wait_end(*c), ea = wait_end(*a);
+  ASSERT_EQ(eb.kind, EngineEvent::Kind::done) << eb.error.message;
+  ASSERT_EQ(ec.kind, EngineEvent::Kind::done) << ec.error.message;
+  ASSERT_EQ(ea.kind, EngineEvent::Kind::done) << ea.error.message;
+  EXPECT_EQ(eb.result.tokens, alone[1].tokens);
+  EXPECT_EQ(ec.result.tokens, alone[2].tokens);
+  EXPECT_EQ(ea.result.tokens, alone[0].tokens);
+  EXPECT_GT(runner.pieces, 4) << "the long prompts were read in pieces";
 }
 
 }  // namespace
