@@ -257,6 +257,22 @@ TEST(CudaMatmulWgmma, SwigluMatchesTwin) {
   }
 }
 
+// A grouped product's arguments over the tile map g of tiles of at most `tile` tokens: w, x (its rows gathered by
+// token through g when gather, else by sorted position, ldx) prepared as px, y [T·k, ldy].
+MatmulArgs grouped_args(const MoeGroups& g, int64_t T, int E, int k, int tile, const DMat& w, const float* x,
+                        int64_t ldx, bool gather, const PreparedInput& px, WgmmaX xk, float* y, int64_t ldy) {
+  MatmulArgs a;
+  set_tiles(a, g, moe_max_tiles(T, E, k), tile);
+  a.w = w;
+  a.x = x;
+  a.ldx = ldx;
+  px.set(a, xk, ldx);
+  if (gather) a.gather = g.sorted_token;
+  a.y = y;
+  a.ldy = ldy;
+  return a;
+}
+
 // The grouped products follow the tile map moe_group builds on the device: gate-like (512 × 2048, rows gathered
 // from the tokens), down-like (2048 × 512, rows by sorted position) and the fused gate+up SwiGLU, for evenly spread
 // and skewed routing (one expert on every token; one expert with a single token).
@@ -290,27 +306,11 @@ TEST(CudaMatmulWgmma, GroupedExpertsFollowTheDeviceTileMap) {
       const std::string label = std::string(skewed ? "skewed " : "") + "T=" + std::to_string(T) + " " + x_name(xk);
       DeviceBuf<float> yg(std::vector<float>(size_t(T * k * F), NAN)), yd(std::vector<float>(size_t(T * k * D), NAN)),
           ys(std::vector<float>(size_t(T * k * F), NAN));
-      MatmulArgs a;
-      set_tiles(a, g, moe_max_tiles(T, E, k));
-      a.w = dgate.d;
-      a.x = dx.p;
-      a.ldx = D;
-      px.set(a, xk, D);
-      a.gather = g.sorted_token;
-      a.y = yg.p;
-      a.ldy = F;
+      MatmulArgs a = grouped_args(g, T, E, k, kMatmulTileTokens, dgate.d, dx.p, D, true, px, xk, yg.p, F);
       run_product(a, xk);
       a.y = ys.p;
       run_product(a, xk, &dup.d);
-      MatmulArgs b;
-      set_tiles(b, g, moe_max_tiles(T, E, k));
-      b.w = ddown.d;
-      b.x = dxd.p;
-      b.ldx = F;
-      pxd.set(b, xk, F);
-      b.y = yd.p;
-      b.ldy = D;
-      run_product(b, xk);
+      run_product(grouped_args(g, T, E, k, kMatmulTileTokens, ddown.d, dxd.p, F, false, pxd, xk, yd.p, D), xk);
       expect_product(yg.host(), ref_gate, ref_gate, F, "grouped gate " + label, kTwinRms, kTwinWorst);
       expect_product(ys.host(), ref_swiglu, ref_swiglu, F, "grouped swiglu " + label, kSwigluRms, kSwigluWorst);
       expect_product(yd.host(), ref_down, ref_down, D, "grouped down " + label, kTwinRms, kTwinWorst);
@@ -376,27 +376,11 @@ PairOutputs run_grouped(const NarrowModel& m, const std::vector<int>& ids, const
       matmul(a, nullptr, MatmulTile::automatic);
     }
   };
-  MatmulArgs a;
-  set_tiles(a, g, moe_max_tiles(T, E, k), tile);
-  a.w = m.dgate->d;
-  a.x = dx.p;
-  a.ldx = D;
-  px.set(a, xk, D);
-  a.gather = g.sorted_token;
-  a.y = yg.p;
-  a.ldy = F;
+  MatmulArgs a = grouped_args(g, T, E, k, tile, m.dgate->d, dx.p, D, true, px, xk, yg.p, F);
   product(a, nullptr);
   a.y = ys.p;
   product(a, &m.dup->d);
-  MatmulArgs b;
-  set_tiles(b, g, moe_max_tiles(T, E, k), tile);
-  b.w = m.ddown->d;
-  b.x = dxd.p;
-  b.ldx = F;
-  pxd.set(b, xk, F);
-  b.y = yd.p;
-  b.ldy = D;
-  product(b, nullptr);
+  product(grouped_args(g, T, E, k, tile, m.ddown->d, dxd.p, F, false, pxd, xk, yd.p, D), nullptr);
   auto by_pair = [&](const std::vector<float>& sorted, int64_t cols) {
     std::vector<float> r(sorted.size());
     for (int64_t i = 0; i < n; ++i)
