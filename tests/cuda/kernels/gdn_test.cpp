@@ -174,8 +174,8 @@ TEST(CudaGdnDecode, MatchesCpuTwinAcrossCallsWithStateCarried) {
 // gdn_decode_batched against gdn_decode run for each sequence alone (T = 1), bit for bit: B sequences with their own
 // proj rows and their own conv and recurrent states (separate allocations, different values), two steps with the
 // states carried, for every launch shape (the batched call takes a.kernel as gdn_decode does; portable_split, and
-// automatic as the runner calls it, with tickets). automatic is the cross-shape check where TERN_GDN_BATCH_SHAPE names
-// a batched shape: on sm_90 the batched call then takes it from B = 2 on, the lone calls cluster4_w16. The
+// automatic as the runner calls it, with tickets). automatic is the cross-shape check: on sm_90 the batched call takes
+// the batched shape from B = 2 on (cluster2_w16, or TERN_GDN_BATCH_SHAPE's), the lone calls cluster4_w16. The
 // outputs and both updated states must be identical to the last bit, the states must have changed, and the tickets
 // must be back at zero.
 TEST(CudaGdnDecode, BatchedIsBitIdenticalToEachSequenceAlone) {

@@ -467,26 +467,26 @@ void launch_decode(const GdnDecodeArgs& a, int B, const StateTables& tables, cud
 //  - one sequence (gdn_decode, gdn_decode_from_tables, gdn_decode_batched with B = 1): cluster4_w16, fastest in the
 //    workbench (H200, 2026-12-01: 5.2 µs vs 6.2 for cluster8_w8). Its 64 blocks (Hk = 16) are under one wave
 //    already, where 8 rows per warp would only lengthen each warp's chain; kept (not measured against those).
-//  - gdn_decode_batched with B ≥ 2 (only it passes B > 1 here): cluster4_w16 too, until cluster2_w16's bits are
-//    confirmed on the GPU (TERN_GDN_BATCH_SHAPE below; on 2340328 they differed from cluster4_w16's in the last
-//    bits: the conv's last tap, contracted by some kernels and not by others, now an explicit fmaf). The
-//    step is latency-bound and its state (B · 2 MB) is as large as the register files: cluster4_w16 holds 16 state
+//  - gdn_decode_batched with B ≥ 2 (only it passes B > 1 here): cluster2_w16 (TERN_GDN_BATCH_SHAPE=cluster4_w16 or
+//    cluster4_w8 for the others). Its bits are cluster4_w16's since the conv's last tap became an explicit fmaf
+//    (on 2340328 some kernels contracted it and others did not): CudaGdnDecode.BatchShapesAreBitIdenticalToCluster4
+//    and the batch-invariance tests passed on the H200 (2026-12-05), and it gave +4.8% / +4.4% at 8 / 16 streams
+//    (2,078 → 2,177 and 2,455 → 2,563 tok/s, docs/benchmarks.md). The step is latency-bound and its state (B · 2 MB) is as large as the register files: cluster4_w16 holds 16 state
 //    floats per thread in 64 registers (4 per float), 2 blocks of 512 threads per SM = 128 rows per SM, so B = 8
 //    is 512 blocks over 264 slots on the H200's 132 SMs (1.94 waves; Nsight: 22.4 µs, 47% occupancy, DRAM 17%).
 //    cluster2_w16's one-token kernel holds 32 in 64 registers (2 per float): 2 blocks of 512 threads = 256 rows per
 //    SM, B = 8 is 256 blocks over 264 slots (0.97 waves), B = 16 1.94 (cluster4_w16: 3.9). cluster4_w8 (80
 //    registers, 2.5 per float): 3 blocks of 256 threads = 192 rows per SM, B = 8 1.29 waves, B = 16 2.59.
-//    Each is meant to give a sequence the numbers cluster4_w16 gives it alone (the same per-row arithmetic, the sums
-//    of squares in sets of 4 rows): the same FP instruction sequence in the SASS since the fmaf fix, the bits to be
-//    confirmed on the GPU (CudaGdnDecode.BatchShapesAreBitIdenticalToCluster4).
+//    Each gives a sequence the numbers cluster4_w16 gives it alone (the same per-row arithmetic, the sums of squares
+//    in sets of 4 rows): the same FP instruction sequence in the SASS since the fmaf fix.
 GdnDecodeArgs::Kernel automatic_kind(int B, bool tickets) {
   using K = GdnDecodeArgs::Kernel;
   static const bool cluster_ok = sm90_features();
   static const bool split_ok = !env_is("TERN_GDN_PORTABLE_SPLIT", "0");
-  // TERN_GDN_BATCH_SHAPE (the batched step's shape for B >= 2): cluster2_w16 or cluster4_w8; else cluster4_w16.
-  static const K batch_kind = env_is("TERN_GDN_BATCH_SHAPE", "cluster2_w16")  ? K::cluster2_w16
+  // TERN_GDN_BATCH_SHAPE (the batched step's shape for B >= 2): cluster4_w16 or cluster4_w8; else cluster2_w16.
+  static const K batch_kind = env_is("TERN_GDN_BATCH_SHAPE", "cluster4_w16")  ? K::cluster4_w16
                               : env_is("TERN_GDN_BATCH_SHAPE", "cluster4_w8") ? K::cluster4_w8
-                                                                              : K::cluster4_w16;
+                                                                              : K::cluster2_w16;
   if (!cluster_ok) return tickets && split_ok ? K::portable_split : K::portable;
   return B >= 2 ? batch_kind : K::cluster4_w16;
 }
