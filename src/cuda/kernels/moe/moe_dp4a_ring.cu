@@ -171,6 +171,7 @@ template <int S>
 __device__ __forceinline__ void issue_gate_up_lean(const GateUpParams& p, const int* ids, GateUpPos b, int lane,
                                                    uint32_t dst) {
   if (b.pair > p.k) return;
+  dst += uint32_t(16 * lane);  // lane's chunk: word chunk 32j + lane of each matrix, scale/bias chunk lane
   const bool sh = b.pair == 0;
   const uint32_t e = sh ? 0u : uint32_t(ids[b.pair - 1]);
   const Q4 G = pick(sh, p.sgate, p.gate), U = pick(sh, p.sup, p.up);
