@@ -396,7 +396,7 @@ void GenerationRun::release_fed_images() {
 
 void GenerationRun::after_prompt_chunk(const BatchEntry& entry) {
   rest_ = rest_.subspan(entry.tokens.size());
-  if (drafter_) drafter_->after_prompt_chunk();
+  if (drafter_ && !rest_.empty()) drafter_->after_prompt_chunk();  // the last chunk's: after its first token, below
   spans_.clear();
   release_fed_images();
   report_prompt_progress();
@@ -428,6 +428,9 @@ void GenerationRun::after_prompt_chunk(const BatchEntry& entry) {
                !(entry.sampling && !device_id);
   t_decode_ = Clock::now();
   choose_token(device_id);
+  // The drafter follows the prompt's last chunk (the MTP head over its positions) once the first token is out: not in
+  // the time to first token. finish_decode has done it when the run ended at that token.
+  if (drafter_ && !finished_) drafter_->after_prompt_chunk();
   if (kept) request_.on_kept_checkpoint(session_);
   if (checkpoint) request_.on_checkpoint(session_);
 }

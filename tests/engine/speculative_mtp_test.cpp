@@ -233,6 +233,30 @@ std::shared_ptr<const ModelWeights> head_that_knows_the_model() {
   return w;
 }
 
+// The MTP head follows the prompt's last chunk after its first token is out, not before: the time to first token is
+// the model's alone. With a one-chunk prompt, the head's cache is still empty when the first token's event comes, the
+// prompt's pairs are in it by the second, and the output is the one without drafts.
+TEST(SpeculativeMtp, TheHeadFollowsThePromptAfterTheFirstToken) {
+  auto runner = cpu_runner_create(demo_weights());
+  std::mt19937_64 rng(tern::testing::fresh_seed());
+  const GenerationRequest req = random_greedy(rng, 6, true, 20, 20);
+  const GenerationResult plain = generate(*runner, SpeculativeMode::off, req);
+  GeneratorOptions o;
+  o.speculative.mode = SpeculativeMode::mtp;
+  o.speculative.max_drafts = 4;
+  Generator gen(*runner, id_text(), o);
+  auto s = runner->create_session(512);
+  std::vector<int64_t> rows;  // the head's cache rows at each token's event
+  const GenerationResult r = gen.generate(*s, req, [&](const TokenEvent&) {
+    rows.push_back(runner->mtp_rows(*s));
+    return true;
+  });
+  EXPECT_EQ(r.tokens, plain.tokens);
+  ASSERT_GE(rows.size(), 2u);
+  EXPECT_EQ(rows[0], 0) << "the head ran over the prompt before the first token";
+  EXPECT_GE(rows[1], int64_t(req.prompt.size()) - 1) << "the head follows the prompt";
+}
+
 TEST(SpeculativeMtp, DraftsOfAHeadThatKnowsTheModelAreAccepted) {
   auto runner = cpu_runner_create(head_that_knows_the_model());
   std::mt19937_64 rng(testing::fresh_seed());
