@@ -201,6 +201,12 @@ void GenerationRun::last_prompt_sampling(BatchEntry& entry) {
   }
 }
 
+// Whether prompt positions [from, to) hold any image token.
+bool GenerationRun::holds_images(int64_t from, int64_t to) const {
+  return std::any_of(request_.images.begin(), request_.images.end(),
+                     [&](const PromptImage& im) { return im.offset < to && im.offset + im.tokens > from; });
+}
+
 // At most n of the prompt's next tokens, ending at the next multiple of checkpoint_every.
 size_t GenerationRun::whole_chunk(size_t n) const {
   const int64_t every = request_.checkpoint_every, pos = session_.position();
@@ -225,10 +231,8 @@ bool GenerationRun::prompt_piece(BatchEntry& entry, int64_t budget, bool may_sta
     const int64_t pos = session_.position();
     for (int64_t at : request_.checkpoint_at)  // cut at the first checkpoint inside: a snapshot is taken there
       if (at > pos && at < pos + int64_t(n)) n = size_t(at - pos);
-    const bool images = std::any_of(request_.images.begin(), request_.images.end(), [&](const PromptImage& im) {
-      return im.offset < pos + int64_t(n) && im.offset + im.tokens > pos;
-    });
-    if (budget >= int64_t(n) || L < 2 || images || !gen_.runner().runs_layers_apart(session_, int64_t(n)))
+    if (budget >= int64_t(n) || L < 2 || holds_images(pos, pos + int64_t(n)) ||
+        !gen_.runner().runs_layers_apart(session_, int64_t(n)))
       return false;
   }
   const int left = piece_tokens_ ? session_.layers_pending() : L;
@@ -240,9 +244,8 @@ bool GenerationRun::prompt_piece(BatchEntry& entry, int64_t budget, bool may_sta
     work_ = (int64_t(n) * layers + L - 1) / L;
     return true;
   }
-  work_ = (int64_t(n) * left + L - 1) / L;  // the last piece: the chunk's forward call
+  work_ = (int64_t(n) * left + L - 1) / L;  // the last piece: the chunk's forward call (text only: no spans)
   spans_.clear();
-  entry.images = spans_;
   last_prompt_sampling(entry);
   return true;
 }
@@ -259,14 +262,9 @@ size_t GenerationRun::cut_at_checkpoints(int64_t pos, size_t n) {
   if (inside.empty()) return n;
   std::sort(inside.begin(), inside.end());
   inside.erase(std::unique(inside.begin(), inside.end()), inside.end());
-  const auto text_only = [&](int64_t end) {
-    return std::none_of(request_.images.begin(), request_.images.end(), [&](const PromptImage& im) {
-      return im.offset < end && im.offset + im.tokens > pos;
-    });
-  };
   const size_t kept_n = inside.size() > 1 ? size_t(inside[1] - pos) : n;  // the chunk when the first is kept
   if (request_.on_kept_checkpoint && gen_.runner().keeps_state_inside(int64_t(kept_n)) &&
-      text_only(pos + int64_t(kept_n))) {
+      !holds_images(pos, pos + int64_t(kept_n))) {
     session_.keep_state_at(inside[0]);
     kept_at_ = inside[0];
     return kept_n;

@@ -102,6 +102,7 @@ class GenerationRun {
   void release_fed_images();
   size_t cut_at_checkpoints(int64_t pos, size_t n);
   size_t whole_chunk(size_t n) const;
+  bool holds_images(int64_t from, int64_t to) const;
   bool prompt_piece(BatchEntry& entry, int64_t budget, bool may_start);
   void last_prompt_sampling(BatchEntry& entry);
 

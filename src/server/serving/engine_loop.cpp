@@ -202,8 +202,8 @@ void EngineLoop::step() {
   }
   if (!batch.empty()) {
     generator_.runner().forward_batch(batch);
-    const int64_t pieces = std::count_if(batch.begin(), batch.end(), [](const BatchEntry& e) { return e.layers_left > 0; });
-    metrics_.on_step(int64_t(batch.size()), tokens, pieces);
+    const int64_t part_way = std::count_if(batch.begin(), batch.end(), [](const BatchEntry& e) { return e.layers_left > 0; });
+    metrics_.on_step(int64_t(batch.size()), tokens, part_way);
   }
   for (size_t i = 0; i < batch.size(); ++i) {
     Running& r = *owners[i];
