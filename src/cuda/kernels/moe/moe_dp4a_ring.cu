@@ -7,6 +7,11 @@
 // (quantised by the same quantize_block), the same fold (dot_row / the segment loop) and the same warp_sum, so each
 // token's h and hidden are bit for bit its one-token result. Only where a lane's weights wait differs.
 //
+// Which gate_up form runs (gate_up_mode, TERN_MOE_RING_GATE_UP): the first form below (default), its lean twin, or
+// the form grouped by expert across the batch's tokens (moe_dp4a_grouped.cu: each expert row read once per group of
+// up to 8 tokens, not once per token; the same stage layout and the same bits), which falls back to the first form
+// where it does not apply (no x̂ quantised by the router in the scratch, E > 256, D = 4096).
+//
 // A stage holds one row's bytes in the order of its 16-byte chunks; lane l copies chunks c = l + 32·j, j = 0, 1, ...:
 //   gate_up (S slices of 1024 columns): gate words [S·512 B], up words [S·512 B], then the gate's scales, its biases,
 //            the up's scales, its biases [2S chunks each]: 72·S chunks. So j < S: gate words 4·l + 128·j of the row
