@@ -18,8 +18,8 @@
 //      with its (token, slot) pairs in pair order (token-major). Every block of the group builds the same list.
 //   2. splits the group's batches (entry d, row i), d-major, into one contiguous run per warp of the group's grid, by
 //      cost: a batch of entry d costs kLoadCost + (d's pairs), in units of one token's two dot products, so that the
-//      shared expert's rows (kGroupTokens tokens each) and the routed ones (~1.1 each at 8 tokens) even out, and the 8
-//      warps of a block hold consecutive runs (a block's total is its share to within a batch);
+//      shared expert's rows (kGroupTokens tokens each) and the routed ones (~1.1 each at 8 tokens) even out (each
+//      warp's total its share to within one batch); a block's 8 runs are spread over the list;
 //   3. copies the group's per-lane activations into shared memory (cp.async, one group of its own), issues the first
 //      kStages − 1 batches of its run, asks L2 for the down rows of the group's experts (down_ahead), and triggers the
 //      next launch once every thread has passed pdl_wait (moe_down's early routing read: moe_dp4a.cuh);
@@ -201,8 +201,10 @@ __global__ void __launch_bounds__(kThreads, S <= 1 ? 4 : 2) moe_gate_up_grouped_
   pdl_wait();  // the routing and the activations come from the router kernel
   list_group(p, t0, gn, L, ls);
 
-  // Step 2: this warp's run [first, end) of the group's batches.
-  const int F = p.F, warps = int(gridDim.x) * kWarps, wid = int(blockIdx.x) * kWarps + warp;
+  // Step 2: this warp's run [first, end) of the group's batches: run warp·blocks + block, so that a block's 8 runs lie
+  // spread over the list (the shared expert's compute-heavy rows and the routed experts' load-heavy ones mixed on an
+  // SM), each an equal share of the cost.
+  const int F = p.F, warps = int(gridDim.x) * kWarps, wid = warp * int(gridDim.x) + int(blockIdx.x);
   const int64_t total = cost_before(L, F, L.entries);
   const int first = batch_at_cost(L, F, total * wid / warps);
   const int end = wid + 1 == warps ? L.entries * F : batch_at_cost(L, F, total * (wid + 1) / warps);
