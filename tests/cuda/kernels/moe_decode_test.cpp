@@ -443,6 +443,10 @@ TEST(CudaMoeDecode, GroupedGateUpMatchesOneTokenBitwise) {
       restore();
       GTEST_SKIP() << "moe_decode_batched does not apply here (needs the sm_90 cluster router)";
     }
+    if (!moe_gate_up_wants_x_lanes(md.w, 2)) {
+      restore();
+      GTEST_SKIP() << "the batched gate_up rings are off (TERN_MOE_RING=0)";
+    }
     const std::string label = std::string(c.tied ? "repeated router rows" : "random router") + " D=" +
                               std::to_string(c.D) + " E=" + std::to_string(c.E) + " (grouped gate_up)";
     for (int B : {2, 3, 8, 9, 16, 32}) {
