@@ -4,7 +4,7 @@
 // D = 2048; 4-bit experts, 8-bit router), T = 1 and T = 3, every kernel launched twice to check that the router's
 // ticket counter resets and that results are deterministic (the second run with the L2 prefetch of the down
 // matrices on). A small float-format model checks the generic path. The batched step (moe_decode_batched) is held to
-// moe_decode per token, bit for bit.
+// moe_decode per token, bit for bit, with each of its gate_up forms (the ring, the grouped one).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -17,6 +17,7 @@
 #include "cpu/ops_moe.h"
 #include "cpu/ops_norm.h"
 #include "cuda/kernels/moe/moe_decode.cuh"
+#include "cuda/kernels/moe/moe_dp4a.cuh"
 #include "cuda/kernels/qmv/qmv.cuh"
 #include "moe_decode_test_util.h"
 
@@ -232,13 +233,53 @@ TEST(CudaMoeDecode, GenericFormatsMatchCpu) {
   }
 }
 
+// The scratch's x_lanes (moe_decode.cuh) that the cluster router writes for B tokens' x̂ [B, D], made on the host: a
+// twin of quantize_word (dp4a_tile.cuh: v = rint(x·(32639/m)) per group of 64 columns, v = 256·hi + lo, the bytes
+// {even hi, odd hi, even lo, odd lo} of each 8-column word) and of gate_up_lane_x's σ and σ·Σv of a lane's 32
+// columns, as uint32 words.
+std::vector<uint32_t> host_x_lanes(const std::vector<float>& xhat, int B, int64_t D) {
+  const int64_t slices = D / 1024, slice_words = kMoeXLaneSliceBytes / 4;
+  std::vector<uint32_t> out(size_t(B * slices * slice_words));
+  const auto pack = [](const int* b) {  // bytes b[0], b[2], b[4], b[6] (or from b + 1), low first
+    return (uint32_t(b[0]) & 255u) | (uint32_t(b[2]) & 255u) << 8 | (uint32_t(b[4]) & 255u) << 16 |
+           (uint32_t(b[6]) & 255u) << 24;
+  };
+  for (int t = 0; t < B; ++t)
+    for (int64_t j = 0; j < slices; ++j)
+      for (int l = 0; l < 32; ++l) {
+        const float* x = xhat.data() + t * D + 1024 * j + 32 * l;  // the lane's 32 columns
+        const float* group = xhat.data() + t * D + (1024 * j + 32 * l) / 64 * 64;
+        float m = 0.0f;
+        for (int c = 0; c < 64; ++c) m = std::max(m, std::fabs(group[c]));
+        const float inv = m >= 0x1p-100f ? 32639.0f / m : 0.0f;
+        uint32_t* slice = out.data() + (t * slices + j) * slice_words;
+        int sum = 0;
+        for (int k = 0; k < 4; ++k) {  // word 4·l + k
+          int hi[8], lo[8];
+          for (int e = 0; e < 8; ++e) {
+            const int q = std::clamp(int(std::lrintf(x[8 * k + e] * inv)), -32639, 32639);
+            sum += q;
+            hi[e] = (q + 128) >> 8;
+            lo[e] = q - hi[e] * 256;
+          }
+          uint32_t* word = slice + 4 * (32 * k + l);
+          word[0] = pack(hi), word[1] = pack(hi + 1), word[2] = pack(lo), word[3] = pack(lo + 1);
+        }
+        const float sig = m / 32639.0f, sx = sig * float(sum);
+        std::memcpy(slice + 512 + 2 * l, &sig, 4);
+        std::memcpy(slice + 513 + 2 * l, &sx, 4);
+      }
+  return out;
+}
+
 // moe_decode_batched (one token of each of B sequences) against moe_decode per token (T = 1, its own scratch): the
 // hidden rows bit for bit, and every row of the scratch the same (x̂, router logits, shared logit and gate, ids,
 // routing weights, h). Tokens of different magnitudes (×100, ×1e-2) and, for B > 3, an all-zero one (x̂ = 0: every
 // logit ties, the lowest k experts win). The batched step runs twice, the second time with the down matrices' L2
-// prefetch, which must change nothing.
+// prefetch, which must change nothing. x_lanes: the scratch's x_lanes (the grouped gate_up's input) are held to their
+// host twin too.
 void expect_batched_matches_alone(std::mt19937_64& rng, const MoeDevice& md, int E, int k, int64_t D, int64_t F, int B,
-                                  const std::string& label) {
+                                  const std::string& label, bool x_lanes = false) {
   auto hidden = random_floats(rng, size_t(B * D), -4.0f, 4.0f);
   for (int t = 0; t < B; ++t) {
     const float f = (B > 3 && t == B - 1) ? 0.0f : t == 1 ? 100.0f : t == 2 ? 1e-2f : 1.0f;
@@ -314,6 +355,10 @@ void expect_batched_matches_alone(std::mt19937_64& rng, const MoeDevice& md, int
     same(to_host(s.w, wts.size()), wts, "routing weights");
     same(to_host(s.shared_gate, sgate.size()), sgate, "shared gate");
     same(to_host(s.h, h.size()), h, "SwiGLU hidden");
+    if (x_lanes) {  // the router's quantised x̂ for the grouped gate_up
+      const auto want_lanes = host_x_lanes(xhat, B, D);
+      same(to_host(reinterpret_cast<const uint32_t*>(s.x_lanes), want_lanes.size()), want_lanes, "x_lanes");
+    }
   }
 }
 
@@ -365,6 +410,54 @@ TEST(CudaMoeDecode, BatchedMatchesOneTokenBitwiseOneSlice) {
     if (HasFailure()) break;
   }
   qmv_set_variant(v0);
+}
+
+// The gate_up grouped by expert across the batch (TERN_MOE_RING_GATE_UP=grouped, set here with
+// moe_ring_gate_up_set_mode) held to the tokens alone as the ring is: B in {2, 3, 8, 9, 16, 32} (one group; two groups
+// of 4 and 5; up to four groups of 8), random router rows and repeated ones (repeat_router_rows: tokens share
+// experts, up to all 8 of them, so that an expert's rows serve many (token, slot) pairs), at the model's shapes and at
+// D = 1024 (one slice) with 64 experts. The router's x_lanes are held to their host twin (host_x_lanes), and the
+// grouped kernel must have run (its launch count: the ring form, which it falls back to, would pass the rest).
+TEST(CudaMoeDecode, GroupedGateUpMatchesOneTokenBitwise) {
+  TERN_REQUIRE_GPU();
+  std::mt19937_64 rng(fresh_seed("CudaMoeDecode.Grouped"));
+  const int k = 8;
+  const int64_t F = 512;
+  const int v0 = qmv_variant(), mode0 = moe_ring_gate_up_mode();
+  const auto restore = [&] {
+    qmv_set_variant(v0);
+    moe_ring_gate_up_set_mode(mode0);
+  };
+  qmv_set_variant(3);
+  moe_ring_gate_up_set_mode(kMoeRingGateUpGrouped);
+  struct Case {
+    int E;
+    int64_t D;
+    bool tied;
+  };
+  for (const Case& c : {Case{256, 2048, false}, Case{256, 2048, true}, Case{64, 1024, false}, Case{64, 1024, true}}) {
+    auto mh = make_moe(rng, WeightFormat::affine4, WeightFormat::affine8, c.E, k, c.D, F);
+    if (c.tied) repeat_router_rows(*mh);
+    MoeDevice md(*mh);
+    if (!moe_decode_batched_supported(md.w)) {
+      restore();
+      GTEST_SKIP() << "moe_decode_batched does not apply here (needs the sm_90 cluster router)";
+    }
+    if (!moe_gate_up_wants_x_lanes(md.w, 2)) {
+      restore();
+      GTEST_SKIP() << "the batched gate_up rings are off (TERN_MOE_RING=0)";
+    }
+    const std::string label = std::string(c.tied ? "repeated router rows" : "random router") + " D=" +
+                              std::to_string(c.D) + " E=" + std::to_string(c.E) + " (grouped gate_up)";
+    for (int B : {2, 3, 8, 9, 16, 32}) {
+      const int64_t launches = moe_gate_up_grouped_launches();
+      expect_batched_matches_alone(rng, md, c.E, k, c.D, F, B, label, true);
+      EXPECT_EQ(moe_gate_up_grouped_launches() - launches, 2) << label << " B=" << B << ": the grouped gate_up ran";
+      if (HasFailure()) break;
+    }
+    if (HasFailure()) break;
+  }
+  restore();
 }
 
 }  // namespace

@@ -594,11 +594,15 @@ void launch_router(const RouterParams& p, int smem, cudaStream_t stream) {
   }
 }
 
+// The scratch's x_lanes: T tokens' ceil(D / 1024) slices.
+int64_t x_lanes_bytes(int T, int64_t D) { return int64_t(T) * ((D + 1023) / 1024) * kMoeXLaneSliceBytes; }
+
 }  // namespace
 
 size_t moe_decode_scratch_bytes(int T, int64_t D, int E, int k, int64_t F) {
   const int64_t b = align_up(T * D * 4) + align_up(int64_t(T) * E * 4) + align_up(T * 4) + align_up(int64_t(T) * k * 4) +
-                    align_up(int64_t(T) * k * 4) + align_up(T * 4) + align_up(T * (k + 1) * F * 4) + align_up(2 * 4);
+                    align_up(int64_t(T) * k * 4) + align_up(T * 4) + align_up(T * (k + 1) * F * 4) + align_up(2 * 4) +
+                    align_up(x_lanes_bytes(T, D));
   return size_t(b);
 }
 
@@ -620,6 +624,7 @@ MoeDecodeScratch moe_decode_scratch_view(void* base, int T, int64_t D, int E, in
   s.h = static_cast<float*>(take(T * (k + 1) * F * 4));
   s.ticket = static_cast<unsigned*>(take(2 * 4));
   s.epoch = s.ticket + 1;
+  s.x_lanes = static_cast<uint4*>(take(x_lanes_bytes(T, D)));  // last: the other tables keep their places
   return s;
 }
 
@@ -819,10 +824,16 @@ bool moe_decode_batched_supported(const MoeDecodeWeights& w) {
   return router && integer_kernels_wanted() && moe_gate_up_dp4a_fits(w) && moe_down_dp4a_fits(w);
 }
 
-// B tokens' routing: B router clusters in one launch, or the ticket router over chunks of the batch.
+// B tokens' routing: B router clusters in one launch, or the ticket router over chunks of the batch. With x_lanes
+// the clusters also write the scratch's x_lanes for the grouped gate_up, and x_lanes_written says so (the ticket
+// router does not write them).
 bool route_batch(const MoeDecodeWeights& w, const float* hidden, int B, const MoeDecodeScratch& s,
-                 cudaStream_t stream) {
-  if (cluster_router_wanted() && moe_router_cluster(w, hidden, 1, s, stream, B)) return true;
+                 cudaStream_t stream, bool x_lanes, bool& x_lanes_written) {
+  x_lanes_written = false;
+  if (cluster_router_wanted() && moe_router_cluster(w, hidden, 1, s, stream, B, x_lanes)) {
+    x_lanes_written = x_lanes;
+    return true;
+  }
   if (!ticket_router_takes_batches(w)) return false;
   const int64_t D = w.router.cols, E = w.router.rows, k = w.top_k;
   for (int b0 = 0; b0 < B; b0 += kQmvMaxTokens) {
@@ -853,7 +864,11 @@ void moe_decode_batched(const MoeDecodeWeights& w, float* hidden, int B, const M
   const auto aligned = [](const void* p) { return p && (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
   TERN_CHECK(aligned(hidden) && aligned(s.xhat) && aligned(s.h),
              "moe_decode_batched: hidden and the scratch's x̂ and h must be 16-byte aligned");
-  const bool launched = route_batch(w, hidden, B, s, stream) && moe_gate_up_dp4a(w, s, stream, B) &&
+  // The grouped gate_up (opt-in) reads x̂ quantised by the router: asked for where the gate_up would take it.
+  const bool x_lanes = moe_gate_up_wants_x_lanes(w, B) && aligned(s.x_lanes) && w.router.cols % 1024 == 0;
+  bool x_lanes_written = false;
+  const bool launched = route_batch(w, hidden, B, s, stream, x_lanes, x_lanes_written) &&
+                        moe_gate_up_dp4a(w, s, stream, B, x_lanes_written) &&
                         moe_down_dp4a(w, hidden, s, early_routing_enabled(), stream, B);
   TERN_INTERNAL_CHECK(launched, "moe_decode_batched: a kernel refused after the checks");
 }

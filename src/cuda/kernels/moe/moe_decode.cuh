@@ -51,7 +51,14 @@ struct MoeDecodeScratch {
   float* h = nullptr;            // [T, k+1, F]
   unsigned* ticket = nullptr;    // [1] arrivals of a router launch's blocks (the ticket or the fused kernel)
   unsigned* epoch = nullptr;     // [1] routings published by the fused router + gate_up kernel (ticket + 1)
+  // [T][ceil(D / 1024)] slices of kMoeXLaneSliceBytes: x̂ quantised (dp4a_tile.cuh: quantize_word) in the form the
+  // integer gate_up's lanes read it (gate_up_lane_x), written by the cluster router when asked (the batched step with
+  // the grouped gate_up: moe_gate_up_wants_x_lanes) and read by that gate_up. Slice j (columns [1024·j, +1024)) of a
+  // token: uint4 [4][32], [k][l] the activations of word 4·l + k of the slice (lane l's columns [32·l, +32)), then
+  // float2 [32], [l] = (σ of lane l's group of 64 columns, σ·Σv over its 32 columns).
+  uint4* x_lanes = nullptr;
 };
+constexpr int64_t kMoeXLaneSliceBytes = 4 * 32 * 16 + 32 * 8;  // 2304 per 1024 columns
 size_t moe_decode_scratch_bytes(int T, int64_t D, int E, int k, int64_t F);
 MoeDecodeScratch moe_decode_scratch_view(void* base, int T, int64_t D, int E, int k, int64_t F);
 void moe_decode_scratch_init(const MoeDecodeScratch& s, cudaStream_t stream);

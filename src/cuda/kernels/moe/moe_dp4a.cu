@@ -156,13 +156,19 @@ bool moe_down_dp4a_fits(const MoeDecodeWeights& w) {
          same_shape(d, w.shared_down);
 }
 
-bool moe_gate_up_dp4a(const MoeDecodeWeights& w, const MoeDecodeScratch& s, cudaStream_t stream, int B) {
+bool moe_gate_up_wants_x_lanes(const MoeDecodeWeights& w, int B) {
+  return moe_gate_up_dp4a_fits(w) && gate_up_wants_x_lanes(int(w.expert_gate.cols), int(w.expert_gate.experts), B);
+}
+
+bool moe_gate_up_dp4a(const MoeDecodeWeights& w, const MoeDecodeScratch& s, cudaStream_t stream, int B,
+                      bool x_lanes_written) {
   if (B < 1 || !moe_gate_up_dp4a_fits(w) || (reinterpret_cast<uintptr_t>(s.xhat) & 15)) return false;
   const DMat& g = w.expert_gate;
   const GateUpParams p = gate_up_params(w, s);
   const bool ring_aligned = prefetch_aligned(g) && prefetch_aligned(w.expert_up) && prefetch_aligned(w.shared_gate) &&
                             prefetch_aligned(w.shared_up);
-  if (B >= 2 && ring_aligned && gate_up_ring(p, int(g.cols), B, stream)) return true;
+  if (B >= 2 && ring_aligned && gate_up_ring(p, int(g.cols), B, stream, x_lanes_written ? s.x_lanes : nullptr))
+    return true;
   switch (g.cols) {
     case 1024: launch_gate_up<1>(p, B, stream); break;
     case 2048: launch_gate_up<2>(p, B, stream); break;

@@ -13,6 +13,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "cuda/kernels/moe/moe_decode.cuh"
 
 namespace tern::cuda {
@@ -29,8 +31,24 @@ bool moe_down_dp4a_fits(const MoeDecodeWeights& w);
 // trigger only once they have seen the routing) reads the routing and issues its first weight loads before its own
 // pdl_wait.
 // With w.prefetch_down each token's gate_up blocks ask L2 for that token's down matrices.
-bool moe_gate_up_dp4a(const MoeDecodeWeights& w, const MoeDecodeScratch& s, cudaStream_t stream, int B = 1);
+// x_lanes_written: the router before this launch wrote the scratch's x_lanes (moe_router_cluster with x_lanes), which
+// the grouped gate_up form needs; without them B >= 2 takes the first ring form even in the grouped mode.
+bool moe_gate_up_dp4a(const MoeDecodeWeights& w, const MoeDecodeScratch& s, cudaStream_t stream, int B = 1,
+                      bool x_lanes_written = false);
 bool moe_down_dp4a(const MoeDecodeWeights& w, float* hidden, const MoeDecodeScratch& s, bool early_routing,
                    cudaStream_t stream, int B = 1);
+
+// The gate_up form of B >= 2 tokens (the ring forms of moe_dp4a_ring.cu, unless TERN_MOE_RING=0): the first ring
+// form (the default), the lean one (TERN_MOE_RING_GATE_UP=lean) or the one grouped by expert across the batch
+// (TERN_MOE_RING_GATE_UP=grouped: moe_dp4a_grouped.cu; where it does not apply, the first form runs). The variable is
+// read once; tests change the mode with moe_ring_gate_up_set_mode (outside graph capture: a launch records the form).
+constexpr int kMoeRingGateUpFirst = 0, kMoeRingGateUpLean = 1, kMoeRingGateUpGrouped = 2;
+void moe_ring_gate_up_set_mode(int mode);
+int moe_ring_gate_up_mode();
+// Whether moe_gate_up_dp4a for B tokens of these weights would take the grouped form given the router's x_lanes, so
+// that the router is asked to write them (the grouped mode, B >= 2, the rings on, D of 1024 or 2048, E <= 256).
+bool moe_gate_up_wants_x_lanes(const MoeDecodeWeights& w, int B);
+// Launches of the grouped form in this process so far (tests: that it ran).
+int64_t moe_gate_up_grouped_launches();
 
 }  // namespace tern::cuda

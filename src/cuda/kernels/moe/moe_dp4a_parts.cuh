@@ -1,6 +1,6 @@
 // Parts shared by the MoE decode block's integer expert kernels: the one-token kernels (moe_dp4a.cu), their batched
-// ring forms (moe_dp4a_ring.cu) and the fused router + gate_up kernel (moe_router_gate_up.cu). Included by those .cu
-// files only.
+// ring forms (moe_dp4a_ring.cu), the grouped gate_up (moe_dp4a_grouped.cu) and the fused router + gate_up kernel
+// (moe_router_gate_up.cu). Included by those .cu files only.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -57,18 +57,18 @@ struct GateUpParams {
   int down_rows = 0, down_row_words = 0, down_gpr = 0;
 };
 
-// L2 prefetch of the down matrices of the k chosen experts and the shared expert, spread over the threads of the
-// token's blocks (grid_thread: blockIdx.x) in pieces of L2Ranges::kPiece bytes: per segment its words, then scales,
-// then biases.
-__device__ inline void prefetch_down(const GateUpParams& p, const int* ids) {
+// L2 prefetch of the down matrices of n experts, spread over the threads of the grid's blocks along x (grid_thread:
+// blockIdx.x) in pieces of L2Ranges::kPiece bytes: per segment s < n its words, then scales, then biases; segment
+// shared_seg is the shared expert, every other one the routed expert ids[s].
+__device__ inline void prefetch_down_experts(const GateUpParams& p, const int* ids, int n, int shared_seg) {
   const int64_t wbytes = int64_t(p.down_rows) * p.down_row_words * 4, gbytes = int64_t(p.down_rows) * p.down_gpr * 2;
   const int64_t wp = (wbytes + L2Ranges::kPiece - 1) / L2Ranges::kPiece;
   const int64_t gp = (gbytes + L2Ranges::kPiece - 1) / L2Ranges::kPiece;
   const int64_t per_seg = wp + 2 * gp;
-  for (int64_t t = grid_thread(); t < (p.k + 1) * per_seg; t += grid_threads()) {
+  for (int64_t t = grid_thread(); t < n * per_seg; t += grid_threads()) {
     const int seg = int(t / per_seg);
     int64_t k = t - int64_t(seg) * per_seg;
-    const bool sh = seg == p.k;
+    const bool sh = seg == shared_seg;
     const Q4 M = pick(sh, p.sdown, p.down);
     const int64_t e = sh ? 0 : ids[seg];
     const char* base;
@@ -86,6 +86,12 @@ __device__ inline void prefetch_down(const GateUpParams& p, const int* ids) {
     const int64_t off = k * L2Ranges::kPiece;
     l2_prefetch_bulk(base + off, uint32_t(bytes - off < L2Ranges::kPiece ? bytes - off : L2Ranges::kPiece));
   }
+}
+
+// The token's down matrices: the k chosen experts (ids, clamped) and the shared expert (segment k), over the token's
+// blocks.
+__device__ inline void prefetch_down(const GateUpParams& p, const int* ids) {
+  prefetch_down_experts(p, ids, p.k + 1, p.k);
 }
 
 template <int S>
@@ -252,9 +258,18 @@ __device__ __forceinline__ void down_lane_coefficients(const DownParams& p, int 
 }
 
 // The batched ring forms (moe_dp4a_ring.cu), for B >= 2 tokens: false when they do not apply (nothing launched).
-bool gate_up_ring(const GateUpParams& p, int cols, int B, cudaStream_t stream);
+// x_lanes: the router's per-lane activations (MoeDecodeScratch::x_lanes) when it wrote them, else null; the grouped
+// gate_up (TERN_MOE_RING_GATE_UP=grouped) needs them, and without them the first ring form runs.
+bool gate_up_ring(const GateUpParams& p, int cols, int B, cudaStream_t stream, const uint4* x_lanes = nullptr);
 bool down_ring(const DownParams& p, int B, cudaStream_t stream);
 // Whether B >= 2 takes the ring forms (true unless TERN_MOE_RING=0).
 bool ring_enabled();
+// The gate_up form grouped by expert across the batch (moe_dp4a_grouped.cu): false when it does not apply (x_lanes
+// null or misaligned, E > 256, cols not 1024 or 2048, top_k not 8, the shared memory too small; nothing launched).
+bool gate_up_grouped(const GateUpParams& p, const uint4* x_lanes, int cols, int B, cudaStream_t stream);
+// Launches of the grouped form so far (tests: that it ran).
+int64_t gate_up_grouped_launches();
+// Whether gate_up_ring would take the grouped form for these shapes given x_lanes (moe_gate_up_wants_x_lanes).
+bool gate_up_wants_x_lanes(int cols, int E, int B);
 
 }  // namespace tern::cuda::moe_parts

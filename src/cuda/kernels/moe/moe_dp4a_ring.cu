@@ -7,6 +7,11 @@
 // (quantised by the same quantize_block), the same fold (dot_row / the segment loop) and the same warp_sum, so each
 // token's h and hidden are bit for bit its one-token result. Only where a lane's weights wait differs.
 //
+// Which gate_up form runs (gate_up_mode, TERN_MOE_RING_GATE_UP): the first form below (default), its lean twin, or
+// the form grouped by expert across the batch's tokens (moe_dp4a_grouped.cu: each expert row read once per group of
+// up to 8 tokens, not once per token; the same stage layout and the same bits), which falls back to the first form
+// where it does not apply (no x̂ quantised by the router in the scratch, E > 256, D = 4096).
+//
 // A stage holds one row's bytes in the order of its 16-byte chunks; lane l copies chunks c = l + 32·j, j = 0, 1, ...:
 //   gate_up (S slices of 1024 columns): gate words [S·512 B], up words [S·512 B], then the gate's scales, its biases,
 //            the up's scales, its biases [2S chunks each]: 72·S chunks. So j < S: gate words 4·l + 128·j of the row
@@ -26,11 +31,13 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "core/check.h"
 #include "cuda/common/cuda_common.cuh"
 #include "cuda/common/l2_prefetch.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/warp_reduce.cuh"
+#include "cuda/kernels/moe/moe_dp4a.cuh"
 #include "cuda/kernels/moe/moe_dp4a_parts.cuh"
 #include "cuda/kernels/qmv/dp4a_tile.cuh"
 #include "cuda/kernels/qmv/qmv_tile.cuh"
@@ -405,24 +412,27 @@ int ring_blocks(const void* kernel, int smem, int64_t work, int B) {
   return int(std::clamp<int64_t>(wave / B, 1, (work + kWarps - 1) / kWarps));
 }
 
-// Whether B >= 2 takes the lean gate_up form (moe_gate_up_ring_kernel_lean) instead of the first one: opt-in,
-// TERN_MOE_RING_GATE_UP=lean, for an A/B measurement. Read once.
-bool gate_up_lean() {
-  static const bool on = env_is("TERN_MOE_RING_GATE_UP", "lean");
-  return on;
+// Which gate_up form B >= 2 takes: the first ring form (default), the lean one (moe_gate_up_ring_kernel_lean) or the
+// grouped one (moe_dp4a_grouped.cu); TERN_MOE_RING_GATE_UP=lean / grouped, read once, for A/B measurements; tests set
+// it with moe_ring_gate_up_set_mode.
+int& gate_up_mode() {
+  static int mode = env_is("TERN_MOE_RING_GATE_UP", "lean")      ? kMoeRingGateUpLean
+                    : env_is("TERN_MOE_RING_GATE_UP", "grouped") ? kMoeRingGateUpGrouped
+                                                                 : kMoeRingGateUpFirst;
+  return mode;
 }
 
 // False (nothing launched) when the ring does not fit the device's shared memory.
 template <int S>
 bool launch_gate_up_ring(const GateUpParams& p, int B, cudaStream_t stream) {
-  const bool lean = gate_up_lean();
+  const bool lean = gate_up_mode() == kMoeRingGateUpLean;
   auto kernel = lean ? moe_gate_up_ring_kernel_lean<S> : moe_gate_up_ring_kernel<S>;
   constexpr int smem = kWarps * gate_up_stages<S>() * gate_up_stage_bytes<S>();
   if (smem > qtile::max_dynamic_smem()) return false;
-  static bool attribute_set = false;  // for `kernel`: the switch is read once
-  if (!attribute_set) {
+  static bool attribute_set[2] = {};  // per kernel: the first form, the lean one (the mode may change in tests)
+  if (!attribute_set[lean]) {
     TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    attribute_set = true;
+    attribute_set[lean] = true;
   }
   const int blocks = ring_blocks(reinterpret_cast<const void*>(kernel), smem, int64_t(p.k + 1) * p.F, B);
   launch_pdl(lean ? "moe_gate_up_ring_lean" : "moe_gate_up_ring", kernel, dim3(unsigned(blocks), unsigned(B)),
@@ -437,13 +447,19 @@ bool ring_enabled() {
   return on;
 }
 
-bool gate_up_ring(const GateUpParams& p, int cols, int B, cudaStream_t stream) {
+bool gate_up_ring(const GateUpParams& p, int cols, int B, cudaStream_t stream, const uint4* x_lanes) {
   if (B < 2 || !ring_enabled()) return false;
+  if (gate_up_mode() == kMoeRingGateUpGrouped && gate_up_grouped(p, x_lanes, cols, B, stream)) return true;
   switch (cols) {
     case 1024: return launch_gate_up_ring<1>(p, B, stream);
     case 2048: return launch_gate_up_ring<2>(p, B, stream);
     default: return launch_gate_up_ring<4>(p, B, stream);
   }
+}
+
+bool gate_up_wants_x_lanes(int cols, int E, int B) {
+  return B >= 2 && ring_enabled() && gate_up_mode() == kMoeRingGateUpGrouped && (cols == 1024 || cols == 2048) &&
+         E <= kThreads;
 }
 
 bool down_ring(const DownParams& p, int B, cudaStream_t stream) {
@@ -461,3 +477,15 @@ bool down_ring(const DownParams& p, int B, cudaStream_t stream) {
 }
 
 }  // namespace tern::cuda::moe_parts
+
+namespace tern::cuda {
+
+void moe_ring_gate_up_set_mode(int mode) {
+  TERN_CHECK(mode == kMoeRingGateUpFirst || mode == kMoeRingGateUpLean || mode == kMoeRingGateUpGrouped,
+             "moe_ring_gate_up_set_mode: unknown mode ", mode);
+  moe_parts::gate_up_mode() = mode;
+}
+int moe_ring_gate_up_mode() { return moe_parts::gate_up_mode(); }
+int64_t moe_gate_up_grouped_launches() { return moe_parts::gate_up_grouped_launches(); }
+
+}  // namespace tern::cuda

@@ -10,6 +10,7 @@
 #include "cuda/common/launch.cuh"
 #include "cuda/common/warp_reduce.cuh"
 #include "cuda/kernels/moe/moe_route.cuh"
+#include "cuda/kernels/qmv/dp4a_tile.cuh"
 #include "cuda/kernels/qmv/qmv_tile.cuh"
 #include "cuda/weights/dmat_device.cuh"
 
@@ -32,12 +33,38 @@ struct ClusterRouterParams {
   const float* hidden;  // [B][D]
   int D, E, k;
   MoeDecodeScratch s;   // rows [B]
+  bool x_lanes;         // also write s.x_lanes (D a multiple of 1024)
 };
 
 // Index in xs of float4 number c4 of x (columns 4·c4 .. 4·c4 + 3).
 [[maybe_unused]] __device__ __forceinline__ int padded(int c4) { return (c4 / 4) * kSlicePad + (c4 % 4) * 4; }
 
 [[maybe_unused]] __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// The token's x̂ quantised into its x_lanes slices (moe_decode.cuh), the whole block (threads beyond the D / 8 words
+// idle: whole warps, D a multiple of 1024). Thread w takes word w (columns [8w, +8)) and makes what quantize_block
+// makes of it from x̂ in global memory: the same floats (x·norm_w staged in xs times the factor rinv, as block rank 0
+// writes x̂), the same quantize_word with the same 8-lane groups; then gate_up_lane_x's sums over the 4 words of a
+// gate_up lane (integers: exact) and σ·Σv. Bit for bit what the gate_up kernels would make of x̂ themselves.
+[[maybe_unused]] __device__ __forceinline__ void quantise_x_lanes(const float* xs, float rinv, int D, uint4* x_lanes) {
+  const int w = int(threadIdx.x);
+  if (w >= D / 8) return;
+  const float4 a = *reinterpret_cast<const float4*>(xs + padded(2 * w));
+  const float4 b = *reinterpret_cast<const float4*>(xs + padded(2 * w + 1));
+  const float v[8] = {a.x * rinv, a.y * rinv, a.z * rinv, a.w * rinv, b.x * rinv, b.y * rinv, b.z * rinv, b.w * rinv};
+  int sumv = 0;
+  float m = 0.0f;
+  const uint4 q = dp4a::quantize_word(v, sumv, m);
+  sumv += __shfl_xor_sync(0xffffffffu, sumv, 1);  // Σv of the gate_up lane's 4 words (w & ~3 .. + 3)
+  sumv += __shfl_xor_sync(0xffffffffu, sumv, 2);
+  const int slice = w / 128, l = (w % 128) / 4, k = w % 4;
+  uint4* dst = x_lanes + int64_t(slice) * (kMoeXLaneSliceBytes / 16);
+  dst[32 * k + l] = q;
+  if (k == 0) {
+    const float sig = m / dp4a::kQMax;
+    reinterpret_cast<float2*>(dst + 128)[l] = make_float2(sig, sig * float(sumv));
+  }
+}
 
 template <int NCH>
 __global__ void __launch_bounds__(kWarps * 32) moe_router_cluster_kernel(const ClusterRouterParams p) {
@@ -130,6 +157,9 @@ __global__ void __launch_bounds__(kWarps * 32) moe_router_cluster_kernel(const C
     if (lane == 0) dst[row] = v;
   }
   cluster.sync();  // every logit is in block 0's shared memory
+  // Block rank 1, idle while rank 0 routes: the token's x̂ for the grouped gate_up (moe_dp4a_grouped.cu).
+  if (rank == 1 && p.x_lanes)
+    quantise_x_lanes(xs, rinv, p.D, p.s.x_lanes + int64_t(token) * (p.D / 1024) * (kMoeXLaneSliceBytes / 16));
   if (rank != 0) return;
   if (warp == 0) {
     int my_id = 0;
@@ -163,8 +193,11 @@ bool moe_router_cluster_fits(const MoeDecodeWeights& w) {
 }
 
 bool moe_router_cluster(const MoeDecodeWeights& w, const float* hidden, int T, const MoeDecodeScratch& s,
-                        cudaStream_t stream, int B) {
+                        cudaStream_t stream, int B, bool x_lanes) {
   if (T != 1 || B < 1 || !moe_router_cluster_fits(w) || (reinterpret_cast<uintptr_t>(hidden) & 15)) return false;
+  TERN_CHECK(!x_lanes || (w.router.cols % 1024 == 0 && s.x_lanes &&
+                          (reinterpret_cast<uintptr_t>(s.x_lanes) & 15) == 0),
+             "moe_router_cluster: x_lanes needs D a multiple of 1024 and the scratch's x_lanes, 16-byte aligned");
   ClusterRouterParams p{};
   p.router = w.router;
   p.sgate = w.shared_expert_gate;
@@ -175,6 +208,7 @@ bool moe_router_cluster(const MoeDecodeWeights& w, const float* hidden, int T, c
   p.E = int(w.router.rows);
   p.k = w.top_k;
   p.s = s;
+  p.x_lanes = x_lanes;
   const char* what = "moe_router_decode (cluster)";
   const dim3 grid(kCluster, unsigned(B)), block(kWarps * 32);  // cluster b (blocks (0..7, b)): token b
   switch (p.D) {

@@ -19,8 +19,9 @@ namespace tern::cuda {
 bool moe_router_cluster_fits(const MoeDecodeWeights& w);
 // Runs the cluster router and returns true when it applies (T = 1, moe_router_cluster_fits(w), hidden 16-byte
 // aligned); false: nothing was launched. B > 1: one token of each of B sequences, cluster b routing hidden row b
-// (hidden + b·D) into the scratch's rows b, each bit for bit as alone.
+// (hidden + b·D) into the scratch's rows b, each bit for bit as alone. x_lanes: also write each token's quantised x̂
+// into s.x_lanes (moe_decode.cuh; needs D a multiple of 1024), by block rank 1 while rank 0 routes.
 bool moe_router_cluster(const MoeDecodeWeights& w, const float* hidden, int T, const MoeDecodeScratch& s,
-                        cudaStream_t stream, int B = 1);
+                        cudaStream_t stream, int B = 1, bool x_lanes = false);
 
 }  // namespace tern::cuda
