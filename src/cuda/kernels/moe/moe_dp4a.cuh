@@ -32,17 +32,17 @@ bool moe_down_dp4a_fits(const MoeDecodeWeights& w);
 // pdl_wait.
 // With w.prefetch_down each token's gate_up blocks ask L2 for that token's down matrices.
 // x_lanes_written: the router before this launch wrote the scratch's x_lanes (moe_router_cluster with x_lanes), which
-// the grouped gate_up form needs; without them B >= 2 takes the first ring form even in the grouped mode.
+// the grouped gate_up form needs; without them B >= 2 takes the ring form even in the grouped mode.
 bool moe_gate_up_dp4a(const MoeDecodeWeights& w, const MoeDecodeScratch& s, cudaStream_t stream, int B = 1,
                       bool x_lanes_written = false);
 bool moe_down_dp4a(const MoeDecodeWeights& w, float* hidden, const MoeDecodeScratch& s, bool early_routing,
                    cudaStream_t stream, int B = 1);
 
-// The gate_up form of B >= 2 tokens (the ring forms of moe_dp4a_ring.cu, unless TERN_MOE_RING=0): the first ring
-// form (the default), the lean one (TERN_MOE_RING_GATE_UP=lean) or the one grouped by expert across the batch
-// (TERN_MOE_RING_GATE_UP=grouped: moe_dp4a_grouped.cu; where it does not apply, the first form runs). The variable is
+// The gate_up form of B >= 2 tokens (the ring forms of moe_dp4a_ring.cu, unless TERN_MOE_RING=0): the ring form (the
+// default) or the one grouped by expert across the batch (TERN_MOE_RING_GATE_UP=grouped: moe_dp4a_grouped.cu; where
+// it does not apply, the ring form runs). The variable is
 // read once; tests change the mode with moe_ring_gate_up_set_mode (outside graph capture: a launch records the form).
-constexpr int kMoeRingGateUpFirst = 0, kMoeRingGateUpLean = 1, kMoeRingGateUpGrouped = 2;
+constexpr int kMoeRingGateUpRing = 0, kMoeRingGateUpGrouped = 1;
 void moe_ring_gate_up_set_mode(int mode);
 int moe_ring_gate_up_mode();
 // Whether moe_gate_up_dp4a for B tokens of these weights would take the grouped form given the router's x_lanes, so

@@ -161,7 +161,7 @@ struct Batch {
 };
 
 // Copies batch b's gate and up rows (this lane's chunks; the ring form's stage layout, moe_dp4a_ring.cu) into the
-// stage at dst. Offsets in 32 bits as in the lean ring form (q4_dp4a_ok; G's strides serve U: same_shape).
+// stage at dst. Offsets in 32 bits as in the ring form (q4_dp4a_ok; G's strides serve U: same_shape).
 template <int S>
 __device__ __forceinline__ void issue_batch(const GateUpParams& p, const GroupList& L, Batch b, int lane,
                                             uint32_t dst) {

@@ -259,7 +259,7 @@ __device__ __forceinline__ void down_lane_coefficients(const DownParams& p, int 
 
 // The batched ring forms (moe_dp4a_ring.cu), for B >= 2 tokens: false when they do not apply (nothing launched).
 // x_lanes: the router's per-lane activations (MoeDecodeScratch::x_lanes) when it wrote them, else null; the grouped
-// gate_up (TERN_MOE_RING_GATE_UP=grouped) needs them, and without them the first ring form runs.
+// gate_up (TERN_MOE_RING_GATE_UP=grouped) needs them, and without them the ring form runs.
 bool gate_up_ring(const GateUpParams& p, int cols, int B, cudaStream_t stream, const uint4* x_lanes = nullptr);
 bool down_ring(const DownParams& p, int B, cudaStream_t stream);
 // Whether B >= 2 takes the ring forms (true unless TERN_MOE_RING=0).

@@ -7,10 +7,10 @@
 // (quantised by the same quantize_block), the same fold (dot_row / the segment loop) and the same warp_sum, so each
 // token's h and hidden are bit for bit its one-token result. Only where a lane's weights wait differs.
 //
-// Which gate_up form runs (gate_up_mode, TERN_MOE_RING_GATE_UP): the first form below (default), its lean twin, or
-// the form grouped by expert across the batch's tokens (moe_dp4a_grouped.cu: each expert row read once per group of
-// up to 8 tokens, not once per token; the same stage layout and the same bits), which falls back to the first form
-// where it does not apply (no x̂ quantised by the router in the scratch, E > 256, D = 4096).
+// Which gate_up form runs (gate_up_mode, TERN_MOE_RING_GATE_UP): the ring form below (default), or the form grouped
+// by expert across the batch's tokens (moe_dp4a_grouped.cu: each expert row read once per group of up to 8 tokens,
+// not once per token; the same stage layout and the same bits), which falls back to the ring form where it does not
+// apply (no x̂ quantised by the router in the scratch, E > 256, D = 4096).
 //
 // A stage holds one row's bytes in the order of its 16-byte chunks; lane l copies chunks c = l + 32·j, j = 0, 1, ...:
 //   gate_up (S slices of 1024 columns): gate words [S·512 B], up words [S·512 B], then the gate's scales, its biases,
@@ -55,128 +55,25 @@ constexpr int kDownChunks = kDownStageBytes / 16;            // 162
 
 // ---- gate_up + SwiGLU ---------------------------------------------------------------------------------------------
 
-// Copies batch b's chunks (of this lane) into the stage at dst (shared-window address); b past the end: nothing.
-template <int S>
-__device__ __forceinline__ void issue_gate_up(const GateUpParams& p, const int* ids, int b, int lane, uint32_t dst) {
-  if (b >= (p.k + 1) * p.F) return;
-  const int pair = b / p.F, i = b - pair * p.F;
-  const bool sh = pair == 0;
-  const int64_t e = sh ? 0 : ids[pair - 1];
-  const Q4 G = pick(sh, p.sgate, p.gate), U = pick(sh, p.sup, p.up);
-  constexpr int kChunks = 72 * S, kWordChunks = 32 * S, kSbChunks = 2 * S;
-#pragma unroll
-  for (int c = lane; c < kChunks; c += 32) {
-    const void* src;
-    if (c < 2 * kWordChunks) {
-      const Q4 M = pick(c < kWordChunks, G, U);
-      const int piece = c < kWordChunks ? c : c - kWordChunks;
-      src = M.words + e * M.expert_words + int64_t(i) * p.row_words + piece * 4;
-    } else {
-      const int d = c - 2 * kWordChunks, which = d / kSbChunks, piece = d - which * kSbChunks;
-      const Q4 M = pick(which < 2, G, U);
-      const uint16_t* base = (which & 1) ? M.biases : M.scales;
-      src = base + e * M.expert_groups + int64_t(i) * p.gpr + piece * 8;
-    }
-    cp_async_16(dst + uint32_t(c * 16), src, 16u);
-  }
-}
-
-template <int S>
-__global__ void __launch_bounds__(kThreads) moe_gate_up_ring_kernel(const GateUpParams p) {
-  constexpr int kStages = gate_up_stages<S>(), kStageBytes = gate_up_stage_bytes<S>();
-  extern __shared__ __align__(16) uint8_t ring[];  // [kWarps][kStages][kStageBytes]
-  __shared__ int ids_s[kTopK];
-  __shared__ uint4 xs[S * 128];
-  __shared__ __align__(16) int xsum[S * 128];
-  __shared__ float xsig[S * 16];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int warps = int(gridDim.x) * kWarps, batches = (p.k + 1) * p.F;  // of this token
-  const int first = int(blockIdx.x) * kWarps + warp;
-  const int token = int(blockIdx.y);
-  const int* ids = p.ids + token * p.k;
-  const float* xhat = p.xhat + int64_t(token) * (S * 1024);
-  float* h = p.h + int64_t(token) * (p.k + 1) * p.F;
-  uint8_t* my_ring = ring + warp * kStages * kStageBytes;
-  const uint32_t ring_addr = smem_addr(my_ring);
-  pdl_wait();  // the routing and x̂ come from the router kernel
-  if (int(threadIdx.x) < p.k) {
-    const int e = ids[threadIdx.x];
-    ids_s[threadIdx.x] = e < 0 ? 0 : (e >= p.E ? p.E - 1 : e);
-  }
-  __syncthreads();
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    issue_gate_up<S>(p, ids_s, first + s * warps, lane, ring_addr + uint32_t(s * kStageBytes));
-    cp_async_commit();
-  }
-  if (p.down_ahead) prefetch_down(p, ids_s);
-  float unused_ss = 0.0f;
-  dp4a::quantize_block<dp4a::quantize_passes(S * 128, kThreads)>(xhat, nullptr, S * 128, xs, xsum, xsig, unused_ss);
-  __syncthreads();
-  pdl_trigger();  // after pdl_wait in every block: moe_down's early routing read stays safe (moe_dp4a.cuh)
-  uint4 xq[S][4];
-  float sig[S], sx[S];
-  gate_up_lane_x<S>(xs, xsum, xsig, lane, xq, sig, sx);
-  for (int it = 0;; ++it) {
-    const int batch = first + it * warps;
-    if (batch >= batches) break;
-    const int slot_ahead = (it + kStages - 1) % kStages;
-    issue_gate_up<S>(p, ids_s, batch + (kStages - 1) * warps, lane, ring_addr + uint32_t(slot_ahead * kStageBytes));
-    cp_async_commit();
-    cp_async_wait<kStages - 1>();
-    __syncwarp();  // every lane's chunks of this batch have landed
-    const uint8_t* st = my_ring + (it % kStages) * kStageBytes;
-    const uint4* gw = reinterpret_cast<const uint4*>(st);
-    const uint4* uw = gw + 32 * S;
-    const uint16_t* gsc = reinterpret_cast<const uint16_t*>(st + 1024 * S);
-    const uint16_t* gbi = gsc + 16 * S;
-    const uint16_t* usc = gbi + 16 * S;
-    const uint16_t* ubi = usc + 16 * S;
-    uint4 gv[S], uv[S];
-    uint32_t gsb[S], usb[S];
-#pragma unroll
-    for (int j = 0; j < S; ++j) {
-      gv[j] = gw[32 * j + lane];
-      uv[j] = uw[32 * j + lane];
-      const int g = 16 * j + lane / 2;
-      gsb[j] = uint32_t(gsc[g]) | (uint32_t(gbi[g]) << 16);
-      usb[j] = uint32_t(usc[g]) | (uint32_t(ubi[g]) << 16);
-    }
-    __syncwarp();  // the stage is read: the next iteration may refill it
-    const float g = warp_sum(dot_row<S>(gv, gsb, xq, sig, sx));
-    const float u = warp_sum(dot_row<S>(uv, usb, xq, sig, sx));
-    if (lane == 0) {
-      const int pair = batch / p.F, i = batch - pair * p.F;
-      const int slot = pair == 0 ? p.k : pair - 1;
-      h[int64_t(slot) * p.F + i] = silu_f(g) * u;
-    }
-  }
-  cp_async_wait<0>();
-}
-
-// ---- gate_up + SwiGLU, the lean form (opt-in: TERN_MOE_RING_GATE_UP=lean) -------------------------------------------
-//
-// moe_gate_up_ring_kernel line for line (the same stages, the same issue point and chunks per lane, the same stage
-// reads, dot_row and two warp_sum trees, so h is bit for bit the same: only the chunks' addresses are made
-// differently, and they name the same bytes), with the per-row address work of the 5%-slower form of 9ad95de but not
-// its other changes: batches stepped by the token's warp count without a division (GateUpPos), the expert's offset
-// from the routing in shared memory (ids_s, as here) in 32 bits, and h's slot without a division. Kept from the
-// first form, against 9ad95de: no table of bases in shared memory read per row (an LDS before each row's loads), Σgate
-// and Σup in two interleaved butterflies (not one butterfly and a sixth shuffle on the row's path), and at S <= 2 the
-// first form's 64 registers (__launch_bounds__ minimum 4 blocks; 9ad95de's form took 70): 64 is what an SM has left
-// beside one block of the cluster router that precedes gate_up under PDL (512 threads of 96 registers).
+// Each warp takes batches first, first + warps, ... of its token (batch b: slot pair b / F, intermediate row b mod F;
+// pair 0 the shared expert), stepped without a division (GateUpPos), the expert's offset from the routing in shared
+// memory (ids_s) in 32 bits, and h's slot without a division. At S <= 2 it keeps 64 registers (__launch_bounds__
+// minimum 4 blocks): what an SM has left beside one block of the cluster router that precedes gate_up under PDL (512
+// threads of 96 registers). An earlier form made each chunk's address from the batch index with a division per row
+// (1.3% / 2.3% / 3.2% slower at 8 / 16 / 32 streams, docs/benchmarks.md); another kept the slot pairs' bases in shared
+// memory, read per row, and summed Σgate and Σup in one butterfly (5% slower).
 
 // Batch pair·F + i of one token.
 struct GateUpPos {
   int pair, i;
 };
 
-// The chunks issue_gate_up copies for batch (pair, i) (pair > k: nothing). Offsets in 32 bits: e·expert_words +
-// i·row_words + 4·lane + 128·j < experts·rows·row_words < 2^31 words (q4_dp4a_ok), the groups an eighth of that; the
-// four matrices have one shape (moe_gate_up_dp4a_fits: same_shape), so G's strides serve U.
+// Copies batch (pair, i)'s chunks (of this lane) into the stage at dst (pair > k: nothing). Offsets in 32 bits:
+// e·expert_words + i·row_words + 4·lane + 128·j < experts·rows·row_words < 2^31 words (q4_dp4a_ok), the groups an
+// eighth of that; the four matrices have one shape (moe_gate_up_dp4a_fits: same_shape), so G's strides serve U.
 template <int S>
-__device__ __forceinline__ void issue_gate_up_lean(const GateUpParams& p, const int* ids, GateUpPos b, int lane,
-                                                   uint32_t dst) {
+__device__ __forceinline__ void issue_gate_up(const GateUpParams& p, const int* ids, GateUpPos b, int lane,
+                                              uint32_t dst) {
   if (b.pair > p.k) return;
   dst += uint32_t(16 * lane);  // lane's chunk: word chunk 32j + lane of each matrix, scale/bias chunk lane
   const bool sh = b.pair == 0;
@@ -199,7 +96,7 @@ __device__ __forceinline__ void issue_gate_up_lean(const GateUpParams& p, const 
 }
 
 template <int S>
-__global__ void __launch_bounds__(kThreads, S <= 2 ? 4 : 1) moe_gate_up_ring_kernel_lean(const GateUpParams p) {
+__global__ void __launch_bounds__(kThreads, S <= 2 ? 4 : 1) moe_gate_up_ring_kernel(const GateUpParams p) {
   constexpr int kStages = gate_up_stages<S>(), kStageBytes = gate_up_stage_bytes<S>();
   extern __shared__ __align__(16) uint8_t ring[];  // [kWarps][kStages][kStageBytes]
   __shared__ int ids_s[kTopK];
@@ -234,7 +131,7 @@ __global__ void __launch_bounds__(kThreads, S <= 2 ? 4 : 1) moe_gate_up_ring_ker
   };
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    issue_gate_up_lean<S>(p, ids_s, ahead, lane, ring_addr + uint32_t(s * kStageBytes));
+    issue_gate_up<S>(p, ids_s, ahead, lane, ring_addr + uint32_t(s * kStageBytes));
     cp_async_commit();
     advance(ahead);
   }
@@ -253,7 +150,7 @@ __global__ void __launch_bounds__(kThreads, S <= 2 ? 4 : 1) moe_gate_up_ring_ker
     const int batch = first + it * warps;
     if (batch >= batches) break;
     const int slot_ahead = (it + kStages - 1) % kStages;  // kStages a constant: no division
-    issue_gate_up_lean<S>(p, ids_s, ahead, lane, ring_addr + uint32_t(slot_ahead * kStageBytes));
+    issue_gate_up<S>(p, ids_s, ahead, lane, ring_addr + uint32_t(slot_ahead * kStageBytes));
     cp_async_commit();
     advance(ahead);
     cp_async_wait<kStages - 1>();
@@ -412,31 +309,26 @@ int ring_blocks(const void* kernel, int smem, int64_t work, int B) {
   return int(std::clamp<int64_t>(wave / B, 1, (work + kWarps - 1) / kWarps));
 }
 
-// Which gate_up form B >= 2 takes: the first ring form (default), the lean one (moe_gate_up_ring_kernel_lean) or the
-// grouped one (moe_dp4a_grouped.cu); TERN_MOE_RING_GATE_UP=lean / grouped, read once, for A/B measurements; tests set
-// it with moe_ring_gate_up_set_mode.
+// Which gate_up form B >= 2 takes: the ring form (default) or the grouped one (moe_dp4a_grouped.cu);
+// TERN_MOE_RING_GATE_UP=grouped, read once, for A/B measurements; tests set it with moe_ring_gate_up_set_mode.
 int& gate_up_mode() {
-  static int mode = env_is("TERN_MOE_RING_GATE_UP", "lean")      ? kMoeRingGateUpLean
-                    : env_is("TERN_MOE_RING_GATE_UP", "grouped") ? kMoeRingGateUpGrouped
-                                                                 : kMoeRingGateUpFirst;
+  static int mode = env_is("TERN_MOE_RING_GATE_UP", "grouped") ? kMoeRingGateUpGrouped : kMoeRingGateUpRing;
   return mode;
 }
 
 // False (nothing launched) when the ring does not fit the device's shared memory.
 template <int S>
 bool launch_gate_up_ring(const GateUpParams& p, int B, cudaStream_t stream) {
-  const bool lean = gate_up_mode() == kMoeRingGateUpLean;
-  auto kernel = lean ? moe_gate_up_ring_kernel_lean<S> : moe_gate_up_ring_kernel<S>;
+  auto kernel = moe_gate_up_ring_kernel<S>;
   constexpr int smem = kWarps * gate_up_stages<S>() * gate_up_stage_bytes<S>();
   if (smem > qtile::max_dynamic_smem()) return false;
-  static bool attribute_set[2] = {};  // per kernel: the first form, the lean one (the mode may change in tests)
-  if (!attribute_set[lean]) {
+  static bool attribute_set = false;
+  if (!attribute_set) {
     TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    attribute_set[lean] = true;
+    attribute_set = true;
   }
   const int blocks = ring_blocks(reinterpret_cast<const void*>(kernel), smem, int64_t(p.k + 1) * p.F, B);
-  launch_pdl(lean ? "moe_gate_up_ring_lean" : "moe_gate_up_ring", kernel, dim3(unsigned(blocks), unsigned(B)),
-             dim3(kThreads), size_t(smem), stream, p);
+  launch_pdl("moe_gate_up_ring", kernel, dim3(unsigned(blocks), unsigned(B)), dim3(kThreads), size_t(smem), stream, p);
   return true;
 }
 
@@ -481,7 +373,7 @@ bool down_ring(const DownParams& p, int B, cudaStream_t stream) {
 namespace tern::cuda {
 
 void moe_ring_gate_up_set_mode(int mode) {
-  TERN_CHECK(mode == kMoeRingGateUpFirst || mode == kMoeRingGateUpLean || mode == kMoeRingGateUpGrouped,
+  TERN_CHECK(mode == kMoeRingGateUpRing || mode == kMoeRingGateUpGrouped,
              "moe_ring_gate_up_set_mode: unknown mode ", mode);
   moe_parts::gate_up_mode() = mode;
 }
