@@ -160,29 +160,11 @@ struct Batch {
   int d, i;  // entry, intermediate row
 };
 
-// Copies batch b's gate and up rows (this lane's chunks; the ring form's stage layout, moe_dp4a_ring.cu) into the
-// stage at dst. Offsets in 32 bits as in the ring form (q4_dp4a_ok; G's strides serve U: same_shape).
+// Copies batch b's gate and up rows (this lane's chunks) into the stage at dst (entry 0's expert is 0: the shared one).
 template <int S>
 __device__ __forceinline__ void issue_batch(const GateUpParams& p, const GroupList& L, Batch b, int lane,
                                             uint32_t dst) {
-  dst += uint32_t(16 * lane);  // lane's chunk: word chunk 32j + lane of each matrix, scale/bias chunk lane
-  const bool sh = b.d == 0;
-  const uint32_t e = sh ? 0u : uint32_t(L.expert[b.d]);
-  const Q4 G = pick(sh, p.sgate, p.gate), U = pick(sh, p.sup, p.up);
-  const uint32_t wo = e * uint32_t(G.expert_words) + uint32_t(b.i) * uint32_t(p.row_words) + uint32_t(4 * lane);
-  const uint32_t* g = G.words + wo;
-  const uint32_t* u = U.words + wo;
-#pragma unroll
-  for (int j = 0; j < S; ++j) cp_async_16(dst + uint32_t(512 * j), g + 128 * j, 16u);
-#pragma unroll
-  for (int j = 0; j < S; ++j) cp_async_16(dst + uint32_t(512 * (S + j)), u + 128 * j, 16u);
-  if (lane < 8 * S) {  // chunk `lane` of the 8S scale/bias chunks: array lane / 2S at group 8·(lane mod 2S)
-    const int which = lane / (2 * S), piece = lane - which * (2 * S);
-    const Q4 M = pick(which < 2, G, U);
-    const uint16_t* base = (which & 1) ? M.biases : M.scales;
-    const uint32_t go = e * uint32_t(G.expert_groups) + uint32_t(b.i) * uint32_t(p.gpr) + uint32_t(8 * piece);
-    cp_async_16(dst + uint32_t(1024 * S), base + go, 16u);
-  }
+  issue_gate_up_row<S>(p, b.d == 0, uint32_t(L.expert[b.d]), b.i, lane, dst);
 }
 
 template <int S>
@@ -245,22 +227,9 @@ __global__ void __launch_bounds__(kThreads, S <= 1 ? 4 : 2) moe_gate_up_grouped_
     cp_async_wait<kStages - 1>();
     __syncwarp();  // every lane's chunks of this batch have landed
     const uint8_t* st = my_ring + (it % kStages) * stage_bytes<S>();
-    const uint4* gw = reinterpret_cast<const uint4*>(st);
-    const uint4* uw = gw + 32 * S;
-    const uint16_t* gsc = reinterpret_cast<const uint16_t*>(st + 1024 * S);
-    const uint16_t* gbi = gsc + 16 * S;
-    const uint16_t* usc = gbi + 16 * S;
-    const uint16_t* ubi = usc + 16 * S;
     uint4 gv[S], uv[S];
     uint32_t gsb[S], usb[S];
-#pragma unroll
-    for (int j = 0; j < S; ++j) {
-      gv[j] = gw[32 * j + lane];
-      uv[j] = uw[32 * j + lane];
-      const int g = 16 * j + lane / 2;
-      gsb[j] = uint32_t(gsc[g]) | (uint32_t(gbi[g]) << 16);
-      usb[j] = uint32_t(usc[g]) | (uint32_t(ubi[g]) << 16);
-    }
+    read_gate_up_stage<S>(st, lane, gv, uv, gsb, usb);
     __syncwarp();  // the stage is read: the next iteration may refill it
     const int q_end = L.begin[cur.d + 1];
     for (int q = L.begin[cur.d]; q < q_end; ++q) {

@@ -9,6 +9,7 @@
 
 #include "cuda/common/cuda_common.cuh"
 #include "cuda/common/l2_prefetch.cuh"
+#include "cuda/common/ptx.cuh"
 #include "cuda/common/warp_reduce.cuh"
 #include "cuda/kernels/moe/moe_decode.cuh"
 #include "cuda/kernels/qmv/dp4a_tile.cuh"
@@ -109,6 +110,55 @@ __device__ __forceinline__ float dot_row(const uint4 (&w)[S], const uint32_t (&s
     acc = fmaf(dp4a::bias_of(sb[j]), sx[j], acc);
   }
   return acc;
+}
+
+// The batched gate_up forms' stage (moe_dp4a_ring.cu's layout, 1152·S bytes): gate words [S·512 B], up words
+// [S·512 B], then the gate's scales, its biases, the up's scales, its biases [2S chunks of 16 B each].
+//
+// Copies row i of expert e's gate and up (sh: the shared expert's; e then 0) into the stage at dst (this lane's
+// chunks: word chunk 32j + lane of each matrix, scale/bias chunk lane). Offsets in 32 bits: e·expert_words +
+// i·row_words + 4·lane + 128·j < experts·rows·row_words < 2^31 words (q4_dp4a_ok), the groups an eighth of that; the
+// four matrices have one shape (moe_gate_up_dp4a_fits: same_shape), so G's strides serve U.
+template <int S>
+__device__ __forceinline__ void issue_gate_up_row(const GateUpParams& p, bool sh, uint32_t e, int i, int lane,
+                                                  uint32_t dst) {
+  dst += uint32_t(16 * lane);
+  const Q4 G = pick(sh, p.sgate, p.gate), U = pick(sh, p.sup, p.up);
+  const uint32_t wo = e * uint32_t(G.expert_words) + uint32_t(i) * uint32_t(p.row_words) + uint32_t(4 * lane);
+  const uint32_t* g = G.words + wo;
+  const uint32_t* u = U.words + wo;
+#pragma unroll
+  for (int j = 0; j < S; ++j) cp_async_16(dst + uint32_t(512 * j), g + 128 * j, 16u);
+#pragma unroll
+  for (int j = 0; j < S; ++j) cp_async_16(dst + uint32_t(512 * (S + j)), u + 128 * j, 16u);
+  if (lane < 8 * S) {  // chunk `lane` of the 8S scale/bias chunks: array lane / 2S at group 8·(lane mod 2S)
+    const int which = lane / (2 * S), piece = lane - which * (2 * S);
+    const Q4 M = pick(which < 2, G, U);
+    const uint16_t* base = (which & 1) ? M.biases : M.scales;
+    const uint32_t go = e * uint32_t(G.expert_groups) + uint32_t(i) * uint32_t(p.gpr) + uint32_t(8 * piece);
+    cp_async_16(dst + uint32_t(1024 * S), base + go, 16u);
+  }
+}
+
+// What lane `lane` reads of a landed stage st: its uint4 of gate and up words per slice j and the group's packed
+// scale (low half) and bias (high half).
+template <int S>
+__device__ __forceinline__ void read_gate_up_stage(const uint8_t* st, int lane, uint4 (&gv)[S], uint4 (&uv)[S],
+                                                   uint32_t (&gsb)[S], uint32_t (&usb)[S]) {
+  const uint4* gw = reinterpret_cast<const uint4*>(st);
+  const uint4* uw = gw + 32 * S;
+  const uint16_t* gsc = reinterpret_cast<const uint16_t*>(st + 1024 * S);
+  const uint16_t* gbi = gsc + 16 * S;
+  const uint16_t* usc = gbi + 16 * S;
+  const uint16_t* ubi = usc + 16 * S;
+#pragma unroll
+  for (int j = 0; j < S; ++j) {
+    gv[j] = gw[32 * j + lane];
+    uv[j] = uw[32 * j + lane];
+    const int g = 16 * j + lane / 2;
+    gsb[j] = uint32_t(gsc[g]) | (uint32_t(gbi[g]) << 16);
+    usb[j] = uint32_t(usc[g]) | (uint32_t(ubi[g]) << 16);
+  }
 }
 
 // What a lane reads of one gate_up batch (one intermediate row of one slot: its gate row and its up row): a uint4 of
