@@ -4,9 +4,11 @@
 // D = 2048; 4-bit experts, 8-bit router), T = 1 and T = 3, every kernel launched twice to check that the router's
 // ticket counter resets and that results are deterministic (the second run with the L2 prefetch of the down
 // matrices on). A small float-format model checks the generic path. The batched step (moe_decode_batched) is held to
-// moe_decode per token, bit for bit, with each of its gate_up forms (the ring, the grouped one).
+// moe_decode per token, bit for bit, with each of its gate_up forms (the ring, the grouped one) and with the ring forms
+// taking two rows a step (TERN_MOE_RING_ROWS=2).
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <set>
 #include <string>
@@ -453,6 +455,51 @@ TEST(CudaMoeDecode, GroupedGateUpMatchesOneTokenBitwise) {
       const int64_t launches = moe_gate_up_grouped_launches();
       expect_batched_matches_alone(rng, md, c.E, k, c.D, F, B, label, true);
       EXPECT_EQ(moe_gate_up_grouped_launches() - launches, 2) << label << " B=" << B << ": the grouped gate_up ran";
+      if (HasFailure()) break;
+    }
+    if (HasFailure()) break;
+  }
+  restore();
+}
+
+// The ring forms taking two rows a step (TERN_MOE_RING_ROWS=2, set here with moe_ring_set_rows: gate_up's batches and
+// down's output rows in pairs, their sums through one transposed butterfly) held to the tokens alone as the one-row
+// forms are: B in {2, 3, 5, 8, 16, 32}, random router rows and repeated ones, at the model's shapes and at D = 1024
+// (one slice) with 64 experts. Each B is its own grid, and a warp whose count of rows is odd ends on a half pair (its
+// second row past the end). On the H200 (132 SMs) B = 2, 3, 5 and 8 give every kernel such warps, e.g. down at
+// D = 2048, B = 2: 1056 warps for 2048 rows, 64 of them with one row; D = 1024, B = 2: one row each; gate_up at
+// D = 2048, B = 8: 264 warps for 4608 batches, 18 or 17 each. B = 16 and 32 there give even counts at D = 2048.
+TEST(CudaMoeDecode, TwoRowRingsMatchOneTokenBitwise) {
+  TERN_REQUIRE_GPU();
+  if (const char* ring = std::getenv("TERN_MOE_RING"); ring && std::string(ring) == "0")
+    GTEST_SKIP() << "the batched rings are off (TERN_MOE_RING=0)";
+  std::mt19937_64 rng(fresh_seed("CudaMoeDecode.TwoRowRings"));
+  const int k = 8;
+  const int64_t F = 512;
+  const int v0 = qmv_variant(), rows0 = moe_ring_rows();
+  const auto restore = [&] {
+    qmv_set_variant(v0);
+    moe_ring_set_rows(rows0);
+  };
+  qmv_set_variant(3);
+  moe_ring_set_rows(2);
+  struct Case {
+    int E;
+    int64_t D;
+    bool tied;
+  };
+  for (const Case& c : {Case{256, 2048, false}, Case{256, 2048, true}, Case{64, 1024, false}, Case{64, 1024, true}}) {
+    auto mh = make_moe(rng, WeightFormat::affine4, WeightFormat::affine8, c.E, k, c.D, F);
+    if (c.tied) repeat_router_rows(*mh);
+    MoeDevice md(*mh);
+    if (!moe_decode_batched_supported(md.w)) {
+      restore();
+      GTEST_SKIP() << "moe_decode_batched does not apply here (needs the sm_90 cluster router)";
+    }
+    const std::string label = std::string(c.tied ? "repeated router rows" : "random router") + " D=" +
+                              std::to_string(c.D) + " E=" + std::to_string(c.E) + " (two-row rings)";
+    for (int B : {2, 3, 5, 8, 16, 32}) {
+      expect_batched_matches_alone(rng, md, c.E, k, c.D, F, B, label);
       if (HasFailure()) break;
     }
     if (HasFailure()) break;

@@ -28,6 +28,12 @@
 // per-chunk addresses made per row from the routing: 8 / 16 streams +0.1% / +1.2%, docs/benchmarks.md). The same
 // treatment of gate_up (the slot pairs' bases in shared memory, batches stepped without a division, Σgate and Σup in
 // one butterfly) was 5% slower at 8 and 16 streams, though 34% fewer instructions a row, and is not kept.
+//
+// TERN_MOE_RING_ROWS=2 (opt-in, not yet measured; tests: moe_ring_set_rows) makes each warp take two of its rows a step
+// in both kernels (gate_up's batch and batch + warps, down's row and row + warps): one wait for both stages, and their
+// sums reduced together by a transposed butterfly (warp_sum_halves / warp_sum_quarters in warp_reduce.cuh), each sum
+// bit for bit warp_sum's; down's two rows also share their activation reads. Each step issues the two rows that refill
+// the stages read the step before, so the ring is full while a step waits, as in the one-row forms.
 #include <algorithm>
 #include <cstdint>
 
@@ -77,7 +83,14 @@ __device__ __forceinline__ void issue_gate_up(const GateUpParams& p, const int* 
   issue_gate_up_row<S>(p, sh, sh ? 0u : uint32_t(ids[b.pair - 1]), b.i, lane, dst);
 }
 
-template <int S>
+// The ring slot after / before slot s of kStages.
+template <int kStages>
+__device__ __forceinline__ int next_slot(int s) { return s + 1 == kStages ? 0 : s + 1; }
+template <int kStages>
+__device__ __forceinline__ int prev_slot(int s) { return s == 0 ? kStages - 1 : s - 1; }
+
+// kRows: the warp's batches taken one a step (the default) or two (TERN_MOE_RING_ROWS=2; see the pair loop below).
+template <int S, int kRows>
 __global__ void __launch_bounds__(kThreads, S <= 2 ? 4 : 1) moe_gate_up_ring_kernel(const GateUpParams p) {
   constexpr int kStages = gate_up_stages<S>(), kStageBytes = gate_up_stage_bytes<S>();
   extern __shared__ __align__(16) uint8_t ring[];  // [kWarps][kStages][kStageBytes]
@@ -112,7 +125,7 @@ __global__ void __launch_bounds__(kThreads, S <= 2 ? 4 : 1) moe_gate_up_ring_ker
     }
   };
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
+  for (int s = 0; s < kStages - kRows; ++s) {  // the batches the loop's first step does not issue
     issue_gate_up<S>(p, ids_s, ahead, lane, ring_addr + uint32_t(s * kStageBytes));
     cp_async_commit();
     advance(ahead);
@@ -128,23 +141,63 @@ __global__ void __launch_bounds__(kThreads, S <= 2 ? 4 : 1) moe_gate_up_ring_ker
   // Batch b is slot pair b / F, row b mod F: h's slot k (the shared expert) for pair 0, slot pair − 1 after it, i.e.
   // h[b + k·F] for b < F and h[b − F] after.
   const int h_shared = p.k * p.F, h_routed = -p.F;
-  for (int it = 0;; ++it) {
-    const int batch = first + it * warps;
-    if (batch >= batches) break;
-    const int slot_ahead = (it + kStages - 1) % kStages;  // kStages a constant: no division
-    issue_gate_up<S>(p, ids_s, ahead, lane, ring_addr + uint32_t(slot_ahead * kStageBytes));
-    cp_async_commit();
-    advance(ahead);
-    cp_async_wait<kStages - 1>();
-    __syncwarp();  // every lane's chunks of this batch have landed
-    const uint8_t* st = my_ring + (it % kStages) * kStageBytes;
-    uint4 gv[S], uv[S];
-    uint32_t gsb[S], usb[S];
-    read_gate_up_stage<S>(st, lane, gv, uv, gsb, usb);
-    __syncwarp();  // the stage is read: the next iteration may refill it
-    const float g = warp_sum(dot_row<S>(gv, gsb, xq, sig, sx));
-    const float u = warp_sum(dot_row<S>(uv, usb, xq, sig, sx));
-    if (lane == 0) h[batch + (batch >= p.F ? h_routed : h_shared)] = silu_f(g) * u;
+  if constexpr (kRows == 2) {
+    // Two batches a step, the warp's n-th and (n + 1)-th (batch and batch + warps) in ring slots n and n + 1 (mod
+    // kStages). Each step first issues batches n + kStages − 2 and n + kStages − 1 into the slots of n − 2 and n − 1
+    // (read the step before), so that, as above, the ring is full while the step waits. The four sums Σgate, Σup of
+    // both batches go through one transposed butterfly (warp_sum_quarters: 6 shuffles for the four, bit for bit
+    // warp_sum's) and one shuffle more brings each batch's Σup beside its Σgate: lane 0 writes batch's h, lane 16
+    // batch + warps's. Past the end (an odd count of batches) the second batch is neither issued (issue_gate_up:
+    // pair > k), read nor written, its sums 0 in the butterfly that all lanes take part in.
+    int rd = 0;  // batch n's slot
+    for (int batch = first; batch < batches; batch += 2 * warps) {
+      const int batch1 = batch + warps, rd1 = next_slot<kStages>(rd);
+      const int wr = prev_slot<kStages>(rd), wr0 = prev_slot<kStages>(wr);
+      issue_gate_up<S>(p, ids_s, ahead, lane, ring_addr + uint32_t(wr0 * kStageBytes));
+      cp_async_commit();
+      advance(ahead);
+      issue_gate_up<S>(p, ids_s, ahead, lane, ring_addr + uint32_t(wr * kStageBytes));
+      cp_async_commit();
+      advance(ahead);
+      cp_async_wait<kStages - 2>();
+      __syncwarp();  // every lane's chunks of both batches have landed
+      uint4 gv[S], uv[S];
+      uint32_t gsb[S], usb[S];
+      read_gate_up_stage<S>(my_ring + rd * kStageBytes, lane, gv, uv, gsb, usb);
+      const float g0 = dot_row<S>(gv, gsb, xq, sig, sx), u0 = dot_row<S>(uv, usb, xq, sig, sx);
+      float g1 = 0.0f, u1 = 0.0f;
+      if (batch1 < batches) {
+        read_gate_up_stage<S>(my_ring + rd1 * kStageBytes, lane, gv, uv, gsb, usb);
+        g1 = dot_row<S>(gv, gsb, xq, sig, sx);
+        u1 = dot_row<S>(uv, usb, xq, sig, sx);
+      }
+      __syncwarp();  // both stages are read: the next step refills them
+      // Lanes 0..7: Σg0, 8..15: Σu0, 16..23: Σg1, 24..31: Σu1; then lane 0 gets Σu0 and lane 16 Σu1.
+      const float sum = warp_sum_quarters(g0, u0, g1, u1, lane);
+      const float up = __shfl_xor_sync(0xffffffffu, sum, 8);
+      const int b = lane < 16 ? batch : batch1;
+      if ((lane & 15) == 0 && b < batches) h[b + (b >= p.F ? h_routed : h_shared)] = silu_f(sum) * up;
+      rd = next_slot<kStages>(rd1);
+    }
+  } else {
+    for (int it = 0;; ++it) {
+      const int batch = first + it * warps;
+      if (batch >= batches) break;
+      const int slot_ahead = (it + kStages - 1) % kStages;  // kStages a constant: no division
+      issue_gate_up<S>(p, ids_s, ahead, lane, ring_addr + uint32_t(slot_ahead * kStageBytes));
+      cp_async_commit();
+      advance(ahead);
+      cp_async_wait<kStages - 1>();
+      __syncwarp();  // every lane's chunks of this batch have landed
+      const uint8_t* st = my_ring + (it % kStages) * kStageBytes;
+      uint4 gv[S], uv[S];
+      uint32_t gsb[S], usb[S];
+      read_gate_up_stage<S>(st, lane, gv, uv, gsb, usb);
+      __syncwarp();  // the stage is read: the next iteration may refill it
+      const float g = warp_sum(dot_row<S>(gv, gsb, xq, sig, sx));
+      const float u = warp_sum(dot_row<S>(uv, usb, xq, sig, sx));
+      if (lane == 0) h[batch + (batch >= p.F ? h_routed : h_shared)] = silu_f(g) * u;
+    }
   }
   cp_async_wait<0>();
 }
@@ -192,6 +245,42 @@ __device__ __forceinline__ void issue_down(const DownChunks& ch, int r, int D, i
       cp_async_16(dst + uint32_t(512 * j), ch.base[j] + uint64_t(uint32_t(r)) * ch.stride[j], 16u);
 }
 
+// What lane `lane` reads of a landed stage st: its words (uint2) of each segment and the segment's packed scale (low
+// half) and bias (high half).
+__device__ __forceinline__ void read_down_stage(const uint8_t* st, int lane, uint2 (&w)[kSeg], uint32_t (&sb)[kSeg]) {
+  const uint2* wv = reinterpret_cast<const uint2*>(st);
+  const uint16_t* sc = reinterpret_cast<const uint16_t*>(st + kSeg * 256);
+  const uint16_t* bi = sc + kSeg * 8;
+#pragma unroll
+  for (int s = 0; s < kSeg; ++s) {
+    w[s] = wv[s * 32 + lane];
+    sb[s] = uint32_t(sc[s * 8 + lane / 4]) | (uint32_t(bi[s * 8 + lane / 4]) << 16);
+  }
+}
+
+// The lane's partial of rows r < R of the N read (w, sb): per segment its two words against the activations x_lane
+// (read once for all the rows), accumulated in segment order, each row's chain the one-token kernel's.
+template <int R, int N>
+__device__ __forceinline__ void down_dots(const uint2 (&w)[N][kSeg], const uint32_t (&sb)[N][kSeg],
+                                          const uint4* const (&x_lane)[2], const float (&sig)[kSeg],
+                                          const float (&sx)[kSeg], float (&acc)[N]) {
+  static_assert(R <= N);
+#pragma unroll
+  for (int s = 0; s < kSeg; ++s) {
+    const uint4 x0 = x_lane[0][s * 64], x1 = x_lane[1][s * 64];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      int dh = 0, dl = 0;
+      dp4a::dot_word(w[r][s].x, x0, dh, dl);
+      dp4a::dot_word(w[r][s].y, x1, dh, dl);
+      acc[r] = fmaf(dp4a::scale_of(sb[r][s]) * sig[s], float(dh * 256 + dl), acc[r]);
+      acc[r] = fmaf(dp4a::bias_of(sb[r][s]), sx[s], acc[r]);
+    }
+  }
+}
+
+// kRows: the warp's output rows taken one a step (the default) or two (TERN_MOE_RING_ROWS=2; see the pair loop).
+template <int kRows>
 __global__ void __launch_bounds__(kThreads, 2) moe_down_ring_kernel(const DownParams p) {
   extern __shared__ __align__(16) uint8_t ring[];  // [kWarps][kDownStages][kDownStageBytes]
   __shared__ int ids_s[kTopK];
@@ -217,7 +306,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_ring_kernel(const DownPa
   down_lane_chunks(p, ids_s, lane, ch);
   // The first rows' weights in flight while gate_up finishes / the activations are quantised.
 #pragma unroll
-  for (int s = 0; s < kDownStages - 1; ++s) {
+  for (int s = 0; s < kDownStages - kRows; ++s) {  // the rows the loop's first step does not issue
     issue_down(ch, first + s * warps, p.D, lane, lane_addr + uint32_t(s * kDownStageBytes));
     cp_async_commit();
   }
@@ -228,45 +317,83 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_ring_kernel(const DownPa
   pdl_trigger();
   float sig[kSeg], sx[kSeg];  // coefficient·σ of the lane's group, coefficient·σ·Σv of its 16 columns
   down_lane_coefficients(p, token, xsum, xsig, lane, sig, sx);
-  // The residual row lane 0 adds to, a row ahead (after pdl_wait: an earlier kernel writes it).
-  float hid = lane == 0 && first < p.D ? __ldcg(hidden + first) : 0.0f;
+  // The lanes that write output rows: lane 0 the warp's row, and with pairs lane 16 the second one (row + own).
+  const bool writer = kRows == 2 ? (lane & 15) == 0 : lane == 0;
+  const int own = kRows == 2 && lane >= 16 ? warps : 0;
+  // The residual row a writer adds to, a step ahead (after pdl_wait: an earlier kernel writes it).
+  float hid = writer && first + own < p.D ? __ldcg(hidden + first + own) : 0.0f;
   // The lane's activation words 2·lane + e of segment s: xs[xs_slot(64·s + 2·lane + e)] = x_lane[e][64·s] (xs_slot
   // permutes within runs of 64 words), one address per e and an offset per s.
   const uint4* x_lane[2] = {xs + dp4a::xs_slot(2 * lane), xs + dp4a::xs_slot(2 * lane + 1)};
-  // Byte offsets in the warp's ring of the stage read (rd) and of the one refilled (wr, read one iteration before).
-  uint32_t rd = 0, wr = (kDownStages - 1) * kDownStageBytes;
-  for (int row = first; row < p.D; row += warps) {
-    issue_down(ch, row + (kDownStages - 1) * warps, p.D, lane, lane_addr + wr);
-    cp_async_commit();
-    const float hid_next = lane == 0 && row + warps < p.D ? __ldcg(hidden + row + warps) : 0.0f;
-    cp_async_wait<kDownStages - 1>();
-    __syncwarp();  // every lane's chunks of this row have landed
-    const uint8_t* st = my_ring + rd;
-    const uint2* wv = reinterpret_cast<const uint2*>(st);
-    const uint16_t* sc = reinterpret_cast<const uint16_t*>(st + kSeg * 256);
-    const uint16_t* bi = sc + kSeg * 8;
-    uint2 w[kSeg];
-    uint32_t sb[kSeg];
-#pragma unroll
-    for (int s = 0; s < kSeg; ++s) {
-      w[s] = wv[s * 32 + lane];
-      sb[s] = uint32_t(sc[s * 8 + lane / 4]) | (uint32_t(bi[s * 8 + lane / 4]) << 16);
+  // The stage after / before the one at byte offset b in the warp's ring.
+  const auto next_stage = [](uint32_t b) {
+    return b + kDownStageBytes == kDownStages * kDownStageBytes ? 0u : b + kDownStageBytes;
+  };
+  const auto prev_stage = [](uint32_t b) { return b == 0 ? (kDownStages - 1) * kDownStageBytes : b - kDownStageBytes; };
+  if constexpr (kRows == 2) {
+    // Two output rows a step, the warp's n-th and (n + 1)-th (row and row + warps) in stages n and n + 1 (mod
+    // kDownStages). Each step first issues rows n + 2 and n + 3 into the stages of n − 2 and n − 1 (read the step
+    // before), so that, as above, the ring is full while the step waits. Both rows' dot products share the
+    // activation reads; their sums go through one transposed butterfly (warp_sum_halves: 5 shuffles for the two, bit
+    // for bit warp_sum's), and lane 0 writes row, lane 16 row + warps, each with its own residual. Past the end (an
+    // odd count of rows) the second row is neither issued, read, computed nor written; its sum 0 in the butterfly
+    // that all lanes take part in.
+    uint32_t rd = 0;  // byte offset of row n's stage
+    for (int row = first; row < p.D; row += 2 * warps) {
+      const bool two = row + warps < p.D;
+      const uint32_t rd1 = next_stage(rd), wr = prev_stage(rd), wr0 = prev_stage(wr);
+      issue_down(ch, row + (kDownStages - 2) * warps, p.D, lane, lane_addr + wr0);
+      cp_async_commit();
+      issue_down(ch, row + (kDownStages - 1) * warps, p.D, lane, lane_addr + wr);
+      cp_async_commit();
+      const int next_own = row + 2 * warps + own;
+      const float hid_next = writer && next_own < p.D ? __ldcg(hidden + next_own) : 0.0f;
+      cp_async_wait<kDownStages - 2>();
+      __syncwarp();  // every lane's chunks of both rows have landed
+      uint2 w[2][kSeg];
+      uint32_t sb[2][kSeg];
+      read_down_stage(my_ring + rd, lane, w[0], sb[0]);
+      if (two) read_down_stage(my_ring + rd1, lane, w[1], sb[1]);
+      __syncwarp();  // both stages are read: the next step refills them
+      float acc[2] = {0.0f, 0.0f};
+      if (two) {
+        down_dots<2>(w, sb, x_lane, sig, sx, acc);
+      } else {
+        down_dots<1>(w, sb, x_lane, sig, sx, acc);
+      }
+      const float sum = warp_sum_halves(acc[0], acc[1], lane);  // lanes 0..15: row's, 16..31: row + warps's
+      if (writer && row + own < p.D) hidden[row + own] = hid + sum;
+      hid = hid_next;
+      rd = next_stage(rd1);
     }
-    __syncwarp();  // the stage is read: the next iteration may refill it
-    float acc = 0.0f;
+  } else {
+    // Byte offsets in the warp's ring of the stage read (rd) and of the one refilled (wr, read one iteration before).
+    uint32_t rd = 0, wr = (kDownStages - 1) * kDownStageBytes;
+    for (int row = first; row < p.D; row += warps) {
+      issue_down(ch, row + (kDownStages - 1) * warps, p.D, lane, lane_addr + wr);
+      cp_async_commit();
+      const float hid_next = lane == 0 && row + warps < p.D ? __ldcg(hidden + row + warps) : 0.0f;
+      cp_async_wait<kDownStages - 1>();
+      __syncwarp();  // every lane's chunks of this row have landed
+      uint2 w[kSeg];
+      uint32_t sb[kSeg];
+      read_down_stage(my_ring + rd, lane, w, sb);
+      __syncwarp();  // the stage is read: the next iteration may refill it
+      float acc = 0.0f;
 #pragma unroll
-    for (int s = 0; s < kSeg; ++s) {
-      int dh = 0, dl = 0;
-      dp4a::dot_word(w[s].x, x_lane[0][s * 64], dh, dl);
-      dp4a::dot_word(w[s].y, x_lane[1][s * 64], dh, dl);
-      acc = fmaf(dp4a::scale_of(sb[s]) * sig[s], float(dh * 256 + dl), acc);
-      acc = fmaf(dp4a::bias_of(sb[s]), sx[s], acc);
+      for (int s = 0; s < kSeg; ++s) {
+        int dh = 0, dl = 0;
+        dp4a::dot_word(w[s].x, x_lane[0][s * 64], dh, dl);
+        dp4a::dot_word(w[s].y, x_lane[1][s * 64], dh, dl);
+        acc = fmaf(dp4a::scale_of(sb[s]) * sig[s], float(dh * 256 + dl), acc);
+        acc = fmaf(dp4a::bias_of(sb[s]), sx[s], acc);
+      }
+      acc = warp_sum(acc);
+      if (lane == 0) hidden[row] = hid + acc;
+      hid = hid_next;
+      wr = rd;
+      rd = next_stage(rd);
     }
-    acc = warp_sum(acc);
-    if (lane == 0) hidden[row] = hid + acc;
-    hid = hid_next;
-    wr = rd;
-    rd = rd + kDownStageBytes == kDownStages * kDownStageBytes ? 0 : rd + kDownStageBytes;
   }
   cp_async_wait<0>();
 }
@@ -285,10 +412,17 @@ int& gate_up_mode() {
   return mode;
 }
 
+// Rows a warp takes a step in the ring forms: 1 (default) or 2 (gate_up's batches and down's output rows in pairs,
+// their sums in one transposed butterfly); TERN_MOE_RING_ROWS=2, read once; tests set it with moe_ring_set_rows.
+int& ring_rows() {
+  static int rows = env_is("TERN_MOE_RING_ROWS", "2") ? 2 : 1;
+  return rows;
+}
+
 // False (nothing launched) when the ring does not fit the device's shared memory.
-template <int S>
+template <int S, int kRows>
 bool launch_gate_up_ring(const GateUpParams& p, int B, cudaStream_t stream) {
-  auto kernel = moe_gate_up_ring_kernel<S>;
+  auto kernel = moe_gate_up_ring_kernel<S, kRows>;
   constexpr int smem = kWarps * gate_up_stages<S>() * gate_up_stage_bytes<S>();
   if (smem > qtile::max_dynamic_smem()) return false;
   static bool attribute_set = false;
@@ -297,8 +431,23 @@ bool launch_gate_up_ring(const GateUpParams& p, int B, cudaStream_t stream) {
     attribute_set = true;
   }
   const int blocks = ring_blocks(reinterpret_cast<const void*>(kernel), smem, int64_t(p.k + 1) * p.F, B);
-  launch_pdl("moe_gate_up_ring", kernel, dim3(unsigned(blocks), unsigned(B)), dim3(kThreads), size_t(smem), stream, p);
+  launch_pdl(kRows == 2 ? "moe_gate_up_ring_pairs" : "moe_gate_up_ring", kernel, dim3(unsigned(blocks), unsigned(B)),
+             dim3(kThreads), size_t(smem), stream, p);
   return true;
+}
+
+template <int kRows>
+void launch_down_ring(const DownParams& p, int B, cudaStream_t stream) {
+  auto kernel = moe_down_ring_kernel<kRows>;
+  constexpr int smem = kWarps * kDownStages * kDownStageBytes;
+  static bool attribute_set = false;
+  if (!attribute_set) {
+    TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    attribute_set = true;
+  }
+  const int blocks = ring_blocks(reinterpret_cast<const void*>(kernel), smem, p.D, B);
+  launch_pdl(kRows == 2 ? "moe_down_ring_pairs" : "moe_down_ring", kernel, dim3(unsigned(blocks), unsigned(B)),
+             dim3(kThreads), size_t(smem), stream, p);
 }
 
 }  // namespace
@@ -311,10 +460,11 @@ bool ring_enabled() {
 bool gate_up_ring(const GateUpParams& p, int cols, int B, cudaStream_t stream, const uint4* x_lanes) {
   if (B < 2 || !ring_enabled()) return false;
   if (gate_up_mode() == kMoeRingGateUpGrouped && gate_up_grouped(p, x_lanes, cols, B, stream)) return true;
+  const bool pairs = ring_rows() == 2;
   switch (cols) {
-    case 1024: return launch_gate_up_ring<1>(p, B, stream);
-    case 2048: return launch_gate_up_ring<2>(p, B, stream);
-    default: return launch_gate_up_ring<4>(p, B, stream);
+    case 1024: return pairs ? launch_gate_up_ring<1, 2>(p, B, stream) : launch_gate_up_ring<1, 1>(p, B, stream);
+    case 2048: return pairs ? launch_gate_up_ring<2, 2>(p, B, stream) : launch_gate_up_ring<2, 1>(p, B, stream);
+    default: return pairs ? launch_gate_up_ring<4, 2>(p, B, stream) : launch_gate_up_ring<4, 1>(p, B, stream);
   }
 }
 
@@ -325,15 +475,11 @@ bool gate_up_wants_x_lanes(int cols, int E, int B) {
 
 bool down_ring(const DownParams& p, int B, cudaStream_t stream) {
   if (B < 2 || !ring_enabled()) return false;
-  constexpr int smem = kWarps * kDownStages * kDownStageBytes;
-  static bool attribute_set = false;
-  if (!attribute_set) {
-    TERN_CUDA(cudaFuncSetAttribute(moe_down_ring_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    attribute_set = true;
+  if (ring_rows() == 2) {
+    launch_down_ring<2>(p, B, stream);
+  } else {
+    launch_down_ring<1>(p, B, stream);
   }
-  const int blocks = ring_blocks(reinterpret_cast<const void*>(moe_down_ring_kernel), smem, p.D, B);
-  launch_pdl("moe_down_ring", moe_down_ring_kernel, dim3(unsigned(blocks), unsigned(B)), dim3(kThreads), size_t(smem),
-             stream, p);
   return true;
 }
 
@@ -348,5 +494,11 @@ void moe_ring_gate_up_set_mode(int mode) {
 }
 int moe_ring_gate_up_mode() { return moe_parts::gate_up_mode(); }
 int64_t moe_gate_up_grouped_launches() { return moe_parts::gate_up_grouped_launches(); }
+
+void moe_ring_set_rows(int rows) {
+  TERN_CHECK(rows == 1 || rows == 2, "moe_ring_set_rows: rows must be 1 or 2, not ", rows);
+  moe_parts::ring_rows() = rows;
+}
+int moe_ring_rows() { return moe_parts::ring_rows(); }
 
 }  // namespace tern::cuda
