@@ -414,6 +414,35 @@ TEST(CudaMoeDecode, BatchedMatchesOneTokenBitwiseOneSlice) {
   qmv_set_variant(v0);
 }
 
+// The cases of the batched forms' opt-in tests: the model's shapes, and D = 1024 (one slice) with 64 experts; random
+// router rows and repeated ones (repeat_router_rows: tokens share experts).
+constexpr int kBatchedK = 8;
+constexpr int64_t kBatchedF = 512;
+struct BatchedCase {
+  int E;
+  int64_t D;
+  bool tied;
+};
+constexpr BatchedCase kBatchedCases[] = {{256, 2048, false}, {256, 2048, true}, {64, 1024, false}, {64, 1024, true}};
+
+// Runs body(md, case, label) on each case's weights until a failure; returns why the test is skipped (the batched
+// step does not apply here, or body's reason), empty when it ran.
+template <typename Body>
+std::string for_each_batched_case(std::mt19937_64& rng, const std::string& form, Body body) {
+  for (const BatchedCase& c : kBatchedCases) {
+    auto mh = make_moe(rng, WeightFormat::affine4, WeightFormat::affine8, c.E, kBatchedK, c.D, kBatchedF);
+    if (c.tied) repeat_router_rows(*mh);
+    MoeDevice md(*mh);
+    if (!moe_decode_batched_supported(md.w))
+      return "moe_decode_batched does not apply here (needs the sm_90 cluster router)";
+    const std::string label = std::string(c.tied ? "repeated router rows" : "random router") + " D=" +
+                              std::to_string(c.D) + " E=" + std::to_string(c.E) + " (" + form + ")";
+    if (std::string skip = body(md, c, label); !skip.empty()) return skip;
+    if (::testing::Test::HasFailure()) break;
+  }
+  return "";
+}
+
 // The gate_up grouped by expert across the batch (TERN_MOE_RING_GATE_UP=grouped, set here with
 // moe_ring_gate_up_set_mode) held to the tokens alone as the ring is: B in {2, 3, 8, 9, 16, 32} (one group; two groups
 // of 4 and 5; up to four groups of 8), random router rows and repeated ones (repeat_router_rows: tokens share
@@ -423,8 +452,6 @@ TEST(CudaMoeDecode, BatchedMatchesOneTokenBitwiseOneSlice) {
 TEST(CudaMoeDecode, GroupedGateUpMatchesOneTokenBitwise) {
   TERN_REQUIRE_GPU();
   std::mt19937_64 rng(fresh_seed("CudaMoeDecode.Grouped"));
-  const int k = 8;
-  const int64_t F = 512;
   const int v0 = qmv_variant(), mode0 = moe_ring_gate_up_mode();
   const auto restore = [&] {
     qmv_set_variant(v0);
@@ -432,34 +459,19 @@ TEST(CudaMoeDecode, GroupedGateUpMatchesOneTokenBitwise) {
   };
   qmv_set_variant(3);
   moe_ring_gate_up_set_mode(kMoeRingGateUpGrouped);
-  struct Case {
-    int E;
-    int64_t D;
-    bool tied;
-  };
-  for (const Case& c : {Case{256, 2048, false}, Case{256, 2048, true}, Case{64, 1024, false}, Case{64, 1024, true}}) {
-    auto mh = make_moe(rng, WeightFormat::affine4, WeightFormat::affine8, c.E, k, c.D, F);
-    if (c.tied) repeat_router_rows(*mh);
-    MoeDevice md(*mh);
-    if (!moe_decode_batched_supported(md.w)) {
-      restore();
-      GTEST_SKIP() << "moe_decode_batched does not apply here (needs the sm_90 cluster router)";
-    }
-    if (!moe_gate_up_wants_x_lanes(md.w, 2)) {
-      restore();
-      GTEST_SKIP() << "the batched gate_up rings are off (TERN_MOE_RING=0)";
-    }
-    const std::string label = std::string(c.tied ? "repeated router rows" : "random router") + " D=" +
-                              std::to_string(c.D) + " E=" + std::to_string(c.E) + " (grouped gate_up)";
+  const std::string skip = for_each_batched_case(rng, "grouped gate_up", [&](MoeDevice& md, const BatchedCase& c,
+                                                                          const std::string& label) -> std::string {
+    if (!moe_gate_up_wants_x_lanes(md.w, 2)) return "the batched gate_up rings are off (TERN_MOE_RING=0)";
     for (int B : {2, 3, 8, 9, 16, 32}) {
       const int64_t launches = moe_gate_up_grouped_launches();
-      expect_batched_matches_alone(rng, md, c.E, k, c.D, F, B, label, true);
+      expect_batched_matches_alone(rng, md, c.E, kBatchedK, c.D, kBatchedF, B, label, true);
       EXPECT_EQ(moe_gate_up_grouped_launches() - launches, 2) << label << " B=" << B << ": the grouped gate_up ran";
       if (HasFailure()) break;
     }
-    if (HasFailure()) break;
-  }
+    return "";
+  });
   restore();
+  if (!skip.empty()) GTEST_SKIP() << skip;
 }
 
 // The ring forms taking two rows a step (TERN_MOE_RING_ROWS=2, set here with moe_ring_set_rows: gate_up's batches and
@@ -474,8 +486,6 @@ TEST(CudaMoeDecode, TwoRowRingsMatchOneTokenBitwise) {
   if (const char* ring = std::getenv("TERN_MOE_RING"); ring && std::string(ring) == "0")
     GTEST_SKIP() << "the batched rings are off (TERN_MOE_RING=0)";
   std::mt19937_64 rng(fresh_seed("CudaMoeDecode.TwoRowRings"));
-  const int k = 8;
-  const int64_t F = 512;
   const int v0 = qmv_variant(), rows0 = moe_ring_rows();
   const auto restore = [&] {
     qmv_set_variant(v0);
@@ -483,28 +493,16 @@ TEST(CudaMoeDecode, TwoRowRingsMatchOneTokenBitwise) {
   };
   qmv_set_variant(3);
   moe_ring_set_rows(2);
-  struct Case {
-    int E;
-    int64_t D;
-    bool tied;
-  };
-  for (const Case& c : {Case{256, 2048, false}, Case{256, 2048, true}, Case{64, 1024, false}, Case{64, 1024, true}}) {
-    auto mh = make_moe(rng, WeightFormat::affine4, WeightFormat::affine8, c.E, k, c.D, F);
-    if (c.tied) repeat_router_rows(*mh);
-    MoeDevice md(*mh);
-    if (!moe_decode_batched_supported(md.w)) {
-      restore();
-      GTEST_SKIP() << "moe_decode_batched does not apply here (needs the sm_90 cluster router)";
-    }
-    const std::string label = std::string(c.tied ? "repeated router rows" : "random router") + " D=" +
-                              std::to_string(c.D) + " E=" + std::to_string(c.E) + " (two-row rings)";
+  const std::string skip = for_each_batched_case(rng, "two-row rings", [&](MoeDevice& md, const BatchedCase& c,
+                                                                        const std::string& label) -> std::string {
     for (int B : {2, 3, 5, 8, 16, 32}) {
-      expect_batched_matches_alone(rng, md, c.E, k, c.D, F, B, label);
+      expect_batched_matches_alone(rng, md, c.E, kBatchedK, c.D, kBatchedF, B, label);
       if (HasFailure()) break;
     }
-    if (HasFailure()) break;
-  }
+    return "";
+  });
   restore();
+  if (!skip.empty()) GTEST_SKIP() << skip;
 }
 
 }  // namespace
