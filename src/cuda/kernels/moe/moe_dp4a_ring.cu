@@ -29,11 +29,12 @@
 // treatment of gate_up (the slot pairs' bases in shared memory, batches stepped without a division, Σgate and Σup in
 // one butterfly) was 5% slower at 8 and 16 streams, though 34% fewer instructions a row, and is not kept.
 //
-// TERN_MOE_RING_ROWS=2 (opt-in, not yet measured; tests: moe_ring_set_rows) makes each warp take two of its rows a step
-// in both kernels (gate_up's batch and batch + warps, down's row and row + warps): one wait for both stages, and their
-// sums reduced together by a transposed butterfly (warp_sum_halves / warp_sum_quarters in warp_reduce.cuh), each sum
-// bit for bit warp_sum's; down's two rows also share their activation reads. Each step issues the two rows that refill
-// the stages read the step before, so the ring is full while a step waits, as in the one-row forms.
+// TERN_MOE_RING_ROWS=2 (opt-in until the whole GPU suite has run with it; 1.2 / 1.7 / 2.0% faster at 8 / 16 / 32
+// streams, docs/benchmarks.md; tests: moe_ring_set_rows) makes each warp take two of its rows a step in both kernels
+// (gate_up's batch and batch + warps, down's row and row + warps): one wait for both stages, and their sums reduced
+// together by a transposed butterfly (warp_sum_halves / warp_sum_quarters in warp_reduce.cuh), each sum bit for bit
+// warp_sum's; down's two rows also share their activation reads. Each step issues the two rows that refill the stages
+// read the step before, so the ring is full while a step waits, as in the one-row forms.
 #include <algorithm>
 #include <cstdint>
 
