@@ -1,6 +1,7 @@
 // The one-pass tensor-core kernels of gdn_chunked (GdnChunkedKernel::tf32, tf32x3; dk = 128, chunk 64) and the tf32
-// mma.sync helpers that the two-pass kernels (gdn_chunked_twopass.cuh) build on. Device code of one translation unit,
-// kept in its own file for size: included by gdn_prefill.cu only (hence the anonymous namespace).
+// mma.sync helpers that the two-pass kernels (gdn_chunked_twopass.cuh) build on; its warp scan of the cumulative decay
+// serves every chunked kernel. Device code of one translation unit, kept in its own file for size: included by
+// gdn_prefill.cu only (hence the anonymous namespace).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -13,6 +14,16 @@
 
 namespace tern::cuda {
 namespace {
+
+// Inclusive prefix sum over the lanes of a warp: lane L gets x of lanes 0..L (the chunk's cumulative log decay).
+__device__ __forceinline__ float warp_inclusive_sum(float x, int lane) {
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const float y = __shfl_up_sync(0xffffffffu, x, off);
+    if (lane >= off) x += y;
+  }
+  return x;
+}
 
 // ---- chunked form on tensor cores (dk = 128, chunk 64) ----------------------------------------------------------
 // A block owns one v-head h and BV state rows (value dims j0..j0+BV-1) and walks the chunks in order with its state
@@ -229,11 +240,7 @@ __global__ void __launch_bounds__(kThreads) gdn_chunked_tc_kernel(const float* q
       for (int i = 0; i < kL / 32; ++i) {
         const int t = lane + 32 * i;
         float x = pg[i];  // 0 past n
-#pragma unroll
-        for (int off = 1; off < 32; off <<= 1) {
-          const float y = __shfl_up_sync(0xffffffffu, x, off);
-          if (lane >= off) x += y;
-        }
+        x = warp_inclusive_sum(x, lane);
         x += carry;
         sG[t] = x;
         sB[t] = pb[i];

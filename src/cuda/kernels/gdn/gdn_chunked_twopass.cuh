@@ -241,11 +241,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_wy_prep_kernel(const float* q
     for (int i = 0; i < kL / 32; ++i) {
       const int t = lane + 32 * i;
       float x = t < n ? g_log[(c0 + t) * d.Hv + h] : 0.0f;
-#pragma unroll
-      for (int off = 1; off < 32; off <<= 1) {
-        const float y = __shfl_up_sync(0xffffffffu, x, off);
-        if (lane >= off) x += y;
-      }
+      x = warp_inclusive_sum(x, lane);
       x += carry;
       sG[t] = x;
       sB[t] = t < n ? beta[(c0 + t) * d.Hv + h] : 0.0f;

@@ -202,11 +202,7 @@ __global__ void __launch_bounds__(kChunkThreads) gdn_chunked_kernel(const float*
       for (int base = 0; base < n; base += 32) {
         const int t = base + lane;
         float x = t < n ? g_log[(c0 + t) * d.Hv + h] : 0.0f;
-#pragma unroll
-        for (int off = 1; off < 32; off <<= 1) {
-          const float y = __shfl_up_sync(0xffffffffu, x, off);
-          if (lane >= off) x += y;
-        }
+        x = warp_inclusive_sum(x, lane);
         x += carry;
         if (t < n) {
           sG[t] = x;

@@ -232,6 +232,22 @@ struct GateUpJob {
   }
 };
 
+// The q4 kernels' ring of a block's steps [lo, hi) (P: GateUpQ4Params or DownQ4Params): the shared expert's steps
+// in flight before the wait, then the routed ids (clamped to 0..E−1) into ids_s (shared [T·k]) and the routed steps.
+template <int D, int UG, class P, class Job>
+__device__ __forceinline__ void fill_ring_q4(qtile::Ring<D, UG>& ring, const P& p, const Job& job, int* ids_s, int lo,
+                                             int hi, int tig) {
+  qtile::ring_fill(ring, job, lo, hi, true, tig);  // the shared expert's steps: known before the wait
+  pdl_trigger();
+  pdl_wait();
+  for (int i = threadIdx.x; i < p.T * p.k; i += blockDim.x) {
+    const int e = p.s.ids[i];
+    ids_s[i] = e < 0 ? 0 : (e >= p.E ? p.E - 1 : e);
+  }
+  __syncthreads();
+  qtile::ring_fill(ring, job, lo, hi, false, tig);
+}
+
 template <int D, int UG>
 __global__ void __launch_bounds__(qtile::kThreads, qtile::min_blocks(D, UG))
     moe_gate_up_q4_kernel(const GateUpQ4Params p) {
@@ -265,15 +281,7 @@ __global__ void __launch_bounds__(qtile::kThreads, qtile::min_blocks(D, UG))
   const int lo = qtile::range_lo(warp, steps), hi = qtile::range_lo(warp + 1, steps);
 
   qtile::Ring<D, UG> ring = {};
-  qtile::ring_fill(ring, job, lo, hi, true, tig);  // the shared expert's steps: known before the wait
-  pdl_trigger();
-  pdl_wait();
-  for (int i = threadIdx.x; i < p.T * p.k; i += blockDim.x) {
-    const int e = p.s.ids[i];
-    ids_s[i] = e < 0 ? 0 : (e >= p.E ? p.E - 1 : e);
-  }
-  __syncthreads();
-  qtile::ring_fill(ring, job, lo, hi, false, tig);
+  fill_ring_q4(ring, p, job, ids_s, lo, hi, tig);
   const XhatSrc src{p.s.xhat, p.layout.cols};
   qtile::stage_activations(src, p.layout, S);
   __syncthreads();
@@ -443,15 +451,7 @@ __global__ void __launch_bounds__(qtile::kThreads, qtile::min_blocks(D, UG)) moe
   const int lo = qtile::range_lo(warp, steps), hi = qtile::range_lo(warp + 1, steps);
 
   qtile::Ring<D, UG> ring = {};
-  qtile::ring_fill(ring, job, lo, hi, true, tig);  // the shared expert's steps
-  pdl_trigger();
-  pdl_wait();
-  for (int i = threadIdx.x; i < p.T * p.k; i += blockDim.x) {
-    const int e = p.s.ids[i];
-    ids_s[i] = e < 0 ? 0 : (e >= p.E ? p.E - 1 : e);
-  }
-  __syncthreads();
-  qtile::ring_fill(ring, job, lo, hi, false, tig);
+  fill_ring_q4(ring, p, job, ids_s, lo, hi, tig);
   const DownSrc src{p.s.h, p.s.w, p.s.shared_gate, p.k, p.layout.cols};
   qtile::stage_activations(src, p.layout, S);
   __syncthreads();

@@ -1,6 +1,7 @@
 // Device helpers shared by the tensor-core prefill products (qmatmul.cu: split-x bf16, qmatmul_int8.cu: integer,
 // qmatmul_wgmma.cu: Hopper warpgroup MMAs): which tokens a block takes, which matrix row each of its rows reads (plain
-// or SwiGLU blocks), the bias term of the affine weights, and the epilogue that writes a warp's mma C fragments.
+// or SwiGLU blocks), a warp's accumulators and live token tiles, the bias term of the affine weights, and the epilogue
+// that writes a warp's mma C fragments.
 // Included by .cu files only.
 #pragma once
 
@@ -76,6 +77,24 @@ __device__ __forceinline__ void copy_block_scales(uint32_t dst, int rows, int ld
     const int64_t r = source(row, m);
     cp_async_16(dst + (row * ld + piece * 8) * 2, m->scales + r * groups_per_row + piece * 8, 16);
   }
+}
+
+// A warp's mma accumulators, [MT row tiles][NT token tiles][4 C-fragment values], set to zero.
+template <int MT, int NT>
+__device__ __forceinline__ void zero_acc(float (&acc)[MT][NT][4]) {
+#pragma unroll
+  for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < NT; ++ni)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[mi][ni][c] = 0.0f;
+}
+
+// How many of the warp's NT n8 token tiles (tokens wtok0 .. wtok0 + 8·NT − 1 of the block's tile) hold any of the
+// tile's count tokens: 0..NT, warp-uniform.
+template <int NT>
+__device__ __forceinline__ int live_n8_tiles(int64_t count, int wtok0) {
+  return count - wtok0 <= 0 ? 0 : (count - wtok0 >= 8 * NT ? NT : int(count - wtok0 + 7) / 8);
 }
 
 // Writes a warp's outputs: acc[mi][ni] are the C fragments (c0, c1 = row g, tokens 2t, 2t + 1; c2, c3 = row g + 8)

@@ -23,6 +23,21 @@ constexpr int kGemvWarps = 8;        // warps per block
 constexpr int kGemvRowsPerWarp = 4;  // rows per warp: each x chunk read once serves 4 rows
 constexpr int kGemvRowsPerBlock = kGemvWarps * kGemvRowsPerWarp;
 
+// The warp's row sums: acc[r] (this lane's part of row row0 + r) summed over the lanes, written (or added) to
+// y[slot][row0 + r] by lane r, for r < nrows.
+__device__ __forceinline__ void gemv_store_rows(const GemvArgs& a, float (&acc)[kGemvRowsPerWarp], int64_t row0,
+                                                int64_t nrows, int slot, int lane) {
+#pragma unroll
+  for (int r = 0; r < kGemvRowsPerWarp; ++r) acc[r] = warp_sum(acc[r]);
+  if (lane < nrows) {
+    float v = acc[0];
+#pragma unroll
+    for (int r = 1; r < kGemvRowsPerWarp; ++r)
+      if (lane == r) v = acc[r];
+    float* y = a.y + slot * a.y_stride + row0 + lane;
+    *y = a.accumulate ? *y + v : v;
+  }
+}
 
 // A warp owns kGemvRowsPerWarp consecutive rows. Lane l reads the 4-bit words l, l+32, ... of each row (coalesced
 // 128 B per warp per row) and the matching 8 activations once for all its rows. w = s·q + b, so each word adds
@@ -60,16 +75,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_affine4_kernel(GemvArgs 
       acc[r] += bf16_bits_to_float(sc[r][g]) * sxq + bf16_bits_to_float(bi[r][g]) * sx;
     }
   }
-#pragma unroll
-  for (int r = 0; r < kGemvRowsPerWarp; ++r) acc[r] = warp_sum(acc[r]);
-  if (lane < nrows) {
-    float v = acc[0];
-#pragma unroll
-    for (int r = 1; r < kGemvRowsPerWarp; ++r)
-      if (lane == r) v = acc[r];
-    float* y = a.y + slot * a.y_stride + row0 + lane;
-    *y = a.accumulate ? *y + v : v;
-  }
+  gemv_store_rows(a, acc, row0, nrows, slot, lane);
 }
 
 // Other formats: lane l reads the 8-element chunks l, l+32, ... of each of the warp's rows.
@@ -93,16 +99,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_generic_kernel(GemvArgs 
                 wv[6] * x1.z + wv[7] * x1.w;
     }
   }
-#pragma unroll
-  for (int r = 0; r < kGemvRowsPerWarp; ++r) acc[r] = warp_sum(acc[r]);
-  if (lane < nrows) {
-    float v = acc[0];
-#pragma unroll
-    for (int r = 1; r < kGemvRowsPerWarp; ++r)
-      if (lane == r) v = acc[r];
-    float* y = a.y + slot * a.y_stride + row0 + lane;
-    *y = a.accumulate ? *y + v : v;
-  }
+  gemv_store_rows(a, acc, row0, nrows, slot, lane);
 }
 
 // ---- fp32 SIMT product (every format; the fallback) ----------------------------------------------------------
@@ -463,17 +460,11 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) matmul_affine4_tc_
   }
 
   float acc[MT][NT][4];
-#pragma unroll
-  for (int mi = 0; mi < MT; ++mi)
-#pragma unroll
-    for (int ni = 0; ni < NT; ++ni)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[mi][ni][c] = 0.0f;
+  mm::zero_acc(acc);
 
   const int wrow = wm * 16 * MT + g;  // this thread's first row inside the block (then +8, +16, ...)
   const int wtok0 = wn * 8 * NT;      // the warp's first token inside the block
-  // The warp's n8 tiles that hold tokens of the tile (warp-uniform): short grouped tiles skip the empty ones.
-  const int live = count - wtok0 <= 0 ? 0 : (count - wtok0 >= 8 * NT ? NT : int(count - wtok0 + 7) / 8);
+  const int live = mm::live_n8_tiles<NT>(count, wtok0);  // short grouped tiles skip the empty ones
 
   for (int step = 0; step < steps; ++step) {
     cp_async_wait<kStages - 2>();  // this thread's copies of step `step` have landed

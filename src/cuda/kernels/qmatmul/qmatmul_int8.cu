@@ -198,17 +198,11 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) matmul_int8_kernel
   }
 
   float acc[MT][NT][4];
-#pragma unroll
-  for (int mi = 0; mi < MT; ++mi)
-#pragma unroll
-    for (int ni = 0; ni < NT; ++ni)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[mi][ni][c] = 0.0f;
+  mm::zero_acc(acc);
 
   const int wrow = wm * 16 * MT + g;  // this thread's first row inside the block (then +8, +16, ...)
   const int wtok0 = wn * 8 * NT;      // the warp's first token inside the block
-  // The warp's n8 tiles that hold tokens of the tile (warp-uniform): short grouped tiles skip the empty ones.
-  const int live = count - wtok0 <= 0 ? 0 : (count - wtok0 >= 8 * NT ? NT : int(count - wtok0 + 7) / 8);
+  const int live = mm::live_n8_tiles<NT>(count, wtok0);  // short grouped tiles skip the empty ones
 
   for (int step = 0; step < steps; ++step) {
     cp_async_wait<kStages - 2>();  // this thread's copies of step `step` have landed

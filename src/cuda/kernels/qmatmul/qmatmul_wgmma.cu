@@ -277,12 +277,7 @@ __global__ void __launch_bounds__(kThreads, S::kMinBlocks)
   }
 
   float acc[MT][NT][4];
-#pragma unroll
-  for (int mi = 0; mi < MT; ++mi)
-#pragma unroll
-    for (int ni = 0; ni < NT; ++ni)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[mi][ni][c] = 0.0f;
+  mm::zero_acc(acc);
   float part[MT][N / 2];  // one group's sums of each row tile (the wgmma accumulators)
 #pragma unroll
   for (int mi = 0; mi < MT; ++mi)

@@ -181,16 +181,10 @@ struct QmvJob {
   }
 };
 
-// Persistent grid: block b owns rows [b·rows/grid, (b+1)·rows/grid); its warps split the block's steps evenly.
-// D steps of UG groups in flight per warp.
-template <int D, int UG>
-__global__ void __launch_bounds__(qtile::kThreads, qtile::min_blocks(D, UG)) qmv_q4_kernel(const QmvQ4Params p) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
-  const qtile::StageSmem S = qtile::carve_stage(smem, p.layout);
-  const int r0 = int(int64_t(blockIdx.x) * p.rows / gridDim.x);
-  const int r1 = int(int64_t(blockIdx.x + 1) * p.rows / gridDim.x);
-  const int tiles = (r1 - r0 + 15) / 16;
+// The job of the block's rows [r0, r1) (the q4 kernels' lane g, tig): B fragments from the staged tokens.
+template <int UG>
+__device__ __forceinline__ QmvJob<UG> qmv_job(const QmvQ4Params& p, const qtile::StageSmem& S, int r0, int r1, int g,
+                                              int tig) {
   const int row_u4 = p.layout.row_u4(), gpr = p.gpr;
   QmvJob<UG> job;
   job.spt = gpr / UG;
@@ -211,6 +205,32 @@ __global__ void __launch_bounds__(qtile::kThreads, qtile::min_blocks(D, UG)) qmv
   job.accumulate = p.accumulate;
   job.T = p.T;
   job.rinv = p.norm_w ? S.rinv : nullptr;
+  return job;
+}
+
+// Stages the tokens' activations (x·norm_w with a norm) and, with a norm, their RMSNorm factors in S.rinv. Ends with
+// a barrier.
+__device__ __forceinline__ void stage_x(const QmvQ4Params& p, const qtile::StageSmem& S) {
+  const QmvSrc src{p.x, p.ldx, p.norm_w, p.vec_x, p.norm_w != nullptr};
+  qtile::stage_activations(src, p.layout, S);
+  __syncthreads();
+  if (p.norm_w) {
+    if (int(threadIdx.x) < p.T) S.rinv[threadIdx.x] = qtile::row_rinv(S, p.layout, threadIdx.x, p.eps);
+    __syncthreads();
+  }
+}
+
+// Persistent grid: block b owns rows [b·rows/grid, (b+1)·rows/grid); its warps split the block's steps evenly.
+// D steps of UG groups in flight per warp.
+template <int D, int UG>
+__global__ void __launch_bounds__(qtile::kThreads, qtile::min_blocks(D, UG)) qmv_q4_kernel(const QmvQ4Params p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, tig = lane & 3;
+  const qtile::StageSmem S = qtile::carve_stage(smem, p.layout);
+  const int r0 = int(int64_t(blockIdx.x) * p.rows / gridDim.x);
+  const int r1 = int(int64_t(blockIdx.x + 1) * p.rows / gridDim.x);
+  const int tiles = (r1 - r0 + 15) / 16;
+  const QmvJob<UG> job = qmv_job<UG>(p, S, r0, r1, g, tig);
   const int steps = tiles * job.spt;
   const int lo = qtile::range_lo(warp, steps), hi = qtile::range_lo(warp + 1, steps);
 
@@ -219,13 +239,7 @@ __global__ void __launch_bounds__(qtile::kThreads, qtile::min_blocks(D, UG)) qmv
   qtile::ring_fill(ring, job, lo, hi, true, tig);
   pdl_trigger();
   pdl_wait();
-  const QmvSrc src{p.x, p.ldx, p.norm_w, p.vec_x, p.norm_w != nullptr};
-  qtile::stage_activations(src, p.layout, S);
-  __syncthreads();
-  if (p.norm_w) {
-    if (int(threadIdx.x) < p.T) S.rinv[threadIdx.x] = qtile::row_rinv(S, p.layout, threadIdx.x, p.eps);
-    __syncthreads();
-  }
+  stage_x(p, S);
   qtile::ring_run(ring, job, lo, hi, S.slots, warp, lane);
   __syncthreads();
   qtile::finish_cut_tiles(job, S.slots, steps, p.T);
@@ -288,26 +302,7 @@ __global__ void __launch_bounds__(qtile::kThreads, 2) qmv_q4_cp_kernel(const Qmv
   const int r0 = int(int64_t(blockIdx.x) * p.rows / gridDim.x);
   const int r1 = int(int64_t(blockIdx.x + 1) * p.rows / gridDim.x);
   const int tiles = (r1 - r0 + 15) / 16;
-  const int row_u4 = p.layout.row_u4(), gpr = p.gpr;
-  QmvJob<4> job;
-  job.spt = gpr / 4;
-  job.words = p.words;
-  job.scales = p.scales;
-  job.biases = p.biases;
-  job.row_words = p.row_words;
-  job.gpr = gpr;
-  job.r0 = r0;
-  job.r1 = r1;
-  job.g = g;
-  job.tig = tig;
-  job.bsrc.brow = g < p.T ? S.xs + g * row_u4 : nullptr;
-  job.bsrc.k0 = 2 * tig < p.T ? S.ktab + (2 * tig) * gpr : nullptr;
-  job.bsrc.k1 = 2 * tig + 1 < p.T ? S.ktab + (2 * tig + 1) * gpr : nullptr;
-  job.y = p.y;
-  job.ldy = p.ldy;
-  job.accumulate = p.accumulate;
-  job.T = p.T;
-  job.rinv = p.norm_w ? S.rinv : nullptr;
+  const QmvJob<4> job = qmv_job<4>(p, S, r0, r1, g, tig);
   const int spt = job.spt;
   const int steps = tiles * spt;
   const int lo = qtile::range_lo(warp, steps), hi = qtile::range_lo(warp + 1, steps);
@@ -324,13 +319,7 @@ __global__ void __launch_bounds__(qtile::kThreads, 2) qmv_q4_cp_kernel(const Qmv
   }
   pdl_trigger();
   pdl_wait();
-  const QmvSrc src{p.x, p.ldx, p.norm_w, p.vec_x, p.norm_w != nullptr};
-  qtile::stage_activations(src, p.layout, S);
-  __syncthreads();
-  if (p.norm_w) {
-    if (int(threadIdx.x) < p.T) S.rinv[threadIdx.x] = qtile::row_rinv(S, p.layout, threadIdx.x, p.eps);
-    __syncthreads();
-  }
+  stage_x(p, S);
 
   // ring_run's bookkeeping, the slot read from stage d (then refilled with step s + D before the MMAs).
   const int first_tile = lo / spt;
