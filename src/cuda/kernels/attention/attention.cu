@@ -8,6 +8,7 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cfloat>
 #include <cmath>
 #include <cstdlib>
@@ -1300,6 +1301,8 @@ int& batch_items() {
   return items;
 }
 
+std::atomic<int64_t> items_launches{0};  // attn_batch_items_launches
+
 int decode_rows_warps(int64_t rows) { return rows <= 16 ? 1 : rows <= 32 ? 2 : 4; }
 
 // The decode kernels' variant (rows per warp: its stages, shared memory and occupancy) for d.T tokens of d's heads.
@@ -1332,6 +1335,7 @@ void launch_decode(const float* q, const float* qg, int64_t ld_qg, const Seqs<co
   if (items != 0 && RW == 1 && v.items_stages >= 2) {
     const int64_t wave = int64_t(setup.sms) * v.items_blocks_per_sm;
     const int64_t blocks = items == kAttnBatchItemsAuto ? std::min(n_items, wave) : (n_items + items - 1) / items;
+    items_launches.fetch_add(1, std::memory_order_relaxed);
     launch_pdl("attention_decode_items", attention_decode_items_kernel<DH, 1, KV>, dim3(unsigned(blocks)), dim3(128),
                v.items_smem, stream, q, seqs, d, columns, v.items_stages, kv_before_wait, part);
     launch_pdl("attention_decode_merge", attention_decode_merge_kernel<DH>,
@@ -1503,6 +1507,7 @@ void attn_batch_set_items(int items) {
   batch_items() = items;
 }
 int attn_batch_items() { return batch_items(); }
+int64_t attn_batch_items_launches() { return items_launches.load(std::memory_order_relaxed); }
 
 void attn_prepare_batched(const float* qg, const float* k, const float* v, const float* q_norm, const float* k_norm,
                           const AttnBatch& batch, const AttnDims& d, float* q_out, cudaStream_t stream) {

@@ -149,5 +149,7 @@ void attention_batched(const float* q, const float* qg, const AttnBatch& batch, 
 constexpr int kAttnBatchItemsAuto = -1;
 void attn_batch_set_items(int items);
 int attn_batch_items();
+// How many items-per-block launches this process has made (tests: that the form ran where the device has it).
+int64_t attn_batch_items_launches();
 
 }  // namespace tern::cuda
