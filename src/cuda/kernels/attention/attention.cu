@@ -2,6 +2,13 @@
 // anonymous namespace below (cp.async and ldmatrix over swizzled tiles, the 16-bit mma, score masks), and one host
 // side sets both up and picks between them. The batched calls (one token of each of B sequences) are the same
 // kernels with a sequence index (Seqs), so that a sequence's arithmetic is the one it gets alone.
+//
+// The batched split kernel has a second, opt-in schedule pending measurement (TERN_ATTN_BATCH_ITEMS=auto or N;
+// attn_batch_set_items): attention_decode_items_kernel, one block running several (sequence, KV head, split) items
+// in turn, the next item's first K/V tiles copied while it computes, combines and writes the current one. Today's
+// one-item kernel spends 36 µs a launch at 8 streams × 4K (docs/benchmarks.md, real clocks: 1,040 one-tile blocks,
+// the stream idle in each block's prologue and epilogue) for 64 MB that the memory reads in ~14 µs. Both run an item
+// through the same helpers (decode_item .. decode_combine_write), so the form gives the same bits.
 #include "cuda/kernels/attention/attention.cuh"
 
 #include <cuda_fp16.h>
@@ -94,11 +101,16 @@ __device__ __forceinline__ uint32_t swz(int r, int c) {
   return uint32_t(r * (DH * 2) + ((c ^ (r & 7)) << 4));
 }
 
-// 8 fp32 values -> one 16-byte chunk of 16-bit values.
+// 8 fp32 values (a, b) -> one 16-byte chunk of 16-bit values.
+template <bool F16>
+__device__ __forceinline__ uint4 pack8_as16(const float4 a, const float4 b) {
+  return make_uint4(pack16<F16>(a.x, a.y), pack16<F16>(a.z, a.w), pack16<F16>(b.x, b.y), pack16<F16>(b.z, b.w));
+}
+
+// 8 fp32 values at src -> one 16-byte chunk of 16-bit values.
 template <bool F16>
 __device__ __forceinline__ uint4 load8_as16(const float* src) {
-  const float4 a = reinterpret_cast<const float4*>(src)[0], b = reinterpret_cast<const float4*>(src)[1];
-  return make_uint4(pack16<F16>(a.x, a.y), pack16<F16>(a.z, a.w), pack16<F16>(b.x, b.y), pack16<F16>(b.z, b.w));
+  return pack8_as16<F16>(reinterpret_cast<const float4*>(src)[0], reinterpret_cast<const float4*>(src)[1]);
 }
 
 __device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
@@ -736,6 +748,42 @@ __device__ __forceinline__ void decode_load_q(uint8_t* sQ, const float* q, int H
   }
 }
 
+// decode_load_q in two halves, for the items kernel to fetch an item's rows while it combines the item before: this
+// thread's fp32 values of them (decode_load_q's chunks, rows past R not read) into registers, then into sQ as
+// decode_load_q stores them (pack8_as16: the same conversion).
+template <int DH, int RW>
+struct DecodeQRows {
+  float4 v[16 * RW * (DH / 8) / 128][2];
+};
+
+template <int DH, int RW>
+__device__ __forceinline__ void decode_fetch_q(DecodeQRows<DH, RW>& f, const float* q, int Hq, int kvh, int G, int R,
+                                               int tid) {
+  constexpr int CH = DH / 8, QROWS = 16 * RW;
+#pragma unroll
+  for (int it = 0; it < QROWS * CH / 128; ++it) {
+    const int i = tid + it * 128, r = i / CH, c = i % CH;
+    f.v[it][0] = f.v[it][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (r < R) {
+      const float4* src = reinterpret_cast<const float4*>(q + ((int64_t(r / G) * Hq + kvh * G + r % G) * DH + c * 8));
+      f.v[it][0] = src[0];
+      f.v[it][1] = src[1];
+    }
+  }
+}
+
+template <int DH, int RW, bool F16>
+__device__ __forceinline__ void decode_store_q(uint8_t* sQ, const DecodeQRows<DH, RW>& f, int R, int tid) {
+  constexpr int CH = DH / 8, QROWS = 16 * RW;
+#pragma unroll
+  for (int it = 0; it < QROWS * CH / 128; ++it) {
+    const int i = tid + it * 128, r = i / CH, c = i % CH;
+    uint4 val = make_uint4(0u, 0u, 0u, 0u);
+    if (r < R) val = pack8_as16<F16>(f.v[it][0], f.v[it][1]);
+    *reinterpret_cast<uint4*>(sQ + swz<DH>(r, c)) = val;
+  }
+}
+
 // The last key each of this thread's rows (row0 + g, +8) may see: pos0 + t; padding rows see all keys.
 __device__ __forceinline__ void decode_limits(int64_t (&limit)[2], const DecodeItem& it, int row0, int g, int G,
                                               int R) {
@@ -952,11 +1000,12 @@ __global__ void __launch_bounds__(128, 1)
 // sequence's split count is skipped, as the one-item kernel's block for it exits). The K/V tiles of the block's items
 // form one stream through a ring of `stages` (2 or 3) stages: tile k of the stream goes to stage k % stages, copied
 // stages − 1 tiles before it is computed, so the next item's first tiles stream in while the current item's last
-// tile is computed and the item is combined and written (the one-item kernel's blocks each wait for their first tile
-// with nothing in flight, and the stream idles in their prologues and epilogues). A stage holds a K/V tile pair or
-// the combine's sO [4 warps][16][DH + 8] fp32, whichever is larger: an item combines in the stage of its last tile
-// while the other stages fill. Each item runs the per-item helpers above in the one-item kernel's order, so every
-// partial gets the same bits.
+// tile is computed and the item is combined and written (a block of the one-item kernel waits for its one tile with
+// nothing behind it, and has no copy in flight while it combines and writes). A stage holds a K/V tile pair or the
+// combine's sO [4 warps][16][DH + 8] fp32, whichever is larger: an item combines in the stage of its last tile while
+// the other stages fill, and the next item's query rows are fetched into registers meanwhile (decode_fetch_q). Each
+// item runs the per-item helpers above in the one-item kernel's order, so every partial gets the same bits; only when
+// each copy is issued differs (and the order in which the block's items are written).
 //
 // Shared memory: sQ [16·RW][DH] 16-bit | s_m, s_l [4][16] | stages × stage | the sequence table [B]. At DH = 256:
 // 8.5 KB + 3 × 66 KB + 1.3 KB = 207 KB (Hopper: 1 block per SM) or with 2 stages 141 KB (A100's 163 KB); where two
@@ -1061,21 +1110,37 @@ __global__ void __launch_bounds__(128, 1)
   // Invariant at each tile: produced − consumed = stages − 1 (one commit group per copy, empty ones included).
   int produced = stages - 1, consumed = 0;
 
+  // The block's items in turn: from `it` on, writes the partials of the empty ones (tb >= te, no tile) and returns
+  // the first with a tile (n_items: none left). Skips the columns past a sequence's split count.
+  auto next_item = [&](int it) {
+    for (; it < n_items; it += gridDim.x) {
+      const int kvh = it % d.Hkv, split = (it / d.Hkv) % columns, b = it / (d.Hkv * columns);
+      const DecodeSeqEntry& e = table[b];
+      if (split >= e.splits) continue;
+      wait_once();
+      const DecodeItem x = decode_item(e.pos0, d.T, split, e.splits);
+      if (x.tb < x.te) break;
+      decode_write_empty(decode_partial(part, b, d.Hq, kvh, G, e.splits, split, DH), R, tid);
+    }
+    return it;
+  };
+  auto fetch_q = [&](DecodeQRows<DH, RW>& f, int it) {  // item it's query rows (after the wait)
+    const int b = it / (d.Hkv * columns);
+    decode_fetch_q<DH, RW>(f, q + int64_t(b) * d.T * d.Hq * DH, d.Hq, it % d.Hkv, G, R, tid);
+  };
+
   const float sl = rsqrtf(float(DH)) * kLog2e;
   const int row0 = 16 * rw, kb = kw * KPW;
-  for (int it = blockIdx.x; it < n_items; it += gridDim.x) {
+  DecodeQRows<DH, RW> qrows;
+  int it = next_item(blockIdx.x);
+  if (it < n_items) fetch_q(qrows, it);
+  while (it < n_items) {
     const int kvh = it % d.Hkv, split = (it / d.Hkv) % columns, b = it / (d.Hkv * columns);
     const DecodeSeqEntry& e = table[b];
     const int splits = e.splits;
-    if (split >= splits) continue;  // a column past the sequence's split count
-    wait_once();
     const DecodeItem x = decode_item(e.pos0, d.T, split, splits);
-    if (x.tb >= x.te) {
-      decode_write_empty(decode_partial(part, b, d.Hq, kvh, G, splits, split, DH), R, tid);
-      continue;
-    }
     // sQ is free: every warp read the last one before the barrier that ended the block's previous item.
-    decode_load_q<DH, RW, F16>(sQ, q + int64_t(b) * d.T * d.Hq * DH, d.Hq, kvh, G, R, tid);
+    decode_store_q<DH, RW, F16>(sQ, qrows, R, tid);
     int64_t limit[2];
     decode_limits(limit, x, row0, g, G, R);
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
@@ -1095,12 +1160,16 @@ __global__ void __launch_bounds__(128, 1)
       ++consumed;
     }
 
-    // Combine the KW key-warps in the stage of the item's last tile (no copy is in flight to it).
+    // Combine the KW key-warps in the stage of the item's last tile (no copy is in flight to it); the next item's
+    // query rows are fetched meanwhile.
     float* sO = reinterpret_cast<float*>(ring + size_t((consumed - 1) % stages) * STAGE);
     decode_combine_stage<DH>(m, l, o, s_m, s_l, sO, warp, g, qd);
     __syncthreads();
+    const int next = next_item(it + int(gridDim.x));
+    if (next < n_items) fetch_q(qrows, next);
     decode_combine_write<DH, RW>(s_m, s_l, sO, decode_partial(part, b, d.Hq, kvh, G, splits, split, DH), R, sl, tid);
     __syncthreads();  // sO, s_m, s_l and sQ are free again
+    it = next;
   }
   cp_async_wait<0>();
 }
