@@ -1,6 +1,7 @@
 // Workbench cases of the attention family at the model's shapes (Hq 16, Hkv 2, dh 256): the tensor-core causal
 // prefill (TFLOP/s, FLOPs = 4·Hq·dh·Σ_t (pos0 + t + 1)), the split-KV decode with its merge (GB/s of the K/V bytes
-// read, 2·Hkv·L·dh·2) and attn_prepare.
+// read, 2·Hkv·L·dh·2) and attn_prepare; the batched decode step's attention_batched (B sequences of one token) with
+// its default kernel and its opt-in items-per-block form (attn_batch_set_items).
 #include <memory>
 #include <string>
 #include <vector>
@@ -109,6 +110,82 @@ void add_prepare_case(CaseList& cases, const std::string& group, int64_t T) {
   cases.push_back(std::move(c));
 }
 
+// Device memory holding a copy of host values (a batched call's tables).
+template <typename T>
+T* upload_table(const std::vector<T>& host) {
+  auto* p = static_cast<T*>(bench_alloc_random_bytes(host.size() * sizeof(T), 3));
+  TERN_CUDA(cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return p;
+}
+
+// Buffers of one attention_batched call: B sequences of one token after pos0 cached positions, each with its own
+// caches of d.capacity rows, in `copies` sets (so that timed runs read device memory, not L2), each set with its
+// AttnBatch tables.
+struct BatchedAttnState {
+  AttnDims d;
+  int B = 8;
+  int64_t pos0 = 0;
+  int copies = 1;
+  std::vector<cuda::AttnBatch> batch;  // [copies]
+  float *q = nullptr, *qg = nullptr, *part = nullptr, *out = nullptr;
+  bool ready = false;
+
+  void setup() {
+    if (ready) return;
+    const size_t cache_elems = size_t(d.Hkv) * size_t(d.capacity) * size_t(d.dh);
+    copies = bench_copies_for(double(cache_elems) * 2 * 2 * B);
+    const int splits = cuda::attn_batch_splits(d);
+    for (int c = 0; c < copies; ++c) {
+      std::vector<const int*> pos_of;
+      std::vector<void*> k_of, v_of;
+      for (int b = 0; b < B; ++b) {
+        pos_of.push_back(alloc_position(int(pos0)));
+        k_of.push_back(alloc_cache(cache_elems, 200 + 2 * uint64_t(c * B + b)));
+        v_of.push_back(alloc_cache(cache_elems, 201 + 2 * uint64_t(c * B + b)));
+      }
+      cuda::AttnBatch t;
+      t.B = B;
+      t.ld_qkv = int64_t(d.Hq) * 2 * d.dh;
+      t.pos0 = upload_table(pos_of);
+      t.cache_k = upload_table(k_of);
+      t.cache_v = upload_table(v_of);
+      t.capacity = upload_table(std::vector<int64_t>(size_t(B), d.capacity));
+      t.splits = upload_table(std::vector<int>(size_t(B), splits));
+      batch.push_back(t);
+    }
+    q = bench_alloc_random_floats(size_t(B) * d.Hq * d.dh, -2.0f, 2.0f, 7);
+    qg = bench_alloc_random_floats(size_t(B) * d.Hq * 2 * d.dh, -2.0f, 2.0f, 8);
+    part = bench_alloc_random_floats(size_t(cuda::attn_batch_partial_floats(B, d.Hq, d.dh)), 0.0f, 1.0f, 12);
+    out = bench_alloc_random_floats(size_t(B) * d.Hq * d.dh, 0.0f, 1.0f, 13);
+    TERN_CUDA(cudaDeviceSynchronize());
+    ready = true;
+  }
+};
+
+// attention_batched over B sequences at context L (pos0 = L − 1, capacity L + 64), with the items-per-block form set
+// to `items` (0: the default kernel; cuda::kAttnBatchItemsAuto; N items a block) for the run.
+void add_batched_case(CaseList& cases, int B, int64_t L, int items) {
+  auto s = std::make_shared<BatchedAttnState>();
+  s->d.T = 1;
+  s->d.capacity = L + 64;
+  s->B = B;
+  s->pos0 = L - 1;
+  const AttnDims& d = s->d;
+  Case c;
+  c.group = "decode";
+  c.name = "attention_batched B=" + std::to_string(B) + " context " + std::to_string(L / 1024) + "K" +
+           (items == 0 ? "" : items == cuda::kAttnBatchItemsAuto ? " items auto" : " items " + std::to_string(items));
+  c.bytes = double(B) * (2.0 * d.Hkv * double(L) * d.dh * 2 + double(d.Hq) * d.dh * 4 * 3);  // K, V; q, gate, out
+  c.setup = [s] { s->setup(); };
+  c.run = [s, items](cudaStream_t stream, int rep) {
+    const int saved = cuda::attn_batch_items();
+    cuda::attn_batch_set_items(items);
+    cuda::attention_batched(s->q, s->qg, s->batch[size_t(rep % s->copies)], s->d, s->part, s->out, stream);
+    cuda::attn_batch_set_items(saved);
+  };
+  cases.push_back(std::move(c));
+}
+
 }  // namespace
 
 TERN_BENCH_CASES(attention) {
@@ -121,6 +198,8 @@ TERN_BENCH_CASES(attention) {
   }
   add_attention_case(cases, "decode", "attention split-KV T=4 context 32K", 4, 32768 - 4, 32768 + 64);
   add_prepare_case(cases, "decode", 1);
+  for (const int B : {8, 32})
+    for (const int items : {0, cuda::kAttnBatchItemsAuto}) add_batched_case(cases, B, 4096, items);
 }
 
 }  // namespace tern::bench

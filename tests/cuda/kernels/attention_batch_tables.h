@@ -157,4 +157,115 @@ inline void expect_batched_matches_alone(std::mt19937_64& rng, AttnDims d,
   }
 }
 
+// ---- attention_batched's items-per-block form (attn_batch_set_items) ----
+
+// Sets the items-per-block form for a scope (attn_batch_set_items), then restores the setting before it.
+struct BatchItemsScope {
+  int saved;
+  explicit BatchItemsScope(int items) : saved(attn_batch_items()) { attn_batch_set_items(items); }
+  ~BatchItemsScope() { attn_batch_set_items(saved); }
+  BatchItemsScope(const BatchItemsScope&) = delete;
+  BatchItemsScope& operator=(const BatchItemsScope&) = delete;
+};
+
+// {capacity, position} of the first B (<= 32) of 32 sequences for the items-per-block form: lengths (position + 1)
+// 1, 63, 64, 65, 1000, 4096 and the last rows of their caches, over capacities 1100, 4096, 8192 and 20000 (18, 64 and
+// the most splits; at 8192 and 20000 a split holds several tiles, at 4096 one, at short lengths most splits are
+// empty); the first two have different capacities.
+inline std::vector<std::pair<int64_t, int64_t>> items_form_seqs(int B) {
+  static const std::vector<std::pair<int64_t, int64_t>> all = {
+      {4096, 4095}, {8192, 0},    {1100, 62},   {20000, 63},    {4096, 64},   {8192, 999},  {1100, 1099}, {20000, 4095},
+      {4096, 0},    {8192, 8191}, {1100, 64},   {20000, 19998}, {4096, 62},   {8192, 63},   {1100, 999},  {20000, 0},
+      {4096, 999},  {8192, 4095}, {1100, 0},    {20000, 64},    {4096, 4094}, {8192, 62},   {1100, 63},   {20000, 999},
+      {4096, 63},   {8192, 64},   {1100, 1098}, {20000, 8191},  {4096, 1},    {8192, 4096}, {1100, 500},  {20000, 777}};
+  return {all.begin(), all.begin() + std::min<size_t>(size_t(B), all.size())};
+}
+
+// The opt-in shared memory that the items-per-block form needs at every head dim (two stages at dh 256: 141.75 KB);
+// a device with less may keep the default kernel at dh 256 (attention.cuh), and the tests then do not require that
+// the form ran.
+constexpr int kItemsFormSmemBytes = 145152;
+
+// attention_batched with the items-per-block form, at each of `settings` (kAttnBatchItemsAuto or N items per block),
+// against the default kernel over the same q, gate and caches (written once by attn_prepare_batched), bit for bit:
+// the outputs and the whole partial scratch (every split's m, l and o; what neither form writes stays poisoned
+// alike), with the early K/V reads before the wait and without them (AttnBatch::one_session). The sequences are
+// {capacity, position} pairs, one token each.
+inline void expect_items_form_matches_default(std::mt19937_64& rng, AttnDims d,
+                                              const std::vector<std::pair<int64_t, int64_t>>& seqs,
+                                              const std::string& what, const MakeSeqCaches& make_caches,
+                                              const std::vector<int>& settings) {
+  SCOPED_TRACE(what);
+  d.T = 1;
+  const int B = int(seqs.size());
+  const int64_t Hq = d.Hq, Hkv = d.Hkv, dh = d.dh, Q = Hq * 2 * dh, KV = Hkv * dh;
+  const int64_t ld = Q + 2 * KV + 4, out_n = Hq * dh;
+  std::vector<float> proj(size_t(B * ld), std::numeric_limits<float>::quiet_NaN());
+  for (int b = 0; b < B; ++b) {
+    const auto qgk = random_floats(rng, size_t(Q + KV), -2.0f, 2.0f), v = random_floats(rng, size_t(KV), -1.0f, 1.0f);
+    std::copy(qgk.begin(), qgk.end(), proj.begin() + b * ld);
+    std::copy(v.begin(), v.end(), proj.begin() + b * ld + Q + KV);
+  }
+  DeviceBuf<float> dproj(proj);
+  DeviceBuf<float> q_norm(random_floats(rng, size_t(dh), 0.5f, 1.5f));
+  DeviceBuf<float> k_norm(random_floats(rng, size_t(dh), 0.5f, 1.5f));
+  std::vector<BatchSeqCaches> caches;
+  std::vector<void*> k_ptrs, v_ptrs;
+  std::vector<int> pos, splits;
+  std::vector<int64_t> caps;
+  AttnDims dmax = d;
+  dmax.capacity = 0;
+  for (const auto& [capacity, position] : seqs) {
+    caches.push_back(make_caches(rng, capacity, position));
+    k_ptrs.push_back(caches.back().kb->p);
+    v_ptrs.push_back(caches.back().vb->p);
+    pos.push_back(int(position));
+    caps.push_back(capacity);
+    AttnDims ds = d;
+    ds.capacity = capacity;
+    splits.push_back(attn_batch_splits(ds));
+    dmax.capacity = std::max(dmax.capacity, capacity);
+  }
+  DeviceAttnBatch tables(pos, splits, caps, k_ptrs, v_ptrs, ld);
+  DeviceBuf<float> q(size_t(B * out_n)), out(q.n);
+  DeviceBuf<float> part(size_t(attn_batch_partial_floats(B, d.Hq, d.dh)));
+  attn_prepare_batched(dproj.p, dproj.p + Q, dproj.p + Q + KV, q_norm.p, k_norm.p, tables.batch, dmax, q.p, nullptr);
+  TERN_CUDA(cudaGetLastError());
+
+  // One attention_batched call with the form set to `items`: its outputs and partial scratch (both poisoned first).
+  auto run = [&](int items, bool one_session) {
+    BatchItemsScope scope(items);
+    tables.batch.one_session = one_session;
+    TERN_CUDA(cudaMemset(out.p, 0xff, out.n * sizeof(float)));
+    TERN_CUDA(cudaMemset(part.p, 0xff, part.n * sizeof(float)));
+    attention_batched(q.p, dproj.p, tables.batch, dmax, part.p, out.p, nullptr);
+    TERN_CUDA(cudaGetLastError());
+    return std::make_pair(out.host(), part.host());
+  };
+  const int64_t launches = attn_batch_items_launches();
+  for (const bool one_session : {false, true}) {
+    const auto [out_ref, part_ref] = run(0, one_session);
+    EXPECT_EQ(std::count_if(out_ref.begin(), out_ref.end(), [](float x) { return !std::isfinite(x); }), 0)
+        << "the default kernel's outputs";
+    for (const int items : settings) {
+      const auto [out_got, part_got] = run(items, one_session);
+      const std::string setting = std::string(items == kAttnBatchItemsAuto ? "auto" : std::to_string(items)) +
+                                  " items a block" + (one_session ? ", one session" : "");
+      for (int b = 0; b < B; ++b) {
+        const size_t o = size_t(b * out_n);
+        EXPECT_EQ(std::memcmp(out_got.data() + o, out_ref.data() + o, size_t(out_n) * sizeof(float)), 0)
+            << setting << ": output of sequence " << b << " (capacity " << caps[size_t(b)] << ", position "
+            << pos[size_t(b)] << ", " << splits[size_t(b)] << " splits)";
+      }
+      EXPECT_EQ(std::memcmp(part_got.data(), part_ref.data(), part_ref.size() * sizeof(float)), 0)
+          << setting << ": the split partials (m, l, o)";
+    }
+  }
+  const int64_t ran = attn_batch_items_launches() - launches;
+  std::printf("[attention] %s: %lld items-per-block launches\n", what.c_str(), static_cast<long long>(ran));
+  if (B >= 2 && d.Hq / d.Hkv <= 16 && smem_optin_bytes() >= kItemsFormSmemBytes) {
+    EXPECT_EQ(ran, int64_t(2 * settings.size())) << "the items-per-block form did not run";
+  }
+}
+
 }  // namespace tern::cuda::test

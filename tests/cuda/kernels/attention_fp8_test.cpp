@@ -327,5 +327,25 @@ TEST(CudaAttentionFp8, BatchedIsBitIdenticalToEachSequenceAlone) {
                                  "dh " + std::to_string(o.dh) + " Hq " + std::to_string(o.Hq) + " B=3", fp8_caches(o));
 }
 
+// attention_batched's items-per-block form over fp8 caches (tile copies by plain loads, copy_tile_fp8) against the
+// default kernel, bit for bit, as the 16-bit caches' test (attention_test.cpp,
+// BatchedItemsFormIsBitIdenticalToTheDefault).
+TEST(CudaAttentionFp8, BatchedItemsFormIsBitIdenticalToTheDefault) {
+  TERN_REQUIRE_GPU();
+  std::mt19937_64 rng(fresh_seed("CudaAttentionFp8.BatchedItems"));
+  const AttnDims d = model_fp8();
+  const std::vector<int> settings = {kAttnBatchItemsAuto, 1, 2, 3, 7, 1 << 20};
+  for (const int B : {2, 3, 8, 16, 32})
+    expect_items_form_matches_default(rng, d, items_form_seqs(B), "items form B=" + std::to_string(B), fp8_caches(d),
+                                      settings);
+  for (const AttnDims& o : {fp8_dims(4, 2, 64, 16), fp8_dims(8, 1, 128, 32)})
+    expect_items_form_matches_default(rng, o, items_form_seqs(8),
+                                      "items form dh " + std::to_string(o.dh) + " Hq " + std::to_string(o.Hq) + " B=8",
+                                      fp8_caches(o), settings);
+  const BatchItemsScope on(kAttnBatchItemsAuto);
+  expect_batched_matches_alone(rng, d, items_form_seqs(32), "items form on, B=32", fp8_caches(d));
+  expect_batched_matches_alone(rng, d, sixteen_seqs(), "items form on, B=16", fp8_caches(d));
+}
+
 }  // namespace
 }  // namespace tern::cuda::test

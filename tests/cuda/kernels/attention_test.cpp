@@ -3,7 +3,8 @@
 // outputs and unwritten cache rows poisoned (NaN) beforehand. The tests that compare against the twin run for both
 // 16-bit KV cache types (AttnDims::kv: fp16, the runner's default, and bf16), the twin reading the cache as it is
 // stored. The fp8 cache has its own tests (attention_fp8_test.cpp).
-// The batched forms (attn_prepare_batched, attention_batched) are held bit for bit to the one-sequence calls.
+// The batched forms (attn_prepare_batched, attention_batched) are held bit for bit to the one-sequence calls, and
+// attention_batched's opt-in items-per-block form to its default kernel.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -346,6 +347,35 @@ TEST_P(CudaAttentionKv, BatchedIsBitIdenticalToEachSequenceAlone) {
                                  "dh " + std::to_string(o.dh) + " Hq " + std::to_string(o.Hq) + " B=3",
                                  sixteen_bit_caches(od));
   }
+}
+
+// attention_batched's items-per-block form (TERN_ATTN_BATCH_ITEMS; attn_batch_set_items) against the default
+// kernel, bit for bit (the outputs and every split partial), for B = 2, 3, 8, 16 and 32 over mixed lengths and
+// capacities (items_form_seqs) at one wave of blocks, 1, 2, 3 and 7 items a block and one block for all; at the other
+// head shapes (dh 64 and 128); and with the form on, each sequence against itself alone, bit for bit, as
+// BatchedIsBitIdenticalToEachSequenceAlone (the lone calls are the ones held to the CPU twin above).
+TEST_P(CudaAttentionKv, BatchedItemsFormIsBitIdenticalToTheDefault) {
+  TERN_REQUIRE_GPU();
+  std::mt19937_64 rng(fresh_seed("CudaAttention.BatchedItems"));
+  const AttnDims d = with_kv(model_dims(), GetParam());
+  const MakeSeqCaches caches = sixteen_bit_caches(d);
+  const std::vector<int> settings = {kAttnBatchItemsAuto, 1, 2, 3, 7, 1 << 20};
+  for (const int B : {2, 3, 8, 16, 32})
+    expect_items_form_matches_default(rng, d, items_form_seqs(B), "items form B=" + std::to_string(B), caches,
+                                      settings);
+  for (const AttnDims& o : {small_dims(4, 2, 64, 16), small_dims(8, 1, 128, 32)}) {
+    const AttnDims od = with_kv(o, GetParam());
+    for (const int B : {3, 8})
+      expect_items_form_matches_default(rng, od, items_form_seqs(B),
+                                        "items form dh " + std::to_string(o.dh) + " Hq " + std::to_string(o.Hq) +
+                                            " B=" + std::to_string(B),
+                                        sixteen_bit_caches(od), settings);
+  }
+  const BatchItemsScope on(kAttnBatchItemsAuto);
+  expect_batched_matches_alone(rng, d, items_form_seqs(8), "items form on, B=8", caches);
+  expect_batched_matches_alone(rng, d, items_form_seqs(32), "items form on, B=32", caches);
+  expect_batched_matches_alone(rng, d, sixteen_seqs(), "items form on, B=16", caches);
+  expect_batched_matches_alone(rng, d, short_caches(), "items form on, B=12 short caches", caches);
 }
 
 // Shapes the kernels do not take are refused with an error before anything is launched, by attn_prepare and by

@@ -139,4 +139,17 @@ void attn_prepare_batched(const float* qg, const float* k, const float* v, const
 void attention_batched(const float* q, const float* qg, const AttnBatch& batch, const AttnDims& d, float* partial,
                        float* out, cudaStream_t stream);
 
+// attention_batched's items-per-block form (opt-in pending measurement; attention.cu, "the items-per-block form"):
+// from two sequences on, one block runs several (sequence, KV head, split) work items in turn, copying the next
+// item's first K/V tiles while it finishes the current one, in place of one block per item. The same bits as the
+// default (each item's arithmetic is the same code). TERN_ATTN_BATCH_ITEMS, read at the first batched call: unset or
+// 0 off; `auto` one wave of resident blocks; N (>= 1) about N items per block. Where the form does not fit the
+// device's shared memory (it needs two 66 KB stages at dh 256) or for more than 16 query rows per KV head, the
+// default kernel runs. attn_batch_set_items (tests; outside graph capture) sets it: 0, kAttnBatchItemsAuto or N.
+constexpr int kAttnBatchItemsAuto = -1;
+void attn_batch_set_items(int items);
+int attn_batch_items();
+// How many items-per-block launches this process has made (tests: that the form ran where the device has it).
+int64_t attn_batch_items_launches();
+
 }  // namespace tern::cuda
