@@ -140,6 +140,13 @@ void launch_gate_up(const GateUpParams& p, int B, cudaStream_t stream) {
              stream, p);
 }
 
+// Whether the gate_up's four matrices suit the ring forms' L2 requests (16-byte aligned rows): where they do not,
+// B >= 2 takes the one-token kernel's batched launch.
+bool ring_aligned(const MoeDecodeWeights& w) {
+  return prefetch_aligned(w.expert_gate) && prefetch_aligned(w.expert_up) && prefetch_aligned(w.shared_gate) &&
+         prefetch_aligned(w.shared_up);
+}
+
 }  // namespace
 
 bool moe_gate_up_dp4a_fits(const MoeDecodeWeights& w) {
@@ -157,7 +164,8 @@ bool moe_down_dp4a_fits(const MoeDecodeWeights& w) {
 }
 
 bool moe_gate_up_wants_x_lanes(const MoeDecodeWeights& w, int B) {
-  return moe_gate_up_dp4a_fits(w) && gate_up_wants_x_lanes(int(w.expert_gate.cols), int(w.expert_gate.experts), B);
+  return moe_gate_up_dp4a_fits(w) && ring_aligned(w) &&
+         gate_up_wants_x_lanes(int(w.expert_gate.cols), int(w.expert_gate.experts), w.top_k, B);
 }
 
 bool moe_gate_up_dp4a(const MoeDecodeWeights& w, const MoeDecodeScratch& s, cudaStream_t stream, int B,
@@ -165,9 +173,7 @@ bool moe_gate_up_dp4a(const MoeDecodeWeights& w, const MoeDecodeScratch& s, cuda
   if (B < 1 || !moe_gate_up_dp4a_fits(w) || (reinterpret_cast<uintptr_t>(s.xhat) & 15)) return false;
   const DMat& g = w.expert_gate;
   const GateUpParams p = gate_up_params(w, s);
-  const bool ring_aligned = prefetch_aligned(g) && prefetch_aligned(w.expert_up) && prefetch_aligned(w.shared_gate) &&
-                            prefetch_aligned(w.shared_up);
-  if (B >= 2 && ring_aligned && gate_up_ring(p, int(g.cols), B, stream, x_lanes_written ? s.x_lanes : nullptr))
+  if (B >= 2 && ring_aligned(w) && gate_up_ring(p, int(g.cols), B, stream, x_lanes_written ? s.x_lanes : nullptr))
     return true;
   switch (g.cols) {
     case 1024: launch_gate_up<1>(p, B, stream); break;

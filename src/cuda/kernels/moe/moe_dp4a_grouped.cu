@@ -279,16 +279,16 @@ bool launch_grouped(const GroupedParams& gp, cudaStream_t stream) {
 
 }  // namespace
 
+bool gate_up_grouped_takes(int cols, int E, int k, int B) {
+  // D = 4096: no cluster router writes x_lanes (see above)
+  return B >= 2 && k == kTopK && E >= 1 && E <= kMaxExperts && (cols == 1024 || cols == 2048);
+}
+
 bool gate_up_grouped(const GateUpParams& p, const uint4* x_lanes, int cols, int B, cudaStream_t stream) {
-  if (B < 2 || !x_lanes || p.k != kTopK || p.E < 1 || p.E > kMaxExperts ||
-      (reinterpret_cast<uintptr_t>(x_lanes) & 15))
+  if (!gate_up_grouped_takes(cols, p.E, p.k, B) || !x_lanes || (reinterpret_cast<uintptr_t>(x_lanes) & 15))
     return false;
   const GroupedParams gp{p, x_lanes, B, (B + kGroupTokens - 1) / kGroupTokens};
-  switch (cols) {
-    case 1024: return launch_grouped<1>(gp, stream);
-    case 2048: return launch_grouped<2>(gp, stream);
-    default: return false;  // D = 4096: no cluster router writes x_lanes (see above)
-  }
+  return cols == 1024 ? launch_grouped<1>(gp, stream) : launch_grouped<2>(gp, stream);
 }
 
 int64_t gate_up_grouped_launches() { return grouped_launches.load(std::memory_order_relaxed); }

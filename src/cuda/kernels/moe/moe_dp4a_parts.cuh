@@ -314,12 +314,16 @@ bool gate_up_ring(const GateUpParams& p, int cols, int B, cudaStream_t stream, c
 bool down_ring(const DownParams& p, int B, cudaStream_t stream);
 // Whether B >= 2 takes the ring forms (true unless TERN_MOE_RING=0).
 bool ring_enabled();
-// The gate_up form grouped by expert across the batch (moe_dp4a_grouped.cu): false when it does not apply (x_lanes
-// null or misaligned, E > 256, cols not 1024 or 2048, top_k not 8, the shared memory too small; nothing launched).
+// Whether the gate_up form grouped by expert across the batch (moe_dp4a_grouped.cu) takes these shapes: B >= 2, cols
+// 1024 or 2048, 1 <= E <= 256, top_k 8. The one place that decides it (gate_up_grouped and gate_up_wants_x_lanes ask).
+bool gate_up_grouped_takes(int cols, int E, int k, int B);
+// The grouped form: false when it does not apply (gate_up_grouped_takes, x_lanes null or misaligned, the shared
+// memory too small; nothing launched).
 bool gate_up_grouped(const GateUpParams& p, const uint4* x_lanes, int cols, int B, cudaStream_t stream);
 // Launches of the grouped form so far (tests: that it ran).
 int64_t gate_up_grouped_launches();
-// Whether gate_up_ring would take the grouped form for these shapes given x_lanes (moe_gate_up_wants_x_lanes).
-bool gate_up_wants_x_lanes(int cols, int E, int B);
+// Whether gate_up_ring would take the grouped form for these shapes given x_lanes: the rings on, the grouped mode,
+// gate_up_grouped_takes (moe_gate_up_wants_x_lanes).
+bool gate_up_wants_x_lanes(int cols, int E, int k, int B);
 
 }  // namespace tern::cuda::moe_parts

@@ -469,9 +469,8 @@ bool gate_up_ring(const GateUpParams& p, int cols, int B, cudaStream_t stream, c
   }
 }
 
-bool gate_up_wants_x_lanes(int cols, int E, int B) {
-  return B >= 2 && ring_enabled() && gate_up_mode() == kMoeRingGateUpGrouped && (cols == 1024 || cols == 2048) &&
-         E <= kThreads;
+bool gate_up_wants_x_lanes(int cols, int E, int k, int B) {
+  return ring_enabled() && gate_up_mode() == kMoeRingGateUpGrouped && gate_up_grouped_takes(cols, E, k, B);
 }
 
 bool down_ring(const DownParams& p, int B, cudaStream_t stream) {
