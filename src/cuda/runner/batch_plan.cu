@@ -16,6 +16,7 @@
 
 #include "core/check.h"
 #include "cuda/common/cuda_common.cuh"
+#include "cuda/common/step_omit.h"
 #include "cuda/kernels/attention/attention.cuh"
 #include "cuda/kernels/gdn/gdn.cuh"
 #include "cuda/kernels/moe/moe_decode.cuh"
@@ -224,7 +225,9 @@ void CudaRunner::slot_layers(int B, int64_t capacity, bool one_session, bool kee
   const BatchHeader* dev = reinterpret_cast<const BatchHeader*>(batch_tables_);
   embed_lookup(w_->embed, dev->tokens, B, hidden_, stream_);
   // Every product quantises its B tokens once into the shared scratch (the products run one after another).
-  auto product = [&](QmvArgs a) {
+  // (part: which TERN_STEP_OMIT part the product is, step_omit.h.)
+  auto product = [&](StepPart part, QmvArgs a) {
+    if (step_omits(part)) return;
     a.xq = batch_qmv_xq_;
     a.xq_bytes = batch_qmv_xq_bytes_;
     qmv_dp4a_batched(a, B, stream_);
@@ -234,19 +237,22 @@ void CudaRunner::slot_layers(int B, int64_t capacity, bool one_session, bool kee
     void* const* table = reinterpret_cast<void* const*>(batch_tables_ + layer_table_offset(i));
     if (l.type == LayerType::linear_attention) {
       const int64_t Z = int64_t(c.linear_num_value_heads) * c.linear_value_head_dim;
-      product(decode_product(l.in_proj_all, hidden_, D, 1, l.input_norm, batch_proj_, proj_cols_));
+      product(StepPart::in, decode_product(l.in_proj_all, hidden_, D, 1, l.input_norm, batch_proj_, proj_cols_));
       const GdnDecodeArgs g = gdn_decode_args(l, one_session ? B : 1, batch_proj_, batch_gated_);
       float* const* states = reinterpret_cast<float* const*>(table);
-      if (one_session)
-        gdn_decode_from_tables(g, states, states + kSlots, states + 1, states + kSlots + 1,
-                               keep_one ? &dev->keep_token : nullptr, stream_);
-      else
-        gdn_decode_batched(g, B, states, states + kSlots, stream_);
-      product(decode_product(l.out_proj, batch_gated_, Z, 1, nullptr, hidden_, D, true, output_ahead(l)));
+      if (!step_omits(StepPart::gdn)) {
+        if (one_session)
+          gdn_decode_from_tables(g, states, states + kSlots, states + 1, states + kSlots + 1,
+                                 keep_one ? &dev->keep_token : nullptr, stream_);
+        else
+          gdn_decode_batched(g, B, states, states + kSlots, stream_);
+      }
+      product(StepPart::out,
+              decode_product(l.out_proj, batch_gated_, Z, 1, nullptr, hidden_, D, true, output_ahead(l)));
     } else {
       const AttnDims d = attn_dims(1, capacity);
       const int64_t Q = int64_t(d.Hq) * 2 * d.dh, KV = int64_t(d.Hkv) * d.dh;
-      product(decode_product(l.attn_qkv, hidden_, D, 1, l.input_norm, batch_proj_, proj_cols_));
+      product(StepPart::in, decode_product(l.attn_qkv, hidden_, D, 1, l.input_norm, batch_proj_, proj_cols_));
       AttnBatch ab;
       ab.B = B;
       ab.ld_qkv = proj_cols_;
@@ -257,11 +263,13 @@ void CudaRunner::slot_layers(int B, int64_t capacity, bool one_session, bool kee
       ab.capacity = dev->capacity;
       ab.rope_delta = dev->rope_delta;
       ab.one_session = one_session;
-      attn_prepare_batched(batch_proj_, batch_proj_ + Q, batch_proj_ + Q + KV, l.q_norm, l.k_norm, ab, d, batch_q_,
-                           stream_);
-      attention_batched(batch_q_, batch_proj_, ab, d, batch_attn_part_, batch_attn_out_, stream_);
-      product(decode_product(l.o_proj, batch_attn_out_, int64_t(d.Hq) * d.dh, 1, nullptr, hidden_, D, true,
-                             output_ahead(l)));
+      if (!step_omits(StepPart::attention)) {
+        attn_prepare_batched(batch_proj_, batch_proj_ + Q, batch_proj_ + Q + KV, l.q_norm, l.k_norm, ab, d,
+                             batch_q_, stream_);
+        attention_batched(batch_q_, batch_proj_, ab, d, batch_attn_part_, batch_attn_out_, stream_);
+      }
+      product(StepPart::out, decode_product(l.o_proj, batch_attn_out_, int64_t(d.Hq) * d.dh, 1, nullptr, hidden_, D,
+                                            true, output_ahead(l)));
     }
     // The gate_up's L2 request for the chosen experts' down matrices (a hint: results unchanged) only while B
     // tokens' ~5 MB each stay well inside L2 beside the weights the tokens share.
@@ -269,7 +277,7 @@ void CudaRunner::slot_layers(int B, int64_t capacity, bool one_session, bool kee
     m.prefetch_down = m.prefetch_down && B <= 4;
     moe_decode_batched(m, hidden_, B, batch_moe_, stream_);
   }
-  product(decode_product(w_->lm_head, hidden_, D, 1, w_->final_norm, logits_, V));
+  product(StepPart::head, decode_product(w_->lm_head, hidden_, D, 1, w_->final_norm, logits_, V));
   mask_padding(logits_, B, V, w_->vocab_real, stream_);
 }
 

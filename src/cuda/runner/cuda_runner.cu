@@ -11,6 +11,7 @@
 
 #include "core/check.h"
 #include "cuda/common/cuda_common.cuh"
+#include "cuda/common/step_omit.h"
 #include "cuda/kernels/attention/attention.cuh"
 #include "cuda/kernels/moe/moe.cuh"
 #include "cuda/kernels/moe/moe_decode.cuh"
@@ -499,7 +500,9 @@ void CudaRunner::dump_layer(const char* base, size_t i, int64_t T, const int* id
 void CudaRunner::lm_head_device(int64_t r0, int64_t n) {
   const Config& c = w_->config;
   const int64_t D = c.hidden_size;
-  if (n <= kQmvMaxTokens && use_decode_kernels_) {
+  if (step_omits(StepPart::head)) {
+    // left out (TERN_STEP_OMIT)
+  } else if (n <= kQmvMaxTokens && use_decode_kernels_) {
     qmv_into(w_->lm_head, hidden_ + r0 * D, D, n, w_->final_norm, logits_, c.vocab_size);
   } else {
     rmsnorm(hidden_ + r0 * D, w_->final_norm, float(c.rms_norm_eps), n, D, normed_, stream_);

@@ -9,6 +9,7 @@
 #include "core/check.h"
 #include "cuda/common/cuda_common.cuh"
 #include "cuda/common/l2_ranges.h"
+#include "cuda/common/step_omit.h"
 #include "cuda/kernels/attention/attention.cuh"
 #include "cuda/kernels/gdn/gdn.cuh"
 #include "cuda/kernels/moe/moe_decode.cuh"
@@ -223,7 +224,9 @@ void CudaRunner::gdn_decode_mixer(const DeviceLayer& l, CudaSession::LayerCache&
     gdn_mixer(l, lc, T);
     return;
   }
-  if (l.in_proj_all.rows > 0) {
+  if (step_omits(StepPart::in)) {
+    // left out (TERN_STEP_OMIT)
+  } else if (l.in_proj_all.rows > 0) {
     qmv_into(l.in_proj_all, hidden_, D, T, l.input_norm, proj_, proj_cols_);
   } else {
     qmv_into(l.in_proj_qkv, hidden_, D, T, l.input_norm, proj_, proj_cols_);
@@ -234,8 +237,9 @@ void CudaRunner::gdn_decode_mixer(const DeviceLayer& l, CudaSession::LayerCache&
   GdnDecodeArgs g = gdn_decode_args(l, T, proj_, gated_);
   g.conv_state = lc.conv;
   g.rec_state = lc.rec;
-  gdn_decode(g, stream_);
-  qmv_into(l.out_proj, gated_, Z, T, nullptr, hidden_, D, /*accumulate=*/true, output_ahead(l));
+  if (!step_omits(StepPart::gdn)) gdn_decode(g, stream_);
+  if (!step_omits(StepPart::out))
+    qmv_into(l.out_proj, gated_, Z, T, nullptr, hidden_, D, /*accumulate=*/true, output_ahead(l));
 }
 
 // gdn_decode's arguments for layer l over T tokens: proj [T, proj_cols_] in, out [T, Hv·dv]; the states are the
@@ -264,19 +268,24 @@ void CudaRunner::attention_decode_mixer(const DeviceLayer& l, CudaSession::Layer
   const AttnDims d = attn_dims(T, s.capacity());
   const int64_t D = c.hidden_size, Q = int64_t(d.Hq) * 2 * d.dh, KV = int64_t(d.Hkv) * d.dh;
   const float *qg = qg_, *k = k_, *v = v_;
+  const bool in = !step_omits(StepPart::in);
   if (T == 1 && l.attn_qkv.rows > 0) {
-    qmv_into(l.attn_qkv, hidden_, D, T, l.input_norm, proj_, proj_cols_);
+    if (in) qmv_into(l.attn_qkv, hidden_, D, T, l.input_norm, proj_, proj_cols_);
     qg = proj_;
     k = proj_ + Q;
     v = proj_ + Q + KV;
-  } else {
+  } else if (in) {
     qmv_into(l.q_proj, hidden_, D, T, l.input_norm, qg_, Q);
     qmv_into(l.k_proj, hidden_, D, T, l.input_norm, k_, KV);
     qmv_into(l.v_proj, hidden_, D, T, l.input_norm, v_, KV);
   }
-  attn_prepare(qg, k, v, l.q_norm, l.k_norm, s.d_pos, d, q_, lc.k, lc.v, stream_, attn_rope(s));
-  attention(q_, qg, lc.k, lc.v, s.d_pos, d, attn_part_, attn_out_, stream_);
-  qmv_into(l.o_proj, attn_out_, int64_t(d.Hq) * d.dh, T, nullptr, hidden_, D, /*accumulate=*/true, output_ahead(l));
+  if (!step_omits(StepPart::attention)) {
+    attn_prepare(qg, k, v, l.q_norm, l.k_norm, s.d_pos, d, q_, lc.k, lc.v, stream_, attn_rope(s));
+    attention(q_, qg, lc.k, lc.v, s.d_pos, d, attn_part_, attn_out_, stream_);
+  }
+  if (!step_omits(StepPart::out))
+    qmv_into(l.o_proj, attn_out_, int64_t(d.Hq) * d.dh, T, nullptr, hidden_, D, /*accumulate=*/true,
+             output_ahead(l));
 }
 
 size_t CudaRunner::layer_index(const DeviceLayer& l) const {

@@ -11,6 +11,7 @@
 #include "core/check.h"
 #include "cuda/common/cuda_common.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/step_omit.h"
 #include "cuda/kernels/moe/moe_dp4a.cuh"
 #include "cuda/kernels/moe/moe_router_cluster.cuh"
 #include "cuda/kernels/moe/moe_router_gate_up.cuh"
@@ -803,13 +804,19 @@ bool moe_router_gate_up_decode(const MoeDecodeWeights& w, const float* hidden, i
 }
 
 void moe_decode(const MoeDecodeWeights& w, float* hidden, int T, const MoeDecodeScratch& s, cudaStream_t stream) {
-  if (moe_router_gate_up_decode(w, hidden, T, s, stream)) {
-    moe_down_decode(w, hidden, T, s, stream, true);  // the fused kernel, like the integer gate_up, ends the routing
+  // TERN_STEP_OMIT (step_omit.h) may leave parts out: where the router and gate_up are one kernel, leaving out one
+  // of them runs the other's own kernel; without an integer gate_up before it, the down kernel reads the routing
+  // only after its wait.
+  const bool router = !step_omits(StepPart::router), gate_up = !step_omits(StepPart::gate_up);
+  const bool down = !step_omits(StepPart::down);
+  if (router && gate_up && moe_router_gate_up_decode(w, hidden, T, s, stream)) {
+    // the fused kernel, like the integer gate_up, ends the routing
+    if (down) moe_down_decode(w, hidden, T, s, stream, true);
     return;
   }
-  moe_router_decode(w, hidden, T, s, stream);
-  const bool integer_gate_up = moe_gate_up_decode(w, T, s, stream);
-  moe_down_decode(w, hidden, T, s, stream, integer_gate_up);
+  if (router) moe_router_decode(w, hidden, T, s, stream);
+  const bool integer_gate_up = gate_up && moe_gate_up_decode(w, T, s, stream);
+  if (down) moe_down_decode(w, hidden, T, s, stream, integer_gate_up);
 }
 
 // Where clusters are missing (before sm_90, the portable path), the ticket router routes the batch in launches of
@@ -867,9 +874,13 @@ void moe_decode_batched(const MoeDecodeWeights& w, float* hidden, int B, const M
   // The grouped gate_up (opt-in) reads x̂ quantised by the router: asked for where the gate_up would take it.
   const bool x_lanes = moe_gate_up_wants_x_lanes(w, B) && aligned(s.x_lanes) && w.router.cols % 1024 == 0;
   bool x_lanes_written = false;
-  const bool launched = route_batch(w, hidden, B, s, stream, x_lanes, x_lanes_written) &&
-                        moe_gate_up_dp4a(w, s, stream, B, x_lanes_written) &&
-                        moe_down_dp4a(w, hidden, s, early_routing_enabled(), stream, B);
+  // TERN_STEP_OMIT (step_omit.h) may leave parts out; without the gate_up before it, the down kernel reads the
+  // routing only after its wait.
+  const bool router = !step_omits(StepPart::router), gate_up = !step_omits(StepPart::gate_up);
+  const bool launched = (!router || route_batch(w, hidden, B, s, stream, x_lanes, x_lanes_written)) &&
+                        (!gate_up || moe_gate_up_dp4a(w, s, stream, B, x_lanes_written)) &&
+                        (step_omits(StepPart::down) ||
+                         moe_down_dp4a(w, hidden, s, gate_up && early_routing_enabled(), stream, B));
   TERN_INTERNAL_CHECK(launched, "moe_decode_batched: a kernel refused after the checks");
 }
 

@@ -38,6 +38,7 @@
 #include "cuda/common/l2_prefetch.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/ptx.cuh"
+#include "cuda/common/step_omit.h"
 #include "cuda/common/warp_reduce.cuh"
 #include "cuda/kernels/qmv/dp4a_tile.cuh"
 #include "cuda/kernels/qmv/qmv_tile.cuh"
@@ -413,7 +414,7 @@ __global__ void __launch_bounds__(kThreads) qmv_dp4a_mma_kernel(const MmaParams 
 template <int S>
 void launch(const MmaParams& p, cudaStream_t stream) {
   const int token_tiles = (p.B + kTileTokens - 1) / kTileTokens;
-  if (p.xq)
+  if (p.xq && !step_omits(StepPart::prequant))
     launch_pdl("qmv_dp4a_prequant", qmv_dp4a_prequant_kernel<S>, dim3(unsigned(token_tiles * kTileTokens)),
                dim3(kThreads), 0, stream, p);
   auto kernel = qmv_dp4a_mma_kernel<S>;
