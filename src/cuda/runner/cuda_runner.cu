@@ -121,6 +121,7 @@ CudaRunner::CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const M
   if (!sm90_features()) l2_prefetch_ = 0;  // the bulk prefetch is sm_90+ (a no-op in older code): skip its launches' work
   allocate_decode_scratch();
   attention_init();  // kernel attributes set once, outside any graph capture
+  step_omits(StepPart::in);  // TERN_STEP_OMIT parsed (and a bad name refused) here, outside any capture
   // The batched step's scratch (~80 MB at the model's widths) now, not at the first batched step: what a server
   // plans its sessions from (free_memory_bytes) is then what stays free.
   if (batch_max() >= 2) allocate_batch_scratch();

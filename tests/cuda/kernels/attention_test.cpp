@@ -352,8 +352,9 @@ TEST_P(CudaAttentionKv, BatchedIsBitIdenticalToEachSequenceAlone) {
 // attention_batched's items-per-block form (TERN_ATTN_BATCH_ITEMS; attn_batch_set_items) against the default
 // kernel, bit for bit (the outputs and every split partial), for B = 2, 3, 8, 16 and 32 over mixed lengths and
 // capacities (items_form_seqs) at one wave of blocks, 1, 2, 3 and 7 items a block and one block for all; at the other
-// head shapes (dh 64 and 128); and with the form on, each sequence against itself alone, bit for bit, as
-// BatchedIsBitIdenticalToEachSequenceAlone (the lone calls are the ones held to the CPU twin above).
+// head shapes (dh 64 and 128; 1, 2, 8 and 16 query heads per KV head); and with the form on, each sequence against
+// itself alone, bit for bit, as BatchedIsBitIdenticalToEachSequenceAlone (the lone calls are the ones held to the CPU
+// twin above), the form seen to run in each.
 TEST_P(CudaAttentionKv, BatchedItemsFormIsBitIdenticalToTheDefault) {
   TERN_REQUIRE_GPU();
   std::mt19937_64 rng(fresh_seed("CudaAttention.BatchedItems"));
@@ -363,7 +364,8 @@ TEST_P(CudaAttentionKv, BatchedItemsFormIsBitIdenticalToTheDefault) {
   for (const int B : {2, 3, 8, 16, 32})
     expect_items_form_matches_default(rng, d, items_form_seqs(B), "items form B=" + std::to_string(B), caches,
                                       settings);
-  for (const AttnDims& o : {small_dims(4, 2, 64, 16), small_dims(8, 1, 128, 32)}) {
+  for (const AttnDims& o :
+       {small_dims(4, 2, 64, 16), small_dims(8, 1, 128, 32), small_dims(16, 1, 128, 32), small_dims(2, 2, 64, 16)}) {
     const AttnDims od = with_kv(o, GetParam());
     for (const int B : {3, 8})
       expect_items_form_matches_default(rng, od, items_form_seqs(B),
@@ -372,10 +374,12 @@ TEST_P(CudaAttentionKv, BatchedItemsFormIsBitIdenticalToTheDefault) {
                                         sixteen_bit_caches(od), settings);
   }
   const BatchItemsScope on(kAttnBatchItemsAuto);
+  const int64_t launches = attn_batch_items_launches();
   expect_batched_matches_alone(rng, d, items_form_seqs(8), "items form on, B=8", caches);
   expect_batched_matches_alone(rng, d, items_form_seqs(32), "items form on, B=32", caches);
   expect_batched_matches_alone(rng, d, sixteen_seqs(), "items form on, B=16", caches);
   expect_batched_matches_alone(rng, d, short_caches(), "items form on, B=12 short caches", caches);
+  if (attn_batch_items_available(d.dh)) EXPECT_EQ(attn_batch_items_launches() - launches, 4) << "the form ran";
 }
 
 // Shapes the kernels do not take are refused with an error before anything is launched, by attn_prepare and by

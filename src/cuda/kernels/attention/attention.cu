@@ -1372,6 +1372,12 @@ int& batch_items() {
 
 std::atomic<int64_t> items_launches{0};  // attn_batch_items_launches
 
+// attn_batch_set_items_stages: the items form's ring stages asked by a test (0: the device's choice).
+int& items_stages_asked() {
+  static int stages = 0;
+  return stages;
+}
+
 int decode_rows_warps(int64_t rows) { return rows <= 16 ? 1 : rows <= 32 ? 2 : 4; }
 
 // The decode kernels' variant (rows per warp: its stages, shared memory and occupancy) for d.T tokens of d's heads.
@@ -1402,11 +1408,13 @@ void launch_decode(const float* q, const float* qg, int64_t ld_qg, const Seqs<co
              " bytes of shared memory, the device has ", setup.smem_optin);
   const int64_t n_items = int64_t(seqs.B) * columns * d.Hkv;  // (sequence, split column, KV head)
   if (items != 0 && RW == 1 && v.items_stages >= 2) {
+    // (A test may ask for fewer stages than fit: the same shared memory, the ring using only the first of them.)
+    const int stages = items_stages_asked() > 0 ? std::min(items_stages_asked(), v.items_stages) : v.items_stages;
     const int64_t wave = int64_t(setup.sms) * v.items_blocks_per_sm;
     const int64_t blocks = items == kAttnBatchItemsAuto ? std::min(n_items, wave) : (n_items + items - 1) / items;
     items_launches.fetch_add(1, std::memory_order_relaxed);
     launch_pdl("attention_decode_items", attention_decode_items_kernel<DH, 1, KV>, dim3(unsigned(blocks)), dim3(128),
-               v.items_smem, stream, q, seqs, d, columns, v.items_stages, kv_before_wait, part);
+               v.items_smem, stream, q, seqs, d, columns, stages, kv_before_wait, part);
     launch_pdl("attention_decode_merge", attention_decode_merge_kernel<DH>,
                dim3(unsigned(d.T * d.Hq), unsigned(seqs.B)), dim3(256), 0, stream, part, qg, ld_qg, seqs, d, out);
     return;
@@ -1540,7 +1548,10 @@ void attn_prepare(const float* qg, const float* k, const float* v, const float* 
                  q_out, stream);
 }
 
-void attention_init() { attention_setup(); }
+void attention_init() {
+  attention_setup();
+  batch_items();  // TERN_ATTN_BATCH_ITEMS parsed here, outside any capture: a bad value fails at start-up
+}
 
 int64_t attn_partial_floats(int64_t T, int Hq, int dh) {
   const int64_t t = std::min<int64_t>(T, kDecodeMaxTokens);
@@ -1576,6 +1587,15 @@ void attn_batch_set_items(int items) {
   batch_items() = items;
 }
 int attn_batch_items() { return batch_items(); }
+bool attn_batch_items_available(int dh) {
+  TERN_CHECK(dh == 64 || dh == 128 || dh == 256, "attn_batch_items_available: head dim ", dh, " (64, 128 or 256)");
+  return attention_setup().decode[dh_index(dh)][rw_index(1)].items_stages >= 2;
+}
+void attn_batch_set_items_stages(int stages) {
+  TERN_CHECK(stages == 0 || stages == 2 || stages == 3, "attn_batch_set_items_stages: ", stages, " (0, 2 or 3)");
+  items_stages_asked() = stages;
+}
+int attn_batch_items_stages() { return items_stages_asked(); }
 int64_t attn_batch_items_launches() { return items_launches.load(std::memory_order_relaxed); }
 
 void attn_prepare_batched(const float* qg, const float* k, const float* v, const float* q_norm, const float* k_norm,

@@ -151,5 +151,12 @@ void attn_batch_set_items(int items);
 int attn_batch_items();
 // How many items-per-block launches this process has made (tests: that the form ran where the device has it).
 int64_t attn_batch_items_launches();
+// Whether this device runs the items-per-block form for heads of dh (up to 16 query rows per KV head): its ring of at
+// least two stages fits the shared memory. Reads the device (attention_init) on first use.
+bool attn_batch_items_available(int dh);
+// Tests: the items-per-block form's ring at `stages` (2 or 3) where the device allows that many, so that the two-stage
+// ring of A100-class devices also runs on Hopper; 0: the device's choice (3 where they fit, else 2). Outside capture.
+void attn_batch_set_items_stages(int stages);
+int attn_batch_items_stages();
 
 }  // namespace tern::cuda
