@@ -80,6 +80,71 @@ inline std::vector<std::pair<int64_t, int64_t>> short_caches() {
           {4096, 4095}, {2048, 1024}, {128, 65}, {300, 129}, {8448, 4000}, {4160, 4159}};
 }
 
+// The inputs of a batched call over {capacity, position} pairs, one token each: the rows of one fused projection
+// buffer [B, ld] as the engine has them (q|gate, k and v at random, ld wider than them: the padding NaN), random q/k
+// norm weights, each sequence's caches (make_caches) and split count, and the device tables; dmax: d with the
+// largest capacity, as the runner passes it.
+struct BatchAttnInputs {
+  AttnDims d;  // T = 1
+  int B;
+  int64_t Q, KV, ld, out_n;  // the widths of q|gate, of k (and v) and of a row; the outputs' Hq·dh
+  DeviceBuf<float> proj, q_norm, k_norm;
+  std::vector<BatchSeqCaches> caches;
+  std::vector<void*> k_ptrs, v_ptrs;
+  std::vector<int> pos, splits;
+  std::vector<int64_t> caps;
+  AttnDims dmax;
+  std::unique_ptr<DeviceAttnBatch> tables;
+
+  BatchAttnInputs(std::mt19937_64& rng, const AttnDims& dims, const std::vector<std::pair<int64_t, int64_t>>& seqs,
+                  const MakeSeqCaches& make_caches)
+      : d(one_token(dims)),
+        B(int(seqs.size())),
+        Q(int64_t(d.Hq) * 2 * d.dh),
+        KV(int64_t(d.Hkv) * d.dh),
+        ld(Q + 2 * KV + 4),
+        out_n(int64_t(d.Hq) * d.dh),
+        proj(random_rows(rng, B, Q, KV, ld)),
+        q_norm(random_floats(rng, size_t(d.dh), 0.5f, 1.5f)),
+        k_norm(random_floats(rng, size_t(d.dh), 0.5f, 1.5f)),
+        dmax(d) {
+    dmax.capacity = 0;
+    for (const auto& [capacity, position] : seqs) {
+      caches.push_back(make_caches(rng, capacity, position));
+      k_ptrs.push_back(caches.back().kb->p);
+      v_ptrs.push_back(caches.back().vb->p);
+      pos.push_back(int(position));
+      caps.push_back(capacity);
+      AttnDims ds = d;
+      ds.capacity = capacity;
+      splits.push_back(attn_batch_splits(ds));
+      dmax.capacity = std::max(dmax.capacity, capacity);
+    }
+    tables = std::make_unique<DeviceAttnBatch>(pos, splits, caps, k_ptrs, v_ptrs, ld);
+  }
+
+  // attn_prepare_batched over the rows: q [B, Hq·dh] after norm and RoPE, the new rows into the caches.
+  void prepare(float* q) const {
+    attn_prepare_batched(proj.p, proj.p + Q, proj.p + Q + KV, q_norm.p, k_norm.p, tables->batch, dmax, q, nullptr);
+  }
+
+ private:
+  static AttnDims one_token(AttnDims d) {
+    d.T = 1;
+    return d;
+  }
+  // B rows of ld floats: q|gate and k uniform in [-2, 2], v in [-1, 1], the padding NaN.
+  static std::vector<float> random_rows(std::mt19937_64& rng, int B, int64_t Q, int64_t KV, int64_t ld) {
+    std::vector<float> rows(size_t(B * ld), std::numeric_limits<float>::quiet_NaN());
+    for (int b = 0; b < B; ++b) {
+      const auto qgk = random_floats(rng, size_t(Q + KV), -2.0f, 2.0f), v = random_floats(rng, size_t(KV), -1.0f, 1.0f);
+      std::copy(qgk.begin(), qgk.end(), rows.begin() + b * ld);
+      std::copy(v.begin(), v.end(), rows.begin() + b * ld + Q + KV);
+    }
+    return rows;
+  }
+};
+
 // attn_prepare_batched + attention_batched over the sequences (one token each; {capacity, position} pairs) against
 // attn_prepare + attention for each sequence alone, bit for bit: q after norm and RoPE, the gated outputs and the
 // whole caches (the row each call writes, and every other row). qg, k and v are the rows of one fused projection
@@ -89,69 +154,39 @@ inline void expect_batched_matches_alone(std::mt19937_64& rng, AttnDims d,
                                          const MakeSeqCaches& make_caches) {
   SCOPED_TRACE(what);
   d.T = 1;
-  const int B = int(seqs.size());
-  const int64_t Hq = d.Hq, Hkv = d.Hkv, dh = d.dh, Q = Hq * 2 * dh, KV = Hkv * dh;
-  const int64_t ld = Q + 2 * KV + 4, out_n = Hq * dh;
-  std::vector<float> proj(size_t(B * ld), std::numeric_limits<float>::quiet_NaN());
-  for (int b = 0; b < B; ++b) {
-    const auto qgk = random_floats(rng, size_t(Q + KV), -2.0f, 2.0f), v = random_floats(rng, size_t(KV), -1.0f, 1.0f);
-    std::copy(qgk.begin(), qgk.end(), proj.begin() + b * ld);
-    std::copy(v.begin(), v.end(), proj.begin() + b * ld + Q + KV);
-  }
-  DeviceBuf<float> dproj(proj);
-  DeviceBuf<float> q_norm(random_floats(rng, size_t(dh), 0.5f, 1.5f));
-  DeviceBuf<float> k_norm(random_floats(rng, size_t(dh), 0.5f, 1.5f));
-  std::vector<BatchSeqCaches> caches;
-  std::vector<void*> k_ptrs, v_ptrs;
-  std::vector<int> pos, splits;
-  std::vector<int64_t> caps;
-  AttnDims dmax = d;
-  dmax.capacity = 0;
-  for (const auto& [capacity, position] : seqs) {
-    caches.push_back(make_caches(rng, capacity, position));
-    k_ptrs.push_back(caches.back().kb->p);
-    v_ptrs.push_back(caches.back().vb->p);
-    pos.push_back(int(position));
-    caps.push_back(capacity);
-    AttnDims ds = d;
-    ds.capacity = capacity;
-    splits.push_back(attn_batch_splits(ds));
-    dmax.capacity = std::max(dmax.capacity, capacity);
-  }
+  BatchAttnInputs in(rng, d, seqs, make_caches);
   std::string split_list;
-  for (int x : splits) split_list += " " + std::to_string(x);
+  for (int x : in.splits) split_list += " " + std::to_string(x);
   std::printf("[attention] %s: splits%s\n", what.c_str(), split_list.c_str());
-  if (B >= 3) {
-    EXPECT_GT(std::set<int>(splits.begin(), splits.end()).size(), 1u) << "the sequences' split counts all agree";
+  if (in.B >= 3) {
+    EXPECT_GT(std::set<int>(in.splits.begin(), in.splits.end()).size(), 1u) << "the sequences' split counts all agree";
   }
-  DeviceAttnBatch tables(pos, splits, caps, k_ptrs, v_ptrs, ld);
-  DeviceBuf<float> q_b(size_t(B * out_n)), out_b(q_b.n), q_1(q_b.n), out_1(q_b.n);  // poisoned
-  DeviceBuf<float> part_b(size_t(attn_batch_partial_floats(B, d.Hq, d.dh)));
+  DeviceBuf<float> q_b(size_t(in.B * in.out_n)), out_b(q_b.n), q_1(q_b.n), out_1(q_b.n);  // poisoned
+  DeviceBuf<float> part_b(size_t(attn_batch_partial_floats(in.B, d.Hq, d.dh)));
   DeviceBuf<float> part_1(size_t(attn_partial_floats(1, d.Hq, d.dh)));
-  attn_prepare_batched(dproj.p, dproj.p + Q, dproj.p + Q + KV, q_norm.p, k_norm.p, tables.batch, dmax, q_b.p,
-                       nullptr);
-  attention_batched(q_b.p, dproj.p, tables.batch, dmax, part_b.p, out_b.p, nullptr);
+  in.prepare(q_b.p);
+  attention_batched(q_b.p, in.proj.p, in.tables->batch, in.dmax, part_b.p, out_b.p, nullptr);
   TERN_CUDA(cudaGetLastError());
-  for (int b = 0; b < B; ++b) {
+  for (int b = 0; b < in.B; ++b) {
     AttnDims ds = d;
-    ds.capacity = caps[size_t(b)];
-    const float* row = dproj.p + b * ld;
-    const BatchSeqCaches& c = caches[size_t(b)];
-    attn_prepare(row, row + Q, row + Q + KV, q_norm.p, k_norm.p, tables.pos.p + b, ds, q_1.p + b * out_n, c.k1->p,
-                 c.v1->p, nullptr);
-    attention(q_1.p + b * out_n, row, c.k1->p, c.v1->p, tables.pos.p + b, ds, part_1.p, out_1.p + b * out_n,
+    ds.capacity = in.caps[size_t(b)];
+    const float* row = in.proj.p + b * in.ld;
+    const BatchSeqCaches& c = in.caches[size_t(b)];
+    attn_prepare(row, row + in.Q, row + in.Q + in.KV, in.q_norm.p, in.k_norm.p, in.tables->pos.p + b, ds,
+                 q_1.p + b * in.out_n, c.k1->p, c.v1->p, nullptr);
+    attention(q_1.p + b * in.out_n, row, c.k1->p, c.v1->p, in.tables->pos.p + b, ds, part_1.p, out_1.p + b * in.out_n,
               nullptr);
   }
   TERN_CUDA(cudaGetLastError());
   const auto qg = q_b.host(), qw = q_1.host(), og = out_b.host(), ow = out_1.host();
   EXPECT_EQ(std::count_if(ow.begin(), ow.end(), [](float x) { return !std::isfinite(x); }), 0) << "lone outputs";
   EXPECT_EQ(std::memcmp(qg.data(), qw.data(), qg.size() * sizeof(float)), 0) << "q after norm and rope";
-  for (int b = 0; b < B; ++b) {
-    const size_t o = size_t(b * out_n);
-    EXPECT_EQ(std::memcmp(og.data() + o, ow.data() + o, size_t(out_n) * sizeof(float)), 0)
-        << "output of sequence " << b << " (capacity " << caps[size_t(b)] << ", position " << pos[size_t(b)] << ", "
-        << splits[size_t(b)] << " splits)";
-    const BatchSeqCaches& c = caches[size_t(b)];
+  for (int b = 0; b < in.B; ++b) {
+    const size_t o = size_t(b * in.out_n);
+    EXPECT_EQ(std::memcmp(og.data() + o, ow.data() + o, size_t(in.out_n) * sizeof(float)), 0)
+        << "output of sequence " << b << " (capacity " << in.caps[size_t(b)] << ", position " << in.pos[size_t(b)]
+        << ", " << in.splits[size_t(b)] << " splits)";
+    const BatchSeqCaches& c = in.caches[size_t(b)];
     EXPECT_TRUE(c.kb->host() == c.k1->host()) << "K cache of sequence " << b;
     EXPECT_TRUE(c.vb->host() == c.v1->host()) << "V cache of sequence " << b;
   }
@@ -218,48 +253,19 @@ inline void expect_items_form_matches_default(std::mt19937_64& rng, AttnDims d,
                                               const std::vector<int>& settings) {
   SCOPED_TRACE(what);
   d.T = 1;
-  const int B = int(seqs.size());
-  const int64_t Hq = d.Hq, Hkv = d.Hkv, dh = d.dh, Q = Hq * 2 * dh, KV = Hkv * dh;
-  const int64_t ld = Q + 2 * KV + 4, out_n = Hq * dh;
-  std::vector<float> proj(size_t(B * ld), std::numeric_limits<float>::quiet_NaN());
-  for (int b = 0; b < B; ++b) {
-    const auto qgk = random_floats(rng, size_t(Q + KV), -2.0f, 2.0f), v = random_floats(rng, size_t(KV), -1.0f, 1.0f);
-    std::copy(qgk.begin(), qgk.end(), proj.begin() + b * ld);
-    std::copy(v.begin(), v.end(), proj.begin() + b * ld + Q + KV);
-  }
-  DeviceBuf<float> dproj(proj);
-  DeviceBuf<float> q_norm(random_floats(rng, size_t(dh), 0.5f, 1.5f));
-  DeviceBuf<float> k_norm(random_floats(rng, size_t(dh), 0.5f, 1.5f));
-  std::vector<BatchSeqCaches> caches;
-  std::vector<void*> k_ptrs, v_ptrs;
-  std::vector<int> pos, splits;
-  std::vector<int64_t> caps;
-  AttnDims dmax = d;
-  dmax.capacity = 0;
-  for (const auto& [capacity, position] : seqs) {
-    caches.push_back(make_caches(rng, capacity, position));
-    k_ptrs.push_back(caches.back().kb->p);
-    v_ptrs.push_back(caches.back().vb->p);
-    pos.push_back(int(position));
-    caps.push_back(capacity);
-    AttnDims ds = d;
-    ds.capacity = capacity;
-    splits.push_back(attn_batch_splits(ds));
-    dmax.capacity = std::max(dmax.capacity, capacity);
-  }
-  DeviceAttnBatch tables(pos, splits, caps, k_ptrs, v_ptrs, ld);
-  DeviceBuf<float> q(size_t(B * out_n)), out(q.n);
-  DeviceBuf<float> part(size_t(attn_batch_partial_floats(B, d.Hq, d.dh)));
-  attn_prepare_batched(dproj.p, dproj.p + Q, dproj.p + Q + KV, q_norm.p, k_norm.p, tables.batch, dmax, q.p, nullptr);
+  BatchAttnInputs in(rng, d, seqs, make_caches);
+  DeviceBuf<float> q(size_t(in.B * in.out_n)), out(q.n);
+  DeviceBuf<float> part(size_t(attn_batch_partial_floats(in.B, d.Hq, d.dh)));
+  in.prepare(q.p);
   TERN_CUDA(cudaGetLastError());
 
   // One attention_batched call with the form set to `items`: its outputs and partial scratch (both poisoned first).
   auto run = [&](int items, bool one_session) {
     BatchItemsScope scope(items);
-    tables.batch.one_session = one_session;
+    in.tables->batch.one_session = one_session;
     TERN_CUDA(cudaMemset(out.p, 0xff, out.n * sizeof(float)));
     TERN_CUDA(cudaMemset(part.p, 0xff, part.n * sizeof(float)));
-    attention_batched(q.p, dproj.p, tables.batch, dmax, part.p, out.p, nullptr);
+    attention_batched(q.p, in.proj.p, in.tables->batch, in.dmax, part.p, out.p, nullptr);
     TERN_CUDA(cudaGetLastError());
     return std::make_pair(out.host(), part.host());
   };
@@ -276,11 +282,11 @@ inline void expect_items_form_matches_default(std::mt19937_64& rng, AttnDims d,
         const std::string setting = std::string(items == kAttnBatchItemsAuto ? "auto" : std::to_string(items)) +
                                     " items a block" + (one_session ? ", one session" : "") +
                                     (stages ? ", two stages" : "");
-        for (int b = 0; b < B; ++b) {
-          const size_t o = size_t(b * out_n);
-          EXPECT_EQ(std::memcmp(out_got.data() + o, out_ref.data() + o, size_t(out_n) * sizeof(float)), 0)
-              << setting << ": output of sequence " << b << " (capacity " << caps[size_t(b)] << ", position "
-              << pos[size_t(b)] << ", " << splits[size_t(b)] << " splits)";
+        for (int b = 0; b < in.B; ++b) {
+          const size_t o = size_t(b * in.out_n);
+          EXPECT_EQ(std::memcmp(out_got.data() + o, out_ref.data() + o, size_t(in.out_n) * sizeof(float)), 0)
+              << setting << ": output of sequence " << b << " (capacity " << in.caps[size_t(b)] << ", position "
+              << in.pos[size_t(b)] << ", " << in.splits[size_t(b)] << " splits)";
         }
         EXPECT_EQ(std::memcmp(part_got.data(), part_ref.data(), part_ref.size() * sizeof(float)), 0)
             << setting << ": the split partials (m, l, o)";
@@ -294,12 +300,11 @@ inline void expect_items_form_matches_default(std::mt19937_64& rng, AttnDims d,
   const std::vector<float> out_ref = run(0, false).first;
   {
     BatchItemsScope scope(settings.front());
-    tables.batch.one_session = false;
+    in.tables->batch.one_session = false;
     for (int i = 0; i < kChained; ++i) {
-      poison_new_rows(k_ptrs, v_ptrs, pos, caps, d);
-      attn_prepare_batched(dproj.p, dproj.p + Q, dproj.p + Q + KV, q_norm.p, k_norm.p, tables.batch, dmax, q.p,
-                           nullptr);
-      attention_batched(q.p, dproj.p, tables.batch, dmax, part.p, out.p, nullptr);
+      poison_new_rows(in.k_ptrs, in.v_ptrs, in.pos, in.caps, d);
+      in.prepare(q.p);
+      attention_batched(q.p, in.proj.p, in.tables->batch, in.dmax, part.p, out.p, nullptr);
     }
     TERN_CUDA(cudaGetLastError());
     const std::vector<float> got = out.host();
@@ -308,7 +313,7 @@ inline void expect_items_form_matches_default(std::mt19937_64& rng, AttnDims d,
   }
   const int64_t ran = attn_batch_items_launches() - launches;
   std::printf("[attention] %s: %lld items-per-block launches\n", what.c_str(), static_cast<long long>(ran));
-  if (B >= 2 && d.Hq / d.Hkv <= 16 && attn_batch_items_available(d.dh)) {
+  if (in.B >= 2 && d.Hq / d.Hkv <= 16 && attn_batch_items_available(d.dh)) {
     EXPECT_EQ(ran, int64_t(4 * settings.size() + kChained)) << "the items-per-block form did not run";
   }
 }
