@@ -533,8 +533,9 @@ __global__ void __launch_bounds__(kThreads) qmv_dp4a_mma_split_kernel(const MmaP
     l2_prefetch_share(p.ahead, block * kThreads + threadIdx.x, int64_t(gridDim.x) * gridDim.y * kThreads);
   }
   pdl_wait();
-  // The rank's part of the tile's tables (complete at pdl_wait): per slice j, xf's 16 half-groups (8 KB for 4096
-  // columns), xl's (4 KB), sx's (512 B), sig's 8 groups (256 B), then rinv (32 B); strided runs of 16-byte chunks.
+  // The rank's part of the tile's tables (complete at pdl_wait): per slice j, xf's 16 half-groups (8 KB), xl's
+  // (4 KB), sx's (512 B), sig's 8 groups (256 B), then rinv (32 B): strided runs of 16-byte chunks, 51 KB in all for
+  // 4096 columns (the full kernel's copy: 102 KB).
   {
     const uint8_t* src = p.xq + int64_t(blockIdx.y) * F::kTableBytes;
     copy_split_runs<S, 16 * kTileTokens * 4 * 16>(smem + L::kXF, src + F::kXF, rank);
