@@ -12,6 +12,7 @@
 
 #include "cpu/ops_matmul.h"
 #include "cpu/ops_norm.h"
+#include "cuda/common/cuda_common.cuh"
 #include "cuda/kernels/qmv/qmv.cuh"
 #include "cuda/kernels/qmv/qmv_dp4a.cuh"
 #include "cuda/kernels/qmv/qmv_dp4a_mma.cuh"
@@ -735,6 +736,117 @@ TEST(CudaQmv, BatchedIntegerPathMatchesOneTokenBitwise) {
   qmv_dp4a_set_wide(wide0);
   qmv_dp4a_set_batched_mma(mma0);
   qmv_dp4a_set_prequant(prequant0);
+}
+
+// The tensor-core form's opt-in split (qmv_dp4a_mma_set_split, TERN_QMV_MMA_SPLIT=1: each 16-row tile of a
+// 4096-column product by a cluster of 2 blocks, 16 positions of every slice each) against the same product with the
+// split off and against qmv_dp4a per token, bit for bit: o_proj's 2048 x 4096 and 517 rows (a partial last row tile)
+// of a stacked matrix at expert 2, B in {2, 3, 8, 9, 16, 32} (3 and 9 through strides past the rows; 3 and 9 leave a
+// token tile part empty), every mode (bit 0: the norm, bit 1: accumulate), activations quantised into scratch. The
+// split form must run (one launch per product, qmv_dp4a_mma_split_launches) exactly where sm90_features() holds and
+// the tensor-core form takes the product, and never without scratch or with the switch off.
+TEST(CudaQmv, BatchedTensorCoreSplitMatchesBitwise) {
+  TERN_REQUIRE_GPU();
+  std::mt19937_64 rng(fresh_seed("CudaQmv.Dp4aBatchedSplit"));
+  const QmvCase cases[] = {
+      {WeightFormat::affine4, 1, 2048, 4096, 0},
+      {WeightFormat::affine4, 3, 517, 4096, 2},
+  };
+  const bool mma0 = qmv_dp4a_batched_mma(), prequant0 = qmv_dp4a_prequant(), split0 = qmv_dp4a_mma_split();
+  qmv_dp4a_set_batched_mma(true);
+  qmv_dp4a_set_prequant(true);
+  for (const QmvCase& c : cases) {
+    auto h = random_matrix(rng, c.f, c.experts, c.rows, c.cols);
+    DeviceMatrix dm(*h);
+    const auto nw = random_floats(rng, size_t(c.cols), 0.5f, 1.5f);
+    DeviceBuf<float> dnw(nw);
+    for (int B : {2, 3, 8, 9, 16, 32}) {
+      const bool strided = B == 3 || B == 9;
+      const int64_t ldx = strided ? c.cols + 4 : c.cols, ldy = strided ? c.rows + 3 : c.rows;
+      DeviceBuf<float> dx(batch_inputs(rng, B, c.cols, ldx));
+      const size_t xq_need = qmv_dp4a_mma_scratch_bytes(B, c.cols);
+      DeviceBuf<uint8_t> xq(xq_need);
+      for (int mode = 0; mode < 4; ++mode) {
+        const bool acc = mode & 2;
+        const std::vector<float> y0 = batch_outputs(rng, B, c.rows, ldy, acc);
+        DeviceBuf<float> dy_split(y0), dy_full(y0), dy_alone(y0), dy_noscratch(y0);
+        QmvArgs a;
+        a.w = dm.d;
+        a.expert = c.expert;
+        a.x = dx.p;
+        a.ldx = ldx;
+        a.norm_w = (mode & 1) ? dnw.p : nullptr;
+        a.ldy = ldy;
+        a.accumulate = acc;
+        a.xq = xq.p;
+        a.xq_bytes = xq_need;
+        for (int t = 0; t < B; ++t) {
+          QmvArgs one = a;
+          one.x = dx.p + t * ldx;
+          one.y = dy_alone.p + t * ldy;
+          one.xq = nullptr;
+          one.xq_bytes = 0;
+          ASSERT_TRUE(qmv_dp4a_supported(one));
+          qmv_dp4a(one, nullptr);
+        }
+        const bool on_mma = qmv_dp4a_mma_supported(a, B);
+        const bool want_split = on_mma && sm90_features();
+        const std::string what = std::to_string(c.rows) + "x" + std::to_string(c.cols) + " expert " +
+                                 std::to_string(c.expert) + " B=" + std::to_string(B) + " mode " +
+                                 std::to_string(mode);
+        QmvArgs full = a;
+        full.y = dy_full.p;
+        qmv_dp4a_mma_set_split(false);
+        uint64_t n0 = qmv_dp4a_mma_split_launches();
+        qmv_dp4a_batched(full, B, nullptr);
+        TERN_CUDA(cudaGetLastError());
+        EXPECT_EQ(qmv_dp4a_mma_split_launches(), n0) << what << ": the split form ran with its switch off";
+        qmv_dp4a_mma_set_split(true);
+        QmvArgs noscratch = a;
+        noscratch.y = dy_noscratch.p;
+        noscratch.xq = nullptr;
+        noscratch.xq_bytes = 0;
+        n0 = qmv_dp4a_mma_split_launches();
+        qmv_dp4a_batched(noscratch, B, nullptr);
+        TERN_CUDA(cudaGetLastError());
+        EXPECT_EQ(qmv_dp4a_mma_split_launches(), n0) << what << ": the split form ran without scratch";
+        QmvArgs split = a;
+        split.y = dy_split.p;
+        n0 = qmv_dp4a_mma_split_launches();
+        qmv_dp4a_batched(split, B, nullptr);
+        TERN_CUDA(cudaGetLastError());
+        EXPECT_EQ(qmv_dp4a_mma_split_launches() - n0, want_split ? 1u : 0u)
+            << what << ": sm_90 features " << sm90_features() << ", tensor-core form " << on_mma;
+        qmv_dp4a_mma_set_split(split0);
+        const auto got = dy_split.host(), ref = dy_full.host(), ref_ns = dy_noscratch.host(), want = dy_alone.host();
+        ASSERT_EQ(got.size(), ref.size());
+        for (int t = 0; t < B; ++t) {
+          size_t diff_full = 0, diff_alone = 0, diff_ns = 0, first = 0, gap_writes = 0;
+          for (int64_t r = 0; r < ldy; ++r) {
+            const size_t i = size_t(t * ldy + r);
+            if (r >= c.rows) {
+              gap_writes += std::isnan(got[i]) ? 0 : 1;
+              continue;
+            }
+            if (std::memcmp(&got[i], &ref[i], 4) != 0 && diff_full++ == 0) first = size_t(r);
+            diff_ns += std::memcmp(&got[i], &ref_ns[i], 4) != 0 ? 1 : 0;
+            diff_alone += std::memcmp(&got[i], &want[i], 4) != 0 ? 1 : 0;
+          }
+          EXPECT_EQ(gap_writes, 0u) << what << " token " << t << ": writes past the rows";
+          EXPECT_EQ(diff_full, 0u) << what << " token " << t << ": " << diff_full
+                                   << " rows differ from the split off; first " << first << ": "
+                                   << got[size_t(t * ldy) + first] << " vs " << ref[size_t(t * ldy) + first];
+          EXPECT_EQ(diff_ns, 0u) << what << " token " << t << ": rows differ from the form without scratch";
+          EXPECT_EQ(diff_alone, 0u) << what << " token " << t << ": rows differ from the token alone";
+        }
+        if (HasFailure()) break;
+      }
+      if (HasFailure()) break;
+    }
+  }
+  qmv_dp4a_set_batched_mma(mma0);
+  qmv_dp4a_set_prequant(prequant0);
+  qmv_dp4a_mma_set_split(split0);
 }
 
 // The tensor-core form refuses scratch (QmvArgs::xq) that is too small or not 16-byte aligned (a check that stays on

@@ -22,6 +22,16 @@
 // The row tiles stream through a cp.async pipeline of Layout::kStages stages (weights, scales, biases), the first
 // ones issued before pdl_wait().
 //
+// Split form (opt-in pending measurement: TERN_QMV_MMA_SPLIT=1; 4096 columns, with scratch, sm_90 binaries only):
+// Layout<4> takes ~225 KB, one block an SM, each copying its tile's full tables (~104 KB) and waiting on them and on
+// one weight tile. qmv_dp4a_mma_split_kernel gives each row tile to a cluster of 2 blocks: rank r copies only
+// positions [16r, 16r + 16) of every slice (SplitLayout: half the tables, half the weight half-groups and scales,
+// strided runs of 16-byte cp.async chunks; 96 KB, 2 stages: two blocks an SM), its warp w folds positions 16r + 2w,
+// 16r + 2w + 1 as l0 + l1 (Q_w), the block ((Q0 + Q1) + (Q2 + Q3)) + ((Q4 + Q5) + (Q6 + Q7)) = the full kernel's
+// (P0 + P1) + (P2 + P3) (rank 0) or (P4 + P5) + (P6 + P7) (rank 1), since P_v = (l0 + l1) + (l2 + l3) = Q_{2v} +
+// Q_{2v+1}; after a cluster barrier rank 0 reads rank 1's 8 subtrees through distributed shared memory and adds
+// left + right, the tree's top add: the same bits. The scratch's layout and the pre-quantising kernel are unchanged.
+//
 // Fragments (m16n8k32, thread g = lane/4, c = lane%4): A holds (row g, k 4c..4c+3), (row g+8, same), (row g,
 // k 16+4c..), (row g+8, same); B (k 4c.., token g), (k 16+4c.., token g). Slots 4c.. of a half-group take the even
 // columns of its word c, slots 16+4c.. the odd ones: for the weights w & 0x0F0F0F0F and (w >> 4) & 0x0F0F0F0F of the
@@ -29,6 +39,8 @@
 // {even, odd} int8x4 pairs of word 4·hg + c as dp4a_tile.cuh makes them. The accumulators start at 0x4B400000 (the
 // bits of 1.5·2^23; |Σ| < 2^22), so each reads as the float 1.5·2^23 + Σ exactly.
 #include "cuda/kernels/qmv/qmv_dp4a_mma.cuh"
+
+#include <cooperative_groups.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -44,6 +56,7 @@
 #include "cuda/kernels/qmv/qmv_tile.cuh"
 
 namespace tern::cuda {
+namespace cg = cooperative_groups;
 namespace {
 
 constexpr int kThreads = 256;  // 8 warps: the one-token kernel's block, so the RMSNorm's Σx² is summed alike
@@ -93,6 +106,29 @@ struct Layout {
   static constexpr int kBytes = kStage0 + kStages * kStageBytes;
   static_assert(kStage0 % 16 == 0 && kStageBytes % 16 == 0, "16-byte aligned stages");
   static_assert(kTableBytes % 16 == 0, "16-byte chunks of tables (cp.async), 16-byte aligned tiles of them");
+};
+
+// The split form's shared memory (qmv_dp4a_mma_split_kernel): Layout's pieces for the block's 16 positions of every
+// slice only. Local half-group lh = 16·j + q (q in [0, 16)) is the row's half-group 32·j + 16·rank + q, local group
+// lh / 2 = 8·j + q / 2 its group 16·j + 8·rank + q / 2. No Σx² rows (the tables come from the pre-quantising kernel);
+// 2 stages, 96 KB a block for 4096 columns: two blocks an SM.
+template <int S>
+struct SplitLayout {
+  static constexpr int kStages = 2;
+  static constexpr int kHG = 16 * S;                                 // local half-groups of a row
+  static constexpr int kSbStride = kHG + 16;                         // bytes per row of a stage's scales (bf16 [HG/2])
+  static constexpr int kXF = 0;                                      // uint4 [HG][8 tokens][4]: hi, mid pairs
+  static constexpr int kXL = kXF + kHG * kTileTokens * 4 * 16;       // uint2 [HG][8][4]: lo pairs
+  static constexpr int kSX = kXL + kHG * kTileTokens * 4 * 8;        // float [HG][8]: σ·Σv of the half-group
+  static constexpr int kSig = kSX + kHG * kTileTokens * 4;           // float [HG / 2][8]: σ of the group
+  static constexpr int kRinv = kSig + kHG / 2 * kTileTokens * 4;     // float [8]: the norm's rsqrt per token (or 1)
+  static constexpr int kTableBytes = kRinv + kTileTokens * 4;
+  static constexpr int kPart = kTableBytes;                          // float [2][8 warps][16 rows · 8 tokens]
+  static constexpr int kStage0 = kPart + 2 * kWarps * kTileRows * kTileTokens * 4;
+  static constexpr int kStageW = kTileRows * kHG * 16;               // weights [16][HG] of 16 bytes, swizzled
+  static constexpr int kStageBytes = kStageW + 2 * kTileRows * kSbStride;  // + scales, biases [16][stride]
+  static constexpr int kBytes = kStage0 + kStages * kStageBytes;
+  static_assert(kStage0 % 16 == 0 && kStageBytes % 16 == 0 && kTableBytes % 16 == 0, "16-byte aligned pieces");
 };
 
 // Issues the cp.async copies of row tile `tile` into stage `slot` (rows past the end read nothing: zeros).
@@ -267,11 +303,13 @@ __device__ __forceinline__ void mma_from_magic(int (&d)[4], const uint32_t (&a)[
 
 __device__ __forceinline__ float unmagic(int d) { return __int_as_float(d) - kMagic; }
 
-// The warp's part of one row tile: its 4 positions' leaves, folded (l0 + l1) + (l2 + l3), for the 4 outputs of this
-// thread: (row g, token 2c), (row g, token 2c + 1), (row g + 8, token 2c), (row g + 8, token 2c + 1).
-template <int S>
+// The warp's part of one row tile: its kPPW positions' leaves, folded (l0 + l1) + (l2 + l3) (kPPW = 4: the full
+// kernel) or l0 + l1 (kPPW = 2: the split kernel), for the 4 outputs of this thread: (row g, token 2c), (row g, token
+// 2c + 1), (row g + 8, token 2c), (row g + 8, token 2c + 1). The block's tables and stages hold kSpan positions of
+// every slice (32: all; 16: the split kernel's half), so local half-group kSpan·j + pos is slice j's position pos.
+template <int S, class L = Layout<S>, int kPPW = kPositionsPerWarp, int kSpan = 32>
 __device__ __forceinline__ void warp_tile(const uint8_t* smem, const uint8_t* st, int warp, int lane, float (&sub)[4]) {
-  using L = Layout<S>;
+  static_assert(kPPW * kWarps == kSpan && (kPPW == 4 || kPPW == 2), "the warps cover the block's positions");
   const uint4* xf = reinterpret_cast<const uint4*>(smem + L::kXF);
   const uint2* xl = reinterpret_cast<const uint2*>(smem + L::kXL);
   const float* sx = reinterpret_cast<const float*>(smem + L::kSX);
@@ -282,16 +320,17 @@ __device__ __forceinline__ void warp_tile(const uint8_t* smem, const uint8_t* st
   // ldmatrix: lane L gives row (L & 7) + 8·((L >> 3) & 1) of half-group X (L < 16) or Y (L >= 16)
   const int mrow = (lane & 7) + 8 * ((lane >> 3) & 1);
   const uint32_t wbase = smem_addr(st) + uint32_t(mrow * L::kHG * 16);
-  float leaf[kPositionsPerWarp][4];
+  float leaf[kPPW][4];
 #pragma unroll
-  for (int pi = 0; pi < kPositionsPerWarp; ++pi) {
-    const int pos = warp * kPositionsPerWarp + pi;
+  for (int pi = 0; pi < kPPW; ++pi) {
+    const int pos = warp * kPPW + pi;
 #pragma unroll
     for (int i = 0; i < 4; ++i) leaf[pi][i] = 0.0f;
 #pragma unroll
     for (int j0 = 0; j0 < S; j0 += 2) {
-      // Half-groups X = 32·j0 + pos and Y = X + 32 (the next slice; for S = 1, Y = X and its result is unused).
-      const int hx = 32 * j0 + pos, hy = S > 1 ? hx + 32 : hx;
+      // Local half-groups X = kSpan·j0 + pos and Y = X + kSpan (the next slice; for S = 1, Y = X and its result is
+      // unused).
+      const int hx = kSpan * j0 + pos, hy = S > 1 ? hx + kSpan : hx;
       const int hl = lane < 16 ? hx : hy;
       uint32_t wr[4];
       ldmatrix_x4(wr, wbase + uint32_t((hl ^ (mrow & 7)) * 16));
@@ -327,7 +366,13 @@ __device__ __forceinline__ void warp_tile(const uint8_t* smem, const uint8_t* st
     }
   }
 #pragma unroll
-  for (int i = 0; i < 4; ++i) sub[i] = (leaf[0][i] + leaf[1][i]) + (leaf[2][i] + leaf[3][i]);
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (kPPW == 4) {
+      sub[i] = (leaf[0][i] + leaf[1][i]) + (leaf[2][i] + leaf[3][i]);
+    } else {
+      sub[i] = leaf[0][i] + leaf[1][i];
+    }
+  }
 }
 
 template <int S>
@@ -411,12 +456,201 @@ __global__ void __launch_bounds__(kThreads) qmv_dp4a_mma_kernel(const MmaParams 
   cp_async_wait<0>();  // nothing left in flight at exit
 }
 
+// The split form's copies of row tile `tile` into stage `slot`: the block's 16 positions of every slice (rank 0:
+// half-groups 32·j + 0..15, rank 1: 32·j + 16..31) of the 16 rows, 16-byte chunks: per row S runs of 16 half-groups
+// (256 bytes each) and S 16-byte runs of scales and of biases (8 bf16: the 8 groups of the 16 half-groups).
+template <int S>
+__device__ __forceinline__ void issue_split_tile(const MmaParams& p, uint8_t* smem, int tile, int slot, int rank) {
+  using L = SplitLayout<S>;
+  constexpr int kRowHG = 32 * S;  // half-groups of a row in global memory
+  uint8_t* st = smem + L::kStage0 + slot * L::kStageBytes;
+  const int row0 = tile * kTileRows;
+  constexpr int kWChunks = kTileRows * L::kHG;  // [16 rows][16·S local half-groups]
+#pragma unroll
+  for (int i = int(threadIdx.x); i < kWChunks; i += kThreads) {
+    const int r = i / L::kHG, lh = i % L::kHG, row = row0 + r;
+    const int h = 32 * (lh / 16) + 16 * rank + lh % 16;
+    const bool in = row < p.rows;
+    const uint4* src = p.w + int64_t(in ? row : 0) * kRowHG + h;
+    cp_async_16(smem_addr(st + (r * L::kHG + (lh ^ (r & 7))) * 16), src, in ? 16u : 0u);
+  }
+  // [scales, biases][16 rows][S chunks]: chunk j of a row is groups 16·j + 8·rank .. + 8
+  for (int i = int(threadIdx.x); i < 2 * kTileRows * S; i += kThreads) {
+    const int which = i / (kTileRows * S), r = (i / S) % kTileRows, j = i % S;
+    const int row = row0 + r;
+    const bool in = row < p.rows;
+    const uint16_t* base = which ? p.biases : p.scales;
+    const uint16_t* src = base + int64_t(in ? row : 0) * (kRowHG / 2) + 16 * j + 8 * rank;
+    uint8_t* dst = st + L::kStageW + which * kTileRows * L::kSbStride + r * L::kSbStride + j * 16;
+    cp_async_16(smem_addr(dst), src, in ? 16u : 0u);
+  }
+}
+
+// Copies S runs of `run` bytes from a table of the full layout (per slice 2·run bytes, the rank's run at rank·run)
+// into `run`-byte runs at dst, back to back, in 16-byte cp.async chunks.
+template <int S, int kRun>
+__device__ __forceinline__ void copy_split_runs(uint8_t* dst, const uint8_t* src, int rank) {
+  static_assert(kRun % 16 == 0, "whole 16-byte chunks");
+  constexpr int kChunks = kRun / 16;
+  for (int i = int(threadIdx.x); i < S * kChunks; i += kThreads) {
+    const int j = i / kChunks, k = i % kChunks;
+    cp_async_16(smem_addr(dst + i * 16), src + (2 * j + rank) * kRun + k * 16, 16u);
+  }
+}
+
+// The opt-in split form (TERN_QMV_MMA_SPLIT=1; S = 4 on sm_90): a cluster of 2 blocks per row-tile walk (blockIdx.x
+// = 2·cluster + rank; cluster c takes row tiles c, c + gridDim.x / 2, ...). Rank r copies and folds positions
+// [16r, 16r + 16) of every slice only: warp w positions 16r + 2w, 16r + 2w + 1, its leaves folded Q_w = l0 + l1, and
+// the block's 8 subtrees ((Q0 + Q1) + (Q2 + Q3)) + ((Q4 + Q5) + (Q6 + Q7)). With today's kernel's warp v (positions
+// 4v..4v + 3, P_v = (l0 + l1) + (l2 + l3)) that is P_v = Q_{2v} + Q_{2v+1}, so rank 0's sum is (P0 + P1) + (P2 + P3)
+// and rank 1's (P4 + P5) + (P6 + P7), each rounding for rounding. Rank 0 reads rank 1's partial subtrees through
+// distributed shared memory after the cluster barrier and adds the two halves, left + right: the tree's top add, in
+// the same operand order. Then times rinv and the accumulate as today: every output bit for bit the full kernel's.
+// The tables come from the pre-quantising kernel's scratch only (p.xq set).
+template <int S>
+__global__ void __launch_bounds__(kThreads) qmv_dp4a_mma_split_kernel(const MmaParams p) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 900
+  __trap();  // never launched: the host takes this form only for sm_90 binaries
+#else
+  using L = SplitLayout<S>;
+  using F = Layout<S>;  // the scratch's layout (the full tables)
+  extern __shared__ __align__(16) uint8_t smem[];
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = int(cluster.block_rank());
+  const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5;
+  const int tiles = (p.rows + kTileRows - 1) / kTileRows;
+  const int t0 = int(blockIdx.y) * kTileTokens, nt = min(kTileTokens, p.B - t0);
+  const int first = int(blockIdx.x) / 2, step = int(gridDim.x) / 2;
+
+  // The first stages' weights (launch constants) before the wait, committed with the tables below (group 0).
+#pragma unroll
+  for (int s = 0; s < L::kStages - 1; ++s) {
+    const int tile = first + s * step;
+    if (tile < tiles) issue_split_tile<S>(p, smem, tile, s, rank);
+  }
+  if (p.ahead.pieces) {
+    const int64_t block = int64_t(blockIdx.y) * gridDim.x + blockIdx.x;
+    l2_prefetch_share(p.ahead, block * kThreads + threadIdx.x, int64_t(gridDim.x) * gridDim.y * kThreads);
+  }
+  pdl_wait();
+  // The rank's part of the tile's tables (complete at pdl_wait): per slice j, xf's 16 half-groups (8 KB), xl's
+  // (4 KB), sx's (512 B), sig's 8 groups (256 B), then rinv (32 B): strided runs of 16-byte chunks, 51 KB in all for
+  // 4096 columns (the full kernel's copy: 102 KB).
+  {
+    const uint8_t* src = p.xq + int64_t(blockIdx.y) * F::kTableBytes;
+    copy_split_runs<S, 16 * kTileTokens * 4 * 16>(smem + L::kXF, src + F::kXF, rank);
+    copy_split_runs<S, 16 * kTileTokens * 4 * 8>(smem + L::kXL, src + F::kXL, rank);
+    copy_split_runs<S, 16 * kTileTokens * 4>(smem + L::kSX, src + F::kSX, rank);
+    copy_split_runs<S, 8 * kTileTokens * 4>(smem + L::kSig, src + F::kSig, rank);
+    if (int(threadIdx.x) < kTileTokens * 4 / 16)
+      cp_async_16(smem_addr(smem + L::kRinv + threadIdx.x * 16), src + F::kRinv + threadIdx.x * 16, 16u);
+  }
+#pragma unroll
+  for (int s = 0; s < L::kStages - 1; ++s) cp_async_commit();
+  pdl_trigger();  // as the full kernel's: nothing of an earlier kernel is read after this but the scratch
+  const float* rinv = reinterpret_cast<const float*>(smem + L::kRinv);
+
+  float* part = reinterpret_cast<float*>(smem + L::kPart);
+  const int g = lane >> 2, c = lane & 3;
+  for (int it = 0;; ++it) {
+    const int tile = first + it * step;
+    if (tile >= tiles) break;  // uniform over the cluster: both ranks walk the same tiles
+    const int ahead = first + (it + L::kStages - 1) * step;
+    if (ahead < tiles) issue_split_tile<S>(p, smem, ahead, (it + L::kStages - 1) % L::kStages, rank);
+    cp_async_commit();
+    cp_async_wait<L::kStages - 1>();
+    __syncthreads();  // every thread's copies of this tile have landed
+
+    const int r_out = int(threadIdx.x) / kTileTokens, t_out = int(threadIdx.x) % kTileTokens;
+    const int row_out = tile * kTileRows + r_out;
+    const bool writes = rank == 0 && int(threadIdx.x) < kTileRows * kTileTokens && row_out < p.rows && t_out < nt;
+    float* y_out = p.y + int64_t(t0 + t_out) * p.ldy + row_out;
+    const float y_old = writes && p.accumulate ? *y_out : 0.0f;
+
+    float sub[4];
+    warp_tile<S, L, 2, 16>(smem, smem + L::kStage0 + (it % L::kStages) * L::kStageBytes, warp, lane, sub);
+    float* pw = part + ((it & 1) * kWarps + warp) * (kTileRows * kTileTokens);
+    *reinterpret_cast<float2*>(pw + g * kTileTokens + 2 * c) = make_float2(sub[0], sub[1]);
+    *reinterpret_cast<float2*>(pw + (g + 8) * kTileTokens + 2 * c) = make_float2(sub[2], sub[3]);
+    // Both blocks' subtrees are written (release / acquire over the cluster) and this stage may be refilled. The
+    // parts are double-buffered: rank 1 rewrites this parity's only at it + 2, past the next barrier, which rank 0
+    // reaches after its reads here.
+    cluster.sync();
+
+    if (writes) {
+      constexpr int kW = kTileRows * kTileTokens;
+      float* pt = part + (it & 1) * kWarps * kW + threadIdx.x;
+      const float* pr = cluster.map_shared_rank(pt, 1);  // rank 1's, the same offset
+      const float left = ((pt[0] + pt[kW]) + (pt[2 * kW] + pt[3 * kW])) +
+                         ((pt[4 * kW] + pt[5 * kW]) + (pt[6 * kW] + pt[7 * kW]));
+      const float right = ((pr[0] + pr[kW]) + (pr[2 * kW] + pr[3 * kW])) +
+                          ((pr[4 * kW] + pr[5 * kW]) + (pr[6 * kW] + pr[7 * kW]));
+      const float sum = left + right;
+      const float v = sum * rinv[t_out];
+      *y_out = p.accumulate ? y_old + v : v;
+    }
+  }
+  cp_async_wait<0>();  // nothing left in flight at exit
+  cluster.sync();      // rank 1's parts stay until rank 0 has read them
+#endif
+}
+
+// Host launches of the split form (for tests: it ran where expected).
+uint64_t& split_launch_count() {
+  static uint64_t n = 0;
+  return n;
+}
+
+// 4096 columns with scratch on sm_90, TERN_QMV_MMA_SPLIT=1: clusters of 2 blocks (qmv_dp4a_mma_split_kernel).
+void launch_split(const MmaParams& p, int token_tiles, cudaStream_t stream) {
+  auto kernel = qmv_dp4a_mma_split_kernel<4>;
+  constexpr int smem = SplitLayout<4>::kBytes;
+  static bool attribute_set = false;
+  if (!attribute_set) {
+    TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    attribute_set = true;
+  }
+  // Clusters of one wave: what the occupancy calculator says for 2-block clusters of 96 KB (the GPCs' SMs in
+  // pairs), else half the resident blocks; once, outside any capture (the first launch is eager).
+  static const int wave = [&] {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(2u * unsigned(qtile::sm_count()));
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = size_t(smem);
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 2;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess || n < 1) {
+      (void)cudaGetLastError();
+      n = std::max(1, qtile::blocks_fit(reinterpret_cast<const void*>(kernel), smem) * qtile::sm_count() / 2);
+    }
+    return n;
+  }();
+  const int tiles = (p.rows + kTileRows - 1) / kTileRows;
+  const int clusters = std::clamp(wave / token_tiles, 1, tiles);
+  launch_cluster_pdl("qmv_dp4a_mma (split)", kernel, dim3(unsigned(2 * clusters), unsigned(token_tiles)),
+                     dim3(kThreads), 2, size_t(smem), stream, p);
+  ++split_launch_count();
+}
+
+// Whether this product takes the split form: the switch, 4096 columns, scratch, an sm_90 binary, room for a block.
+bool split_applies(const MmaParams& p, int S) {
+  static const bool sm90 = sm90_features() && SplitLayout<4>::kBytes <= qtile::max_dynamic_smem();
+  return S == 4 && p.xq && sm90 && qmv_dp4a_mma_split();
+}
+
 template <int S>
 void launch(const MmaParams& p, cudaStream_t stream) {
   const int token_tiles = (p.B + kTileTokens - 1) / kTileTokens;
   if (p.xq && !step_omits(StepPart::prequant))
     launch_pdl("qmv_dp4a_prequant", qmv_dp4a_prequant_kernel<S>, dim3(unsigned(token_tiles * kTileTokens)),
                dim3(kThreads), 0, stream, p);
+  if (split_applies(p, S)) return launch_split(p, token_tiles, stream);
   auto kernel = qmv_dp4a_mma_kernel<S>;
   constexpr int smem = Layout<S>::kBytes;
   static bool attribute_set = false;
@@ -447,6 +681,15 @@ size_t qmv_dp4a_mma_scratch_bytes(int B, int64_t cols) {
                                       : 0;
   return size_t((std::max(B, 0) + kTileTokens - 1) / kTileTokens) * size_t(per_tile);
 }
+
+bool& split_setting() {
+  static bool on = env_is("TERN_QMV_MMA_SPLIT", "1");
+  return on;
+}
+
+void qmv_dp4a_mma_set_split(bool on) { split_setting() = on; }
+bool qmv_dp4a_mma_split() { return split_setting(); }
+uint64_t qmv_dp4a_mma_split_launches() { return split_launch_count(); }
 
 bool qmv_dp4a_mma_fits(int64_t cols) { return smem_for_cols(cols) <= qtile::max_dynamic_smem(); }
 
