@@ -346,7 +346,9 @@ TEST(CudaAttentionFp8, BatchedItemsFormIsBitIdenticalToTheDefault) {
   const int64_t launches = attn_batch_items_launches();
   expect_batched_matches_alone(rng, d, items_form_seqs(32), "items form on, B=32", fp8_caches(d));
   expect_batched_matches_alone(rng, d, sixteen_seqs(), "items form on, B=16", fp8_caches(d));
-  if (attn_batch_items_available(d.dh)) EXPECT_EQ(attn_batch_items_launches() - launches, 2) << "the form ran";
+  if (attn_batch_items_available(d.dh)) {
+    EXPECT_EQ(attn_batch_items_launches() - launches, 2) << "the form ran";
+  }
 }
 
 }  // namespace

@@ -379,7 +379,9 @@ TEST_P(CudaAttentionKv, BatchedItemsFormIsBitIdenticalToTheDefault) {
   expect_batched_matches_alone(rng, d, items_form_seqs(32), "items form on, B=32", caches);
   expect_batched_matches_alone(rng, d, sixteen_seqs(), "items form on, B=16", caches);
   expect_batched_matches_alone(rng, d, short_caches(), "items form on, B=12 short caches", caches);
-  if (attn_batch_items_available(d.dh)) EXPECT_EQ(attn_batch_items_launches() - launches, 4) << "the form ran";
+  if (attn_batch_items_available(d.dh)) {
+    EXPECT_EQ(attn_batch_items_launches() - launches, 4) << "the form ran";
+  }
 }
 
 // Shapes the kernels do not take are refused with an error before anything is launched, by attn_prepare and by

@@ -743,18 +743,22 @@ TEST(CudaQmv, BatchedIntegerPathMatchesOneTokenBitwise) {
 // split off and against qmv_dp4a per token, bit for bit: o_proj's 2048 x 4096 and 517 rows (a partial last row tile)
 // of a stacked matrix at expert 2, B in {2, 3, 8, 9, 16, 32} (3 and 9 through strides past the rows; 3 and 9 leave a
 // token tile part empty), every mode (bit 0: the norm, bit 1: accumulate), activations quantised into scratch. The
-// split form must run (one launch per product, qmv_dp4a_mma_split_launches) exactly where sm90_features() holds and
-// the tensor-core form takes the product, and never without scratch or with the switch off.
+// split form must run (one launch per product, qmv_dp4a_mma_split_launches) wherever the tensor-core form takes the
+// product, and never without scratch or with the switch off; a device that cannot run it skips the test.
 TEST(CudaQmv, BatchedTensorCoreSplitMatchesBitwise) {
   TERN_REQUIRE_GPU();
+  if (!qmv_dp4a_mma_split_available()) GTEST_SKIP() << "the split form needs an sm_90 binary and room for its clusters";
   std::mt19937_64 rng(fresh_seed("CudaQmv.Dp4aBatchedSplit"));
   const QmvCase cases[] = {
       {WeightFormat::affine4, 1, 2048, 4096, 0},
       {WeightFormat::affine4, 3, 517, 4096, 2},
   };
   const bool mma0 = qmv_dp4a_batched_mma(), prequant0 = qmv_dp4a_prequant(), split0 = qmv_dp4a_mma_split();
+  const bool wide0 = qmv_dp4a_wide();
   qmv_dp4a_set_batched_mma(true);
   qmv_dp4a_set_prequant(true);
+  qmv_dp4a_set_wide(true);  // the tensor-core form takes 24-bit activations only
+  const uint64_t split_launches0 = qmv_dp4a_mma_split_launches();
   for (const QmvCase& c : cases) {
     auto h = random_matrix(rng, c.f, c.experts, c.rows, c.cols);
     DeviceMatrix dm(*h);
@@ -790,7 +794,7 @@ TEST(CudaQmv, BatchedTensorCoreSplitMatchesBitwise) {
           qmv_dp4a(one, nullptr);
         }
         const bool on_mma = qmv_dp4a_mma_supported(a, B);
-        const bool want_split = on_mma && sm90_features();
+        const bool want_split = on_mma;
         const std::string what = std::to_string(c.rows) + "x" + std::to_string(c.cols) + " expert " +
                                  std::to_string(c.expert) + " B=" + std::to_string(B) + " mode " +
                                  std::to_string(mode);
@@ -844,8 +848,10 @@ TEST(CudaQmv, BatchedTensorCoreSplitMatchesBitwise) {
       if (HasFailure()) break;
     }
   }
+  EXPECT_GT(qmv_dp4a_mma_split_launches(), split_launches0) << "the split form never ran";
   qmv_dp4a_set_batched_mma(mma0);
   qmv_dp4a_set_prequant(prequant0);
+  qmv_dp4a_set_wide(wide0);
   qmv_dp4a_mma_set_split(split0);
 }
 

@@ -508,7 +508,7 @@ __device__ __forceinline__ void copy_split_runs(uint8_t* dst, const uint8_t* src
 // the same operand order. Then times rinv and the accumulate as today: every output bit for bit the full kernel's.
 // The tables come from the pre-quantising kernel's scratch only (p.xq set).
 template <int S>
-__global__ void __launch_bounds__(kThreads) qmv_dp4a_mma_split_kernel(const MmaParams p) {
+__global__ void __launch_bounds__(kThreads, 2) qmv_dp4a_mma_split_kernel(const MmaParams p) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 900
   __trap();  // never launched: the host takes this form only for sm_90 binaries
 #else
@@ -601,18 +601,18 @@ uint64_t& split_launch_count() {
   return n;
 }
 
-// 4096 columns with scratch on sm_90, TERN_QMV_MMA_SPLIT=1: clusters of 2 blocks (qmv_dp4a_mma_split_kernel).
-void launch_split(const MmaParams& p, int token_tiles, cudaStream_t stream) {
-  auto kernel = qmv_dp4a_mma_split_kernel<4>;
-  constexpr int smem = SplitLayout<4>::kBytes;
-  static bool attribute_set = false;
-  if (!attribute_set) {
+// The split kernel's resident 2-block clusters on this device (cudaOccupancyMaxActiveClusters: the GPCs' SMs in
+// pairs), its shared-memory attributes set first; 0 where an sm_90 binary does not run or no cluster fits (a MIG or
+// MPS share, another carveout): the form is then not taken. Once, at the first product that would take it (the
+// runner's first batched step is eager, outside any capture).
+int split_wave() {
+  static const int wave = [] {
+    auto kernel = qmv_dp4a_mma_split_kernel<4>;
+    constexpr int smem = SplitLayout<4>::kBytes;
+    if (!sm90_features() || smem > qtile::max_dynamic_smem()) return 0;
     TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    attribute_set = true;
-  }
-  // Clusters of one wave: what the occupancy calculator says for 2-block clusters of 96 KB (the GPCs' SMs in
-  // pairs), else half the resident blocks; once, outside any capture (the first launch is eager).
-  static const int wave = [&] {
+    TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                   int(cudaSharedmemCarveoutMaxShared)));
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(2u * unsigned(qtile::sm_count()));
     cfg.blockDim = dim3(kThreads);
@@ -625,23 +625,29 @@ void launch_split(const MmaParams& p, int token_tiles, cudaStream_t stream) {
     cfg.attrs = attr;
     cfg.numAttrs = 1;
     int n = 0;
-    if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess || n < 1) {
+    if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
       (void)cudaGetLastError();
-      n = std::max(1, qtile::blocks_fit(reinterpret_cast<const void*>(kernel), smem) * qtile::sm_count() / 2);
+      n = 0;
     }
-    return n;
+    return std::max(n, 0);
   }();
+  return wave;
+}
+
+// 4096 columns with scratch on sm_90, TERN_QMV_MMA_SPLIT=1: clusters of 2 blocks (qmv_dp4a_mma_split_kernel), one
+// wave of them.
+void launch_split(const MmaParams& p, int token_tiles, cudaStream_t stream) {
   const int tiles = (p.rows + kTileRows - 1) / kTileRows;
-  const int clusters = std::clamp(wave / token_tiles, 1, tiles);
-  launch_cluster_pdl("qmv_dp4a_mma (split)", kernel, dim3(unsigned(2 * clusters), unsigned(token_tiles)),
-                     dim3(kThreads), 2, size_t(smem), stream, p);
+  const int clusters = std::clamp(split_wave() / token_tiles, 1, tiles);
+  launch_cluster_pdl("qmv_dp4a_mma (split)", qmv_dp4a_mma_split_kernel<4>,
+                     dim3(unsigned(2 * clusters), unsigned(token_tiles)), dim3(kThreads), 2,
+                     size_t(SplitLayout<4>::kBytes), stream, p);
   ++split_launch_count();
 }
 
-// Whether this product takes the split form: the switch, 4096 columns, scratch, an sm_90 binary, room for a block.
+// Whether this product takes the split form: the switch, 4096 columns, scratch, and a device where its clusters fit.
 bool split_applies(const MmaParams& p, int S) {
-  static const bool sm90 = sm90_features() && SplitLayout<4>::kBytes <= qtile::max_dynamic_smem();
-  return S == 4 && p.xq && sm90 && qmv_dp4a_mma_split();
+  return S == 4 && p.xq && qmv_dp4a_mma_split() && split_wave() > 0;
 }
 
 template <int S>
@@ -690,6 +696,7 @@ bool& split_setting() {
 void qmv_dp4a_mma_set_split(bool on) { split_setting() = on; }
 bool qmv_dp4a_mma_split() { return split_setting(); }
 uint64_t qmv_dp4a_mma_split_launches() { return split_launch_count(); }
+bool qmv_dp4a_mma_split_available() { return split_wave() > 0; }
 
 bool qmv_dp4a_mma_fits(int64_t cols) { return smem_for_cols(cols) <= qtile::max_dynamic_smem(); }
 

@@ -42,5 +42,7 @@ void qmv_dp4a_mma_set_split(bool on);
 bool qmv_dp4a_mma_split();
 // Launches of the split form so far (host side, captures included): tests see that it ran.
 uint64_t qmv_dp4a_mma_split_launches();
+// Whether this device can run the split form (an sm_90 binary, its 2-block clusters resident); reads the device.
+bool qmv_dp4a_mma_split_available();
 
 }  // namespace tern::cuda
