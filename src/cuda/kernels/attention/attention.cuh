@@ -139,7 +139,7 @@ void attn_prepare_batched(const float* qg, const float* k, const float* v, const
 void attention_batched(const float* q, const float* qg, const AttnBatch& batch, const AttnDims& d, float* partial,
                        float* out, cudaStream_t stream);
 
-// attention_batched's items-per-block form (opt-in pending measurement; attention.cu, "the items-per-block form"):
+// attention_batched's items-per-block form (opt-in pending measurement; attention_decode.cu, "items-per-block form"):
 // from two sequences on, one block runs several (sequence, KV head, split) work items in turn, copying the next
 // item's first K/V tiles while it finishes the current one, in place of one block per item. The same bits as the
 // default (each item's arithmetic is the same code). TERN_ATTN_BATCH_ITEMS, read at the first batched call: unset or

@@ -1,0 +1,186 @@
+// attention()'s prefill path: flash attention over the KV cache, one block per (query head, 64 new tokens)
+// (attention_prefill_kernel, for T > kDecodeMaxTokens or more query rows than the decode kernels take), its kernels'
+// one-time attributes and its launch.
+#include "cuda/kernels/attention/attention.cuh"
+
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cfloat>
+#include <cmath>
+#include <type_traits>
+
+#include "core/check.h"
+#include "cuda/common/cuda_common.cuh"
+#include "cuda/common/launch.cuh"
+#include "cuda/common/ptx.cuh"
+#include "cuda/common/warp_reduce.cuh"
+#include "cuda/kernels/attention/attention_internal.cuh"
+#include "cuda/kernels/attention/attention_tiles.cuh"
+#include "cuda/weights/dmat_device.cuh"
+
+namespace tern::cuda {
+using namespace attn;
+namespace {
+
+// ---- prefill: flash attention, one block per (query head, 64 new tokens) ------------------------------------------
+//
+// Warp w owns query rows 16w..16w+15 of the tile (tokens t0 + row), the whole head dim: O is 16×DH fp32 in registers
+// (DH/8 m16n8 accumulators). Shared memory: Q [64][DH], K [64][DH], V [64][DH] 16-bit, swizzled (96 KB at DH = 256:
+// two blocks per SM). The K and V tiles are single-buffered and overlapped as in FlashAttention-2: V_j streams in
+// while S = Q·K_jᵀ is computed, K_{j+1} while O += P·V_j. Key tiles run 0 → the diagonal; keys past the block's last
+// token (or past the cache rows written) are zero-filled and masked.
+
+template <int DH>
+constexpr size_t prefill_smem_bytes() {
+  return size_t(kPrefillRows + 2 * kBlockKeys) * DH * 2;
+}
+
+template <int DH, KvDtype KV>
+__global__ void __launch_bounds__(128, 2)
+    attention_prefill_kernel(const float* q, const float* qg, const void* cache_k, const void* cache_v,
+                             const int* pos0_ptr, AttnDims d, float* out) {
+  constexpr bool F16 = kF16<KV>;
+  constexpr int BM = kPrefillRows, BN = kBlockKeys, CH = DH / 8, NT = DH / 8;
+  extern __shared__ __align__(128) uint8_t smem[];
+  const uint32_t sq = smem_addr(smem), sk = sq + BM * DH * 2, sv = sk + BN * DH * 2;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, qd = lane & 3;
+  const int h = blockIdx.x, kvh = h / (d.Hq / d.Hkv);
+  const int64_t t0 = int64_t(gridDim.y - 1 - blockIdx.y) * BM;  // the longest rows (latest tokens) start first
+  const int64_t T = d.T;
+
+  pdl_wait();
+  pdl_trigger();
+  const int64_t pos0 = *pos0_ptr;
+  const int rows = int(T - t0 < BM ? T - t0 : BM);
+  const int64_t kv_end = pos0 + t0 + rows;  // keys [0, kv_end) are read
+  const int n_tiles = int((kv_end + BN - 1) / BN);
+  using Elem = CacheElem<KV>;
+  const Elem* Kh = static_cast<const Elem*>(cache_k) + int64_t(kvh) * d.capacity * DH;
+  const Elem* Vh = static_cast<const Elem*>(cache_v) + int64_t(kvh) * d.capacity * DH;
+  const float *Ks = nullptr, *Vs = nullptr;  // fp8: the head's row scales
+  if constexpr (kFp8<KV>) {
+    Ks = fp8_scales(static_cast<const uint8_t*>(cache_k), d.Hkv, d.capacity, DH) + int64_t(kvh) * d.capacity;
+    Vs = fp8_scales(static_cast<const uint8_t*>(cache_v), d.Hkv, d.capacity, DH) + int64_t(kvh) * d.capacity;
+  }
+
+  auto load_tile = [&](uint32_t dst, const Elem* base, const float* scales, int64_t k0) {
+    if constexpr (kFp8<KV>)
+      copy_tile_fp8<DH>(smem + (dst - sq), base + k0 * DH, scales + k0, int(kv_end - k0 < BN ? kv_end - k0 : BN), tid);
+    else
+      copy_tile_async<DH>(dst, base + k0 * DH, int(kv_end - k0 < BN ? kv_end - k0 : BN), tid);
+  };
+
+  load_tile(sk, Kh, Ks, 0);
+  cp_async_commit();
+  // Q tile, fp32 -> 16 bits; rows past T are zero.
+#pragma unroll 4
+  for (int it = 0; it < BM * CH / 128; ++it) {
+    const int i = tid + it * 128, r = i / CH, c = i % CH;
+    uint4 val = make_uint4(0u, 0u, 0u, 0u);
+    if (r < rows) val = load8_as16<F16>(q + ((t0 + r) * d.Hq + h) * DH + c * 8);
+    *reinterpret_cast<uint4*>(smem + swz<DH>(r, c)) = val;
+  }
+
+  const float sl = rsqrtf(float(DH)) * kLog2e;
+  const int row0 = warp * 16;
+  // Last key each of this thread's rows (g, g+8) may see; rows past T see every loaded key (their output is dropped).
+  int64_t limit[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int64_t lim = pos0 + t0 + row0 + g + 8 * hf;
+    limit[hf] = lim < kv_end - 1 ? lim : kv_end - 1;
+  }
+  const int64_t warp_first_limit = pos0 + t0 + row0 < kv_end - 1 ? pos0 + t0 + row0 : kv_end - 1;
+
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float o[NT][4];
+#pragma unroll
+  for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+
+  for (int j = 0; j < n_tiles; ++j) {
+    const int64_t k0 = int64_t(j) * BN;
+    cp_async_wait<0>();
+    __syncthreads();  // K_j (and Q) are in; every warp is done with V_{j-1}
+    load_tile(sv, Vh, Vs, k0);
+    cp_async_commit();
+
+    float s[BN / 8][4];
+    scores_qk<DH, BN / 8, F16>(s, sq, row0, sk, 0, lane);
+    if (k0 + BN - 1 > warp_first_limit) {  // the diagonal (or the end of the written keys) crosses this tile
+      const int rel[2] = {clamp_rel(limit[0] - k0, BN), clamp_rel(limit[1] - k0, BN)};
+      mask_scores<BN / 8>(s, rel, qd);
+    }
+    online_softmax<BN / 8, NT>(s, m, l, o, sl);
+
+    cp_async_wait<0>();
+    __syncthreads();  // V_j is in; every warp is done with K_j
+    if (j + 1 < n_tiles) load_tile(sk, Kh, Ks, k0 + BN);
+    cp_async_commit();
+
+    accumulate_pv<DH, BN / 8, F16>(o, s, sv, 0, lane);
+  }
+  cp_async_wait<0>();
+
+  // out = O / l · sigmoid(gate)
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float lt = l[hf];
+    lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+    lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+    const float inv = 1.0f / lt;
+    const int64_t t = t0 + row0 + g + 8 * hf;
+    if (t < T) {
+      const float* gate = qg + (t * d.Hq + h) * 2 * DH + DH;
+      float* dst = out + (t * d.Hq + h) * DH;
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        const int col = 8 * n + 2 * qd;
+        const float2 gv = *reinterpret_cast<const float2*>(gate + col);
+        *reinterpret_cast<float2*>(dst + col) =
+            make_float2(o[n][2 * hf] * inv * sigmoidf(gv.x), o[n][2 * hf + 1] * inv * sigmoidf(gv.y));
+      }
+    }
+  }
+}
+
+template <int DH>
+void prefill_setup_dh(int optin) {
+  constexpr size_t prefill = prefill_smem_bytes<DH>();
+  if (prefill <= size_t(optin)) {
+    for (auto kernel : {attention_prefill_kernel<DH, KvDtype::f16>, attention_prefill_kernel<DH, KvDtype::bf16>,
+                        attention_prefill_kernel<DH, KvDtype::fp8>}) {
+      TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(prefill)));
+      TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                     int(cudaSharedmemCarveoutMaxShared)));
+    }
+  }
+}
+
+}  // namespace
+
+namespace attn {
+
+void prefill_setup(int optin) {
+  prefill_setup_dh<64>(optin);
+  prefill_setup_dh<128>(optin);
+  prefill_setup_dh<256>(optin);
+}
+
+void attention_prefill(const float* q, const float* qg, const void* cache_k, const void* cache_v, const int* pos0,
+                       const AttnDims& d, float* out, cudaStream_t stream) {
+  with_head_dim(d, [&]<int DH, KvDtype KV>() {
+    const AttentionSetup& setup = attention_setup();
+    TERN_CHECK(prefill_smem_bytes<DH>() <= size_t(setup.smem_optin), "attention: the prefill kernel needs ",
+               prefill_smem_bytes<DH>(), " bytes of shared memory, the device has ", setup.smem_optin);
+    const int64_t tiles = (d.T + kPrefillRows - 1) / kPrefillRows;
+    TERN_CHECK(tiles <= 65535, "attention: ", d.T, " tokens in one call exceed the grid limit");
+    launch_pdl("attention_prefill", attention_prefill_kernel<DH, KV>, dim3(unsigned(d.Hq), unsigned(tiles)), dim3(128),
+               prefill_smem_bytes<DH>(), stream, q, qg, cache_k, cache_v, pos0, d, out);
+  });
+}
+
+}  // namespace attn
+}  // namespace tern::cuda
