@@ -602,6 +602,21 @@ std::vector<float> batch_inputs(std::mt19937_64& rng, int B, int64_t cols, int64
   return x;
 }
 
+// The batched tests' product over expert c.expert of dm: x [B, ldx] rows, y rows ldy apart (y itself the caller's),
+// mode bit 0 the norm (norm_w), bit 1 accumulate.
+QmvArgs batched_args(const DeviceMatrix& dm, const QmvCase& c, const float* x, int64_t ldx, int64_t ldy, int mode,
+                     const float* norm_w) {
+  QmvArgs a;
+  a.w = dm.d;
+  a.expert = c.expert;
+  a.x = x;
+  a.ldx = ldx;
+  a.norm_w = (mode & 1) ? norm_w : nullptr;
+  a.ldy = ldy;
+  a.accumulate = (mode & 2) != 0;
+  return a;
+}
+
 // y [B, ldy] for the batched tests: random in [-1, 1] inside the rows when accumulating, NaN elsewhere (unwritten rows
 // and writes past the rows show).
 std::vector<float> batch_outputs(std::mt19937_64& rng, int B, int64_t rows, int64_t ldy, bool accumulate) {
@@ -656,14 +671,7 @@ TEST(CudaQmv, BatchedIntegerPathMatchesOneTokenBitwise) {
           const bool acc = mode & 2;
           const std::vector<float> y0 = batch_outputs(rng, B, c.rows, ldy, acc);
           DeviceBuf<float> dy_batched(y0), dy_alone(y0);
-          QmvArgs a;
-          a.w = dm.d;
-          a.expert = c.expert;
-          a.x = dx.p;
-          a.ldx = ldx;
-          a.norm_w = (mode & 1) ? dnw.p : nullptr;
-          a.ldy = ldy;
-          a.accumulate = acc;
+          QmvArgs a = batched_args(dm, c, dx.p, ldx, ldy, mode, dnw.p);
           for (int t = 0; t < B; ++t) {
             QmvArgs one = a;
             one.x = dx.p + t * ldx;
@@ -774,14 +782,7 @@ TEST(CudaQmv, BatchedTensorCoreSplitMatchesBitwise) {
         const bool acc = mode & 2;
         const std::vector<float> y0 = batch_outputs(rng, B, c.rows, ldy, acc);
         DeviceBuf<float> dy_split(y0), dy_full(y0), dy_alone(y0), dy_noscratch(y0);
-        QmvArgs a;
-        a.w = dm.d;
-        a.expert = c.expert;
-        a.x = dx.p;
-        a.ldx = ldx;
-        a.norm_w = (mode & 1) ? dnw.p : nullptr;
-        a.ldy = ldy;
-        a.accumulate = acc;
+        QmvArgs a = batched_args(dm, c, dx.p, ldx, ldy, mode, dnw.p);
         a.xq = xq.p;
         a.xq_bytes = xq_need;
         for (int t = 0; t < B; ++t) {

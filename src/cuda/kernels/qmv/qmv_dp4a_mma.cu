@@ -84,20 +84,29 @@ struct MmaParams {
   uint8_t* xq = nullptr;
 };
 
+// A token tile's activation tables over HG half-groups, in bytes from their start: the layout the pre-quantising
+// kernel writes into the scratch (HG = 32·S, every position) and the blocks copy into shared memory as is (the split
+// form: HG = 16·S, its block's positions).
+template <int HG>
+struct TileTables {
+  static constexpr int kXF = 0;                                      // uint4 [HG][8 tokens][4]: hi, mid pairs
+  static constexpr int kXL = kXF + HG * kTileTokens * 4 * 16;        // uint2 [HG][8][4]: lo pairs
+  static constexpr int kSX = kXL + HG * kTileTokens * 4 * 8;         // float [HG][8]: σ·Σv of the half-group
+  static constexpr int kSig = kSX + HG * kTileTokens * 4;            // float [HG / 2][8]: σ of the group
+  static constexpr int kRinv = kSig + HG / 2 * kTileTokens * 4;      // float [8]: the norm's rsqrt per token (or 1)
+  static constexpr int kTableBytes = kRinv + kTileTokens * 4;
+};
+
 // Shared memory of a block for S slices (HG = 32·S half-groups of a row), in bytes from the start.
 template <int S>
-struct Layout {
+struct Layout : TileTables<32 * S> {
   // Pipeline stages: 2 up to 2048 columns (96 KB a block: two blocks an SM on Hopper), 3 for 4096 (one block).
   static constexpr int kStages = S <= 2 ? 2 : 3;
   static constexpr int kHG = 32 * S;
   static constexpr int kSbStride = kHG + 16;  // bytes per row of a stage's scales (bf16 [HG / 2], padded)
-  static constexpr int kXF = 0;                                      // uint4 [HG][8 tokens][4]: hi, mid pairs
-  static constexpr int kXL = kXF + kHG * kTileTokens * 4 * 16;       // uint2 [HG][8][4]: lo pairs
-  static constexpr int kSX = kXL + kHG * kTileTokens * 4 * 8;        // float [HG][8]: σ·Σv of the half-group
-  static constexpr int kSig = kSX + kHG * kTileTokens * 4;           // float [HG / 2][8]: σ of the group
-  static constexpr int kRinv = kSig + kHG / 2 * kTileTokens * 4;     // float [8]: the norm's rsqrt per token (or 1)
-  // Bytes [0, kTableBytes) are a token tile's tables: what qmv_dp4a_prequant_kernel writes per tile, byte for byte.
-  static constexpr int kTableBytes = kRinv + kTileTokens * 4;
+  // Bytes [0, kTableBytes) are a token tile's tables (TileTables): what qmv_dp4a_prequant_kernel writes per tile,
+  // byte for byte.
+  static constexpr int kTableBytes = TileTables<32 * S>::kTableBytes;
   static constexpr int kRed = kTableBytes;                           // float [8 tokens][8 warps]: Σx² per warp
   static constexpr int kPart = kRed + kTileTokens * kWarps * 4;      // float [2][8 warps][16 rows · 8 tokens]
   static constexpr int kStage0 = kPart + 2 * kWarps * kTileRows * kTileTokens * 4;
@@ -113,16 +122,11 @@ struct Layout {
 // lh / 2 = 8·j + q / 2 its group 16·j + 8·rank + q / 2. No Σx² rows (the tables come from the pre-quantising kernel);
 // 2 stages, 96 KB a block for 4096 columns: two blocks an SM.
 template <int S>
-struct SplitLayout {
+struct SplitLayout : TileTables<16 * S> {
   static constexpr int kStages = 2;
   static constexpr int kHG = 16 * S;                                 // local half-groups of a row
   static constexpr int kSbStride = kHG + 16;                         // bytes per row of a stage's scales (bf16 [HG/2])
-  static constexpr int kXF = 0;                                      // uint4 [HG][8 tokens][4]: hi, mid pairs
-  static constexpr int kXL = kXF + kHG * kTileTokens * 4 * 16;       // uint2 [HG][8][4]: lo pairs
-  static constexpr int kSX = kXL + kHG * kTileTokens * 4 * 8;        // float [HG][8]: σ·Σv of the half-group
-  static constexpr int kSig = kSX + kHG * kTileTokens * 4;           // float [HG / 2][8]: σ of the group
-  static constexpr int kRinv = kSig + kHG / 2 * kTileTokens * 4;     // float [8]: the norm's rsqrt per token (or 1)
-  static constexpr int kTableBytes = kRinv + kTileTokens * 4;
+  static constexpr int kTableBytes = TileTables<16 * S>::kTableBytes;
   static constexpr int kPart = kTableBytes;                          // float [2][8 warps][16 rows · 8 tokens]
   static constexpr int kStage0 = kPart + 2 * kWarps * kTileRows * kTileTokens * 4;
   static constexpr int kStageW = kTileRows * kHG * 16;               // weights [16][HG] of 16 bytes, swizzled
