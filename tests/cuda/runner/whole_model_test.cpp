@@ -53,7 +53,9 @@ std::optional<Reference> load_reference() {
   if (!dir) return std::nullopt;
   const std::string d = dir;
   Reference r;
-  r.weights = std::make_shared<ModelWeights>(model_load(d + "/model", {.progress = false}));
+  LoadOptions quiet;
+  quiet.progress = false;
+  r.weights = std::make_shared<ModelWeights>(model_load(d + "/model", quiet));
   r.V = r.weights->config.vocab_size;
   r.real = r.weights->vocab_real > 0 ? r.weights->vocab_real : r.V;
   std::ifstream tf(d + "/tokens.bin", std::ios::binary | std::ios::ate);
