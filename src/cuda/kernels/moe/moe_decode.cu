@@ -877,10 +877,10 @@ void moe_decode_batched(const MoeDecodeWeights& w, float* hidden, int B, const M
   // TERN_STEP_OMIT (step_omit.h) may leave parts out; without the gate_up before it, the down kernel reads the
   // routing only after its wait.
   const bool router = !step_omits(StepPart::router), gate_up = !step_omits(StepPart::gate_up);
+  const bool down = !step_omits(StepPart::down);
   const bool launched = (!router || route_batch(w, hidden, B, s, stream, x_lanes, x_lanes_written)) &&
                         (!gate_up || moe_gate_up_dp4a(w, s, stream, B, x_lanes_written)) &&
-                        (step_omits(StepPart::down) ||
-                         moe_down_dp4a(w, hidden, s, gate_up && early_routing_enabled(), stream, B));
+                        (!down || moe_down_dp4a(w, hidden, s, gate_up && early_routing_enabled(), stream, B));
   TERN_INTERNAL_CHECK(launched, "moe_decode_batched: a kernel refused after the checks");
 }
 

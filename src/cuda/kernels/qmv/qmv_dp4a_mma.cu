@@ -379,6 +379,13 @@ __device__ __forceinline__ void warp_tile(const uint8_t* smem, const uint8_t* st
   }
 }
 
+// A block's 8 warp subtrees W_w of one output (pt: warp 0's, warp w's at pt + w·stride) added as the tree's upper
+// levels, ((W0 + W1) + (W2 + W3)) + ((W4 + W5) + (W6 + W7)).
+__device__ __forceinline__ float warps_subtree_sum(const float* pt, int stride) {
+  return ((pt[0] + pt[stride]) + (pt[2 * stride] + pt[3 * stride])) +
+         ((pt[4 * stride] + pt[5 * stride]) + (pt[6 * stride] + pt[7 * stride]));
+}
+
 template <int S>
 __global__ void __launch_bounds__(kThreads) qmv_dp4a_mma_kernel(const MmaParams p) {
   using L = Layout<S>;
@@ -451,8 +458,7 @@ __global__ void __launch_bounds__(kThreads) qmv_dp4a_mma_kernel(const MmaParams 
     if (writes) {
       const float* pt = part + (it & 1) * kWarps * (kTileRows * kTileTokens) + threadIdx.x;
       constexpr int kW = kTileRows * kTileTokens;
-      const float sum = ((pt[0] + pt[kW]) + (pt[2 * kW] + pt[3 * kW])) +
-                        ((pt[4 * kW] + pt[5 * kW]) + (pt[6 * kW] + pt[7 * kW]));
+      const float sum = warps_subtree_sum(pt, kW);
       const float v = sum * rinv[t_out];
       *y_out = p.accumulate ? y_old + v : v;
     }
@@ -585,10 +591,7 @@ __global__ void __launch_bounds__(kThreads, 2) qmv_dp4a_mma_split_kernel(const M
       constexpr int kW = kTileRows * kTileTokens;
       float* pt = part + (it & 1) * kWarps * kW + threadIdx.x;
       const float* pr = cluster.map_shared_rank(pt, 1);  // rank 1's, the same offset
-      const float left = ((pt[0] + pt[kW]) + (pt[2 * kW] + pt[3 * kW])) +
-                         ((pt[4 * kW] + pt[5 * kW]) + (pt[6 * kW] + pt[7 * kW]));
-      const float right = ((pr[0] + pr[kW]) + (pr[2 * kW] + pr[3 * kW])) +
-                          ((pr[4 * kW] + pr[5 * kW]) + (pr[6 * kW] + pr[7 * kW]));
+      const float left = warps_subtree_sum(pt, kW), right = warps_subtree_sum(pr, kW);
       const float sum = left + right;
       const float v = sum * rinv[t_out];
       *y_out = p.accumulate ? y_old + v : v;
