@@ -5,7 +5,7 @@
 // ticket counter resets and that results are deterministic (the second run with the L2 prefetch of the down
 // matrices on). A small float-format model checks the generic path. The batched step (moe_decode_batched) is held to
 // moe_decode per token, bit for bit, with each of its gate_up forms (the ring, the grouped one) and with the ring forms
-// taking two rows a step (TERN_MOE_RING_ROWS=2).
+// taking two rows a step (the default) and one (TERN_MOE_RING_ROWS=1).
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -474,14 +474,14 @@ TEST(CudaMoeDecode, GroupedGateUpMatchesOneTokenBitwise) {
   if (!skip.empty()) GTEST_SKIP() << skip;
 }
 
-// The ring forms taking two rows a step (TERN_MOE_RING_ROWS=2, set here with moe_ring_set_rows: gate_up's batches and
-// down's output rows in pairs, their sums through one transposed butterfly) held to the tokens alone as the one-row
-// forms are: B in {2, 3, 5, 8, 16, 32}, random router rows and repeated ones, at the model's shapes and at D = 1024
+// The ring forms taking two rows a step (the default; gate_up's batches and down's output rows in pairs, their sums
+// through one transposed butterfly) and one (TERN_MOE_RING_ROWS=1), each set here with moe_ring_set_rows, held to
+// the tokens alone: B in {2, 3, 5, 8, 16, 32}, random router rows and repeated ones, at the model's shapes and at D = 1024
 // (one slice) with 64 experts. Each B is its own grid, and a warp whose count of rows is odd ends on a half pair (its
 // second row past the end). On the H200 (132 SMs) B = 2, 3, 5 and 8 give every kernel such warps, e.g. down at
 // D = 2048, B = 2: 1056 warps for 2048 rows, 64 of them with one row; D = 1024, B = 2: one row each; gate_up at
 // D = 2048, B = 8: 264 warps for 4608 batches, 18 or 17 each. B = 16 and 32 there give even counts at D = 2048.
-TEST(CudaMoeDecode, TwoRowRingsMatchOneTokenBitwise) {
+TEST(CudaMoeDecode, OneAndTwoRowRingsMatchOneTokenBitwise) {
   TERN_REQUIRE_GPU();
   if (const char* ring = std::getenv("TERN_MOE_RING"); ring && std::string(ring) == "0")
     GTEST_SKIP() << "the batched rings are off (TERN_MOE_RING=0)";
@@ -492,15 +492,20 @@ TEST(CudaMoeDecode, TwoRowRingsMatchOneTokenBitwise) {
     moe_ring_set_rows(rows0);
   };
   qmv_set_variant(3);
-  moe_ring_set_rows(2);
-  const std::string skip = for_each_batched_case(rng, "two-row rings", [&](MoeDevice& md, const BatchedCase& c,
-                                                                        const std::string& label) -> std::string {
-    for (int B : {2, 3, 5, 8, 16, 32}) {
-      expect_batched_matches_alone(rng, md, c.E, kBatchedK, c.D, kBatchedF, B, label);
-      if (HasFailure()) break;
-    }
-    return "";
-  });
+  std::string skip;
+  for (int rows : {2, 1}) {
+    moe_ring_set_rows(rows);
+    const std::string form = rows == 2 ? "two-row rings" : "one-row rings";
+    skip = for_each_batched_case(rng, form, [&](MoeDevice& md, const BatchedCase& c,
+                                                        const std::string& label) -> std::string {
+      for (int B : {2, 3, 5, 8, 16, 32}) {
+        expect_batched_matches_alone(rng, md, c.E, kBatchedK, c.D, kBatchedF, B, form + ", " + label);
+        if (HasFailure()) break;
+      }
+      return "";
+    });
+    if (!skip.empty() || HasFailure()) break;
+  }
   restore();
   if (!skip.empty()) GTEST_SKIP() << skip;
 }

@@ -45,8 +45,8 @@ bool moe_down_dp4a(const MoeDecodeWeights& w, float* hidden, const MoeDecodeScra
 constexpr int kMoeRingGateUpRing = 0, kMoeRingGateUpGrouped = 1;
 void moe_ring_gate_up_set_mode(int mode);
 int moe_ring_gate_up_mode();
-// Rows a warp of the ring forms (gate_up's ring form and down) takes a step: 1 (the default) or 2 (pairs of rows,
-// their sums reduced by one transposed butterfly; the same bits), TERN_MOE_RING_ROWS=2, read once; tests change it
+// Rows a warp of the ring forms (gate_up's ring form and down) takes a step: 2 (the default: pairs of rows, their
+// sums reduced by one transposed butterfly; the same bits) or 1, TERN_MOE_RING_ROWS=1, read once; tests change it
 // with moe_ring_set_rows (outside graph capture).
 void moe_ring_set_rows(int rows);
 int moe_ring_rows();

@@ -413,10 +413,10 @@ int& gate_up_mode() {
   return mode;
 }
 
-// Rows a warp takes a step in the ring forms: 1 (default) or 2 (gate_up's batches and down's output rows in pairs,
-// their sums in one transposed butterfly); TERN_MOE_RING_ROWS=2, read once; tests set it with moe_ring_set_rows.
+// Rows a warp takes a step in the ring forms: 2 (default: gate_up's batches and down's output rows in pairs, their
+// sums in one transposed butterfly) or 1; TERN_MOE_RING_ROWS=1, read once; tests set it with moe_ring_set_rows.
 int& ring_rows() {
-  static int rows = env_is("TERN_MOE_RING_ROWS", "2") ? 2 : 1;
+  static int rows = env_is("TERN_MOE_RING_ROWS", "1") ? 1 : 2;
   return rows;
 }
 
