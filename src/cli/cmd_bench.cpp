@@ -11,6 +11,8 @@
 //                                                          src/engine/bench_run.h)
 //   tern bench --demo --speculative                       (verify and draft costs, tok/s at set draft acceptance:
 //                                                          src/engine/bench_speculative.h)
+//   tern bench --demo --speculative --plot spec.svg       (with it, --plot draws the verify cost against k and the
+//                                                          speed-up against acceptance instead of tok/s by length)
 //   tern bench --synthetic --device cuda --image 1024     (also the vision encoder's time for a 1024 x 1024 image,
 //                                                          on a random tower of Qwen3.6's widths; a checkpoint with
 //                                                          a vision tower prints it by default on CUDA)
@@ -300,6 +302,7 @@ void run_speculative(BenchArgs a, ModelRunner& runner, const std::string& device
   std::fputs(bench_speculative_table(r).c_str(), stdout);
   std::fflush(stdout);
   if (!a.json_path.empty()) write_file(a.json_path, bench_speculative_json(r), "JSON");
+  if (!a.plot_path.empty()) write_file(a.plot_path, bench_speculative_svg(r), "plot");
 }
 #endif
 
@@ -366,12 +369,13 @@ void run_bench(BenchArgs a) {
       throw CLI::ValidationError(e.what());
     }
     TERN_USAGE_CHECK(!a.prefix_reuse, "--concurrency and --prefix-reuse are two different benchmarks: give one");
-    TERN_USAGE_CHECK(a.plot_path.empty(), "--plot draws the table by length; it has no plot with --concurrency");
+    TERN_USAGE_CHECK(a.plot_path.empty(), "--plot draws the table by length (or --speculative's); it has no plot "
+                     "with --concurrency");
     TERN_USAGE_CHECK(a.decode_steps >= 1, "--concurrency times decode steps: --decode-steps must be >= 1");
   }
   if (a.speculative) {
-    TERN_USAGE_CHECK(!a.concurrency_given && !a.prefix_reuse && a.plot_path.empty() && a.json_schema.empty(),
-                     "--speculative is a benchmark of its own: without --concurrency, --prefix-reuse, --plot or "
+    TERN_USAGE_CHECK(!a.concurrency_given && !a.prefix_reuse && a.json_schema.empty(),
+                     "--speculative is a benchmark of its own: without --concurrency, --prefix-reuse or "
                      "--json-schema");
   } else {
     TERN_USAGE_CHECK(a.draft_counts.empty() && a.acceptance.empty(), "--draft-counts and --acceptance are "
@@ -577,7 +581,9 @@ void command_bench(CLI::App& app) {
   sub->add_option("--peak-gbs", args->peak_gb_s, "Memory bandwidth ceiling in GB/s (default on CUDA: 4600, H200)");
   sub->add_option("--peak-tflops", args->peak_tflop_s, "Compute ceiling in TFLOP/s (default on CUDA: 790, H200 bf16)");
   sub->add_option("--json", args->json_path, "Write the results as JSON to this file");
-  sub->add_option("--plot", args->plot_path, "Write an SVG plot of tok/s against length to this file");
+  sub->add_option("--plot", args->plot_path,
+                  "Write an SVG plot to this file: tok/s against length; with --speculative, the verify cost against "
+                  "the draft count and the speed-up against acceptance (computed curves, measured points)");
   sub->add_flag("--prefix-reuse", args->prefix_reuse,
                 "Instead of the table: time to first token of a conversation's second turn with and without "
                 "multi-turn prefix reuse (--prefix-context, --prefix-reply, --prefix-next, --cache-snapshot-every; "

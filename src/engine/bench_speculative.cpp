@@ -108,6 +108,14 @@ double spec_tokens_per_step(double p, int k) {
   return (1.0 - std::pow(p, k + 1)) / (1.0 - p);
 }
 
+double spec_computed_speedup(double p, int k, double plain_ms, double verify_ms, double draft_ms) {
+  const double step_ms = verify_ms + draft_ms;
+  if (!std::isfinite(plain_ms) || !std::isfinite(step_ms) || !std::isfinite(p) || plain_ms <= 0 || step_ms <= 0 ||
+      draft_ms < 0)
+    return 0;
+  return spec_tokens_per_step(p, k) * plain_ms / step_ms;
+}
+
 std::vector<double> bench_parse_acceptance(const std::string& text) {
   std::vector<double> out;
   for (const std::string& item : bench_split_list(text, "--acceptance")) {
@@ -291,8 +299,8 @@ SpecBenchReport bench_speculative(ModelRunner& runner, const SpecBenchOptions& o
         }
         row.tok_s_median = bench_median(row.tok_s);
         row.speedup = row.tok_s_median / plain.tok_s_median;
-        row.computed_speedup =
-            spec_tokens_per_step(a, k) * pt.plain_ms_median / pt.verify[size_t(k)].ms_median;
+        // The controlled drafter costs nothing: the verify alone.
+        row.computed_speedup = spec_computed_speedup(a, k, pt.plain_ms_median, pt.verify[size_t(k)].ms_median);
         pt.end_to_end.push_back(row);
       }
     }
@@ -312,7 +320,7 @@ SpecBenchReport bench_speculative(ModelRunner& runner, const SpecBenchOptions& o
         const SpecVerifyRow& v = pt.verify[size_t(k)];
         row.draft_cost = v.mtp_ms_median > 0;
         row.cost_ratio = (v.ms_median + v.mtp_ms_median) / pt.plain_ms_median;
-        row.speedup = row.tokens_per_step / row.cost_ratio;
+        row.speedup = spec_computed_speedup(p, k, pt.plain_ms_median, v.ms_median, v.mtp_ms_median);
         pt.published.push_back(row);
       }
     }

@@ -113,6 +113,10 @@ SpecBenchReport bench_speculative(ModelRunner& runner, const SpecBenchOptions& o
 
 // E = (1 - p^(k+1)) / (1 - p): tokens per step when each of k drafts is right with probability p, independently.
 double spec_tokens_per_step(double p, int k);
+// The speed-up over the plain step of k drafts at per-draft acceptance p, from costs in ms:
+// spec_tokens_per_step(p, k) x plain_ms / (verify_ms + draft_ms). At p = 1 it is (k + 1) x plain / step. 0 when a
+// cost is not finite, plain_ms or the step's cost is not > 0, or draft_ms < 0 (nothing to compute from).
+double spec_computed_speedup(double p, int k, double plain_ms, double verify_ms, double draft_ms = 0);
 
 // "0.5,0.7,0.9" -> {0.5, 0.7, 0.9}, each in [0, 1]. Throws tern::Error naming the bad item.
 std::vector<double> bench_parse_acceptance(const std::string& text);
@@ -121,5 +125,8 @@ std::vector<int> bench_parse_draft_counts(const std::string& text, int max_draft
 
 std::string bench_speculative_table(const SpecBenchReport& report);
 std::string bench_speculative_json(const SpecBenchReport& report);
+// An SVG of two panels (bench_speculative_plot.cpp): the verify cost against k per length, and the computed speed-up
+// against acceptance per k with the measured end-to-end rows as markers. Plain SVG 1.1, like bench_svg.
+std::string bench_speculative_svg(const SpecBenchReport& report);
 
 }  // namespace tern

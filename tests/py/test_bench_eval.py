@@ -2,7 +2,8 @@
 
 bench: the demo model at tiny lengths; the JSON holds every length with consistent figures, the SVG parses.
        --concurrency: a row per stream count, its figures consistent with the step times the JSON keeps.
-       --speculative: every table's rows, figures consistent with each other, no output changed by the drafts.
+       --speculative: every table's rows, figures consistent with each other, no output changed by the drafts; its
+       --plot SVG parses and draws a curve per draft count and a marker per end-to-end row with the JSON's figures.
 eval:  a tiny random HF model (tests/oracles/make_model.py) teacher-forced in transformers (fp32, CPU) gives the
        reference logits (tests/oracles/reference_eval_logits.py); tern eval on the CPU must find KL ~ 0 and the same
        perplexity (1e-4 relative). With a perturbed reference, every metric tern reports must equal the one computed
@@ -56,10 +57,10 @@ def test_bench_speculative_demo_cpu(tern_bin, tmp_path):
     """tern bench --speculative on the demo model: every table row there, the JSON's figures consistent with each
     other, and every end-to-end run's output the reference's. Acceptance 0 and 1 make the drafts' fate certain: all
     rejected, all accepted (k + 1 tokens a step, but for the last)."""
-    js = tmp_path / "spec.json"
+    js, svg = tmp_path / "spec.json", tmp_path / "spec.svg"
     r = run([tern_bin, "bench", "--demo", "--device", "cpu", "--speculative", "--lengths", "16,48", "--draft-max", "4",
              "--draft-counts", "2,4", "--acceptance", "0,0.6,1", "--decode-steps", "20", "--repeats", "2",
-             "--warmup", "0", "--json", js, "--quiet"])
+             "--warmup", "0", "--json", js, "--plot", svg, "--quiet"])
     out = r.stdout
     assert "| context | drafts | verify ms | x plain step | MTP draft ms | MTP ms / draft |" in out, out
     assert "| context | drafts | acceptance | accepted / drafted | tokens / step |" in out, out
@@ -112,6 +113,32 @@ def test_bench_speculative_demo_cpu(tern_bin, tmp_path):
             assert c["cost_ratio"] == pytest.approx((v["ms_median"] + v["mtp_draft_ms_median"]) / plain, rel=1e-9)
             assert c["computed_speedup"] == pytest.approx(c["tokens_per_step"] / c["cost_ratio"], rel=1e-9)
 
+    # The plot: a verify line per length; the first length's computed curves per k = 1..4 (verify alone, and with
+    # the MTP head's draft cost) and a marker per end-to-end row with drafts, its tooltip the JSON's figures.
+    text = svg.read_text()
+    assert "nan" not in text.lower() and "inf" not in text.lower(), text
+    root = ET.fromstring(text)  # well-formed XML
+    assert root.tag.endswith("svg")
+    lines = [e for e in root.iter() if e.tag.endswith("polyline")]
+    assert sorted(e.get("class") for e in lines) == ["computed"] * 4 + ["computed-mtp"] * 4 + ["verify"] * 2
+    markers = [e for e in root.iter() if e.tag.endswith("circle") and e.get("class") == "measured"]
+    first = doc["points"][0]
+    rows = [e for e in first["end_to_end"] if e["drafts"] > 0]
+    assert len(markers) == len(rows) == 6
+    tips = [next(c for c in m if c.tag.endswith("title")).text for m in markers]
+    for e, tip in zip(rows, tips):
+        assert tip.startswith(f"k = {e['drafts']} at forced acceptance {e['acceptance']:.2f}: "
+                              f"measured {e['speedup']:.2f}x ({e['tok_s_median']:.1f} tok/s), "
+                              f"computed {e['computed_speedup']:.2f}x;"), (tip, e)
+    plain = first["plain_ms_median"]
+    for e in lines:
+        if e.get("class") != "computed":
+            continue
+        tip = next(c for c in e if c.tag.endswith("title")).text
+        k = int(tip.split(",")[0].removeprefix("k = "))
+        verify = first["verify"][k]["ms_median"]
+        assert tip.endswith(f": {plain / verify:.2f}x at p = 0, {(k + 1) * plain / verify:.2f}x at p = 1"), tip
+
 
 def test_bench_speculative_rejects_bad_flags(tern_bin):
     base = [tern_bin, "bench", "--demo", "--device", "cpu", "--lengths", "16"]
@@ -120,7 +147,7 @@ def test_bench_speculative_rejects_bad_flags(tern_bin):
                             (["--speculative", "--draft-counts", "9"], "--draft-counts"),
                             (["--speculative", "--draft-max", "2", "--draft-counts", "3"], "--draft-counts"),
                             (["--acceptance", "0.5"], "--speculative"),
-                            (["--speculative", "--plot", "x.svg"], "--speculative"),
+                            (["--speculative", "--prefix-reuse"], "--speculative"),
                             (["--speculative", "--concurrency", "1,2"], "--speculative"),
                             (["--speculative", "--lengths", "32K"], "--lengths")):
         r = run(base + extra, check=False)
