@@ -242,16 +242,18 @@ TEST(CudaWholeModel, ErrorByLayerAgainstCpu) {
                 plan, static_cast<long long>(P));
     for (size_t i = 0; i < r->weights->layers.size(); ++i) {
       std::vector<float> cpu_mix = tensor(want, layer_tensor("attn_out", i));
-      const std::vector<float>& before =
-          i == 0 ? tensor(want, "embed") : tensor(want, layer_tensor("layer_out", i - 1));
+      // Names held in locals: a reference returned by tensor() from a temporary name reads as dangling to GCC 13+.
+      const std::string before_name = i == 0 ? std::string("embed") : layer_tensor("layer_out", i - 1);
+      const std::string ids_name = layer_tensor("route_ids", i);
+      const std::vector<float>& before = tensor(want, before_name);
       for (size_t j = 0; j < cpu_mix.size(); ++j) cpu_mix[j] += before[j];
       const auto em = relative_error(tensor(got, layer_tensor("mixer_res", i)), cpu_mix, D);
       const auto eo =
           relative_error(tensor(got, layer_tensor("layer_out", i)), tensor(want, layer_tensor("layer_out", i)), D);
       std::vector<float> ids_in, gap;
       route_from(r->weights->layers[i], c, tensor(got, layer_tensor("mixer_res", i)), P, ids_in, gap);
-      const std::vector<float>& cpu_ids = tensor(want, layer_tensor("route_ids", i));
-      const std::vector<float>& gpu_ids = tensor(got, layer_tensor("route_ids", i));
+      const std::vector<float>& cpu_ids = tensor(want, ids_name);
+      const std::vector<float>& gpu_ids = tensor(got, ids_name);
       int from_input = 0, from_router = 0, router_near_tie = 0;
       float smallest_gap = INFINITY;  // of the tokens whose experts the GPU router chose otherwise
       for (int64_t t = 0; t < P; ++t) {
