@@ -510,14 +510,14 @@ __device__ __forceinline__ void copy_split_runs(uint8_t* dst, const uint8_t* src
 }
 
 // The split form (default; TERN_QMV_MMA_SPLIT=0 for the full kernel; S = 4 on sm_90): a cluster of 2 blocks per
-// row-tile walk (blockIdx.x = 2·cluster + rank; cluster c takes row tiles c, c + gridDim.x / 2, ...). Rank r copies
-// and folds positions [16r, 16r + 16) of every slice only: warp w positions 16r + 2w, 16r + 2w + 1, its leaves
-// folded Q_w = l0 + l1, and the block's 8 subtrees ((Q0 + Q1) + (Q2 + Q3)) + ((Q4 + Q5) + (Q6 + Q7)). With today's kernel's warp v (positions
-// 4v..4v + 3, P_v = (l0 + l1) + (l2 + l3)) that is P_v = Q_{2v} + Q_{2v+1}, so rank 0's sum is (P0 + P1) + (P2 + P3)
-// and rank 1's (P4 + P5) + (P6 + P7), each rounding for rounding. Rank 0 reads rank 1's partial subtrees through
-// distributed shared memory after the cluster barrier and adds the two halves, left + right: the tree's top add, in
-// the same operand order. Then times rinv and the accumulate as today: every output bit for bit the full kernel's.
-// The tables come from the pre-quantising kernel's scratch only (p.xq set).
+// row-tile walk (blockIdx.x = 2·cluster + rank; cluster c takes row tiles c, c + gridDim.x / 2, ...). Rank r copies and
+// folds positions [16r, 16r + 16) of every slice only: warp w positions 16r + 2w, 16r + 2w + 1, its leaves folded Q_w =
+// l0 + l1, and the block's 8 subtrees ((Q0 + Q1) + (Q2 + Q3)) + ((Q4 + Q5) + (Q6 + Q7)). With today's kernel's warp v
+// (positions 4v..4v + 3, P_v = (l0 + l1) + (l2 + l3)) that is P_v = Q_{2v} + Q_{2v+1}, so rank 0's sum is (P0 + P1) +
+// (P2 + P3) and rank 1's (P4 + P5) + (P6 + P7), each rounding for rounding. Rank 0 reads rank 1's partial subtrees
+// through distributed shared memory after the cluster barrier and adds the two halves, left + right: the tree's top
+// add, in the same operand order. Then times rinv and the accumulate as today: every output bit for bit the full
+// kernel's. The tables come from the pre-quantising kernel's scratch only (p.xq set).
 template <int S>
 __global__ void __launch_bounds__(kThreads, 2) qmv_dp4a_mma_split_kernel(const MmaParams p) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 900
