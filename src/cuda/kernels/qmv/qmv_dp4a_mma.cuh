@@ -37,8 +37,8 @@ size_t qmv_dp4a_mma_scratch_bytes(int B, int64_t cols);
 // Whether 4096-column products with scratch (a.xq) take the split form on sm_90 binaries: each 16-row tile by a
 // cluster of 2 blocks, each copying and folding 16 of every slice's 32 positions (half the tables and weights, 96 KB
 // of shared memory a block: two an SM), rank 0 adding rank 1's half through distributed shared memory: the same bits.
-// On by default (+1.1 to 1.5% at 8 and 16 streams on the H200); TERN_QMV_MMA_SPLIT=0 turns it off; the setter is for
-// tests and comparisons.
+// Off unless TERN_QMV_MMA_SPLIT=1 (+1.5% / +1.1% at 8 / 16 streams on the H200; opt-in until its bitwise test has
+// run on a GPU); the setter is for tests and comparisons.
 void qmv_dp4a_mma_set_split(bool on);
 bool qmv_dp4a_mma_split();
 // Launches of the split form so far (host side, captures included): tests see that it ran.
