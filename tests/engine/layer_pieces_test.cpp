@@ -168,7 +168,9 @@ TEST(LayerPieces, ChunkInPiecesEndsAtACheckpoint) {
     d.runner->forward_batch({&e, 1});
     run.step_done(e);
   }
-  EXPECT_GE(pieces, 3 * 3) << "every chunk in pieces (the last piece of each is its forward call)";
+  // The two whole chunks go in pieces (the last piece of each is its forward call); the chunk the checkpoint cuts in
+  // two may run its short halves in fewer (a half of a few tokens fits the budget whole), so it is not counted.
+  EXPECT_GE(pieces, 2 * 3) << "every whole chunk in pieces";
   EXPECT_NE(std::find(seen.begin(), seen.end(), at), seen.end()) << "a checkpoint at " << at;
   EXPECT_EQ(run.result().tokens, alone.tokens);
 }
