@@ -29,8 +29,8 @@
 // treatment of gate_up (the slot pairs' bases in shared memory, batches stepped without a division, Σgate and Σup in
 // one butterfly) was 5% slower at 8 and 16 streams, though 34% fewer instructions a row, and is not kept.
 //
-// TERN_MOE_RING_ROWS=2 (opt-in until the whole GPU suite has run with it; 1.2 / 1.7 / 2.0% faster at 8 / 16 / 32
-// streams, docs/benchmarks.md; tests: moe_ring_set_rows) makes each warp take two of its rows a step in both kernels
+// By default (TERN_MOE_RING_ROWS=1 for one row a step; 1.2 / 1.7 / 2.0% faster at 8 / 16 / 32 streams than one,
+// docs/benchmarks.md; tests: moe_ring_set_rows) each warp takes two of its rows a step in both kernels
 // (gate_up's batch and batch + warps, down's row and row + warps): one wait for both stages, and their sums reduced
 // together by a transposed butterfly (warp_sum_halves / warp_sum_quarters in warp_reduce.cuh), each sum bit for bit
 // warp_sum's; down's two rows also share their activation reads. Each step issues the two rows that refill the stages
@@ -90,7 +90,7 @@ __device__ __forceinline__ int next_slot(int s) { return s + 1 == kStages ? 0 : 
 template <int kStages>
 __device__ __forceinline__ int prev_slot(int s) { return s == 0 ? kStages - 1 : s - 1; }
 
-// kRows: the warp's batches taken one a step (the default) or two (TERN_MOE_RING_ROWS=2; see the pair loop below).
+// kRows: the warp's batches taken two a step (the default; see the pair loop below) or one (TERN_MOE_RING_ROWS=1).
 template <int S, int kRows>
 __global__ void __launch_bounds__(kThreads, S <= 2 ? 4 : 1) moe_gate_up_ring_kernel(const GateUpParams p) {
   constexpr int kStages = gate_up_stages<S>(), kStageBytes = gate_up_stage_bytes<S>();
@@ -280,7 +280,7 @@ __device__ __forceinline__ void down_dots(const uint2 (&w)[N][kSeg], const uint3
   }
 }
 
-// kRows: the warp's output rows taken one a step (the default) or two (TERN_MOE_RING_ROWS=2; see the pair loop).
+// kRows: the warp's output rows taken two a step (the default; see the pair loop) or one (TERN_MOE_RING_ROWS=1).
 template <int kRows>
 __global__ void __launch_bounds__(kThreads, 2) moe_down_ring_kernel(const DownParams p) {
   extern __shared__ __align__(16) uint8_t ring[];  // [kWarps][kDownStages][kDownStageBytes]
