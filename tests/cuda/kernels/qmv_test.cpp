@@ -746,7 +746,7 @@ TEST(CudaQmv, BatchedIntegerPathMatchesOneTokenBitwise) {
   qmv_dp4a_set_prequant(prequant0);
 }
 
-// The tensor-core form's opt-in split (qmv_dp4a_mma_set_split, TERN_QMV_MMA_SPLIT=1: each 16-row tile of a
+// The tensor-core form's split (qmv_dp4a_mma_set_split, on by default, TERN_QMV_MMA_SPLIT=0 off: each 16-row tile of a
 // 4096-column product by a cluster of 2 blocks, 16 positions of every slice each) against the same product with the
 // split off and against qmv_dp4a per token, bit for bit: o_proj's 2048 x 4096 and 517 rows (a partial last row tile)
 // of a stacked matrix at expert 2, B in {2, 3, 8, 9, 16, 32} (3 and 9 through strides past the rows; 3 and 9 leave a

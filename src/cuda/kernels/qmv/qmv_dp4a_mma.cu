@@ -22,7 +22,7 @@
 // The row tiles stream through a cp.async pipeline of Layout::kStages stages (weights, scales, biases), the first
 // ones issued before pdl_wait().
 //
-// Split form (opt-in until its test has run on a GPU: TERN_QMV_MMA_SPLIT=1; 4096 columns, with scratch, sm_90
+// Split form (the default where it runs, TERN_QMV_MMA_SPLIT=0 turns it off; 4096 columns, with scratch, sm_90
 // binaries only):
 // Layout<4> takes ~225 KB, one block an SM, each copying its tile's full tables (~104 KB) and waiting on them and on
 // one weight tile. qmv_dp4a_mma_split_kernel gives each row tile to a cluster of 2 blocks: rank r copies only
@@ -509,7 +509,7 @@ __device__ __forceinline__ void copy_split_runs(uint8_t* dst, const uint8_t* src
   }
 }
 
-// The split form (opt-in, TERN_QMV_MMA_SPLIT=1; S = 4 on sm_90): a cluster of 2 blocks per
+// The split form (default; TERN_QMV_MMA_SPLIT=0 for the full kernel; S = 4 on sm_90): a cluster of 2 blocks per
 // row-tile walk (blockIdx.x = 2·cluster + rank; cluster c takes row tiles c, c + gridDim.x / 2, ...). Rank r copies and
 // folds positions [16r, 16r + 16) of every slice only: warp w positions 16r + 2w, 16r + 2w + 1, its leaves folded Q_w =
 // l0 + l1, and the block's 8 subtrees ((Q0 + Q1) + (Q2 + Q3)) + ((Q4 + Q5) + (Q6 + Q7)). With today's kernel's warp v
@@ -642,7 +642,7 @@ int split_wave() {
   return wave;
 }
 
-// 4096 columns with scratch on sm_90, TERN_QMV_MMA_SPLIT=1: clusters of 2 blocks (qmv_dp4a_mma_split_kernel), one
+// 4096 columns with scratch on sm_90 (unless TERN_QMV_MMA_SPLIT=0): clusters of 2 blocks (qmv_dp4a_mma_split_kernel), one
 // wave of them.
 void launch_split(const MmaParams& p, int token_tiles, cudaStream_t stream) {
   const int tiles = (p.rows + kTileRows - 1) / kTileRows;
@@ -697,7 +697,7 @@ size_t qmv_dp4a_mma_scratch_bytes(int B, int64_t cols) {
 }
 
 bool& split_setting() {
-  static bool on = env_is("TERN_QMV_MMA_SPLIT", "1");
+  static bool on = !env_is("TERN_QMV_MMA_SPLIT", "0");
   return on;
 }
 

@@ -37,8 +37,9 @@ size_t qmv_dp4a_mma_scratch_bytes(int B, int64_t cols);
 // Whether 4096-column products with scratch (a.xq) take the split form on sm_90 binaries: each 16-row tile by a
 // cluster of 2 blocks, each copying and folding 16 of every slice's 32 positions (half the tables and weights, 96 KB
 // of shared memory a block: two an SM), rank 0 adding rank 1's half through distributed shared memory: the same bits.
-// Off unless TERN_QMV_MMA_SPLIT=1 (+1.5% / +1.1% at 8 / 16 streams on the H200; opt-in until its bitwise test has
-// run on a GPU); the setter is for tests and comparisons.
+// On by default (on the H200, +1.5% / +1.1% at 8 / 16 streams in one call and +0.4% / +0.3% in another; the whole GPU
+// suite passed with it, docs/benchmarks.md); TERN_QMV_MMA_SPLIT=0 turns it off; the setter is for tests and
+// comparisons.
 void qmv_dp4a_mma_set_split(bool on);
 bool qmv_dp4a_mma_split();
 // Launches of the split form so far (host side, captures included): tests see that it ran.
