@@ -642,8 +642,8 @@ int split_wave() {
   return wave;
 }
 
-// 4096 columns with scratch on sm_90 (unless TERN_QMV_MMA_SPLIT=0): clusters of 2 blocks (qmv_dp4a_mma_split_kernel), one
-// wave of them.
+// 4096 columns with scratch on sm_90 (unless TERN_QMV_MMA_SPLIT=0): clusters of 2 blocks
+// (qmv_dp4a_mma_split_kernel), one wave of them.
 void launch_split(const MmaParams& p, int token_tiles, cudaStream_t stream) {
   const int tiles = (p.rows + kTileRows - 1) / kTileRows;
   const int clusters = std::clamp(split_wave() / token_tiles, 1, tiles);
