@@ -111,12 +111,12 @@ void CudaRunner::allocate_batch_scratch() {
                                                     c.moe_intermediate_size);
   const int64_t floats = B * proj_cols_ + B * Hv * dv + 2 * B * Hq * dh + attn_batch_partial_floats(B, Hq, dh) +
                          B * sample_scratch_floats(V);
-  // The quantised activations of slot_layers' products (one at a time): sized for the widest of their inputs.
-  const int64_t widest = std::max({int64_t(c.hidden_size), Hv * dv, int64_t(Hq) * dh});
-  const size_t xq_bytes = qmv_dp4a_mma_scratch_bytes(B, widest);
+  // The quantised activations of slot_layers' products: hidden's, and the mixers' outputs' (the wider of the two).
+  const size_t xq_hidden = DeviceArena::align(qmv_dp4a_mma_scratch_bytes(B, c.hidden_size));
+  const size_t xq_mixer = DeviceArena::align(qmv_dp4a_mma_scratch_bytes(B, std::max(Hv * dv, int64_t(Hq) * dh)));
   batch_tables_bytes_ = layer_table_offset(w_->layers.size());
-  batch_scratch_ = DeviceArena(size_t(floats) * 4 + moe_bytes + batch_tables_bytes_ + 2 * B * 4 + xq_bytes +
-                                   (B + 18) * 256,
+  batch_scratch_ = DeviceArena(size_t(floats) * 4 + moe_bytes + batch_tables_bytes_ + 2 * B * 4 + xq_hidden +
+                                   xq_mixer + (B + 18) * 256,
                                "batched step scratch");
   batch_proj_ = batch_scratch_.take_n<float>(size_t(B * proj_cols_));
   batch_gated_ = batch_scratch_.take_n<float>(size_t(B * Hv * dv));
@@ -133,8 +133,13 @@ void CudaRunner::allocate_batch_scratch() {
   for (int b = 0; b < B; ++b) batch_sample_scratch_.push_back(samplers + b * batch_sample_stride_);
   batch_sampled_ = batch_scratch_.take_n<int>(size_t(B));
   verify_pos_ = batch_scratch_.take_n<int>(size_t(B));
-  batch_qmv_xq_bytes_ = xq_bytes;
-  batch_qmv_xq_ = xq_bytes ? batch_scratch_.take(xq_bytes) : nullptr;
+  batch_xq_hidden_bytes_ = xq_hidden;
+  batch_xq_hidden_ = xq_hidden ? batch_scratch_.take(xq_hidden) : nullptr;
+  batch_xq_mixer_bytes_ = xq_mixer;
+  batch_xq_mixer_ = xq_mixer ? batch_scratch_.take(xq_mixer) : nullptr;
+  // Zeros: a tile's token slots past a step's B are read (their outputs never written) before any step writes them.
+  if (batch_xq_hidden_) TERN_CUDA(cudaMemsetAsync(batch_xq_hidden_, 0, xq_hidden, stream_));
+  if (batch_xq_mixer_) TERN_CUDA(cudaMemsetAsync(batch_xq_mixer_, 0, xq_mixer, stream_));
   batch_tables_ = static_cast<uint8_t*>(batch_scratch_.take(batch_tables_bytes_));
   // Pinned: the tables, then B sampling parameters, B sampled ids, B verify positions.
   TERN_CUDA(cudaMallocHost(&batch_pinned_, batch_tables_bytes_ + B * (sizeof(DeviceSampling) + 8)));
@@ -224,35 +229,52 @@ void CudaRunner::slot_layers(int B, int64_t capacity, bool one_session, bool kee
   const int64_t D = c.hidden_size, V = c.vocab_size;
   const BatchHeader* dev = reinterpret_cast<const BatchHeader*>(batch_tables_);
   embed_lookup(w_->embed, dev->tokens, B, hidden_, stream_);
-  // Every product quantises its B tokens once into the shared scratch (the products run one after another).
-  // (part: which TERN_STEP_OMIT part the product is, step_omit.h.)
-  auto product = [&](StepPart part, QmvArgs a) {
+  // Every product's B tokens are quantised once into its scratch (hidden's or the mixers'): by the kernel before it
+  // (producer tables, qmv_dp4a_producer_tables(): the MoE down for the next layer's first product and the LM head,
+  // the GDN core for out_proj, the attention merge for o_proj; `written` says they did) or by the product's own
+  // pre-quantising kernel. (part: which TERN_STEP_OMIT part the product is, step_omit.h.)
+  const bool producer_tables = qmv_dp4a_producer_tables();
+  auto product = [&](StepPart part, QmvArgs a, bool mixer, bool written) {
     if (step_omits(part)) return;
-    a.xq = batch_qmv_xq_;
-    a.xq_bytes = batch_qmv_xq_bytes_;
+    a.xq = mixer ? batch_xq_mixer_ : batch_xq_hidden_;
+    a.xq_bytes = mixer ? batch_xq_mixer_bytes_ : batch_xq_hidden_bytes_;
+    a.xq_written = written;
     qmv_dp4a_batched(a, B, stream_);
   };
+  // The first product of layer i (in_proj or q|k|v), or for i = the layer count the LM head: what the MoE down
+  // before it writes the tables for.
+  auto first_product = [&](size_t i) {
+    if (i == w_->layers.size()) return decode_product(w_->lm_head, hidden_, D, 1, w_->final_norm, logits_, V);
+    const DeviceLayer& l = w_->layers[i];
+    return l.type == LayerType::linear_attention
+               ? decode_product(l.in_proj_all, hidden_, D, 1, l.input_norm, batch_proj_, proj_cols_)
+               : decode_product(l.attn_qkv, hidden_, D, 1, l.input_norm, batch_proj_, proj_cols_);
+  };
+  bool hidden_written = false;  // the last MoE down wrote hidden's tables for the next product
   for (size_t i = 0; i < w_->layers.size(); ++i) {
     const DeviceLayer& l = w_->layers[i];
     void* const* table = reinterpret_cast<void* const*>(batch_tables_ + layer_table_offset(i));
     if (l.type == LayerType::linear_attention) {
       const int64_t Z = int64_t(c.linear_num_value_heads) * c.linear_value_head_dim;
-      product(StepPart::in, decode_product(l.in_proj_all, hidden_, D, 1, l.input_norm, batch_proj_, proj_cols_));
-      const GdnDecodeArgs g = gdn_decode_args(l, one_session ? B : 1, batch_proj_, batch_gated_);
+      product(StepPart::in, first_product(i), false, hidden_written);
+      GdnDecodeArgs g = gdn_decode_args(l, one_session ? B : 1, batch_proj_, batch_gated_);
       float* const* states = reinterpret_cast<float* const*>(table);
+      bool gated_written = false;
       if (!step_omits(StepPart::gdn)) {
-        if (one_session)
+        if (one_session) {
           gdn_decode_from_tables(g, states, states + kSlots, states + 1, states + kSlots + 1,
                                  keep_one ? &dev->keep_token : nullptr, stream_);
-        else
-          gdn_decode_batched(g, B, states, states + kSlots, stream_);
+        } else {
+          if (producer_tables) g.out_tables = static_cast<uint8_t*>(batch_xq_mixer_);
+          gated_written = gdn_decode_batched(g, B, states, states + kSlots, stream_);
+        }
       }
-      product(StepPart::out,
-              decode_product(l.out_proj, batch_gated_, Z, 1, nullptr, hidden_, D, true, output_ahead(l)));
+      product(StepPart::out, decode_product(l.out_proj, batch_gated_, Z, 1, nullptr, hidden_, D, true, output_ahead(l)),
+              true, gated_written);
     } else {
       const AttnDims d = attn_dims(1, capacity);
       const int64_t Q = int64_t(d.Hq) * 2 * d.dh, KV = int64_t(d.Hkv) * d.dh;
-      product(StepPart::in, decode_product(l.attn_qkv, hidden_, D, 1, l.input_norm, batch_proj_, proj_cols_));
+      product(StepPart::in, first_product(i), false, hidden_written);
       AttnBatch ab;
       ab.B = B;
       ab.ld_qkv = proj_cols_;
@@ -263,21 +285,29 @@ void CudaRunner::slot_layers(int B, int64_t capacity, bool one_session, bool kee
       ab.capacity = dev->capacity;
       ab.rope_delta = dev->rope_delta;
       ab.one_session = one_session;
-      if (!step_omits(StepPart::attention)) {
+      ab.out_tables = producer_tables ? static_cast<uint8_t*>(batch_xq_mixer_) : nullptr;
+      const bool attended = !step_omits(StepPart::attention);
+      if (attended) {
         attn_prepare_batched(batch_proj_, batch_proj_ + Q, batch_proj_ + Q + KV, l.q_norm, l.k_norm, ab, d,
                              batch_q_, stream_);
         attention_batched(batch_q_, batch_proj_, ab, d, batch_attn_part_, batch_attn_out_, stream_);
       }
       product(StepPart::out, decode_product(l.o_proj, batch_attn_out_, int64_t(d.Hq) * d.dh, 1, nullptr, hidden_, D,
-                                            true, output_ahead(l)));
+                                            true, output_ahead(l)),
+              true, attended && ab.out_tables);
     }
     // The gate_up's L2 request for the chosen experts' down matrices (a hint: results unchanged) only while B
     // tokens' ~5 MB each stay well inside L2 beside the weights the tokens share.
     MoeDecodeWeights m = moe_w_[i];
     m.prefetch_down = m.prefetch_down && B <= 4;
-    moe_decode_batched(m, hidden_, B, batch_moe_, stream_);
+    MoeTablesOut next;
+    if (producer_tables) {
+      const QmvArgs n = first_product(i + 1);
+      next = MoeTablesOut{static_cast<uint8_t*>(batch_xq_hidden_), n.norm_w, n.eps};
+    }
+    hidden_written = moe_decode_batched(m, hidden_, B, batch_moe_, stream_, next);
   }
-  product(StepPart::head, decode_product(w_->lm_head, hidden_, D, 1, w_->final_norm, logits_, V));
+  product(StepPart::head, first_product(w_->layers.size()), false, hidden_written);
   mask_padding(logits_, B, V, w_->vocab_real, stream_);
 }
 

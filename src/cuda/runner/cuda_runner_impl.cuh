@@ -254,8 +254,13 @@ class CudaRunner final : public ModelRunner {
   int64_t batch_sample_stride_ = 0;           // floats
   int* batch_sampled_ = nullptr;         // [batch_max()] device
   int* verify_pos_ = nullptr;            // [batch_max()] device: a verify step's slot positions p0 + slot
-  void* batch_qmv_xq_ = nullptr;         // device: the batched products' quantised activations (QmvArgs::xq)
-  size_t batch_qmv_xq_bytes_ = 0;
+  // device: the batched products' quantised activations (QmvArgs::xq): those of hidden (in_proj, q|k|v, LM head) and
+  // those of the mixers' outputs (out_proj, o_proj), written by the kernels before them (producer tables) or by the
+  // products' pre-quantising kernels; zeroed once
+  void* batch_xq_hidden_ = nullptr;
+  size_t batch_xq_hidden_bytes_ = 0;
+  void* batch_xq_mixer_ = nullptr;
+  size_t batch_xq_mixer_bytes_ = 0;
   bool batch_warm_ = false;              // a batched step has run outside capture
   int64_t batched_steps_ = 0;            // steps batch_step has run
   std::map<std::pair<int, int64_t>, cudaGraphExec_t> batch_graphs_;

@@ -18,6 +18,7 @@
 
 #include "../cuda_test_util.h"
 #include "cuda/kernels/attention/attention.cuh"
+#include "producer_tables.h"
 
 namespace tern::cuda::test {
 
@@ -165,8 +166,15 @@ inline void expect_batched_matches_alone(std::mt19937_64& rng, AttnDims d,
   DeviceBuf<float> part_b(size_t(attn_batch_partial_floats(in.B, d.Hq, d.dh)));
   DeviceBuf<float> part_1(size_t(attn_partial_floats(1, d.Hq, d.dh)));
   in.prepare(q_b.p);
-  attention_batched(q_b.p, in.proj.p, in.tables->batch, in.dmax, part_b.p, out_b.p, nullptr);
+  // o_proj's tables beside out, where a batched product takes the width (1024, 2048 or 4096 columns)
+  const int64_t cols = in.out_n;
+  const bool tabled = cols == 1024 || cols == 2048 || cols == 4096;
+  ZeroTables tables(in.B, tabled ? cols : 1024);
+  AttnBatch batch = in.tables->batch;
+  batch.out_tables = tabled ? tables.buf.p : nullptr;
+  attention_batched(q_b.p, in.proj.p, batch, in.dmax, part_b.p, out_b.p, nullptr);
   TERN_CUDA(cudaGetLastError());
+  if (tabled) expect_tables_match(tables, out_b.p, cols, cols, nullptr, 0.0f, in.B, "o_proj's tables");
   for (int b = 0; b < in.B; ++b) {
     AttnDims ds = d;
     ds.capacity = in.caps[size_t(b)];

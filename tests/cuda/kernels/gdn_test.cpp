@@ -23,6 +23,7 @@
 #include "cpu/ops_norm.h"
 #include "cuda/kernels/conv1d/conv1d.cuh"
 #include "cuda/kernels/gdn/gdn.cuh"
+#include "producer_tables.h"
 
 namespace tern::cuda::test {
 namespace {
@@ -225,8 +226,15 @@ TEST(CudaGdnDecode, BatchedIsBitIdenticalToEachSequenceAlone) {
         a.force_portable = kernel == K::portable;
         a.tickets = with_tickets ? tickets.p : nullptr;
         a.out = out_b.p;
-        gdn_decode_batched(a, B, conv_table.p, rec_table.p, nullptr);
+        // out_proj's tables beside out (every shape whose blocks hold whole groups of 64 values writes them)
+        ZeroTables tables(B, Z);
+        a.out_tables = tables.buf.p;
+        const bool written = gdn_decode_batched(a, B, conv_table.p, rec_table.p, nullptr);
         TERN_CUDA(cudaGetLastError());
+        const bool narrow = kernel == K::cluster8_w8 || kernel == K::cluster8_w16 || kernel == K::cluster16_w8;
+        EXPECT_EQ(written, !narrow || !sm90_features()) << "whether out_proj's tables were written";
+        if (written) expect_tables_match(tables, out_b.p, Z, Z, nullptr, 0.0f, B, "out_proj's tables");
+        a.out_tables = nullptr;
         for (int b = 0; b < B; ++b) {
           GdnDecodeArgs one = a;
           one.proj = dproj.p + b * ld;

@@ -22,6 +22,7 @@
 #include "cuda/kernels/moe/moe_dp4a.cuh"
 #include "cuda/kernels/qmv/qmv.cuh"
 #include "moe_decode_test_util.h"
+#include "producer_tables.h"
 
 namespace tern::cuda::test {
 namespace {
@@ -337,8 +338,20 @@ void expect_batched_matches_alone(std::mt19937_64& rng, const MoeDevice& md, int
     DeviceBuf<float> dh(hidden);
     MoeDecodeWeights w = md.w;
     w.prefetch_down = run == 1;
-    moe_decode_batched(w, dh.p, B, s, nullptr);
+    // The first run also writes the next product's tables (MoeTablesOut) from the finished rows, with a norm.
+    ZeroTables tables(B, D);
+    const std::vector<float> next_norm = random_floats(rng, size_t(D), 0.5f, 1.5f);
+    DeviceBuf<float> dnorm(next_norm);
+    const MoeTablesOut next = run == 0 ? MoeTablesOut{tables.buf.p, dnorm.p, 1e-6f} : MoeTablesOut{};
+    const bool written = moe_decode_batched(w, dh.p, B, s, nullptr, next);
     TERN_CUDA(cudaGetLastError());
+    EXPECT_EQ(written, run == 0) << what_run << ": whether the down kernel wrote the tables";
+    if (written) expect_tables_match(tables, dh.p, D, D, dnorm.p, 1e-6f, B, what_run + ": the next product's tables");
+    {
+      const auto tickets = to_host(s.down_tickets, size_t(B));
+      EXPECT_TRUE(std::all_of(tickets.begin(), tickets.end(), [](unsigned t) { return t == 0u; }))
+          << what_run << ": the down kernel's tickets are not back at zero";
+    }
     const auto got = dh.host();
     const auto same = [&](const auto& a, const auto& b, const char* name) {
       ASSERT_EQ(a.size(), b.size());

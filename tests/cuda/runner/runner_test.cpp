@@ -9,6 +9,7 @@
 #include "cpu/cpu_runner.h"
 #include "cuda/runner/cuda_runner.h"
 #include "cuda/kernels/qmatmul/qmatmul_wgmma.cuh"
+#include "cuda/kernels/qmv/qmv_dp4a_mma.cuh"
 #include "../cuda_test_util.h"
 #include "fidelity_util.h"
 #include "random_model.h"
@@ -252,9 +253,15 @@ TEST(CudaRunner, DefaultPlansMatchCpuRunnerOnTrainedScales) {
 // seed, on a model at trained scales (a 4,096-token vocabulary of near-uniform logits: any difference in a logit
 // shows as another token before long). The batches change from step to step (sessions skip rounds), so each session
 // runs among different others at different batch sizes. Every session must produce the same ids, and the steps must
-// have run through the batched kernels.
-TEST(CudaRunner, BatchedStepGivesEverySessionItsTokensAlone) {
-  TERN_REQUIRE_GPU();
+// have run through the batched kernels. producer_tables: qmv_dp4a_set_producer_tables for the runner (set before it
+// is made: its graphs keep the setting they were captured with).
+void expect_batched_step_matches_alone(bool producer_tables) {
+  const bool saved = qmv_dp4a_producer_tables();
+  qmv_dp4a_set_producer_tables(producer_tables);
+  struct Restore {
+    bool on;
+    ~Restore() { qmv_dp4a_set_producer_tables(on); }
+  } restore{saved};
   const uint64_t seed = fresh_seed("CudaRunner.Batched");
   RandomModel rm;
   const int64_t V = 4096;
@@ -342,6 +349,18 @@ TEST(CudaRunner, BatchedStepGivesEverySessionItsTokensAlone) {
   EXPECT_TRUE(batch[0].error);
   EXPECT_FALSE(batch[1].error);
   EXPECT_TRUE(batch[1].sampled.has_value());
+}
+
+// The default: the kernels before the batched products write their activation tables (producer tables).
+TEST(CudaRunner, BatchedStepGivesEverySessionItsTokensAlone) {
+  TERN_REQUIRE_GPU();
+  expect_batched_step_matches_alone(true);
+}
+
+// TERN_QMV_PRODUCER_TABLES=0: each product's own pre-quantising kernel.
+TEST(CudaRunner, BatchedStepWithoutProducerTablesGivesEverySessionItsTokensAlone) {
+  TERN_REQUIRE_GPU();
+  expect_batched_step_matches_alone(false);
 }
 
 }  // namespace

@@ -143,6 +143,8 @@ void attention_batched(const float* q, const float* qg, const AttnBatch& batch, 
   const int columns = attn_batch_splits(d);  // the largest capacity's: no sequence has more splits
   check_batch(batch, d, "attention_batched");
   TERN_CHECK(batch.splits && partial, "attention_batched: null split table or partial scratch");
+  TERN_CHECK(!batch.out_tables || (reinterpret_cast<uintptr_t>(batch.out_tables) & 15) == 0,
+             "attention_batched: out_tables not 16-byte aligned");
   attention_decode_batched(q, qg, batch, d, columns, partial, out, stream);
 }
 

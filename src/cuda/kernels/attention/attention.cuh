@@ -117,6 +117,10 @@ struct AttnBatch {
   // rows below a sequence's position may be written by this step's attn_prepare_batched, so attention_batched reads
   // no K/V tile before its wait on the kernel before.
   bool one_session = false;
+  // attention_batched only (null: none): o_proj's activation tables (dp4a_tables.cuh; qmv_dp4a_mma_scratch_bytes(B,
+  // Hq·dh) bytes, 16-byte aligned), row b's in token slot b % 8 of tile b / 8, without a norm (rinv 1), written by the
+  // merge kernel beside out.
+  uint8_t* out_tables = nullptr;
 };
 // The decode split count attention() uses for one token of a sequence whose cache has d.capacity rows, so that
 // the batched kernels split each sequence exactly as it is split alone. 1..kAttnMaxSplits; never more for a smaller

@@ -28,6 +28,7 @@
 #include "cuda/common/warp_reduce.cuh"
 #include "cuda/kernels/attention/attention_internal.cuh"
 #include "cuda/kernels/attention/attention_tiles.cuh"
+#include "cuda/kernels/qmv/dp4a_tables.cuh"
 #include "cuda/weights/dmat_device.cuh"
 
 namespace tern::cuda {
@@ -558,10 +559,14 @@ __global__ void __launch_bounds__(128, 1)
 // out[i, h·dh + j] = (Σ_s 2^{m_s−M} o_s[j]) / (Σ_s 2^{m_s−M} l_s) · sigmoid(gate[i, h, j]) for row i = b·T + t;
 // one block per (t, h, sequence b) over the sequence's own split count. Row i of qg at qg + i·ld_qg ([Hq][q | gate]).
 // Thread (split group sg, column quad c) sums splits sg, sg + SG, ...; splits of weight 0 (empty) are not read.
+// With tables (attention_batched's AttnBatch::out_tables; d.T = 1): o_proj's activation tables of row i too, from the
+// block's head (DH / 8 whole words of whole groups of 64: warp 0's lane l takes word l), as the pre-quantising kernel
+// would make them from out.
 template <int DH>
 __global__ void __launch_bounds__(256)
     attention_decode_merge_kernel(Partials part, const float* qg, int64_t ld_qg, Seqs<const void> seqs,
-                                  AttnDims d, float* out) {
+                                  AttnDims d, float* out, uint8_t* tables) {
+  static_assert(DH % 64 == 0 && DH <= 256, "a head is whole groups of 64, at most a warp's words");
   constexpr int C4 = DH / 4, SG = 256 / C4;
   __shared__ float wts[kAttnMaxSplits];
   __shared__ float inv_sum;
@@ -616,9 +621,25 @@ __global__ void __launch_bounds__(256)
     }
     const float inv = inv_sum;
     const float4 gv = *reinterpret_cast<const float4*>(qg + row * ld_qg + int64_t(h) * 2 * DH + DH + 4 * c);
-    *reinterpret_cast<float4*>(out + (row * d.Hq + h) * DH + 4 * c) =
-        make_float4(acc.x * inv * sigmoidf(gv.x), acc.y * inv * sigmoidf(gv.y), acc.z * inv * sigmoidf(gv.z),
-                    acc.w * inv * sigmoidf(gv.w));
+    const float4 y = make_float4(acc.x * inv * sigmoidf(gv.x), acc.y * inv * sigmoidf(gv.y),
+                                 acc.z * inv * sigmoidf(gv.z), acc.w * inv * sigmoidf(gv.w));
+    *reinterpret_cast<float4*>(out + (row * d.Hq + h) * DH + 4 * c) = y;
+    red[c] = y;  // the thread's own slot (the others read only slots k·C4 + c, k ≥ 1)
+  }
+  if (tables) {  // uniform
+    __syncthreads();  // red[0, C4) holds the head's outputs
+    if (tid < 32) {
+      constexpr int kWords = DH / 8;
+      const dp4a::TableOffsets o = dp4a::table_offsets(int(int64_t(d.Hq) * DH / 32));
+      uint8_t* const tile = tables + (row / dp4a::kTileTokens) * o.bytes;
+      const int slot = int(row % dp4a::kTileTokens);
+      const bool has = tid < kWords;
+      const float4 a = has ? red[2 * tid] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      const float4 b2 = has ? red[2 * tid + 1] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      const float v[8] = {a.x, a.y, a.z, a.w, b2.x, b2.y, b2.z, b2.w};
+      dp4a::table_word(tile, o, h * kWords + tid, slot, v, has);
+      if (h == 0 && tid == 0) reinterpret_cast<float*>(tile + o.rinv)[slot] = 1.0f;
+    }
   }
 }
 
@@ -674,7 +695,7 @@ void setup_decode(AttentionSetup& s, int optin) {
 template <int DH, KvDtype KV>
 void launch_decode(const float* q, const float* qg, int64_t ld_qg, const Seqs<const void>& seqs, int columns,
                    const AttnDims& d, const Partials& part, float* out, cudaStream_t stream, bool kv_before_wait,
-                   int items = 0) {
+                   int items = 0, uint8_t* tables = nullptr) {
   const AttentionSetup& setup = attention_setup();
   const int RW = decode_rows_warps(d.T * (d.Hq / d.Hkv));
   const DecodeVariant& v = decode_variant(setup, d);
@@ -690,7 +711,8 @@ void launch_decode(const float* q, const float* qg, int64_t ld_qg, const Seqs<co
     launch_pdl("attention_decode_items", attention_decode_items_kernel<DH, 1, KV>, dim3(unsigned(blocks)), dim3(128),
                v.items_smem, stream, q, seqs, d, columns, stages, kv_before_wait, part);
     launch_pdl("attention_decode_merge", attention_decode_merge_kernel<DH>,
-               dim3(unsigned(d.T * d.Hq), unsigned(seqs.B)), dim3(256), 0, stream, part, qg, ld_qg, seqs, d, out);
+               dim3(unsigned(d.T * d.Hq), unsigned(seqs.B)), dim3(256), 0, stream, part, qg, ld_qg, seqs, d, out,
+               tables);
     return;
   }
   auto kernel = RW == 1 ? attention_decode_split_kernel<DH, 1, KV>
@@ -710,7 +732,8 @@ void launch_decode(const float* q, const float* qg, int64_t ld_qg, const Seqs<co
              one_stage ? v.smem_one_stage : v.smem, stream, q, seqs, d, one_stage ? 1 : v.stages, kv_before_wait,
              part);
   launch_pdl("attention_decode_merge", attention_decode_merge_kernel<DH>,
-             dim3(unsigned(d.T * d.Hq), unsigned(seqs.B)), dim3(256), 0, stream, part, qg, ld_qg, seqs, d, out);
+             dim3(unsigned(d.T * d.Hq), unsigned(seqs.B)), dim3(256), 0, stream, part, qg, ld_qg, seqs, d, out,
+               tables);
 }
 
 }  // namespace
@@ -771,7 +794,7 @@ void attention_decode_batched(const float* q, const float* qg, const AttnBatch& 
   with_head_dim(d, [&]<int DH, KvDtype KV>() {
     // The items-per-block form (opt-in) from two sequences on; one sequence keeps attention()'s kernel.
     launch_decode<DH, KV>(q, qg, batch.ld_qkv, batch_seqs<const void>(batch), columns, d, part, out, stream,
-                           kv_early() && !batch.one_session, batch.B >= 2 ? batch_items() : 0);
+                           kv_early() && !batch.one_session, batch.B >= 2 ? batch_items() : 0, batch.out_tables);
   });
 }
 

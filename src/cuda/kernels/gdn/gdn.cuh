@@ -112,6 +112,10 @@ struct GdnDecodeArgs {
   // conv state, after both have read it). Launches that may run at the same time (different streams) need separate
   // arrays; those of one stream may share one. Null: no portable_split (the portable path runs portable).
   unsigned* tickets = nullptr;
+  // gdn_decode_batched only (null: none): out_proj's activation tables (dp4a_tables.cuh; qmv_dp4a_mma_scratch_bytes(B,
+  // Hv·dv) bytes, 16-byte aligned), sequence b's row in token slot b % 8 of tile b / 8, without a norm (rinv 1),
+  // written beside out where the launch shape's blocks hold whole groups of 64 values (gdn_decode_batched says).
+  uint8_t* out_tables = nullptr;
   // Tests only: take the one-block portable shape (no thread-block cluster, no tickets) on any GPU.
   bool force_portable = false;
   // Which launch shape (tests and the workbench; automatic = cluster4_w16 on sm_90 for one sequence, cluster2_w16 for
@@ -171,7 +175,9 @@ int64_t gdn_decode_ticket_count(int Hk);
 // once; TERN_GDN_BATCH_SHAPE=cluster4_w16 or cluster4_w8 for the others): the same arithmetic for each sequence. Launched with PDL like gdn_decode (the same rule for
 // the states read before pdl_wait); the two tables are read before pdl_wait too, so they are launch constants of the
 // step (written by a copy before it, never by the kernel just before this one).
-void gdn_decode_batched(const GdnDecodeArgs& a, int B, float* const* conv_states, float* const* rec_states,
+// Returns whether it wrote a.out_tables: given, and the shape's blocks hold whole groups of 64 values of a v-head
+// (every shape but cluster8_w8, cluster8_w16 and cluster16_w8).
+bool gdn_decode_batched(const GdnDecodeArgs& a, int B, float* const* conv_states, float* const* rec_states,
                         cudaStream_t stream);
 // gdn_decode for one sequence of a.d.T tokens whose states and kept buffers (GdnDecodeArgs::conv_keep, rec_keep;
 // kept here) are the first entries of four device tables instead of arguments, read before pdl_wait as

@@ -18,6 +18,7 @@
 #include "cuda/common/cuda_common.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/warp_reduce.cuh"
+#include "cuda/kernels/qmv/dp4a_tables.cuh"
 
 namespace tern::cuda {
 namespace {
@@ -94,6 +95,9 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocks) gdn_decode_kernel(GdnDeco
   constexpr int kSqPerBlock = kRows / kSq;             // partial sums of squares per block (per token)
   constexpr int kSqPerHead = kDecodeDv / kSq;          // partial sums of squares per v-head (over the group)
   constexpr bool kTicket = CS > 1 && !kCluster;        // plain blocks that meet only through the conv-state ticket
+  // Whether the kernel can write out_proj's tables (GdnDecodeArgs::out_tables; the host passes them for T = 1 only):
+  // one chunk, blocks of whole groups of 64 rows
+  constexpr bool kTables = !kChunked && kRows % 64 == 0;
   static_assert(CS * kRows == kDecodeRatio * kDecodeDv, "a group covers the 2·dv rows of one key head");
   static_assert(kDecodeDv % kRows == 0 || kRows % kDecodeDv == 0, "blocks hold whole heads or slices of one head");
   static_assert(kDecodeDv % RPW == 0, "warps lie inside one head");
@@ -385,7 +389,31 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocks) gdn_decode_kernel(GdnDeco
       const int hs = (j00 + r) / kDecodeDv, j = (j00 + r) % kDecodeDv;
       const int64_t col = int64_t(head0 + hs) * kDecodeDv + j;
       const float zz = zin[q];
-      cout[t * int64_t(Hv) * kDecodeDv + col] = s_o[t][r] * s_inv[t][hs] * a.norm_w[j] * (zz / (1.0f + expf(-zz)));
+      const float y = s_o[t][r] * s_inv[t][hs] * a.norm_w[j] * (zz / (1.0f + expf(-zz)));
+      cout[t * int64_t(Hv) * kDecodeDv + col] = y;
+      if constexpr (kTables) s_o[t][r] = y;  // the thread's own entry: read above, by no one else since step 6
+    }
+    // out_proj's tables from the block's outputs (one token, whole groups of 64: warp w takes words 32w.. of the
+    // block's rows, in order, so each lane octet holds one group), written as qmv_dp4a_prequant_kernel would write
+    // them from out.
+    if constexpr (kTables) {
+      if (a.out_tables) {
+        __syncthreads();  // s_o holds the outputs
+        constexpr int kWords = kRows / 8;
+        const dp4a::TableOffsets o = dp4a::table_offsets(Hv * kDecodeDv / 32);
+        uint8_t* const tile = a.out_tables + int64_t(seq / dp4a::kTileTokens) * o.bytes;
+        const int word0 = (head0 * kDecodeDv + j00) / 8;
+        for (int w = warp * 32; w < kWords; w += NW * 32) {  // uniform over the warp
+          const int lw = w + lane;
+          const bool has = lw < kWords;
+          float v[8];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) v[e] = has ? s_o[0][8 * lw + e] : 0.0f;
+          dp4a::table_word(tile, o, word0 + lw, seq % dp4a::kTileTokens, v, has);
+        }
+        if (rank == 0 && kh == 0 && tid == 0)
+          reinterpret_cast<float*>(tile + o.rinv)[seq % dp4a::kTileTokens] = 1.0f;
+      }
     }
     if (last) {
       const bool writes_qk = kTicket ? s_writes_qk : rank == 0;
@@ -491,6 +519,23 @@ GdnDecodeArgs::Kernel automatic_kind(int B, bool tickets) {
   return B >= 2 ? batch_kind : K::cluster4_w16;
 }
 
+// The shape a launch of B sequences takes: a.kernel (a.force_portable: portable), automatic_kind where it is automatic
+// or a cluster shape where the sm_90 code does not run.
+GdnDecodeArgs::Kernel launch_kind(const GdnDecodeArgs& a, int B) {
+  using K = GdnDecodeArgs::Kernel;
+  const K kind = a.force_portable ? K::portable : a.kernel;
+  if (kind == K::automatic) return automatic_kind(B, a.tickets != nullptr);
+  if (!sm90_features() && kind != K::portable && kind != K::portable_split)
+    return automatic_kind(B, a.tickets != nullptr);  // the cluster shapes only where the sm_90 code runs
+  return kind;
+}
+
+// Whether a shape's one-token kernel writes GdnDecodeArgs::out_tables: blocks of whole groups of 64 rows (kTables).
+bool writes_tables(GdnDecodeArgs::Kernel kind) {
+  using K = GdnDecodeArgs::Kernel;
+  return kind != K::cluster8_w8 && kind != K::cluster8_w16 && kind != K::cluster16_w8 && kind != K::automatic;
+}
+
 // gdn_decode and gdn_decode_batched after their own checks of the states: the other arguments' checks and the launch
 // shape, the same for both (so that a sequence of a batch runs the code it runs alone).
 void decode(const GdnDecodeArgs& a, int B, const StateTables& tables, cudaStream_t stream) {
@@ -504,11 +549,9 @@ void decode(const GdnDecodeArgs& a, int B, const StateTables& tables, cudaStream
   TERN_CHECK(a.ld_proj >= d.C() + int64_t(d.Hv) * d.dv + 2 * d.Hv, "gdn_decode: ld_proj ", a.ld_proj, " too small");
   TERN_CHECK(a.proj && a.conv_w && a.A_log && a.dt_bias && a.norm_w && a.out, "gdn_decode: null pointer");
   using K = GdnDecodeArgs::Kernel;
-  K kind = a.force_portable ? K::portable : a.kernel;
-  if (kind == K::automatic)
-    kind = automatic_kind(B, a.tickets != nullptr);
-  else if (!sm90_features() && kind != K::portable && kind != K::portable_split)
-    kind = automatic_kind(B, a.tickets != nullptr);  // the cluster shapes only where the sm_90 code runs
+  const K kind = launch_kind(a, B);
+  TERN_CHECK(!a.out_tables || (d.T == 1 && writes_tables(kind)), "gdn_decode: out_tables need one token per sequence "
+             "and a shape whose blocks hold whole groups of 64 values");
   TERN_CHECK(kind != K::portable_split || a.tickets,
              "gdn_decode: the portable_split shape needs GdnDecodeArgs::tickets");
   if (tables.keep_token) {  // one kept state (gdn_decode_from_tables): cluster4_w16's or portable_split's kernels
@@ -561,13 +604,18 @@ void gdn_decode(const GdnDecodeArgs& a, cudaStream_t stream) {
   decode(a, 1, StateTables{}, stream);
 }
 
-void gdn_decode_batched(const GdnDecodeArgs& a, int B, float* const* conv_states, float* const* rec_states,
+bool gdn_decode_batched(const GdnDecodeArgs& a, int B, float* const* conv_states, float* const* rec_states,
                         cudaStream_t stream) {
   TERN_CHECK(a.d.T == 1, "gdn_decode_batched: one token per sequence (d.T = ", a.d.T, ")");
   TERN_CHECK(B >= 1 && B <= kDecodeMaxSeqs, "gdn_decode_batched: ", B, " sequences (1..", kDecodeMaxSeqs, ")");
   TERN_CHECK((a.Ck == 1 || conv_states) && rec_states, "gdn_decode_batched: null state table");
   TERN_CHECK(!a.conv_keep && !a.rec_keep, "gdn_decode_batched: kept states are gdn_decode's (one sequence)");
-  decode(a, B, StateTables{conv_states, rec_states}, stream);
+  TERN_CHECK(!a.out_tables || (reinterpret_cast<uintptr_t>(a.out_tables) & 15) == 0,
+             "gdn_decode_batched: out_tables not 16-byte aligned");
+  GdnDecodeArgs b = a;
+  if (b.out_tables && !writes_tables(launch_kind(a, B))) b.out_tables = nullptr;
+  decode(b, B, StateTables{conv_states, rec_states}, stream);
+  return b.out_tables != nullptr;
 }
 
 void gdn_decode_from_tables(const GdnDecodeArgs& a, float* const* conv_state, float* const* rec_state,

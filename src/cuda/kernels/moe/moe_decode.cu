@@ -603,7 +603,7 @@ int64_t x_lanes_bytes(int T, int64_t D) { return int64_t(T) * ((D + 1023) / 1024
 size_t moe_decode_scratch_bytes(int T, int64_t D, int E, int k, int64_t F) {
   const int64_t b = align_up(T * D * 4) + align_up(int64_t(T) * E * 4) + align_up(T * 4) + align_up(int64_t(T) * k * 4) +
                     align_up(int64_t(T) * k * 4) + align_up(T * 4) + align_up(T * (k + 1) * F * 4) + align_up(2 * 4) +
-                    align_up(x_lanes_bytes(T, D));
+                    align_up(T * 4) + align_up(x_lanes_bytes(T, D));
   return size_t(b);
 }
 
@@ -625,12 +625,15 @@ MoeDecodeScratch moe_decode_scratch_view(void* base, int T, int64_t D, int E, in
   s.h = static_cast<float*>(take(T * (k + 1) * F * 4));
   s.ticket = static_cast<unsigned*>(take(2 * 4));
   s.epoch = s.ticket + 1;
+  s.down_tickets = static_cast<unsigned*>(take(T * 4));
+  s.down_tickets_count = T;
   s.x_lanes = static_cast<uint4*>(take(x_lanes_bytes(T, D)));  // last: the other tables keep their places
   return s;
 }
 
 void moe_decode_scratch_init(const MoeDecodeScratch& s, cudaStream_t stream) {
   TERN_CUDA(cudaMemsetAsync(s.ticket, 0, 2 * sizeof(unsigned), stream));  // the ticket and the epoch after it
+  TERN_CUDA(cudaMemsetAsync(s.down_tickets, 0, size_t(s.down_tickets_count) * sizeof(unsigned), stream));
 }
 
 void moe_decode_set_l2_prefetch(bool on) { prefetch_flag() = on; }
@@ -860,8 +863,8 @@ bool route_batch(const MoeDecodeWeights& w, const float* hidden, int B, const Mo
 // then gate_up and down with grid.y = token. The down kernel reads the routing early under the one-token step's
 // condition: the launch before it is the integer gate_up, whose blocks trigger only after their pdl_wait, i.e. once
 // all B routings are complete.
-void moe_decode_batched(const MoeDecodeWeights& w, float* hidden, int B, const MoeDecodeScratch& s,
-                        cudaStream_t stream) {
+bool moe_decode_batched(const MoeDecodeWeights& w, float* hidden, int B, const MoeDecodeScratch& s,
+                        cudaStream_t stream, const MoeTablesOut& next) {
   TERN_CHECK(B >= 1 && B <= kBatchMaxTokens, "moe_decode_batched: B = ", B, " outside 1..", kBatchMaxTokens);
   check_shapes(w, 1);
   TERN_CHECK(moe_decode_batched_supported(w),
@@ -878,10 +881,16 @@ void moe_decode_batched(const MoeDecodeWeights& w, float* hidden, int B, const M
   // routing only after its wait.
   const bool router = !step_omits(StepPart::router), gate_up = !step_omits(StepPart::gate_up);
   const bool down = !step_omits(StepPart::down);
+  // The next product's tables from the down kernel: where the rows are whole groups of 64 and the tickets cover B.
+  const bool tables = next.tables && w.router.cols % 64 == 0 && s.down_tickets && s.down_tickets_count >= B;
+  TERN_CHECK(!tables || (reinterpret_cast<uintptr_t>(next.tables) & 15) == 0,
+             "moe_decode_batched: the tables must be 16-byte aligned");
+  const MoeTablesOut out = tables ? next : MoeTablesOut{};
   const bool launched = (!router || route_batch(w, hidden, B, s, stream, x_lanes, x_lanes_written)) &&
                         (!gate_up || moe_gate_up_dp4a(w, s, stream, B, x_lanes_written)) &&
-                        (!down || moe_down_dp4a(w, hidden, s, gate_up && early_routing_enabled(), stream, B));
+                        (!down || moe_down_dp4a(w, hidden, s, gate_up && early_routing_enabled(), stream, B, out));
   TERN_INTERNAL_CHECK(launched, "moe_decode_batched: a kernel refused after the checks");
+  return tables && down;
 }
 
 }  // namespace tern::cuda

@@ -57,6 +57,10 @@ struct MoeDecodeScratch {
   // token: uint4 [4][32], [k][l] the activations of word 4·l + k of the slice (lane l's columns [32·l, +32)), then
   // float2 [32], [l] = (σ of lane l's group of 64 columns, σ·Σv over its 32 columns).
   uint4* x_lanes = nullptr;
+  // [T] arrivals of a token's down blocks (moe_decode_batched with MoeTablesOut: the last block writes the tables);
+  // zeroed by moe_decode_scratch_init, left at zero by every launch.
+  unsigned* down_tickets = nullptr;
+  int down_tickets_count = 0;
 };
 constexpr int64_t kMoeXLaneSliceBytes = 4 * 32 * 16 + 32 * 8;  // 2304 per 1024 columns
 size_t moe_decode_scratch_bytes(int T, int64_t D, int E, int k, int64_t F);
@@ -93,8 +97,17 @@ bool moe_decode_batched_supported(const MoeDecodeWeights& w);
 // hidden [B, D]: token b updated bit for bit as moe_decode(w, hidden + b·D, 1, ...) updates it alone, for
 // 1 <= B <= kBatchMaxTokens (qmv_dp4a.cuh); s sized for at least B tokens (moe_decode_scratch_bytes(T >= B)), its
 // rows b holding token b's routing and h. Throws tern::Error when !moe_decode_batched_supported(w).
-void moe_decode_batched(const MoeDecodeWeights& w, float* hidden, int B, const MoeDecodeScratch& s,
-                        cudaStream_t stream);
+// With next.tables (null: none) the down kernel also writes the next batched product's activation tables from the
+// finished rows (dp4a_tables.cuh: x·next.norm_w with the RMSNorm's rinv, token b in slot b % 8 of tile b / 8; the
+// last of a token's blocks to finish quantises its row, as qmv_dp4a_prequant_kernel would). Returns whether it wrote
+// them (next.tables given, D a multiple of 64 and the down kernel launched).
+struct MoeTablesOut {
+  uint8_t* tables = nullptr;      // qmv_dp4a_mma_scratch_bytes(B, D) bytes, 16-byte aligned
+  const float* norm_w = nullptr;  // [D] the next product's RMSNorm weights (null: no norm, rinv 1)
+  float eps = 1e-6f;
+};
+bool moe_decode_batched(const MoeDecodeWeights& w, float* hidden, int B, const MoeDecodeScratch& s,
+                        cudaStream_t stream, const MoeTablesOut& next = {});
 
 // Whether moe_decode runs router and gate_up as the one fused kernel (moe_router_gate_up.cuh): T = 1, no sm_90
 // features (the portable path or an older GPU), qmv variant 3, no router L2 prefetch, TERN_MOE_FUSED_ROUTER not 0,

@@ -130,6 +130,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_dp4a_kernel(const DownPa
     hid = hid_next;
     cur = nxt;
   }
+  down_tables_tail(p, token, hidden);
 }
 
 template <int S>
@@ -184,7 +185,7 @@ bool moe_gate_up_dp4a(const MoeDecodeWeights& w, const MoeDecodeScratch& s, cuda
 }
 
 bool moe_down_dp4a(const MoeDecodeWeights& w, float* hidden, const MoeDecodeScratch& s, bool early_routing,
-                   cudaStream_t stream, int B) {
+                   cudaStream_t stream, int B, const MoeTablesOut& tables) {
   if (B < 1 || !moe_down_dp4a_fits(w) || (reinterpret_cast<uintptr_t>(s.h) & 15)) return false;
   const DMat& d = w.expert_down;
   DownParams p;
@@ -200,6 +201,14 @@ bool moe_down_dp4a(const MoeDecodeWeights& w, float* hidden, const MoeDecodeScra
   p.h = s.h;
   p.hidden = hidden;
   p.early_routing = early_routing;
+  if (tables.tables) {
+    TERN_CHECK(s.down_tickets && s.down_tickets_count >= B && p.D % 64 == 0,
+               "moe_down_dp4a: tables need the scratch's tickets for B = ", B, " and D a multiple of 64 (D = ", p.D, ")");
+    p.tables = tables.tables;
+    p.tables_norm = tables.norm_w;
+    p.tables_eps = tables.eps;
+    p.tickets = s.down_tickets;
+  }
   if (B >= 2 && prefetch_aligned(d) && prefetch_aligned(w.shared_down) && down_ring(p, B, stream)) return true;
   const int blocks = qtile::balanced_grid(reinterpret_cast<const void*>(moe_down_dp4a_kernel), p.D, B);
   launch_pdl("moe_down_dp4a", moe_down_dp4a_kernel, dim3(unsigned(blocks), unsigned(B)), dim3(kThreads), 0, stream,

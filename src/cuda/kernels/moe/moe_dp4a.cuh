@@ -35,8 +35,10 @@ bool moe_down_dp4a_fits(const MoeDecodeWeights& w);
 // the grouped gate_up form needs; without them B >= 2 takes the ring form even in the grouped mode.
 bool moe_gate_up_dp4a(const MoeDecodeWeights& w, const MoeDecodeScratch& s, cudaStream_t stream, int B = 1,
                       bool x_lanes_written = false);
+// tables: the next product's activation tables from the finished rows (moe_decode_batched's MoeTablesOut; B >= 1,
+// s.down_tickets for B tokens): both forms write them.
 bool moe_down_dp4a(const MoeDecodeWeights& w, float* hidden, const MoeDecodeScratch& s, bool early_routing,
-                   cudaStream_t stream, int B = 1);
+                   cudaStream_t stream, int B = 1, const MoeTablesOut& tables = {});
 
 // The gate_up form of B >= 2 tokens (the ring forms of moe_dp4a_ring.cu, unless TERN_MOE_RING=0): the ring form (the
 // default) or the one grouped by expert across the batch (TERN_MOE_RING_GATE_UP=grouped: moe_dp4a_grouped.cu; where

@@ -12,6 +12,7 @@
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/warp_reduce.cuh"
 #include "cuda/kernels/moe/moe_decode.cuh"
+#include "cuda/kernels/qmv/dp4a_tables.cuh"
 #include "cuda/kernels/qmv/dp4a_tile.cuh"
 #include "cuda/kernels/qmv/qmv_tile.cuh"
 
@@ -232,7 +233,35 @@ struct DownParams {
   const float* h;            // [B][kSeg][512]
   float* hidden;             // [B][D]
   bool early_routing;        // ids complete before this launch: read them and the first weights before pdl_wait
+  // The next product's activation tables (MoeTablesOut; null: none): [⌈B/8⌉][table_tile_bytes(D)], from the
+  // finished rows of hidden by the last block of each token (tickets [B]: arrivals, left at zero).
+  uint8_t* tables = nullptr;
+  const float* tables_norm = nullptr;
+  float tables_eps = 0.0f;
+  unsigned* tickets = nullptr;
 };
+
+// The down kernels' end (every thread of the block; the block's rows of hidden written): with p.tables, the last of
+// the token's gridDim.x blocks to arrive quantises the token's whole row into its tables (dp4a::table_token, the
+// pre-quantising kernel's arithmetic) and sets the ticket back to zero. Each block's writes are made visible
+// device-wide before it arrives (__threadfence by every thread, then the block's barrier), and the last block reads
+// the row through L2 after its own fence.
+__device__ __forceinline__ void down_tables_tail(const DownParams& p, int token, const float* hidden) {
+  if (!p.tables) return;  // uniform
+  __shared__ bool last;
+  __shared__ float red[8];
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    last = atomicAdd(p.tickets + token, 1u) == gridDim.x - 1;
+    if (last) p.tickets[token] = 0u;  // every block of the token has arrived: ready for the next launch
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  uint8_t* const tile = p.tables + int64_t(token / dp4a::kTileTokens) * dp4a::table_tile_bytes(p.D);
+  dp4a::table_token(tile, hidden, p.D, p.tables_norm, p.tables_eps, token % dp4a::kTileTokens, red);
+}
 
 
 inline bool q4_dp4a_ok(const DMat& m) {

@@ -397,6 +397,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_ring_kernel(const DownPa
     }
   }
   cp_async_wait<0>();
+  down_tables_tail(p, token, hidden);
 }
 
 // Blocks per token of a grid (blocks, B) whose blocks are all resident: the wave shared by the tokens, at most

@@ -52,6 +52,9 @@ struct QmvArgs {
   // activations are quantised once per product (unless TERN_QMV_PREQUANT=0). Null: every block quantises them.
   void* xq = nullptr;
   size_t xq_bytes = 0;
+  // The tables in xq for these B tokens are already written, complete when the kernel before this product completes
+  // (producer tables: qmv_dp4a_mma.cuh, qmv_dp4a_set_producer_tables): no pre-quantising kernel runs.
+  bool xq_written = false;
 };
 void qmv(const QmvArgs& a, cudaStream_t stream);
 // Whether qmv runs this product (one token) on the integer path of qmv_dp4a.cuh (variant 3 and the shape fits):

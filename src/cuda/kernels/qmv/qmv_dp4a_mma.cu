@@ -53,6 +53,7 @@
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/step_omit.h"
 #include "cuda/common/warp_reduce.cuh"
+#include "cuda/kernels/qmv/dp4a_tables.cuh"
 #include "cuda/kernels/qmv/dp4a_tile.cuh"
 #include "cuda/kernels/qmv/qmv_tile.cuh"
 
@@ -63,7 +64,7 @@ namespace {
 constexpr int kThreads = 256;  // 8 warps: the one-token kernel's block, so the RMSNorm's Σx² is summed alike
 constexpr int kWarps = kThreads / 32;
 constexpr int kTileRows = 16;
-constexpr int kTileTokens = 8;
+constexpr int kTileTokens = dp4a::kTileTokens;
 constexpr int kPositionsPerWarp = 32 / kWarps;  // 4
 constexpr uint32_t kMagicBits = 0x4B400000u;  // 1.5·2^23
 constexpr float kMagic = 12582912.0f;
@@ -83,19 +84,21 @@ struct MmaParams {
   L2Ranges ahead;
   // [⌈B/8⌉][Layout<S>::kTableBytes]: each token tile's tables, quantised once per product (null: per block)
   uint8_t* xq = nullptr;
+  bool xq_written = false;  // the kernel before wrote them (QmvArgs::xq_written): no pre-quantising kernel
 };
 
-// A token tile's activation tables over HG half-groups, in bytes from their start: the layout the pre-quantising
-// kernel writes into the scratch (HG = 32·S, every position) and the blocks copy into shared memory as is (the split
-// form: HG = 16·S, its block's positions).
+// A token tile's activation tables over HG half-groups, in bytes from their start (dp4a_tables.cuh): the layout the
+// pre-quantising kernel and the producers write into the scratch (HG = 32·S, every position) and the blocks copy
+// into shared memory as is (the split form: HG = 16·S, its block's positions).
 template <int HG>
 struct TileTables {
-  static constexpr int kXF = 0;                                      // uint4 [HG][8 tokens][4]: hi, mid pairs
-  static constexpr int kXL = kXF + HG * kTileTokens * 4 * 16;        // uint2 [HG][8][4]: lo pairs
-  static constexpr int kSX = kXL + HG * kTileTokens * 4 * 8;         // float [HG][8]: σ·Σv of the half-group
-  static constexpr int kSig = kSX + HG * kTileTokens * 4;            // float [HG / 2][8]: σ of the group
-  static constexpr int kRinv = kSig + HG / 2 * kTileTokens * 4;      // float [8]: the norm's rsqrt per token (or 1)
-  static constexpr int kTableBytes = kRinv + kTileTokens * 4;
+  static constexpr dp4a::TableOffsets kO = dp4a::table_offsets(HG);
+  static constexpr int kXF = kO.xf;      // uint4 [HG][8 tokens][4]: hi, mid pairs
+  static constexpr int kXL = kO.xl;      // uint2 [HG][8][4]: lo pairs
+  static constexpr int kSX = kO.sx;      // float [HG][8]: σ·Σv of the half-group
+  static constexpr int kSig = kO.sig;    // float [HG / 2][8]: σ of the group
+  static constexpr int kRinv = kO.rinv;  // float [8]: the norm's rsqrt per token (or 1)
+  static constexpr int kTableBytes = kO.bytes;
 };
 
 // Shared memory of a block for S slices (HG = 32·S half-groups of a row), in bytes from the start.
@@ -181,6 +184,7 @@ __device__ __forceinline__ void quantize_tokens(const MmaParams& p, uint8_t* tab
   uint2* xl = reinterpret_cast<uint2*>(tables + L::kXL);
   float* sx = reinterpret_cast<float*>(tables + L::kSX);
   float* sig = reinterpret_cast<float*>(tables + L::kSig);
+  constexpr dp4a::TableOffsets o = L::kO;
   const int lane = int(threadIdx.x) & 31;
   float4 n0[kPasses], n1[kPasses];  // the norm's weights, the same for every token
 #pragma unroll
@@ -240,21 +244,7 @@ __device__ __forceinline__ void quantize_tokens(const MmaParams& p, uint8_t* tab
             v[e] *= n[e];
           }
         }
-        int sumv = 0;
-        float m = 0.0f;
-        uint2 lo = make_uint2(0u, 0u);
-        const uint4 q = dp4a::quantize_word_wide(v, sumv, m, lo);
-        // Σv of the half-group: its 4 words are 4 consecutive threads (integer sums: any order is exact)
-        sumv += __shfl_xor_sync(0xffffffffu, sumv, 1);
-        sumv += __shfl_xor_sync(0xffffffffu, sumv, 2);
-        if (has) {
-          const int hg = word / 4, c = word % 4;
-          xf[(hg * kTileTokens + t) * 4 + c] = q;
-          xl[(hg * kTileTokens + t) * 4 + c] = lo;
-          const float sigma = m / dp4a::kQMaxWide;
-          if (c == 0) sx[hg * kTileTokens + t] = sigma * float(sumv);  // qmv_dp4a's σ·Σv, the same two roundings
-          if ((word & 7) == 0) sig[(word / 8) * kTileTokens + t] = sigma;
-        }
+        dp4a::table_word(tables, o, word, t, v, has);
       }
       if (p.norm_w) {
         ss = warp_sum(ss);
@@ -267,11 +257,8 @@ __device__ __forceinline__ void quantize_tokens(const MmaParams& p, uint8_t* tab
 // The factor of a token's outputs: rms_factor of qmv_dp4a.cu (its 8 warps' Σx² in order) with the norm, else 1.
 template <int S>
 __device__ __forceinline__ float token_rinv(const MmaParams& p, const float* red_of_token) {
-  if (!p.norm_w) return 1.0f;
-  float t = 0.0f;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) t += red_of_token[w];
-  return rsqrtf(t / float(Layout<S>::kHG * 32) + p.eps);
+  static_assert(kWarps == 8, "dp4a::table_rinv sums 8 warps' parts");
+  return p.norm_w ? dp4a::table_rinv(red_of_token, Layout<S>::kHG * 32, p.eps) : 1.0f;
 }
 
 // The tables of every token tile, once per product: block b takes token slot b % 8 of tile b / 8 (a slot past B
@@ -661,7 +648,7 @@ bool split_applies(const MmaParams& p, int S) {
 template <int S>
 void launch(const MmaParams& p, cudaStream_t stream) {
   const int token_tiles = (p.B + kTileTokens - 1) / kTileTokens;
-  if (p.xq && !step_omits(StepPart::prequant))
+  if (p.xq && !p.xq_written && !step_omits(StepPart::prequant))
     launch_pdl("qmv_dp4a_prequant", qmv_dp4a_prequant_kernel<S>, dim3(unsigned(token_tiles * kTileTokens)),
                dim3(kThreads), 0, stream, p);
   if (split_applies(p, S)) return launch_split(p, token_tiles, stream);
@@ -695,6 +682,36 @@ size_t qmv_dp4a_mma_scratch_bytes(int B, int64_t cols) {
                                       : 0;
   return size_t((std::max(B, 0) + kTileTokens - 1) / kTileTokens) * size_t(per_tile);
 }
+
+void qmv_dp4a_mma_quantize(const float* x, int64_t ldx, int64_t cols, const float* norm_w, float eps, int B, void* xq,
+                           size_t xq_bytes, cudaStream_t stream) {
+  TERN_CHECK(B >= 1 && B <= kBatchMaxTokens && (cols == 1024 || cols == 2048 || cols == 4096) && x && ldx % 4 == 0 &&
+                 (reinterpret_cast<uintptr_t>(x) & 15) == 0,
+             "qmv_dp4a_mma_quantize: B = ", B, ", ", cols, " columns, ldx ", ldx);
+  TERN_CHECK(xq && xq_bytes >= qmv_dp4a_mma_scratch_bytes(B, cols) && (reinterpret_cast<uintptr_t>(xq) & 15) == 0,
+             "qmv_dp4a_mma_quantize: scratch of ", xq_bytes, " bytes for B = ", B, " x ", cols, " columns");
+  MmaParams p;
+  p.x = x;
+  p.ldx = ldx;
+  p.norm_w = norm_w;
+  p.eps = eps;
+  p.B = B;
+  p.xq = static_cast<uint8_t*>(xq);
+  const dim3 grid(unsigned((B + kTileTokens - 1) / kTileTokens * kTileTokens));
+  switch (cols) {
+    case 1024: launch_pdl("qmv_dp4a_prequant", qmv_dp4a_prequant_kernel<1>, grid, dim3(kThreads), 0, stream, p); break;
+    case 2048: launch_pdl("qmv_dp4a_prequant", qmv_dp4a_prequant_kernel<2>, grid, dim3(kThreads), 0, stream, p); break;
+    default: launch_pdl("qmv_dp4a_prequant", qmv_dp4a_prequant_kernel<4>, grid, dim3(kThreads), 0, stream, p); break;
+  }
+}
+
+bool& producer_tables_setting() {
+  static bool on = !env_is("TERN_QMV_PRODUCER_TABLES", "0");
+  return on;
+}
+
+void qmv_dp4a_set_producer_tables(bool on) { producer_tables_setting() = on; }
+bool qmv_dp4a_producer_tables() { return producer_tables_setting(); }
 
 bool& split_setting() {
   static bool on = !env_is("TERN_QMV_MMA_SPLIT", "0");
@@ -741,6 +758,7 @@ void qmv_dp4a_mma_batched(const QmvArgs& a, int B, cudaStream_t stream) {
                "qmv_dp4a_mma_batched: activation scratch of ", a.xq_bytes, " bytes at ", a.xq, " for B = ", B, " x ",
                w.cols, " columns (", need, " bytes, 16-byte aligned, needed)");
     p.xq = static_cast<uint8_t*>(a.xq);
+    p.xq_written = a.xq_written;
   }
   switch (w.cols) {
     case 1024: launch<1>(p, stream); break;

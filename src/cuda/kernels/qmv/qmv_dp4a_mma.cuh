@@ -34,6 +34,16 @@ void qmv_dp4a_mma_batched(const QmvArgs& a, int B, cudaStream_t stream);
 // Bytes of QmvArgs::xq that qmv_dp4a_mma_batched needs for B tokens of `cols` columns: ⌈B/8⌉ token tiles' activation
 // tables (~26 KB per tile and 1024 columns, linear in the columns); 0 for widths it never takes.
 size_t qmv_dp4a_mma_scratch_bytes(int B, int64_t cols);
+// The pre-quantising kernel alone (for tests of the producers' tables): B tokens of x [B][ldx] (cols 1024, 2048 or
+// 4096; x·norm_w with the RMSNorm's rinv, or x and rinv = 1) into xq as qmv_dp4a_mma_batched's scratch holds them.
+void qmv_dp4a_mma_quantize(const float* x, int64_t ldx, int64_t cols, const float* norm_w, float eps, int B, void* xq,
+                           size_t xq_bytes, cudaStream_t stream);
+// Whether the batched step has the kernels before its products write the products' tables (producer tables,
+// dp4a_tables.cuh: gdn_decode_batched for out_proj, attention_batched for o_proj, moe_decode_batched for the next
+// in_proj, q|k|v or LM head) instead of a pre-quantising kernel per product: the same bytes, one kernel fewer in
+// the chain. On by default; TERN_QMV_PRODUCER_TABLES=0 turns it off; the setter is for tests and comparisons.
+void qmv_dp4a_set_producer_tables(bool on);
+bool qmv_dp4a_producer_tables();
 // Whether 4096-column products with scratch (a.xq) take the split form on sm_90 binaries: each 16-row tile by a
 // cluster of 2 blocks, each copying and folding 16 of every slice's 32 positions (half the tables and weights, 96 KB
 // of shared memory a block: two an SM), rank 0 adding rank 1's half through distributed shared memory: the same bits.
