@@ -32,7 +32,7 @@ __host__ __device__ constexpr TableOffsets table_offsets(int hg) {
   return TableOffsets{xf, xl, sx, sig, rinv, rinv + kTileTokens * 4};
 }
 
-// Tile tile of the tables of a product with `cols` columns: tables + tile · bytes.
+// Bytes of one token tile's tables for a product of `cols` columns (tile j at tables + j · bytes).
 __host__ __device__ constexpr int64_t table_tile_bytes(int64_t cols) { return table_offsets(int(cols / 32)).bytes; }
 
 // Quantises word `word` (columns [8·word, +8)) of token slot t of one tile's tables (o: table_offsets(HG)) from its
@@ -67,7 +67,7 @@ __device__ __forceinline__ float table_rinv(const float* red8, int cols, float e
   return rsqrtf(t / float(cols) + eps);
 }
 
-// One token's row x [cols] (16-byte aligned, cols a multiple of 256... of 8·32) quantised by a block's first 256
+// One token's row x [cols] (16-byte aligned, cols a multiple of 64) quantised by a block's first 256
 // threads, as qmv_dp4a_prequant_kernel quantises it (thread t words t, t + 256, ..., x·norm_w with Σx² per thread
 // in that order, then per warp): slot t of the tile at `tables`. With norm_w its rinv too; without, rinv = 1.
 // red: 8 floats of shared memory. Threads ≥ 256 return at once; the first 256 end with a barrier of their own

@@ -18,7 +18,8 @@
 // in the shared-memory layout (it lets the product launch right after its own pdl_wait), and every block of the
 // product copies its tile's tables in with cp.async right after its pdl_wait(), beside the weight stages in flight;
 // or, without scratch (or TERN_QMV_PREQUANT=0), by every block for its own tile in its prologue (the same code, so
-// the same bits).
+// the same bits); or, with QmvArgs::xq_written, by the kernel before the product from the values it has just made
+// (producer tables, dp4a_tables.cuh: the same word quantiser), and no pre-quantising kernel runs.
 // The row tiles stream through a cp.async pipeline of Layout::kStages stages (weights, scales, biases), the first
 // ones issued before pdl_wait().
 //
