@@ -733,7 +733,7 @@ void launch_decode(const float* q, const float* qg, int64_t ld_qg, const Seqs<co
              part);
   launch_pdl("attention_decode_merge", attention_decode_merge_kernel<DH>,
              dim3(unsigned(d.T * d.Hq), unsigned(seqs.B)), dim3(256), 0, stream, part, qg, ld_qg, seqs, d, out,
-               tables);
+             tables);
 }
 
 }  // namespace

@@ -203,7 +203,8 @@ bool moe_down_dp4a(const MoeDecodeWeights& w, float* hidden, const MoeDecodeScra
   p.early_routing = early_routing;
   if (tables.tables) {
     TERN_CHECK(s.down_tickets && s.down_tickets_count >= B && p.D % 64 == 0,
-               "moe_down_dp4a: tables need the scratch's tickets for B = ", B, " and D a multiple of 64 (D = ", p.D, ")");
+               "moe_down_dp4a: tables need the scratch's tickets for B = ", B, " and D a multiple of 64 (D = ", p.D,
+               ")");
     p.tables = tables.tables;
     p.tables_norm = tables.norm_w;
     p.tables_eps = tables.eps;
