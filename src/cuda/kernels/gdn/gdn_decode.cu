@@ -530,10 +530,11 @@ GdnDecodeArgs::Kernel launch_kind(const GdnDecodeArgs& a, int B) {
   return kind;
 }
 
-// Whether a shape's one-token kernel writes GdnDecodeArgs::out_tables: blocks of whole groups of 64 rows (kTables).
+// Whether a launch shape (launch_kind's, never automatic) writes GdnDecodeArgs::out_tables: blocks of whole groups
+// of 64 rows (kTables).
 bool writes_tables(GdnDecodeArgs::Kernel kind) {
   using K = GdnDecodeArgs::Kernel;
-  return kind != K::cluster8_w8 && kind != K::cluster8_w16 && kind != K::cluster16_w8 && kind != K::automatic;
+  return kind != K::cluster8_w8 && kind != K::cluster8_w16 && kind != K::cluster16_w8;
 }
 
 // gdn_decode and gdn_decode_batched after their own checks of the states: the other arguments' checks and the launch
