@@ -78,6 +78,12 @@ __global__ void __launch_bounds__(kWarps * 32) moe_router_cluster_kernel(const C
   __shared__ float ss_part[kWarps];
   __shared__ float rinv_s;
   cg::cluster_group cluster = cg::this_cluster();
+  // Every block arrives now and waits (below) only before its first write into block 0's shared memory: the
+  // programming guide's rule for distributed shared memory (every block of the cluster known to have started before
+  // a remote access; without it racecheck reported each write as "a block that might not have entered yet"). By then
+  // the other blocks have long arrived: the wait costs nothing measurable.
+  // (Relaxed: nothing written before it needs ordering; cluster.barrier_arrive() would fence the GPU's memory first.)
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
   const int rank = int(cluster.block_rank());
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   // Cluster blockIdx.y routes token blockIdx.y (0 for one token): its row of hidden and its rows of the scratch.
@@ -149,6 +155,7 @@ __global__ void __launch_bounds__(kWarps * 32) moe_router_cluster_kernel(const C
                                  __uint_as_float(wsb[i][c] & 0xffff0000u), acc[i]);
     }
   }
+  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // block 0 has started: its logits may be written
 #pragma unroll
   for (int i = 0; i < kRowsPerWarp; ++i) {
     const int row = rank * kWarps + warp + kCluster * kWarps * i;
