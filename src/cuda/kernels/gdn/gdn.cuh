@@ -134,7 +134,11 @@ struct GdnDecodeArgs {
   //                   (B = 8: 256 blocks, one wave on an H200);
   //   cluster4_w8:    clusters of 4 blocks × 8 warps × 8 rows (64 blocks of 256 threads; one token: 80 registers, 3
   //                   blocks per SM).
-  //   Both sum the gated norm's squares over sets of 4 rows as cluster4_w16 does: bit for bit its results.
+  //   smem_w16:       one block of 16 warps × 16 rows per key head, 12 of each warp's rows in shared memory (16
+  //                   blocks of 512 threads, 96 KB each; 2 blocks per SM: twice cluster2_w16's rows). One token at
+  //                   conv width ≤ 4; otherwise cluster2_w16's kernels. automatic takes it for gdn_decode_batched
+  //                   where B · Hk exceeds the SMs (one wave of cluster2_w16 does not hold the batch).
+  //   The three sum the gated norm's squares over sets of 4 rows as cluster4_w16 does: bit for bit its results.
   // The cluster shapes fall back where the sm_90 binary does not run: to portable_split when tickets are given and
   // TERN_GDN_PORTABLE_SPLIT is not 0, else to portable.
   enum class Kernel {
@@ -146,7 +150,8 @@ struct GdnDecodeArgs {
     portable,
     portable_split,
     cluster2_w16,
-    cluster4_w8
+    cluster4_w8,
+    smem_w16
   };
   Kernel kernel = Kernel::automatic;
 };

@@ -17,8 +17,10 @@
 #include "core/check.h"
 #include "cuda/common/cuda_common.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/ptx.cuh"
 #include "cuda/common/warp_reduce.cuh"
 #include "cuda/kernels/qmv/dp4a_tables.cuh"
+#include "cuda/kernels/qmv/qmv_tile.cuh"
 
 namespace tern::cuda {
 namespace {
@@ -81,7 +83,11 @@ struct StateTables {
 // one-chunk code's 102). The code of a token is the same in all three.
 // kKeepOne: the kept buffers take only the states before token *tables.keep_token, in their first slot (a prefix
 // snapshot inside a short call); else those before every token c0 + t, in slot c0 + t (verification).
-template <int CS, bool kCluster, int NW, int RPW, int kSq, int kMinBlocks, int kTaps, int kMaxT, bool kKeepOne>
+// kSmemRows: the last kSmemRows of a warp's RPW rows live in shared memory (gdn_smem_rows: each lane its own 16-byte
+// pieces, copied there by cp.async before pdl_wait), the first RPW - kSmemRows in registers; the delta rule takes a
+// shared set into registers, updates it and puts it back. More rows per SM than the register files hold (smem_w16).
+template <int CS, bool kCluster, int NW, int RPW, int kSq, int kMinBlocks, int kTaps, int kMaxT, bool kKeepOne,
+          int kSmemRows = 0>
 __global__ void __launch_bounds__(NW * 32, kMinBlocks) gdn_decode_kernel(GdnDecodeArgs a, StateTables tables) {
   namespace cg = cooperative_groups;
   constexpr bool kChunked = kMaxT > kDecodeChunk;
@@ -103,6 +109,9 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocks) gdn_decode_kernel(GdnDeco
   static_assert(kDecodeDv % RPW == 0, "warps lie inside one head");
   static_assert(RPW % kSq == 0, "a warp's rows are whole row sets");
   static_assert(kCluster ? CS > 1 : kRows % kDecodeDv == 0, "a cluster has blocks to share; a plain block whole heads");
+  constexpr int kRegRows = RPW - kSmemRows;  // the warp's rows in registers: 0 .. kRegRows - 1
+  static_assert(kSmemRows == 0 || (kMaxT == 1 && !kKeepOne && kSmemRows % kSq == 0 && kSmemRows < RPW),
+                "rows in shared memory: one token, whole row sets");
   static_assert(!kTicket || 2 * kChunk < NW, "the ticket's thread (warp NW - 1) has no task in step 3");
   // The per-chunk buffers (a chunk = up to kChunk tokens; reused by every chunk of the launch).
   __shared__ __align__(16) float s_x[kChunk][kCh];  // conv+SiLU outputs [t][q 128 | k 128 | v kRows]
@@ -139,9 +148,17 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocks) gdn_decode_kernel(GdnDeco
   // State rows, before pdl_wait(): see gdn.cuh (only this layer's own GDN kernels write them). They stay in
   // registers across the chunks and are stored once, after the last chunk's delta rule.
   float* S = rec_state + (int64_t(wh) * kDecodeDv + wj0) * kDecodeDk + 4 * lane;
-  float4 s[RPW];
+  float4 s[RPW];  // rows kRegRows.. live in gdn_smem_rows, and in s only while the delta rule takes their set
 #pragma unroll
-  for (int r = 0; r < RPW; ++r) s[r] = *reinterpret_cast<const float4*>(S + r * kDecodeDk);
+  for (int r = 0; r < kRegRows; ++r) s[r] = *reinterpret_cast<const float4*>(S + r * kDecodeDk);
+  // Row r >= kRegRows of this thread in shared memory: [r - kRegRows][thread].
+  extern __shared__ __align__(16) float4 gdn_smem_rows[];
+  const auto smem_row = [&](int r) -> float4& { return gdn_smem_rows[(r - kRegRows) * NW * 32 + threadIdx.x]; };
+  if constexpr (kSmemRows > 0) {
+#pragma unroll
+    for (int r = kRegRows; r < RPW; ++r) cp_async_16(smem_addr(&smem_row(r)), S + r * kDecodeDk, 16u);
+    cp_async_commit();
+  }
 
   // Channel of local conv index lc: q (0..127), k (128..255), then the block's v rows.
   auto channel = [&](int lc) -> int64_t {
@@ -282,11 +299,13 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocks) gdn_decode_kernel(GdnDeco
     __syncthreads();
     // 4. the delta rule, token by token: with ks = S_old·k, qs = S_old·q (one pass over the state),
     //    δ = β(v − e^g·ks), S = e^g·S + δ kᵀ, o = e^g·qs + (q·k)·δ.
+    if constexpr (kSmemRows > 0) cp_async_wait<0>();  // this thread's shared rows have landed (its own copies)
     for (int t = 0; t < Tc; ++t) {
       if (rec_keep && kept(c0 + t)) {  // the state before token c0 + t, at the rows' offset in rec_state
         float* K = rec_keep + keep_slot(c0 + t) * state_elems + (S - rec_state);
 #pragma unroll
-        for (int r = 0; r < RPW; ++r) *reinterpret_cast<float4*>(K + r * kDecodeDk) = s[r];
+        for (int r = 0; r < RPW; ++r)
+          *reinterpret_cast<float4*>(K + r * kDecodeDk) = r < kRegRows ? s[r] : smem_row(r);
       }
       // Row set by row set (kSq rows each: the butterflies of one set at a time, fewer registers than all RPW rows'
       // at once; q·k's butterfly with the first set's); each row's arithmetic is the same whatever the set.
@@ -296,6 +315,12 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocks) gdn_decode_kernel(GdnDeco
       float sq[kSets], mine = 0.0f;
 #pragma unroll
       for (int set = 0; set < kSets; ++set) {
+        constexpr bool kNoSmem = kSmemRows == 0;
+        const bool shared_set = !kNoSmem && set * kSq >= kRegRows;  // known at compile time (unrolled)
+        if (shared_set) {
+#pragma unroll
+          for (int r = 0; r < kSq; ++r) s[set * kSq + r] = smem_row(set * kSq + r);
+        }
         float ks[kSq], qs[kSq];
 #pragma unroll
         for (int r = 0; r < kSq; ++r) {
@@ -326,6 +351,10 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocks) gdn_decode_kernel(GdnDeco
           sq[set] = fmaf(o, o, sq[set]);
           if (lane == wr) mine = o;
         }
+        if (shared_set) {
+#pragma unroll
+          for (int r = 0; r < kSq; ++r) smem_row(set * kSq + r) = s[set * kSq + r];
+        }
       }
       if (lane < RPW) s_o[t][warp * RPW + lane] = mine;
       if (lane == 0) {
@@ -335,7 +364,8 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocks) gdn_decode_kernel(GdnDeco
     }
     if (last) {
 #pragma unroll
-      for (int r = 0; r < RPW; ++r) *reinterpret_cast<float4*>(S + r * kDecodeDk) = s[r];
+      for (int r = 0; r < RPW; ++r)
+        *reinterpret_cast<float4*>(S + r * kDecodeDk) = r < kRegRows ? s[r] : smem_row(r);
     }
     if constexpr (kTicket) {
       if (first && tid == kNt - 1) {
@@ -440,6 +470,15 @@ constexpr int kDecodeSplitNW = 32, kDecodeSplitRPW = 4;  // RPW 4 as cluster4_w1
 // The batched step's shapes (sm_90): 8 rows per warp, summed in sets of 4 (so the sums of squares are cluster4_w16's):
 // cluster2_w16 (2 × 16 warps, 2 blocks per SM) and cluster4_w8 (4 × 8 warps, 3 blocks per SM); see decode().
 constexpr int kDecodeBatchRPW = 8, kDecodeBatchSq = 4;
+// smem_w16: 16 rows per warp, the last 12 in shared memory (16 warps × 12 × 512 B = 96 KB a block).
+constexpr int kDecodeSmemRPW = 16, kDecodeSmemRows = 12;
+constexpr int kDecodeSmemBytes = 16 * 32 * kDecodeSmemRows * 16;
+
+// Whether two smem_w16 blocks fit an SM's shared memory (sm_90: 228 KB; not an A100's 164 or an RTX card's 100).
+bool smem_rows_fit() {
+  static const bool fit = 2 * (kDecodeSmemBytes + 16 * 1024) <= qtile::max_dynamic_smem();
+  return fit;
+}
 
 }  // namespace
 
@@ -447,12 +486,22 @@ namespace {
 
 // One launch of shape (CS blocks per key head, in a cluster or plain; NW warps, RPW rows per warp, kSq rows per
 // partial sum of squares; kMinBlocks blocks per SM) over B sequences (grid z).
-template <int CS, bool kCluster, int NW, int RPW, int kSq, int kMinBlocks, int kTaps, int kMaxT, bool kKeepOne = false>
+// kSmemRows > 0: that many of each warp's rows in shared memory (16 bytes a lane each).
+template <int CS, bool kCluster, int NW, int RPW, int kSq, int kMinBlocks, int kTaps, int kMaxT, bool kKeepOne = false,
+          int kSmemRows = 0>
 void launch_decode_kernel(const GdnDecodeArgs& a, int B, const StateTables& tables, cudaStream_t stream) {
-  auto kernel = gdn_decode_kernel<CS, kCluster, NW, RPW, kSq, kMinBlocks, kTaps, kMaxT, kKeepOne>;
+  auto kernel = gdn_decode_kernel<CS, kCluster, NW, RPW, kSq, kMinBlocks, kTaps, kMaxT, kKeepOne, kSmemRows>;
   const dim3 grid(CS, unsigned(a.d.Hk), unsigned(B));
+  constexpr int smem = kSmemRows * NW * 32 * int(sizeof(float4));
+  if constexpr (smem > 0) {  // allowed once, outside any capture (the first call is eager)
+    static const bool allowed = [&] {
+      TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      return true;
+    }();
+    (void)allowed;
+  }
   if constexpr (!kCluster) {
-    launch_pdl("gdn_decode", kernel, grid, dim3(NW * 32), 0, stream, a, tables);
+    launch_pdl("gdn_decode", kernel, grid, dim3(NW * 32), size_t(smem), stream, a, tables);
   } else {
     if constexpr (CS > 8) {  // non-portable cluster size: allowed once, outside any capture (the first call is eager)
       static const bool allowed = [&] {
@@ -461,7 +510,7 @@ void launch_decode_kernel(const GdnDecodeArgs& a, int B, const StateTables& tabl
       }();
       (void)allowed;
     }
-    launch_cluster_pdl("gdn_decode (cluster)", kernel, grid, dim3(NW * 32), CS, 0, stream, a, tables);
+    launch_cluster_pdl("gdn_decode (cluster)", kernel, grid, dim3(NW * 32), CS, size_t(smem), stream, a, tables);
   }
 }
 // One shape's launch: the kernel of 4 taps for the model's conv width (fewer registers), of 8 beyond; the one-chunk
@@ -507,16 +556,27 @@ void launch_decode(const GdnDecodeArgs& a, int B, const StateTables& tables, cud
 //    registers, 2.5 per float): 3 blocks of 256 threads = 192 rows per SM, B = 8 1.29 waves, B = 16 2.59.
 //    Each gives a sequence the numbers cluster4_w16 gives it alone (the same per-row arithmetic, the sums of squares
 //    in sets of 4 rows): the same FP instruction sequence in the SASS since the fmaf fix.
-GdnDecodeArgs::Kernel automatic_kind(int B, bool tickets) {
+//  - where a wave of cluster2_w16 does not hold the batch (B · Hk > the SMs: B ≥ 9 on 132 SMs, two waves, each block
+//    one chain of loads, barriers and reductions; Nsight on an H100 at B = 16: 33 µs, DRAM 44%, docs/benchmarks.md):
+//    smem_w16, a block of 16 warps × 16 rows per key head, 12 of each warp's rows in shared memory (96 KB a block),
+//    2 blocks per SM = 512 rows, so B ≤ 16 is one wave with one chain per block. Its numbers are cluster4_w16's too.
+//    TERN_GDN_BATCH_SHAPE=cluster2_w16 keeps cluster2_w16 for every B, =smem_w16 takes smem_w16 from B = 2.
+GdnDecodeArgs::Kernel automatic_kind(int B, bool tickets, int Hk) {
   using K = GdnDecodeArgs::Kernel;
   static const bool cluster_ok = sm90_features();
   static const bool split_ok = !env_is("TERN_GDN_PORTABLE_SPLIT", "0");
-  // TERN_GDN_BATCH_SHAPE (the batched step's shape for B >= 2): cluster4_w16 or cluster4_w8; else cluster2_w16.
-  static const K batch_kind = env_is("TERN_GDN_BATCH_SHAPE", "cluster4_w16")  ? K::cluster4_w16
-                              : env_is("TERN_GDN_BATCH_SHAPE", "cluster4_w8") ? K::cluster4_w8
-                                                                              : K::cluster2_w16;
+  // TERN_GDN_BATCH_SHAPE (the batched step's shape for B >= 2): cluster4_w16, cluster4_w8, cluster2_w16 or smem_w16;
+  // else cluster2_w16 up to one wave of it, smem_w16 beyond.
+  static const char* shape = std::getenv("TERN_GDN_BATCH_SHAPE");
+  static const K batch_kind = env_is("TERN_GDN_BATCH_SHAPE", "cluster4_w16") ? K::cluster4_w16
+                              : env_is("TERN_GDN_BATCH_SHAPE", "cluster4_w8")  ? K::cluster4_w8
+                              : env_is("TERN_GDN_BATCH_SHAPE", "smem_w16")     ? K::smem_w16
+                                                                               : K::cluster2_w16;
+  static const bool by_wave = !shape || !*shape;
   if (!cluster_ok) return tickets && split_ok ? K::portable_split : K::portable;
-  return B >= 2 ? batch_kind : K::cluster4_w16;
+  if (B < 2) return K::cluster4_w16;
+  if (by_wave && int64_t(B) * Hk > qtile::sm_count() && smem_rows_fit()) return K::smem_w16;
+  return batch_kind;
 }
 
 // The shape a launch of B sequences takes: a.kernel (a.force_portable: portable), automatic_kind where it is automatic
@@ -524,9 +584,9 @@ GdnDecodeArgs::Kernel automatic_kind(int B, bool tickets) {
 GdnDecodeArgs::Kernel launch_kind(const GdnDecodeArgs& a, int B) {
   using K = GdnDecodeArgs::Kernel;
   const K kind = a.force_portable ? K::portable : a.kernel;
-  if (kind == K::automatic) return automatic_kind(B, a.tickets != nullptr);
+  if (kind == K::automatic) return automatic_kind(B, a.tickets != nullptr, a.d.Hk);
   if (!sm90_features() && kind != K::portable && kind != K::portable_split)
-    return automatic_kind(B, a.tickets != nullptr);  // the cluster shapes only where the sm_90 code runs
+    return automatic_kind(B, a.tickets != nullptr, a.d.Hk);  // the cluster shapes only where the sm_90 code runs
   return kind;
 }
 
@@ -574,6 +634,11 @@ void decode(const GdnDecodeArgs& a, int B, const StateTables& tables, cudaStream
       return launch_decode<2, true, 16, kDecodeBatchRPW, kDecodeBatchSq, 2>(a, B, tables, stream);
     case K::cluster4_w8:
       return launch_decode<4, true, 8, kDecodeBatchRPW, kDecodeBatchSq, 3>(a, B, tables, stream);
+    case K::smem_w16:  // one token at conv width ≤ 4 where the shared rows fit; else cluster2_w16 (the same numbers)
+      if (d.T == 1 && a.Ck <= 4 && smem_rows_fit())
+        return launch_decode_kernel<1, false, 16, kDecodeSmemRPW, kDecodeBatchSq, 2, 4, 1, false, kDecodeSmemRows>(
+            a, B, tables, stream);
+      return launch_decode<2, true, 16, kDecodeBatchRPW, kDecodeBatchSq, 2>(a, B, tables, stream);
     case K::portable:
       return launch_decode<1, false, kDecodePortableNW, kDecodePortableRPW>(a, B, tables, stream);
     case K::portable_split:
@@ -592,7 +657,7 @@ bool gdn_decode_supported(const GdnDims& d) {
 int64_t gdn_decode_ticket_count(int Hk) { return int64_t(kDecodeMaxSeqs) * Hk; }
 
 bool gdn_decode_keeps_one(bool tickets) {
-  const GdnDecodeArgs::Kernel kind = automatic_kind(1, tickets);
+  const GdnDecodeArgs::Kernel kind = automatic_kind(1, tickets, 0);
   return kind == GdnDecodeArgs::Kernel::cluster4_w16 || kind == GdnDecodeArgs::Kernel::portable_split;
 }
 
