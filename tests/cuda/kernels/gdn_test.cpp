@@ -175,12 +175,12 @@ TEST(CudaGdnDecode, MatchesCpuTwinAcrossCallsWithStateCarried) {
 }
 
 // gdn_decode_batched against gdn_decode run for each sequence alone (T = 1), bit for bit: B sequences with their own
-// proj rows and their own conv and recurrent states (separate allocations, different values), two steps with the
-// states carried, for every launch shape (the batched call takes a.kernel as gdn_decode does; portable_split, and
-// automatic as the runner calls it, with tickets). automatic is the cross-shape check: on sm_90 the batched call takes
-// the batched shape from B = 2 on (cluster2_w16, or TERN_GDN_BATCH_SHAPE's), the lone calls cluster4_w16. The
-// outputs and both updated states must be identical to the last bit, the states must have changed, and the tickets
-// must be back at zero.
+// proj rows and their own conv and recurrent states (separate allocations, different values), two steps with the states
+// carried, for every launch shape (the batched call takes a.kernel as gdn_decode does; portable_split, and automatic as
+// the runner calls it, with tickets). automatic is the cross-shape check: on sm_90 the batched call takes the batched
+// shape from B = 2 on (cluster2_w16, smem_w16 where B · Hk exceeds the SMs, or TERN_GDN_BATCH_SHAPE's), the lone calls
+// cluster4_w16. The outputs and both updated states must be identical to the last bit, the states must have changed,
+// and the tickets must be back at zero.
 TEST(CudaGdnDecode, BatchedIsBitIdenticalToEachSequenceAlone) {
   TERN_REQUIRE_GPU();
   std::mt19937_64 rng(fresh_seed("CudaGdnDecodeBatched"));
@@ -204,7 +204,7 @@ TEST(CudaGdnDecode, BatchedIsBitIdenticalToEachSequenceAlone) {
                            {K::cluster2_w16, "cluster2_w16", false},  {K::cluster4_w8, "cluster4_w8", false},
                            {K::smem_w16, "smem_w16", false}};
   for (const auto& [kernel, name, with_tickets] : kernels)
-    for (int B : {1, 2, 7, 32}) {
+    for (int B : {1, 2, 7, 16, 32}) {
       const std::string tag = std::string(name) + " B=" + std::to_string(B);
       SCOPED_TRACE(tag);
       // Each sequence's states twice: the batched call's and the lone calls' (same values, separate allocations).

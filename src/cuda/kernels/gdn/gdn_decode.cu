@@ -3,15 +3,17 @@
 // thread-block cluster per key head on sm_90, elsewhere two plain blocks per key head (one per v-head; one block per
 // key head without tickets or with TERN_GDN_PORTABLE_SPLIT=0).
 // gdn_decode_batched runs the same kernel over B sequences of one token (a grid z index per sequence), so that each
-// sequence's arithmetic is exactly what gdn_decode does for it alone; with TERN_GDN_BATCH_SHAPE=cluster2_w16, from
-// B = 2 on sm_90 in a shape of its own (8 state rows per warp instead of 4, 2 registers per state float instead of 4:
-// twice the rows resident per SM, B = 8 in one wave), whose numbers are cluster4_w16's: the rows' arithmetic does not
-// depend on the shape (every multiply-add written out, see dot4), and the gated norm's sums of squares are formed
-// over the same sets of 4 rows in the same order (see decode()).
+// sequence's arithmetic is exactly what gdn_decode does for it alone; from B = 2 on sm_90 in shapes of its own:
+// cluster2_w16 (8 state rows per warp instead of 4, 2 registers per state float instead of 4: twice the rows resident
+// per SM, B = 8 in one wave), and beyond one wave of it smem_w16 (16 rows per warp, 12 of them in shared memory: B = 16
+// in one wave). Their numbers are cluster4_w16's: the rows' arithmetic does not depend on the shape (every
+// multiply-add written out, see dot4), and the gated norm's sums of squares are formed over the same sets of 4 rows in
+// the same order (see decode()).
 #include "cuda/kernels/gdn/gdn.cuh"
 
 #include <cooperative_groups.h>
 
+#include <cstdlib>
 #include <type_traits>
 
 #include "core/check.h"
@@ -460,23 +462,36 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocks) gdn_decode_kernel(GdnDeco
   }
 }
 
-// sm_90: clusters of blocks (GdnDecodeArgs::Kernel; automatic: clusters of 4 × 16 warps × 4 rows, 64 blocks, or with
-// TERN_GDN_BATCH_SHAPE=cluster2_w16 for the batched step of B ≥ 2 clusters of 2 × 16 warps × 8 rows, 32·B blocks);
-// without clusters: a block of 32 warps × 4 rows per v-head (portable_split: 32 blocks, the tickets given), or one
-// block of 32 warps × 8 rows per key head (portable: 16 blocks).
+// sm_90: clusters of blocks (GdnDecodeArgs::Kernel; automatic: clusters of 4 × 16 warps × 4 rows, 64 blocks, or for the
+// batched step of B ≥ 2 clusters of 2 × 16 warps × 8 rows, 32·B blocks, and beyond one wave of those a plain block of
+// 16 warps × 16 rows per key head with 12 rows a warp in shared memory, 16·B blocks); without clusters: a block of 32
+// warps × 4 rows per v-head (portable_split: 32 blocks, the tickets given), or one block of 32 warps × 8 rows per key
+// head (portable: 16 blocks).
 constexpr int kDecodeClusterCS = 8, kDecodeClusterNW = 8, kDecodeClusterRPW = 4;
 constexpr int kDecodePortableNW = 32, kDecodePortableRPW = 8;
 constexpr int kDecodeSplitNW = 32, kDecodeSplitRPW = 4;  // RPW 4 as cluster4_w16's: the same sums of squares
 // The batched step's shapes (sm_90): 8 rows per warp, summed in sets of 4 (so the sums of squares are cluster4_w16's):
 // cluster2_w16 (2 × 16 warps, 2 blocks per SM) and cluster4_w8 (4 × 8 warps, 3 blocks per SM); see decode().
 constexpr int kDecodeBatchRPW = 8, kDecodeBatchSq = 4;
-// smem_w16: 16 rows per warp, the last 12 in shared memory (16 warps × 12 × 512 B = 96 KB a block).
-constexpr int kDecodeSmemRPW = 16, kDecodeSmemRows = 12;
-constexpr int kDecodeSmemBytes = 16 * 32 * kDecodeSmemRows * 16;
+// smem_w16: 16 rows per warp, the last 12 in shared memory (16 warps × 12 × 16 B a lane = 96 KB a block); its
+// one-token kernel at conv width ≤ 4, bound to 2 blocks per SM (64 registers).
+constexpr int kDecodeSmemNW = 16, kDecodeSmemRPW = 16, kDecodeSmemRows = 12;
+constexpr int kDecodeSmemBytes = kDecodeSmemNW * 32 * kDecodeSmemRows * int(sizeof(float4));
+constexpr auto smem_w16_kernel =
+    gdn_decode_kernel<1, false, kDecodeSmemNW, kDecodeSmemRPW, kDecodeBatchSq, 2, 4, 1, false, kDecodeSmemRows>;
 
-// Whether two smem_w16 blocks fit an SM's shared memory (sm_90: 228 KB; not an A100's 164 or an RTX card's 100).
+// Whether smem_w16's kernel runs 2 blocks per SM here (its shared memory allowed first: sm_90's 228 KB hold two, an
+// A100's 164 or an RTX card's 100 do not). automatic_kind asks it from the first batched call on, which runs outside
+// any capture, so that the attribute is set there.
 bool smem_rows_fit() {
-  static const bool fit = 2 * (kDecodeSmemBytes + 16 * 1024) <= qtile::max_dynamic_smem();
+  static const bool fit = [] {
+    if (kDecodeSmemBytes > qtile::max_dynamic_smem()) return false;
+    TERN_CUDA(cudaFuncSetAttribute(smem_w16_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kDecodeSmemBytes));
+    int blocks = 0;
+    TERN_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, smem_w16_kernel, kDecodeSmemNW * 32,
+                                                            size_t(kDecodeSmemBytes)));
+    return blocks >= 2;
+  }();
   return fit;
 }
 
@@ -492,14 +507,9 @@ template <int CS, bool kCluster, int NW, int RPW, int kSq, int kMinBlocks, int k
 void launch_decode_kernel(const GdnDecodeArgs& a, int B, const StateTables& tables, cudaStream_t stream) {
   auto kernel = gdn_decode_kernel<CS, kCluster, NW, RPW, kSq, kMinBlocks, kTaps, kMaxT, kKeepOne, kSmemRows>;
   const dim3 grid(CS, unsigned(a.d.Hk), unsigned(B));
+  // Shared rows: smem_w16's kernel alone, whose shared memory smem_rows_fit allowed before any launch of it.
   constexpr int smem = kSmemRows * NW * 32 * int(sizeof(float4));
-  if constexpr (smem > 0) {  // allowed once, outside any capture (the first call is eager)
-    static const bool allowed = [&] {
-      TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-      return true;
-    }();
-    (void)allowed;
-  }
+  static_assert(smem == 0 || smem == kDecodeSmemBytes, "shared rows: smem_w16 only (smem_rows_fit)");
   if constexpr (!kCluster) {
     launch_pdl("gdn_decode", kernel, grid, dim3(NW * 32), size_t(smem), stream, a, tables);
   } else {
@@ -567,15 +577,18 @@ GdnDecodeArgs::Kernel automatic_kind(int B, bool tickets, int Hk) {
   static const bool split_ok = !env_is("TERN_GDN_PORTABLE_SPLIT", "0");
   // TERN_GDN_BATCH_SHAPE (the batched step's shape for B >= 2): cluster4_w16, cluster4_w8, cluster2_w16 or smem_w16;
   // else cluster2_w16 up to one wave of it, smem_w16 beyond.
-  static const char* shape = std::getenv("TERN_GDN_BATCH_SHAPE");
+  static const bool by_wave = [] {
+    const char* shape = std::getenv("TERN_GDN_BATCH_SHAPE");
+    return !shape || !*shape;
+  }();
   static const K batch_kind = env_is("TERN_GDN_BATCH_SHAPE", "cluster4_w16") ? K::cluster4_w16
                               : env_is("TERN_GDN_BATCH_SHAPE", "cluster4_w8")  ? K::cluster4_w8
                               : env_is("TERN_GDN_BATCH_SHAPE", "smem_w16")     ? K::smem_w16
                                                                                : K::cluster2_w16;
-  static const bool by_wave = !shape || !*shape;
   if (!cluster_ok) return tickets && split_ok ? K::portable_split : K::portable;
   if (B < 2) return K::cluster4_w16;
-  if (by_wave && int64_t(B) * Hk > qtile::sm_count() && smem_rows_fit()) return K::smem_w16;
+  const bool smem_ok = smem_rows_fit();  // asked at every batched call, so first outside a capture
+  if (by_wave && int64_t(B) * Hk > qtile::sm_count() && smem_ok) return K::smem_w16;
   return batch_kind;
 }
 
@@ -636,8 +649,8 @@ void decode(const GdnDecodeArgs& a, int B, const StateTables& tables, cudaStream
       return launch_decode<4, true, 8, kDecodeBatchRPW, kDecodeBatchSq, 3>(a, B, tables, stream);
     case K::smem_w16:  // one token at conv width ≤ 4 where the shared rows fit; else cluster2_w16 (the same numbers)
       if (d.T == 1 && a.Ck <= 4 && smem_rows_fit())
-        return launch_decode_kernel<1, false, 16, kDecodeSmemRPW, kDecodeBatchSq, 2, 4, 1, false, kDecodeSmemRows>(
-            a, B, tables, stream);
+        return launch_decode_kernel<1, false, kDecodeSmemNW, kDecodeSmemRPW, kDecodeBatchSq, 2, 4, 1, false,
+                                    kDecodeSmemRows>(a, B, tables, stream);
       return launch_decode<2, true, 16, kDecodeBatchRPW, kDecodeBatchSq, 2>(a, B, tables, stream);
     case K::portable:
       return launch_decode<1, false, kDecodePortableNW, kDecodePortableRPW>(a, B, tables, stream);
