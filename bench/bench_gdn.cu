@@ -159,6 +159,7 @@ TERN_BENCH_CASES(gdn) {
                                                  {DK::cluster4_w16, "clusters 4 x 16 warps x 4 rows"},
                                                  {DK::cluster2_w16, "clusters 2 x 16 warps x 8 rows"},
                                                  {DK::cluster4_w8, "clusters 4 x 8 warps x 8 rows"},
+                                                 {DK::smem_w16, "blocks of 16 warps x 16 rows, 12 in smem"},
                                                  {DK::portable, "portable, 16 blocks x 32 warps"},
                                                  {DK::portable_split, "portable split, 32 blocks x 32 warps"}};
     for (const auto& [kind, label] : shapes) {

@@ -5,7 +5,8 @@
 //     and the one block per key head);
 //   - gdn_decode_batched (B sequences, one token each) bit for bit against gdn_decode for each sequence alone;
 //   - the portable block per v-head bit for bit against the clusters of 4 × 16 warps × 4 rows (sm_90);
-//   - the batched step's shapes (8 rows per warp: cluster2_w16, cluster4_w8) bit for bit against the same (sm_90);
+//   - the batched step's shapes (8 rows per warp: cluster2_w16, cluster4_w8; 16 rows, 12 of them in shared memory:
+//     smem_w16) bit for bit against the same (sm_90);
 //   - gdn_decode over steps of several chunks (T up to kGdnDecodeMaxTokens) against the CPU twin and bit for bit
 //     against one-token calls (outputs, states, kept states);
 //   - gdn_chunked (prefill) against the CPU chunked form and the CPU recurrence, for lengths around the chunk size.
@@ -136,9 +137,10 @@ TEST(CudaGdnDecode, MatchesCpuTwinAcrossCallsWithStateCarried) {
   constexpr GdnDecodeArgs::Kernel kDecodeKernels[] = {
       GdnDecodeArgs::Kernel::cluster8_w8,    GdnDecodeArgs::Kernel::cluster8_w16, GdnDecodeArgs::Kernel::cluster16_w8,
       GdnDecodeArgs::Kernel::cluster4_w16,   GdnDecodeArgs::Kernel::portable,     GdnDecodeArgs::Kernel::portable_split,
-      GdnDecodeArgs::Kernel::cluster2_w16,   GdnDecodeArgs::Kernel::cluster4_w8};
+      GdnDecodeArgs::Kernel::cluster2_w16,   GdnDecodeArgs::Kernel::cluster4_w8,  GdnDecodeArgs::Kernel::smem_w16};
   constexpr const char* kDecodeNames[] = {"cluster8_w8", "cluster8_w16",   "cluster16_w8", "cluster4_w16",
-                                          "portable",    "portable_split", "cluster2_w16", "cluster4_w8"};
+                                          "portable",    "portable_split", "cluster2_w16", "cluster4_w8",
+                                          "smem_w16"};
   constexpr int kDecodeVariants = sizeof(kDecodeKernels) / sizeof(kDecodeKernels[0]);
   std::vector<std::unique_ptr<DeviceBuf<float>>> conv, rec;
   for (int v = 0; v < kDecodeVariants; ++v) {
@@ -173,12 +175,12 @@ TEST(CudaGdnDecode, MatchesCpuTwinAcrossCallsWithStateCarried) {
 }
 
 // gdn_decode_batched against gdn_decode run for each sequence alone (T = 1), bit for bit: B sequences with their own
-// proj rows and their own conv and recurrent states (separate allocations, different values), two steps with the
-// states carried, for every launch shape (the batched call takes a.kernel as gdn_decode does; portable_split, and
-// automatic as the runner calls it, with tickets). automatic is the cross-shape check: on sm_90 the batched call takes
-// the batched shape from B = 2 on (cluster2_w16, or TERN_GDN_BATCH_SHAPE's), the lone calls cluster4_w16. The
-// outputs and both updated states must be identical to the last bit, the states must have changed, and the tickets
-// must be back at zero.
+// proj rows and their own conv and recurrent states (separate allocations, different values), two steps with the states
+// carried, for every launch shape (the batched call takes a.kernel as gdn_decode does; portable_split, and automatic as
+// the runner calls it, with tickets). automatic is the cross-shape check: on sm_90 the batched call takes the batched
+// shape from B = 2 on (cluster2_w16, smem_w16 where B · Hk exceeds the SMs, or TERN_GDN_BATCH_SHAPE's), the lone calls
+// cluster4_w16. The outputs and both updated states must be identical to the last bit, the states must have changed,
+// and the tickets must be back at zero.
 TEST(CudaGdnDecode, BatchedIsBitIdenticalToEachSequenceAlone) {
   TERN_REQUIRE_GPU();
   std::mt19937_64 rng(fresh_seed("CudaGdnDecodeBatched"));
@@ -199,9 +201,10 @@ TEST(CudaGdnDecode, BatchedIsBitIdenticalToEachSequenceAlone) {
                            {K::cluster8_w8, "cluster8_w8", false},    {K::cluster8_w16, "cluster8_w16", false},
                            {K::cluster16_w8, "cluster16_w8", false},  {K::cluster4_w16, "cluster4_w16", false},
                            {K::portable, "portable", false},          {K::portable_split, "portable_split", true},
-                           {K::cluster2_w16, "cluster2_w16", false},  {K::cluster4_w8, "cluster4_w8", false}};
+                           {K::cluster2_w16, "cluster2_w16", false},  {K::cluster4_w8, "cluster4_w8", false},
+                           {K::smem_w16, "smem_w16", false}};
   for (const auto& [kernel, name, with_tickets] : kernels)
-    for (int B : {1, 2, 7, 32}) {
+    for (int B : {1, 2, 7, 16, 32}) {
       const std::string tag = std::string(name) + " B=" + std::to_string(B);
       SCOPED_TRACE(tag);
       // Each sequence's states twice: the batched call's and the lone calls' (same values, separate allocations).
@@ -372,7 +375,8 @@ TEST(CudaGdnDecode, PortableSplitIsBitIdenticalToCluster4) {
 }
 
 // The batched step's shapes against cluster4_w16, bit for bit (sm_90: the clusters must run): cluster2_w16 and
-// cluster4_w8 hold 8 state rows per warp where cluster4_w16 holds 4, but each row's arithmetic is the same and the
+// cluster4_w8 hold 8 state rows per warp where cluster4_w16 holds 4, smem_w16 16 (12 of them in shared memory, at one
+// token and conv width 4; cluster2_w16's kernels otherwise), but each row's arithmetic is the same and the
 // gated norm's sums of squares are formed over the same sets of 4 rows in the same order, so every number must be
 // the same. Conv widths 4 and 6 (the kernels of 4 and 8 taps). Per width, B = 3 sequences with a copy of their states
 // per shape, the states carried from call to call:
@@ -385,9 +389,9 @@ TEST(CudaGdnDecode, BatchShapesAreBitIdenticalToCluster4) {
   if (!sm90_features()) GTEST_SKIP() << "the cluster shapes need sm_90 code and no TERN_GPU_PATH=portable";
   std::mt19937_64 rng(fresh_seed("CudaGdnDecodeBatchShapes"));
   using K = GdnDecodeArgs::Kernel;
-  constexpr int kShapes = 3;
-  const K shapes[kShapes] = {K::cluster4_w16, K::cluster2_w16, K::cluster4_w8};
-  const char* const names[kShapes] = {"cluster4_w16", "cluster2_w16", "cluster4_w8"};
+  constexpr int kShapes = 4;
+  const K shapes[kShapes] = {K::cluster4_w16, K::cluster2_w16, K::cluster4_w8, K::smem_w16};
+  const char* const names[kShapes] = {"cluster4_w16", "cluster2_w16", "cluster4_w8", "smem_w16"};
   constexpr int B = 3;
   for (int Ck : {4, 6}) {
     GdnLayer L(rng, Ck);
@@ -478,9 +482,9 @@ TEST(CudaGdnDecode, LongStepsMatchOneTokenCallsAndCpuTwin) {
   std::mt19937_64 rng(fresh_seed("CudaGdnDecodeLong"));
   using K = GdnDecodeArgs::Kernel;
   const K kShapes[] = {K::cluster8_w8, K::cluster8_w16,   K::cluster16_w8,  K::cluster4_w16,
-                       K::portable,    K::portable_split, K::cluster2_w16, K::cluster4_w8};
-  const char* const kNames[] = {"cluster8_w8", "cluster8_w16",   "cluster16_w8", "cluster4_w16",
-                                "portable",    "portable_split", "cluster2_w16", "cluster4_w8"};
+                       K::portable,    K::portable_split, K::cluster2_w16, K::cluster4_w8, K::smem_w16};
+  const char* const kNames[] = {"cluster8_w8", "cluster8_w16",   "cluster16_w8", "cluster4_w16", "portable",
+                                "portable_split", "cluster2_w16", "cluster4_w8", "smem_w16"};
   constexpr int kShapeCount = sizeof(kShapes) / sizeof(kShapes[0]);
   for (int Ck : {4, 6}) {
     GdnLayer L(rng, Ck);

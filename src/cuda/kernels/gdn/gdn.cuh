@@ -118,9 +118,9 @@ struct GdnDecodeArgs {
   uint8_t* out_tables = nullptr;
   // Tests only: take the one-block portable shape (no thread-block cluster, no tickets) on any GPU.
   bool force_portable = false;
-  // Which launch shape (tests and the workbench; automatic = cluster4_w16 on sm_90 for one sequence, cluster2_w16 for
-  // gdn_decode_batched's B ≥ 2 unless TERN_GDN_BATCH_SHAPE names cluster4_w16 or cluster4_w8; else as the fallback
-  // below):
+  // Which launch shape (tests and the workbench; automatic = cluster4_w16 on sm_90 for one sequence, for
+  // gdn_decode_batched's B ≥ 2 cluster2_w16 up to one wave of it and smem_w16 beyond, unless TERN_GDN_BATCH_SHAPE
+  // names cluster4_w16, cluster4_w8, cluster2_w16 or smem_w16; else as the fallback below):
   //   cluster8_w8:    clusters of 8 blocks × 8 warps × 4 state rows per warp (128 blocks of 256 threads);
   //   cluster8_w16:   clusters of 8 blocks × 16 warps × 2 rows (128 blocks of 512 threads);
   //   cluster16_w8:   clusters of 16 blocks × 8 warps × 2 rows (256 blocks of 256 threads; a non-portable size);
@@ -134,7 +134,11 @@ struct GdnDecodeArgs {
   //                   (B = 8: 256 blocks, one wave on an H200);
   //   cluster4_w8:    clusters of 4 blocks × 8 warps × 8 rows (64 blocks of 256 threads; one token: 80 registers, 3
   //                   blocks per SM).
-  //   Both sum the gated norm's squares over sets of 4 rows as cluster4_w16 does: bit for bit its results.
+  //   smem_w16:       one block of 16 warps × 16 rows per key head, 12 of each warp's rows in shared memory (16
+  //                   blocks of 512 threads, 96 KB each; 2 blocks per SM: twice cluster2_w16's rows). One token at
+  //                   conv width ≤ 4; otherwise cluster2_w16's kernels. automatic takes it for gdn_decode_batched
+  //                   where B · Hk exceeds the SMs (one wave of cluster2_w16 does not hold the batch).
+  //   The three sum the gated norm's squares over sets of 4 rows as cluster4_w16 does: bit for bit its results.
   // The cluster shapes fall back where the sm_90 binary does not run: to portable_split when tickets are given and
   // TERN_GDN_PORTABLE_SPLIT is not 0, else to portable.
   enum class Kernel {
@@ -146,7 +150,8 @@ struct GdnDecodeArgs {
     portable,
     portable_split,
     cluster2_w16,
-    cluster4_w8
+    cluster4_w8,
+    smem_w16
   };
   Kernel kernel = Kernel::automatic;
 };
@@ -172,7 +177,8 @@ int64_t gdn_decode_ticket_count(int Hk);
 // read; rec_states[b] 16-byte aligned, the states of different sequences distinct). 1 <= B <= 32; the shapes of
 // gdn_decode_supported. The launch shape is gdn_decode's for a (a.kernel, a.force_portable, a.tickets), with a grid
 // index per sequence, except that automatic takes cluster2_w16 on sm_90 for B ≥ 2 (more of the batch resident at
-// once; TERN_GDN_BATCH_SHAPE=cluster4_w16 or cluster4_w8 for the others): the same arithmetic for each sequence. Launched with PDL like gdn_decode (the same rule for
+// once), and smem_w16 where B · Hk exceeds the SM count (TERN_GDN_BATCH_SHAPE names one shape for every B ≥ 2):
+// the same arithmetic for each sequence. Launched with PDL like gdn_decode (the same rule for
 // the states read before pdl_wait); the two tables are read before pdl_wait too, so they are launch constants of the
 // step (written by a copy before it, never by the kernel just before this one).
 // Returns whether it wrote a.out_tables: given, and the shape's blocks hold whole groups of 64 values of a v-head

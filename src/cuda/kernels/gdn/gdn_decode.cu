@@ -3,22 +3,26 @@
 // thread-block cluster per key head on sm_90, elsewhere two plain blocks per key head (one per v-head; one block per
 // key head without tickets or with TERN_GDN_PORTABLE_SPLIT=0).
 // gdn_decode_batched runs the same kernel over B sequences of one token (a grid z index per sequence), so that each
-// sequence's arithmetic is exactly what gdn_decode does for it alone; with TERN_GDN_BATCH_SHAPE=cluster2_w16, from
-// B = 2 on sm_90 in a shape of its own (8 state rows per warp instead of 4, 2 registers per state float instead of 4:
-// twice the rows resident per SM, B = 8 in one wave), whose numbers are cluster4_w16's: the rows' arithmetic does not
-// depend on the shape (every multiply-add written out, see dot4), and the gated norm's sums of squares are formed
-// over the same sets of 4 rows in the same order (see decode()).
+// sequence's arithmetic is exactly what gdn_decode does for it alone; from B = 2 on sm_90 in shapes of its own:
+// cluster2_w16 (8 state rows per warp instead of 4, 2 registers per state float instead of 4: twice the rows resident
+// per SM, B = 8 in one wave), and beyond one wave of it smem_w16 (16 rows per warp, 12 of them in shared memory: B = 16
+// in one wave). Their numbers are cluster4_w16's: the rows' arithmetic does not depend on the shape (every
+// multiply-add written out, see dot4), and the gated norm's sums of squares are formed over the same sets of 4 rows in
+// the same order (see decode()).
 #include "cuda/kernels/gdn/gdn.cuh"
 
 #include <cooperative_groups.h>
 
+#include <cstdlib>
 #include <type_traits>
 
 #include "core/check.h"
 #include "cuda/common/cuda_common.cuh"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/ptx.cuh"
 #include "cuda/common/warp_reduce.cuh"
 #include "cuda/kernels/qmv/dp4a_tables.cuh"
+#include "cuda/kernels/qmv/qmv_tile.cuh"
 
 namespace tern::cuda {
 namespace {
@@ -81,7 +85,11 @@ struct StateTables {
 // one-chunk code's 102). The code of a token is the same in all three.
 // kKeepOne: the kept buffers take only the states before token *tables.keep_token, in their first slot (a prefix
 // snapshot inside a short call); else those before every token c0 + t, in slot c0 + t (verification).
-template <int CS, bool kCluster, int NW, int RPW, int kSq, int kMinBlocks, int kTaps, int kMaxT, bool kKeepOne>
+// kSmemRows: the last kSmemRows of a warp's RPW rows live in shared memory (gdn_smem_rows: each lane its own 16-byte
+// pieces, copied there by cp.async before pdl_wait), the first RPW - kSmemRows in registers; the delta rule takes a
+// shared set into registers, updates it and puts it back. More rows per SM than the register files hold (smem_w16).
+template <int CS, bool kCluster, int NW, int RPW, int kSq, int kMinBlocks, int kTaps, int kMaxT, bool kKeepOne,
+          int kSmemRows = 0>
 __global__ void __launch_bounds__(NW * 32, kMinBlocks) gdn_decode_kernel(GdnDecodeArgs a, StateTables tables) {
   namespace cg = cooperative_groups;
   constexpr bool kChunked = kMaxT > kDecodeChunk;
@@ -103,6 +111,9 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocks) gdn_decode_kernel(GdnDeco
   static_assert(kDecodeDv % RPW == 0, "warps lie inside one head");
   static_assert(RPW % kSq == 0, "a warp's rows are whole row sets");
   static_assert(kCluster ? CS > 1 : kRows % kDecodeDv == 0, "a cluster has blocks to share; a plain block whole heads");
+  constexpr int kRegRows = RPW - kSmemRows;  // the warp's rows in registers: 0 .. kRegRows - 1
+  static_assert(kSmemRows == 0 || (kMaxT == 1 && !kKeepOne && kSmemRows % kSq == 0 && kSmemRows < RPW),
+                "rows in shared memory: one token, whole row sets");
   static_assert(!kTicket || 2 * kChunk < NW, "the ticket's thread (warp NW - 1) has no task in step 3");
   // The per-chunk buffers (a chunk = up to kChunk tokens; reused by every chunk of the launch).
   __shared__ __align__(16) float s_x[kChunk][kCh];  // conv+SiLU outputs [t][q 128 | k 128 | v kRows]
@@ -139,9 +150,17 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocks) gdn_decode_kernel(GdnDeco
   // State rows, before pdl_wait(): see gdn.cuh (only this layer's own GDN kernels write them). They stay in
   // registers across the chunks and are stored once, after the last chunk's delta rule.
   float* S = rec_state + (int64_t(wh) * kDecodeDv + wj0) * kDecodeDk + 4 * lane;
-  float4 s[RPW];
+  float4 s[RPW];  // rows kRegRows.. live in gdn_smem_rows, and in s only while the delta rule takes their set
 #pragma unroll
-  for (int r = 0; r < RPW; ++r) s[r] = *reinterpret_cast<const float4*>(S + r * kDecodeDk);
+  for (int r = 0; r < kRegRows; ++r) s[r] = *reinterpret_cast<const float4*>(S + r * kDecodeDk);
+  // Row r >= kRegRows of this thread in shared memory: [r - kRegRows][thread].
+  extern __shared__ __align__(16) float4 gdn_smem_rows[];
+  const auto smem_row = [&](int r) -> float4& { return gdn_smem_rows[(r - kRegRows) * NW * 32 + threadIdx.x]; };
+  if constexpr (kSmemRows > 0) {
+#pragma unroll
+    for (int r = kRegRows; r < RPW; ++r) cp_async_16(smem_addr(&smem_row(r)), S + r * kDecodeDk, 16u);
+    cp_async_commit();
+  }
 
   // Channel of local conv index lc: q (0..127), k (128..255), then the block's v rows.
   auto channel = [&](int lc) -> int64_t {
@@ -282,11 +301,13 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocks) gdn_decode_kernel(GdnDeco
     __syncthreads();
     // 4. the delta rule, token by token: with ks = S_old·k, qs = S_old·q (one pass over the state),
     //    δ = β(v − e^g·ks), S = e^g·S + δ kᵀ, o = e^g·qs + (q·k)·δ.
+    if constexpr (kSmemRows > 0) cp_async_wait<0>();  // this thread's shared rows have landed (its own copies)
     for (int t = 0; t < Tc; ++t) {
       if (rec_keep && kept(c0 + t)) {  // the state before token c0 + t, at the rows' offset in rec_state
         float* K = rec_keep + keep_slot(c0 + t) * state_elems + (S - rec_state);
 #pragma unroll
-        for (int r = 0; r < RPW; ++r) *reinterpret_cast<float4*>(K + r * kDecodeDk) = s[r];
+        for (int r = 0; r < RPW; ++r)
+          *reinterpret_cast<float4*>(K + r * kDecodeDk) = r < kRegRows ? s[r] : smem_row(r);
       }
       // Row set by row set (kSq rows each: the butterflies of one set at a time, fewer registers than all RPW rows'
       // at once; q·k's butterfly with the first set's); each row's arithmetic is the same whatever the set.
@@ -296,6 +317,12 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocks) gdn_decode_kernel(GdnDeco
       float sq[kSets], mine = 0.0f;
 #pragma unroll
       for (int set = 0; set < kSets; ++set) {
+        constexpr bool kNoSmem = kSmemRows == 0;
+        const bool shared_set = !kNoSmem && set * kSq >= kRegRows;  // known at compile time (unrolled)
+        if (shared_set) {
+#pragma unroll
+          for (int r = 0; r < kSq; ++r) s[set * kSq + r] = smem_row(set * kSq + r);
+        }
         float ks[kSq], qs[kSq];
 #pragma unroll
         for (int r = 0; r < kSq; ++r) {
@@ -326,6 +353,10 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocks) gdn_decode_kernel(GdnDeco
           sq[set] = fmaf(o, o, sq[set]);
           if (lane == wr) mine = o;
         }
+        if (shared_set) {
+#pragma unroll
+          for (int r = 0; r < kSq; ++r) smem_row(set * kSq + r) = s[set * kSq + r];
+        }
       }
       if (lane < RPW) s_o[t][warp * RPW + lane] = mine;
       if (lane == 0) {
@@ -335,7 +366,8 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocks) gdn_decode_kernel(GdnDeco
     }
     if (last) {
 #pragma unroll
-      for (int r = 0; r < RPW; ++r) *reinterpret_cast<float4*>(S + r * kDecodeDk) = s[r];
+      for (int r = 0; r < RPW; ++r)
+        *reinterpret_cast<float4*>(S + r * kDecodeDk) = r < kRegRows ? s[r] : smem_row(r);
     }
     if constexpr (kTicket) {
       if (first && tid == kNt - 1) {
@@ -430,16 +462,38 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocks) gdn_decode_kernel(GdnDeco
   }
 }
 
-// sm_90: clusters of blocks (GdnDecodeArgs::Kernel; automatic: clusters of 4 × 16 warps × 4 rows, 64 blocks, or with
-// TERN_GDN_BATCH_SHAPE=cluster2_w16 for the batched step of B ≥ 2 clusters of 2 × 16 warps × 8 rows, 32·B blocks);
-// without clusters: a block of 32 warps × 4 rows per v-head (portable_split: 32 blocks, the tickets given), or one
-// block of 32 warps × 8 rows per key head (portable: 16 blocks).
+// sm_90: clusters of blocks (GdnDecodeArgs::Kernel; automatic: clusters of 4 × 16 warps × 4 rows, 64 blocks, or for the
+// batched step of B ≥ 2 clusters of 2 × 16 warps × 8 rows, 32·B blocks, and beyond one wave of those a plain block of
+// 16 warps × 16 rows per key head with 12 rows a warp in shared memory, 16·B blocks); without clusters: a block of 32
+// warps × 4 rows per v-head (portable_split: 32 blocks, the tickets given), or one block of 32 warps × 8 rows per key
+// head (portable: 16 blocks).
 constexpr int kDecodeClusterCS = 8, kDecodeClusterNW = 8, kDecodeClusterRPW = 4;
 constexpr int kDecodePortableNW = 32, kDecodePortableRPW = 8;
 constexpr int kDecodeSplitNW = 32, kDecodeSplitRPW = 4;  // RPW 4 as cluster4_w16's: the same sums of squares
 // The batched step's shapes (sm_90): 8 rows per warp, summed in sets of 4 (so the sums of squares are cluster4_w16's):
 // cluster2_w16 (2 × 16 warps, 2 blocks per SM) and cluster4_w8 (4 × 8 warps, 3 blocks per SM); see decode().
 constexpr int kDecodeBatchRPW = 8, kDecodeBatchSq = 4;
+// smem_w16: 16 rows per warp, the last 12 in shared memory (16 warps × 12 × 16 B a lane = 96 KB a block); its
+// one-token kernel at conv width ≤ 4, bound to 2 blocks per SM (64 registers).
+constexpr int kDecodeSmemNW = 16, kDecodeSmemRPW = 16, kDecodeSmemRows = 12;
+constexpr int kDecodeSmemBytes = kDecodeSmemNW * 32 * kDecodeSmemRows * int(sizeof(float4));
+constexpr auto smem_w16_kernel =
+    gdn_decode_kernel<1, false, kDecodeSmemNW, kDecodeSmemRPW, kDecodeBatchSq, 2, 4, 1, false, kDecodeSmemRows>;
+
+// Whether smem_w16's kernel runs 2 blocks per SM here (its shared memory allowed first: sm_90's 228 KB hold two, an
+// A100's 164 or an RTX card's 100 do not). automatic_kind asks it from the first batched call on, which runs outside
+// any capture, so that the attribute is set there.
+bool smem_rows_fit() {
+  static const bool fit = [] {
+    if (kDecodeSmemBytes > qtile::max_dynamic_smem()) return false;
+    TERN_CUDA(cudaFuncSetAttribute(smem_w16_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kDecodeSmemBytes));
+    int blocks = 0;
+    TERN_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, smem_w16_kernel, kDecodeSmemNW * 32,
+                                                            size_t(kDecodeSmemBytes)));
+    return blocks >= 2;
+  }();
+  return fit;
+}
 
 }  // namespace
 
@@ -447,12 +501,17 @@ namespace {
 
 // One launch of shape (CS blocks per key head, in a cluster or plain; NW warps, RPW rows per warp, kSq rows per
 // partial sum of squares; kMinBlocks blocks per SM) over B sequences (grid z).
-template <int CS, bool kCluster, int NW, int RPW, int kSq, int kMinBlocks, int kTaps, int kMaxT, bool kKeepOne = false>
+// kSmemRows > 0: that many of each warp's rows in shared memory (16 bytes a lane each).
+template <int CS, bool kCluster, int NW, int RPW, int kSq, int kMinBlocks, int kTaps, int kMaxT, bool kKeepOne = false,
+          int kSmemRows = 0>
 void launch_decode_kernel(const GdnDecodeArgs& a, int B, const StateTables& tables, cudaStream_t stream) {
-  auto kernel = gdn_decode_kernel<CS, kCluster, NW, RPW, kSq, kMinBlocks, kTaps, kMaxT, kKeepOne>;
+  auto kernel = gdn_decode_kernel<CS, kCluster, NW, RPW, kSq, kMinBlocks, kTaps, kMaxT, kKeepOne, kSmemRows>;
   const dim3 grid(CS, unsigned(a.d.Hk), unsigned(B));
+  // Shared rows: smem_w16's kernel alone, whose shared memory smem_rows_fit allowed before any launch of it.
+  constexpr int smem = kSmemRows * NW * 32 * int(sizeof(float4));
+  static_assert(smem == 0 || smem == kDecodeSmemBytes, "shared rows: smem_w16 only (smem_rows_fit)");
   if constexpr (!kCluster) {
-    launch_pdl("gdn_decode", kernel, grid, dim3(NW * 32), 0, stream, a, tables);
+    launch_pdl("gdn_decode", kernel, grid, dim3(NW * 32), size_t(smem), stream, a, tables);
   } else {
     if constexpr (CS > 8) {  // non-portable cluster size: allowed once, outside any capture (the first call is eager)
       static const bool allowed = [&] {
@@ -461,7 +520,7 @@ void launch_decode_kernel(const GdnDecodeArgs& a, int B, const StateTables& tabl
       }();
       (void)allowed;
     }
-    launch_cluster_pdl("gdn_decode (cluster)", kernel, grid, dim3(NW * 32), CS, 0, stream, a, tables);
+    launch_cluster_pdl("gdn_decode (cluster)", kernel, grid, dim3(NW * 32), CS, size_t(smem), stream, a, tables);
   }
 }
 // One shape's launch: the kernel of 4 taps for the model's conv width (fewer registers), of 8 beyond; the one-chunk
@@ -507,16 +566,30 @@ void launch_decode(const GdnDecodeArgs& a, int B, const StateTables& tables, cud
 //    registers, 2.5 per float): 3 blocks of 256 threads = 192 rows per SM, B = 8 1.29 waves, B = 16 2.59.
 //    Each gives a sequence the numbers cluster4_w16 gives it alone (the same per-row arithmetic, the sums of squares
 //    in sets of 4 rows): the same FP instruction sequence in the SASS since the fmaf fix.
-GdnDecodeArgs::Kernel automatic_kind(int B, bool tickets) {
+//  - where a wave of cluster2_w16 does not hold the batch (B · Hk > the SMs: B ≥ 9 on 132 SMs, two waves, each block
+//    one chain of loads, barriers and reductions; Nsight on an H100 at B = 16: 33 µs, DRAM 44%, docs/benchmarks.md):
+//    smem_w16, a block of 16 warps × 16 rows per key head, 12 of each warp's rows in shared memory (96 KB a block),
+//    2 blocks per SM = 512 rows, so B ≤ 16 is one wave with one chain per block. Its numbers are cluster4_w16's too.
+//    TERN_GDN_BATCH_SHAPE=cluster2_w16 keeps cluster2_w16 for every B, =smem_w16 takes smem_w16 from B = 2.
+GdnDecodeArgs::Kernel automatic_kind(int B, bool tickets, int Hk) {
   using K = GdnDecodeArgs::Kernel;
   static const bool cluster_ok = sm90_features();
   static const bool split_ok = !env_is("TERN_GDN_PORTABLE_SPLIT", "0");
-  // TERN_GDN_BATCH_SHAPE (the batched step's shape for B >= 2): cluster4_w16 or cluster4_w8; else cluster2_w16.
-  static const K batch_kind = env_is("TERN_GDN_BATCH_SHAPE", "cluster4_w16")  ? K::cluster4_w16
-                              : env_is("TERN_GDN_BATCH_SHAPE", "cluster4_w8") ? K::cluster4_w8
-                                                                              : K::cluster2_w16;
+  // TERN_GDN_BATCH_SHAPE (the batched step's shape for B >= 2): cluster4_w16, cluster4_w8, cluster2_w16 or smem_w16;
+  // else cluster2_w16 up to one wave of it, smem_w16 beyond.
+  static const bool by_wave = [] {
+    const char* shape = std::getenv("TERN_GDN_BATCH_SHAPE");
+    return !shape || !*shape;
+  }();
+  static const K batch_kind = env_is("TERN_GDN_BATCH_SHAPE", "cluster4_w16") ? K::cluster4_w16
+                              : env_is("TERN_GDN_BATCH_SHAPE", "cluster4_w8")  ? K::cluster4_w8
+                              : env_is("TERN_GDN_BATCH_SHAPE", "smem_w16")     ? K::smem_w16
+                                                                               : K::cluster2_w16;
   if (!cluster_ok) return tickets && split_ok ? K::portable_split : K::portable;
-  return B >= 2 ? batch_kind : K::cluster4_w16;
+  if (B < 2) return K::cluster4_w16;
+  const bool smem_ok = smem_rows_fit();  // asked at every batched call, so first outside a capture
+  if (by_wave && int64_t(B) * Hk > qtile::sm_count() && smem_ok) return K::smem_w16;
+  return batch_kind;
 }
 
 // The shape a launch of B sequences takes: a.kernel (a.force_portable: portable), automatic_kind where it is automatic
@@ -524,9 +597,9 @@ GdnDecodeArgs::Kernel automatic_kind(int B, bool tickets) {
 GdnDecodeArgs::Kernel launch_kind(const GdnDecodeArgs& a, int B) {
   using K = GdnDecodeArgs::Kernel;
   const K kind = a.force_portable ? K::portable : a.kernel;
-  if (kind == K::automatic) return automatic_kind(B, a.tickets != nullptr);
+  if (kind == K::automatic) return automatic_kind(B, a.tickets != nullptr, a.d.Hk);
   if (!sm90_features() && kind != K::portable && kind != K::portable_split)
-    return automatic_kind(B, a.tickets != nullptr);  // the cluster shapes only where the sm_90 code runs
+    return automatic_kind(B, a.tickets != nullptr, a.d.Hk);  // the cluster shapes only where the sm_90 code runs
   return kind;
 }
 
@@ -574,6 +647,11 @@ void decode(const GdnDecodeArgs& a, int B, const StateTables& tables, cudaStream
       return launch_decode<2, true, 16, kDecodeBatchRPW, kDecodeBatchSq, 2>(a, B, tables, stream);
     case K::cluster4_w8:
       return launch_decode<4, true, 8, kDecodeBatchRPW, kDecodeBatchSq, 3>(a, B, tables, stream);
+    case K::smem_w16:  // one token at conv width ≤ 4 where the shared rows fit; else cluster2_w16 (the same numbers)
+      if (d.T == 1 && a.Ck <= 4 && smem_rows_fit())
+        return launch_decode_kernel<1, false, kDecodeSmemNW, kDecodeSmemRPW, kDecodeBatchSq, 2, 4, 1, false,
+                                    kDecodeSmemRows>(a, B, tables, stream);
+      return launch_decode<2, true, 16, kDecodeBatchRPW, kDecodeBatchSq, 2>(a, B, tables, stream);
     case K::portable:
       return launch_decode<1, false, kDecodePortableNW, kDecodePortableRPW>(a, B, tables, stream);
     case K::portable_split:
@@ -592,7 +670,7 @@ bool gdn_decode_supported(const GdnDims& d) {
 int64_t gdn_decode_ticket_count(int Hk) { return int64_t(kDecodeMaxSeqs) * Hk; }
 
 bool gdn_decode_keeps_one(bool tickets) {
-  const GdnDecodeArgs::Kernel kind = automatic_kind(1, tickets);
+  const GdnDecodeArgs::Kernel kind = automatic_kind(1, tickets, 0);
   return kind == GdnDecodeArgs::Kernel::cluster4_w16 || kind == GdnDecodeArgs::Kernel::portable_split;
 }
 
