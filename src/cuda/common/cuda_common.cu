@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
-#include <unordered_set>
 #include <utility>
 
 #include "cuda/common/launch.cuh"
@@ -146,16 +144,6 @@ bool pdl_enabled() {
 bool max_shared_carveout_wanted() {
   static const bool on = pdl_enabled() && !env_is("TERN_SMEM_CARVEOUT", "driver");
   return on;
-}
-
-void prefer_max_shared_carveout(const void* kernel) {
-  static std::mutex mu;
-  static std::unordered_set<const void*> asked;  // kernels whose attribute is set
-  std::lock_guard<std::mutex> lock(mu);
-  if (!asked.insert(kernel).second) return;
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                  int(cudaSharedmemCarveoutMaxShared)),
-             "cudaFuncSetAttribute(PreferredSharedMemoryCarveout)", __FILE__, __LINE__);
 }
 
 }  // namespace tern::cuda

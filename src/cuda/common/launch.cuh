@@ -36,17 +36,18 @@ __device__ __forceinline__ void pdl_trigger() {
 // measured 12% faster with it on the H200, see docs/benchmarks.md). Read once.
 bool pdl_enabled();
 
-// The largest shared-memory carveout for a kernel launched through launch_pdl / launch_cluster_pdl, asked once per
-// kernel where PDL is on and TERN_SMEM_CARVEOUT is not `driver`. An SM runs blocks of two kernels at once only when
-// both take the same split of its L1 and shared memory, and the driver otherwise picks each kernel's split from its
-// own needs (Nsight, H100, 8 streams: the router 16 KB, the GDN core 32 KB, gate_up 168 KB, down 200.7 KB), so a
+// Whether launch_pdl and launch_cluster_pdl ask the largest shared-memory carveout for each launch (the launch
+// attribute, which a captured graph keeps in its kernel nodes): where PDL is on and TERN_SMEM_CARVEOUT is not
+// `driver` (then each kernel's own preference, as before). An SM runs blocks of two kernels at once only when both
+// take the same split of its L1 and shared memory, and the driver otherwise picks each kernel's split from its own
+// needs (Nsight, H100, 8 streams: the router 16 KB, the GDN core 32 KB, gate_up 168 KB, down 200.7 KB), so a
 // kernel's blocks could start on an SM only once the kernel before had left it: PDL's early start, which the
 // kernels' prologues (weights before pdl_wait) are written for, then happened only on idle SMs. One split for every
-// kernel of the chain lets them overlap. The arithmetic does not change, only when blocks start.
-void prefer_max_shared_carveout(const void* kernel);
+// kernel of the chain lets them overlap. The arithmetic does not change, only when blocks start. Read once.
 bool max_shared_carveout_wanted();
 
-// kernel<<<grid, block, smem, stream>>>(args...) with the programmatic-serialization attribute when pdl_enabled().
+// kernel<<<grid, block, smem, stream>>>(args...) with the programmatic-serialization attribute when pdl_enabled(), and
+// the largest shared-memory carveout when max_shared_carveout_wanted().
 // Throws tern::Error (naming `what`) when the launch is refused.
 template <typename... KArgs, typename... Args>
 void launch_pdl(const char* what, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
@@ -56,12 +57,18 @@ void launch_pdl(const char* what, void (*kernel)(KArgs...), dim3 grid, dim3 bloc
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (pdl_enabled()) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (max_shared_carveout_wanted()) {
+    attr[n].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
+    attr[n++].val.sharedMemCarveout = unsigned(cudaSharedmemCarveoutMaxShared);
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;
-  if (max_shared_carveout_wanted()) prefer_max_shared_carveout(reinterpret_cast<const void*>(kernel));
+  cfg.numAttrs = n;
   check_cuda(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), what, __FILE__, __LINE__);
 }
 
@@ -74,16 +81,22 @@ void launch_cluster_pdl(const char* what, void (*kernel)(KArgs...), dim3 grid, d
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
+  cudaLaunchAttribute attr[3];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = cluster_x;
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  unsigned n = 1;
+  if (pdl_enabled()) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (max_shared_carveout_wanted()) {
+    attr[n].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
+    attr[n++].val.sharedMemCarveout = unsigned(cudaSharedmemCarveoutMaxShared);
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 2 : 1;
-  if (max_shared_carveout_wanted()) prefer_max_shared_carveout(reinterpret_cast<const void*>(kernel));
+  cfg.numAttrs = n;
   check_cuda(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), what, __FILE__, __LINE__);
 }
 
