@@ -16,32 +16,19 @@ mixers) also changes which experts the step reads (fewer distinct ones): its fig
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_json  # noqa: E402 (beside this script)
 
 PARTS = ["in", "gdn", "attention", "out", "router", "gate_up", "down", "head", "prequant"]
 
 
 def bench(tern, length, concurrency, repeats, decode_steps, omit):
     """Median ms per step at each stream count, {streams: ms}, of one `tern bench` process."""
-    env = dict(os.environ)
-    env.pop("TERN_STEP_OMIT", None)
-    if omit:
-        env["TERN_STEP_OMIT"] = omit
-    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-        path = f.name
-    try:
-        cmd = [tern, "bench", "--synthetic", "--device", "cuda", "--lengths", length, "--repeats", str(repeats),
-               "--decode-steps", str(decode_steps), "--concurrency", concurrency, "--json", path, "--quiet"]
-        r = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        if r.returncode != 0:
-            sys.exit("step-costs: %s failed (exit %d):\n%s" % (" ".join(cmd), r.returncode, r.stderr[-2000:]))
-        with open(path) as f:
-            report = json.load(f)
-    finally:
-        os.unlink(path)
-    return {row["streams"]: row["decode_ms_median"] / row["decode_steps"] for row in report["concurrency"]}
+    rows = bench_json.concurrency_rows(tern, length, concurrency, repeats, decode_steps,
+                                       {"TERN_STEP_OMIT": omit or None}, "step-costs")
+    return {n: row["decode_ms_median"] / row["decode_steps"] for n, row in rows.items()}
 
 
 def main():
