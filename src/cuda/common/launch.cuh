@@ -46,6 +46,20 @@ bool pdl_enabled();
 // kernel of the chain lets them overlap. The arithmetic does not change, only when blocks start. Read once.
 bool max_shared_carveout_wanted();
 
+// Appends to attr[n..] what every launch of the decode chain asks: PDL where pdl_enabled(), the largest carveout
+// where max_shared_carveout_wanted() (room for two). Returns the new count.
+inline unsigned add_chain_attributes(cudaLaunchAttribute* attr, unsigned n) {
+  if (pdl_enabled()) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (max_shared_carveout_wanted()) {
+    attr[n].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
+    attr[n++].val.sharedMemCarveout = unsigned(cudaSharedmemCarveoutMaxShared);
+  }
+  return n;
+}
+
 // kernel<<<grid, block, smem, stream>>>(args...) with the programmatic-serialization attribute when pdl_enabled(), and
 // the largest shared-memory carveout when max_shared_carveout_wanted().
 // Throws tern::Error (naming `what`) when the launch is refused.
@@ -58,17 +72,8 @@ void launch_pdl(const char* what, void (*kernel)(KArgs...), dim3 grid, dim3 bloc
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cudaLaunchAttribute attr[2];
-  unsigned n = 0;
-  if (pdl_enabled()) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n++].val.programmaticStreamSerializationAllowed = 1;
-  }
-  if (max_shared_carveout_wanted()) {
-    attr[n].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
-    attr[n++].val.sharedMemCarveout = unsigned(cudaSharedmemCarveoutMaxShared);
-  }
   cfg.attrs = attr;
-  cfg.numAttrs = n;
+  cfg.numAttrs = add_chain_attributes(attr, 0);
   check_cuda(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), what, __FILE__, __LINE__);
 }
 
@@ -86,17 +91,8 @@ void launch_cluster_pdl(const char* what, void (*kernel)(KArgs...), dim3 grid, d
   attr[0].val.clusterDim.x = cluster_x;
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
-  unsigned n = 1;
-  if (pdl_enabled()) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n++].val.programmaticStreamSerializationAllowed = 1;
-  }
-  if (max_shared_carveout_wanted()) {
-    attr[n].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
-    attr[n++].val.sharedMemCarveout = unsigned(cudaSharedmemCarveoutMaxShared);
-  }
   cfg.attrs = attr;
-  cfg.numAttrs = n;
+  cfg.numAttrs = add_chain_attributes(attr, 1);
   check_cuda(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), what, __FILE__, __LINE__);
 }
 
