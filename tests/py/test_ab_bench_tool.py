@@ -8,13 +8,12 @@ import pathlib
 import subprocess
 import sys
 
+import fake_bench
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TOOL = ROOT / "scripts/ab-bench.py"
 
-FAKE_TERN = """#!{python}
-import json, os, sys
-args = sys.argv[1:]
-assert args[0] == "bench" and "--synthetic" in args and "--quiet" in args, args
+FAKE_BODY = """
 speed = os.environ.get("FAKE_SPEED", "")
 if speed == "crash":
     sys.stderr.write("tern: out of memory\\n")
@@ -25,22 +24,15 @@ with open(log, "a") as f:
 runs = sum(1 for _ in open(log))
 factor = float(speed or "1.0")
 streams = [int(n) for n in args[args.index("--concurrency") + 1].split(",")]
-rows = [{{"streams": n, "decode_steps": 64, "decode_ms_median": 100.0,
-          "aggregate_tok_s": 100.0 * n * factor + runs}} for n in streams]
-json.dump({{"concurrency": rows}}, open(args[args.index("--json") + 1], "w"))
+rows = [{"streams": n, "decode_steps": 64, "decode_ms_median": 100.0,
+         "aggregate_tok_s": 100.0 * n * factor + runs} for n in streams]
+json.dump({"concurrency": rows}, open(args[args.index("--json") + 1], "w"))
 """
-
-
-def fake_tern(tmp_path):
-    path = tmp_path / "tern"
-    path.write_text(FAKE_TERN.format(python=sys.executable))
-    path.chmod(0o755)
-    return path
 
 
 def run(tmp_path, *args):
     env = {"PATH": "/usr/bin:/bin", "FAKE_LOG": str(tmp_path / "log")}
-    return subprocess.run([sys.executable, str(TOOL), "--tern", str(fake_tern(tmp_path)), *args],
+    return subprocess.run([sys.executable, str(TOOL), "--tern", str(fake_bench.write(tmp_path, FAKE_BODY)), *args],
                           capture_output=True, text=True, timeout=60, env=env)
 
 

@@ -7,6 +7,8 @@ import pathlib
 import subprocess
 import sys
 
+import fake_bench
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TOOL = ROOT / "scripts/step-costs.py"
 
@@ -14,10 +16,7 @@ TOOL = ROOT / "scripts/step-costs.py"
 STEP = {1: 1.7, 8: 3.6}
 SAVED = {"gdn": {1: 0.15, 8: 0.5}, "down": {1: 0.2, 8: 0.7}}
 
-FAKE_TERN = """#!{python}
-import json, os, sys
-args = sys.argv[1:]
-assert args[0] == "bench" and "--synthetic" in args and "--quiet" in args, args
+FAKE_BODY = """
 omit = os.environ.get("TERN_STEP_OMIT", "")
 if omit == "attention":
     sys.stderr.write("tern: out of memory\\n")
@@ -32,12 +31,8 @@ json.dump({{"concurrency": rows}}, open(args[args.index("--json") + 1], "w"))
 
 
 def fake_tern(tmp_path):
-    path = tmp_path / "tern"
-    text = FAKE_TERN.format(python=sys.executable, step=repr(STEP),
-                            saved=repr({p: dict(v) for p, v in SAVED.items()}))
-    path.write_text(text)
-    path.chmod(0o755)
-    return path
+    return fake_bench.write(tmp_path, FAKE_BODY.format(step=repr(STEP),
+                                                       saved=repr({p: dict(v) for p, v in SAVED.items()})))
 
 
 def test_each_part_costs_what_leaving_it_out_saves(tmp_path):
