@@ -39,7 +39,8 @@ bool pdl_enabled();
 // Whether launch_pdl and launch_cluster_pdl ask the largest shared-memory carveout for each launch (the launch
 // attribute, which a captured graph keeps in its kernel nodes): where PDL is on and TERN_SMEM_CARVEOUT is not
 // `driver` (then each kernel's own preference, as before). An SM runs blocks of two kernels at once only when both
-// take the same split of its L1 and shared memory, and the driver otherwise picks each kernel's split from its own
+// take the same split of its L1 and shared memory (as we read the notes on the carveout attribute; the A/B in
+// docs/benchmarks.md is to confirm it), and the driver otherwise picks each kernel's split from its own
 // needs (Nsight, H100, 8 streams: the router 16 KB, the GDN core 32 KB, gate_up 168 KB, down 200.7 KB), so a
 // kernel's blocks could start on an SM only once the kernel before had left it: PDL's early start, which the
 // kernels' prologues (weights before pdl_wait) are written for, then happened only on idle SMs. One split for every
