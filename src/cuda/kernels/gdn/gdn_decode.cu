@@ -317,8 +317,7 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocks) gdn_decode_kernel(GdnDeco
       float sq[kSets], mine = 0.0f;
 #pragma unroll
       for (int set = 0; set < kSets; ++set) {
-        constexpr bool kNoSmem = kSmemRows == 0;
-        const bool shared_set = !kNoSmem && set * kSq >= kRegRows;  // known at compile time (unrolled)
+        const bool shared_set = kSmemRows > 0 && set * kSq >= kRegRows;  // known at compile time (unrolled)
         if (shared_set) {
 #pragma unroll
           for (int r = 0; r < kSq; ++r) s[set * kSq + r] = smem_row(set * kSq + r);
