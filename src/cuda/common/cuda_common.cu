@@ -141,4 +141,9 @@ bool pdl_enabled() {
   return on;
 }
 
+bool max_shared_carveout_wanted() {
+  static const bool on = pdl_enabled() && !env_is("TERN_SMEM_CARVEOUT", "driver");
+  return on;
+}
+
 }  // namespace tern::cuda

@@ -36,7 +36,33 @@ __device__ __forceinline__ void pdl_trigger() {
 // measured 12% faster with it on the H200, see docs/benchmarks.md). Read once.
 bool pdl_enabled();
 
-// kernel<<<grid, block, smem, stream>>>(args...) with the programmatic-serialization attribute when pdl_enabled().
+// Whether launch_pdl and launch_cluster_pdl ask the largest shared-memory carveout for each launch (the launch
+// attribute, which a captured graph keeps in its kernel nodes): where PDL is on and TERN_SMEM_CARVEOUT is not
+// `driver` (then each kernel's own preference, as before). An SM runs blocks of two kernels at once only when both
+// take the same split of its L1 and shared memory (as we read the notes on the carveout attribute; the A/B in
+// docs/benchmarks.md is to confirm it), and the driver otherwise picks each kernel's split from its own
+// needs (Nsight, H100, 8 streams: the router 16 KB, the GDN core 32 KB, gate_up 168 KB, down 200.7 KB), so a
+// kernel's blocks could start on an SM only once the kernel before had left it: PDL's early start, which the
+// kernels' prologues (weights before pdl_wait) are written for, then happened only on idle SMs. One split for every
+// kernel of the chain lets them overlap. The arithmetic does not change, only when blocks start. Read once.
+bool max_shared_carveout_wanted();
+
+// Appends to attr[n..] what every launch of the decode chain asks: PDL where pdl_enabled(), the largest carveout
+// where max_shared_carveout_wanted() (room for two). Returns the new count.
+inline unsigned add_chain_attributes(cudaLaunchAttribute* attr, unsigned n) {
+  if (pdl_enabled()) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (max_shared_carveout_wanted()) {
+    attr[n].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
+    attr[n++].val.sharedMemCarveout = unsigned(cudaSharedmemCarveoutMaxShared);
+  }
+  return n;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...) with the programmatic-serialization attribute when pdl_enabled(), and
+// the largest shared-memory carveout when max_shared_carveout_wanted().
 // Throws tern::Error (naming `what`) when the launch is refused.
 template <typename... KArgs, typename... Args>
 void launch_pdl(const char* what, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
@@ -46,11 +72,9 @@ void launch_pdl(const char* what, void (*kernel)(KArgs...), dim3 grid, dim3 bloc
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  cfg.numAttrs = add_chain_attributes(attr, 0);
   check_cuda(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), what, __FILE__, __LINE__);
 }
 
@@ -63,15 +87,13 @@ void launch_cluster_pdl(const char* what, void (*kernel)(KArgs...), dim3 grid, d
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
+  cudaLaunchAttribute attr[3];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = cluster_x;
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 2 : 1;
+  cfg.numAttrs = add_chain_attributes(attr, 1);
   check_cuda(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), what, __FILE__, __LINE__);
 }
 

@@ -90,15 +90,33 @@ __device__ __forceinline__ int next_slot(int s) { return s + 1 == kStages ? 0 : 
 template <int kStages>
 __device__ __forceinline__ int prev_slot(int s) { return s == 0 ? kStages - 1 : s - 1; }
 
+// x̂'s quantised words, their sums and scales in shared memory while the block makes them: S·2624 bytes.
+template <int S>
+constexpr int gate_up_x_bytes() { return S * 128 * 16 + S * 128 * 4 + S * 16 * 4; }
+
+// With kXInRing (the default; TERN_MOE_GATE_UP_X_IN_RING=0 for the form before) the ring of stages is
+// [kStages][kWarps][kStageBytes], a warp's slot s at s·kWarps·kStageBytes + warp·kStageBytes, and the last slot of
+// every warp, which the prologue leaves empty (it fills slots 0 .. kStages − kRows − 1), holds x̂'s quantised words
+// until every lane has its own in registers (gate_up_lane_x). The block's static shared memory is then the routing
+// alone: at S = 2 a block takes 73.8 KB and 3 fit an SM, where x̂ in static memory beside the ring ([kWarps][kStages]
+// [kStageBytes], 79 KB a block) let 2 fit. Only where the bytes sit changes, not a value.
 // kRows: the warp's batches taken two a step (the default; see the pair loop below) or one (TERN_MOE_RING_ROWS=1).
-template <int S, int kRows>
+template <int S, int kRows, bool kXInRing>
 __global__ void __launch_bounds__(kThreads, S <= 2 ? 4 : 1) moe_gate_up_ring_kernel(const GateUpParams p) {
   constexpr int kStages = gate_up_stages<S>(), kStageBytes = gate_up_stage_bytes<S>();
-  extern __shared__ __align__(16) uint8_t ring[];  // [kWarps][kStages][kStageBytes]
+  constexpr int kSlotStride = kXInRing ? kWarps * kStageBytes : kStageBytes;  // from a warp's slot s to s + 1
+  static_assert(gate_up_x_bytes<S>() <= kWarps * kStageBytes, "x̂ must fit one slot of every warp");
+  extern __shared__ __align__(16) uint8_t ring[];  // [kStages][kWarps][kStageBytes] (kXInRing), else [kWarps][kStages]
   __shared__ int ids_s[kTopK];
-  __shared__ uint4 xs[S * 128];
-  __shared__ __align__(16) int xsum[S * 128];
-  __shared__ float xsig[S * 16];
+  constexpr int kStaticX = kXInRing ? 1 : S * 128;  // x̂ in static memory only in the form before
+  __shared__ uint4 xs_static[kStaticX];
+  __shared__ __align__(16) int xsum_static[kStaticX];
+  __shared__ float xsig_static[kXInRing ? 1 : S * 16];
+  // In the ring: at the last slot of every warp, which no copy of the prologue touches (it issues kStages − kRows).
+  uint8_t* const x_area = ring + (kStages - 1) * kWarps * kStageBytes;
+  uint4* const xs = kXInRing ? reinterpret_cast<uint4*>(x_area) : xs_static;
+  int* const xsum = kXInRing ? reinterpret_cast<int*>(x_area + S * 128 * 16) : xsum_static;
+  float* const xsig = kXInRing ? reinterpret_cast<float*>(x_area + S * 128 * 20) : xsig_static;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int warps = int(gridDim.x) * kWarps, batches = (p.k + 1) * p.F;  // of this token
   const int first = int(blockIdx.x) * kWarps + warp;
@@ -106,7 +124,7 @@ __global__ void __launch_bounds__(kThreads, S <= 2 ? 4 : 1) moe_gate_up_ring_ker
   const int* ids = p.ids + token * p.k;
   const float* xhat = p.xhat + int64_t(token) * (S * 1024);
   float* h = p.h + int64_t(token) * (p.k + 1) * p.F;
-  uint8_t* my_ring = ring + warp * kStages * kStageBytes;
+  uint8_t* my_ring = ring + warp * (kXInRing ? kStageBytes : kStages * kStageBytes);
   const uint32_t ring_addr = smem_addr(my_ring);
   pdl_wait();  // the routing and x̂ come from the router kernel
   if (int(threadIdx.x) < p.k) {
@@ -127,7 +145,7 @@ __global__ void __launch_bounds__(kThreads, S <= 2 ? 4 : 1) moe_gate_up_ring_ker
   };
 #pragma unroll
   for (int s = 0; s < kStages - kRows; ++s) {  // the batches the loop's first step does not issue
-    issue_gate_up<S>(p, ids_s, ahead, lane, ring_addr + uint32_t(s * kStageBytes));
+    issue_gate_up<S>(p, ids_s, ahead, lane, ring_addr + uint32_t(s * kSlotStride));
     cp_async_commit();
     advance(ahead);
   }
@@ -139,6 +157,7 @@ __global__ void __launch_bounds__(kThreads, S <= 2 ? 4 : 1) moe_gate_up_ring_ker
   uint4 xq[S][4];
   float sig[S], sx[S];
   gate_up_lane_x<S>(xs, xsum, xsig, lane, xq, sig, sx);
+  if constexpr (kXInRing) __syncthreads();  // every lane has its x̂: the last slots may be refilled
   // Batch b is slot pair b / F, row b mod F: h's slot k (the shared expert) for pair 0, slot pair − 1 after it, i.e.
   // h[b + k·F] for b < F and h[b − F] after.
   const int h_shared = p.k * p.F, h_routed = -p.F;
@@ -154,21 +173,21 @@ __global__ void __launch_bounds__(kThreads, S <= 2 ? 4 : 1) moe_gate_up_ring_ker
     for (int batch = first; batch < batches; batch += 2 * warps) {
       const int batch1 = batch + warps, rd1 = next_slot<kStages>(rd);
       const int wr = prev_slot<kStages>(rd), wr0 = prev_slot<kStages>(wr);
-      issue_gate_up<S>(p, ids_s, ahead, lane, ring_addr + uint32_t(wr0 * kStageBytes));
+      issue_gate_up<S>(p, ids_s, ahead, lane, ring_addr + uint32_t(wr0 * kSlotStride));
       cp_async_commit();
       advance(ahead);
-      issue_gate_up<S>(p, ids_s, ahead, lane, ring_addr + uint32_t(wr * kStageBytes));
+      issue_gate_up<S>(p, ids_s, ahead, lane, ring_addr + uint32_t(wr * kSlotStride));
       cp_async_commit();
       advance(ahead);
       cp_async_wait<kStages - 2>();
       __syncwarp();  // every lane's chunks of both batches have landed
       uint4 gv[S], uv[S];
       uint32_t gsb[S], usb[S];
-      read_gate_up_stage<S>(my_ring + rd * kStageBytes, lane, gv, uv, gsb, usb);
+      read_gate_up_stage<S>(my_ring + rd * kSlotStride, lane, gv, uv, gsb, usb);
       const float g0 = dot_row<S>(gv, gsb, xq, sig, sx), u0 = dot_row<S>(uv, usb, xq, sig, sx);
       float g1 = 0.0f, u1 = 0.0f;
       if (batch1 < batches) {
-        read_gate_up_stage<S>(my_ring + rd1 * kStageBytes, lane, gv, uv, gsb, usb);
+        read_gate_up_stage<S>(my_ring + rd1 * kSlotStride, lane, gv, uv, gsb, usb);
         g1 = dot_row<S>(gv, gsb, xq, sig, sx);
         u1 = dot_row<S>(uv, usb, xq, sig, sx);
       }
@@ -185,12 +204,12 @@ __global__ void __launch_bounds__(kThreads, S <= 2 ? 4 : 1) moe_gate_up_ring_ker
       const int batch = first + it * warps;
       if (batch >= batches) break;
       const int slot_ahead = (it + kStages - 1) % kStages;  // kStages a constant: no division
-      issue_gate_up<S>(p, ids_s, ahead, lane, ring_addr + uint32_t(slot_ahead * kStageBytes));
+      issue_gate_up<S>(p, ids_s, ahead, lane, ring_addr + uint32_t(slot_ahead * kSlotStride));
       cp_async_commit();
       advance(ahead);
       cp_async_wait<kStages - 1>();
       __syncwarp();  // every lane's chunks of this batch have landed
-      const uint8_t* st = my_ring + (it % kStages) * kStageBytes;
+      const uint8_t* st = my_ring + (it % kStages) * kSlotStride;
       uint4 gv[S], uv[S];
       uint32_t gsb[S], usb[S];
       read_gate_up_stage<S>(st, lane, gv, uv, gsb, usb);
@@ -421,15 +440,24 @@ int& ring_rows() {
   return rows;
 }
 
+// Whether the gate_up ring keeps x̂ in its last slots (the kernel's kXInRing; TERN_MOE_GATE_UP_X_IN_RING=0: not).
+bool gate_up_x_in_ring() {
+  static const bool on = !env_is("TERN_MOE_GATE_UP_X_IN_RING", "0");
+  return on;
+}
+
 // False (nothing launched) when the ring does not fit the device's shared memory.
-template <int S, int kRows>
+template <int S, int kRows, bool kXInRing>
 bool launch_gate_up_ring(const GateUpParams& p, int B, cudaStream_t stream) {
-  auto kernel = moe_gate_up_ring_kernel<S, kRows>;
+  auto kernel = moe_gate_up_ring_kernel<S, kRows, kXInRing>;
   constexpr int smem = kWarps * gate_up_stages<S>() * gate_up_stage_bytes<S>();
   if (smem > qtile::max_dynamic_smem()) return false;
   static bool attribute_set = false;
   if (!attribute_set) {
     TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    // The largest shared-memory carveout, so that as many blocks fit as the shared memory allows (ring_blocks).
+    TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                   int(cudaSharedmemCarveoutMaxShared)));
     attribute_set = true;
   }
   const int blocks = ring_blocks(reinterpret_cast<const void*>(kernel), smem, int64_t(p.k + 1) * p.F, B);
@@ -462,11 +490,17 @@ bool ring_enabled() {
 bool gate_up_ring(const GateUpParams& p, int cols, int B, cudaStream_t stream, const uint4* x_lanes) {
   if (B < 2 || !ring_enabled()) return false;
   if (gate_up_mode() == kMoeRingGateUpGrouped && gate_up_grouped(p, x_lanes, cols, B, stream)) return true;
-  const bool pairs = ring_rows() == 2;
+  const auto launch = [&]<int S>() {
+    if (gate_up_x_in_ring())
+      return ring_rows() == 2 ? launch_gate_up_ring<S, 2, true>(p, B, stream)
+                              : launch_gate_up_ring<S, 1, true>(p, B, stream);
+    return ring_rows() == 2 ? launch_gate_up_ring<S, 2, false>(p, B, stream)
+                            : launch_gate_up_ring<S, 1, false>(p, B, stream);
+  };
   switch (cols) {
-    case 1024: return pairs ? launch_gate_up_ring<1, 2>(p, B, stream) : launch_gate_up_ring<1, 1>(p, B, stream);
-    case 2048: return pairs ? launch_gate_up_ring<2, 2>(p, B, stream) : launch_gate_up_ring<2, 1>(p, B, stream);
-    default: return pairs ? launch_gate_up_ring<4, 2>(p, B, stream) : launch_gate_up_ring<4, 1>(p, B, stream);
+    case 1024: return launch.template operator()<1>();
+    case 2048: return launch.template operator()<2>();
+    default: return launch.template operator()<4>();
   }
 }
 
