@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The batched decode step under several environment settings, alternating, on a GPU: an A/B in one call.
 
-    scripts/ab-bench.py --config base: --config driver:TERN_SMEM_CARVEOUT=driver [--config NAME:VAR=V,VAR=V ...]
+    scripts/ab-bench.py --config base: --config max:TERN_SMEM_CARVEOUT=max [--config NAME:VAR=V,VAR=V ...]
                         [--tern build-gpu/tern] [--concurrency 1,8,16] [--rounds 2] [--length 4K]
                         [--decode-steps 64] [--repeats 1] [--json FILE]
 

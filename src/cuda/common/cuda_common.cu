@@ -142,7 +142,7 @@ bool pdl_enabled() {
 }
 
 bool max_shared_carveout_wanted() {
-  static const bool on = pdl_enabled() && !env_is("TERN_SMEM_CARVEOUT", "driver");
+  static const bool on = pdl_enabled() && env_is("TERN_SMEM_CARVEOUT", "max");
   return on;
 }
 

@@ -37,14 +37,14 @@ __device__ __forceinline__ void pdl_trigger() {
 bool pdl_enabled();
 
 // Whether launch_pdl and launch_cluster_pdl ask the largest shared-memory carveout for each launch (the launch
-// attribute, which a captured graph keeps in its kernel nodes): where PDL is on and TERN_SMEM_CARVEOUT is not
-// `driver` (then each kernel's own preference, as before). An SM runs blocks of two kernels at once only when both
-// take the same split of its L1 and shared memory (as we read the notes on the carveout attribute; the A/B in
-// docs/benchmarks.md is to confirm it), and the driver otherwise picks each kernel's split from its own
-// needs (Nsight, H100, 8 streams: the router 16 KB, the GDN core 32 KB, gate_up 168 KB, down 200.7 KB), so a
-// kernel's blocks could start on an SM only once the kernel before had left it: PDL's early start, which the
-// kernels' prologues (weights before pdl_wait) are written for, then happened only on idle SMs. One split for every
-// kernel of the chain lets them overlap. The arithmetic does not change, only when blocks start. Read once.
+// attribute, which a captured graph keeps in its kernel nodes): where PDL is on and TERN_SMEM_CARVEOUT=max; by
+// default each kernel keeps its own preference. The idea: an SM runs blocks of two kernels at once only when both
+// take the same split of its L1 and shared memory (as we read the notes on the carveout attribute; not confirmed
+// here), and the driver picks each kernel's split from its own needs (Nsight, H100, 8 streams: the router 16 KB,
+// the GDN core 32 KB, gate_up 168 KB, down 200.7 KB), so PDL's early start may happen only on SMs the kernel before
+// has left. One split for every kernel of the chain would let them overlap. Measured (H100, 2026-12-05,
+// docs/benchmarks.md): -1.0% at 1 stream, +3.0% at 4, within 0.3% at 2, 8, 16 and 32, so it is opt-in until the
+// reason for both is known. The arithmetic does not change, only when blocks start. Read once.
 bool max_shared_carveout_wanted();
 
 // Appends to attr[n..] what every launch of the decode chain asks: PDL where pdl_enabled(), the largest carveout

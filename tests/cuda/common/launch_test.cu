@@ -1,6 +1,6 @@
 // The launch helpers (src/cuda/common/launch.cuh): a kernel launched through launch_pdl or launch_cluster_pdl runs,
 // and a captured launch keeps its attributes in the graph's kernel node: the largest shared-memory carveout where
-// max_shared_carveout_wanted() (PDL on, TERN_SMEM_CARVEOUT not `driver`), so that the kernels of a chain take one
+// max_shared_carveout_wanted() (PDL on and TERN_SMEM_CARVEOUT=max), so that the kernels of a chain take one
 // L1/shared split, and none otherwise.
 #include <cuda_runtime.h>
 
