@@ -186,15 +186,20 @@ SpecBenchReport bench_speculative(ModelRunner& runner, const SpecBenchOptions& o
     for (int k = 0; k <= o.max_drafts; ++k) {
       SpecVerifyRow row;
       row.drafts = k;
+      std::vector<double> rollback_ms;  // every call's, the warm-up ones first
       row.ms = timed(warm, o.repeats, [&] {
         const std::span<const int32_t> tokens = std::span<const int32_t>(filler).first(size_t(k + 1));
         if (!(verify_on_device && runner.forward_verify_sample(*s, tokens, greedy, ids))) {
           verify_on_device = false;
           runner.forward_verify(*s, tokens, logits);
         }
-        s->rollback(L);
+        const auto t0 = Clock::now();
+        s->rollback(L);  // synchronous: returns once the states are back
+        rollback_ms.push_back(bench_ms_since(t0));
       });
       row.ms_median = bench_median(row.ms);
+      row.rollback_ms.assign(rollback_ms.begin() + warm, rollback_ms.end());
+      row.rollback_ms_median = bench_median(row.rollback_ms);
       pt.verify.push_back(std::move(row));
     }
     if (mtp) {

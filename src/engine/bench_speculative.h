@@ -8,7 +8,7 @@
 //   verify cost: for k = 0..max_drafts, k + 1 tokens through forward_verify_sample (the rows' ids sampled on the
 //                device, as the generation's verify steps run where the runner can; else forward_verify, the logits
 //                to the host), then Session::rollback to L, timed together on the host; as ms and as a ratio to the
-//                plain step;
+//                plain step; the rollback's own time beside it (it returns once its copies are done);
 //   draft cost:  (runners with the MTP head, fed over the prompt) MtpDrafter::draft(k) at L for k = 1..max_drafts:
 //                the pair (h_{L-1}, x_L) and k - 1 chained steps of the head;
 //   end to end:  `tokens` tokens generated greedily through GenerationRun (the engine's loop: its verify steps,
@@ -56,6 +56,8 @@ struct SpecVerifyRow {
   int drafts = 0;                  // k: the step verifies k + 1 tokens
   std::vector<double> ms;          // every timed forward_verify + rollback
   double ms_median = 0;
+  std::vector<double> rollback_ms;  // the rollback's own part of each of `ms` (Session::rollback, synchronous)
+  double rollback_ms_median = 0;
   double ratio = 0;                // ms_median / the plain step's
   std::vector<double> mtp_ms;      // every timed MtpDrafter::draft(k) (empty: no MTP head, or k = 0)
   double mtp_ms_median = 0;        // 0 when not measured

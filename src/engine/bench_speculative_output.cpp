@@ -17,19 +17,22 @@ std::string bench_speculative_table(const SpecBenchReport& r) {
       "method: median of %d run(s) after %d warm-up run(s) (the steps: at least 2); plain step: %s, one token\n\n",
       o.repeats, o.warmup, r.plain_path.c_str());
 
-  out += bench_format("verify cost: the step's token and k drafts through %s, then rollback", r.verify_path.c_str());
+  out += bench_format(
+      "verify cost: the step's token and k drafts through %s, then rollback (verify ms: both; rollback ms: the "
+      "rollback alone, part of it)",
+      r.verify_path.c_str());
   out +=
       r.mtp ? "; MTP draft: k greedy drafts from the model's MTP head\n" : "; no MTP head (no draft cost measured)\n";
-  out += bench_format("| %7s | %6s | %9s | %12s | %12s | %14s |\n", "context", "drafts", "verify ms", "x plain step",
-                      "MTP draft ms", "MTP ms / draft");
-  out += "|--------:|-------:|----------:|-------------:|-------------:|---------------:|\n";
+  out += bench_format("| %7s | %6s | %9s | %11s | %12s | %12s | %14s |\n", "context", "drafts", "verify ms",
+                      "rollback ms", "x plain step", "MTP draft ms", "MTP ms / draft");
+  out += "|--------:|-------:|----------:|------------:|-------------:|-------------:|---------------:|\n";
   for (const SpecBenchPoint& p : r.points) {
     const std::string L = bench_length_label(p.length);
-    out += bench_format("| %7s | %6s | %9.3f | %11.2fx | %12s | %14s |\n", L.c_str(), "plain", p.plain_ms_median, 1.0,
-                        "-", "-");
+    out += bench_format("| %7s | %6s | %9.3f | %11s | %11.2fx | %12s | %14s |\n", L.c_str(), "plain",
+                        p.plain_ms_median, "-", 1.0, "-", "-");
     for (const SpecVerifyRow& v : p.verify)
-      out += bench_format("| %7s | %6d | %9.3f | %11.2fx | %12s | %14s |\n", L.c_str(), v.drafts, v.ms_median, v.ratio,
-                          bench_number(v.mtp_ms_median, "%.3f").c_str(),
+      out += bench_format("| %7s | %6d | %9.3f | %11.3f | %11.2fx | %12s | %14s |\n", L.c_str(), v.drafts, v.ms_median,
+                          v.rollback_ms_median, v.ratio, bench_number(v.mtp_ms_median, "%.3f").c_str(),
                           bench_number(v.drafts > 0 ? v.mtp_ms_median / v.drafts : 0, "%.3f").c_str());
   }
 
@@ -91,6 +94,8 @@ std::string bench_speculative_json(const SpecBenchReport& r) {
                  {"seed", o.seed},
                  {"prompt_restored_from_snapshot", r.snapshots},
                  {"statistic", "median"},
+                 {"verify_ms", "forward_verify(_sample) then Session::rollback, timed together; rollback_ms: the "
+                               "rollback alone (included in ms)"},
                  {"computed_speedup", "(1 - p^(k+1)) / (1 - p) x plain step ms / (verify ms (k) + MTP draft ms (k))"},
                  {"published_mtp_acceptance", "llama.cpp, Qwen3.6-35B-A3B MTP: 73-87% with 3-4 drafts"}};
   json pts = json::array();
@@ -101,7 +106,12 @@ std::string bench_speculative_json(const SpecBenchReport& r) {
     q["plain_ms_median"] = p.plain_ms_median;
     json verify = json::array();
     for (const SpecVerifyRow& v : p.verify) {
-      json row = {{"drafts", v.drafts}, {"ms", v.ms}, {"ms_median", v.ms_median}, {"ratio", v.ratio}};
+      json row = {{"drafts", v.drafts},
+                  {"ms", v.ms},
+                  {"ms_median", v.ms_median},
+                  {"rollback_ms", v.rollback_ms},
+                  {"rollback_ms_median", v.rollback_ms_median},
+                  {"ratio", v.ratio}};
       if (!v.mtp_ms.empty()) {
         row["mtp_draft_ms"] = v.mtp_ms;
         row["mtp_draft_ms_median"] = v.mtp_ms_median;

@@ -100,6 +100,13 @@ TEST(BenchSpeculative, ADemoModelWithoutTheHead) {
   for (const SpecVerifyRow& v : p.verify) {
     EXPECT_TRUE(v.mtp_ms.empty());
     EXPECT_GT(v.ms_median, 0);
+    // The rollback timed inside each verify's time: one per timed run, a part of it.
+    ASSERT_EQ(v.rollback_ms.size(), v.ms.size());
+    for (size_t i = 0; i < v.ms.size(); ++i) {
+      EXPECT_GE(v.rollback_ms[i], 0);
+      EXPECT_LE(v.rollback_ms[i], v.ms[i]);
+    }
+    EXPECT_DOUBLE_EQ(v.rollback_ms_median, v.rollback_ms[0]);  // one run
   }
   ASSERT_EQ(p.end_to_end.size(), 3u);
   EXPECT_EQ(p.end_to_end[1].accepted, p.end_to_end[1].drafted);
@@ -113,6 +120,7 @@ TEST(BenchSpeculative, ADemoModelWithoutTheHead) {
   }
   const std::string table = bench_speculative_table(r);
   EXPECT_NE(table.find("no MTP head"), std::string::npos) << table;
+  EXPECT_NE(table.find("| context | drafts | verify ms | rollback ms | x plain step |"), std::string::npos) << table;
   EXPECT_NE(table.find("0 of 3 runs"), std::string::npos) << table;
 }
 

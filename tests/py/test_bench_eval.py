@@ -62,7 +62,8 @@ def test_bench_speculative_demo_cpu(tern_bin, tmp_path):
              "--draft-counts", "2,4", "--acceptance", "0,0.6,1", "--decode-steps", "20", "--repeats", "2",
              "--warmup", "0", "--json", js, "--plot", svg, "--quiet"])
     out = r.stdout
-    assert "| context | drafts | verify ms | x plain step | MTP draft ms | MTP ms / draft |" in out, out
+    assert ("| context | drafts | verify ms | rollback ms | x plain step | MTP draft ms | MTP ms / draft |"
+            in out), out
     assert "| context | drafts | acceptance | accepted / drafted | tokens / step |" in out, out
     assert "COMPUTED from the costs above (not measured)" in out, out
     assert "mismatches against decoding without drafts: 0 of 28 runs" in out, out
@@ -79,6 +80,9 @@ def test_bench_speculative_demo_cpu(tern_bin, tmp_path):
         assert [v["drafts"] for v in p["verify"]] == [0, 1, 2, 3, 4]
         for v in p["verify"]:
             assert len(v["ms"]) == 2 and v["ratio"] == pytest.approx(v["ms_median"] / plain, rel=1e-9)
+            # The rollback's own time, timed inside each verify's: a part of it.
+            assert len(v["rollback_ms"]) == 2 and all(0 <= b <= m for b, m in zip(v["rollback_ms"], v["ms"]))
+            assert v["rollback_ms_median"] == pytest.approx(float(np.median(v["rollback_ms"])), rel=1e-12)
             assert (v["drafts"] > 0) == ("mtp_draft_ms_median" in v)
             if v["drafts"] > 0:
                 assert v["mtp_draft_ms_median"] > 0

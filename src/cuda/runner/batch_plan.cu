@@ -296,10 +296,10 @@ void CudaRunner::slot_layers(int B, int64_t capacity, bool one_session, bool kee
                                             true, output_ahead(l)),
               true, attended && ab.out_tables);
     }
-    // The gate_up's L2 request for the chosen experts' down matrices (a hint: results unchanged) only while B
-    // tokens' ~5 MB each stay well inside L2 beside the weights the tokens share.
+    // The gate_up's L2 request for the chosen experts' down matrices (a hint: results unchanged): by default never
+    // in a step of several tokens (B <= batch_down_prefetch_tokens_, 0; measured slower at 2 to 4 tokens).
     MoeDecodeWeights m = moe_w_[i];
-    m.prefetch_down = m.prefetch_down && B <= 4;
+    m.prefetch_down = m.prefetch_down && B <= batch_down_prefetch_tokens_;
     MoeTablesOut next;
     if (producer_tables) {
       const QmvArgs n = first_product(i + 1);

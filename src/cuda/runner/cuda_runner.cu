@@ -119,6 +119,14 @@ CudaRunner::CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const M
   // first projection; 0 neither.
   if (const char* e = std::getenv("TERN_L2_PREFETCH")) l2_prefetch_ = std::atoi(e) & 12;
   if (!sm90_features()) l2_prefetch_ = 0;  // the bulk prefetch is sm_90+ (a no-op in older code): skip its launches' work
+  // TERN_BATCH_DOWN_PREFETCH_TOKENS (default 0: never): the most tokens a batched or verify step asks L2 for the
+  // chosen experts' down matrices with (where TERN_L2_PREFETCH has 4), for an A/B of that bound. The bound was 4
+  // until measured (H100, docs/benchmarks.md, thirty-fourth session): without the request 2 streams run 3.1% and 4
+  // streams 13.3% faster, and a verify of 4 tokens costs 1.75x a plain step instead of 1.96x.
+  if (const char* e = std::getenv("TERN_BATCH_DOWN_PREFETCH_TOKENS")) {
+    batch_down_prefetch_tokens_ = std::atoi(e);
+    TERN_CHECK(batch_down_prefetch_tokens_ >= 0, "TERN_BATCH_DOWN_PREFETCH_TOKENS must be 0 or more; got '", e, "'");
+  }
   allocate_decode_scratch();
   attention_init();  // kernel attributes set once, outside any graph capture
   step_omits(StepPart::in);  // TERN_STEP_OMIT parsed (and a bad name refused) here, outside any capture

@@ -24,8 +24,8 @@ namespace tern::cuda {
 // Device buffers of one runner's snapshot size, kept for reuse instead of a cudaMalloc of the model's 66 MB of states
 // per snapshot and a cudaFree (which synchronises the device) per dropped one, inside the time to first token of
 // every request (the prefix cache takes a snapshot at the end of each prompt; H200, a 523-token prompt through the
-// server: 88.5 → 86.8 ms). Also the stream that snapshots and restores copy on (every layer's copy queued, one
-// wait). Shared by the runner and its snapshots (a snapshot may outlive the runner).
+// server: 88.5 → 86.8 ms). Also the stream that snapshots, restores and rollbacks copy on (every layer's copy queued,
+// or a rollback's one launch, then one wait). Shared by the runner and its snapshots (a snapshot may outlive the runner).
 class SnapshotBuffers {
  public:
   explicit SnapshotBuffers(size_t bytes) : bytes_(bytes) {
@@ -186,6 +186,8 @@ class CudaSession final : public Session {
   // The kept states are no longer valid: their buffer goes back to the pool (every forward, rollback once it copied,
   // reset, restore, the destructor); so is the kept snapshot below.
   void drop_kept_states();
+  // The kept states before the verify's token (position - its first) back into place and d_pos set, in one kernel
+  // launch (kernels/copy/state_copy.cuh; TERN_ROLLBACK_COPIES=1: a cudaMemcpyAsync per state), then a wait.
   void rollback(int64_t position) override;
 
   // A prefix snapshot inside a short call (Session::keep_state_at; CudaRunner::run_short_call): the verify step that
