@@ -406,28 +406,21 @@ void CudaSession::rollback(int64_t position) {
 void CudaSession::copy_kept_states(int64_t t, int64_t position) {
   TERN_INTERNAL_CHECK(position >= 0 && position <= INT32_MAX, "cuda rollback: position ", position);
   const cudaStream_t cs = snapshot_buffers_->stream();
+  std::vector<StateCopy> copies;  // every layer's conv and rec: token t's slot of the kept buffer -> the live state
+  copies.reserve(2 * layers.size());
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const LayerCache& lc = layers[i];
+    if (!lc.rec) continue;
+    if (lc.conv_bytes)
+      copies.push_back(state_copy_entry(lc.conv, kept_[i].conv + t * int64_t(lc.conv_bytes / 4), lc.conv_bytes));
+    copies.push_back(state_copy_entry(lc.rec, kept_[i].rec + t * int64_t(lc.rec_bytes / 4), lc.rec_bytes));
+  }
   if (rollback_per_layer_copies()) {
-    for (size_t i = 0; i < layers.size(); ++i) {
-      const LayerCache& lc = layers[i];
-      if (!lc.rec) continue;
-      if (lc.conv_bytes)
-        TERN_CUDA(cudaMemcpyAsync(lc.conv, kept_[i].conv + t * int64_t(lc.conv_bytes / 4), lc.conv_bytes,
-                                  cudaMemcpyDeviceToDevice, cs));
-      TERN_CUDA(cudaMemcpyAsync(lc.rec, kept_[i].rec + t * int64_t(lc.rec_bytes / 4), lc.rec_bytes,
-                                cudaMemcpyDeviceToDevice, cs));
-    }
+    for (const StateCopy& c : copies)
+      TERN_CUDA(cudaMemcpyAsync(c.dst, c.src, size_t(c.n16) * 16, cudaMemcpyDeviceToDevice, cs));
     const int p32 = int(position);
     TERN_CUDA(cudaMemcpyAsync(d_pos, &p32, sizeof(int), cudaMemcpyHostToDevice, cs));
   } else {
-    std::vector<StateCopy> copies;
-    copies.reserve(2 * layers.size());
-    for (size_t i = 0; i < layers.size(); ++i) {
-      const LayerCache& lc = layers[i];
-      if (!lc.rec) continue;
-      if (lc.conv_bytes)
-        copies.push_back(state_copy_entry(lc.conv, kept_[i].conv + t * int64_t(lc.conv_bytes / 4), lc.conv_bytes));
-      copies.push_back(state_copy_entry(lc.rec, kept_[i].rec + t * int64_t(lc.rec_bytes / 4), lc.rec_bytes));
-    }
     state_copy(copies, d_pos, int(position), cs);
   }
   TERN_CUDA(cudaStreamSynchronize(cs));
