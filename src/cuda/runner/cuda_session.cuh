@@ -22,10 +22,10 @@
 namespace tern::cuda {
 
 // Device buffers of one runner's snapshot size, kept for reuse instead of a cudaMalloc of the model's 66 MB of states
-// per snapshot and a cudaFree (which synchronises the device) per dropped one, inside the time to first token of
-// every request (the prefix cache takes a snapshot at the end of each prompt; H200, a 523-token prompt through the
-// server: 88.5 → 86.8 ms). Also the stream that snapshots, restores and rollbacks copy on (every layer's copy queued,
-// or a rollback's one launch, then one wait). Shared by the runner and its snapshots (a snapshot may outlive the runner).
+// per snapshot and a cudaFree (which synchronises the device) per dropped one, inside the time to first token of every
+// request (the prefix cache takes a snapshot at the end of each prompt; H200, a 523-token prompt through the server:
+// 88.5 → 86.8 ms). Also the stream that snapshots, restores and rollbacks copy on (every layer's copy queued, or a
+// rollback's one launch, then one wait). Shared by the runner and its snapshots (a snapshot may outlive the runner).
 class SnapshotBuffers {
  public:
   explicit SnapshotBuffers(size_t bytes) : bytes_(bytes) {

@@ -171,16 +171,16 @@ bool gdn_decode_supported(const GdnDims& d);
 int64_t gdn_decode_ticket_count(int Hk);
 
 // ---- a batch of sequences, one token each (the batched decode step, issue 31) ----
-// B sequences, one new token each, each bit for bit what gdn_decode gives for that sequence alone: a as for
-// gdn_decode with a.d.T = 1, proj row b at a.proj + b·a.ld_proj, out row b at a.out + b·Hv·dv, and the states of
-// sequence b at conv_states[b] and rec_states[b] (device arrays of B pointers; a.conv_state and a.rec_state are not
-// read; rec_states[b] 16-byte aligned, the states of different sequences distinct). 1 <= B <= 32; the shapes of
+// B sequences, one new token each, each bit for bit what gdn_decode gives for that sequence alone: a as for gdn_decode
+// with a.d.T = 1, proj row b at a.proj + b·a.ld_proj, out row b at a.out + b·Hv·dv, and the states of sequence b at
+// conv_states[b] and rec_states[b] (device arrays of B pointers; a.conv_state and a.rec_state are not read;
+// rec_states[b] 16-byte aligned, the states of different sequences distinct). 1 <= B <= 32; the shapes of
 // gdn_decode_supported. The launch shape is gdn_decode's for a (a.kernel, a.force_portable, a.tickets), with a grid
-// index per sequence, except that automatic takes cluster2_w16 on sm_90 for B ≥ 2 (more of the batch resident at
-// once), and smem_w16 where B · Hk exceeds the SM count (TERN_GDN_BATCH_SHAPE names one shape for every B ≥ 2):
-// the same arithmetic for each sequence. Launched with PDL like gdn_decode (the same rule for
-// the states read before pdl_wait); the two tables are read before pdl_wait too, so they are launch constants of the
-// step (written by a copy before it, never by the kernel just before this one).
+// index per sequence, except that automatic takes cluster2_w16 on sm_90 for B ≥ 2 (more of the batch resident at once),
+// and smem_w16 where B · Hk exceeds the SM count (TERN_GDN_BATCH_SHAPE names one shape for every B ≥ 2): the same
+// arithmetic for each sequence. Launched with PDL like gdn_decode (the same rule for the states read before pdl_wait);
+// the two tables are read before pdl_wait too, so they are launch constants of the step (written by a copy before it,
+// never by the kernel just before this one).
 // Returns whether it wrote a.out_tables: given, and the shape's blocks hold whole groups of 64 values of a v-head
 // (every shape but cluster8_w8, cluster8_w16 and cluster16_w8).
 bool gdn_decode_batched(const GdnDecodeArgs& a, int B, float* const* conv_states, float* const* rec_states,
