@@ -1,6 +1,8 @@
 // TERN_STEP_OMIT: see step_omit.h.
 #include "cuda/common/step_omit.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -19,6 +21,7 @@ constexpr PartName kParts[] = {
     {"in", StepPart::in},         {"gdn", StepPart::gdn},         {"attention", StepPart::attention},
     {"out", StepPart::out},       {"router", StepPart::router},   {"gate_up", StepPart::gate_up},
     {"down", StepPart::down},     {"head", StepPart::head},       {"prequant", StepPart::prequant},
+    {"kept", StepPart::kept},
 };
 
 }  // namespace
@@ -39,7 +42,7 @@ unsigned step_omit_parse(std::string_view list) {
         known = true;
       }
     TERN_CHECK(known, "TERN_STEP_OMIT: unknown part '", std::string(name),
-               "' (parts: in, gdn, attention, out, router, gate_up, down, head, prequant)");
+               "' (parts: in, gdn, attention, out, router, gate_up, down, head, prequant, kept)");
   }
   return mask;
 }
@@ -63,5 +66,23 @@ unsigned omitted_parts() {
 }  // namespace
 
 bool step_omits(StepPart part) { return (omitted_parts() & unsigned(part)) != 0; }
+
+std::vector<int> step_omit_routing(int T, int E, int k) {
+  TERN_CHECK(T >= 0 && k >= 1 && k <= E, "step_omit_routing: ", k, " of ", E, " experts");
+  std::vector<int> ids;
+  ids.reserve(size_t(T) * size_t(k));
+  uint64_t x = 0x9e3779b97f4a7c15ull;  // xorshift64
+  for (int t = 0; t < T; ++t) {
+    const size_t first = ids.size();
+    while (ids.size() - first < size_t(k)) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      const int e = int(x % uint64_t(E));
+      if (std::find(ids.begin() + std::ptrdiff_t(first), ids.end(), e) == ids.end()) ids.push_back(e);
+    }
+  }
+  return ids;
+}
 
 }  // namespace tern::cuda

@@ -15,11 +15,16 @@
 //   down      the MoE down + combine
 //   head      the LM head (wherever it runs, the prefill's last row included)
 //   prequant  the batched products' activation quantisation (qmv_dp4a_prequant_kernel)
+//   kept      a verify step's kept states (the Gated DeltaNet states before each token, for a rollback): none
+//             written, so a rollback restores wrong states
+// With the router left out, every MoE scratch holds a routing drawn once (step_omit_routing: k distinct experts a
+// token, as synthetic weights route), so that gate_up and down read as many distinct experts as with the router.
 // In the one-token decode plan and the multi-token steps (batched, verify, short calls); the prefill plan's kernels
 // are not touched, but for the LM head.
 #pragma once
 
 #include <string_view>
+#include <vector>
 
 namespace tern::cuda {
 
@@ -33,11 +38,16 @@ enum class StepPart : unsigned {
   down = 1u << 6,
   head = 1u << 7,
   prequant = 1u << 8,
+  kept = 1u << 9,
 };
 
 // Whether TERN_STEP_OMIT names `part`. Read once: the first call parses the variable, warns if it is set, and throws
 // tern::Error naming the parts it knows for a name it does not (no CUDA call: safe inside a graph capture).
 bool step_omits(StepPart part);
+
+// The routing that stands in for the router's while it is left out: [T][k] expert ids, each token's k distinct ones
+// drawn uniformly from [0, E) with a fixed seed (1 <= k <= E).
+std::vector<int> step_omit_routing(int T, int E, int k);
 // The parts named by a TERN_STEP_OMIT value (comma-separated, spaces around names ignored) as a mask of StepPart
 // bits; throws tern::Error for an unknown name (tests).
 unsigned step_omit_parse(std::string_view list);

@@ -126,6 +126,8 @@ void CudaRunner::allocate_batch_scratch() {
   batch_moe_ = moe_decode_scratch_view(batch_scratch_.take(moe_bytes), B, c.hidden_size, c.num_experts,
                                        c.num_experts_per_tok, c.moe_intermediate_size);
   moe_decode_scratch_init(batch_moe_, stream_);
+  if (step_omits(StepPart::router))  // TERN_STEP_OMIT: a routing as the router's would spread the experts
+    moe_decode_scratch_stand_in_routing(batch_moe_, B, c.num_experts, c.num_experts_per_tok, stream_);
   // One sampler scratch per slot, at a fixed stride (sample_tokens_device samples every slot in one launch each).
   batch_sample_stride_ = int64_t(DeviceArena::align(size_t(sample_scratch_floats(V)) * 4) / 4);
   float* const samplers = batch_scratch_.take_n<float>(size_t(B * batch_sample_stride_));

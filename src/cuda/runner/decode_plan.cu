@@ -35,6 +35,8 @@ void CudaRunner::allocate_decode_scratch() {
   moe_scratch_ = moe_decode_scratch_view(decode_scratch_.take(moe_bytes), T, D, c.num_experts, c.num_experts_per_tok,
                                          c.moe_intermediate_size);
   moe_decode_scratch_init(moe_scratch_, stream_);
+  if (step_omits(StepPart::router))  // TERN_STEP_OMIT: a routing as the router's would spread the experts
+    moe_decode_scratch_stand_in_routing(moe_scratch_, T, c.num_experts, c.num_experts_per_tok, stream_);
   gdn_tickets_ = decode_scratch_.take_n<unsigned>(tickets);
   TERN_CUDA(cudaMemsetAsync(gdn_tickets_, 0, tickets * 4, stream_));
   for (const DeviceLayer& l : w_->layers) {

@@ -15,6 +15,7 @@
 
 #include "core/check.h"
 #include "cuda/common/cuda_common.cuh"
+#include "cuda/common/step_omit.h"
 #include "cuda/kernels/attention/attention.cuh"
 #include "cuda/kernels/gdn/gdn.cuh"
 #include "cuda/kernels/sampling/sampling.cuh"
@@ -88,14 +89,17 @@ void CudaRunner::verify_step(CudaSession& s, std::span<const int32_t> tokens, bo
   }
   h.session_pos = s.d_pos;
   h.keep_token = keep_one ? snapshot_token : 0;
+  // TERN_STEP_OMIT=kept (a timing diagnostic): a verify's GDN layers keep no states, so a rollback restores wrong
+  // ones (a short call's snapshot is kept all the same).
+  const bool keeps = (keep && !step_omits(StepPart::kept)) || keep_one;
   for (size_t i = 0; i < w_->layers.size(); ++i) {
     void** t = reinterpret_cast<void**>(batch_pinned_ + layer_table_offset(i));
     const CudaSession::LayerCache& lc = s.layers[i];
     if (w_->layers[i].type == LayerType::linear_attention) {
       t[0] = lc.conv;
       t[kBatchSlots] = lc.rec;
-      t[1] = keep || keep_one ? kept[i].conv : nullptr;  // null entries: gdn_decode keeps nothing
-      t[kBatchSlots + 1] = keep || keep_one ? kept[i].rec : nullptr;
+      t[1] = keeps ? kept[i].conv : nullptr;  // null entries: gdn_decode keeps nothing
+      t[kBatchSlots + 1] = keeps ? kept[i].rec : nullptr;
     } else {
       for (int j = 0; j < T; ++j) {
         t[j] = lc.k;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <initializer_list>
+#include <vector>
 
 #include "core/check.h"
 #include "cuda/common/cuda_common.cuh"
@@ -634,6 +635,15 @@ MoeDecodeScratch moe_decode_scratch_view(void* base, int T, int64_t D, int E, in
 void moe_decode_scratch_init(const MoeDecodeScratch& s, cudaStream_t stream) {
   TERN_CUDA(cudaMemsetAsync(s.ticket, 0, 2 * sizeof(unsigned), stream));  // the ticket and the epoch after it
   TERN_CUDA(cudaMemsetAsync(s.down_tickets, 0, size_t(s.down_tickets_count) * sizeof(unsigned), stream));
+}
+
+void moe_decode_scratch_stand_in_routing(const MoeDecodeScratch& s, int T, int E, int k, cudaStream_t stream) {
+  const std::vector<int> ids = step_omit_routing(T, E, k);
+  const std::vector<float> w(size_t(T) * size_t(k), 1.0f / float(k)), gate(size_t(T), 0.5f);
+  TERN_CUDA(cudaMemcpyAsync(s.ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice, stream));
+  TERN_CUDA(cudaMemcpyAsync(s.w, w.data(), w.size() * 4, cudaMemcpyHostToDevice, stream));
+  TERN_CUDA(cudaMemcpyAsync(s.shared_gate, gate.data(), gate.size() * 4, cudaMemcpyHostToDevice, stream));
+  TERN_CUDA(cudaStreamSynchronize(stream));  // the host vectors go out of scope
 }
 
 void moe_decode_set_l2_prefetch(bool on) { prefetch_flag() = on; }

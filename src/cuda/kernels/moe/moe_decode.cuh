@@ -66,6 +66,10 @@ constexpr int64_t kMoeXLaneSliceBytes = 4 * 32 * 16 + 32 * 8;  // 2304 per 1024 
 size_t moe_decode_scratch_bytes(int T, int64_t D, int E, int k, int64_t F);
 MoeDecodeScratch moe_decode_scratch_view(void* base, int T, int64_t D, int E, int k, int64_t F);
 void moe_decode_scratch_init(const MoeDecodeScratch& s, cudaStream_t stream);
+// For TERN_STEP_OMIT=router (step_omit.h), a timing diagnostic: rows [0, T) of the scratch's routing set to
+// step_omit_routing's ids, weights 1/k and shared gates 1/2 (synchronous; outside any capture), so that steps without
+// the router read as many distinct experts as steps with it.
+void moe_decode_scratch_stand_in_routing(const MoeDecodeScratch& s, int T, int E, int k, cudaStream_t stream);
 
 // hidden [T, D] fp32, updated in place by moe_down_decode.
 void moe_router_decode(const MoeDecodeWeights& w, const float* hidden, int T, const MoeDecodeScratch& s,

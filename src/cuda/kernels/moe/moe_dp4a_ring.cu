@@ -126,12 +126,6 @@ __global__ void __launch_bounds__(kThreads, S <= 2 ? 4 : 1) moe_gate_up_ring_ker
   float* h = p.h + int64_t(token) * (p.k + 1) * p.F;
   uint8_t* my_ring = ring + warp * (kXInRing ? kStageBytes : kStages * kStageBytes);
   const uint32_t ring_addr = smem_addr(my_ring);
-  pdl_wait();  // the routing and x̂ come from the router kernel
-  if (int(threadIdx.x) < p.k) {
-    const int e = ids[threadIdx.x];
-    ids_s[threadIdx.x] = e < 0 ? 0 : (e >= p.E ? p.E - 1 : e);
-  }
-  __syncthreads();
   // The issue position steps by warps = step_pairs·F + step_i (step_i < F).
   const int step_pairs = warps / p.F, step_i = warps - step_pairs * p.F;
   GateUpPos ahead{first / p.F, first - (first / p.F) * p.F};
@@ -143,8 +137,23 @@ __global__ void __launch_bounds__(kThreads, S <= 2 ? 4 : 1) moe_gate_up_ring_ker
       ++b.pair;
     }
   };
-#pragma unroll
-  for (int s = 0; s < kStages - kRows; ++s) {  // the batches the loop's first step does not issue
+  // The batches the loop's first step does not issue, kStages − kRows of them: those of the shared expert (pair 0,
+  // which needs no routing) before pdl_wait, while the router still runs (with TERN_MOE_RING_SHARED_EARLY=1; by default
+  // they are all issued after it); the routed ones after it. Only when a copy is issued changes.
+  int s = 0;
+  if (p.shared_early)
+    for (; s < kStages - kRows && ahead.pair == 0; ++s) {
+      issue_gate_up<S>(p, ids_s, ahead, lane, ring_addr + uint32_t(s * kSlotStride));
+      cp_async_commit();
+      advance(ahead);
+    }
+  pdl_wait();  // the routing and x̂ come from the router kernel
+  if (int(threadIdx.x) < p.k) {
+    const int e = ids[threadIdx.x];
+    ids_s[threadIdx.x] = e < 0 ? 0 : (e >= p.E ? p.E - 1 : e);
+  }
+  __syncthreads();
+  for (; s < kStages - kRows; ++s) {
     issue_gate_up<S>(p, ids_s, ahead, lane, ring_addr + uint32_t(s * kSlotStride));
     cp_async_commit();
     advance(ahead);
@@ -446,9 +455,16 @@ bool gate_up_x_in_ring() {
   return on;
 }
 
+// Whether the gate_up ring copies its first shared-expert batches before pdl_wait (TERN_MOE_RING_SHARED_EARLY=1;
+// opt-in until measured: after it by default).
+bool gate_up_shared_early() {
+  static const bool on = env_is("TERN_MOE_RING_SHARED_EARLY", "1");
+  return on;
+}
+
 // False (nothing launched) when the ring does not fit the device's shared memory.
 template <int S, int kRows, bool kXInRing>
-bool launch_gate_up_ring(const GateUpParams& p, int B, cudaStream_t stream) {
+bool launch_gate_up_ring(GateUpParams p, int B, cudaStream_t stream) {
   auto kernel = moe_gate_up_ring_kernel<S, kRows, kXInRing>;
   constexpr int smem = kWarps * gate_up_stages<S>() * gate_up_stage_bytes<S>();
   if (smem > qtile::max_dynamic_smem()) return false;
@@ -460,6 +476,7 @@ bool launch_gate_up_ring(const GateUpParams& p, int B, cudaStream_t stream) {
                                    int(cudaSharedmemCarveoutMaxShared)));
     attribute_set = true;
   }
+  p.shared_early = gate_up_shared_early();
   const int blocks = ring_blocks(reinterpret_cast<const void*>(kernel), smem, int64_t(p.k + 1) * p.F, B);
   launch_pdl(kRows == 2 ? "moe_gate_up_ring_pairs" : "moe_gate_up_ring", kernel, dim3(unsigned(blocks), unsigned(B)),
              dim3(kThreads), size_t(smem), stream, p);
