@@ -9,9 +9,11 @@ Runs `tern bench --synthetic --device cuda --concurrency LIST` once as is and on
 timing is what is wanted), then prints the step's ms at each stream count and each part's cost in place: ms and share
 of the whole step. The kernels of a step overlap under programmatic dependent launch, so these costs need not add up
 to the step (a neighbour absorbs part of a missing kernel's time), and a kernel's own duration (ncu) is larger than
-its cost here. A part whose omission changes the values that reach the MoE router (router, in, out, prequant, the
-mixers) also changes which experts the step reads (fewer distinct ones): its figure is an upper bound, not a cost
-(docs/benchmarks.md, thirty-first session: prequant's 0.87 ms at 8 streams was ~0.11). Standard library only.
+its cost here. With the router left out, the MoE scratch holds a stand-in routing drawn once (k distinct experts a
+token, as synthetic weights route: step_omit_routing), so gate_up and down read as many distinct experts as with it.
+A part whose omission changes the values that reach the MoE router (in, out, prequant, the mixers) may change which
+experts the step reads: its figure is an upper bound, not a cost (docs/benchmarks.md, thirty-first session:
+prequant's 0.87 ms at 8 streams was ~0.11). Standard library only.
 """
 import argparse
 import json
