@@ -49,6 +49,22 @@ bool attn_batch_one_stage() {
   return on;
 }
 
+// TERN_ATTN_SPLIT_TILES=N: every decode split holds at least N 64-key tiles of the capacity (default 1: as many
+// splits as fill the SMs once, up to one a tile). Read once. A sequence's splits still depend on its capacity alone,
+// so every batch gives it the same bits; what changes is how many blocks share a sequence's keys.
+int attn_split_tiles() {
+  static const int n = [] {
+    const char* e = std::getenv("TERN_ATTN_SPLIT_TILES");
+    if (e == nullptr || *e == '\0') return 1;
+    char* end = nullptr;
+    const long v = std::strtol(e, &end, 10);
+    TERN_CHECK(*end == '\0' && v >= 1 && v <= 4096, "TERN_ATTN_SPLIT_TILES=", e,
+               ": a count of 64-key tiles, 1 to 4096");
+    return int(v);
+  }();
+  return n;
+}
+
 // TERN_ATTN_BATCH_ITEMS (attention.cuh: attn_batch_set_items): attention_batched's items-per-block form. Read once,
 // at the first batched call (outside capture); the tests set it with attn_batch_set_items.
 int& batch_items() {

@@ -747,12 +747,13 @@ const DecodeVariant& decode_variant(const AttentionSetup& setup, const AttnDims&
   return setup.decode[dh_index(d.dh)][rw_index(decode_rows_warps(d.T * (d.Hq / d.Hkv)))];
 }
 
-// Splits of the decode grid: enough (KV head, split) blocks to fill every SM once, at most one per 64-key tile of
-// the capacity. Fixed for a given capacity, so a captured decode step stays valid as the length grows.
+// Splits of the decode grid: enough (KV head, split) blocks to fill every SM once, at most one per
+// attn_split_tiles() 64-key tiles of the capacity (one by default). Fixed for a given capacity, so a captured decode
+// step stays valid as the length grows.
 int decode_splits(const AttnDims& d, const DecodeVariant& v, int sms) {
   const int64_t want = (int64_t(sms) * v.blocks_per_sm + d.Hkv - 1) / d.Hkv;
-  const int64_t tiles = (d.capacity + kBlockKeys - 1) / kBlockKeys;
-  return int(std::clamp<int64_t>(std::min(want, tiles), 1, kAttnMaxSplits));
+  const int64_t tiles = (d.capacity + kBlockKeys - 1) / kBlockKeys, per = attn_split_tiles();
+  return int(std::clamp<int64_t>(std::min(want, (tiles + per - 1) / per), 1, kAttnMaxSplits));
 }
 
 void decode_setup(AttentionSetup& s, int optin) {

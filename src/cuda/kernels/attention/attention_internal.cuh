@@ -120,6 +120,7 @@ void decode_setup(AttentionSetup& s, int optin);  // attention_decode.cu: the de
 
 bool kv_early();              // TERN_ATTN_KV_EARLY
 bool attn_batch_one_stage();  // TERN_ATTN_BATCH_STAGES
+int attn_split_tiles();       // TERN_ATTN_SPLIT_TILES
 int& batch_items();           // TERN_ATTN_BATCH_ITEMS, attn_batch_set_items
 int& items_stages_asked();    // attn_batch_set_items_stages
 extern std::atomic<int64_t> items_launches;  // attn_batch_items_launches
