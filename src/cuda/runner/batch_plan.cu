@@ -271,8 +271,9 @@ void CudaRunner::slot_layers(int B, int64_t capacity, bool one_session, bool kee
           gated_written = gdn_decode_batched(g, B, states, states + kSlots, stream_);
         }
       }
-      product(StepPart::out, decode_product(l.out_proj, batch_gated_, Z, 1, nullptr, hidden_, D, true, output_ahead(l)),
-              true, gated_written);
+      product(StepPart::out,
+              decode_product(l.out_proj, batch_gated_, Z, 1, nullptr, hidden_, D, true, batch_ahead(l, B)), true,
+              gated_written);
     } else {
       const AttnDims d = attn_dims(1, capacity);
       const int64_t Q = int64_t(d.Hq) * 2 * d.dh, KV = int64_t(d.Hkv) * d.dh;
@@ -295,7 +296,7 @@ void CudaRunner::slot_layers(int B, int64_t capacity, bool one_session, bool kee
         attention_batched(batch_q_, batch_proj_, ab, d, batch_attn_part_, batch_attn_out_, stream_);
       }
       product(StepPart::out, decode_product(l.o_proj, batch_attn_out_, int64_t(d.Hq) * d.dh, 1, nullptr, hidden_, D,
-                                            true, output_ahead(l)),
+                                            true, batch_ahead(l, B)),
               true, attended && ab.out_tables);
     }
     // The gate_up's L2 request for the chosen experts' down matrices (a hint: results unchanged): by default never

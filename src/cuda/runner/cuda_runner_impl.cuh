@@ -132,6 +132,10 @@ class CudaRunner final : public ModelRunner {
   void attention_decode_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, CudaSession& s, int64_t T);
   size_t layer_index(const DeviceLayer& l) const;
   const L2Ranges& output_ahead(const DeviceLayer& l) const { return l2_output_ahead_[layer_index(l)]; }
+  // output_ahead for a batched or verify step of B tokens: none past TERN_BATCH_OUTPUT_AHEAD_TOKENS.
+  L2Ranges batch_ahead(const DeviceLayer& l, int B) const {
+    return B <= batch_output_ahead_tokens_ ? output_ahead(l) : L2Ranges{};
+  }
 
   // batch_plan.cu: one token of each of up to batch_max() sessions per step, through the one-token kernels with a
   // batch index (each session's token bit for bit as alone), one CUDA graph per (batch size, largest capacity)
@@ -223,6 +227,7 @@ class CudaRunner final : public ModelRunner {
   int moe_tile_tokens_ = 0;  // TERN_MOE_TILE_TOKENS (see the constructor): 16, 32, 64; 0 auto (the default)
   int l2_prefetch_ = 12;                // TERN_L2_PREFETCH bit mask (see the constructor)
   int batch_down_prefetch_tokens_ = 0;  // TERN_BATCH_DOWN_PREFETCH_TOKENS (see the constructor)
+  int batch_output_ahead_tokens_ = 1 << 30;  // TERN_BATCH_OUTPUT_AHEAD_TOKENS (see the constructor)
   std::vector<L2Ranges> l2_output_ahead_;  // per layer: what its output projection asks L2 for (plan_l2_prefetch)
   DeviceArena decode_scratch_;
   float* proj_ = nullptr;               // [kQmvMaxTokens, proj_cols_] fused input projection output
