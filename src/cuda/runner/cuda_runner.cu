@@ -127,9 +127,10 @@ CudaRunner::CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const M
     batch_down_prefetch_tokens_ = std::atoi(e);
     TERN_CHECK(batch_down_prefetch_tokens_ >= 0, "TERN_BATCH_DOWN_PREFETCH_TOKENS must be 0 or more; got '", e, "'");
   }
-  // TERN_BATCH_OUTPUT_AHEAD_TOKENS (default: any count, as the one-token plan): the most tokens a batched or verify
-  // step's output projections ask L2 for the next layer's first projection with (where TERN_L2_PREFETCH has 8), for an
-  // A/B: a step of many tokens streams more expert bytes between the request and the read than L2 holds.
+  // TERN_BATCH_OUTPUT_AHEAD_TOKENS (default 0: never): the most tokens a batched or verify step's output projections
+  // ask L2 for the next layer's first projection with (where TERN_L2_PREFETCH has 8). A step of several tokens streams
+  // more expert bytes between the request and the read than L2 holds; without the request (H200, docs/benchmarks.md,
+  // thirty-fifth session) 4 / 8 streams ran ~1% faster and a verify of 4 tokens cost 1.62x a plain step, not 1.67x.
   if (const char* e = std::getenv("TERN_BATCH_OUTPUT_AHEAD_TOKENS")) {
     batch_output_ahead_tokens_ = std::atoi(e);
     TERN_CHECK(batch_output_ahead_tokens_ >= 0, "TERN_BATCH_OUTPUT_AHEAD_TOKENS must be 0 or more; got '", e, "'");

@@ -49,13 +49,15 @@ bool attn_batch_one_stage() {
   return on;
 }
 
-// TERN_ATTN_SPLIT_TILES=N: every decode split holds at least N 64-key tiles of the capacity (default 1: as many
-// splits as fill the SMs once, up to one a tile). Read once. A sequence's splits still depend on its capacity alone,
-// so every batch gives it the same bits; what changes is how many blocks share a sequence's keys.
+// TERN_ATTN_SPLIT_TILES=N: every decode split holds at least N 64-key tiles of the capacity (default 2; 1: up to one
+// split a tile, the form before). Read once. A sequence's splits depend on its capacity alone whatever N, so every
+// batch gives it the same bits; N sets how many blocks share a sequence's keys. Two tiles a split (H200,
+// docs/benchmarks.md, thirty-fifth session): 4 / 8 / 16 streams +2.2 to +2.7% (fewer one-tile blocks, each paying its
+// prologue and epilogue), one stream within the noise (−0.0 / −1.4% in two rounds).
 int attn_split_tiles() {
   static const int n = [] {
     const char* e = std::getenv("TERN_ATTN_SPLIT_TILES");
-    if (e == nullptr || *e == '\0') return 1;
+    if (e == nullptr || *e == '\0') return 2;
     char* end = nullptr;
     const long v = std::strtol(e, &end, 10);
     TERN_CHECK(*end == '\0' && v >= 1 && v <= 4096, "TERN_ATTN_SPLIT_TILES=", e,

@@ -748,7 +748,7 @@ const DecodeVariant& decode_variant(const AttentionSetup& setup, const AttnDims&
 }
 
 // Splits of the decode grid: enough (KV head, split) blocks to fill every SM once, at most one per
-// attn_split_tiles() 64-key tiles of the capacity (one by default). Fixed for a given capacity, so a captured decode
+// attn_split_tiles() 64-key tiles of the capacity (two by default). Fixed for a given capacity, so a captured decode
 // step stays valid as the length grows.
 int decode_splits(const AttnDims& d, const DecodeVariant& v, int sms) {
   const int64_t want = (int64_t(sms) * v.blocks_per_sm + d.Hkv - 1) / d.Hkv;

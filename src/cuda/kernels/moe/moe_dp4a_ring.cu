@@ -138,8 +138,8 @@ __global__ void __launch_bounds__(kThreads, S <= 2 ? 4 : 1) moe_gate_up_ring_ker
     }
   };
   // The batches the loop's first step does not issue, kStages − kRows of them: those of the shared expert (pair 0,
-  // which needs no routing) before pdl_wait, while the router still runs (with TERN_MOE_RING_SHARED_EARLY=1; by default
-  // they are all issued after it); the routed ones after it. Only when a copy is issued changes.
+  // which needs no routing) before pdl_wait, while the router still runs (by default; TERN_MOE_RING_SHARED_EARLY=0
+  // issues them all after it); the routed ones after it. Only when a copy is issued changes.
   int s = 0;
   if (p.shared_early)
     for (; s < kStages - kRows && ahead.pair == 0; ++s) {
@@ -455,10 +455,11 @@ bool gate_up_x_in_ring() {
   return on;
 }
 
-// Whether the gate_up ring copies its first shared-expert batches before pdl_wait (TERN_MOE_RING_SHARED_EARLY=1;
-// opt-in until measured: after it by default).
+// Whether the gate_up ring copies its first shared-expert batches before pdl_wait (default;
+// TERN_MOE_RING_SHARED_EARLY=0: after it, the form before). Measured alone within the noise (H200, docs/benchmarks.md, thirty-fifth session: ±1%
+// at 1 to 16 streams); on in the defaults whose speculative figures were measured together.
 bool gate_up_shared_early() {
-  static const bool on = env_is("TERN_MOE_RING_SHARED_EARLY", "1");
+  static const bool on = !env_is("TERN_MOE_RING_SHARED_EARLY", "0");
   return on;
 }
 
