@@ -456,8 +456,9 @@ bool gate_up_x_in_ring() {
 }
 
 // Whether the gate_up ring copies its first shared-expert batches before pdl_wait (default;
-// TERN_MOE_RING_SHARED_EARLY=0: after it, the form before). Measured alone within the noise (H200, docs/benchmarks.md, thirty-fifth session: ±1%
-// at 1 to 16 streams); on in the defaults whose speculative figures were measured together.
+// TERN_MOE_RING_SHARED_EARLY=0: after it, the form before). Measured alone within the noise (H200,
+// docs/benchmarks.md, thirty-fifth session: ±1.3% at 1 to 16 streams); on in the defaults whose speculative figures
+// were measured together.
 bool gate_up_shared_early() {
   static const bool on = !env_is("TERN_MOE_RING_SHARED_EARLY", "0");
   return on;
