@@ -92,6 +92,13 @@ bool env_is(const char* name, const char* value) {
   return e && std::strcmp(e, value) == 0;
 }
 
+int env_count(const char* name, const char* value, long lo, long hi, const char* takes) {
+  char* end = nullptr;
+  const long n = std::strtol(value, &end, 10);
+  TERN_CHECK(end != value && *end == '\0' && n >= lo && n <= hi, name, "=", value, ": ", takes, ", ", lo, " to ", hi);
+  return int(n);
+}
+
 namespace {
 __global__ void code_level_probe_kernel() {}
 }  // namespace

@@ -21,6 +21,9 @@ void check_cuda(cudaError_t e, const char* what, const char* file, int line);
 
 // Whether the environment variable `name` is set to exactly `value` (the comparison switches: TERN_PDL=0, ...).
 bool env_is(const char* name, const char* value);
+// The count a switch's value spells (decimal, lo to hi); anything else throws tern::Error naming the switch, the value
+// and what it takes (the count switches: TERN_ATTN_SPLIT_TILES=2, TERN_BATCH_DOWN_PREFETCH_TOKENS=4, ...).
+int env_count(const char* name, const char* value, long lo, long hi, const char* takes);
 
 // TERN_GPU_PATH=portable: run exactly the kernels a GPU without Hopper's features would (Ampere and Ada: sm_80,
 // sm_86, sm_89): no warpgroup MMA (wgmma), no thread-block clusters, no programmatic dependent launch, no bulk L2

@@ -4,6 +4,7 @@
 #include "cuda/runner/cuda_runner.h"
 
 #include <algorithm>
+#include <climits>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -30,6 +31,13 @@ namespace cuda {
 namespace {
 
 __global__ void advance_position_kernel(int* pos, int n) { *pos += n; }
+
+// A bound of tokens from the environment: the count `name` is set to (0 or more), or `fallback` where it is unset or
+// empty.
+int token_bound(const char* name, int fallback) {
+  const char* e = std::getenv(name);
+  return e && *e ? env_count(name, e, 0, INT_MAX, "a count of tokens") : fallback;
+}
 
 }  // namespace
 
@@ -123,18 +131,12 @@ CudaRunner::CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const M
   // chosen experts' down matrices with (where TERN_L2_PREFETCH has 4), for an A/B of that bound. The bound was 4
   // until measured (H100, docs/benchmarks.md, thirty-fourth session): without the request 2 streams run 3.1% and 4
   // streams 13.3% faster, and a verify of 4 tokens costs 1.75x a plain step instead of 1.96x.
-  if (const char* e = std::getenv("TERN_BATCH_DOWN_PREFETCH_TOKENS")) {
-    batch_down_prefetch_tokens_ = std::atoi(e);
-    TERN_CHECK(batch_down_prefetch_tokens_ >= 0, "TERN_BATCH_DOWN_PREFETCH_TOKENS must be 0 or more; got '", e, "'");
-  }
+  batch_down_prefetch_tokens_ = token_bound("TERN_BATCH_DOWN_PREFETCH_TOKENS", batch_down_prefetch_tokens_);
   // TERN_BATCH_OUTPUT_AHEAD_TOKENS (default 0: never): the most tokens a batched or verify step's output projections
   // ask L2 for the next layer's first projection with (where TERN_L2_PREFETCH has 8). A step of several tokens streams
   // more expert bytes between the request and the read than L2 holds; without the request (H200, docs/benchmarks.md,
   // thirty-fifth session) 4 / 8 streams ran ~1% faster and a verify of 4 tokens cost 1.62x a plain step, not 1.67x.
-  if (const char* e = std::getenv("TERN_BATCH_OUTPUT_AHEAD_TOKENS")) {
-    batch_output_ahead_tokens_ = std::atoi(e);
-    TERN_CHECK(batch_output_ahead_tokens_ >= 0, "TERN_BATCH_OUTPUT_AHEAD_TOKENS must be 0 or more; got '", e, "'");
-  }
+  batch_output_ahead_tokens_ = token_bound("TERN_BATCH_OUTPUT_AHEAD_TOKENS", batch_output_ahead_tokens_);
   allocate_decode_scratch();
   attention_init();  // kernel attributes set once, outside any graph capture
   step_omits(StepPart::in);  // TERN_STEP_OMIT parsed (and a bad name refused) here, outside any capture

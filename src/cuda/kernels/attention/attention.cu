@@ -49,15 +49,6 @@ bool attn_batch_one_stage() {
   return on;
 }
 
-// The count a switch's value e spells (decimal, 1 to most); anything else is refused naming the switch and what it
-// takes.
-static int env_count(const char* name, const char* e, long most, const char* takes) {
-  char* end = nullptr;
-  const long n = std::strtol(e, &end, 10);
-  TERN_CHECK(end != e && *end == '\0' && n >= 1 && n <= most, name, "=", e, ": ", takes, ", 1 to ", most);
-  return int(n);
-}
-
 // TERN_ATTN_SPLIT_TILES=N: every decode split holds at least N 64-key tiles of the capacity (default 2; 1: up to one
 // split a tile, the form before). Read once. A sequence's splits depend on its capacity alone whatever N, so every
 // batch gives it the same bits; N sets how many blocks share a sequence's keys. Two tiles a split (H200,
@@ -66,7 +57,7 @@ static int env_count(const char* name, const char* e, long most, const char* tak
 int attn_split_tiles() {
   static const int n = [] {
     const char* e = std::getenv("TERN_ATTN_SPLIT_TILES");
-    return e == nullptr || *e == '\0' ? 2 : env_count("TERN_ATTN_SPLIT_TILES", e, 4096, "a count of 64-key tiles");
+    return e == nullptr || *e == '\0' ? 2 : env_count("TERN_ATTN_SPLIT_TILES", e, 1, 4096, "a count of 64-key tiles");
   }();
   return n;
 }
@@ -78,7 +69,7 @@ int& batch_items() {
     const char* e = std::getenv("TERN_ATTN_BATCH_ITEMS");
     if (e == nullptr || *e == '\0' || std::strcmp(e, "0") == 0) return 0;
     if (std::strcmp(e, "auto") == 0) return kAttnBatchItemsAuto;
-    return env_count("TERN_ATTN_BATCH_ITEMS", e, 1000000, "0 (off), auto, or a count of work items per block");
+    return env_count("TERN_ATTN_BATCH_ITEMS", e, 1, 1000000, "0 (off), auto, or a count of work items per block");
   }();
   return items;
 }
