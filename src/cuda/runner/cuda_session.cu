@@ -62,13 +62,6 @@ size_t kept_layer_bytes(size_t conv_bytes, size_t rec_bytes, int tokens) {
   return DeviceArena::align(conv_bytes * size_t(tokens)) + DeviceArena::align(rec_bytes * size_t(tokens));
 }
 
-// TERN_ROLLBACK_COPIES=1: a rollback copies each state with its own cudaMemcpyAsync (the path before the one-launch
-// state copy), for an A/B. Read once.
-bool rollback_per_layer_copies() {
-  static const bool on = env_is("TERN_ROLLBACK_COPIES", "1");
-  return on;
-}
-
 }  // namespace
 
 KeptStateBuffers::~KeptStateBuffers() {
@@ -398,8 +391,8 @@ void CudaSession::rollback(int64_t position) {
 }
 
 // Each Gated DeltaNet layer's states before the verify's token t into place, and the position `position`: one
-// launch of the state-copy kernel for every layer's conv and rec and d_pos (kernels/copy/state_copy.cuh), or, with
-// TERN_ROLLBACK_COPIES=1 (an A/B), a cudaMemcpyAsync per state and a host-to-device copy of the position. Both on the
+// launch of the state-copy kernel for every layer's conv and rec and d_pos (kernels/copy/state_copy.cuh; a
+// cudaMemcpyAsync per state measured 0.25 ms against its 0.05, docs/benchmarks.md, thirty-fourth session) on the
 // snapshot stream, then one wait. Live states and kept ones are whole 16-byte words at 16-byte aligned addresses:
 // the arena and the kept buffer (kept_buffers) carve 256-byte aligned slices, and token t of a kept layer starts
 // t x conv_bytes (rec_bytes) into its slice, multiples of 16 at the model's widths; state_copy_entry checks it.
@@ -415,14 +408,7 @@ void CudaSession::copy_kept_states(int64_t t, int64_t position) {
       copies.push_back(state_copy_entry(lc.conv, kept_[i].conv + t * int64_t(lc.conv_bytes / 4), lc.conv_bytes));
     copies.push_back(state_copy_entry(lc.rec, kept_[i].rec + t * int64_t(lc.rec_bytes / 4), lc.rec_bytes));
   }
-  if (rollback_per_layer_copies()) {
-    for (const StateCopy& c : copies)
-      TERN_CUDA(cudaMemcpyAsync(c.dst, c.src, size_t(c.n16) * 16, cudaMemcpyDeviceToDevice, cs));
-    const int p32 = int(position);
-    TERN_CUDA(cudaMemcpyAsync(d_pos, &p32, sizeof(int), cudaMemcpyHostToDevice, cs));
-  } else {
-    state_copy(copies, d_pos, int(position), cs);
-  }
+  state_copy(copies, d_pos, int(position), cs);
   TERN_CUDA(cudaStreamSynchronize(cs));
   pos = position;
 }

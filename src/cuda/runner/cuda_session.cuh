@@ -187,7 +187,7 @@ class CudaSession final : public Session {
   // reset, restore, the destructor); so is the kept snapshot below.
   void drop_kept_states();
   // The kept states before the verify's token (position - its first) back into place and d_pos set, in one kernel
-  // launch (kernels/copy/state_copy.cuh; TERN_ROLLBACK_COPIES=1: a cudaMemcpyAsync per state), then a wait.
+  // launch (kernels/copy/state_copy.cuh), then a wait.
   void rollback(int64_t position) override;
 
   // A prefix snapshot inside a short call (Session::keep_state_at; CudaRunner::run_short_call): the verify step that
