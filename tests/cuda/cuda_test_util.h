@@ -71,6 +71,14 @@ inline uint16_t float_to_f16_satfinite(float f) {
 }
 inline float round_f16_satfinite(float f) { return f16_to_float(float_to_f16_satfinite(f)); }
 
+// Whether two float vectors hold the same bits (NaNs included), and whether every value is finite.
+inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+inline bool all_finite(const std::vector<float>& v) {
+  return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+}
+
 inline std::vector<float> random_floats(std::mt19937_64& rng, size_t n, float lo = -1.0f, float hi = 1.0f) {
   std::uniform_real_distribution<float> d(lo, hi);
   std::vector<float> v(n);

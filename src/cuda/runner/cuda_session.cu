@@ -56,10 +56,21 @@ class CudaSnapshot final : public StateSnapshot {
   std::shared_ptr<SnapshotBuffers> buffers_;
 };
 
-// One layer's part of a kept-state buffer for `tokens` tokens: conv [tokens, Ck-1, C] and rec [tokens, Hv, dv, dk],
-// each 256-byte aligned (as DeviceArena carves them).
-size_t kept_layer_bytes(size_t conv_bytes, size_t rec_bytes, int tokens) {
-  return DeviceArena::align(conv_bytes * size_t(tokens)) + DeviceArena::align(rec_bytes * size_t(tokens));
+// The Gated DeltaNet head shape of a config (gdn_kept_rec_floats, gdn_state_replay; T unset).
+GdnDims gdn_dims_of(const Config& c) {
+  GdnDims d;
+  d.Hk = c.linear_num_key_heads;
+  d.Hv = c.linear_num_value_heads;
+  d.dk = c.linear_key_head_dim;
+  d.dv = c.linear_value_head_dim;
+  return d;
+}
+
+// One layer's part of a kept-state buffer for `tokens` tokens: conv [tokens, Ck-1, C] and rec (the state before the
+// first token and each token's replay values, gdn_kept_rec_floats), each 256-byte aligned (as DeviceArena carves
+// them).
+size_t kept_layer_bytes(size_t conv_bytes, const GdnDims& d, int tokens) {
+  return DeviceArena::align(conv_bytes * size_t(tokens)) + DeviceArena::align(size_t(gdn_kept_rec_floats(d, tokens)) * 4);
 }
 
 }  // namespace
@@ -127,11 +138,10 @@ size_t KeptStateBuffers::in_use_bytes() const {
 size_t kept_state_bytes_of(const DeviceWeights& w, int tokens) {
   const Config& c = w.config;
   const int64_t conv_elems = int64_t(c.linear_conv_kernel_dim - 1) * c.conv_channels();
-  const int64_t rec_elems = int64_t(c.linear_num_value_heads) * c.linear_value_head_dim * c.linear_key_head_dim;
   size_t bytes = 0;
   for (const DeviceLayer& l : w.layers)
     if (l.type != LayerType::full_attention)
-      bytes += kept_layer_bytes(size_t(conv_elems) * 4, size_t(rec_elems) * 4, tokens);
+      bytes += kept_layer_bytes(size_t(conv_elems) * 4, gdn_dims_of(c), tokens);
   return bytes;
 }
 
@@ -171,6 +181,7 @@ CudaSession::CudaSession(const DeviceWeights& w, int64_t capacity, KvDtype kv, c
   const Config& c = w.config;
   kv_heads = c.num_key_value_heads;
   head_dim = c.head_dim;
+  gdn_dims = gdn_dims_of(c);
   const int64_t kv_bytes = attn_cache_bytes(kv, c.num_key_value_heads, capacity, c.head_dim);  // K or V
   const int64_t conv_elems = int64_t(c.linear_conv_kernel_dim - 1) * c.conv_channels();
   const int64_t rec_elems = int64_t(c.linear_num_value_heads) * c.linear_value_head_dim * c.linear_key_head_dim;
@@ -309,7 +320,7 @@ void CudaSession::restore(const StateSnapshot& snapshot) {
 size_t CudaSession::kept_bytes(int tokens) const {
   size_t bytes = 0;
   for (const LayerCache& lc : layers)
-    if (lc.rec) bytes += kept_layer_bytes(lc.conv_bytes, lc.rec_bytes, tokens);
+    if (lc.rec) bytes += kept_layer_bytes(lc.conv_bytes, gdn_dims, tokens);
   return bytes;
 }
 
@@ -326,7 +337,7 @@ const std::vector<CudaSession::KeptStates>& CudaSession::kept_buffers(int tokens
     kept_[i].conv = reinterpret_cast<float*>(p);
     p += DeviceArena::align(lc.conv_bytes * size_t(tokens));
     kept_[i].rec = reinterpret_cast<float*>(p);
-    p += DeviceArena::align(lc.rec_bytes * size_t(tokens));
+    p += DeviceArena::align(size_t(gdn_kept_rec_floats(gdn_dims, tokens)) * 4);
   }
   TERN_INTERNAL_CHECK(size_t(p - kept_buffer_.data) <= kept_buffer_.bytes, "cuda verify: kept states of ",
                       p - kept_buffer_.data, " bytes in a buffer of ", kept_buffer_.bytes);
@@ -391,23 +402,27 @@ void CudaSession::rollback(int64_t position) {
 }
 
 // Each Gated DeltaNet layer's states before the verify's token t into place, and the position `position`: one
-// launch of the state-copy kernel for every layer's conv and rec and d_pos (kernels/copy/state_copy.cuh; a
-// cudaMemcpyAsync per state measured 0.25 ms against its 0.05, docs/benchmarks.md, thirty-fourth session) on the
+// launch of the state-copy kernel for every layer's conv state and d_pos (kernels/copy/state_copy.cuh; a
+// cudaMemcpyAsync per state measured 0.25 ms against its 0.05, docs/benchmarks.md, thirty-fourth session) and one of
+// gdn_state_replay for every layer's recurrent state (the state before token 0 through t updates, gdn.cuh) on the
 // snapshot stream, then one wait. Live states and kept ones are whole 16-byte words at 16-byte aligned addresses:
-// the arena and the kept buffer (kept_buffers) carve 256-byte aligned slices, and token t of a kept layer starts
-// t x conv_bytes (rec_bytes) into its slice, multiples of 16 at the model's widths; state_copy_entry checks it.
+// the arena and the kept buffer (kept_buffers) carve 256-byte aligned slices, and token t of a kept conv state starts
+// t x conv_bytes into its slice, a multiple of 16 at the model's widths; state_copy_entry checks it.
 void CudaSession::copy_kept_states(int64_t t, int64_t position) {
   TERN_INTERNAL_CHECK(position >= 0 && position <= INT32_MAX, "cuda rollback: position ", position);
   const cudaStream_t cs = snapshot_buffers_->stream();
-  std::vector<StateCopy> copies;  // every layer's conv and rec: token t's slot of the kept buffer -> the live state
-  copies.reserve(2 * layers.size());
+  std::vector<StateCopy> copies;  // every layer's conv: token t's slot of the kept buffer -> the live state
+  std::vector<GdnReplay> replays;  // every layer's rec: the kept state before token 0, replayed through t tokens
+  copies.reserve(layers.size());
+  replays.reserve(layers.size());
   for (size_t i = 0; i < layers.size(); ++i) {
     const LayerCache& lc = layers[i];
     if (!lc.rec) continue;
     if (lc.conv_bytes)
       copies.push_back(state_copy_entry(lc.conv, kept_[i].conv + t * int64_t(lc.conv_bytes / 4), lc.conv_bytes));
-    copies.push_back(state_copy_entry(lc.rec, kept_[i].rec + t * int64_t(lc.rec_bytes / 4), lc.rec_bytes));
+    replays.push_back(GdnReplay{lc.rec, kept_[i].rec});
   }
+  gdn_state_replay(replays.data(), int(replays.size()), gdn_dims, int(t), cs);
   state_copy(copies, d_pos, int(position), cs);
   TERN_CUDA(cudaStreamSynchronize(cs));
   pos = position;

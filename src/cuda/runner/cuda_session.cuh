@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cuda/common/cuda_common.cuh"
+#include "cuda/kernels/gdn/gdn.cuh"
 #include "cuda/weights/device_weights.cuh"
 #include "model/kv_dtype.h"
 #include "model/runner.h"
@@ -71,7 +72,7 @@ class SnapshotBuffers {
 };
 
 // Device buffers for the states verify steps keep (CudaSession::kept_buffers: the Gated DeltaNet states before each of
-// a verify's T tokens, ~66 MB per token at the model's widths). A session takes one when a verify starts and gives it
+// a verify's T tokens, ~63 MB and ~3.7 MB per token at the model's widths). A session takes one when a verify starts and gives it
 // back when the kept states are dropped (its next forward, a rollback once it copied, reset, restore, its end), so the
 // buffers in use at once are the sessions between a verify and their next step (at most the running sequences), not
 // every session that ever verified (the prefix cache keeps many). A buffer serves any verify it is large enough for.
@@ -167,14 +168,15 @@ class CudaSession final : public Session {
   }
 
   // Verification of drafts (CudaRunner::forward_verify, verify_plan.cu): the Gated DeltaNet states before each of
-  // the verify's T tokens, per layer conv [T, Ck-1, C] and rec [T, Hv, dv, dk] (null for attention layers), in one
-  // buffer of the runner's KeptStateBuffers, held from the verify until the states are dropped.
+  // the verify's T tokens, per layer conv [T, Ck-1, C] and rec (the state before the first token and each token's
+  // replay values: gdn_kept_rec_floats(d, T), gdn.cuh) (null for attention layers), in one buffer of the runner's
+  // KeptStateBuffers, held from the verify until the states are dropped.
   struct KeptStates {
     float* conv = nullptr;
     float* rec = nullptr;
   };
-  // The kept states' buffers for a verify of `tokens` tokens (tokens x gdn_state_bytes(), ~66 MB per token at the
-  // model's widths): a buffer of the pool, carved for `tokens`. Drops any states kept before. The pointers hold
+  // The kept states' buffers for a verify of `tokens` tokens (~63 MB and ~3.7 MB per token at the model's widths):
+  // a buffer of the pool, carved for `tokens`. Drops any states kept before. The pointers hold
   // until drop_kept_states(); the next verify may get others (verify_step uploads them with each step's tables).
   const std::vector<KeptStates>& kept_buffers(int tokens);
   size_t kept_bytes(int tokens) const;  // the buffer kept_buffers(tokens) needs
@@ -186,8 +188,8 @@ class CudaSession final : public Session {
   // The kept states are no longer valid: their buffer goes back to the pool (every forward, rollback once it copied,
   // reset, restore, the destructor); so is the kept snapshot below.
   void drop_kept_states();
-  // The kept states before the verify's token (position - its first) back into place and d_pos set, in one kernel
-  // launch (kernels/copy/state_copy.cuh), then a wait.
+  // The kept states before the verify's token (position - its first) back into place and d_pos set, in two kernel
+  // launches (kernels/copy/state_copy.cuh, gdn_state_replay), then a wait.
   void rollback(int64_t position) override;
 
   // A prefix snapshot inside a short call (Session::keep_state_at; CudaRunner::run_short_call): the verify step that
@@ -221,6 +223,7 @@ class CudaSession final : public Session {
   std::vector<LayerCache> layers;
   DeviceArena arena;
   int kv_heads = 0, head_dim = 0;  // the KV caches' shape (copy_kv_prefix)
+  GdnDims gdn_dims;               // the Gated DeltaNet heads' shape (kept states; T unset)
   KvDtype kv = KvDtype::f16;       // and their type
 
  private:

@@ -4,9 +4,10 @@
 // attention and MoE take the batched kernels, whose every slot is bit for bit its token's one-token step; the Gated
 // DeltaNet layers take gdn_decode over the T tokens in order (the same per-token arithmetic as one token at a time),
 // which also keeps the states before each token (CudaSession::kept_buffers: room for T tokens in a buffer of the
-// runner's pool) for Session::rollback. So row j of the logits is what feeding the tokens one step at a time gives, and
-// a rollback is a copy of each layer's states (all in one kernel launch, CudaSession::copy_kept_states): no second
-// pass. The step's tables (batch_tables.cuh) carry every session pointer, the kept buffers' too (they may change from
+// runner's pool; the recurrent ones as the state before the first token and each token's update values) for
+// Session::rollback. So row j of the logits is what feeding the tokens one step at a time gives, and a rollback copies
+// each layer's conv state and replays its recurrent one (a kernel launch each for all layers,
+// CudaSession::copy_kept_states): no second pass. The step's tables (batch_tables.cuh) carry every session pointer, the kept buffers' too (they may change from
 // step to step), so one CUDA graph per (tokens, capacity) serves any session.
 #include "cuda/runner/cuda_runner_impl.cuh"
 

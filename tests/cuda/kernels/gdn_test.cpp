@@ -80,14 +80,6 @@ GdnDecodeArgs decode_args(const GdnLayer& L, const DeviceBuf<float>& dw, const D
   return a;
 }
 
-bool same_bits(const std::vector<float>& x, const std::vector<float>& y) {
-  return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
-}
-
-bool all_finite(const std::vector<float>& v) {
-  return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
-}
-
 // The CPU twin of gdn_decode: conv1d_causal_silu → gdn_qk_norm, gdn_gates → gdn_recurrent → gated_rms_norm, as
 // src/cpu/cpu_runner.cpp composes the mixer. proj [T, ld] rows = [qkv_raw (C) | z (Hv·dv) | b (Hv) | a (Hv)].
 std::vector<float> cpu_decode_twin(GdnLayer& L, const std::vector<float>& proj, int64_t ld, int64_t T) {
@@ -350,7 +342,7 @@ TEST(CudaGdnDecode, PortableSplitIsBitIdenticalToCluster4) {
       if (T == 1) {
         gdn_decode_batched(a, B, st.conv_table->p, st.rec_table->p, nullptr);
       } else {
-        DeviceBuf<float> dconv_keep(size_t(T) * conv_n), drec_keep(size_t(T) * rec_n);  // poisoned
+        DeviceBuf<float> dconv_keep(size_t(T) * conv_n), drec_keep(size_t(gdn_kept_rec_floats(d, T)));  // poisoned
         for (int b = 0; b < B; ++b) {
           GdnDecodeArgs one = a;
           one.proj = dproj.p + b * T * ld;
@@ -393,8 +385,9 @@ TEST(CudaGdnDecode, PortableSplitIsBitIdenticalToCluster4) {
 // gated norm's sums of squares are formed over the same sets of 4 rows in the same order, so every number must be
 // the same. Conv widths 4 and 6 (the kernels of 4 and 8 taps). Per width, B = 3 sequences with a copy of their states
 // per shape, the states carried from call to call:
-//   gdn_decode of sequence 0 forced to each shape, T = 1 (the one-token kernel), 5 (one chunk), 20 (three chunks,
-//   the last short) and 1 again, keeping the states before each token;
+//   gdn_decode of sequence 0 forced to each shape, T = 1, 5 (one chunk), 20 (three chunks, the last short) and 1
+//   again, keeping the states before each token (so one token too runs the one-chunk kernel: the one-token kernels
+//   keep nothing);
 //   gdn_decode_batched over the three (T = 1), forced to each shape.
 // The outputs, the conv and recurrent states of every sequence and the kept states must be identical.
 TEST(CudaGdnDecode, BatchShapesAreBitIdenticalToCluster4) {
@@ -433,7 +426,8 @@ TEST(CudaGdnDecode, BatchShapesAreBitIdenticalToCluster4) {
       DeviceBuf<float> dproj(proj);
       std::vector<float> out[kShapes], conv_keep[kShapes], rec_keep[kShapes];
       for (int s = 0; s < kShapes; ++s) {
-        DeviceBuf<float> dout(size_t(T * Z)), dconv_keep(size_t(T) * conv_n), drec_keep(size_t(T) * rec_n);  // poisoned
+        DeviceBuf<float> dout(size_t(T * Z)), dconv_keep(size_t(T) * conv_n),
+            drec_keep(size_t(gdn_kept_rec_floats(d, T)));  // poisoned
         GdnDecodeArgs a = decode_args(L, dw, dA, ddt, dnw, dproj.p, ld, T);
         a.kernel = shapes[s];
         a.out = dout.p;
@@ -528,7 +522,8 @@ TEST(CudaGdnDecode, LongStepsMatchOneTokenCallsAndCpuTwin) {
         a.force_portable = kShapes[v] == K::portable;
         a.tickets = kShapes[v] == K::portable_split ? tickets.p : nullptr;
         // long: T tokens in one call, the states before each token kept.
-        DeviceBuf<float> out_long(size_t(T * Z)), conv_keep(size_t(T) * conv_n), rec_keep(size_t(T) * rec_n);
+        DeviceBuf<float> out_long(size_t(T * Z)), conv_keep(size_t(T) * conv_n),
+            rec_keep(size_t(gdn_kept_rec_floats(d, T)));
         GdnDecodeArgs la = a;
         la.out = out_long.p;
         la.conv_state = conv[v][0]->p;
@@ -579,13 +574,17 @@ TEST(CudaGdnDecode, LongStepsMatchOneTokenCallsAndCpuTwin) {
         EXPECT_TRUE(same_bits(conv_got, conv[v][1]->host())) << "conv state: with vs without kept states";
         EXPECT_TRUE(same_bits(rec_got, rec[v][1]->host())) << "recurrent state: with vs without kept states";
         EXPECT_FALSE(same_bits(rec_got, rec_before[0])) << "the call left the recurrent state as it was";
-        // (c) the kept states: the one-token calls' states before each token
-        const auto ck = conv_keep.host(), rk = rec_keep.host();
+        // (c) the kept states: the one-token calls' states before each token (the recurrent ones as
+        // gdn_state_replay rebuilds them from the state before token 0, poisoned first)
+        const auto ck = conv_keep.host();
         for (int64_t t = 0; t < T; ++t) {
           const std::vector<float> ck_t(ck.begin() + t * int64_t(conv_n), ck.begin() + (t + 1) * int64_t(conv_n));
-          const std::vector<float> rk_t(rk.begin() + t * int64_t(rec_n), rk.begin() + (t + 1) * int64_t(rec_n));
           EXPECT_TRUE(same_bits(ck_t, conv_before[size_t(t)])) << "kept conv state before token " << t;
-          EXPECT_TRUE(same_bits(rk_t, rec_before[size_t(t)])) << "kept recurrent state before token " << t;
+          DeviceBuf<float> replayed(rec_n);  // poisoned
+          const GdnReplay entry{replayed.p, rec_keep.p};
+          gdn_state_replay(&entry, 1, d, int(t), nullptr);
+          TERN_CUDA(cudaGetLastError());
+          EXPECT_TRUE(same_bits(replayed.host(), rec_before[size_t(t)])) << "replayed recurrent state before token " << t;
         }
       }
     }

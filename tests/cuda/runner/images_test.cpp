@@ -92,10 +92,6 @@ std::vector<float> run_in_calls(ModelRunner& r, Session& s, const ImagePrompt& p
   return all;
 }
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
 // Held as runner_test.cpp holds the exact prefill plan to the CPU runner (and the decode plan to the prefill plan).
 void expect_matches_cpu(const std::vector<float>& ref, const std::vector<float>& got, const std::vector<int32_t>& tokens,
                         int64_t V, int64_t real, const char* what) {

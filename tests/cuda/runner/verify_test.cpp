@@ -26,10 +26,6 @@ std::vector<float> one_at_a_time(ModelRunner& r, Session& s, std::span<const int
   return rows;
 }
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
 TEST(CudaVerify, RowsEqualOneTokenStepsAndRollbackIsExact) {
   TERN_REQUIRE_GPU();
   const uint64_t seed = fresh_seed("CudaVerify.Rows");

@@ -83,6 +83,43 @@ void gdn_chunked(const float* qkv, const float* g_log, const float* beta, float*
 void gdn_gated_norm(const float* o, const float* z, const float* w, float eps, const GdnDims& d, float* out,
                     cudaStream_t stream);
 
+// ---- kept recurrent states in replay form (the verify's rollback, issue 32) --------------------------------------
+// The delta rule updates each state element alone: S[h][j][i] ← fmaf(g_t[h], S[h][j][i], k̂_t[h / 2][i] · δ_t[h][j])
+// (gdn_decode's step 4, the product rounded, then one fmaf), so the state after u tokens is the state before them
+// and u such updates. A verify keeps that state once and, per token, the values of its update: the normed k of each
+// key head, the δ of each value row (β(v − e^g·S·k)) and the decay e^g of each value head. Per token [k̂ | δ | g]:
+//   k̂ [Hk, dk] at k_at, δ [Hv, dv] at delta_at, g [Hv] at g_at, in a slot of `floats` (a multiple of 4, so that every
+//   slot starts 16-byte aligned after the [Hv, dv, dk] state).
+struct GdnReplayLayout {
+  int64_t k_at = 0, delta_at = 0, g_at = 0, floats = 0;
+  __host__ __device__ static GdnReplayLayout of(const GdnDims& d) {
+    GdnReplayLayout l;
+    l.k_at = 0;
+    l.delta_at = int64_t(d.Hk) * d.dk;
+    l.g_at = l.delta_at + int64_t(d.Hv) * d.dv;
+    l.floats = (l.g_at + d.Hv + 3) / 4 * 4;
+    return l;
+  }
+};
+// Floats of one layer's rec_keep for a verify of `tokens` tokens: the state before them and each token's replay slot.
+inline int64_t gdn_kept_rec_floats(const GdnDims& d, int64_t tokens) {
+  return int64_t(d.Hv) * d.dv * d.dk + tokens * GdnReplayLayout::of(d).floats;
+}
+
+// One layer's rollback: state [Hv, dv, dk] ← the kept state before the verify's first token, replayed through
+// the first `tokens` updates of `kept` (rec_keep as gdn_decode wrote it). dk = dv = 128 and Hv = 2·Hk (the shapes of
+// gdn_decode_supported); state and kept 16-byte aligned.
+struct GdnReplay {
+  float* state = nullptr;
+  const float* kept = nullptr;
+};
+// Every entry's layer in one launch, each replaying the same `tokens` (0 copies the kept state): bit for bit the
+// state gdn_decode had before token `tokens` of the verify. Any number of entries (one launch per
+// kGdnReplayMaxEntries).
+constexpr int kGdnReplayMaxEntries = 64;
+// (Its host twin is in tests/cuda/kernels/gdn_replay_test.cpp.)
+void gdn_state_replay(const GdnReplay* entries, int count, const GdnDims& d, int tokens, cudaStream_t stream);
+
 // ---- decode: the whole mixer core after in_proj in one kernel ---------------------------------------------------
 // Exactly conv1d_silu → gdn_prepare → gdn_recurrent → gdn_gated_norm over T = 1..kGdnDecodeMaxTokens tokens
 // (processed in order): the conv (+ SiLU) of the qkv channels with its state, the q/k L2 norms, the gates, the delta
@@ -103,8 +140,11 @@ struct GdnDecodeArgs {
   float eps = 1e-6f;
   GdnDims d;  // d.T = tokens (0..kGdnDecodeMaxTokens); dk = dv = 128 and Hv = 2·Hk (the model's GDN shape)
   float* out = nullptr;  // [T, Hv·dv] = gated RMSNorm(o, z): the input of out_proj
-  // Verification of drafts (gdn_decode only; null: not kept): the states before each token, conv_keep [T, Ck-1, C]
-  // and rec_keep [T, Hv, dv, dk], so that the caller can set the layer back to any of them (Session::rollback).
+  // Verification of drafts (gdn_decode only; null: not kept), so that the caller can set the layer back to the state
+  // before any of the T tokens (Session::rollback): conv_keep [T, Ck-1, C], the conv states before each token, and
+  // rec_keep [gdn_kept_rec_floats(d, T)], the recurrent state before the first token [Hv, dv, dk] followed by each
+  // token's replay values (GdnReplayLayout): gdn_state_replay rebuilds the state before token u from them, bit for
+  // bit, writing one state where keeping T of them wrote T.
   float* conv_keep = nullptr;
   float* rec_keep = nullptr;
   // [gdn_decode_ticket_count(Hk)] device, zeroed once by the owner; every launch leaves it at zero again. The

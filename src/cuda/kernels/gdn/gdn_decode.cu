@@ -68,7 +68,7 @@ struct StateTables {
   float* const* conv = nullptr;  // [B] → [Ck-1, C]
   float* const* rec = nullptr;   // [B] → [Hv, dv, dk]
   float* const* conv_keep = nullptr;  // [1] → [T, Ck-1, C] (gdn_decode_from_tables)
-  float* const* rec_keep = nullptr;   // [1] → [T, Hv, dv, dk]
+  float* const* rec_keep = nullptr;   // [1] → [gdn_kept_rec_floats(d, T)]
   const int* keep_token = nullptr;    // [1] (kKeepOne): keep only the state before this token, in slot 0
 };
 
@@ -84,7 +84,9 @@ struct StateTables {
 // per-thread inputs (xin, zin) sized for it (the batched step's shapes: 64 registers for cluster2_w16 rather than the
 // one-chunk code's 102). The code of a token is the same in all three.
 // kKeepOne: the kept buffers take only the states before token *tables.keep_token, in their first slot (a prefix
-// snapshot inside a short call); else those before every token c0 + t, in slot c0 + t (verification).
+// snapshot inside a short call); else (verification) the conv states before every token c0 + t, in slot c0 + t, and
+// the recurrent state before the first token with every token's replay values (GdnReplayLayout). The one-token
+// kernels (kMaxT = 1: the batched step's, which never keeps) have no code for either.
 // kSmemRows: the last kSmemRows of a warp's RPW rows live in shared memory (gdn_smem_rows: each lane its own 16-byte
 // pieces, copied there by cp.async before pdl_wait), the first RPW - kSmemRows in registers; the delta rule takes a
 // shared set into registers, updates it and puts it back. More rows per SM than the register files hold (smem_w16).
@@ -134,12 +136,17 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocks) gdn_decode_kernel(GdnDeco
   float* const rec_state = tables.rec ? tables.rec[seq] : a.rec_state;
   float* const conv_keep = tables.conv_keep ? tables.conv_keep[seq] : a.conv_keep;
   float* const rec_keep = tables.rec_keep ? tables.rec_keep[seq] : a.rec_keep;
-  // The state before token tt of the launch is kept (kept(tt)) in slot keep_slot(tt): every one in its own slot, or
-  // (kKeepOne) keep_token's alone, in slot 0.
+  // The conv state before token tt of the launch is kept (kept(tt)) in slot keep_slot(tt): every one in its own slot,
+  // or (kKeepOne) keep_token's alone, in slot 0. The recurrent state: keep_token's alone (kKeepOne), or (kReplay) the
+  // one before token 0 and each token's replay values, in replay_slot(tt).
+  constexpr bool kMayKeep = kMaxT > 1, kReplay = kMayKeep && !kKeepOne;
   int keep_token = 0;
   if constexpr (kKeepOne) keep_token = *tables.keep_token;
   auto kept = [&](int tt) { return !kKeepOne || tt == keep_token; };
   auto keep_slot = [&](int tt) -> int64_t { return kKeepOne ? 0 : tt; };
+  const GdnReplayLayout replay = GdnReplayLayout::of(a.d);
+  const int64_t state_floats = int64_t(Hv) * kDecodeDv * kDecodeDk;
+  auto replay_slot = [&](int tt) { return rec_keep + state_floats + tt * replay.floats; };
   const int row0 = rank * kRows;                       // first group row of the block
   const int head0 = kh * kDecodeRatio + row0 / kDecodeDv;  // first v-head of the block
   const int j00 = row0 % kDecodeDv;                     // first value dim of the block inside head0
@@ -189,7 +196,6 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocks) gdn_decode_kernel(GdnDeco
 
   unsigned* const ticket = kTicket ? a.tickets + int64_t(seq) * Hk + kh : nullptr;
   unsigned drawn = 0;
-  const int64_t state_elems = int64_t(Hv) * kDecodeDv * kDecodeDk;
 
   // The chunks: tokens c0..c0+Tc-1 (Tc = min(kDecodeChunk, T - c0)), the state s carried in registers. Every token
   // runs the same code whatever its chunk (so T tokens in one launch give what T launches of one token give).
@@ -238,7 +244,7 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocks) gdn_decode_kernel(GdnDeco
 #pragma unroll
       for (int t = 0; t < kChunk; ++t) {
         if (t >= Tc) break;
-        if (conv_keep && (lc >= kQk || rank == 0) && kept(c0 + t)) {  // the state before token c0 + t
+        if (kMayKeep && conv_keep && (lc >= kQk || rank == 0) && kept(c0 + t)) {  // the state before token c0 + t
           const int64_t c = channel(lc), slot = keep_slot(c0 + t);
 #pragma unroll
           for (int j = 0; j + 1 < kTaps; ++j)
@@ -270,6 +276,8 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocks) gdn_decode_kernel(GdnDeco
       const float sp = x > 20.0f ? x : log1pf(expf(x));
       s_decay[t][hs] = expf(-expf(a.A_log[h]) * sp);
       s_beta[t][hs] = 1.0f / (1.0f + expf(-gate_b));
+      // the head's decay, by the block that holds its first row
+      if (kReplay && rec_keep && j00 == 0) replay_slot(c0 + t)[replay.g_at + h] = s_decay[t][hs];
     }
     __syncthreads();
     // The group's ticket (kTicket, first chunk; [sequence][key head] in a.tickets, 0 at every launch's start): every
@@ -303,8 +311,9 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocks) gdn_decode_kernel(GdnDeco
     //    δ = β(v − e^g·ks), S = e^g·S + δ kᵀ, o = e^g·qs + (q·k)·δ.
     if constexpr (kSmemRows > 0) cp_async_wait<0>();  // this thread's shared rows have landed (its own copies)
     for (int t = 0; t < Tc; ++t) {
-      if (rec_keep && kept(c0 + t)) {  // the state before token c0 + t, at the rows' offset in rec_state
-        float* K = rec_keep + keep_slot(c0 + t) * state_elems + (S - rec_state);
+      // the state before token c0 + t (kKeepOne: keep_token's; kReplay: token 0's), at the rows' offset in rec_state
+      if (kMayKeep && rec_keep && (kKeepOne ? kept(c0 + t) : c0 + t == 0)) {
+        float* K = rec_keep + (S - rec_state);
 #pragma unroll
         for (int r = 0; r < RPW; ++r)
           *reinterpret_cast<float4*>(K + r * kDecodeDk) = r < kRegRows ? s[r] : smem_row(r);
@@ -313,8 +322,10 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocks) gdn_decode_kernel(GdnDeco
       // at once; q·k's butterfly with the first set's); each row's arithmetic is the same whatever the set.
       const float4 q = *reinterpret_cast<const float4*>(&s_x[t][4 * lane]);
       const float4 k = *reinterpret_cast<const float4*>(&s_x[t][kDecodeDk + 4 * lane]);
+      if (kReplay && rec_keep && rank == 0 && warp == 0)  // the key head's normed k, by one warp of the group
+        *reinterpret_cast<float4*>(replay_slot(c0 + t) + replay.k_at + int64_t(kh) * kDecodeDk + 4 * lane) = k;
       float qk = dot4(q, k);
-      float sq[kSets], mine = 0.0f;
+      float sq[kSets], mine = 0.0f, mine_delta = 0.0f;
 #pragma unroll
       for (int set = 0; set < kSets; ++set) {
         const bool shared_set = kSmemRows > 0 && set * kSq >= kRegRows;  // known at compile time (unrolled)
@@ -351,6 +362,7 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocks) gdn_decode_kernel(GdnDeco
           const float o = fmaf(g, qs[r], __fmul_rn(qk, delta));
           sq[set] = fmaf(o, o, sq[set]);
           if (lane == wr) mine = o;
+          if (kReplay && lane == wr) mine_delta = delta;
         }
         if (shared_set) {
 #pragma unroll
@@ -358,6 +370,8 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocks) gdn_decode_kernel(GdnDeco
         }
       }
       if (lane < RPW) s_o[t][warp * RPW + lane] = mine;
+      if (kReplay && rec_keep && lane < RPW)  // the warp's rows' δ
+        replay_slot(c0 + t)[replay.delta_at + int64_t(wh) * kDecodeDv + wj0 + lane] = mine_delta;
       if (lane == 0) {
 #pragma unroll
         for (int set = 0; set < kSets; ++set) s_sq[t][warp * kSets + set] = sq[set];  // the block's row sets in order
@@ -531,10 +545,11 @@ template <int CS, bool kCluster, int NW, int RPW, int kSq = RPW, int kOneTokenBl
 void launch_decode(const GdnDecodeArgs& a, int B, const StateTables& tables, cudaStream_t stream) {
   const int T = int(a.d.T);
   const bool short_conv = a.Ck <= 4;
+  const bool keeps = a.rec_keep || tables.rec_keep;  // the one-token kernels keep nothing
   if constexpr (kOneTokenBlocks > 0) {
-    if (T == 1 && short_conv)
+    if (T == 1 && !keeps && short_conv)
       return launch_decode_kernel<CS, kCluster, NW, RPW, kSq, kOneTokenBlocks, 4, 1>(a, B, tables, stream);
-    if (T == 1) return launch_decode_kernel<CS, kCluster, NW, RPW, kSq, 0, 8, 1>(a, B, tables, stream);
+    if (T == 1 && !keeps) return launch_decode_kernel<CS, kCluster, NW, RPW, kSq, 0, 8, 1>(a, B, tables, stream);
   }
   constexpr int kOne = kDecodeChunk, kAll = kGdnDecodeMaxTokens;
   if (T <= kDecodeChunk && short_conv)
@@ -646,8 +661,8 @@ void decode(const GdnDecodeArgs& a, int B, const StateTables& tables, cudaStream
       return launch_decode<2, true, 16, kDecodeBatchRPW, kDecodeBatchSq, 2>(a, B, tables, stream);
     case K::cluster4_w8:
       return launch_decode<4, true, 8, kDecodeBatchRPW, kDecodeBatchSq, 3>(a, B, tables, stream);
-    case K::smem_w16:  // one token at conv width ≤ 4 where the shared rows fit; else cluster2_w16 (the same numbers)
-      if (d.T == 1 && a.Ck <= 4 && smem_rows_fit())
+    case K::smem_w16:  // one token at conv width ≤ 4 where the shared rows fit (keeping nothing); else cluster2_w16
+      if (d.T == 1 && a.Ck <= 4 && !a.rec_keep && !tables.rec_keep && smem_rows_fit())
         return launch_decode_kernel<1, false, kDecodeSmemNW, kDecodeSmemRPW, kDecodeBatchSq, 2, 4, 1, false,
                                     kDecodeSmemRows>(a, B, tables, stream);
       return launch_decode<2, true, 16, kDecodeBatchRPW, kDecodeBatchSq, 2>(a, B, tables, stream);
