@@ -263,11 +263,11 @@ void CudaRunner::slot_layers(int B, int64_t capacity, bool one_session, bool kee
       float* const* states = reinterpret_cast<float* const*>(table);
       bool gated_written = false;
       if (!step_omits(StepPart::gdn)) {
+        if (producer_tables) g.out_tables = static_cast<uint8_t*>(batch_xq_mixer_);
         if (one_session) {
-          gdn_decode_from_tables(g, states, states + kSlots, states + 1, states + kSlots + 1,
-                                 keep_one ? &dev->keep_token : nullptr, stream_);
+          gated_written = gdn_decode_from_tables(g, states, states + kSlots, states + 1, states + kSlots + 1,
+                                                 keep_one ? &dev->keep_token : nullptr, stream_);
         } else {
-          if (producer_tables) g.out_tables = static_cast<uint8_t*>(batch_xq_mixer_);
           gated_written = gdn_decode_batched(g, B, states, states + kSlots, stream_);
         }
       }

@@ -272,6 +272,61 @@ TEST(CudaGdnDecode, BatchedIsBitIdenticalToEachSequenceAlone) {
   EXPECT_GT(shapes_run, 0) << "TERN_GDN_TEST_SHAPES=" << (only ? only : "") << " names none of the shapes";
 }
 
+// gdn_decode_from_tables (the verify step's call: one sequence of T tokens, its states and kept buffers through device
+// tables) writes out_proj's activation tables for T ≤ 8 (token t in slot t of the one tile), byte for byte what the
+// pre-quantising kernel makes of its outputs, and says so; for T = 9 (two chunks) it writes none and says so. The
+// outputs are those of gdn_decode on the same states, keeping the states before each token as the verify does.
+TEST(CudaGdnDecode, FromTablesWritesOutProjTablesForOneChunk) {
+  TERN_REQUIRE_GPU();
+  std::mt19937_64 rng(fresh_seed("CudaGdnDecodeFromTables"));
+  GdnLayer L(rng);
+  const GdnDims& d = L.d;
+  const int64_t C = d.C(), Z = int64_t(d.Hv) * d.dv;
+  const int64_t ld = C + Z + 2 * d.Hv + 12;
+  const size_t conv_n = size_t((L.Ck - 1) * C), rec_n = size_t(d.Hv) * d.dv * d.dk;
+  DeviceBuf<float> dw(L.conv_w), dA(L.A_log), ddt(L.dt_bias), dnw(L.norm_w);
+  DeviceBuf<unsigned> tickets(std::vector<unsigned>(size_t(gdn_decode_ticket_count(d.Hk)), 0u));
+  for (int64_t T : {1, 3, 8, 9}) {
+    SCOPED_TRACE("T=" + std::to_string(T));
+    const auto conv = random_floats(rng, conv_n, -2.0f, 2.0f), rec = random_floats(rng, rec_n, -0.3f, 0.3f);
+    DeviceBuf<float> conv_t(conv), rec_t(rec), conv_1(conv), rec_1(rec);  // the tables' states, the lone call's
+    DeviceBuf<float> conv_keep(size_t(T) * conv_n), rec_keep(size_t(gdn_kept_rec_floats(d, T)));
+    DeviceBuf<float> conv_keep_1(conv_keep.n), rec_keep_1(rec_keep.n);
+    DeviceBuf<float*> conv_table(std::vector<float*>{conv_t.p}), rec_table(std::vector<float*>{rec_t.p});
+    DeviceBuf<float*> conv_keep_table(std::vector<float*>{conv_keep.p}), rec_keep_table(std::vector<float*>{rec_keep.p});
+    const std::vector<float> proj = random_proj(rng, d, T, ld);
+    DeviceBuf<float> dproj(proj), out_t(size_t(T * Z)), out_1(size_t(T * Z));  // poisoned
+    GdnDecodeArgs a = decode_args(L, dw, dA, ddt, dnw, dproj.p, ld, T);
+    a.tickets = tickets.p;
+    a.out = out_t.p;
+    ZeroTables tables(int(T), Z);
+    a.out_tables = tables.buf.p;
+    const bool written = gdn_decode_from_tables(a, conv_table.p, rec_table.p, conv_keep_table.p, rec_keep_table.p,
+                                                nullptr, nullptr);
+    TERN_CUDA(cudaGetLastError());
+    EXPECT_EQ(written, T <= 8) << "whether out_proj's tables were written";
+    if (written) {
+      expect_tables_match(tables, out_t.p, Z, Z, nullptr, 0.0f, int(T), "out_proj's tables");
+    } else {
+      const std::vector<uint8_t> bytes = tables.buf.host();
+      EXPECT_TRUE(std::all_of(bytes.begin(), bytes.end(), [](uint8_t b) { return b == 0; })) << "tables written";
+    }
+    a.out_tables = nullptr;
+    a.out = out_1.p;
+    a.conv_state = conv_1.p;
+    a.rec_state = rec_1.p;
+    a.conv_keep = conv_keep_1.p;
+    a.rec_keep = rec_keep_1.p;
+    gdn_decode(a, nullptr);
+    TERN_CUDA(cudaGetLastError());
+    EXPECT_TRUE(all_finite(out_1.host()));
+    EXPECT_TRUE(same_bits(out_t.host(), out_1.host())) << "outputs";
+    EXPECT_TRUE(same_bits(rec_t.host(), rec_1.host())) << "recurrent state";
+    EXPECT_TRUE(same_bits(rec_keep.host(), rec_keep_1.host())) << "kept recurrent state and replay values";
+    expect_tickets_zero(tickets, "T=" + std::to_string(T));
+  }
+}
+
 // portable_split against cluster4_w16, bit for bit (sm_90: the clusters must run). Both give each warp 4 state rows
 // and each v-head 32 warps, so every sum is formed in the same order. B = 3 sequences, each with a copy of its states
 // per shape; calls of one token (gdn_decode_batched over the three) and of three tokens (gdn_decode for each

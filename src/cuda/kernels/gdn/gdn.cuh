@@ -152,9 +152,10 @@ struct GdnDecodeArgs {
   // conv state, after both have read it). Launches that may run at the same time (different streams) need separate
   // arrays; those of one stream may share one. Null: no portable_split (the portable path runs portable).
   unsigned* tickets = nullptr;
-  // gdn_decode_batched only (null: none): out_proj's activation tables (dp4a_tables.cuh; qmv_dp4a_mma_scratch_bytes(B,
-  // Hv·dv) bytes, 16-byte aligned), sequence b's row in token slot b % 8 of tile b / 8, without a norm (rinv 1),
-  // written beside out where the launch shape's blocks hold whole groups of 64 values (gdn_decode_batched says).
+  // gdn_decode_batched and gdn_decode_from_tables only (null: none): out_proj's activation tables (dp4a_tables.cuh;
+  // qmv_dp4a_mma_scratch_bytes(rows, Hv·dv) bytes, 16-byte aligned), out's row r (sequence b of a batch, or token t
+  // of one sequence's T ≤ 8) in token slot r % 8 of tile r / 8, without a norm (rinv 1), written beside out where the
+  // launch shape's blocks hold whole groups of 64 values (both calls say whether they did).
   uint8_t* out_tables = nullptr;
   // Tests only: take the one-block portable shape (no thread-block cluster, no tickets) on any GPU.
   bool force_portable = false;
@@ -232,7 +233,9 @@ bool gdn_decode_batched(const GdnDecodeArgs& a, int B, float* const* conv_states
 // every token as gdn_decode does; else only those before token *keep_token, in the kept buffers' first slot
 // ([Ck-1, C] and [Hv, dv, dk]: a prefix snapshot taken inside a short call, Session::keep_state_at), by kernels of
 // their own (the verification kernels' registers stay as they are); only where gdn_decode_keeps_one(a.tickets given).
-void gdn_decode_from_tables(const GdnDecodeArgs& a, float* const* conv_state, float* const* rec_state,
+// Returns whether it wrote a.out_tables: given, T ≤ 8 (one chunk) and a shape whose blocks hold whole groups of 64
+// values (as gdn_decode_batched).
+bool gdn_decode_from_tables(const GdnDecodeArgs& a, float* const* conv_state, float* const* rec_state,
                             float* const* conv_keep, float* const* rec_keep, const int* keep_token,
                             cudaStream_t stream);
 // Whether gdn_decode_from_tables takes a keep_token here (with or without GdnDecodeArgs::tickets): where its automatic

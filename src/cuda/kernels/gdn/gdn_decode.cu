@@ -105,8 +105,8 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocks) gdn_decode_kernel(GdnDeco
   constexpr int kSqPerBlock = kRows / kSq;             // partial sums of squares per block (per token)
   constexpr int kSqPerHead = kDecodeDv / kSq;          // partial sums of squares per v-head (over the group)
   constexpr bool kTicket = CS > 1 && !kCluster;        // plain blocks that meet only through the conv-state ticket
-  // Whether the kernel can write out_proj's tables (GdnDecodeArgs::out_tables; the host passes them for T = 1 only):
-  // one chunk, blocks of whole groups of 64 rows
+  // Whether the kernel can write out_proj's tables (GdnDecodeArgs::out_tables; the host passes them for one chunk of
+  // T ≤ kDecodeChunk tokens only): one chunk, blocks of whole groups of 64 rows
   constexpr bool kTables = !kChunked && kRows % 64 == 0;
   static_assert(CS * kRows == kDecodeRatio * kDecodeDv, "a group covers the 2·dv rows of one key head");
   static_assert(kDecodeDv % kRows == 0 || kRows % kDecodeDv == 0, "blocks hold whole heads or slices of one head");
@@ -438,26 +438,29 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocks) gdn_decode_kernel(GdnDeco
       cout[t * int64_t(Hv) * kDecodeDv + col] = y;
       if constexpr (kTables) s_o[t][r] = y;  // the thread's own entry: read above, by no one else since step 6
     }
-    // out_proj's tables from the block's outputs (one token, whole groups of 64: warp w takes words 32w.. of the
-    // block's rows, in order, so each lane octet holds one group), written as qmv_dp4a_prequant_kernel would write
-    // them from out.
+    // out_proj's tables from the block's outputs (whole groups of 64: warp w takes words 32w.. of the block's rows,
+    // in order, so each lane octet holds one group), written as qmv_dp4a_prequant_kernel would write them from out:
+    // token t of sequence seq is out's row seq·T + t (one of the two is 0), in token slot row % 8 of tile row / 8.
     if constexpr (kTables) {
       if (a.out_tables) {
         __syncthreads();  // s_o holds the outputs
         constexpr int kWords = kRows / 8;
         const dp4a::TableOffsets o = dp4a::table_offsets(Hv * kDecodeDv / 32);
-        uint8_t* const tile = a.out_tables + int64_t(seq / dp4a::kTileTokens) * o.bytes;
         const int word0 = (head0 * kDecodeDv + j00) / 8;
-        for (int w = warp * 32; w < kWords; w += NW * 32) {  // uniform over the warp
-          const int lw = w + lane;
-          const bool has = lw < kWords;
-          float v[8];
+        for (int t = 0; t < Tc; ++t) {
+          const int row = kMaxT == 1 ? seq : seq * T + t;
+          uint8_t* const tile = a.out_tables + int64_t(row / dp4a::kTileTokens) * o.bytes;
+          for (int w = warp * 32; w < kWords; w += NW * 32) {  // uniform over the warp
+            const int lw = w + lane;
+            const bool has = lw < kWords;
+            float v[8];
 #pragma unroll
-          for (int e = 0; e < 8; ++e) v[e] = has ? s_o[0][8 * lw + e] : 0.0f;
-          dp4a::table_word(tile, o, word0 + lw, seq % dp4a::kTileTokens, v, has);
+            for (int e = 0; e < 8; ++e) v[e] = has ? s_o[t][8 * lw + e] : 0.0f;
+            dp4a::table_word(tile, o, word0 + lw, row % dp4a::kTileTokens, v, has);
+          }
+          if (rank == 0 && kh == 0 && tid == 0)
+            reinterpret_cast<float*>(tile + o.rinv)[row % dp4a::kTileTokens] = 1.0f;
         }
-        if (rank == 0 && kh == 0 && tid == 0)
-          reinterpret_cast<float*>(tile + o.rinv)[seq % dp4a::kTileTokens] = 1.0f;
       }
     }
     if (last) {
@@ -638,8 +641,9 @@ void decode(const GdnDecodeArgs& a, int B, const StateTables& tables, cudaStream
   TERN_CHECK(a.proj && a.conv_w && a.A_log && a.dt_bias && a.norm_w && a.out, "gdn_decode: null pointer");
   using K = GdnDecodeArgs::Kernel;
   const K kind = launch_kind(a, B);
-  TERN_CHECK(!a.out_tables || (d.T == 1 && writes_tables(kind)), "gdn_decode: out_tables need one token per sequence "
-             "and a shape whose blocks hold whole groups of 64 values");
+  TERN_CHECK(!a.out_tables || ((B == 1 ? d.T <= kDecodeChunk : d.T == 1) && writes_tables(kind)),
+             "gdn_decode: out_tables need one token per sequence of a batch or one chunk of one sequence, and a shape "
+             "whose blocks hold whole groups of 64 values");
   TERN_CHECK(kind != K::portable_split || a.tickets,
              "gdn_decode: the portable_split shape needs GdnDecodeArgs::tickets");
   if (tables.keep_token) {  // one kept state (gdn_decode_from_tables): cluster4_w16's or portable_split's kernels
@@ -711,13 +715,18 @@ bool gdn_decode_batched(const GdnDecodeArgs& a, int B, float* const* conv_states
   return b.out_tables != nullptr;
 }
 
-void gdn_decode_from_tables(const GdnDecodeArgs& a, float* const* conv_state, float* const* rec_state,
+bool gdn_decode_from_tables(const GdnDecodeArgs& a, float* const* conv_state, float* const* rec_state,
                             float* const* conv_keep, float* const* rec_keep, const int* keep_token,
                             cudaStream_t stream) {
   TERN_CHECK((a.Ck == 1 || conv_state) && rec_state && conv_keep && rec_keep, "gdn_decode_from_tables: null table");
   TERN_CHECK(!keep_token || (!a.force_portable && gdn_decode_keeps_one(a.tickets != nullptr)),
              "gdn_decode_from_tables: one kept state needs the cluster4_w16 or portable_split shape");
-  decode(a, 1, StateTables{conv_state, rec_state, conv_keep, rec_keep, keep_token}, stream);
+  TERN_CHECK(!a.out_tables || (reinterpret_cast<uintptr_t>(a.out_tables) & 15) == 0,
+             "gdn_decode_from_tables: out_tables not 16-byte aligned");
+  GdnDecodeArgs b = a;
+  if (b.out_tables && (a.d.T > kDecodeChunk || !writes_tables(launch_kind(a, 1)))) b.out_tables = nullptr;
+  decode(b, 1, StateTables{conv_state, rec_state, conv_keep, rec_keep, keep_token}, stream);
+  return b.out_tables != nullptr;
 }
 
 }  // namespace tern::cuda
