@@ -317,16 +317,7 @@ void CudaRunner::allocate_scratch() {
   sample_out_ = scratch_.take_n<int>(1);
 }
 
-GdnDims CudaRunner::gdn_dims(int64_t T) const {
-  const Config& c = w_->config;
-  GdnDims d;
-  d.T = T;
-  d.Hk = c.linear_num_key_heads;
-  d.Hv = c.linear_num_value_heads;
-  d.dk = c.linear_key_head_dim;
-  d.dv = c.linear_value_head_dim;
-  return d;
-}
+GdnDims CudaRunner::gdn_dims(int64_t T) const { return gdn_dims_of(w_->config, T); }
 
 AttnDims CudaRunner::attn_dims(int64_t T, int64_t capacity) const {
   const Config& c = w_->config;

@@ -56,15 +56,19 @@ class CudaSnapshot final : public StateSnapshot {
   std::shared_ptr<SnapshotBuffers> buffers_;
 };
 
-// The Gated DeltaNet head shape of a config (gdn_kept_rec_floats, gdn_state_replay; T unset).
-GdnDims gdn_dims_of(const Config& c) {
+}  // namespace
+
+GdnDims gdn_dims_of(const Config& c, int64_t T) {
   GdnDims d;
+  d.T = T;
   d.Hk = c.linear_num_key_heads;
   d.Hv = c.linear_num_value_heads;
   d.dk = c.linear_key_head_dim;
   d.dv = c.linear_value_head_dim;
   return d;
 }
+
+namespace {
 
 // One layer's part of a kept-state buffer for `tokens` tokens: conv [tokens, Ck-1, C] and rec (the state before the
 // first token and each token's replay values, gdn_kept_rec_floats), each 256-byte aligned (as DeviceArena carves

@@ -108,6 +108,8 @@ class KeptStateBuffers {
 // Bytes of the kept-state buffer a verify of `tokens` tokens needs on weights `w` (every Gated DeltaNet layer's conv
 // [tokens, Ck-1, C] and rec [tokens, Hv, dv, dk], each 256-byte aligned): tokens x gdn_state_bytes_of(w), aligned.
 size_t kept_state_bytes_of(const DeviceWeights& w, int tokens);
+// The Gated DeltaNet shape of a config's linear-attention layers, over T tokens.
+GdnDims gdn_dims_of(const Config& c, int64_t T = 0);
 
 // Bytes of a session's Gated DeltaNet states (every linear-attention layer's conv and recurrent state): a snapshot.
 size_t gdn_state_bytes_of(const DeviceWeights& w);
@@ -223,7 +225,7 @@ class CudaSession final : public Session {
   std::vector<LayerCache> layers;
   DeviceArena arena;
   int kv_heads = 0, head_dim = 0;  // the KV caches' shape (copy_kv_prefix)
-  GdnDims gdn_dims;               // the Gated DeltaNet heads' shape (kept states; T unset)
+  GdnDims gdn_dims;  // the Gated DeltaNet heads' shape (kept states; T unset)
   KvDtype kv = KvDtype::f16;       // and their type
 
  private:
