@@ -1,6 +1,7 @@
 """scripts/step-costs.py (each kernel family's cost in place, docs/benchmarks.md): against a stand-in for `tern bench`
 that writes the JSON report with step times set by TERN_STEP_OMIT, the table it prints and the JSON it keeps carry
-each part's cost (the step without it subtracted from the step); unknown parts and a failing bench are reported.
+each part's cost (the step without it subtracted from the step), for the batched step (--concurrency) and for the
+speculative step (--speculative: the plain step and each verify); unknown parts and a failing bench are reported.
 """
 import json
 import pathlib
@@ -60,3 +61,45 @@ def test_reports_a_failing_bench(tmp_path):
                         "--parts", "attention"], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "TERN_STEP_OMIT" not in r.stdout
     assert "failed (exit 1)" in r.stderr and "out of memory" in r.stderr
+
+
+# The speculative step: the plain step's ms and the verify's ms for 1 + k tokens, and what each part takes off them.
+PLAIN, VERIFY = 1.8, {0: 2.05, 1: 2.3, 2: 2.5}
+SPEC_SAVED = {"gdn": (0.15, {0: 0.2, 1: 0.25, 2: 0.3}), "kept": (0.0, {0: 0.01, 1: 0.04, 2: 0.07})}
+
+SPEC_BODY = """
+assert "--speculative" in args and "--concurrency" not in args, args
+omit = os.environ.get("TERN_STEP_OMIT", "")
+plain, verify, saved = {plain}, {verify}, {saved}
+k_max = int(args[args.index("--draft-max") + 1])
+p_saved, v_saved = saved.get(omit, (0.0, {{}}))
+rows = [{{"drafts": k, "ms_median": verify[k] - v_saved.get(k, 0.0)}} for k in range(k_max + 1)]
+json.dump({{"points": [{{"plain_ms_median": plain - p_saved, "verify": rows}}]}},
+          open(args[args.index("--json") + 1], "w"))
+"""
+
+
+def test_speculative_mode_costs_each_part_in_the_plain_step_and_every_verify(tmp_path):
+    tern = fake_bench.write(tmp_path, SPEC_BODY.format(plain=repr(PLAIN), verify=repr(VERIFY), saved=repr(SPEC_SAVED)))
+    out = tmp_path / "spec.json"
+    r = subprocess.run([sys.executable, str(TOOL), "--tern", str(tern), "--speculative", "2", "--parts", "gdn,kept",
+                        "--json", str(out)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("| part left out | plain step: ms, cost ms | verify of 1: ms, cost ms |")
+    assert lines[2] == "| none (the steps) | 1.8000 | 2.0500 | 2.3000 | 2.5000 |"
+    assert lines[3] == "| gdn | 1.6500, 0.1500 | 1.8500, 0.2000 | 2.0500, 0.2500 | 2.2000, 0.3000 |"
+    assert lines[4] == "| kept | 1.8000, 0.0000 | 2.0400, 0.0100 | 2.2600, 0.0400 | 2.4300, 0.0700 |"
+    kept = json.loads(out.read_text())
+    assert kept["speculative"] == 2 and abs(kept["plain_ms"] - 1.8) < 1e-9
+    assert abs(kept["without"]["gdn"]["verify"]["2"] - 2.2) < 1e-9
+
+
+def test_kept_is_a_part_of_the_speculative_step_only(tmp_path):
+    tern = fake_bench.write(tmp_path, SPEC_BODY.format(plain=repr(PLAIN), verify=repr(VERIFY), saved=repr(SPEC_SAVED)))
+    r = subprocess.run([sys.executable, str(TOOL), "--tern", str(tern), "--parts", "kept"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode != 0 and "unknown part(s) kept" in r.stderr
+    r = subprocess.run([sys.executable, str(TOOL), "--tern", str(tern), "--speculative", "9"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode != 0 and "0 to 8 drafts" in r.stderr

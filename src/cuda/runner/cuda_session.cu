@@ -74,7 +74,8 @@ namespace {
 // first token and each token's replay values, gdn_kept_rec_floats), each 256-byte aligned (as DeviceArena carves
 // them).
 size_t kept_layer_bytes(size_t conv_bytes, const GdnDims& d, int tokens) {
-  return DeviceArena::align(conv_bytes * size_t(tokens)) + DeviceArena::align(size_t(gdn_kept_rec_floats(d, tokens)) * 4);
+  return DeviceArena::align(conv_bytes * size_t(tokens)) +
+         DeviceArena::align(size_t(gdn_kept_rec_floats(d, tokens)) * 4);
 }
 
 }  // namespace

@@ -72,8 +72,8 @@ class SnapshotBuffers {
 };
 
 // Device buffers for the states verify steps keep (CudaSession::kept_buffers: the Gated DeltaNet states before each of
-// a verify's T tokens, ~63 MB and ~3.7 MB per token at the model's widths). A session takes one when a verify starts and gives it
-// back when the kept states are dropped (its next forward, a rollback once it copied, reset, restore, its end), so the
+// a verify's T tokens, ~63 MB and ~3.7 MB per token at the model's widths). A session takes one when a verify starts
+// and gives it back when the kept states are dropped (its next forward, a rollback once it copied, reset, restore, its end), so the
 // buffers in use at once are the sessions between a verify and their next step (at most the running sequences), not
 // every session that ever verified (the prefix cache keeps many). A buffer serves any verify it is large enough for.
 // Up to kKeep returned buffers are kept for reuse (a cudaMalloc, and a cudaFree that synchronises the device, per
@@ -106,7 +106,7 @@ class KeptStateBuffers {
 };
 
 // Bytes of the kept-state buffer a verify of `tokens` tokens needs on weights `w` (every Gated DeltaNet layer's conv
-// [tokens, Ck-1, C] and rec [tokens, Hv, dv, dk], each 256-byte aligned): tokens x gdn_state_bytes_of(w), aligned.
+// [tokens, Ck-1, C] and rec [gdn_kept_rec_floats(d, tokens)], each 256-byte aligned).
 size_t kept_state_bytes_of(const DeviceWeights& w, int tokens);
 // The Gated DeltaNet shape of a config's linear-attention layers, over T tokens.
 GdnDims gdn_dims_of(const Config& c, int64_t T = 0);

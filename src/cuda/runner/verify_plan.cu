@@ -7,8 +7,9 @@
 // runner's pool; the recurrent ones as the state before the first token and each token's update values) for
 // Session::rollback. So row j of the logits is what feeding the tokens one step at a time gives, and a rollback copies
 // each layer's conv state and replays its recurrent one (a kernel launch each for all layers,
-// CudaSession::copy_kept_states): no second pass. The step's tables (batch_tables.cuh) carry every session pointer, the kept buffers' too (they may change from
-// step to step), so one CUDA graph per (tokens, capacity) serves any session.
+// CudaSession::copy_kept_states): no second pass. The step's tables (batch_tables.cuh) carry every session pointer,
+// the kept buffers' too (they may change from step to step), so one CUDA graph per (tokens, capacity) serves any
+// session.
 #include "cuda/runner/cuda_runner_impl.cuh"
 
 #include <algorithm>

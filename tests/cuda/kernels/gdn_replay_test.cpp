@@ -43,9 +43,10 @@ std::vector<float> random_kept(std::mt19937_64& rng, const GdnDims& d, int token
   std::vector<float> kept = random_floats(rng, size_t(gdn_kept_rec_floats(d, tokens)), -0.3f, 0.3f);
   for (int t = 0; t < tokens; ++t) {
     float* slot = kept.data() + n + int64_t(t) * l.floats;
-    for (int64_t i = 0; i < l.delta_at - l.k_at; ++i) slot[l.k_at + i] = std::uniform_real_distribution<float>(-0.2f, 0.2f)(rng);
-    for (int64_t i = 0; i < l.g_at - l.delta_at; ++i) slot[l.delta_at + i] = std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng);
-    for (int h = 0; h < d.Hv; ++h) slot[l.g_at + h] = std::uniform_real_distribution<float>(0.5f, 1.0f)(rng);
+    std::uniform_real_distribution<float> k(-0.2f, 0.2f), delta(-1.0f, 1.0f), g(0.5f, 1.0f);
+    for (int64_t i = l.k_at; i < l.delta_at; ++i) slot[i] = k(rng);
+    for (int64_t i = l.delta_at; i < l.g_at; ++i) slot[i] = delta(rng);
+    for (int h = 0; h < d.Hv; ++h) slot[l.g_at + h] = g(rng);
   }
   return kept;
 }

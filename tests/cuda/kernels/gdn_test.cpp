@@ -293,7 +293,8 @@ TEST(CudaGdnDecode, FromTablesWritesOutProjTablesForOneChunk) {
     DeviceBuf<float> conv_keep(size_t(T) * conv_n), rec_keep(size_t(gdn_kept_rec_floats(d, T)));
     DeviceBuf<float> conv_keep_1(conv_keep.n), rec_keep_1(rec_keep.n);
     DeviceBuf<float*> conv_table(std::vector<float*>{conv_t.p}), rec_table(std::vector<float*>{rec_t.p});
-    DeviceBuf<float*> conv_keep_table(std::vector<float*>{conv_keep.p}), rec_keep_table(std::vector<float*>{rec_keep.p});
+    DeviceBuf<float*> conv_keep_table(std::vector<float*>{conv_keep.p});
+    DeviceBuf<float*> rec_keep_table(std::vector<float*>{rec_keep.p});
     const std::vector<float> proj = random_proj(rng, d, T, ld);
     DeviceBuf<float> dproj(proj), out_t(size_t(T * Z)), out_1(size_t(T * Z));  // poisoned
     GdnDecodeArgs a = decode_args(L, dw, dA, ddt, dnw, dproj.p, ld, T);
@@ -639,7 +640,8 @@ TEST(CudaGdnDecode, LongStepsMatchOneTokenCallsAndCpuTwin) {
           const GdnReplay entry{replayed.p, rec_keep.p};
           gdn_state_replay(&entry, 1, d, int(t), nullptr);
           TERN_CUDA(cudaGetLastError());
-          EXPECT_TRUE(same_bits(replayed.host(), rec_before[size_t(t)])) << "replayed recurrent state before token " << t;
+          EXPECT_TRUE(same_bits(replayed.host(), rec_before[size_t(t)]))
+              << "replayed recurrent state before token " << t;
         }
       }
     }
