@@ -93,5 +93,7 @@ class PinnedHostBuffer {
 };
 
 inline unsigned blocks_for(int64_t n, int per_block) { return unsigned((n + per_block - 1) / per_block); }
+// Whether p is 16-byte aligned (float4 and uint4 access, cp.async of 16 bytes).
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 }  // namespace tern::cuda

@@ -112,8 +112,6 @@ __global__ void __launch_bounds__(kThreads) conv1d_silu_kernel(const float* x, i
   }
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 }  // namespace
 
 void conv1d_silu_qknorm(const float* x, int64_t ldx, int64_t T, int64_t C, int Ck, const float* w, float* state,

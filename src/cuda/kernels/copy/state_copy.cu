@@ -58,8 +58,6 @@ __global__ void __launch_bounds__(kThreads) state_copy_kernel(const __grid_const
   }
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
 }  // namespace
 
 StateCopy state_copy_entry(void* dst, const void* src, size_t bytes) {

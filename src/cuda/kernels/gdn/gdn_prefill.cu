@@ -395,8 +395,6 @@ void gdn_chunked_tc(const float* qkv, const float* g_log, const float* beta, flo
              stream, qkv, g_log, beta, state, d, o);
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 }  // namespace
 
 bool gdn_chunked_tc_supported(const GdnDims& d, int chunk) {

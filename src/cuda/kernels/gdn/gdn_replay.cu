@@ -70,8 +70,6 @@ __global__ void __launch_bounds__(kThreads) gdn_replay_kernel(const __grid_const
     if (w[j] < words) state[w[j]] = s[j];
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
 }  // namespace
 
 void gdn_state_replay(const GdnReplay* entries, int count, const GdnDims& d, int tokens, cudaStream_t stream) {

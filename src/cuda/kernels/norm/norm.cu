@@ -64,8 +64,6 @@ __global__ void rmsnorm4_kernel(const float* x, const float* w, float eps, int64
   }
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 // rmsnorm_prepare: a row per block of 256 threads; thread i holds the row's 8-column words i, i + 256, ... (at most
 // kPrepareWords of them) from the one read of x to the last store. The 8 words of a group of 64 columns lie in 8
 // consecutive lanes, as the preparing kernels' shuffles need.
