@@ -198,7 +198,7 @@ TERN_BENCH_CASES(attention) {
   }
   add_attention_case(cases, "decode", "attention split-KV T=4 context 32K", 4, 32768 - 4, 32768 + 64);
   add_prepare_case(cases, "decode", 1);
-  for (const int B : {8, 32})
+  for (const int B : {4, 8, 16, 32})
     for (const int items : {0, cuda::kAttnBatchItemsAuto}) add_batched_case(cases, B, 4096, items);
 }
 

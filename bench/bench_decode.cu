@@ -3,6 +3,7 @@
 // scale and bias per 64 columns), plus activations. Weight copies rotate (bench_copies_for) so that timed runs read
 // device memory; the MoE cases rotate inputs whose routing differs, over 4 copies of the expert stacks.
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -16,6 +17,7 @@
 #include "cuda/kernels/moe/moe_decode.cuh"
 #include "cuda/kernels/qmv/qmv.cuh"
 #include "cuda/kernels/qmv/qmv_dp4a.cuh"
+#include "cuda/kernels/qmv/qmv_dp4a_mma.cuh"
 #include "cuda/kernels/qmv/qmv_tile.cuh"
 
 namespace tern::bench {
@@ -130,6 +132,64 @@ void add_qmv(CaseList& cases, const char* what, int64_t rows, int64_t cols, int 
     a.ldy = rows;
     a.accumulate = accumulate;
     cuda::qmv(a, stream);
+  };
+  cases.push_back(std::move(c));
+}
+
+// ---- the batched step's products (qmv_dp4a_batched) and MoE block (moe_decode_batched) -------------------------
+
+// B tokens through qmv_dp4a_batched as the batched step runs it: with activation scratch, its tables either written
+// by the kernel before (tables_written: the producer tables of the step, quantised once here in the setup) or by
+// the product's own pre-quantising launch. B = 1 runs the one-token kernel. Bytes: the weights once, x, y.
+void add_qmv_batched(CaseList& cases, const char* what, int64_t rows, int64_t cols, int B, bool norm, bool accumulate,
+                     bool tables_written) {
+  struct Data {
+    std::vector<DMat> w;
+    float* x = nullptr;
+    float* norm_w = nullptr;
+    float* y = nullptr;
+    void* xq = nullptr;
+    size_t xq_bytes = 0;
+  };
+  auto d = std::make_shared<Data>();
+  const double wbytes = quant_bytes(WeightFormat::affine4, rows, cols);
+  Case c;
+  c.group = "decode";
+  c.name = std::string("qmv batched 4-bit ") + what + " " + std::to_string(rows) + "x" + std::to_string(cols) +
+           " B=" + std::to_string(B) + (B == 1 ? "" : tables_written ? " [tables written before]" : " [prequant]");
+  c.bytes = wbytes + double(B) * cols * 4 + double(B) * rows * 4 * (accumulate ? 2 : 1) + (norm ? cols * 4 : 0);
+  c.flops = 2.0 * double(rows) * double(cols) * B;
+  c.setup = [d, rows, cols, B, wbytes, norm, tables_written] {
+    if (!d->w.empty()) return;
+    const int copies = bench_copies_for(wbytes);
+    for (int i = 0; i < copies; ++i) d->w.push_back(random_quant(WeightFormat::affine4, 1, rows, cols, 150 + 7 * i));
+    d->x = bench_alloc_random_floats(size_t(B * cols), -2.0f, 2.0f, 250);
+    d->norm_w = bench_alloc_random_floats(size_t(cols), 0.5f, 1.5f, 350);
+    d->y = bench_alloc_random_floats(size_t(B * rows), -1.0f, 1.0f, 450);
+    d->xq_bytes = cuda::qmv_dp4a_mma_scratch_bytes(B, cols);
+    if (d->xq_bytes) {
+      TERN_CUDA(cudaMalloc(&d->xq, d->xq_bytes));
+      TERN_CUDA(cudaMemset(d->xq, 0, d->xq_bytes));
+      if (tables_written && B >= 2)
+        cuda::qmv_dp4a_mma_quantize(d->x, cols, cols, norm ? d->norm_w : nullptr, 1e-6f, B, d->xq, d->xq_bytes,
+                                    nullptr);
+    }
+    TERN_CUDA(cudaDeviceSynchronize());
+  };
+  c.run = [d, cols, rows, B, norm, accumulate, tables_written](cudaStream_t stream, int rep) {
+    Tune{0, 0, 3}.apply();  // the integer one-token kernels, which the batched forms match
+    cuda::QmvArgs a;
+    a.w = d->w[size_t(rep) % d->w.size()];
+    a.x = d->x;
+    a.ldx = cols;
+    a.norm_w = norm ? d->norm_w : nullptr;
+    a.y = d->y;
+    a.ldy = rows;
+    a.accumulate = accumulate;
+    a.xq = d->xq;
+    a.xq_bytes = d->xq_bytes;
+    a.xq_written = tables_written;
+    cuda::qmv_dp4a_batched(a, B, stream);
   };
   cases.push_back(std::move(c));
 }
@@ -269,7 +329,7 @@ std::shared_ptr<MoeData> moe_data(int T) {
   return d;
 }
 
-enum class MoePart { router, gate_up, down, all };
+enum class MoePart { router, gate_up, down, all, batched };
 
 // prefetch: whether the router asks L2 for the chosen experts (off by default: a 2x regression on the H200).
 void add_moe(CaseList& cases, MoePart part, int T, Tune tune = {}, int prefetch = 0) {
@@ -305,11 +365,17 @@ void add_moe(CaseList& cases, MoePart part, int T, Tune tune = {}, int prefetch 
       c.bytes = router_b + gate_up_b + down_b;
       c.flops = router_f + gate_up_f + down_f;
       break;
+    case MoePart::batched:  // T tokens as the batched step's T sessions: the distinct experts' bytes are the least
+      c.name = "moe batched block (router clusters, gate_up, down rings)" + shape;
+      c.bytes = router_b + (1.0 + kE * (1.0 - std::pow(1.0 - double(kK) / kE, double(T)))) *
+                               (2 * quant_bytes(WeightFormat::affine4, kF, kD) + quant_bytes(WeightFormat::affine4, kD, kF));
+      c.flops = router_f + gate_up_f + down_f;
+      break;
   }
   auto holder = std::make_shared<std::shared_ptr<MoeData>>();
   c.setup = [holder, T] { *holder = moe_data(T); };
   c.name += tune.label();
-  if (part == MoePart::router || part == MoePart::all) c.name += prefetch ? " (L2 prefetch)" : " (no prefetch)";
+  if (part == MoePart::router || part == MoePart::all || part == MoePart::batched) c.name += prefetch ? " (L2 prefetch)" : " (no prefetch)";
   c.run = [holder, part, tune, prefetch](cudaStream_t stream, int rep) {
     tune.apply();
     cuda::moe_decode_set_l2_prefetch(prefetch != 0);
@@ -322,6 +388,7 @@ void add_moe(CaseList& cases, MoePart part, int T, Tune tune = {}, int prefetch 
       case MoePart::gate_up: cuda::moe_gate_up_decode(w, d.T, d.s[i], stream); break;
       case MoePart::down: cuda::moe_down_decode(w, d.hidden[i], d.T, d.s[i], stream); break;
       case MoePart::all: cuda::moe_decode(w, d.hidden[i], d.T, d.s[i], stream); break;
+      case MoePart::batched: cuda::moe_decode_batched(w, d.hidden[i], d.T, d.s[i], stream); break;
     }
   };
   cases.push_back(std::move(c));
@@ -356,6 +423,16 @@ TERN_BENCH_CASES(decode) {
       add_qmv(cases, "out/o proj (+residual)", 2048, 4096, 1, false, true, t);
       if (!hot) add_qmv(cases, "lm head (norm)", 248320, 2048, 1, true, false, t);
     }
+  // The batched step's products at the stream counts of issue 31 (tern bench --concurrency), the tables written by
+  // the kernel before them as in the step (the 4096-column ones by the mixers; hidden's by the MoE down).
+  for (int B : {1, 2, 4, 8, 16, 32}) {
+    add_qmv_batched(cases, "gdn in_proj (norm)", 12352, 2048, B, true, false, true);
+    add_qmv_batched(cases, "attn q|k|v (norm)", 9216, 2048, B, true, false, true);
+    add_qmv_batched(cases, "out/o proj (+residual)", 2048, 4096, B, false, true, true);
+    add_qmv_batched(cases, "lm head (norm)", 248320, 2048, B, true, false, true);
+  }
+  for (int B : {8, 16}) add_qmv_batched(cases, "lm head (norm)", 248320, 2048, B, true, false, false);
+  for (int B : {1, 2, 4, 8, 16, 32}) add_moe(cases, MoePart::batched, B, Tune{0, 0, 3});
   {
     const Tune t{0, 0, 3};
     add_moe(cases, MoePart::gate_up, 1, t);

@@ -8,6 +8,7 @@
 //            FLOPs of the chunked form: 2·T·Hv·(3·dk·dv + 2·64·dk + 2·64·dv) (Q·S, K·S, the state update; the two
 //            64-wide grams; T·R and P·Δ).
 //   Decode also times each launch shape of gdn_decode at T = 1.
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <utility>
@@ -211,6 +212,65 @@ TERN_BENCH_CASES(gdn) {
       cuda::gdn_gated_norm(s.o[size_t(c)], proj + Cc, l.norm_w, 1e-6f, d, s.out[size_t(c)], stream);
     };
     if (T == 1) cases.push_back(unfused);  // (at T > 1 the strided b/a/z would need copies: T = 1 only)
+  }
+
+  // ---- the batched step's GDN core: one token of each of B sequences (gdn_decode_batched, the automatic shape) ----
+  for (const int B : {1, 2, 4, 8, 16, 32}) {
+    struct Batch {
+      std::vector<float**> conv, rec;  // [rotation] device tables of B states
+      float *proj = nullptr, *out = nullptr;
+    };
+    auto bt = std::make_shared<Batch>();
+    const double ld = C + Z + 2.0 * d0.Hv;
+    Case c;
+    c.group = "decode";
+    c.name = "gdn_decode_batched B=" + std::to_string(B) + " (one token of each of B sequences)";
+    c.bytes = B * (2 * state_bytes + 2 * 4.0 * (kCk - 1) * C + 4.0 * ld + 4.0 * Z) + 4.0 * C * kCk;
+    c.flops = 2.0 * B * Z * d0.dk * 3;
+    c.setup = [bt, B] {
+      if (!bt->conv.empty()) return;
+      DecodeSet& s = decode_set(1);  // its copies' states, B of them a rotation
+      const GdnDims& d = layer().d;
+      const int64_t Zc = int64_t(d.Hv) * d.dv;
+      bt->proj = bench_alloc_random_floats(size_t(B * s.ld), -1.0f, 1.0f, 900 + B);
+      bt->out = bench_alloc_random_floats(size_t(B * Zc), 0.0f, 1.0f, 950 + B);
+      const int rotations = std::max(1, s.copies / B);
+      for (int r = 0; r < rotations; ++r) {
+        std::vector<float*> conv(static_cast<size_t>(B)), rec(static_cast<size_t>(B));
+        for (int b = 0; b < B; ++b) {
+          conv[size_t(b)] = s.conv_state[size_t((r * B + b) % s.copies)];
+          rec[size_t(b)] = s.rec_state[size_t((r * B + b) % s.copies)];
+        }
+        float** dc = nullptr;
+        float** dr = nullptr;
+        TERN_CUDA(cudaMalloc(&dc, size_t(B) * sizeof(float*)));
+        TERN_CUDA(cudaMalloc(&dr, size_t(B) * sizeof(float*)));
+        TERN_CUDA(cudaMemcpy(dc, conv.data(), size_t(B) * sizeof(float*), cudaMemcpyHostToDevice));
+        TERN_CUDA(cudaMemcpy(dr, rec.data(), size_t(B) * sizeof(float*), cudaMemcpyHostToDevice));
+        bt->conv.push_back(dc);
+        bt->rec.push_back(dr);
+      }
+    };
+    c.run = [bt, B](cudaStream_t stream, int rep) {
+      DecodeSet& s = decode_set(1);
+      const Layer& l = layer();
+      const size_t r = size_t(rep) % bt->conv.size();
+      cuda::GdnDecodeArgs a;
+      a.proj = bt->proj;
+      a.ld_proj = s.ld;
+      a.conv_w = l.conv_w;
+      a.Ck = kCk;
+      a.A_log = l.A_log;
+      a.dt_bias = l.dt_bias;
+      a.norm_w = l.norm_w;
+      a.eps = 1e-6f;
+      a.d = l.d;
+      a.d.T = 1;
+      a.out = bt->out;
+      a.tickets = s.tickets;
+      cuda::gdn_decode_batched(a, B, bt->conv[r], bt->rec[r], stream);
+    };
+    cases.push_back(c);
   }
 
   // ---- prefill, one layer at T = 4096 ----
