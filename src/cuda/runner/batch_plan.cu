@@ -235,7 +235,9 @@ void CudaRunner::slot_layers(int B, int64_t capacity, bool one_session, bool kee
   // (producer tables, qmv_dp4a_producer_tables(): the MoE down for the next layer's first product and the LM head,
   // the GDN core for out_proj, the attention merge for o_proj; `written` says they did) or by the product's own
   // pre-quantising kernel. (part: which TERN_STEP_OMIT part the product is, step_omit.h.)
-  const bool producer_tables = qmv_dp4a_producer_tables();
+  // One token (a verify of one token; the batched step has B >= 2): its products are qmv_dp4a's one-token kernel,
+  // which quantises its own input, so no kernel writes tables for it.
+  const bool producer_tables = qmv_dp4a_producer_tables() && B >= 2;
   auto product = [&](StepPart part, QmvArgs a, bool mixer, bool written) {
     if (step_omits(part)) return;
     a.xq = mixer ? batch_xq_mixer_ : batch_xq_hidden_;
@@ -299,8 +301,8 @@ void CudaRunner::slot_layers(int B, int64_t capacity, bool one_session, bool kee
                                             true, batch_ahead(l, B)),
               true, attended && ab.out_tables);
     }
-    // The gate_up's L2 request for the chosen experts' down matrices (a hint: results unchanged): by default never
-    // in a step of several tokens (B <= batch_down_prefetch_tokens_, 0; measured slower at 2 to 4 tokens).
+    // The gate_up's L2 request for the chosen experts' down matrices (a hint: results unchanged): by default only in a
+    // step of one token (B <= batch_down_prefetch_tokens_, 1; measured slower at 2 to 4 tokens).
     MoeDecodeWeights m = moe_w_[i];
     m.prefetch_down = m.prefetch_down && B <= batch_down_prefetch_tokens_;
     MoeTablesOut next;

@@ -127,12 +127,13 @@ CudaRunner::CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const M
   // first projection; 0 neither.
   if (const char* e = std::getenv("TERN_L2_PREFETCH")) l2_prefetch_ = std::atoi(e) & 12;
   if (!sm90_features()) l2_prefetch_ = 0;  // the bulk prefetch is sm_90+ (a no-op in older code): skip its launches' work
-  // TERN_BATCH_DOWN_PREFETCH_TOKENS (default 0: never): the most tokens a batched or verify step asks L2 for the
-  // chosen experts' down matrices with (where TERN_L2_PREFETCH has 4), for an A/B of that bound. The bound was 4
-  // until measured (H100, docs/benchmarks.md, thirty-fourth session): without the request 2 streams run 3.1% and 4
-  // streams 13.3% faster, and a verify of 4 tokens costs 1.75x a plain step instead of 1.96x.
+  // TERN_BATCH_DOWN_PREFETCH_TOKENS (default 1: a verify of one token only, which runs the one-token plan's kernels and
+  // asks as that plan does): the most tokens a batched or verify step asks L2 for the chosen experts' down matrices
+  // with (where TERN_L2_PREFETCH has 4), for an A/B of that bound. The bound was 4 until measured (H100,
+  // docs/benchmarks.md, thirty-fourth session): without the request 2 streams run 3.1% and 4 streams 13.3% faster,
+  // and a verify of 4 tokens costs 1.75x a plain step instead of 1.96x.
   batch_down_prefetch_tokens_ = token_bound("TERN_BATCH_DOWN_PREFETCH_TOKENS", batch_down_prefetch_tokens_);
-  // TERN_BATCH_OUTPUT_AHEAD_TOKENS (default 0: never): the most tokens a batched or verify step's output projections
+  // TERN_BATCH_OUTPUT_AHEAD_TOKENS (default 1: as above): the most tokens a batched or verify step's output projections
   // ask L2 for the next layer's first projection with (where TERN_L2_PREFETCH has 8). A step of several tokens streams
   // more expert bytes between the request and the read than L2 holds; without the request (H200, docs/benchmarks.md,
   // thirty-fifth session) 4 / 8 streams ran ~1% faster and a verify of 4 tokens cost 1.62x a plain step, not 1.67x.

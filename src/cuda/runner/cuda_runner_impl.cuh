@@ -226,8 +226,8 @@ class CudaRunner final : public ModelRunner {
   int chunk_f16_sites_ = 0;              // f16_sites_, or 0 for a chunk under f16_min_tokens_ (run_chunk)
   int moe_tile_tokens_ = 0;  // TERN_MOE_TILE_TOKENS (see the constructor): 16, 32, 64; 0 auto (the default)
   int l2_prefetch_ = 12;                // TERN_L2_PREFETCH bit mask (see the constructor)
-  int batch_down_prefetch_tokens_ = 0;  // TERN_BATCH_DOWN_PREFETCH_TOKENS (see the constructor)
-  int batch_output_ahead_tokens_ = 0;  // TERN_BATCH_OUTPUT_AHEAD_TOKENS (see the constructor)
+  int batch_down_prefetch_tokens_ = 1;  // TERN_BATCH_DOWN_PREFETCH_TOKENS (see the constructor)
+  int batch_output_ahead_tokens_ = 1;  // TERN_BATCH_OUTPUT_AHEAD_TOKENS (see the constructor)
   std::vector<L2Ranges> l2_output_ahead_;  // per layer: what its output projection asks L2 for (plan_l2_prefetch)
   DeviceArena decode_scratch_;
   float* proj_ = nullptr;               // [kQmvMaxTokens, proj_cols_] fused input projection output

@@ -146,9 +146,12 @@ bool CudaRunner::forward_verify_sample(Session& session, std::span<const int32_t
   check_tokens(s, tokens);
   sample_check(sampling);
   TERN_CHECK(sampling.mask == nullptr, "forward_verify_sample: a token mask is the host's (use forward_verify)");
-  verify_step(s, tokens);
   const int T = int(tokens.size());
   const int64_t V = w_->config.vocab_size;
+  // The rows' sampling parameters go first, so that no copy stands between the step's last kernel and the sampler's
+  // first (verify_step checks T before it launches anything; the samplers' slots are read by the sampler only).
+  allocate_batch_scratch();
+  TERN_CHECK(T >= 1 && T <= kBatchSlots, "forward_verify_sample: ", T, " tokens (1 to ", kBatchSlots, ")");
   uint8_t* params_pinned = batch_pinned_ + batch_tables_bytes_;
   for (int j = 0; j < T; ++j) {
     DeviceSampling p = sampling;
@@ -156,6 +159,7 @@ bool CudaRunner::forward_verify_sample(Session& session, std::span<const int32_t
     std::memcpy(params_pinned + j * sizeof(DeviceSampling), &p, sizeof(DeviceSampling));
   }
   copy_sample_params(params_pinned, T);
+  verify_step(s, tokens);
   sample_tokens_device(logits_, V, T, batch_sample_scratch_[0], batch_sample_stride_, batch_sampled_, stream_);
   int* sampled_pinned = reinterpret_cast<int*>(params_pinned + kBatchSlots * sizeof(DeviceSampling));
   TERN_CUDA(cudaMemcpyAsync(sampled_pinned, batch_sampled_, size_t(T) * 4, cudaMemcpyDeviceToHost, stream_));
