@@ -80,6 +80,26 @@ DecodeSet& decode_set(int64_t T) {
   return *s;
 }
 
+// gdn_decode's arguments for the layer's constants over T tokens of proj (row stride ld) into out; the states are
+// the caller's to set.
+cuda::GdnDecodeArgs decode_args(const float* proj, int64_t ld, float* out, int64_t T, unsigned* tickets) {
+  const Layer& l = layer();
+  cuda::GdnDecodeArgs a;
+  a.proj = proj;
+  a.ld_proj = ld;
+  a.conv_w = l.conv_w;
+  a.Ck = kCk;
+  a.A_log = l.A_log;
+  a.dt_bias = l.dt_bias;
+  a.norm_w = l.norm_w;
+  a.eps = 1e-6f;
+  a.d = l.d;
+  a.d.T = T;
+  a.out = out;
+  a.tickets = tickets;
+  return a;
+}
+
 // Prefill: one layer's inputs at T = 4096 (each larger than L2: one copy).
 constexpr int64_t kPrefillT = 4096;
 struct PrefillSet {
@@ -134,22 +154,9 @@ TERN_BENCH_CASES(gdn) {
     fused.run = [T](cudaStream_t stream, int rep) {
       DecodeSet& s = decode_set(T);
       const int c = rep % s.copies;
-      const Layer& l = layer();
-      cuda::GdnDecodeArgs a;
-      a.proj = s.proj[size_t(c)];
-      a.ld_proj = s.ld;
-      a.conv_w = l.conv_w;
-      a.Ck = kCk;
+      cuda::GdnDecodeArgs a = decode_args(s.proj[size_t(c)], s.ld, s.out[size_t(c)], T, s.tickets);
       a.conv_state = s.conv_state[size_t(c)];
       a.rec_state = s.rec_state[size_t(c)];
-      a.A_log = l.A_log;
-      a.dt_bias = l.dt_bias;
-      a.norm_w = l.norm_w;
-      a.eps = 1e-6f;
-      a.d = l.d;
-      a.d.T = T;
-      a.out = s.out[size_t(c)];
-      a.tickets = s.tickets;
       cuda::gdn_decode(a, stream);
     };
     cases.push_back(fused);
@@ -171,23 +178,10 @@ TERN_BENCH_CASES(gdn) {
       v.run = [T, k](cudaStream_t stream, int rep) {
         DecodeSet& s = decode_set(T);
         const int c = rep % s.copies;
-        const Layer& l = layer();
-        cuda::GdnDecodeArgs a;
-        a.proj = s.proj[size_t(c)];
-        a.ld_proj = s.ld;
-        a.conv_w = l.conv_w;
-        a.Ck = kCk;
+        cuda::GdnDecodeArgs a = decode_args(s.proj[size_t(c)], s.ld, s.out[size_t(c)], T, s.tickets);
         a.conv_state = s.conv_state[size_t(c)];
         a.rec_state = s.rec_state[size_t(c)];
-        a.A_log = l.A_log;
-        a.dt_bias = l.dt_bias;
-        a.norm_w = l.norm_w;
-        a.eps = 1e-6f;
-        a.d = l.d;
-        a.d.T = T;
-        a.out = s.out[size_t(c)];
         a.kernel = k;
-        a.tickets = s.tickets;
         cuda::gdn_decode(a, stream);
       };
       cases.push_back(v);
@@ -253,22 +247,8 @@ TERN_BENCH_CASES(gdn) {
     };
     c.run = [bt, B](cudaStream_t stream, int rep) {
       DecodeSet& s = decode_set(1);
-      const Layer& l = layer();
       const size_t r = size_t(rep) % bt->conv.size();
-      cuda::GdnDecodeArgs a;
-      a.proj = bt->proj;
-      a.ld_proj = s.ld;
-      a.conv_w = l.conv_w;
-      a.Ck = kCk;
-      a.A_log = l.A_log;
-      a.dt_bias = l.dt_bias;
-      a.norm_w = l.norm_w;
-      a.eps = 1e-6f;
-      a.d = l.d;
-      a.d.T = 1;
-      a.out = bt->out;
-      a.tickets = s.tickets;
-      cuda::gdn_decode_batched(a, B, bt->conv[r], bt->rec[r], stream);
+      cuda::gdn_decode_batched(decode_args(bt->proj, s.ld, bt->out, 1, s.tickets), B, bt->conv[r], bt->rec[r], stream);
     };
     cases.push_back(c);
   }
