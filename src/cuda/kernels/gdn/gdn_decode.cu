@@ -721,8 +721,7 @@ bool gdn_decode_from_tables(const GdnDecodeArgs& a, float* const* conv_state, fl
   TERN_CHECK((a.Ck == 1 || conv_state) && rec_state && conv_keep && rec_keep, "gdn_decode_from_tables: null table");
   TERN_CHECK(!keep_token || (!a.force_portable && gdn_decode_keeps_one(a.tickets != nullptr)),
              "gdn_decode_from_tables: one kept state needs the cluster4_w16 or portable_split shape");
-  TERN_CHECK(!a.out_tables || (reinterpret_cast<uintptr_t>(a.out_tables) & 15) == 0,
-             "gdn_decode_from_tables: out_tables not 16-byte aligned");
+  TERN_CHECK(!a.out_tables || aligned16(a.out_tables), "gdn_decode_from_tables: out_tables not 16-byte aligned");
   GdnDecodeArgs b = a;
   if (b.out_tables && (a.d.T > kDecodeChunk || !writes_tables(launch_kind(a, 1)))) b.out_tables = nullptr;
   decode(b, 1, StateTables{conv_state, rec_state, conv_keep, rec_keep, keep_token}, stream);

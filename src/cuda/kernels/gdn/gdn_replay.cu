@@ -17,13 +17,8 @@ constexpr int kBlockWords = kThreads * kWordsPerThread;              // 1024 wor
 // One launch's parameters, by value (the parameter space: 1 KB of entries).
 struct ReplayParams {
   GdnReplay entry[kGdnReplayMaxEntries];
-  GdnReplayLayout layout;
+  GdnDims d;  // the layers' shape (d.T unused)
   int tokens = 0;
-  int dk4 = 0;       // float4 words per state row (dk / 4)
-  int dv = 0;        // rows per v-head
-  int ratio = 0;     // v-heads per key head (Hv / Hk)
-  int dk = 0;
-  int64_t state_floats = 0;  // Hv·dv·dk
 };
 static_assert(sizeof(ReplayParams) <= 4096, "gdn_state_replay's parameters must fit the 4 KB kernel parameter space");
 
@@ -35,7 +30,9 @@ static_assert(sizeof(ReplayParams) <= 4096, "gdn_state_replay's parameters must 
 // verify's. The kept state is not read again: its loads evict first.
 __global__ void __launch_bounds__(kThreads) gdn_replay_kernel(const __grid_constant__ ReplayParams p) {
   const GdnReplay& e = p.entry[blockIdx.y];
-  const int64_t words = p.state_floats / 4;
+  const GdnReplayLayout layout = GdnReplayLayout::of(p.d);
+  const int dk4 = p.d.dk / 4, ratio = p.d.Hv / p.d.Hk;  // float4 words per state row; v-heads per key head
+  const int64_t state_floats = int64_t(p.d.Hv) * p.d.dv * p.d.dk, words = state_floats / 4;
   const float4* kept = reinterpret_cast<const float4*>(e.kept);
   float4* state = reinterpret_cast<float4*>(e.state);
   float4 s[kWordsPerThread];
@@ -46,14 +43,14 @@ __global__ void __launch_bounds__(kThreads) gdn_replay_kernel(const __grid_const
     w[j] = int64_t(blockIdx.x) * kBlockWords + threadIdx.x + j * kThreads;
     const bool in = w[j] < words;
     if (in) s[j] = __ldcs(kept + w[j]);
-    row[j] = in ? int(w[j] / p.dk4) : 0;
-    const int h = row[j] / p.dv, col = in ? int(w[j] % p.dk4) * 4 : 0;
-    k_at[j] = int(p.layout.k_at) + (h / p.ratio) * p.dk + col;
-    g_at[j] = int(p.layout.g_at) + h;
-    row[j] += int(p.layout.delta_at);
+    row[j] = in ? int(w[j] / dk4) : 0;
+    const int h = row[j] / p.d.dv, col = in ? int(w[j] % dk4) * 4 : 0;
+    k_at[j] = int(layout.k_at) + (h / ratio) * p.d.dk + col;
+    g_at[j] = int(layout.g_at) + h;
+    row[j] += int(layout.delta_at);
   }
   for (int t = 0; t < p.tokens; ++t) {
-    const float* slot = e.kept + p.state_floats + int64_t(t) * p.layout.floats;
+    const float* slot = e.kept + state_floats + int64_t(t) * layout.floats;
 #pragma unroll
     for (int j = 0; j < kWordsPerThread; ++j) {
       if (w[j] >= words) continue;
@@ -79,16 +76,12 @@ void gdn_state_replay(const GdnReplay* entries, int count, const GdnDims& d, int
   TERN_CHECK(tokens >= 0 && tokens <= kGdnDecodeMaxTokens, "gdn_state_replay: ", tokens, " tokens (0..",
              kGdnDecodeMaxTokens, ")");
   ReplayParams p;
-  p.layout = GdnReplayLayout::of(d);
+  p.d = d;
   p.tokens = tokens;
-  p.dk4 = d.dk / 4;
-  p.dv = d.dv;
-  p.ratio = d.Hv / d.Hk;
-  p.dk = d.dk;
-  p.state_floats = int64_t(d.Hv) * d.dv * d.dk;
-  TERN_CHECK(p.layout.floats <= INT32_MAX && p.state_floats / p.dk4 <= INT32_MAX, "gdn_state_replay: ", d.Hv,
-             " v-heads");
-  const int64_t blocks = (p.state_floats / 4 + kBlockWords - 1) / kBlockWords;
+  const int64_t state_floats = int64_t(d.Hv) * d.dv * d.dk;
+  TERN_CHECK(GdnReplayLayout::of(d).floats <= INT32_MAX && state_floats / (d.dk / 4) <= INT32_MAX,
+             "gdn_state_replay: ", d.Hv, " v-heads");
+  const int64_t blocks = (state_floats / 4 + kBlockWords - 1) / kBlockWords;
   for (int at = 0; at < count; at += kGdnReplayMaxEntries) {
     const int n = std::min(count - at, kGdnReplayMaxEntries);
     for (int i = 0; i < n; ++i) {
