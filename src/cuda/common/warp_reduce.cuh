@@ -34,12 +34,13 @@ __device__ __forceinline__ float warp_sum_quarters(float a, float b, float c, fl
   return v;
 }
 
-// The same sum as a pairwise tree in lane order: (v0 + v1), (v2 + v3), ..., then pairs of those, and so on. The
-// one-token integer product (qmv_dp4a) sums its lanes so, which its batched tensor-core form (qmv_dp4a_mma.cu)
-// reproduces with each lane's leaf in a register of one thread.
-__device__ __forceinline__ float warp_sum_pairs(float v) {
+// Two sums of 16 values at once, each a pairwise tree in order: u_0..u_15 in the even lanes (u_m in lane 2m) and
+// v_0..v_15 in the odd ones (v_m in lane 2m + 1); every even lane gets ((u0 + u1) + (u2 + u3)) + ... and every odd
+// lane the same of v. The one-token integer product (qmv_dp4a) adds its 16 groups' leaves of two rows so, which its
+// batched tensor-core form (qmv_dp4a_mma.cu) reproduces with each group's leaf in a register of one thread.
+__device__ __forceinline__ float warp_sum_groups(float v) {
 #pragma unroll
-  for (int o = 1; o < 32; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = 2; o < 32; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
 

@@ -21,14 +21,14 @@ constexpr int kTileTokens = 8;  // tokens of a token tile (the MMA's n)
 struct TableOffsets {
   int xf;     // uint4 [hg][8 tokens][4]: the {even hi, odd hi, even mid, odd mid} pairs of word 4·h + c
   int xl;     // uint2 [hg][8][4]: the {even lo, odd lo} pairs
-  int sx;     // float [hg][8]: σ·Σv of the half-group
+  int sx;     // float [hg / 2][8]: σ·Σv of the group of 64
   int sig;    // float [hg / 2][8]: σ of the group of 64
   int rinv;   // float [8]: the RMSNorm's rsqrt per token (1 without a norm; slots past the batch: never read)
   int bytes;  // the tile's bytes, a multiple of 16
 };
 __host__ __device__ constexpr TableOffsets table_offsets(int hg) {
   const int xf = 0, xl = xf + hg * kTileTokens * 4 * 16, sx = xl + hg * kTileTokens * 4 * 8;
-  const int sig = sx + hg * kTileTokens * 4, rinv = sig + hg / 2 * kTileTokens * 4;
+  const int sig = sx + hg / 2 * kTileTokens * 4, rinv = sig + hg / 2 * kTileTokens * 4;
   return TableOffsets{xf, xl, sx, sig, rinv, rinv + kTileTokens * 4};
 }
 
@@ -37,25 +37,28 @@ __host__ __device__ constexpr int64_t table_tile_bytes(int64_t cols) { return ta
 
 // Quantises word `word` (columns [8·word, +8)) of token slot t of one tile's tables (o: table_offsets(HG)) from its
 // 8 values v, as qmv_dp4a's quantize_block<.., kWide> quantises the word (quantize_word_wide; σ = m / kQMaxWide, σ·Σv
-// with Σv over the half-group's 4 words). All 32 lanes call; the 8 lanes of each aligned lane octet hold the 8 words
-// of one group of 64 columns in order (lane & 7 == word & 7) or are all idle (has = false: v ignored, nothing written;
-// idle lanes' octets must be whole).
+// with Σv over the group's 8 words, as qmv_dp4a's load_lane_x makes it). All 32 lanes call; the 8 lanes of each
+// aligned lane octet hold the 8 words of one group of 64 columns in order (lane & 7 == word & 7) or are all idle
+// (has = false: v ignored, nothing written; idle lanes' octets must be whole).
 __device__ __forceinline__ void table_word(uint8_t* tables, const TableOffsets& o, int word, int t, const float (&v)[8],
                                            bool has) {
   int sumv = 0;
   float m = 0.0f;
   uint2 lo = make_uint2(0u, 0u);
   const uint4 q = quantize_word_wide(v, sumv, m, lo);
-  // Σv of the half-group: its 4 words are 4 consecutive lanes (integer sums: any order is exact)
+  // Σv of the group: its 8 words are the lane octet (integer sums: any order is exact)
   sumv += __shfl_xor_sync(0xffffffffu, sumv, 1);
   sumv += __shfl_xor_sync(0xffffffffu, sumv, 2);
+  sumv += __shfl_xor_sync(0xffffffffu, sumv, 4);
   if (!has) return;
   const int hg = word / 4, c = word % 4;
   reinterpret_cast<uint4*>(tables + o.xf)[(hg * kTileTokens + t) * 4 + c] = q;
   reinterpret_cast<uint2*>(tables + o.xl)[(hg * kTileTokens + t) * 4 + c] = lo;
   const float sigma = m / kQMaxWide;
-  if (c == 0) reinterpret_cast<float*>(tables + o.sx)[hg * kTileTokens + t] = sigma * float(sumv);
-  if ((word & 7) == 0) reinterpret_cast<float*>(tables + o.sig)[(word / 8) * kTileTokens + t] = sigma;
+  if ((word & 7) == 0) {
+    reinterpret_cast<float*>(tables + o.sx)[(word / 8) * kTileTokens + t] = sigma * float(sumv);
+    reinterpret_cast<float*>(tables + o.sig)[(word / 8) * kTileTokens + t] = sigma;
+  }
 }
 
 // The RMSNorm's factor from the 8 warps' Σx² of a 256-thread quantiser (thread t words t, t + 256, ...; each warp's

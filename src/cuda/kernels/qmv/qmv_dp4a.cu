@@ -2,16 +2,25 @@
 //
 // Work split: lane l of a warp owns columns [1024·j + 32·l, +32) of every row, j < S = cols/1024: one uint4 of
 // weights (4 words, 32 nibbles) per slice and row, and the matching activations in registers (per word the even
-// and odd columns' hi and lo bytes: 4 int8x4 registers). A warp streams batches of R consecutive rows, batches
+// and odd columns' hi and lo bytes: 4 int8x4 registers). Lanes 2m and 2m + 1 thus own the two halves of group
+// 16·j + m (64 columns, one scale and bias). A warp streams batches of R consecutive rows (R even), batches
 // interleaved over every warp of the grid; the next batch's weights, scales and biases are loaded before the current
-// batch is reduced (two batches in flight per warp). Per row each lane adds its half-groups in slice order (fp32), the
-// warp sums the lanes as a pairwise tree in lane order (warp_sum_pairs: the order qmv_dp4a_mma.cu reproduces), lane 0
-// writes.
+// batch is reduced (two batches in flight per warp).
+//
+// The fold, per group: each lane makes the exact integer sums of its half-group for the rows 2k and 2k + 1 of a
+// batch, hands the pair's other lane the row that lane folds and takes the partner's for its own (lane 2m + p folds
+// row 2k + p), so each group's sums are made once, in integers, and one fp32 fold per group and row follows:
+//   leaf = Σ_j in slice order [ fmaf(s·σ, dot, ·) then fmaf(b, σ·Σv, ·) ],
+//   dot = fmaf(float(dh), 65536, fmaf(float(dm), 256, float(dl)))   (24-bit activations; 16-bit: float(dh·256 + dl)),
+// with dh, dm, dl the group's Σ q·hi, Σ q·mid, Σ q·lo and Σv its Σ of the quantised activations. The warp then adds
+// the 16 groups' leaves of each row as a pairwise tree in group order (warp_sum_groups: shuffles 2, 4, 8, 16, which
+// leave row 2k's sum in the even lanes and row 2k + 1's in the odd ones): the order qmv_dp4a_mma.cu reproduces. Lanes
+// 0 and 1 write. Against a fold per half-group (the form before), half the fp32 work and shuffles per row.
 //
 // Batched (qmv_dp4a_batched): tiles of up to 8 tokens (grid.y). Every block quantises its tile's tokens into shared
 // memory as the one-token kernel quantises its one, and each warp folds every batch of weight rows it loads with each
-// token in turn through the same lane_dots and warp_sum_pairs: a token's rows come out bit for bit as alone (nothing in a
-// row's arithmetic depends on the grid or on the other tokens), and the weights are read once per tile.
+// token in turn through the same lane_dots and warp_sum_groups: a token's rows come out bit for bit as alone (nothing
+// in a row's arithmetic depends on the grid or on the other tokens), and the weights are read once per tile.
 //
 // Word w (nibbles n0..n7 LSB first, columns 8w..8w+7): w & 0x0F0F0F0F holds the even columns' nibbles as bytes,
 // (w >> 4) & 0x0F0F0F0F the odd ones'; each meets the matching int8x4 of hi and of lo in one dp4a.
@@ -85,7 +94,7 @@ template <int S, bool kWide>
 struct LaneX {
   uint4 q[S][4];               // [slice][word] {even hi, odd hi, even lo, odd lo} (wide: mid in place of lo)
   uint2 lo[kWide ? S : 1][4];  // wide: [slice][word] {even lo, odd lo}
-  float sig[S], sx[S];         // σ of the lane's group, σ·Σv of the lane's 32 columns
+  float sig[S], sx[S];         // σ of the lane's group, σ·Σv of the group (its 8 words, both lanes' halves)
 };
 
 template <int S, bool kWide>
@@ -98,41 +107,63 @@ __device__ __forceinline__ void load_lane_x(const uint4* xs, const uint2* xs_lo,
       x.q[j][k] = xs[dp4a::xs_slot(j * 128 + 4 * lane + k)];
       if constexpr (kWide) x.lo[j][k] = xs_lo[dp4a::xs_slot(j * 128 + 4 * lane + k)];
     }
-    const int4 sv = *reinterpret_cast<const int4*>(xsum + j * 128 + 4 * lane);
-    const int sumv = sv.x + sv.y + sv.z + sv.w;
+    const int4 sa = *reinterpret_cast<const int4*>(xsum + j * 128 + 8 * (lane / 2));
+    const int4 sb = *reinterpret_cast<const int4*>(xsum + j * 128 + 8 * (lane / 2) + 4);
+    const int sumv = (sa.x + sa.y + sa.z + sa.w) + (sb.x + sb.y + sb.z + sb.w);  // integers: exact
     x.sig[j] = xsig[j * 16 + lane / 2];
     x.sx[j] = x.sig[j] * float(sumv);
   }
 }
 
-// The lane's part of rows [row0, row0 + R): acc[r] = Σ_j s·σ·Σq·v + b·σ·Σv over its S half-groups, in slice order.
-// The one arithmetic of every token, alone or in a batch (the warp then sums the lanes with warp_sum_pairs).
+// Σ q·v of one row over the lane's 32 columns of slice j: dh, dm, dl (16-bit activations: dh, dl; dm = 0).
 template <int S, int R, bool kWide>
-__device__ __forceinline__ void lane_dots(const Batch<S, R>& cur, const LaneX<S, kWide>& x, float (&acc)[R]) {
+__device__ __forceinline__ void half_group_sums(const Batch<S, R>& cur, const LaneX<S, kWide>& x, int r, int j,
+                                                int& dh, int& dm, int& dl) {
+  dh = 0, dm = 0, dl = 0;
+  if constexpr (kWide) {
+    dp4a::dot_word_wide(cur.w[r][j].x, x.q[j][0], x.lo[j][0], dh, dm, dl);
+    dp4a::dot_word_wide(cur.w[r][j].y, x.q[j][1], x.lo[j][1], dh, dm, dl);
+    dp4a::dot_word_wide(cur.w[r][j].z, x.q[j][2], x.lo[j][2], dh, dm, dl);
+    dp4a::dot_word_wide(cur.w[r][j].w, x.q[j][3], x.lo[j][3], dh, dm, dl);
+  } else {
+    dp4a::dot_word(cur.w[r][j].x, x.q[j][0], dh, dl);
+    dp4a::dot_word(cur.w[r][j].y, x.q[j][1], dh, dl);
+    dp4a::dot_word(cur.w[r][j].z, x.q[j][2], dh, dl);
+    dp4a::dot_word(cur.w[r][j].w, x.q[j][3], dh, dl);
+  }
+}
+
+// The lane's part of rows [row0, row0 + R): acc[k] = row 2k + (lane & 1)'s leaf of the lane's group,
+// Σ_j s·σ·dot + b·σ·Σv over the S slices in slice order (see the top). The one arithmetic of every token, alone or in
+// a batch (the warp then adds the groups with warp_sum_groups). All 32 lanes call (the pair's shuffles).
+template <int S, int R, bool kWide>
+__device__ __forceinline__ void lane_dots(const Batch<S, R>& cur, const LaneX<S, kWide>& x, int lane,
+                                          float (&acc)[R / 2]) {
+  static_assert(R % 2 == 0, "rows in pairs: each lane of a pair folds one");
+  const bool odd = lane & 1;
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    acc[r] = 0.0f;
+  for (int k = 0; k < R / 2; ++k) {
+    acc[k] = 0.0f;
 #pragma unroll
     for (int j = 0; j < S; ++j) {
-      float dot;  // Σ q·v over the lane's 32 columns
+      int h0, m0, l0, h1, m1, l1;  // rows 2k, 2k + 1 over the lane's half-group
+      half_group_sums<S, R, kWide>(cur, x, 2 * k, j, h0, m0, l0);
+      half_group_sums<S, R, kWide>(cur, x, 2 * k + 1, j, h1, m1, l1);
+      // The group's sums of this lane's row: its own half plus the partner's (lane ^ 1), which sends the row it
+      // does not fold.
+      const int dh = (odd ? h1 : h0) + __shfl_xor_sync(0xffffffffu, odd ? h0 : h1, 1);
+      const int dl = (odd ? l1 : l0) + __shfl_xor_sync(0xffffffffu, odd ? l0 : l1, 1);
+      float dot;  // Σ q·v over the group's 64 columns
       if constexpr (kWide) {
-        int dh = 0, dm = 0, dl = 0;
-        dp4a::dot_word_wide(cur.w[r][j].x, x.q[j][0], x.lo[j][0], dh, dm, dl);
-        dp4a::dot_word_wide(cur.w[r][j].y, x.q[j][1], x.lo[j][1], dh, dm, dl);
-        dp4a::dot_word_wide(cur.w[r][j].z, x.q[j][2], x.lo[j][2], dh, dm, dl);
-        dp4a::dot_word_wide(cur.w[r][j].w, x.q[j][3], x.lo[j][3], dh, dm, dl);
-        dot = fmaf(float(dh * 256 + dm), 256.0f, float(dl));  // |dh·256 + dm| < 2^24: exact in fp32
+        const int dm = (odd ? m1 : m0) + __shfl_xor_sync(0xffffffffu, odd ? m0 : m1, 1);
+        dot = fmaf(float(dh), 65536.0f, fmaf(float(dm), 256.0f, float(dl)));  // |dh|, |dm|, |dl| < 2^22: exact floats
       } else {
-        int dh = 0, dl = 0;
-        dp4a::dot_word(cur.w[r][j].x, x.q[j][0], dh, dl);
-        dp4a::dot_word(cur.w[r][j].y, x.q[j][1], dh, dl);
-        dp4a::dot_word(cur.w[r][j].z, x.q[j][2], dh, dl);
-        dp4a::dot_word(cur.w[r][j].w, x.q[j][3], dh, dl);
         dot = float(dh * 256 + dl);
       }
-      const float s = dp4a::scale_of(cur.sb[r][j]), b = dp4a::bias_of(cur.sb[r][j]);
-      acc[r] = fmaf(s * x.sig[j], dot, acc[r]);
-      acc[r] = fmaf(b, x.sx[j], acc[r]);
+      const uint32_t sb = odd ? cur.sb[2 * k + 1][j] : cur.sb[2 * k][j];
+      const float s = dp4a::scale_of(sb), b = dp4a::bias_of(sb);
+      acc[k] = fmaf(s * x.sig[j], dot, acc[k]);
+      acc[k] = fmaf(b, x.sx[j], acc[k]);
     }
   }
 }
@@ -180,13 +211,13 @@ __global__ void __launch_bounds__(kThreads) qmv_dp4a_kernel(const Dp4aParams p) 
   for (; batch < batches; batch += warps) {
     Batch<S, R> nxt;
     load_batch<S, R>(p, (batch + warps) * R, lane, nxt);  // rows past the end load nothing
-    float acc[R];
-    lane_dots<S, R, kWide>(cur, x, acc);
+    float acc[R / 2];
+    lane_dots<S, R, kWide>(cur, x, lane, acc);
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const float v = warp_sum_pairs(acc[r]) * rinv;
-      const int row = batch * R + r;
-      if (lane == 0 && row < p.rows) p.y[row] = p.accumulate ? p.y[row] + v : v;
+    for (int k = 0; k < R / 2; ++k) {
+      const float v = warp_sum_groups(acc[k]) * rinv;
+      const int row = batch * R + 2 * k + lane;  // lanes 0 and 1: rows 2k, 2k + 1
+      if (lane < 2 && row < p.rows) p.y[row] = p.accumulate ? p.y[row] + v : v;
     }
     cur = nxt;
   }
@@ -214,7 +245,7 @@ constexpr int tile_smem_bytes() { return int(sizeof(TokenX<S, kWide>)) * TT; }
 
 // Tokens [TT·blockIdx.y, +TT) ∩ [0, B) of a batch (TT: kTileTokens or kSmallTileTokens): each warp loads a batch of
 // weight rows once and folds it with every token of the tile in turn (load_lane_x from shared memory, then the
-// one-token lane_dots and warp_sum_pairs), so that the weights are read once per tile instead of once per token and
+// one-token lane_dots and warp_sum_groups), so that the weights are read once per tile instead of once per token and
 // every token's rows come out bit for bit as qmv_dp4a_kernel gives them alone.
 template <int S, int R, bool kWide, int TT>
 __global__ void __launch_bounds__(kThreads) qmv_dp4a_tile_kernel(const Dp4aParams p, int B) {
@@ -256,33 +287,33 @@ __global__ void __launch_bounds__(kThreads) qmv_dp4a_tile_kernel(const Dp4aParam
     // their shuffle chains overlap instead of one token's waiting on the last's (each value's sum is unchanged).
 #pragma unroll 1
     for (int t = 0; t < nt; t += kGroupTokens) {
-      float acc[kGroupTokens][R];
+      float acc[kGroupTokens][R / 2];
 #pragma unroll
       for (int g = 0; g < kGroupTokens; ++g) {
         if (t + g < nt) {  // uniform over the block
           LaneX<S, kWide> x;
           const TokenX<S, kWide>& tx = tok[t + g];
           load_lane_x<S, kWide>(tx.xs, tx.xs_lo, tx.xsum, tx.xsig, lane, x);
-          lane_dots<S, R, kWide>(cur, x, acc[g]);
+          lane_dots<S, R, kWide>(cur, x, lane, acc[g]);
         } else {
 #pragma unroll
-          for (int r = 0; r < R; ++r) acc[g][r] = 0.0f;
+          for (int k = 0; k < R / 2; ++k) acc[g][k] = 0.0f;
         }
       }
 #pragma unroll
       for (int g = 0; g < kGroupTokens; ++g)
 #pragma unroll
-        for (int r = 0; r < R; ++r) acc[g][r] = warp_sum_pairs(acc[g][r]);
+        for (int k = 0; k < R / 2; ++k) acc[g][k] = warp_sum_groups(acc[g][k]);
 #pragma unroll
       for (int g = 0; g < kGroupTokens; ++g) {
         if (t + g >= nt) break;
         float* y = p.y + int64_t(t0 + t + g) * p.ldy;
         const float rinv = tok[t + g].rinv;
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-          const float v = acc[g][r] * rinv;
-          const int row = batch * R + r;
-          if (lane == 0 && row < p.rows) y[row] = p.accumulate ? y[row] + v : v;
+        for (int k = 0; k < R / 2; ++k) {
+          const float v = acc[g][k] * rinv;
+          const int row = batch * R + 2 * k + lane;  // lanes 0 and 1: rows 2k, 2k + 1
+          if (lane < 2 && row < p.rows) y[row] = p.accumulate ? y[row] + v : v;
         }
       }
     }

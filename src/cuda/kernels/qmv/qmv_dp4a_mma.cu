@@ -1,16 +1,19 @@
 // The batched integer product on the integer tensor cores: see qmv_dp4a_mma.cuh.
 //
-// What must match. qmv_dp4a (one token) gives each output row as follows: lane l of a warp owns position l of every
-// 1024-column slice j (half-group hg = 32·j + l, 32 columns); its leaf is
-//   leaf_l = Σ_j in slice order [ fmaf(s·σ, dot, ·) then fmaf(b, σ·Σv, ·) ],  dot = round((dh·256 + dm)·256 + dl),
-// with dh, dm, dl the exact Σ q·hi, Σ q·mid, Σ q·lo over the half-group, and the warp adds the 32 leaves as a
-// pairwise tree in lane order (warp_sum_pairs: (0+1), (2+3), ..., then pairs of pairs). Every value here is made the
-// same way: the integers by mma.sync m16n8k32 (u8 weights × s8 activations, exact), dot from the same integers with
-// the same single rounding, the leaves in slice order, the tree in position order.
+// What must match. qmv_dp4a (one token) gives each output row as follows: lanes 2m, 2m + 1 of a warp own positions
+// 2m, 2m + 1 of every 1024-column slice j (half-groups 32·j + 2m, + 1: group G = 16·j + m, 64 columns); the leaf of
+// group position m is
+//   leaf_m = Σ_j in slice order [ fmaf(s·σ, dot, ·) then fmaf(b, σ·Σv, ·) ],
+//   dot = fmaf(dh, 65536, fmaf(dm, 256, dl)),
+// with dh, dm, dl the exact Σ q·hi, Σ q·mid, Σ q·lo over the group and Σv its Σ of the activations, and the warp adds
+// the 16 leaves as a pairwise tree in group order (warp_sum_groups: (0+1), (2+3), ..., then pairs of pairs). Every
+// value here is made the same way: the integers by mma.sync m16n8k32 (u8 weights × s8 activations, exact; the group's
+// second half-group accumulates onto its first's), dot from the same integers with the same roundings, the leaves in
+// slice order, the tree in group order.
 //
 // Work split. A block of 8 warps takes tiles of 16 weight rows × 8 tokens (blockIdx.y: tokens 8·y ..); warp w owns
-// positions [4w, 4w + 4) of every slice, folds its 4 leaves as (l0 + l1) + (l2 + l3) per output, and the block adds the
-// 8 warps' subtrees as ((P0 + P1) + (P2 + P3)) + ((P4 + P5) + (P6 + P7)): the tree of the 32 leaves, unchanged.
+// positions [4w, 4w + 4) of every slice (group positions 2w, 2w + 1), folds its 2 leaves as l0 + l1 per output, and the
+// block adds the 8 warps' subtrees as ((P0 + P1) + (P2 + P3)) + ((P4 + P5) + (P6 + P7)): the tree of the 16 leaves.
 // The tokens are quantised (as qmv_dp4a quantises its one token, the same 256 threads and order, so the RMSNorm's Σx²
 // and rsqrt are the same too) into the MMA's B-fragment tables (Layout's xf, xl, sx, sig, rinv per tile of 8 tokens)
 // either once per product, when the caller gives scratch (QmvArgs::xq): qmv_dp4a_prequant_kernel, one block per
@@ -29,8 +32,8 @@
 // one weight tile. qmv_dp4a_mma_split_kernel gives each row tile to a cluster of 2 blocks: rank r copies only
 // positions [16r, 16r + 16) of every slice (SplitLayout: half the tables, half the weight half-groups and scales,
 // strided runs of 16-byte cp.async chunks; 96 KB, 2 stages: two blocks an SM), its warp w folds positions 16r + 2w,
-// 16r + 2w + 1 as l0 + l1 (Q_w), the block ((Q0 + Q1) + (Q2 + Q3)) + ((Q4 + Q5) + (Q6 + Q7)) = the full kernel's
-// (P0 + P1) + (P2 + P3) (rank 0) or (P4 + P5) + (P6 + P7) (rank 1), since P_v = (l0 + l1) + (l2 + l3) = Q_{2v} +
+// 16r + 2w + 1, one group (its leaf Q_w), the block ((Q0 + Q1) + (Q2 + Q3)) + ((Q4 + Q5) + (Q6 + Q7)) = the full
+// kernel's (P0 + P1) + (P2 + P3) (rank 0) or (P4 + P5) + (P6 + P7) (rank 1), since P_v = l0 + l1 = Q_{2v} +
 // Q_{2v+1}; after a cluster barrier rank 0 reads rank 1's 8 subtrees through distributed shared memory and adds
 // left + right, the tree's top add: the same bits. The scratch's layout and the pre-quantising kernel are unchanged.
 //
@@ -39,7 +42,7 @@
 // columns of its word c, slots 16+4c.. the odd ones: for the weights w & 0x0F0F0F0F and (w >> 4) & 0x0F0F0F0F of the
 // word that ldmatrix hands thread (g, c) (row g, bytes 4c..4c+3 of the 16-byte half-group), for the activations the
 // {even, odd} int8x4 pairs of word 4·hg + c as dp4a_tile.cuh makes them. The accumulators start at 0x4B400000 (the
-// bits of 1.5·2^23; |Σ| < 2^22), so each reads as the float 1.5·2^23 + Σ exactly.
+// bits of 1.5·2^23; over a group |Σ| ≤ 64·15·127 < 2^22), so each reads as the float 1.5·2^23 + Σ exactly.
 #include "cuda/kernels/qmv/qmv_dp4a_mma.cuh"
 
 #include <cooperative_groups.h>
@@ -96,7 +99,7 @@ struct TileTables {
   static constexpr dp4a::TableOffsets kO = dp4a::table_offsets(HG);
   static constexpr int kXF = kO.xf;      // uint4 [HG][8 tokens][4]: hi, mid pairs
   static constexpr int kXL = kO.xl;      // uint2 [HG][8][4]: lo pairs
-  static constexpr int kSX = kO.sx;      // float [HG][8]: σ·Σv of the half-group
+  static constexpr int kSX = kO.sx;      // float [HG / 2][8]: σ·Σv of the group
   static constexpr int kSig = kO.sig;    // float [HG / 2][8]: σ of the group
   static constexpr int kRinv = kO.rinv;  // float [8]: the norm's rsqrt per token (or 1)
   static constexpr int kTableBytes = kO.bytes;
@@ -204,8 +207,7 @@ __device__ __forceinline__ void quantize_tokens(const MmaParams& p, uint8_t* tab
     const int hg = i / (zeros * 4), t = zero0 + (i / 4) % zeros, c = i % 4;
     xf[(hg * kTileTokens + t) * 4 + c] = make_uint4(0u, 0u, 0u, 0u);
     xl[(hg * kTileTokens + t) * 4 + c] = make_uint2(0u, 0u);
-    if (c == 0) sx[hg * kTileTokens + t] = 0.0f;
-    if (c == 0 && (hg & 1) == 0) sig[(hg / 2) * kTileTokens + t] = 0.0f;
+    if (c == 0 && (hg & 1) == 0) sx[(hg / 2) * kTileTokens + t] = sig[(hg / 2) * kTileTokens + t] = 0.0f;
   }
 #pragma unroll 1
   for (int tg = first; tg < live_end; tg += kGroup) {
@@ -294,15 +296,34 @@ __device__ __forceinline__ void mma_from_magic(int (&d)[4], const uint32_t (&a)[
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(kMagicBits));
 }
 
+// d += a · b (u8 × s8 -> s32), m16n8k32.
+__device__ __forceinline__ void mma_onto(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 __device__ __forceinline__ float unmagic(int d) { return __int_as_float(d) - kMagic; }
 
-// The warp's part of one row tile: its kPPW positions' leaves, folded (l0 + l1) + (l2 + l3) (kPPW = 4: the full
-// kernel) or l0 + l1 (kPPW = 2: the split kernel), for the 4 outputs of this thread: (row g, token 2c), (row g, token
+// A fragment of the weights' word pair (rows g, g + 8; word c of a half-group): even nibbles, then odd.
+__device__ __forceinline__ void weight_fragment(uint32_t w0, uint32_t w1, uint32_t (&a)[4]) {
+  a[0] = w0 & 0x0F0F0F0Fu;
+  a[1] = w1 & 0x0F0F0F0Fu;
+  a[2] = (w0 >> 4) & 0x0F0F0F0Fu;
+  a[3] = (w1 >> 4) & 0x0F0F0F0Fu;
+}
+
+// The warp's part of one row tile: its kPPW positions' kPPW / 2 group leaves, folded l0 + l1 (kPPW = 4: the full
+// kernel) or l0 alone (kPPW = 2: the split kernel), for the 4 outputs of this thread: (row g, token 2c), (row g, token
 // 2c + 1), (row g + 8, token 2c), (row g + 8, token 2c + 1). The block's tables and stages hold kSpan positions of
-// every slice (32: all; 16: the split kernel's half), so local half-group kSpan·j + pos is slice j's position pos.
+// every slice (32: all; 16: the split kernel's half), so local half-group kSpan·j + pos is slice j's position pos and
+// local group (kSpan·j + pos) / 2 its group.
 template <int S, class L = Layout<S>, int kPPW = kPositionsPerWarp, int kSpan = 32>
 __device__ __forceinline__ void warp_tile(const uint8_t* smem, const uint8_t* st, int warp, int lane, float (&sub)[4]) {
   static_assert(kPPW * kWarps == kSpan && (kPPW == 4 || kPPW == 2), "the warps cover the block's positions");
+  constexpr int kGroups = kPPW / 2;  // of the warp, per slice
   const uint4* xf = reinterpret_cast<const uint4*>(smem + L::kXF);
   const uint2* xl = reinterpret_cast<const uint2*>(smem + L::kXL);
   const float* sx = reinterpret_cast<const float*>(smem + L::kSX);
@@ -310,60 +331,55 @@ __device__ __forceinline__ void warp_tile(const uint8_t* smem, const uint8_t* st
   const uint16_t* sc = reinterpret_cast<const uint16_t*>(st + L::kStageW);
   const uint16_t* bi = reinterpret_cast<const uint16_t*>(st + L::kStageW + kTileRows * L::kSbStride);
   const int g = lane >> 2, c = lane & 3;
-  // ldmatrix: lane L gives row (L & 7) + 8·((L >> 3) & 1) of half-group X (L < 16) or Y (L >= 16)
+  // ldmatrix: lane L gives row (L & 7) + 8·((L >> 3) & 1) of the group's first half-group X (L < 16) or its second
+  // Y (L >= 16)
   const int mrow = (lane & 7) + 8 * ((lane >> 3) & 1);
   const uint32_t wbase = smem_addr(st) + uint32_t(mrow * L::kHG * 16);
-  float leaf[kPPW][4];
+  float leaf[kGroups][4];
 #pragma unroll
-  for (int pi = 0; pi < kPPW; ++pi) {
-    const int pos = warp * kPPW + pi;
+  for (int gi = 0; gi < kGroups; ++gi) {
+    const int pos = warp * kPPW + 2 * gi;  // the group's first position
 #pragma unroll
-    for (int i = 0; i < 4; ++i) leaf[pi][i] = 0.0f;
+    for (int i = 0; i < 4; ++i) leaf[gi][i] = 0.0f;
 #pragma unroll
-    for (int j0 = 0; j0 < S; j0 += 2) {
-      // Local half-groups X = kSpan·j0 + pos and Y = X + kSpan (the next slice; for S = 1, Y = X and its result is
-      // unused).
-      const int hx = kSpan * j0 + pos, hy = S > 1 ? hx + kSpan : hx;
-      const int hl = lane < 16 ? hx : hy;
+    for (int j = 0; j < S; ++j) {
+      const int hx = kSpan * j + pos, hy = hx + 1, grp = hx >> 1;
       uint32_t wr[4];
-      ldmatrix_x4(wr, wbase + uint32_t((hl ^ (mrow & 7)) * 16));
+      ldmatrix_x4(wr, wbase + uint32_t(((lane < 16 ? hx : hy) ^ (mrow & 7)) * 16));
+      uint32_t ax[4], ay[4];
+      weight_fragment(wr[0], wr[1], ax);
+      weight_fragment(wr[2], wr[3], ay);
+      const uint4 xbx = xf[(hx * kTileTokens + g) * 4 + c], xby = xf[(hy * kTileTokens + g) * 4 + c];
+      const uint2 xlx = xl[(hx * kTileTokens + g) * 4 + c], xly = xl[(hy * kTileTokens + g) * 4 + c];
+      int dh[4], dm[4], dl[4];  // the group's sums: X's, then Y's added in the accumulators (exact: |Σ| < 2^22)
+      mma_from_magic(dh, ax, xbx.x, xbx.y);
+      mma_from_magic(dm, ax, xbx.z, xbx.w);
+      mma_from_magic(dl, ax, xlx.x, xlx.y);
+      mma_onto(dh, ay, xby.x, xby.y);
+      mma_onto(dm, ay, xby.z, xby.w);
+      mma_onto(dl, ay, xly.x, xly.y);
+      const float2 sg = *reinterpret_cast<const float2*>(sig + grp * kTileTokens + 2 * c);
+      const float2 sv = *reinterpret_cast<const float2*>(sx + grp * kTileTokens + 2 * c);
+      const float s_row[2] = {__uint_as_float(uint32_t(sc[g * (L::kSbStride / 2) + grp]) << 16),
+                              __uint_as_float(uint32_t(sc[(g + 8) * (L::kSbStride / 2) + grp]) << 16)};
+      const float b_row[2] = {__uint_as_float(uint32_t(bi[g * (L::kSbStride / 2) + grp]) << 16),
+                              __uint_as_float(uint32_t(bi[(g + 8) * (L::kSbStride / 2) + grp]) << 16)};
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int j = j0 + half;
-        if (j >= S) break;
-        const int hg = half ? hy : hx, grp = hg >> 1;
-        const uint32_t w0 = wr[2 * half], w1 = wr[2 * half + 1];  // rows g, g + 8: word c of the half-group
-        const uint32_t a[4] = {w0 & 0x0F0F0F0Fu, w1 & 0x0F0F0F0Fu, (w0 >> 4) & 0x0F0F0F0Fu, (w1 >> 4) & 0x0F0F0F0Fu};
-        const uint4 xb = xf[(hg * kTileTokens + g) * 4 + c];
-        const uint2 xlo = xl[(hg * kTileTokens + g) * 4 + c];
-        int dh[4], dm[4], dl[4];
-        mma_from_magic(dh, a, xb.x, xb.y);
-        mma_from_magic(dm, a, xb.z, xb.w);
-        mma_from_magic(dl, a, xlo.x, xlo.y);
-        const float2 sg = *reinterpret_cast<const float2*>(sig + grp * kTileTokens + 2 * c);
-        const float2 sv = *reinterpret_cast<const float2*>(sx + hg * kTileTokens + 2 * c);
-        const float s_row[2] = {__uint_as_float(uint32_t(sc[g * (L::kSbStride / 2) + grp]) << 16),
-                                __uint_as_float(uint32_t(sc[(g + 8) * (L::kSbStride / 2) + grp]) << 16)};
-        const float b_row[2] = {__uint_as_float(uint32_t(bi[g * (L::kSbStride / 2) + grp]) << 16),
-                                __uint_as_float(uint32_t(bi[(g + 8) * (L::kSbStride / 2) + grp]) << 16)};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float s = s_row[i >> 1], b = b_row[i >> 1];
-          const float sigma = (i & 1) ? sg.y : sg.x, sxv = (i & 1) ? sv.y : sv.x;
-          // round((dh·256 + dm)·256 + dl): the inner sum dm·256 + dl is exact (< 2^24), one rounding in all
-          const float dot = fmaf(unmagic(dh[i]), 65536.0f, fmaf(unmagic(dm[i]), 256.0f, unmagic(dl[i])));
-          leaf[pi][i] = fmaf(s * sigma, dot, leaf[pi][i]);
-          leaf[pi][i] = fmaf(b, sxv, leaf[pi][i]);
-        }
+      for (int i = 0; i < 4; ++i) {
+        const float s = s_row[i >> 1], b = b_row[i >> 1];
+        const float sigma = (i & 1) ? sg.y : sg.x, sxv = (i & 1) ? sv.y : sv.x;
+        const float dot = fmaf(unmagic(dh[i]), 65536.0f, fmaf(unmagic(dm[i]), 256.0f, unmagic(dl[i])));
+        leaf[gi][i] = fmaf(s * sigma, dot, leaf[gi][i]);
+        leaf[gi][i] = fmaf(b, sxv, leaf[gi][i]);
       }
     }
   }
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    if constexpr (kPPW == 4) {
-      sub[i] = (leaf[0][i] + leaf[1][i]) + (leaf[2][i] + leaf[3][i]);
-    } else {
+    if constexpr (kGroups == 2) {
       sub[i] = leaf[0][i] + leaf[1][i];
+    } else {
+      sub[i] = leaf[0][i];
     }
   }
 }
@@ -499,9 +515,9 @@ __device__ __forceinline__ void copy_split_runs(uint8_t* dst, const uint8_t* src
 
 // The split form (default; TERN_QMV_MMA_SPLIT=0 for the full kernel; S = 4 on sm_90): a cluster of 2 blocks per
 // row-tile walk (blockIdx.x = 2·cluster + rank; cluster c takes row tiles c, c + gridDim.x / 2, ...). Rank r copies and
-// folds positions [16r, 16r + 16) of every slice only: warp w positions 16r + 2w, 16r + 2w + 1, its leaves folded Q_w =
-// l0 + l1, and the block's 8 subtrees ((Q0 + Q1) + (Q2 + Q3)) + ((Q4 + Q5) + (Q6 + Q7)). With today's kernel's warp v
-// (positions 4v..4v + 3, P_v = (l0 + l1) + (l2 + l3)) that is P_v = Q_{2v} + Q_{2v+1}, so rank 0's sum is (P0 + P1) +
+// folds positions [16r, 16r + 16) of every slice only: warp w positions 16r + 2w, 16r + 2w + 1, one group, its leaf
+// Q_w, and the block's 8 subtrees ((Q0 + Q1) + (Q2 + Q3)) + ((Q4 + Q5) + (Q6 + Q7)). With the full kernel's warp v
+// (positions 4v..4v + 3, two groups, P_v = l0 + l1) that is P_v = Q_{2v} + Q_{2v+1}, so rank 0's sum is (P0 + P1) +
 // (P2 + P3) and rank 1's (P4 + P5) + (P6 + P7), each rounding for rounding. Rank 0 reads rank 1's partial subtrees
 // through distributed shared memory after the cluster barrier and adds the two halves, left + right: the tree's top
 // add, in the same operand order. Then times rinv and the accumulate as today: every output bit for bit the full
@@ -533,13 +549,13 @@ __global__ void __launch_bounds__(kThreads, 2) qmv_dp4a_mma_split_kernel(const M
   }
   pdl_wait();
   // The rank's part of the tile's tables (complete at pdl_wait): per slice j, xf's 16 half-groups (8 KB), xl's
-  // (4 KB), sx's (512 B), sig's 8 groups (256 B), then rinv (32 B): strided runs of 16-byte chunks, 51 KB in all for
+  // (4 KB), sx's and sig's 8 groups (256 B each), then rinv (32 B): strided runs of 16-byte chunks, 51 KB in all for
   // 4096 columns (the full kernel's copy: 102 KB).
   {
     const uint8_t* src = p.xq + int64_t(blockIdx.y) * F::kTableBytes;
     copy_split_runs<S, 16 * kTileTokens * 4 * 16>(smem + L::kXF, src + F::kXF, rank);
     copy_split_runs<S, 16 * kTileTokens * 4 * 8>(smem + L::kXL, src + F::kXL, rank);
-    copy_split_runs<S, 16 * kTileTokens * 4>(smem + L::kSX, src + F::kSX, rank);
+    copy_split_runs<S, 8 * kTileTokens * 4>(smem + L::kSX, src + F::kSX, rank);
     copy_split_runs<S, 8 * kTileTokens * 4>(smem + L::kSig, src + F::kSig, rank);
     if (int(threadIdx.x) < kTileTokens * 4 / 16)
       cp_async_16(smem_addr(smem + L::kRinv + threadIdx.x * 16), src + F::kRinv + threadIdx.x * 16, 16u);
