@@ -2,8 +2,9 @@
 """What each kernel family costs a decode step in place, on a GPU: the step's time with it minus without it.
 
     scripts/step-costs.py [--tern build-gpu/tern] [--concurrency 1,8,16] [--parts in,gdn,...] [--repeats 2]
-                          [--length 4K] [--decode-steps 64] [--json FILE]
-    scripts/step-costs.py --speculative K --tern TERN [--parts ...] [--repeats 3] [--length 4K] [--json FILE]
+                          [--length 4K] [--decode-steps 64] [--live-routing] [--json FILE]
+    scripts/step-costs.py --speculative K --tern TERN [--parts ...] [--repeats 3] [--length 4K] [--live-routing]
+                          [--json FILE]
 
 Runs `tern bench --synthetic --device cuda --concurrency LIST` once as is and once per part with TERN_STEP_OMIT=PART
 (src/cuda/common/step_omit.h: that part's kernels left out of every step; the values computed are then wrong, the
@@ -12,9 +13,15 @@ of the whole step. The kernels of a step overlap under programmatic dependent la
 to the step (a neighbour absorbs part of a missing kernel's time), and a kernel's own duration (ncu) is larger than
 its cost here. With the router left out, the MoE scratch holds a stand-in routing drawn once (k distinct experts a
 token, as synthetic weights route: step_omit_routing), so gate_up and down read as many distinct experts as with it.
-A part whose omission changes the values that reach the MoE router (in, out, prequant, the mixers) may change which
-experts the step reads: its figure is an upper bound, not a cost (docs/benchmarks.md, thirty-first session:
-prequant's 0.87 ms at 8 streams was ~0.11).
+
+Every part but the router changes the values that reach the router when it is left out (the LM head's logits stay
+as they were, so every stream samples the same token again; the products, the mixers and the experts change the
+hidden state), and the router then changes which experts the step reads: at 16 streams the LM head "cost" 0.575 ms
+that way, 0.175 ms with the routing fixed (docs/benchmarks.md, thirty-eighth session; the thirty-first session's
+prequant: 0.87 ms at 8 streams, ~0.11). So by default each part but the router is measured with the routing fixed:
+its cost is the step with the router left out minus the step with the router and the part left out, and the router's
+is the whole step minus the step without it (the table shows both references). --live-routing measures every part
+against the whole step, as before.
 With --speculative K (a `tern` with the server, as `tern bench --speculative` needs) the same for the speculative
 step: `tern bench --speculative --draft-max K` per configuration, its plain step (the one-token decode plan) and the
 verify of 1 + k tokens for k = 0..K (the batched kernels over one session's tokens, its rollback included), so that a
@@ -40,6 +47,14 @@ def bench(tern, length, concurrency, repeats, decode_steps, omit):
     return {n: row["decode_ms_median"] / row["decode_steps"] for n, row in rows.items()}
 
 
+def omissions(parts, live_routing):
+    """Per part, (what TERN_STEP_OMIT leaves out, the reference it is measured against: None for the whole step,
+    "router" for the step with the routing fixed)."""
+    if live_routing:
+        return {p: (p, None) for p in parts}
+    return {p: (p, None) if p == "router" else ("router," + p, "router") for p in parts}
+
+
 def speculative_costs(a, parts):
     """The --speculative mode: per configuration the plain step's and each verify's ms, then each part's cost."""
     def point(omit):
@@ -47,22 +62,32 @@ def speculative_costs(a, parts):
                                          "step-costs")
         return {"plain": p["plain_ms_median"], "verify": {v["drafts"]: v["ms_median"] for v in p["verify"]}}
 
-    base = point(None)
-    without = {p: point(p) for p in parts}
+    plan = omissions(parts, a.live_routing)
+    refs = {None: point(None)}
+    if any(ref for _, ref in plan.values()):
+        refs["router"] = point("router")
+    without = {p: (refs["router"] if omit == "router" and "router" in refs else point(omit))
+               for p, (omit, _) in plan.items()}
+    base = refs[None]
     ks = sorted(base["verify"])
     print("| part left out | plain step: ms, cost ms | " +
           " | ".join("verify of %d: ms, cost ms" % (k + 1) for k in ks) + " |")
     print("|---|---:|" + "---:|" * len(ks))
     print("| none (the steps) | %.4f | %s |" % (base["plain"], " | ".join("%.4f" % base["verify"][k] for k in ks)))
+    if "router" in refs:
+        r = refs["router"]
+        print("| router (the reference of the parts below: the routing fixed) | %.4f | %s |" %
+              (r["plain"], " | ".join("%.4f" % r["verify"][k] for k in ks)))
     for p in parts:
-        w = without[p]
-        cells = ["%.4f, %.4f" % (w["plain"], base["plain"] - w["plain"])]
-        cells += ["%.4f, %.4f" % (w["verify"][k], base["verify"][k] - w["verify"][k]) for k in ks]
+        w, ref = without[p], refs[plan[p][1]]
+        cells = ["%.4f, %.4f" % (w["plain"], ref["plain"] - w["plain"])]
+        cells += ["%.4f, %.4f" % (w["verify"][k], ref["verify"][k] - w["verify"][k]) for k in ks]
         print("| %s | %s |" % (p, " | ".join(cells)))
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"length": a.length, "speculative": a.speculative, "plain_ms": base["plain"],
-                       "verify_ms": base["verify"], "without": without}, f, indent=2)
+                       "verify_ms": base["verify"], "routing_fixed": not a.live_routing,
+                       "router_omitted": refs.get("router"), "without": without}, f, indent=2)
 
 
 def main():
@@ -76,6 +101,8 @@ def main():
     ap.add_argument("--json", help="also write the figures to this file")
     ap.add_argument("--speculative", type=int, metavar="K",
                     help="the speculative step instead: the plain step and the verify of 1 + k tokens, k = 0..K")
+    ap.add_argument("--live-routing", action="store_true",
+                    help="measure every part against the whole step (the router choosing from the changed values)")
     a = ap.parse_args()
     known = SPECULATIVE_PARTS if a.speculative is not None else PARTS
     parts = [p for p in (a.parts or ",".join(known)).split(",") if p]
@@ -86,22 +113,34 @@ def main():
         if not 0 <= a.speculative <= 8:
             sys.exit("step-costs: --speculative takes 0 to 8 drafts")
         return speculative_costs(a, parts)
-    base = bench(a.tern, a.length, a.concurrency, a.repeats, a.decode_steps, None)
+    def run(omit):
+        return bench(a.tern, a.length, a.concurrency, a.repeats, a.decode_steps, omit)
+
+    plan = omissions(parts, a.live_routing)
+    refs = {None: run(None)}
+    if any(ref for _, ref in plan.values()):
+        refs["router"] = run("router")
+    without = {p: (refs["router"] if omit == "router" and "router" in refs else run(omit))
+               for p, (omit, _) in plan.items()}
+    base = refs[None]
     streams = sorted(base)
-    without = {p: bench(a.tern, a.length, a.concurrency, a.repeats, a.decode_steps, p) for p in parts}
     print("| part left out | " + " | ".join("%d streams: ms/step, cost ms (share)" % n for n in streams) + " |")
     print("|---|" + "---:|" * len(streams))
     print("| none (the step) | " + " | ".join("%.4f" % base[n] for n in streams) + " |")
+    if "router" in refs:
+        print("| router (the reference of the parts below: the routing fixed) | " +
+              " | ".join("%.4f" % refs["router"][n] for n in streams) + " |")
     for p in parts:
-        cells = []
+        ref, cells = refs[plan[p][1]], []
         for n in streams:
-            cost = base[n] - without[p][n]
+            cost = ref[n] - without[p][n]
             cells.append("%.4f, %.4f (%.1f%%)" % (without[p][n], cost, 100.0 * cost / base[n]))
         print("| %s | %s |" % (p, " | ".join(cells)))
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"length": a.length, "decode_steps": a.decode_steps, "step_ms": base, "without_ms": without},
-                      f, indent=2)
+            json.dump({"length": a.length, "decode_steps": a.decode_steps, "step_ms": base,
+                       "routing_fixed": not a.live_routing, "router_omitted_ms": refs.get("router"),
+                       "without_ms": without}, f, indent=2)
 
 
 if __name__ == "__main__":
