@@ -15,7 +15,8 @@
 // with dh, dm, dl the group's Σ q·hi, Σ q·mid, Σ q·lo and Σv its Σ of the quantised activations. The warp then adds
 // the 16 groups' leaves of each row as a pairwise tree in group order (warp_sum_groups: shuffles 2, 4, 8, 16, which
 // leave row 2k's sum in the even lanes and row 2k + 1's in the odd ones): the order qmv_dp4a_mma.cu reproduces. Lanes
-// 0 and 1 write. Against a fold per half-group (the form before), half the fp32 work and shuffles per row.
+// 0 and 1 write. Against a fold per half-group (the form before), half the fp32 work per row, and about the same
+// instruction count: the pair's exchange (3 shuffles per slice and row pair) costs what the fold and the tree save.
 //
 // Batched (qmv_dp4a_batched): tiles of up to 8 tokens (grid.y). Every block quantises its tile's tokens into shared
 // memory as the one-token kernel quantises its one, and each warp folds every batch of weight rows it loads with each

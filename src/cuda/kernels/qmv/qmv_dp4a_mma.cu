@@ -28,7 +28,7 @@
 //
 // Split form (the default where it runs, TERN_QMV_MMA_SPLIT=0 turns it off; 4096 columns, with scratch, sm_90
 // binaries only):
-// Layout<4> takes ~225 KB, one block an SM, each copying its tile's full tables (~104 KB) and waiting on them and on
+// Layout<4> takes ~223 KB, one block an SM, each copying its tile's full tables (~102 KB) and waiting on them and on
 // one weight tile. qmv_dp4a_mma_split_kernel gives each row tile to a cluster of 2 blocks: rank r copies only
 // positions [16r, 16r + 16) of every slice (SplitLayout: half the tables, half the weight half-groups and scales,
 // strided runs of 16-byte cp.async chunks; 96 KB, 2 stages: two blocks an SM), its warp w folds positions 16r + 2w,
@@ -42,7 +42,7 @@
 // columns of its word c, slots 16+4c.. the odd ones: for the weights w & 0x0F0F0F0F and (w >> 4) & 0x0F0F0F0F of the
 // word that ldmatrix hands thread (g, c) (row g, bytes 4c..4c+3 of the 16-byte half-group), for the activations the
 // {even, odd} int8x4 pairs of word 4·hg + c as dp4a_tile.cuh makes them. The accumulators start at 0x4B400000 (the
-// bits of 1.5·2^23; over a group |Σ| ≤ 64·15·127 < 2^22), so each reads as the float 1.5·2^23 + Σ exactly.
+// bits of 1.5·2^23; over a group |Σ| ≤ 64·15·128 < 2^22), so each reads as the float 1.5·2^23 + Σ exactly.
 #include "cuda/kernels/qmv/qmv_dp4a_mma.cuh"
 
 #include <cooperative_groups.h>

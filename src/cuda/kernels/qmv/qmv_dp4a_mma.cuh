@@ -1,8 +1,8 @@
 // The batched one-token integer product on the integer tensor cores (mma.sync m16n8k32, u8 × s8): what
 // qmv_dp4a_batched runs for B >= 2 tokens when it applies. Each token's rows come out bit for bit as qmv_dp4a gives
-// them for that token alone: the exact integer sums of every 32-column half-group come from the tensor cores instead
-// of dp4a chains, and the fp32 arithmetic after them (dot rounding, scale and bias terms, the per-lane leaves and the
-// pairwise tree of the 32 lanes) is made in the one-token kernel's order (qmv_dp4a_mma.cu says how).
+// them for that token alone: the exact integer sums of every 64-column group come from the tensor cores instead of
+// dp4a chains, and the fp32 arithmetic after them (dot rounding, scale and bias terms, the per-group leaves and the
+// pairwise tree of the 16 group positions) is made in the one-token kernel's order (qmv_dp4a_mma.cu says how).
 //
 // Why: the dp4a form folds every loaded weight batch with each token in turn (24 dp4a per 32 columns per token, plus
 // the activations re-read from shared memory per token); at 8 tokens that made the GDN in_proj 44 µs against 10 µs for
@@ -24,7 +24,7 @@ namespace tern::cuda {
 // memory within the device's limit (220 KB for 4096 columns: Hopper; Ampere's 4096-column products stay on dp4a).
 bool qmv_dp4a_mma_supported(const QmvArgs& a, int B);
 // Whether this device's shared memory per block holds the kernel's layout for `cols` columns (4096 columns take
-// 225 KB: Hopper only; 1024 and 2048 fit 99 KB).
+// 223 KB: Hopper only; 1024 and 2048 fit 99 KB).
 bool qmv_dp4a_mma_fits(int64_t cols);
 // y (+)= W · x̂ for B tokens (x row b at a.x + b·a.ldx, y row b at a.y + b·a.ldy), each bit for bit qmv_dp4a's.
 // With a.xq (a.xq_bytes >= qmv_dp4a_mma_scratch_bytes(B, cols), 16-byte aligned; checked) a first small kernel
