@@ -55,6 +55,18 @@ def omissions(parts, live_routing):
     return {p: (p, None) if p == "router" else ("router," + p, "router") for p in parts}
 
 
+def measure(parts, live_routing, run):
+    """run(omit) for the whole step, the reference with the routing fixed (when a part needs it) and each part:
+    (plan, {reference: figures}, {part: figures without it}); the router's run is the reference's, not repeated."""
+    plan = omissions(parts, live_routing)
+    refs = {None: run(None)}
+    if any(ref for _, ref in plan.values()):
+        refs["router"] = run("router")
+    without = {p: (refs["router"] if omit == "router" and "router" in refs else run(omit))
+               for p, (omit, _) in plan.items()}
+    return plan, refs, without
+
+
 def speculative_costs(a, parts):
     """The --speculative mode: per configuration the plain step's and each verify's ms, then each part's cost."""
     def point(omit):
@@ -62,12 +74,7 @@ def speculative_costs(a, parts):
                                          "step-costs")
         return {"plain": p["plain_ms_median"], "verify": {v["drafts"]: v["ms_median"] for v in p["verify"]}}
 
-    plan = omissions(parts, a.live_routing)
-    refs = {None: point(None)}
-    if any(ref for _, ref in plan.values()):
-        refs["router"] = point("router")
-    without = {p: (refs["router"] if omit == "router" and "router" in refs else point(omit))
-               for p, (omit, _) in plan.items()}
+    plan, refs, without = measure(parts, a.live_routing, point)
     base = refs[None]
     ks = sorted(base["verify"])
     print("| part left out | plain step: ms, cost ms | " +
@@ -113,15 +120,8 @@ def main():
         if not 0 <= a.speculative <= 8:
             sys.exit("step-costs: --speculative takes 0 to 8 drafts")
         return speculative_costs(a, parts)
-    def run(omit):
-        return bench(a.tern, a.length, a.concurrency, a.repeats, a.decode_steps, omit)
-
-    plan = omissions(parts, a.live_routing)
-    refs = {None: run(None)}
-    if any(ref for _, ref in plan.values()):
-        refs["router"] = run("router")
-    without = {p: (refs["router"] if omit == "router" and "router" in refs else run(omit))
-               for p, (omit, _) in plan.items()}
+    plan, refs, without = measure(parts, a.live_routing,
+                                  lambda omit: bench(a.tern, a.length, a.concurrency, a.repeats, a.decode_steps, omit))
     base = refs[None]
     streams = sorted(base)
     print("| part left out | " + " | ".join("%d streams: ms/step, cost ms (share)" % n for n in streams) + " |")
