@@ -59,6 +59,8 @@ struct GateUpParams {
   int down_rows = 0, down_row_words = 0, down_gpr = 0;
   // The ring form (moe_dp4a_ring.cu): its first shared-expert batches copied before pdl_wait (set by gate_up_ring).
   bool shared_early = false;
+  // The ring form: each token's routed experts taken in ascending id instead of routing order (set by gate_up_ring).
+  bool by_expert_id = false;
 };
 
 // L2 prefetch of the down matrices of n experts, spread over the threads of the grid's blocks along x (grid_thread:

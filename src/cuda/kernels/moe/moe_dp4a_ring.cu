@@ -29,6 +29,13 @@
 // treatment of gate_up (the slot pairs' bases in shared memory, batches stepped without a division, Σgate and Σup in
 // one butterfly) was 5% slower at 8 and 16 streams, though 34% fewer instructions a row, and is not kept.
 //
+// The gate_up ring takes each token's routed experts in ascending expert id, not in routing order (by default;
+// TERN_MOE_GATE_UP_BY_ID=0 for routing order): every token's warps walk their experts over the kernel's time in the
+// same order, so two tokens routed to one expert read it at about the same time and the second read finds it in L2.
+// In routing order the same expert sat at any slot of each token, and at 16 streams the kernel read ~23% more from
+// DRAM than the distinct experts hold (Nsight: L2 hit 30%). Each h row is still written to its routing slot, and
+// every value is made as before: only when a row is read changes.
+//
 // By default (TERN_MOE_RING_ROWS=1 for one row a step; 1.2 / 1.7 / 2.0% faster at 8 / 16 / 32 streams than one,
 // docs/benchmarks.md; tests: moe_ring_set_rows) each warp takes two of its rows a step in both kernels
 // (gate_up's batch and batch + warps, down's row and row + warps): one wait for both stages, and their sums reduced
@@ -107,7 +114,9 @@ __global__ void __launch_bounds__(kThreads, S <= 2 ? 4 : 1) moe_gate_up_ring_ker
   constexpr int kSlotStride = kXInRing ? kWarps * kStageBytes : kStageBytes;  // from a warp's slot s to s + 1
   static_assert(gate_up_x_bytes<S>() <= kWarps * kStageBytes, "x̂ must fit one slot of every warp");
   extern __shared__ __align__(16) uint8_t ring[];  // [kStages][kWarps][kStageBytes] (kXInRing), else [kWarps][kStages]
-  __shared__ int ids_s[kTopK];
+  __shared__ int ids_s[kTopK];   // the routed experts in the order the warps take them (pair q + 1: ids_s[q])
+  __shared__ int slot_s[kTopK];  // pair q + 1's routing slot (h's and the down's order)
+  __shared__ int routed_s[kTopK];  // the routing's clamped ids, slot by slot
   constexpr int kStaticX = kXInRing ? 1 : S * 128;  // x̂ in static memory only in the form before
   __shared__ uint4 xs_static[kStaticX];
   __shared__ __align__(16) int xsum_static[kStaticX];
@@ -150,7 +159,19 @@ __global__ void __launch_bounds__(kThreads, S <= 2 ? 4 : 1) moe_gate_up_ring_ker
   pdl_wait();  // the routing and x̂ come from the router kernel
   if (int(threadIdx.x) < p.k) {
     const int e = ids[threadIdx.x];
-    ids_s[threadIdx.x] = e < 0 ? 0 : (e >= p.E ? p.E - 1 : e);
+    routed_s[threadIdx.x] = e < 0 ? 0 : (e >= p.E ? p.E - 1 : e);
+  }
+  __syncthreads();
+  if (int(threadIdx.x) < p.k) {
+    // Slot t's place in the walk: its rank by id (ties by slot), or t itself in routing order.
+    const int t = int(threadIdx.x), e = routed_s[t];
+    int rank = t;
+    if (p.by_expert_id) {
+      rank = 0;
+      for (int u = 0; u < p.k; ++u) rank += routed_s[u] < e || (routed_s[u] == e && u < t);
+    }
+    ids_s[rank] = e;
+    slot_s[rank] = t;
   }
   __syncthreads();
   for (; s < kStages - kRows; ++s) {
@@ -167,9 +188,10 @@ __global__ void __launch_bounds__(kThreads, S <= 2 ? 4 : 1) moe_gate_up_ring_ker
   float sig[S], sx[S];
   gate_up_lane_x<S>(xs, xsum, xsig, lane, xq, sig, sx);
   if constexpr (kXInRing) __syncthreads();  // every lane has its x̂: the last slots may be refilled
-  // Batch b is slot pair b / F, row b mod F: h's slot k (the shared expert) for pair 0, slot pair − 1 after it, i.e.
-  // h[b + k·F] for b < F and h[b − F] after.
-  const int h_shared = p.k * p.F, h_routed = -p.F;
+  // Batch b is slot pair b / F, row b mod F: h's slot k (the shared expert) for pair 0, routing slot
+  // slot_s[pair − 1] after it. The position of the warp's next batch to read, stepped as `ahead` is.
+  const auto h_index = [&](GateUpPos b) { return (b.pair == 0 ? p.k : slot_s[b.pair - 1]) * p.F + b.i; };
+  GateUpPos at{first / p.F, first - (first / p.F) * p.F};
   if constexpr (kRows == 2) {
     // Two batches a step, the warp's n-th and (n + 1)-th (batch and batch + warps) in ring slots n and n + 1 (mod
     // kStages). Each step first issues batches n + kStages − 2 and n + kStages − 1 into the slots of n − 2 and n − 1
@@ -181,6 +203,8 @@ __global__ void __launch_bounds__(kThreads, S <= 2 ? 4 : 1) moe_gate_up_ring_ker
     int rd = 0;  // batch n's slot
     for (int batch = first; batch < batches; batch += 2 * warps) {
       const int batch1 = batch + warps, rd1 = next_slot<kStages>(rd);
+      GateUpPos at1 = at;
+      advance(at1);
       const int wr = prev_slot<kStages>(rd), wr0 = prev_slot<kStages>(wr);
       issue_gate_up<S>(p, ids_s, ahead, lane, ring_addr + uint32_t(wr0 * kSlotStride));
       cp_async_commit();
@@ -205,8 +229,10 @@ __global__ void __launch_bounds__(kThreads, S <= 2 ? 4 : 1) moe_gate_up_ring_ker
       const float sum = warp_sum_quarters(g0, u0, g1, u1, lane);
       const float up = __shfl_xor_sync(0xffffffffu, sum, 8);
       const int b = lane < 16 ? batch : batch1;
-      if ((lane & 15) == 0 && b < batches) h[b + (b >= p.F ? h_routed : h_shared)] = silu_f(sum) * up;
+      if ((lane & 15) == 0 && b < batches) h[h_index(lane < 16 ? at : at1)] = silu_f(sum) * up;
       rd = next_slot<kStages>(rd1);
+      at = at1;
+      advance(at);
     }
   } else {
     for (int it = 0;; ++it) {
@@ -225,7 +251,8 @@ __global__ void __launch_bounds__(kThreads, S <= 2 ? 4 : 1) moe_gate_up_ring_ker
       __syncwarp();  // the stage is read: the next iteration may refill it
       const float g = warp_sum(dot_row<S>(gv, gsb, xq, sig, sx));
       const float u = warp_sum(dot_row<S>(uv, usb, xq, sig, sx));
-      if (lane == 0) h[batch + (batch >= p.F ? h_routed : h_shared)] = silu_f(g) * u;
+      if (lane == 0) h[h_index(at)] = silu_f(g) * u;
+      advance(at);
     }
   }
   cp_async_wait<0>();
@@ -464,6 +491,13 @@ bool gate_up_shared_early() {
   return on;
 }
 
+// Whether the gate_up ring takes each token's routed experts in ascending id (default; TERN_MOE_GATE_UP_BY_ID=0:
+// in routing order, the form before). The same values either way.
+bool gate_up_by_expert_id() {
+  static const bool on = !env_is("TERN_MOE_GATE_UP_BY_ID", "0");
+  return on;
+}
+
 // False (nothing launched) when the ring does not fit the device's shared memory.
 template <int S, int kRows, bool kXInRing>
 bool launch_gate_up_ring(GateUpParams p, int B, cudaStream_t stream) {
@@ -479,6 +513,7 @@ bool launch_gate_up_ring(GateUpParams p, int B, cudaStream_t stream) {
     attribute_set = true;
   }
   p.shared_early = gate_up_shared_early();
+  p.by_expert_id = gate_up_by_expert_id();
   const int blocks = ring_blocks(reinterpret_cast<const void*>(kernel), smem, int64_t(p.k + 1) * p.F, B);
   launch_pdl(kRows == 2 ? "moe_gate_up_ring_pairs" : "moe_gate_up_ring", kernel, dim3(unsigned(blocks), unsigned(B)),
              dim3(kThreads), size_t(smem), stream, p);
