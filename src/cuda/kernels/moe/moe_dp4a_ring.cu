@@ -33,8 +33,9 @@
 // TERN_MOE_GATE_UP_BY_ID=0 for routing order): every token's warps walk their experts over the kernel's time in the
 // same order, so two tokens routed to one expert read it at about the same time and the second read finds it in L2.
 // In routing order the same expert sat at any slot of each token, and at 16 streams the kernel read ~23% more from
-// DRAM than the distinct experts hold (Nsight: L2 hit 30%). Each h row is still written to its routing slot, and
-// every value is made as before: only when a row is read changes.
+// DRAM than the distinct experts hold (Nsight: L2 hit 30%); in ascending id 16 streams ran 1.6% faster, 4 and 8 as
+// fast (H100, docs/benchmarks.md, thirty-eighth session). Each h row is still written to its routing slot, and every
+// value is made as before: only when a row is read changes.
 //
 // By default (TERN_MOE_RING_ROWS=1 for one row a step; 1.2 / 1.7 / 2.0% faster at 8 / 16 / 32 streams than one,
 // docs/benchmarks.md; tests: moe_ring_set_rows) each warp takes two of its rows a step in both kernels
