@@ -368,14 +368,16 @@ void add_moe(CaseList& cases, MoePart part, int T, Tune tune = {}, int prefetch 
     case MoePart::batched:  // T tokens as the batched step's T sessions: the distinct experts' bytes are the least
       c.name = "moe batched block (router clusters, gate_up, down rings)" + shape;
       c.bytes = router_b + (1.0 + kE * (1.0 - std::pow(1.0 - double(kK) / kE, double(T)))) *
-                               (2 * quant_bytes(WeightFormat::affine4, kF, kD) + quant_bytes(WeightFormat::affine4, kD, kF));
+                               (2 * quant_bytes(WeightFormat::affine4, kF, kD) +
+                                quant_bytes(WeightFormat::affine4, kD, kF));
       c.flops = router_f + gate_up_f + down_f;
       break;
   }
   auto holder = std::make_shared<std::shared_ptr<MoeData>>();
   c.setup = [holder, T] { *holder = moe_data(T); };
   c.name += tune.label();
-  if (part == MoePart::router || part == MoePart::all || part == MoePart::batched) c.name += prefetch ? " (L2 prefetch)" : " (no prefetch)";
+  if (part == MoePart::router || part == MoePart::all || part == MoePart::batched)
+    c.name += prefetch ? " (L2 prefetch)" : " (no prefetch)";
   c.run = [holder, part, tune, prefetch](cudaStream_t stream, int rep) {
     tune.apply();
     cuda::moe_decode_set_l2_prefetch(prefetch != 0);
