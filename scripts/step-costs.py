@@ -16,9 +16,9 @@ token, as synthetic weights route: step_omit_routing), so gate_up and down read 
 
 Every part but the router changes the values that reach the router when it is left out (the LM head's logits stay
 as they were, so every stream samples the same token again; the products, the mixers and the experts change the
-hidden state), and the router then changes which experts the step reads: at 16 streams the LM head "cost" 0.575 ms
-that way, 0.175 ms with the routing fixed (docs/benchmarks.md, thirty-eighth session; the thirty-first session's
-prequant: 0.87 ms at 8 streams, ~0.11). So by default each part but the router is measured with the routing fixed:
+hidden state), and the router then changes which experts the step reads: at 16 streams the LM head "cost" 0.45 to
+0.58 ms that way and 0.18 to 0.24 ms with the routing fixed (H200 and H100 runs, docs/benchmarks.md, thirty-seventh
+and thirty-eighth sessions; the thirty-first session's prequant: 0.87 ms at 8 streams, ~0.11). So by default each part but the router is measured with the routing fixed:
 its cost is the step with the router left out minus the step with the router and the part left out, and the router's
 is the whole step minus the step without it (the table shows both references). --live-routing measures every part
 against the whole step, as before.
