@@ -51,8 +51,20 @@ def bf16_bytes(t, torch):
     return t.detach().to(torch.bfloat16).contiguous().view(torch.int16).cpu().numpy().tobytes()
 
 
-def quantise(w, bits, torch, group=64):
-    """MLX affine quantisation along the last axis: returns (packed uint32 ndarray, scales, biases, dequantised).
+def dequantised(w, bits, torch, group=64):
+    """quantise's dequantised values alone (the same arithmetic), made a slice of the first axis at a time so that a
+    stacked expert tensor needs little memory beside itself."""
+    if w.dim() < 3:
+        return quantise(w, bits, torch, group, pack=False)[3]
+    out = torch.empty_like(w)
+    for e0 in range(0, w.shape[0], 16):
+        out[e0:e0 + 16] = quantise(w[e0:e0 + 16], bits, torch, group, pack=False)[3]
+    return out
+
+
+def quantise(w, bits, torch, group=64, pack=True):
+    """MLX affine quantisation along the last axis: returns (packed uint32 ndarray, scales, biases, dequantised);
+    packed is None without pack.
 
     s = (max - min) / (2^bits - 1) and b = min per group, both rounded to bf16; q = round((w - b) / s) clamped.
     The reference uses s·q + b in fp32, exactly what tern's kernels compute from the stored values.
@@ -65,6 +77,8 @@ def quantise(w, bits, torch, group=64):
     b = bf16_round(mn, torch)
     q = torch.clamp(torch.round((g - b) / s), 0, qmax)
     deq = (s * q + b).reshape(shape)
+    if not pack:
+        return None, s.squeeze(-1), b.squeeze(-1), deq
     per = 32 // bits
     qi = q.to(torch.int64).reshape(*shape[:-1], shape[-1] // per, per)
     shifts = (torch.arange(per, device=w.device, dtype=torch.int64) * bits)
@@ -102,43 +116,31 @@ def save_safetensors(path, tensors):
             f.write(data)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--seed", type=int, default=None, help="default: fresh, printed")
-    ap.add_argument("--preset", choices=sorted(PRESETS), default="fullwidth")
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--positions", type=int, default=256)
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--scales", choices=("trained", "easy"), default="trained")
-    ap.add_argument("--lm-head-std", type=float, default=0.1)
-    ap.add_argument("--weights", choices=("q4", "bf16"), default="q4",
-                    help="q4: MLX 4-bit (8-bit router and shared-expert gate); bf16: every matrix in BF16 (the "
-                         "unquantised path, as --dtype bf16 runs the original checkpoint)")
-    args = ap.parse_args()
+def default_layer_types(layers):
+    """The model's pattern: three Gated DeltaNet layers, then a gated-attention one."""
+    return ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)]
 
+
+def build_model(args, seed, dev, mdir=None, layer_types=None):
+    """The random model of args (preset, layers, scales, weights, lm_head_std) drawn from `seed`, as transformers'
+    Qwen3_5MoeForCausalLM in fp32 on `dev` holding the values tern reads (dequantised where quantised). With mdir,
+    the MLX-layout checkpoint is written there too (config.json + model.safetensors); without it only the model is
+    made (less memory: nothing packed). layer_types: default_layer_types(args.layers) unless given."""
     import torch
     from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
 
-    seed = args.seed if args.seed is not None else int.from_bytes(__import__("os").urandom(4), "little")
-    log(f"seed {seed}, preset {args.preset}, {args.scales} scales, {args.weights} weights, {args.layers} layers, "
-        f"{args.positions} positions, device {args.device}")
     trained = args.scales == "trained"
     norm_std = 0.05 if trained else 0.1
     wide_std = 0.02 if trained else 1.0  # router and embeddings
-    out = pathlib.Path(args.out)
-    mdir = out / "model"
-    mdir.mkdir(parents=True, exist_ok=True)
     dims = dict(PRESETS[args.preset])
-    L, V = args.layers, dims["vocab_size"]
-    layer_types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(L)]
+    L = args.layers
+    layer_types = layer_types or default_layer_types(L)
     rotary = int(dims["head_dim"] * 0.25)
     rope = {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
             "mrope_interleaved": True, "mrope_section": rope_sections(rotary // 2)}
     cfg = Qwen3_5MoeTextConfig(num_hidden_layers=L, layer_types=layer_types, max_position_embeddings=262144,
                                rms_norm_eps=1e-6, tie_word_embeddings=False, rope_parameters=rope,
                                bos_token_id=0, eos_token_id=0, pad_token_id=None, **dims)
-    dev = torch.device(args.device)
     try:
         from transformers.initialization import no_init_weights
     except ImportError:  # older transformers
@@ -152,6 +154,7 @@ def main():
     log("model built")
 
     g = torch.Generator(device=dev).manual_seed(seed)
+    ckpt = mdir is not None
     tensors = {}
     quant = {"group_size": 64, "bits": 4, "mode": "affine"}
     with torch.no_grad():
@@ -181,25 +184,31 @@ def main():
             if name.endswith(ZERO_CENTRED) or name == "model.norm.weight":
                 stored = bf16_round(1.0 + w, torch)          # MLX keeps the multiplier (1 + w)
                 p.copy_(stored - 1.0)                        # exact in fp32: HF's (1 + w) == stored
-                tensors[mlx] = ("BF16", shape, bf16_bytes(stored, torch))
+                if ckpt:
+                    tensors[mlx] = ("BF16", shape, bf16_bytes(stored, torch))
             elif name.endswith(("linear_attn.norm.weight", "A_log", "dt_bias")):
                 stored = bf16_round(w, torch)
                 p.copy_(stored)
-                tensors[mlx] = ("BF16", shape, bf16_bytes(stored, torch))
+                if ckpt:
+                    tensors[mlx] = ("BF16", shape, bf16_bytes(stored, torch))
             elif name.endswith("conv1d.weight"):            # HF [C, 1, Ck] -> MLX [C, Ck, 1]
                 stored = bf16_round(w, torch)
                 p.copy_(stored)
-                tensors[mlx] = ("BF16", (shape[0], shape[2], 1), bf16_bytes(stored.permute(0, 2, 1), torch))
+                if ckpt:
+                    tensors[mlx] = ("BF16", (shape[0], shape[2], 1), bf16_bytes(stored.permute(0, 2, 1), torch))
             elif args.weights == "bf16":
                 stored = bf16_round(w, torch)
                 p.copy_(stored)
-                for base, rows in mlx_matrices(mlx, shape):
+                for base, rows in mlx_matrices(mlx, shape) if ckpt else []:
                     t = stored if rows is None else stored[:, rows, :].contiguous()
                     tensors[base + ".weight"] = ("BF16", tuple(t.shape), bf16_bytes(t, torch))
             else:
                 bits = 8 if name.endswith(EIGHT_BIT) else 4
                 if bits == 8:
                     quant[mlx[: -len(".weight")]] = {"group_size": 64, "bits": 8}
+                if not ckpt:
+                    p.copy_(dequantised(w, bits, torch))
+                    continue
                 packed, s, b, deq = quantise(w, bits, torch)
                 p.copy_(deq)
                 for base, rows in mlx_matrices(mlx, shape):
@@ -208,6 +217,9 @@ def main():
                     tensors[base + ".weight"] = ("U32", pk.shape, pk.tobytes())
                     tensors[base + ".scales"] = ("BF16", tuple(sc.shape), bf16_bytes(sc, torch))
                     tensors[base + ".biases"] = ("BF16", tuple(bi.shape), bf16_bytes(bi, torch))
+    if not ckpt:
+        log("weights drawn")
+        return model
     log(f"{len(tensors)} tensors quantised")
     save_safetensors(mdir / "model.safetensors", tensors)
     config = {"model_type": "qwen3_5_moe_text", "architectures": ["Qwen3_5MoeForCausalLM"], "num_hidden_layers": L,
@@ -218,7 +230,35 @@ def main():
               **({"quantization": quant, "quantization_config": quant} if args.weights == "q4" else {}), **dims}
     (mdir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     log(f"checkpoint written to {mdir}")
+    return model
 
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seed", type=int, default=None, help="default: fresh, printed")
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="fullwidth")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--positions", type=int, default=256)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--scales", choices=("trained", "easy"), default="trained")
+    ap.add_argument("--lm-head-std", type=float, default=0.1)
+    ap.add_argument("--weights", choices=("q4", "bf16"), default="q4",
+                    help="q4: MLX 4-bit (8-bit router and shared-expert gate); bf16: every matrix in BF16 (the "
+                         "unquantised path, as --dtype bf16 runs the original checkpoint)")
+    args = ap.parse_args()
+
+    import torch
+
+    seed = args.seed if args.seed is not None else int.from_bytes(__import__("os").urandom(4), "little")
+    log(f"seed {seed}, preset {args.preset}, {args.scales} scales, {args.weights} weights, {args.layers} layers, "
+        f"{args.positions} positions, device {args.device}")
+    out = pathlib.Path(args.out)
+    mdir = out / "model"
+    mdir.mkdir(parents=True, exist_ok=True)
+    dev = torch.device(args.device)
+    model = build_model(args, seed, dev, mdir)
+    V = model.config.vocab_size
     tg = torch.Generator(device="cpu").manual_seed(seed + 1)
     tokens = torch.randint(0, V, (args.positions,), generator=tg, dtype=torch.int64)
     # Router margins: per layer, the gap between the 8th and 9th largest router logits of every token (a near-tie is

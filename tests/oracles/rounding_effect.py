@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""How far one of the CUDA path's roundings alone moves the trained-scale oracle (issue 29): the model that
+gpu_reference.py draws, run by transformers in fp32 exactly and with that rounding emulated, the two compared as
+test_cuda compares tern's logits with the reference (mean KL, median KL, perplexity, top-1, the worst positions).
+Runs on the CPU; no tern binary and no GPU involved.
+
+    .venv/bin/python tests/oracles/rounding_effect.py --seeds 1,2 [--layers 3] [--positions 640]
+        [--emulate fp32,kv16,attn16,down16] [--device cpu]
+
+Emulations (what tern's CUDA kernels do), each run with this script's attention and experts forward:
+  fp32    none: this script's attention and experts without a rounding (a control: it must sit at fp32's noise);
+  kv16    K (after its norm and RoPE) and V rounded to fp16, as the default KV cache (--kv-dtype f16) stores them
+          (src/cuda/kernels/attention); k16, v16: K alone, V alone;
+  attn16  kv16, and Q and the unnormalised probabilities exp(s - max) rounded to fp16, as the attention's
+          tensor-core products take them (the scores, the softmax sums and the output in fp32);
+  down16  the MoE down products' input (routed and shared experts) quantised to 16 bits per group of 64 columns,
+          v = rint(x·32639/m), m = max|x| of the group (src/cuda/kernels/qmv/dp4a_tile.cuh), as the expert kernels
+          take it; attention exact.
+Layers: --layers 3 (the default) is GDN, gated attention, GDN (the attention's rounding then passes through a GDN
+layer and two routers, and the model fits a 24 GB machine: each layer's 256 experts take 3.2 GB in fp32); --layers 4
+or more takes the model's own pattern, gated attention every fourth layer.
+"""
+import argparse
+import gc
+import math
+import pathlib
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from gpu_reference import build_model, default_layer_types  # noqa: E402
+
+
+def log(msg):
+    print(f"[rounding_effect {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def layer_types_for(layers):
+    if layers == 3:
+        return ["linear_attention", "full_attention", "linear_attention"]
+    return default_layer_types(layers)
+
+
+def emulated_attention(torch, kind):
+    """An attention function for transformers' AttentionInterface: eager attention in fp32 with kind's roundings."""
+    f16 = lambda t: t.to(torch.float16).to(torch.float32)  # noqa: E731
+
+    def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+        # query [b, Hq, n, d], key / value [b, Hkv, n, d]
+        if kind in ("kv16", "attn16", "k16"):
+            key = f16(key)
+        if kind in ("kv16", "attn16", "v16"):
+            value = f16(value)
+        if kind == "attn16":
+            query = f16(query)
+        groups = query.shape[1] // key.shape[1]
+        key = key.repeat_interleave(groups, dim=1)
+        value = value.repeat_interleave(groups, dim=1)
+        scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+        n, m = scores.shape[-2], scores.shape[-1]
+        causal = torch.ones(n, m, dtype=torch.bool, device=scores.device).tril(m - n)
+        scores = scores.masked_fill(~causal, float("-inf"))
+        top = scores.amax(dim=-1, keepdim=True)
+        p = torch.exp(scores - top)
+        total = p.sum(dim=-1, keepdim=True)
+        if kind == "attn16":
+            p = f16(p)
+        out = torch.matmul(p, value) / total
+        return out.transpose(1, 2).contiguous(), None
+
+    return attention
+
+
+def quantised16(x, torch):
+    """x with each group of 64 along the last axis as the 16-bit integer products take it: v·m/32639."""
+    g = x.reshape(*x.shape[:-1], x.shape[-1] // 64, 64)
+    m = g.abs().amax(dim=-1, keepdim=True)
+    inv = torch.where(m >= 2.0 ** -100, 32639.0 / m, torch.zeros_like(m))
+    v = torch.clamp(torch.round(g * inv), -32639, 32639)
+    return (v * (m / 32639.0)).reshape(x.shape)
+
+
+def experts_forward(experts, torch, down16):
+    """A forward for transformers' fused Qwen3_5MoeExperts, each down product's input quantised (quantised16) with
+    down16, else exact (the fp32 control)."""
+    silu = torch.nn.functional.silu
+
+    def forward(hidden_states, top_k_index, top_k_weights):
+        out = torch.zeros_like(hidden_states)
+        for e in top_k_index.unique().tolist():
+            if e >= experts.num_experts:
+                continue
+            token, slot = torch.where(top_k_index == e)
+            gate, up = torch.nn.functional.linear(hidden_states[token], experts.gate_up_proj[e]).chunk(2, dim=-1)
+            h = silu(gate) * up
+            h = quantised16(h, torch) if down16 else h
+            y = torch.nn.functional.linear(h, experts.down_proj[e]) * top_k_weights[token, slot, None]
+            out.index_add_(0, token, y.to(out.dtype))
+        return out
+
+    return forward
+
+
+def emulate_experts(model, kind, torch):
+    """Gives every MoE block of the model this script's experts forward (kind fp32: exact; down16: the down inputs
+    quantised, the shared expert's too) or, with kind None, transformers' own back."""
+    for layer in model.model.layers:
+        mlp = layer.mlp
+        if not hasattr(mlp.experts, "_transformers_forward"):
+            mlp.experts._transformers_forward = mlp.experts.forward
+        hook = getattr(mlp.shared_expert.down_proj, "_down16", None)
+        if hook is not None:
+            hook.remove()
+            mlp.shared_expert.down_proj._down16 = None
+        if kind is None:
+            mlp.experts.forward = mlp.experts._transformers_forward
+            continue
+        mlp.experts.forward = experts_forward(mlp.experts, torch, kind == "down16")
+        if kind == "down16":
+            mlp.shared_expert.down_proj._down16 = mlp.shared_expert.down_proj.register_forward_pre_hook(
+                lambda _m, inputs: (quantised16(inputs[0], torch),))
+
+
+def compare(ref, got, tokens, torch):
+    """compare_logits of tests/cuda/runner/fidelity_util.h: teacher-forced over positions 0..n-2 (in fp64, 32
+    positions at a time: a 248,320-word vocabulary makes each position's row 2 MB)."""
+    parts = {"kl": [], "nll_ref": [], "nll": [], "margin": [], "same": []}
+    n = ref.shape[0] - 1
+    for i0 in range(0, n, 32):
+        i1 = min(n, i0 + 32)
+        a, b = ref[i0:i1].double(), got[i0:i1].double()
+        la, lb = a.log_softmax(-1), b.log_softmax(-1)
+        parts["kl"].append((la.exp() * (la - lb)).sum(-1))
+        nxt = tokens[i0 + 1:i1 + 1, None]
+        parts["nll_ref"].append(-la.gather(1, nxt).squeeze(1))
+        parts["nll"].append(-lb.gather(1, nxt).squeeze(1))
+        top2 = a.topk(2, dim=-1).values
+        parts["margin"].append(top2[:, 0] - top2[:, 1])
+        parts["same"].append(a.argmax(-1) == b.argmax(-1))
+    kl, nll_ref, nll, margin, same = (torch.cat(parts[k]) for k in ("kl", "nll_ref", "nll", "margin", "same"))
+    worst = kl.argsort(descending=True)[:5].tolist()
+    one_percent = max(1, kl.numel() // 100)
+    return {
+        "kl": float(kl.mean()), "median_kl": float(kl.median()),
+        "ppl": 100.0 * (math.exp(float(nll.mean()) - float(nll_ref.mean())) - 1.0),
+        "top1": 100.0 * float(same.double().mean()),
+        "worst_share": float(kl.sort(descending=True).values[:one_percent].sum() / kl.sum()) if kl.sum() > 0 else 0.0,
+        "worst": [(i, float(kl[i]), bool(same[i]), float(margin[i])) for i in worst],
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", required=True, help="comma-separated")
+    ap.add_argument("--layers", type=int, default=3)
+    ap.add_argument("--positions", type=int, default=640)
+    ap.add_argument("--emulate", default="fp32,kv16,attn16")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--preset", default="fullwidth", help="make_model.py's PRESETS (tiny: a quick smoke run)")
+    args = ap.parse_args()
+    kinds = [k for k in args.emulate.split(",") if k]
+    for k in kinds:
+        if k not in ("fp32", "kv16", "k16", "v16", "attn16", "down16"):
+            sys.exit(f"rounding_effect: unknown emulation {k} (fp32, kv16, k16, v16, attn16, down16)")
+    if args.layers != 3 and args.layers < 4:
+        sys.exit("rounding_effect: --layers 3, or 4 and more (a gated-attention layer is needed)")
+
+    import torch
+    from transformers import AttentionInterface
+
+    torch.set_grad_enabled(False)
+    for k in {"fp32", *kinds} - {"down16"}:
+        AttentionInterface.register("tern_" + k, emulated_attention(torch, k))
+    # build_model's arguments, as gpu_reference.py's defaults for the fidelity check
+    margs = argparse.Namespace(preset=args.preset, layers=args.layers, scales="trained", weights="q4",
+                               lm_head_std=0.1)
+    dev = torch.device(args.device)
+    for seed in [int(s) for s in args.seeds.split(",") if s]:
+        log(f"seed {seed}: {args.layers} layers {layer_types_for(args.layers)}, {args.positions} positions")
+        model = build_model(margs, seed, dev, None, layer_types_for(args.layers))
+        V = model.config.vocab_size
+        tg = torch.Generator(device="cpu").manual_seed(seed + 1)
+        tokens = torch.randint(0, V, (args.positions,), generator=tg, dtype=torch.int64)
+        runs = {}
+        for impl in ["eager"] + ["tern_" + k for k in kinds]:
+            # the attention: transformers' eager, or this script's (exact for fp32 and down16); the experts:
+            # transformers' for the reference, this script's for every emulation
+            kind = None if impl == "eager" else impl[len("tern_"):]
+            model.set_attn_implementation("tern_fp32" if kind == "down16" else impl)
+            experts = None if kind is None else "down16" if kind == "down16" else "fp32"
+            emulate_experts(model, experts, torch)
+            t0 = time.time()
+            runs[impl] = model(input_ids=tokens[None].to(dev), use_cache=False).logits[0].float().cpu()
+            log(f"  {impl}: {time.time() - t0:.1f} s")
+        # the comparisons' and the next seed's memory (the emulated forwards hold their modules: a cycle)
+        emulate_experts(model, None, torch)
+        del model
+        gc.collect()
+        for k in kinds:
+            f = compare(runs["eager"], runs["tern_" + k], tokens, torch)
+            worst = " ".join(f"{i} (KL {kl:.3g}, top-1 {'same' if s else 'differs'}, margin {m:.3g})"
+                             for i, kl, s, m in f["worst"])
+            print(f"seed {seed} {k}: mean KL {f['kl']:.3g} (median {f['median_kl']:.3g}), perplexity "
+                  f"{f['ppl']:+.4f}%, top-1 {f['top1']:.2f}%, worst 1% of positions {100 * f['worst_share']:.0f}% of "
+                  f"the KL; worst: {worst}", flush=True)
+        del runs
+
+
+if __name__ == "__main__":
+    main()

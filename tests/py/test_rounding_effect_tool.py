@@ -1,0 +1,49 @@
+"""tests/oracles/rounding_effect.py (issue 29: how far one of the CUDA path's roundings alone moves the trained-scale
+oracle) on a small model of the real head widths, fresh seed each run: its control (the script's own attention and
+experts without a rounding) sits at fp32's noise against transformers, each emulated rounding moves the logits
+beyond it, and the model without a checkpoint (the script's) holds the values the checkpoint path gives."""
+import argparse
+import pathlib
+import re
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+ORACLES = ROOT / "tests" / "oracles"
+LINE = re.compile(r"^seed (\d+) (\w+): mean KL (\S+) \(median (\S+)\), perplexity (\S+)%, top-1 (\S+)%")
+
+
+def test_control_at_fp32_noise_and_each_rounding_above_it(seed):
+    r = subprocess.run([sys.executable, ORACLES / "rounding_effect.py", "--seeds", str(seed), "--preset", "realdims",
+                        "--positions", "64", "--emulate", "fp32,kv16,k16,v16,attn16,down16"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    kl = {}
+    for line in r.stdout.splitlines():
+        m = LINE.match(line)
+        if m:
+            assert int(m.group(1)) == seed
+            kl[m.group(2)] = float(m.group(3))
+    assert set(kl) == {"fp32", "kv16", "k16", "v16", "attn16", "down16"}, r.stdout
+    assert kl["fp32"] < 1e-9, f"seed {seed}: the control is not at fp32's noise: {kl}"
+    # fp16's 2^-11 rounding of K and V is far above fp32's noise; the 16-bit down inputs' ~1.5e-5 of a group's max
+    # above it too
+    for k in ("kv16", "k16", "v16", "attn16"):
+        assert kl[k] > 100 * kl["fp32"], f"seed {seed}: {k}: {kl}"
+    assert kl["down16"] > kl["fp32"], f"seed {seed}: {kl}"
+
+
+def test_model_without_checkpoint_holds_the_checkpoint_paths_values(tmp_path, seed):
+    import torch
+
+    sys.path.insert(0, str(ORACLES))
+    from gpu_reference import build_model
+
+    args = argparse.Namespace(preset="realdims", layers=4, scales="trained", weights="q4", lm_head_std=0.1)
+    with_ckpt = build_model(args, seed, torch.device("cpu"), tmp_path)
+    without = build_model(args, seed, torch.device("cpu"), None)
+    assert (tmp_path / "model.safetensors").exists()
+    a, b = dict(with_ckpt.named_parameters()), dict(without.named_parameters())
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), f"seed {seed}: {name} differs"
