@@ -5,12 +5,18 @@ test_cuda compares tern's logits with the reference (mean KL, median KL, perplex
 Runs on the CPU; no tern binary and no GPU involved.
 
     .venv/bin/python tests/oracles/rounding_effect.py --seeds 1,2 [--layers 3] [--positions 640]
-        [--emulate fp32,kv16,attn16,down16] [--device cpu]
+        [--emulate fp32,kv16,kvb19,attn16,down16] [--device cpu]
 
 Emulations (what tern's CUDA kernels do), each run with this script's attention and experts forward:
   fp32    none: this script's attention and experts without a rounding (a control: it must sit at fp32's noise);
   kv16    K (after its norm and RoPE) and V rounded to fp16, as the default KV cache (--kv-dtype f16) stores them
           (src/cuda/kernels/attention); k16, v16: K alone, V alone;
+  kvbN    K and V rounded to N significant bits (N = 2..24; fp16 keeps 11, fp32 24), their range unbounded: how many
+          bits a wider cache would need (fp16 + an 8-bit residual per value keeps 19);
+  kvi16   K and V as 16-bit integers with a scale per (token, head) row, max|x|/32767: fp16's bytes, a fixed-point
+          rounding of at most a 65534th of the row's largest value;
+  qp16    Q and the unnormalised probabilities exp(s - max) rounded to fp16, K and V exact; qpbN: to N significant
+          bits;
   attn16  kv16, and Q and the unnormalised probabilities exp(s - max) rounded to fp16, as the attention's
           tensor-core products take them (the scores, the softmax sums and the output in fp32);
   down16  the MoE down products' input (routed and shared experts) quantised to 16 bits per group of 64 columns,
@@ -41,12 +47,37 @@ def layer_types_for(layers):
     return default_layer_types(layers)
 
 
+def significant_bits(kind, prefix="kvb"):
+    """N of an emulation kvbN (or prefix + N), else None."""
+    rest = kind[len(prefix):]
+    return int(rest) if kind.startswith(prefix) and rest.isdigit() else None
+
+
+def row_int16(t, torch):
+    """t with each row (the last axis: one token's head) as 16-bit integers times max|row|/32767."""
+    s = t.abs().amax(dim=-1, keepdim=True) / 32767.0
+    return torch.where(s > 0, torch.round(t / torch.where(s > 0, s, torch.ones_like(s))) * s, torch.zeros_like(t))
+
+
+def rounded_to_bits(t, bits, torch):
+    """t with each value rounded to nearest (ties to even) at `bits` significant bits, exponent unbounded."""
+    m, e = torch.frexp(t)  # t = m·2^e, 0.5 <= |m| < 1
+    return torch.ldexp(torch.round(m * 2.0 ** bits) / 2.0 ** bits, e)
+
+
 def emulated_attention(torch, kind):
     """An attention function for transformers' AttentionInterface: eager attention in fp32 with kind's roundings."""
     f16 = lambda t: t.to(torch.float16).to(torch.float32)  # noqa: E731
+    bits, qp_bits = significant_bits(kind), 11 if kind == "qp16" else significant_bits(kind, "qpb")
 
     def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
         # query [b, Hq, n, d], key / value [b, Hkv, n, d]
+        if bits is not None:
+            key, value = rounded_to_bits(key, bits, torch), rounded_to_bits(value, bits, torch)
+        if kind == "kvi16":
+            key, value = row_int16(key, torch), row_int16(value, torch)
+        if qp_bits is not None:
+            query = rounded_to_bits(query, qp_bits, torch)
         if kind in ("kv16", "attn16", "k16"):
             key = f16(key)
         if kind in ("kv16", "attn16", "v16"):
@@ -65,6 +96,8 @@ def emulated_attention(torch, kind):
         total = p.sum(dim=-1, keepdim=True)
         if kind == "attn16":
             p = f16(p)
+        if qp_bits is not None:
+            p = rounded_to_bits(p, qp_bits, torch)
         out = torch.matmul(p, value) / total
         return out.transpose(1, 2).contiguous(), None
 
@@ -160,8 +193,10 @@ def main():
     args = ap.parse_args()
     kinds = [k for k in args.emulate.split(",") if k]
     for k in kinds:
-        if k not in ("fp32", "kv16", "k16", "v16", "attn16", "down16"):
-            sys.exit(f"rounding_effect: unknown emulation {k} (fp32, kv16, k16, v16, attn16, down16)")
+        bits = significant_bits(k) or significant_bits(k, "qpb")
+        named = ("fp32", "kv16", "k16", "v16", "kvi16", "qp16", "attn16", "down16")
+        if k not in named and not (bits and 2 <= bits <= 24):
+            sys.exit(f"rounding_effect: unknown emulation {k} ({', '.join(named)}, kvbN or qpbN with N 2..24)")
     if args.layers != 3 and args.layers < 4:
         sys.exit("rounding_effect: --layers 3, or 4 and more (a gated-attention layer is needed)")
 

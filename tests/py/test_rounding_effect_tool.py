@@ -1,7 +1,8 @@
 """tests/oracles/rounding_effect.py (issue 29: how far one of the CUDA path's roundings alone moves the trained-scale
 oracle) on a small model of the real head widths, fresh seed each run: its control (the script's own attention and
-experts without a rounding) sits at fp32's noise against transformers, each emulated rounding moves the logits
-beyond it, and the model without a checkpoint (the script's) holds the values the checkpoint path gives."""
+experts without a rounding) sits at fp32's noise against transformers; each emulated rounding moves the logits beyond
+it; K and V rounded to 11 significant bits give what fp16 gives, to 24 what no rounding gives; and the model without a
+checkpoint (the script's) holds the values the checkpoint path gives."""
 import argparse
 import pathlib
 import re
@@ -15,7 +16,7 @@ LINE = re.compile(r"^seed (\d+) (\w+): mean KL (\S+) \(median (\S+)\), perplexit
 
 def test_control_at_fp32_noise_and_each_rounding_above_it(seed):
     r = subprocess.run([sys.executable, ORACLES / "rounding_effect.py", "--seeds", str(seed), "--preset", "realdims",
-                        "--positions", "64", "--emulate", "fp32,kv16,k16,v16,attn16,down16"],
+                        "--positions", "64", "--emulate", "fp32,kv16,k16,v16,kvb11,kvb24,attn16,down16"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     kl = {}
@@ -24,13 +25,16 @@ def test_control_at_fp32_noise_and_each_rounding_above_it(seed):
         if m:
             assert int(m.group(1)) == seed
             kl[m.group(2)] = float(m.group(3))
-    assert set(kl) == {"fp32", "kv16", "k16", "v16", "attn16", "down16"}, r.stdout
+    assert set(kl) == {"fp32", "kv16", "k16", "v16", "kvb11", "kvb24", "attn16", "down16"}, r.stdout
     assert kl["fp32"] < 1e-9, f"seed {seed}: the control is not at fp32's noise: {kl}"
     # fp16's 2^-11 rounding of K and V is far above fp32's noise; the 16-bit down inputs' ~1.5e-5 of a group's max
     # above it too
     for k in ("kv16", "k16", "v16", "attn16"):
         assert kl[k] > 100 * kl["fp32"], f"seed {seed}: {k}: {kl}"
     assert kl["down16"] > kl["fp32"], f"seed {seed}: {kl}"
+    # 11 significant bits are fp16's (but for its subnormals and range); 24 are fp32's own: no rounding at all
+    assert abs(kl["kvb11"] / kl["kv16"] - 1) < 0.05, f"seed {seed}: {kl}"
+    assert kl["kvb24"] == kl["fp32"], f"seed {seed}: {kl}"
 
 
 def test_model_without_checkpoint_holds_the_checkpoint_paths_values(tmp_path, seed):
