@@ -7,7 +7,8 @@ Runs on the CPU; no tern binary and no GPU involved.
     .venv/bin/python tests/oracles/rounding_effect.py --seeds 1,2 [--layers 3] [--positions 640]
         [--emulate fp32,kv16,kvb19,attn16,down16] [--device cpu]
 
-Emulations (what tern's CUDA kernels do), each run with this script's attention and experts forward:
+The reference is transformers' own forward (its eager attention; its experts as it runs them). Emulations (what
+tern's CUDA kernels do), each run with this script's attention and experts forward (the same arithmetic):
   fp32    none: this script's attention and experts without a rounding (a control: it must sit at fp32's noise);
   kv16    K (after its norm and RoPE) and V rounded to fp16, as the default KV cache (--kv-dtype f16) stores them
           (src/cuda/kernels/attention); k16, v16: K alone, V alone;
@@ -15,8 +16,8 @@ Emulations (what tern's CUDA kernels do), each run with this script's attention 
           bits a wider cache would need (fp16 + an 8-bit residual per value keeps 19);
   kvi16   K and V as 16-bit integers with a scale per (token, head) row, max|x|/32767: fp16's bytes, a fixed-point
           rounding of at most a 65534th of the row's largest value;
-  qp16    Q and the unnormalised probabilities exp(s - max) rounded to fp16, K and V exact; qpbN: to N significant
-          bits;
+  qp16    Q and the unnormalised probabilities exp(s - max) rounded to fp16's 11 significant bits, K and V exact (the
+          range unbounded: fp16 itself also loses bits below 2^-14, which attn16 keeps); qpbN: to N significant bits;
   attn16  kv16, and Q and the unnormalised probabilities exp(s - max) rounded to fp16, as the attention's
           tensor-core products take them (the scores, the softmax sums and the output in fp32);
   down16  the MoE down products' input (routed and shared experts) quantised to 16 bits per group of 64 columns,
@@ -35,6 +36,7 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from gpu_reference import build_model, default_layer_types  # noqa: E402
+from make_model import PRESETS  # noqa: E402
 
 
 def log(msg):
@@ -189,7 +191,8 @@ def main():
     ap.add_argument("--positions", type=int, default=640)
     ap.add_argument("--emulate", default="fp32,kv16,attn16")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--preset", default="fullwidth", help="make_model.py's PRESETS (tiny: a quick smoke run)")
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="fullwidth",
+                    help="make_model.py's PRESETS (realdims: a quick run)")
     args = ap.parse_args()
     kinds = [k for k in args.emulate.split(",") if k]
     for k in kinds:
