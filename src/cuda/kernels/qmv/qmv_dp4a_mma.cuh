@@ -21,7 +21,7 @@ namespace tern::cuda {
 
 // Whether qmv_dp4a_mma_batched can take B tokens of this product: qmv_dp4a_supported(a), 24-bit activations (the
 // default), 2 <= B <= kBatchMaxTokens, 16-byte aligned scales and biases, ldx a multiple of 4, and the block's shared
-// memory within the device's limit (220 KB for 4096 columns: Hopper; Ampere's 4096-column products stay on dp4a).
+// memory within the device's limit (223 KB for 4096 columns: Hopper; Ampere's 4096-column products stay on dp4a).
 bool qmv_dp4a_mma_supported(const QmvArgs& a, int B);
 // Whether this device's shared memory per block holds the kernel's layout for `cols` columns (4096 columns take
 // 223 KB: Hopper only; 1024 and 2048 fit 99 KB).
