@@ -36,11 +36,11 @@ std::unique_ptr<ModelRunner> runner_create_synthetic(const Config& config, uint6
                                                      int64_t vocab_real = 0, KvDtype kv = KvDtype::f16);
 
 // The CPU runner keeps its KV cache in fp32 whatever --kv-dtype says: it takes the default (f16, which on the CPU
-// means its own cache) and refuses bf16 and fp8 with a tern::Error that says so. Inline: the GPU-only build's tern
+// means its own cache) and refuses bf16, fp8 and i16 with a tern::Error that says so. Inline: the GPU-only build's tern
 // bench uses it without this file's .cpp.
 inline void cpu_kv_dtype_check(KvDtype kv) {
   TERN_CHECK(kv == KvDtype::f16, "--kv-dtype ", kv_dtype_name(kv),
-             ": the CPU backend keeps its KV cache in fp32 and takes only the default; bf16 and fp8 KV caches are "
+             ": the CPU backend keeps its KV cache in fp32 and takes only the default; bf16, fp8 and i16 KV caches are "
              "the CUDA backend's (--device cuda)");
 }
 

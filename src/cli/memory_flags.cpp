@@ -16,10 +16,12 @@ namespace tern::cli {
 
 void kv_dtype_flag_add(CLI::App* sub, std::string& kv_dtype) {
   sub->add_option("--kv-dtype", kv_dtype,
-                  "The KV cache's type on the GPU: f16, bf16, or fp8 (e4m3 with a scale per token and head: half the "
+                  "The KV cache's type on the GPU: f16, bf16, fp8 (e4m3 with a scale per token and head: half the "
                   "memory, so about twice the context, at a fidelity cost: mean KL ~7e-3 against ~6e-5 with f16 on a "
-                  "reference model). The CPU keeps fp32 and takes only f16")
-      ->check(CLI::IsMember({"f16", "bf16", "fp8"}))
+                  "reference model) or i16 (16-bit integers with a scale per token and head, f16's memory, and the "
+                  "attention's products in fp16 hi + lo: ~22 significant bits where f16 keeps 11, a slower prefill "
+                  "attention). The CPU keeps fp32 and takes only f16")
+      ->check(CLI::IsMember({"f16", "bf16", "fp8", "i16"}))
       ->capture_default_str();
 }
 

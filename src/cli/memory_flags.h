@@ -19,7 +19,7 @@ inline constexpr int64_t kCpuDefaultContext = 32768;
 
 // --gpu-memory GB on `sub`: the value checked as it is parsed (a usage error names a bad one) and kept in bytes.
 void gpu_memory_flag_add(CLI::App* sub, int64_t& cap_bytes);
-// --kv-dtype f16|bf16|fp8 on `sub` (model_flags_add adds it; bench and logits too).
+// --kv-dtype f16|bf16|fp8|i16 on `sub` (model_flags_add adds it; bench and logits too).
 void kv_dtype_flag_add(CLI::App* sub, std::string& kv_dtype);
 
 struct GpuMemory {

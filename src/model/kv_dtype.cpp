@@ -9,6 +9,7 @@ const char* kv_dtype_name(KvDtype t) {
     case KvDtype::f16: return "f16";
     case KvDtype::bf16: return "bf16";
     case KvDtype::fp8: return "fp8";
+    case KvDtype::i16: return "i16";
   }
   return "?";
 }
@@ -17,11 +18,18 @@ KvDtype kv_dtype_parse(const std::string& text) {
   if (text == "f16") return KvDtype::f16;
   if (text == "bf16") return KvDtype::bf16;
   if (text == "fp8") return KvDtype::fp8;
-  TERN_FAIL("--kv-dtype must be f16, bf16 or fp8, got '", text, "'");
+  if (text == "i16") return KvDtype::i16;
+  TERN_FAIL("--kv-dtype must be f16, bf16, fp8 or i16, got '", text, "'");
 }
 
 int64_t kv_row_bytes(KvDtype t, int64_t head_dim) {
-  return t == KvDtype::fp8 ? head_dim + int64_t(sizeof(float)) : 2 * head_dim;
+  switch (t) {
+    case KvDtype::fp8: return head_dim + int64_t(sizeof(float));
+    case KvDtype::i16: return 2 * head_dim + int64_t(sizeof(float));
+    case KvDtype::f16:
+    case KvDtype::bf16: break;
+  }
+  return 2 * head_dim;
 }
 
 }  // namespace tern

@@ -18,6 +18,9 @@ tern's CUDA kernels do), each run with this script's attention and experts forwa
           rounding of at most a 65534th of the row's largest value;
   qp16    Q and the unnormalised probabilities exp(s - max) rounded to fp16's 11 significant bits, K and V exact (the
           range unbounded: fp16 itself also loses bits below 2^-14, which attn16 keeps); qpbN: to N significant bits;
+          q16, p16: Q alone, the probabilities alone (11 significant bits, range unbounded);
+  i16     the i16 KV cache's attention (--kv-dtype i16): kvi16, and Q and the probabilities at 22 significant bits
+          (fp16 hi + lo; range unbounded);
   attn16  kv16, and Q and the unnormalised probabilities exp(s - max) rounded to fp16, as the attention's
           tensor-core products take them (the scores, the softmax sums and the output in fp32);
   down16  the MoE down products' input (routed and shared experts) quantised to 16 bits per group of 64 columns,
@@ -71,15 +74,19 @@ def emulated_attention(torch, kind):
     """An attention function for transformers' AttentionInterface: eager attention in fp32 with kind's roundings."""
     f16 = lambda t: t.to(torch.float16).to(torch.float32)  # noqa: E731
     bits, qp_bits = significant_bits(kind), 11 if kind == "qp16" else significant_bits(kind, "qpb")
+    if kind == "i16":
+        qp_bits = 22
+    q_bits = 11 if kind == "q16" else qp_bits
+    p_bits = 11 if kind == "p16" else qp_bits
 
     def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
         # query [b, Hq, n, d], key / value [b, Hkv, n, d]
         if bits is not None:
             key, value = rounded_to_bits(key, bits, torch), rounded_to_bits(value, bits, torch)
-        if kind == "kvi16":
+        if kind in ("kvi16", "i16"):
             key, value = row_int16(key, torch), row_int16(value, torch)
-        if qp_bits is not None:
-            query = rounded_to_bits(query, qp_bits, torch)
+        if q_bits is not None:
+            query = rounded_to_bits(query, q_bits, torch)
         if kind in ("kv16", "attn16", "k16"):
             key = f16(key)
         if kind in ("kv16", "attn16", "v16"):
@@ -98,8 +105,8 @@ def emulated_attention(torch, kind):
         total = p.sum(dim=-1, keepdim=True)
         if kind == "attn16":
             p = f16(p)
-        if qp_bits is not None:
-            p = rounded_to_bits(p, qp_bits, torch)
+        if p_bits is not None:
+            p = rounded_to_bits(p, p_bits, torch)
         out = torch.matmul(p, value) / total
         return out.transpose(1, 2).contiguous(), None
 
@@ -197,7 +204,7 @@ def main():
     kinds = [k for k in args.emulate.split(",") if k]
     for k in kinds:
         bits = significant_bits(k) or significant_bits(k, "qpb")
-        named = ("fp32", "kv16", "k16", "v16", "kvi16", "qp16", "attn16", "down16")
+        named = ("fp32", "kv16", "k16", "v16", "kvi16", "qp16", "q16", "p16", "i16", "attn16", "down16")
         if k not in named and not (bits and 2 <= bits <= 24):
             sys.exit(f"rounding_effect: unknown emulation {k} ({', '.join(named)}, kvbN or qpbN with N 2..24)")
     if args.layers != 3 and args.layers < 4:

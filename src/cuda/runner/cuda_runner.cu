@@ -117,7 +117,7 @@ CudaRunner::CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const M
   // scheduler then shrinks the chunk to its budget instead), for the A/B of the admission test.
   layer_pieces_ = !env_is("TERN_LAYER_PIECES", "0");
   // The KV cache in fp16 (11 significant bits) unless the option asks for bf16 (8 bits) or fp8 (4 bits and a scale
-  // per row), or TERN_KV_BF16=1 turns the default into bf16, or TERN_KV_DTYPE=f16|bf16|fp8 sets the default's type
+  // per row), or TERN_KV_BF16=1 turns the default into bf16, or TERN_KV_DTYPE=f16|bf16|fp8|i16 sets the default's type
   // (measurement switches: the whole-model checks of test_cuda run on any type with them).
   kv_ = o.kv;
   if (kv_ == KvDtype::f16 && env_is("TERN_KV_BF16", "1")) kv_ = KvDtype::bf16;

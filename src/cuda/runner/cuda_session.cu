@@ -442,16 +442,15 @@ void CudaSession::copy_kv_prefix(const Session& from, int64_t n) {
   if (src == this || n == 0) return;
   TERN_INTERNAL_CHECK(src->kv == kv, "cuda copy_kv_prefix: KV caches of two types in one runner");
   TERN_CUDA(cudaDeviceSynchronize());
-  // Rows [0, n) of every head: [Hkv, capacity, dh] values of 2 bytes (fp16, bf16) or 1 (fp8); for fp8 also the rows'
-  // scales, [Hkv, capacity] floats after the values (attention.cuh).
-  const bool fp8 = kv == KvDtype::fp8;
-  const size_t row = size_t(head_dim) * (fp8 ? 1 : 2), width = size_t(n) * row;
+  // Rows [0, n) of every head: [Hkv, capacity, dh] values of 2 bytes (fp16, bf16, i16) or 1 (fp8); for fp8 and i16
+  // also the rows' scales, [Hkv, capacity] floats after the values (attention.cuh).
+  const size_t row = size_t(head_dim) * size_t(kv_value_bytes(kv)), width = size_t(n) * row;
   auto copy_rows = [&](void* dst, const void* from) {
     TERN_CUDA(cudaMemcpy2D(dst, size_t(capacity_) * row, from, size_t(src->capacity_) * row, width, size_t(kv_heads),
                            cudaMemcpyDeviceToDevice));
-    if (!fp8) return;
-    auto* d8 = static_cast<uint8_t*>(dst) + attn_fp8_scales_offset(kv_heads, capacity_, head_dim);
-    const auto* s8 = static_cast<const uint8_t*>(from) + attn_fp8_scales_offset(kv_heads, src->capacity_, head_dim);
+    if (!kv_row_scaled(kv)) return;
+    auto* d8 = static_cast<uint8_t*>(dst) + attn_row_scales_offset(kv, kv_heads, capacity_, head_dim);
+    const auto* s8 = static_cast<const uint8_t*>(from) + attn_row_scales_offset(kv, kv_heads, src->capacity_, head_dim);
     TERN_CUDA(cudaMemcpy2D(d8, size_t(capacity_) * sizeof(float), s8, size_t(src->capacity_) * sizeof(float),
                            size_t(n) * sizeof(float), size_t(kv_heads), cudaMemcpyDeviceToDevice));
   };

@@ -209,8 +209,8 @@ class CudaSession final : public Session {
   int64_t keep_in_call = -1;  // the current forward call's keep_state_at position (-1: none)
 
   struct LayerCache {
-    // [Hkv, capacity, dh] in the runner's KvDtype: fp16 or bf16 values, or fp8 bytes followed by the rows' fp32
-    // scales [Hkv, capacity] (attention.cuh, attn_cache_bytes)
+    // [Hkv, capacity, dh] in the runner's KvDtype: fp16 or bf16 values, or fp8 bytes (i16: int16 values) followed by
+    // the rows' fp32 scales [Hkv, capacity] (attention.cuh, attn_cache_bytes)
     void* k = nullptr;
     void* v = nullptr;
     float* conv = nullptr;  // [Ck-1, C]

@@ -234,18 +234,19 @@ struct BatchItemsStagesScope {
 };
 
 // Poisons (NaN codes, 0xff bytes) the row at position pos[b] of every KV head of sequence b's K and V caches, fp8
-// scales included, on the default stream: the rows attn_prepare_batched writes next.
+// scales included (fp8, i16), on the default stream: the rows attn_prepare_batched writes next.
 inline void poison_new_rows(const std::vector<void*>& k_ptrs, const std::vector<void*>& v_ptrs,
                             const std::vector<int>& pos, const std::vector<int64_t>& caps, const AttnDims& d) {
-  const int64_t elem = d.kv == KvDtype::fp8 ? 1 : 2;
+  const int64_t elem = kv_value_bytes(d.kv);
   for (size_t b = 0; b < pos.size(); ++b)
     for (int h = 0; h < d.Hkv; ++h) {
       const int64_t row = int64_t(h) * caps[b] + pos[b];
       for (void* cache : {k_ptrs[b], v_ptrs[b]}) {
         uint8_t* bytes = static_cast<uint8_t*>(cache);
         TERN_CUDA(cudaMemsetAsync(bytes + row * d.dh * elem, 0xff, size_t(d.dh * elem), nullptr));
-        if (d.kv == KvDtype::fp8)
-          TERN_CUDA(cudaMemsetAsync(bytes + attn_fp8_scales_offset(d.Hkv, caps[b], d.dh) + row * 4, 0xff, 4, nullptr));
+        if (kv_row_scaled(d.kv))
+          TERN_CUDA(cudaMemsetAsync(bytes + attn_row_scales_offset(d.kv, d.Hkv, caps[b], d.dh) + row * 4, 0xff, 4,
+                                    nullptr));
       }
     }
 }

@@ -82,6 +82,16 @@ int& items_stages_asked() {
   return stages;
 }
 
+void check_i16_fits(const AttnDims& d) {
+  const AttentionSetup& s = attention_setup();
+  const size_t prefill = prefill_smem(d);
+  bool decode = true;
+  for (const DecodeVariant& v : s.decode[dh_index(d.dh)]) decode = decode && v.i16_stages >= 1;
+  TERN_CHECK(prefill <= size_t(s.smem_optin) && decode, "--kv-dtype i16: its attention kernels need up to ", prefill,
+             " bytes of shared memory a block at head dim ", d.dh, ", this device has ", s.smem_optin,
+             " (an fp16 cache needs half)");
+}
+
 // What attn_prepare_batched and attention_batched both require (d's head shapes are checked by the caller).
 void check_batch(const AttnBatch& b, const AttnDims& d, const char* what) {
   TERN_CHECK(d.T == 1, what, ": one token per sequence (d.T = ", d.T, ")");

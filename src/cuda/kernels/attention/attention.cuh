@@ -44,7 +44,11 @@ struct AttnDims {
 
 // One layer's K (or V) cache, `capacity` rows per KV head: [Hkv, capacity, dh] 16-bit values (fp16, bf16), or for fp8
 // [Hkv, capacity, dh] e4m3 bytes followed by the rows' fp32 scales [Hkv, capacity] at byte attn_fp8_scales_offset.
+// i16: [Hkv, capacity, dh] int16 values, then the rows' fp32 scales [Hkv, capacity] at byte attn_row_scales_offset.
 inline int64_t attn_fp8_scales_offset(int Hkv, int64_t capacity, int dh) { return int64_t(Hkv) * capacity * dh; }
+inline int64_t attn_row_scales_offset(KvDtype kv, int Hkv, int64_t capacity, int dh) {
+  return int64_t(Hkv) * capacity * dh * kv_value_bytes(kv);
+}
 inline int64_t attn_cache_bytes(KvDtype kv, int Hkv, int64_t capacity, int dh) {
   return int64_t(Hkv) * capacity * kv_row_bytes(kv, dh);
 }
@@ -85,7 +89,7 @@ inline int64_t attn_partial_floats(int64_t T, int Hq, int dh, int /*splits*/) { 
 void attention_init();
 
 // Throws tern::Error naming what the kernels do not take in d's head shapes (head dim, rotary dims, query heads per
-// KV head); T and capacity are not looked at. For a runner to refuse a model when it loads, not at its first step.
+// KV head) or, for an i16 cache, this device's shared memory (reads the device); T and capacity are not looked at. For a runner to refuse a model when it loads, not at its first step.
 void attention_check(const AttnDims& d);
 
 // out [T, Hq·dh] = softmax(q·Kᵀ/√dh, causal over positions 0..pos0+t) · V, times sigmoid(gate) from qg.

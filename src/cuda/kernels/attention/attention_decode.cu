@@ -54,10 +54,13 @@ struct Partials {
   int64_t stride = 0;
 };
 
-template <int DH, int RW>
+// PL: the 16-bit tiles' planes (kPlanes: 2 for the i16 cache, whose q tile is fp16 hi then lo, and whose K and V
+// tiles are I16Tile's).
+template <int DH, int RW, int PL = 1>
 constexpr size_t decode_smem_bytes(int stages) {
-  const size_t q = size_t(16 * RW) * DH * 2, stats = 2 * 4 * 16 * sizeof(float);
-  const size_t tiles = size_t(stages) * 2 * kBlockKeys * DH * 2, merge = 4 * 16 * size_t(DH + 8) * sizeof(float);
+  const size_t q = size_t(PL) * (16 * RW) * DH * 2, stats = 2 * 4 * 16 * sizeof(float);
+  const size_t tiles = size_t(stages) * 2 * (PL == 2 ? I16Tile<DH>::kBytes : kBlockKeys * DH * 2);
+  const size_t merge = 4 * 16 * size_t(DH + 8) * sizeof(float);
   return q + stats + (tiles > merge ? tiles : merge);
 }
 
@@ -80,27 +83,28 @@ __device__ __forceinline__ DecodeItem decode_item(int64_t pos0, int64_t T, int s
   return {pos0, L, split * n_tiles / splits, (split + 1) * n_tiles / splits};
 }
 
-// The K and V rows [capacity, DH] of KV head kvh of a sequence's caches (fp8: and the rows' scales).
+// The K and V rows [capacity, DH] of KV head kvh of a sequence's caches (fp8, i16: and the rows' scales).
 template <int DH, KvDtype KV>
 struct DecodeKv {
   using Elem = CacheElem<KV>;
   const Elem* Kh;
   const Elem* Vh;
-  const float* Ks = nullptr;  // fp8: the head's row scales
+  const float* Ks = nullptr;  // fp8, i16: the head's row scales
   const float* Vs = nullptr;
   __device__ __forceinline__ DecodeKv(const void* cache_k, const void* cache_v, int64_t capacity, int Hkv, int kvh)
       : Kh(static_cast<const Elem*>(cache_k) + int64_t(kvh) * capacity * DH),
         Vh(static_cast<const Elem*>(cache_v) + int64_t(kvh) * capacity * DH) {
-    if constexpr (kFp8<KV>) {
-      Ks = fp8_scales(static_cast<const uint8_t*>(cache_k), Hkv, capacity, DH) + int64_t(kvh) * capacity;
-      Vs = fp8_scales(static_cast<const uint8_t*>(cache_v), Hkv, capacity, DH) + int64_t(kvh) * capacity;
+    if constexpr (kScaled<KV>) {
+      Ks = row_scales<KV>(static_cast<const uint8_t*>(cache_k), Hkv, capacity, DH) + int64_t(kvh) * capacity;
+      Vs = row_scales<KV>(static_cast<const uint8_t*>(cache_v), Hkv, capacity, DH) + int64_t(kvh) * capacity;
     }
   }
 };
 
 // This thread's share of copying tile `tile` (keys tile·64 .. +63; those >= L zero-filled) of K and V into a stage:
 // K [64][DH] at `stage` (a generic pointer; smem address sstage), V [64][DH] right after it. 16-bit caches by
-// cp.async (the caller commits), fp8 by plain loads and stores (copy_tile_fp8).
+// cp.async (the caller commits), fp8 by plain loads and stores (copy_tile_fp8); i16 by plain loads and stores
+// (copy_tile_i16) into two I16Tile's, K at `stage` and V after it.
 template <int DH, KvDtype KV>
 __device__ __forceinline__ void decode_load_tile(const DecodeKv<DH, KV>& kv, int64_t L, int64_t tile, uint8_t* stage,
                                                  uint32_t sstage, int tid) {
@@ -110,6 +114,9 @@ __device__ __forceinline__ void decode_load_tile(const DecodeKv<DH, KV>& kv, int
   if constexpr (kFp8<KV>) {
     copy_tile_fp8<DH>(stage, kv.Kh + k0 * DH, kv.Ks + k0, valid, tid);
     copy_tile_fp8<DH>(stage + TILE, kv.Vh + k0 * DH, kv.Vs + k0, valid, tid);
+  } else if constexpr (kI16<KV>) {
+    copy_tile_i16<DH>(stage, kv.Kh + k0 * DH, kv.Ks + k0, valid, tid);
+    copy_tile_i16<DH>(stage + I16Tile<DH>::kBytes, kv.Vh + k0 * DH, kv.Vs + k0, valid, tid);
   } else {
     copy_tile_async<DH>(sstage, kv.Kh + k0 * DH, valid, tid);
     copy_tile_async<DH>(sstage + TILE, kv.Vh + k0 * DH, valid, tid);
@@ -127,6 +134,21 @@ __device__ __forceinline__ void decode_load_q(uint8_t* sQ, const float* q, int H
     uint4 val = make_uint4(0u, 0u, 0u, 0u);
     if (r < R) val = load8_as16<F16>(q + ((int64_t(r / G) * Hq + kvh * G + r % G) * DH + c * 8));
     *reinterpret_cast<uint4*>(sQ + swz<DH>(r, c)) = val;
+  }
+}
+
+// decode_load_q for the i16 cache: the rows as fp16 hi + lo (load8_split), hi into sQ, lo into sQ + q_lo.
+template <int DH, int RW>
+__device__ __forceinline__ void decode_load_q_split(uint8_t* sQ, uint32_t q_lo, const float* q, int Hq, int kvh, int G,
+                                                    int R, int tid) {
+  constexpr int CH = DH / 8, QROWS = 16 * RW;
+#pragma unroll
+  for (int it = 0; it < QROWS * CH / 128; ++it) {
+    const int i = tid + it * 128, r = i / CH, c = i % CH;
+    uint4 hi = make_uint4(0u, 0u, 0u, 0u), lo = hi;
+    if (r < R) load8_split(q + ((int64_t(r / G) * Hq + kvh * G + r % G) * DH + c * 8), hi, lo);
+    *reinterpret_cast<uint4*>(sQ + swz<DH>(r, c)) = hi;
+    *reinterpret_cast<uint4*>(sQ + q_lo + swz<DH>(r, c)) = lo;
   }
 }
 
@@ -192,6 +214,31 @@ __device__ __forceinline__ void decode_tile(float (&m)[2], float (&l)[2], float 
   }
   online_softmax<SN, DH / 8>(s, m, l, o, sl);
   accumulate_pv<DH, SN, F16>(o, s, sk + TILE, kb, lane);
+}
+
+// decode_tile for the i16 cache: Q hi at sq, lo at sq + q_lo; the stage's K and V I16Tile's at sk (smem address) and
+// stage (the same, a generic pointer). e_v: the power of two the output accumulators count in (i16_rescale_o).
+template <int DH, int RW>
+__device__ __forceinline__ void decode_tile_split(float (&m)[2], float (&l)[2], float (&o)[DH / 8][4], int& e_v,
+                                                  const int64_t (&limit)[2], uint32_t sq, uint32_t q_lo, uint32_t sk,
+                                                  const uint8_t* stage, int64_t j, int64_t pos0, int row0, int kb,
+                                                  float sl, int lane, int qd) {
+  constexpr int KW = 4 / RW, KPW = kBlockKeys / KW, SN = KPW / 8;
+  constexpr uint32_t TB = I16Tile<DH>::kBytes;
+  const float* k_scales = reinterpret_cast<const float*>(stage + I16Tile<DH>::kScales);
+  const float* v_scales = reinterpret_cast<const float*>(stage + TB + I16Tile<DH>::kScales);
+  float s[SN][4];
+  scores_qk_split<DH, SN>(s, sq, q_lo, row0, sk, kb, lane);
+  i16_scale_scores<SN>(s, k_scales + kb, qd);
+  const int64_t k0 = j * kBlockKeys + kb;
+  if (k0 + KPW - 1 > pos0) {
+    const int rel[2] = {clamp_rel(limit[0] - k0, KPW), clamp_rel(limit[1] - k0, KPW)};
+    mask_scores<SN>(s, rel, qd);
+  }
+  online_softmax<SN, DH / 8>(s, m, l, o, sl);
+  const int e = i16_tile_exponent(v_scales, lane);
+  i16_rescale_o<DH / 8>(o, e_v, e);
+  accumulate_pv_split<DH, SN>(o, s, sk + TB, v_scales + kb, e, kb, lane);
 }
 
 // Where an item's partials go: row r's at index (t·Hq + kvh·G + hg)·splits + split of the sequence's m, l (o: × DH).
@@ -284,12 +331,14 @@ __global__ void __launch_bounds__(128, 1)
   constexpr bool F16 = kF16<KV>;
   constexpr int BN = kBlockKeys, NT = DH / 8;
   constexpr int KW = 4 / RW, KPW = BN / KW;
-  constexpr int QROWS = 16 * RW, TILE = BN * DH * 2;
+  constexpr int QROWS = 16 * RW, TILE = BN * DH * 2, PL = kPlanes<KV>;
+  constexpr uint32_t Q_LO = QROWS * DH * 2;  // i16: sQ's lo plane
+  constexpr uint32_t STAGE = kI16<KV> ? 2 * I16Tile<DH>::kBytes : 2 * TILE;  // a stage's bytes
   extern __shared__ __align__(128) uint8_t smem[];
-  uint8_t* sQ = smem;                                            // [QROWS][DH] 16-bit, swizzled
-  float* s_m = reinterpret_cast<float*>(smem + QROWS * DH * 2);  // [4 warps][16 rows]
+  uint8_t* sQ = smem;                                                 // [PL][QROWS][DH] 16-bit, swizzled
+  float* s_m = reinterpret_cast<float*>(smem + PL * QROWS * DH * 2);  // [4 warps][16 rows]
   float* s_l = s_m + 4 * 16;
-  uint8_t* ring = reinterpret_cast<uint8_t*>(s_l + 4 * 16);     // stages × {K [64][DH], V [64][DH]}
+  uint8_t* ring = reinterpret_cast<uint8_t*>(s_l + 4 * 16);  // stages × {K [64][DH], V [64][DH]} (i16: I16Tile's)
   float* sO = reinterpret_cast<float*>(ring);                     // after the loop: [4 warps][16][OSTRIDE] fp32
   const uint32_t sq = smem_addr(sQ), sring = smem_addr(ring);
 
@@ -322,8 +371,7 @@ __global__ void __launch_bounds__(128, 1)
   }
   const DecodeKv<DH, KV> kv(sb.cache_k, sb.cache_v, sb.capacity, d.Hkv, kvh);
   auto load_tile = [&](int64_t tile, int stage) {
-    decode_load_tile<DH, KV>(kv, it.L, tile, ring + size_t(stage) * 2 * TILE, sring + uint32_t(stage) * 2 * TILE,
-                             tid);
+    decode_load_tile<DH, KV>(kv, it.L, tile, ring + size_t(stage) * STAGE, sring + uint32_t(stage) * STAGE, tid);
   };
   // Tiles [tb, prologue_end) are copied first: stages - 1 of them, or with one stage (a batched launch whose splits
   // hold one or two tiles, see launch_decode) the first tile, into the one stage the loop then refills.
@@ -342,7 +390,10 @@ __global__ void __launch_bounds__(128, 1)
     pdl_wait();
     pdl_trigger();
   }
-  decode_load_q<DH, RW, F16>(sQ, q, d.Hq, kvh, G, R, tid);
+  if constexpr (kI16<KV>)
+    decode_load_q_split<DH, RW>(sQ, Q_LO, q, d.Hq, kvh, G, R, tid);
+  else
+    decode_load_q<DH, RW, F16>(sQ, q, d.Hq, kvh, G, R, tid);
 
   const float sl = rsqrtf(float(DH)) * kLog2e;
   const int row0 = 16 * rw, kb = kw * KPW;
@@ -352,6 +403,7 @@ __global__ void __launch_bounds__(128, 1)
   float o[NT][4];
 #pragma unroll
   for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  int e_v = 0;  // i16: the power of two (2^e_v) the output accumulators count in
 
   for (int64_t j = tb; j < te; ++j) {
     const int i = int(j - tb);
@@ -363,11 +415,16 @@ __global__ void __launch_bounds__(128, 1)
     cp_async_commit();
     cp_async_wait_dyn(stages - 1);
     __syncthreads();  // tile j is in for every thread
-    decode_tile<DH, RW, F16>(m, l, o, limit, sq, sring + uint32_t(i % stages) * 2 * TILE, j, pos0, row0, kb, sl, lane,
-                             qd);
+    if constexpr (kI16<KV>)
+      decode_tile_split<DH, RW>(m, l, o, e_v, limit, sq, Q_LO, sring + uint32_t(i % stages) * STAGE,
+                                ring + size_t(i % stages) * STAGE, j, pos0, row0, kb, sl, lane, qd);
+    else
+      decode_tile<DH, RW, F16>(m, l, o, limit, sq, sring + uint32_t(i % stages) * STAGE, j, pos0, row0, kb, sl, lane,
+                               qd);
     __syncthreads();  // every warp is done with this stage before it is refilled
   }
   cp_async_wait<0>();
+  if constexpr (kI16<KV>) i16_rescale_o<NT>(o, e_v, 0);  // back to units of 1
 
   // Combine the KW key-warps of each row group through shared memory (the ring is free now).
   decode_combine_stage<DH>(m, l, o, s_m, s_l, sO, warp, g, qd);
@@ -669,6 +726,17 @@ void setup_decode(AttentionSetup& s, int optin) {
   TERN_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_decode_split_kernel<DH, RW, KvDtype::f16>, 128,
                                                           v.smem_one_stage));
   v.blocks_per_sm_one_stage = std::max(1, n);
+  // The i16 cache's kernel: twice the shared memory a stage (hi and lo planes), as many stages as fit (one at DH = 256).
+  // Its split count is the fp16 kernel's (above), as for every cache type.
+  for (int stages = 3; stages >= 1 && v.i16_stages == 0; --stages) {
+    if (decode_smem_bytes<DH, RW, 2>(stages) > size_t(optin)) continue;
+    v.i16_stages = stages;
+    v.i16_smem = decode_smem_bytes<DH, RW, 2>(stages);
+    TERN_CUDA(cudaFuncSetAttribute(attention_decode_split_kernel<DH, RW, KvDtype::i16>,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, int(v.i16_smem)));
+    TERN_CUDA(cudaFuncSetAttribute(attention_decode_split_kernel<DH, RW, KvDtype::i16>,
+                                   cudaFuncAttributePreferredSharedMemoryCarveout, int(cudaSharedmemCarveoutMaxShared)));
+  }
   if constexpr (RW == 1) {  // the items-per-block form: 3 stages where they fit (Hopper), else 2 (A100), else off
     int stages = 3;
     while (stages >= 2 && decode_items_smem_bytes<DH, RW>(stages) > size_t(optin)) --stages;
@@ -702,22 +770,33 @@ void launch_decode(const float* q, const float* qg, int64_t ld_qg, const Seqs<co
   TERN_CHECK(v.smem <= size_t(setup.smem_optin), "attention: the decode kernel needs ", v.smem,
              " bytes of shared memory, the device has ", setup.smem_optin);
   const int64_t n_items = int64_t(seqs.B) * columns * d.Hkv;  // (sequence, split column, KV head)
-  if (items != 0 && RW == 1 && v.items_stages >= 2) {
-    // (A test may ask for fewer stages than fit: the same shared memory, the ring using only the first of them.)
-    const int stages = items_stages_asked() > 0 ? std::min(items_stages_asked(), v.items_stages) : v.items_stages;
-    const int64_t wave = int64_t(setup.sms) * v.items_blocks_per_sm;
-    const int64_t blocks = items == kAttnBatchItemsAuto ? std::min(n_items, wave) : (n_items + items - 1) / items;
-    items_launches.fetch_add(1, std::memory_order_relaxed);
-    launch_pdl("attention_decode_items", attention_decode_items_kernel<DH, 1, KV>, dim3(unsigned(blocks)), dim3(128),
-               v.items_smem, stream, q, seqs, d, columns, stages, kv_before_wait, part);
+  auto kernel = RW == 1 ? attention_decode_split_kernel<DH, 1, KV>
+                : RW == 2 ? attention_decode_split_kernel<DH, 2, KV>
+                          : attention_decode_split_kernel<DH, 4, KV>;
+  if constexpr (kI16<KV>) {  // its own ring (two planes a tile); no items-per-block form, no one-stage switch
+    TERN_CHECK(v.i16_stages >= 1, "attention: the decode kernel for an i16 cache does not fit the device's ",
+               setup.smem_optin, " bytes of shared memory (a stage takes ", decode_smem_bytes<DH, 1, 2>(1), " or more)");
+    launch_pdl("attention_decode_split", kernel, dim3(unsigned(d.Hkv), unsigned(columns), unsigned(seqs.B)), dim3(128),
+               v.i16_smem, stream, q, seqs, d, v.i16_stages, kv_before_wait, part);
     launch_pdl("attention_decode_merge", attention_decode_merge_kernel<DH>,
                dim3(unsigned(d.T * d.Hq), unsigned(seqs.B)), dim3(256), 0, stream, part, qg, ld_qg, seqs, d, out,
                tables);
     return;
+  } else {
+    if (items != 0 && RW == 1 && v.items_stages >= 2) {
+      // (A test may ask for fewer stages than fit: the same shared memory, the ring using only the first of them.)
+      const int stages = items_stages_asked() > 0 ? std::min(items_stages_asked(), v.items_stages) : v.items_stages;
+      const int64_t wave = int64_t(setup.sms) * v.items_blocks_per_sm;
+      const int64_t blocks = items == kAttnBatchItemsAuto ? std::min(n_items, wave) : (n_items + items - 1) / items;
+      items_launches.fetch_add(1, std::memory_order_relaxed);
+      launch_pdl("attention_decode_items", attention_decode_items_kernel<DH, 1, KV>, dim3(unsigned(blocks)), dim3(128),
+                 v.items_smem, stream, q, seqs, d, columns, stages, kv_before_wait, part);
+      launch_pdl("attention_decode_merge", attention_decode_merge_kernel<DH>,
+                 dim3(unsigned(d.T * d.Hq), unsigned(seqs.B)), dim3(256), 0, stream, part, qg, ld_qg, seqs, d, out,
+                 tables);
+      return;
+    }
   }
-  auto kernel = RW == 1 ? attention_decode_split_kernel<DH, 1, KV>
-                : RW == 2 ? attention_decode_split_kernel<DH, 2, KV>
-                          : attention_decode_split_kernel<DH, 4, KV>;
   // A grid of more than one wave whose splits hold one or two 64-key tiles (the batched step at short and middle
   // lengths: 8 sequences at 4K are 8 waves of one-tile splits) gains nothing from a deep ring and loses blocks per
   // SM to it: it takes the one-stage form (at DH = 256: 76 KB of shared memory, 2 blocks per SM instead of 1, the

@@ -101,6 +101,9 @@ struct DecodeVariant {
   int items_stages = 0;
   size_t items_smem = 0;
   int items_blocks_per_sm = 1;
+  // The i16 cache's one-item kernel (two planes a tile): its ring's stages and shared memory (0: it does not fit).
+  int i16_stages = 0;
+  size_t i16_smem = 0;
 };
 
 struct AttentionSetup {
@@ -124,6 +127,12 @@ int attn_split_tiles();       // TERN_ATTN_SPLIT_TILES
 int& batch_items();           // TERN_ATTN_BATCH_ITEMS, attn_batch_set_items
 int& items_stages_asked();    // attn_batch_set_items_stages
 extern std::atomic<int64_t> items_launches;  // attn_batch_items_launches
+
+// The i16 cache's kernels need twice the shared memory of the fp16 cache's: throws tern::Error when this device has
+// too little for d's head dim (attention_check calls it, so that a runner refuses --kv-dtype i16 when it loads).
+void check_i16_fits(const AttnDims& d);
+// The prefill kernel's shared memory for d's head dim and cache type (attention_prefill.cu).
+size_t prefill_smem(const AttnDims& d);
 
 // What attn_prepare_batched and attention_batched both require (attention.cu).
 void check_batch(const AttnBatch& b, const AttnDims& d, const char* what);
@@ -155,6 +164,7 @@ void with_cache_type(const AttnDims& d, F&& f) {
     case KvDtype::f16: return f.template operator()<DH, KvDtype::f16>();
     case KvDtype::bf16: return f.template operator()<DH, KvDtype::bf16>();
     case KvDtype::fp8: return f.template operator()<DH, KvDtype::fp8>();
+    case KvDtype::i16: return f.template operator()<DH, KvDtype::i16>();
   }
   TERN_FAIL("attention: KV cache type ", int(d.kv), " unknown");
 }

@@ -29,12 +29,15 @@ namespace {
 //
 // Warp w owns query rows 16w..16w+15 of the tile (tokens t0 + row), the whole head dim: O is 16×DH fp32 in registers
 // (DH/8 m16n8 accumulators). Shared memory: Q [64][DH], K [64][DH], V [64][DH] 16-bit, swizzled (96 KB at DH = 256:
-// two blocks per SM). The K and V tiles are single-buffered and overlapped as in FlashAttention-2: V_j streams in
-// while S = Q·K_jᵀ is computed, K_{j+1} while O += P·V_j. Key tiles run 0 → the diagonal; keys past the block's last
+// two blocks per SM); with an i16 cache each in two planes, fp16 hi then lo, the K and V tiles with their rows'
+// scales (I16Tile; 192.5 KB at DH = 256: one block per SM; scores_qk_split, accumulate_pv_split). The K and V tiles
+// are single-buffered and overlapped as in FlashAttention-2: V_j streams in while S = Q·K_jᵀ is computed, K_{j+1}
+// while O += P·V_j. Key tiles run 0 → the diagonal; keys past the block's last
 // token (or past the cache rows written) are zero-filled and masked.
 
-template <int DH>
+template <int DH, KvDtype KV>
 constexpr size_t prefill_smem_bytes() {
+  if constexpr (kI16<KV>) return size_t(2) * kPrefillRows * DH * 2 + 2 * I16Tile<DH>::kBytes;
   return size_t(kPrefillRows + 2 * kBlockKeys) * DH * 2;
 }
 
@@ -43,9 +46,12 @@ __global__ void __launch_bounds__(128, 2)
     attention_prefill_kernel(const float* q, const float* qg, const void* cache_k, const void* cache_v,
                              const int* pos0_ptr, AttnDims d, float* out) {
   constexpr bool F16 = kF16<KV>;
-  constexpr int BM = kPrefillRows, BN = kBlockKeys, CH = DH / 8, NT = DH / 8;
+  constexpr int BM = kPrefillRows, BN = kBlockKeys, CH = DH / 8, NT = DH / 8, PL = kPlanes<KV>;
+  constexpr uint32_t Q_LO = BM * DH * 2;  // i16: q's lo plane
+  constexpr uint32_t KV_TILE = kI16<KV> ? I16Tile<DH>::kBytes : BN * DH * 2;
   extern __shared__ __align__(128) uint8_t smem[];
-  const uint32_t sq = smem_addr(smem), sk = sq + BM * DH * 2, sv = sk + BN * DH * 2;
+  const uint32_t sq = smem_addr(smem), sk = sq + PL * BM * DH * 2, sv = sk + KV_TILE;
+  int e_v = 0;  // i16: the power of two (2^e_v) the output accumulators count in
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, qd = lane & 3;
   const int h = blockIdx.x, kvh = h / (d.Hq / d.Hkv);
   const int64_t t0 = int64_t(gridDim.y - 1 - blockIdx.y) * BM;  // the longest rows (latest tokens) start first
@@ -60,15 +66,17 @@ __global__ void __launch_bounds__(128, 2)
   using Elem = CacheElem<KV>;
   const Elem* Kh = static_cast<const Elem*>(cache_k) + int64_t(kvh) * d.capacity * DH;
   const Elem* Vh = static_cast<const Elem*>(cache_v) + int64_t(kvh) * d.capacity * DH;
-  const float *Ks = nullptr, *Vs = nullptr;  // fp8: the head's row scales
-  if constexpr (kFp8<KV>) {
-    Ks = fp8_scales(static_cast<const uint8_t*>(cache_k), d.Hkv, d.capacity, DH) + int64_t(kvh) * d.capacity;
-    Vs = fp8_scales(static_cast<const uint8_t*>(cache_v), d.Hkv, d.capacity, DH) + int64_t(kvh) * d.capacity;
+  const float *Ks = nullptr, *Vs = nullptr;  // fp8, i16: the head's row scales
+  if constexpr (kScaled<KV>) {
+    Ks = row_scales<KV>(static_cast<const uint8_t*>(cache_k), d.Hkv, d.capacity, DH) + int64_t(kvh) * d.capacity;
+    Vs = row_scales<KV>(static_cast<const uint8_t*>(cache_v), d.Hkv, d.capacity, DH) + int64_t(kvh) * d.capacity;
   }
 
   auto load_tile = [&](uint32_t dst, const Elem* base, const float* scales, int64_t k0) {
     if constexpr (kFp8<KV>)
       copy_tile_fp8<DH>(smem + (dst - sq), base + k0 * DH, scales + k0, int(kv_end - k0 < BN ? kv_end - k0 : BN), tid);
+    else if constexpr (kI16<KV>)
+      copy_tile_i16<DH>(smem + (dst - sq), base + k0 * DH, scales + k0, int(kv_end - k0 < BN ? kv_end - k0 : BN), tid);
     else
       copy_tile_async<DH>(dst, base + k0 * DH, int(kv_end - k0 < BN ? kv_end - k0 : BN), tid);
   };
@@ -80,7 +88,13 @@ __global__ void __launch_bounds__(128, 2)
   for (int it = 0; it < BM * CH / 128; ++it) {
     const int i = tid + it * 128, r = i / CH, c = i % CH;
     uint4 val = make_uint4(0u, 0u, 0u, 0u);
-    if (r < rows) val = load8_as16<F16>(q + ((t0 + r) * d.Hq + h) * DH + c * 8);
+    if constexpr (kI16<KV>) {  // hi and lo planes
+      uint4 lo = val;
+      if (r < rows) load8_split(q + ((t0 + r) * d.Hq + h) * DH + c * 8, val, lo);
+      *reinterpret_cast<uint4*>(smem + Q_LO + swz<DH>(r, c)) = lo;
+    } else if (r < rows) {
+      val = load8_as16<F16>(q + ((t0 + r) * d.Hq + h) * DH + c * 8);
+    }
     *reinterpret_cast<uint4*>(smem + swz<DH>(r, c)) = val;
   }
 
@@ -108,7 +122,12 @@ __global__ void __launch_bounds__(128, 2)
     cp_async_commit();
 
     float s[BN / 8][4];
-    scores_qk<DH, BN / 8, F16>(s, sq, row0, sk, 0, lane);
+    if constexpr (kI16<KV>) {
+      scores_qk_split<DH, BN / 8>(s, sq, Q_LO, row0, sk, 0, lane);
+      i16_scale_scores<BN / 8>(s, reinterpret_cast<const float*>(smem + (sk - sq) + I16Tile<DH>::kScales), qd);
+    } else {
+      scores_qk<DH, BN / 8, F16>(s, sq, row0, sk, 0, lane);
+    }
     if (k0 + BN - 1 > warp_first_limit) {  // the diagonal (or the end of the written keys) crosses this tile
       const int rel[2] = {clamp_rel(limit[0] - k0, BN), clamp_rel(limit[1] - k0, BN)};
       mask_scores<BN / 8>(s, rel, qd);
@@ -120,9 +139,17 @@ __global__ void __launch_bounds__(128, 2)
     if (j + 1 < n_tiles) load_tile(sk, Kh, Ks, k0 + BN);
     cp_async_commit();
 
-    accumulate_pv<DH, BN / 8, F16>(o, s, sv, 0, lane);
+    if constexpr (kI16<KV>) {
+      const float* v_scales = reinterpret_cast<const float*>(smem + (sv - sq) + I16Tile<DH>::kScales);
+      const int e = i16_tile_exponent(v_scales, lane);
+      i16_rescale_o<NT>(o, e_v, e);
+      accumulate_pv_split<DH, BN / 8>(o, s, sv, v_scales, e, 0, lane);
+    } else {
+      accumulate_pv<DH, BN / 8, F16>(o, s, sv, 0, lane);
+    }
   }
   cp_async_wait<0>();
+  if constexpr (kI16<KV>) i16_rescale_o<NT>(o, e_v, 0);  // back to units of 1
 
   // out = O / l · sigmoid(gate)
 #pragma unroll
@@ -146,17 +173,22 @@ __global__ void __launch_bounds__(128, 2)
   }
 }
 
+template <int DH, KvDtype KV>
+void prefill_setup_kernel(int optin) {
+  constexpr size_t prefill = prefill_smem_bytes<DH, KV>();
+  if (prefill > size_t(optin)) return;  // unusable on this device; attention() reports it
+  TERN_CUDA(cudaFuncSetAttribute(attention_prefill_kernel<DH, KV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 int(prefill)));
+  TERN_CUDA(cudaFuncSetAttribute(attention_prefill_kernel<DH, KV>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 int(cudaSharedmemCarveoutMaxShared)));
+}
+
 template <int DH>
 void prefill_setup_dh(int optin) {
-  constexpr size_t prefill = prefill_smem_bytes<DH>();
-  if (prefill <= size_t(optin)) {
-    for (auto kernel : {attention_prefill_kernel<DH, KvDtype::f16>, attention_prefill_kernel<DH, KvDtype::bf16>,
-                        attention_prefill_kernel<DH, KvDtype::fp8>}) {
-      TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(prefill)));
-      TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                     int(cudaSharedmemCarveoutMaxShared)));
-    }
-  }
+  prefill_setup_kernel<DH, KvDtype::f16>(optin);
+  prefill_setup_kernel<DH, KvDtype::bf16>(optin);
+  prefill_setup_kernel<DH, KvDtype::fp8>(optin);
+  prefill_setup_kernel<DH, KvDtype::i16>(optin);
 }
 
 }  // namespace
@@ -169,16 +201,23 @@ void prefill_setup(int optin) {
   prefill_setup_dh<256>(optin);
 }
 
+size_t prefill_smem(const AttnDims& d) {
+  size_t bytes = 0;
+  with_head_dim(d, [&]<int DH, KvDtype KV>() { bytes = prefill_smem_bytes<DH, KV>(); });
+  return bytes;
+}
+
 void attention_prefill(const float* q, const float* qg, const void* cache_k, const void* cache_v, const int* pos0,
                        const AttnDims& d, float* out, cudaStream_t stream) {
   with_head_dim(d, [&]<int DH, KvDtype KV>() {
     const AttentionSetup& setup = attention_setup();
-    TERN_CHECK(prefill_smem_bytes<DH>() <= size_t(setup.smem_optin), "attention: the prefill kernel needs ",
-               prefill_smem_bytes<DH>(), " bytes of shared memory, the device has ", setup.smem_optin);
+    constexpr size_t smem = prefill_smem_bytes<DH, KV>();
+    TERN_CHECK(smem <= size_t(setup.smem_optin), "attention: the prefill kernel (", kv_dtype_name(KV),
+               " cache) needs ", smem, " bytes of shared memory, the device has ", setup.smem_optin);
     const int64_t tiles = (d.T + kPrefillRows - 1) / kPrefillRows;
     TERN_CHECK(tiles <= 65535, "attention: ", d.T, " tokens in one call exceed the grid limit");
     launch_pdl("attention_prefill", attention_prefill_kernel<DH, KV>, dim3(unsigned(d.Hq), unsigned(tiles)), dim3(128),
-               prefill_smem_bytes<DH>(), stream, q, qg, cache_k, cache_v, pos0, d, out);
+               smem, stream, q, qg, cache_k, cache_v, pos0, d, out);
   });
 }
 

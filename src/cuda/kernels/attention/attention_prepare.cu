@@ -146,14 +146,18 @@ __global__ void __launch_bounds__(256) attn_prepare_kernel(const float* qg, cons
   if constexpr (kFp8<KV>) {  // value head: x quantised with its row's scale
     const float v_scale = fp8_row_scale(row_amax<DH>(x));  // every lane: the shuffles span the warp
     if (live && is_v) store_fp8_chunk<DH>(s.cache_v, d.Hkv, s.capacity, h - d.Hq - d.Hkv, pos, c, x, v_scale);
+  } else if constexpr (kI16<KV>) {
+    const float v_scale = i16_row_scale(row_amax<DH>(x), row_has_nan<DH>(x));  // every lane
+    if (live && is_v) store_i16_chunk<DH>(s.cache_v, d.Hkv, s.capacity, h - d.Hq - d.Hkv, pos, c, x, v_scale);
   } else if (live && is_v) {  // value head: a plain copy into the cache
     *reinterpret_cast<uint4*>(static_cast<uint16_t*>(s.cache_v) + (int64_t(h - d.Hq - d.Hkv) * s.capacity + pos) * DH +
                               8 * c) = pack8_16<F16>(x);
   }
   rope_cos_sin(rope_pos, axes.section, c, d.rot, inv_s, cs, sn);
   norm_rope_chunk<DH>(x, w, d.eps, d.rot, c, cs, sn);  // every lane: the shuffles span the warp
-  float k_scale = 0.0f;  // fp8: the row's scale after the norm and RoPE (every lane, before any returns)
+  float k_scale = 0.0f;  // fp8, i16: the row's scale after the norm and RoPE (every lane, before any returns)
   if constexpr (kFp8<KV>) k_scale = fp8_row_scale(row_amax<DH>(x));
+  if constexpr (kI16<KV>) k_scale = i16_row_scale(row_amax<DH>(x), row_has_nan<DH>(x));
   if (!live || is_v) return;
   if (is_q) {
     float4* dst = reinterpret_cast<float4*>(q_out + (i * d.Hq + h) * int64_t(DH) + 8 * c);
@@ -161,6 +165,8 @@ __global__ void __launch_bounds__(256) attn_prepare_kernel(const float* qg, cons
     dst[1] = make_float4(x[4], x[5], x[6], x[7]);
   } else if constexpr (kFp8<KV>) {
     store_fp8_chunk<DH>(s.cache_k, d.Hkv, s.capacity, h - d.Hq, pos, c, x, k_scale);
+  } else if constexpr (kI16<KV>) {
+    store_i16_chunk<DH>(s.cache_k, d.Hkv, s.capacity, h - d.Hq, pos, c, x, k_scale);
   } else {
     *reinterpret_cast<uint4*>(static_cast<uint16_t*>(s.cache_k) + (int64_t(h - d.Hq) * s.capacity + pos) * DH + 8 * c) =
         pack8_16<F16>(x);
@@ -198,6 +204,7 @@ void launch_prepare(const float* qg, const float* k, const float* v, int64_t ld_
 void attention_check(const AttnDims& d) {
   rope_freqs(d);
   TERN_CHECK(d.Hkv > 0 && d.Hq % d.Hkv == 0, "attention: ", d.Hq, " query heads over ", d.Hkv, " KV heads");
+  if (d.kv == KvDtype::i16) attn::check_i16_fits(d);
 }
 
 void attn_prepare(const float* qg, const float* k, const float* v, const float* q_norm, const float* k_norm,

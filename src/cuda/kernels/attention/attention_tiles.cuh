@@ -38,7 +38,20 @@ template <KvDtype KV>
 constexpr bool kF16 = KV != KvDtype::bf16;
 template <KvDtype KV>
 constexpr bool kFp8 = KV == KvDtype::fp8;
-// A cache row's element: 16 bits, or an e4m3 byte.
+// The i16 cache (16-bit integers and a scale per row): the kernels then hold q, K, the softmax weights and V as fp16
+// hi + lo pairs (two planes of each shared-memory tile: hi = fp16(x), lo = fp16(x − hi)) and sum three products for
+// each of the fp16 path's one (hi·hi + hi·lo + lo·hi, lo·lo dropped). K and V tiles hold the rows' integers, which a
+// pair holds exactly, and their 64 scales after the planes (I16Tile); each score is multiplied by its key's K scale,
+// and each softmax weight by its key's V scale over the tile's power of two (the output accumulators then count in
+// that power of two, rescaled when it changes): q and the weights keep about 22 significant bits where fp16 keeps 11.
+template <KvDtype KV>
+constexpr bool kI16 = KV == KvDtype::i16;
+// Whether the rows carry an fp32 scale each (fp8, i16), and the 16-bit tiles' planes in shared memory (i16: 2).
+template <KvDtype KV>
+constexpr bool kScaled = kFp8<KV> || kI16<KV>;
+template <KvDtype KV>
+constexpr int kPlanes = kI16<KV> ? 2 : 1;
+// A cache row's element: 16 bits (an i16 cache's int16 as its bits), or an e4m3 byte.
 template <KvDtype KV>
 using CacheElem = std::conditional_t<kFp8<KV>, uint8_t, uint16_t>;
 //
@@ -156,6 +169,130 @@ __device__ __forceinline__ uint4 dequant8_f16(uint32_t lo, uint32_t hi, float sc
                     dequant2_f16(hi >> 16, scale));
 }
 
+// ---- the i16 cache (KvDtype::i16; attention.cuh has the format, core/kv_i16.h the CPU twin) -------------------
+
+// The rows' scales of a scaled cache (fp8, i16) [Hkv, capacity, DH] values: [Hkv, capacity] fp32 after them.
+template <KvDtype KV, typename Byte>  // Byte: uint8_t or const uint8_t
+__device__ __forceinline__ auto row_scales(Byte* cache, int Hkv, int64_t capacity, int dh) {
+  using Float = std::conditional_t<std::is_const_v<Byte>, const float, float>;
+  return reinterpret_cast<Float*>(cache + int64_t(Hkv) * capacity * dh * (kFp8<KV> ? 1 : 2));
+}
+
+// Whether any of the DH-value row that a group of CH = DH/8 lanes holds is NaN (every lane of the warp must call it).
+template <int DH>
+__device__ __forceinline__ bool row_has_nan(const float (&v)[8]) {
+  constexpr int CH = DH / 8;
+  int nan = 0;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) nan |= v[e] != v[e];
+#pragma unroll
+  for (int off = CH / 2; off > 0; off >>= 1) nan |= __shfl_xor_sync(0xffffffffu, nan, off);
+  return nan != 0;
+}
+
+// The i16 scale of a row whose largest magnitude is amax (NaN dropped by fmaxf): amax / 32767, ±inf counted as
+// FLT_MAX; NaN when the row holds a NaN (the whole row then reads back NaN, so that it reaches the output).
+__device__ __forceinline__ float i16_row_scale(float amax, bool nan) {
+  return nan ? __int_as_float(0x7fc00000) : __fdiv_rn(fminf(amax, FLT_MAX), 32767.0f);
+}
+
+// 8 values of a row -> 8 int16 (value e at half e): rint(x / scale) (nearest even), clamped to ±32767; 0 where the
+// scale is 0 (a row of zeros) or NaN.
+__device__ __forceinline__ uint4 quantize8_i16(const float (&v)[8], float scale) {
+  uint32_t w[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    int x = 0;
+    if (scale > 0.0f) x = __float2int_rn(fminf(fmaxf(__fdiv_rn(v[e], scale), -32767.0f), 32767.0f));
+    w[e / 2] |= (uint32_t(x) & 0xffffu) << (16 * (e % 2));
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// Lane c's 8 values of row `pos` of KV head `head` into an i16 cache of `capacity` rows per head, and the row's scale
+// (lane 0 of the row's group).
+template <int DH>
+__device__ __forceinline__ void store_i16_chunk(void* cache, int Hkv, int64_t capacity, int head, int64_t pos, int c,
+                                                const float (&x)[8], float scale) {
+  uint8_t* bytes = static_cast<uint8_t*>(cache);
+  const int64_t row = int64_t(head) * capacity + pos;
+  *reinterpret_cast<uint4*>(bytes + (row * DH + 8 * c) * 2) = quantize8_i16(x, scale);
+  if (c == 0) row_scales<KvDtype::i16>(bytes, Hkv, capacity, DH)[row] = scale;
+}
+
+// Two floats -> their fp16 hi + lo pairs (lower column in the low half): hi = fp16(x) (pack16: nearest even,
+// satfinite, NaN kept), lo = fp16(x − hi), the difference exact in fp32.
+__device__ __forceinline__ void split2_f16(float a, float b, uint32_t& hi, uint32_t& lo) {
+  hi = pack16<true>(a, b);
+  const float2 h = __half22float2(*reinterpret_cast<const __half2*>(&hi));
+  lo = pack16<true>(a - h.x, b - h.y);
+}
+
+// 8 fp32 values -> the 16-byte chunks of their hi and lo planes.
+__device__ __forceinline__ void split8_f16(const float (&v)[8], uint4& hi, uint4& lo) {
+  split2_f16(v[0], v[1], hi.x, lo.x);
+  split2_f16(v[2], v[3], hi.y, lo.y);
+  split2_f16(v[4], v[5], hi.z, lo.z);
+  split2_f16(v[6], v[7], hi.w, lo.w);
+}
+
+// 8 int16 (value e at half e) -> the 8 integers as floats (exact).
+__device__ __forceinline__ void codes8_i16(const uint4 raw, float (&v)[8]) {
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int e = 0; e < 8; ++e) v[e] = float(int16_t(uint16_t(w[e / 2] >> (16 * (e % 2)))));
+}
+
+// x · 2^k, exact unless the result is subnormal (k any int; the factor as a float where it is one).
+__device__ __forceinline__ float pow2_scale(float x, int k) {
+  return k >= -126 && k <= 127 ? x * __int_as_float((k + 127) << 23) : ldexpf(x, k);
+}
+
+// An i16 K or V tile in shared memory (copy_tile_i16): the rows' integers as fp16 hi [64][DH] at the tile's base, lo
+// [64][DH] after it (both swizzled), then the 64 rows' scales (fp32; 0 for rows not read).
+template <int DH>
+struct I16Tile {
+  static constexpr uint32_t kPlane = kBlockKeys * DH * 2;             // the lo plane's offset
+  static constexpr uint32_t kScales = 2 * kPlane;                     // the scales' offset
+  static constexpr uint32_t kBytes = 2 * kPlane + kBlockKeys * 4;     // the tile's bytes (a multiple of 256)
+};
+
+// The exponent e of a V tile's power of two 2^e (max over the tile's 64 scales = m·2^e, m in [0.5, 1); 0 for a tile of
+// zero or NaN scales): every lane of the warp calls it, and every warp of the block gets the same.
+__device__ __forceinline__ int i16_tile_exponent(const float* scales, int lane) {
+  float mx = fmaxf(fmaxf(0.0f, scales[lane]), scales[lane + 32]);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  int e = 0;
+  if (mx > 0.0f) frexpf(mx, &e);
+  return e;
+}
+
+// The output accumulators from units of 2^e_cur to units of 2^e (the next V tile's power of two); e_cur becomes e.
+template <int NT>
+__device__ __forceinline__ void i16_rescale_o(float (&o)[NT][4], int& e_cur, int e) {
+  if (e == e_cur) return;
+  const int k = e_cur - e;
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) o[n][i] = pow2_scale(o[n][i], k);
+  e_cur = e;
+}
+
+// Each score of this thread (columns 8n + 2qd + e of the slice) times its key's K scale (k_scales: the slice's first).
+template <int SN>
+__device__ __forceinline__ void i16_scale_scores(float (&s)[SN][4], const float* k_scales, int qd) {
+#pragma unroll
+  for (int n = 0; n < SN; ++n) {
+    const float2 sc = *reinterpret_cast<const float2*>(k_scales + 8 * n + 2 * qd);
+    s[n][0] *= sc.x;
+    s[n][1] *= sc.y;
+    s[n][2] *= sc.x;
+    s[n][3] *= sc.y;
+  }
+}
+
 // One online-softmax step for a warp's 16 rows (this thread: rows g and g+8, hf = 0/1) over SN·8 new scores s (raw
 // q·k, −inf where masked). m: running raw max; l: this thread's partial row sum (its own columns; the 4 threads of a
 // row are summed at the end); o: the output accumulators, rescaled. On return s holds p = 2^(s·sl − m·sl).
@@ -257,6 +394,73 @@ __device__ __forceinline__ void accumulate_pv(float (&o)[DH / 8][4], const float
   }
 }
 
+// scores_qk over hi + lo planes (the i16 cache): Q hi at sq, lo at sq + q_lo; an i16 K tile (I16Tile) at sk, whose
+// rows' integers the pairs hold exactly. S = Qhi·Khi + Qhi·Klo + Qlo·Khi, in that order for every 16 dims, fp32
+// accumulators; not yet times the keys' scales (i16_scale_scores).
+template <int DH, int SN>
+__device__ __forceinline__ void scores_qk_split(float (&s)[SN][4], uint32_t sq, uint32_t q_lo, int q_row0, uint32_t sk,
+                                                int k_row0, int lane) {
+  constexpr uint32_t k_lo = I16Tile<DH>::kPlane;
+  const LdmOffsets<DH> qo(q_row0, lane, (lane >> 3) & 1, lane >> 4);
+  const LdmOffsets<DH> ko(k_row0, lane, lane >> 4, (lane >> 3) & 1);
+#pragma unroll
+  for (int n = 0; n < SN; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < DH / 16; ++kk) {
+    uint32_t ah[4], al[4];
+    ldmatrix_x4(ah, sq + qo.at(kk, 0));
+    ldmatrix_x4(al, sq + q_lo + qo.at(kk, 0));
+#pragma unroll
+    for (int p = 0; p < SN / 2; ++p) {
+      uint32_t bh[4], bl[4];
+      ldmatrix_x4(bh, sk + ko.at(kk, 16 * p));
+      ldmatrix_x4(bl, sk + k_lo + ko.at(kk, 16 * p));
+      mma16<true>(s[2 * p], ah, bh[0], bh[1]);
+      mma16<true>(s[2 * p], ah, bl[0], bl[1]);
+      mma16<true>(s[2 * p], al, bh[0], bh[1]);
+      mma16<true>(s[2 * p + 1], ah, bh[2], bh[3]);
+      mma16<true>(s[2 * p + 1], ah, bl[2], bl[3]);
+      mma16<true>(s[2 * p + 1], al, bh[2], bh[3]);
+    }
+  }
+}
+
+// accumulate_pv over an i16 V tile (I16Tile at sv; v_scales: its scales from key v_row0): each weight p times its
+// key's scale over 2^e (e: i16_tile_exponent; o counts in units of 2^e), as fp16 hi + lo pairs (split2_f16), against
+// the rows' integers. O += Phi·Vhi + Phi·Vlo + Plo·Vhi, in that order for every 16 keys.
+template <int DH, int SN>
+__device__ __forceinline__ void accumulate_pv_split(float (&o)[DH / 8][4], const float (&p)[SN][4], uint32_t sv,
+                                                    const float* v_scales, int e, int v_row0, int lane) {
+  constexpr uint32_t v_lo = I16Tile<DH>::kPlane;
+  const int qd = lane & 3;
+  const LdmOffsets<DH> vo(v_row0, lane, (lane >> 3) & 1, lane >> 4);
+#pragma unroll
+  for (int kk = 0; kk < SN / 2; ++kk) {
+    // this thread's keys: 16kk + 2qd + {0, 1} (p[2kk]) and 16kk + 8 + 2qd + {0, 1} (p[2kk + 1])
+    const float2 f0 = *reinterpret_cast<const float2*>(v_scales + 16 * kk + 2 * qd);
+    const float2 f1 = *reinterpret_cast<const float2*>(v_scales + 16 * kk + 8 + 2 * qd);
+    const float w00 = pow2_scale(f0.x, -e), w01 = pow2_scale(f0.y, -e);
+    const float w10 = pow2_scale(f1.x, -e), w11 = pow2_scale(f1.y, -e);
+    uint32_t ah[4], al[4];
+    split2_f16(p[2 * kk][0] * w00, p[2 * kk][1] * w01, ah[0], al[0]);
+    split2_f16(p[2 * kk][2] * w00, p[2 * kk][3] * w01, ah[1], al[1]);
+    split2_f16(p[2 * kk + 1][0] * w10, p[2 * kk + 1][1] * w11, ah[2], al[2]);
+    split2_f16(p[2 * kk + 1][2] * w10, p[2 * kk + 1][3] * w11, ah[3], al[3]);
+#pragma unroll
+    for (int np = 0; np < DH / 16; ++np) {
+      uint32_t bh[4], bl[4];
+      ldmatrix_x4_trans(bh, sv + vo.at(np, 16 * kk));
+      ldmatrix_x4_trans(bl, sv + v_lo + vo.at(np, 16 * kk));
+      mma16<true>(o[2 * np], ah, bh[0], bh[1]);
+      mma16<true>(o[2 * np], ah, bl[0], bl[1]);
+      mma16<true>(o[2 * np], al, bh[0], bh[1]);
+      mma16<true>(o[2 * np + 1], ah, bh[2], bh[3]);
+      mma16<true>(o[2 * np + 1], ah, bl[2], bl[3]);
+      mma16<true>(o[2 * np + 1], al, bh[2], bh[3]);
+    }
+  }
+}
+
 // Masks (−inf) the scores of keys past each row's last visible key. rel_limit[hf]: that key minus the first key of
 // the slice (clamped to [-1, SN·8]); this thread's columns are 8n + 2c + e.
 template <int SN>
@@ -314,6 +518,49 @@ __device__ __forceinline__ void copy_tile_fp8(uint8_t* dst, const uint8_t* src, 
     *reinterpret_cast<uint4*>(dst + swz<DH>(r, 2 * c)) = dequant8_f16(raw[i].x, raw[i].y, sc[i]);
     *reinterpret_cast<uint4*>(dst + swz<DH>(r, 2 * c + 1)) = dequant8_f16(raw[i].z, raw[i].w, sc[i]);
   }
+}
+
+// copy_tile_fp8 for an i16 cache: this thread's share of rows [0, 64) of an int16 tile (row stride DH values, `scale`
+// the rows' scales) into an I16Tile at `dst` (a generic pointer): the integers as exact fp16 hi + lo (split8_f16: hi
+// rounds to 11 significant bits, lo is the rest, at most 8 in magnitude) in the two swizzled planes, rows tid/CH +
+// i·(128/CH), chunk tid%CH, and the rows' scales (by the threads of chunk 0). Rows >= valid_rows are zero-filled
+// (scale 0), not read. Plain loads and stores, as copy_tile_fp8's.
+template <int DH>
+__device__ __forceinline__ void copy_tile_i16(uint8_t* dst, const uint16_t* src, const float* scale, int valid_rows,
+                                              int tid) {
+  constexpr int CH = DH / 8, RP = 128 / CH, N = kBlockKeys / RP;
+  const int c = tid % CH, r0 = tid / CH;
+  uint4 raw[N];
+  float sc[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const int r = r0 + i * RP;
+    raw[i] = make_uint4(0u, 0u, 0u, 0u);
+    sc[i] = 0.0f;
+    if (r < valid_rows) {
+      raw[i] = *reinterpret_cast<const uint4*>(src + int64_t(r) * DH + 8 * c);
+      if (c == 0) sc[i] = scale[r];
+    }
+  }
+  float* scales = reinterpret_cast<float*>(dst + I16Tile<DH>::kScales);
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const int r = r0 + i * RP;
+    float v[8];
+    codes8_i16(raw[i], v);
+    uint4 hi, lo;
+    split8_f16(v, hi, lo);
+    *reinterpret_cast<uint4*>(dst + swz<DH>(r, c)) = hi;
+    *reinterpret_cast<uint4*>(dst + I16Tile<DH>::kPlane + swz<DH>(r, c)) = lo;
+    if (c == 0) scales[r] = sc[i];
+  }
+}
+
+// 8 fp32 values at src -> this chunk's hi and lo planes (the i16 cache's q rows).
+__device__ __forceinline__ void load8_split(const float* src, uint4& hi, uint4& lo) {
+  const float4 a = reinterpret_cast<const float4*>(src)[0], b = reinterpret_cast<const float4*>(src)[1];
+  const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+  split8_f16(v, hi, lo);
 }
 
 }  // namespace
