@@ -25,7 +25,9 @@ tern's CUDA kernels do), each run with this script's attention and experts forwa
           tensor-core products take them (the scores, the softmax sums and the output in fp32);
   down16  the MoE down products' input (routed and shared experts) quantised to 16 bits per group of 64 columns,
           v = rint(x·32639/m), m = max|x| of the group (src/cuda/kernels/qmv/dp4a_tile.cuh), as the expert kernels
-          take it; attention exact.
+          take it; attention exact;
+  gateup16  the MoE gate_up products' input (routed and shared) so quantised, as the one-token decode's expert
+          kernels (moe_dp4a) take it; moe16: gateup16 and down16.
 Layers: --layers 3 (the default) is GDN, gated attention, GDN (the attention's rounding then passes through a GDN
 layer and two routers, and the model fits a 24 GB machine: each layer's 256 experts take 3.2 GB in fp32); --layers 4
 or more takes the model's own pattern, gated attention every fourth layer.
@@ -122,9 +124,9 @@ def quantised16(x, torch):
     return (v * (m / 32639.0)).reshape(x.shape)
 
 
-def experts_forward(experts, torch, down16):
+def experts_forward(experts, torch, down16, gateup16=False):
     """A forward for transformers' fused Qwen3_5MoeExperts, each down product's input quantised (quantised16) with
-    down16, else exact (the fp32 control)."""
+    down16, each gate_up product's with gateup16, else exact (the fp32 control)."""
     silu = torch.nn.functional.silu
 
     def forward(hidden_states, top_k_index, top_k_weights):
@@ -133,7 +135,8 @@ def experts_forward(experts, torch, down16):
             if e >= experts.num_experts:
                 continue
             token, slot = torch.where(top_k_index == e)
-            gate, up = torch.nn.functional.linear(hidden_states[token], experts.gate_up_proj[e]).chunk(2, dim=-1)
+            x = quantised16(hidden_states[token], torch) if gateup16 else hidden_states[token]
+            gate, up = torch.nn.functional.linear(x, experts.gate_up_proj[e]).chunk(2, dim=-1)
             h = silu(gate) * up
             h = quantised16(h, torch) if down16 else h
             y = torch.nn.functional.linear(h, experts.down_proj[e]) * top_k_weights[token, slot, None]
@@ -150,17 +153,19 @@ def emulate_experts(model, kind, torch):
         mlp = layer.mlp
         if not hasattr(mlp.experts, "_transformers_forward"):
             mlp.experts._transformers_forward = mlp.experts.forward
-        hook = getattr(mlp.shared_expert.down_proj, "_down16", None)
-        if hook is not None:
-            hook.remove()
-            mlp.shared_expert.down_proj._down16 = None
+        for m in (mlp.shared_expert, mlp.shared_expert.down_proj):
+            hook = getattr(m, "_hook16", None)
+            if hook is not None:
+                hook.remove()
+                m._hook16 = None
         if kind is None:
             mlp.experts.forward = mlp.experts._transformers_forward
             continue
-        mlp.experts.forward = experts_forward(mlp.experts, torch, kind == "down16")
-        if kind == "down16":
-            mlp.shared_expert.down_proj._down16 = mlp.shared_expert.down_proj.register_forward_pre_hook(
-                lambda _m, inputs: (quantised16(inputs[0], torch),))
+        down16, gateup16 = kind in ("down16", "moe16"), kind in ("gateup16", "moe16")
+        mlp.experts.forward = experts_forward(mlp.experts, torch, down16, gateup16)
+        for on, m in ((down16, mlp.shared_expert.down_proj), (gateup16, mlp.shared_expert)):
+            if on:
+                m._hook16 = m.register_forward_pre_hook(lambda _m, inputs: (quantised16(inputs[0], torch),))
 
 
 def compare(ref, got, tokens, torch):
@@ -204,7 +209,8 @@ def main():
     kinds = [k for k in args.emulate.split(",") if k]
     for k in kinds:
         bits = significant_bits(k) or significant_bits(k, "qpb")
-        named = ("fp32", "kv16", "k16", "v16", "kvi16", "qp16", "q16", "p16", "i16", "attn16", "down16")
+        named = ("fp32", "kv16", "k16", "v16", "kvi16", "qp16", "q16", "p16", "i16", "attn16", "down16", "gateup16",
+                 "moe16")
         if k not in named and not (bits and 2 <= bits <= 24):
             sys.exit(f"rounding_effect: unknown emulation {k} ({', '.join(named)}, kvbN or qpbN with N 2..24)")
     if args.layers != 3 and args.layers < 4:
@@ -214,7 +220,8 @@ def main():
     from transformers import AttentionInterface
 
     torch.set_grad_enabled(False)
-    for k in {"fp32", *kinds} - {"down16"}:
+    moe_kinds = {"down16", "gateup16", "moe16"}  # roundings of the experts' inputs, the attention exact
+    for k in {"fp32", *kinds} - moe_kinds:
         AttentionInterface.register("tern_" + k, emulated_attention(torch, k))
     # build_model's arguments, as gpu_reference.py's defaults for the fidelity check
     margs = argparse.Namespace(preset=args.preset, layers=args.layers, scales="trained", weights="q4",
@@ -228,11 +235,11 @@ def main():
         tokens = torch.randint(0, V, (args.positions,), generator=tg, dtype=torch.int64)
         runs = {}
         for impl in ["eager"] + ["tern_" + k for k in kinds]:
-            # the attention: transformers' eager, or this script's (exact for fp32 and down16); the experts:
-            # transformers' for the reference, this script's for every emulation
+            # the attention: transformers' eager, or this script's (exact for fp32 and the experts' roundings); the
+            # experts: transformers' for the reference, this script's for every emulation
             kind = None if impl == "eager" else impl[len("tern_"):]
-            model.set_attn_implementation("tern_fp32" if kind == "down16" else impl)
-            experts = None if kind is None else "down16" if kind == "down16" else "fp32"
+            model.set_attn_implementation("tern_fp32" if kind in moe_kinds else impl)
+            experts = None if kind is None else kind if kind in moe_kinds else "fp32"
             emulate_experts(model, experts, torch)
             t0 = time.time()
             runs[impl] = model(input_ids=tokens[None].to(dev), use_cache=False).logits[0].float().cpu()
