@@ -9,7 +9,8 @@ namespace tern {
 namespace {
 
 TEST(KvDtype, NamesParseBackAndOthersAreRefused) {
-  for (KvDtype t : {KvDtype::f16, KvDtype::bf16, KvDtype::fp8, KvDtype::i16}) EXPECT_EQ(kv_dtype_parse(kv_dtype_name(t)), t);
+  for (KvDtype t : {KvDtype::f16, KvDtype::bf16, KvDtype::fp8, KvDtype::i16})
+    EXPECT_EQ(kv_dtype_parse(kv_dtype_name(t)), t);
   EXPECT_THROW(kv_dtype_parse("fp16"), Error);
   EXPECT_THROW(kv_dtype_parse("e4m3"), Error);
   EXPECT_THROW(kv_dtype_parse(""), Error);

@@ -31,7 +31,8 @@ struct CudaRunnerOptions {
   int f16_sites = -1;
   // The KV cache's type (--kv-dtype): fp16 (the attention kernels' q and softmax weights too), bf16 (those too; also
   // TERN_KV_BF16=1 when this is f16), fp8 (e4m3 with a scale per token and KV head, half the bytes; computed in
-  // fp16) or i16 (int16 with a scale per token and KV head, f16's bytes; computed in fp16 hi + lo). attention.cuh has the formats.
+  // fp16) or i16 (int16 with a scale per token and KV head, f16's bytes; computed in fp16 hi + lo). attention.cuh has
+  // the formats.
   KvDtype kv = KvDtype::f16;
   // cuda_runner_create_synthetic: also a vision tower of these widths with random weights generated on the device, for
   // encode_image (tern bench --synthetic --image); cuda_runner_create takes the weights' own tower instead.

@@ -1,6 +1,6 @@
 // What the batched attention tests (attention_test.cpp: the 16-bit caches, attention_fp8_test.cpp and
-// attention_i16_test.cpp: the row-scaled caches) share: the device tables of an AttnBatch over B sequences, and the comparison of a batched step against each
-// sequence alone.
+// attention_i16_test.cpp: the row-scaled caches) share: the device tables of an AttnBatch over B sequences, and the
+// comparison of a batched step against each sequence alone.
 #pragma once
 
 #include <algorithm>

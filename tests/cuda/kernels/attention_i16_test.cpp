@@ -44,7 +44,9 @@ struct I16Image {
     std::memcpy(&c, bytes.data() + ((h * capacity + r) * dh + i) * 2, 2);
     return c;
   }
-  void set_code(int h, int64_t r, int i, int16_t c) { std::memcpy(bytes.data() + ((h * capacity + r) * dh + i) * 2, &c, 2); }
+  void set_code(int h, int64_t r, int i, int16_t c) {
+    std::memcpy(bytes.data() + ((h * capacity + r) * dh + i) * 2, &c, 2);
+  }
   size_t scale_at(int h, int64_t r) const {
     return size_t(attn_row_scales_offset(KvDtype::i16, Hkv, capacity, dh) + (h * capacity + r) * 4);
   }
@@ -88,7 +90,9 @@ struct I16Image {
   }
 };
 
-std::unique_ptr<DeviceBuf<uint8_t>> upload(const I16Image& img) { return std::make_unique<DeviceBuf<uint8_t>>(img.bytes); }
+std::unique_ptr<DeviceBuf<uint8_t>> upload(const I16Image& img) {
+  return std::make_unique<DeviceBuf<uint8_t>>(img.bytes);
+}
 
 I16Image download(const DeviceBuf<uint8_t>& buf, const AttnDims& d, int64_t capacity) {
   I16Image img(d, capacity);

@@ -89,7 +89,8 @@ inline int64_t attn_partial_floats(int64_t T, int Hq, int dh, int /*splits*/) { 
 void attention_init();
 
 // Throws tern::Error naming what the kernels do not take in d's head shapes (head dim, rotary dims, query heads per
-// KV head) or, for an i16 cache, this device's shared memory (reads the device); T and capacity are not looked at. For a runner to refuse a model when it loads, not at its first step.
+// KV head) or, for an i16 cache, this device's shared memory (reads the device); T and capacity are not looked at.
+// For a runner to refuse a model when it loads, not at its first step.
 void attention_check(const AttnDims& d);
 
 // out [T, Hq·dh] = softmax(q·Kᵀ/√dh, causal over positions 0..pos0+t) · V, times sigmoid(gate) from qg.

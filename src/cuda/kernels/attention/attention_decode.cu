@@ -726,8 +726,8 @@ void setup_decode(AttentionSetup& s, int optin) {
   TERN_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_decode_split_kernel<DH, RW, KvDtype::f16>, 128,
                                                           v.smem_one_stage));
   v.blocks_per_sm_one_stage = std::max(1, n);
-  // The i16 cache's kernel: twice the shared memory a stage (hi and lo planes), as many stages as fit (one at DH = 256).
-  // Its split count is the fp16 kernel's (above), as for every cache type.
+  // The i16 cache's kernel: twice the shared memory a stage (hi and lo planes), as many stages as fit (one at DH =
+  // 256). Its split count is the fp16 kernel's (above), as for every cache type.
   for (int stages = 3; stages >= 1 && v.i16_stages == 0; --stages) {
     if (decode_smem_bytes<DH, RW, 2>(stages) > size_t(optin)) continue;
     v.i16_stages = stages;
@@ -735,7 +735,8 @@ void setup_decode(AttentionSetup& s, int optin) {
     TERN_CUDA(cudaFuncSetAttribute(attention_decode_split_kernel<DH, RW, KvDtype::i16>,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(v.i16_smem)));
     TERN_CUDA(cudaFuncSetAttribute(attention_decode_split_kernel<DH, RW, KvDtype::i16>,
-                                   cudaFuncAttributePreferredSharedMemoryCarveout, int(cudaSharedmemCarveoutMaxShared)));
+                                   cudaFuncAttributePreferredSharedMemoryCarveout,
+                                   int(cudaSharedmemCarveoutMaxShared)));
   }
   if constexpr (RW == 1) {  // the items-per-block form: 3 stages where they fit (Hopper), else 2 (A100), else off
     int stages = 3;
@@ -775,7 +776,7 @@ void launch_decode(const float* q, const float* qg, int64_t ld_qg, const Seqs<co
                           : attention_decode_split_kernel<DH, 4, KV>;
   if constexpr (kI16<KV>) {  // its own ring (two planes a tile); no items-per-block form, no one-stage switch
     TERN_CHECK(v.i16_stages >= 1, "attention: the decode kernel for an i16 cache does not fit the device's ",
-               setup.smem_optin, " bytes of shared memory (a stage takes ", decode_smem_bytes<DH, 1, 2>(1), " or more)");
+               setup.smem_optin, " bytes of shared memory");
     launch_pdl("attention_decode_split", kernel, dim3(unsigned(d.Hkv), unsigned(columns), unsigned(seqs.B)), dim3(128),
                v.i16_smem, stream, q, seqs, d, v.i16_stages, kv_before_wait, part);
     launch_pdl("attention_decode_merge", attention_decode_merge_kernel<DH>,
