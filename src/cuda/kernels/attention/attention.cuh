@@ -23,6 +23,14 @@
 // 0x7f). K is quantised after its norm and RoPE. The kernels dequantise as they load a tile into shared memory,
 // fp16(e4m3 · scale) (the product rounded to fp32, then to fp16), and run the fp16 path's mma on it. core/fp8.h is
 // the CPU twin of the quantiser.
+//
+// The i16 cache (KvDtype::i16, fp16's bytes and a scale a row; --kv-dtype i16): each row is dh int16 values and an
+// fp32 scale = amax(|row|) / 32767 (±inf counted as FLT_MAX; NaN when the row holds a NaN, which then reads back NaN);
+// value = rint(x / scale), nearest even, clamped to ±32767; a row of zeros has scale 0. The kernels hold the rows'
+// integers as exact fp16 hi + lo pairs, q and the softmax weights as fp16 hi + lo (~22 significant bits), and sum
+// hi·hi + hi·lo + lo·hi on the tensor cores; the scores are multiplied by their keys' K scales, the weights by their
+// keys' V scales over the tile's power of two (attention_tiles.cuh, I16Tile). Twice the fp16 path's shared memory
+// (attention_check refuses it where that does not fit); no items-per-block form. core/kv_i16.h is the CPU twin.
 #pragma once
 
 #include <cuda_runtime.h>
