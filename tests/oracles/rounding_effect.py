@@ -27,7 +27,8 @@ tern's CUDA kernels do), each run with this script's attention and experts forwa
           v = rint(x·32639/m), m = max|x| of the group (src/cuda/kernels/qmv/dp4a_tile.cuh), as the expert kernels
           take it; attention exact;
   gateup16  the MoE gate_up products' input (routed and shared) so quantised, as the one-token decode's expert
-          kernels (moe_dp4a) take it; moe16: gateup16 and down16.
+          kernels (moe_dp4a) take it; moe16: gateup16 and down16; moe24: both at the dense products' 24 bits
+          (v = rint(x·8355711/m), dp4a_tile.cuh's wide form).
 Layers: --layers 3 (the default) is GDN, gated attention, GDN (the attention's rounding then passes through a GDN
 layer and two routers, and the model fits a 24 GB machine: each layer's 256 experts take 3.2 GB in fp32); --layers 4
 or more takes the model's own pattern, gated attention every fourth layer.
@@ -115,18 +116,19 @@ def emulated_attention(torch, kind):
     return attention
 
 
-def quantised16(x, torch):
-    """x with each group of 64 along the last axis as the 16-bit integer products take it: v·m/32639."""
+def quantised16(x, torch, qmax=32639.0):
+    """x with each group of 64 along the last axis as the 16-bit integer products take it: v·m/32639 (qmax 8355711:
+    the 24-bit wide form)."""
     g = x.reshape(*x.shape[:-1], x.shape[-1] // 64, 64)
     m = g.abs().amax(dim=-1, keepdim=True)
-    inv = torch.where(m >= 2.0 ** -100, 32639.0 / m, torch.zeros_like(m))
-    v = torch.clamp(torch.round(g * inv), -32639, 32639)
-    return (v * (m / 32639.0)).reshape(x.shape)
+    inv = torch.where(m >= 2.0 ** -100, qmax / m, torch.zeros_like(m))
+    v = torch.clamp(torch.round(g * inv), -qmax, qmax)
+    return (v * (m / qmax)).reshape(x.shape)
 
 
-def experts_forward(experts, torch, down16, gateup16=False):
-    """A forward for transformers' fused Qwen3_5MoeExperts, each down product's input quantised (quantised16) with
-    down16, each gate_up product's with gateup16, else exact (the fp32 control)."""
+def experts_forward(experts, torch, down16, gateup16=False, qmax=32639.0):
+    """A forward for transformers' fused Qwen3_5MoeExperts, each down product's input quantised (quantised16, at
+    qmax) with down16, each gate_up product's with gateup16, else exact (the fp32 control)."""
     silu = torch.nn.functional.silu
 
     def forward(hidden_states, top_k_index, top_k_weights):
@@ -135,10 +137,10 @@ def experts_forward(experts, torch, down16, gateup16=False):
             if e >= experts.num_experts:
                 continue
             token, slot = torch.where(top_k_index == e)
-            x = quantised16(hidden_states[token], torch) if gateup16 else hidden_states[token]
+            x = quantised16(hidden_states[token], torch, qmax) if gateup16 else hidden_states[token]
             gate, up = torch.nn.functional.linear(x, experts.gate_up_proj[e]).chunk(2, dim=-1)
             h = silu(gate) * up
-            h = quantised16(h, torch) if down16 else h
+            h = quantised16(h, torch, qmax) if down16 else h
             y = torch.nn.functional.linear(h, experts.down_proj[e]) * top_k_weights[token, slot, None]
             out.index_add_(0, token, y.to(out.dtype))
         return out
@@ -161,11 +163,13 @@ def emulate_experts(model, kind, torch):
         if kind is None:
             mlp.experts.forward = mlp.experts._transformers_forward
             continue
-        down16, gateup16 = kind in ("down16", "moe16"), kind in ("gateup16", "moe16")
-        mlp.experts.forward = experts_forward(mlp.experts, torch, down16, gateup16)
+        down16, gateup16 = kind in ("down16", "moe16", "moe24"), kind in ("gateup16", "moe16", "moe24")
+        qmax = 8355711.0 if kind == "moe24" else 32639.0
+        mlp.experts.forward = experts_forward(mlp.experts, torch, down16, gateup16, qmax)
         for on, m in ((down16, mlp.shared_expert.down_proj), (gateup16, mlp.shared_expert)):
             if on:
-                m._hook16 = m.register_forward_pre_hook(lambda _m, inputs: (quantised16(inputs[0], torch),))
+                m._hook16 = m.register_forward_pre_hook(
+                    lambda _m, inputs, q=qmax: (quantised16(inputs[0], torch, q),))
 
 
 def compare(ref, got, tokens, torch):
@@ -210,7 +214,7 @@ def main():
     for k in kinds:
         bits = significant_bits(k) or significant_bits(k, "qpb")
         named = ("fp32", "kv16", "k16", "v16", "kvi16", "qp16", "q16", "p16", "i16", "attn16", "down16", "gateup16",
-                 "moe16")
+                 "moe16", "moe24")
         if k not in named and not (bits and 2 <= bits <= 24):
             sys.exit(f"rounding_effect: unknown emulation {k} ({', '.join(named)}, kvbN or qpbN with N 2..24)")
     if args.layers != 3 and args.layers < 4:
@@ -220,7 +224,7 @@ def main():
     from transformers import AttentionInterface
 
     torch.set_grad_enabled(False)
-    moe_kinds = {"down16", "gateup16", "moe16"}  # roundings of the experts' inputs, the attention exact
+    moe_kinds = {"down16", "gateup16", "moe16", "moe24"}  # roundings of the experts' inputs, the attention exact
     for k in {"fp32", *kinds} - moe_kinds:
         AttentionInterface.register("tern_" + k, emulated_attention(torch, k))
     # build_model's arguments, as gpu_reference.py's defaults for the fidelity check

@@ -15,7 +15,7 @@ LINE = re.compile(r"^seed (\d+) (\w+): mean KL (\S+) \(median (\S+)\), perplexit
 
 
 def test_control_at_fp32_noise_and_each_rounding_above_it(seed):
-    kinds = "fp32,kv16,k16,v16,kvb11,kvb24,kvi16,qp16,q16,p16,qpb14,i16,attn16,down16"
+    kinds = "fp32,kv16,k16,v16,kvb11,kvb24,kvi16,qp16,q16,p16,qpb14,i16,attn16,down16,gateup16,moe16,moe24"
     r = subprocess.run([sys.executable, ORACLES / "rounding_effect.py", "--seeds", str(seed), "--preset", "realdims",
                         "--positions", "64", "--emulate", kinds],
                        capture_output=True, text=True, timeout=600)
@@ -26,8 +26,7 @@ def test_control_at_fp32_noise_and_each_rounding_above_it(seed):
         if m:
             assert int(m.group(1)) == seed
             kl[m.group(2)] = float(m.group(3))
-    assert set(kl) == {"fp32", "kv16", "k16", "v16", "kvb11", "kvb24", "kvi16", "qp16", "q16", "p16", "qpb14", "i16",
-                       "attn16", "down16"}, r.stdout
+    assert set(kl) == set(kinds.split(",")), r.stdout
     assert kl["fp32"] < 1e-9, f"seed {seed}: the control is not at fp32's noise: {kl}"
     # fp16's 2^-11 rounding of K and V is far above fp32's noise; the 16-bit down inputs' ~1.5e-5 of a group's max
     # above it too
@@ -38,7 +37,10 @@ def test_control_at_fp32_noise_and_each_rounding_above_it(seed):
         assert kl[k] > kl["fp32"], f"seed {seed}: {k}: {kl}"
     # the i16 cache's attention rounds less than fp16's (its rows as kvi16's, q and the weights at 22 bits)
     assert kl["i16"] < kl["attn16"], f"seed {seed}: {kl}"
-    assert kl["down16"] > kl["fp32"], f"seed {seed}: {kl}"
+    for k in ("down16", "gateup16", "moe16"):
+        assert kl[k] > kl["fp32"], f"seed {seed}: {k}: {kl}"
+    # the experts' inputs at 24 bits round 256 times finer than at 16
+    assert kl["moe24"] < kl["moe16"], f"seed {seed}: {kl}"
     # 11 significant bits are fp16's (but for its subnormals and range); 24 are fp32's own: no rounding at all
     assert abs(kl["kvb11"] / kl["kv16"] - 1) < 0.05, f"seed {seed}: {kl}"
     assert kl["kvb24"] == kl["fp32"], f"seed {seed}: {kl}"
