@@ -23,13 +23,7 @@ KvDtype kv_dtype_parse(const std::string& text) {
 }
 
 int64_t kv_row_bytes(KvDtype t, int64_t head_dim) {
-  switch (t) {
-    case KvDtype::fp8: return head_dim + int64_t(sizeof(float));
-    case KvDtype::i16: return 2 * head_dim + int64_t(sizeof(float));
-    case KvDtype::f16:
-    case KvDtype::bf16: break;
-  }
-  return 2 * head_dim;
+  return head_dim * kv_value_bytes(t) + (kv_row_scaled(t) ? int64_t(sizeof(float)) : 0);
 }
 
 }  // namespace tern

@@ -25,8 +25,9 @@ KvDtype kv_dtype_parse(const std::string& text);
 // types, 1 per value and the row's fp32 scale for fp8, 2 per value and the row's fp32 scale for i16.
 int64_t kv_row_bytes(KvDtype t, int64_t head_dim);
 // Bytes of one cached value (1 for fp8, else 2), and whether the rows carry an fp32 scale each (fp8, i16).
-inline int64_t kv_value_bytes(KvDtype t) { return t == KvDtype::fp8 ? 1 : 2; }
-inline bool kv_row_scaled(KvDtype t) { return t == KvDtype::fp8 || t == KvDtype::i16; }
+// constexpr: the CUDA kernels use them at compile time.
+constexpr int64_t kv_value_bytes(KvDtype t) { return t == KvDtype::fp8 ? 1 : 2; }
+constexpr bool kv_row_scaled(KvDtype t) { return t == KvDtype::fp8 || t == KvDtype::i16; }
 
 // Bytes per token of context of a model's KV cache: K and V of every attention layer, kv_heads rows each.
 inline int64_t kv_token_bytes(KvDtype t, int64_t attention_layers, int64_t kv_heads, int64_t head_dim) {

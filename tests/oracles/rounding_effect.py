@@ -116,7 +116,7 @@ def emulated_attention(torch, kind):
     return attention
 
 
-def quantised16(x, torch, qmax=32639.0):
+def quantised_groups(x, torch, qmax=32639.0):
     """x with each group of 64 along the last axis as the 16-bit integer products take it: v·m/32639 (qmax 8355711:
     the 24-bit wide form)."""
     g = x.reshape(*x.shape[:-1], x.shape[-1] // 64, 64)
@@ -127,7 +127,7 @@ def quantised16(x, torch, qmax=32639.0):
 
 
 def experts_forward(experts, torch, down16, gateup16=False, qmax=32639.0):
-    """A forward for transformers' fused Qwen3_5MoeExperts, each down product's input quantised (quantised16, at
+    """A forward for transformers' fused Qwen3_5MoeExperts, each down product's input quantised (quantised_groups, at
     qmax) with down16, each gate_up product's with gateup16, else exact (the fp32 control)."""
     silu = torch.nn.functional.silu
 
@@ -137,10 +137,10 @@ def experts_forward(experts, torch, down16, gateup16=False, qmax=32639.0):
             if e >= experts.num_experts:
                 continue
             token, slot = torch.where(top_k_index == e)
-            x = quantised16(hidden_states[token], torch, qmax) if gateup16 else hidden_states[token]
+            x = quantised_groups(hidden_states[token], torch, qmax) if gateup16 else hidden_states[token]
             gate, up = torch.nn.functional.linear(x, experts.gate_up_proj[e]).chunk(2, dim=-1)
             h = silu(gate) * up
-            h = quantised16(h, torch, qmax) if down16 else h
+            h = quantised_groups(h, torch, qmax) if down16 else h
             y = torch.nn.functional.linear(h, experts.down_proj[e]) * top_k_weights[token, slot, None]
             out.index_add_(0, token, y.to(out.dtype))
         return out
@@ -169,7 +169,7 @@ def emulate_experts(model, kind, torch):
         for on, m in ((down16, mlp.shared_expert.down_proj), (gateup16, mlp.shared_expert)):
             if on:
                 m._hook16 = m.register_forward_pre_hook(
-                    lambda _m, inputs, q=qmax: (quantised16(inputs[0], torch, q),))
+                    lambda _m, inputs, q=qmax: (quantised_groups(inputs[0], torch, q),))
 
 
 def compare(ref, got, tokens, torch):

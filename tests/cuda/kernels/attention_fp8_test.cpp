@@ -31,7 +31,7 @@ AttnDims fp8_dims(int Hq, int Hkv, int dh, int rot) {
 AttnDims model_fp8() { return fp8_dims(16, 2, 256, 64); }  // Qwen3.6's heads
 
 // A host image of one fp8 K (or V) cache of `capacity` rows per head: [Hkv, capacity, dh] bytes, then the rows'
-// scales [Hkv, capacity] fp32 (attn_fp8_scales_offset).
+// scales [Hkv, capacity] fp32 (attn_row_scales_offset).
 struct Fp8Image {
   int Hkv = 0, dh = 0;
   int64_t capacity = 0;
@@ -42,11 +42,11 @@ struct Fp8Image {
   const uint8_t* row(int h, int64_t r) const { return bytes.data() + (h * capacity + r) * dh; }
   float scale(int h, int64_t r) const {
     float s;
-    std::memcpy(&s, bytes.data() + attn_fp8_scales_offset(Hkv, capacity, dh) + (h * capacity + r) * 4, 4);
+    std::memcpy(&s, bytes.data() + attn_row_scales_offset(KvDtype::fp8, Hkv, capacity, dh) + (h * capacity + r) * 4, 4);
     return s;
   }
   void set_scale(int h, int64_t r, float s) {
-    std::memcpy(bytes.data() + attn_fp8_scales_offset(Hkv, capacity, dh) + (h * capacity + r) * 4, &s, 4);
+    std::memcpy(bytes.data() + attn_row_scales_offset(KvDtype::fp8, Hkv, capacity, dh) + (h * capacity + r) * 4, &s, 4);
   }
   // Row r of head h quantised from x (dh values) as attn_prepare does it.
   void quantise_row(int h, int64_t r, const float* x) {
@@ -140,9 +140,9 @@ TEST(CudaAttentionFp8, PrepareStoresTheRowsBytesAndScalesBitForBit) {
           for (const auto* pair : {&got_k, &got_v}) {
             const Fp8Image& got = *pair;
             const Fp8Image& want = pair == &got_k ? want_k : want_v;
-            bool same = std::memcmp(&want.bytes[size_t(attn_fp8_scales_offset(Hkv, d.capacity, int(dh)) +
+            bool same = std::memcmp(&want.bytes[size_t(attn_row_scales_offset(KvDtype::fp8, Hkv, d.capacity, int(dh)) +
                                                        (h * d.capacity + r) * 4)],
-                                    &got.bytes[size_t(attn_fp8_scales_offset(Hkv, d.capacity, int(dh)) +
+                                    &got.bytes[size_t(attn_row_scales_offset(KvDtype::fp8, Hkv, d.capacity, int(dh)) +
                                                       (h * d.capacity + r) * 4)],
                                     4) == 0;
             for (int64_t i = 0; i < dh; ++i) {

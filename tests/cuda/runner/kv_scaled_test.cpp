@@ -50,10 +50,10 @@ void expect_logits_close_to_fp16(KvDtype kv, const char* name) {
   std::mt19937_64 rng(seed ^ 0x5eed);
   const std::vector<int32_t> tokens = random_tokens(rng, 230, weights->vocab_real);
   auto f16 = cuda_runner_create(weights, {.progress = false});
-  auto fp8 = cuda_runner_create(weights, {.progress = false, .kv = kv});
+  auto scaled = cuda_runner_create(weights, {.progress = false, .kv = kv});
   std::printf("[%s vs fp16 KV] the short call on %s\n", name,
-              fp8->supports_verify() ? "verify steps (the batched kernels)" : "the prefill plan");
-  const std::vector<float> ref = logits_by_plan(*f16, tokens), got = logits_by_plan(*fp8, tokens);
+              scaled->supports_verify() ? "verify steps (the batched kernels)" : "the prefill plan");
+  const std::vector<float> ref = logits_by_plan(*f16, tokens), got = logits_by_plan(*scaled, tokens);
   const int64_t V = weights->config.vocab_size;
   const Fidelity f = compare_logits(ref, got, tokens, V, weights->vocab_real);
   std::printf("[%s vs fp16 KV] ppl %.5f vs %.5f, KL %.3g (median %.3g), top-1 %.3f, max |dlogit| %.4g\n", name, f.ppl,
@@ -62,19 +62,19 @@ void expect_logits_close_to_fp16(KvDtype kv, const char* name) {
   EXPECT_LE(f.median_kl, 5e-4);
   EXPECT_GE(f.top1, 0.9);
 
-  // The decode graph (captured on the second step) over the fp8 cache: greedy ids equal the arg-max of forward() on a
+  // The decode graph (captured on the second step) over the cache: greedy ids equal the arg-max of forward() on a
   // session fed the same tokens, step by step.
-  auto s = fp8->create_session(256), ref_s = fp8->create_session(256);
+  auto s = scaled->create_session(256), ref_s = scaled->create_session(256);
   const std::span<const int32_t> head = std::span(tokens).first(100);
   std::vector<float> last;
-  fp8->forward(*s, head, false, last);
-  fp8->forward(*ref_s, head, false, last);
+  scaled->forward(*s, head, false, last);
+  scaled->forward(*ref_s, head, false, last);
   int32_t next = int32_t(std::max_element(last.begin(), last.begin() + weights->vocab_real) - last.begin());
   for (int step = 0; step < 6; ++step) {
     const std::vector<int32_t> one = {next};
-    fp8->forward(*ref_s, one, false, last);
+    scaled->forward(*ref_s, one, false, last);
     const int32_t want = int32_t(std::max_element(last.begin(), last.begin() + weights->vocab_real) - last.begin());
-    const auto got_id = fp8->forward_sample(*s, one, DeviceSampling{});
+    const auto got_id = scaled->forward_sample(*s, one, DeviceSampling{});
     ASSERT_TRUE(got_id.has_value());
     EXPECT_EQ(*got_id, want) << "decode step " << step;
     next = want;

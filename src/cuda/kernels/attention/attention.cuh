@@ -51,9 +51,8 @@ struct AttnDims {
 };
 
 // One layer's K (or V) cache, `capacity` rows per KV head: [Hkv, capacity, dh] 16-bit values (fp16, bf16), or for fp8
-// [Hkv, capacity, dh] e4m3 bytes followed by the rows' fp32 scales [Hkv, capacity] at byte attn_fp8_scales_offset.
+// [Hkv, capacity, dh] e4m3 bytes followed by the rows' fp32 scales [Hkv, capacity] at byte attn_row_scales_offset.
 // i16: [Hkv, capacity, dh] int16 values, then the rows' fp32 scales [Hkv, capacity] at byte attn_row_scales_offset.
-inline int64_t attn_fp8_scales_offset(int Hkv, int64_t capacity, int dh) { return int64_t(Hkv) * capacity * dh; }
 inline int64_t attn_row_scales_offset(KvDtype kv, int Hkv, int64_t capacity, int dh) {
   return int64_t(Hkv) * capacity * dh * kv_value_bytes(kv);
 }

@@ -48,7 +48,7 @@ template <KvDtype KV>
 constexpr bool kI16 = KV == KvDtype::i16;
 // Whether the rows carry an fp32 scale each (fp8, i16), and the 16-bit tiles' planes in shared memory (i16: 2).
 template <KvDtype KV>
-constexpr bool kScaled = kFp8<KV> || kI16<KV>;
+constexpr bool kScaled = kv_row_scaled(KV);
 template <KvDtype KV>
 constexpr int kPlanes = kI16<KV> ? 2 : 1;
 // A cache row's element: 16 bits (an i16 cache's int16 as its bits), or an e4m3 byte.
@@ -109,11 +109,11 @@ __device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(
 
 // ---- the fp8 cache (KvDtype::fp8; attention.cuh has the format, core/fp8.h the CPU twin) ----------------------
 
-// The rows' scales of an fp8 cache [Hkv, capacity, DH] bytes: [Hkv, capacity] fp32 after them.
-template <typename Byte>  // uint8_t or const uint8_t
-__device__ __forceinline__ auto fp8_scales(Byte* cache, int Hkv, int64_t capacity, int dh) {
+// The rows' scales of a scaled cache (fp8, i16) [Hkv, capacity, DH] values: [Hkv, capacity] fp32 after them.
+template <KvDtype KV, typename Byte>  // Byte: uint8_t or const uint8_t
+__device__ __forceinline__ auto row_scales(Byte* cache, int Hkv, int64_t capacity, int dh) {
   using Float = std::conditional_t<std::is_const_v<Byte>, const float, float>;
-  return reinterpret_cast<Float*>(cache + int64_t(Hkv) * capacity * dh);
+  return reinterpret_cast<Float*>(cache + int64_t(Hkv) * capacity * dh * kv_value_bytes(KV));
 }
 
 // The scale of a row whose largest magnitude is amax (NaN already dropped by fmaxf): amax / 448, ±inf as FLT_MAX.
@@ -152,7 +152,7 @@ __device__ __forceinline__ void store_fp8_chunk(void* cache, int Hkv, int64_t ca
   uint8_t* bytes = static_cast<uint8_t*>(cache);
   const int64_t row = int64_t(head) * capacity + pos;
   *reinterpret_cast<uint2*>(bytes + row * DH + 8 * c) = quantize8_fp8(x, scale);
-  if (c == 0) fp8_scales(bytes, Hkv, capacity, DH)[row] = scale;
+  if (c == 0) row_scales<KvDtype::fp8>(bytes, Hkv, capacity, DH)[row] = scale;
 }
 
 // Two e4m3 bytes (the lower one first) and their row's scale -> a packed fp16 pair: fp16(float(e4m3) · scale), the
@@ -170,13 +170,6 @@ __device__ __forceinline__ uint4 dequant8_f16(uint32_t lo, uint32_t hi, float sc
 }
 
 // ---- the i16 cache (KvDtype::i16; attention.cuh has the format, core/kv_i16.h the CPU twin) -------------------
-
-// The rows' scales of a scaled cache (fp8, i16) [Hkv, capacity, DH] values: [Hkv, capacity] fp32 after them.
-template <KvDtype KV, typename Byte>  // Byte: uint8_t or const uint8_t
-__device__ __forceinline__ auto row_scales(Byte* cache, int Hkv, int64_t capacity, int dh) {
-  using Float = std::conditional_t<std::is_const_v<Byte>, const float, float>;
-  return reinterpret_cast<Float*>(cache + int64_t(Hkv) * capacity * dh * (kFp8<KV> ? 1 : 2));
-}
 
 // Whether any of the DH-value row that a group of CH = DH/8 lanes holds is NaN (every lane of the warp must call it).
 template <int DH>
