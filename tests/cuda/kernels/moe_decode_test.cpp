@@ -127,10 +127,27 @@ void run_moe_case(std::mt19937_64& rng, const MoeHost& mh, MoeDevice& md, int T,
       std::copy(hv.begin(), hv.end(), h_ref.begin() + (int64_t(t) * (k + 1) + j) * F);
     }
   // 4-bit: hi + lo activations, ≈ fp32 (was 5e-3 with fp16); T = 1 under variant 3, the integer path: activations
-  // rounded to 16 bits per group of 64 (≤ 2^-16 of the group's largest), measured up to ~1.6e-4·rms here.
-  const bool int_path = quantised && T == 1 && qmv_variant() == 3;
-  const float htol = int_path ? 5e-4f : quantised ? 1e-4f : 1e-5f;
+  // rounded per group of 64 to 24 bits (moe_dp4a_wide(), the default: ≤ 2^-24 of the group's largest) or to 16
+  // (≤ 2^-16; elements measured up to ~1.6e-4·rms here). The rms error over all of h (and of the block's output) tells
+  // the two apart: ~3e-7 of the rms expected at 24 bits (fp32 sums on both sides), ~2.5e-5 at 16.
+  const bool int_path = quantised && T == 1 && qmv_variant() == 3, wide = int_path && moe_dp4a_wide();
+  const float htol = wide ? 2e-5f : int_path ? 5e-4f : quantised ? 1e-4f : 1e-5f;
   expect_close(h, h_ref, htol * rms_of(h_ref) + 1e-7f, 1e-4f, what + " SwiGLU hidden");
+  const auto rel_rms = [](const std::vector<float>& got, const std::vector<float>& ref) {
+    double e = 0, r = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      e += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
+      r += double(ref[i]) * ref[i];
+    }
+    return std::sqrt(e / std::max(r, 1e-300));
+  };
+  const double rms_bound = wide ? 3e-6 : int_path ? 1e-4 : 1.0;
+  if (int_path) {
+    const double he = rel_rms(h, h_ref);
+    std::printf("[moe decode] %s: SwiGLU hidden rms error %.3g of its rms (%d-bit activations)\n", what.c_str(), he,
+                wide ? 24 : 16);
+    EXPECT_LE(he, rms_bound) << what << ": SwiGLU hidden's rms error";
+  }
 
   // hidden += the block's output. With a near-tie the reference is composed with the GPU's choice.
   std::vector<float> want(hidden);
@@ -147,8 +164,22 @@ void run_moe_case(std::mt19937_64& rng, const MoeHost& mh, MoeDevice& md, int T,
       }
     }
   }
-  const float tol = int_path ? 5e-4f : quantised ? 1e-4f : 2e-5f;
+  const float tol = wide ? 2e-5f : int_path ? 5e-4f : quantised ? 1e-4f : 2e-5f;
   expect_close(first, want, tol * rms_of(mix) + 1e-6f, 1e-5f, what + " hidden after the MoE block");
+  if (int_path && same_ids) {  // the block's output alone: first − hidden against the CPU's mix
+    std::vector<float> out(first.size());
+    double u2 = 0, m2 = 0;  // the GPU's add of hidden and this subtraction: half an ulp of first each, at most
+    for (size_t i = 0; i < out.size(); ++i) {
+      out[i] = first[i] - hidden[i];
+      const double ulp = double(std::nextafter(std::fabs(first[i]), INFINITY)) - std::fabs(first[i]);
+      u2 += ulp * ulp;
+      m2 += double(mix[i]) * mix[i];
+    }
+    const double oe = rel_rms(out, mix), allowance = std::sqrt(u2 / std::max(m2, 1e-300));
+    std::printf("[moe decode] %s: the block's output rms error %.3g of its rms (%.3g of it the adds' rounding)\n",
+                what.c_str(), oe, allowance);
+    EXPECT_LE(oe, rms_bound + allowance) << what << ": the output's rms error";
+  }
 }
 
 TEST(CudaMoeDecode, MatchesCpuMoeForwardAtModelShapes) {
@@ -157,11 +188,19 @@ TEST(CudaMoeDecode, MatchesCpuMoeForwardAtModelShapes) {
   auto mh = make_moe(rng, WeightFormat::affine4, WeightFormat::affine8, 256, 8, 2048, 512);
   MoeDevice md(*mh);
   const int v0 = qmv_variant();
+  const bool wide0 = moe_dp4a_wide();
   for (int v : {3, 1, 0}) {  // 3: T = 1 on the integer path (moe_dp4a.cuh); 1, 0: the tensor-core step variants
     qmv_set_variant(v);
-    for (int T : {1, 3})
-      run_moe_case(rng, *mh, md, T, true, "4-bit experts T=" + std::to_string(T) + " variant " + std::to_string(v));
+    for (const bool wide : {true, false}) {  // the integer path's 24- and 16-bit activations
+      if (v != 3 && !wide) continue;
+      moe_dp4a_set_wide(wide);
+      for (int T : {1, 3})
+        run_moe_case(rng, *mh, md, T, true,
+                     "4-bit experts T=" + std::to_string(T) + " variant " + std::to_string(v) +
+                         (v == 3 ? (wide ? ", 24-bit" : ", 16-bit") : ""));
+    }
   }
+  moe_dp4a_set_wide(wide0);
   qmv_set_variant(v0);
 }
 
@@ -404,7 +443,8 @@ TEST(CudaMoeDecode, BatchedMatchesOneTokenBitwise) {
 }
 
 // The same at D = 1024 (the ring gate_up kernel's one-slice form; the model's D = 2048 takes two slices) with 64
-// experts, B in {2, 5, 8}: each B its own grid, so the warps' last batches and rows end at other places. D = 4096 (four
+// experts, B in {2, 5, 8}, with the experts' activations at 24 bits and at 16 (moe_dp4a_set_wide): each B its own
+// grid, so the warps' last batches and rows end at other places. D = 4096 (four
 // slices) has no batched step here: the cluster router takes D up to 2048, and the ticket router batches only where
 // clusters are missing.
 TEST(CudaMoeDecode, BatchedMatchesOneTokenBitwiseOneSlice) {
@@ -420,10 +460,16 @@ TEST(CudaMoeDecode, BatchedMatchesOneTokenBitwiseOneSlice) {
     qmv_set_variant(v0);
     GTEST_SKIP() << "moe_decode_batched does not apply here (needs the sm_90 cluster router)";
   }
-  for (int B : {2, 5, 8}) {
-    expect_batched_matches_alone(rng, md, E, k, D, F, B, "D=1024");
+  const bool wide0 = moe_dp4a_wide();
+  for (const bool wide : {true, false}) {  // the experts' activations at 24 bits (the default) and at 16
+    moe_dp4a_set_wide(wide);
+    for (int B : {2, 5, 8}) {
+      expect_batched_matches_alone(rng, md, E, k, D, F, B, wide ? "D=1024, 24-bit" : "D=1024, 16-bit");
+      if (HasFailure()) break;
+    }
     if (HasFailure()) break;
   }
+  moe_dp4a_set_wide(wide0);
   qmv_set_variant(v0);
 }
 
@@ -461,19 +507,25 @@ std::string for_each_batched_case(std::mt19937_64& rng, const std::string& form,
 // of 4 and 5; up to four groups of 8), random router rows and repeated ones (repeat_router_rows: tokens share
 // experts, up to all 8 of them, so that an expert's rows serve many (token, slot) pairs), at the model's shapes and at
 // D = 1024 (one slice) with 64 experts. The router's x_lanes are held to their host twin (host_x_lanes), and the
-// grouped kernel must have run (its launch count: the ring form, which it falls back to, would pass the rest).
+// grouped kernel must have run (its launch count: the ring form, which it falls back to, would pass the rest). The
+// grouped form takes the 16-bit activations only (moe_dp4a_set_wide(false) here); with 24 it is not asked for.
 TEST(CudaMoeDecode, GroupedGateUpMatchesOneTokenBitwise) {
   TERN_REQUIRE_GPU();
   std::mt19937_64 rng(fresh_seed("CudaMoeDecode.Grouped"));
   const int v0 = qmv_variant(), mode0 = moe_ring_gate_up_mode();
+  const bool wide0 = moe_dp4a_wide();
   const auto restore = [&] {
     qmv_set_variant(v0);
     moe_ring_gate_up_set_mode(mode0);
+    moe_dp4a_set_wide(wide0);
   };
   qmv_set_variant(3);
   moe_ring_gate_up_set_mode(kMoeRingGateUpGrouped);
   const std::string skip = for_each_batched_case(rng, "grouped gate_up", [&](MoeDevice& md, const BatchedCase& c,
                                                                           const std::string& label) -> std::string {
+    moe_dp4a_set_wide(true);  // the grouped form takes 16-bit activations only: with 24 the ring form runs
+    EXPECT_FALSE(moe_gate_up_wants_x_lanes(md.w, 2)) << label << ": the grouped form asked for at 24 bits";
+    moe_dp4a_set_wide(false);
     if (!moe_gate_up_wants_x_lanes(md.w, 2)) return "the batched gate_up rings are off (TERN_MOE_RING=0)";
     for (int B : {2, 3, 8, 9, 16, 32}) {
       const int64_t launches = moe_gate_up_grouped_launches();

@@ -19,10 +19,11 @@ namespace {
 
 using namespace moe_parts;
 
-template <int S>
+template <int S, bool kWide>
 __global__ void __launch_bounds__(kThreads) moe_gate_up_dp4a_kernel(const GateUpParams p) {
   __shared__ int ids_s[kTopK];
   __shared__ uint4 xs[S * 128];
+  __shared__ uint2 xs_lo[kWide ? S * 128 : 1];
   __shared__ __align__(16) int xsum[S * 128];
   __shared__ float xsig[S * 16];
   const int lane = threadIdx.x & 31;
@@ -44,13 +45,13 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_dp4a_kernel(const GateUp
   if (!early) load_gate_up<S>(p, ids_s, batch, batches, lane, cur);
   if (p.down_ahead) prefetch_down(p, ids_s);
   float unused_ss = 0.0f;
-  dp4a::quantize_block<dp4a::quantize_passes(S * 128, kThreads)>(xhat, nullptr, S * 128, xs, xsum, xsig, unused_ss);
+  dp4a::quantize_block<dp4a::quantize_passes(S * 128, kThreads), kWide>(xhat, nullptr, S * 128, xs, xsum, xsig,
+                                                                         unused_ss, xs_lo);
   __syncthreads();
   pdl_trigger();
-  uint4 xq[S][4];
-  float sig[S], sx[S];
-  gate_up_lane_x<S>(xs, xsum, xsig, lane, xq, sig, sx);
-  gate_up_rows<S>(p, ids_s, batch, batches, warps, lane, xq, sig, sx, cur, h);
+  GateUpX<S, kWide> x;
+  gate_up_lane_x<S, kWide>(xs, xs_lo, xsum, xsig, lane, x);
+  gate_up_rows<S, kWide>(p, ids_s, batch, batches, warps, lane, x, cur, h);
 }
 
 // ---- down + weighted sum + residual -------------------------------------------------------------------------------
@@ -80,9 +81,11 @@ __device__ __forceinline__ void load_down(const DownParams& p, const int* ids, i
   }
 }
 
+template <bool kWide>
 __global__ void __launch_bounds__(kThreads, 2) moe_down_dp4a_kernel(const DownParams p) {
   __shared__ int ids_s[kTopK];
   __shared__ uint4 xs[kSeg * 64];
+  __shared__ uint2 xs_lo[kWide ? kSeg * 64 : 1];
   __shared__ int xsum[kSeg * 64];
   __shared__ float xsig[kSeg * 8];
   const int lane = threadIdx.x & 31;
@@ -103,7 +106,8 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_dp4a_kernel(const DownPa
   if (p.early_routing) pdl_wait();  // h comes from gate_up
   // The k + 1 rows of h (512 columns, 64 words each), quantised as they are; the coefficients scale σ below.
   float unused_ss = 0.0f;
-  dp4a::quantize_block<dp4a::quantize_passes(kSeg * 64, kThreads)>(h, nullptr, kSeg * 64, xs, xsum, xsig, unused_ss);
+  dp4a::quantize_block<dp4a::quantize_passes(kSeg * 64, kThreads), kWide>(h, nullptr, kSeg * 64, xs, xsum, xsig,
+                                                                          unused_ss, xs_lo);
   __syncthreads();
   pdl_trigger();
   float sig[kSeg], sx[kSeg];  // coefficient·σ of the lane's group, coefficient·σ·Σv of its 16 columns
@@ -118,11 +122,11 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_dp4a_kernel(const DownPa
     float acc = 0.0f;
 #pragma unroll
     for (int s = 0; s < kSeg; ++s) {
-      int dh = 0, dl = 0;
       // The activations stay in shared memory (xs_slot: the 8 lanes of a quarter-warp read distinct bank groups).
-      dp4a::dot_word(cur.w[s].x, xs[dp4a::xs_slot(s * 64 + 2 * lane)], dh, dl);
-      dp4a::dot_word(cur.w[s].y, xs[dp4a::xs_slot(s * 64 + 2 * lane + 1)], dh, dl);
-      acc = fmaf(dp4a::scale_of(cur.sb[s]) * sig[s], float(dh * 256 + dl), acc);
+      const int w0 = dp4a::xs_slot(s * 64 + 2 * lane), w1 = dp4a::xs_slot(s * 64 + 2 * lane + 1);
+      const uint2 l0 = kWide ? xs_lo[w0] : make_uint2(0u, 0u), l1 = kWide ? xs_lo[w1] : make_uint2(0u, 0u);
+      const float dot = down_dot<kWide>(cur.w[s], xs[w0], xs[w1], l0, l1);
+      acc = fmaf(dp4a::scale_of(cur.sb[s]) * sig[s], dot, acc);
       acc = fmaf(dp4a::bias_of(cur.sb[s]), sx[s], acc);
     }
     acc = warp_sum(acc);
@@ -135,10 +139,15 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_dp4a_kernel(const DownPa
 
 template <int S>
 void launch_gate_up(const GateUpParams& p, int B, cudaStream_t stream) {
-  const int blocks =
-      qtile::balanced_grid(reinterpret_cast<const void*>(moe_gate_up_dp4a_kernel<S>), int64_t(p.k + 1) * p.F, B);
-  launch_pdl("moe_gate_up_dp4a", moe_gate_up_dp4a_kernel<S>, dim3(unsigned(blocks), unsigned(B)), dim3(kThreads), 0,
-             stream, p);
+  auto kernel = p.wide ? moe_gate_up_dp4a_kernel<S, true> : moe_gate_up_dp4a_kernel<S, false>;
+  const int blocks = qtile::balanced_grid(reinterpret_cast<const void*>(kernel), int64_t(p.k + 1) * p.F, B);
+  launch_pdl("moe_gate_up_dp4a", kernel, dim3(unsigned(blocks), unsigned(B)), dim3(kThreads), 0, stream, p);
+}
+
+// 24-bit activations (the wide form) unless TERN_MOE_DP4A_BITS=16; moe_dp4a_set_wide changes it.
+bool& wide_setting() {
+  static bool wide = !env_is("TERN_MOE_DP4A_BITS", "16");
+  return wide;
 }
 
 // Whether the gate_up's four matrices suit the ring forms' L2 requests (16-byte aligned rows): where they do not,
@@ -210,11 +219,15 @@ bool moe_down_dp4a(const MoeDecodeWeights& w, float* hidden, const MoeDecodeScra
     p.tables_eps = tables.eps;
     p.tickets = s.down_tickets;
   }
+  p.wide = moe_dp4a_wide();
   if (B >= 2 && prefetch_aligned(d) && prefetch_aligned(w.shared_down) && down_ring(p, B, stream)) return true;
-  const int blocks = qtile::balanced_grid(reinterpret_cast<const void*>(moe_down_dp4a_kernel), p.D, B);
-  launch_pdl("moe_down_dp4a", moe_down_dp4a_kernel, dim3(unsigned(blocks), unsigned(B)), dim3(kThreads), 0, stream,
-             p);
+  auto kernel = p.wide ? moe_down_dp4a_kernel<true> : moe_down_dp4a_kernel<false>;
+  const int blocks = qtile::balanced_grid(reinterpret_cast<const void*>(kernel), p.D, B);
+  launch_pdl("moe_down_dp4a", kernel, dim3(unsigned(blocks), unsigned(B)), dim3(kThreads), 0, stream, p);
   return true;
 }
+
+void moe_dp4a_set_wide(bool wide) { wide_setting() = wide; }
+bool moe_dp4a_wide() { return wide_setting(); }
 
 }  // namespace tern::cuda

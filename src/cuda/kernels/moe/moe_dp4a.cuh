@@ -5,7 +5,8 @@
 //   down:    hidden += Σ_{s<k} w[s]·(Wd[e_s]·h[s]) + shared_gate·(Wd_shared·h[k]); a warp batch is one output row,
 //            all k + 1 segments summed by the warp in a fixed order (deterministic, no atomics).
 // Each block quantises the activations once (x̂ for gate_up; the k + 1 rows of h for down, whose routing coefficient
-// multiplies the group's σ) into shared memory; the lanes keep their columns in registers.
+// multiplies the group's σ) into shared memory, at 24 bits per group of 64 columns by default (moe_dp4a_wide below);
+// the gate_up lanes keep their columns in registers, the down lanes read theirs from shared memory.
 // Batched (B > 1, the batched decode step's moe_decode_batched): one token of each of B sequences in one launch, grid
 // (blocks, B), blockIdx.y = the token: token b's blocks do exactly the one-token work on the scratch's rows b (ids,
 // w, shared gate, x̂, h) and hidden row b, so each token's result is bit for bit its one-token result.
@@ -57,5 +58,15 @@ int moe_ring_rows();
 bool moe_gate_up_wants_x_lanes(const MoeDecodeWeights& w, int B);
 // Launches of the grouped form in this process so far (tests: that it ran).
 int64_t moe_gate_up_grouped_launches();
+
+// The experts' activations (x̂ for gate_up, the rows of h for down) at 24 bits per group of 64 columns (the default:
+// dp4a_tile.cuh's wide form, six dp4a a word, as the dense one-token products take theirs) or at 16 (four dp4a;
+// TERN_MOE_DP4A_BITS=16, read once). Every form takes the setting: the one-token kernels, the ring forms and the fused
+// router + gate_up, so a token's result stays the same bits in any batch; the grouped gate_up takes only 16 bits (with
+// 24 the ring form runs in its place). On weights at trained scales the 16-bit inputs of gate_up and down together
+// flip near-tied expert choices downstream (docs/benchmarks.md, forty-first session). Tests change it with
+// moe_dp4a_set_wide (outside graph capture: a launch records the form).
+void moe_dp4a_set_wide(bool wide);
+bool moe_dp4a_wide();
 
 }  // namespace tern::cuda

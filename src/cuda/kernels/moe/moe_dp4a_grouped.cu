@@ -6,6 +6,8 @@
 // each row of each distinct expert of the group once, into the warp's cp.async ring as the ring form lays a stage
 // out, and dot it with every (token, slot) of the group that chose the expert.
 //
+// The 16-bit activations only (TERN_MOE_DP4A_BITS=16: moe_dp4a.cuh); with 24 bits the ring form runs in its place.
+//
 // Every value is made as in the one-token kernel (moe_gate_up_dp4a_kernel): a lane owns uint4 word chunk 32·j + lane
 // of slice j of the row and the group's scale/bias at 16·j + lane / 2, the token's activations are what
 // gate_up_lane_x makes of quantize_block(x̂) (the cluster router writes them, in that per-lane form, into the
@@ -235,19 +237,18 @@ __global__ void __launch_bounds__(kThreads, S <= 1 ? 4 : 2) moe_gate_up_grouped_
     for (int q = L.begin[cur.d]; q < q_end; ++q) {
       const int pr = L.pair[q], t = pr >> 8, slot = pr & 0xff;
       // Token t's activations as gate_up_lane_x leaves them: slice j's words [4][32] uint4, then (σ, σ·Σv) [32].
-      uint4 xq[S][4];
-      float sig[S], sx[S];
+      GateUpX<S, false> x;
 #pragma unroll
       for (int j = 0; j < S; ++j) {
         const uint8_t* xj = xsm + t * x_token_bytes<S>() + j * int(kMoeXLaneSliceBytes);
 #pragma unroll
-        for (int k = 0; k < 4; ++k) xq[j][k] = reinterpret_cast<const uint4*>(xj)[32 * k + lane];
+        for (int k = 0; k < 4; ++k) x.q[j][k] = reinterpret_cast<const uint4*>(xj)[32 * k + lane];
         const float2 s2 = reinterpret_cast<const float2*>(xj + 2048)[lane];
-        sig[j] = s2.x;
-        sx[j] = s2.y;
+        x.sig[j] = s2.x;
+        x.sx[j] = s2.y;
       }
-      const float g = warp_sum(dot_row<S>(gv, gsb, xq, sig, sx));
-      const float u = warp_sum(dot_row<S>(uv, usb, xq, sig, sx));
+      const float g = warp_sum(dot_row<S, false>(gv, gsb, x));
+      const float u = warp_sum(dot_row<S, false>(uv, usb, x));
       if (lane == 0) p.h[(int64_t(t0 + t) * (kTopK + 1) + slot) * F + cur.i] = silu_f(g) * u;
     }
     advance(cur);
@@ -279,13 +280,13 @@ bool launch_grouped(const GroupedParams& gp, cudaStream_t stream) {
 
 }  // namespace
 
-bool gate_up_grouped_takes(int cols, int E, int k, int B) {
-  // D = 4096: no cluster router writes x_lanes (see above)
-  return B >= 2 && k == kTopK && E >= 1 && E <= kMaxExperts && (cols == 1024 || cols == 2048);
+bool gate_up_grouped_takes(int cols, int E, int k, int B, bool wide) {
+  // D = 4096: no cluster router writes x_lanes (see above); x_lanes hold x̂ at 16 bits only
+  return B >= 2 && k == kTopK && E >= 1 && E <= kMaxExperts && (cols == 1024 || cols == 2048) && !wide;
 }
 
 bool gate_up_grouped(const GateUpParams& p, const uint4* x_lanes, int cols, int B, cudaStream_t stream) {
-  if (!gate_up_grouped_takes(cols, p.E, p.k, B) || !x_lanes || (reinterpret_cast<uintptr_t>(x_lanes) & 15))
+  if (!gate_up_grouped_takes(cols, p.E, p.k, B, p.wide) || !x_lanes || (reinterpret_cast<uintptr_t>(x_lanes) & 15))
     return false;
   const GroupedParams gp{p, x_lanes, B, (B + kGroupTokens - 1) / kGroupTokens};
   return cols == 1024 ? launch_grouped<1>(gp, stream) : launch_grouped<2>(gp, stream);

@@ -12,6 +12,7 @@
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/warp_reduce.cuh"
 #include "cuda/kernels/moe/moe_decode.cuh"
+#include "cuda/kernels/moe/moe_dp4a.cuh"
 #include "cuda/kernels/qmv/dp4a_tables.cuh"
 #include "cuda/kernels/qmv/dp4a_tile.cuh"
 #include "cuda/kernels/qmv/qmv_tile.cuh"
@@ -61,6 +62,7 @@ struct GateUpParams {
   bool shared_early = false;
   // The ring form: each token's routed experts taken in ascending id instead of routing order (set by gate_up_ring).
   bool by_expert_id = false;
+  bool wide = false;  // x̂ at 24 bits (moe_dp4a_wide(), set by gate_up_params)
 };
 
 // L2 prefetch of the down matrices of n experts, spread over the threads of the grid's blocks along x (grid_thread:
@@ -100,19 +102,42 @@ __device__ inline void prefetch_down(const GateUpParams& p, const int* ids) {
   prefetch_down_experts(p, ids, p.k + 1, p.k);
 }
 
-template <int S>
-__device__ __forceinline__ float dot_row(const uint4 (&w)[S], const uint32_t (&sb)[S], const uint4 (&xq)[S][4],
-                                         const float (&sig)[S], const float (&sx)[S]) {
+// The experts' activations (dp4a_tile.cuh): 16-bit, or 24-bit in the wide form (kWide: every kernel's template
+// parameter, from moe_dp4a_wide() when the launch is recorded: GateUpParams::wide, DownParams::wide).
+//
+// Σ q·v of a lane's columns from its partial sums: dh·256 + dl (16-bit, exact), or (dh·256 + dm)·256 + dl (wide:
+// dm·256 + dl exact in fp32 below 2^24, as it is for 32 columns, then one rounding, as qmv_dp4a's wide form).
+template <bool kWide>
+__device__ __forceinline__ float lane_dot(int dh, int dm, int dl) {
+  if constexpr (kWide) return fmaf(float(dh), 65536.0f, fmaf(float(dm), 256.0f, float(dl)));
+  return float(dh * 256 + dl);
+}
+
+// A lane's activations in the gate_up kernels (gate_up_lane_x): its columns [1024·j + 32·lane, +32) of each slice j.
+template <int S, bool kWide>
+struct GateUpX {
+  uint4 q[S][4];               // words 4·lane + k: {even hi, odd hi, even lo, odd lo} (wide: mid in place of lo)
+  uint2 lo[kWide ? S : 1][4];  // wide: the words' {even lo, odd lo}
+  float sig[S], sx[S];         // σ of the lane's group; σ·Σv over its 32 columns
+};
+
+template <int S, bool kWide>
+__device__ __forceinline__ float dot_row(const uint4 (&w)[S], const uint32_t (&sb)[S], const GateUpX<S, kWide>& x) {
   float acc = 0.0f;
 #pragma unroll
   for (int j = 0; j < S; ++j) {
-    int dh = 0, dl = 0;
-    dp4a::dot_word(w[j].x, xq[j][0], dh, dl);
-    dp4a::dot_word(w[j].y, xq[j][1], dh, dl);
-    dp4a::dot_word(w[j].z, xq[j][2], dh, dl);
-    dp4a::dot_word(w[j].w, xq[j][3], dh, dl);
-    acc = fmaf(dp4a::scale_of(sb[j]) * sig[j], float(dh * 256 + dl), acc);
-    acc = fmaf(dp4a::bias_of(sb[j]), sx[j], acc);
+    int dh = 0, dm = 0, dl = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t wk = k == 0 ? w[j].x : k == 1 ? w[j].y : k == 2 ? w[j].z : w[j].w;
+      if constexpr (kWide) {
+        dp4a::dot_word_wide(wk, x.q[j][k], x.lo[j][k], dh, dm, dl);
+      } else {
+        dp4a::dot_word(wk, x.q[j][k], dh, dl);
+      }
+    }
+    acc = fmaf(dp4a::scale_of(sb[j]) * x.sig[j], lane_dot<kWide>(dh, dm, dl), acc);
+    acc = fmaf(dp4a::bias_of(sb[j]), x.sx[j], acc);
   }
   return acc;
 }
@@ -205,17 +230,16 @@ __device__ __forceinline__ void load_gate_up(const GateUpParams& p, const int* i
 }
 
 // One warp's batches batch, batch + warps, ... below end: h[slot][i] = silu(gate·x̂)·(up·x̂) (slot k: the shared
-// expert), x̂ as gate_up_lane_x leaves it. cur holds the first batch's weights on entry; each step loads the next
+// expert), x̂ as gate_up_lane_x leaves it (x). cur holds the first batch's weights on entry; each step loads the next
 // batch's (below end) before its dot products. Returns the first of the warp's batches at or past end.
-template <int S>
+template <int S, bool kWide>
 __device__ __forceinline__ int gate_up_rows(const GateUpParams& p, const int* ids, int batch, int end, int warps,
-                                            int lane, const uint4 (&xq)[S][4], const float (&sig)[S],
-                                            const float (&sx)[S], GateUpBatch<S>& cur, float* h) {
+                                            int lane, const GateUpX<S, kWide>& x, GateUpBatch<S>& cur, float* h) {
   for (; batch < end; batch += warps) {
     GateUpBatch<S> nxt;
     load_gate_up<S>(p, ids, batch + warps, end, lane, nxt);
-    const float g = warp_sum(dot_row<S>(cur.g, cur.gsb, xq, sig, sx));
-    const float u = warp_sum(dot_row<S>(cur.u, cur.usb, xq, sig, sx));
+    const float g = warp_sum(dot_row<S, kWide>(cur.g, cur.gsb, x));
+    const float u = warp_sum(dot_row<S, kWide>(cur.u, cur.usb, x));
     if (lane == 0) {
       const int pair = batch / p.F, i = batch - pair * p.F;
       const int slot = pair == 0 ? p.k : pair - 1;
@@ -243,6 +267,7 @@ struct DownParams {
   const float* tables_norm = nullptr;
   float tables_eps = 0.0f;
   unsigned* tickets = nullptr;
+  bool wide = false;  // h at 24 bits (moe_dp4a_wide(), set by moe_down_dp4a)
 };
 
 // The down kernels' end (every thread of the block; the block's rows of hidden written): with p.tables, the last of
@@ -305,25 +330,45 @@ inline GateUpParams gate_up_params(const MoeDecodeWeights& w, const MoeDecodeScr
   p.down_rows = int(w.expert_down.rows);
   p.down_row_words = int(w.expert_down.row_words);
   p.down_gpr = int(w.expert_down.groups_per_row);
+  p.wide = moe_dp4a_wide();
   return p;
 }
 
 // B tokens: grid (blocks, B), the blocks per token from qtile::balanced_grid (B = 1: the one-token grid).
 
-// The gate_up kernels' activations as lane `lane` reads them from the block's quantize_block output: its columns
-// [1024·j + 32·lane, +32) (xq), σ of its group and σ·Σv of its 32 columns, per slice j.
-template <int S>
-__device__ __forceinline__ void gate_up_lane_x(const uint4* xs, const int* xsum, const float* xsig, int lane,
-                                               uint4 (&xq)[S][4], float (&sig)[S], float (&sx)[S]) {
+// The gate_up kernels' activations as lane `lane` reads them from the block's quantize_block output (xs_lo: the wide
+// form's lo bytes; unused otherwise): its columns [1024·j + 32·lane, +32), σ of its group and σ·Σv of its 32 columns,
+// per slice j.
+template <int S, bool kWide>
+__device__ __forceinline__ void gate_up_lane_x(const uint4* xs, const uint2* xs_lo, const int* xsum, const float* xsig,
+                                               int lane, GateUpX<S, kWide>& x) {
 #pragma unroll
   for (int j = 0; j < S; ++j) {
 #pragma unroll
-    for (int k = 0; k < 4; ++k) xq[j][k] = xs[dp4a::xs_slot(j * 128 + 4 * lane + k)];
+    for (int k = 0; k < 4; ++k) {
+      x.q[j][k] = xs[dp4a::xs_slot(j * 128 + 4 * lane + k)];
+      if constexpr (kWide) x.lo[j][k] = xs_lo[dp4a::xs_slot(j * 128 + 4 * lane + k)];
+    }
     const int4 sv = *reinterpret_cast<const int4*>(xsum + j * 128 + 4 * lane);
-    const int sumv = sv.x + sv.y + sv.z + sv.w;
-    sig[j] = xsig[j * 16 + lane / 2];
-    sx[j] = sig[j] * float(sumv);
+    const int sumv = sv.x + sv.y + sv.z + sv.w;  // |Σv| < 2^28 (wide): exact in int32
+    x.sig[j] = xsig[j * 16 + lane / 2];
+    x.sx[j] = x.sig[j] * float(sumv);
   }
+}
+
+// Σ q·v of a lane's 16 columns of one down segment: its two words w against the activation words x0, x1 (wide: and
+// their lo bytes l0, l1; unused otherwise).
+template <bool kWide>
+__device__ __forceinline__ float down_dot(uint2 w, const uint4& x0, const uint4& x1, const uint2& l0, const uint2& l1) {
+  int dh = 0, dm = 0, dl = 0;
+  if constexpr (kWide) {
+    dp4a::dot_word_wide(w.x, x0, l0, dh, dm, dl);
+    dp4a::dot_word_wide(w.y, x1, l1, dh, dm, dl);
+  } else {
+    dp4a::dot_word(w.x, x0, dh, dl);
+    dp4a::dot_word(w.y, x1, dh, dl);
+  }
+  return lane_dot<kWide>(dh, dm, dl);
 }
 
 // The down kernels' per-segment factors for lane `lane` (columns [16·lane, +16) of each of the k + 1 rows of h):
@@ -348,15 +393,16 @@ bool down_ring(const DownParams& p, int B, cudaStream_t stream);
 // Whether B >= 2 takes the ring forms (true unless TERN_MOE_RING=0).
 bool ring_enabled();
 // Whether the gate_up form grouped by expert across the batch (moe_dp4a_grouped.cu) takes these shapes: B >= 2, cols
-// 1024 or 2048, 1 <= E <= 256, top_k 8. The one place that decides it (gate_up_grouped and gate_up_wants_x_lanes ask).
-bool gate_up_grouped_takes(int cols, int E, int k, int B);
+// 1024 or 2048, 1 <= E <= 256, top_k 8, and the 16-bit activations (!wide: the router's x_lanes hold those; with 24
+// bits the ring form runs). The one place that decides it (gate_up_grouped and gate_up_wants_x_lanes ask).
+bool gate_up_grouped_takes(int cols, int E, int k, int B, bool wide);
 // The grouped form: false when it does not apply (gate_up_grouped_takes, x_lanes null or misaligned, the shared
 // memory too small; nothing launched).
 bool gate_up_grouped(const GateUpParams& p, const uint4* x_lanes, int cols, int B, cudaStream_t stream);
 // Launches of the grouped form so far (tests: that it ran).
 int64_t gate_up_grouped_launches();
 // Whether gate_up_ring would take the grouped form for these shapes given x_lanes: the rings on, the grouped mode,
-// gate_up_grouped_takes (moe_gate_up_wants_x_lanes).
+// gate_up_grouped_takes at moe_dp4a_wide() (moe_gate_up_wants_x_lanes).
 bool gate_up_wants_x_lanes(int cols, int E, int k, int B);
 
 }  // namespace tern::cuda::moe_parts

@@ -98,9 +98,10 @@ __device__ __forceinline__ int next_slot(int s) { return s + 1 == kStages ? 0 : 
 template <int kStages>
 __device__ __forceinline__ int prev_slot(int s) { return s == 0 ? kStages - 1 : s - 1; }
 
-// x̂'s quantised words, their sums and scales in shared memory while the block makes them: S·2624 bytes.
-template <int S>
-constexpr int gate_up_x_bytes() { return S * 128 * 16 + S * 128 * 4 + S * 16 * 4; }
+// x̂'s quantised words, their sums and scales in shared memory while the block makes them: S·2624 bytes, and with
+// 24 bits the words' lo bytes after them (S·1024 more).
+template <int S, bool kWide>
+constexpr int gate_up_x_bytes() { return S * 128 * 16 + S * 128 * 4 + S * 16 * 4 + (kWide ? S * 128 * 8 : 0); }
 
 // With kXInRing (the default; TERN_MOE_GATE_UP_X_IN_RING=0 for the form before) the ring of stages is
 // [kStages][kWarps][kStageBytes], a warp's slot s at s·kWarps·kStageBytes + warp·kStageBytes, and the last slot of
@@ -109,11 +110,16 @@ constexpr int gate_up_x_bytes() { return S * 128 * 16 + S * 128 * 4 + S * 16 * 4
 // alone: at S = 2 a block takes 73.8 KB and 3 fit an SM, where x̂ in static memory beside the ring ([kWarps][kStages]
 // [kStageBytes], 79 KB a block) let 2 fit. Only where the bytes sit changes, not a value.
 // kRows: the warp's batches taken two a step (the default; see the pair loop below) or one (TERN_MOE_RING_ROWS=1).
-template <int S, int kRows, bool kXInRing>
-__global__ void __launch_bounds__(kThreads, S <= 2 ? 4 : 1) moe_gate_up_ring_kernel(const GateUpParams p) {
+// kWide: x̂ at 24 bits, its lo bytes in registers too (16 more at S = 2, so 3 blocks' registers an SM, as their
+// shared memory allows; ring_min_blocks).
+template <int S, bool kWide>
+constexpr int ring_min_blocks() { return S == 1 ? 4 : S == 2 ? (kWide ? 3 : 4) : 1; }
+template <int S, int kRows, bool kXInRing, bool kWide>
+__global__ void __launch_bounds__(kThreads, ring_min_blocks<S, kWide>())
+    moe_gate_up_ring_kernel(const GateUpParams p) {
   constexpr int kStages = gate_up_stages<S>(), kStageBytes = gate_up_stage_bytes<S>();
   constexpr int kSlotStride = kXInRing ? kWarps * kStageBytes : kStageBytes;  // from a warp's slot s to s + 1
-  static_assert(gate_up_x_bytes<S>() <= kWarps * kStageBytes, "x̂ must fit one slot of every warp");
+  static_assert(gate_up_x_bytes<S, kWide>() <= kWarps * kStageBytes, "x̂ must fit one slot of every warp");
   extern __shared__ __align__(16) uint8_t ring[];  // [kStages][kWarps][kStageBytes] (kXInRing), else [kWarps][kStages]
   __shared__ int ids_s[kTopK];   // the routed experts in the order the warps take them (pair q + 1: ids_s[q])
   __shared__ int slot_s[kTopK];  // pair q + 1's routing slot (h's and the down's order)
@@ -122,11 +128,13 @@ __global__ void __launch_bounds__(kThreads, S <= 2 ? 4 : 1) moe_gate_up_ring_ker
   __shared__ uint4 xs_static[kStaticX];
   __shared__ __align__(16) int xsum_static[kStaticX];
   __shared__ float xsig_static[kXInRing ? 1 : S * 16];
+  __shared__ uint2 xs_lo_static[kXInRing || !kWide ? 1 : S * 128];
   // In the ring: at the last slot of every warp, which no copy of the prologue touches (it issues kStages − kRows).
   uint8_t* const x_area = ring + (kStages - 1) * kWarps * kStageBytes;
   uint4* const xs = kXInRing ? reinterpret_cast<uint4*>(x_area) : xs_static;
   int* const xsum = kXInRing ? reinterpret_cast<int*>(x_area + S * 128 * 16) : xsum_static;
   float* const xsig = kXInRing ? reinterpret_cast<float*>(x_area + S * 128 * 20) : xsig_static;
+  uint2* const xs_lo = kXInRing ? reinterpret_cast<uint2*>(x_area + S * 2624) : xs_lo_static;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int warps = int(gridDim.x) * kWarps, batches = (p.k + 1) * p.F;  // of this token
   const int first = int(blockIdx.x) * kWarps + warp;
@@ -182,12 +190,12 @@ __global__ void __launch_bounds__(kThreads, S <= 2 ? 4 : 1) moe_gate_up_ring_ker
   }
   if (p.down_ahead) prefetch_down(p, ids_s);
   float unused_ss = 0.0f;
-  dp4a::quantize_block<dp4a::quantize_passes(S * 128, kThreads)>(xhat, nullptr, S * 128, xs, xsum, xsig, unused_ss);
+  dp4a::quantize_block<dp4a::quantize_passes(S * 128, kThreads), kWide>(xhat, nullptr, S * 128, xs, xsum, xsig,
+                                                                         unused_ss, xs_lo);
   __syncthreads();
   pdl_trigger();  // after pdl_wait in every block: moe_down's early routing read stays safe (moe_dp4a.cuh)
-  uint4 xq[S][4];
-  float sig[S], sx[S];
-  gate_up_lane_x<S>(xs, xsum, xsig, lane, xq, sig, sx);
+  GateUpX<S, kWide> x;
+  gate_up_lane_x<S, kWide>(xs, xs_lo, xsum, xsig, lane, x);
   if constexpr (kXInRing) __syncthreads();  // every lane has its x̂: the last slots may be refilled
   // Batch b is slot pair b / F, row b mod F: h's slot k (the shared expert) for pair 0, routing slot
   // slot_s[pair − 1] after it. The position of the warp's next batch to read, stepped as `ahead` is.
@@ -218,12 +226,12 @@ __global__ void __launch_bounds__(kThreads, S <= 2 ? 4 : 1) moe_gate_up_ring_ker
       uint4 gv[S], uv[S];
       uint32_t gsb[S], usb[S];
       read_gate_up_stage<S>(my_ring + rd * kSlotStride, lane, gv, uv, gsb, usb);
-      const float g0 = dot_row<S>(gv, gsb, xq, sig, sx), u0 = dot_row<S>(uv, usb, xq, sig, sx);
+      const float g0 = dot_row<S, kWide>(gv, gsb, x), u0 = dot_row<S, kWide>(uv, usb, x);
       float g1 = 0.0f, u1 = 0.0f;
       if (batch1 < batches) {
         read_gate_up_stage<S>(my_ring + rd1 * kSlotStride, lane, gv, uv, gsb, usb);
-        g1 = dot_row<S>(gv, gsb, xq, sig, sx);
-        u1 = dot_row<S>(uv, usb, xq, sig, sx);
+        g1 = dot_row<S, kWide>(gv, gsb, x);
+        u1 = dot_row<S, kWide>(uv, usb, x);
       }
       __syncwarp();  // both stages are read: the next step refills them
       // Lanes 0..7: Σg0, 8..15: Σu0, 16..23: Σg1, 24..31: Σu1; then lane 0 gets Σu0 and lane 16 Σu1.
@@ -250,8 +258,8 @@ __global__ void __launch_bounds__(kThreads, S <= 2 ? 4 : 1) moe_gate_up_ring_ker
       uint32_t gsb[S], usb[S];
       read_gate_up_stage<S>(st, lane, gv, uv, gsb, usb);
       __syncwarp();  // the stage is read: the next iteration may refill it
-      const float g = warp_sum(dot_row<S>(gv, gsb, xq, sig, sx));
-      const float u = warp_sum(dot_row<S>(uv, usb, xq, sig, sx));
+      const float g = warp_sum(dot_row<S, kWide>(gv, gsb, x));
+      const float u = warp_sum(dot_row<S, kWide>(uv, usb, x));
       if (lane == 0) h[h_index(at)] = silu_f(g) * u;
       advance(at);
     }
@@ -316,32 +324,34 @@ __device__ __forceinline__ void read_down_stage(const uint8_t* st, int lane, uin
 }
 
 // The lane's partial of rows r < R of the N read (w, sb): per segment its two words against the activations x_lane
-// (read once for all the rows), accumulated in segment order, each row's chain the one-token kernel's.
-template <int R, int N>
+// (read once for all the rows; wide: and their lo bytes, lo_lane), accumulated in segment order, each row's chain the
+// one-token kernel's.
+template <int R, int N, bool kWide>
 __device__ __forceinline__ void down_dots(const uint2 (&w)[N][kSeg], const uint32_t (&sb)[N][kSeg],
-                                          const uint4* const (&x_lane)[2], const float (&sig)[kSeg],
-                                          const float (&sx)[kSeg], float (&acc)[N]) {
+                                          const uint4* const (&x_lane)[2], const uint2* const (&lo_lane)[2],
+                                          const float (&sig)[kSeg], const float (&sx)[kSeg], float (&acc)[N]) {
   static_assert(R <= N);
 #pragma unroll
   for (int s = 0; s < kSeg; ++s) {
     const uint4 x0 = x_lane[0][s * 64], x1 = x_lane[1][s * 64];
+    const uint2 l0 = kWide ? lo_lane[0][s * 64] : make_uint2(0u, 0u);
+    const uint2 l1 = kWide ? lo_lane[1][s * 64] : make_uint2(0u, 0u);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      int dh = 0, dl = 0;
-      dp4a::dot_word(w[r][s].x, x0, dh, dl);
-      dp4a::dot_word(w[r][s].y, x1, dh, dl);
-      acc[r] = fmaf(dp4a::scale_of(sb[r][s]) * sig[s], float(dh * 256 + dl), acc[r]);
+      const float dot = down_dot<kWide>(w[r][s], x0, x1, l0, l1);
+      acc[r] = fmaf(dp4a::scale_of(sb[r][s]) * sig[s], dot, acc[r]);
       acc[r] = fmaf(dp4a::bias_of(sb[r][s]), sx[s], acc[r]);
     }
   }
 }
 
 // kRows: the warp's output rows taken two a step (the default; see the pair loop) or one (TERN_MOE_RING_ROWS=1).
-template <int kRows>
+template <int kRows, bool kWide>
 __global__ void __launch_bounds__(kThreads, 2) moe_down_ring_kernel(const DownParams p) {
   extern __shared__ __align__(16) uint8_t ring[];  // [kWarps][kDownStages][kDownStageBytes]
   __shared__ int ids_s[kTopK];
   __shared__ uint4 xs[kSeg * 64];
+  __shared__ uint2 xs_lo[kWide ? kSeg * 64 : 1];
   __shared__ int xsum[kSeg * 64];
   __shared__ float xsig[kSeg * 8];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -369,7 +379,8 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_ring_kernel(const DownPa
   }
   if (p.early_routing) pdl_wait();  // h comes from gate_up
   float unused_ss = 0.0f;
-  dp4a::quantize_block<dp4a::quantize_passes(kSeg * 64, kThreads)>(h, nullptr, kSeg * 64, xs, xsum, xsig, unused_ss);
+  dp4a::quantize_block<dp4a::quantize_passes(kSeg * 64, kThreads), kWide>(h, nullptr, kSeg * 64, xs, xsum, xsig,
+                                                                          unused_ss, xs_lo);
   __syncthreads();
   pdl_trigger();
   float sig[kSeg], sx[kSeg];  // coefficient·σ of the lane's group, coefficient·σ·Σv of its 16 columns
@@ -382,6 +393,8 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_ring_kernel(const DownPa
   // The lane's activation words 2·lane + e of segment s: xs[xs_slot(64·s + 2·lane + e)] = x_lane[e][64·s] (xs_slot
   // permutes within runs of 64 words), one address per e and an offset per s.
   const uint4* x_lane[2] = {xs + dp4a::xs_slot(2 * lane), xs + dp4a::xs_slot(2 * lane + 1)};
+  const uint2* lo_lane[2] = {xs_lo + (kWide ? dp4a::xs_slot(2 * lane) : 0),
+                             xs_lo + (kWide ? dp4a::xs_slot(2 * lane + 1) : 0)};  // wide: the same for the lo bytes
   // The stage after / before the one at byte offset b in the warp's ring.
   const auto next_stage = [](uint32_t b) {
     return b + kDownStageBytes == kDownStages * kDownStageBytes ? 0u : b + kDownStageBytes;
@@ -414,9 +427,9 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_ring_kernel(const DownPa
       __syncwarp();  // both stages are read: the next step refills them
       float acc[2] = {0.0f, 0.0f};
       if (two) {
-        down_dots<2>(w, sb, x_lane, sig, sx, acc);
+        down_dots<2, 2, kWide>(w, sb, x_lane, lo_lane, sig, sx, acc);
       } else {
-        down_dots<1>(w, sb, x_lane, sig, sx, acc);
+        down_dots<1, 2, kWide>(w, sb, x_lane, lo_lane, sig, sx, acc);
       }
       const float sum = warp_sum_halves(acc[0], acc[1], lane);  // lanes 0..15: row's, 16..31: row + warps's
       if (writer && row + own < p.D) hidden[row + own] = hid + sum;
@@ -439,10 +452,10 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_ring_kernel(const DownPa
       float acc = 0.0f;
 #pragma unroll
       for (int s = 0; s < kSeg; ++s) {
-        int dh = 0, dl = 0;
-        dp4a::dot_word(w[s].x, x_lane[0][s * 64], dh, dl);
-        dp4a::dot_word(w[s].y, x_lane[1][s * 64], dh, dl);
-        acc = fmaf(dp4a::scale_of(sb[s]) * sig[s], float(dh * 256 + dl), acc);
+        const uint2 l0 = kWide ? lo_lane[0][s * 64] : make_uint2(0u, 0u);
+        const uint2 l1 = kWide ? lo_lane[1][s * 64] : make_uint2(0u, 0u);
+        const float dot = down_dot<kWide>(w[s], x_lane[0][s * 64], x_lane[1][s * 64], l0, l1);
+        acc = fmaf(dp4a::scale_of(sb[s]) * sig[s], dot, acc);
         acc = fmaf(dp4a::bias_of(sb[s]), sx[s], acc);
       }
       acc = warp_sum(acc);
@@ -500,9 +513,9 @@ bool gate_up_by_expert_id() {
 }
 
 // False (nothing launched) when the ring does not fit the device's shared memory.
-template <int S, int kRows, bool kXInRing>
+template <int S, int kRows, bool kXInRing, bool kWide>
 bool launch_gate_up_ring(GateUpParams p, int B, cudaStream_t stream) {
-  auto kernel = moe_gate_up_ring_kernel<S, kRows, kXInRing>;
+  auto kernel = moe_gate_up_ring_kernel<S, kRows, kXInRing, kWide>;
   constexpr int smem = kWarps * gate_up_stages<S>() * gate_up_stage_bytes<S>();
   if (smem > qtile::max_dynamic_smem()) return false;
   static bool attribute_set = false;
@@ -521,9 +534,9 @@ bool launch_gate_up_ring(GateUpParams p, int B, cudaStream_t stream) {
   return true;
 }
 
-template <int kRows>
+template <int kRows, bool kWide>
 void launch_down_ring(const DownParams& p, int B, cudaStream_t stream) {
-  auto kernel = moe_down_ring_kernel<kRows>;
+  auto kernel = moe_down_ring_kernel<kRows, kWide>;
   constexpr int smem = kWarps * kDownStages * kDownStageBytes;
   static bool attribute_set = false;
   if (!attribute_set) {
@@ -545,12 +558,14 @@ bool ring_enabled() {
 bool gate_up_ring(const GateUpParams& p, int cols, int B, cudaStream_t stream, const uint4* x_lanes) {
   if (B < 2 || !ring_enabled()) return false;
   if (gate_up_mode() == kMoeRingGateUpGrouped && gate_up_grouped(p, x_lanes, cols, B, stream)) return true;
+  const auto by_rows = [&]<int S, bool kXInRing, bool kWide>() {
+    return ring_rows() == 2 ? launch_gate_up_ring<S, 2, kXInRing, kWide>(p, B, stream)
+                            : launch_gate_up_ring<S, 1, kXInRing, kWide>(p, B, stream);
+  };
   const auto launch = [&]<int S>() {
     if (gate_up_x_in_ring())
-      return ring_rows() == 2 ? launch_gate_up_ring<S, 2, true>(p, B, stream)
-                              : launch_gate_up_ring<S, 1, true>(p, B, stream);
-    return ring_rows() == 2 ? launch_gate_up_ring<S, 2, false>(p, B, stream)
-                            : launch_gate_up_ring<S, 1, false>(p, B, stream);
+      return p.wide ? by_rows.template operator()<S, true, true>() : by_rows.template operator()<S, true, false>();
+    return p.wide ? by_rows.template operator()<S, false, true>() : by_rows.template operator()<S, false, false>();
   };
   switch (cols) {
     case 1024: return launch.template operator()<1>();
@@ -560,15 +575,16 @@ bool gate_up_ring(const GateUpParams& p, int cols, int B, cudaStream_t stream, c
 }
 
 bool gate_up_wants_x_lanes(int cols, int E, int k, int B) {
-  return ring_enabled() && gate_up_mode() == kMoeRingGateUpGrouped && gate_up_grouped_takes(cols, E, k, B);
+  return ring_enabled() && gate_up_mode() == kMoeRingGateUpGrouped &&
+         gate_up_grouped_takes(cols, E, k, B, moe_dp4a_wide());
 }
 
 bool down_ring(const DownParams& p, int B, cudaStream_t stream) {
   if (B < 2 || !ring_enabled()) return false;
   if (ring_rows() == 2) {
-    launch_down_ring<2>(p, B, stream);
+    p.wide ? launch_down_ring<2, true>(p, B, stream) : launch_down_ring<2, false>(p, B, stream);
   } else {
-    launch_down_ring<1>(p, B, stream);
+    p.wide ? launch_down_ring<1, true>(p, B, stream) : launch_down_ring<1, false>(p, B, stream);
   }
   return true;
 }

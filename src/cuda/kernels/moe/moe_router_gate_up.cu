@@ -43,8 +43,9 @@ __device__ __forceinline__ void st_release_gpu(unsigned* p, unsigned v) {
   asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
-// D = S·1024 columns. Every block must be resident at once (the blocks past the ticket wait for the last one).
-template <int S>
+// D = S·1024 columns; kWide: x̂ at 24 bits (moe_dp4a_wide()). Every block must be resident at once (the blocks past
+// the ticket wait for the last one).
+template <int S, bool kWide>
 __global__ void __launch_bounds__(kThreads) moe_router_gate_up_kernel(const RouterGateUpParams p) {
   constexpr int D = S * 1024, ldxs = router_ldxs(D), nch = D / 512;
   __shared__ __align__(16) float rsm[ldxs];  // x·norm_w, router_pad layout
@@ -53,6 +54,7 @@ __global__ void __launch_bounds__(kThreads) moe_router_gate_up_kernel(const Rout
   __shared__ __align__(16) float xh[D];      // x̂, as the scratch's
   __shared__ int ids_s[kTopK];
   __shared__ uint4 xs[S * 128];
+  __shared__ uint2 xs_lo[kWide ? S * 128 : 1];
   __shared__ __align__(16) int xsum[S * 128];
   __shared__ float xsig[S * 16];
   const int warp = int(threadIdx.x >> 5), lane = threadIdx.x & 31;
@@ -97,12 +99,12 @@ __global__ void __launch_bounds__(kThreads) moe_router_gate_up_kernel(const Rout
 
   // gate_up: x̂ quantised as the gate_up kernel quantises it (xh written before router_ticket's barriers).
   float unused_ss = 0.0f;
-  dp4a::quantize_block<dp4a::quantize_passes(S * 128, kThreads)>(xh, nullptr, S * 128, xs, xsum, xsig, unused_ss);
+  dp4a::quantize_block<dp4a::quantize_passes(S * 128, kThreads), kWide>(xh, nullptr, S * 128, xs, xsum, xsig,
+                                                                         unused_ss, xs_lo);
   __syncthreads();
-  uint4 xq[S][4];
-  float sig[S], sx[S];
-  gate_up_lane_x<S>(xs, xsum, xsig, lane, xq, sig, sx);
-  batch = gate_up_rows<S>(p.gu, ids_s, batch, p.gu.F, warps, lane, xq, sig, sx, cur, p.gu.h);  // shared expert
+  GateUpX<S, kWide> x;
+  gate_up_lane_x<S, kWide>(xs, xs_lo, xsum, xsig, lane, x);
+  batch = gate_up_rows<S, kWide>(p.gu, ids_s, batch, p.gu.F, warps, lane, x, cur, p.gu.h);  // shared expert
   if (threadIdx.x == 0)
     while (ld_acquire_gpu(p.s.epoch) == epoch0) __nanosleep(64);
   __syncthreads();
@@ -114,18 +116,20 @@ __global__ void __launch_bounds__(kThreads) moe_router_gate_up_kernel(const Rout
   if (p.gu.down_ahead) prefetch_down(p.gu, ids_s);
   pdl_trigger();  // the routing is complete: the down kernel may read it before its own wait
   load_gate_up<S>(p.gu, ids_s, batch, batches, lane, cur);
-  gate_up_rows<S>(p.gu, ids_s, batch, batches, warps, lane, xq, sig, sx, cur, p.gu.h);
+  gate_up_rows<S, kWide>(p.gu, ids_s, batch, batches, warps, lane, x, cur, p.gu.h);
 }
 
-// The kernel for D columns (1024, 2048 or 4096).
+// The kernel for D columns (1024, 2048 or 4096) and the activations' width.
 using Kernel = void (*)(RouterGateUpParams);
+template <bool kWide>
 Kernel kernel_for(int64_t D) {
   switch (D) {
-    case 1024: return moe_router_gate_up_kernel<1>;
-    case 2048: return moe_router_gate_up_kernel<2>;
-    default: return moe_router_gate_up_kernel<4>;
+    case 1024: return moe_router_gate_up_kernel<1, kWide>;
+    case 2048: return moe_router_gate_up_kernel<2, kWide>;
+    default: return moe_router_gate_up_kernel<4, kWide>;
   }
 }
+Kernel kernel_for(int64_t D, bool wide) { return wide ? kernel_for<true>(D) : kernel_for<false>(D); }
 
 // The most blocks of `kernel` resident at once: occupancy × SMs.
 int resident_blocks(Kernel kernel) {
@@ -143,7 +147,7 @@ bool moe_router_gate_up_fits(const MoeDecodeWeights& w) {
 
 int moe_router_gate_up_max_blocks(const MoeDecodeWeights& w) {
   TERN_CHECK(moe_router_gate_up_fits(w), "moe_router_gate_up: the kernel does not take these weights");
-  return resident_blocks(kernel_for(w.expert_gate.cols));
+  return resident_blocks(kernel_for(w.expert_gate.cols, moe_dp4a_wide()));
 }
 
 bool moe_router_gate_up_dp4a(const MoeDecodeWeights& w, const float* hidden, const MoeDecodeScratch& s,
@@ -151,7 +155,8 @@ bool moe_router_gate_up_dp4a(const MoeDecodeWeights& w, const float* hidden, con
   const auto aligned = [](const void* q) { return q && (reinterpret_cast<uintptr_t>(q) & 15) == 0; };
   if (!moe_router_gate_up_fits(w) || !aligned(hidden) || !aligned(s.xhat) || !aligned(s.h)) return false;
   TERN_CHECK(s.ticket && s.epoch, "moe_router_gate_up: the scratch has no ticket or epoch");
-  const Kernel kernel = kernel_for(w.expert_gate.cols);
+  const GateUpParams gu = gate_up_params(w, s);
+  const Kernel kernel = kernel_for(w.expert_gate.cols, gu.wide);
   // The blocks past the ticket spin until the last one has routed: a block that could not be resident with them
   // would never run.
   const int most = resident_blocks(kernel);
@@ -168,7 +173,7 @@ bool moe_router_gate_up_dp4a(const MoeDecodeWeights& w, const float* hidden, con
   p.hidden = hidden;
   p.E = int(w.router.rows);
   p.s = s;
-  p.gu = gate_up_params(w, s);
+  p.gu = gu;
   launch_pdl("moe_router_gate_up_dp4a", kernel, dim3(unsigned(grid)), dim3(kThreads), 0, stream, p);
   return true;
 }
