@@ -25,10 +25,10 @@ tern's CUDA kernels do), each run with this script's attention and experts forwa
           tensor-core products take them (the scores, the softmax sums and the output in fp32);
   down16  the MoE down products' input (routed and shared experts) quantised to 16 bits per group of 64 columns,
           v = rint(x·32639/m), m = max|x| of the group (src/cuda/kernels/qmv/dp4a_tile.cuh), as the expert kernels
-          take it; attention exact;
+          take it with TERN_MOE_DP4A_BITS=16; attention exact;
   gateup16  the MoE gate_up products' input (routed and shared) so quantised, as the one-token decode's expert
-          kernels (moe_dp4a) take it; moe16: gateup16 and down16; moe24: both at the dense products' 24 bits
-          (v = rint(x·8355711/m), dp4a_tile.cuh's wide form).
+          kernels (moe_dp4a) take it with TERN_MOE_DP4A_BITS=16; moe16: gateup16 and down16; moe24: both at 24 bits
+          (v = rint(x·8355711/m), dp4a_tile.cuh's wide form: what the expert kernels take by default).
 Layers: --layers 3 (the default) is GDN, gated attention, GDN (the attention's rounding then passes through a GDN
 layer and two routers, and the model fits a 24 GB machine: each layer's 256 experts take 3.2 GB in fp32); --layers 4
 or more takes the model's own pattern, gated attention every fourth layer.

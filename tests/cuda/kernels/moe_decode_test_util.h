@@ -8,6 +8,7 @@
 
 #include "../cuda_test_util.h"
 #include "cuda/kernels/moe/moe_decode.cuh"
+#include "cuda/kernels/moe/moe_dp4a.cuh"
 
 namespace tern::cuda::test {
 
@@ -69,6 +70,20 @@ struct MoeDevice {
     w.shared_down = sdown.d;
     w.top_k = h.cfg.num_experts_per_tok;
   }
+};
+
+// The MoE kernels' activation width (moe_dp4a_set_wide: 24 bits or 16) for a scope; the one before comes back when it
+// ends, however it ends.
+class MoeWidth {
+ public:
+  explicit MoeWidth(bool wide) { moe_dp4a_set_wide(wide); }
+  ~MoeWidth() { moe_dp4a_set_wide(before_); }
+  MoeWidth(const MoeWidth&) = delete;
+  MoeWidth& operator=(const MoeWidth&) = delete;
+  void set(bool wide) { moe_dp4a_set_wide(wide); }
+
+ private:
+  bool before_ = moe_dp4a_wide();
 };
 
 template <typename T>

@@ -159,12 +159,10 @@ TEST(CudaMoeRouterGateUp, MatchesRouterThenGateUpBitwise) {
   TERN_REQUIRE_GPU();
   std::mt19937_64 rng(fresh_seed("CudaMoeRouterGateUp"));
   const int v0 = qmv_variant();
-  const bool wide0 = moe_dp4a_wide();
-  moe_dp4a_set_wide(true);  // x̂ at 24 bits (the default) at the model's shape, at 16 on the small one
+  MoeWidth width(true);  // x̂ at 24 bits (the default) at the model's shape, at 16 on the small one
   check_shape(rng, 256, 2048, 512);
-  moe_dp4a_set_wide(false);
+  width.set(false);
   if (!HasFailure()) check_shape(rng, 64, 1024, 256);
-  moe_dp4a_set_wide(wide0);
   qmv_set_variant(v0);
 }
 

@@ -54,7 +54,8 @@ int moe_ring_gate_up_mode();
 void moe_ring_set_rows(int rows);
 int moe_ring_rows();
 // Whether moe_gate_up_dp4a for B tokens of these weights would take the grouped form given the router's x_lanes, so
-// that the router is asked to write them (the grouped mode, B >= 2, the rings on, D of 1024 or 2048, E <= 256).
+// that the router is asked to write them (the grouped mode, B >= 2, the rings on, D of 1024 or 2048, E <= 256, the
+// 16-bit activations: moe_dp4a_wide() false).
 bool moe_gate_up_wants_x_lanes(const MoeDecodeWeights& w, int B);
 // Launches of the grouped form in this process so far (tests: that it ran).
 int64_t moe_gate_up_grouped_launches();

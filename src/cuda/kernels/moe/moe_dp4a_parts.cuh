@@ -106,7 +106,8 @@ __device__ inline void prefetch_down(const GateUpParams& p, const int* ids) {
 // parameter, from moe_dp4a_wide() when the launch is recorded: GateUpParams::wide, DownParams::wide).
 //
 // Σ q·v of a lane's columns from its partial sums: dh·256 + dl (16-bit, exact), or (dh·256 + dm)·256 + dl (wide:
-// dm·256 + dl exact in fp32 below 2^24, as it is for 32 columns, then one rounding, as qmv_dp4a's wide form).
+// dm·256 + dl exact in fp32 below 2^24, as it is over at most 32 columns, then one rounding; qmv_dp4a's wide form has
+// the same expression over 64 columns, where the inner sum may round too).
 template <bool kWide>
 __device__ __forceinline__ float lane_dot(int dh, int dm, int dl) {
   if constexpr (kWide) return fmaf(float(dh), 65536.0f, fmaf(float(dm), 256.0f, float(dl)));

@@ -10,7 +10,8 @@
 // Which gate_up form runs (gate_up_mode, TERN_MOE_RING_GATE_UP): the ring form below (default), or the form grouped
 // by expert across the batch's tokens (moe_dp4a_grouped.cu: each expert row read once per group of up to 8 tokens,
 // not once per token; the same stage layout and the same bits), which falls back to the ring form where it does not
-// apply (no x̂ quantised by the router in the scratch, E > 256, D = 4096).
+// apply (24-bit activations, the default: moe_dp4a_wide(); no x̂ quantised by the router in the scratch, E > 256,
+// D = 4096).
 //
 // A stage holds one row's bytes in the order of its 16-byte chunks; lane l copies chunks c = l + 32·j, j = 0, 1, ...:
 //   gate_up (S slices of 1024 columns): gate words [S·512 B], up words [S·512 B], then the gate's scales, its biases,
@@ -72,11 +73,13 @@ constexpr int kDownChunks = kDownStageBytes / 16;            // 162
 
 // Each warp takes batches first, first + warps, ... of its token (batch b: slot pair b / F, intermediate row b mod F;
 // pair 0 the shared expert), stepped without a division (GateUpPos), the expert's offset from the routing in shared
-// memory (ids_s) in 32 bits, and h's slot without a division. At S <= 2 it keeps 64 registers (__launch_bounds__
-// minimum 4 blocks): what an SM has left beside one block of the cluster router that precedes gate_up under PDL (512
-// threads of 96 registers). An earlier form made each chunk's address from the batch index with a division per row
-// (1.3% / 2.3% / 3.2% slower at 8 / 16 / 32 streams, docs/benchmarks.md); another kept the slot pairs' bases in shared
-// memory, read per row, and summed Σgate and Σup in one butterfly (5% slower).
+// memory (ids_s) in 32 bits, and h's slot without a division. With 16-bit activations at S <= 2 it keeps 64 registers
+// (__launch_bounds__ minimum 4 blocks): what an SM has left beside one block of the cluster router that precedes
+// gate_up under PDL (512 threads of 96 registers). With 24-bit ones (the default) the lanes' lo bytes take 16 more
+// at S = 2 (80: ring_min_blocks), so a block no longer fits beside a router block; at 64 registers that form spills.
+// An earlier form made each chunk's address from the batch index with a division per row (1.3% / 2.3% / 3.2% slower
+// at 8 / 16 / 32 streams, docs/benchmarks.md); another kept the slot pairs' bases in shared memory, read per row, and
+// summed Σgate and Σup in one butterfly (5% slower).
 
 // Batch pair·F + i of one token.
 struct GateUpPos {
@@ -108,8 +111,9 @@ constexpr int gate_up_x_bytes() { return S * 128 * 16 + S * 128 * 4 + S * 16 * 4
 // every warp, which the prologue leaves empty (it fills slots 0 .. kStages − kRows − 1), holds x̂'s quantised words
 // until every lane has its own in registers (gate_up_lane_x). The block's static shared memory is then the routing
 // alone: at S = 2 a block takes 73.8 KB and 3 fit an SM, where x̂ in static memory beside the ring ([kWarps][kStages]
-// [kStageBytes], 79 KB a block) let 2 fit. Only where the bytes sit changes, not a value.
-// kRows: the warp's batches taken two a step (the default; see the pair loop below) or one (TERN_MOE_RING_ROWS=1).
+// [kStageBytes], 79 KB a block, 81 KB with 24-bit activations) let 2 fit. Only where the bytes sit changes, not a
+// value. kRows: the warp's batches taken two a step (the default; see the pair loop below) or one
+// (TERN_MOE_RING_ROWS=1).
 // kWide: x̂ at 24 bits, its lo bytes in registers too (16 more at S = 2, so 3 blocks' registers an SM, as their
 // shared memory allows; ring_min_blocks).
 template <int S, bool kWide>

@@ -23,7 +23,8 @@ namespace tern::cuda {
 // top_k = 8), the router and shared gate in the router's fast 8-bit form over the same D, E <= 256, norm_w 16-byte
 // aligned.
 bool moe_router_gate_up_fits(const MoeDecodeWeights& w);
-// The most blocks that can be resident at once on this device (occupancy × SMs): the largest grid the kernel may run.
+// The most blocks that can be resident at once on this device (occupancy × SMs): the largest grid the kernel may run,
+// for the kernel of the current activation width (moe_dp4a_wide(); a launch checks its grid against its own kernel).
 int moe_router_gate_up_max_blocks(const MoeDecodeWeights& w);
 // Runs the kernel for one token (hidden [D]) and returns true when it fits (moe_router_gate_up_fits, hidden and the
 // scratch's x̂ and h 16-byte aligned); false: nothing was launched. blocks: the grid (0: qtile::balanced_grid over
