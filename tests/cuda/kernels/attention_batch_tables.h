@@ -200,6 +200,60 @@ inline void expect_batched_matches_alone(std::mt19937_64& rng, AttnDims d,
   }
 }
 
+// ---- the row-scaled caches' tests (attention_fp8_test.cpp, attention_i16_test.cpp) ----
+
+// Hq query heads and Hkv KV heads of dh values (rot of them rotated) over a cache of type kv.
+inline AttnDims kv_dims(KvDtype kv, int Hq, int Hkv, int dh, int rot) {
+  AttnDims d;
+  d.Hq = Hq;
+  d.Hkv = Hkv;
+  d.dh = dh;
+  d.rot = rot;
+  d.kv = kv;
+  return d;
+}
+
+// The decode cases {context, T, capacity} (context = pos0 + T keys): many splits, most empty; tile edges; the decode
+// kernels' row variants (T·G up to 16, 32, 64 rows).
+struct DecodeCase {
+  int64_t context, T, capacity;
+};
+inline constexpr DecodeCase kScaledDecodeCases[] = {
+    {1, 1, 65536},          {100, 1, 100},   {5000, 1, 5003}, {20000, 1, 32768}, {66, 3, 100},
+    {64 * 40 + 1, 2, 65536}, {3000, 4, 3000}, {777, 5, 1000},  {4000, 8, 8192},   {8, 8, 8}};
+
+// A sequence's caches for expect_batched_matches_alone from the host image of a row-scaled cache (Image: Fp8Image or
+// I16Image, with fill(rng, rows, lo, hi) and an upload(image) beside it): random quantised rows below its position.
+template <typename Image>
+MakeSeqCaches image_caches(const AttnDims& d) {
+  return [d](std::mt19937_64& rng, int64_t capacity, int64_t pos) {
+    Image kc(d, capacity), vc(d, capacity);
+    kc.fill(rng, pos, -1.7f, 1.7f);
+    vc.fill(rng, pos, -1.0f, 1.0f);
+    BatchSeqCaches c;
+    c.kb = upload(kc);
+    c.k1 = upload(kc);
+    c.vb = upload(vc);
+    c.v1 = upload(vc);
+    return c;
+  };
+}
+
+// expect_batched_matches_alone over Image's caches at the model's heads d (B = 1, 3 and 16 of sixteen_seqs, the
+// short caches) and at two other head shapes (dh 64 and 128, B = 3).
+template <typename Image>
+void expect_image_batched_matches_alone(std::mt19937_64& rng, const AttnDims& d) {
+  const auto sixteen = sixteen_seqs();
+  expect_batched_matches_alone(rng, d, {{40000, 2000}}, "B=1", image_caches<Image>(d));
+  expect_batched_matches_alone(rng, d, {sixteen.begin(), sixteen.begin() + 3}, "B=3", image_caches<Image>(d));
+  expect_batched_matches_alone(rng, d, sixteen, "B=16", image_caches<Image>(d));
+  expect_batched_matches_alone(rng, d, short_caches(), "B=12 short caches", image_caches<Image>(d));
+  for (const AttnDims& o : {kv_dims(d.kv, 4, 2, 64, 16), kv_dims(d.kv, 8, 1, 128, 32)})
+    expect_batched_matches_alone(rng, o, {{400, 250}, {64, 0}, {3000, 2999}},
+                                 "dh " + std::to_string(o.dh) + " Hq " + std::to_string(o.Hq) + " B=3",
+                                 image_caches<Image>(o));
+}
+
 // ---- attention_batched's items-per-block form (attn_batch_set_items) ----
 
 // Sets the items-per-block form for a scope (attn_batch_set_items), then restores the setting before it.

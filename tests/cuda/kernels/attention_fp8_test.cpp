@@ -19,15 +19,7 @@
 namespace tern::cuda::test {
 namespace {
 
-AttnDims fp8_dims(int Hq, int Hkv, int dh, int rot) {
-  AttnDims d;
-  d.Hq = Hq;
-  d.Hkv = Hkv;
-  d.dh = dh;
-  d.rot = rot;
-  d.kv = KvDtype::fp8;
-  return d;
-}
+AttnDims fp8_dims(int Hq, int Hkv, int dh, int rot) { return kv_dims(KvDtype::fp8, Hq, Hkv, dh, rot); }
 AttnDims model_fp8() { return fp8_dims(16, 2, 256, 64); }  // Qwen3.6's heads
 
 // A host image of one fp8 K (or V) cache of `capacity` rows per head: [Hkv, capacity, dh] bytes, then the rows'
@@ -234,13 +226,7 @@ TEST(CudaAttentionFp8, PrefillMatchesFp64OverTheDequantisedCache) {
 TEST(CudaAttentionFp8, DecodeMatchesFp64OverTheDequantisedCache) {
   TERN_REQUIRE_GPU();
   std::mt19937_64 rng(fresh_seed("CudaAttentionFp8.Decode"));
-  struct C {
-    int64_t context, T, capacity;
-  };
-  // Many splits, most empty; tile edges; the decode kernels' row variants (T·G up to 16, 32, 64 rows).
-  for (const C& c : {C{1, 1, 65536}, C{100, 1, 100}, C{5000, 1, 5003}, C{20000, 1, 32768}, C{66, 3, 100},
-                     C{64 * 40 + 1, 2, 65536}, C{3000, 4, 3000}, C{777, 5, 1000}, C{4000, 8, 8192}, C{8, 8, 8}})
-    run_fp8_case(rng, model_fp8(), c.context - c.T, c.T, c.capacity);
+  for (const DecodeCase& c : kScaledDecodeCases) run_fp8_case(rng, model_fp8(), c.context - c.T, c.T, c.capacity);
 }
 
 TEST(CudaAttentionFp8, OtherHeadShapesMatchFp64) {
@@ -255,34 +241,14 @@ TEST(CudaAttentionFp8, OtherHeadShapesMatchFp64) {
 // caches are (attention_test.cpp, BatchedIsBitIdenticalToEachSequenceAlone).
 // A sequence's fp8 caches for expect_batched_matches_alone (attention_batch_tables.h): random quantised rows below
 // its position.
-MakeSeqCaches fp8_caches(const AttnDims& d) {
-  return [d](std::mt19937_64& rng, int64_t capacity, int64_t pos) {
-    Fp8Image kc(d, capacity), vc(d, capacity);
-    kc.fill(rng, pos, -1.7f, 1.7f);
-    vc.fill(rng, pos, -1.0f, 1.0f);
-    BatchSeqCaches c;
-    c.kb = upload(kc);
-    c.k1 = upload(kc);
-    c.vb = upload(vc);
-    c.v1 = upload(vc);
-    return c;
-  };
-}
+MakeSeqCaches fp8_caches(const AttnDims& d) { return image_caches<Fp8Image>(d); }
 
 // The batched step over fp8 caches gives each sequence the bits it gets alone (the 16-bit caches' test with the same
 // sequences, attention_test.cpp).
 TEST(CudaAttentionFp8, BatchedIsBitIdenticalToEachSequenceAlone) {
   TERN_REQUIRE_GPU();
   std::mt19937_64 rng(fresh_seed("CudaAttentionFp8.Batched"));
-  const AttnDims d = model_fp8();
-  const auto sixteen = sixteen_seqs();
-  expect_batched_matches_alone(rng, d, {{40000, 2000}}, "B=1", fp8_caches(d));
-  expect_batched_matches_alone(rng, d, {sixteen.begin(), sixteen.begin() + 3}, "B=3", fp8_caches(d));
-  expect_batched_matches_alone(rng, d, sixteen, "B=16", fp8_caches(d));
-  expect_batched_matches_alone(rng, d, short_caches(), "B=12 short caches", fp8_caches(d));
-  for (const AttnDims& o : {fp8_dims(4, 2, 64, 16), fp8_dims(8, 1, 128, 32)})
-    expect_batched_matches_alone(rng, o, {{400, 250}, {64, 0}, {3000, 2999}},
-                                 "dh " + std::to_string(o.dh) + " Hq " + std::to_string(o.Hq) + " B=3", fp8_caches(o));
+  expect_image_batched_matches_alone<Fp8Image>(rng, model_fp8());
 }
 
 // attention_batched's items-per-block form over fp8 caches (tile copies by plain loads, copy_tile_fp8) against the

@@ -20,15 +20,7 @@
 namespace tern::cuda::test {
 namespace {
 
-AttnDims i16_dims(int Hq, int Hkv, int dh, int rot) {
-  AttnDims d;
-  d.Hq = Hq;
-  d.Hkv = Hkv;
-  d.dh = dh;
-  d.rot = rot;
-  d.kv = KvDtype::i16;
-  return d;
-}
+AttnDims i16_dims(int Hq, int Hkv, int dh, int rot) { return kv_dims(KvDtype::i16, Hq, Hkv, dh, rot); }
 AttnDims model_i16() { return i16_dims(16, 2, 256, 64); }  // Qwen3.6's heads
 
 // A host image of one i16 K (or V) cache of `capacity` rows per head: [Hkv, capacity, dh] int16, then the rows'
@@ -235,12 +227,7 @@ TEST(CudaAttentionI16, PrefillMatchesFp64OverTheDequantisedCache) {
 TEST(CudaAttentionI16, DecodeMatchesFp64OverTheDequantisedCache) {
   TERN_REQUIRE_GPU();
   std::mt19937_64 rng(fresh_seed("CudaAttentionI16.Decode"));
-  struct C {
-    int64_t context, T, capacity;
-  };
-  for (const C& c : {C{1, 1, 65536}, C{100, 1, 100}, C{5000, 1, 5003}, C{20000, 1, 32768}, C{66, 3, 100},
-                     C{64 * 40 + 1, 2, 65536}, C{3000, 4, 3000}, C{777, 5, 1000}, C{4000, 8, 8192}, C{8, 8, 8}})
-    run_i16_case(rng, model_i16(), c.context - c.T, c.T, c.capacity);
+  for (const DecodeCase& c : kScaledDecodeCases) run_i16_case(rng, model_i16(), c.context - c.T, c.T, c.capacity);
   run_i16_case(rng, model_i16(), 4999, 1, 5003, 1.0f, 3.0f);  // as in the prefill test
   run_i16_case(rng, model_i16(), 2999, 1, 3000, 1e-3f);
   run_i16_case(rng, model_i16(), 770, 7, 1000, 1e5f);
@@ -253,37 +240,16 @@ TEST(CudaAttentionI16, OtherHeadShapesMatchFp64) {
     for (int64_t T : {int64_t(1), int64_t(8), int64_t(100)}) run_i16_case(rng, d, 250, T, 400);
 }
 
-MakeSeqCaches i16_caches(const AttnDims& d) {
-  return [d](std::mt19937_64& rng, int64_t capacity, int64_t pos) {
-    I16Image kc(d, capacity), vc(d, capacity);
-    kc.fill(rng, pos, -1.7f, 1.7f);
-    vc.fill(rng, pos, -1.0f, 1.0f);
-    BatchSeqCaches c;
-    c.kb = upload(kc);
-    c.k1 = upload(kc);
-    c.vb = upload(vc);
-    c.v1 = upload(vc);
-    return c;
-  };
-}
-
 // The batched step over i16 caches gives each sequence the bits it gets alone (the 16-bit caches' test with the same
 // sequences, attention_test.cpp); the items-per-block form is not taken for i16 (asked for, the one-item kernel runs).
 TEST(CudaAttentionI16, BatchedIsBitIdenticalToEachSequenceAlone) {
   TERN_REQUIRE_GPU();
   std::mt19937_64 rng(fresh_seed("CudaAttentionI16.Batched"));
   const AttnDims d = model_i16();
-  const auto sixteen = sixteen_seqs();
-  expect_batched_matches_alone(rng, d, {{40000, 2000}}, "B=1", i16_caches(d));
-  expect_batched_matches_alone(rng, d, {sixteen.begin(), sixteen.begin() + 3}, "B=3", i16_caches(d));
-  expect_batched_matches_alone(rng, d, sixteen, "B=16", i16_caches(d));
-  expect_batched_matches_alone(rng, d, short_caches(), "B=12 short caches", i16_caches(d));
-  for (const AttnDims& o : {i16_dims(4, 2, 64, 16), i16_dims(8, 1, 128, 32)})
-    expect_batched_matches_alone(rng, o, {{400, 250}, {64, 0}, {3000, 2999}},
-                                 "dh " + std::to_string(o.dh) + " Hq " + std::to_string(o.Hq) + " B=3", i16_caches(o));
+  expect_image_batched_matches_alone<I16Image>(rng, d);
   const BatchItemsScope on(kAttnBatchItemsAuto);
   const int64_t launches = attn_batch_items_launches();
-  expect_batched_matches_alone(rng, d, sixteen, "items form asked, B=16", i16_caches(d));
+  expect_batched_matches_alone(rng, d, sixteen_seqs(), "items form asked, B=16", image_caches<I16Image>(d));
   EXPECT_EQ(attn_batch_items_launches(), launches) << "the i16 cache has no items-per-block form";
 }
 
