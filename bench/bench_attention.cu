@@ -21,9 +21,24 @@ __global__ void tame_bf16_kernel(uint16_t* p, size_t n) {
     p[i] = uint16_t((p[i] & 0x80ffu) | 0x3f00u);
 }
 
-uint16_t* alloc_cache(size_t elems, uint64_t seed) {
-  auto* p = static_cast<uint16_t*>(bench_alloc_random_bytes(elems * 2, seed));
-  tame_bf16_kernel<<<1024, 256>>>(p, elems);
+// Random bytes -> n row scales of a scaled cache (fp8, i16), each 2^-10 (finite, so that no row reads back NaN).
+__global__ void fill_scales_kernel(float* p, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    p[i] = 0x1p-10f;
+}
+
+// One layer's K or V cache of d.capacity rows a head in d.kv: 16-bit values of magnitudes in [0.5, 2) (as bf16 bits;
+// fp16 reads them as other finite values), or for fp8 and i16 random bytes and every row's scale 2^-10.
+void* alloc_cache(const AttnDims& d, uint64_t seed) {
+  const size_t elems = size_t(d.Hkv) * size_t(d.capacity) * size_t(d.dh);
+  void* p = bench_alloc_random_bytes(size_t(cuda::attn_cache_bytes(d.kv, d.Hkv, d.capacity, d.dh)), seed);
+  if (kv_row_scaled(d.kv)) {
+    float* scales = reinterpret_cast<float*>(static_cast<uint8_t*>(p) +
+                                             cuda::attn_row_scales_offset(d.kv, d.Hkv, d.capacity, d.dh));
+    fill_scales_kernel<<<1024, 256>>>(scales, size_t(d.Hkv) * size_t(d.capacity));
+  } else {
+    tame_bf16_kernel<<<1024, 256>>>(static_cast<uint16_t*>(p), elems);
+  }
   TERN_CUDA(cudaGetLastError());
   return p;
 }
@@ -39,18 +54,17 @@ struct AttnState {
   AttnDims d;
   int64_t pos0 = 0;
   int copies = 1;
-  std::vector<uint16_t*> k, v;
+  std::vector<void*> k, v;
   float *q = nullptr, *qg = nullptr, *kin = nullptr, *vin = nullptr, *norm = nullptr, *part = nullptr, *out = nullptr;
   int* pos = nullptr;
   bool ready = false;
 
   void setup() {
     if (ready) return;
-    const size_t cache_elems = size_t(d.Hkv) * size_t(d.capacity) * size_t(d.dh);
-    copies = bench_copies_for(double(cache_elems) * 2 * 2);
+    copies = bench_copies_for(double(cuda::attn_cache_bytes(d.kv, d.Hkv, d.capacity, d.dh)) * 2);
     for (int c = 0; c < copies; ++c) {
-      k.push_back(alloc_cache(cache_elems, 100 + 2 * c));
-      v.push_back(alloc_cache(cache_elems, 101 + 2 * c));
+      k.push_back(alloc_cache(d, 100 + 2 * c));
+      v.push_back(alloc_cache(d, 101 + 2 * c));
     }
     const int64_t T = d.T;
     q = bench_alloc_random_floats(size_t(T * d.Hq * d.dh), -2.0f, 2.0f, 7);
@@ -66,24 +80,27 @@ struct AttnState {
   }
 };
 
-std::shared_ptr<AttnState> make_state(int64_t T, int64_t pos0, int64_t capacity) {
+std::shared_ptr<AttnState> make_state(int64_t T, int64_t pos0, int64_t capacity, KvDtype kv) {
   auto s = std::make_shared<AttnState>();
   s->d.T = T;
   s->d.capacity = capacity;
+  s->d.kv = kv;
   s->pos0 = pos0;
   return s;
 }
 
+// The case's name says the cache's type: "kv f16" and so on (bf16, the workbench's first cache, says nothing).
 void add_attention_case(CaseList& cases, const std::string& group, const std::string& name, int64_t T, int64_t pos0,
-                        int64_t capacity) {
-  auto s = make_state(T, pos0, capacity);
+                        int64_t capacity, KvDtype kv = KvDtype::bf16) {
+  auto s = make_state(T, pos0, capacity, kv);
   const AttnDims& d = s->d;
   const double keys_read = double(pos0 + T);  // every key up to the last token's position is read
   const double visible = double(T) * double(pos0) + double(T) * double(T + 1) / 2.0;
   Case c;
   c.group = group;
-  c.name = name;
-  c.bytes = 2.0 * d.Hkv * keys_read * d.dh * 2 + double(T) * d.Hq * d.dh * 4 * 3;  // K, V; q, gate, out
+  c.name = kv == KvDtype::bf16 ? name : name + " kv " + std::string(kv_dtype_name(kv));
+  // K, V (their row bytes, scales included); q, gate, out
+  c.bytes = 2.0 * keys_read * double(kv_row_bytes(kv, d.dh)) * d.Hkv + double(T) * d.Hq * d.dh * 4 * 3;
   c.flops = 4.0 * d.Hq * d.dh * visible;
   c.setup = [s] { s->setup(); };
   c.run = [s](cudaStream_t stream, int rep) {
@@ -94,7 +111,7 @@ void add_attention_case(CaseList& cases, const std::string& group, const std::st
 }
 
 void add_prepare_case(CaseList& cases, const std::string& group, int64_t T) {
-  auto s = make_state(T, 4096, 4096 + T);
+  auto s = make_state(T, 4096, 4096 + T, KvDtype::bf16);
   const AttnDims& d = s->d;
   Case c;
   c.group = group;
@@ -140,8 +157,8 @@ struct BatchedAttnState {
       std::vector<void*> k_of, v_of;
       for (int b = 0; b < B; ++b) {
         pos_of.push_back(alloc_position(int(pos0)));
-        k_of.push_back(alloc_cache(cache_elems, 200 + 2 * uint64_t(c * B + b)));
-        v_of.push_back(alloc_cache(cache_elems, 201 + 2 * uint64_t(c * B + b)));
+        k_of.push_back(alloc_cache(d, 200 + 2 * uint64_t(c * B + b)));
+        v_of.push_back(alloc_cache(d, 201 + 2 * uint64_t(c * B + b)));
       }
       cuda::AttnBatch t;
       t.B = B;
@@ -197,6 +214,13 @@ TERN_BENCH_CASES(attention) {
     add_attention_case(cases, "decode", "attention split-KV T=1 context " + ctx, 1, L - 1, L + 64);
   }
   add_attention_case(cases, "decode", "attention split-KV T=4 context 32K", 4, 32768 - 4, 32768 + 64);
+  // The product's caches (fp16 by default; fp8 and i16 opt-in): the prefill and decode at 4K, the decode at 32K.
+  for (const KvDtype kv : {KvDtype::f16, KvDtype::fp8, KvDtype::i16}) {
+    add_attention_case(cases, "prefill", "attention causal T=4096 pos0=0", 4096, 0, 4096, kv);
+    add_attention_case(cases, "decode", "attention split-KV T=1 context 4K", 1, 4095, 4096 + 64, kv);
+    add_attention_case(cases, "decode", "attention split-KV T=1 context 32K", 1, 32767, 32768 + 64, kv);
+    add_attention_case(cases, "decode", "attention split-KV T=4 context 4K", 4, 4092, 4096 + 64, kv);
+  }
   add_prepare_case(cases, "decode", 1);
   for (const int B : {4, 8, 16, 32})
     for (const int items : {0, cuda::kAttnBatchItemsAuto}) add_batched_case(cases, B, 4096, items);

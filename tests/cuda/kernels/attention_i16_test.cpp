@@ -167,7 +167,8 @@ TEST(CudaAttentionI16, PrepareStoresTheRowsValuesAndScalesBitForBit) {
 
 // Bounds on the ungated outputs' error relative to each row's rms (attention_test.cpp's attn_bounds): the reference
 // reads the cache exactly (code · scale in fp64); the kernels hold the rows' integers exactly, q and the softmax
-// weights (times the V scales) as fp16 hi + lo (about 2^-22 relative each), drop the lo·lo products and sum in fp32.
+// weights (times the V scales) as fp16 hi + lo (about 2^-22 relative each) and sum in fp32 (the prefill drops the
+// lo·lo products, the decode keeps all four).
 // The fp16 cache's bounds are 2.5e-3 per element and 6.25e-4 rms; these are 25 and 31 times tighter.
 constexpr double kElementBound = 1e-4, kRmsBound = 2e-5;
 
@@ -238,6 +239,48 @@ TEST(CudaAttentionI16, OtherHeadShapesMatchFp64) {
   std::mt19937_64 rng(fresh_seed("CudaAttentionI16.OtherShapes"));
   for (const AttnDims& d : {i16_dims(4, 2, 64, 16), i16_dims(8, 1, 128, 32)})
     for (int64_t T : {int64_t(1), int64_t(8), int64_t(100)}) run_i16_case(rng, d, 250, T, 400);
+}
+
+// With at most 8 query rows the decode kernel stacks q's hi and lo on one tile's 16 rows (attention_i16_tiles.cuh);
+// with more it keeps two planes and sums the same products in the same order. So the first token of a two-token call
+// (16 rows, the planes) gets the bits the same token gets alone (8 rows, stacked): the second token's key is masked
+// for it, both calls read the same tiles and splits (the same capacity, both lengths within one tile), and that key's
+// V row is below the tile's largest scale (a tile's power of two counts every row it holds, masked or not).
+TEST(CudaAttentionI16, StackedRowsGetThePlanesBits) {
+  TERN_REQUIRE_GPU();
+  std::mt19937_64 rng(fresh_seed("CudaAttentionI16.Stacked"));
+  for (const int64_t pos0 : {int64_t(0), int64_t(100), int64_t(4000)}) {
+    SCOPED_TRACE("pos0 " + std::to_string(pos0));
+    AttnDims d = model_i16();
+    d.capacity = 5003;
+    I16Image kc(d, d.capacity), vc(d, d.capacity);
+    kc.fill(rng, pos0 + 2, -1.7f, 1.7f);
+    vc.fill(rng, pos0 + 2, -1.0f, 1.0f);
+    for (int h = 0; h < d.Hkv; ++h) {
+      const std::vector<float> small = random_floats(rng, size_t(d.dh), -1e-3f, 1e-3f);
+      vc.quantise_row(h, pos0 + 1, small.data());
+      if (pos0 == 0) {  // a tile of two rows: the first one's scale the larger
+        const std::vector<float> big = random_floats(rng, size_t(d.dh), 1.0f, 2.0f);
+        vc.quantise_row(h, pos0, big.data());
+      }
+    }
+    auto ck = upload(kc), cv = upload(vc);
+    const std::vector<float> q = random_floats(rng, size_t(2 * d.Hq * d.dh), -2.0f, 2.0f);
+    const std::vector<float> qg = random_floats(rng, size_t(2 * d.Hq * 2 * d.dh), -2.0f, 2.0f);
+    DeviceBuf<float> dq(q), dqg(qg), out1(size_t(d.Hq * d.dh)), out2(size_t(2 * d.Hq * d.dh));
+    DeviceBuf<float> part(size_t(attn_partial_floats(2, d.Hq, d.dh)));
+    DeviceBuf<int> dpos(std::vector<int>{int(pos0)});
+    d.T = 1;
+    attention(dq.p, dqg.p, ck->p, cv->p, dpos.p, d, part.p, out1.p, nullptr);
+    d.T = 2;
+    attention(dq.p, dqg.p, ck->p, cv->p, dpos.p, d, part.p, out2.p, nullptr);
+    TERN_CUDA(cudaGetLastError());
+    const std::vector<float> alone = out1.host(), first = out2.host();
+    int off = 0;
+    for (size_t i = 0; i < alone.size(); ++i) off += !same_bits(alone[i], first[i]);
+    EXPECT_EQ(off, 0) << "of " << alone.size() << " outputs differ between the stacked and the planes' rows";
+    EXPECT_TRUE(std::all_of(alone.begin(), alone.end(), [](float x) { return std::isfinite(x); }));
+  }
 }
 
 // The batched step over i16 caches gives each sequence the bits it gets alone (the 16-bit caches' test with the same

@@ -26,6 +26,7 @@
 #include "cuda/common/launch.cuh"
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/warp_reduce.cuh"
+#include "cuda/kernels/attention/attention_i16_tiles.cuh"
 #include "cuda/kernels/attention/attention_internal.cuh"
 #include "cuda/kernels/attention/attention_tiles.cuh"
 #include "cuda/kernels/qmv/dp4a_tables.cuh"
@@ -54,12 +55,11 @@ struct Partials {
   int64_t stride = 0;
 };
 
-// PL: the 16-bit tiles' planes (kPlanes: 2 for the i16 cache, whose q tile is fp16 hi then lo, and whose K and V
-// tiles are I16Tile's).
-template <int DH, int RW, int PL = 1>
+// i16: the i16 cache's kernel (I16Stage's, and q in two planes unless STACK).
+template <int DH, int RW, bool I16 = false, bool STACK = false>
 constexpr size_t decode_smem_bytes(int stages) {
-  const size_t q = size_t(PL) * (16 * RW) * DH * 2, stats = 2 * 4 * 16 * sizeof(float);
-  const size_t tiles = size_t(stages) * 2 * (PL == 2 ? I16Tile<DH>::kBytes : kBlockKeys * DH * 2);
+  const size_t q = size_t(I16 && !STACK ? 2 : 1) * (16 * RW) * DH * 2, stats = 2 * 4 * 16 * sizeof(float);
+  const size_t tiles = size_t(stages) * (I16 ? I16Stage<DH>::kBytes : 2 * kBlockKeys * DH * 2);
   const size_t merge = 4 * 16 * size_t(DH + 8) * sizeof(float);
   return q + stats + (tiles > merge ? tiles : merge);
 }
@@ -103,8 +103,8 @@ struct DecodeKv {
 
 // This thread's share of copying tile `tile` (keys tile·64 .. +63; those >= L zero-filled) of K and V into a stage:
 // K [64][DH] at `stage` (a generic pointer; smem address sstage), V [64][DH] right after it. 16-bit caches by
-// cp.async (the caller commits), fp8 by plain loads and stores (copy_tile_fp8); i16 by plain loads and stores
-// (copy_tile_i16) into two I16Tile's, K at `stage` and V after it.
+// cp.async (the caller commits), fp8 by plain loads and stores (copy_tile_fp8); i16 by cp.async into an I16Stage
+// (copy_stage_i16: the values as they are, then the rows' scales).
 template <int DH, KvDtype KV>
 __device__ __forceinline__ void decode_load_tile(const DecodeKv<DH, KV>& kv, int64_t L, int64_t tile, uint8_t* stage,
                                                  uint32_t sstage, int tid) {
@@ -115,8 +115,7 @@ __device__ __forceinline__ void decode_load_tile(const DecodeKv<DH, KV>& kv, int
     copy_tile_fp8<DH>(stage, kv.Kh + k0 * DH, kv.Ks + k0, valid, tid);
     copy_tile_fp8<DH>(stage + TILE, kv.Vh + k0 * DH, kv.Vs + k0, valid, tid);
   } else if constexpr (kI16<KV>) {
-    copy_tile_i16<DH>(stage, kv.Kh + k0 * DH, kv.Ks + k0, valid, tid);
-    copy_tile_i16<DH>(stage + I16Tile<DH>::kBytes, kv.Vh + k0 * DH, kv.Vs + k0, valid, tid);
+    copy_stage_i16<DH>(sstage, kv.Kh + k0 * DH, kv.Vh + k0 * DH, kv.Ks + k0, kv.Vs + k0, valid, tid);
   } else {
     copy_tile_async<DH>(sstage, kv.Kh + k0 * DH, valid, tid);
     copy_tile_async<DH>(sstage + TILE, kv.Vh + k0 * DH, valid, tid);
@@ -134,21 +133,6 @@ __device__ __forceinline__ void decode_load_q(uint8_t* sQ, const float* q, int H
     uint4 val = make_uint4(0u, 0u, 0u, 0u);
     if (r < R) val = load8_as16<F16>(q + ((int64_t(r / G) * Hq + kvh * G + r % G) * DH + c * 8));
     *reinterpret_cast<uint4*>(sQ + swz<DH>(r, c)) = val;
-  }
-}
-
-// decode_load_q for the i16 cache: the rows as fp16 hi + lo (load8_split), hi into sQ, lo into sQ + q_lo.
-template <int DH, int RW>
-__device__ __forceinline__ void decode_load_q_split(uint8_t* sQ, uint32_t q_lo, const float* q, int Hq, int kvh, int G,
-                                                    int R, int tid) {
-  constexpr int CH = DH / 8, QROWS = 16 * RW;
-#pragma unroll
-  for (int it = 0; it < QROWS * CH / 128; ++it) {
-    const int i = tid + it * 128, r = i / CH, c = i % CH;
-    uint4 hi = make_uint4(0u, 0u, 0u, 0u), lo = hi;
-    if (r < R) load8_split(q + ((int64_t(r / G) * Hq + kvh * G + r % G) * DH + c * 8), hi, lo);
-    *reinterpret_cast<uint4*>(sQ + swz<DH>(r, c)) = hi;
-    *reinterpret_cast<uint4*>(sQ + q_lo + swz<DH>(r, c)) = lo;
   }
 }
 
@@ -216,20 +200,20 @@ __device__ __forceinline__ void decode_tile(float (&m)[2], float (&l)[2], float 
   accumulate_pv<DH, SN, F16>(o, s, sk + TILE, kb, lane);
 }
 
-// decode_tile for the i16 cache: Q hi at sq, lo at sq + q_lo; the stage's K and V I16Tile's at sk (smem address) and
-// stage (the same, a generic pointer). e_v: the power of two the output accumulators count in (i16_rescale_o).
-template <int DH, int RW>
-__device__ __forceinline__ void decode_tile_split(float (&m)[2], float (&l)[2], float (&o)[DH / 8][4], int& e_v,
-                                                  const int64_t (&limit)[2], uint32_t sq, uint32_t q_lo, uint32_t sk,
-                                                  const uint8_t* stage, int64_t j, int64_t pos0, int row0, int kb,
-                                                  float sl, int lane, int qd) {
+// decode_tile for the i16 cache (attention_i16_tiles.cuh): Q at sq (STACK: hi on rows 0-7, lo on 8-15; else hi, and
+// lo at sq + q_lo); the stage's I16Stage at sk (smem address) and stage (the same, a generic pointer). e_v: the power
+// of two the output accumulators count in (i16_rescale_o).
+template <int DH, int RW, bool STACK>
+__device__ __forceinline__ void decode_tile_i16(float (&m)[2], float (&l)[2], float (&o)[DH / 8][4], int& e_v,
+                                                const int64_t (&limit)[2], uint32_t sq, uint32_t q_lo, uint32_t sk,
+                                                const uint8_t* stage, int64_t j, int64_t pos0, int row0, int kb,
+                                                float sl, int lane, int qd) {
   constexpr int KW = 4 / RW, KPW = kBlockKeys / KW, SN = KPW / 8;
-  constexpr uint32_t TB = I16Tile<DH>::kBytes;
-  const float* k_scales = reinterpret_cast<const float*>(stage + I16Tile<DH>::kScales);
-  const float* v_scales = reinterpret_cast<const float*>(stage + TB + I16Tile<DH>::kScales);
+  const float* k_scales = reinterpret_cast<const float*>(stage + I16Stage<DH>::kScales);
+  const float* v_scales = k_scales + kBlockKeys;
   float s[SN][4];
-  scores_qk_split<DH, SN>(s, sq, q_lo, row0, sk, kb, lane);
-  i16_scale_scores<SN>(s, k_scales + kb, qd);
+  scores_qk_i16<DH, SN, STACK>(s, sq, q_lo, row0, sk, kb, lane);
+  i16_scale_scores_half<SN, STACK>(s, k_scales + kb, qd);
   const int64_t k0 = j * kBlockKeys + kb;
   if (k0 + KPW - 1 > pos0) {
     const int rel[2] = {clamp_rel(limit[0] - k0, KPW), clamp_rel(limit[1] - k0, KPW)};
@@ -238,7 +222,7 @@ __device__ __forceinline__ void decode_tile_split(float (&m)[2], float (&l)[2], 
   online_softmax<SN, DH / 8>(s, m, l, o, sl);
   const int e = i16_tile_exponent(v_scales, lane);
   i16_rescale_o<DH / 8>(o, e_v, e);
-  accumulate_pv_split<DH, SN>(o, s, sk + TB, v_scales + kb, e, kb, lane);
+  accumulate_pv_i16<DH, SN, STACK>(o, s, sk + I16Stage<DH>::kTile, v_scales + kb, e, kb, lane);
 }
 
 // Where an item's partials go: row r's at index (t·Hq + kvh·G + hg)·splits + split of the sequence's m, l (o: × DH).
@@ -324,21 +308,23 @@ __device__ __forceinline__ void decode_combine_write(const float* s_m, const flo
 
 // ---- the one-item kernel: one block per (KV head, split, sequence) ----------------------------------------------
 
-template <int DH, int RW, KvDtype KV>
+// STACK (i16 only, RW = 1, R <= 8): q's hi and lo on rows r and r + 8 of one tile (attention_i16_tiles.cuh).
+template <int DH, int RW, KvDtype KV, bool STACK = false>
 __global__ void __launch_bounds__(128, 1)
     attention_decode_split_kernel(const float* q, Seqs<const void> seqs, AttnDims d, int stages,
                                   bool kv_prefetch_enabled, Partials part) {
+  static_assert(!STACK || (kI16<KV> && RW == 1), "stacked q rows: the i16 cache's, 16 rows");
   constexpr bool F16 = kF16<KV>;
   constexpr int BN = kBlockKeys, NT = DH / 8;
   constexpr int KW = 4 / RW, KPW = BN / KW;
-  constexpr int QROWS = 16 * RW, TILE = BN * DH * 2, PL = kPlanes<KV>;
-  constexpr uint32_t Q_LO = QROWS * DH * 2;  // i16: sQ's lo plane
-  constexpr uint32_t STAGE = kI16<KV> ? 2 * I16Tile<DH>::kBytes : 2 * TILE;  // a stage's bytes
+  constexpr int QROWS = 16 * RW, TILE = BN * DH * 2, PL = kI16<KV> && !STACK ? 2 : 1;
+  constexpr uint32_t Q_LO = QROWS * DH * 2;  // i16 (not STACK): sQ's lo plane
+  constexpr uint32_t STAGE = kI16<KV> ? I16Stage<DH>::kBytes : 2 * TILE;  // a stage's bytes
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* sQ = smem;                                                 // [PL][QROWS][DH] 16-bit, swizzled
   float* s_m = reinterpret_cast<float*>(smem + PL * QROWS * DH * 2);  // [4 warps][16 rows]
   float* s_l = s_m + 4 * 16;
-  uint8_t* ring = reinterpret_cast<uint8_t*>(s_l + 4 * 16);  // stages × {K [64][DH], V [64][DH]} (i16: I16Tile's)
+  uint8_t* ring = reinterpret_cast<uint8_t*>(s_l + 4 * 16);  // stages × {K [64][DH], V [64][DH]} (i16: I16Stage's)
   float* sO = reinterpret_cast<float*>(ring);                     // after the loop: [4 warps][16][OSTRIDE] fp32
   const uint32_t sq = smem_addr(sQ), sring = smem_addr(ring);
 
@@ -391,7 +377,7 @@ __global__ void __launch_bounds__(128, 1)
     pdl_trigger();
   }
   if constexpr (kI16<KV>)
-    decode_load_q_split<DH, RW>(sQ, Q_LO, q, d.Hq, kvh, G, R, tid);
+    decode_load_q_i16<DH, RW, STACK>(sQ, Q_LO, q, d.Hq, kvh, G, R, tid);
   else
     decode_load_q<DH, RW, F16>(sQ, q, d.Hq, kvh, G, R, tid);
 
@@ -416,8 +402,8 @@ __global__ void __launch_bounds__(128, 1)
     cp_async_wait_dyn(stages - 1);
     __syncthreads();  // tile j is in for every thread
     if constexpr (kI16<KV>)
-      decode_tile_split<DH, RW>(m, l, o, e_v, limit, sq, Q_LO, sring + uint32_t(i % stages) * STAGE,
-                                ring + size_t(i % stages) * STAGE, j, pos0, row0, kb, sl, lane, qd);
+      decode_tile_i16<DH, RW, STACK>(m, l, o, e_v, limit, sq, Q_LO, sring + uint32_t(i % stages) * STAGE,
+                                     ring + size_t(i % stages) * STAGE, j, pos0, row0, kb, sl, lane, qd);
     else
       decode_tile<DH, RW, F16>(m, l, o, limit, sq, sring + uint32_t(i % stages) * STAGE, j, pos0, row0, kb, sl, lane,
                                qd);
@@ -726,18 +712,24 @@ void setup_decode(AttentionSetup& s, int optin) {
   TERN_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_decode_split_kernel<DH, RW, KvDtype::f16>, 128,
                                                           v.smem_one_stage));
   v.blocks_per_sm_one_stage = std::max(1, n);
-  // The i16 cache's kernel: twice the shared memory a stage (hi and lo planes), as many stages as fit (one at DH =
-  // 256). Its split count is the fp16 kernel's (above), as for every cache type.
-  for (int stages = 3; stages >= 1 && v.i16_stages == 0; --stages) {
-    if (decode_smem_bytes<DH, RW, 2>(stages) > size_t(optin)) continue;
-    v.i16_stages = stages;
-    v.i16_smem = decode_smem_bytes<DH, RW, 2>(stages);
-    TERN_CUDA(cudaFuncSetAttribute(attention_decode_split_kernel<DH, RW, KvDtype::i16>,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, int(v.i16_smem)));
-    TERN_CUDA(cudaFuncSetAttribute(attention_decode_split_kernel<DH, RW, KvDtype::i16>,
-                                   cudaFuncAttributePreferredSharedMemoryCarveout,
-                                   int(cudaSharedmemCarveoutMaxShared)));
-  }
+  // The i16 cache's kernels: the fp16 kernel's stage and 512 bytes of scales, q in two planes (or stacked, RW = 1),
+  // as many stages as fit (3 at DH = 256 on Hopper but for RW = 4's 2). Their split count is the fp16 kernel's
+  // (above), as for every cache type.
+  auto fit_i16 = [&](auto kernel, auto smem_bytes, int& stages_out, size_t& smem_out) {
+    for (int stages = 3; stages >= 1 && stages_out == 0; --stages) {
+      if (smem_bytes(stages) > size_t(optin)) continue;
+      stages_out = stages;
+      smem_out = smem_bytes(stages);
+      TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_out)));
+      TERN_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                     int(cudaSharedmemCarveoutMaxShared)));
+    }
+  };
+  fit_i16(attention_decode_split_kernel<DH, RW, KvDtype::i16>,
+          [](int st) { return decode_smem_bytes<DH, RW, true>(st); }, v.i16_stages, v.i16_smem);
+  if constexpr (RW == 1)
+    fit_i16(attention_decode_split_kernel<DH, 1, KvDtype::i16, true>,
+            [](int st) { return decode_smem_bytes<DH, 1, true, true>(st); }, v.i16_stack_stages, v.i16_stack_smem);
   if constexpr (RW == 1) {  // the items-per-block form: 3 stages where they fit (Hopper), else 2 (A100), else off
     int stages = 3;
     while (stages >= 2 && decode_items_smem_bytes<DH, RW>(stages) > size_t(optin)) --stages;
@@ -774,11 +766,15 @@ void launch_decode(const float* q, const float* qg, int64_t ld_qg, const Seqs<co
   auto kernel = RW == 1 ? attention_decode_split_kernel<DH, 1, KV>
                 : RW == 2 ? attention_decode_split_kernel<DH, 2, KV>
                           : attention_decode_split_kernel<DH, 4, KV>;
-  if constexpr (kI16<KV>) {  // its own ring (two planes a tile); no items-per-block form, no one-stage switch
+  if constexpr (kI16<KV>) {  // its own ring (I16Stage's); no items-per-block form, no one-stage switch
     TERN_CHECK(v.i16_stages >= 1, "attention: the decode kernel for an i16 cache does not fit the device's ",
                setup.smem_optin, " bytes of shared memory");
-    launch_pdl("attention_decode_split", kernel, dim3(unsigned(d.Hkv), unsigned(columns), unsigned(seqs.B)), dim3(128),
-               v.i16_smem, stream, q, seqs, d, v.i16_stages, kv_before_wait, part);
+    // At most 8 query rows: q's hi and lo stacked on one tile's 16 rows (half the products' instructions).
+    const bool stack = RW == 1 && d.T * (d.Hq / d.Hkv) <= 8 && v.i16_stack_stages >= 1;
+    launch_pdl("attention_decode_split", stack ? attention_decode_split_kernel<DH, 1, KV, true> : kernel,
+               dim3(unsigned(d.Hkv), unsigned(columns), unsigned(seqs.B)), dim3(128),
+               stack ? v.i16_stack_smem : v.i16_smem, stream, q, seqs, d, stack ? v.i16_stack_stages : v.i16_stages,
+               kv_before_wait, part);
     launch_pdl("attention_decode_merge", attention_decode_merge_kernel<DH>,
                dim3(unsigned(d.T * d.Hq), unsigned(seqs.B)), dim3(256), 0, stream, part, qg, ld_qg, seqs, d, out,
                tables);

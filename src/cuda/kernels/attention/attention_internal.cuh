@@ -101,9 +101,12 @@ struct DecodeVariant {
   int items_stages = 0;
   size_t items_smem = 0;
   int items_blocks_per_sm = 1;
-  // The i16 cache's one-item kernel (two planes a tile): its ring's stages and shared memory (0: it does not fit).
+  // The i16 cache's one-item kernel (attention_i16_tiles.cuh): its ring's stages and shared memory (0: it does not
+  // fit); and with q's hi and lo stacked (RW = 1, at most 8 query rows).
   int i16_stages = 0;
   size_t i16_smem = 0;
+  int i16_stack_stages = 0;
+  size_t i16_stack_smem = 0;
 };
 
 struct AttentionSetup {
