@@ -1,4 +1,4 @@
-// The i16 cache's decode tiles (included by attention_decode.cu, after attention_tiles.cuh): a stage holds the K and
+// The i16 cache's tiles (included by attention_decode.cu and attention_prefill.cu): a decode stage holds the K and
 // V rows' int16 values as the cache holds them, copied by cp.async into the fp16 cache's swizzled [64][DH] layout (the
 // same bytes, so as many stages as the fp16 cache's), and the rows' 64 + 64 scales. Each K or V fragment is split as
 // it leaves shared memory (split_i16x2) into fp16 hi + lo with hi + lo = v / 2 exactly; q and the softmax weights are
@@ -81,6 +81,52 @@ __device__ __forceinline__ void split_i16_frag(const uint32_t (&b)[N], uint32_t 
   for (int i = 0; i < N; ++i) split_i16x2(b[i], hi[i], lo[i]);
 }
 
+// ---- the prefill: tiles staged as int16, then split into planes once a block -----------------------------------
+//
+// The prefill's 64 query rows a block read every K and V value four times (once a warp), so it splits each value once,
+// into an I16Tile's planes (hi = fp16(v), lo = v − hi: split8_f16, so that lo is 0 below 2048 and at most 8 above, and
+// the three products it keeps lose almost nothing), from a staging area that cp.async fills while the block computes:
+// the rows' int16 as copy_tile_async lays them out, then their 64 scales.
+template <int DH>
+struct I16Staging {
+  static constexpr uint32_t kScales = kBlockKeys * DH * 2;
+  static constexpr uint32_t kBytes = kScales + kBlockKeys * 4;
+};
+
+// This thread's share of copying tile rows [0, 64) (row stride DH values; `scales` the rows' scales) into the staging
+// at `sdst` (a shared-window address): the values as copy_tile_async copies them, thread t < 64 row t's scale. Rows >=
+// valid_rows are zero-filled, not read. The caller commits.
+template <int DH>
+__device__ __forceinline__ void stage_tile_i16(uint32_t sdst, const uint16_t* src, const float* scales, int valid_rows,
+                                               int tid) {
+  copy_tile_async<DH>(sdst, src, valid_rows, tid);
+  if (tid < kBlockKeys)
+    cp_async_4(sdst + I16Staging<DH>::kScales + 4 * tid, tid < valid_rows ? scales + tid : scales,
+               tid < valid_rows ? 4u : 0u);
+}
+
+// The chunks and scale that this thread's stage_tile_i16 copied (its cp.async waited for) from the staging at `stg`
+// into the I16Tile at `dst` (generic pointers): v as hi and lo planes (split8_f16), the scale as it is. The
+// staging is then free for this thread's next stage_tile_i16; the tile is complete once every thread has done this.
+template <int DH>
+__device__ __forceinline__ void unstage_tile_i16(const uint8_t* stg, uint8_t* dst, int tid) {
+  constexpr int CH = DH / 8, RP = 128 / CH;
+  const int c = tid % CH, r0 = tid / CH;
+#pragma unroll 4
+  for (int i = 0; i < kBlockKeys / RP; ++i) {
+    const uint32_t at = swz<DH>(r0 + i * RP, c);
+    float v[8];
+    codes8_i16(*reinterpret_cast<const uint4*>(stg + at), v);
+    uint4 hi, lo;
+    split8_f16(v, hi, lo);
+    *reinterpret_cast<uint4*>(dst + at) = hi;
+    *reinterpret_cast<uint4*>(dst + I16Tile<DH>::kPlane + at) = lo;
+  }
+  if (tid < kBlockKeys)
+    reinterpret_cast<float*>(dst + I16Tile<DH>::kScales)[tid] =
+        reinterpret_cast<const float*>(stg + I16Staging<DH>::kScales)[tid];
+}
+
 // The i16 decode's query rows r < R (r = t·G + hg: token t, head kvh·G + hg; q the sequence's [T, Hq, DH] fp32) as
 // fp16 hi + lo (load8_split) into sQ: STACK (R <= 8) hi on row r and lo on row r + 8 of [16][DH]; else hi on row r of
 // [16·RW][DH] and lo on row r of the plane at sQ + q_lo. Rows past R are zero.
@@ -101,48 +147,62 @@ __device__ __forceinline__ void decode_load_q_i16(uint8_t* sQ, uint32_t q_lo, co
 }
 
 // S[16 rows][SN·8 keys] = Q[rows q_row0..] · K[keys k_row0..]ᵀ / 2 over an I16Stage's K tile at sk, not yet times the
-// keys' scales: per 16 dims, Qhi·Khi, Qhi·Klo into the hi rows' sums and Qlo·Khi, Qlo·Klo into the lo rows', then
-// hi + lo. STACK: Q hi on rows 0-7 and lo on 8-15 of sq (one mma for both); the rows 8-15 of s are then undefined
-// (i16_scale_scores_half makes them −inf). Else Q hi at sq and lo at sq + q_lo, each row's own.
+// keys' scales. Each product (Qhi·Khi, Qhi·Klo, Qlo·Khi, Qlo·Klo) sums over the dims in its own accumulators (four
+// independent chains of mma where one would wait on the last), then S = (hi·hi + hi·lo) + (lo·hi + lo·lo). STACK: Q
+// hi on rows 0-7 and lo on 8-15 of sq (one mma for both halves of q); the rows 8-15 of s are then undefined
+// (i16_scale_scores_half makes them −inf). Else Q hi at sq and lo at sq + q_lo, each row's own, a 16-key slice at a
+// time (q's fragments loaded for each), so that the accumulators stay few at any RW.
 template <int DH, int SN, bool STACK>
 __device__ __forceinline__ void scores_qk_i16(float (&s)[SN][4], uint32_t sq, uint32_t q_lo, int q_row0, uint32_t sk,
                                               int k_row0, int lane) {
   const LdmOffsets<DH> qo(q_row0, lane, (lane >> 3) & 1, lane >> 4);
   const LdmOffsets<DH> ko(k_row0, lane, lane >> 4, (lane >> 3) & 1);
-  float t[STACK ? 1 : SN][4];  // the planes' lo sums
+  if constexpr (STACK) {
+    float a[SN][4] = {}, b[SN][4] = {};  // · Khi, · Klo
 #pragma unroll
-  for (int n = 0; n < SN; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    for (int kk = 0; kk < DH / 16; ++kk) {
+      uint32_t aq[4];
+      ldmatrix_x4(aq, sq + qo.at(kk, 0));
 #pragma unroll
-  for (int n = 0; n < (STACK ? 1 : SN); ++n) t[n][0] = t[n][1] = t[n][2] = t[n][3] = 0.0f;
+      for (int p = 0; p < SN / 2; ++p) {
+        uint32_t k[4], kh[4], kl[4];
+        ldmatrix_x4(k, sk + ko.at(kk, 16 * p));
+        split_i16_frag(k, kh, kl);
 #pragma unroll
-  for (int kk = 0; kk < DH / 16; ++kk) {
-    uint32_t ah[4], al[4];
-    ldmatrix_x4(ah, sq + qo.at(kk, 0));
-    if constexpr (!STACK) ldmatrix_x4(al, sq + q_lo + qo.at(kk, 0));
-#pragma unroll
-    for (int p = 0; p < SN / 2; ++p) {
-      uint32_t b[4], bh[4], bl[4];
-      ldmatrix_x4(b, sk + ko.at(kk, 16 * p));
-      split_i16_frag(b, bh, bl);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        mma16<true>(s[2 * p + h], ah, bh[2 * h], bh[2 * h + 1]);
-        mma16<true>(s[2 * p + h], ah, bl[2 * h], bl[2 * h + 1]);
-        if constexpr (!STACK) {
-          mma16<true>(t[2 * p + h], al, bh[2 * h], bh[2 * h + 1]);
-          mma16<true>(t[2 * p + h], al, bl[2 * h], bl[2 * h + 1]);
+        for (int h = 0; h < 2; ++h) {
+          mma16<true>(a[2 * p + h], aq, kh[2 * h], kh[2 * h + 1]);
+          mma16<true>(b[2 * p + h], aq, kl[2 * h], kl[2 * h + 1]);
         }
       }
     }
-  }
 #pragma unroll
-  for (int n = 0; n < SN; ++n) {
-    if constexpr (STACK) {
-      s[n][0] += s[n][2];
-      s[n][1] += s[n][3];
-    } else {
+    for (int n = 0; n < SN; ++n) {
+      s[n][0] = (a[n][0] + b[n][0]) + (a[n][2] + b[n][2]);
+      s[n][1] = (a[n][1] + b[n][1]) + (a[n][3] + b[n][3]);
+    }
+  } else {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) s[n][i] += t[n][i];
+    for (int p = 0; p < SN / 2; ++p) {
+      float hh[2][4] = {}, hl[2][4] = {}, lh[2][4] = {}, ll[2][4] = {};
+#pragma unroll 4
+      for (int kk = 0; kk < DH / 16; ++kk) {
+        uint32_t ah[4], al[4], k[4], kh[4], kl[4];
+        ldmatrix_x4(ah, sq + qo.at(kk, 0));
+        ldmatrix_x4(al, sq + q_lo + qo.at(kk, 0));
+        ldmatrix_x4(k, sk + ko.at(kk, 16 * p));
+        split_i16_frag(k, kh, kl);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          mma16<true>(hh[h], ah, kh[2 * h], kh[2 * h + 1]);
+          mma16<true>(hl[h], ah, kl[2 * h], kl[2 * h + 1]);
+          mma16<true>(lh[h], al, kh[2 * h], kh[2 * h + 1]);
+          mma16<true>(ll[h], al, kl[2 * h], kl[2 * h + 1]);
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[2 * p + h][i] = (hh[h][i] + hl[h][i]) + (lh[h][i] + ll[h][i]);
     }
   }
 }

@@ -17,6 +17,7 @@
 #include "cuda/common/launch.cuh"
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/warp_reduce.cuh"
+#include "cuda/kernels/attention/attention_i16_tiles.cuh"
 #include "cuda/kernels/attention/attention_internal.cuh"
 #include "cuda/kernels/attention/attention_tiles.cuh"
 #include "cuda/weights/dmat_device.cuh"
@@ -30,14 +31,16 @@ namespace {
 // Warp w owns query rows 16w..16w+15 of the tile (tokens t0 + row), the whole head dim: O is 16×DH fp32 in registers
 // (DH/8 m16n8 accumulators). Shared memory: Q [64][DH], K [64][DH], V [64][DH] 16-bit, swizzled (96 KB at DH = 256:
 // two blocks per SM); with an i16 cache each in two planes, fp16 hi then lo, the K and V tiles with their rows'
-// scales (I16Tile; 192.5 KB at DH = 256: one block per SM; scores_qk_split, accumulate_pv_split). The K and V tiles
-// are single-buffered and overlapped as in FlashAttention-2: V_j streams in while S = Q·K_jᵀ is computed, K_{j+1}
-// while O += P·V_j. Key tiles run 0 → the diagonal; keys past the block's last
-// token (or past the cache rows written) are zero-filled and masked.
+// scales (I16Tile), and a staging area that cp.async fills with a tile's int16 rows, split into the planes once a
+// block (attention_i16_tiles.cuh: 224.8 KB at DH = 256, one block per SM; scores_qk_split, accumulate_pv_split). The
+// K and V tiles are single-buffered and overlapped as in FlashAttention-2: V_j streams in while S = Q·K_jᵀ is
+// computed, K_{j+1} while O += P·V_j (i16: into the staging, each thread splitting its own chunks into the planes
+// after its wait: V_j's before the barrier that precedes P·V_j, K_{j+1}'s after P·V_j). Key tiles run 0 → the
+// diagonal; keys past the block's last token (or past the cache rows written) are zero-filled and masked.
 
 template <int DH, KvDtype KV>
 constexpr size_t prefill_smem_bytes() {
-  if constexpr (kI16<KV>) return size_t(2) * kPrefillRows * DH * 2 + 2 * I16Tile<DH>::kBytes;
+  if constexpr (kI16<KV>) return size_t(2) * kPrefillRows * DH * 2 + 2 * I16Tile<DH>::kBytes + I16Staging<DH>::kBytes;
   return size_t(kPrefillRows + 2 * kBlockKeys) * DH * 2;
 }
 
@@ -51,6 +54,7 @@ __global__ void __launch_bounds__(128, 2)
   constexpr uint32_t KV_TILE = kI16<KV> ? I16Tile<DH>::kBytes : BN * DH * 2;
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t sq = smem_addr(smem), sk = sq + PL * BM * DH * 2, sv = sk + KV_TILE;
+  const uint32_t sstg = sv + KV_TILE;  // i16: the staging (I16Staging)
   int e_v = 0;  // i16: the power of two (2^e_v) the output accumulators count in
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, qd = lane & 3;
   const int h = blockIdx.x, kvh = h / (d.Hq / d.Hkv);
@@ -75,10 +79,16 @@ __global__ void __launch_bounds__(128, 2)
   auto load_tile = [&](uint32_t dst, const Elem* base, const float* scales, int64_t k0) {
     if constexpr (kFp8<KV>)
       copy_tile_fp8<DH>(smem + (dst - sq), base + k0 * DH, scales + k0, int(kv_end - k0 < BN ? kv_end - k0 : BN), tid);
-    else if constexpr (kI16<KV>)
-      copy_tile_i16<DH>(smem + (dst - sq), base + k0 * DH, scales + k0, int(kv_end - k0 < BN ? kv_end - k0 : BN), tid);
+    else if constexpr (kI16<KV>)  // into the staging; unstage() then splits it into the tile at dst
+      stage_tile_i16<DH>(sstg, base + k0 * DH, scales + k0, int(kv_end - k0 < BN ? kv_end - k0 : BN), tid);
     else
       copy_tile_async<DH>(dst, base + k0 * DH, int(kv_end - k0 < BN ? kv_end - k0 : BN), tid);
+  };
+
+  // i16: this thread's staged chunks of a tile into the planes at dst (after its wait for them).
+  auto unstage = [&](uint32_t dst) {
+    cp_async_wait<0>();
+    unstage_tile_i16<DH>(smem + (sstg - sq), smem + (dst - sq), tid);
   };
 
   load_tile(sk, Kh, Ks, 0);
@@ -97,6 +107,8 @@ __global__ void __launch_bounds__(128, 2)
     }
     *reinterpret_cast<uint4*>(smem + swz<DH>(r, c)) = val;
   }
+
+  if constexpr (kI16<KV>) unstage(sk);
 
   const float sl = rsqrtf(float(DH)) * kLog2e;
   const int row0 = warp * 16;
@@ -134,6 +146,7 @@ __global__ void __launch_bounds__(128, 2)
     }
     online_softmax<BN / 8, NT>(s, m, l, o, sl);
 
+    if constexpr (kI16<KV>) unstage(sv);  // V_j's planes: free since the barrier above (P·V_{j-1} is done)
     cp_async_wait<0>();
     __syncthreads();  // V_j is in; every warp is done with K_j
     if (j + 1 < n_tiles) load_tile(sk, Kh, Ks, k0 + BN);
@@ -144,6 +157,7 @@ __global__ void __launch_bounds__(128, 2)
       const int e = i16_tile_exponent(v_scales, lane);
       i16_rescale_o<NT>(o, e_v, e);
       accumulate_pv_split<DH, BN / 8>(o, s, sv, v_scales, e, 0, lane);
+      if (j + 1 < n_tiles) unstage(sk);  // K_{j+1}'s planes: free since the barrier above (Q·K_jᵀ is done)
     } else {
       accumulate_pv<DH, BN / 8, F16>(o, s, sv, 0, lane);
     }

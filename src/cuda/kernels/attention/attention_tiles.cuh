@@ -40,10 +40,12 @@ template <KvDtype KV>
 constexpr bool kFp8 = KV == KvDtype::fp8;
 // The i16 cache (16-bit integers and a scale per row): the kernels then hold q, K, the softmax weights and V as fp16
 // hi + lo pairs (two planes of each shared-memory tile: hi = fp16(x), lo = fp16(x − hi)) and sum three products for
-// each of the fp16 path's one (hi·hi + hi·lo + lo·hi, lo·lo dropped). K and V tiles hold the rows' integers, which a
-// pair holds exactly, and their 64 scales after the planes (I16Tile); each score is multiplied by its key's K scale,
-// and each softmax weight by its key's V scale over the tile's power of two (the output accumulators then count in
-// that power of two, rescaled when it changes): q and the weights keep about 22 significant bits where fp16 keeps 11.
+// each of the fp16 path's one. The prefill's K and V tiles hold the rows' integers as exact pairs (hi = fp16(v), lo =
+// the rest) and their 64 scales (I16Tile) and sum hi·hi + hi·lo + lo·hi (lo·lo dropped); the decode's hold the int16
+// values themselves, split into pairs that hold v / 2 as each fragment is loaded, and keep all four products
+// (attention_i16_tiles.cuh). Each score is multiplied by its key's K scale (the decode: twice), and each softmax
+// weight by its key's V scale (twice) over the tile's power of two (the output accumulators then count in that power
+// of two, rescaled when it changes): q and the weights keep about 22 significant bits where fp16 keeps 11.
 template <KvDtype KV>
 constexpr bool kI16 = KV == KvDtype::i16;
 // Whether the rows carry an fp32 scale each (fp8, i16), and the 16-bit tiles' planes in shared memory (i16: 2).
@@ -241,8 +243,10 @@ __device__ __forceinline__ float pow2_scale(float x, int k) {
   return k >= -126 && k <= 127 ? x * __int_as_float((k + 127) << 23) : ldexpf(x, k);
 }
 
-// An i16 K or V tile in shared memory (copy_tile_i16): the rows' integers as fp16 hi [64][DH] at the tile's base, lo
-// [64][DH] after it (both swizzled), then the 64 rows' scales (fp32; 0 for rows not read).
+// An i16 K or V tile in shared memory (the prefill's; attention_i16_tiles.cuh, unstage_tile_i16): the rows' integers
+// as exact fp16 hi + lo (split8_f16: hi rounds to 11 significant bits, lo is the rest, at most 8 in magnitude), hi
+// [64][DH] at the tile's base, lo [64][DH] after it (both swizzled), then the 64 rows' scales (fp32; 0 for rows not
+// read).
 template <int DH>
 struct I16Tile {
   static constexpr uint32_t kPlane = kBlockKeys * DH * 2;             // the lo plane's offset
@@ -387,8 +391,8 @@ __device__ __forceinline__ void accumulate_pv(float (&o)[DH / 8][4], const float
   }
 }
 
-// scores_qk over hi + lo planes (the i16 cache): Q hi at sq, lo at sq + q_lo; an i16 K tile (I16Tile) at sk, whose
-// rows' integers the pairs hold exactly. S = Qhi·Khi + Qhi·Klo + Qlo·Khi, in that order for every 16 dims, fp32
+// scores_qk over hi + lo planes (the i16 cache's prefill): Q hi at sq, lo at sq + q_lo; an i16 K tile (I16Tile) at sk,
+// whose rows' integers the pairs hold exactly. S = Qhi·Khi + Qhi·Klo + Qlo·Khi, in that order for every 16 dims, fp32
 // accumulators; not yet times the keys' scales (i16_scale_scores).
 template <int DH, int SN>
 __device__ __forceinline__ void scores_qk_split(float (&s)[SN][4], uint32_t sq, uint32_t q_lo, int q_row0, uint32_t sk,
@@ -510,42 +514,6 @@ __device__ __forceinline__ void copy_tile_fp8(uint8_t* dst, const uint8_t* src, 
     const int r = r0 + i * RP;
     *reinterpret_cast<uint4*>(dst + swz<DH>(r, 2 * c)) = dequant8_f16(raw[i].x, raw[i].y, sc[i]);
     *reinterpret_cast<uint4*>(dst + swz<DH>(r, 2 * c + 1)) = dequant8_f16(raw[i].z, raw[i].w, sc[i]);
-  }
-}
-
-// copy_tile_fp8 for an i16 cache: this thread's share of rows [0, 64) of an int16 tile (row stride DH values, `scale`
-// the rows' scales) into an I16Tile at `dst` (a generic pointer): the integers as exact fp16 hi + lo (split8_f16: hi
-// rounds to 11 significant bits, lo is the rest, at most 8 in magnitude) in the two swizzled planes, rows tid/CH +
-// i·(128/CH), chunk tid%CH, and the rows' scales (by the threads of chunk 0). Rows >= valid_rows are zero-filled
-// (scale 0), not read. Plain loads and stores, as copy_tile_fp8's.
-template <int DH>
-__device__ __forceinline__ void copy_tile_i16(uint8_t* dst, const uint16_t* src, const float* scale, int valid_rows,
-                                              int tid) {
-  constexpr int CH = DH / 8, RP = 128 / CH, N = kBlockKeys / RP;
-  const int c = tid % CH, r0 = tid / CH;
-  uint4 raw[N];
-  float sc[N];
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-    const int r = r0 + i * RP;
-    raw[i] = make_uint4(0u, 0u, 0u, 0u);
-    sc[i] = 0.0f;
-    if (r < valid_rows) {
-      raw[i] = *reinterpret_cast<const uint4*>(src + int64_t(r) * DH + 8 * c);
-      if (c == 0) sc[i] = scale[r];
-    }
-  }
-  float* scales = reinterpret_cast<float*>(dst + I16Tile<DH>::kScales);
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-    const int r = r0 + i * RP;
-    float v[8];
-    codes8_i16(raw[i], v);
-    uint4 hi, lo;
-    split8_f16(v, hi, lo);
-    *reinterpret_cast<uint4*>(dst + swz<DH>(r, c)) = hi;
-    *reinterpret_cast<uint4*>(dst + I16Tile<DH>::kPlane + swz<DH>(r, c)) = lo;
-    if (c == 0) scales[r] = sc[i];
   }
 }
 
