@@ -28,9 +28,11 @@
 // fp32 scale = amax(|row|) / 32767 (±inf counted as FLT_MAX; NaN when the row holds a NaN, which then reads back NaN);
 // value = rint(x / scale), nearest even, clamped to ±32767; a row of zeros has scale 0. The kernels hold the rows'
 // integers as exact fp16 hi + lo pairs, q and the softmax weights as fp16 hi + lo (~22 significant bits), and sum
-// hi·hi + hi·lo + lo·hi on the tensor cores; the scores are multiplied by their keys' K scales, the weights by their
-// keys' V scales over the tile's power of two (attention_tiles.cuh, I16Tile). Twice the fp16 path's shared memory
-// (attention_check refuses it where that does not fit); no items-per-block form. core/kv_i16.h is the CPU twin.
+// the pairs' products on the tensor cores (the prefill hi·hi + hi·lo + lo·hi, the decode all four); the scores are
+// multiplied by their keys' K scales, the weights by their keys' V scales over the tile's power of two
+// (attention_i16_tiles.cuh). The prefill needs 2.3 times the fp16 path's shared memory at head dim 256, one block an
+// SM (attention_check refuses the cache where it does not fit); no items-per-block form. core/kv_i16.h is the CPU
+// twin.
 #pragma once
 
 #include <cuda_runtime.h>

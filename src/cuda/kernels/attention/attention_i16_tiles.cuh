@@ -1,6 +1,6 @@
 // The i16 cache's tiles (included by attention_decode.cu and attention_prefill.cu): a decode stage holds the K and
 // V rows' int16 values as the cache holds them, copied by cp.async into the fp16 cache's swizzled [64][DH] layout (the
-// same bytes, so as many stages as the fp16 cache's), and the rows' 64 + 64 scales. Each K or V fragment is split as
+// same bytes, so the fp16 kernel's stages where q's planes leave room), and the rows' 64 + 64 scales. Each K or V fragment is split as
 // it leaves shared memory (split_i16x2) into fp16 hi + lo with hi + lo = v / 2 exactly; q and the softmax weights are
 // fp16 hi + lo pairs (split2_f16, ~22 significant bits). All four products are kept (hi·hi, hi·lo, lo·hi, lo·lo), so a
 // score is q's pair against the cache's exact integers, and an output q's weights' pair against them.
@@ -147,62 +147,48 @@ __device__ __forceinline__ void decode_load_q_i16(uint8_t* sQ, uint32_t q_lo, co
 }
 
 // S[16 rows][SN·8 keys] = Q[rows q_row0..] · K[keys k_row0..]ᵀ / 2 over an I16Stage's K tile at sk, not yet times the
-// keys' scales. Each product (Qhi·Khi, Qhi·Klo, Qlo·Khi, Qlo·Klo) sums over the dims in its own accumulators (four
-// independent chains of mma where one would wait on the last), then S = (hi·hi + hi·lo) + (lo·hi + lo·lo). STACK: Q
-// hi on rows 0-7 and lo on 8-15 of sq (one mma for both halves of q); the rows 8-15 of s are then undefined
-// (i16_scale_scores_half makes them −inf). Else Q hi at sq and lo at sq + q_lo, each row's own, a 16-key slice at a
-// time (q's fragments loaded for each), so that the accumulators stay few at any RW.
+// keys' scales: per 16 dims, Qhi·Khi, Qhi·Klo into the hi rows' sums and Qlo·Khi, Qlo·Klo into the lo rows', then
+// hi + lo. STACK: Q hi on rows 0-7 and lo on 8-15 of sq (one mma for both); the rows 8-15 of s are then undefined
+// (i16_scale_scores_half makes them −inf). Else Q hi at sq and lo at sq + q_lo, each row's own.
 template <int DH, int SN, bool STACK>
 __device__ __forceinline__ void scores_qk_i16(float (&s)[SN][4], uint32_t sq, uint32_t q_lo, int q_row0, uint32_t sk,
                                               int k_row0, int lane) {
   const LdmOffsets<DH> qo(q_row0, lane, (lane >> 3) & 1, lane >> 4);
   const LdmOffsets<DH> ko(k_row0, lane, lane >> 4, (lane >> 3) & 1);
-  if constexpr (STACK) {
-    float a[SN][4] = {}, b[SN][4] = {};  // · Khi, · Klo
+  float t[STACK ? 1 : SN][4];  // the planes' lo sums
 #pragma unroll
-    for (int kk = 0; kk < DH / 16; ++kk) {
-      uint32_t aq[4];
-      ldmatrix_x4(aq, sq + qo.at(kk, 0));
+  for (int n = 0; n < SN; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
-      for (int p = 0; p < SN / 2; ++p) {
-        uint32_t k[4], kh[4], kl[4];
-        ldmatrix_x4(k, sk + ko.at(kk, 16 * p));
-        split_i16_frag(k, kh, kl);
+  for (int n = 0; n < (STACK ? 1 : SN); ++n) t[n][0] = t[n][1] = t[n][2] = t[n][3] = 0.0f;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          mma16<true>(a[2 * p + h], aq, kh[2 * h], kh[2 * h + 1]);
-          mma16<true>(b[2 * p + h], aq, kl[2 * h], kl[2 * h + 1]);
-        }
-      }
-    }
-#pragma unroll
-    for (int n = 0; n < SN; ++n) {
-      s[n][0] = (a[n][0] + b[n][0]) + (a[n][2] + b[n][2]);
-      s[n][1] = (a[n][1] + b[n][1]) + (a[n][3] + b[n][3]);
-    }
-  } else {
+  for (int kk = 0; kk < DH / 16; ++kk) {
+    uint32_t ah[4], al[4];
+    ldmatrix_x4(ah, sq + qo.at(kk, 0));
+    if constexpr (!STACK) ldmatrix_x4(al, sq + q_lo + qo.at(kk, 0));
 #pragma unroll
     for (int p = 0; p < SN / 2; ++p) {
-      float hh[2][4] = {}, hl[2][4] = {}, lh[2][4] = {}, ll[2][4] = {};
-#pragma unroll 4
-      for (int kk = 0; kk < DH / 16; ++kk) {
-        uint32_t ah[4], al[4], k[4], kh[4], kl[4];
-        ldmatrix_x4(ah, sq + qo.at(kk, 0));
-        ldmatrix_x4(al, sq + q_lo + qo.at(kk, 0));
-        ldmatrix_x4(k, sk + ko.at(kk, 16 * p));
-        split_i16_frag(k, kh, kl);
+      uint32_t b[4], bh[4], bl[4];
+      ldmatrix_x4(b, sk + ko.at(kk, 16 * p));
+      split_i16_frag(b, bh, bl);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          mma16<true>(hh[h], ah, kh[2 * h], kh[2 * h + 1]);
-          mma16<true>(hl[h], ah, kl[2 * h], kl[2 * h + 1]);
-          mma16<true>(lh[h], al, kh[2 * h], kh[2 * h + 1]);
-          mma16<true>(ll[h], al, kl[2 * h], kl[2 * h + 1]);
+      for (int h = 0; h < 2; ++h) {
+        mma16<true>(s[2 * p + h], ah, bh[2 * h], bh[2 * h + 1]);
+        mma16<true>(s[2 * p + h], ah, bl[2 * h], bl[2 * h + 1]);
+        if constexpr (!STACK) {
+          mma16<true>(t[2 * p + h], al, bh[2 * h], bh[2 * h + 1]);
+          mma16<true>(t[2 * p + h], al, bl[2 * h], bl[2 * h + 1]);
         }
       }
+    }
+  }
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
+  for (int n = 0; n < SN; ++n) {
+    if constexpr (STACK) {
+      s[n][0] += s[n][2];
+      s[n][1] += s[n][3];
+    } else {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) s[2 * p + h][i] = (hh[h][i] + hl[h][i]) + (lh[h][i] + ll[h][i]);
+      for (int i = 0; i < 4; ++i) s[n][i] += t[n][i];
     }
   }
 }

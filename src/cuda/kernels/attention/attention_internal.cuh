@@ -131,8 +131,9 @@ int& batch_items();           // TERN_ATTN_BATCH_ITEMS, attn_batch_set_items
 int& items_stages_asked();    // attn_batch_set_items_stages
 extern std::atomic<int64_t> items_launches;  // attn_batch_items_launches
 
-// The i16 cache's kernels need twice the shared memory of the fp16 cache's: throws tern::Error when this device has
-// too little for d's head dim (attention_check calls it, so that a runner refuses --kv-dtype i16 when it loads).
+// The i16 cache's kernels need more shared memory than the fp16 cache's (the prefill 2.3 times at head dim 256, the
+// decode 512 bytes a stage): throws tern::Error when this device has too little for d's head dim (attention_check
+// calls it, so that a runner refuses --kv-dtype i16 when it loads).
 void check_i16_fits(const AttnDims& d);
 // The prefill kernel's shared memory for d's head dim and cache type (attention_prefill.cu).
 size_t prefill_smem(const AttnDims& d);
