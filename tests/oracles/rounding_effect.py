@@ -28,7 +28,11 @@ tern's CUDA kernels do), each run with this script's attention and experts forwa
           take it with TERN_MOE_DP4A_BITS=16; attention exact;
   gateup16  the MoE gate_up products' input (routed and shared) so quantised, as the one-token decode's expert
           kernels (moe_dp4a) take it with TERN_MOE_DP4A_BITS=16; moe16: gateup16 and down16; moe24: both at 24 bits
-          (v = rint(x·8355711/m), dp4a_tile.cuh's wide form: what the expert kernels take by default).
+          (v = rint(x·8355711/m), dp4a_tile.cuh's wide form: what the expert kernels take by default);
+  lin16   every product's input as the prefill's warpgroup kernels take it, bf16 hi + lo (hi = bf16(x), lo =
+          bf16(x − hi): 16 significant bits): the attention's and the GDN's projections, the shared expert, the
+          experts' gate_up and down, the LM head; the routers (the MoE's and the shared expert's gate) exact, as
+          tern's fp32 router; attention exact.
 Layers: --layers 3 (the default) is GDN, gated attention, GDN (the attention's rounding then passes through a GDN
 layer and two routers, and the model fits a 24 GB machine: each layer's 256 experts take 3.2 GB in fp32); --layers 4
 or more takes the model's own pattern, gated attention every fourth layer.
@@ -126,9 +130,16 @@ def quantised_groups(x, torch, qmax=32639.0):
     return (v * (m / qmax)).reshape(x.shape)
 
 
-def experts_forward(experts, torch, down16, gateup16=False, qmax=32639.0):
+def bf16_pair(x, torch):
+    """x as bf16 hi + lo (hi = bf16(x), lo = bf16(x − hi)): 16 significant bits, the prefill products' input."""
+    hi = x.to(torch.bfloat16).to(torch.float32)
+    return hi + (x - hi).to(torch.bfloat16).to(torch.float32)
+
+
+def experts_forward(experts, torch, down16, gateup16=False, qmax=32639.0, pair16=False):
     """A forward for transformers' fused Qwen3_5MoeExperts, each down product's input quantised (quantised_groups, at
-    qmax) with down16, each gate_up product's with gateup16, else exact (the fp32 control)."""
+    qmax) with down16, each gate_up product's with gateup16, both as bf16 pairs with pair16, else exact (the fp32
+    control)."""
     silu = torch.nn.functional.silu
 
     def forward(hidden_states, top_k_index, top_k_weights):
@@ -138,9 +149,11 @@ def experts_forward(experts, torch, down16, gateup16=False, qmax=32639.0):
                 continue
             token, slot = torch.where(top_k_index == e)
             x = quantised_groups(hidden_states[token], torch, qmax) if gateup16 else hidden_states[token]
+            x = bf16_pair(x, torch) if pair16 else x
             gate, up = torch.nn.functional.linear(x, experts.gate_up_proj[e]).chunk(2, dim=-1)
             h = silu(gate) * up
             h = quantised_groups(h, torch, qmax) if down16 else h
+            h = bf16_pair(h, torch) if pair16 else h
             y = torch.nn.functional.linear(h, experts.down_proj[e]) * top_k_weights[token, slot, None]
             out.index_add_(0, token, y.to(out.dtype))
         return out
@@ -165,11 +178,24 @@ def emulate_experts(model, kind, torch):
             continue
         down16, gateup16 = kind in ("down16", "moe16", "moe24"), kind in ("gateup16", "moe16", "moe24")
         qmax = 8355711.0 if kind == "moe24" else 32639.0
-        mlp.experts.forward = experts_forward(mlp.experts, torch, down16, gateup16, qmax)
+        mlp.experts.forward = experts_forward(mlp.experts, torch, down16, gateup16, qmax, pair16=kind == "lin16")
         for on, m in ((down16, mlp.shared_expert.down_proj), (gateup16, mlp.shared_expert)):
             if on:
                 m._hook16 = m.register_forward_pre_hook(
                     lambda _m, inputs, q=qmax: (quantised_groups(inputs[0], torch, q),))
+
+
+def emulate_linear_inputs(model, on, torch):
+    """With `on`, every nn.Linear's input as bf16 hi + lo (bf16_pair) but the routers' (mlp.gate, shared_expert_gate:
+    fp32 in tern); else the hooks removed."""
+    for h in getattr(model, "_pair16_hooks", []):
+        h.remove()
+    model._pair16_hooks = []
+    if not on:
+        return
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.Linear) and not name.endswith(("mlp.gate", "shared_expert_gate")):
+            model._pair16_hooks.append(m.register_forward_pre_hook(lambda _m, inputs: (bf16_pair(inputs[0], torch),)))
 
 
 def compare(ref, got, tokens, torch):
@@ -214,7 +240,7 @@ def main():
     for k in kinds:
         bits = significant_bits(k) or significant_bits(k, "qpb")
         named = ("fp32", "kv16", "k16", "v16", "kvi16", "qp16", "q16", "p16", "i16", "attn16", "down16", "gateup16",
-                 "moe16", "moe24")
+                 "moe16", "moe24", "lin16")
         if k not in named and not (bits and 2 <= bits <= 24):
             sys.exit(f"rounding_effect: unknown emulation {k} ({', '.join(named)}, kvbN or qpbN with N 2..24)")
     if args.layers != 3 and args.layers < 4:
@@ -224,7 +250,8 @@ def main():
     from transformers import AttentionInterface
 
     torch.set_grad_enabled(False)
-    moe_kinds = {"down16", "gateup16", "moe16", "moe24"}  # roundings of the experts' inputs, the attention exact
+    # roundings of the products' inputs, the attention exact
+    moe_kinds = {"down16", "gateup16", "moe16", "moe24", "lin16"}
     for k in {"fp32", *kinds} - moe_kinds:
         AttentionInterface.register("tern_" + k, emulated_attention(torch, k))
     # build_model's arguments, as gpu_reference.py's defaults for the fidelity check
@@ -245,11 +272,13 @@ def main():
             model.set_attn_implementation("tern_fp32" if kind in moe_kinds else impl)
             experts = None if kind is None else kind if kind in moe_kinds else "fp32"
             emulate_experts(model, experts, torch)
+            emulate_linear_inputs(model, kind == "lin16", torch)
             t0 = time.time()
             runs[impl] = model(input_ids=tokens[None].to(dev), use_cache=False).logits[0].float().cpu()
             log(f"  {impl}: {time.time() - t0:.1f} s")
         # the comparisons' and the next seed's memory (the emulated forwards hold their modules: a cycle)
         emulate_experts(model, None, torch)
+        emulate_linear_inputs(model, False, torch)
         del model
         gc.collect()
         for k in kinds:

@@ -1,8 +1,9 @@
 """tests/oracles/rounding_effect.py (issue 29: how far one of the CUDA path's roundings alone moves the trained-scale
 oracle) on a small model of the real head widths, fresh seed each run: its control (the script's own attention and
 experts without a rounding) sits at fp32's noise against transformers; each emulated rounding moves the logits beyond
-it; K and V rounded to 11 significant bits give what fp16 gives, to 24 what no rounding gives; and the model without a
-checkpoint (the script's) holds the values the checkpoint path gives."""
+it (every product's input as bf16 hi + lo too); K and V rounded to 11 significant bits give what fp16 gives, to 24
+what no rounding gives; and the model without a checkpoint (the script's) holds the values the checkpoint path
+gives."""
 import argparse
 import pathlib
 import re
@@ -15,7 +16,8 @@ LINE = re.compile(r"^seed (\d+) (\w+): mean KL (\S+) \(median (\S+)\), perplexit
 
 
 def test_control_at_fp32_noise_and_each_rounding_above_it(seed):
-    kinds = "fp32,kv16,k16,v16,kvb11,kvb24,kvi16,qp16,q16,p16,qpb14,i16,attn16,down16,gateup16,moe16,moe24"
+    # lin16 before kvb24: its hooks must be gone for the runs after it (kvb24 gives fp32's logits exactly)
+    kinds = "fp32,kv16,k16,v16,kvb11,lin16,kvb24,kvi16,qp16,q16,p16,qpb14,i16,attn16,down16,gateup16,moe16,moe24"
     r = subprocess.run([sys.executable, ORACLES / "rounding_effect.py", "--seeds", str(seed), "--preset", "realdims",
                         "--positions", "64", "--emulate", kinds],
                        capture_output=True, text=True, timeout=600)
@@ -39,6 +41,8 @@ def test_control_at_fp32_noise_and_each_rounding_above_it(seed):
     assert kl["i16"] < kl["attn16"], f"seed {seed}: {kl}"
     for k in ("down16", "gateup16", "moe16"):
         assert kl[k] > kl["fp32"], f"seed {seed}: {k}: {kl}"
+    # every product's input as bf16 hi + lo (the prefill's 16 significant bits)
+    assert kl["lin16"] > 100 * kl["fp32"], f"seed {seed}: lin16: {kl}"
     # the experts' inputs at 24 bits round 256 times finer than at 16
     assert kl["moe24"] < kl["moe16"], f"seed {seed}: {kl}"
     # 11 significant bits are fp16's (but for its subnormals and range); 24 are fp32's own: no rounding at all
