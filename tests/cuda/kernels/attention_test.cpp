@@ -268,15 +268,9 @@ class CudaAttentionKv : public ::testing::TestWithParam<bool> {};
 INSTANTIATE_TEST_SUITE_P(CacheType, CudaAttentionKv, ::testing::Values(true, false),
                          [](const ::testing::TestParamInfo<bool>& p) { return std::string(p.param ? "f16" : "bf16"); });
 
-// The demo model's attention (Hq 4, Hkv 2, dh 64, rot 16) and a dh-128 variant with 8:1 grouping.
-AttnDims small_dims(int Hq, int Hkv, int dh, int rot) {
-  AttnDims d;
-  d.Hq = Hq;
-  d.Hkv = Hkv;
-  d.dh = dh;
-  d.rot = rot;
-  return d;
-}
+// The demo model's attention (Hq 4, Hkv 2, dh 64, rot 16) and a dh-128 variant with 8:1 grouping, over AttnDims'
+// default cache type (kv_dims, attention_batch_tables.h).
+AttnDims small_dims(int Hq, int Hkv, int dh, int rot) { return kv_dims(AttnDims{}.kv, Hq, Hkv, dh, rot); }
 
 TEST_P(CudaAttentionKv, PrefillMatchesCpu) {
   TERN_REQUIRE_GPU();
