@@ -75,6 +75,28 @@ __device__ __forceinline__ void split_i16x2(uint32_t w, uint32_t& hi, uint32_t& 
   lo = hfma2_bits(lb, 0x38003800u, 0xe000e000u);                       // · 0.5 − 512
 }
 
+// a + b and a − b on fp16 pairs (round to nearest even; never fused with a neighbouring product).
+__device__ __forceinline__ uint32_t hadd2_bits(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("add.rn.f16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+__device__ __forceinline__ uint32_t hsub2_bits(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("sub.rn.f16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+// Two int16 v -> fp16 pairs with hi + lo = v / 2 exactly and lo small: hi = fp16(v / 2) (nearest even), lo = the rest
+// (0 for |v| <= 2048, at most 4 in magnitude above). split_i16x2's pair (h, l) summed by Fast2Sum: hi = fl(h + l),
+// lo = l − fl(hi − h), both steps exact because |h| >= 32 > |l| whenever h != 0 (h = 0: hi = l, lo = 0).
+__device__ __forceinline__ void split_i16x2_near(uint32_t w, uint32_t& hi, uint32_t& lo) {
+  uint32_t h, l;
+  split_i16x2(w, h, l);
+  hi = hadd2_bits(h, l);
+  lo = hsub2_bits(l, hsub2_bits(hi, h));
+}
+
 template <int N>
 __device__ __forceinline__ void split_i16_frag(const uint32_t (&b)[N], uint32_t (&hi)[N], uint32_t (&lo)[N]) {
 #pragma unroll
@@ -83,48 +105,52 @@ __device__ __forceinline__ void split_i16_frag(const uint32_t (&b)[N], uint32_t 
 
 // ---- the prefill: tiles staged as int16, then split into planes once a block -----------------------------------
 //
-// The prefill's 64 query rows a block read every K and V value four times (once a warp), so it splits each value once,
-// into an I16Tile's planes (hi = fp16(v), lo = v − hi: split8_f16, so that lo is 0 below 2048 and at most 8 above, and
-// the three products it keeps lose almost nothing), from a staging area that cp.async fills while the block computes:
-// the rows' int16 as copy_tile_async lays them out, then their 64 scales.
+// The prefill's 64 query rows a block read every K and V value four times (once a row group of warps), so it splits
+// each value once, into an I16Tile's planes, from a staging area that cp.async fills while the block computes: the
+// rows' int16 as copy_tile_async lays them out, then their 64 scales. The planes hold v / 2 as split_i16x2_near's
+// pairs (hi = fp16(v / 2), lo the rest: at most 4, so the lo·lo products the prefill drops lose almost nothing), made
+// by integer and fp16x2 instructions alone; the tile's scales are twice the rows' (exact), so a pair times its scale is
+// v times the row's scale.
 template <int DH>
 struct I16Staging {
   static constexpr uint32_t kScales = kBlockKeys * DH * 2;
   static constexpr uint32_t kBytes = kScales + kBlockKeys * 4;
 };
 
-// This thread's share of copying tile rows [0, 64) (row stride DH values; `scales` the rows' scales) into the staging
-// at `sdst` (a shared-window address): the values as copy_tile_async copies them, thread t < 64 row t's scale. Rows >=
-// valid_rows are zero-filled, not read. The caller commits.
-template <int DH>
+// This thread's share (of NTH) of copying tile rows [0, 64) (row stride DH values; `scales` the rows' scales) into
+// the staging at `sdst` (a shared-window address): the values as copy_tile_async copies them, thread t < 64 row t's
+// scale. Rows >= valid_rows are zero-filled, not read. The caller commits.
+template <int DH, int NTH>
 __device__ __forceinline__ void stage_tile_i16(uint32_t sdst, const uint16_t* src, const float* scales, int valid_rows,
                                                int tid) {
-  copy_tile_async<DH>(sdst, src, valid_rows, tid);
+  copy_tile_async<DH, NTH>(sdst, src, valid_rows, tid);
   if (tid < kBlockKeys)
     cp_async_4(sdst + I16Staging<DH>::kScales + 4 * tid, tid < valid_rows ? scales + tid : scales,
                tid < valid_rows ? 4u : 0u);
 }
 
 // The chunks and scale that this thread's stage_tile_i16 copied (its cp.async waited for) from the staging at `stg`
-// into the I16Tile at `dst` (generic pointers): v as hi and lo planes (split8_f16), the scale as it is. The
-// staging is then free for this thread's next stage_tile_i16; the tile is complete once every thread has done this.
-template <int DH>
+// into the I16Tile at `dst` (generic pointers): v as hi and lo planes (split_i16x2_near), the scale times 2. The staging
+// is then free for this thread's next stage_tile_i16; the tile is complete once every thread has done this.
+template <int DH, int NTH>
 __device__ __forceinline__ void unstage_tile_i16(const uint8_t* stg, uint8_t* dst, int tid) {
-  constexpr int CH = DH / 8, RP = 128 / CH;
+  constexpr int CH = DH / 8, RP = NTH / CH;
   const int c = tid % CH, r0 = tid / CH;
 #pragma unroll 4
   for (int i = 0; i < kBlockKeys / RP; ++i) {
     const uint32_t at = swz<DH>(r0 + i * RP, c);
-    float v[8];
-    codes8_i16(*reinterpret_cast<const uint4*>(stg + at), v);
+    const uint4 raw = *reinterpret_cast<const uint4*>(stg + at);
     uint4 hi, lo;
-    split8_f16(v, hi, lo);
+    split_i16x2_near(raw.x, hi.x, lo.x);
+    split_i16x2_near(raw.y, hi.y, lo.y);
+    split_i16x2_near(raw.z, hi.z, lo.z);
+    split_i16x2_near(raw.w, hi.w, lo.w);
     *reinterpret_cast<uint4*>(dst + at) = hi;
     *reinterpret_cast<uint4*>(dst + I16Tile<DH>::kPlane + at) = lo;
   }
   if (tid < kBlockKeys)
     reinterpret_cast<float*>(dst + I16Tile<DH>::kScales)[tid] =
-        reinterpret_cast<const float*>(stg + I16Staging<DH>::kScales)[tid];
+        2.0f * reinterpret_cast<const float*>(stg + I16Staging<DH>::kScales)[tid];
 }
 
 // The i16 decode's query rows r < R (r = t·G + hg: token t, head kvh·G + hg; q the sequence's [T, Hq, DH] fp32) as

@@ -14,7 +14,7 @@ namespace tern::cuda {
 namespace {
 
 constexpr int kBlockKeys = 64;        // keys per K/V tile in shared memory (both paths)
-constexpr int kPrefillRows = 64;      // new tokens per prefill block: 4 warps × 16 rows
+constexpr int kPrefillRows = 64;      // new tokens per prefill block: 4 row groups of 16 (a warp each, or two)
 constexpr int kDecodeMaxTokens = 8;   // T <= 8 takes the split-KV decode path
 constexpr int kDecodeMaxRows = 64;    // T·(Hq/Hkv) query rows per decode block: 4 warps × 16 rows at most
 constexpr int kMaxRopeHalf = 64;      // rot/2 <= 64

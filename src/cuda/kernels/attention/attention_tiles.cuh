@@ -38,14 +38,14 @@ template <KvDtype KV>
 constexpr bool kF16 = KV != KvDtype::bf16;
 template <KvDtype KV>
 constexpr bool kFp8 = KV == KvDtype::fp8;
-// The i16 cache (16-bit integers and a scale per row): the kernels then hold q, K, the softmax weights and V as fp16
-// hi + lo pairs (two planes of each shared-memory tile: hi = fp16(x), lo = fp16(x − hi)) and sum three products for
-// each of the fp16 path's one. The prefill's K and V tiles hold the rows' integers as exact pairs (hi = fp16(v), lo =
-// the rest) and their 64 scales (I16Tile) and sum hi·hi + hi·lo + lo·hi (lo·lo dropped); the decode's hold the int16
-// values themselves, split into pairs that hold v / 2 as each fragment is loaded, and keep all four products
-// (attention_i16_tiles.cuh). Each score is multiplied by its key's K scale (the decode: twice), and each softmax
-// weight by its key's V scale (twice) over the tile's power of two (the output accumulators then count in that power
-// of two, rescaled when it changes): q and the weights keep about 22 significant bits where fp16 keeps 11.
+// The i16 cache (16-bit integers and a scale per row): the kernels then hold q and the softmax weights as fp16 hi + lo
+// pairs (hi = fp16(x), lo = fp16(x − hi): about 22 significant bits where fp16 keeps 11) and the rows' integers v as
+// exact pairs that hold v / 2 (attention_i16_tiles.cuh), and sum the pairs' products on the tensor cores. The prefill
+// splits each K and V tile once a block into two planes (I16Tile; split_i16x2_near: hi = fp16(v / 2), lo at most 4)
+// and sums hi·hi + hi·lo + lo·hi (lo·lo dropped); the decode splits each fragment as it leaves its tile of int16
+// (split_i16x2) and keeps all four products. Each score is multiplied by twice its key's K scale, and each softmax
+// weight by twice its key's V scale over the tile's power of two (the output accumulators then count in that power
+// of two, rescaled when it changes).
 template <KvDtype KV>
 constexpr bool kI16 = KV == KvDtype::i16;
 // Whether the rows carry an fp32 scale each (fp8, i16), and the 16-bit tiles' planes in shared memory (i16: 2).
@@ -231,22 +231,14 @@ __device__ __forceinline__ void split8_f16(const float (&v)[8], uint4& hi, uint4
   split2_f16(v[6], v[7], hi.w, lo.w);
 }
 
-// 8 int16 (value e at half e) -> the 8 integers as floats (exact).
-__device__ __forceinline__ void codes8_i16(const uint4 raw, float (&v)[8]) {
-  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-  for (int e = 0; e < 8; ++e) v[e] = float(int16_t(uint16_t(w[e / 2] >> (16 * (e % 2)))));
-}
-
 // x · 2^k, exact unless the result is subnormal (k any int; the factor as a float where it is one).
 __device__ __forceinline__ float pow2_scale(float x, int k) {
   return k >= -126 && k <= 127 ? x * __int_as_float((k + 127) << 23) : ldexpf(x, k);
 }
 
 // An i16 K or V tile in shared memory (the prefill's; attention_i16_tiles.cuh, unstage_tile_i16): the rows' integers
-// as exact fp16 hi + lo (split8_f16: hi rounds to 11 significant bits, lo is the rest, at most 8 in magnitude), hi
-// [64][DH] at the tile's base, lo [64][DH] after it (both swizzled), then the 64 rows' scales (fp32; 0 for rows not
-// read).
+// v as exact fp16 pairs holding v / 2 (split_i16x2_near: hi = fp16(v / 2), lo = the rest, at most 4), hi [64][DH] at
+// the tile's base, lo [64][DH] after it (both swizzled), then twice the 64 rows' scales (fp32; 0 for rows not read).
 template <int DH>
 struct I16Tile {
   static constexpr uint32_t kPlane = kBlockKeys * DH * 2;             // the lo plane's offset
@@ -473,11 +465,11 @@ __device__ __forceinline__ void mask_scores(float (&s)[SN][4], const int (&rel_l
 
 __device__ __forceinline__ int clamp_rel(int64_t x, int hi) { return x < -1 ? -1 : x > hi ? hi : int(x); }
 
-// This thread's share of copying rows [0, 64) of a [rows][DH] 16-bit tile from global (row stride DH) into a
-// swizzled smem tile: rows tid/CH + i·(128/CH), chunk tid%CH. Rows >= valid_rows are zero-filled, not read.
-template <int DH>
+// This thread's share (of NTH threads) of copying rows [0, 64) of a [rows][DH] 16-bit tile from global (row stride
+// DH) into a swizzled smem tile: rows tid/CH + i·(NTH/CH), chunk tid%CH. Rows >= valid_rows are zero-filled, not read.
+template <int DH, int NTH = 128>
 __device__ __forceinline__ void copy_tile_async(uint32_t dst, const uint16_t* src, int valid_rows, int tid) {
-  constexpr int CH = DH / 8, RP = 128 / CH;
+  constexpr int CH = DH / 8, RP = NTH / CH;
   const int c = tid % CH, r0 = tid / CH;
   const uint16_t* s = src + r0 * DH + c * 8;
 #pragma unroll
