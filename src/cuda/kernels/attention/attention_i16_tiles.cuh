@@ -130,8 +130,8 @@ __device__ __forceinline__ void stage_tile_i16(uint32_t sdst, const uint16_t* sr
 }
 
 // The chunks and scale that this thread's stage_tile_i16 copied (its cp.async waited for) from the staging at `stg`
-// into the I16Tile at `dst` (generic pointers): v as hi and lo planes (split_i16x2_near), the scale times 2. The staging
-// is then free for this thread's next stage_tile_i16; the tile is complete once every thread has done this.
+// into the I16Tile at `dst` (generic pointers): v as hi and lo planes (split_i16x2_near), the scale times 2. The
+// staging is then free for this thread's next stage_tile_i16; the tile is complete once every thread has done this.
 template <int DH, int NTH>
 __device__ __forceinline__ void unstage_tile_i16(const uint8_t* stg, uint8_t* dst, int tid) {
   constexpr int CH = DH / 8, RP = NTH / CH;

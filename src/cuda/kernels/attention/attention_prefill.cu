@@ -28,21 +28,22 @@ namespace {
 
 // ---- prefill: flash attention, one block per (query head, 64 new tokens) ------------------------------------------
 //
-// Warp w owns query rows 16(w % 4)..+15 of the tile (tokens t0 + row), the whole head dim: O is 16×DH fp32 in
-// registers (DH/8 m16n8 accumulators), one warp a row group (4 warps) unless the keys are sliced (below). Shared memory: Q [64][DH], K [64][DH], V [64][DH] 16-bit, swizzled (96 KB at
-// DH = 256: two blocks of 4 warps per SM). The K and V tiles are single-buffered and overlapped as in
-// FlashAttention-2: V_j streams in while S = Q·K_jᵀ is computed, K_{j+1} while O += P·V_j. Key tiles run 0 → the
-// diagonal; keys past the block's last token (or past the cache rows written) are zero-filled and masked.
+// Warp w owns query rows 16(w % 4)..+15 of the tile (tokens t0 + row), the whole head dim: O is 16×DH fp32 in registers
+// (DH/8 m16n8 accumulators), one warp a row group (4 warps) unless the keys are sliced (below). Shared memory: Q
+// [64][DH], K [64][DH], V [64][DH] 16-bit, swizzled (96 KB at DH = 256: two blocks of 4 warps per SM). The K and V
+// tiles are single-buffered and overlapped as in FlashAttention-2: V_j streams in while S = Q·K_jᵀ is computed, K_{j+1}
+// while O += P·V_j. Key tiles run 0 → the diagonal; keys past the block's last token (or past the cache rows written)
+// are zero-filled and masked.
 //
-// With an i16 cache each tile is two planes, fp16 hi then lo, the K and V tiles with their rows' scales (I16Tile),
-// and a staging area that cp.async fills with a tile's int16 rows, split into the planes once a block
-// (attention_i16_tiles.cuh: 224.8 KB at DH = 256, one block per SM; scores_qk_split, accumulate_pv_split): V_j's
-// staged chunks are split before the barrier that precedes P·V_j, K_{j+1}'s after P·V_j. At head dims 128 and 256
-// that is one block an SM (by registers or shared memory), so the block has 8 warps (KS = 2 key slices): warps w and
-// w + 4 own the same 16 rows, w the first 32 keys of each tile and w + 4 the last 32, each with its own online
-// softmax. At the end warp w + 4 hands its maxima, sums and O to warp w through shared memory (over the tiles), and
-// warp w merges and writes, and a warp skips a slice of keys that every one of its rows is past. (At head dim 64
-// three blocks of 4 warps fit.)
+// With an i16 cache each tile is two planes, fp16 hi then lo, the K and V tiles with their rows' scales (I16Tile), and
+// a staging area that cp.async fills with a tile's int16 rows, split into the planes once a block
+// (attention_i16_tiles.cuh: 224.8 KB at DH = 256, one block per SM; scores_qk_split, accumulate_pv_split): V_j's staged
+// chunks are split before the barrier that precedes P·V_j, K_{j+1}'s after P·V_j. At head dims 128 and 256 that is one
+// block an SM (by registers or shared memory), so the block has 8 warps (KS = 2 key slices): warps w and w + 4 own the
+// same 16 rows, w the first 32 keys of each tile and w + 4 the last 32, each with its own online softmax. At the end
+// warp w + 4 hands its maxima, sums and O to warp w through shared memory (over the tiles), and warp w merges and
+// writes, and a warp skips a slice of keys that every one of its rows is past. (At head dim 64 three blocks of 4 warps
+// fit.)
 
 // Warps that share a row group, each a slice of a tile's keys.
 template <int DH, KvDtype KV>
