@@ -103,6 +103,13 @@ __device__ __forceinline__ void split_i16_frag(const uint32_t (&b)[N], uint32_t 
   for (int i = 0; i < N; ++i) split_i16x2(b[i], hi[i], lo[i]);
 }
 
+// c += a · (n-half h of a split fragment): its hi, then its lo (bh, bl: split_i16_frag of one ldmatrix_x4).
+__device__ __forceinline__ void mma16_pair(float c[4], const uint32_t a[4], const uint32_t (&bh)[4],
+                                           const uint32_t (&bl)[4], int h) {
+  mma16<true>(c, a, bh[2 * h], bh[2 * h + 1]);
+  mma16<true>(c, a, bl[2 * h], bl[2 * h + 1]);
+}
+
 // ---- the prefill: tiles staged as int16, then split into planes once a block -----------------------------------
 //
 // The prefill's 64 query rows a block read every K and V value four times (once a row group of warps), so it splits
@@ -198,12 +205,8 @@ __device__ __forceinline__ void scores_qk_i16(float (&s)[SN][4], uint32_t sq, ui
       split_i16_frag(b, bh, bl);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        mma16<true>(s[2 * p + h], ah, bh[2 * h], bh[2 * h + 1]);
-        mma16<true>(s[2 * p + h], ah, bl[2 * h], bl[2 * h + 1]);
-        if constexpr (!STACK) {
-          mma16<true>(t[2 * p + h], al, bh[2 * h], bh[2 * h + 1]);
-          mma16<true>(t[2 * p + h], al, bl[2 * h], bl[2 * h + 1]);
-        }
+        mma16_pair(s[2 * p + h], ah, bh, bl, h);
+        if constexpr (!STACK) mma16_pair(t[2 * p + h], al, bh, bl, h);
       }
     }
   }
@@ -269,10 +272,7 @@ __device__ __forceinline__ void accumulate_pv_i16(float (&o)[DH / 8][4], const f
         ldmatrix_x4_trans(b, sv + vo.at(np, 16 * kk));
         split_i16_frag(b, bh, bl);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          mma16<true>(o[2 * np + h], a, bh[2 * h], bh[2 * h + 1]);
-          mma16<true>(o[2 * np + h], a, bl[2 * h], bl[2 * h + 1]);
-        }
+        for (int h = 0; h < 2; ++h) mma16_pair(o[2 * np + h], a, bh, bl, h);
       }
     }
 #pragma unroll
@@ -292,10 +292,8 @@ __device__ __forceinline__ void accumulate_pv_i16(float (&o)[DH / 8][4], const f
         split_i16_frag(b, bh, bl);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          mma16<true>(o[2 * np + h], ah[kk], bh[2 * h], bh[2 * h + 1]);
-          mma16<true>(o[2 * np + h], ah[kk], bl[2 * h], bl[2 * h + 1]);
-          mma16<true>(t[h], al[kk], bh[2 * h], bh[2 * h + 1]);
-          mma16<true>(t[h], al[kk], bl[2 * h], bl[2 * h + 1]);
+          mma16_pair(o[2 * np + h], ah[kk], bh, bl, h);
+          mma16_pair(t[h], al[kk], bh, bl, h);
         }
       }
 #pragma unroll
