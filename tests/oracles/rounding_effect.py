@@ -33,6 +33,8 @@ tern's CUDA kernels do), each run with this script's attention and experts forwa
           bf16(x − hi): 16 significant bits): the attention's and the GDN's projections, the shared expert, the
           experts' gate_up and down, the LM head; the routers (the MoE's and the shared expert's gate) exact, as
           tern's fp32 router; attention exact.
+Two joined by "+" run together: an attention's rounding and a products' (i16+lin16: the prefill plan with the i16
+cache; i16+moe24: the one-token decode's experts with it).
 Layers: --layers 3 (the default) is GDN, gated attention, GDN (the attention's rounding then passes through a GDN
 layer and two routers, and the model fits a 24 GB machine: each layer's 256 experts take 3.2 GB in fp32); --layers 4
 or more takes the model's own pattern, gated attention every fourth layer.
@@ -198,6 +200,17 @@ def emulate_linear_inputs(model, on, torch):
             model._pair16_hooks.append(m.register_forward_pre_hook(lambda _m, inputs: (bf16_pair(inputs[0], torch),)))
 
 
+MOE_KINDS = {"down16", "gateup16", "moe16", "moe24", "lin16"}  # roundings of the products' inputs
+
+
+def attention_and_products(kind):
+    """An emulation's two parts: its attention's rounding ("fp32": none) and its products' (a MOE_KINDS name, or None:
+    none). kind is one name, or an attention's and a products' rounding joined by "+" (i16+lin16)."""
+    parts = kind.split("+")
+    att = next((p for p in parts if p not in MOE_KINDS), "fp32")
+    return att, next((p for p in parts if p in MOE_KINDS), None)
+
+
 def compare(ref, got, tokens, torch):
     """compare_logits of tests/cuda/runner/fidelity_util.h: teacher-forced over positions 0..n-2 (in fp64, 32
     positions at a time: a 248,320-word vocabulary makes each position's row 2 MB)."""
@@ -237,12 +250,16 @@ def main():
                     help="make_model.py's PRESETS (realdims: a quick run)")
     args = ap.parse_args()
     kinds = [k for k in args.emulate.split(",") if k]
+    named = ("fp32", "kv16", "k16", "v16", "kvi16", "qp16", "q16", "p16", "i16", "attn16", "down16", "gateup16",
+             "moe16", "moe24", "lin16")
     for k in kinds:
-        bits = significant_bits(k) or significant_bits(k, "qpb")
-        named = ("fp32", "kv16", "k16", "v16", "kvi16", "qp16", "q16", "p16", "i16", "attn16", "down16", "gateup16",
-                 "moe16", "moe24", "lin16")
-        if k not in named and not (bits and 2 <= bits <= 24):
-            sys.exit(f"rounding_effect: unknown emulation {k} ({', '.join(named)}, kvbN or qpbN with N 2..24)")
+        parts = k.split("+")
+        for part in parts:
+            bits = significant_bits(part) or significant_bits(part, "qpb")
+            if part not in named and not (bits and 2 <= bits <= 24):
+                sys.exit(f"rounding_effect: unknown emulation {part} ({', '.join(named)}, kvbN or qpbN with N 2..24)")
+        if len(parts) > 2 or (len(parts) == 2 and sum(p in MOE_KINDS for p in parts) != 1):
+            sys.exit(f"rounding_effect: {k}: a combination is one attention rounding + one products' rounding")
     if args.layers != 3 and args.layers < 4:
         sys.exit("rounding_effect: --layers 3, or 4 and more (a gated-attention layer is needed)")
 
@@ -250,10 +267,10 @@ def main():
     from transformers import AttentionInterface
 
     torch.set_grad_enabled(False)
-    # roundings of the products' inputs, the attention exact
-    moe_kinds = {"down16", "gateup16", "moe16", "moe24", "lin16"}
-    for k in {"fp32", *kinds} - moe_kinds:
-        AttentionInterface.register("tern_" + k, emulated_attention(torch, k))
+    # each emulation's attention rounding (fp32: exact) and products' rounding (None: exact)
+    split = {k: attention_and_products(k) for k in kinds}
+    for att in {"fp32", *(a for a, _ in split.values())}:
+        AttentionInterface.register("tern_" + att, emulated_attention(torch, att))
     # build_model's arguments, as gpu_reference.py's defaults for the fidelity check
     margs = argparse.Namespace(preset=args.preset, layers=args.layers, scales="trained", weights="q4",
                                lm_head_std=0.1)
@@ -269,10 +286,10 @@ def main():
             # the attention: transformers' eager, or this script's (exact for fp32 and the experts' roundings); the
             # experts: transformers' for the reference, this script's for every emulation
             kind = None if impl == "eager" else impl[len("tern_"):]
-            model.set_attn_implementation("tern_fp32" if kind in moe_kinds else impl)
-            experts = None if kind is None else kind if kind in moe_kinds else "fp32"
-            emulate_experts(model, experts, torch)
-            emulate_linear_inputs(model, kind == "lin16", torch)
+            att, products = (None, None) if kind is None else split[kind]
+            model.set_attn_implementation("eager" if att is None else "tern_" + att)
+            emulate_experts(model, None if kind is None else products or "fp32", torch)
+            emulate_linear_inputs(model, products == "lin16", torch)
             t0 = time.time()
             runs[impl] = model(input_ids=tokens[None].to(dev), use_cache=False).logits[0].float().cpu()
             log(f"  {impl}: {time.time() - t0:.1f} s")

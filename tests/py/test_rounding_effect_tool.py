@@ -12,12 +12,13 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ORACLES = ROOT / "tests" / "oracles"
-LINE = re.compile(r"^seed (\d+) (\w+): mean KL (\S+) \(median (\S+)\), perplexity (\S+)%, top-1 (\S+)%")
+LINE = re.compile(r"^seed (\d+) ([\w+]+): mean KL (\S+) \(median (\S+)\), perplexity (\S+)%, top-1 (\S+)%")
 
 
 def test_control_at_fp32_noise_and_each_rounding_above_it(seed):
     # lin16 before kvb24: its hooks must be gone for the runs after it (kvb24 gives fp32's logits exactly)
-    kinds = "fp32,kv16,k16,v16,kvb11,lin16,kvb24,kvi16,qp16,q16,p16,qpb14,i16,attn16,down16,gateup16,moe16,moe24"
+    kinds = ("fp32,kv16,k16,v16,kvb11,lin16,kvb24,kvi16,qp16,q16,p16,qpb14,i16,attn16,down16,gateup16,moe16,moe24,"
+             "i16+lin16")
     r = subprocess.run([sys.executable, ORACLES / "rounding_effect.py", "--seeds", str(seed), "--preset", "realdims",
                         "--positions", "64", "--emulate", kinds],
                        capture_output=True, text=True, timeout=600)
@@ -43,6 +44,9 @@ def test_control_at_fp32_noise_and_each_rounding_above_it(seed):
         assert kl[k] > kl["fp32"], f"seed {seed}: {k}: {kl}"
     # every product's input as bf16 hi + lo (the prefill's 16 significant bits)
     assert kl["lin16"] > 100 * kl["fp32"], f"seed {seed}: lin16: {kl}"
+    # two roundings joined run together: each moves the logits, so the pair differs from either alone
+    assert kl["i16+lin16"] > 100 * kl["fp32"], f"seed {seed}: {kl}"
+    assert kl["i16+lin16"] not in (kl["i16"], kl["lin16"]), f"seed {seed}: {kl}"
     # the experts' inputs at 24 bits round 256 times finer than at 16
     assert kl["moe24"] < kl["moe16"], f"seed {seed}: {kl}"
     # 11 significant bits are fp16's (but for its subnormals and range); 24 are fp32's own: no rounding at all
