@@ -257,9 +257,11 @@ def main():
         for part in parts:
             bits = significant_bits(part) or significant_bits(part, "qpb")
             if part not in named and not (bits and 2 <= bits <= 24):
-                sys.exit(f"rounding_effect: unknown emulation {part} ({', '.join(named)}, kvbN or qpbN with N 2..24)")
+                sys.exit(f"rounding_effect: {k}: unknown emulation '{part}' ({', '.join(named)}, kvbN or qpbN with N "
+                         "2..24)")
         if len(parts) > 2 or (len(parts) == 2 and sum(p in MOE_KINDS for p in parts) != 1):
-            sys.exit(f"rounding_effect: {k}: a combination is one attention rounding + one products' rounding")
+            sys.exit(f"rounding_effect: {k}: a combination is one attention rounding + one products' rounding (one "
+                     f"of {', '.join(sorted(MOE_KINDS))})")
     if args.layers != 3 and args.layers < 4:
         sys.exit("rounding_effect: --layers 3, or 4 and more (a gated-attention layer is needed)")
 

@@ -44,9 +44,8 @@ def test_control_at_fp32_noise_and_each_rounding_above_it(seed):
         assert kl[k] > kl["fp32"], f"seed {seed}: {k}: {kl}"
     # every product's input as bf16 hi + lo (the prefill's 16 significant bits)
     assert kl["lin16"] > 100 * kl["fp32"], f"seed {seed}: lin16: {kl}"
-    # two roundings joined run together: each moves the logits, so the pair differs from either alone
-    assert kl["i16+lin16"] > 100 * kl["fp32"], f"seed {seed}: {kl}"
-    assert kl["i16+lin16"] not in (kl["i16"], kl["lin16"]), f"seed {seed}: {kl}"
+    # two roundings joined run together: the pair moves the logits more than either part alone
+    assert kl["i16+lin16"] > max(kl["i16"], kl["lin16"]), f"seed {seed}: {kl}"
     # the experts' inputs at 24 bits round 256 times finer than at 16
     assert kl["moe24"] < kl["moe16"], f"seed {seed}: {kl}"
     # 11 significant bits are fp16's (but for its subnormals and range); 24 are fp32's own: no rounding at all
