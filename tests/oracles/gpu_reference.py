@@ -87,6 +87,24 @@ def quantise(w, bits, torch, group=64, pack=True):
     return packed_np, s.squeeze(-1), b.squeeze(-1), deq
 
 
+def expert_codes(w, bits, torch, group=64):
+    """quantise's codes of a stacked expert tensor w [E, R, C], small: q as uint8 [E, R, C/64, 64], s and b in fp32
+    [E, R, C/64, 1]; (s * q.float() + b).reshape(E, R, C) is quantise's dequantised value bit for bit. Made 16 experts
+    at a time, as dequantised."""
+    E, R, C = w.shape
+    q = torch.empty(E, R, C // group, group, dtype=torch.uint8, device=w.device)
+    s = torch.empty(E, R, C // group, 1, dtype=torch.float32, device=w.device)
+    b = torch.empty_like(s)
+    qmax = (1 << bits) - 1
+    for e0 in range(0, E, 16):
+        g = w[e0:e0 + 16].reshape(-1, R, C // group, group).to(torch.float32)
+        mn, mx = g.amin(dim=-1, keepdim=True), g.amax(dim=-1, keepdim=True)
+        s[e0:e0 + 16] = bf16_round(torch.clamp((mx - mn) / qmax, min=1e-8), torch)
+        b[e0:e0 + 16] = bf16_round(mn, torch)
+        q[e0:e0 + 16] = torch.clamp(torch.round((g - b[e0:e0 + 16]) / s[e0:e0 + 16]), 0, qmax).to(torch.uint8)
+    return q, s, b
+
+
 def mlx_matrices(mlx, shape):
     """The MLX names (less .weight, .scales, .biases) of the matrix parameter named `mlx` (HF's name with MLX's prefix)
     of shape `shape`, each with the rows (a slice of axis 1) it takes from it, None for all of them: the experts'
@@ -121,11 +139,15 @@ def default_layer_types(layers):
     return ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)]
 
 
-def build_model(args, seed, dev, mdir=None, layer_types=None):
+def build_model(args, seed, dev, mdir=None, layer_types=None, lean_experts=False):
     """The random model of args (preset, layers, scales, weights, lm_head_std) drawn from `seed`, as transformers'
     Qwen3_5MoeForCausalLM in fp32 on `dev` holding the values tern reads (dequantised where quantised). With mdir,
     the MLX-layout checkpoint is written there too (config.json + model.safetensors); without it only the model is
-    made (less memory: nothing packed). layer_types: default_layer_types(args.layers) unless given."""
+    made (less memory: nothing packed). layer_types: default_layer_types(args.layers) unless given.
+    lean_experts (4-bit weights, no mdir): the routed experts are kept as their 4-bit codes instead, in each experts
+    module's `codes` (name -> expert_codes' q, s, b), their fp32 parameters left empty (a quarter of the memory: 8
+    layers fit a 24 GB machine), so only a forward that dequantises them (rounding_effect.py's) can run the model.
+    The same draws either way: the same model."""
     import torch
     from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
 
@@ -206,6 +228,15 @@ def build_model(args, seed, dev, mdir=None, layer_types=None):
                 bits = 8 if name.endswith(EIGHT_BIT) else 4
                 if bits == 8:
                     quant[mlx[: -len(".weight")]] = {"group_size": 64, "bits": 8}
+                if lean_experts and not ckpt and name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+                    module = model.get_submodule(name.rsplit(".", 1)[0])
+                    leaf = name.rsplit(".", 1)[1]
+                    if not hasattr(module, "codes"):
+                        module.codes = {}
+                    module.codes[leaf] = expert_codes(w, bits, torch)
+                    # the untouched empty parameter never took memory; an empty one in its place frees its address
+                    setattr(module, leaf, torch.nn.Parameter(torch.empty(0, device=dev), requires_grad=False))
+                    continue
                 if not ckpt:
                     p.copy_(dequantised(w, bits, torch))
                     continue

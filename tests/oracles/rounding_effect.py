@@ -5,9 +5,11 @@ test_cuda compares tern's logits with the reference (mean KL, median KL, perplex
 Runs on the CPU; no tern binary and no GPU involved.
 
     .venv/bin/python tests/oracles/rounding_effect.py --seeds 1,2 [--layers 3] [--positions 640]
-        [--emulate fp32,kv16,kvb19,attn16,down16] [--device cpu]
+        [--emulate fp32,kv16,kvb19,attn16,down16] [--device cpu] [--lean]
 
-The reference is transformers' own forward (its eager attention; its experts as it runs them). Emulations (what
+The reference is transformers' own forward (its eager attention; its experts as it runs them; with --lean, the
+experts held as their 4-bit codes so that 8 layers fit 24 GB, this script's exact experts forward, the fp32 control's
+arithmetic, which sits within 2e-11 of transformers' at 3 and 4 layers). Emulations (what
 tern's CUDA kernels do), each run with this script's attention and experts forward (the same arithmetic):
   fp32    none: this script's attention and experts without a rounding (a control: it must sit at fp32's noise);
   kv16    K (after its norm and RoPE) and V rounded to fp16, as the default KV cache (--kv-dtype f16) stores them
@@ -143,6 +145,13 @@ def experts_forward(experts, torch, down16, gateup16=False, qmax=32639.0, pair16
     qmax) with down16, each gate_up product's with gateup16, both as bf16 pairs with pair16, else exact (the fp32
     control)."""
     silu = torch.nn.functional.silu
+    codes = getattr(experts, "codes", None)  # build_model's lean_experts: dequantised here, one expert at a time
+
+    def weight(name, e):
+        if codes is None:
+            return getattr(experts, name)[e]
+        q, s, b = (t[e] for t in codes[name])
+        return (s * q.to(torch.float32) + b).reshape(q.shape[0], -1)
 
     def forward(hidden_states, top_k_index, top_k_weights):
         out = torch.zeros_like(hidden_states)
@@ -152,11 +161,11 @@ def experts_forward(experts, torch, down16, gateup16=False, qmax=32639.0, pair16
             token, slot = torch.where(top_k_index == e)
             x = quantised_groups(hidden_states[token], torch, qmax) if gateup16 else hidden_states[token]
             x = bf16_pair(x, torch) if pair16 else x
-            gate, up = torch.nn.functional.linear(x, experts.gate_up_proj[e]).chunk(2, dim=-1)
+            gate, up = torch.nn.functional.linear(x, weight("gate_up_proj", e)).chunk(2, dim=-1)
             h = silu(gate) * up
             h = quantised_groups(h, torch, qmax) if down16 else h
             h = bf16_pair(h, torch) if pair16 else h
-            y = torch.nn.functional.linear(h, experts.down_proj[e]) * top_k_weights[token, slot, None]
+            y = torch.nn.functional.linear(h, weight("down_proj", e)) * top_k_weights[token, slot, None]
             out.index_add_(0, token, y.to(out.dtype))
         return out
 
@@ -248,6 +257,9 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--preset", choices=sorted(PRESETS), default="fullwidth",
                     help="make_model.py's PRESETS (realdims: a quick run)")
+    ap.add_argument("--lean", action="store_true",
+                    help="the experts held as 4-bit codes (a quarter of the memory: 8 layers in 24 GB) and the "
+                         "reference's experts run by this script's exact forward, not transformers'")
     args = ap.parse_args()
     kinds = [k for k in args.emulate.split(",") if k]
     named = ("fp32", "kv16", "k16", "v16", "kvi16", "qp16", "q16", "p16", "i16", "attn16", "down16", "gateup16",
@@ -279,7 +291,7 @@ def main():
     dev = torch.device(args.device)
     for seed in [int(s) for s in args.seeds.split(",") if s]:
         log(f"seed {seed}: {args.layers} layers {layer_types_for(args.layers)}, {args.positions} positions")
-        model = build_model(margs, seed, dev, None, layer_types_for(args.layers))
+        model = build_model(margs, seed, dev, None, layer_types_for(args.layers), lean_experts=args.lean)
         V = model.config.vocab_size
         tg = torch.Generator(device="cpu").manual_seed(seed + 1)
         tokens = torch.randint(0, V, (args.positions,), generator=tg, dtype=torch.int64)
@@ -290,7 +302,9 @@ def main():
             kind = None if impl == "eager" else impl[len("tern_"):]
             att, products = (None, None) if kind is None else split[kind]
             model.set_attn_implementation("eager" if att is None else "tern_" + att)
-            emulate_experts(model, None if kind is None else products or "fp32", torch)
+            # (--lean: transformers' experts cannot read the codes; the reference takes this script's exact forward)
+            emulate_experts(model, "fp32" if kind is None and args.lean else
+                            None if kind is None else products or "fp32", torch)
             emulate_linear_inputs(model, products == "lin16", torch)
             t0 = time.time()
             runs[impl] = model(input_ids=tokens[None].to(dev), use_cache=False).logits[0].float().cpu()

@@ -82,3 +82,51 @@ def test_dequantised_in_slices_matches_the_whole_tensor(seed):
         w = torch.randn(shape, generator=g) * 0.02
         for bits in (4, 8):
             assert torch.equal(dequantised(w, bits, torch), quantise(w, bits, torch)[3]), f"seed {seed}: {shape}"
+
+
+def test_lean_experts_hold_the_same_model(seed):
+    """build_model's lean_experts (rounding_effect.py --lean, 8 layers in 24 GB): every parameter but the routed
+    experts' is the full model's, and each expert's codes dequantise (s·q + b, as the script's forward does) to the
+    full model's values bit for bit: the same draws, the same model."""
+    import torch
+
+    sys.path.insert(0, str(ORACLES))
+    from gpu_reference import build_model
+
+    args = argparse.Namespace(preset="realdims", layers=4, scales="trained", weights="q4", lm_head_std=0.1)
+    full = build_model(args, seed, torch.device("cpu"), None)
+    lean = build_model(args, seed, torch.device("cpu"), None, lean_experts=True)
+    a, b = dict(full.named_parameters()), dict(lean.named_parameters())
+    assert a.keys() == b.keys()
+    experts = 0
+    for name in a:
+        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            assert b[name].numel() == 0, f"seed {seed}: {name} holds its fp32 values"
+            q, s, sb = lean.get_submodule(name.rsplit(".", 1)[0]).codes[name.rsplit(".", 1)[1]]
+            assert q.dtype == torch.uint8 and int(q.max()) <= 15
+            deq = (s * q.to(torch.float32) + sb).reshape(q.shape[0], q.shape[1], -1)
+            assert torch.equal(deq, a[name]), f"seed {seed}: {name}'s codes"
+            experts += 1
+        else:
+            assert torch.equal(a[name], b[name]), f"seed {seed}: {name} differs"
+    assert experts == 2 * 4
+
+
+def test_lean_run_matches_the_full_one(seed):
+    """rounding_effect.py --lean (the experts as 4-bit codes, the reference's experts this script's exact forward)
+    gives the full model's findings: the control at fp32's noise, and each emulation's KL the full run's (the two
+    references differ by fp32's noise alone)."""
+    kinds = "fp32,i16+lin16,moe16"
+    runs = []
+    for lean in ([], ["--lean"]):
+        r = subprocess.run([sys.executable, ORACLES / "rounding_effect.py", "--seeds", str(seed), "--preset",
+                            "realdims", "--positions", "64", "--emulate", kinds, *lean],
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        runs.append({m.group(2): float(m.group(3)) for m in map(LINE.match, r.stdout.splitlines()) if m})
+    full, lean = runs
+    assert set(full) == set(lean) == set(kinds.split(",")), runs
+    assert lean["fp32"] < 1e-9, f"seed {seed}: {lean}"
+    for k in ("i16+lin16", "moe16"):
+        assert lean[k] > 100 * lean["fp32"], f"seed {seed}: {k}: {lean}"
+        assert abs(lean[k] / full[k] - 1) < 0.05, f"seed {seed}: {k}: full {full[k]}, lean {lean[k]}"
