@@ -34,7 +34,9 @@ tern's CUDA kernels do), each run with this script's attention and experts forwa
   lin16   every product's input as the prefill's warpgroup kernels take it, bf16 hi + lo (hi = bf16(x), lo =
           bf16(x − hi): 16 significant bits): the attention's and the GDN's projections, the shared expert, the
           experts' gate_up and down, the LM head; the routers (the MoE's and the shared expert's gate) exact, as
-          tern's fp32 router; attention exact.
+          tern's fp32 router; attention exact;
+  pre16   lin16, and the shared expert's gate (its 8-bit sigmoid gate) on x at 16 bits per group of 64, as the prefill
+          plan takes it (the first of the router's two 16-bit terms only: src/cuda/runner/prefill_plan.cu).
 Two joined by "+" run together: an attention's rounding and a products' (i16+lin16: the prefill plan with the i16
 cache; i16+moe24: the one-token decode's experts with it).
 Layers: --layers 3 (the default) is GDN, gated attention, GDN (the attention's rounding then passes through a GDN
@@ -189,16 +191,18 @@ def emulate_experts(model, kind, torch):
             continue
         down16, gateup16 = kind in ("down16", "moe16", "moe24"), kind in ("gateup16", "moe16", "moe24")
         qmax = 8355711.0 if kind == "moe24" else 32639.0
-        mlp.experts.forward = experts_forward(mlp.experts, torch, down16, gateup16, qmax, pair16=kind == "lin16")
+        mlp.experts.forward = experts_forward(mlp.experts, torch, down16, gateup16, qmax,
+                                              pair16=kind in ("lin16", "pre16"))
         for on, m in ((down16, mlp.shared_expert.down_proj), (gateup16, mlp.shared_expert)):
             if on:
                 m._hook16 = m.register_forward_pre_hook(
                     lambda _m, inputs, q=qmax: (quantised_groups(inputs[0], torch, q),))
 
 
-def emulate_linear_inputs(model, on, torch):
+def emulate_linear_inputs(model, on, torch, gate16=False):
     """With `on`, every nn.Linear's input as bf16 hi + lo (bf16_pair) but the routers' (mlp.gate, shared_expert_gate:
-    fp32 in tern); else the hooks removed."""
+    fp32 in tern); with gate16 too, shared_expert_gate's at 16 bits per group (quantised_groups); else the hooks
+    removed."""
     for h in getattr(model, "_pair16_hooks", []):
         h.remove()
     model._pair16_hooks = []
@@ -207,9 +211,12 @@ def emulate_linear_inputs(model, on, torch):
     for name, m in model.named_modules():
         if isinstance(m, torch.nn.Linear) and not name.endswith(("mlp.gate", "shared_expert_gate")):
             model._pair16_hooks.append(m.register_forward_pre_hook(lambda _m, inputs: (bf16_pair(inputs[0], torch),)))
+        elif gate16 and name.endswith("shared_expert_gate"):
+            model._pair16_hooks.append(
+                m.register_forward_pre_hook(lambda _m, inputs: (quantised_groups(inputs[0], torch),)))
 
 
-MOE_KINDS = {"down16", "gateup16", "moe16", "moe24", "lin16"}  # roundings of the products' inputs
+MOE_KINDS = {"down16", "gateup16", "moe16", "moe24", "lin16", "pre16"}  # roundings of the products' inputs
 
 
 def attention_and_products(kind):
@@ -263,7 +270,7 @@ def main():
     args = ap.parse_args()
     kinds = [k for k in args.emulate.split(",") if k]
     named = ("fp32", "kv16", "k16", "v16", "kvi16", "qp16", "q16", "p16", "i16", "attn16", "down16", "gateup16",
-             "moe16", "moe24", "lin16")
+             "moe16", "moe24", "lin16", "pre16")
     for k in kinds:
         parts = k.split("+")
         for part in parts:
@@ -295,7 +302,12 @@ def main():
         V = model.config.vocab_size
         tg = torch.Generator(device="cpu").manual_seed(seed + 1)
         tokens = torch.randint(0, V, (args.positions,), generator=tg, dtype=torch.int64)
-        runs = {}
+        runs, residuals = {}, {}
+        # each layer's output (the residual stream) per run, for the error by layer
+        captured = []
+        hooks = [layer.register_forward_hook(
+            lambda _m, _inputs, out: captured.append((out[0] if isinstance(out, tuple) else out)[0].detach().cpu()))
+            for layer in model.model.layers]
         for impl in ["eager"] + ["tern_" + k for k in kinds]:
             # the attention: transformers' eager, or this script's (exact for fp32 and the experts' roundings); the
             # experts: transformers' for the reference, this script's for every emulation
@@ -305,10 +317,14 @@ def main():
             # (--lean: transformers' experts cannot read the codes; the reference takes this script's exact forward)
             emulate_experts(model, "fp32" if kind is None and args.lean else
                             None if kind is None else products or "fp32", torch)
-            emulate_linear_inputs(model, products == "lin16", torch)
+            emulate_linear_inputs(model, products in ("lin16", "pre16"), torch, gate16=products == "pre16")
             t0 = time.time()
+            captured.clear()
             runs[impl] = model(input_ids=tokens[None].to(dev), use_cache=False).logits[0].float().cpu()
+            residuals[impl] = list(captured)
             log(f"  {impl}: {time.time() - t0:.1f} s")
+        for h in hooks:
+            h.remove()
         # the comparisons' and the next seed's memory (the emulated forwards hold their modules: a cycle)
         emulate_experts(model, None, torch)
         emulate_linear_inputs(model, False, torch)
@@ -321,7 +337,14 @@ def main():
             print(f"seed {seed} {k}: mean KL {f['kl']:.3g} (median {f['median_kl']:.3g}), perplexity "
                   f"{f['ppl']:+.4f}%, top-1 {f['top1']:.2f}%, worst 1% of positions {100 * f['worst_share']:.0f}% of "
                   f"the KL; worst: {worst}", flush=True)
-        del runs
+            # the residual's relative error after each layer: median position / worst position (a flipped expert
+            # choice moves a few positions, not the median)
+            errs = []
+            for want, got in zip(residuals["eager"], residuals["tern_" + k]):
+                rel = (got - want).norm(dim=-1) / want.norm(dim=-1).clamp_min(1e-30)
+                errs.append(f"{float(rel.median()):.2g}/{float(rel.max()):.2g}")
+            print(f"seed {seed} {k}: residual error by layer (median/worst position): {' '.join(errs)}", flush=True)
+        del runs, residuals
 
 
 if __name__ == "__main__":

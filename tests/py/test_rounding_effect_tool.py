@@ -12,13 +12,14 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ORACLES = ROOT / "tests" / "oracles"
+LAYERS = re.compile(r"^seed \d+ ([\w+]+): residual error by layer \(median/worst position\): (.*)$")
 LINE = re.compile(r"^seed (\d+) ([\w+]+): mean KL (\S+) \(median (\S+)\), perplexity (\S+)%, top-1 (\S+)%")
 
 
 def test_control_at_fp32_noise_and_each_rounding_above_it(seed):
     # lin16 before kvb24: its hooks must be gone for the runs after it (kvb24 gives fp32's logits exactly)
     kinds = ("fp32,kv16,k16,v16,kvb11,lin16,kvb24,kvi16,qp16,q16,p16,qpb14,i16,attn16,down16,gateup16,moe16,moe24,"
-             "i16+lin16")
+             "i16+lin16,pre16")
     r = subprocess.run([sys.executable, ORACLES / "rounding_effect.py", "--seeds", str(seed), "--preset", "realdims",
                         "--positions", "64", "--emulate", kinds],
                        capture_output=True, text=True, timeout=600)
@@ -30,6 +31,13 @@ def test_control_at_fp32_noise_and_each_rounding_above_it(seed):
             assert int(m.group(1)) == seed
             kl[m.group(2)] = float(m.group(3))
     assert set(kl) == set(kinds.split(",")), r.stdout
+    # every emulation's residual error by layer (median / worst position), one figure pair per layer; the control's
+    # at fp32's noise
+    by_layer = {m.group(1): m.group(2).split() for m in map(LAYERS.match, r.stdout.splitlines()) if m}
+    assert set(by_layer) == set(kl), r.stdout
+    assert all(len(v) == 3 for v in by_layer.values()), by_layer  # --layers 3, the default
+    assert max(float(x) for pair in by_layer["fp32"] for x in pair.split("/")) < 1e-5, by_layer["fp32"]
+    assert float(by_layer["lin16"][0].split("/")[0]) > 1e-7, by_layer["lin16"]
     assert kl["fp32"] < 1e-9, f"seed {seed}: the control is not at fp32's noise: {kl}"
     # fp16's 2^-11 rounding of K and V is far above fp32's noise; the 16-bit down inputs' ~1.5e-5 of a group's max
     # above it too
@@ -44,6 +52,8 @@ def test_control_at_fp32_noise_and_each_rounding_above_it(seed):
         assert kl[k] > kl["fp32"], f"seed {seed}: {k}: {kl}"
     # every product's input as bf16 hi + lo (the prefill's 16 significant bits)
     assert kl["lin16"] > 100 * kl["fp32"], f"seed {seed}: lin16: {kl}"
+    # the prefill's products as they are: lin16's, and the shared expert's gate on 16-bit x besides
+    assert kl["pre16"] > 100 * kl["fp32"] and kl["pre16"] != kl["lin16"], f"seed {seed}: pre16: {kl}"
     # two roundings joined run together: the pair moves the logits more than either part alone
     assert kl["i16+lin16"] > max(kl["i16"], kl["lin16"]), f"seed {seed}: {kl}"
     # the experts' inputs at 24 bits round 256 times finer than at 16
