@@ -35,8 +35,12 @@ tern's CUDA kernels do), each run with this script's attention and experts forwa
           bf16(x − hi): 16 significant bits): the attention's and the GDN's projections, the shared expert, the
           experts' gate_up and down, the LM head; the routers (the MoE's and the shared expert's gate) exact, as
           tern's fp32 router; attention exact;
+  lin16e, lin16m, lin16g, lin16t, lin16ab  lin16 at some products alone: the MoE blocks' (the routed and shared
+          experts), the mixers' (the attention's and the GDN's projections), the GDN's, the gated attention's; every
+          product but the GDN's two gates (in_proj_a, in_proj_b); lin16qkv, lin16z, lin16out: the GDN's in_proj_qkv,
+          in_proj_z, out_proj alone;
   pre16   lin16, and the shared expert's gate (its 8-bit sigmoid gate) on x at 16 bits per group of 64, as the prefill
-          plan takes it (the first of the router's two 16-bit terms only: src/cuda/runner/prefill_plan.cu).
+          plan took it until the forty-fifth session (the first of the router's two 16-bit terms only);
 Two joined by "+" run together: an attention's rounding and a products' (i16+lin16: the prefill plan with the i16
 cache; i16+moe24: the one-token decode's experts with it).
 Layers: --layers 3 (the default) is GDN, gated attention, GDN (the attention's rounding then passes through a GDN
@@ -142,10 +146,15 @@ def bf16_pair(x, torch):
     return hi + (x - hi).to(torch.bfloat16).to(torch.float32)
 
 
-def experts_forward(experts, torch, down16, gateup16=False, qmax=32639.0, pair16=False):
+def split_form(kind, torch):
+    """The products' input form of a products' rounding (lin16 and its SITES, pre16: bf16_pair), else None."""
+    return (lambda x: bf16_pair(x, torch)) if kind in ("pre16", *SITES) else None
+
+
+def experts_forward(experts, torch, down16, gateup16=False, qmax=32639.0, pair16=None):
     """A forward for transformers' fused Qwen3_5MoeExperts, each down product's input quantised (quantised_groups, at
-    qmax) with down16, each gate_up product's with gateup16, both as bf16 pairs with pair16, else exact (the fp32
-    control)."""
+    qmax) with down16, each gate_up product's with gateup16, both as pair16 makes them (a split_form), else exact (the
+    fp32 control)."""
     silu = torch.nn.functional.silu
     codes = getattr(experts, "codes", None)  # build_model's lean_experts: dequantised here, one expert at a time
 
@@ -162,11 +171,11 @@ def experts_forward(experts, torch, down16, gateup16=False, qmax=32639.0, pair16
                 continue
             token, slot = torch.where(top_k_index == e)
             x = quantised_groups(hidden_states[token], torch, qmax) if gateup16 else hidden_states[token]
-            x = bf16_pair(x, torch) if pair16 else x
+            x = pair16(x) if pair16 else x
             gate, up = torch.nn.functional.linear(x, weight("gate_up_proj", e)).chunk(2, dim=-1)
             h = silu(gate) * up
             h = quantised_groups(h, torch, qmax) if down16 else h
-            h = bf16_pair(h, torch) if pair16 else h
+            h = pair16(h) if pair16 else h
             y = torch.nn.functional.linear(h, weight("down_proj", e)) * top_k_weights[token, slot, None]
             out.index_add_(0, token, y.to(out.dtype))
         return out
@@ -192,31 +201,50 @@ def emulate_experts(model, kind, torch):
         down16, gateup16 = kind in ("down16", "moe16", "moe24"), kind in ("gateup16", "moe16", "moe24")
         qmax = 8355711.0 if kind == "moe24" else 32639.0
         mlp.experts.forward = experts_forward(mlp.experts, torch, down16, gateup16, qmax,
-                                              pair16=kind in ("lin16", "pre16"))
+                                              pair16=split_form(kind, torch) if kind in ("lin16", "pre16", "lin16e",
+                                                                                          "lin16ab") else None)
         for on, m in ((down16, mlp.shared_expert.down_proj), (gateup16, mlp.shared_expert)):
             if on:
                 m._hook16 = m.register_forward_pre_hook(
                     lambda _m, inputs, q=qmax: (quantised_groups(inputs[0], torch, q),))
 
 
-def emulate_linear_inputs(model, on, torch, gate16=False):
-    """With `on`, every nn.Linear's input as bf16 hi + lo (bf16_pair) but the routers' (mlp.gate, shared_expert_gate:
-    fp32 in tern); with gate16 too, shared_expert_gate's at 16 bits per group (quantised_groups); else the hooks
-    removed."""
+# lin16's sites by emulation: which products' inputs (nn.Linear modules by name) it rounds
+SITES = {
+    "lin16": lambda name: True,
+    "lin16e": lambda name: ".mlp." in name,                                   # the MoE block's (the shared expert's)
+    "lin16m": lambda name: ".linear_attn." in name or ".self_attn." in name,  # the mixers' projections
+    "lin16g": lambda name: ".linear_attn." in name,                           # the GDN's
+    "lin16t": lambda name: ".self_attn." in name,                             # the gated attention's
+    "lin16ab": lambda name: not name.endswith(("in_proj_a", "in_proj_b")),    # all but the GDN's two gates
+    "lin16qkv": lambda name: name.endswith("linear_attn.in_proj_qkv"),        # the GDN's q, k, v projection
+    "lin16z": lambda name: name.endswith("linear_attn.in_proj_z"),            # the GDN's output gate's
+    "lin16out": lambda name: name.endswith("linear_attn.out_proj"),           # the GDN's output projection
+}
+
+
+def emulate_linear_inputs(model, form, torch, gate16=False, sites="lin16"):
+    """With a form (split_form), every nn.Linear's input in it (bf16 hi + lo) but the routers'
+    (mlp.gate, shared_expert_gate: fp32 in tern); with gate16 too, shared_expert_gate's at 16 bits per group
+    (quantised_groups); with None, the hooks removed. sites: a SITES name (the routed experts' are
+    experts_forward's)."""
     for h in getattr(model, "_pair16_hooks", []):
         h.remove()
     model._pair16_hooks = []
-    if not on:
+    if form is None:
         return
     for name, m in model.named_modules():
+        if not SITES[sites](name):
+            continue
         if isinstance(m, torch.nn.Linear) and not name.endswith(("mlp.gate", "shared_expert_gate")):
-            model._pair16_hooks.append(m.register_forward_pre_hook(lambda _m, inputs: (bf16_pair(inputs[0], torch),)))
+            model._pair16_hooks.append(m.register_forward_pre_hook(lambda _m, inputs: (form(inputs[0]),)))
         elif gate16 and name.endswith("shared_expert_gate"):
             model._pair16_hooks.append(
                 m.register_forward_pre_hook(lambda _m, inputs: (quantised_groups(inputs[0], torch),)))
 
 
-MOE_KINDS = {"down16", "gateup16", "moe16", "moe24", "lin16", "pre16"}  # roundings of the products' inputs
+# roundings of the products' inputs
+MOE_KINDS = {"down16", "gateup16", "moe16", "moe24", "pre16", *SITES}
 
 
 def attention_and_products(kind):
@@ -270,7 +298,7 @@ def main():
     args = ap.parse_args()
     kinds = [k for k in args.emulate.split(",") if k]
     named = ("fp32", "kv16", "k16", "v16", "kvi16", "qp16", "q16", "p16", "i16", "attn16", "down16", "gateup16",
-             "moe16", "moe24", "lin16", "pre16")
+             "moe16", "moe24", "pre16", *SITES)
     for k in kinds:
         parts = k.split("+")
         for part in parts:
@@ -317,7 +345,8 @@ def main():
             # (--lean: transformers' experts cannot read the codes; the reference takes this script's exact forward)
             emulate_experts(model, "fp32" if kind is None and args.lean else
                             None if kind is None else products or "fp32", torch)
-            emulate_linear_inputs(model, products in ("lin16", "pre16"), torch, gate16=products == "pre16")
+            emulate_linear_inputs(model, split_form(products, torch), torch, gate16=products == "pre16",
+                                  sites=products if products in SITES else "lin16")
             t0 = time.time()
             captured.clear()
             runs[impl] = model(input_ids=tokens[None].to(dev), use_cache=False).logits[0].float().cpu()
@@ -327,7 +356,7 @@ def main():
             h.remove()
         # the comparisons' and the next seed's memory (the emulated forwards hold their modules: a cycle)
         emulate_experts(model, None, torch)
-        emulate_linear_inputs(model, False, torch)
+        emulate_linear_inputs(model, None, torch)
         del model
         gc.collect()
         for k in kinds:
