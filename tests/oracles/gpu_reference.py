@@ -151,6 +151,9 @@ def build_model(args, seed, dev, mdir=None, layer_types=None, lean_experts=False
     import torch
     from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
 
+    if lean_experts and (mdir is not None or args.weights != "q4"):
+        raise ValueError("lean_experts holds 4-bit codes: q4 weights and no checkpoint (mdir None) only")
+
     trained = args.scales == "trained"
     norm_std = 0.05 if trained else 0.1
     wide_std = 0.02 if trained else 1.0  # router and embeddings
@@ -200,7 +203,7 @@ def build_model(args, seed, dev, mdir=None, layer_types=None, lean_experts=False
             elif name.endswith("embed_tokens.weight"):
                 w = randn() * wide_std
             else:
-                w = randn() * 0.02
+                w = randn().mul_(0.02)  # in place: the same values, one fewer copy of a layer's experts alive
             # HF model.X -> MLX language_model.model.X; lm_head.weight -> language_model.lm_head.weight
             mlx = "language_model." + name
             if name.endswith(ZERO_CENTRED) or name == "model.norm.weight":
@@ -234,7 +237,9 @@ def build_model(args, seed, dev, mdir=None, layer_types=None, lean_experts=False
                     if not hasattr(module, "codes"):
                         module.codes = {}
                     module.codes[leaf] = expert_codes(w, bits, torch)
-                    # the untouched empty parameter never took memory; an empty one in its place frees its address
+                    del w  # before the next draw: one layer's experts in fp32 at a time
+                    # the old parameter, never written, took no memory on the CPU (on a GPU it did: lean saves
+                    # nothing there); it is released when the loop ends
                     setattr(module, leaf, torch.nn.Parameter(torch.empty(0, device=dev), requires_grad=False))
                     continue
                 if not ckpt:

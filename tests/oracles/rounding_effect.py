@@ -9,7 +9,7 @@ Runs on the CPU; no tern binary and no GPU involved.
 
 The reference is transformers' own forward (its eager attention; its experts as it runs them; with --lean, the
 experts held as their 4-bit codes so that 8 layers fit 24 GB, this script's exact experts forward, the fp32 control's
-arithmetic, which sits within 2e-11 of transformers' at 3 and 4 layers). Emulations (what
+arithmetic, whose mean KL against transformers' is 2e-11 at 3 and 4 layers). Emulations (what
 tern's CUDA kernels do), each run with this script's attention and experts forward (the same arithmetic):
   fp32    none: this script's attention and experts without a rounding (a control: it must sit at fp32's noise);
   kv16    K (after its norm and RoPE) and V rounded to fp16, as the default KV cache (--kv-dtype f16) stores them
@@ -38,7 +38,7 @@ tern's CUDA kernels do), each run with this script's attention and experts forwa
   lin16e, lin16m, lin16g, lin16t, lin16ab  lin16 at some products alone: the MoE blocks' (the routed and shared
           experts), the mixers' (the attention's and the GDN's projections), the GDN's, the gated attention's; every
           product but the GDN's two gates (in_proj_a, in_proj_b); lin16qkv, lin16z, lin16out: the GDN's in_proj_qkv,
-          in_proj_z, out_proj alone;
+          in_proj_z, out_proj alone; lin16xqkv: every product but in_proj_qkv;
   pre16   lin16, and the shared expert's gate (its 8-bit sigmoid gate) on x at 16 bits per group of 64, as the prefill
           plan took it until the forty-fifth session (the first of the router's two 16-bit terms only);
 Two joined by "+" run together: an attention's rounding and a products' (i16+lin16: the prefill plan with the i16
@@ -183,9 +183,17 @@ def experts_forward(experts, torch, down16, gateup16=False, qmax=32639.0, pair16
     return forward
 
 
+def rounds_routed_experts(kind):
+    """Whether a products' rounding of the bf16-pair form (split_form) takes in the routed experts' products (pre16, and
+    the SITES whose products include the MoE block's)."""
+    return kind == "pre16" or (kind in SITES and SITES[kind]("model.layers.0.mlp.experts"))
+
+
 def emulate_experts(model, kind, torch):
     """Gives every MoE block of the model this script's experts forward (kind fp32: exact; down16: the down inputs
-    quantised, the shared expert's too) or, with kind None, transformers' own back."""
+    quantised, the shared expert's too; gateup16, moe16, moe24 likewise; lin16 and the SITES that include the MoE
+    block, pre16: the routed experts' inputs as bf16 pairs, the shared expert's by emulate_linear_inputs) or, with kind
+    None, transformers' own back."""
     for layer in model.model.layers:
         mlp = layer.mlp
         if not hasattr(mlp.experts, "_transformers_forward"):
@@ -201,8 +209,8 @@ def emulate_experts(model, kind, torch):
         down16, gateup16 = kind in ("down16", "moe16", "moe24"), kind in ("gateup16", "moe16", "moe24")
         qmax = 8355711.0 if kind == "moe24" else 32639.0
         mlp.experts.forward = experts_forward(mlp.experts, torch, down16, gateup16, qmax,
-                                              pair16=split_form(kind, torch) if kind in ("lin16", "pre16", "lin16e",
-                                                                                          "lin16ab") else None)
+                                              pair16=split_form(kind, torch) if rounds_routed_experts(kind)
+                                              else None)
         for on, m in ((down16, mlp.shared_expert.down_proj), (gateup16, mlp.shared_expert)):
             if on:
                 m._hook16 = m.register_forward_pre_hook(
@@ -220,14 +228,15 @@ SITES = {
     "lin16qkv": lambda name: name.endswith("linear_attn.in_proj_qkv"),        # the GDN's q, k, v projection
     "lin16z": lambda name: name.endswith("linear_attn.in_proj_z"),            # the GDN's output gate's
     "lin16out": lambda name: name.endswith("linear_attn.out_proj"),           # the GDN's output projection
+    "lin16xqkv": lambda name: not name.endswith("linear_attn.in_proj_qkv"),   # all but in_proj_qkv (24 bits there)
 }
 
 
 def emulate_linear_inputs(model, form, torch, gate16=False, sites="lin16"):
-    """With a form (split_form), every nn.Linear's input in it (bf16 hi + lo) but the routers'
-    (mlp.gate, shared_expert_gate: fp32 in tern); with gate16 too, shared_expert_gate's at 16 bits per group
-    (quantised_groups); with None, the hooks removed. sites: a SITES name (the routed experts' are
-    experts_forward's)."""
+    """With a form (split_form), the input of each nn.Linear that SITES[sites] takes (by module name) in it (bf16 hi +
+    lo), never the routers' (mlp.gate, shared_expert_gate: fp32 in tern); with gate16 too, shared_expert_gate's at 16
+    bits per group (quantised_groups); with None, the hooks removed. (The routed experts' products are
+    experts_forward's.)"""
     for h in getattr(model, "_pair16_hooks", []):
         h.remove()
     model._pair16_hooks = []
@@ -338,7 +347,8 @@ def main():
             for layer in model.model.layers]
         for impl in ["eager"] + ["tern_" + k for k in kinds]:
             # the attention: transformers' eager, or this script's (exact for fp32 and the experts' roundings); the
-            # experts: transformers' for the reference, this script's for every emulation
+            # experts: transformers' for the reference (this script's exact one with --lean), this script's for every
+            # emulation
             kind = None if impl == "eager" else impl[len("tern_"):]
             att, products = (None, None) if kind is None else split[kind]
             model.set_attn_implementation("eager" if att is None else "tern_" + att)
