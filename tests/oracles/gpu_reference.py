@@ -62,6 +62,17 @@ def dequantised(w, bits, torch, group=64):
     return out
 
 
+def affine_groups(w, bits, torch, group=64):
+    """quantise's arithmetic: w's groups of `group` along the last axis as codes q (fp32 integers in [0, 2^bits − 1],
+    [..., C/group, group]), scales s and biases b (bf16-rounded, fp32, [..., C/group, 1]); s·q + b dequantises."""
+    qmax = (1 << bits) - 1
+    g = w.reshape(*w.shape[:-1], w.shape[-1] // group, group).to(torch.float32)
+    mn, mx = g.amin(dim=-1, keepdim=True), g.amax(dim=-1, keepdim=True)
+    s = bf16_round(torch.clamp((mx - mn) / qmax, min=1e-8), torch)
+    b = bf16_round(mn, torch)
+    return torch.clamp(torch.round((g - b) / s), 0, qmax), s, b
+
+
 def quantise(w, bits, torch, group=64, pack=True):
     """MLX affine quantisation along the last axis: returns (packed uint32 ndarray, scales, biases, dequantised);
     packed is None without pack.
@@ -69,13 +80,8 @@ def quantise(w, bits, torch, group=64, pack=True):
     s = (max - min) / (2^bits - 1) and b = min per group, both rounded to bf16; q = round((w - b) / s) clamped.
     The reference uses s·q + b in fp32, exactly what tern's kernels compute from the stored values.
     """
-    qmax = (1 << bits) - 1
     shape = w.shape
-    g = w.reshape(*shape[:-1], shape[-1] // group, group).to(torch.float32)
-    mn, mx = g.amin(dim=-1, keepdim=True), g.amax(dim=-1, keepdim=True)
-    s = bf16_round(torch.clamp((mx - mn) / qmax, min=1e-8), torch)
-    b = bf16_round(mn, torch)
-    q = torch.clamp(torch.round((g - b) / s), 0, qmax)
+    q, s, b = affine_groups(w, bits, torch, group)
     deq = (s * q + b).reshape(shape)
     if not pack:
         return None, s.squeeze(-1), b.squeeze(-1), deq
@@ -95,13 +101,9 @@ def expert_codes(w, bits, torch, group=64):
     q = torch.empty(E, R, C // group, group, dtype=torch.uint8, device=w.device)
     s = torch.empty(E, R, C // group, 1, dtype=torch.float32, device=w.device)
     b = torch.empty_like(s)
-    qmax = (1 << bits) - 1
     for e0 in range(0, E, 16):
-        g = w[e0:e0 + 16].reshape(-1, R, C // group, group).to(torch.float32)
-        mn, mx = g.amin(dim=-1, keepdim=True), g.amax(dim=-1, keepdim=True)
-        s[e0:e0 + 16] = bf16_round(torch.clamp((mx - mn) / qmax, min=1e-8), torch)
-        b[e0:e0 + 16] = bf16_round(mn, torch)
-        q[e0:e0 + 16] = torch.clamp(torch.round((g - b[e0:e0 + 16]) / s[e0:e0 + 16]), 0, qmax).to(torch.uint8)
+        qe, s[e0:e0 + 16], b[e0:e0 + 16] = affine_groups(w[e0:e0 + 16], bits, torch, group)
+        q[e0:e0 + 16] = qe.to(torch.uint8)
     return q, s, b
 
 

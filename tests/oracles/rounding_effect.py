@@ -146,15 +146,10 @@ def bf16_pair(x, torch):
     return hi + (x - hi).to(torch.bfloat16).to(torch.float32)
 
 
-def split_form(kind, torch):
-    """The products' input form of a products' rounding (lin16 and its SITES, pre16: bf16_pair), else None."""
-    return (lambda x: bf16_pair(x, torch)) if kind in ("pre16", *SITES) else None
-
-
-def experts_forward(experts, torch, down16, gateup16=False, qmax=32639.0, pair16=None):
+def experts_forward(experts, torch, down16, gateup16=False, qmax=32639.0, pair16=False):
     """A forward for transformers' fused Qwen3_5MoeExperts, each down product's input quantised (quantised_groups, at
-    qmax) with down16, each gate_up product's with gateup16, both as pair16 makes them (a split_form), else exact (the
-    fp32 control)."""
+    qmax) with down16, each gate_up product's with gateup16, both as bf16 pairs with pair16, else exact (the fp32
+    control)."""
     silu = torch.nn.functional.silu
     codes = getattr(experts, "codes", None)  # build_model's lean_experts: dequantised here, one expert at a time
 
@@ -171,11 +166,11 @@ def experts_forward(experts, torch, down16, gateup16=False, qmax=32639.0, pair16
                 continue
             token, slot = torch.where(top_k_index == e)
             x = quantised_groups(hidden_states[token], torch, qmax) if gateup16 else hidden_states[token]
-            x = pair16(x) if pair16 else x
+            x = bf16_pair(x, torch) if pair16 else x
             gate, up = torch.nn.functional.linear(x, weight("gate_up_proj", e)).chunk(2, dim=-1)
             h = silu(gate) * up
             h = quantised_groups(h, torch, qmax) if down16 else h
-            h = pair16(h) if pair16 else h
+            h = bf16_pair(h, torch) if pair16 else h
             y = torch.nn.functional.linear(h, weight("down_proj", e)) * top_k_weights[token, slot, None]
             out.index_add_(0, token, y.to(out.dtype))
         return out
@@ -183,10 +178,16 @@ def experts_forward(experts, torch, down16, gateup16=False, qmax=32639.0, pair16
     return forward
 
 
+def lin16_sites(kind):
+    """The SITES name whose products' inputs a products' rounding takes as bf16 pairs (pre16: lin16's), else None."""
+    return "lin16" if kind == "pre16" else kind if kind in SITES else None
+
+
 def rounds_routed_experts(kind):
-    """Whether a products' rounding of the bf16-pair form (split_form) takes in the routed experts' products (pre16, and
-    the SITES whose products include the MoE block's)."""
-    return kind == "pre16" or (kind in SITES and SITES[kind]("model.layers.0.mlp.experts"))
+    """Whether a products' rounding takes the routed experts' inputs as bf16 pairs (its sites include the MoE
+    block's)."""
+    sites = lin16_sites(kind)
+    return sites is not None and SITES[sites]("model.layers.0.mlp.experts")
 
 
 def emulate_experts(model, kind, torch):
@@ -209,8 +210,7 @@ def emulate_experts(model, kind, torch):
         down16, gateup16 = kind in ("down16", "moe16", "moe24"), kind in ("gateup16", "moe16", "moe24")
         qmax = 8355711.0 if kind == "moe24" else 32639.0
         mlp.experts.forward = experts_forward(mlp.experts, torch, down16, gateup16, qmax,
-                                              pair16=split_form(kind, torch) if rounds_routed_experts(kind)
-                                              else None)
+                                              pair16=rounds_routed_experts(kind))
         for on, m in ((down16, mlp.shared_expert.down_proj), (gateup16, mlp.shared_expert)):
             if on:
                 m._hook16 = m.register_forward_pre_hook(
@@ -232,21 +232,21 @@ SITES = {
 }
 
 
-def emulate_linear_inputs(model, form, torch, gate16=False, sites="lin16"):
-    """With a form (split_form), the input of each nn.Linear that SITES[sites] takes (by module name) in it (bf16 hi +
-    lo), never the routers' (mlp.gate, shared_expert_gate: fp32 in tern); with gate16 too, shared_expert_gate's at 16
-    bits per group (quantised_groups); with None, the hooks removed. (The routed experts' products are
+def emulate_linear_inputs(model, sites, torch, gate16=False):
+    """With sites (a SITES name), the input of each nn.Linear that SITES[sites] takes (by module name) as bf16 hi + lo,
+    never the routers' (mlp.gate, shared_expert_gate: fp32 in tern); with gate16 too, shared_expert_gate's at 16 bits
+    per group (quantised_groups); with None, the hooks removed. (The routed experts' products are
     experts_forward's.)"""
     for h in getattr(model, "_pair16_hooks", []):
         h.remove()
     model._pair16_hooks = []
-    if form is None:
+    if sites is None:
         return
     for name, m in model.named_modules():
         if not SITES[sites](name):
             continue
         if isinstance(m, torch.nn.Linear) and not name.endswith(("mlp.gate", "shared_expert_gate")):
-            model._pair16_hooks.append(m.register_forward_pre_hook(lambda _m, inputs: (form(inputs[0]),)))
+            model._pair16_hooks.append(m.register_forward_pre_hook(lambda _m, inputs: (bf16_pair(inputs[0], torch),)))
         elif gate16 and name.endswith("shared_expert_gate"):
             model._pair16_hooks.append(
                 m.register_forward_pre_hook(lambda _m, inputs: (quantised_groups(inputs[0], torch),)))
@@ -352,11 +352,12 @@ def main():
             kind = None if impl == "eager" else impl[len("tern_"):]
             att, products = (None, None) if kind is None else split[kind]
             model.set_attn_implementation("eager" if att is None else "tern_" + att)
-            # (--lean: transformers' experts cannot read the codes; the reference takes this script's exact forward)
-            emulate_experts(model, "fp32" if kind is None and args.lean else
-                            None if kind is None else products or "fp32", torch)
-            emulate_linear_inputs(model, split_form(products, torch), torch, gate16=products == "pre16",
-                                  sites=products if products in SITES else "lin16")
+            if kind is not None:
+                experts = products or "fp32"
+            else:  # (--lean: transformers' experts cannot read the codes; the reference takes this script's exact one)
+                experts = "fp32" if args.lean else None
+            emulate_experts(model, experts, torch)
+            emulate_linear_inputs(model, lin16_sites(products), torch, gate16=products == "pre16")
             t0 = time.time()
             captured.clear()
             runs[impl] = model(input_ids=tokens[None].to(dev), use_cache=False).logits[0].float().cpu()
