@@ -166,6 +166,8 @@ class CudaRunner final : public ModelRunner {
   // normed_ = rmsnorm(hidden_)·w, prepared for `site` (the blocks below normalise their own input).
   PreparedX norm_prepare(const float* w, int64_t T, PrefillSite site, bool with_8bit = false, bool with_rest = false);
   void gdn_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, int64_t T);
+  // in_proj_qkv's x to 24 bits (see gdn_mixer)
+  void qkv_rest(const DMat& w, const PreparedX& xp, int64_t T, float* qkv_raw, int64_t P);
   void attention_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, CudaSession& s, int64_t T, int64_t cap);
   void moe(const DeviceLayer& l, int64_t T);
   // The most tokens of the chunk's grouped expert tiles (TERN_MOE_TILE_TOKENS); wgmma: the warpgroup kernel runs
@@ -205,6 +207,7 @@ class CudaRunner final : public ModelRunner {
   bool runs_wgmma(PrefillSite site, const DMat& w, int64_t T) const;  // w's product at `site` on the warpgroup kernel
   PrefillKernel prefill_kernel_ = PrefillKernel::int8;
   bool exact_gates_ = false;  // the GDN b and a products on the integer kernel (see gdn_mixer)
+  bool qkv_rest_ = true;      // TERN_PREFILL_QKV_BITS: the GDN in_proj_qkv's x at 24 bits (see gdn_mixer)
   // The prefill router (TERN_PREFILL_ROUTER, see the constructor): exact (default), q16 or fp32.
   enum class RouterPrefill { exact, q16, fp32 };
   RouterPrefill router_prefill_ = RouterPrefill::exact;

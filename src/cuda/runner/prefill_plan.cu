@@ -186,6 +186,7 @@ void CudaRunner::gdn_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, in
     proj(l.in_proj_b, normed_, T, b, false, xp, /*exact=*/true, P);
     proj(l.in_proj_a, normed_, T, a, false, xp, /*exact=*/true, P);
   }
+  qkv_rest(l.in_proj_qkv, xp, T, qkv_raw, P);
   d.ld_ba = d.ld_z = P;
   if (d.dk == 128) {  // the q/k norms inside the convolution (a warp per 128-channel head), then the gates
     conv1d_silu_qknorm(qkv_raw, P, T, C, c.linear_conv_kernel_dim, l.conv1d, lc.conv, conv_out_,
@@ -204,6 +205,28 @@ void CudaRunner::gdn_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, in
     gdn_recurrent(conv_out_, g_, beta_, lc.rec, d, o_, stream_);
   gdn_gated_norm(o_, z, l.gdn_norm, float(c.rms_norm_eps), d, gated_, stream_);
   proj(l.out_proj, gated_, T, hidden_, /*accumulate=*/true, prepare_x(gated_, Z, T, Z, kMixerOut));
+}
+
+// qkv_raw [T, C] (row stride P) += in_proj_qkv · r, r = x − hi − lo the rest of x = normed_ past the bf16 hi + lo
+// split its product took (matmul_prepare_rest_f16, as one fp16 term): the product then takes x at fp32's precision.
+// Where the product took hi + lo on the warpgroup kernel, with qkv_rest_ (TERN_PREFILL_QKV_BITS); its q, k and v
+// steer the delta rule's state over the whole sequence. prep_ is free once the in_proj products have read xp.
+void CudaRunner::qkv_rest(const DMat& w, const PreparedX& xp, int64_t T, float* qkv_raw, int64_t P) {
+  if (!qkv_rest_ || fp32_prefill_ || T <= 1 || !xp.main || site_kernel(kGdnIn) != PrefillKernel::wgmma_split ||
+      !matmul_wgmma_takes(w) || matmul_f16_bytes(T, w.cols) > int64_t(prep_bytes_))
+    return;
+  matmul_prepare_rest_f16(normed_, w.cols, T, w.cols, prep_, stream_);
+  MatmulArgs a;
+  a.w = w;
+  a.x = normed_;
+  a.ldx = w.cols;
+  a.y = qkv_raw;
+  a.ldy = P;
+  a.tokens = T;
+  a.accumulate = true;
+  a.x_f16 = prep_;
+  a.x_f16_cols = w.cols;
+  matmul(a, stream_);
 }
 
 void CudaRunner::attention_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, CudaSession& s, int64_t T,

@@ -7,6 +7,7 @@
 // the kernel does not run (not a Hopper GPU).
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 
@@ -135,6 +136,116 @@ TEST(CudaMatmulWgmma, PreparedF16MatchesTheTwin) {
     EXPECT_EQ(bad_values, 0) << "cols " << cols << ": fp16 values that differ from round-to-nearest-even of x/σ";
     EXPECT_LE(worst_sum, 1e-6) << "cols " << cols << ": group sums (relative to Σ|x/σ|)";
   }
+}
+
+// x's rest past its bf16 hi + lo split (matmul_prepare_rest_f16), r = x − hi − lo, as the one fp16 term: the values it
+// holds (round-to-nearest-even of r/σ, σ the power of two of the row's max|r|); the product on it alone against the
+// fp64 product of r as the kernel sees it (the twin's bounds); and what it is for: the split's product plus the rest's
+// (accumulated) against the product of x itself in fp64, on the weights' dequantised values (the CPU product of unit
+// vectors). With the rest the error must fall to the kernel's own fp32 summation (the split product's error against
+// the fp64 product of hi + lo, measured alongside: Hopper's accumulation is not round-to-nearest) instead of the
+// split's 16 bits of x.
+TEST(CudaMatmulWgmma, RestTermTakesXToFp32) {
+  TERN_REQUIRE_WGMMA();
+  std::mt19937_64 rng(fresh_seed("CudaMatmulWgmma.Rest"));
+  const int64_t rows = 512, cols = 2048, T = 65, ld = cols + 8, rb = matmul_f16_row_bytes(cols), G = cols / 64;
+  auto h = random_matrix(rng, WeightFormat::affine4, 1, rows, cols);
+  DeviceMatrix dm(*h);
+  auto x = activations(rng, T, ld, true);
+  for (int64_t c = 0; c < ld; ++c) x[size_t(ld + c)] = 0.0f;  // an all-zero row
+  DeviceBuf<float> dx(x);
+  DeviceBuf<unsigned char> rest(size_t(matmul_f16_bytes(T, cols)));
+  matmul_prepare_rest_f16(dx.p, ld, T, cols, rest.p, nullptr);
+  const auto got = rest.host();
+  // Per token: hi + lo, r, and r as the kernel sees it (σ·fp16(r/σ)).
+  std::vector<float> split_x(size_t(T * cols)), r(size_t(T * cols)), r_seen(size_t(T * cols));
+  int64_t bad_values = 0, bad_sigma = 0;
+  for (int64_t n = 0; n < T; ++n) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const float v = x[size_t(n * ld + c)], hi = round_bf16(v), d = v - hi, lo = round_bf16(d);
+      split_x[size_t(n * cols + c)] = hi + lo;
+      r[size_t(n * cols + c)] = d - lo;
+    }
+    const float sigma = row_sigma(r.data() + n * cols, cols);
+    const unsigned char* row = got.data() + n * rb;
+    float got_sigma;
+    std::memcpy(&got_sigma, row + cols * 2 + G * 4, 4);
+    if (got_sigma != sigma) ++bad_sigma;
+    for (int64_t c = 0; c < cols / 8; ++c) {
+      for (int e = 0; e < 8; ++e) {  // element e of chunk c: column 8c + (0,4,1,5,2,6,3,7)[e]
+        const size_t col = size_t(n * cols + 8 * c + (e % 2) * 4 + e / 2);
+        uint16_t b;
+        std::memcpy(&b, row + c * 16 + e * 2, 2);
+        r_seen[col] = round_f16(r[col] / sigma) * sigma;
+        if (f16_to_float(b) != round_f16(r[col] / sigma)) ++bad_values;
+      }
+    }
+  }
+  EXPECT_EQ(bad_sigma, 0) << "row scales of the rest";
+  EXPECT_EQ(bad_values, 0) << "fp16 values that differ from round-to-nearest-even of r/σ";
+
+  // y_split = W·(hi + lo); y_rest = W·r alone; y_full = y_split, then += W·r.
+  const PreparedInput split = prepared(dx.p, ld, T, cols, WgmmaX::split);
+  DeviceBuf<float> dy(std::vector<float>(size_t(T * rows), NAN)), dr(std::vector<float>(size_t(T * rows), NAN));
+  MatmulArgs a = dense_args(dm.d, dx.p, dy.p, T);
+  a.ldx = ld;
+  split.set(a, WgmmaX::split, cols);
+  run_product(a, WgmmaX::split);
+  const auto y_split = dy.host();
+  a.x_prep = nullptr;
+  a.x_prep_cols = 0;
+  a.x_f16 = rest.p;
+  a.x_f16_cols = cols;
+  a.y = dr.p;
+  matmul(a, nullptr);
+  const auto y_rest = dr.host();
+  a.y = dy.p;
+  a.accumulate = true;
+  matmul(a, nullptr);
+  const auto y_full = dy.host();
+  // W [rows, cols] dequantised, as wt [cols, rows]: W·e_c for every column c (one nonzero term: exact).
+  std::vector<float> eye(size_t(cols * cols), 0.0f);
+  for (int64_t c = 0; c < cols; ++c) eye[size_t(c * cols + c)] = 1.0f;
+  const auto wt = cpu_product(h->m, eye, cols);
+  // fp64 W·v for v [T, cols] with row stride ldv, as [T, rows].
+  const auto fp64_product = [&](const float* v, int64_t ldv) {
+    std::vector<double> y(size_t(T * rows), 0.0);
+    for (int64_t n = 0; n < T; ++n)
+      for (int64_t c = 0; c < cols; ++c) {
+        const double vc = v[n * ldv + c];
+        for (int64_t q = 0; q < rows; ++q) y[size_t(n * rows + q)] += double(wt[size_t(c * rows + q)]) * vc;
+      }
+    return y;
+  };
+  const auto want_x = fp64_product(x.data(), ld), want_split = fp64_product(split_x.data(), cols);
+  const auto want_rest = fp64_product(r_seen.data(), cols);
+  // Per token: rms(got − want) / rms(scale); the worst token.
+  using Doubles = std::vector<double>;
+  const auto worst = [&](const std::vector<float>& g, const Doubles& want, const Doubles& scale) {
+    double w = 0;
+    for (int64_t n = 0; n < T; ++n) {
+      double pp = 0, ee = 0;
+      for (int64_t q = 0; q < rows; ++q) {
+        const size_t i = size_t(n * rows + q);
+        pp += scale[i] * scale[i];
+        ee += (g[i] - want[i]) * (g[i] - want[i]);
+      }
+      if (pp == 0) {  // the zero row: exactly zero
+        EXPECT_EQ(ee, 0.0) << "token " << n;
+        continue;
+      }
+      w = std::max(w, std::isnan(ee) ? 1e30 : std::sqrt(ee / pp));
+    }
+    return w;
+  };
+  const double rest_alone = worst(y_rest, want_rest, want_rest), floor = worst(y_split, want_split, want_x);
+  const double split_err = worst(y_split, want_x, want_x), full_err = worst(y_full, want_x, want_x);
+  std::printf("[rest term] worst token's rms error / rms of W·x: split %.3g (its own summation %.3g), split + rest "
+              "%.3g; the rest's product alone %.3g of its rms\n", split_err, floor, full_err, rest_alone);
+  EXPECT_LE(rest_alone, kTwinRms) << "the rest's product against the fp64 product of r as the kernel sees it";
+  EXPECT_LE(full_err, 1.25 * floor + 1e-7) << "split + rest against the fp64 product of x: more than the kernel's "
+                                              "own summation error";
+  EXPECT_LE(full_err, 2e-6) << "split + rest against the fp64 product of x";
 }
 
 struct DenseCase {

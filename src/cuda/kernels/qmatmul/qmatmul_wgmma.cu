@@ -381,9 +381,20 @@ __global__ void __launch_bounds__(kThreads, S::kMinBlocks)
   mm::store_warp_tile<SwiGLU>(a, acc, row0 + warp * 16 * (SwiGLU ? MT / 2 : MT), 0, g, t, p0, count);
 }
 
-// x (fp32 [rows, cols], row stride ld) -> the fp16 rows of matmul_prepare_x_f16: a warp per row; pass 1 finds
-// max|x|, pass 2 writes x/σ (σ = 2^(E − 15) for max|x| < 2^E: an exact scaling into (−2^15, 2^15)) as fp16, one
-// 8-column word per lane and step (the 8 words of a group in 8 consecutive lanes, which add its sum by shuffles).
+// What the one fp16 term holds of a value v of x: v itself, or (Rest) the rest of v past its bf16 hi + lo split
+// (matmul_prepare_x's: hi = bf16(v), lo = bf16(v − hi)), v − hi − lo, exact in fp32.
+template <bool Rest>
+__device__ __forceinline__ float f16_term(float v) {
+  if (!Rest) return v;
+  const float d = v - __bfloat162float(__float2bfloat16_rn(v));
+  return d - __bfloat162float(__float2bfloat16_rn(d));
+}
+
+// x (fp32 [rows, cols], row stride ld) -> the fp16 rows of matmul_prepare_x_f16 (of f16_term<Rest>(x)): a warp per
+// row; pass 1 finds max|x|, pass 2 writes x/σ (σ = 2^(E − 15) for max|x| < 2^E: an exact scaling into (−2^15, 2^15))
+// as fp16, one 8-column word per lane and step (the 8 words of a group in 8 consecutive lanes, which add its sum by
+// shuffles).
+template <bool Rest>
 __global__ void __launch_bounds__(256) prepare_x_f16_kernel(const float* x, int64_t ld, int64_t rows, int64_t cols,
                                                             unsigned char* out) {
   pdl_wait();
@@ -395,7 +406,8 @@ __global__ void __launch_bounds__(256) prepare_x_f16_kernel(const float* x, int6
     float m = 0.0f;
     for (int64_t i = lane; i < cols / 4; i += 32) {
       const float4 v = xr[i];
-      m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+      m = fmaxf(m, fmaxf(fmaxf(fabsf(f16_term<Rest>(v.x)), fabsf(f16_term<Rest>(v.y))),
+                         fmaxf(fabsf(f16_term<Rest>(v.z)), fabsf(f16_term<Rest>(v.w)))));
     }
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
@@ -406,7 +418,8 @@ __global__ void __launch_bounds__(256) prepare_x_f16_kernel(const float* x, int6
     float* sums = reinterpret_cast<float*>(row + cols * 2);
     for (int64_t w = lane; w < cols / 8; w += 32) {  // cols % 256 == 0: every lane takes part in every step
       const float4 p = xr[2 * w], q = xr[2 * w + 1];
-      const float v[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
+      const float v[8] = {f16_term<Rest>(p.x), f16_term<Rest>(p.y), f16_term<Rest>(p.z), f16_term<Rest>(p.w),
+                          f16_term<Rest>(q.x), f16_term<Rest>(q.y), f16_term<Rest>(q.z), f16_term<Rest>(q.w)};
       uint32_t h[4];
       float sum = 0.0f;
 #pragma unroll
@@ -523,15 +536,28 @@ bool matmul_wgmma_takes(const DMat& w) {
          aligned(w.data, 16) && aligned(w.scales, 16) && aligned(w.biases, 4);
 }
 
-void matmul_prepare_x_f16(const float* x, int64_t ldx, int64_t rows, int64_t cols, void* out, cudaStream_t stream) {
+namespace {
+template <bool Rest>
+void prepare_f16(const char* name, const float* x, int64_t ldx, int64_t rows, int64_t cols, void* out,
+                 cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return;
   TERN_CHECK(cols % 256 == 0 && ldx % 4 == 0 && ldx >= cols && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
                  reinterpret_cast<uintptr_t>(out) % 16 == 0,
-             "matmul_prepare_x_f16: needs cols a multiple of 256, ldx a multiple of 4 and 16-byte aligned buffers; ",
-             "got cols ", cols, ", ldx ", ldx);
+             name, ": needs cols a multiple of 256, ldx a multiple of 4 and 16-byte aligned buffers; got cols ", cols,
+             ", ldx ", ldx);
   const int64_t blocks = std::min<int64_t>((rows + 7) / 8, int64_t(qtile::sm_count()) * 8);
-  launch_pdl("matmul_prepare_x_f16", wg::prepare_x_f16_kernel, dim3(unsigned(blocks)), dim3(256), 0, stream, x, ldx,
-             rows, cols, static_cast<unsigned char*>(out));
+  launch_pdl(name, wg::prepare_x_f16_kernel<Rest>, dim3(unsigned(blocks)), dim3(256), 0, stream, x, ldx, rows, cols,
+             static_cast<unsigned char*>(out));
+}
+}  // namespace
+
+void matmul_prepare_x_f16(const float* x, int64_t ldx, int64_t rows, int64_t cols, void* out, cudaStream_t stream) {
+  prepare_f16<false>("matmul_prepare_x_f16", x, ldx, rows, cols, out, stream);
+}
+
+void matmul_prepare_rest_f16(const float* x, int64_t ldx, int64_t rows, int64_t cols, void* out,
+                             cudaStream_t stream) {
+  prepare_f16<true>("matmul_prepare_rest_f16", x, ldx, rows, cols, out, stream);
 }
 
 void matmul_wgmma(const MatmulArgs& a, cudaStream_t stream, WgmmaX x) { wg::run<false>(a, DMat{}, x, stream); }

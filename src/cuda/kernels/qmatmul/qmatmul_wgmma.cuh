@@ -34,6 +34,14 @@ constexpr int64_t matmul_f16_bytes(int64_t rows, int64_t cols) { return rows * m
 // (its max, then the conversion), a warp per row.
 void matmul_prepare_x_f16(const float* x, int64_t ldx, int64_t rows, int64_t cols, void* out, cudaStream_t stream);
 
+// The same form for x's rest past its bf16 hi + lo split (matmul_prepare_x's hi = bf16(x), lo = bf16(x − hi)):
+// r = x − hi − lo, exact in fp32, |r| ≤ 2^-16·|x|. A product on the split plus one on r (accumulated) takes x at
+// fp32's precision: W·x = W·(hi + lo) + W·r. r has at most 8 significant bits, so fp16 holds r/σ exactly except
+// where it is subnormal (|r| below 2^-28 of the token's max|r|). The prefill's GDN in_proj_qkv takes it
+// (prefill_plan.cu). Same arguments and checks as matmul_prepare_x_f16.
+void matmul_prepare_rest_f16(const float* x, int64_t ldx, int64_t rows, int64_t cols, void* out,
+                             cudaStream_t stream);
+
 // Whether this device runs the kernel (an sm_90a binary on a Hopper GPU) and it takes w (affine 4-bit, group 64,
 // cols a multiple of 512, 16-byte aligned words and scales, 4-byte aligned biases).
 bool matmul_wgmma_available();
