@@ -44,6 +44,8 @@ int token_bound(const char* name, int fallback) {
 CudaRunner::CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const ModelWeights> host,
                        const CudaRunnerOptions& o)
     : w_(std::move(w)), host_(std::move(host)), max_chunk_(std::max<int64_t>(1, o.max_chunk)) {
+  TERN_CHECK(o.prefill_qkv_bits == 0 || o.prefill_qkv_bits == 16 || o.prefill_qkv_bits == 24,
+             "prefill_qkv_bits must be 16 or 24 (or 0: the default); got ", o.prefill_qkv_bits);
   TERN_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   allocate_scratch();
   if (host_ && host_->vision) build_vision_plan(*host_->vision);
@@ -68,17 +70,20 @@ CudaRunner::CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const M
   }
   // TERN_PREFILL_EXACT_GATES=0: the GDN gate products (b, a) on the fp16 kernel too.
   exact_gates_ = prefill_kernel_ == PrefillKernel::wgmma_f16 && !env_is("TERN_PREFILL_EXACT_GATES", "0");
-  // TERN_PREFILL_QKV_BITS=16|24: with 24 (the default) the GDN in_proj_qkv, where it takes x as bf16 hi + lo on the
-  // warpgroup kernel (Hopper), adds a product on x's rest past that split (matmul_prepare_rest_f16, qkv_rest): its x
-  // at fp32's precision. With 16 it takes hi + lo alone, as the other products do. On trained-scale weights (8
-  // layers, 640 positions, the CPU emulation of the prefill plan with the i16 cache) this product's 16-bit x alone
-  // made the prefill's near-tie events: two seeds of four, mean KL 5.3e-6 and 5.1e-6, against 7.6e-9 and 7.5e-9 with
-  // its x exact (docs/benchmarks.md, forty-fifth session).
-  if (const char* e = std::getenv("TERN_PREFILL_QKV_BITS")) {
+  // TERN_PREFILL_QKV_BITS=16|24: with 24 the GDN in_proj_qkv, where it takes x as bf16 hi + lo on the warpgroup
+  // kernel (Hopper), adds a product on x's rest past that split (matmul_prepare_rest_f16, qkv_rest): its x at fp32's
+  // precision. With 16 (the default) it takes hi + lo alone, as the other products do. On the trained-scale oracle
+  // (8 layers, 640 positions) this product's 16-bit x made the prefill's near-tie events: with 24 the i16 cache's
+  // prefill went from +0.1135% to +0.0004% perplexity (seed 566307818) and from +0.066% to −0.0004% (518327869), the
+  // f16 cache's from +0.066% to +0.009% (518327869), but the 4K prefill from 23,500 to 20,450 tok/s (−13%, H100;
+  // docs/benchmarks.md, forty-sixth session): a separate product costs more than issue 29's speed bar allows. (The
+  // f16 cache's events on 566307818 stay: they come from its attention.)
+  if (const char* e = std::getenv("TERN_PREFILL_QKV_BITS"); e && *e) {
     const std::string v = e;
     TERN_CHECK(v == "16" || v == "24", "TERN_PREFILL_QKV_BITS must be 16 or 24; got '", v, "'");
     qkv_rest_ = v == "24";
   }
+  if (o.prefill_qkv_bits != 0) qkv_rest_ = o.prefill_qkv_bits == 24;
   // TERN_PREFILL_ROUTER: how the prefill plan's 8-bit router takes x. exact (default): the integer kernel twice, on
   // x in 16 bits per group of 64 and on the residual quantised again (matmul_quantize_x's residual: x to fp32's
   // precision; the shared-expert gate takes the first term only). q16: the first product alone, whose rounding swapped

@@ -3,6 +3,7 @@
 // against transformers' logits (TERN_GPU_REF_DIR).
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 
 #include "core/npy.h"
@@ -159,6 +160,48 @@ TEST(CudaRunner, Fp16PrefillWithinTheFidelityBounds) {
   const Fidelity pd = compare_logits(got, dec, tokens, V, weights->vocab_real);
   std::printf("[fp16 prefill vs decode] KL %.3g, top-1 %.3f, max |dlogit| %.3g\n", pd.kl, pd.top1, pd.max_abs);
   EXPECT_LE(pd.kl, 1e-3);
+}
+
+// The GDN in_proj_qkv's x at 24 bits in the prefill (prefill_qkv_bits = 24: a product on x's rest past the bf16
+// hi + lo split) against the CPU runner: it runs (other logits than at 16 bits), stays within the exact plan's bound,
+// and takes the logits closer to the CPU's (mean |Δlogit| over every position and id, a statistic one near-tie does
+// not move much). The i16 cache, so that the fp16 cache's rounding does not hide the products'.
+TEST(CudaRunner, QkvAt24BitsTakesThePrefillCloserToTheCpu) {
+  TERN_REQUIRE_GPU();
+  if (!matmul_wgmma_available()) GTEST_SKIP() << "the rest product runs on Hopper GPUs only";
+  for (const char* plan : {"TERN_CUDA_FP32", "TERN_PREFILL_WGMMA", "TERN_PREFILL_INT8", "TERN_PREFILL_F16_SITES"})
+    if (const char* e = std::getenv(plan); e && *e) GTEST_SKIP() << plan << " is set: another prefill plan";
+  const uint64_t seed = fresh_seed("CudaRunner.Qkv24");
+  RandomModel rm;
+  const int64_t V = 4096;
+  auto weights = random_model(seed, 4, V, rm);  // the easy router: no expert choice flips, the error stays continuous
+  std::mt19937_64 rng(seed ^ 0x2424);
+  const int64_t n = 200;  // past the short-call threshold: one prefill-plan chunk
+  const auto tokens = random_tokens(rng, n, weights->vocab_real);
+  auto cpu = cpu_runner_create(weights);
+  auto cs = cpu->create_session(256);
+  std::vector<float> ref;
+  cpu->forward(*cs, tokens, true, ref);
+  std::vector<float> got[2];
+  double mean_abs[2] = {};
+  for (int i = 0; i < 2; ++i) {
+    const int bits = i == 0 ? 16 : 24;
+    auto gpu = cuda_runner_create(weights, {.progress = false, .prefill_qkv_bits = bits, .kv = KvDtype::i16});
+    auto gs = gpu->create_session(256);
+    gpu->forward(*gs, tokens, true, got[i]);
+    ASSERT_EQ(got[i].size(), ref.size());
+    const Fidelity f = compare_logits(ref, got[i], tokens, V, weights->vocab_real);
+    double sum = 0;
+    for (int64_t p = 0; p < n; ++p)
+      for (int64_t j = 0; j < weights->vocab_real; ++j)
+        sum += std::fabs(double(got[i][size_t(p * V + j)]) - double(ref[size_t(p * V + j)]));
+    mean_abs[i] = sum / double(n * weights->vocab_real);
+    std::printf("[qkv at %d bits vs cpu] ppl %.5f vs %.5f, KL %.3g, top-1 %.3f, max |dlogit| %.4g, mean %.4g\n", bits,
+                f.ppl, f.ppl_ref, f.kl, f.top1, f.max_abs, mean_abs[i]);
+    EXPECT_LT(f.kl, 1e-4) << bits << " bits";
+  }
+  EXPECT_NE(got[0], got[1]) << "the 24-bit in_proj_qkv changed nothing: the rest product did not run";
+  EXPECT_LT(mean_abs[1], mean_abs[0]) << "the 24-bit in_proj_qkv did not take the logits closer to the CPU's";
 }
 
 // The built-in demo model (what `tern serve` runs without -m): small head dims (64), 16 experts top-4.
