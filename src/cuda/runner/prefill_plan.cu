@@ -217,17 +217,9 @@ void CudaRunner::qkv_rest(const DMat& w, const PreparedX& xp, int64_t T, float* 
       !matmul_wgmma_takes(w) || matmul_f16_bytes(T, w.cols) > int64_t(prep_bytes_))
     return;
   matmul_prepare_rest_f16(normed_, w.cols, T, w.cols, prep_, stream_);
-  MatmulArgs a;
-  a.w = w;
-  a.x = normed_;
-  a.ldx = w.cols;
-  a.y = qkv_raw;
-  a.ldy = P;
-  a.tokens = T;
-  a.accumulate = true;
-  a.x_f16 = prep_;
-  a.x_f16_cols = w.cols;
-  matmul(a, stream_);
+  matmul({.w = w, .x = normed_, .ldx = w.cols, .y = qkv_raw, .ldy = P, .tokens = T, .accumulate = true,
+          .x_f16 = prep_, .x_f16_cols = w.cols},
+         stream_);
 }
 
 void CudaRunner::attention_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, CudaSession& s, int64_t T,
