@@ -70,9 +70,9 @@ CudaRunner::CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const M
   }
   // TERN_PREFILL_EXACT_GATES=0: the GDN gate products (b, a) on the fp16 kernel too.
   exact_gates_ = prefill_kernel_ == PrefillKernel::wgmma_f16 && !env_is("TERN_PREFILL_EXACT_GATES", "0");
-  // TERN_PREFILL_QKV_BITS=16|24: with 24 the GDN in_proj_qkv, where it takes x as bf16 hi + lo on the warpgroup
-  // kernel (Hopper), adds a product on x's rest past that split (matmul_prepare_rest_f16, qkv_rest): its x at fp32's
-  // precision. With 16 (the default) it takes hi + lo alone, as the other products do. On the trained-scale oracle
+  // TERN_PREFILL_QKV_BITS=16|24: with 24 the GDN in_proj, where it takes x as bf16 hi + lo on the warpgroup kernel
+  // (Hopper), takes x at fp32's precision: the fused product on x in three bf16 terms (in_proj_x3), else q|k|v add a
+  // product on x's rest past the split (matmul_prepare_rest_f16, qkv_rest; the figures below are this form's). With 16 (the default) it takes hi + lo alone, as the other products do. On the trained-scale oracle
   // (8 layers, 640 positions) this product's 16-bit x made the prefill's near-tie events: with 24 the i16 cache's
   // prefill went from +0.1135% to +0.0004% perplexity (seed 566307818) and from +0.066% to −0.0004% (518327869), the
   // f16 cache's from +0.066% to +0.009% (518327869), but the 4K prefill from 23,500 to 20,450 tok/s (−13%, H100;
@@ -285,7 +285,8 @@ void CudaRunner::allocate_scratch() {
   const int64_t ints = T + T * k + moe_group_ints(T, E, k) + 1;
   // The split activations of every prefill product input: normed x, the GDN and attention outputs, h of the experts.
   prep_bytes_ = size_t(std::max({matmul_prepared_bytes(T, D), matmul_prepared_bytes(T, Hv * dv),
-                                 matmul_prepared_bytes(T, Hq * dh), matmul_prepared_bytes(T * k, F)}));
+                                 matmul_prepared_bytes(T, Hq * dh), matmul_prepared_bytes(T * k, F),
+                                 matmul_x3_bytes(T, D)}));
   prep_q16_bytes_ = size_t(matmul_q16_bytes(T, D));
   // A chunk part way (forward_layers): its rows [T, D] and a snapshot's worth of Gated DeltaNet states.
   const size_t part_way_bytes = size_t(T * D) * 4 + gdn_state_bytes_of(*w_);

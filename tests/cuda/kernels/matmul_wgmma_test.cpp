@@ -246,6 +246,53 @@ TEST(CudaMatmulWgmma, RestTermTakesXToFp32) {
   EXPECT_LE(full_err, 1.25 * floor + 1e-7) << "split + rest against the fp64 product of x: more than the kernel's "
                                               "own summation error";
   EXPECT_LE(full_err, 2e-6) << "split + rest against the fp64 product of x";
+
+  // The three-term layout (matmul_prepare_x3): hi, lo and rest as bf16, bit for bit, with the groups' Σx; then the
+  // one product on it (WgmmaX::split3) against the fp64 product of x, at the same bounds.
+  DeviceBuf<unsigned char> x3(size_t(matmul_x3_bytes(T, cols)));
+  matmul_prepare_x3(dx.p, ld, T, cols, x3.p, nullptr);
+  const auto got3 = x3.host();
+  const int64_t rb3 = matmul_x3_row_bytes(cols);
+  int64_t bad_terms = 0;
+  double worst_sum = 0;
+  for (int64_t n = 0; n < T; ++n) {
+    const unsigned char* row = got3.data() + n * rb3;
+    for (int64_t c = 0; c < cols / 8; ++c) {
+      for (int e = 0; e < 8; ++e) {
+        const int64_t col = 8 * c + (e % 2) * 4 + e / 2;
+        const float v = x[size_t(n * ld + col)], hi = round_bf16(v), lo = round_bf16(v - hi);
+        const float want[3] = {hi, lo, (v - hi) - lo};
+        for (int h = 0; h < 3; ++h) {
+          uint16_t b;
+          std::memcpy(&b, row + (c / 8) * 384 + h * 128 + (c % 8) * 16 + e * 2, 2);
+          if (b != float_to_bf16(want[h])) ++bad_terms;
+        }
+        if (hi + lo + want[2] != v) ++bad_terms;  // the three terms hold x exactly
+      }
+    }
+    for (int64_t g = 0; g < G; ++g) {
+      double sum = 0, mag = 0;
+      for (int k = 0; k < 64; ++k) {
+        sum += x[size_t(n * ld + g * 64 + k)];
+        mag += std::fabs(x[size_t(n * ld + g * 64 + k)]);
+      }
+      float got_sum;
+      std::memcpy(&got_sum, row + cols * 6 + g * 4, 4);
+      worst_sum = std::max(worst_sum, std::fabs(double(got_sum) - sum) / (mag + 1e-30));
+    }
+  }
+  EXPECT_EQ(bad_terms, 0) << "three-term values that are not hi = bf16(x), lo = bf16(x − hi), rest = x − hi − lo";
+  EXPECT_LE(worst_sum, 1e-6) << "three-term group sums (relative to Σ|x|)";
+  DeviceBuf<float> d3(std::vector<float>(size_t(T * rows), NAN));
+  MatmulArgs a3 = dense_args(dm.d, dx.p, d3.p, T);
+  a3.ldx = ld;
+  a3.x_prep = x3.p;
+  a3.x_prep_cols = cols;
+  matmul_wgmma(a3, nullptr, WgmmaX::split3);
+  const double three_err = worst(d3.host(), want_x, want_x);
+  std::printf("[three terms] worst token's rms error / rms of W·x: %.3g\n", three_err);
+  EXPECT_LE(three_err, 1.25 * floor + 1e-7) << "three terms against the fp64 product of x";
+  EXPECT_LE(three_err, 2e-6) << "three terms against the fp64 product of x";
 }
 
 struct DenseCase {

@@ -42,16 +42,27 @@ void matmul_prepare_x_f16(const float* x, int64_t ldx, int64_t rows, int64_t col
 void matmul_prepare_rest_f16(const float* x, int64_t ldx, int64_t rows, int64_t cols, void* out,
                              cudaStream_t stream);
 
+// x in three bf16 terms, hi = bf16(x), lo = bf16(x − hi), rest = x − hi − lo (at most 8 significant bits: exact), so
+// hi + lo + rest = x: per group of 64 columns 128 bytes of each term (the chunks as in matmul_prepare_x), then the
+// fp32 sums Σx of its groups (padded to 16 bytes). The product then takes x at fp32's precision for one more MMA term
+// than the split (the weights' dequantisation shared): WgmmaX::split3, dense products only.
+constexpr int64_t matmul_x3_row_bytes(int64_t cols) { return cols * 6 + ((cols / 16 + 15) / 16) * 16; }
+constexpr int64_t matmul_x3_bytes(int64_t rows, int64_t cols) { return rows * matmul_x3_row_bytes(cols); }
+// x [rows, cols] fp32 (row stride ldx) -> out (matmul_x3_bytes(rows, cols)). cols a multiple of 64, ldx a multiple of
+// 4, x and out 16-byte aligned. Launched with PDL; one pass over x.
+void matmul_prepare_x3(const float* x, int64_t ldx, int64_t rows, int64_t cols, void* out, cudaStream_t stream);
+
 // Whether this device runs the kernel (an sm_90a binary on a Hopper GPU) and it takes w (affine 4-bit, group 64,
 // cols a multiple of 512, 16-byte aligned words and scales, 4-byte aligned biases).
 bool matmul_wgmma_available();
 bool matmul_wgmma_takes(const DMat& w);
 
-// Which x the kernel reads: a.x_f16 (one fp16 term) or a.x_prep (bf16 hi + lo); each must be prepared for w.cols
-// columns and indexed by the same row numbers as x (gather indexes it). Throws tern::Error when the kernel cannot take
-// the product. matmul() and matmul_swiglu() call the one-term form when a.x_f16 is set, the two-term one for
-// MatmulTile::wgmma with a.x_prep.
-enum class WgmmaX { f16, split };
+// Which x the kernel reads: a.x_f16 (one fp16 term), a.x_prep (bf16 hi + lo) or, split3, a.x_prep in the three-term
+// layout of matmul_prepare_x3 (dense products only, not SwiGLU); each must be prepared for w.cols columns and indexed
+// by the same row numbers as x (gather indexes it). Throws tern::Error when the kernel cannot take the product.
+// matmul() and matmul_swiglu() call the one-term form when a.x_f16 is set, the two-term one for MatmulTile::wgmma
+// with a.x_prep; the three-term form is called directly.
+enum class WgmmaX { f16, split, split3 };
 void matmul_wgmma(const MatmulArgs& a, cudaStream_t stream, WgmmaX x = WgmmaX::f16);
 void matmul_wgmma_swiglu(const MatmulArgs& gate, const DMat& up, cudaStream_t stream, WgmmaX x = WgmmaX::f16);
 
