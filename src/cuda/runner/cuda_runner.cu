@@ -72,12 +72,13 @@ CudaRunner::CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const M
   exact_gates_ = prefill_kernel_ == PrefillKernel::wgmma_f16 && !env_is("TERN_PREFILL_EXACT_GATES", "0");
   // TERN_PREFILL_QKV_BITS=16|24: with 24 the GDN in_proj, where it takes x as bf16 hi + lo on the warpgroup kernel
   // (Hopper), takes x at fp32's precision: the fused product on x in three bf16 terms (in_proj_x3), else q|k|v add a
-  // product on x's rest past the split (matmul_prepare_rest_f16, qkv_rest; the figures below are this form's). With 16 (the default) it takes hi + lo alone, as the other products do. On the trained-scale oracle
-  // (8 layers, 640 positions) this product's 16-bit x made the prefill's near-tie events: with 24 the i16 cache's
-  // prefill went from +0.1135% to +0.0004% perplexity (seed 566307818) and from +0.066% to −0.0004% (518327869), the
-  // f16 cache's from +0.066% to +0.009% (518327869), but the 4K prefill from 23,500 to 20,450 tok/s (−13%, H100;
-  // docs/benchmarks.md, forty-sixth session): a separate product costs more than issue 29's speed bar allows. (The
-  // f16 cache's events on 566307818 stay: they come from its attention.)
+  // product on x's rest past the split (matmul_prepare_rest_f16, qkv_rest; the figures below are this form's). With
+  // 16 (the default) it takes hi + lo alone, as the other products do. On the trained-scale oracle (8 layers, 640
+  // positions) in_proj_qkv's 16-bit x made the prefill's near-tie events: with 24 the i16 cache's prefill went from
+  // +0.1135% to +0.0004% perplexity (seed 566307818) and from +0.066% to −0.0004% (518327869), the f16 cache's from
+  // +0.066% to +0.009% (518327869), but the 4K prefill from 23,500 to 20,450 tok/s (−13%, H100; docs/benchmarks.md,
+  // forty-sixth session): a separate product costs more than issue 29's speed bar allows. (The f16 cache's events on
+  // 566307818 stay: they come from its attention.)
   if (const char* e = std::getenv("TERN_PREFILL_QKV_BITS"); e && *e) {
     const std::string v = e;
     TERN_CHECK(v == "16" || v == "24", "TERN_PREFILL_QKV_BITS must be 16 or 24; got '", v, "'");

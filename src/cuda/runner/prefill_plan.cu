@@ -231,8 +231,8 @@ bool CudaRunner::in_proj_x3(const DeviceLayer& l, int64_t T, int64_t P, bool gat
 // qkv_raw [T, C] (row stride P) += in_proj_qkv · r, r = x − hi − lo the rest of x = normed_ past the bf16 hi + lo
 // split its product took (matmul_prepare_rest_f16, as one fp16 term): the product then takes x at fp32's precision.
 // Where the product took hi + lo on the warpgroup kernel, with qkv_rest_ (TERN_PREFILL_QKV_BITS=24; off by default:
-// see the constructor) and in_proj_x3 could not run; its q, k and v steer the delta rule's state over the whole sequence. prep_ is free once the
-// in_proj products have read xp.
+// see the constructor) and in_proj_x3 could not run; its q, k and v steer the delta rule's state over the whole
+// sequence. prep_ is free once the in_proj products have read xp.
 void CudaRunner::qkv_rest(const DMat& w, const PreparedX& xp, int64_t T, float* qkv_raw, int64_t P) {
   if (!qkv_rest_ || fp32_prefill_ || T <= 1 || !xp.main || site_kernel(kGdnIn) != PrefillKernel::wgmma_split ||
       !matmul_wgmma_takes(w) || matmul_f16_bytes(T, w.cols) > int64_t(prep_bytes_))
