@@ -93,6 +93,7 @@ struct DenseData {
   std::vector<void*> xp;  // x prepared by matmul_prepare_x
   std::vector<void*> xq;  // x quantised by matmul_quantize_x
   std::vector<void*> xb;  // x as fp16 by matmul_prepare_x_f16
+  std::vector<void*> x3;  // x in three bf16 terms by matmul_prepare_x3 (cols a multiple of 512 only)
   float* y = nullptr;
 };
 
@@ -120,6 +121,14 @@ void* prepared_copy(const float* x, int64_t rows, int64_t cols) {
   return p;
 }
 
+void* x3_copy(const float* x, int64_t rows, int64_t cols) {
+  void* p = nullptr;
+  TERN_CUDA(cudaMalloc(&p, size_t(cuda::matmul_x3_bytes(rows, cols))));
+  cuda::matmul_prepare_x3(x, cols, rows, cols, p, nullptr);
+  TERN_CUDA(cudaDeviceSynchronize());
+  return p;
+}
+
 std::shared_ptr<DenseData> dense_data(int64_t rows, int64_t cols, int64_t T) {
   static std::map<std::string, std::shared_ptr<DenseData>> cache;
   const std::string key = std::to_string(rows) + "x" + std::to_string(cols) + "T" + std::to_string(T);
@@ -133,6 +142,7 @@ std::shared_ptr<DenseData> dense_data(int64_t rows, int64_t cols, int64_t T) {
       d->xp.push_back(prepared_copy(d->x.back(), T, cols));
       d->xq.push_back(quantised_copy(d->x.back(), T, cols));
       d->xb.push_back(f16_copy(d->x.back(), T, cols));
+      if (cols % 512 == 0 && cuda::matmul_wgmma_available()) d->x3.push_back(x3_copy(d->x.back(), T, cols));
     }
     d->y = bench_alloc_random_floats(size_t(T * rows), -1.0f, 1.0f, 3000);
   }
@@ -340,7 +350,9 @@ void add_grouped_int8(CaseList& cases, const char* what, int64_t rows, int64_t c
 }
 
 // The warpgroup kernel on a dense product (xk: x in one bf16 term or hi + lo) or a grouped one (gate, down, gate+up).
-const char* wgmma_label(cuda::WgmmaX xk) { return xk == cuda::WgmmaX::f16 ? "f16" : "split"; }
+const char* wgmma_label(cuda::WgmmaX xk) {
+  return xk == cuda::WgmmaX::f16 ? "f16" : xk == cuda::WgmmaX::split ? "split" : "split3";
+}
 void set_wgmma_x(MatmulArgs& a, cuda::WgmmaX xk, void* xb, void* xp, int64_t cols) {
   if (xk == cuda::WgmmaX::f16) {
     a.x_f16 = xb;
@@ -359,7 +371,9 @@ void add_dense_wgmma(CaseList& cases, const char* what, int64_t rows, int64_t co
            std::to_string(rows) + "x" + std::to_string(cols) + " T=" + std::to_string(T);
   c.flops = 2.0 * mats * double(T) * double(rows) * double(cols);
   c.bytes = mats * affine4_bytes(1, rows, cols) +
-            double(xk == cuda::WgmmaX::f16 ? cuda::matmul_f16_bytes(T, cols) : cuda::matmul_prepared_bytes(T, cols)) +
+            double(xk == cuda::WgmmaX::f16     ? cuda::matmul_f16_bytes(T, cols)
+                   : xk == cuda::WgmmaX::split ? cuda::matmul_prepared_bytes(T, cols)
+                                               : cuda::matmul_x3_bytes(T, cols)) +
             double(T * rows) * 4;
   auto data = std::make_shared<std::shared_ptr<DenseData>>();
   c.setup = [=] { *data = dense_data(rows, cols, T); };
@@ -369,7 +383,7 @@ void add_dense_wgmma(CaseList& cases, const char* what, int64_t rows, int64_t co
     MatmulArgs a;
     a.w = d.w[i];
     a.x = d.x[i];
-    set_wgmma_x(a, xk, d.xb[i], d.xp[i], cols);
+    set_wgmma_x(a, xk, d.xb[i], xk == cuda::WgmmaX::split3 ? d.x3[i] : d.xp[i], cols);
     a.ldx = cols;
     a.y = d.y;
     a.ldy = rows;
@@ -492,6 +506,8 @@ TERN_BENCH_CASES(matmul) {
   add_x_pass(cases, 4096 * 8, 512, true);
   // The warpgroup kernel (Hopper only), x in one bf16 term and as hi + lo, at T = 4096 and 512.
   if (!cuda::matmul_wgmma_available()) return;
+  // x in three terms (the GDN in_proj under TERN_PREFILL_QKV_BITS=24), dense only.
+  add_dense_wgmma(cases, "GDN in_proj", 12352, 2048, 4096, cuda::WgmmaX::split3);
   for (cuda::WgmmaX xk : {cuda::WgmmaX::f16, cuda::WgmmaX::split}) {
     for (int64_t T : {int64_t(4096), int64_t(512)}) {
       for (const Dense& d : dense) add_dense_wgmma(cases, d.what, d.rows, d.cols, T, xk);

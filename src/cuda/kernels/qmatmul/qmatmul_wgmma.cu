@@ -211,7 +211,7 @@ __global__ void __launch_bounds__(kThreads, S::kMinBlocks)
     matmul_wgmma_kernel(MatmulArgs a, DMat up, const void* xsrc, int64_t xrow_bytes, int64_t sums_off) {
   static_assert(!SwiGLU || S::kMTiles % 2 == 0, "SwiGLU pairs gate and up row tiles");
   constexpr int kStages = S::kStages, MT = S::kMTiles, Terms = S::kTerms, N = S::kTokens, NT = N / 8;
-  constexpr bool kF16 = Terms == 1;  // one fp16 term with a per-token scale, else bf16 hi + lo
+  constexpr bool kF16 = Terms == 1;  // one fp16 term with a per-token scale, else bf16 hi + lo (+ rest)
   constexpr int kOutRows = SwiGLU ? S::kRows / 2 : S::kRows;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* const smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
@@ -315,11 +315,14 @@ __global__ void __launch_bounds__(kThreads, S::kMinBlocks)
         af[mi][i][3] = nibble_pair<kF16>(rb[2 * i + 1], t);
       }
       wgmma_fence();
+      // Three terms: the smallest first (rest, lo, hi), so that the small terms are summed before the full-size one
+      // and not each rounded again at full size (the tensor cores' accumulation does not round to nearest); one and
+      // two terms keep their order (their outputs' bits unchanged).
 #pragma unroll
       for (int h = 0; h < Terms; ++h)
 #pragma unroll
         for (int i = 0; i < 4; ++i)
-          wgmma_16bit<kF16>(part[mi], af[mi][i], x_descriptor<N>(xs, h, i), h + i > 0 ? 1 : 0);
+          wgmma_16bit<kF16>(part[mi], af[mi][i], x_descriptor<N>(xs, Terms == 3 ? 2 - h : h, i), h + i > 0 ? 1 : 0);
       wgmma_commit();
     }
     // Fold each row tile's group sums with its rows' scales as its MMAs complete.
@@ -450,9 +453,10 @@ __global__ void __launch_bounds__(256) prepare_x3_kernel(const float* x, int64_t
   });
 }
 
-// Blocks of 128 rows × N tokens, x in Terms terms (1: fp16, 2: bf16 hi + lo). Blocks per SM the registers must allow:
-// 2 at N = 64 (the measured default); 3 at N = 32 and 4 at N = 16 (≤ 168 and ≤ 128 registers; unmeasured guesses:
-// short chunks run many small blocks; shared memory allows as many at the model's widths).
+// Blocks of 128 rows × N tokens, x in Terms terms (1: fp16, 2: bf16 hi + lo; 3, Plain3 below: + rest). Blocks per
+// SM the registers must allow: 2 at N = 64 (the measured default); 3 at N = 32 and 4 at N = 16 (≤ 168 and ≤ 128
+// registers; unmeasured guesses: short chunks run many small blocks; shared memory allows as many at the model's
+// widths).
 constexpr int min_blocks(int tokens) { return tokens == 64 ? 2 : tokens == 32 ? 3 : 4; }
 template <int Terms, int Tokens>
 using Block = Shape</*MT=*/2, Terms, /*Stages=*/4, min_blocks(Tokens), Tokens>;
