@@ -70,10 +70,11 @@ CudaRunner::CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const M
   }
   // TERN_PREFILL_EXACT_GATES=0: the GDN gate products (b, a) on the fp16 kernel too.
   exact_gates_ = prefill_kernel_ == PrefillKernel::wgmma_f16 && !env_is("TERN_PREFILL_EXACT_GATES", "0");
-  // TERN_PREFILL_QKV_BITS=16|24: with 24 the GDN in_proj, where it takes x as bf16 hi + lo on the warpgroup kernel
-  // (Hopper), takes x at fp32's precision: the fused product on x in three bf16 terms (in_proj_x3), else q|k|v add a
-  // product on x's rest past the split (matmul_prepare_rest_f16, qkv_rest; the figures below are this form's). With
-  // 16 (the default) it takes hi + lo alone, as the other products do. On the trained-scale oracle (8 layers, 640
+  // TERN_PREFILL_QKV_BITS=16|24: with 24 the GDN in_proj_qkv, where it takes x as bf16 hi + lo on the warpgroup
+  // kernel (Hopper), takes x at fp32's precision: q|k|v add a product on x's rest past the split
+  // (matmul_prepare_rest_f16, qkv_rest), or with TERN_PREFILL_X3=1 as well the fused in_proj takes x in three bf16
+  // terms (in_proj_x3: one more MMA term instead of a product; not yet run on a GPU). With 16 (the default) it takes
+  // hi + lo alone, as the other products do. On the trained-scale oracle (8 layers, 640
   // positions) in_proj_qkv's 16-bit x made the prefill's near-tie events: with 24 the i16 cache's prefill went from
   // +0.1135% to +0.0004% perplexity (seed 566307818) and from +0.066% to −0.0004% (518327869), the f16 cache's from
   // +0.066% to +0.009% (518327869), but the 4K prefill from 23,500 to 20,450 tok/s (−13%, H100; docs/benchmarks.md,
@@ -85,6 +86,7 @@ CudaRunner::CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const M
     qkv_rest_ = v == "24";
   }
   if (o.prefill_qkv_bits != 0) qkv_rest_ = o.prefill_qkv_bits == 24;
+  in_proj_x3_ = env_is("TERN_PREFILL_X3", "1");
   // TERN_PREFILL_ROUTER: how the prefill plan's 8-bit router takes x. exact (default): the integer kernel twice, on
   // x in 16 bits per group of 64 and on the residual quantised again (matmul_quantize_x's residual: x to fp32's
   // precision; the shared-expert gate takes the first term only). q16: the first product alone, whose rounding swapped

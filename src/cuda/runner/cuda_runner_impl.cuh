@@ -208,7 +208,8 @@ class CudaRunner final : public ModelRunner {
   bool runs_wgmma(PrefillSite site, const DMat& w, int64_t T) const;  // w's product at `site` on the warpgroup kernel
   PrefillKernel prefill_kernel_ = PrefillKernel::int8;
   bool exact_gates_ = false;  // the GDN b and a products on the integer kernel (see gdn_mixer)
-  bool qkv_rest_ = false;     // TERN_PREFILL_QKV_BITS=24: the GDN in_proj's x at 24 bits (in_proj_x3, qkv_rest)
+  bool qkv_rest_ = false;     // TERN_PREFILL_QKV_BITS=24: the GDN in_proj_qkv's x at 24 bits (qkv_rest)
+  bool in_proj_x3_ = false;   // TERN_PREFILL_X3=1: with qkv_rest_, the fused in_proj on x in three terms (in_proj_x3)
   // The prefill router (TERN_PREFILL_ROUTER, see the constructor): exact (default), q16 or fp32.
   enum class RouterPrefill { exact, q16, fp32 };
   RouterPrefill router_prefill_ = RouterPrefill::exact;

@@ -177,7 +177,8 @@ void CudaRunner::gdn_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, in
   // (in_proj_all), else one per matrix into its columns; the gates on the 16-bit x when gates_q16.
   const int64_t Z = int64_t(d.Hv) * d.dv, P = C + Z + 2 * d.Hv;
   float *qkv_raw = in_proj_out_, *z = qkv_raw + C, *b = z + Z, *a = b + d.Hv;
-  // With qkv_rest_ the fused product takes x in three terms where it can (in_proj_x3), else q|k|v add the rest.
+  // With qkv_rest_ the fused product takes x in three terms where asked and able (in_proj_x3), else q|k|v add the
+  // rest.
   if (!in_proj_x3(l, T, P, gates_q16)) {
     const PreparedX xp = norm_prepare(l.input_norm, T, kGdnIn, gates_q16);
     if (l.in_proj_all.rows == P && !gates_q16) {
@@ -212,11 +213,12 @@ void CudaRunner::gdn_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, in
 
 // in_proj_out_ [T, P] = x · in_proj_allᵀ, x = rmsnorm(hidden_)·input_norm in three bf16 terms (matmul_prepare_x3:
 // hi + lo + rest = x exactly), so every row takes x at fp32's precision for one more MMA term than hi + lo, the
-// weights' dequantisation shared. Where qkv_rest_ is set, the in_proj is fused and would take hi + lo on the
-// warpgroup kernel, and the layout fits prep_; returns whether it ran.
+// weights' dequantisation shared. Where qkv_rest_ and in_proj_x3_ are set (TERN_PREFILL_X3=1; its cost against
+// qkv_rest's not yet measured), the in_proj is fused and would take hi + lo on the warpgroup kernel, and the layout
+// fits prep_; returns whether it ran.
 bool CudaRunner::in_proj_x3(const DeviceLayer& l, int64_t T, int64_t P, bool gates_q16) {
   const int64_t D = w_->config.hidden_size;
-  if (!qkv_rest_ || fp32_prefill_ || T <= 1 || gates_q16 || l.in_proj_all.rows != P ||
+  if (!qkv_rest_ || !in_proj_x3_ || fp32_prefill_ || T <= 1 || gates_q16 || l.in_proj_all.rows != P ||
       site_kernel(kGdnIn) != PrefillKernel::wgmma_split || !matmul_wgmma_takes(l.in_proj_all) ||
       matmul_x3_bytes(T, D) > int64_t(prep_bytes_))
     return false;

@@ -162,13 +162,14 @@ TEST(CudaRunner, Fp16PrefillWithinTheFidelityBounds) {
   EXPECT_LE(pd.kl, 1e-3);
 }
 
-// The GDN in_proj's x at 24 bits in the prefill (prefill_qkv_bits = 24: the fused in_proj on x in three bf16 terms,
-// in_proj_x3) against the CPU runner: it runs (other logits than at 16 bits), stays within the exact plan's bound,
-// and takes the logits closer to the CPU's (mean |Δlogit| over every position and id, a statistic one near-tie does
-// not move much). The i16 cache, so that the fp16 cache's rounding does not hide the products'.
+// The GDN in_proj_qkv's x at 24 bits in the prefill (prefill_qkv_bits = 24: a product on x's rest, qkv_rest; with
+// TERN_PREFILL_X3=1 the fused in_proj on x in three bf16 terms, in_proj_x3) against the CPU runner: it runs (other
+// logits than at 16 bits), stays within the exact plan's bound, and takes the logits closer to the CPU's (mean
+// |Δlogit| over every position and id, a statistic one near-tie does not move much). The i16 cache, so that the fp16
+// cache's rounding does not hide the products'.
 TEST(CudaRunner, QkvAt24BitsTakesThePrefillCloserToTheCpu) {
   TERN_REQUIRE_GPU();
-  if (!matmul_wgmma_available()) GTEST_SKIP() << "the 24-bit in_proj runs on Hopper GPUs only";
+  if (!matmul_wgmma_available()) GTEST_SKIP() << "the 24-bit in_proj_qkv runs on Hopper GPUs only";
   for (const char* plan : {"TERN_CUDA_FP32", "TERN_PREFILL_WGMMA", "TERN_PREFILL_INT8", "TERN_PREFILL_F16_SITES"})
     if (const char* e = std::getenv(plan); e && *e) GTEST_SKIP() << plan << " is set: another prefill plan";
   const uint64_t seed = fresh_seed("CudaRunner.Qkv24");
@@ -200,8 +201,8 @@ TEST(CudaRunner, QkvAt24BitsTakesThePrefillCloserToTheCpu) {
                 f.ppl, f.ppl_ref, f.kl, f.top1, f.max_abs, mean_abs[i]);
     EXPECT_LT(f.kl, 1e-4) << bits << " bits";
   }
-  EXPECT_NE(got[0], got[1]) << "the 24-bit in_proj changed nothing: it did not run";
-  EXPECT_LT(mean_abs[1], mean_abs[0]) << "the 24-bit in_proj did not take the logits closer to the CPU's";
+  EXPECT_NE(got[0], got[1]) << "the 24-bit in_proj_qkv changed nothing: it did not run";
+  EXPECT_LT(mean_abs[1], mean_abs[0]) << "the 24-bit in_proj_qkv did not take the logits closer to the CPU's";
 }
 
 // The built-in demo model (what `tern serve` runs without -m): small head dims (64), 16 experts top-4.
