@@ -33,7 +33,6 @@
 #include "cuda/common/launch.cuh"
 #include "cuda/common/ptx.cuh"
 #include "cuda/kernels/qmatmul/matmul_tile.cuh"
-#include "cuda/kernels/qmatmul/x_forms.cuh"
 #include "cuda/kernels/qmv/qmv_tile.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -442,17 +441,6 @@ __global__ void __launch_bounds__(256) prepare_x_f16_kernel(const float* x, int6
   }
 }
 
-// x (fp32 [rows, cols], row stride ld) -> the three-term rows of matmul_prepare_x3, a thread per 8-column word.
-__global__ void __launch_bounds__(256) prepare_x3_kernel(const float* x, int64_t ld, int64_t rows, int64_t cols,
-                                                         unsigned char* out) {
-  pdl_wait();
-  pdl_trigger();
-  const int64_t row_bytes = matmul_x3_row_bytes(cols);
-  mm::for_each_x_word(x, ld, rows, cols, [&](bool in, int64_t r, int64_t c, const float (&v)[8]) {
-    xform::store_split3_word(out + r * row_bytes, cols, c, v, in);
-  });
-}
-
 // Blocks of 128 rows × N tokens, x in Terms terms (1: fp16, 2: bf16 hi + lo; 3, Plain3 below: + rest). Blocks per
 // SM the registers must allow: 2 at N = 64 (the measured default); 3 at N = 32 and 4 at N = 16 (≤ 168 and ≤ 128
 // registers; unmeasured guesses: short chunks run many small blocks; shared memory allows as many at the model's
@@ -579,18 +567,6 @@ void matmul_prepare_x_f16(const float* x, int64_t ldx, int64_t rows, int64_t col
 void matmul_prepare_rest_f16(const float* x, int64_t ldx, int64_t rows, int64_t cols, void* out,
                              cudaStream_t stream) {
   prepare_f16<true>("matmul_prepare_rest_f16", x, ldx, rows, cols, out, stream);
-}
-
-void matmul_prepare_x3(const float* x, int64_t ldx, int64_t rows, int64_t cols, void* out, cudaStream_t stream) {
-  if (rows <= 0 || cols <= 0) return;
-  TERN_CHECK(cols % 64 == 0 && ldx % 4 == 0 && ldx >= cols && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-                 reinterpret_cast<uintptr_t>(out) % 16 == 0,
-             "matmul_prepare_x3: needs cols a multiple of 64, ldx a multiple of 4 and 16-byte aligned buffers; got ",
-             "cols ", cols, ", ldx ", ldx);
-  const int64_t words = rows * (cols / 8);
-  const int64_t blocks = std::min<int64_t>((words + 255) / 256, int64_t(qtile::sm_count()) * 8);
-  launch_pdl("matmul_prepare_x3", wg::prepare_x3_kernel, dim3(unsigned(blocks)), dim3(256), 0, stream, x, ldx, rows,
-             cols, static_cast<unsigned char*>(out));
 }
 
 void matmul_wgmma(const MatmulArgs& a, cudaStream_t stream, WgmmaX x) { wg::run<false>(a, DMat{}, x, stream); }

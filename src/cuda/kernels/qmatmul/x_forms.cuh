@@ -1,7 +1,7 @@
 // The prepared forms of a prefill product's input x, one 8-column word at a time: the device functions that write
-// them, shared by the kernels that prepare x (qmatmul.cu's matmul_prepare_x, qmatmul_int8.cu's matmul_quantize_x) and
-// the RMSNorm that writes them directly (norm.cu's rmsnorm_prepare). Layouts: qmatmul.cuh (split bf16 hi + lo) and
-// qmatmul_int8.cuh (16-bit integers per group of 64).
+// them, shared by the kernels that prepare x (qmatmul.cu's matmul_prepare_x and matmul_prepare_x3, qmatmul_int8.cu's
+// matmul_quantize_x) and the RMSNorm that writes them directly (norm.cu's rmsnorm_prepare). Layouts: qmatmul.cuh
+// (split bf16 hi + lo, and hi + lo + rest) and qmatmul_int8.cuh (16-bit integers per group of 64).
 #pragma once
 
 #include <cuda_bf16.h>
