@@ -626,10 +626,10 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) matmul_affine4_tc_
   mm::store_warp_tile<SwiGLU>(a, acc, row0 + wm * 16 * (SwiGLU ? MT / 2 : MT), wtok0, g, t, p0, count);
 }
 
-// x (fp32 [rows, cols], row stride ld) -> the prepared layout (matmul_prepared_row_bytes per row): per group of 64
-// columns the hi chunks then the lo chunks, then the groups' Σx'. One thread per 8-column chunk; the 8 chunks of a
-// group lie in 8 consecutive lanes (cols % 64 == 0), which add their sums as the kernel's blocks do.
-// x -> the split rows of matmul_prepare_x (Terms 2) or the three-term rows of matmul_prepare_x3 (3).
+// x (fp32 [rows, cols], row stride ld) -> the prepared layout, Terms 2 (matmul_prepared_row_bytes per row): per group
+// of 64 columns the hi chunks then the lo chunks, then the groups' Σx'; or Terms 3 (matmul_prepare_x3's rows: the
+// rest chunks after lo, and Σx). One thread per 8-column chunk; the 8 chunks of a group lie in 8 consecutive lanes
+// (cols % 64 == 0), which add their sums as the kernel's blocks do.
 template <int Terms>
 __global__ void __launch_bounds__(256) prepare_x_kernel(const float* x, int64_t ld, int64_t rows, int64_t cols,
                                                         unsigned char* out) {
