@@ -93,40 +93,33 @@ struct DenseData {
   std::vector<void*> xp;  // x prepared by matmul_prepare_x
   std::vector<void*> xq;  // x quantised by matmul_quantize_x
   std::vector<void*> xb;  // x as fp16 by matmul_prepare_x_f16
-  std::vector<void*> x3;  // x in three bf16 terms by matmul_prepare_x3 (cols a multiple of 512 only)
+  std::vector<void*> x3;  // x in three bf16 terms by matmul_prepare_x3 (made by the split3 cases' setup only)
   float* y = nullptr;
 };
 
+// x [rows, cols] in a prepared form: `bytes` of device memory that prepare(x, ldx, rows, cols, out, stream) fills.
+template <class Prepare>
+void* prepared_form(const float* x, int64_t rows, int64_t cols, int64_t bytes, Prepare prepare) {
+  void* p = nullptr;
+  TERN_CUDA(cudaMalloc(&p, size_t(bytes)));
+  prepare(x, cols, rows, cols, p, nullptr);
+  TERN_CUDA(cudaDeviceSynchronize());
+  return p;
+}
 void* quantised_copy(const float* x, int64_t rows, int64_t cols) {
-  void* p = nullptr;
-  TERN_CUDA(cudaMalloc(&p, size_t(cuda::matmul_q16_bytes(rows, cols))));
-  cuda::matmul_quantize_x(x, cols, rows, cols, p, nullptr);
-  TERN_CUDA(cudaDeviceSynchronize());
-  return p;
+  return prepared_form(x, rows, cols, cuda::matmul_q16_bytes(rows, cols),
+                       [](const float* v, int64_t ld, int64_t r, int64_t c, void* out, cudaStream_t st) {
+                         cuda::matmul_quantize_x(v, ld, r, c, out, st);
+                       });
 }
-
 void* f16_copy(const float* x, int64_t rows, int64_t cols) {
-  void* p = nullptr;
-  TERN_CUDA(cudaMalloc(&p, size_t(cuda::matmul_f16_bytes(rows, cols))));
-  cuda::matmul_prepare_x_f16(x, cols, rows, cols, p, nullptr);
-  TERN_CUDA(cudaDeviceSynchronize());
-  return p;
+  return prepared_form(x, rows, cols, cuda::matmul_f16_bytes(rows, cols), cuda::matmul_prepare_x_f16);
 }
-
 void* prepared_copy(const float* x, int64_t rows, int64_t cols) {
-  void* p = nullptr;
-  TERN_CUDA(cudaMalloc(&p, size_t(cuda::matmul_prepared_bytes(rows, cols))));
-  cuda::matmul_prepare_x(x, cols, rows, cols, p, nullptr);
-  TERN_CUDA(cudaDeviceSynchronize());
-  return p;
+  return prepared_form(x, rows, cols, cuda::matmul_prepared_bytes(rows, cols), cuda::matmul_prepare_x);
 }
-
 void* x3_copy(const float* x, int64_t rows, int64_t cols) {
-  void* p = nullptr;
-  TERN_CUDA(cudaMalloc(&p, size_t(cuda::matmul_x3_bytes(rows, cols))));
-  cuda::matmul_prepare_x3(x, cols, rows, cols, p, nullptr);
-  TERN_CUDA(cudaDeviceSynchronize());
-  return p;
+  return prepared_form(x, rows, cols, cuda::matmul_x3_bytes(rows, cols), cuda::matmul_prepare_x3);
 }
 
 std::shared_ptr<DenseData> dense_data(int64_t rows, int64_t cols, int64_t T) {
@@ -142,7 +135,6 @@ std::shared_ptr<DenseData> dense_data(int64_t rows, int64_t cols, int64_t T) {
       d->xp.push_back(prepared_copy(d->x.back(), T, cols));
       d->xq.push_back(quantised_copy(d->x.back(), T, cols));
       d->xb.push_back(f16_copy(d->x.back(), T, cols));
-      if (cols % 512 == 0 && cuda::matmul_wgmma_available()) d->x3.push_back(x3_copy(d->x.back(), T, cols));
     }
     d->y = bench_alloc_random_floats(size_t(T * rows), -1.0f, 1.0f, 3000);
   }
@@ -376,7 +368,12 @@ void add_dense_wgmma(CaseList& cases, const char* what, int64_t rows, int64_t co
                                                : cuda::matmul_x3_bytes(T, cols)) +
             double(T * rows) * 4;
   auto data = std::make_shared<std::shared_ptr<DenseData>>();
-  c.setup = [=] { *data = dense_data(rows, cols, T); };
+  c.setup = [=] {
+    *data = dense_data(rows, cols, T);
+    DenseData& d = **data;
+    if (xk == cuda::WgmmaX::split3 && d.x3.empty())
+      for (const float* x : d.x) d.x3.push_back(x3_copy(x, T, cols));
+  };
   c.run = [=](cudaStream_t stream, int rep) {
     const DenseData& d = **data;
     const size_t i = size_t(rep) % d.w.size();

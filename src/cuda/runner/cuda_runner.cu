@@ -74,12 +74,12 @@ CudaRunner::CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const M
   // kernel (Hopper), takes x at fp32's precision: q|k|v add a product on x's rest past the split
   // (matmul_prepare_rest_f16, qkv_rest), or with TERN_PREFILL_X3=1 as well the fused in_proj takes x in three bf16
   // terms (in_proj_x3: one more MMA term instead of a product; not yet run on a GPU). With 16 (the default) it takes
-  // hi + lo alone, as the other products do. On the trained-scale oracle (8 layers, 640
-  // positions) in_proj_qkv's 16-bit x made the prefill's near-tie events: with 24 the i16 cache's prefill went from
-  // +0.1135% to +0.0004% perplexity (seed 566307818) and from +0.066% to −0.0004% (518327869), the f16 cache's from
-  // +0.066% to +0.009% (518327869), but the 4K prefill from 23,500 to 20,450 tok/s (−13%, H100; docs/benchmarks.md,
-  // forty-sixth session): a separate product costs more than issue 29's speed bar allows. (The f16 cache's events on
-  // 566307818 stay: they come from its attention.)
+  // hi + lo alone, as the other products do. On the trained-scale oracle (8 layers, 640 positions) in_proj_qkv's
+  // 16-bit x made the prefill's near-tie events: with 24 the i16 cache's prefill went from +0.1135% to +0.0004%
+  // perplexity (seed 566307818) and from +0.066% to −0.0004% (518327869), the f16 cache's from +0.066% to +0.009%
+  // (518327869), but the 4K prefill from 23,500 to 20,450 tok/s (−13%, H100; docs/benchmarks.md, forty-sixth
+  // session): a separate product costs more than issue 29's speed bar allows. (The f16 cache's events on 566307818
+  // stay: they come from its attention.)
   if (const char* e = std::getenv("TERN_PREFILL_QKV_BITS"); e && *e) {
     const std::string v = e;
     TERN_CHECK(v == "16" || v == "24", "TERN_PREFILL_QKV_BITS must be 16 or 24; got '", v, "'");

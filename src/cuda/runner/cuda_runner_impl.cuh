@@ -167,7 +167,8 @@ class CudaRunner final : public ModelRunner {
   PreparedX norm_prepare(const float* w, int64_t T, PrefillSite site, bool with_8bit = false, bool with_rest = false);
   void gdn_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, int64_t T);
   // in_proj_qkv's x to 24 bits (see gdn_mixer): the fused in_proj on x in three terms, else a product on the rest
-  bool in_proj_x3(const DeviceLayer& l, int64_t T, int64_t P, bool gates_q16);
+  bool gdn_in_at_24_bits(int64_t T) const;
+  bool in_proj_x3(const DeviceLayer& l, int64_t T, int64_t P);
   void qkv_rest(const DMat& w, const PreparedX& xp, int64_t T, float* qkv_raw, int64_t P);
   void attention_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, CudaSession& s, int64_t T, int64_t cap);
   void moe(const DeviceLayer& l, int64_t T);
