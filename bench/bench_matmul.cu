@@ -94,6 +94,7 @@ struct DenseData {
   std::vector<void*> xq;  // x quantised by matmul_quantize_x
   std::vector<void*> xb;  // x as fp16 by matmul_prepare_x_f16
   std::vector<void*> x3;  // x in three bf16 terms by matmul_prepare_x3 (made by the split3 cases' setup only)
+  std::vector<void*> xh;  // x as fp16 hi + lo by matmul_prepare_x_f16x2 (made by the split_f16 cases' setup only)
   float* y = nullptr;
 };
 
@@ -120,6 +121,9 @@ void* prepared_copy(const float* x, int64_t rows, int64_t cols) {
 }
 void* x3_copy(const float* x, int64_t rows, int64_t cols) {
   return prepared_form(x, rows, cols, cuda::matmul_x3_bytes(rows, cols), cuda::matmul_prepare_x3);
+}
+void* f16x2_copy(const float* x, int64_t rows, int64_t cols) {
+  return prepared_form(x, rows, cols, cuda::matmul_f16x2_bytes(rows, cols), cuda::matmul_prepare_x_f16x2);
 }
 
 std::shared_ptr<DenseData> dense_data(int64_t rows, int64_t cols, int64_t T) {
@@ -185,6 +189,7 @@ struct GroupedData {
   void* xp = nullptr;  // x prepared by matmul_prepare_x
   void* xq = nullptr;  // x quantised by matmul_quantize_x
   void* xb = nullptr;  // x as fp16 by matmul_prepare_x_f16
+  void* xh = nullptr;  // x as fp16 hi + lo by matmul_prepare_x_f16x2
   float* y = nullptr;
   int* ids = nullptr;
   int* scratch = nullptr;
@@ -208,6 +213,7 @@ std::shared_ptr<GroupedData> grouped_data(int64_t rows, int64_t cols, int64_t T,
     d->xp = prepared_copy(d->x, xrows, cols);
     d->xq = quantised_copy(d->x, xrows, cols);
     d->xb = f16_copy(d->x, xrows, cols);
+    d->xh = f16x2_copy(d->x, xrows, cols);
     d->y = bench_alloc_random_floats(size_t(T * k * rows), -1.0f, 1.0f, 6000);
     std::mt19937_64 rng(7);
     std::vector<int> ids(static_cast<size_t>(T * k)), perm(static_cast<size_t>(E));
@@ -341,9 +347,16 @@ void add_grouped_int8(CaseList& cases, const char* what, int64_t rows, int64_t c
   cases.push_back(std::move(c));
 }
 
-// The warpgroup kernel on a dense product (xk: x in one bf16 term or hi + lo) or a grouped one (gate, down, gate+up).
+// The warpgroup kernel on a dense product (xk: x in one fp16 term, bf16 or fp16 hi + lo, three bf16 terms) or a
+// grouped one (gate, down, gate+up).
 const char* wgmma_label(cuda::WgmmaX xk) {
-  return xk == cuda::WgmmaX::f16 ? "f16" : xk == cuda::WgmmaX::split ? "split" : "split3";
+  switch (xk) {
+    case cuda::WgmmaX::f16: return "f16";
+    case cuda::WgmmaX::split: return "split";
+    case cuda::WgmmaX::split3: return "split3";
+    case cuda::WgmmaX::split_f16: return "split_f16";
+  }
+  return "?";
 }
 void set_wgmma_x(MatmulArgs& a, cuda::WgmmaX xk, void* xb, void* xp, int64_t cols) {
   if (xk == cuda::WgmmaX::f16) {
@@ -352,6 +365,7 @@ void set_wgmma_x(MatmulArgs& a, cuda::WgmmaX xk, void* xb, void* xp, int64_t col
   } else {
     a.x_prep = xp;
     a.x_prep_cols = cols;
+    a.x_prep_f16 = xk == cuda::WgmmaX::split_f16;
   }
 }
 void add_dense_wgmma(CaseList& cases, const char* what, int64_t rows, int64_t cols, int64_t T, cuda::WgmmaX xk,
@@ -363,9 +377,10 @@ void add_dense_wgmma(CaseList& cases, const char* what, int64_t rows, int64_t co
            std::to_string(rows) + "x" + std::to_string(cols) + " T=" + std::to_string(T);
   c.flops = 2.0 * mats * double(T) * double(rows) * double(cols);
   c.bytes = mats * affine4_bytes(1, rows, cols) +
-            double(xk == cuda::WgmmaX::f16     ? cuda::matmul_f16_bytes(T, cols)
-                   : xk == cuda::WgmmaX::split ? cuda::matmul_prepared_bytes(T, cols)
-                                               : cuda::matmul_x3_bytes(T, cols)) +
+            double(xk == cuda::WgmmaX::f16       ? cuda::matmul_f16_bytes(T, cols)
+                   : xk == cuda::WgmmaX::split   ? cuda::matmul_prepared_bytes(T, cols)
+                   : xk == cuda::WgmmaX::split3  ? cuda::matmul_x3_bytes(T, cols)
+                                                 : cuda::matmul_f16x2_bytes(T, cols)) +
             double(T * rows) * 4;
   auto data = std::make_shared<std::shared_ptr<DenseData>>();
   c.setup = [=] {
@@ -373,6 +388,8 @@ void add_dense_wgmma(CaseList& cases, const char* what, int64_t rows, int64_t co
     DenseData& d = **data;
     if (xk == cuda::WgmmaX::split3 && d.x3.empty())
       for (const float* x : d.x) d.x3.push_back(x3_copy(x, T, cols));
+    if (xk == cuda::WgmmaX::split_f16 && d.xh.empty())
+      for (const float* x : d.x) d.xh.push_back(f16x2_copy(x, T, cols));
   };
   c.run = [=](cudaStream_t stream, int rep) {
     const DenseData& d = **data;
@@ -380,7 +397,11 @@ void add_dense_wgmma(CaseList& cases, const char* what, int64_t rows, int64_t co
     MatmulArgs a;
     a.w = d.w[i];
     a.x = d.x[i];
-    set_wgmma_x(a, xk, d.xb[i], xk == cuda::WgmmaX::split3 ? d.x3[i] : d.xp[i], cols);
+    set_wgmma_x(a, xk, d.xb[i],
+                xk == cuda::WgmmaX::split3      ? d.x3[i]
+                : xk == cuda::WgmmaX::split_f16 ? d.xh[i]
+                                                : d.xp[i],
+                cols);
     a.ldx = cols;
     a.y = d.y;
     a.ldy = rows;
@@ -412,7 +433,7 @@ void add_grouped_wgmma(CaseList& cases, const char* what, int64_t rows, int64_t 
   c.run = [=](cudaStream_t stream, int) {
     const GroupedData& d = **data;
     MatmulArgs a = grouped_args(d, rows, cols, gather);
-    set_wgmma_x(a, xk, d.xb, d.xp, cols);
+    set_wgmma_x(a, xk, d.xb, xk == cuda::WgmmaX::split_f16 ? d.xh : d.xp, cols);
     if (swiglu) {
       cuda::matmul_wgmma_swiglu(a, d.up, stream, xk);
     } else {
@@ -501,11 +522,11 @@ TERN_BENCH_CASES(matmul) {
   add_grouped_int8(cases, "gate+up", 512, 2048, 512, true, Int8Tile::automatic, true);
   add_x_pass(cases, 4096, 2048, true);
   add_x_pass(cases, 4096 * 8, 512, true);
-  // The warpgroup kernel (Hopper only), x in one bf16 term and as hi + lo, at T = 4096 and 512.
+  // The warpgroup kernel (Hopper only), x in one fp16 term, as bf16 hi + lo and as fp16 hi + lo, at T = 4096 and 512.
   if (!cuda::matmul_wgmma_available()) return;
-  // x in three terms (the GDN in_proj under TERN_PREFILL_QKV_BITS=24), dense only.
+  // x in three terms (the GDN in_proj under TERN_PREFILL_QKV_BITS=24 with TERN_PREFILL_X3=1), dense only.
   add_dense_wgmma(cases, "GDN in_proj", 12352, 2048, 4096, cuda::WgmmaX::split3);
-  for (cuda::WgmmaX xk : {cuda::WgmmaX::f16, cuda::WgmmaX::split}) {
+  for (cuda::WgmmaX xk : {cuda::WgmmaX::f16, cuda::WgmmaX::split, cuda::WgmmaX::split_f16}) {
     for (int64_t T : {int64_t(4096), int64_t(512)}) {
       for (const Dense& d : dense) add_dense_wgmma(cases, d.what, d.rows, d.cols, T, xk);
       add_dense_wgmma(cases, "shared gate+up", 512, 2048, T, xk, true);

@@ -46,6 +46,9 @@ CudaRunner::CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const M
     : w_(std::move(w)), host_(std::move(host)), max_chunk_(std::max<int64_t>(1, o.max_chunk)) {
   TERN_CHECK(o.prefill_qkv_bits == 0 || o.prefill_qkv_bits == 16 || o.prefill_qkv_bits == 24,
              "prefill_qkv_bits must be 16 or 24 (or 0: the default); got ", o.prefill_qkv_bits);
+  TERN_CHECK(o.prefill_pair_sites >= -1 && o.prefill_pair_sites <= kAllSites,
+             "prefill_pair_sites must be a mask of the prefill sites (0 to ", int(kAllSites), ") or -1; got ",
+             o.prefill_pair_sites);
   TERN_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   allocate_scratch();
   if (host_ && host_->vision) build_vision_plan(*host_->vision);
@@ -70,6 +73,11 @@ CudaRunner::CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const M
   }
   // TERN_PREFILL_EXACT_GATES=0: the GDN gate products (b, a) on the fp16 kernel too.
   exact_gates_ = prefill_kernel_ == PrefillKernel::wgmma_f16 && !env_is("TERN_PREFILL_EXACT_GATES", "0");
+  // TERN_PREFILL_PAIR_SITES (a bit mask of PrefillSite, default 0): the inputs that, where they would take x as bf16
+  // hi + lo on the warpgroup kernel (Hopper), take it as fp16 hi + lo with a power-of-two scale per token instead
+  // (matmul_prepare_x_f16x2: 22 significant bits for the same tensor work; not yet run on a GPU).
+  if (const char* e = std::getenv("TERN_PREFILL_PAIR_SITES")) pair_sites_ = std::atoi(e) & kAllSites;
+  if (o.prefill_pair_sites >= 0) pair_sites_ = o.prefill_pair_sites;
   // TERN_PREFILL_QKV_BITS=16|24: with 24 the GDN in_proj_qkv, where it takes x as bf16 hi + lo on the warpgroup
   // kernel (Hopper), takes x at fp32's precision: q|k|v add a product on x's rest past the split
   // (matmul_prepare_rest_f16, qkv_rest), or with TERN_PREFILL_X3=1 as well the fused in_proj takes x in three bf16
@@ -287,9 +295,10 @@ void CudaRunner::allocate_scratch() {
                          T * k * (2 * F + D) + T * (2 * Fs + D) + kLmRows * V + sample_scratch_floats(V);
   const int64_t ints = T + T * k + moe_group_ints(T, E, k) + 1;
   // The split activations of every prefill product input: normed x, the GDN and attention outputs, h of the experts.
-  prep_bytes_ = size_t(std::max({matmul_prepared_bytes(T, D), matmul_prepared_bytes(T, Hv * dv),
-                                 matmul_prepared_bytes(T, Hq * dh), matmul_prepared_bytes(T * k, F),
-                                 matmul_x3_bytes(T, D)}));
+  // (fp16 hi + lo's rows are 16 bytes longer than bf16 hi + lo's at most.)
+  prep_bytes_ = size_t(std::max({matmul_f16x2_bytes(T, D), matmul_f16x2_bytes(T, Hv * dv),
+                                 matmul_f16x2_bytes(T, Hq * dh), matmul_f16x2_bytes(T * k, F),
+                                 matmul_f16x2_bytes(T, Fs), matmul_x3_bytes(T, D)}));
   prep_q16_bytes_ = size_t(matmul_q16_bytes(T, D));
   // A chunk part way (forward_layers): its rows [T, D] and a snapshot's worth of Gated DeltaNet states.
   const size_t part_way_bytes = size_t(T * D) * 4 + gdn_state_bytes_of(*w_);

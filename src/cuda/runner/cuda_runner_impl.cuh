@@ -38,16 +38,19 @@ namespace tern::cuda {
 
 // x [T, cols] prepared once for the products that read it. main: the layout of the 4-bit products' kernel (fp16
 // with a per-token scale for the Hopper warpgroup kernel, or bf16 hi + lo with TERN_PREFILL_WGMMA=2; 16 bits for the
-// integer kernel (TERN_PREFILL_INT8=1); split into bf16 hi + lo elsewhere); q16: the integer kernel's layout for 8-bit
-// matrices (the router and shared-expert gate), the same buffer as main when the integer kernel runs everything.
+// integer kernel (TERN_PREFILL_INT8=1); split into bf16 hi + lo elsewhere, or fp16 hi + lo at the sites of
+// TERN_PREFILL_PAIR_SITES); q16: the integer kernel's layout for 8-bit matrices (the router and shared-expert gate),
+// the same buffer as main when the integer kernel runs everything.
 struct PreparedX {
   const void* main = nullptr;
   const void* q16 = nullptr;
   const void* q16_rest = nullptr;  // x − x(q16) in the same form: the 8-bit products' second, exact term
   bool split = false;  // main holds bf16 hi + lo (matmul_prepare_x), not fp16, under the fp16 plan
+  bool pair = false;   // main holds fp16 hi + lo (matmul_prepare_x_f16x2), not bf16 hi + lo (CudaRunner::takes_pair)
 };
 
-// The prefill plan's product inputs, for choosing which take x as fp16 on Hopper (TERN_PREFILL_F16_SITES).
+// The prefill plan's product inputs, for choosing which take x as fp16 on Hopper (TERN_PREFILL_F16_SITES) or as fp16
+// hi + lo (TERN_PREFILL_PAIR_SITES).
 enum PrefillSite : int { kGdnIn = 1, kAttnIn = 2, kMixerOut = 4, kMoeIn = 8, kMoeDown = 16, kAllSites = 31 };
 
 class CudaRunner final : public ModelRunner {
@@ -206,11 +209,13 @@ class CudaRunner final : public ModelRunner {
   enum class PrefillKernel { wgmma_f16, wgmma_split, int8, split };
   PrefillKernel site_kernel(PrefillSite site) const;  // the kernel of the products at `site` in this chunk
   bool prep_fits(PrefillKernel kernel, int64_t T, int64_t cols) const;  // prepare_x prepares x [T, cols] for it
+  bool takes_pair(PrefillSite site, int64_t T, int64_t cols) const;     // x [T, cols] at `site` as fp16 hi + lo
   bool runs_wgmma(PrefillSite site, const DMat& w, int64_t T) const;  // w's product at `site` on the warpgroup kernel
   PrefillKernel prefill_kernel_ = PrefillKernel::int8;
   bool exact_gates_ = false;  // the GDN b and a products on the integer kernel (see gdn_mixer)
   bool qkv_rest_ = false;     // TERN_PREFILL_QKV_BITS=24: the GDN in_proj_qkv's x at 24 bits (qkv_rest)
   bool in_proj_x3_ = false;   // TERN_PREFILL_X3=1: with qkv_rest_, the fused in_proj on x in three terms (in_proj_x3)
+  int pair_sites_ = 0;        // TERN_PREFILL_PAIR_SITES: the sites on fp16 hi + lo instead of bf16 hi + lo (takes_pair)
   // The prefill router (TERN_PREFILL_ROUTER, see the constructor): exact (default), q16 or fp32.
   enum class RouterPrefill { exact, q16, fp32 };
   RouterPrefill router_prefill_ = RouterPrefill::exact;

@@ -72,7 +72,12 @@ PreparedX CudaRunner::prepare_x(const float* x, int64_t ldx, int64_t T, int64_t 
       with_8bit = false;
       [[fallthrough]];
     case PrefillKernel::wgmma_split:
-      matmul_prepare_x(x, ldx, T, cols, prep_, stream_);
+      p.pair = takes_pair(site, T, cols);
+      if (p.pair) {
+        matmul_prepare_x_f16x2(x, ldx, T, cols, prep_, stream_);
+      } else {
+        matmul_prepare_x(x, ldx, T, cols, prep_, stream_);
+      }
       p.main = prep_;
       break;
   }
@@ -95,6 +100,14 @@ bool CudaRunner::prep_fits(PrefillKernel kernel, int64_t T, int64_t cols) const 
   return false;
 }
 
+// Whether x [T, cols] at `site` takes fp16 hi + lo (matmul_prepare_x_f16x2) where it would take bf16 hi + lo on the
+// warpgroup kernel: a site of pair_sites_ (TERN_PREFILL_PAIR_SITES), columns the kernel takes (a multiple of 512; the
+// products of other widths keep bf16 hi + lo for the other kernels), and prep_ holds the layout.
+bool CudaRunner::takes_pair(PrefillSite site, int64_t T, int64_t cols) const {
+  return (pair_sites_ & site) && !fp32_prefill_ && T > 1 && site_kernel(site) == PrefillKernel::wgmma_split &&
+         cols % 512 == 0 && matmul_f16x2_bytes(T, cols) <= int64_t(prep_bytes_);
+}
+
 // Whether the 4-bit product of w on an input at `site` of T rows, prepared by prepare_x without the 8-bit forms,
 // runs on the warpgroup kernel (as prepare_x and with_prepared_x decide).
 bool CudaRunner::runs_wgmma(PrefillSite site, const DMat& w, int64_t T) const {
@@ -110,14 +123,14 @@ CudaRunner::PrefillKernel CudaRunner::site_kernel(PrefillSite site) const {
 }
 
 // normed_ [T, D] = rmsnorm(hidden_)·w, prepared for the products at `site` as prepare_x prepares it: in one pass over
-// hidden_ (rmsnorm_prepare) where the site takes bf16 hi + lo (and the 8-bit products the 16-bit forms), else
-// rmsnorm then prepare_x. The same forms either way (rmsnorm_prepare sums the squares in another order).
+// hidden_ (rmsnorm_prepare) where the site takes bf16 hi + lo (and the 8-bit products the 16-bit forms), else (fp16
+// hi + lo too) rmsnorm then prepare_x. The same forms either way (rmsnorm_prepare sums the squares in another order).
 PreparedX CudaRunner::norm_prepare(const float* w, int64_t T, PrefillSite site, bool with_8bit, bool with_rest) {
   const int64_t D = w_->config.hidden_size;
   const float eps = float(w_->config.rms_norm_eps);
   const PrefillKernel kernel = site_kernel(site);
   const bool split_x = kernel == PrefillKernel::wgmma_split || kernel == PrefillKernel::split;
-  if (fp32_prefill_ || T <= 1 || !split_x || !rmsnorm_prepare_takes(D) ||
+  if (fp32_prefill_ || T <= 1 || !split_x || !rmsnorm_prepare_takes(D) || takes_pair(site, T, D) ||
       matmul_prepared_bytes(T, D) > int64_t(prep_bytes_)) {
     rmsnorm(hidden_, w, eps, T, D, normed_, stream_);
     return prepare_x(normed_, D, T, D, site, with_8bit, with_rest);
@@ -155,13 +168,17 @@ MatmulTile CudaRunner::with_prepared_x(MatmulArgs& a, const PreparedX& prep, boo
       }
       return MatmulTile::automatic;
     case PrefillKernel::wgmma_split:
+      // fp16 hi + lo: the warpgroup kernel alone reads it (a matrix it does not take runs on fp32 x).
+      if (prep.pair && !matmul_wgmma_takes(a.w)) return MatmulTile::automatic;
       a.x_prep = prep.main;
       a.x_prep_cols = a.w.cols;
+      a.x_prep_f16 = prep.pair;
       return matmul_wgmma_takes(a.w) ? MatmulTile::wgmma : MatmulTile::tc128x64;
     case PrefillKernel::split: break;
   }
   a.x_prep = prep.main;
   a.x_prep_cols = a.w.cols;
+  a.x_prep_f16 = false;
   return MatmulTile::tc128x64;
 }
 
@@ -212,9 +229,11 @@ void CudaRunner::gdn_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, in
 }
 
 // Whether the chunk's GDN in_proj takes x at 24 bits (qkv_rest_, TERN_PREFILL_QKV_BITS=24): where it would take
-// bf16 hi + lo on the warpgroup kernel (never with the fp16 input, nor with gates_q16, which only that input sets).
+// bf16 hi + lo on the warpgroup kernel (never with the fp16 input, nor with gates_q16, which only that input sets, nor
+// with fp16 hi + lo).
 bool CudaRunner::gdn_in_at_24_bits(int64_t T) const {
-  return qkv_rest_ && !fp32_prefill_ && T > 1 && site_kernel(kGdnIn) == PrefillKernel::wgmma_split;
+  return qkv_rest_ && !fp32_prefill_ && T > 1 && site_kernel(kGdnIn) == PrefillKernel::wgmma_split &&
+         !takes_pair(kGdnIn, T, w_->config.hidden_size);
 }
 
 // in_proj_out_ [T, P] = x · in_proj_allᵀ, x = rmsnorm(hidden_)·input_norm in three bf16 terms (matmul_prepare_x3:
@@ -330,6 +349,7 @@ void CudaRunner::moe(const DeviceLayer& l, int64_t T) {
     a.x = hg_;
     a.ldx = F;
     a.x_prep = nullptr;
+    a.x_prep_f16 = false;
     a.x_q16 = nullptr;
     a.x_f16 = nullptr;
     a.w = l.expert_down;

@@ -23,8 +23,8 @@ namespace {
   TERN_REQUIRE_GPU();                                                                 \
   if (!matmul_wgmma_available()) GTEST_SKIP() << "the warpgroup kernel needs a Hopper GPU"
 
-constexpr WgmmaX kXs[] = {WgmmaX::f16, WgmmaX::split};
-const char* x_name(WgmmaX x) { return x == WgmmaX::f16 ? "f16" : "split"; }
+constexpr WgmmaX kXs[] = {WgmmaX::f16, WgmmaX::split, WgmmaX::split_f16};
+const char* x_name(WgmmaX x) { return x == WgmmaX::f16 ? "f16" : x == WgmmaX::split ? "split" : "split_f16"; }
 
 // v rounded to fp16 (nearest, ties to even; 11 significant bits, subnormal below 2^-14), for |v| < 65520.
 float round_f16(float v) {
@@ -43,15 +43,21 @@ float row_sigma(const float* x, int64_t cols) {
   return std::ldexp(1.0f, e - 15);
 }
 
-// x [rows, cols] as the kernel multiplies it: σ·fp16(x/σ) per row, or hi + lo with hi = bf16(x), lo = bf16(x − hi).
+// x [rows, cols] as the kernel multiplies it: σ·fp16(x/σ) per row; hi + lo with hi = bf16(x), lo = bf16(x − hi);
+// or (split_f16) σ·(hi + lo) with hi = fp16(x/σ), lo = fp16(x/σ − hi).
 std::vector<float> as_seen(const std::vector<float>& x, WgmmaX xk, int64_t cols) {
   std::vector<float> r(x.size());
   for (size_t row = 0; row * size_t(cols) < x.size(); ++row) {
     const float* xr = x.data() + row * size_t(cols);
     const float sigma = row_sigma(xr, cols);
     for (int64_t c = 0; c < cols; ++c) {
-      const float v = xr[c], hi = round_bf16(v);
-      r[row * size_t(cols) + size_t(c)] = xk == WgmmaX::f16 ? round_f16(v / sigma) * sigma : hi + round_bf16(v - hi);
+      const float v = xr[c], hi = round_bf16(v), y = v / sigma, yh = round_f16(y);
+      float& out = r[row * size_t(cols) + size_t(c)];
+      switch (xk) {
+        case WgmmaX::f16: out = yh * sigma; break;
+        case WgmmaX::split_f16: out = (yh + round_f16(y - yh)) * sigma; break;  // exact in fp32
+        default: out = hi + round_bf16(v - hi); break;
+      }
     }
   }
   return r;
@@ -67,15 +73,20 @@ struct PreparedInput {
     } else {
       a.x_prep = buf->p;
       a.x_prep_cols = cols;
+      a.x_prep_f16 = xk == WgmmaX::split_f16;
     }
   }
 };
 PreparedInput prepared(const float* dx, int64_t ld, int64_t rows, int64_t cols, WgmmaX xk) {
   PreparedInput p;
-  const int64_t bytes = xk == WgmmaX::f16 ? matmul_f16_bytes(rows, cols) : matmul_prepared_bytes(rows, cols);
+  const int64_t bytes = xk == WgmmaX::f16         ? matmul_f16_bytes(rows, cols)
+                        : xk == WgmmaX::split_f16 ? matmul_f16x2_bytes(rows, cols)
+                                                  : matmul_prepared_bytes(rows, cols);
   p.buf = std::make_unique<DeviceBuf<unsigned char>>(size_t(bytes));
   if (xk == WgmmaX::f16) {
     matmul_prepare_x_f16(dx, ld, rows, cols, p.buf->p, nullptr);
+  } else if (xk == WgmmaX::split_f16) {
+    matmul_prepare_x_f16x2(dx, ld, rows, cols, p.buf->p, nullptr);
   } else {
     matmul_prepare_x(dx, ld, rows, cols, p.buf->p, nullptr);
   }
@@ -293,6 +304,74 @@ TEST(CudaMatmulWgmma, RestTermTakesXToFp32) {
   std::printf("[three terms] worst token's rms error / rms of W·x: %.3g\n", three_err);
   EXPECT_LE(three_err, 1.25 * floor + 1e-7) << "three terms against the fp64 product of x";
   EXPECT_LE(three_err, 2e-6) << "three terms against the fp64 product of x";
+
+  // x as fp16 hi + lo of x/σ (matmul_prepare_x_f16x2, σ the one-term form's): hi = fp16(x/σ) and lo = fp16(x/σ − hi)
+  // value for value, the groups' sums of hi + lo, σ; then the product on it (WgmmaX::split_f16) against the fp64
+  // product of x, at the same bounds: 22 bits of x leave the kernel's own summation error.
+  DeviceBuf<unsigned char> xp2(size_t(matmul_f16x2_bytes(T, cols)));
+  matmul_prepare_x_f16x2(dx.p, ld, T, cols, xp2.p, nullptr);
+  const auto got2 = xp2.host();
+  const int64_t rb2 = matmul_f16x2_row_bytes(cols);
+  int64_t bad_pair = 0, bad_pair_sigma = 0;
+  double worst_pair_sum = 0;
+  for (int64_t n = 0; n < T; ++n) {
+    const unsigned char* row = got2.data() + n * rb2;
+    const float sigma = row_sigma(x.data() + n * ld, cols);
+    float got_sigma;
+    std::memcpy(&got_sigma, row + cols * 4 + G * 4, 4);
+    if (got_sigma != sigma) ++bad_pair_sigma;
+    std::vector<double> seen(static_cast<size_t>(cols));
+    for (int64_t c = 0; c < cols / 8; ++c) {
+      for (int e = 0; e < 8; ++e) {
+        const int64_t col = 8 * c + (e % 2) * 4 + e / 2;
+        const float y = x[size_t(n * ld + col)] / sigma, hi = round_f16(y), lo = round_f16(y - hi);
+        const float want[2] = {hi, lo};
+        for (int h = 0; h < 2; ++h) {
+          uint16_t b;
+          std::memcpy(&b, row + (c / 8) * 256 + h * 128 + (c % 8) * 16 + e * 2, 2);
+          if (f16_to_float(b) != want[h]) ++bad_pair;
+        }
+        seen[size_t(col)] = double(hi) + double(lo);
+      }
+    }
+    for (int64_t g = 0; g < G; ++g) {
+      double sum = 0, mag = 0;
+      for (int k = 0; k < 64; ++k) {
+        sum += seen[size_t(g * 64 + k)];
+        mag += std::fabs(seen[size_t(g * 64 + k)]);
+      }
+      float got_sum;
+      std::memcpy(&got_sum, row + cols * 4 + g * 4, 4);
+      worst_pair_sum = std::max(worst_pair_sum, std::fabs(double(got_sum) - sum) / (mag + 1e-30));
+    }
+  }
+  EXPECT_EQ(bad_pair_sigma, 0) << "row scales of the fp16 pair";
+  EXPECT_EQ(bad_pair, 0) << "fp16 pair values that are not hi = fp16(x/σ), lo = fp16(x/σ − hi)";
+  EXPECT_LE(worst_pair_sum, 1e-6) << "fp16 pair group sums (relative to Σ|x/σ|)";
+  DeviceBuf<float> d2(std::vector<float>(size_t(T * rows), NAN));
+  MatmulArgs a2 = dense_args(dm.d, dx.p, d2.p, T);
+  a2.ldx = ld;
+  a2.x_prep = xp2.p;
+  a2.x_prep_cols = cols;
+  a2.x_prep_f16 = true;
+  matmul_wgmma(a2, nullptr, WgmmaX::split_f16);
+  const auto y_pair = d2.host();
+  const double pair_err = worst(y_pair, want_x, want_x);
+  std::vector<float> pair_seen(size_t(T * cols));  // σ·(hi + lo), exact in fp32
+  for (int64_t n = 0; n < T; ++n) {
+    const float sigma = row_sigma(x.data() + n * ld, cols);
+    for (int64_t c = 0; c < cols; ++c) {
+      const float y = x[size_t(n * ld + c)] / sigma, hi = round_f16(y);
+      pair_seen[size_t(n * cols + c)] = (hi + round_f16(y - hi)) * sigma;
+    }
+  }
+  const auto want_pair = fp64_product(pair_seen.data(), cols);
+  const double pair_twin = worst(y_pair, want_pair, want_pair);
+  std::printf("[fp16 hi + lo] worst token's rms error / rms of W·x: %.3g (against its own x %.3g)\n", pair_err,
+              pair_twin);
+  EXPECT_LE(pair_twin, kTwinRms) << "fp16 hi + lo against the fp64 product of σ·(hi + lo)";
+  EXPECT_LE(pair_err, 1.25 * floor + 1e-7) << "fp16 hi + lo against the fp64 product of x";
+  EXPECT_LE(pair_err, 2e-6) << "fp16 hi + lo against the fp64 product of x";
 }
 
 struct DenseCase {
@@ -330,11 +409,14 @@ TEST(CudaMatmulWgmma, DenseMatchesTwinAtModelShapes) {
         const auto got = dy.host();
         const std::string what = std::string(c.name) + " T=" + std::to_string(T) + " " + x_name(xk);
         expect_product(got, twin, twin, c.rows, what + " vs twin", kTwinRms, kTwinWorst);
-        if (xk == WgmmaX::f16) {  // matmul() with x_f16 set runs this kernel
+        if (xk != WgmmaX::split) {  // matmul() with x_f16 set (or wgmma and x_prep_f16) runs this kernel
           DeviceBuf<float> dy2(std::vector<float>(size_t(T * c.rows), NAN));
           a.y = dy2.p;
-          matmul(a, nullptr);
+          matmul(a, nullptr, xk == WgmmaX::f16 ? MatmulTile::automatic : MatmulTile::wgmma);
           expect_close(dy2.host(), got, 0.0f, 0.0f, what + " through matmul()");
+        }
+        if (xk == WgmmaX::split_f16) {  // the mma.sync kernel reads bf16 hi + lo only: it refuses the fp16 pair
+          EXPECT_THROW(matmul(a, nullptr, MatmulTile::tc128x64), Error) << what;
         }
       }
     }

@@ -162,14 +162,15 @@ TEST(CudaRunner, Fp16PrefillWithinTheFidelityBounds) {
   EXPECT_LE(pd.kl, 1e-3);
 }
 
-// The GDN in_proj_qkv's x at 24 bits in the prefill (prefill_qkv_bits = 24: a product on x's rest, qkv_rest; with
-// TERN_PREFILL_X3=1 the fused in_proj on x in three bf16 terms, in_proj_x3) against the CPU runner: it runs (other
-// logits than at 16 bits), stays within the exact plan's bound, and takes the logits closer to the CPU's (mean
-// |Δlogit| over every position and id, a statistic one near-tie does not move much). The i16 cache, so that the fp16
-// cache's rounding does not hide the products'.
-TEST(CudaRunner, QkvAt24BitsTakesThePrefillCloserToTheCpu) {
+// The prefill products' x past bf16 hi + lo against the CPU runner, each form against bf16 hi + lo everywhere: the GDN
+// in_proj's x as fp16 hi + lo (prefill_pair_sites = 1, 22 bits) and every site's (31); in_proj_qkv's x at 24 bits
+// (prefill_qkv_bits = 24: a product on x's rest, qkv_rest; with TERN_PREFILL_X3=1 the fused in_proj on x in three bf16
+// terms, in_proj_x3). Each runs (other logits than bf16 hi + lo's), stays within the exact plan's bound, and takes the
+// logits closer to the CPU's (mean |Δlogit| over every position and id, a statistic one near-tie does not move much).
+// The i16 cache, so that the fp16 cache's rounding does not hide the products'.
+TEST(CudaRunner, WiderXTakesThePrefillCloserToTheCpu) {
   TERN_REQUIRE_GPU();
-  if (!matmul_wgmma_available()) GTEST_SKIP() << "the 24-bit in_proj_qkv runs on Hopper GPUs only";
+  if (!matmul_wgmma_available()) GTEST_SKIP() << "the wider forms of x run on Hopper GPUs only";
   for (const char* plan : {"TERN_CUDA_FP32", "TERN_PREFILL_WGMMA", "TERN_PREFILL_INT8", "TERN_PREFILL_F16_SITES"})
     if (const char* e = std::getenv(plan); e && *e) GTEST_SKIP() << plan << " is set: another prefill plan";
   const uint64_t seed = fresh_seed("CudaRunner.Qkv24");
@@ -183,11 +184,18 @@ TEST(CudaRunner, QkvAt24BitsTakesThePrefillCloserToTheCpu) {
   auto cs = cpu->create_session(256);
   std::vector<float> ref;
   cpu->forward(*cs, tokens, true, ref);
-  std::vector<float> got[2];
-  double mean_abs[2] = {};
-  for (int i = 0; i < 2; ++i) {
-    const int bits = i == 0 ? 16 : 24;
-    auto gpu = cuda_runner_create(weights, {.progress = false, .prefill_qkv_bits = bits, .kv = KvDtype::i16});
+  struct Form {
+    const char* name;
+    int qkv_bits, pair_sites;
+  };
+  const Form forms[] = {{"bf16 hi + lo", 16, 0}, {"the GDN in_proj on fp16 hi + lo", 16, 1},
+                        {"every site on fp16 hi + lo", 16, 31}, {"in_proj_qkv at 24 bits", 24, 0}};
+  constexpr int kForms = int(std::size(forms));
+  std::vector<float> got[kForms];
+  double mean_abs[kForms] = {};
+  for (int i = 0; i < kForms; ++i) {
+    auto gpu = cuda_runner_create(weights, {.progress = false, .prefill_qkv_bits = forms[i].qkv_bits,
+                                            .prefill_pair_sites = forms[i].pair_sites, .kv = KvDtype::i16});
     auto gs = gpu->create_session(256);
     gpu->forward(*gs, tokens, true, got[i]);
     ASSERT_EQ(got[i].size(), ref.size());
@@ -197,12 +205,15 @@ TEST(CudaRunner, QkvAt24BitsTakesThePrefillCloserToTheCpu) {
       for (int64_t j = 0; j < weights->vocab_real; ++j)
         sum += std::fabs(double(got[i][size_t(p * V + j)]) - double(ref[size_t(p * V + j)]));
     mean_abs[i] = sum / double(n * weights->vocab_real);
-    std::printf("[qkv at %d bits vs cpu] ppl %.5f vs %.5f, KL %.3g, top-1 %.3f, max |dlogit| %.4g, mean %.4g\n", bits,
+    std::printf("[%s vs cpu] ppl %.5f vs %.5f, KL %.3g, top-1 %.3f, max |dlogit| %.4g, mean %.4g\n", forms[i].name,
                 f.ppl, f.ppl_ref, f.kl, f.top1, f.max_abs, mean_abs[i]);
-    EXPECT_LT(f.kl, 1e-4) << bits << " bits";
+    EXPECT_LT(f.kl, 1e-4) << forms[i].name;
   }
-  EXPECT_NE(got[0], got[1]) << "the 24-bit in_proj_qkv changed nothing: it did not run";
-  EXPECT_LT(mean_abs[1], mean_abs[0]) << "the 24-bit in_proj_qkv did not take the logits closer to the CPU's";
+  for (int i = 1; i < kForms; ++i) {
+    EXPECT_NE(got[0], got[i]) << forms[i].name << " changed nothing: it did not run";
+    EXPECT_LT(mean_abs[i], mean_abs[0]) << forms[i].name << " did not take the logits closer to the CPU's";
+  }
+  EXPECT_LT(mean_abs[2], mean_abs[1]) << "every site on fp16 hi + lo is not closer to the CPU than the GDN's alone";
 }
 
 // The built-in demo model (what `tern serve` runs without -m): small head dims (64), 16 experts top-4.

@@ -792,6 +792,7 @@ bool takes(const MatmulArgs& a) {
 // Whether the prepared x is given (and then that it fits the product).
 bool takes_prepared(const MatmulArgs& a) {
   if (a.x_prep == nullptr) return false;
+  TERN_CHECK(!a.x_prep_f16, "matmul: x_prep in fp16 hi + lo is read by the warpgroup kernel only (MatmulTile::wgmma)");
   TERN_CHECK(a.x_prep_cols == a.w.cols && reinterpret_cast<uintptr_t>(a.x_prep) % 16 == 0,
              "matmul: x_prep was prepared for ", a.x_prep_cols, " columns (the matrix has ", a.w.cols,
              ") or is not 16-byte aligned");
@@ -861,7 +862,7 @@ void gemv(const GemvArgs& a, cudaStream_t stream) {
 
 void matmul(const MatmulArgs& a, cudaStream_t stream, MatmulTile tile) {
   if (a.x_f16 || tile == MatmulTile::wgmma) {
-    matmul_wgmma(a, stream, a.x_f16 ? WgmmaX::f16 : WgmmaX::split);
+    matmul_wgmma(a, stream, a.x_f16 ? WgmmaX::f16 : a.x_prep_f16 ? WgmmaX::split_f16 : WgmmaX::split);
     return;
   }
   if (a.x_q16) {
@@ -918,7 +919,8 @@ bool matmul_swiglu_supported(const MatmulArgs& gate, const DMat& up) {
 
 void matmul_swiglu(const MatmulArgs& gate, const DMat& up, cudaStream_t stream, MatmulTile tile) {
   if (gate.x_f16 || tile == MatmulTile::wgmma) {
-    matmul_wgmma_swiglu(gate, up, stream, gate.x_f16 ? WgmmaX::f16 : WgmmaX::split);
+    const WgmmaX xk = gate.x_f16 ? WgmmaX::f16 : gate.x_prep_f16 ? WgmmaX::split_f16 : WgmmaX::split;
+    matmul_wgmma_swiglu(gate, up, stream, xk);
     return;
   }
   if (gate.x_q16) {

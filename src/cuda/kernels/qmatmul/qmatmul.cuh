@@ -61,6 +61,10 @@ struct MatmulArgs {
   // results are bit-identical. x must still be set (the fallback reads it).
   const void* x_prep = nullptr;
   int64_t x_prep_cols = 0;
+  // x_prep holds matmul_prepare_x_f16x2's layout (qmatmul_wgmma.cuh: fp16 hi + lo with a per-token scale, 22
+  // significant bits) instead of bf16 hi + lo: only the Hopper warpgroup kernel reads it (MatmulTile::wgmma; the
+  // mma.sync kernel refuses it, the others do not read x_prep).
+  bool x_prep_f16 = false;
   // Optional: x quantised to 16 bits by matmul_quantize_x (qmatmul_int8.cuh) for x_q16_cols == w.cols columns, same
   // row numbers as x. When set, matmul and matmul_swiglu run the integer tensor-core kernel (matmul_int8), which
   // must take the matrix (matmul_int8_takes), and ignore `tile`.
@@ -80,7 +84,8 @@ struct MatmulArgs {
 // tensor-core shape falls back to simt where the tensor-core kernel cannot take the matrix. tc_bf16: the previous
 // kernel (x and s·q + b rounded to bf16, ~2.5e-3 of the rms off fp32; its own automatic block shape; never reads
 // x_prep), kept for speed and accuracy comparisons only.
-// wgmma: the Hopper warpgroup kernel on x_prep (qmatmul_wgmma.cuh, WgmmaX::split; it must take the product).
+// wgmma: the Hopper warpgroup kernel on x_prep (qmatmul_wgmma.cuh, WgmmaX::split, or split_f16 with x_prep_f16; it
+// must take the product).
 enum class MatmulTile { automatic, simt, tc128x64, tc256x64, tc128x128, tc256x64w, tc_bf16, wgmma };
 void matmul(const MatmulArgs& a, cudaStream_t stream, MatmulTile tile = MatmulTile::automatic);
 // Whether `tile` (with or without a prepared x) fits this device's shared memory per block; automatic and simt always

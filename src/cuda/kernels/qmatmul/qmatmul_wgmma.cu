@@ -50,9 +50,16 @@ constexpr int kWideTokens = 64;  // N of dense products and of grouped tiles of 
 constexpr int kThreads = 128;    // one warpgroup
 static_assert(kWideTokens >= kMatmulTileTokens, "grouped tiles must fit one block");
 
-template <int MT, int Terms, int Stages, int MinBlocks, int Tokens>
+// F16: x's terms are fp16 with a per-token scale σ (one term, or hi + lo), else bf16 (hi + lo, or hi + lo + rest).
+template <int MT, int Terms, int Stages, int MinBlocks, int Tokens, bool F16 = Terms == 1>
 struct Shape {
   static constexpr int kMTiles = MT, kTerms = Terms, kStages = Stages, kMinBlocks = MinBlocks;
+  static constexpr bool kF16 = F16;
+  // The terms' order into a group's accumulator: the smallest first (lo before hi, rest before both) where the form
+  // was written after the finding that this sums the small terms before the full-size one and does not round each
+  // again at full size (the tensor cores' accumulation does not round to nearest); bf16 hi + lo keeps hi first (its
+  // outputs' bits unchanged).
+  static constexpr bool kSmallFirst = Terms == 3 || (Terms == 2 && F16);
   static constexpr int kTokens = Tokens;                  // N: tokens per block and wgmma
   static constexpr int kRows = 64 * MT;                   // weight rows per block
   static constexpr int kWBytes = kRows * 32;              // 4-bit: 32 bytes per row and group
@@ -210,7 +217,7 @@ __global__ void __launch_bounds__(kThreads, S::kMinBlocks)
     matmul_wgmma_kernel(MatmulArgs a, DMat up, const void* xsrc, int64_t xrow_bytes, int64_t sums_off) {
   static_assert(!SwiGLU || S::kMTiles % 2 == 0, "SwiGLU pairs gate and up row tiles");
   constexpr int kStages = S::kStages, MT = S::kMTiles, Terms = S::kTerms, N = S::kTokens, NT = N / 8;
-  constexpr bool kF16 = Terms == 1;  // one fp16 term with a per-token scale, else bf16 hi + lo (+ rest)
+  constexpr bool kF16 = S::kF16;  // fp16 terms with a per-token scale, else bf16 hi + lo (+ rest)
   constexpr int kOutRows = SwiGLU ? S::kRows / 2 : S::kRows;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* const smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
@@ -314,14 +321,13 @@ __global__ void __launch_bounds__(kThreads, S::kMinBlocks)
         af[mi][i][3] = nibble_pair<kF16>(rb[2 * i + 1], t);
       }
       wgmma_fence();
-      // Three terms: the smallest first (rest, lo, hi), so that the small terms are summed before the full-size one
-      // and not each rounded again at full size (the tensor cores' accumulation does not round to nearest); one and
-      // two terms keep their order (their outputs' bits unchanged).
+      // The terms in the order of S::kSmallFirst (stored hi, lo, rest).
 #pragma unroll
       for (int h = 0; h < Terms; ++h)
 #pragma unroll
         for (int i = 0; i < 4; ++i)
-          wgmma_16bit<kF16>(part[mi], af[mi][i], x_descriptor<N>(xs, Terms == 3 ? 2 - h : h, i), h + i > 0 ? 1 : 0);
+          wgmma_16bit<kF16>(part[mi], af[mi][i], x_descriptor<N>(xs, S::kSmallFirst ? Terms - 1 - h : h, i),
+                            h + i > 0 ? 1 : 0);
       wgmma_commit();
     }
     // Fold each row tile's group sums with its rows' scales as its MMAs complete.
@@ -347,7 +353,7 @@ __global__ void __launch_bounds__(kThreads, S::kMinBlocks)
   pdl_trigger();
 
   // The bias term: acc += Σ_g b[r][g]·Σx[n][g] (the sums of the x the MMAs saw, after the layout's groups); then,
-  // for the fp16 x, the token's scale σ (after the sums).
+  // for the fp16 forms, the token's scale σ (after the sums).
   {
     const uint32_t* brow[MT][2];
 #pragma unroll
@@ -384,33 +390,39 @@ __global__ void __launch_bounds__(kThreads, S::kMinBlocks)
   mm::store_warp_tile<SwiGLU>(a, acc, row0 + warp * 16 * (SwiGLU ? MT / 2 : MT), 0, g, t, p0, count);
 }
 
-// What the one fp16 term holds of a value v of x: v itself, or (Rest) the rest of v past its bf16 hi + lo split
+// The fp16 forms of x that prepare_x_f16_kernel writes: one term of x (matmul_prepare_x_f16), one term of x's rest
+// past its bf16 hi + lo split (matmul_prepare_rest_f16), or x as fp16 hi + lo (matmul_prepare_x_f16x2).
+enum class F16Form { value, rest, pair };
+
+// What the fp16 form holds of a value v of x: v itself, or (rest) the rest of v past its bf16 hi + lo split
 // (matmul_prepare_x's: hi = bf16(v), lo = bf16(v − hi)), v − hi − lo, exact in fp32.
-template <bool Rest>
+template <F16Form Form>
 __device__ __forceinline__ float f16_term(float v) {
-  if (!Rest) return v;
+  if (Form != F16Form::rest) return v;
   const float d = v - __bfloat162float(__float2bfloat16_rn(v));
   return d - __bfloat162float(__float2bfloat16_rn(d));
 }
 
-// x (fp32 [rows, cols], row stride ld) -> the fp16 rows of matmul_prepare_x_f16 (of f16_term<Rest>(x)): a warp per
-// row; pass 1 finds max|x|, pass 2 writes x/σ (σ = 2^(E − 15) for max|x| < 2^E: an exact scaling into (−2^15, 2^15))
-// as fp16, one 8-column word per lane and step (the 8 words of a group in 8 consecutive lanes, which add its sum by
-// shuffles).
-template <bool Rest>
+// x (fp32 [rows, cols], row stride ld) -> the rows of matmul_prepare_x_f16 (of f16_term<Form>(x)) or of
+// matmul_prepare_x_f16x2 (pair): a warp per row; pass 1 finds max|x|, pass 2 writes x/σ (σ = 2^(E − 15) for max|x| <
+// 2^E: an exact scaling into (−2^15, 2^15)) as fp16 (pair: hi = fp16(x/σ), then lo = fp16(x/σ − hi), whose
+// subtraction is exact), one 8-column word per lane and step (the 8 words of a group in 8 consecutive lanes, which
+// add its sum by shuffles).
+template <F16Form Form>
 __global__ void __launch_bounds__(256) prepare_x_f16_kernel(const float* x, int64_t ld, int64_t rows, int64_t cols,
                                                             unsigned char* out) {
+  constexpr bool kPair = Form == F16Form::pair;
   pdl_wait();
   pdl_trigger();
   const int lane = threadIdx.x % 32;
-  const int64_t row_bytes = matmul_f16_row_bytes(cols), G = cols / 64;
+  const int64_t row_bytes = kPair ? matmul_f16x2_row_bytes(cols) : matmul_f16_row_bytes(cols), G = cols / 64;
   for (int64_t r = int64_t(blockIdx.x) * 8 + threadIdx.x / 32; r < rows; r += int64_t(gridDim.x) * 8) {
     const float4* xr = reinterpret_cast<const float4*>(x + r * ld);
     float m = 0.0f;
     for (int64_t i = lane; i < cols / 4; i += 32) {
       const float4 v = xr[i];
-      m = fmaxf(m, fmaxf(fmaxf(fabsf(f16_term<Rest>(v.x)), fabsf(f16_term<Rest>(v.y))),
-                         fmaxf(fabsf(f16_term<Rest>(v.z)), fabsf(f16_term<Rest>(v.w)))));
+      m = fmaxf(m, fmaxf(fmaxf(fabsf(f16_term<Form>(v.x)), fabsf(f16_term<Form>(v.y))),
+                         fmaxf(fabsf(f16_term<Form>(v.z)), fabsf(f16_term<Form>(v.w)))));
     }
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
@@ -418,38 +430,51 @@ __global__ void __launch_bounds__(256) prepare_x_f16_kernel(const float* x, int6
     frexpf(m, &e);  // m < 2^e (m = 0: e = 0)
     const float sigma = ldexpf(1.0f, e - 15), inv = ldexpf(1.0f, 15 - e);
     unsigned char* row = out + r * row_bytes;
-    float* sums = reinterpret_cast<float*>(row + cols * 2);
+    float* sums = reinterpret_cast<float*>(row + cols * (kPair ? 4 : 2));
     for (int64_t w = lane; w < cols / 8; w += 32) {  // cols % 256 == 0: every lane takes part in every step
       const float4 p = xr[2 * w], q = xr[2 * w + 1];
-      const float v[8] = {f16_term<Rest>(p.x), f16_term<Rest>(p.y), f16_term<Rest>(p.z), f16_term<Rest>(p.w),
-                          f16_term<Rest>(q.x), f16_term<Rest>(q.y), f16_term<Rest>(q.z), f16_term<Rest>(q.w)};
-      uint32_t h[4];
+      const float v[8] = {f16_term<Form>(p.x), f16_term<Form>(p.y), f16_term<Form>(p.z), f16_term<Form>(p.w),
+                          f16_term<Form>(q.x), f16_term<Form>(q.y), f16_term<Form>(q.z), f16_term<Form>(q.w)};
+      uint32_t h[4], l[4];
       float sum = 0.0f;
 #pragma unroll
       for (int k = 0; k < 4; ++k) {  // pairs (0,4) (1,5) (2,6) (3,7)
-        const __half2 hv = __floats2half2_rn(v[k] * inv, v[k + 4] * inv);
+        const float a = v[k] * inv, b = v[k + 4] * inv;
+        const __half2 hv = __floats2half2_rn(a, b);
         h[k] = *reinterpret_cast<const uint32_t*>(&hv);
-        sum += __low2float(hv) + __high2float(hv);
+        if constexpr (kPair) {
+          const float ha = __low2float(hv), hb = __high2float(hv);
+          const __half2 lv = __floats2half2_rn(a - ha, b - hb);
+          l[k] = *reinterpret_cast<const uint32_t*>(&lv);
+          sum += (ha + __low2float(lv)) + (hb + __high2float(lv));
+        } else {
+          sum += __low2float(hv) + __high2float(hv);
+        }
       }
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       sum += __shfl_xor_sync(0xffffffffu, sum, 4);
-      reinterpret_cast<uint4*>(row)[w] = make_uint4(h[0], h[1], h[2], h[3]);
+      if constexpr (kPair) {  // per group 128 bytes of hi, then 128 of lo (matmul_prepare_x's layout)
+        reinterpret_cast<uint4*>(row + (w / 8) * 256)[w % 8] = make_uint4(h[0], h[1], h[2], h[3]);
+        reinterpret_cast<uint4*>(row + (w / 8) * 256 + 128)[w % 8] = make_uint4(l[0], l[1], l[2], l[3]);
+      } else {
+        reinterpret_cast<uint4*>(row)[w] = make_uint4(h[0], h[1], h[2], h[3]);
+      }
       if (w % 8 == 0) sums[w / 8] = sum;
     }
     if (lane == 0) sums[G] = sigma;
   }
 }
 
-// Blocks of 128 rows × N tokens, x in Terms terms (1: fp16, 2: bf16 hi + lo; 3, Plain3 below: + rest). Blocks per
-// SM the registers must allow: 2 at N = 64 (the measured default); 3 at N = 32 and 4 at N = 16 (≤ 168 and ≤ 128
-// registers; unmeasured guesses: short chunks run many small blocks; shared memory allows as many at the model's
-// widths).
+// Blocks of 128 rows × N tokens, x in Terms terms (1: fp16, 2: bf16 or (F16) fp16 hi + lo; 3, Plain3 below: bf16
+// hi + lo + rest). Blocks per SM the registers must allow: 2 at N = 64 (the measured default); 3 at N = 32 and 4 at
+// N = 16 (≤ 168 and ≤ 128 registers; unmeasured guesses: short chunks run many small blocks; shared memory allows as
+// many at the model's widths).
 constexpr int min_blocks(int tokens) { return tokens == 64 ? 2 : tokens == 32 ? 3 : 4; }
-template <int Terms, int Tokens>
-using Block = Shape</*MT=*/2, Terms, /*Stages=*/4, min_blocks(Tokens), Tokens>;
+template <int Terms, int Tokens, bool F16 = Terms == 1>
+using Block = Shape</*MT=*/2, Terms, /*Stages=*/4, min_blocks(Tokens), Tokens, F16>;
 using Plain1 = Block<1, kWideTokens>;  // 128 rows × 64 tokens, x in one fp16 term
-using Plain2 = Block<2, kWideTokens>;  // the same, x as bf16 hi + lo
+using Plain2 = Block<2, kWideTokens>;  // the same, x as bf16 hi + lo (Block<2, N, true>: as fp16 hi + lo)
 // x as bf16 hi + lo + rest, dense: 3 stages (4 would need 123 KB a block at 2,048 columns: one block an SM).
 using Plain3 = Shape</*MT=*/2, /*Terms=*/3, /*Stages=*/3, /*MinBlocks=*/2, kWideTokens>;
 
@@ -478,13 +503,13 @@ int block_tokens(const MatmulArgs& a) {
   return a.tile_tokens <= 16 ? 16 : a.tile_tokens <= 32 ? 32 : kWideTokens;
 }
 
-template <int Terms, bool SwiGLU>
+template <int Terms, bool SwiGLU, bool F16 = Terms == 1>
 void launch_width(int tokens, const MatmulArgs& a, const DMat& up, const void* x, int64_t row_bytes,
                   int64_t sums_off, cudaStream_t stream) {
   switch (tokens) {
-    case 16: launch<Block<Terms, 16>, SwiGLU>(a, up, x, row_bytes, sums_off, stream); return;
-    case 32: launch<Block<Terms, 32>, SwiGLU>(a, up, x, row_bytes, sums_off, stream); return;
-    default: launch<Block<Terms, kWideTokens>, SwiGLU>(a, up, x, row_bytes, sums_off, stream); return;
+    case 16: launch<Block<Terms, 16, F16>, SwiGLU>(a, up, x, row_bytes, sums_off, stream); return;
+    case 32: launch<Block<Terms, 32, F16>, SwiGLU>(a, up, x, row_bytes, sums_off, stream); return;
+    default: launch<Block<Terms, kWideTokens, F16>, SwiGLU>(a, up, x, row_bytes, sums_off, stream); return;
   }
 }
 
@@ -493,8 +518,10 @@ void run(const MatmulArgs& a, const DMat& up, WgmmaX xk, cudaStream_t stream) {
   TERN_CHECK(matmul_wgmma_available(), "matmul_wgmma: needs a Hopper GPU (sm_90a binary)");
   TERN_CHECK(matmul_wgmma_takes(a.w), "matmul_wgmma: needs 4-bit affine weights of group 64 with cols a multiple of ",
              "512 and aligned arrays; got ", a.w.rows, "x", a.w.cols);
-  const bool one = xk == WgmmaX::f16, three = xk == WgmmaX::split3;
+  const bool one = xk == WgmmaX::f16, three = xk == WgmmaX::split3, pair = xk == WgmmaX::split_f16;
   TERN_CHECK(!three || (!SwiGLU && a.tile_expert == nullptr), "matmul_wgmma: x in three terms for dense products only");
+  TERN_CHECK(one || three || a.x_prep_f16 == pair, "matmul_wgmma: x_prep is ", a.x_prep_f16 ? "fp16" : "bf16",
+             " hi + lo (MatmulArgs::x_prep_f16) but the product was asked for the other");
   const void* x = one ? a.x_f16 : a.x_prep;
   const int64_t xcols = one ? a.x_f16_cols : a.x_prep_cols;
   TERN_CHECK(x != nullptr && xcols == a.w.cols && reinterpret_cast<uintptr_t>(x) % 16 == 0, "matmul_wgmma: ",
@@ -513,6 +540,8 @@ void run(const MatmulArgs& a, const DMat& up, WgmmaX xk, cudaStream_t stream) {
     launch_width<1, SwiGLU>(tokens, a, up, x, matmul_f16_row_bytes(a.w.cols), a.w.cols * 2, stream);  // sums, then σ
   } else if (three) {
     if constexpr (!SwiGLU) launch<Plain3, false>(a, up, x, matmul_x3_row_bytes(a.w.cols), a.w.cols * 6, stream);
+  } else if (pair) {  // sums, then σ
+    launch_width<2, SwiGLU, true>(tokens, a, up, x, matmul_f16x2_row_bytes(a.w.cols), a.w.cols * 4, stream);
   } else {
     launch_width<2, SwiGLU>(tokens, a, up, x, matmul_prepared_row_bytes(a.w.cols), a.w.cols * 4, stream);
   }
@@ -546,7 +575,7 @@ bool matmul_wgmma_takes(const DMat& w) {
 }
 
 namespace {
-template <bool Rest>
+template <wg::F16Form Form>
 void prepare_f16(const char* name, const float* x, int64_t ldx, int64_t rows, int64_t cols, void* out,
                  cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return;
@@ -555,18 +584,23 @@ void prepare_f16(const char* name, const float* x, int64_t ldx, int64_t rows, in
              name, ": needs cols a multiple of 256, ldx a multiple of 4 and 16-byte aligned buffers; got cols ", cols,
              ", ldx ", ldx);
   const int64_t blocks = std::min<int64_t>((rows + 7) / 8, int64_t(qtile::sm_count()) * 8);
-  launch_pdl(name, wg::prepare_x_f16_kernel<Rest>, dim3(unsigned(blocks)), dim3(256), 0, stream, x, ldx, rows, cols,
+  launch_pdl(name, wg::prepare_x_f16_kernel<Form>, dim3(unsigned(blocks)), dim3(256), 0, stream, x, ldx, rows, cols,
              static_cast<unsigned char*>(out));
 }
 }  // namespace
 
 void matmul_prepare_x_f16(const float* x, int64_t ldx, int64_t rows, int64_t cols, void* out, cudaStream_t stream) {
-  prepare_f16<false>("matmul_prepare_x_f16", x, ldx, rows, cols, out, stream);
+  prepare_f16<wg::F16Form::value>("matmul_prepare_x_f16", x, ldx, rows, cols, out, stream);
 }
 
 void matmul_prepare_rest_f16(const float* x, int64_t ldx, int64_t rows, int64_t cols, void* out,
                              cudaStream_t stream) {
-  prepare_f16<true>("matmul_prepare_rest_f16", x, ldx, rows, cols, out, stream);
+  prepare_f16<wg::F16Form::rest>("matmul_prepare_rest_f16", x, ldx, rows, cols, out, stream);
+}
+
+void matmul_prepare_x_f16x2(const float* x, int64_t ldx, int64_t rows, int64_t cols, void* out,
+                            cudaStream_t stream) {
+  prepare_f16<wg::F16Form::pair>("matmul_prepare_x_f16x2", x, ldx, rows, cols, out, stream);
 }
 
 void matmul_wgmma(const MatmulArgs& a, cudaStream_t stream, WgmmaX x) { wg::run<false>(a, DMat{}, x, stream); }

@@ -8,11 +8,14 @@
 //     [2^14, 2^15)): 11 significant bits, relative error ≤ 2^-12 per element; the result is σ times the fp32 product
 //     of the weights and fp16(x/σ), up to fp32 summation;
 //   two terms (x_prep, the split of matmul_prepare_x in qmatmul.cuh): x ≈ hi + lo in bf16 (16 significant bits),
-//     twice the tensor work; the result is the fp32 product of the weights and hi + lo.
-// A block is one warpgroup (4 warps) of 128 weight rows × N tokens; per group of 64 k the warpgroup issues 4 (or 8)
-// wgmma m64nNk16 per 64-row tile into a scratch accumulator and folds it with the rows' scales. N = 64, except for
-// grouped products whose tiles hold at most 32 or 16 tokens (MatmulArgs::tile_tokens): N = 32 or 16, so that a
-// short chunk's few tokens per expert do not pay for 64 tokens of tensor work.
+//     twice the tensor work; the result is the fp32 product of the weights and hi + lo;
+//   two fp16 terms (x_prep from matmul_prepare_x_f16x2, MatmulArgs::x_prep_f16): x/σ ≈ hi + lo in fp16 with the
+//     one-term form's σ (22 significant bits), the same tensor work as bf16 hi + lo;
+//   three terms (x_prep from matmul_prepare_x3 in qmatmul.cuh): x = hi + lo + rest in bf16, exactly; dense only.
+// A block is one warpgroup (4 warps) of 128 weight rows × N tokens; per group of 64 k the warpgroup issues 4 wgmma
+// m64nNk16 per term of x (4, 8 or 12) and 64-row tile into a scratch accumulator and folds it with the rows' scales.
+// N = 64, except for grouped products whose tiles hold at most 32 or 16 tokens (MatmulArgs::tile_tokens): N = 32 or
+// 16, so that a short chunk's few tokens per expert do not pay for 64 tokens of tensor work.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -42,17 +45,28 @@ void matmul_prepare_x_f16(const float* x, int64_t ldx, int64_t rows, int64_t col
 void matmul_prepare_rest_f16(const float* x, int64_t ldx, int64_t rows, int64_t cols, void* out,
                              cudaStream_t stream);
 
+// x as two fp16 terms: per group of 64 columns 128 bytes of hi = fp16(x/σ), then 128 of lo = fp16(x/σ − hi) (each in
+// the one-term form's chunk order), then the fp32 sums of hi + lo of every group, then σ (fp32), padded to 16 bytes;
+// σ as matmul_prepare_x_f16's. hi + lo holds x/σ to 22 significant bits, or to 2^-25 absolute below 2^-17 of the
+// row's max (lo subnormal): the product's error against that of x itself is then at most ~2^-23 of Σ|w·x|, the size
+// of the kernel's own fp32 summation error, for the cost of bf16 hi + lo. Same arguments and checks as
+// matmul_prepare_x_f16.
+constexpr int64_t matmul_f16x2_row_bytes(int64_t cols) { return cols * 4 + ((cols / 16 + 4 + 15) / 16) * 16; }
+constexpr int64_t matmul_f16x2_bytes(int64_t rows, int64_t cols) { return rows * matmul_f16x2_row_bytes(cols); }
+void matmul_prepare_x_f16x2(const float* x, int64_t ldx, int64_t rows, int64_t cols, void* out,
+                            cudaStream_t stream);
+
 // Whether this device runs the kernel (an sm_90a binary on a Hopper GPU) and it takes w (affine 4-bit, group 64,
 // cols a multiple of 512, 16-byte aligned words and scales, 4-byte aligned biases).
 bool matmul_wgmma_available();
 bool matmul_wgmma_takes(const DMat& w);
 
-// Which x the kernel reads: a.x_f16 (one fp16 term), a.x_prep (bf16 hi + lo) or, split3, a.x_prep in the three-term
-// layout of matmul_prepare_x3 (dense products only, not SwiGLU); each must be prepared for w.cols columns and indexed
-// by the same row numbers as x (gather indexes it). Throws tern::Error when the kernel cannot take the product.
-// matmul() and matmul_swiglu() call the one-term form when a.x_f16 is set, the two-term one for MatmulTile::wgmma
-// with a.x_prep; the three-term form is called directly.
-enum class WgmmaX { f16, split, split3 };
+// Which x the kernel reads: a.x_f16 (one fp16 term), a.x_prep (bf16 hi + lo), a.x_prep in the layout of
+// matmul_prepare_x_f16x2 (split_f16) or of matmul_prepare_x3 (split3: dense products only, not SwiGLU); each must be
+// prepared for w.cols columns and indexed by the same row numbers as x (gather indexes it). Throws tern::Error when the
+// kernel cannot take the product. matmul() and matmul_swiglu() call the one-term form when a.x_f16 is set, the
+// two-term ones for MatmulTile::wgmma with a.x_prep (split_f16 with a.x_prep_f16); split3 is called directly.
+enum class WgmmaX { f16, split, split3, split_f16 };
 void matmul_wgmma(const MatmulArgs& a, cudaStream_t stream, WgmmaX x = WgmmaX::f16);
 void matmul_wgmma_swiglu(const MatmulArgs& gate, const DMat& up, cudaStream_t stream, WgmmaX x = WgmmaX::f16);
 
