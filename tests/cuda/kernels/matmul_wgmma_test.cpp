@@ -104,48 +104,66 @@ void run_product(const MatmulArgs& a, WgmmaX xk, const DMat* up = nullptr) {
 constexpr double kTwinRms = 1e-5, kTwinWorst = 6e-5;
 constexpr double kSwigluRms = 1e-4, kSwigluWorst = 1e-3;
 
+// The fp16 forms as the kernel reads them: one term (matmul_prepare_x_f16: fp16(x/σ)) and the pair
+// (matmul_prepare_x_f16x2: hi = fp16(x/σ), lo = fp16(x/σ − hi), per group 128 bytes of each), value for value; the
+// groups' sums of what the MMAs see; σ, the power of two of the row's max|x|.
 TEST(CudaMatmulWgmma, PreparedF16MatchesTheTwin) {
   TERN_REQUIRE_GPU();
   std::mt19937_64 rng(fresh_seed("CudaMatmulWgmma.Prepare"));
   for (int64_t cols : {int64_t(512), int64_t(2048), int64_t(4096)}) {
-    const int64_t T = 37, ld = cols + 8, rb = matmul_f16_row_bytes(cols), G = cols / 64;
+    const int64_t T = 37, ld = cols + 8, G = cols / 64;
     auto x = activations(rng, T, ld, true);
     for (int64_t c = 0; c < ld; ++c) x[size_t(ld + c)] = 0.0f;  // an all-zero row
     x[size_t(2 * ld + 5)] = 3e4f;                                // a row with an outlier
     DeviceBuf<float> dx(x);
-    DeviceBuf<unsigned char> out(size_t(matmul_f16_bytes(T, cols)));
-    matmul_prepare_x_f16(dx.p, ld, T, cols, out.p, nullptr);
-    const auto got = out.host();
-    int64_t bad_values = 0, bad_sigma = 0;
-    double worst_sum = 0;
-    for (int64_t n = 0; n < T; ++n) {
-      const unsigned char* row = got.data() + n * rb;
-      const float sigma = row_sigma(x.data() + n * ld, cols);
-      float got_sigma;
-      std::memcpy(&got_sigma, row + cols * 2 + G * 4, 4);
-      if (got_sigma != sigma) ++bad_sigma;
-      for (int64_t c = 0; c < cols / 8; ++c) {
-        for (int e = 0; e < 8; ++e) {  // element e of chunk c: column 8c + (0,4,1,5,2,6,3,7)[e]
-          const int col = int(8 * c) + (e % 2) * 4 + e / 2;
-          uint16_t b;
-          std::memcpy(&b, row + c * 16 + e * 2, 2);
-          if (f16_to_float(b) != round_f16(x[size_t(n * ld + col)] / sigma)) ++bad_values;
+    for (const bool pair : {false, true}) {
+      const int64_t rb = pair ? matmul_f16x2_row_bytes(cols) : matmul_f16_row_bytes(cols);
+      const int64_t sums_at = cols * (pair ? 4 : 2);
+      DeviceBuf<unsigned char> out(size_t(T * rb));
+      if (pair) {
+        matmul_prepare_x_f16x2(dx.p, ld, T, cols, out.p, nullptr);
+      } else {
+        matmul_prepare_x_f16(dx.p, ld, T, cols, out.p, nullptr);
+      }
+      const auto got = out.host();
+      int64_t bad_values = 0, bad_sigma = 0;
+      double worst_sum = 0;
+      std::vector<double> seen(static_cast<size_t>(cols));  // x/σ as the MMAs see it
+      for (int64_t n = 0; n < T; ++n) {
+        const unsigned char* row = got.data() + n * rb;
+        const float sigma = row_sigma(x.data() + n * ld, cols);
+        float got_sigma;
+        std::memcpy(&got_sigma, row + sums_at + G * 4, 4);
+        if (got_sigma != sigma) ++bad_sigma;
+        for (int64_t c = 0; c < cols / 8; ++c) {
+          for (int e = 0; e < 8; ++e) {  // element e of chunk c: column 8c + (0,4,1,5,2,6,3,7)[e]
+            const int64_t col = 8 * c + (e % 2) * 4 + e / 2;
+            const float y = x[size_t(n * ld + col)] / sigma, hi = round_f16(y), lo = round_f16(y - hi);
+            const float want[2] = {hi, lo};
+            for (int h = 0; h < (pair ? 2 : 1); ++h) {
+              uint16_t b;
+              std::memcpy(&b, row + (pair ? (c / 8) * 256 + h * 128 + (c % 8) * 16 : c * 16) + e * 2, 2);
+              if (f16_to_float(b) != want[h]) ++bad_values;
+            }
+            seen[size_t(col)] = pair ? double(hi) + double(lo) : double(hi);
+          }
+        }
+        for (int64_t g = 0; g < G; ++g) {
+          double want = 0, mag = 0;
+          for (int k = 0; k < 64; ++k) {
+            want += seen[size_t(g * 64 + k)];
+            mag += std::fabs(seen[size_t(g * 64 + k)]);
+          }
+          float sum;
+          std::memcpy(&sum, row + sums_at + g * 4, 4);
+          worst_sum = std::max(worst_sum, std::fabs(double(sum) - want) / (mag + 1e-30));
         }
       }
-      for (int64_t g = 0; g < G; ++g) {
-        double want = 0, mag = 0;
-        for (int k = 0; k < 64; ++k) {
-          want += round_f16(x[size_t(n * ld + g * 64 + k)] / sigma);
-          mag += std::fabs(x[size_t(n * ld + g * 64 + k)] / sigma);
-        }
-        float s;
-        std::memcpy(&s, row + cols * 2 + g * 4, 4);
-        worst_sum = std::max(worst_sum, std::fabs(double(s) - want) / (mag + 1e-30));
-      }
+      const std::string form = std::string(pair ? "fp16 hi + lo" : "fp16") + ", cols " + std::to_string(cols);
+      EXPECT_EQ(bad_sigma, 0) << form << ": row scales";
+      EXPECT_EQ(bad_values, 0) << form << ": values that differ from round-to-nearest-even of x/σ (and of its rest)";
+      EXPECT_LE(worst_sum, 1e-6) << form << ": group sums (relative to Σ|x/σ|)";
     }
-    EXPECT_EQ(bad_sigma, 0) << "cols " << cols << ": row scales";
-    EXPECT_EQ(bad_values, 0) << "cols " << cols << ": fp16 values that differ from round-to-nearest-even of x/σ";
-    EXPECT_LE(worst_sum, 1e-6) << "cols " << cols << ": group sums (relative to Σ|x/σ|)";
   }
 }
 
@@ -305,49 +323,11 @@ TEST(CudaMatmulWgmma, RestTermTakesXToFp32) {
   EXPECT_LE(three_err, 1.25 * floor + 1e-7) << "three terms against the fp64 product of x";
   EXPECT_LE(three_err, 2e-6) << "three terms against the fp64 product of x";
 
-  // x as fp16 hi + lo of x/σ (matmul_prepare_x_f16x2, σ the one-term form's): hi = fp16(x/σ) and lo = fp16(x/σ − hi)
-  // value for value, the groups' sums of hi + lo, σ; then the product on it (WgmmaX::split_f16) against the fp64
-  // product of x, at the same bounds: 22 bits of x leave the kernel's own summation error.
+  // x as fp16 hi + lo of x/σ (matmul_prepare_x_f16x2; its layout: PreparedF16MatchesTheTwin): the product on it
+  // (WgmmaX::split_f16) against the fp64 products of σ·(hi + lo) (the twin's bound) and of x (the bounds above): 22
+  // bits of x leave the kernel's own summation error.
   DeviceBuf<unsigned char> xp2(size_t(matmul_f16x2_bytes(T, cols)));
   matmul_prepare_x_f16x2(dx.p, ld, T, cols, xp2.p, nullptr);
-  const auto got2 = xp2.host();
-  const int64_t rb2 = matmul_f16x2_row_bytes(cols);
-  int64_t bad_pair = 0, bad_pair_sigma = 0;
-  double worst_pair_sum = 0;
-  for (int64_t n = 0; n < T; ++n) {
-    const unsigned char* row = got2.data() + n * rb2;
-    const float sigma = row_sigma(x.data() + n * ld, cols);
-    float got_sigma;
-    std::memcpy(&got_sigma, row + cols * 4 + G * 4, 4);
-    if (got_sigma != sigma) ++bad_pair_sigma;
-    std::vector<double> seen(static_cast<size_t>(cols));
-    for (int64_t c = 0; c < cols / 8; ++c) {
-      for (int e = 0; e < 8; ++e) {
-        const int64_t col = 8 * c + (e % 2) * 4 + e / 2;
-        const float y = x[size_t(n * ld + col)] / sigma, hi = round_f16(y), lo = round_f16(y - hi);
-        const float want[2] = {hi, lo};
-        for (int h = 0; h < 2; ++h) {
-          uint16_t b;
-          std::memcpy(&b, row + (c / 8) * 256 + h * 128 + (c % 8) * 16 + e * 2, 2);
-          if (f16_to_float(b) != want[h]) ++bad_pair;
-        }
-        seen[size_t(col)] = double(hi) + double(lo);
-      }
-    }
-    for (int64_t g = 0; g < G; ++g) {
-      double sum = 0, mag = 0;
-      for (int k = 0; k < 64; ++k) {
-        sum += seen[size_t(g * 64 + k)];
-        mag += std::fabs(seen[size_t(g * 64 + k)]);
-      }
-      float got_sum;
-      std::memcpy(&got_sum, row + cols * 4 + g * 4, 4);
-      worst_pair_sum = std::max(worst_pair_sum, std::fabs(double(got_sum) - sum) / (mag + 1e-30));
-    }
-  }
-  EXPECT_EQ(bad_pair_sigma, 0) << "row scales of the fp16 pair";
-  EXPECT_EQ(bad_pair, 0) << "fp16 pair values that are not hi = fp16(x/σ), lo = fp16(x/σ − hi)";
-  EXPECT_LE(worst_pair_sum, 1e-6) << "fp16 pair group sums (relative to Σ|x/σ|)";
   DeviceBuf<float> d2(std::vector<float>(size_t(T * rows), NAN));
   MatmulArgs a2 = dense_args(dm.d, dx.p, d2.p, T);
   a2.ldx = ld;
