@@ -1,7 +1,7 @@
 """tests/oracles/rounding_effect.py (issue 29: how far one of the CUDA path's roundings alone moves the trained-scale
 oracle) on a small model of the real head widths, fresh seed each run: its control (the script's own attention and
 experts without a rounding) sits at fp32's noise against transformers; each emulated rounding moves the logits beyond
-it (every product's input as bf16 hi + lo too); K and V rounded to 11 significant bits give what fp16 gives, to 24
+it (every product's input as bf16 hi + lo too; as fp16 hi + lo, less); K and V rounded to 11 significant bits give what fp16 gives, to 24
 what no rounding gives; and the model without a checkpoint (the script's) holds the values the checkpoint path
 gives."""
 import argparse
@@ -19,7 +19,7 @@ LINE = re.compile(r"^seed (\d+) ([\w+]+): mean KL (\S+) \(median (\S+)\), perple
 def test_control_at_fp32_noise_and_each_rounding_above_it(seed):
     # lin16 before kvb24: its hooks must be gone for the runs after it (kvb24 gives fp32's logits exactly)
     kinds = ("fp32,kv16,k16,v16,kvb11,lin16,kvb24,kvi16,qp16,q16,p16,qpb14,i16,attn16,down16,gateup16,moe16,moe24,"
-             "i16+lin16,pre16,lin16e,lin16m,lin16g,lin16t,lin16ab,lin16qkv,lin16z,lin16out,lin16xqkv")
+             "i16+lin16,pre16,lin16e,lin16m,lin16g,lin16t,lin16ab,lin16qkv,lin16z,lin16out,lin16xqkv,lin22,i16+lin22g")
     r = subprocess.run([sys.executable, ORACLES / "rounding_effect.py", "--seeds", str(seed), "--preset", "realdims",
                         "--positions", "64", "--emulate", kinds],
                        capture_output=True, text=True, timeout=600)
@@ -52,6 +52,11 @@ def test_control_at_fp32_noise_and_each_rounding_above_it(seed):
         assert kl[k] > kl["fp32"], f"seed {seed}: {k}: {kl}"
     # every product's input as bf16 hi + lo (the prefill's 16 significant bits)
     assert kl["lin16"] > 30 * kl["fp32"], f"seed {seed}: lin16: {kl}"
+    # every product's input as fp16 hi + lo with a power-of-two scale per token (22 significant bits): less than bf16
+    # hi + lo's 16, from the first layer on
+    assert kl["lin22"] < kl["lin16"], f"seed {seed}: lin22: {kl}"
+    first = {k: float(by_layer[k][0].split("/")[0]) for k in ("lin16", "lin22")}
+    assert first["lin22"] < first["lin16"], f"seed {seed}: the first layer's median error: {first}"
     # the prefill's products as they are: lin16's, and the shared expert's gate on 16-bit x besides
     assert kl["pre16"] > 30 * kl["fp32"], f"seed {seed}: pre16: {kl}"
     # lin16 at some products alone: each rounds (its hooks reach its products)
