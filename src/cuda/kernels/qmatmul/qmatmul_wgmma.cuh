@@ -51,7 +51,7 @@ void matmul_prepare_rest_f16(const float* x, int64_t ldx, int64_t rows, int64_t 
 // row's max (lo subnormal): the product's error against that of x itself is then at most ~2^-23 of Σ|w·x|, the size
 // of the kernel's own fp32 summation error, for the cost of bf16 hi + lo. Same arguments and checks as
 // matmul_prepare_x_f16.
-constexpr int64_t matmul_f16x2_row_bytes(int64_t cols) { return cols * 4 + ((cols / 16 + 4 + 15) / 16) * 16; }
+constexpr int64_t matmul_f16x2_row_bytes(int64_t cols) { return matmul_f16_row_bytes(cols) + cols * 2; }  // + lo
 constexpr int64_t matmul_f16x2_bytes(int64_t rows, int64_t cols) { return rows * matmul_f16x2_row_bytes(cols); }
 void matmul_prepare_x_f16x2(const float* x, int64_t ldx, int64_t rows, int64_t cols, void* out,
                             cudaStream_t stream);
