@@ -123,25 +123,27 @@ CudaRunner::PrefillKernel CudaRunner::site_kernel(PrefillSite site) const {
 }
 
 // normed_ [T, D] = rmsnorm(hidden_)·w, prepared for the products at `site` as prepare_x prepares it: in one pass over
-// hidden_ (rmsnorm_prepare) where the site takes bf16 hi + lo (and the 8-bit products the 16-bit forms), else (fp16
-// hi + lo too) rmsnorm then prepare_x. The same forms either way (rmsnorm_prepare sums the squares in another order).
+// hidden_ (rmsnorm_prepare) where the site takes bf16 or fp16 hi + lo (and the 8-bit products the 16-bit forms), else
+// rmsnorm then prepare_x. The same forms either way (rmsnorm_prepare sums the squares in another order).
 PreparedX CudaRunner::norm_prepare(const float* w, int64_t T, PrefillSite site, bool with_8bit, bool with_rest) {
   const int64_t D = w_->config.hidden_size;
   const float eps = float(w_->config.rms_norm_eps);
   const PrefillKernel kernel = site_kernel(site);
   const bool split_x = kernel == PrefillKernel::wgmma_split || kernel == PrefillKernel::split;
-  if (fp32_prefill_ || T <= 1 || !split_x || !rmsnorm_prepare_takes(D) || takes_pair(site, T, D) ||
-      matmul_prepared_bytes(T, D) > int64_t(prep_bytes_)) {
+  const bool pair = takes_pair(site, T, D);  // then prep_ holds fp16 hi + lo (takes_pair checks its size)
+  if (fp32_prefill_ || T <= 1 || !split_x || !rmsnorm_prepare_takes(D) ||
+      (!pair && matmul_prepared_bytes(T, D) > int64_t(prep_bytes_))) {
     rmsnorm(hidden_, w, eps, T, D, normed_, stream_);
     return prepare_x(normed_, D, T, D, site, with_8bit, with_rest);
   }
   // As prepare_x: the split-x kernel's 8-bit products take the fp32 SIMT kernel (no 16-bit x).
   const bool q16 = with_8bit && kernel != PrefillKernel::split && matmul_q16_bytes(T, D) <= int64_t(prep_q16_bytes_);
   const bool rest = q16 && with_rest;
-  rmsnorm_prepare(hidden_, w, eps, T, D, normed_, prep_, q16 ? prep_q16_ : nullptr, rest ? prep_q16_rest_ : nullptr,
-                  stream_);
+  rmsnorm_prepare(hidden_, w, eps, T, D, normed_, pair ? nullptr : prep_, q16 ? prep_q16_ : nullptr,
+                  rest ? prep_q16_rest_ : nullptr, stream_, pair ? prep_ : nullptr);
   PreparedX p;
   p.main = prep_;
+  p.pair = pair;
   p.split = kernel == PrefillKernel::wgmma_split && prefill_kernel_ == PrefillKernel::wgmma_f16;
   if (q16) p.q16 = prep_q16_;
   if (rest) p.q16_rest = prep_q16_rest_;

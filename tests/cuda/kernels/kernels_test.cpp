@@ -22,6 +22,7 @@
 #include "cuda/kernels/norm/norm.cuh"
 #include "cuda/kernels/qmatmul/qmatmul.cuh"
 #include "cuda/kernels/qmatmul/qmatmul_int8.cuh"
+#include "cuda/kernels/qmatmul/qmatmul_wgmma.cuh"
 #include "cuda/kernels/sampling/sampling.cuh"
 
 namespace tern::cuda::test {
@@ -192,8 +193,8 @@ TEST(CudaNorm, EmbeddingAndRmsNormMatchCpu) {
 }
 
 // rmsnorm_prepare: the norm as the CPU's, and each prepared form byte for byte what the preparing kernels
-// (matmul_prepare_x, matmul_quantize_x with its residual) write from that output. Rows scaled by powers of two with
-// outlier columns, as activations are; one all-zero row.
+// (matmul_prepare_x, matmul_quantize_x with its residual, matmul_prepare_x_f16x2 where it takes the width) write from
+// that output. Rows scaled by powers of two with outlier columns, as activations are; one all-zero row.
 TEST(CudaNorm, RmsNormPrepareWritesWhatThePreparingKernelsWrite) {
   TERN_REQUIRE_GPU();
   std::mt19937_64 rng(fresh_seed("CudaNorm.Prepare"));
@@ -214,18 +215,32 @@ TEST(CudaNorm, RmsNormPrepareWritesWhatThePreparingKernelsWrite) {
     DeviceBuf<float> dx(x), dw(w), normed(x.size());
     DeviceBuf<unsigned char> split(split_bytes), q16(q16_bytes), rest(q16_bytes);
     DeviceBuf<unsigned char> want_split(split_bytes), want_q16(q16_bytes), want_rest(q16_bytes);
-    rmsnorm_prepare(dx.p, dw.p, 1e-6f, T, D, normed.p, split.p, q16.p, rest.p, nullptr);
+    // fp16 hi + lo: matmul_prepare_x_f16x2 takes widths that are multiples of 256 (the model's all are).
+    const bool pair = D % 256 == 0;
+    const size_t pair_bytes = pair ? size_t(matmul_f16x2_bytes(T, D)) : 1;
+    DeviceBuf<unsigned char> f16x2(pair_bytes), want_f16x2(pair_bytes);
+    rmsnorm_prepare(dx.p, dw.p, 1e-6f, T, D, normed.p, split.p, q16.p, rest.p, nullptr, pair ? f16x2.p : nullptr);
     matmul_prepare_x(normed.p, D, T, D, want_split.p, nullptr);
     matmul_quantize_x(normed.p, D, T, D, want_q16.p, nullptr, want_rest.p);
+    if (pair) matmul_prepare_x_f16x2(normed.p, D, T, D, want_f16x2.p, nullptr);
     const std::string tag = ", " + std::to_string(D) + " columns";
     expect_close(normed.host(), ref, 1e-6f, 1e-5f, "rmsnorm_prepare's norm" + tag);
     EXPECT_TRUE(split.host() == want_split.host()) << "the split form differs from matmul_prepare_x's" << tag;
     EXPECT_TRUE(q16.host() == want_q16.host()) << "the 16-bit form differs from matmul_quantize_x's" << tag;
     EXPECT_TRUE(rest.host() == want_rest.host()) << "the residual differs from matmul_quantize_x's" << tag;
+    if (pair) {
+      EXPECT_TRUE(f16x2.host() == want_f16x2.host()) << "fp16 hi + lo differs from its kernel's" << tag;
+    }
     // The split form alone (no 16-bit outputs), into a fresh buffer.
     DeviceBuf<unsigned char> split_only(split_bytes);
     rmsnorm_prepare(dx.p, dw.p, 1e-6f, T, D, normed.p, split_only.p, nullptr, nullptr, nullptr);
     EXPECT_TRUE(split_only.host() == want_split.host()) << "the split form alone" << tag;
+    if (!pair) continue;
+    // fp16 hi + lo with the 16-bit form and no split (as the prefill plan asks), into fresh buffers.
+    DeviceBuf<unsigned char> pair_only(pair_bytes), q16_only(q16_bytes);
+    rmsnorm_prepare(dx.p, dw.p, 1e-6f, T, D, normed.p, nullptr, q16_only.p, nullptr, nullptr, pair_only.p);
+    EXPECT_TRUE(pair_only.host() == want_f16x2.host()) << "fp16 hi + lo without the split form" << tag;
+    EXPECT_TRUE(q16_only.host() == want_q16.host()) << "the 16-bit form beside fp16 hi + lo" << tag;
   }
 }
 

@@ -3,6 +3,7 @@
 #include "core/check.h"
 #include "cuda/kernels/qmatmul/qmatmul.cuh"
 #include "cuda/kernels/qmatmul/qmatmul_int8.cuh"
+#include "cuda/kernels/qmatmul/qmatmul_wgmma.cuh"
 #include "cuda/kernels/qmatmul/x_forms.cuh"
 #include "cuda/weights/dmat_device.cuh"
 
@@ -32,6 +33,18 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
   float s = 0.0f;
   for (int i = 0; i < nw; ++i) s += red[i];  // same order in every thread: deterministic
   return s;
+}
+
+__device__ __forceinline__ float block_max(float v, float* red) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float m = 0.0f;
+  for (int i = 0; i < nw; ++i) m = fmaxf(m, red[i]);
+  return m;
 }
 
 __global__ void rmsnorm_kernel(const float* x, const float* w, float eps, int64_t D, float* out) {
@@ -70,13 +83,14 @@ __global__ void rmsnorm4_kernel(const float* x, const float* w, float eps, int64
 constexpr int kPrepareThreads = 256, kPrepareWords = 4;
 __global__ void __launch_bounds__(kPrepareThreads) rmsnorm_prepare_kernel(const float* x, const float* w, float eps,
                                                                           int64_t D, float* normed, unsigned char* split,
-                                                                          unsigned char* q16, unsigned char* q16_rest) {
+                                                                          unsigned char* q16, unsigned char* q16_rest,
+                                                                          unsigned char* f16x2) {
   __shared__ float red[32];
   const int64_t t = blockIdx.x;
   const int words = int(D / 8);
   const float4* xr = reinterpret_cast<const float4*>(x + t * D);
   float v[kPrepareWords][8];
-  float ss = 0.0f;
+  float ss = 0.0f, m = 0.0f;
 #pragma unroll
   for (int p = 0; p < kPrepareWords; ++p) {
     const int wd = int(threadIdx.x) + p * kPrepareThreads;
@@ -114,7 +128,26 @@ __global__ void __launch_bounds__(kPrepareThreads) rmsnorm_prepare_kernel(const 
       const int64_t qrow = t * matmul_q16_row_bytes(D);
       xform::store_q16_words(q16 + qrow, q16_rest ? q16_rest + qrow : nullptr, D, wd, y, in);
     }
+    if (f16x2) {  // keep the normed values for the pass below, and their largest magnitude
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        v[p][i] = y[i];
+        m = fmaxf(m, fabsf(y[i]));
+      }
+    }
   }
+  if (!f16x2) return;  // uniform over the grid
+  // fp16 hi + lo needs the row's max|normed| (its scale σ) before the first word: a second pass over the registers.
+  float sigma;
+  const float inv_sigma = xform::f16_row_scale(block_max(m, red), sigma);
+  unsigned char* row = f16x2 + t * matmul_f16x2_row_bytes(D);
+#pragma unroll
+  for (int p = 0; p < kPrepareWords; ++p) {
+    if (p * kPrepareThreads >= words) break;  // uniform, as above
+    const int wd = int(threadIdx.x) + p * kPrepareThreads;
+    xform::store_f16x2_word(row, D, wd, v[p], inv_sigma, wd < words);
+  }
+  if (threadIdx.x == 0) reinterpret_cast<float*>(row + D * 4)[D / 64] = sigma;
 }
 
 }  // namespace
@@ -143,16 +176,16 @@ void rmsnorm(const float* x, const float* w, float eps, int64_t T, int64_t D, fl
 bool rmsnorm_prepare_takes(int64_t D) { return D > 0 && D % 128 == 0 && D <= 8 * kPrepareThreads * kPrepareWords; }
 
 void rmsnorm_prepare(const float* x, const float* w, float eps, int64_t T, int64_t D, float* normed, void* split,
-                     void* q16, void* q16_rest, cudaStream_t stream) {
+                     void* q16, void* q16_rest, cudaStream_t stream, void* f16x2) {
   TERN_CHECK(rmsnorm_prepare_takes(D), "rmsnorm_prepare: ", D, " columns (a multiple of 128, at most ",
              8 * kPrepareThreads * kPrepareWords, ")");
   TERN_CHECK(aligned16(x) && aligned16(w) && aligned16(normed) && aligned16(split) && aligned16(q16) &&
-                 aligned16(q16_rest) && (q16 || !q16_rest) && x != normed,
+                 aligned16(q16_rest) && aligned16(f16x2) && (q16 || !q16_rest) && x != normed,
              "rmsnorm_prepare: needs 16-byte aligned buffers, q16 with q16_rest, and normed apart from x");
   if (T == 0) return;
   rmsnorm_prepare_kernel<<<unsigned(T), kPrepareThreads, 0, stream>>>(
       x, w, eps, D, normed, static_cast<unsigned char*>(split), static_cast<unsigned char*>(q16),
-      static_cast<unsigned char*>(q16_rest));
+      static_cast<unsigned char*>(q16_rest), static_cast<unsigned char*>(f16x2));
   TERN_CUDA_LAUNCHED("rmsnorm_prepare");
 }
 

@@ -33,6 +33,7 @@
 #include "cuda/common/launch.cuh"
 #include "cuda/common/ptx.cuh"
 #include "cuda/kernels/qmatmul/matmul_tile.cuh"
+#include "cuda/kernels/qmatmul/x_forms.cuh"
 #include "cuda/kernels/qmv/qmv_tile.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -426,41 +427,29 @@ __global__ void __launch_bounds__(256) prepare_x_f16_kernel(const float* x, int6
     }
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    int e = 0;
-    frexpf(m, &e);  // m < 2^e (m = 0: e = 0)
-    const float sigma = ldexpf(1.0f, e - 15), inv = ldexpf(1.0f, 15 - e);
+    float sigma;
+    const float inv = xform::f16_row_scale(m, sigma);
     unsigned char* row = out + r * row_bytes;
     float* sums = reinterpret_cast<float*>(row + cols * (kPair ? 4 : 2));
     for (int64_t w = lane; w < cols / 8; w += 32) {  // cols % 256 == 0: every lane takes part in every step
       const float4 p = xr[2 * w], q = xr[2 * w + 1];
       const float v[8] = {f16_term<Form>(p.x), f16_term<Form>(p.y), f16_term<Form>(p.z), f16_term<Form>(p.w),
                           f16_term<Form>(q.x), f16_term<Form>(q.y), f16_term<Form>(q.z), f16_term<Form>(q.w)};
-      uint32_t h[4], l[4];
-      float sum = 0.0f;
+      if constexpr (kPair) {  // per group 128 bytes of hi, then 128 of lo (matmul_prepare_x's layout)
+        xform::store_f16x2_word(row, cols, w, v, inv, true);
+      } else {
+        uint32_t h[4];
+        float sum = 0.0f;
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {  // pairs (0,4) (1,5) (2,6) (3,7)
-        const float a = v[k] * inv, b = v[k + 4] * inv;
-        const __half2 hv = __floats2half2_rn(a, b);
-        h[k] = *reinterpret_cast<const uint32_t*>(&hv);
-        if constexpr (kPair) {
-          const float ha = __low2float(hv), hb = __high2float(hv);
-          const __half2 lv = __floats2half2_rn(a - ha, b - hb);
-          l[k] = *reinterpret_cast<const uint32_t*>(&lv);
-          sum += (ha + __low2float(lv)) + (hb + __high2float(lv));
-        } else {
+        for (int k = 0; k < 4; ++k) {  // pairs (0,4) (1,5) (2,6) (3,7)
+          const __half2 hv = __floats2half2_rn(v[k] * inv, v[k + 4] * inv);
+          h[k] = *reinterpret_cast<const uint32_t*>(&hv);
           sum += __low2float(hv) + __high2float(hv);
         }
-      }
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 4);
-      if constexpr (kPair) {  // per group 128 bytes of hi, then 128 of lo (matmul_prepare_x's layout)
-        reinterpret_cast<uint4*>(row + (w / 8) * 256)[w % 8] = make_uint4(h[0], h[1], h[2], h[3]);
-        reinterpret_cast<uint4*>(row + (w / 8) * 256 + 128)[w % 8] = make_uint4(l[0], l[1], l[2], l[3]);
-      } else {
+        sum = xform::sum8(sum);
         reinterpret_cast<uint4*>(row)[w] = make_uint4(h[0], h[1], h[2], h[3]);
+        if (w % 8 == 0) sums[w / 8] = sum;
       }
-      if (w % 8 == 0) sums[w / 8] = sum;
     }
     if (lane == 0) sums[G] = sigma;
   }

@@ -1,10 +1,12 @@
 // The prepared forms of a prefill product's input x, one 8-column word at a time: the device functions that write
 // them, shared by the kernels that prepare x (qmatmul.cu's matmul_prepare_x and matmul_prepare_x3, qmatmul_int8.cu's
-// matmul_quantize_x) and the RMSNorm that writes them directly (norm.cu's rmsnorm_prepare). Layouts: qmatmul.cuh
-// (split bf16 hi + lo, and hi + lo + rest) and qmatmul_int8.cuh (16-bit integers per group of 64).
+// matmul_quantize_x, qmatmul_wgmma.cu's matmul_prepare_x_f16x2) and the RMSNorm that writes them directly (norm.cu's
+// rmsnorm_prepare). Layouts: qmatmul.cuh (split bf16 hi + lo, and hi + lo + rest), qmatmul_wgmma.cuh (fp16 hi + lo)
+// and qmatmul_int8.cuh (16-bit integers per group of 64).
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cstdint>
 
@@ -93,6 +95,43 @@ __device__ __forceinline__ void store_split3_word(unsigned char* row, int64_t co
     reinterpret_cast<uint4*>(group + 128)[c % 8] = lo;
     reinterpret_cast<uint4*>(group + 256)[c % 8] = rest;
     if (c % 8 == 0) reinterpret_cast<float*>(row + cols * 6)[c / 8] = sum;
+  }
+}
+
+// ---- fp16 hi + lo with a per-token scale (matmul_prepare_x_f16x2) ------------------------------------------------
+
+// A row's scale from its largest |x|, m: σ = 2^(E − 15) for m < 2^E (m = 0: E = 0), an exact scaling of the row into
+// (−2^15, 2^15); returns 1/σ, and σ in sigma.
+__device__ __forceinline__ float f16_row_scale(float m, float& sigma) {
+  int e = 0;
+  frexpf(m, &e);
+  sigma = ldexpf(1.0f, e - 15);
+  return ldexpf(1.0f, 15 - e);
+}
+
+// Word c (8 columns, already x's values v) of a row of the fp16 hi + lo layout (matmul_f16x2_row_bytes(cols) bytes at
+// `row`): hi = fp16(v/σ) and lo = fp16(v/σ − hi) (the subtraction exact) as pairs (0,4) (1,5) (2,6) (3,7), in the
+// group's 128 bytes of hi then 128 of lo, and (first word of a group) the group's Σ(hi + lo). inv = 1/σ. All 32 lanes
+// must call it (sum8); `in` says whether to store.
+__device__ __forceinline__ void store_f16x2_word(unsigned char* row, int64_t cols, int64_t c, const float (&v)[8],
+                                                 float inv, bool in) {
+  uint32_t h[4], l[4];
+  float sum = 0.0f;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float a = v[k] * inv, b = v[k + 4] * inv;
+    const __half2 hv = __floats2half2_rn(a, b);
+    const float ha = __low2float(hv), hb = __high2float(hv);
+    const __half2 lv = __floats2half2_rn(a - ha, b - hb);
+    h[k] = *reinterpret_cast<const uint32_t*>(&hv);
+    l[k] = *reinterpret_cast<const uint32_t*>(&lv);
+    sum += (ha + __low2float(lv)) + (hb + __high2float(lv));
+  }
+  sum = sum8(sum);
+  if (in) {
+    reinterpret_cast<uint4*>(row + (c / 8) * 256)[c % 8] = make_uint4(h[0], h[1], h[2], h[3]);
+    reinterpret_cast<uint4*>(row + (c / 8) * 256 + 128)[c % 8] = make_uint4(l[0], l[1], l[2], l[3]);
+    if (c % 8 == 0) reinterpret_cast<float*>(row + cols * 4)[c / 8] = sum;
   }
 }
 
