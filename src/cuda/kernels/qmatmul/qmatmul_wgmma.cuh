@@ -28,8 +28,10 @@ namespace tern::cuda {
 
 // One token of x as fp16: per group of 64 columns 128 bytes of x/σ (each 8-column chunk stored as the pairs (0,4)
 // (1,5) (2,6) (3,7), as the hi half of matmul_prepare_x), then the fp32 sums of the rounded values of every group,
-// then σ (fp32), padded to 16 bytes.
-constexpr int64_t matmul_f16_row_bytes(int64_t cols) { return cols * 2 + ((cols / 16 + 4 + 15) / 16) * 16; }
+// then σ (fp32), padded to 128 bytes: every row, and so every group's 128 bytes, starts on a 128-byte line (on a 16-byte
+// boundary the kernel's x reads from L2 took 5 sectors a group instead of 4; fp16 hi + lo ran 7–21% slower than bf16
+// hi + lo on the same tensor work, H100, e97fd69).
+constexpr int64_t matmul_f16_row_bytes(int64_t cols) { return cols * 2 + ((cols / 16 + 4 + 127) / 128) * 128; }
 constexpr int64_t matmul_f16_bytes(int64_t rows, int64_t cols) { return rows * matmul_f16_row_bytes(cols); }
 
 // x [rows, cols] fp32 (row stride ldx) -> out (matmul_f16_bytes(rows, cols), row i at i · matmul_f16_row_bytes).
@@ -46,7 +48,7 @@ void matmul_prepare_rest_f16(const float* x, int64_t ldx, int64_t rows, int64_t 
                              cudaStream_t stream);
 
 // x as two fp16 terms: per group of 64 columns 128 bytes of hi = fp16(x/σ), then 128 of lo = fp16(x/σ − hi) (each in
-// the one-term form's chunk order), then the fp32 sums of hi + lo of every group, then σ (fp32), padded to 16 bytes;
+// the one-term form's chunk order), then the fp32 sums of hi + lo of every group, then σ (fp32), padded to 128 bytes;
 // σ as matmul_prepare_x_f16's. hi + lo holds x/σ to 22 significant bits, or to 2^-25 absolute below 2^-17 of the
 // row's max (lo subnormal): the product's error against that of x itself is then at most ~2^-23 of Σ|w·x|, the size
 // of the kernel's own fp32 summation error, for the cost of bf16 hi + lo. Same arguments and checks as
