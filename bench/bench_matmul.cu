@@ -93,7 +93,6 @@ struct DenseData {
   std::vector<void*> xp;  // x prepared by matmul_prepare_x
   std::vector<void*> xq;  // x quantised by matmul_quantize_x
   std::vector<void*> xb;  // x as fp16 by matmul_prepare_x_f16
-  std::vector<void*> x3;  // x in three bf16 terms by matmul_prepare_x3 (made by the split3 cases' setup only)
   std::vector<void*> xh;  // x as fp16 hi + lo by matmul_prepare_x_f16x2 (made by the split_f16 cases' setup only)
   float* y = nullptr;
 };
@@ -118,9 +117,6 @@ void* f16_copy(const float* x, int64_t rows, int64_t cols) {
 }
 void* prepared_copy(const float* x, int64_t rows, int64_t cols) {
   return prepared_form(x, rows, cols, cuda::matmul_prepared_bytes(rows, cols), cuda::matmul_prepare_x);
-}
-void* x3_copy(const float* x, int64_t rows, int64_t cols) {
-  return prepared_form(x, rows, cols, cuda::matmul_x3_bytes(rows, cols), cuda::matmul_prepare_x3);
 }
 void* f16x2_copy(const float* x, int64_t rows, int64_t cols) {
   return prepared_form(x, rows, cols, cuda::matmul_f16x2_bytes(rows, cols), cuda::matmul_prepare_x_f16x2);
@@ -347,13 +343,12 @@ void add_grouped_int8(CaseList& cases, const char* what, int64_t rows, int64_t c
   cases.push_back(std::move(c));
 }
 
-// The warpgroup kernel on a dense product (xk: x in one fp16 term, bf16 or fp16 hi + lo, three bf16 terms) or a
+// The warpgroup kernel on a dense product (xk: x in one fp16 term, bf16 or fp16 hi + lo) or a
 // grouped one (gate, down, gate+up).
 const char* wgmma_label(cuda::WgmmaX xk) {
   switch (xk) {
     case cuda::WgmmaX::f16: return "f16";
     case cuda::WgmmaX::split: return "split";
-    case cuda::WgmmaX::split3: return "split3";
     case cuda::WgmmaX::split_f16: return "split_f16";
   }
   return "?";
@@ -379,15 +374,12 @@ void add_dense_wgmma(CaseList& cases, const char* what, int64_t rows, int64_t co
   c.bytes = mats * affine4_bytes(1, rows, cols) +
             double(xk == cuda::WgmmaX::f16       ? cuda::matmul_f16_bytes(T, cols)
                    : xk == cuda::WgmmaX::split   ? cuda::matmul_prepared_bytes(T, cols)
-                   : xk == cuda::WgmmaX::split3  ? cuda::matmul_x3_bytes(T, cols)
                                                  : cuda::matmul_f16x2_bytes(T, cols)) +
             double(T * rows) * 4;
   auto data = std::make_shared<std::shared_ptr<DenseData>>();
   c.setup = [=] {
     *data = dense_data(rows, cols, T);
     DenseData& d = **data;
-    if (xk == cuda::WgmmaX::split3 && d.x3.empty())
-      for (const float* x : d.x) d.x3.push_back(x3_copy(x, T, cols));
     if (xk == cuda::WgmmaX::split_f16 && d.xh.empty())
       for (const float* x : d.x) d.xh.push_back(f16x2_copy(x, T, cols));
   };
@@ -397,11 +389,7 @@ void add_dense_wgmma(CaseList& cases, const char* what, int64_t rows, int64_t co
     MatmulArgs a;
     a.w = d.w[i];
     a.x = d.x[i];
-    set_wgmma_x(a, xk, d.xb[i],
-                xk == cuda::WgmmaX::split3      ? d.x3[i]
-                : xk == cuda::WgmmaX::split_f16 ? d.xh[i]
-                                                : d.xp[i],
-                cols);
+    set_wgmma_x(a, xk, d.xb[i], xk == cuda::WgmmaX::split_f16 ? d.xh[i] : d.xp[i], cols);
     a.ldx = cols;
     a.y = d.y;
     a.ldy = rows;
@@ -524,8 +512,6 @@ TERN_BENCH_CASES(matmul) {
   add_x_pass(cases, 4096 * 8, 512, true);
   // The warpgroup kernel (Hopper only), x in one fp16 term, as bf16 hi + lo and as fp16 hi + lo, at T = 4096 and 512.
   if (!cuda::matmul_wgmma_available()) return;
-  // x in three terms (the GDN in_proj under TERN_PREFILL_QKV_BITS=24 with TERN_PREFILL_X3=1), dense only.
-  add_dense_wgmma(cases, "GDN in_proj", 12352, 2048, 4096, cuda::WgmmaX::split3);
   for (cuda::WgmmaX xk : {cuda::WgmmaX::f16, cuda::WgmmaX::split, cuda::WgmmaX::split_f16}) {
     for (int64_t T : {int64_t(4096), int64_t(512)}) {
       for (const Dense& d : dense) add_dense_wgmma(cases, d.what, d.rows, d.cols, T, xk);

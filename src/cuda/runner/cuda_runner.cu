@@ -44,8 +44,6 @@ int token_bound(const char* name, int fallback) {
 CudaRunner::CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const ModelWeights> host,
                        const CudaRunnerOptions& o)
     : w_(std::move(w)), host_(std::move(host)), max_chunk_(std::max<int64_t>(1, o.max_chunk)) {
-  TERN_CHECK(o.prefill_qkv_bits == 0 || o.prefill_qkv_bits == 16 || o.prefill_qkv_bits == 24,
-             "prefill_qkv_bits must be 16 or 24 (or 0: the default); got ", o.prefill_qkv_bits);
   TERN_CHECK(o.prefill_pair_sites >= -1 && o.prefill_pair_sites <= kAllSites,
              "prefill_pair_sites must be a mask of the prefill sites (0 to ", int(kAllSites), ") or -1; got ",
              o.prefill_pair_sites);
@@ -73,28 +71,6 @@ CudaRunner::CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const M
   }
   // TERN_PREFILL_EXACT_GATES=0: the GDN gate products (b, a) on the fp16 kernel too.
   exact_gates_ = prefill_kernel_ == PrefillKernel::wgmma_f16 && !env_is("TERN_PREFILL_EXACT_GATES", "0");
-  // TERN_PREFILL_PAIR_SITES (a bit mask of PrefillSite, default 0): the inputs that, where they would take x as bf16
-  // hi + lo on the warpgroup kernel (Hopper), take it as fp16 hi + lo with a power-of-two scale per token instead
-  // (matmul_prepare_x_f16x2: 22 significant bits for the same tensor work; not yet run on a GPU).
-  if (const char* e = std::getenv("TERN_PREFILL_PAIR_SITES")) pair_sites_ = std::atoi(e) & kAllSites;
-  if (o.prefill_pair_sites >= 0) pair_sites_ = o.prefill_pair_sites;
-  // TERN_PREFILL_QKV_BITS=16|24: with 24 the GDN in_proj_qkv, where it takes x as bf16 hi + lo on the warpgroup
-  // kernel (Hopper), takes x at fp32's precision: q|k|v add a product on x's rest past the split
-  // (matmul_prepare_rest_f16, qkv_rest), or with TERN_PREFILL_X3=1 as well the fused in_proj takes x in three bf16
-  // terms (in_proj_x3: one more MMA term instead of a product; not yet run on a GPU). With 16 (the default) it takes
-  // hi + lo alone, as the other products do. On the trained-scale oracle (8 layers, 640 positions) in_proj_qkv's
-  // 16-bit x made the prefill's near-tie events: with 24 the i16 cache's prefill went from +0.1135% to +0.0004%
-  // perplexity (seed 566307818) and from +0.066% to −0.0004% (518327869), the f16 cache's from +0.066% to +0.009%
-  // (518327869), but the 4K prefill from 23,500 to 20,450 tok/s (−13%, H100; docs/benchmarks.md, forty-sixth
-  // session): a separate product costs more than issue 29's speed bar allows. (The f16 cache's events on 566307818
-  // stay: they come from its attention.)
-  if (const char* e = std::getenv("TERN_PREFILL_QKV_BITS"); e && *e) {
-    const std::string v = e;
-    TERN_CHECK(v == "16" || v == "24", "TERN_PREFILL_QKV_BITS must be 16 or 24; got '", v, "'");
-    qkv_rest_ = v == "24";
-  }
-  if (o.prefill_qkv_bits != 0) qkv_rest_ = o.prefill_qkv_bits == 24;
-  in_proj_x3_ = env_is("TERN_PREFILL_X3", "1");
   // TERN_PREFILL_ROUTER: how the prefill plan's 8-bit router takes x. exact (default): the integer kernel twice, on
   // x in 16 bits per group of 64 and on the residual quantised again (matmul_quantize_x's residual: x to fp32's
   // precision; the shared-expert gate takes the first term only). q16: the first product alone, whose rounding swapped
@@ -149,6 +125,17 @@ CudaRunner::CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const M
   kv_ = o.kv;
   if (kv_ == KvDtype::f16 && env_is("TERN_KV_BF16", "1")) kv_ = KvDtype::bf16;
   if (const char* e = std::getenv("TERN_KV_DTYPE"); e && kv_ == KvDtype::f16) kv_ = kv_dtype_parse(e);
+  // The prefill inputs that take x as fp16 hi + lo (matmul_prepare_x_f16x2: x/σ to 22 significant bits, σ a power of
+  // two per token) where they would take bf16 hi + lo (16 bits) on the warpgroup kernel (Hopper), for the same tensor
+  // work: a bit mask of PrefillSite from CudaRunnerOptions::prefill_pair_sites, else TERN_PREFILL_PAIR_SITES, else
+  // every site with the i16 cache (the choice of fidelity over speed) and none with the others. On the trained-scale
+  // oracle with the i16 cache (H100, forty-eighth session, docs/benchmarks.md) three fresh seeds' prefill went from
+  // mean KL 4.4e-5 – 2.2e-4 to ~6e-9 (fp32's level) and seed 566307818's perplexity from +0.114% to −0.007%; the 4K
+  // prefill −6% (the fp16 products ran 1–13% slower than bf16 hi + lo on the same tensor work).
+  pair_sites_ = kv_ == KvDtype::i16 ? int(kAllSites) : 0;
+  if (const char* e = std::getenv("TERN_PREFILL_PAIR_SITES"); e && *e)
+    pair_sites_ = env_count("TERN_PREFILL_PAIR_SITES", e, 0, int(kAllSites), "a mask of the prefill sites");
+  if (o.prefill_pair_sites >= 0) pair_sites_ = o.prefill_pair_sites;
   // TERN_L2_PREFETCH (a bit mask, default 12 = both; the one-token decode plan on Hopper; l2_prefetch.cuh): 4 the MoE
   // gate_up asks L2 for the chosen experts' down matrices; 8 each mixer's output projection for the next layer's
   // first projection; 0 neither.
@@ -295,10 +282,10 @@ void CudaRunner::allocate_scratch() {
                          T * k * (2 * F + D) + T * (2 * Fs + D) + kLmRows * V + sample_scratch_floats(V);
   const int64_t ints = T + T * k + moe_group_ints(T, E, k) + 1;
   // The split activations of every prefill product input: normed x, the GDN and attention outputs, h of the experts.
-  // (fp16 hi + lo's rows are 16 bytes longer than bf16 hi + lo's at most.)
+  // (fp16 hi + lo's rows are at least as long as bf16 hi + lo's: their tails are padded to 128 bytes.)
   prep_bytes_ = size_t(std::max({matmul_f16x2_bytes(T, D), matmul_f16x2_bytes(T, Hv * dv),
                                  matmul_f16x2_bytes(T, Hq * dh), matmul_f16x2_bytes(T * k, F),
-                                 matmul_f16x2_bytes(T, Fs), matmul_x3_bytes(T, D)}));
+                                 matmul_f16x2_bytes(T, Fs)}));
   prep_q16_bytes_ = size_t(matmul_q16_bytes(T, D));
   // A chunk part way (forward_layers): its rows [T, D] and a snapshot's worth of Gated DeltaNet states.
   const size_t part_way_bytes = size_t(T * D) * 4 + gdn_state_bytes_of(*w_);

@@ -29,12 +29,10 @@ struct CudaRunnerOptions {
   // The prefill inputs that take x as fp16 on Hopper (a bit mask: 2 attention q|k|v, 4 the mixers' output projections,
   // 8 the MoE input, 16 the MoE down inputs); -1: the default (none, or TERN_PREFILL_F16_SITES).
   int f16_sites = -1;
-  // The bits of the GDN in_proj_qkv's x in the prefill on Hopper: 16 (bf16 hi + lo) or 24 (and a product on the rest,
-  // fp32's precision: qkv_rest in prefill_plan.cu); 0: the default (16, or TERN_PREFILL_QKV_BITS).
-  int prefill_qkv_bits = 0;
   // The prefill inputs that take x as fp16 hi + lo (22 significant bits) instead of bf16 hi + lo (16) on Hopper, for
   // the same tensor work (a bit mask: 1 the GDN in_proj, 2 attention q|k|v, 4 the mixers' output projections, 8 the
-  // MoE input, 16 the MoE down inputs); -1: the default (none, or TERN_PREFILL_PAIR_SITES).
+  // MoE input, 16 the MoE down inputs); -1: the default (TERN_PREFILL_PAIR_SITES, else every site with the i16 cache
+  // and none with the others).
   int prefill_pair_sites = -1;
   // The KV cache's type (--kv-dtype): fp16 (the attention kernels' q and softmax weights too), bf16 (those too; also
   // TERN_KV_BF16=1 when this is f16), fp8 (e4m3 with a scale per token and KV head, half the bytes; computed in

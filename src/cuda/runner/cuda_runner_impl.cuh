@@ -169,10 +169,6 @@ class CudaRunner final : public ModelRunner {
   // normed_ = rmsnorm(hidden_)·w, prepared for `site` (the blocks below normalise their own input).
   PreparedX norm_prepare(const float* w, int64_t T, PrefillSite site, bool with_8bit = false, bool with_rest = false);
   void gdn_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, int64_t T);
-  // in_proj_qkv's x to 24 bits (see gdn_mixer): the fused in_proj on x in three terms, else a product on the rest
-  bool gdn_in_at_24_bits(int64_t T) const;
-  bool in_proj_x3(const DeviceLayer& l, int64_t T, int64_t P);
-  void qkv_rest(const DMat& w, const PreparedX& xp, int64_t T, float* qkv_raw, int64_t P);
   void attention_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, CudaSession& s, int64_t T, int64_t cap);
   void moe(const DeviceLayer& l, int64_t T);
   // The most tokens of the chunk's grouped expert tiles (TERN_MOE_TILE_TOKENS); wgmma: the warpgroup kernel runs
@@ -213,9 +209,7 @@ class CudaRunner final : public ModelRunner {
   bool runs_wgmma(PrefillSite site, const DMat& w, int64_t T) const;  // w's product at `site` on the warpgroup kernel
   PrefillKernel prefill_kernel_ = PrefillKernel::int8;
   bool exact_gates_ = false;  // the GDN b and a products on the integer kernel (see gdn_mixer)
-  bool qkv_rest_ = false;     // TERN_PREFILL_QKV_BITS=24: the GDN in_proj_qkv's x at 24 bits (qkv_rest)
-  bool in_proj_x3_ = false;   // TERN_PREFILL_X3=1: with qkv_rest_, the fused in_proj on x in three terms (in_proj_x3)
-  int pair_sites_ = 0;        // TERN_PREFILL_PAIR_SITES: the sites on fp16 hi + lo instead of bf16 hi + lo (takes_pair)
+  int pair_sites_ = 0;  // TERN_PREFILL_PAIR_SITES: the sites on fp16 hi + lo instead of bf16 hi + lo (takes_pair)
   // The prefill router (TERN_PREFILL_ROUTER, see the constructor): exact (default), q16 or fp32.
   enum class RouterPrefill { exact, q16, fp32 };
   RouterPrefill router_prefill_ = RouterPrefill::exact;

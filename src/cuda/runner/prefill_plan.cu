@@ -196,19 +196,14 @@ void CudaRunner::gdn_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, in
   // (in_proj_all), else one per matrix into its columns; the gates on the 16-bit x when gates_q16.
   const int64_t Z = int64_t(d.Hv) * d.dv, P = C + Z + 2 * d.Hv;
   float *qkv_raw = in_proj_out_, *z = qkv_raw + C, *b = z + Z, *a = b + d.Hv;
-  // With qkv_rest_ the fused product takes x in three terms where asked and able (in_proj_x3), else q|k|v add the
-  // rest.
-  if (!in_proj_x3(l, T, P)) {
-    const PreparedX xp = norm_prepare(l.input_norm, T, kGdnIn, gates_q16);
-    if (l.in_proj_all.rows == P && !gates_q16) {
-      proj(l.in_proj_all, normed_, T, in_proj_out_, false, xp);
-    } else {
-      proj(l.in_proj_qkv, normed_, T, qkv_raw, false, xp, false, P);
-      proj(l.in_proj_z, normed_, T, z, false, xp, false, P);
-      proj(l.in_proj_b, normed_, T, b, false, xp, /*exact=*/true, P);
-      proj(l.in_proj_a, normed_, T, a, false, xp, /*exact=*/true, P);
-    }
-    qkv_rest(l.in_proj_qkv, xp, T, qkv_raw, P);
+  const PreparedX xp = norm_prepare(l.input_norm, T, kGdnIn, gates_q16);
+  if (l.in_proj_all.rows == P && !gates_q16) {
+    proj(l.in_proj_all, normed_, T, in_proj_out_, false, xp);
+  } else {
+    proj(l.in_proj_qkv, normed_, T, qkv_raw, false, xp, false, P);
+    proj(l.in_proj_z, normed_, T, z, false, xp, false, P);
+    proj(l.in_proj_b, normed_, T, b, false, xp, /*exact=*/true, P);
+    proj(l.in_proj_a, normed_, T, a, false, xp, /*exact=*/true, P);
   }
   d.ld_ba = d.ld_z = P;
   if (d.dk == 128) {  // the q/k norms inside the convolution (a warp per 128-channel head), then the gates
@@ -228,47 +223,6 @@ void CudaRunner::gdn_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, in
     gdn_recurrent(conv_out_, g_, beta_, lc.rec, d, o_, stream_);
   gdn_gated_norm(o_, z, l.gdn_norm, float(c.rms_norm_eps), d, gated_, stream_);
   proj(l.out_proj, gated_, T, hidden_, /*accumulate=*/true, prepare_x(gated_, Z, T, Z, kMixerOut));
-}
-
-// Whether the chunk's GDN in_proj takes x at 24 bits (qkv_rest_, TERN_PREFILL_QKV_BITS=24): where it would take
-// bf16 hi + lo on the warpgroup kernel (never with the fp16 input, nor with gates_q16, which only that input sets, nor
-// with fp16 hi + lo).
-bool CudaRunner::gdn_in_at_24_bits(int64_t T) const {
-  return qkv_rest_ && !fp32_prefill_ && T > 1 && site_kernel(kGdnIn) == PrefillKernel::wgmma_split &&
-         !takes_pair(kGdnIn, T, w_->config.hidden_size);
-}
-
-// in_proj_out_ [T, P] = x · in_proj_allᵀ, x = rmsnorm(hidden_)·input_norm in three bf16 terms (matmul_prepare_x3:
-// hi + lo + rest = x exactly), so every row takes x at fp32's precision for one more MMA term than hi + lo, the
-// weights' dequantisation shared. Where qkv_rest_ and in_proj_x3_ are set (TERN_PREFILL_X3=1; its cost against
-// qkv_rest's not yet measured), the in_proj is fused and would take hi + lo on the warpgroup kernel, and the layout
-// fits prep_; returns whether it ran.
-bool CudaRunner::in_proj_x3(const DeviceLayer& l, int64_t T, int64_t P) {
-  const int64_t D = w_->config.hidden_size;
-  if (!gdn_in_at_24_bits(T) || !in_proj_x3_ || l.in_proj_all.rows != P || !matmul_wgmma_takes(l.in_proj_all) ||
-      matmul_x3_bytes(T, D) > int64_t(prep_bytes_))
-    return false;
-  rmsnorm(hidden_, l.input_norm, float(w_->config.rms_norm_eps), T, D, normed_, stream_);
-  matmul_prepare_x3(normed_, D, T, D, prep_, stream_);
-  matmul_wgmma({.w = l.in_proj_all, .x = normed_, .ldx = D, .y = in_proj_out_, .ldy = P, .tokens = T,
-                .x_prep = prep_, .x_prep_cols = D},
-               stream_, WgmmaX::split3);
-  return true;
-}
-
-// qkv_raw [T, C] (row stride P) += in_proj_qkv · r, r = x − hi − lo the rest of x = normed_ past the bf16 hi + lo
-// split its product took (matmul_prepare_rest_f16, as one fp16 term): the product then takes x at fp32's precision.
-// Where the product took hi + lo on the warpgroup kernel, with qkv_rest_ (TERN_PREFILL_QKV_BITS=24; off by default:
-// see the constructor) and in_proj_x3 could not run; its q, k and v steer the delta rule's state over the whole
-// sequence. prep_ is free once the in_proj products have read xp.
-void CudaRunner::qkv_rest(const DMat& w, const PreparedX& xp, int64_t T, float* qkv_raw, int64_t P) {
-  if (!gdn_in_at_24_bits(T) || !xp.main || !matmul_wgmma_takes(w) ||
-      matmul_f16_bytes(T, w.cols) > int64_t(prep_bytes_))
-    return;
-  matmul_prepare_rest_f16(normed_, w.cols, T, w.cols, prep_, stream_);
-  matmul({.w = w, .x = normed_, .ldx = w.cols, .y = qkv_raw, .ldy = P, .tokens = T, .accumulate = true,
-          .x_f16 = prep_, .x_f16_cols = w.cols},
-         stream_);
 }
 
 void CudaRunner::attention_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, CudaSession& s, int64_t T,

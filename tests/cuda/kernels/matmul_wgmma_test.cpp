@@ -167,71 +167,49 @@ TEST(CudaMatmulWgmma, PreparedF16MatchesTheTwin) {
   }
 }
 
-// x's rest past its bf16 hi + lo split (matmul_prepare_rest_f16), r = x − hi − lo, as the one fp16 term: the values it
-// holds (round-to-nearest-even of r/σ, σ the power of two of the row's max|r|); the product on it alone against the
-// fp64 product of r as the kernel sees it (the twin's bounds); and what it is for: the split's product plus the rest's
-// (accumulated) against the product of x itself in fp64, on the weights' dequantised values (the CPU product of unit
-// vectors). With the rest the error must fall to the kernel's own fp32 summation (the split product's error against
-// the fp64 product of hi + lo, measured alongside: Hopper's accumulation is not round-to-nearest) instead of the
-// split's 16 bits of x.
-TEST(CudaMatmulWgmma, RestTermTakesXToFp32) {
+// What fp16 hi + lo is for: the product on x as fp16 hi + lo of x/σ (matmul_prepare_x_f16x2, WgmmaX::split_f16; its
+// layout: PreparedF16MatchesTheTwin) against the fp64 product of x itself, on the weights' dequantised values (the CPU
+// product of unit vectors). Its 22 bits of x must leave only the kernel's own fp32 summation error: the bf16 hi + lo
+// product's error against the fp64 product of hi + lo, measured alongside (Hopper's accumulation is not
+// round-to-nearest), instead of that product's 16 bits of x. And against the fp64 product of σ·(hi + lo), the x it
+// sees, within the twin's bound.
+TEST(CudaMatmulWgmma, PairTakesXToFp32) {
   TERN_REQUIRE_WGMMA();
-  std::mt19937_64 rng(fresh_seed("CudaMatmulWgmma.Rest"));
-  const int64_t rows = 512, cols = 2048, T = 65, ld = cols + 8, rb = matmul_f16_row_bytes(cols), G = cols / 64;
+  std::mt19937_64 rng(fresh_seed("CudaMatmulWgmma.Pair"));
+  const int64_t rows = 512, cols = 2048, T = 65, ld = cols + 8;
   auto h = random_matrix(rng, WeightFormat::affine4, 1, rows, cols);
   DeviceMatrix dm(*h);
   auto x = activations(rng, T, ld, true);
   for (int64_t c = 0; c < ld; ++c) x[size_t(ld + c)] = 0.0f;  // an all-zero row
   DeviceBuf<float> dx(x);
-  DeviceBuf<unsigned char> rest(size_t(matmul_f16_bytes(T, cols)));
-  matmul_prepare_rest_f16(dx.p, ld, T, cols, rest.p, nullptr);
-  const auto got = rest.host();
-  // Per token: hi + lo, r, and r as the kernel sees it (σ·fp16(r/σ)).
-  std::vector<float> split_x(size_t(T * cols)), r(size_t(T * cols)), r_seen(size_t(T * cols));
-  int64_t bad_values = 0, bad_sigma = 0;
+  // Per token: bf16 hi + lo, and σ·(fp16 hi + lo of x/σ), each exact in fp32.
+  std::vector<float> split_x(size_t(T * cols)), pair_x(size_t(T * cols));
   for (int64_t n = 0; n < T; ++n) {
+    const float sigma = row_sigma(x.data() + n * ld, cols);
     for (int64_t c = 0; c < cols; ++c) {
-      const float v = x[size_t(n * ld + c)], hi = round_bf16(v), d = v - hi, lo = round_bf16(d);
-      split_x[size_t(n * cols + c)] = hi + lo;
-      r[size_t(n * cols + c)] = d - lo;
-    }
-    const float sigma = row_sigma(r.data() + n * cols, cols);
-    const unsigned char* row = got.data() + n * rb;
-    float got_sigma;
-    std::memcpy(&got_sigma, row + cols * 2 + G * 4, 4);
-    if (got_sigma != sigma) ++bad_sigma;
-    for (int64_t c = 0; c < cols / 8; ++c) {
-      for (int e = 0; e < 8; ++e) {  // element e of chunk c: column 8c + (0,4,1,5,2,6,3,7)[e]
-        const size_t col = size_t(n * cols + 8 * c + (e % 2) * 4 + e / 2);
-        uint16_t b;
-        std::memcpy(&b, row + c * 16 + e * 2, 2);
-        r_seen[col] = round_f16(r[col] / sigma) * sigma;
-        if (f16_to_float(b) != round_f16(r[col] / sigma)) ++bad_values;
-      }
+      const float v = x[size_t(n * ld + c)], hi = round_bf16(v);
+      split_x[size_t(n * cols + c)] = hi + round_bf16(v - hi);
+      const float y = v / sigma, fhi = round_f16(y);
+      pair_x[size_t(n * cols + c)] = (fhi + round_f16(y - fhi)) * sigma;
     }
   }
-  EXPECT_EQ(bad_sigma, 0) << "row scales of the rest";
-  EXPECT_EQ(bad_values, 0) << "fp16 values that differ from round-to-nearest-even of r/σ";
-
-  // y_split = W·(hi + lo); y_rest = W·r alone; y_full = y_split, then += W·r.
+  // y_split = W·(bf16 hi + lo); y_pair = W·σ(fp16 hi + lo).
   const PreparedInput split = prepared(dx.p, ld, T, cols, WgmmaX::split);
-  DeviceBuf<float> dy(std::vector<float>(size_t(T * rows), NAN)), dr(std::vector<float>(size_t(T * rows), NAN));
+  DeviceBuf<float> dy(std::vector<float>(size_t(T * rows), NAN)), d2(std::vector<float>(size_t(T * rows), NAN));
   MatmulArgs a = dense_args(dm.d, dx.p, dy.p, T);
   a.ldx = ld;
   split.set(a, WgmmaX::split, cols);
   run_product(a, WgmmaX::split);
   const auto y_split = dy.host();
-  a.x_prep = nullptr;
-  a.x_prep_cols = 0;
-  a.x_f16 = rest.p;
-  a.x_f16_cols = cols;
-  a.y = dr.p;
-  matmul(a, nullptr);
-  const auto y_rest = dr.host();
-  a.y = dy.p;
-  a.accumulate = true;
-  matmul(a, nullptr);
-  const auto y_full = dy.host();
+  DeviceBuf<unsigned char> xp2(size_t(matmul_f16x2_bytes(T, cols)));
+  matmul_prepare_x_f16x2(dx.p, ld, T, cols, xp2.p, nullptr);
+  MatmulArgs a2 = dense_args(dm.d, dx.p, d2.p, T);
+  a2.ldx = ld;
+  a2.x_prep = xp2.p;
+  a2.x_prep_cols = cols;
+  a2.x_prep_f16 = true;
+  matmul_wgmma(a2, nullptr, WgmmaX::split_f16);
+  const auto y_pair = d2.host();
   // W [rows, cols] dequantised, as wt [cols, rows]: W·e_c for every column c (one nonzero term: exact).
   std::vector<float> eye(size_t(cols * cols), 0.0f);
   for (int64_t c = 0; c < cols; ++c) eye[size_t(c * cols + c)] = 1.0f;
@@ -247,7 +225,7 @@ TEST(CudaMatmulWgmma, RestTermTakesXToFp32) {
     return y;
   };
   const auto want_x = fp64_product(x.data(), ld), want_split = fp64_product(split_x.data(), cols);
-  const auto want_rest = fp64_product(r_seen.data(), cols);
+  const auto want_pair = fp64_product(pair_x.data(), cols);
   // Per token: rms(got − want) / rms(scale); the worst token.
   using Doubles = std::vector<double>;
   const auto worst = [&](const std::vector<float>& g, const Doubles& want, const Doubles& scale) {
@@ -267,91 +245,15 @@ TEST(CudaMatmulWgmma, RestTermTakesXToFp32) {
     }
     return w;
   };
-  const double rest_alone = worst(y_rest, want_rest, want_rest), floor = worst(y_split, want_split, want_x);
-  const double split_err = worst(y_split, want_x, want_x), full_err = worst(y_full, want_x, want_x);
-  std::printf("[rest term] worst token's rms error / rms of W·x: split %.3g (its own summation %.3g), split + rest "
-              "%.3g; the rest's product alone %.3g of its rms\n", split_err, floor, full_err, rest_alone);
-  EXPECT_LE(rest_alone, kTwinRms) << "the rest's product against the fp64 product of r as the kernel sees it";
-  EXPECT_LE(full_err, 1.25 * floor + 1e-7) << "split + rest against the fp64 product of x: more than the kernel's "
-                                              "own summation error";
-  EXPECT_LE(full_err, 2e-6) << "split + rest against the fp64 product of x";
-
-  // The three-term layout (matmul_prepare_x3): hi, lo and rest as bf16, bit for bit, with the groups' Σx; then the
-  // one product on it (WgmmaX::split3) against the fp64 product of x, at the same bounds.
-  DeviceBuf<unsigned char> x3(size_t(matmul_x3_bytes(T, cols)));
-  matmul_prepare_x3(dx.p, ld, T, cols, x3.p, nullptr);
-  const auto got3 = x3.host();
-  const int64_t rb3 = matmul_x3_row_bytes(cols);
-  int64_t bad_terms = 0;
-  double worst_sum = 0;
-  for (int64_t n = 0; n < T; ++n) {
-    const unsigned char* row = got3.data() + n * rb3;
-    for (int64_t c = 0; c < cols / 8; ++c) {
-      for (int e = 0; e < 8; ++e) {
-        const int64_t col = 8 * c + (e % 2) * 4 + e / 2;
-        const float v = x[size_t(n * ld + col)], hi = round_bf16(v), lo = round_bf16(v - hi);
-        const float want[3] = {hi, lo, (v - hi) - lo};
-        for (int h = 0; h < 3; ++h) {
-          uint16_t b;
-          std::memcpy(&b, row + (c / 8) * 384 + h * 128 + (c % 8) * 16 + e * 2, 2);
-          if (b != float_to_bf16(want[h])) ++bad_terms;
-        }
-        if (hi + lo + want[2] != v) ++bad_terms;  // the three terms hold x exactly
-      }
-    }
-    for (int64_t g = 0; g < G; ++g) {
-      double sum = 0, mag = 0;
-      for (int k = 0; k < 64; ++k) {
-        sum += x[size_t(n * ld + g * 64 + k)];
-        mag += std::fabs(x[size_t(n * ld + g * 64 + k)]);
-      }
-      float got_sum;
-      std::memcpy(&got_sum, row + cols * 6 + g * 4, 4);
-      worst_sum = std::max(worst_sum, std::fabs(double(got_sum) - sum) / (mag + 1e-30));
-    }
-  }
-  EXPECT_EQ(bad_terms, 0) << "three-term values that are not hi = bf16(x), lo = bf16(x − hi), rest = x − hi − lo";
-  EXPECT_LE(worst_sum, 1e-6) << "three-term group sums (relative to Σ|x|)";
-  DeviceBuf<float> d3(std::vector<float>(size_t(T * rows), NAN));
-  MatmulArgs a3 = dense_args(dm.d, dx.p, d3.p, T);
-  a3.ldx = ld;
-  a3.x_prep = x3.p;
-  a3.x_prep_cols = cols;
-  matmul_wgmma(a3, nullptr, WgmmaX::split3);
-  const double three_err = worst(d3.host(), want_x, want_x);
-  std::printf("[three terms] worst token's rms error / rms of W·x: %.3g\n", three_err);
-  EXPECT_LE(three_err, 1.25 * floor + 1e-7) << "three terms against the fp64 product of x";
-  EXPECT_LE(three_err, 2e-6) << "three terms against the fp64 product of x";
-
-  // x as fp16 hi + lo of x/σ (matmul_prepare_x_f16x2; its layout: PreparedF16MatchesTheTwin): the product on it
-  // (WgmmaX::split_f16) against the fp64 products of σ·(hi + lo) (the twin's bound) and of x (the bounds above): 22
-  // bits of x leave the kernel's own summation error.
-  DeviceBuf<unsigned char> xp2(size_t(matmul_f16x2_bytes(T, cols)));
-  matmul_prepare_x_f16x2(dx.p, ld, T, cols, xp2.p, nullptr);
-  DeviceBuf<float> d2(std::vector<float>(size_t(T * rows), NAN));
-  MatmulArgs a2 = dense_args(dm.d, dx.p, d2.p, T);
-  a2.ldx = ld;
-  a2.x_prep = xp2.p;
-  a2.x_prep_cols = cols;
-  a2.x_prep_f16 = true;
-  matmul_wgmma(a2, nullptr, WgmmaX::split_f16);
-  const auto y_pair = d2.host();
-  const double pair_err = worst(y_pair, want_x, want_x);
-  std::vector<float> pair_seen(size_t(T * cols));  // σ·(hi + lo), exact in fp32
-  for (int64_t n = 0; n < T; ++n) {
-    const float sigma = row_sigma(x.data() + n * ld, cols);
-    for (int64_t c = 0; c < cols; ++c) {
-      const float y = x[size_t(n * ld + c)] / sigma, hi = round_f16(y);
-      pair_seen[size_t(n * cols + c)] = (hi + round_f16(y - hi)) * sigma;
-    }
-  }
-  const auto want_pair = fp64_product(pair_seen.data(), cols);
-  const double pair_twin = worst(y_pair, want_pair, want_pair);
-  std::printf("[fp16 hi + lo] worst token's rms error / rms of W·x: %.3g (against its own x %.3g)\n", pair_err,
-              pair_twin);
+  const double floor = worst(y_split, want_split, want_x), split_err = worst(y_split, want_x, want_x);
+  const double pair_err = worst(y_pair, want_x, want_x), pair_twin = worst(y_pair, want_pair, want_pair);
+  std::printf("[fp16 hi + lo] worst token's rms error / rms of W·x: bf16 hi + lo %.3g (its own summation %.3g), "
+              "fp16 hi + lo %.3g (against its own x %.3g)\n", split_err, floor, pair_err, pair_twin);
   EXPECT_LE(pair_twin, kTwinRms) << "fp16 hi + lo against the fp64 product of σ·(hi + lo)";
-  EXPECT_LE(pair_err, 1.25 * floor + 1e-7) << "fp16 hi + lo against the fp64 product of x";
+  EXPECT_LE(pair_err, 1.25 * floor + 1e-7) << "fp16 hi + lo against the fp64 product of x: more than the kernel's "
+                                              "own summation error";
   EXPECT_LE(pair_err, 2e-6) << "fp16 hi + lo against the fp64 product of x";
+  EXPECT_LT(pair_err, split_err) << "fp16 hi + lo no closer to W·x than bf16 hi + lo";
 }
 
 struct DenseCase {

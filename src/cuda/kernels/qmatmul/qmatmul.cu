@@ -626,22 +626,16 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) matmul_affine4_tc_
   mm::store_warp_tile<SwiGLU>(a, acc, row0 + wm * 16 * (SwiGLU ? MT / 2 : MT), wtok0, g, t, p0, count);
 }
 
-// x (fp32 [rows, cols], row stride ld) -> the prepared layout, Terms 2 (matmul_prepared_row_bytes per row): per group
-// of 64 columns the hi chunks then the lo chunks, then the groups' Σx'; or Terms 3 (matmul_prepare_x3's rows: the
-// rest chunks after lo, and Σx). One thread per 8-column chunk; the 8 chunks of a group lie in 8 consecutive lanes
-// (cols % 64 == 0), which add their sums as the kernel's blocks do.
-template <int Terms>
+// x (fp32 [rows, cols], row stride ld) -> the prepared layout (matmul_prepared_row_bytes per row): per group of 64
+// columns the hi chunks then the lo chunks, then the groups' Σx'. One thread per 8-column chunk; the 8 chunks of a
+// group lie in 8 consecutive lanes (cols % 64 == 0), which add their sums as the kernel's blocks do.
 __global__ void __launch_bounds__(256) prepare_x_kernel(const float* x, int64_t ld, int64_t rows, int64_t cols,
                                                         unsigned char* out) {
   pdl_wait();
   pdl_trigger();
-  const int64_t prow = Terms == 2 ? matmul_prepared_row_bytes(cols) : matmul_x3_row_bytes(cols);
+  const int64_t prow = matmul_prepared_row_bytes(cols);
   mm::for_each_x_word(x, ld, rows, cols, [&](bool in, int64_t r, int64_t c, const float (&v)[8]) {
-    if constexpr (Terms == 2) {
-      xform::store_split_word(out + r * prow, cols, c, v, in);
-    } else {
-      xform::store_split3_word(out + r * prow, cols, c, v, in);
-    }
+    xform::store_split_word(out + r * prow, cols, c, v, in);
   });
 }
 
@@ -888,10 +882,8 @@ void matmul(const MatmulArgs& a, cudaStream_t stream, MatmulTile tile) {
   TERN_CUDA_LAUNCHED("matmul");
 }
 
-namespace {
-template <int Terms>
-void prepare_terms(const char* name, const float* x, int64_t ldx, int64_t rows, int64_t cols, void* out,
-                   cudaStream_t stream) {
+void matmul_prepare_x(const float* x, int64_t ldx, int64_t rows, int64_t cols, void* out, cudaStream_t stream) {
+  const char* name = "matmul_prepare_x";
   if (rows <= 0 || cols <= 0) return;
   TERN_CHECK(cols % 64 == 0 && ldx % 4 == 0 && ldx >= cols && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
                  reinterpret_cast<uintptr_t>(out) % 16 == 0,
@@ -899,17 +891,8 @@ void prepare_terms(const char* name, const float* x, int64_t ldx, int64_t rows, 
              ", ldx ", ldx);
   const int64_t chunks = rows * (cols / 8);
   const int64_t blocks = std::min<int64_t>((chunks + 255) / 256, int64_t(tc::sm_count()) * 8);
-  launch_pdl(name, tc::prepare_x_kernel<Terms>, dim3(unsigned(blocks)), dim3(256), 0, stream, x, ldx, rows, cols,
+  launch_pdl(name, tc::prepare_x_kernel, dim3(unsigned(blocks)), dim3(256), 0, stream, x, ldx, rows, cols,
              static_cast<unsigned char*>(out));
-}
-}  // namespace
-
-void matmul_prepare_x(const float* x, int64_t ldx, int64_t rows, int64_t cols, void* out, cudaStream_t stream) {
-  prepare_terms<2>("matmul_prepare_x", x, ldx, rows, cols, out, stream);
-}
-
-void matmul_prepare_x3(const float* x, int64_t ldx, int64_t rows, int64_t cols, void* out, cudaStream_t stream) {
-  prepare_terms<3>("matmul_prepare_x3", x, ldx, rows, cols, out, stream);
 }
 
 bool matmul_swiglu_supported(const MatmulArgs& gate, const DMat& up) {

@@ -102,16 +102,6 @@ constexpr int64_t matmul_prepared_bytes(int64_t rows, int64_t cols) { return row
 // multiple of 64, ldx a multiple of 4, x 16-byte aligned. Launched with PDL; one pass over x.
 void matmul_prepare_x(const float* x, int64_t ldx, int64_t rows, int64_t cols, void* out, cudaStream_t stream);
 
-// x in three bf16 terms, hi = bf16(x), lo = bf16(x − hi), rest = x − hi − lo (at most 8 significant bits: exact), so
-// hi + lo + rest = x: per group of 64 columns 128 bytes of each term (the chunks as in matmul_prepare_x), then the
-// fp32 sums Σx of its groups (padded to 16 bytes). The product then takes x at fp32's precision for one more MMA term
-// than the split (the weights' dequantisation shared): WgmmaX::split3, dense products only.
-constexpr int64_t matmul_x3_row_bytes(int64_t cols) { return cols * 6 + ((cols / 16 + 15) / 16) * 16; }
-constexpr int64_t matmul_x3_bytes(int64_t rows, int64_t cols) { return rows * matmul_x3_row_bytes(cols); }
-// x [rows, cols] fp32 (row stride ldx) -> out (matmul_x3_bytes(rows, cols)). cols a multiple of 64, ldx a multiple of
-// 4, x and out 16-byte aligned. Launched with PDL; one pass over x.
-void matmul_prepare_x3(const float* x, int64_t ldx, int64_t rows, int64_t cols, void* out, cudaStream_t stream);
-
 // SwiGLU of two products in one pass over x: y (+)= silu(x · Gᵀ) ⊙ (x · Uᵀ), G = gate.w and U = `up` (same shape),
 // everything else (dense or grouped, gather, strides, accumulate) as matmul(gate). Tensor cores only: 4-bit
 // matrices that matmul would run on them (matmul_swiglu_supported); throws tern::Error otherwise. `simt` means

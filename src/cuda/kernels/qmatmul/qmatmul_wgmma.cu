@@ -51,16 +51,16 @@ constexpr int kWideTokens = 64;  // N of dense products and of grouped tiles of 
 constexpr int kThreads = 128;    // one warpgroup
 static_assert(kWideTokens >= kMatmulTileTokens, "grouped tiles must fit one block");
 
-// F16: x's terms are fp16 with a per-token scale σ (one term, or hi + lo), else bf16 (hi + lo, or hi + lo + rest).
+// F16: x's terms are fp16 with a per-token scale σ (one term, or hi + lo), else bf16 (hi + lo).
 template <int MT, int Terms, int Stages, int MinBlocks, int Tokens, bool F16 = Terms == 1>
 struct Shape {
   static constexpr int kMTiles = MT, kTerms = Terms, kStages = Stages, kMinBlocks = MinBlocks;
   static constexpr bool kF16 = F16;
-  // The terms' order into a group's accumulator: the smallest first (lo before hi, rest before both) where the form
-  // was written after the finding that this sums the small terms before the full-size one and does not round each
-  // again at full size (the tensor cores' accumulation does not round to nearest); bf16 hi + lo keeps hi first (its
-  // outputs' bits unchanged).
-  static constexpr bool kSmallFirst = Terms == 3 || (Terms == 2 && F16);
+  // The terms' order into a group's accumulator: the smallest first (lo before hi) where the form was written after
+  // the finding that this sums the small terms before the full-size one and does not round each again at full size
+  // (the tensor cores' accumulation does not round to nearest); bf16 hi + lo keeps hi first (its outputs' bits
+  // unchanged).
+  static constexpr bool kSmallFirst = Terms == 2 && F16;
   static constexpr int kTokens = Tokens;                  // N: tokens per block and wgmma
   static constexpr int kRows = 64 * MT;                   // weight rows per block
   static constexpr int kWBytes = kRows * 32;              // 4-bit: 32 bytes per row and group
@@ -218,7 +218,7 @@ __global__ void __launch_bounds__(kThreads, S::kMinBlocks)
     matmul_wgmma_kernel(MatmulArgs a, DMat up, const void* xsrc, int64_t xrow_bytes, int64_t sums_off) {
   static_assert(!SwiGLU || S::kMTiles % 2 == 0, "SwiGLU pairs gate and up row tiles");
   constexpr int kStages = S::kStages, MT = S::kMTiles, Terms = S::kTerms, N = S::kTokens, NT = N / 8;
-  constexpr bool kF16 = S::kF16;  // fp16 terms with a per-token scale, else bf16 hi + lo (+ rest)
+  constexpr bool kF16 = S::kF16;  // fp16 terms with a per-token scale, else bf16 hi + lo
   constexpr int kOutRows = SwiGLU ? S::kRows / 2 : S::kRows;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* const smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
@@ -322,7 +322,7 @@ __global__ void __launch_bounds__(kThreads, S::kMinBlocks)
         af[mi][i][3] = nibble_pair<kF16>(rb[2 * i + 1], t);
       }
       wgmma_fence();
-      // The terms in the order of S::kSmallFirst (stored hi, lo, rest).
+      // The terms in the order of S::kSmallFirst (stored hi, then lo).
 #pragma unroll
       for (int h = 0; h < Terms; ++h)
 #pragma unroll
@@ -391,22 +391,13 @@ __global__ void __launch_bounds__(kThreads, S::kMinBlocks)
   mm::store_warp_tile<SwiGLU>(a, acc, row0 + warp * 16 * (SwiGLU ? MT / 2 : MT), 0, g, t, p0, count);
 }
 
-// The fp16 forms of x that prepare_x_f16_kernel writes: one term of x (matmul_prepare_x_f16), one term of x's rest
-// past its bf16 hi + lo split (matmul_prepare_rest_f16), or x as fp16 hi + lo (matmul_prepare_x_f16x2).
-enum class F16Form { value, rest, pair };
+// The fp16 forms of x that prepare_x_f16_kernel writes: one term of x (matmul_prepare_x_f16) or x as fp16 hi + lo
+// (matmul_prepare_x_f16x2).
+enum class F16Form { value, pair };
 
-// What the fp16 form holds of a value v of x: v itself, or (rest) the rest of v past its bf16 hi + lo split
-// (matmul_prepare_x's: hi = bf16(v), lo = bf16(v − hi)), v − hi − lo, exact in fp32.
-template <F16Form Form>
-__device__ __forceinline__ float f16_term(float v) {
-  if (Form != F16Form::rest) return v;
-  const float d = v - __bfloat162float(__float2bfloat16_rn(v));
-  return d - __bfloat162float(__float2bfloat16_rn(d));
-}
-
-// x (fp32 [rows, cols], row stride ld) -> the rows of matmul_prepare_x_f16 (of f16_term<Form>(x)) or of
-// matmul_prepare_x_f16x2 (pair): a warp per row; pass 1 finds max|x|, pass 2 writes x/σ (σ = 2^(E − 15) for max|x| <
-// 2^E: an exact scaling into (−2^15, 2^15)) as fp16 (pair: hi = fp16(x/σ), then lo = fp16(x/σ − hi), whose
+// x (fp32 [rows, cols], row stride ld) -> the rows of matmul_prepare_x_f16 or of matmul_prepare_x_f16x2 (pair): a
+// warp per row; pass 1 finds max|x|, pass 2 writes x/σ (σ = 2^(E − 15) for max|x| < 2^E: an exact scaling into
+// (−2^15, 2^15)) as fp16 (pair: hi = fp16(x/σ), then lo = fp16(x/σ − hi), whose
 // subtraction is exact), one 8-column word per lane and step (the 8 words of a group in 8 consecutive lanes, which
 // add its sum by shuffles).
 template <F16Form Form>
@@ -422,8 +413,7 @@ __global__ void __launch_bounds__(256) prepare_x_f16_kernel(const float* x, int6
     float m = 0.0f;
     for (int64_t i = lane; i < cols / 4; i += 32) {
       const float4 v = xr[i];
-      m = fmaxf(m, fmaxf(fmaxf(fabsf(f16_term<Form>(v.x)), fabsf(f16_term<Form>(v.y))),
-                         fmaxf(fabsf(f16_term<Form>(v.z)), fabsf(f16_term<Form>(v.w)))));
+      m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
     }
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
@@ -433,8 +423,7 @@ __global__ void __launch_bounds__(256) prepare_x_f16_kernel(const float* x, int6
     float* sums = reinterpret_cast<float*>(row + cols * (kPair ? 4 : 2));
     for (int64_t w = lane; w < cols / 8; w += 32) {  // cols % 256 == 0: every lane takes part in every step
       const float4 p = xr[2 * w], q = xr[2 * w + 1];
-      const float v[8] = {f16_term<Form>(p.x), f16_term<Form>(p.y), f16_term<Form>(p.z), f16_term<Form>(p.w),
-                          f16_term<Form>(q.x), f16_term<Form>(q.y), f16_term<Form>(q.z), f16_term<Form>(q.w)};
+      const float v[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
       if constexpr (kPair) {  // per group 128 bytes of hi, then 128 of lo (matmul_prepare_x's layout)
         xform::store_f16x2_word(row, cols, w, v, inv, true);
       } else {
@@ -455,17 +444,15 @@ __global__ void __launch_bounds__(256) prepare_x_f16_kernel(const float* x, int6
   }
 }
 
-// Blocks of 128 rows × N tokens, x in Terms terms (1: fp16, 2: bf16 or (F16) fp16 hi + lo; 3, Plain3 below: bf16
-// hi + lo + rest). Blocks per SM the registers must allow: 2 at N = 64 (the measured default); 3 at N = 32 and 4 at
-// N = 16 (≤ 168 and ≤ 128 registers; unmeasured guesses: short chunks run many small blocks; shared memory allows as
-// many at the model's widths).
+// Blocks of 128 rows × N tokens, x in Terms terms (1: fp16, 2: bf16 or (F16) fp16 hi + lo). Blocks per SM the
+// registers must allow: 2 at N = 64 (the measured default); 3 at N = 32 and 4 at N = 16 (≤ 168 and ≤ 128
+// registers; unmeasured guesses: short chunks run many small blocks; shared memory allows as many at the model's
+// widths).
 constexpr int min_blocks(int tokens) { return tokens == 64 ? 2 : tokens == 32 ? 3 : 4; }
 template <int Terms, int Tokens, bool F16 = Terms == 1>
 using Block = Shape</*MT=*/2, Terms, /*Stages=*/4, min_blocks(Tokens), Tokens, F16>;
 using Plain1 = Block<1, kWideTokens>;  // 128 rows × 64 tokens, x in one fp16 term
 using Plain2 = Block<2, kWideTokens>;  // the same, x as bf16 hi + lo (Block<2, N, true>: as fp16 hi + lo)
-// x as bf16 hi + lo + rest, dense: 3 stages (4 would need 123 KB a block at 2,048 columns: one block an SM).
-using Plain3 = Shape</*MT=*/2, /*Terms=*/3, /*Stages=*/3, /*MinBlocks=*/2, kWideTokens>;
 
 template <class S, bool SwiGLU>
 void launch(const MatmulArgs& a, const DMat& up, const void* x, int64_t row_bytes, int64_t sums_off,
@@ -507,9 +494,8 @@ void run(const MatmulArgs& a, const DMat& up, WgmmaX xk, cudaStream_t stream) {
   TERN_CHECK(matmul_wgmma_available(), "matmul_wgmma: needs a Hopper GPU (sm_90a binary)");
   TERN_CHECK(matmul_wgmma_takes(a.w), "matmul_wgmma: needs 4-bit affine weights of group 64 with cols a multiple of ",
              "512 and aligned arrays; got ", a.w.rows, "x", a.w.cols);
-  const bool one = xk == WgmmaX::f16, three = xk == WgmmaX::split3, pair = xk == WgmmaX::split_f16;
-  TERN_CHECK(!three || (!SwiGLU && a.tile_expert == nullptr), "matmul_wgmma: x in three terms for dense products only");
-  TERN_CHECK(one || three || a.x_prep_f16 == pair, "matmul_wgmma: x_prep is ", a.x_prep_f16 ? "fp16" : "bf16",
+  const bool one = xk == WgmmaX::f16, pair = xk == WgmmaX::split_f16;
+  TERN_CHECK(one || a.x_prep_f16 == pair, "matmul_wgmma: x_prep is ", a.x_prep_f16 ? "fp16" : "bf16",
              " hi + lo (MatmulArgs::x_prep_f16) but the product was asked for the other");
   const void* x = one ? a.x_f16 : a.x_prep;
   const int64_t xcols = one ? a.x_f16_cols : a.x_prep_cols;
@@ -527,8 +513,6 @@ void run(const MatmulArgs& a, const DMat& up, WgmmaX xk, cudaStream_t stream) {
   if (a.w.rows == 0 || (grouped ? a.max_tiles <= 0 : a.tokens <= 0)) return;
   if (one) {
     launch_width<1, SwiGLU>(tokens, a, up, x, matmul_f16_row_bytes(a.w.cols), a.w.cols * 2, stream);  // sums, then σ
-  } else if (three) {
-    if constexpr (!SwiGLU) launch<Plain3, false>(a, up, x, matmul_x3_row_bytes(a.w.cols), a.w.cols * 6, stream);
   } else if (pair) {  // sums, then σ
     launch_width<2, SwiGLU, true>(tokens, a, up, x, matmul_f16x2_row_bytes(a.w.cols), a.w.cols * 4, stream);
   } else {
@@ -580,11 +564,6 @@ void prepare_f16(const char* name, const float* x, int64_t ldx, int64_t rows, in
 
 void matmul_prepare_x_f16(const float* x, int64_t ldx, int64_t rows, int64_t cols, void* out, cudaStream_t stream) {
   prepare_f16<wg::F16Form::value>("matmul_prepare_x_f16", x, ldx, rows, cols, out, stream);
-}
-
-void matmul_prepare_rest_f16(const float* x, int64_t ldx, int64_t rows, int64_t cols, void* out,
-                             cudaStream_t stream) {
-  prepare_f16<wg::F16Form::rest>("matmul_prepare_rest_f16", x, ldx, rows, cols, out, stream);
 }
 
 void matmul_prepare_x_f16x2(const float* x, int64_t ldx, int64_t rows, int64_t cols, void* out,

@@ -3,7 +3,7 @@
 //
 // The weights enter as their exact integers q (0..15, 16-bit floats in registers, never in memory), x as 16-bit
 // floats from shared memory, fp32 accumulation; each group's sum is scaled in fp32 and the bias term b·Σx is the
-// small product of matmul_tile.cuh. Two inputs:
+// small product of matmul_tile.cuh. Three inputs:
 //   one term (x_f16, from matmul_prepare_x_f16): x/σ rounded to fp16, σ a power of two per token (max|x/σ| in
 //     [2^14, 2^15)): 11 significant bits, relative error ≤ 2^-12 per element; the result is σ times the fp32 product
 //     of the weights and fp16(x/σ), up to fp32 summation;
@@ -11,9 +11,8 @@
 //     twice the tensor work; the result is the fp32 product of the weights and hi + lo;
 //   two fp16 terms (x_prep from matmul_prepare_x_f16x2, MatmulArgs::x_prep_f16): x/σ ≈ hi + lo in fp16 with the
 //     one-term form's σ (22 significant bits), the same tensor work as bf16 hi + lo;
-//   three terms (x_prep from matmul_prepare_x3 in qmatmul.cuh): x = hi + lo + rest in bf16, exactly; dense only.
 // A block is one warpgroup (4 warps) of 128 weight rows × N tokens; per group of 64 k the warpgroup issues 4 wgmma
-// m64nNk16 per term of x (4, 8 or 12) and 64-row tile into a scratch accumulator and folds it with the rows' scales.
+// m64nNk16 per term of x (4 or 8) and 64-row tile into a scratch accumulator and folds it with the rows' scales.
 // N = 64, except for grouped products whose tiles hold at most 32 or 16 tokens (MatmulArgs::tile_tokens): N = 32 or
 // 16, so that a short chunk's few tokens per expert do not pay for 64 tokens of tensor work.
 #pragma once
@@ -28,9 +27,9 @@ namespace tern::cuda {
 
 // One token of x as fp16: per group of 64 columns 128 bytes of x/σ (each 8-column chunk stored as the pairs (0,4)
 // (1,5) (2,6) (3,7), as the hi half of matmul_prepare_x), then the fp32 sums of the rounded values of every group,
-// then σ (fp32), padded to 128 bytes: every row, and so every group's 128 bytes, starts on a 128-byte line (on a 16-byte
-// boundary the kernel's x reads from L2 took 5 sectors a group instead of 4; fp16 hi + lo ran 7–21% slower than bf16
-// hi + lo on the same tensor work, H100, e97fd69).
+// then σ (fp32), padded to 128 bytes: every row, and so every group's 128 bytes, starts on a 128-byte line. (On
+// 16-byte boundaries the kernel's x reads from L2 took 5 sectors a group instead of 4: fp16 hi + lo ran 7–21% slower
+// than bf16 hi + lo on the same tensor work, and 1–13% with the padding; H100, docs/benchmarks.md, 48th session.)
 constexpr int64_t matmul_f16_row_bytes(int64_t cols) { return cols * 2 + ((cols / 16 + 4 + 127) / 128) * 128; }
 constexpr int64_t matmul_f16_bytes(int64_t rows, int64_t cols) { return rows * matmul_f16_row_bytes(cols); }
 
@@ -38,14 +37,6 @@ constexpr int64_t matmul_f16_bytes(int64_t rows, int64_t cols) { return rows * m
 // cols a multiple of 256, ldx a multiple of 4, x and out 16-byte aligned. Launched with PDL; two passes over each row
 // (its max, then the conversion), a warp per row.
 void matmul_prepare_x_f16(const float* x, int64_t ldx, int64_t rows, int64_t cols, void* out, cudaStream_t stream);
-
-// The same form for x's rest past its bf16 hi + lo split (matmul_prepare_x's hi = bf16(x), lo = bf16(x − hi)):
-// r = x − hi − lo, exact in fp32, |r| ≤ 2^-16·|x|. A product on the split plus one on r (accumulated) takes x at
-// fp32's precision: W·x = W·(hi + lo) + W·r. r has at most 8 significant bits, so fp16 holds r/σ exactly except
-// where it is subnormal (|r| below 2^-28 of the token's max|r|). The prefill's GDN in_proj_qkv takes it
-// (prefill_plan.cu). Same arguments and checks as matmul_prepare_x_f16.
-void matmul_prepare_rest_f16(const float* x, int64_t ldx, int64_t rows, int64_t cols, void* out,
-                             cudaStream_t stream);
 
 // x as two fp16 terms: per group of 64 columns 128 bytes of hi = fp16(x/σ), then 128 of lo = fp16(x/σ − hi) (each in
 // the one-term form's chunk order), then the fp32 sums of hi + lo of every group, then σ (fp32), padded to 128 bytes;
@@ -64,11 +55,11 @@ bool matmul_wgmma_available();
 bool matmul_wgmma_takes(const DMat& w);
 
 // Which x the kernel reads: a.x_f16 (one fp16 term), a.x_prep (bf16 hi + lo), a.x_prep in the layout of
-// matmul_prepare_x_f16x2 (split_f16) or of matmul_prepare_x3 (split3: dense products only, not SwiGLU); each must be
-// prepared for w.cols columns and indexed by the same row numbers as x (gather indexes it). Throws tern::Error when the
-// kernel cannot take the product. matmul() and matmul_swiglu() call the one-term form when a.x_f16 is set, the
-// two-term ones for MatmulTile::wgmma with a.x_prep (split_f16 with a.x_prep_f16); split3 is called directly.
-enum class WgmmaX { f16, split, split3, split_f16 };
+// matmul_prepare_x_f16x2 (split_f16); each must be prepared for w.cols columns and indexed by the same row numbers as x
+// (gather indexes it). Throws tern::Error when the kernel cannot take the product. matmul() and matmul_swiglu() call
+// the one-term form when a.x_f16 is set, the two-term ones for MatmulTile::wgmma with a.x_prep (split_f16 with
+// a.x_prep_f16).
+enum class WgmmaX { f16, split, split_f16 };
 void matmul_wgmma(const MatmulArgs& a, cudaStream_t stream, WgmmaX x = WgmmaX::f16);
 void matmul_wgmma_swiglu(const MatmulArgs& gate, const DMat& up, cudaStream_t stream, WgmmaX x = WgmmaX::f16);
 

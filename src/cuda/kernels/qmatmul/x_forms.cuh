@@ -1,8 +1,8 @@
 // The prepared forms of a prefill product's input x, one 8-column word at a time: the device functions that write
-// them, shared by the kernels that prepare x (qmatmul.cu's matmul_prepare_x and matmul_prepare_x3, qmatmul_int8.cu's
-// matmul_quantize_x, qmatmul_wgmma.cu's matmul_prepare_x_f16x2) and the RMSNorm that writes them directly (norm.cu's
-// rmsnorm_prepare). Layouts: qmatmul.cuh (split bf16 hi + lo, and hi + lo + rest), qmatmul_wgmma.cuh (fp16 hi + lo)
-// and qmatmul_int8.cuh (16-bit integers per group of 64).
+// them, shared by the kernels that prepare x (qmatmul.cu's matmul_prepare_x, qmatmul_int8.cu's matmul_quantize_x,
+// qmatmul_wgmma.cu's matmul_prepare_x_f16x2) and the RMSNorm that writes them directly (norm.cu's rmsnorm_prepare).
+// Layouts: qmatmul.cuh (split bf16 hi + lo), qmatmul_wgmma.cuh (fp16 hi + lo) and qmatmul_int8.cuh (16-bit integers
+// per group of 64).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -66,35 +66,6 @@ __device__ __forceinline__ void store_split_word(unsigned char* row, int64_t col
     reinterpret_cast<uint4*>(row + (c / 8) * 256)[c % 8] = hi;
     reinterpret_cast<uint4*>(row + (c / 8) * 256 + 128)[c % 8] = lo;
     if (c % 8 == 0) reinterpret_cast<float*>(row + cols * 4)[c / 8] = sum;
-  }
-}
-
-// ---- bf16 hi + lo + rest (matmul_prepare_x3) --------------------------------------------------------------------
-
-// Values a and b -> hi, lo and rest bf16 pairs, rest = a − hi − lo (exact in fp32 and, with at most 8 significant
-// bits, in bf16: hi + lo + rest = a exactly); returns a + b.
-__device__ __forceinline__ float split3_pair(float a, float b, uint32_t& hi, uint32_t& lo, uint32_t& rest) {
-  split_pair(a, b, hi, lo);
-  const float ra = (a - bf16x2_lo(hi)) - bf16x2_lo(lo), rb = (b - bf16x2_hi(hi)) - bf16x2_hi(lo);
-  rest = pack_bf16x2(ra, rb);
-  return a + b;
-}
-
-// Word c (8 columns) of a row of the three-term layout (matmul_x3_row_bytes(cols) bytes at `row`): its hi, lo and
-// rest chunks, and (first word of a group) the group's Σx. All 32 lanes must call it (sum8); `in` says whether to
-// store.
-__device__ __forceinline__ void store_split3_word(unsigned char* row, int64_t cols, int64_t c, const float (&v)[8],
-                                                  bool in) {
-  uint4 hi, lo, rest;
-  const float s0 = split3_pair(v[0], v[4], hi.x, lo.x, rest.x), s1 = split3_pair(v[1], v[5], hi.y, lo.y, rest.y);
-  const float s2 = split3_pair(v[2], v[6], hi.z, lo.z, rest.z), s3 = split3_pair(v[3], v[7], hi.w, lo.w, rest.w);
-  const float sum = sum8((s0 + s1) + (s2 + s3));
-  if (in) {
-    unsigned char* group = row + (c / 8) * 384;
-    reinterpret_cast<uint4*>(group)[c % 8] = hi;
-    reinterpret_cast<uint4*>(group + 128)[c % 8] = lo;
-    reinterpret_cast<uint4*>(group + 256)[c % 8] = rest;
-    if (c % 8 == 0) reinterpret_cast<float*>(row + cols * 6)[c / 8] = sum;
   }
 }
 
