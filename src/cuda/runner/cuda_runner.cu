@@ -127,12 +127,14 @@ CudaRunner::CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const M
   if (const char* e = std::getenv("TERN_KV_DTYPE"); e && kv_ == KvDtype::f16) kv_ = kv_dtype_parse(e);
   // The prefill inputs that take x as fp16 hi + lo (matmul_prepare_x_f16x2: x/σ to 22 significant bits, σ a power of
   // two per token) where they would take bf16 hi + lo (16 bits) on the warpgroup kernel (Hopper), for the same tensor
-  // work: a bit mask of PrefillSite from CudaRunnerOptions::prefill_pair_sites, else TERN_PREFILL_PAIR_SITES, else
-  // every site with the i16 cache (the choice of fidelity over speed) and none with the others. On the trained-scale
-  // oracle with the i16 cache (H100, forty-eighth session, docs/benchmarks.md) three fresh seeds' prefill went from
-  // mean KL 4.4e-5 – 2.2e-4 to ~6e-9 (fp32's level) and seed 566307818's perplexity from +0.114% to −0.007%; the 4K
-  // prefill −6% (the fp16 products ran 1–13% slower than bf16 hi + lo on the same tensor work).
-  pair_sites_ = kv_ == KvDtype::i16 ? int(kAllSites) : 0;
+  // work: a bit mask of PrefillSite from CudaRunnerOptions::prefill_pair_sites, else TERN_PREFILL_PAIR_SITES (0 to
+  // 31), else with the i16 cache (the choice of fidelity over speed) every site but the MoE down inputs (15) and none
+  // with the other caches. On the trained-scale oracle with the i16 cache (H100, forty-eighth session,
+  // docs/benchmarks.md) 15 put the prefill of four seeds within every bar (mean KL 6e-9 to 5.4e-6, against 4.4e-5 to
+  // 2.2e-4 on bf16 hi + lo; two at fp32's level) and 566307818's perplexity from +0.114% to −0.0001%. Every
+  // site (31) met fp32-scale near-ties on that seed's positions 43–47 (prefill 2.9e-4, its 65-token prompt 2.75e-3),
+  // and the down inputs are the dearest site: 15 costs 3.6% of the 4K prefill less than 31.
+  pair_sites_ = kv_ == KvDtype::i16 ? int(kGdnIn | kAttnIn | kMixerOut | kMoeIn) : 0;
   if (const char* e = std::getenv("TERN_PREFILL_PAIR_SITES"); e && *e)
     pair_sites_ = env_count("TERN_PREFILL_PAIR_SITES", e, 0, int(kAllSites), "a mask of the prefill sites");
   if (o.prefill_pair_sites >= 0) pair_sites_ = o.prefill_pair_sites;

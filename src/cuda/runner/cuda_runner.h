@@ -31,8 +31,8 @@ struct CudaRunnerOptions {
   int f16_sites = -1;
   // The prefill inputs that take x as fp16 hi + lo (22 significant bits) instead of bf16 hi + lo (16) on Hopper, for
   // the same tensor work (a bit mask: 1 the GDN in_proj, 2 attention q|k|v, 4 the mixers' output projections, 8 the
-  // MoE input, 16 the MoE down inputs); -1: the default (TERN_PREFILL_PAIR_SITES, else every site with the i16 cache
-  // and none with the others).
+  // MoE input, 16 the MoE down inputs); -1: the default (TERN_PREFILL_PAIR_SITES, else 15 with the i16 cache and
+  // none with the others).
   int prefill_pair_sites = -1;
   // The KV cache's type (--kv-dtype): fp16 (the attention kernels' q and softmax weights too), bf16 (those too; also
   // TERN_KV_BF16=1 when this is f16), fp8 (e4m3 with a scale per token and KV head, half the bytes; computed in

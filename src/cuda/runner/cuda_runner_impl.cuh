@@ -209,7 +209,7 @@ class CudaRunner final : public ModelRunner {
   bool runs_wgmma(PrefillSite site, const DMat& w, int64_t T) const;  // w's product at `site` on the warpgroup kernel
   PrefillKernel prefill_kernel_ = PrefillKernel::int8;
   bool exact_gates_ = false;  // the GDN b and a products on the integer kernel (see gdn_mixer)
-  int pair_sites_ = 0;  // TERN_PREFILL_PAIR_SITES: the sites on fp16 hi + lo instead of bf16 hi + lo (takes_pair)
+  int pair_sites_ = 0;  // the sites on fp16 hi + lo instead of bf16 hi + lo (takes_pair; 15 with the i16 cache)
   // The prefill router (TERN_PREFILL_ROUTER, see the constructor): exact (default), q16 or fp32.
   enum class RouterPrefill { exact, q16, fp32 };
   RouterPrefill router_prefill_ = RouterPrefill::exact;

@@ -189,8 +189,8 @@ void CudaRunner::gdn_mixer(const DeviceLayer& l, CudaSession::LayerCache& lc, in
   GdnDims d = gdn_dims(T);
   const int64_t C = d.C();
   // The decay and write-strength gates (b, a: 32 rows each) steer the recurrence over the whole sequence: when the
-  // in_proj takes x as fp16 they take the 16-bit integer x instead (exact_gates_); on bf16 hi + lo (the default)
-  // they share the in_proj's input.
+  // in_proj takes x as fp16 they take the 16-bit integer x instead (exact_gates_); on bf16 or fp16 hi + lo they
+  // share the in_proj's input.
   const bool gates_q16 = exact_gates_ && (chunk_f16_sites_ & kGdnIn);
   // in_proj_out_ [T, P] = [qkv_raw (C) | z (Z) | b (Hv) | a (Hv)]: one product over the matrices stored back to back
   // (in_proj_all), else one per matrix into its columns; the gates on the 16-bit x when gates_q16.

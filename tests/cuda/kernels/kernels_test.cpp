@@ -201,7 +201,7 @@ TEST(CudaNorm, RmsNormPrepareWritesWhatThePreparingKernelsWrite) {
   const int64_t T = 37;
   EXPECT_FALSE(rmsnorm_prepare_takes(2000));
   EXPECT_FALSE(rmsnorm_prepare_takes(16384));
-  for (int64_t D : {int64_t(2048), int64_t(640), int64_t(4096)}) {
+  for (int64_t D : {int64_t(2048), int64_t(640), int64_t(4096), int64_t(8192)}) {
     ASSERT_TRUE(rmsnorm_prepare_takes(D));
     auto x = random_floats(rng, size_t(T * D), -2.0f, 2.0f);
     for (int64_t t = 0; t < T; ++t) {

@@ -168,7 +168,7 @@ TEST(CudaRunner, Fp16PrefillWithinTheFidelityBounds) {
 // closer to the CPU's (mean |Δlogit| over every position and id, a statistic one near-tie does not move much) than bf16
 // hi + lo and than the GDN's site alone. One site alone is not asked to: in this small model the other sites' 16-bit x
 // dominates the error (H100, 48th session: the GDN's site alone read 4.61e-5 and 4.09e-5 against bf16 hi + lo's
-// 4.29e-5 and 4.60e-5; every site 2.94e-5 and 2.89e-5). The i16 cache (whose default is every site: set to 0 here),
+// 4.29e-5 and 4.60e-5; every site 2.94e-5 and 2.89e-5). The i16 cache (whose default, 15, is set aside here),
 // so that the fp16 cache's rounding does not hide the products'.
 TEST(CudaRunner, WiderXTakesThePrefillCloserToTheCpu) {
   TERN_REQUIRE_GPU();
@@ -190,7 +190,9 @@ TEST(CudaRunner, WiderXTakesThePrefillCloserToTheCpu) {
     const char* name;
     int pair_sites;
   };
-  const Form forms[] = {{"bf16 hi + lo", 0}, {"the GDN in_proj on fp16 hi + lo", 1}, {"every site on fp16 hi + lo", 31}};
+  const Form forms[] = {{"bf16 hi + lo", 0},
+                        {"the GDN in_proj on fp16 hi + lo", 1},
+                        {"every site on fp16 hi + lo", 31}};
   constexpr int kForms = int(std::size(forms));
   std::vector<float> got[kForms];
   double mean_abs[kForms] = {};

@@ -182,6 +182,8 @@ void rmsnorm_prepare(const float* x, const float* w, float eps, int64_t T, int64
   TERN_CHECK(aligned16(x) && aligned16(w) && aligned16(normed) && aligned16(split) && aligned16(q16) &&
                  aligned16(q16_rest) && aligned16(f16x2) && (q16 || !q16_rest) && x != normed,
              "rmsnorm_prepare: needs 16-byte aligned buffers, q16 with q16_rest, and normed apart from x");
+  TERN_CHECK(!f16x2 || D % 256 == 0, "rmsnorm_prepare: fp16 hi + lo needs a multiple of 256 columns (as ",
+             "matmul_prepare_x_f16x2); got ", D);
   if (T == 0) return;
   rmsnorm_prepare_kernel<<<unsigned(T), kPrepareThreads, 0, stream>>>(
       x, w, eps, D, normed, static_cast<unsigned char*>(split), static_cast<unsigned char*>(q16),

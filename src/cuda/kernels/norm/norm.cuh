@@ -17,9 +17,9 @@ void rmsnorm(const float* x, const float* w, float eps, int64_t T, int64_t D, fl
 // norms, whose outputs every product of the block reads prepared): normed [T, D] as rmsnorm (its sum of squares
 // summed in another order); split (optional): normed in matmul_prepare_x's layout (qmatmul.cuh); q16 (optional):
 // normed in matmul_quantize_x's (qmatmul_int8.cuh), and q16_rest (optional, with q16) its residual; f16x2
-// (optional): normed in matmul_prepare_x_f16x2's (qmatmul_wgmma.cuh: fp16 hi + lo). Each prepared byte is the one the
-// preparing kernel writes from `normed`. Whether it takes D: a multiple of 128, at most 8192. x, w, normed and the
-// prepared buffers 16-byte aligned; out must not alias x.
+// (optional, D a multiple of 256): normed in matmul_prepare_x_f16x2's (qmatmul_wgmma.cuh: fp16 hi + lo). Each
+// prepared byte is the one the preparing kernel writes from `normed`. Whether it takes D: a multiple of 128, at most
+// 8192. x, w, normed and the prepared buffers 16-byte aligned; out must not alias x.
 bool rmsnorm_prepare_takes(int64_t D);
 void rmsnorm_prepare(const float* x, const float* w, float eps, int64_t T, int64_t D, float* normed, void* split,
                      void* q16, void* q16_rest, cudaStream_t stream, void* f16x2 = nullptr);

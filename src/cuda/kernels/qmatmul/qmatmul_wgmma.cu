@@ -397,9 +397,8 @@ enum class F16Form { value, pair };
 
 // x (fp32 [rows, cols], row stride ld) -> the rows of matmul_prepare_x_f16 or of matmul_prepare_x_f16x2 (pair): a
 // warp per row; pass 1 finds max|x|, pass 2 writes x/σ (σ = 2^(E − 15) for max|x| < 2^E: an exact scaling into
-// (−2^15, 2^15)) as fp16 (pair: hi = fp16(x/σ), then lo = fp16(x/σ − hi), whose
-// subtraction is exact), one 8-column word per lane and step (the 8 words of a group in 8 consecutive lanes, which
-// add its sum by shuffles).
+// (−2^15, 2^15)) as fp16 (pair: hi = fp16(x/σ), then lo = fp16(x/σ − hi), whose subtraction is exact), one
+// 8-column word per lane and step (the 8 words of a group in 8 consecutive lanes, which add its sum by shuffles).
 template <F16Form Form>
 __global__ void __launch_bounds__(256) prepare_x_f16_kernel(const float* x, int64_t ld, int64_t rows, int64_t cols,
                                                             unsigned char* out) {

@@ -27,7 +27,8 @@ namespace tern::cuda {
 
 // One token of x as fp16: per group of 64 columns 128 bytes of x/σ (each 8-column chunk stored as the pairs (0,4)
 // (1,5) (2,6) (3,7), as the hi half of matmul_prepare_x), then the fp32 sums of the rounded values of every group,
-// then σ (fp32), padded to 128 bytes: every row, and so every group's 128 bytes, starts on a 128-byte line. (On
+// then σ (fp32), padded to 128 bytes: in a 128-byte aligned buffer (the runner's arena aligns to 256) every row, and
+// so every group's 128 bytes, starts on a 128-byte line. (On
 // 16-byte boundaries the kernel's x reads from L2 took 5 sectors a group instead of 4: fp16 hi + lo ran 7–21% slower
 // than bf16 hi + lo on the same tensor work, and 1–13% with the padding; H100, docs/benchmarks.md, 48th session.)
 constexpr int64_t matmul_f16_row_bytes(int64_t cols) { return cols * 2 + ((cols / 16 + 4 + 127) / 128) * 128; }
@@ -46,6 +47,8 @@ void matmul_prepare_x_f16(const float* x, int64_t ldx, int64_t rows, int64_t col
 // matmul_prepare_x_f16.
 constexpr int64_t matmul_f16x2_row_bytes(int64_t cols) { return matmul_f16_row_bytes(cols) + cols * 2; }  // + lo
 constexpr int64_t matmul_f16x2_bytes(int64_t rows, int64_t cols) { return rows * matmul_f16x2_row_bytes(cols); }
+static_assert(matmul_f16_row_bytes(512) % 128 == 0 && matmul_f16x2_row_bytes(2048) % 128 == 0,
+              "the fp16 forms' rows on 128-byte lines");
 void matmul_prepare_x_f16x2(const float* x, int64_t ldx, int64_t rows, int64_t cols, void* out,
                             cudaStream_t stream);
 
