@@ -28,9 +28,9 @@ namespace tern::cuda {
 // One token of x as fp16: per group of 64 columns 128 bytes of x/σ (each 8-column chunk stored as the pairs (0,4)
 // (1,5) (2,6) (3,7), as the hi half of matmul_prepare_x), then the fp32 sums of the rounded values of every group,
 // then σ (fp32), padded to 128 bytes: in a 128-byte aligned buffer (the runner's arena aligns to 256) every row, and
-// so every group's 128 bytes, starts on a 128-byte line. (On
-// 16-byte boundaries the kernel's x reads from L2 took 5 sectors a group instead of 4: fp16 hi + lo ran 7–21% slower
-// than bf16 hi + lo on the same tensor work, and 1–13% with the padding; H100, docs/benchmarks.md, 48th session.)
+// so every group's 128 bytes, starts on a 128-byte line. (On 16-byte boundaries the kernel's x reads from L2 took 5
+// sectors a group instead of 4: fp16 hi + lo ran 7–21% slower than bf16 hi + lo on the same tensor work, and 1–13%
+// with the padding; H100, docs/benchmarks.md, 48th session.)
 constexpr int64_t matmul_f16_row_bytes(int64_t cols) { return cols * 2 + ((cols / 16 + 4 + 127) / 128) * 128; }
 constexpr int64_t matmul_f16_bytes(int64_t rows, int64_t cols) { return rows * matmul_f16_row_bytes(cols); }
 
