@@ -363,13 +363,31 @@ void set_wgmma_x(MatmulArgs& a, cuda::WgmmaX xk, void* xb, void* xp, int64_t col
     a.x_prep_f16 = xk == cuda::WgmmaX::split_f16;
   }
 }
+// x with at most 8 significant bits (k/64 for integers |k| ≤ 128): exact in bf16 and in fp16 of x/σ, so the lo term
+// of either two-term form is all zeros. Device memory [T, cols].
+float* exact8_floats(int64_t T, int64_t cols, uint64_t seed) {
+  std::vector<float> h(size_t(T * cols));
+  uint64_t r = seed;
+  for (float& v : h) {
+    r = r * 6364136223846793005ULL + 1442695040888963407ULL;
+    v = float(int64_t(r >> 33) % 257 - 128) / 64.0f;
+  }
+  float* d = nullptr;
+  TERN_CUDA(cudaMalloc(&d, h.size() * 4));
+  TERN_CUDA(cudaMemcpy(d, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+  return d;
+}
+
+// exact8: x from exact8_floats instead (the two-term forms' lo all zeros: whether the products' time depends on the
+// values the tensor cores multiply).
 void add_dense_wgmma(CaseList& cases, const char* what, int64_t rows, int64_t cols, int64_t T, cuda::WgmmaX xk,
-                     bool swiglu = false) {
+                     bool swiglu = false, bool exact8 = false) {
   const int mats = swiglu ? 2 : 1;
   Case c;
   c.group = "prefill";
   c.name = std::string(swiglu ? "matmul_swiglu wgmma " : "matmul wgmma ") + wgmma_label(xk) + " 4-bit " + what + " " +
-           std::to_string(rows) + "x" + std::to_string(cols) + " T=" + std::to_string(T);
+           std::to_string(rows) + "x" + std::to_string(cols) + " T=" + std::to_string(T) +
+           (exact8 ? " x exact in 8 bits" : "");
   c.flops = 2.0 * mats * double(T) * double(rows) * double(cols);
   c.bytes = mats * affine4_bytes(1, rows, cols) +
             double(xk == cuda::WgmmaX::f16       ? cuda::matmul_f16_bytes(T, cols)
@@ -378,6 +396,24 @@ void add_dense_wgmma(CaseList& cases, const char* what, int64_t rows, int64_t co
             double(T * rows) * 4;
   auto data = std::make_shared<std::shared_ptr<DenseData>>();
   c.setup = [=] {
+    if (exact8) {  // one copy of each form of its own x, the weights of dense_data's
+      static std::map<std::string, std::shared_ptr<DenseData>> cache;
+      auto& e = cache[std::to_string(rows) + "x" + std::to_string(cols) + "T" + std::to_string(T)];
+      if (!e) {
+        const DenseData& base = *dense_data(rows, cols, T);
+        e = std::make_shared<DenseData>();
+        e->w = base.w;
+        e->y = base.y;
+        for (size_t i = 0; i < base.w.size(); ++i) {
+          e->x.push_back(exact8_floats(T, cols, 4000 + 17 * i));
+          e->xp.push_back(prepared_copy(e->x.back(), T, cols));
+          e->xb.push_back(f16_copy(e->x.back(), T, cols));
+          e->xh.push_back(f16x2_copy(e->x.back(), T, cols));
+        }
+      }
+      *data = e;
+      return;
+    }
     *data = dense_data(rows, cols, T);
     DenseData& d = **data;
     if (xk == cuda::WgmmaX::split_f16 && d.xh.empty())
@@ -516,6 +552,9 @@ TERN_BENCH_CASES(matmul) {
     for (int64_t T : {int64_t(4096), int64_t(512)}) {
       for (const Dense& d : dense) add_dense_wgmma(cases, d.what, d.rows, d.cols, T, xk);
       add_dense_wgmma(cases, "shared gate+up", 512, 2048, T, xk, true);
+      // The two-term forms with lo all zeros: fp16 hi + lo runs 1–13% slower than bf16 hi + lo on the same tensor
+      // work (docs/benchmarks.md, forty-eighth session); if it does not here, the values are what costs.
+      if (T == 4096 && xk != cuda::WgmmaX::f16) add_dense_wgmma(cases, "attn qkv", 9216, 2048, T, xk, false, true);
       add_grouped_wgmma(cases, "gate", 512, 2048, T, true, xk);
       add_grouped_wgmma(cases, "down", 2048, 512, T, false, xk);
       add_grouped_wgmma(cases, "gate+up", 512, 2048, T, true, xk, true);
