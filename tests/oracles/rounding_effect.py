@@ -41,6 +41,10 @@ tern's CUDA kernels do), each run with this script's attention and experts forwa
           in_proj_z, out_proj alone; lin16xqkv: every product but in_proj_qkv;
   lin22, lin22e, ... lin22xqkv  the same sites' inputs as fp16 hi + lo of x/σ, σ a power of two per token with
           max|x/σ| in [2^14, 2^15) (22 significant bits; f16_pair): the warpgroup kernel's fp16 split;
+  pre22   the prefill plan with the i16 cache since the forty-eighth session: every product's input as fp16 hi + lo
+          (lin22) but the down products' (routed and shared experts), which take bf16 hi + lo (lin16), and the shared
+          expert's gate on x at 16 bits per group of 64, as pre16's (CUDA prefill sites 15,
+          src/cuda/runner/cuda_runner.cu);
   pre16   lin16, and the shared expert's gate (its 8-bit sigmoid gate) on x at 16 bits per group of 64, as the prefill
           plan took it until the forty-fifth session (the first of the router's two 16-bit terms only);
 Two joined by "+" run together: an attention's rounding and a products' (i16+lin16: the prefill plan with the i16
@@ -160,10 +164,11 @@ def f16_pair(x, torch):
     return (hi + (y - hi).to(torch.float16).to(torch.float32)) * sigma
 
 
-def experts_forward(experts, torch, down16, gateup16=False, qmax=32639.0, pair=None):
+def experts_forward(experts, torch, down16, gateup16=False, qmax=32639.0, pair=None, down_pair=None):
     """A forward for transformers' fused Qwen3_5MoeExperts, each down product's input quantised (quantised_groups, at
-    qmax) with down16, each gate_up product's with gateup16, both taken by pair (bf16_pair or f16_pair) where given,
-    else exact (the fp32 control)."""
+    qmax) with down16, each gate_up product's with gateup16, both taken by pair (bf16_pair or f16_pair) where given
+    (the down products' by down_pair where that is given), else exact (the fp32 control)."""
+    down_pair = down_pair or pair
     silu = torch.nn.functional.silu
     codes = getattr(experts, "codes", None)  # build_model's lean_experts: dequantised here, one expert at a time
 
@@ -184,7 +189,7 @@ def experts_forward(experts, torch, down16, gateup16=False, qmax=32639.0, pair=N
             gate, up = torch.nn.functional.linear(x, weight("gate_up_proj", e)).chunk(2, dim=-1)
             h = silu(gate) * up
             h = quantised_groups(h, torch, qmax) if down16 else h
-            h = pair(h, torch) if pair else h
+            h = down_pair(h, torch) if down_pair else h
             y = torch.nn.functional.linear(h, weight("down_proj", e)) * top_k_weights[token, slot, None]
             out.index_add_(0, token, y.to(out.dtype))
         return out
@@ -197,12 +202,17 @@ def lin16_sites(kind):
     else None."""
     if kind is not None and kind.startswith("lin22"):
         kind = "lin16" + kind[len("lin22"):]
-    return "lin16" if kind == "pre16" else kind if kind in SITES else None
+    return "lin16" if kind in ("pre16", "pre22") else kind if kind in SITES else None
 
 
 def pair_of(kind):
     """The pair a products' rounding takes its sites' inputs as: f16_pair for the lin22 names, else bf16_pair."""
-    return f16_pair if kind is not None and kind.startswith("lin22") else bf16_pair
+    return f16_pair if kind is not None and (kind.startswith("lin22") or kind == "pre22") else bf16_pair
+
+
+def down_pair_of(kind):
+    """The pair a products' rounding takes the down products' inputs as: bf16_pair for pre22, else pair_of's."""
+    return bf16_pair if kind == "pre22" else pair_of(kind)
 
 
 def rounds_routed_experts(kind):
@@ -231,8 +241,10 @@ def emulate_experts(model, kind, torch):
             continue
         down16, gateup16 = kind in ("down16", "moe16", "moe24"), kind in ("gateup16", "moe16", "moe24")
         qmax = 8355711.0 if kind == "moe24" else 32639.0
+        routed = rounds_routed_experts(kind)
         mlp.experts.forward = experts_forward(mlp.experts, torch, down16, gateup16, qmax,
-                                              pair=pair_of(kind) if rounds_routed_experts(kind) else None)
+                                              pair=pair_of(kind) if routed else None,
+                                              down_pair=down_pair_of(kind) if routed else None)
         for on, m in ((down16, mlp.shared_expert.down_proj), (gateup16, mlp.shared_expert)):
             if on:
                 m._hook16 = m.register_forward_pre_hook(
@@ -254,8 +266,9 @@ SITES = {
 }
 
 
-def emulate_linear_inputs(model, sites, torch, gate16=False, pair=bf16_pair):
-    """With sites (a SITES name), the input of each nn.Linear that SITES[sites] takes (by module name) as pair(x),
+def emulate_linear_inputs(model, sites, torch, gate16=False, pair=bf16_pair, down_pair=None):
+    """With sites (a SITES name), the input of each nn.Linear that SITES[sites] takes (by module name) as pair(x) (the
+    down projections' as down_pair(x) where that is given),
     never the routers' (mlp.gate, shared_expert_gate: fp32 in tern); with gate16 too, shared_expert_gate's at 16 bits
     per group (quantised_groups); with None, the hooks removed. (The routed experts' products are
     experts_forward's.)"""
@@ -268,7 +281,8 @@ def emulate_linear_inputs(model, sites, torch, gate16=False, pair=bf16_pair):
         if not SITES[sites](name):
             continue
         if isinstance(m, torch.nn.Linear) and not name.endswith(("mlp.gate", "shared_expert_gate")):
-            model._pair16_hooks.append(m.register_forward_pre_hook(lambda _m, inputs: (pair(inputs[0], torch),)))
+            p = down_pair if down_pair is not None and name.endswith("down_proj") else pair
+            model._pair16_hooks.append(m.register_forward_pre_hook(lambda _m, inputs, p=p: (p(inputs[0], torch),)))
         elif gate16 and name.endswith("shared_expert_gate"):
             model._pair16_hooks.append(
                 m.register_forward_pre_hook(lambda _m, inputs: (quantised_groups(inputs[0], torch),)))
@@ -277,7 +291,7 @@ def emulate_linear_inputs(model, sites, torch, gate16=False, pair=bf16_pair):
 # the same sites with x as fp16 hi + lo and a power-of-two scale per token (f16_pair): lin22, lin22e, ...
 SITES22 = ["lin22" + name[len("lin16"):] for name in SITES]
 # roundings of the products' inputs
-MOE_KINDS = {"down16", "gateup16", "moe16", "moe24", "pre16", *SITES, *SITES22}
+MOE_KINDS = {"down16", "gateup16", "moe16", "moe24", "pre16", "pre22", *SITES, *SITES22}
 
 
 def attention_and_products(kind):
@@ -331,7 +345,7 @@ def main():
     args = ap.parse_args()
     kinds = [k for k in args.emulate.split(",") if k]
     named = ("fp32", "kv16", "k16", "v16", "kvi16", "qp16", "q16", "p16", "i16", "attn16", "down16", "gateup16",
-             "moe16", "moe24", "pre16", *SITES, *SITES22)
+             "moe16", "moe24", "pre16", "pre22", *SITES, *SITES22)
     for k in kinds:
         parts = k.split("+")
         for part in parts:
@@ -381,8 +395,8 @@ def main():
             else:  # (--lean: transformers' experts cannot read the codes; the reference takes this script's exact one)
                 experts = "fp32" if args.lean else None
             emulate_experts(model, experts, torch)
-            emulate_linear_inputs(model, lin16_sites(products), torch, gate16=products == "pre16",
-                                  pair=pair_of(products))
+            emulate_linear_inputs(model, lin16_sites(products), torch, gate16=products in ("pre16", "pre22"),
+                                  pair=pair_of(products), down_pair=down_pair_of(products))
             t0 = time.time()
             captured.clear()
             runs[impl] = model(input_ids=tokens[None].to(dev), use_cache=False).logits[0].float().cpu()

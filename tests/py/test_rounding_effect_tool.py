@@ -19,7 +19,8 @@ LINE = re.compile(r"^seed (\d+) ([\w+]+): mean KL (\S+) \(median (\S+)\), perple
 def test_control_at_fp32_noise_and_each_rounding_above_it(seed):
     # lin16 before kvb24: its hooks must be gone for the runs after it (kvb24 gives fp32's logits exactly)
     kinds = ("fp32,kv16,k16,v16,kvb11,lin16,kvb24,kvi16,qp16,q16,p16,qpb14,i16,attn16,down16,gateup16,moe16,moe24,"
-             "i16+lin16,pre16,lin16e,lin16m,lin16g,lin16t,lin16ab,lin16qkv,lin16z,lin16out,lin16xqkv,lin22,i16+lin22g")
+             "i16+lin16,pre16,lin16e,lin16m,lin16g,lin16t,lin16ab,lin16qkv,lin16z,lin16out,lin16xqkv,lin22,i16+lin22g,"
+             "pre22")
     r = subprocess.run([sys.executable, ORACLES / "rounding_effect.py", "--seeds", str(seed), "--preset", "realdims",
                         "--positions", "64", "--emulate", kinds],
                        capture_output=True, text=True, timeout=600)
@@ -59,6 +60,9 @@ def test_control_at_fp32_noise_and_each_rounding_above_it(seed):
     assert first["lin22"] < first["lin16"], f"seed {seed}: the first layer's median error: {first}"
     # the prefill's products as they are: lin16's, and the shared expert's gate on 16-bit x besides
     assert kl["pre16"] > 30 * kl["fp32"], f"seed {seed}: pre16: {kl}"
+    # the prefill's products with the i16 cache: fp16 hi + lo but for the down inputs (bf16 hi + lo there), which
+    # round less than pre16's bf16 hi + lo everywhere, but round
+    assert kl["fp32"] < kl["pre22"] < kl["pre16"], f"seed {seed}: pre22: {kl}"
     # lin16 at some products alone: each rounds (its hooks reach its products)
     for k in ("lin16e", "lin16m", "lin16g", "lin16t", "lin16ab", "lin16qkv", "lin16z", "lin16out", "lin16xqkv"):
         assert kl[k] > kl["fp32"], f"seed {seed}: {k}: {kl}"
