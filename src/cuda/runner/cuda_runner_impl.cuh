@@ -38,8 +38,8 @@ namespace tern::cuda {
 
 // x [T, cols] prepared once for the products that read it. main: the layout of the 4-bit products' kernel (fp16
 // with a per-token scale for the Hopper warpgroup kernel, or bf16 hi + lo with TERN_PREFILL_WGMMA=2; 16 bits for the
-// integer kernel (TERN_PREFILL_INT8=1); split into bf16 hi + lo elsewhere, or fp16 hi + lo at the sites of
-// TERN_PREFILL_PAIR_SITES); q16: the integer kernel's layout for 8-bit matrices (the router and shared-expert gate),
+// integer kernel (TERN_PREFILL_INT8=1); split into bf16 hi + lo elsewhere, or fp16 hi + lo at the pair sites,
+// CudaRunner::takes_pair); q16: the integer kernel's layout for 8-bit matrices (the router and shared-expert gate),
 // the same buffer as main when the integer kernel runs everything.
 struct PreparedX {
   const void* main = nullptr;

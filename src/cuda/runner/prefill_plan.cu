@@ -101,8 +101,9 @@ bool CudaRunner::prep_fits(PrefillKernel kernel, int64_t T, int64_t cols) const 
 }
 
 // Whether x [T, cols] at `site` takes fp16 hi + lo (matmul_prepare_x_f16x2) where it would take bf16 hi + lo on the
-// warpgroup kernel: a site of pair_sites_ (TERN_PREFILL_PAIR_SITES), columns the kernel takes (a multiple of 512; the
-// products of other widths keep bf16 hi + lo for the other kernels), and prep_ holds the layout.
+// warpgroup kernel: a site of pair_sites_ (15 with the i16 cache, or TERN_PREFILL_PAIR_SITES), columns the kernel
+// takes (a multiple of 512; the products of other widths keep bf16 hi + lo for the other kernels), and prep_ holds
+// the layout.
 bool CudaRunner::takes_pair(PrefillSite site, int64_t T, int64_t cols) const {
   return (pair_sites_ & site) && !fp32_prefill_ && T > 1 && site_kernel(site) == PrefillKernel::wgmma_split &&
          cols % 512 == 0 && matmul_f16x2_bytes(T, cols) <= int64_t(prep_bytes_);

@@ -145,9 +145,9 @@ __global__ void __launch_bounds__(kPrepareThreads) rmsnorm_prepare_kernel(const 
   for (int p = 0; p < kPrepareWords; ++p) {
     if (p * kPrepareThreads >= words) break;  // uniform, as above
     const int wd = int(threadIdx.x) + p * kPrepareThreads;
-    xform::store_f16x2_word(row, D, wd, v[p], inv_sigma, wd < words);
+    xform::store_f16_word<true>(row, D, wd, v[p], inv_sigma, wd < words);
   }
-  if (threadIdx.x == 0) reinterpret_cast<float*>(row + D * 4)[D / 64] = sigma;
+  if (threadIdx.x == 0) xform::store_f16_sigma<true>(row, D, sigma);
 }
 
 }  // namespace

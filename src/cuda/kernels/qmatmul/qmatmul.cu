@@ -883,16 +883,15 @@ void matmul(const MatmulArgs& a, cudaStream_t stream, MatmulTile tile) {
 }
 
 void matmul_prepare_x(const float* x, int64_t ldx, int64_t rows, int64_t cols, void* out, cudaStream_t stream) {
-  const char* name = "matmul_prepare_x";
   if (rows <= 0 || cols <= 0) return;
   TERN_CHECK(cols % 64 == 0 && ldx % 4 == 0 && ldx >= cols && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
                  reinterpret_cast<uintptr_t>(out) % 16 == 0,
-             name, ": needs cols a multiple of 64, ldx a multiple of 4 and 16-byte aligned buffers; got cols ", cols,
-             ", ldx ", ldx);
+             "matmul_prepare_x: needs cols a multiple of 64, ldx a multiple of 4 and 16-byte aligned buffers; ",
+             "got cols ", cols, ", ldx ", ldx);
   const int64_t chunks = rows * (cols / 8);
   const int64_t blocks = std::min<int64_t>((chunks + 255) / 256, int64_t(tc::sm_count()) * 8);
-  launch_pdl(name, tc::prepare_x_kernel, dim3(unsigned(blocks)), dim3(256), 0, stream, x, ldx, rows, cols,
-             static_cast<unsigned char*>(out));
+  launch_pdl("matmul_prepare_x", tc::prepare_x_kernel, dim3(unsigned(blocks)), dim3(256), 0, stream, x, ldx, rows,
+             cols, static_cast<unsigned char*>(out));
 }
 
 bool matmul_swiglu_supported(const MatmulArgs& gate, const DMat& up) {

@@ -406,7 +406,7 @@ __global__ void __launch_bounds__(256) prepare_x_f16_kernel(const float* x, int6
   pdl_wait();
   pdl_trigger();
   const int lane = threadIdx.x % 32;
-  const int64_t row_bytes = kPair ? matmul_f16x2_row_bytes(cols) : matmul_f16_row_bytes(cols), G = cols / 64;
+  const int64_t row_bytes = kPair ? matmul_f16x2_row_bytes(cols) : matmul_f16_row_bytes(cols);
   for (int64_t r = int64_t(blockIdx.x) * 8 + threadIdx.x / 32; r < rows; r += int64_t(gridDim.x) * 8) {
     const float4* xr = reinterpret_cast<const float4*>(x + r * ld);
     float m = 0.0f;
@@ -419,27 +419,12 @@ __global__ void __launch_bounds__(256) prepare_x_f16_kernel(const float* x, int6
     float sigma;
     const float inv = xform::f16_row_scale(m, sigma);
     unsigned char* row = out + r * row_bytes;
-    float* sums = reinterpret_cast<float*>(row + cols * (kPair ? 4 : 2));
     for (int64_t w = lane; w < cols / 8; w += 32) {  // cols % 256 == 0: every lane takes part in every step
       const float4 p = xr[2 * w], q = xr[2 * w + 1];
       const float v[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
-      if constexpr (kPair) {  // per group 128 bytes of hi, then 128 of lo (matmul_prepare_x's layout)
-        xform::store_f16x2_word(row, cols, w, v, inv, true);
-      } else {
-        uint32_t h[4];
-        float sum = 0.0f;
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {  // pairs (0,4) (1,5) (2,6) (3,7)
-          const __half2 hv = __floats2half2_rn(v[k] * inv, v[k + 4] * inv);
-          h[k] = *reinterpret_cast<const uint32_t*>(&hv);
-          sum += __low2float(hv) + __high2float(hv);
-        }
-        sum = xform::sum8(sum);
-        reinterpret_cast<uint4*>(row)[w] = make_uint4(h[0], h[1], h[2], h[3]);
-        if (w % 8 == 0) sums[w / 8] = sum;
-      }
+      xform::store_f16_word<kPair>(row, cols, w, v, inv, true);
     }
-    if (lane == 0) sums[G] = sigma;
+    if (lane == 0) xform::store_f16_sigma<kPair>(row, cols, sigma);
   }
 }
 

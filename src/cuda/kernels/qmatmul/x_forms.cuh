@@ -69,7 +69,7 @@ __device__ __forceinline__ void store_split_word(unsigned char* row, int64_t col
   }
 }
 
-// ---- fp16 hi + lo with a per-token scale (matmul_prepare_x_f16x2) ------------------------------------------------
+// ---- fp16 with a per-token scale: one term (matmul_prepare_x_f16) or hi + lo (matmul_prepare_x_f16x2) -----------
 
 // A row's scale from its largest |x|, m: σ = 2^(E − 15) for m < 2^E (m = 0: E = 0), an exact scaling of the row into
 // (−2^15, 2^15); returns 1/σ, and σ in sigma.
@@ -80,12 +80,14 @@ __device__ __forceinline__ float f16_row_scale(float m, float& sigma) {
   return ldexpf(1.0f, 15 - e);
 }
 
-// Word c (8 columns, already x's values v) of a row of the fp16 hi + lo layout (matmul_f16x2_row_bytes(cols) bytes at
-// `row`): hi = fp16(v/σ) and lo = fp16(v/σ − hi) (the subtraction exact) as pairs (0,4) (1,5) (2,6) (3,7), in the
-// group's 128 bytes of hi then 128 of lo, and (first word of a group) the group's Σ(hi + lo). inv = 1/σ. All 32 lanes
-// must call it (sum8); `in` says whether to store.
-__device__ __forceinline__ void store_f16x2_word(unsigned char* row, int64_t cols, int64_t c, const float (&v)[8],
-                                                 float inv, bool in) {
+// Word c (8 columns, already x's values v) of a row of the fp16 layout (Pair: matmul_f16x2_row_bytes(cols) bytes at
+// `row`, else matmul_f16_row_bytes(cols)): hi = fp16(v/σ) as pairs (0,4) (1,5) (2,6) (3,7), with Pair also lo =
+// fp16(v/σ − hi) (the subtraction exact), per group 128 bytes of hi then 128 of lo; and (first word of a group) the
+// group's sum of what the MMAs see, Σhi or Σ(hi + lo). inv = 1/σ. All 32 lanes must call it (sum8); `in` says whether
+// to store.
+template <bool Pair>
+__device__ __forceinline__ void store_f16_word(unsigned char* row, int64_t cols, int64_t c, const float (&v)[8],
+                                               float inv, bool in) {
   uint32_t h[4], l[4];
   float sum = 0.0f;
 #pragma unroll
@@ -93,17 +95,30 @@ __device__ __forceinline__ void store_f16x2_word(unsigned char* row, int64_t col
     const float a = v[k] * inv, b = v[k + 4] * inv;
     const __half2 hv = __floats2half2_rn(a, b);
     const float ha = __low2float(hv), hb = __high2float(hv);
-    const __half2 lv = __floats2half2_rn(a - ha, b - hb);
     h[k] = *reinterpret_cast<const uint32_t*>(&hv);
-    l[k] = *reinterpret_cast<const uint32_t*>(&lv);
-    sum += (ha + __low2float(lv)) + (hb + __high2float(lv));
+    if constexpr (Pair) {
+      const __half2 lv = __floats2half2_rn(a - ha, b - hb);
+      l[k] = *reinterpret_cast<const uint32_t*>(&lv);
+      sum += (ha + __low2float(lv)) + (hb + __high2float(lv));
+    } else {
+      sum += ha + hb;
+    }
   }
   sum = sum8(sum);
-  if (in) {
+  if (!in) return;
+  if constexpr (Pair) {
     reinterpret_cast<uint4*>(row + (c / 8) * 256)[c % 8] = make_uint4(h[0], h[1], h[2], h[3]);
     reinterpret_cast<uint4*>(row + (c / 8) * 256 + 128)[c % 8] = make_uint4(l[0], l[1], l[2], l[3]);
-    if (c % 8 == 0) reinterpret_cast<float*>(row + cols * 4)[c / 8] = sum;
+  } else {
+    reinterpret_cast<uint4*>(row)[c] = make_uint4(h[0], h[1], h[2], h[3]);
   }
+  if (c % 8 == 0) reinterpret_cast<float*>(row + cols * (Pair ? 4 : 2))[c / 8] = sum;
+}
+
+// σ into its place in a row of the fp16 layout, after the groups' sums.
+template <bool Pair>
+__device__ __forceinline__ void store_f16_sigma(unsigned char* row, int64_t cols, float sigma) {
+  reinterpret_cast<float*>(row + cols * (Pair ? 4 : 2))[cols / 64] = sigma;
 }
 
 // ---- 16-bit integers per group of 64 (matmul_quantize_x) -------------------------------------------------------
