@@ -22,7 +22,9 @@ tern's CUDA kernels do), each run with this script's attention and experts forwa
           range unbounded: fp16 itself also loses bits below 2^-14, which attn16 keeps); qpbN: to N significant bits;
           q16, p16: Q alone, the probabilities alone (11 significant bits, range unbounded);
   i16     the i16 KV cache's attention (--kv-dtype i16): kvi16, and Q and the probabilities at 22 significant bits
-          (fp16 hi + lo; range unbounded);
+          (fp16 hi + lo; range unbounded); i16q11, i16p11: Q alone, the probabilities alone at 11 significant bits
+          (one fp16 term, not a pair); i16v11: V's integers rounded to 11 significant bits (its fp16 hi alone);
+          i16pv11: the probabilities and V so (P·V one fp16 product);
   attn16  kv16, and Q and the unnormalised probabilities exp(s - max) rounded to fp16, as the attention's
           tensor-core products take them (the scores, the softmax sums and the output in fp32);
   down16  the MoE down products' input (routed and shared experts) quantised to 16 bits per group of 64 columns,
@@ -41,10 +43,12 @@ tern's CUDA kernels do), each run with this script's attention and experts forwa
           in_proj_z, out_proj alone; lin16xqkv: every product but in_proj_qkv;
   lin22, lin22e, ... lin22xqkv  the same sites' inputs as fp16 hi + lo of x/σ, σ a power of two per token with
           max|x/σ| in [2^14, 2^15) (22 significant bits; f16_pair): the warpgroup kernel's fp16 split;
-  pre22   the prefill plan with the i16 cache since the forty-eighth session: every product's input as fp16 hi + lo
+  pre22   the prefill plan with the i16 cache in the forty-eighth session: every product's input as fp16 hi + lo
           (lin22) but the down products' (routed and shared experts), which take bf16 hi + lo (lin16), and the shared
           expert's gate on x at 16 bits per group of 64, as pre16's (CUDA prefill sites 15,
           src/cuda/runner/cuda_runner.cu);
+  pre22g  the prefill plan with the i16 cache since the forty-ninth session: the GDN's input projections (in_proj_qkv,
+          z, b, a) on fp16 hi + lo, every other product as pre16 takes it (CUDA prefill site 1);
   pre16   lin16, and the shared expert's gate (its 8-bit sigmoid gate) on x at 16 bits per group of 64, as the prefill
           plan took it until the forty-fifth session (the first of the router's two 16-bit terms only);
 Two joined by "+" run together: an attention's rounding and a products' (i16+lin16: the prefill plan with the i16
@@ -93,21 +97,28 @@ def rounded_to_bits(t, bits, torch):
     return torch.ldexp(torch.round(m * 2.0 ** bits) / 2.0 ** bits, e)
 
 
+# i16 and its variants with one of the attention's pairs a single fp16 term (the prefill kernel's cheaper forms)
+I16_KINDS = ("i16", "i16q11", "i16p11", "i16v11", "i16pv11")
+
+
 def emulated_attention(torch, kind):
     """An attention function for transformers' AttentionInterface: eager attention in fp32 with kind's roundings."""
     f16 = lambda t: t.to(torch.float16).to(torch.float32)  # noqa: E731
     bits, qp_bits = significant_bits(kind), 11 if kind == "qp16" else significant_bits(kind, "qpb")
-    if kind == "i16":
+    if kind in I16_KINDS:
         qp_bits = 22
-    q_bits = 11 if kind == "q16" else qp_bits
-    p_bits = 11 if kind == "p16" else qp_bits
+    q_bits = 11 if kind in ("q16", "i16q11") else qp_bits
+    p_bits = 11 if kind in ("p16", "i16p11", "i16pv11") else qp_bits
+    v_bits = 11 if kind in ("i16v11", "i16pv11") else None
 
     def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
         # query [b, Hq, n, d], key / value [b, Hkv, n, d]
         if bits is not None:
             key, value = rounded_to_bits(key, bits, torch), rounded_to_bits(value, bits, torch)
-        if kind in ("kvi16", "i16"):
+        if kind == "kvi16" or kind in I16_KINDS:
             key, value = row_int16(key, torch), row_int16(value, torch)
+        if v_bits is not None:
+            value = rounded_to_bits(value, v_bits, torch)
         if q_bits is not None:
             query = rounded_to_bits(query, q_bits, torch)
         if kind in ("kv16", "attn16", "k16"):
@@ -202,7 +213,7 @@ def lin16_sites(kind):
     else None."""
     if kind is not None and kind.startswith("lin22"):
         kind = "lin16" + kind[len("lin22"):]
-    return "lin16" if kind in ("pre16", "pre22") else kind if kind in SITES else None
+    return "lin16" if kind in ("pre16", "pre22", "pre22g") else kind if kind in SITES else None
 
 
 def pair_of(kind):
@@ -266,9 +277,9 @@ SITES = {
 }
 
 
-def emulate_linear_inputs(model, sites, torch, gate16=False, pair=bf16_pair, down_pair=None):
+def emulate_linear_inputs(model, sites, torch, gate16=False, pair=bf16_pair, down_pair=None, f16_at=None):
     """With sites (a SITES name), the input of each nn.Linear that SITES[sites] takes (by module name) as pair(x) (the
-    down projections' as down_pair(x) where that is given),
+    down projections' as down_pair(x) where that is given; those f16_at(name) takes as f16_pair(x)),
     never the routers' (mlp.gate, shared_expert_gate: fp32 in tern); with gate16 too, shared_expert_gate's at 16 bits
     per group (quantised_groups); with None, the hooks removed. (The routed experts' products are
     experts_forward's.)"""
@@ -282,6 +293,8 @@ def emulate_linear_inputs(model, sites, torch, gate16=False, pair=bf16_pair, dow
             continue
         if isinstance(m, torch.nn.Linear) and not name.endswith(("mlp.gate", "shared_expert_gate")):
             p = down_pair if down_pair is not None and name.endswith("down_proj") else pair
+            if f16_at is not None and f16_at(name):
+                p = f16_pair
             model._pair16_hooks.append(m.register_forward_pre_hook(lambda _m, inputs, p=p: (p(inputs[0], torch),)))
         elif gate16 and name.endswith("shared_expert_gate"):
             model._pair16_hooks.append(
@@ -291,7 +304,9 @@ def emulate_linear_inputs(model, sites, torch, gate16=False, pair=bf16_pair, dow
 # the same sites with x as fp16 hi + lo and a power-of-two scale per token (f16_pair): lin22, lin22e, ...
 SITES22 = ["lin22" + name[len("lin16"):] for name in SITES]
 # roundings of the products' inputs
-MOE_KINDS = {"down16", "gateup16", "moe16", "moe24", "pre16", "pre22", *SITES, *SITES22}
+MOE_KINDS = {"down16", "gateup16", "moe16", "moe24", "pre16", "pre22", "pre22g", *SITES, *SITES22}
+# pre22g's fp16 hi + lo site: the GDN's input projections (CUDA prefill site 1, in_proj_all: qkv, z, b, a)
+GDN_IN = lambda name: ".linear_attn.in_proj_" in name  # noqa: E731
 
 
 def attention_and_products(kind):
@@ -344,8 +359,8 @@ def main():
                          "reference's experts run by this script's exact forward, not transformers'")
     args = ap.parse_args()
     kinds = [k for k in args.emulate.split(",") if k]
-    named = ("fp32", "kv16", "k16", "v16", "kvi16", "qp16", "q16", "p16", "i16", "attn16", "down16", "gateup16",
-             "moe16", "moe24", "pre16", "pre22", *SITES, *SITES22)
+    named = ("fp32", "kv16", "k16", "v16", "kvi16", "qp16", "q16", "p16", *I16_KINDS, "attn16", "down16", "gateup16",
+             "moe16", "moe24", "pre16", "pre22", "pre22g", *SITES, *SITES22)
     for k in kinds:
         parts = k.split("+")
         for part in parts:
@@ -395,8 +410,9 @@ def main():
             else:  # (--lean: transformers' experts cannot read the codes; the reference takes this script's exact one)
                 experts = "fp32" if args.lean else None
             emulate_experts(model, experts, torch)
-            emulate_linear_inputs(model, lin16_sites(products), torch, gate16=products in ("pre16", "pre22"),
-                                  pair=pair_of(products), down_pair=down_pair_of(products))
+            emulate_linear_inputs(model, lin16_sites(products), torch,
+                                  gate16=products in ("pre16", "pre22", "pre22g"), pair=pair_of(products),
+                                  down_pair=down_pair_of(products), f16_at=GDN_IN if products == "pre22g" else None)
             t0 = time.time()
             captured.clear()
             runs[impl] = model(input_ids=tokens[None].to(dev), use_cache=False).logits[0].float().cpu()

@@ -20,7 +20,7 @@ def test_control_at_fp32_noise_and_each_rounding_above_it(seed):
     # lin16 before kvb24: its hooks must be gone for the runs after it (kvb24 gives fp32's logits exactly)
     kinds = ("fp32,kv16,k16,v16,kvb11,lin16,kvb24,kvi16,qp16,q16,p16,qpb14,i16,attn16,down16,gateup16,moe16,moe24,"
              "i16+lin16,pre16,lin16e,lin16m,lin16g,lin16t,lin16ab,lin16qkv,lin16z,lin16out,lin16xqkv,lin22,i16+lin22g,"
-             "pre22")
+             "pre22,pre22g,i16q11,i16p11,i16v11,i16pv11")
     r = subprocess.run([sys.executable, ORACLES / "rounding_effect.py", "--seeds", str(seed), "--preset", "realdims",
                         "--positions", "64", "--emulate", kinds],
                        capture_output=True, text=True, timeout=600)
@@ -49,6 +49,9 @@ def test_control_at_fp32_noise_and_each_rounding_above_it(seed):
         assert kl[k] > kl["fp32"], f"seed {seed}: {k}: {kl}"
     # the i16 cache's attention rounds less than fp16's (its rows as kvi16's, q and the weights at 22 bits)
     assert kl["i16"] < kl["attn16"], f"seed {seed}: {kl}"
+    # one of its pairs a single fp16 term (Q, the probabilities, V's hi alone; the probabilities and V) rounds more
+    for k in ("i16q11", "i16p11", "i16v11", "i16pv11"):
+        assert kl[k] > kl["i16"], f"seed {seed}: {k}: {kl}"
     for k in ("down16", "gateup16", "moe16"):
         assert kl[k] > kl["fp32"], f"seed {seed}: {k}: {kl}"
     # every product's input as bf16 hi + lo (the prefill's 16 significant bits)
@@ -63,6 +66,11 @@ def test_control_at_fp32_noise_and_each_rounding_above_it(seed):
     # the prefill's products with the i16 cache: fp16 hi + lo but for the down inputs (bf16 hi + lo there), which
     # round less than pre16's bf16 hi + lo everywhere, but round
     assert kl["fp32"] < kl["pre22"] < kl["pre16"], f"seed {seed}: pre22: {kl}"
+    # and with the GDN's input projections alone on fp16 hi + lo (the i16 default since): rounds, but less than pre16
+    # in the first layer (a GDN layer, whose in_proj is its first product)
+    assert kl["pre22g"] > kl["fp32"], f"seed {seed}: pre22g: {kl}"
+    first = {k: float(by_layer[k][0].split("/")[0]) for k in ("pre16", "pre22g")}
+    assert first["pre22g"] < first["pre16"], f"seed {seed}: the first layer's median error: {first}"
     # lin16 at some products alone: each rounds (its hooks reach its products)
     for k in ("lin16e", "lin16m", "lin16g", "lin16t", "lin16ab", "lin16qkv", "lin16z", "lin16out", "lin16xqkv"):
         assert kl[k] > kl["fp32"], f"seed {seed}: {k}: {kl}"
