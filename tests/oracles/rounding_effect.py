@@ -43,12 +43,12 @@ tern's CUDA kernels do), each run with this script's attention and experts forwa
           in_proj_z, out_proj alone; lin16xqkv: every product but in_proj_qkv;
   lin22, lin22e, ... lin22xqkv  the same sites' inputs as fp16 hi + lo of x/σ, σ a power of two per token with
           max|x/σ| in [2^14, 2^15) (22 significant bits; f16_pair): the warpgroup kernel's fp16 split;
-  pre22   the prefill plan with the i16 cache in the forty-eighth session: every product's input as fp16 hi + lo
+  pre22   the prefill plan with the i16 cache since the forty-eighth session: every product's input as fp16 hi + lo
           (lin22) but the down products' (routed and shared experts), which take bf16 hi + lo (lin16), and the shared
           expert's gate on x at 16 bits per group of 64, as pre16's (CUDA prefill sites 15,
           src/cuda/runner/cuda_runner.cu);
-  pre22g  the prefill plan with the i16 cache since the forty-ninth session: the GDN's input projections (in_proj_qkv,
-          z, b, a) on fp16 hi + lo, every other product as pre16 takes it (CUDA prefill site 1);
+  pre22g  the prefill plan with the i16 cache and TERN_PREFILL_PAIR_SITES=1: the GDN's input projections (in_proj_qkv,
+          z, b, a) on fp16 hi + lo, every other product as pre16 takes it;
   pre16   lin16, and the shared expert's gate (its 8-bit sigmoid gate) on x at 16 bits per group of 64, as the prefill
           plan took it until the forty-fifth session (the first of the router's two 16-bit terms only);
 Two joined by "+" run together: an attention's rounding and a products' (i16+lin16: the prefill plan with the i16

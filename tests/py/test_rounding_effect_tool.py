@@ -66,8 +66,8 @@ def test_control_at_fp32_noise_and_each_rounding_above_it(seed):
     # the prefill's products with the i16 cache: fp16 hi + lo but for the down inputs (bf16 hi + lo there), which
     # round less than pre16's bf16 hi + lo everywhere, but round
     assert kl["fp32"] < kl["pre22"] < kl["pre16"], f"seed {seed}: pre22: {kl}"
-    # and with the GDN's input projections alone on fp16 hi + lo (the i16 default since): rounds, but less than pre16
-    # in the first layer (a GDN layer, whose in_proj is its first product)
+    # and with the GDN's input projections alone on fp16 hi + lo (TERN_PREFILL_PAIR_SITES=1): rounds, but less than
+    # pre16 in the first layer (a GDN layer, whose in_proj is its first product)
     assert kl["pre22g"] > kl["fp32"], f"seed {seed}: pre22g: {kl}"
     first = {k: float(by_layer[k][0].split("/")[0]) for k in ("pre16", "pre22g")}
     assert first["pre22g"] < first["pre16"], f"seed {seed}: the first layer's median error: {first}"
