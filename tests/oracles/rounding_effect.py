@@ -24,7 +24,8 @@ tern's CUDA kernels do), each run with this script's attention and experts forwa
   i16     the i16 KV cache's attention (--kv-dtype i16): kvi16, and Q and the probabilities at 22 significant bits
           (fp16 hi + lo; range unbounded); i16q11, i16p11: Q alone, the probabilities alone at 11 significant bits
           (one fp16 term, not a pair); i16v11: V's integers rounded to 11 significant bits (its fp16 hi alone);
-          i16pv11: the probabilities and V so (P·V one fp16 product);
+          i16pv11: the probabilities and V so (P·V one fp16 product). (The kernels round each weight times its key's
+          V scale, p·s_v, not p: the same bits, another place for each rounding.)
   attn16  kv16, and Q and the unnormalised probabilities exp(s - max) rounded to fp16, as the attention's
           tensor-core products take them (the scores, the softmax sums and the output in fp32);
   down16  the MoE down products' input (routed and shared experts) quantised to 16 bits per group of 64 columns,
@@ -85,10 +86,15 @@ def significant_bits(kind, prefix="kvb"):
     return int(rest) if kind.startswith(prefix) and rest.isdigit() else None
 
 
-def row_int16(t, torch):
-    """t with each row (the last axis: one token's head) as 16-bit integers times max|row|/32767."""
+def row_int16(t, torch, bits=None):
+    """t with each row (the last axis: one token's head) as 16-bit integers times max|row|/32767; with bits, the
+    integers then rounded to that many significant bits (11: the i16 kernels' fp16 hi of v/2 alone; |v| < 2048
+    stays exact)."""
     s = t.abs().amax(dim=-1, keepdim=True) / 32767.0
-    return torch.where(s > 0, torch.round(t / torch.where(s > 0, s, torch.ones_like(s))) * s, torch.zeros_like(t))
+    v = torch.round(t / torch.where(s > 0, s, torch.ones_like(s)))
+    if bits is not None:
+        v = rounded_to_bits(v, bits, torch)
+    return torch.where(s > 0, v * s, torch.zeros_like(t))
 
 
 def rounded_to_bits(t, bits, torch):
@@ -116,9 +122,7 @@ def emulated_attention(torch, kind):
         if bits is not None:
             key, value = rounded_to_bits(key, bits, torch), rounded_to_bits(value, bits, torch)
         if kind == "kvi16" or kind in I16_KINDS:
-            key, value = row_int16(key, torch), row_int16(value, torch)
-        if v_bits is not None:
-            value = rounded_to_bits(value, v_bits, torch)
+            key, value = row_int16(key, torch), row_int16(value, torch, v_bits)
         if q_bits is not None:
             query = rounded_to_bits(query, q_bits, torch)
         if kind in ("kv16", "attn16", "k16"):

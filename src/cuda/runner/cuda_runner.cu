@@ -130,11 +130,13 @@ CudaRunner::CudaRunner(std::unique_ptr<DeviceWeights> w, std::shared_ptr<const M
   // work: a bit mask of PrefillSite from CudaRunnerOptions::prefill_pair_sites, else TERN_PREFILL_PAIR_SITES (0 to
   // 31), else with the i16 cache (the choice of fidelity over speed) every site but the MoE down inputs (15) and none
   // with the other caches. On the trained-scale oracle with the i16 cache (H100, docs/benchmarks.md, forty-eighth and
-  // forty-ninth sessions) 15 put the prefill of six seeds within every bar (mean KL 6e-9 to 1.6e-4, against 4.4e-5 to
-  // 2.2e-4 on bf16 hi + lo; perplexity within 0.043%; one seed's 65-token prompt −0.49%, a near-tie at its position 7
-  // that 1 and 15 both meet). The GDN's input projections alone (1) did as well on the GPU's six seeds and ran the 4K
-  // prefill 3.3–3.5% faster, but in the CPU emulation (the rest exact) met near-ties on two seeds of five where 15 met
-  // none: so 15. Every site (31) met fp32-scale near-ties on 566307818's positions 43–47.
+  // forty-ninth sessions) 15 put the 640-position prefill of six seeds within every bar (mean KL 6e-9 to 1.6e-4,
+  // perplexity within 0.043%; on the four seeds also run on bf16 hi + lo, 4.4e-5 to 2.2e-4 there), but one seed's
+  // 65-token prompt read −0.49% (a near-tie at its position 7 that site 1 meets too). The GDN's input projections
+  // alone (1) did as well on those six prefills and ran the 4K prefill 3.3–3.5% faster, but in the CPU emulation (the
+  // GDN, the routers and the sums exact) met near-ties on two seeds of five that 15 did not (a third, at one seed's
+  // position 356, both met): so 15. Every site (31) met fp32-scale near-ties on 566307818's positions 43–47, and the
+  // down inputs are the dearest site (the 4K prefill 1.9% faster with 15 than with 31).
   pair_sites_ = kv_ == KvDtype::i16 ? int(kGdnIn | kAttnIn | kMixerOut | kMoeIn) : 0;
   if (const char* e = std::getenv("TERN_PREFILL_PAIR_SITES"); e && *e)
     pair_sites_ = env_count("TERN_PREFILL_PAIR_SITES", e, 0, int(kAllSites), "a mask of the prefill sites");
