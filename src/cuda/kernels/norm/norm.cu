@@ -1,6 +1,7 @@
 #include "cuda/kernels/norm/norm.cuh"
 
 #include "core/check.h"
+#include "cuda/common/warp_reduce.cuh"
 #include "cuda/kernels/qmatmul/qmatmul.cuh"
 #include "cuda/kernels/qmatmul/qmatmul_int8.cuh"
 #include "cuda/kernels/qmatmul/qmatmul_wgmma.cuh"
@@ -23,21 +24,21 @@ __global__ void embed_kernel(DMat e, const int* tokens, float* out) {
   }
 }
 
+// The block's sum (max) of v: each warp's (warp_sum, warp_max), then the warps' in order, the same in every thread
+// (deterministic). red: 32 floats of shared memory.
 __device__ __forceinline__ float block_sum(float v, float* red) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  v = warp_sum(v);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
   __syncthreads();
   if (lane == 0) red[warp] = v;
   __syncthreads();
   float s = 0.0f;
-  for (int i = 0; i < nw; ++i) s += red[i];  // same order in every thread: deterministic
+  for (int i = 0; i < nw; ++i) s += red[i];
   return s;
 }
 
 __device__ __forceinline__ float block_max(float v, float* red) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  v = warp_max(v);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
   __syncthreads();
   if (lane == 0) red[warp] = v;

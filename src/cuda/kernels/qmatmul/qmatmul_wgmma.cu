@@ -32,6 +32,7 @@
 #include "cuda/common/cuda_common.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/ptx.cuh"
+#include "cuda/common/warp_reduce.cuh"
 #include "cuda/kernels/qmatmul/matmul_tile.cuh"
 #include "cuda/kernels/qmatmul/x_forms.cuh"
 #include "cuda/kernels/qmv/qmv_tile.cuh"
@@ -414,8 +415,7 @@ __global__ void __launch_bounds__(256) prepare_x_f16_kernel(const float* x, int6
       const float4 v = xr[i];
       m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
     }
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    m = warp_max(m);
     float sigma;
     const float inv = xform::f16_row_scale(m, sigma);
     unsigned char* row = out + r * row_bytes;
