@@ -24,29 +24,31 @@ __global__ void embed_kernel(DMat e, const int* tokens, float* out) {
   }
 }
 
-// The block's sum (max) of v: each warp's (warp_sum, warp_max), then the warps' in order, the same in every thread
-// (deterministic). red: 32 floats of shared memory.
-__device__ __forceinline__ float block_sum(float v, float* red) {
-  v = warp_sum(v);
+// The block's sum (Max: max) of v: each warp's (warp_sum, warp_max), then the warps' in order, the same in every
+// thread (deterministic). red: 32 floats of shared memory.
+template <bool Max>
+__device__ __forceinline__ float block_reduce(float v, float* red) {
+  if constexpr (Max) {
+    v = warp_max(v);
+  } else {
+    v = warp_sum(v);
+  }
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
   __syncthreads();
   if (lane == 0) red[warp] = v;
   __syncthreads();
-  float s = 0.0f;
-  for (int i = 0; i < nw; ++i) s += red[i];
-  return s;
+  float r = 0.0f;
+  for (int i = 0; i < nw; ++i) {
+    if constexpr (Max) {
+      r = fmaxf(r, red[i]);
+    } else {
+      r += red[i];
+    }
+  }
+  return r;
 }
-
-__device__ __forceinline__ float block_max(float v, float* red) {
-  v = warp_max(v);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
-  __syncthreads();
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  float m = 0.0f;
-  for (int i = 0; i < nw; ++i) m = fmaxf(m, red[i]);
-  return m;
-}
+__device__ __forceinline__ float block_sum(float v, float* red) { return block_reduce<false>(v, red); }
+__device__ __forceinline__ float block_max(float v, float* red) { return block_reduce<true>(v, red); }
 
 __global__ void rmsnorm_kernel(const float* x, const float* w, float eps, int64_t D, float* out) {
   __shared__ float red[32];
