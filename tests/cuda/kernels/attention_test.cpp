@@ -7,6 +7,7 @@
 // attention_batched's opt-in items-per-block form to its default kernel.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -272,8 +273,11 @@ INSTANTIATE_TEST_SUITE_P(CacheType, CudaAttentionKv, ::testing::Values(true, fal
 // default cache type (kv_dims, attention_batch_tables.h).
 AttnDims small_dims(int Hq, int Hkv, int dh, int rot) { return kv_dims(AttnDims{}.kv, Hq, Hkv, dh, rot); }
 
+// On Hopper at head dim 256 the warpgroup-MMA kernel (attn_prefill_wgmma_available), elsewhere the mma.sync one.
 TEST_P(CudaAttentionKv, PrefillMatchesCpu) {
   TERN_REQUIRE_GPU();
+  const bool wgmma = attn_prefill_wgmma_available(with_kv(model_dims(), GetParam()).kv);
+  std::printf("prefill kernel at head dim 256: %s\n", wgmma ? "wgmma" : "mma.sync");
   std::mt19937_64 rng(fresh_seed("CudaAttention.Prefill"));
   for (int64_t pos0 : {int64_t(0), int64_t(300)})
     for (int64_t T : {int64_t(9), int64_t(64), int64_t(65), int64_t(640), int64_t(2000)}) {
@@ -281,6 +285,19 @@ TEST_P(CudaAttentionKv, PrefillMatchesCpu) {
       const int64_t capacity = pos0 + T + (T % 2 ? 0 : 45);
       run_case(rng, with_kv(model_dims(), GetParam()), pos0, T, capacity);
     }
+}
+
+// The same cases on the mma.sync prefill kernel where the default is the warpgroup-MMA one (Hopper, head dim 256):
+// the kernel every other GPU runs stays held to the twin on this one.
+TEST_P(CudaAttentionKv, PrefillOnTheMmaSyncKernelMatchesCpu) {
+  TERN_REQUIRE_GPU();
+  if (!attn_prefill_wgmma_available(with_kv(model_dims(), GetParam()).kv))
+    GTEST_SKIP() << "the default prefill kernel is the mma.sync one here";
+  std::mt19937_64 rng(fresh_seed("CudaAttention.PrefillMmaSync"));
+  const PrefillKernels mma_sync(false, false);
+  for (int64_t pos0 : {int64_t(0), int64_t(300)})
+    for (int64_t T : {int64_t(9), int64_t(65), int64_t(640)})
+      run_case(rng, with_kv(model_dims(), GetParam()), pos0, T, pos0 + T + (T % 2 ? 0 : 45));
 }
 
 TEST_P(CudaAttentionKv, DecodeMatchesCpu) {

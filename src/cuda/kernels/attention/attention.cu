@@ -4,6 +4,7 @@
 // (attention_internal.cuh: Seqs, the setup, the switches, the cross-file calls):
 //   attention_prepare.cu  attn_prepare, attn_prepare_batched: norm, RoPE, q out, k and v into the cache
 //   attention_prefill.cu  attention()'s flash path, one block per (query head, 64 new tokens)
+//   attention_prefill_wgmma.cu  the same on Hopper's warpgroup MMA (head dim 256; fp16, bf16, i16 caches)
 //   attention_decode.cu   attention()'s and attention_batched's split-KV decode: the one-item split kernel, the
 //                         items-per-block form (TERN_ATTN_BATCH_ITEMS), the merge
 // This file picks between the prefill and decode paths and sets both up.
@@ -31,6 +32,7 @@ const AttentionSetup& attention_setup() {
     const int optin = smem_optin_bytes();
     s.smem_optin = optin;
     prefill_setup(optin);
+    prefill_wgmma_setup(optin);
     decode_setup(s, optin);
     return s;
   }();
@@ -123,6 +125,8 @@ void attention(const float* q, const float* qg, const void* cache_k, const void*
   const int G = d.Hq / d.Hkv;
   if (d.T <= kDecodeMaxTokens && d.T * G <= kDecodeMaxRows)
     attention_decode(q, qg, cache_k, cache_v, pos0, d, partial, out, stream);
+  else if (prefill_wgmma_takes(d))
+    attention_prefill_wgmma(q, qg, cache_k, cache_v, pos0, d, out, stream);
   else
     attention_prefill(q, qg, cache_k, cache_v, pos0, d, out, stream);
 }

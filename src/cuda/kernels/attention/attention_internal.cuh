@@ -120,6 +120,7 @@ inline int rw_index(int rw) { return rw == 1 ? 0 : rw == 2 ? 1 : 2; }
 // Device properties and kernel attributes, once per process (the first attention call; keep it out of capture).
 const AttentionSetup& attention_setup();
 void prefill_setup(int optin);                    // attention_prefill.cu: the prefill kernels' attributes
+void prefill_wgmma_setup(int optin);              // attention_prefill_wgmma.cu: the Hopper prefill kernel's
 void decode_setup(AttentionSetup& s, int optin);  // attention_decode.cu: the decode variants and their kernels
 
 // ---- the switches (attention.cu) ---------------------------------------------------------------------------------
@@ -158,6 +159,15 @@ void attention_decode_batched(const float* q, const float* qg, const AttnBatch& 
 // attention()'s flash path for d.T tokens (beyond the decode path's shapes).
 void attention_prefill(const float* q, const float* qg, const void* cache_k, const void* cache_v, const int* pos0,
                        const AttnDims& d, float* out, cudaStream_t stream);
+
+// ---- the Hopper prefill path (attention_prefill_wgmma.cu) ---------------------------------------------------------
+
+// Whether attention_prefill_wgmma takes d: a Hopper GPU running the sm_90a binary, head dim 256, an fp16 or bf16 cache
+// (or i16 with TERN_ATTN_PREFILL_WGMMA_I16=1), and TERN_ATTN_PREFILL_WGMMA not 0.
+bool prefill_wgmma_takes(const AttnDims& d);
+// attention_prefill's arithmetic on the warpgroup MMA, for the shapes prefill_wgmma_takes.
+void attention_prefill_wgmma(const float* q, const float* qg, const void* cache_k, const void* cache_v,
+                             const int* pos0, const AttnDims& d, float* out, cudaStream_t stream);
 
 // ---- the compile-time switches over head dim and cache type --------------------------------------------------------
 

@@ -33,15 +33,10 @@
 #include "cuda/common/launch.cuh"
 #include "cuda/common/ptx.cuh"
 #include "cuda/common/warp_reduce.cuh"
+#include "cuda/common/wgmma.cuh"
 #include "cuda/kernels/qmatmul/matmul_tile.cuh"
 #include "cuda/kernels/qmatmul/x_forms.cuh"
 #include "cuda/kernels/qmv/qmv_tile.cuh"
-
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define TERN_WGMMA 1
-#else
-#define TERN_WGMMA 0
-#endif
 
 namespace tern::cuda {
 namespace {
@@ -96,8 +91,7 @@ __device__ __forceinline__ int xchunk(int n, int c) {
 // in bits 62..63 (1: 128 bytes).
 template <int N>
 __device__ __forceinline__ uint64_t x_descriptor(uint32_t xs, int h, int i) {
-  const uint32_t addr = xs + h * (N * 128) + i * 32;
-  return uint64_t((addr & 0x3FFFFu) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+  return wgmma::sw128_desc(xs + h * (N * 128) + i * 32, 16, 1024);
 }
 
 // The 16-bit pair (nibble t, nibble t + 4) of an 8-nibble word as fp16x2 (F16) or bf16x2, exact: (w >> 4t) &
@@ -117,103 +111,6 @@ __device__ __forceinline__ uint32_t nibble_pair(uint32_t w, int t) {
   }
 }
 
-__device__ __forceinline__ void fence_proxy_async() {
-#if TERN_WGMMA
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wgmma_fence() {
-#if TERN_WGMMA
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wgmma_commit() {
-#if TERN_WGMMA
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-#endif
-}
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-#if TERN_WGMMA
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-#endif
-}
-// Pins registers the asynchronous MMAs read or write at this point of the program (no instruction).
-template <int R>
-__device__ __forceinline__ void fence_regs(float (&d)[R]) {
-#pragma unroll
-  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-__device__ __forceinline__ void fence_regs(uint32_t (&a)[4]) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[i])::"memory");
-}
-
-// d (=, scale_d == 0; +=, 1) A · B: m64nNk16, A fp16 (F16) or bf16 from registers (the mma.sync m16n8k16 A
-// fragment of each warp's 16 rows), B of the same type K-major from shared memory (descriptor), fp32 accumulators:
-// N/2 per thread, the m16n8 C fragments of n8 tiles 0 .. N/8 − 1, d[4j + c] (c0, c1: row g, tokens 8j + 2t, 8j + 2t
-// + 1; c2, c3: row g + 8), as the PTX ISA's figure of the m64nNk16 accumulator for any N. Operands: the N/2
-// accumulators, then the 4 A registers, the descriptor and scale_d (a predicate), numbered in that order.
-#define TERN_WGMMA_M64N16K16(TYPE)                                                                                   \
-  asm volatile(                                                                                                      \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"                                                                   \
-      "wgmma.mma_async.sync.aligned.m64n16k16.f32." TYPE "." TYPE " "                                                 \
-      "{%0, %1, %2, %3, %4, %5, %6, %7}, "                                                                            \
-      "{%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"                                                                    \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])               \
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d))
-#define TERN_WGMMA_M64N32K16(TYPE)                                                                                   \
-  asm volatile(                                                                                                      \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"                                                                   \
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32." TYPE "." TYPE " "                                                 \
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "                                      \
-      "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"                                                                  \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])                   \
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d))
-#define TERN_WGMMA_M64N64K16(TYPE)                                                                                   \
-  asm volatile(                                                                                                      \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                                   \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " "                                                 \
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                       \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "                             \
-      "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"                                                                   \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),      \
-        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),     \
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                   \
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d))
-template <bool F16, int R>  // R = N/2 accumulators
-__device__ __forceinline__ void wgmma_16bit(float (&d)[R], const uint32_t (&a)[4], uint64_t desc, int scale_d) {
-  static_assert(R == 8 || R == 16 || R == 32, "m64n16k16, m64n32k16 or m64n64k16");
-#if TERN_WGMMA
-  if constexpr (R == 8) {
-    if constexpr (F16) {
-      TERN_WGMMA_M64N16K16("f16");
-    } else {
-      TERN_WGMMA_M64N16K16("bf16");
-    }
-  } else if constexpr (R == 16) {
-    if constexpr (F16) {
-      TERN_WGMMA_M64N32K16("f16");
-    } else {
-      TERN_WGMMA_M64N32K16("bf16");
-    }
-  } else {
-    if constexpr (F16) {
-      TERN_WGMMA_M64N64K16("f16");
-    } else {
-      TERN_WGMMA_M64N64K16("bf16");
-    }
-  }
-#else
-  (void)d, (void)a, (void)desc, (void)scale_d;
-  __trap();
-#endif
-}
-#undef TERN_WGMMA_M64N16K16
-#undef TERN_WGMMA_M64N32K16
-#undef TERN_WGMMA_M64N64K16
 template <class S, bool SwiGLU>
 __global__ void __launch_bounds__(kThreads, S::kMinBlocks)
     matmul_wgmma_kernel(MatmulArgs a, DMat up, const void* xsrc, int64_t xrow_bytes, int64_t sums_off) {
@@ -296,7 +193,7 @@ __global__ void __launch_bounds__(kThreads, S::kMinBlocks)
   const int wrow = warp * 16 * MT + g;  // this thread's first row inside the block (then +8, +16, ...)
   for (int step = 0; step < steps; ++step) {
     cp_async_wait<kStages - 2>();  // this thread's copies of step `step` have landed
-    fence_proxy_async();                  // ... and are visible to the tensor cores' reads
+    wgmma::fence_proxy_async();           // ... and are visible to the tensor cores' reads
     __syncthreads();                      // everyone's have; step − 1's stage is free (its MMAs completed)
     if (step + kStages - 1 < steps) {
       issue_weights(step + kStages - 1);
@@ -322,27 +219,27 @@ __global__ void __launch_bounds__(kThreads, S::kMinBlocks)
         af[mi][i][2] = nibble_pair<kF16>(ra[2 * i + 1], t);
         af[mi][i][3] = nibble_pair<kF16>(rb[2 * i + 1], t);
       }
-      wgmma_fence();
+      wgmma::fence();
       // The terms in the order of S::kSmallFirst (stored hi, then lo).
 #pragma unroll
       for (int h = 0; h < Terms; ++h)
 #pragma unroll
         for (int i = 0; i < 4; ++i)
-          wgmma_16bit<kF16>(part[mi], af[mi][i], x_descriptor<N>(xs, S::kSmallFirst ? Terms - 1 - h : h, i),
+          wgmma::mma_rs<kF16>(part[mi], af[mi][i], x_descriptor<N>(xs, S::kSmallFirst ? Terms - 1 - h : h, i),
                             h + i > 0 ? 1 : 0);
-      wgmma_commit();
+      wgmma::commit();
     }
     // Fold each row tile's group sums with its rows' scales as its MMAs complete.
 #pragma unroll
     for (int mi = 0; mi < MT; ++mi) {
       if (mi == 0 && MT == 2) {
-        wgmma_wait<1>();
+        wgmma::wait<1>();
       } else {
-        wgmma_wait<0>();
+        wgmma::wait<0>();
       }
-      fence_regs(part[mi]);
+      wgmma::fence_regs(part[mi]);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) fence_regs(af[mi][i]);
+      for (int i = 0; i < 4; ++i) wgmma::fence_regs(af[mi][i]);
       const int r0 = wrow + 16 * mi, r1 = r0 + 8;
       const float s0 = __uint_as_float(uint32_t(ss[r0 * S::ld_scales(G)]) << 16);
       const float s1 = __uint_as_float(uint32_t(ss[r1 * S::ld_scales(G)]) << 16);
