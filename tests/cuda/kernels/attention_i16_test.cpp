@@ -210,20 +210,25 @@ void run_i16_case(std::mt19937_64& rng, AttnDims d, int64_t pos0, int64_t T, int
                       what);
 }
 
-TEST(CudaAttentionI16, PrefillMatchesFp64OverTheDequantisedCache) {
-  TERN_REQUIRE_GPU();
-  std::mt19937_64 rng(fresh_seed("CudaAttentionI16.Prefill"));
+// The prefill's cases: T from 9 to 640 at pos0 0 and 300 (and 96, a multiple of the wgmma kernel's 32-key tiles),
+// then values whose rows span six decades (each tile's power of two then differs, and so does each row's scale within
+// a tile), small values (fp16 hi + lo of the values themselves would lose bits to subnormals) and values past fp16's
+// range (the rows' integers and fp32 scales hold them).
+void run_prefill_cases(std::mt19937_64& rng) {
   for (int64_t pos0 : {int64_t(0), int64_t(300)})
     for (int64_t T : {int64_t(9), int64_t(64), int64_t(65), int64_t(200)})
       run_i16_case(rng, model_i16(), pos0, T, pos0 + T + (T % 2 ? 0 : 45));
   run_i16_case(rng, model_i16(), 0, 640, 700);
-  run_i16_case(rng, model_i16(), 96, 131, 227);  // pos0 a multiple of the 32-key tiles, T past one 128-token block
-  // Values whose rows span six decades (each tile's power of two then differs, and so does each row's scale within a
-  // tile), small values (fp16 hi + lo of the values themselves would lose bits to subnormals) and values past fp16's
-  // range (the rows' integers and fp32 scales hold them).
+  run_i16_case(rng, model_i16(), 96, 131, 227);  // T past one 128-token block
   run_i16_case(rng, model_i16(), 300, 200, 600, 1.0f, 3.0f);
   run_i16_case(rng, model_i16(), 300, 65, 400, 1e-3f);
   run_i16_case(rng, model_i16(), 300, 65, 400, 1e5f);
+}
+
+TEST(CudaAttentionI16, PrefillMatchesFp64OverTheDequantisedCache) {
+  TERN_REQUIRE_GPU();
+  std::mt19937_64 rng(fresh_seed("CudaAttentionI16.Prefill"));
+  run_prefill_cases(rng);
 }
 
 // The same on the warpgroup-MMA prefill kernel (Hopper, head dim 256; opt-in for the i16 cache, attention.cuh).
@@ -232,14 +237,7 @@ TEST(CudaAttentionI16, PrefillOnTheWgmmaKernelMatchesFp64) {
   if (!attn_prefill_wgmma_available(KvDtype::i16)) GTEST_SKIP() << "no warpgroup-MMA prefill kernel on this device";
   std::mt19937_64 rng(fresh_seed("CudaAttentionI16.PrefillWgmma"));
   const PrefillKernels wgmma(true, true);
-  for (int64_t pos0 : {int64_t(0), int64_t(300)})
-    for (int64_t T : {int64_t(9), int64_t(65), int64_t(200)})
-      run_i16_case(rng, model_i16(), pos0, T, pos0 + T + (T % 2 ? 0 : 45));
-  run_i16_case(rng, model_i16(), 0, 640, 700);
-  run_i16_case(rng, model_i16(), 96, 131, 227);
-  run_i16_case(rng, model_i16(), 300, 200, 600, 1.0f, 3.0f);
-  run_i16_case(rng, model_i16(), 300, 65, 400, 1e-3f);
-  run_i16_case(rng, model_i16(), 300, 65, 400, 1e5f);
+  run_prefill_cases(rng);
 }
 
 TEST(CudaAttentionI16, DecodeMatchesFp64OverTheDequantisedCache) {

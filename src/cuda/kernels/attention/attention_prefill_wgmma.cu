@@ -47,6 +47,38 @@ __device__ __forceinline__ uint32_t panel_off(int r, int c) {
   return uint32_t((c >> 3) * (ROWS * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4));
 }
 
+// A block's new tokens t0 .. t0 + rows - 1 (the longest rows, the latest tokens, start first) and the keys they read,
+// [0, kv_end): n_tiles tiles of `keys`. After pdl_wait (pos0 is an earlier kernel's).
+struct BlockSpan {
+  int64_t t0, pos0, kv_end;
+  int rows, n_tiles;
+  __device__ __forceinline__ BlockSpan(const AttnDims& d, const int* pos0_ptr, int keys) {
+    t0 = int64_t(gridDim.y - 1 - blockIdx.y) * kWgRows;
+    pos0 = *pos0_ptr;
+    rows = int(d.T - t0 < kWgRows ? d.T - t0 : kWgRows);
+    kv_end = pos0 + t0 + rows;
+    n_tiles = int((kv_end + keys - 1) / keys);
+  }
+};
+
+// This thread's cp.async share of keys k0 .. k0 + KEYS - 1 of K and V (a head's rows, DH values each) into two
+// [KEYS][256] panel tiles at dk and dv: 16-byte chunk x = tid + i·256 is row x / 32, chunk x % 32. Rows past kv_end
+// are zero-filled, not read. The caller commits.
+template <int KEYS>
+__device__ __forceinline__ void copy_key_rows(uint32_t dk, uint32_t dv, const uint16_t* K, const uint16_t* V,
+                                              int64_t k0, int64_t kv_end, int tid) {
+  constexpr int CH = kWgDh / 8;
+  const int valid = int(kv_end - k0 < KEYS ? kv_end - k0 : KEYS);
+#pragma unroll
+  for (int i = 0; i < KEYS * CH / kWgThreads; ++i) {
+    const int x = tid + i * kWgThreads, r = x / CH, c = x % CH;
+    const bool ok = r < valid;
+    const int64_t at = (k0 + (ok ? r : 0)) * kWgDh + c * 8;
+    cp_async_16(dk + panel_off<KEYS>(r, c), K + at, ok ? 16u : 0u);
+    cp_async_16(dv + panel_off<KEYS>(r, c), V + at, ok ? 16u : 0u);
+  }
+}
+
 // The last key each of this thread's rows (g, g + 8) may see, the first of its warp's rows and the last of its
 // warpgroup's (p0 = pos0 + t0: the block's first row's position; keys [0, kv_end) are loaded). Rows past T see every
 // loaded key (their output is dropped).
@@ -105,31 +137,19 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   const uint32_t sq = smem_addr(smem), skv = sq + kWgQBytes;  // stage s: K at skv + 2s·tile, V one tile after
   const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, qd = lane % 4;
   const int h = blockIdx.x, kvh = h / (d.Hq / d.Hkv);
-  const int64_t t0 = int64_t(gridDim.y - 1 - blockIdx.y) * BM;  // the longest rows (latest tokens) start first
-  const int64_t T = d.T;
 
   pdl_wait();
   pdl_trigger();
-  const int64_t pos0 = *pos0_ptr;
-  const int rows = int(T - t0 < BM ? T - t0 : BM);
-  const int64_t kv_end = pos0 + t0 + rows;  // keys [0, kv_end) are read
-  const int n_tiles = int((kv_end + BN - 1) / BN);
+  const BlockSpan span(d, pos0_ptr, BN);
+  const int64_t t0 = span.t0, kv_end = span.kv_end;
+  const int rows = span.rows;
   const uint16_t* Kh = static_cast<const uint16_t*>(cache_k) + int64_t(kvh) * d.capacity * DH;
   const uint16_t* Vh = static_cast<const uint16_t*>(cache_v) + int64_t(kvh) * d.capacity * DH;
 
-  // K_j and V_j into stage j % 2: this thread's 8 chunks of each; rows past kv_end zero-filled, not read.
+  // K_j and V_j into stage j % 2.
   auto load_tiles = [&](int j) {
-    const int64_t k0 = int64_t(j) * BN;
-    const int valid = int(kv_end - k0 < BN ? kv_end - k0 : BN);
     const uint32_t st = skv + uint32_t(j % 2) * 2 * kWgTileBytes;
-#pragma unroll
-    for (int i = 0; i < BN * CH / kWgThreads; ++i) {
-      const int x = tid + i * kWgThreads, r = x / CH, c = x % CH;
-      const bool ok = r < valid;
-      const int64_t at = (k0 + (ok ? r : 0)) * DH + c * 8;
-      cp_async_16(st + panel_off<BN>(r, c), Kh + at, ok ? 16u : 0u);
-      cp_async_16(st + kWgTileBytes + panel_off<BN>(r, c), Vh + at, ok ? 16u : 0u);
-    }
+    copy_key_rows<BN>(st, st + kWgTileBytes, Kh, Vh, int64_t(j) * BN, kv_end, tid);
   };
   load_tiles(0);
   cp_async_commit();
@@ -144,7 +164,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 
   const float sl = rsqrtf(float(DH)) * kLog2e;
   const int wrow0 = 64 * wg, row0 = wrow0 + 16 * warp;  // this warpgroup's and this warp's first rows
-  const KeyLimits lim(pos0 + t0, kv_end, wrow0, row0, g);
+  const KeyLimits lim(span.pos0 + t0, kv_end, wrow0, row0, g);
   const bool wg_rows = wrow0 < rows;  // a warpgroup of rows all past T computes nothing
   const uint32_t qa = sq + uint32_t(wrow0) * 128;  // this warpgroup's Q rows in each panel
 
@@ -153,11 +173,11 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 #pragma unroll
   for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 
-  for (int j = 0; j < n_tiles; ++j) {
+  for (int j = 0; j < span.n_tiles; ++j) {
     cp_async_wait<0>();
     wgmma::fence_proxy_async();  // this thread's copies (and Q's stores) visible to the tensor cores
     __syncthreads();             // everyone's; every warpgroup is done with tile j - 1's stage
-    if (j + 1 < n_tiles) load_tiles(j + 1);
+    if (j + 1 < span.n_tiles) load_tiles(j + 1);
     cp_async_commit();
 
     const int64_t k0 = int64_t(j) * BN;
@@ -239,17 +259,6 @@ struct I16 {
   static constexpr size_t kSmem = 1024 + kStageScales + 2 * kKeys * 4;
 };
 
-// The power of two 2^e of a 32-key V tile (max of its doubled scales = m·2^e, m in [0.5, 1); 0 for a tile of zero or
-// NaN scales; every lane of the warp calls it): attention_tiles.cuh's i16_tile_exponent over 32 scales.
-__device__ __forceinline__ int i16_tile_exponent32(const float* scales, int lane) {
-  float mx = fmaxf(0.0f, scales[lane]);
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-  int e = 0;
-  if (mx > 0.0f) frexpf(mx, &e);
-  return e;
-}
-
 __global__ void __launch_bounds__(kWgThreads, 1)
     attention_prefill_wgmma_i16_kernel(const float* q, const float* qg, const void* cache_k, const void* cache_v,
                                        const int* pos0_ptr, AttnDims d, float* out) {
@@ -259,15 +268,12 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   const uint32_t s0 = smem_addr(smem);
   const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32, g = lane / 4, qd = lane % 4;
   const int h = blockIdx.x, kvh = h / (d.Hq / d.Hkv);
-  const int64_t t0 = int64_t(gridDim.y - 1 - blockIdx.y) * BM;
-  const int64_t T = d.T;
 
   pdl_wait();
   pdl_trigger();
-  const int64_t pos0 = *pos0_ptr;
-  const int rows = int(T - t0 < BM ? T - t0 : BM);
-  const int64_t kv_end = pos0 + t0 + rows;
-  const int n_tiles = int((kv_end + BN - 1) / BN);
+  const BlockSpan span(d, pos0_ptr, BN);
+  const int64_t t0 = span.t0, kv_end = span.kv_end;
+  const int rows = span.rows;
   const uint16_t* Kh = static_cast<const uint16_t*>(cache_k) + int64_t(kvh) * d.capacity * DH;
   const uint16_t* Vh = static_cast<const uint16_t*>(cache_v) + int64_t(kvh) * d.capacity * DH;
   const float* Ks =
@@ -280,14 +286,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   auto stage_tile = [&](int j) {
     const int64_t k0 = int64_t(j) * BN;
     const int valid = int(kv_end - k0 < BN ? kv_end - k0 : BN);
-#pragma unroll
-    for (int i = 0; i < BN * CH / kWgThreads; ++i) {
-      const int x = tid + i * kWgThreads, r = x / CH, c = x % CH;
-      const bool ok = r < valid;
-      const int64_t at = (k0 + (ok ? r : 0)) * DH + c * 8;
-      cp_async_16(s0 + I16::kStage + panel_off<BN>(r, c), Kh + at, ok ? 16u : 0u);
-      cp_async_16(s0 + I16::kStage + I16::kTile + panel_off<BN>(r, c), Vh + at, ok ? 16u : 0u);
-    }
+    copy_key_rows<BN>(s0 + I16::kStage, s0 + I16::kStage + I16::kTile, Kh, Vh, k0, kv_end, tid);
     if (tid < 2 * BN) {
       const int r = tid % BN;
       const float* src = (tid < BN ? Ks : Vs) + k0;
@@ -328,7 +327,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 
   const float sl = rsqrtf(float(DH)) * kLog2e;
   const int wrow0 = 64 * wg, row0 = wrow0 + 16 * warp;  // this warpgroup's and this warp's first rows
-  const KeyLimits lim(pos0 + t0, kv_end, wrow0, row0, g);
+  const KeyLimits lim(span.pos0 + t0, kv_end, wrow0, row0, g);
   const bool wg_rows = wrow0 < rows;  // a warpgroup of rows all past T computes nothing
   const uint32_t qh = s0 + I16::kQ + uint32_t(wrow0) * 128, ql = qh + kWgQBytes;
   const uint32_t kh = s0 + I16::kHi, kl = s0 + I16::kLo, vh = kh + I16::kTile, vl = kl + I16::kTile;
@@ -341,13 +340,13 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   int e_v = 0;  // the power of two (2^e_v) the output accumulators count in
 
-  for (int j = 0; j < n_tiles; ++j) {
+  for (int j = 0; j < span.n_tiles; ++j) {
     cp_async_wait<0>();
     __syncthreads();  // tile j staged (everyone's copies); every warpgroup is done with tile j - 1's planes
     unstage();
     wgmma::fence_proxy_async();  // the planes (and Q) visible to the tensor cores
     __syncthreads();             // every thread's share of the planes written; the staging is free
-    if (j + 1 < n_tiles) stage_tile(j + 1);
+    if (j + 1 < span.n_tiles) stage_tile(j + 1);
     cp_async_commit();
 
     const int64_t k0 = int64_t(j) * BN;
@@ -378,7 +377,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     online_softmax<SN, NT>(s, m, l, o, sl);
 
     // O += Phi·Vhi + Phi·Vlo + Plo·Vhi: each weight times its key's doubled V scale over 2^e, as fp16 hi + lo.
-    const int e = i16_tile_exponent32(v_scales, lane);
+    const int e = i16_tile_exponent<BN>(v_scales, lane);
     i16_rescale_o<NT>(o, e_v, e);
     uint32_t ph[SN / 2][4], pl[SN / 2][4];
 #pragma unroll

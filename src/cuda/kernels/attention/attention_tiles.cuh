@@ -246,10 +246,13 @@ struct I16Tile {
   static constexpr uint32_t kBytes = 2 * kPlane + kBlockKeys * 4;     // the tile's bytes (a multiple of 256)
 };
 
-// The exponent e of a V tile's power of two 2^e (max over the tile's 64 scales = m·2^e, m in [0.5, 1); 0 for a tile of
-// zero or NaN scales): every lane of the warp calls it, and every warp of the block gets the same.
+// The exponent e of a V tile's power of two 2^e (max over the tile's KEYS (64 or 32) scales = m·2^e, m in [0.5, 1); 0
+// for a tile of zero or NaN scales): every lane of the warp calls it, and every warp of the block gets the same.
+template <int KEYS = kBlockKeys>
 __device__ __forceinline__ int i16_tile_exponent(const float* scales, int lane) {
-  float mx = fmaxf(fmaxf(0.0f, scales[lane]), scales[lane + 32]);
+  static_assert(KEYS == 64 || KEYS == 32, "a lane's scale or two");
+  float mx = fmaxf(0.0f, scales[lane]);
+  if constexpr (KEYS == 64) mx = fmaxf(mx, scales[lane + 32]);
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
   int e = 0;
