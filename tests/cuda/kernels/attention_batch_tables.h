@@ -1,6 +1,6 @@
 // What the attention tests (attention_test.cpp: the 16-bit caches, attention_fp8_test.cpp and attention_i16_test.cpp:
 // the row-scaled caches) share: the device tables of an AttnBatch over B sequences, the comparison of a batched step
-// against each sequence alone, and the prefill's kernels for a scope.
+// against each sequence alone, and the prefill's mma.sync kernels for a scope.
 #pragma once
 
 #include <algorithm>
@@ -22,20 +22,13 @@
 
 namespace tern::cuda::test {
 
-// attention()'s prefill kernels while this lives (attn_prefill_set_wgmma, attn_prefill_set_wgmma_i16), the switches
-// as they were after.
-struct PrefillKernels {
-  const bool was = attn_prefill_wgmma(), was_i16 = attn_prefill_wgmma_i16();
-  PrefillKernels(bool wgmma, bool wgmma_i16) {
-    attn_prefill_set_wgmma(wgmma);
-    attn_prefill_set_wgmma_i16(wgmma_i16);
-  }
-  ~PrefillKernels() {
-    attn_prefill_set_wgmma(was);
-    attn_prefill_set_wgmma_i16(was_i16);
-  }
-  PrefillKernels(const PrefillKernels&) = delete;
-  PrefillKernels& operator=(const PrefillKernels&) = delete;
+// attention()'s prefill on the mma.sync kernels while this lives (attn_prefill_set_wgmma), the switch as it was after.
+struct PrefillOnMmaSync {
+  const bool was = attn_prefill_wgmma();
+  PrefillOnMmaSync() { attn_prefill_set_wgmma(false); }
+  ~PrefillOnMmaSync() { attn_prefill_set_wgmma(was); }
+  PrefillOnMmaSync(const PrefillOnMmaSync&) = delete;
+  PrefillOnMmaSync& operator=(const PrefillOnMmaSync&) = delete;
 };
 
 // The device tables of an AttnBatch (attention.cuh), built from host vectors and owned here: each sequence's

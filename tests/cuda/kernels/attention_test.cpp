@@ -294,7 +294,7 @@ TEST_P(CudaAttentionKv, PrefillOnTheMmaSyncKernelMatchesCpu) {
   if (!attn_prefill_wgmma_available(with_kv(model_dims(), GetParam()).kv))
     GTEST_SKIP() << "the default prefill kernel is the mma.sync one here";
   std::mt19937_64 rng(fresh_seed("CudaAttention.PrefillMmaSync"));
-  const PrefillKernels mma_sync(false, false);
+  const PrefillOnMmaSync mma_sync;
   for (int64_t pos0 : {int64_t(0), int64_t(300)})
     for (int64_t T : {int64_t(9), int64_t(65), int64_t(640)})
       run_case(rng, with_kv(model_dims(), GetParam()), pos0, T, pos0 + T + (T % 2 ? 0 : 45));

@@ -179,14 +179,10 @@ int attn_batch_items_stages();
 
 // attention()'s prefill on Hopper's warpgroup MMA (head dim 256; fp16, bf16 and i16 caches: the same arithmetic as the
 // mma.sync kernels', in another order of the tensor cores' sums; the i16 cache's V tiles' powers of two over 32 keys
-// instead of 64) where this device and binary run it (attn_prefill_wgmma_available, for a cache type): the default
-// for the fp16 and bf16 caches; TERN_ATTN_PREFILL_WGMMA=0, or attn_prefill_set_wgmma(false) (tests; outside capture),
-// keeps the mma.sync kernels. The i16 cache's is opt-in, not yet run on a GPU: TERN_ATTN_PREFILL_WGMMA_I16=1 or
-// attn_prefill_set_wgmma_i16(true).
+// instead of 64) is the default where this device and binary run it (attn_prefill_wgmma_available, for a cache type).
+// TERN_ATTN_PREFILL_WGMMA=0, or attn_prefill_set_wgmma(false) (tests; outside capture), keeps the mma.sync kernels.
 void attn_prefill_set_wgmma(bool on);
 bool attn_prefill_wgmma();  // the switch (true unless set off)
-void attn_prefill_set_wgmma_i16(bool on);
-bool attn_prefill_wgmma_i16();
 bool attn_prefill_wgmma_available(KvDtype kv);
 
 }  // namespace tern::cuda

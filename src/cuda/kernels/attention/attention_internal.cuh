@@ -162,8 +162,8 @@ void attention_prefill(const float* q, const float* qg, const void* cache_k, con
 
 // ---- the Hopper prefill path (attention_prefill_wgmma.cu) ---------------------------------------------------------
 
-// Whether attention_prefill_wgmma takes d: a Hopper GPU running the sm_90a binary, head dim 256, an fp16 or bf16 cache
-// (or i16 with TERN_ATTN_PREFILL_WGMMA_I16=1), and TERN_ATTN_PREFILL_WGMMA not 0.
+// Whether attention_prefill_wgmma takes d: a Hopper GPU running the sm_90a binary, head dim 256, an fp16, bf16 or i16
+// cache, and TERN_ATTN_PREFILL_WGMMA not 0.
 bool prefill_wgmma_takes(const AttnDims& d);
 // attention_prefill's arithmetic on the warpgroup MMA, for the shapes prefill_wgmma_takes.
 void attention_prefill_wgmma(const float* q, const float* qg, const void* cache_k, const void* cache_v,

@@ -430,13 +430,6 @@ bool& prefill_wgmma_on() {
   return on;
 }
 
-// TERN_ATTN_PREFILL_WGMMA_I16=1: the i16 cache's prefill on its warpgroup-MMA kernel (opt-in until measured on a GPU:
-// written in the fiftieth session, when no device came); read once, then attn_prefill_set_wgmma_i16's.
-bool& prefill_wgmma_i16_on() {
-  static bool on = env_is("TERN_ATTN_PREFILL_WGMMA_I16", "1");
-  return on;
-}
-
 // Whether this binary holds the sm_90a kernels and the GPU is a Hopper with the shared memory they need: the 16-bit
 // caches' kernels, the i16 cache's (set once).
 bool wgmma_16bit_usable = false, wgmma_i16_usable = false;
@@ -474,7 +467,7 @@ void prefill_wgmma_setup(int optin) {
 bool prefill_wgmma_takes(const AttnDims& d) {
   attention_setup();
   if (!prefill_wgmma_on() || d.dh != kWgDh) return false;
-  if (d.kv == KvDtype::i16) return wgmma_i16_usable && prefill_wgmma_i16_on();
+  if (d.kv == KvDtype::i16) return wgmma_i16_usable;
   return (d.kv == KvDtype::f16 || d.kv == KvDtype::bf16) && wgmma_16bit_usable;
 }
 
@@ -500,8 +493,6 @@ void attention_prefill_wgmma(const float* q, const float* qg, const void* cache_
 
 void attn_prefill_set_wgmma(bool on) { prefill_wgmma_on() = on; }
 bool attn_prefill_wgmma() { return prefill_wgmma_on(); }
-void attn_prefill_set_wgmma_i16(bool on) { prefill_wgmma_i16_on() = on; }
-bool attn_prefill_wgmma_i16() { return prefill_wgmma_i16_on(); }
 
 bool attn_prefill_wgmma_available(KvDtype kv) {
   attn::attention_setup();
