@@ -584,5 +584,60 @@ TEST(CudaMatmulWgmma, GroupedOutputsAreTheSameBitsAtEveryWidth) {
   }
 }
 
+// The 64-token blocks' main loops (WgmmaBlock: plain, and deferred: the next step's barrier, copies and A fragments
+// during a step's last MMAs) run the same sums in the same order: the same bits, dense (partial row blocks among
+// them), SwiGLU accumulating, and grouped, for every form of x.
+struct BlockForm {
+  WgmmaBlock prev = matmul_wgmma_block();
+  explicit BlockForm(WgmmaBlock b) { matmul_wgmma_set_block(b); }
+  ~BlockForm() { matmul_wgmma_set_block(prev); }
+};
+
+TEST(CudaMatmulWgmma, DeferredLoopIsTheSameBits) {
+  TERN_REQUIRE_WGMMA();
+  std::mt19937_64 rng(fresh_seed("CudaMatmulWgmma.Deferred"));
+  const DenseCase cases[] = {{12352, 2048, "GDN in_proj"}, {2048, 4096, "out_proj"}, {200, 512, "200 rows"},
+                             {512, 2048, "shared gate+up (SwiGLU, accumulating)"}};
+  for (const DenseCase& c : cases) {
+    const bool swiglu = c.rows == 512;
+    auto h = random_matrix(rng, WeightFormat::affine4, 1, c.rows, c.cols);
+    auto hu = random_matrix(rng, WeightFormat::affine4, 1, c.rows, c.cols);
+    DeviceMatrix dm(*h), du(*hu);
+    for (int64_t T : {int64_t(65), int64_t(300)}) {
+      const auto x = activations(rng, T, c.cols, true);
+      const auto base = random_floats(rng, size_t(T * c.rows));
+      DeviceBuf<float> dx(x);
+      for (WgmmaX xk : kXs) {
+        const PreparedInput px = prepared(dx.p, c.cols, T, c.cols, xk);
+        auto run_form = [&](WgmmaBlock b) {
+          const BlockForm form(b);
+          DeviceBuf<float> dy(swiglu ? base : std::vector<float>(size_t(T * c.rows), NAN));
+          MatmulArgs a = dense_args(dm.d, dx.p, dy.p, T);
+          px.set(a, xk, c.cols);
+          a.accumulate = swiglu;
+          run_product(a, xk, swiglu ? &du.d : nullptr);
+          return dy.host();
+        };
+        EXPECT_EQ(bit_differences(run_form(WgmmaBlock::deferred), run_form(WgmmaBlock::plain)), 0)
+            << c.name << " T=" << T << " " << x_name(xk) << ": deferred vs plain";
+      }
+    }
+  }
+  const NarrowModel m(rng);
+  for (const NarrowCase& c : kNarrowCases) {
+    const std::vector<int> ids = routing_ids(rng, c.T, kNarrowE, kNarrowK, c.skewed);
+    const auto x = activations(rng, c.T, kNarrowD, true), xd = activations(rng, c.T * kNarrowK, kNarrowF, false);
+    for (WgmmaX xk : kXs) {
+      PairOutputs plain;
+      {
+        const BlockForm form(WgmmaBlock::plain);
+        plain = run_grouped(m, ids, x, xd, c.T, 64, xk);
+      }
+      const BlockForm form(WgmmaBlock::deferred);
+      expect_same_bits(run_grouped(m, ids, x, xd, c.T, 64, xk), plain, narrow_label(c, 64, xk) + " deferred vs plain");
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tern::cuda::test

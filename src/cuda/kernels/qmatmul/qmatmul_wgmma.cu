@@ -20,13 +20,15 @@
 // as the int8 kernel), then per x term a tile [N tokens][128 bytes] (one group); then, once, the block rows'
 // scales. The x tiles are in the 128-byte-swizzle K-major layout (chunk c of token n at 16·(c ^ n % 8); k-step i's
 // descriptor starts 32·i bytes in, 8-token groups 1024 bytes apart, whatever N); the no-swizzle layout measured
-// 1.2–1.5x slower (docs/benchmarks.md). cp.async fills the stages kStages deep, one barrier a step.
+// 1.2–1.5x slower (docs/benchmarks.md). cp.async fills the stages kAhead steps ahead, one barrier a step.
 #include "cuda/kernels/qmatmul/qmatmul_wgmma.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "core/check.h"
 #include "cuda/common/cuda_common.cuh"
@@ -44,26 +46,31 @@ namespace wg {
 
 constexpr int kStepK = 64;       // k per pipeline step: one quantisation group
 constexpr int kWideTokens = 64;  // N of dense products and of grouped tiles of up to 64 tokens
-constexpr int kThreads = 128;    // one warpgroup
 static_assert(kWideTokens >= kMatmulTileTokens, "grouped tiles must fit one block");
 
-// F16: x's terms are fp16 with a per-token scale σ (one term, or hi + lo), else bf16 (hi + lo).
-template <int MT, int Terms, int Stages, int MinBlocks, int Tokens, bool F16 = Terms == 1>
+// F16: x's terms are fp16 with a per-token scale σ (one term, or hi + lo), else bf16 (hi + lo). Defer: the next
+// k-step's barrier, copies and first A fragments while a step's second row tile's MMAs run (the kernel's main loop).
+template <int MT, int Terms, int Stages, int MinBlocks, int Tokens, bool F16 = Terms == 1, bool Defer = false>
 struct Shape {
   static constexpr int kMTiles = MT, kTerms = Terms, kStages = Stages, kMinBlocks = MinBlocks;
-  static constexpr bool kF16 = F16;
+  static constexpr bool kF16 = F16, kDefer = Defer;
   // The terms' order into a group's accumulator: the smallest first (lo before hi) where the form was written after
   // the finding that this sums the small terms before the full-size one and does not round each again at full size
   // (the tensor cores' accumulation does not round to nearest); bf16 hi + lo keeps hi first (its outputs' bits
   // unchanged).
   static constexpr bool kSmallFirst = Terms == 2 && F16;
   static constexpr int kTokens = Tokens;                  // N: tokens per block and wgmma
+  static constexpr int kThreads = 128;                    // one warpgroup
   static constexpr int kRows = 64 * MT;                   // weight rows per block
   static constexpr int kWBytes = kRows * 32;              // 4-bit: 32 bytes per row and group
   static constexpr int kXBytes = kTokens * 128 * Terms;   // 16-bit: 128 bytes per token, group and term
   static constexpr int kSlotBytes = kWBytes + kXBytes;
   static constexpr int kWCopies = kRows * 2 / kThreads;   // 16-byte weight copies per thread and step
   static constexpr int kXCopies = kTokens * 8 * Terms / kThreads;
+  // Steps whose copies are in flight ahead of the one computed: Stages − 1, or Stages − 2 when the next step's
+  // copies are issued while a step's MMAs still read its stage (Defer): the stage refilled then is step s − 1's, whose
+  // MMAs every thread waited for before that barrier.
+  static constexpr int kAhead = Defer ? Stages - 2 : Stages - 1;
   static constexpr int ld_scales(int G) { return G + 8; }  // bf16
   // + 1024: the stages start at the first 1024-byte boundary of the dynamic shared memory.
   static constexpr size_t smem(int G) {
@@ -71,6 +78,7 @@ struct Shape {
   }
   static_assert(Tokens == 16 || Tokens == 32 || Tokens == 64, "the wgmma forms below: N = 16, 32 or 64");
   static_assert(kRows * 2 % kThreads == 0 && kTokens * 8 * Terms % kThreads == 0, "even copies");
+  static_assert(kAhead >= 1, "at least one step's copies ahead");
   // Every x tile (stage, term) on a 1024-byte boundary: the 128-byte swizzle's pattern is of address bits 4..9, and
   // its 8-token atoms are 1024 bytes.
   static_assert(kWBytes % 1024 == 0 && kXBytes % 1024 == 0, "x tiles 1024-byte aligned");
@@ -112,10 +120,11 @@ __device__ __forceinline__ uint32_t nibble_pair(uint32_t w, int t) {
 }
 
 template <class S, bool SwiGLU>
-__global__ void __launch_bounds__(kThreads, S::kMinBlocks)
+__global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
     matmul_wgmma_kernel(MatmulArgs a, DMat up, const void* xsrc, int64_t xrow_bytes, int64_t sums_off) {
   static_assert(!SwiGLU || S::kMTiles % 2 == 0, "SwiGLU pairs gate and up row tiles");
   constexpr int kStages = S::kStages, MT = S::kMTiles, Terms = S::kTerms, N = S::kTokens, NT = N / 8;
+  constexpr int kThreads = S::kThreads, kAhead = S::kAhead;
   constexpr bool kF16 = S::kF16;  // fp16 terms with a per-token scale, else bf16 hi + lo
   constexpr int kOutRows = SwiGLU ? S::kRows / 2 : S::kRows;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -152,11 +161,11 @@ __global__ void __launch_bounds__(kThreads, S::kMinBlocks)
   };
   const int steps = G;
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s)
+  for (int s = 0; s < kAhead; ++s)
     if (s < steps) issue_weights(s);
   if (!grouped) pdl_wait();
 
-  // x: copy q = tid + m·128 is chunk q % (8·Terms) of token q / (8·Terms); tokens past the tile read nothing
+  // x: copy q = tid + m·kThreads is chunk q % (8·Terms) of token q / (8·Terms); tokens past the tile read nothing
   // (zero-filled: they add nothing and their outputs are dropped).
   const unsigned char* const xq = static_cast<const unsigned char*>(xsrc);
   auto x_row = [&](int n) { return a.gather ? int64_t(a.gather[p0 + n]) : p0 + n; };
@@ -177,7 +186,7 @@ __global__ void __launch_bounds__(kThreads, S::kMinBlocks)
     }
   };
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
+  for (int s = 0; s < kAhead; ++s) {
     if (s < steps) issue_x(s);
     cp_async_commit();
   }
@@ -191,62 +200,97 @@ __global__ void __launch_bounds__(kThreads, S::kMinBlocks)
     for (int c = 0; c < N / 2; ++c) part[mi][c] = 0.0f;
 
   const int wrow = warp * 16 * MT + g;  // this thread's first row inside the block (then +8, +16, ...)
-  for (int step = 0; step < steps; ++step) {
-    cp_async_wait<kStages - 2>();  // this thread's copies of step `step` have landed
-    wgmma::fence_proxy_async();           // ... and are visible to the tensor cores' reads
-    __syncthreads();                      // everyone's have; step − 1's stage is free (its MMAs completed)
-    if (step + kStages - 1 < steps) {
-      issue_weights(step + kStages - 1);
-      issue_x(step + kStages - 1);
+  uint32_t af[MT][4][4];  // [row tile][k-step][fragment]
+  // Row tile mi's A fragments of k-step `step`: its weights' integers from the stage, as 16-bit pairs.
+  auto load_a = [&](int step, int mi) {
+    const int r0 = wrow + 16 * mi, r1 = r0 + 8;
+    const uint4* w = reinterpret_cast<const uint4*>(smem + stage(step));
+    const uint4 a0 = w[wchunk(r0, 0)], a1 = w[wchunk(r0, 1)], b0 = w[wchunk(r1, 0)], b1 = w[wchunk(r1, 1)];
+    const uint32_t ra[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+    const uint32_t rb[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      af[mi][i][0] = nibble_pair<kF16>(ra[2 * i], t);
+      af[mi][i][1] = nibble_pair<kF16>(rb[2 * i], t);
+      af[mi][i][2] = nibble_pair<kF16>(ra[2 * i + 1], t);
+      af[mi][i][3] = nibble_pair<kF16>(rb[2 * i + 1], t);
+    }
+  };
+  // Row tile mi's MMAs of k-step `step` into part[mi], one commit group; the terms in the order of S::kSmallFirst
+  // (stored hi, then lo).
+  auto issue_mmas = [&](int step, int mi) {
+    const uint32_t xs = smem0 + stage(step) + S::kWBytes;
+    wgmma::fence();
+#pragma unroll
+    for (int h = 0; h < Terms; ++h)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        wgmma::mma_rs<kF16>(part[mi], af[mi][i], x_descriptor<N>(xs, S::kSmallFirst ? Terms - 1 - h : h, i),
+                            h + i > 0 ? 1 : 0);
+    wgmma::commit();
+  };
+  // Folds row tile mi's group sums of k-step `step` (its MMAs waited for) with its rows' scales.
+  auto fold = [&](int step, int mi) {
+    wgmma::fence_regs(part[mi]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) wgmma::fence_regs(af[mi][i]);
+    const uint16_t* ss = reinterpret_cast<const uint16_t*>(smem + scales_at) + step;  // column `step`
+    const int r0 = wrow + 16 * mi, r1 = r0 + 8;
+    const float s0 = __uint_as_float(uint32_t(ss[r0 * S::ld_scales(G)]) << 16);
+    const float s1 = __uint_as_float(uint32_t(ss[r1 * S::ld_scales(G)]) << 16);
+#pragma unroll
+    for (int ni = 0; ni < NT; ++ni)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[mi][ni][c] = fmaf(c < 2 ? s0 : s1, part[mi][4 * ni + c], acc[mi][ni][c]);
+  };
+  // Waits for step `step`'s copies, then issues those of step + kAhead.
+  auto begin_step = [&](int step) {
+    cp_async_wait<kAhead - 1>();  // this thread's copies of step `step` have landed
+    wgmma::fence_proxy_async();   // ... and are visible to the tensor cores' reads
+    __syncthreads();              // everyone's have; the stage refilled next is free (its MMAs completed)
+    if (step + kAhead < steps) {
+      issue_weights(step + kAhead);
+      issue_x(step + kAhead);
     }
     cp_async_commit();
-
-    const unsigned char* st = smem + stage(step);
-    const uint32_t xs = smem0 + stage(step) + S::kWBytes;
-    const uint16_t* ss = reinterpret_cast<const uint16_t*>(smem + scales_at) + step;  // column `step`
-    uint32_t af[MT][4][4];  // [row tile][k-step][fragment]
-#pragma unroll
-    for (int mi = 0; mi < MT; ++mi) {
-      const int r0 = wrow + 16 * mi, r1 = r0 + 8;
-      const uint4* w = reinterpret_cast<const uint4*>(st);
-      const uint4 a0 = w[wchunk(r0, 0)], a1 = w[wchunk(r0, 1)], b0 = w[wchunk(r1, 0)], b1 = w[wchunk(r1, 1)];
-      const uint32_t ra[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
-      const uint32_t rb[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        af[mi][i][0] = nibble_pair<kF16>(ra[2 * i], t);
-        af[mi][i][1] = nibble_pair<kF16>(rb[2 * i], t);
-        af[mi][i][2] = nibble_pair<kF16>(ra[2 * i + 1], t);
-        af[mi][i][3] = nibble_pair<kF16>(rb[2 * i + 1], t);
+  };
+  if constexpr (S::kDefer) {
+    // The next step's barrier, copies and first A fragments while the second row tile's MMAs run; every MMA retired
+    // by the end of each step (ptxas serialises the MMAs when groups stay pending across the loop's back edge).
+    static_assert(MT == 2, "the deferred form pairs two row tiles");
+    begin_step(0);
+    load_a(0, 0);
+    for (int step = 0; step < steps; ++step) {
+      issue_mmas(step, 0);
+      load_a(step, 1);
+      issue_mmas(step, 1);
+      wgmma::wait<1>();
+      fold(step, 0);
+      if (step + 1 < steps) {
+        begin_step(step + 1);
+        load_a(step + 1, 0);
       }
-      wgmma::fence();
-      // The terms in the order of S::kSmallFirst (stored hi, then lo).
-#pragma unroll
-      for (int h = 0; h < Terms; ++h)
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-          wgmma::mma_rs<kF16>(part[mi], af[mi][i], x_descriptor<N>(xs, S::kSmallFirst ? Terms - 1 - h : h, i),
-                            h + i > 0 ? 1 : 0);
-      wgmma::commit();
+      wgmma::wait<0>();
+      fold(step, 1);
     }
-    // Fold each row tile's group sums with its rows' scales as its MMAs complete.
+  } else {
+    for (int step = 0; step < steps; ++step) {
+      begin_step(step);
 #pragma unroll
-    for (int mi = 0; mi < MT; ++mi) {
-      if (mi == 0 && MT == 2) {
-        wgmma::wait<1>();
-      } else {
-        wgmma::wait<0>();
+      for (int mi = 0; mi < MT; ++mi) {
+        load_a(step, mi);
+        issue_mmas(step, mi);
       }
-      wgmma::fence_regs(part[mi]);
+      // Fold each row tile's group sums with its rows' scales as its MMAs complete.
 #pragma unroll
-      for (int i = 0; i < 4; ++i) wgmma::fence_regs(af[mi][i]);
-      const int r0 = wrow + 16 * mi, r1 = r0 + 8;
-      const float s0 = __uint_as_float(uint32_t(ss[r0 * S::ld_scales(G)]) << 16);
-      const float s1 = __uint_as_float(uint32_t(ss[r1 * S::ld_scales(G)]) << 16);
-#pragma unroll
-      for (int ni = 0; ni < NT; ++ni)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) acc[mi][ni][c] = fmaf(c < 2 ? s0 : s1, part[mi][4 * ni + c], acc[mi][ni][c]);
+      for (int mi = 0; mi < MT; ++mi) {
+        if (mi == 0 && MT == 2) {
+          wgmma::wait<1>();
+        } else {
+          wgmma::wait<0>();
+        }
+        fold(step, mi);
+      }
     }
   }
   pdl_trigger();
@@ -334,6 +378,24 @@ template <int Terms, int Tokens, bool F16 = Terms == 1>
 using Block = Shape</*MT=*/2, Terms, /*Stages=*/4, min_blocks(Tokens), Tokens, F16>;
 using Plain1 = Block<1, kWideTokens>;  // 128 rows × 64 tokens, x in one fp16 term
 using Plain2 = Block<2, kWideTokens>;  // the same, x as bf16 hi + lo (Block<2, N, true>: as fp16 hi + lo)
+// The same with the next step's barrier, copies and first A fragments during a step's second row tile's MMAs (4
+// stages, two steps ahead): the 64-token blocks of x as bf16 hi + lo by default (WgmmaBlock).
+template <int Terms, bool F16 = Terms == 1>
+using WideDeferred = Shape</*MT=*/2, Terms, /*Stages=*/4, min_blocks(kWideTokens), kWideTokens, F16, true>;
+
+WgmmaBlock block_from_env() {
+  const char* e = std::getenv("TERN_WGMMA_BLOCK");
+  if (e == nullptr || *e == 0) return WgmmaBlock::automatic;
+  const std::string v(e);
+  if (v == "auto") return WgmmaBlock::automatic;
+  if (v == "plain") return WgmmaBlock::plain;
+  if (v == "deferred") return WgmmaBlock::deferred;
+  TERN_FAIL("TERN_WGMMA_BLOCK must be auto, plain or deferred; got '", v, "'");
+}
+WgmmaBlock& block_form() {
+  static WgmmaBlock b = block_from_env();
+  return b;
+}
 
 template <class S, bool SwiGLU>
 void launch(const MatmulArgs& a, const DMat& up, const void* x, int64_t row_bytes, int64_t sums_off,
@@ -347,7 +409,7 @@ void launch(const MatmulArgs& a, const DMat& up, const void* x, int64_t row_byte
   const int64_t tiles = grouped ? a.max_tiles : (a.tokens + S::kTokens - 1) / S::kTokens;
   TERN_CHECK(tiles <= 65535, "matmul_wgmma: ", tiles, " token tiles exceed the grid limit");
   const dim3 grid(blocks_for(a.w.rows, SwiGLU ? S::kRows / 2 : S::kRows), unsigned(tiles));
-  launch_pdl(SwiGLU ? "matmul_swiglu (wgmma)" : "matmul (wgmma)", kernel, grid, dim3(kThreads), smem, stream, a, up,
+  launch_pdl(SwiGLU ? "matmul_swiglu (wgmma)" : "matmul (wgmma)", kernel, grid, dim3(S::kThreads), smem, stream, a, up,
              x, row_bytes, sums_off);
 }
 
@@ -366,8 +428,12 @@ void launch_width(int tokens, const MatmulArgs& a, const DMat& up, const void* x
   switch (tokens) {
     case 16: launch<Block<Terms, 16, F16>, SwiGLU>(a, up, x, row_bytes, sums_off, stream); return;
     case 32: launch<Block<Terms, 32, F16>, SwiGLU>(a, up, x, row_bytes, sums_off, stream); return;
-    default: launch<Block<Terms, kWideTokens, F16>, SwiGLU>(a, up, x, row_bytes, sums_off, stream); return;
+    default: break;
   }
+  const WgmmaBlock form = block_form();
+  if (form == WgmmaBlock::deferred || (form == WgmmaBlock::automatic && !F16))
+    return launch<WideDeferred<Terms, F16>, SwiGLU>(a, up, x, row_bytes, sums_off, stream);
+  launch<Block<Terms, kWideTokens, F16>, SwiGLU>(a, up, x, row_bytes, sums_off, stream);
 }
 
 template <bool SwiGLU>
@@ -451,6 +517,9 @@ void matmul_prepare_x_f16x2(const float* x, int64_t ldx, int64_t rows, int64_t c
                             cudaStream_t stream) {
   prepare_f16<wg::F16Form::pair>("matmul_prepare_x_f16x2", x, ldx, rows, cols, out, stream);
 }
+
+void matmul_wgmma_set_block(WgmmaBlock b) { wg::block_form() = b; }
+WgmmaBlock matmul_wgmma_block() { return wg::block_form(); }
 
 void matmul_wgmma(const MatmulArgs& a, cudaStream_t stream, WgmmaX x) { wg::run<false>(a, DMat{}, x, stream); }
 

@@ -63,6 +63,17 @@ bool matmul_wgmma_takes(const DMat& w);
 // the one-term form when a.x_f16 is set, the two-term ones for MatmulTile::wgmma with a.x_prep (split_f16 with
 // a.x_prep_f16).
 enum class WgmmaX { f16, split, split_f16 };
+
+// The main loop of the 64-token blocks (dense products, grouped tiles of more than 32 tokens): plain, each k-step's
+// MMAs issued, waited for and folded in turn; deferred, the next k-step's barrier, copies and first A fragments while
+// a step's second row tile's MMAs run (two steps of copies ahead instead of three); automatic (the default),
+// deferred for x as bf16 hi + lo and plain for the fp16 forms (H200, T = 4096: the bf16 hi + lo products 0.2–1.9%
+// faster deferred, every one-term fp16 product and 6 of 9 fp16 hi + lo ones slower, by up to 8%; docs/benchmarks.md,
+// 51st session). The same sums in the same order either way: the outputs are bit for bit the same. Default from
+// TERN_WGMMA_BLOCK (auto, plain, deferred); the setter is for tests.
+enum class WgmmaBlock { automatic, plain, deferred };
+void matmul_wgmma_set_block(WgmmaBlock b);
+WgmmaBlock matmul_wgmma_block();
 void matmul_wgmma(const MatmulArgs& a, cudaStream_t stream, WgmmaX x = WgmmaX::f16);
 void matmul_wgmma_swiglu(const MatmulArgs& gate, const DMat& up, cudaStream_t stream, WgmmaX x = WgmmaX::f16);
 
