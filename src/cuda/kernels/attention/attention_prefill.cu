@@ -217,26 +217,7 @@ __global__ void __launch_bounds__(128 * kKeySlices<DH, KV>, 2 / kKeySlices<DH, K
     }
   }
 
-  // out = O / l · sigmoid(gate)
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    float lt = l[hf];
-    lt += __shfl_xor_sync(0xffffffffu, lt, 1);
-    lt += __shfl_xor_sync(0xffffffffu, lt, 2);
-    const float inv = 1.0f / lt;
-    const int64_t t = t0 + row0 + g + 8 * hf;
-    if (t < T) {
-      const float* gate = qg + (t * d.Hq + h) * 2 * DH + DH;
-      float* dst = out + (t * d.Hq + h) * DH;
-#pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        const int col = 8 * n + 2 * qd;
-        const float2 gv = *reinterpret_cast<const float2*>(gate + col);
-        *reinterpret_cast<float2*>(dst + col) =
-            make_float2(o[n][2 * hf] * inv * sigmoidf(gv.x), o[n][2 * hf + 1] * inv * sigmoidf(gv.y));
-      }
-    }
-  }
+  store_output<DH>(o, l, qg, out, d, h, t0 + row0 + g, qd);
 }
 
 template <int DH, KvDtype KV>

@@ -4,8 +4,8 @@
 // products on wgmma instead of mma.sync. (The mma.sync i16 kernel splits each tile's keys between two warps, each with
 // its own online softmax, merged at the end; here one softmax runs over every key, so m, l and o round a little
 // differently.) That kernel keeps a third of the tensor pipe busy, bound by the latency of each warp's in-order MMA
-// chains at 8 warps an SM (docs/benchmarks.md, forty-ninth session); a warpgroup's MMAs run asynchronously from its other
-// instructions, so one warpgroup's softmax overlaps the other's MMAs.
+// chains at 8 warps an SM (docs/benchmarks.md, forty-ninth session); a warpgroup's MMAs run asynchronously from its
+// other instructions, so one warpgroup's softmax overlaps the other's MMAs.
 //
 // A block is one query head's 128 new tokens: two warpgroups, each 64 query rows (warp w of a warpgroup: rows 16w..+15,
 // the accumulators' rows, wgmma.cuh). Shared memory (1024-byte aligned), every tile in 64-column panels of the
@@ -98,32 +98,6 @@ struct KeyLimits {
 __device__ __forceinline__ void fence_operands(float (&o)[kWgDh / 8][4]) {
 #pragma unroll
   for (int p = 0; p < kWgDh / 64; ++p) wgmma::fence_regs(reinterpret_cast<float(&)[32]>(o[8 * p]));
-}
-
-// out = O / l · sigmoid(gate) for this thread's rows t and t + 8 (those past T dropped): l summed over the 4 threads of
-// a row; o the accumulators of the 32 column tiles of 8 (this thread's columns 8n + 2qd, + 1).
-__device__ __forceinline__ void store_output(const float (&o)[kWgDh / 8][4], const float (&l)[2], const float* qg,
-                                             float* out, const AttnDims& d, int h, int64_t t_first, int qd) {
-  constexpr int DH = kWgDh;
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    float lt = l[hf];
-    lt += __shfl_xor_sync(0xffffffffu, lt, 1);
-    lt += __shfl_xor_sync(0xffffffffu, lt, 2);
-    const float inv = 1.0f / lt;
-    const int64_t t = t_first + 8 * hf;
-    if (t < d.T) {
-      const float* gate = qg + (t * d.Hq + h) * 2 * DH + DH;
-      float* dst = out + (t * d.Hq + h) * DH;
-#pragma unroll
-      for (int n = 0; n < DH / 8; ++n) {
-        const int col = 8 * n + 2 * qd;
-        const float2 gv = *reinterpret_cast<const float2*>(gate + col);
-        *reinterpret_cast<float2*>(dst + col) =
-            make_float2(o[n][2 * hf] * inv * sigmoidf(gv.x), o[n][2 * hf + 1] * inv * sigmoidf(gv.y));
-      }
-    }
-  }
 }
 
 template <KvDtype KV>
@@ -234,7 +208,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   }
   cp_async_wait<0>();
 
-  store_output(o, l, qg, out, d, h, t0 + row0 + g, qd);
+  store_output<DH>(o, l, qg, out, d, h, t0 + row0 + g, qd);
 }
 
 
@@ -381,16 +355,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     i16_rescale_o<NT>(o, e_v, e);
     uint32_t ph[SN / 2][4], pl[SN / 2][4];
 #pragma unroll
-    for (int kc = 0; kc < SN / 2; ++kc) {
-      const float2 f0 = *reinterpret_cast<const float2*>(v_scales + 16 * kc + 2 * qd);
-      const float2 f1 = *reinterpret_cast<const float2*>(v_scales + 16 * kc + 8 + 2 * qd);
-      const float w00 = pow2_scale(f0.x, -e), w01 = pow2_scale(f0.y, -e);
-      const float w10 = pow2_scale(f1.x, -e), w11 = pow2_scale(f1.y, -e);
-      split2_f16(s[2 * kc][0] * w00, s[2 * kc][1] * w01, ph[kc][0], pl[kc][0]);
-      split2_f16(s[2 * kc][2] * w00, s[2 * kc][3] * w01, ph[kc][1], pl[kc][1]);
-      split2_f16(s[2 * kc + 1][0] * w10, s[2 * kc + 1][1] * w11, ph[kc][2], pl[kc][2]);
-      split2_f16(s[2 * kc + 1][2] * w10, s[2 * kc + 1][3] * w11, ph[kc][3], pl[kc][3]);
-    }
+    for (int kc = 0; kc < SN / 2; ++kc) split_scaled_weights<SN>(s, v_scales, e, kc, qd, ph[kc], pl[kc]);
     fence_operands(o);
 #pragma unroll
     for (int kc = 0; kc < SN / 2; ++kc) {
@@ -420,7 +385,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   }
   cp_async_wait<0>();
   i16_rescale_o<NT>(o, e_v, 0);  // back to units of 1
-  store_output(o, l, qg, out, d, h, t0 + row0 + g, qd);
+  store_output<DH>(o, l, qg, out, d, h, t0 + row0 + g, qd);
 }
 
 // TERN_ATTN_PREFILL_WGMMA=0: the mma.sync kernel for every prefill (for comparison); read once, then

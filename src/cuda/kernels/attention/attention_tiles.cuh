@@ -417,6 +417,49 @@ __device__ __forceinline__ void scores_qk_split(float (&s)[SN][4], uint32_t sq, 
   }
 }
 
+// out = O / l · sigmoid(gate) for this thread's rows t_first and t_first + 8 of query head h (those past d.T dropped):
+// l summed over the 4 threads of a row; o the accumulators of the DH / 8 column tiles of 8 (this thread's columns
+// 8n + 2qd, + 1). The epilogue of both prefill kernels.
+template <int DH>
+__device__ __forceinline__ void store_output(const float (&o)[DH / 8][4], const float (&l)[2], const float* qg,
+                                             float* out, const AttnDims& d, int h, int64_t t_first, int qd) {
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float lt = l[hf];
+    lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+    lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+    const float inv = 1.0f / lt;
+    const int64_t t = t_first + 8 * hf;
+    if (t < d.T) {
+      const float* gate = qg + (t * d.Hq + h) * 2 * DH + DH;
+      float* dst = out + (t * d.Hq + h) * DH;
+#pragma unroll
+      for (int n = 0; n < DH / 8; ++n) {
+        const int col = 8 * n + 2 * qd;
+        const float2 gv = *reinterpret_cast<const float2*>(gate + col);
+        *reinterpret_cast<float2*>(dst + col) =
+            make_float2(o[n][2 * hf] * inv * sigmoidf(gv.x), o[n][2 * hf + 1] * inv * sigmoidf(gv.y));
+      }
+    }
+  }
+}
+
+// The A fragments (fp16 hi + lo, split2_f16) of keys 16kk..16kk + 15 of the weights p (the C fragments of SN key
+// tiles of 8), each times its key's scale over 2^e (scales: the tile's keys' scales from its first key): this
+// thread's keys 16kk + 2qd + {0, 1} (p[2kk]) and 16kk + 8 + 2qd + {0, 1} (p[2kk + 1]).
+template <int SN>
+__device__ __forceinline__ void split_scaled_weights(const float (&p)[SN][4], const float* scales, int e, int kk,
+                                                     int qd, uint32_t (&ah)[4], uint32_t (&al)[4]) {
+  const float2 f0 = *reinterpret_cast<const float2*>(scales + 16 * kk + 2 * qd);
+  const float2 f1 = *reinterpret_cast<const float2*>(scales + 16 * kk + 8 + 2 * qd);
+  const float w00 = pow2_scale(f0.x, -e), w01 = pow2_scale(f0.y, -e);
+  const float w10 = pow2_scale(f1.x, -e), w11 = pow2_scale(f1.y, -e);
+  split2_f16(p[2 * kk][0] * w00, p[2 * kk][1] * w01, ah[0], al[0]);
+  split2_f16(p[2 * kk][2] * w00, p[2 * kk][3] * w01, ah[1], al[1]);
+  split2_f16(p[2 * kk + 1][0] * w10, p[2 * kk + 1][1] * w11, ah[2], al[2]);
+  split2_f16(p[2 * kk + 1][2] * w10, p[2 * kk + 1][3] * w11, ah[3], al[3]);
+}
+
 // accumulate_pv over an i16 V tile (I16Tile at sv; v_scales: its scales from key v_row0): each weight p times its
 // key's scale over 2^e (e: i16_tile_exponent; o counts in units of 2^e), as fp16 hi + lo pairs (split2_f16), against
 // the rows' integers. O += Phi·Vhi + Phi·Vlo + Plo·Vhi, in that order for every 16 keys.
@@ -428,16 +471,8 @@ __device__ __forceinline__ void accumulate_pv_split(float (&o)[DH / 8][4], const
   const LdmOffsets<DH> vo(v_row0, lane, (lane >> 3) & 1, lane >> 4);
 #pragma unroll
   for (int kk = 0; kk < SN / 2; ++kk) {
-    // this thread's keys: 16kk + 2qd + {0, 1} (p[2kk]) and 16kk + 8 + 2qd + {0, 1} (p[2kk + 1])
-    const float2 f0 = *reinterpret_cast<const float2*>(v_scales + 16 * kk + 2 * qd);
-    const float2 f1 = *reinterpret_cast<const float2*>(v_scales + 16 * kk + 8 + 2 * qd);
-    const float w00 = pow2_scale(f0.x, -e), w01 = pow2_scale(f0.y, -e);
-    const float w10 = pow2_scale(f1.x, -e), w11 = pow2_scale(f1.y, -e);
     uint32_t ah[4], al[4];
-    split2_f16(p[2 * kk][0] * w00, p[2 * kk][1] * w01, ah[0], al[0]);
-    split2_f16(p[2 * kk][2] * w00, p[2 * kk][3] * w01, ah[1], al[1]);
-    split2_f16(p[2 * kk + 1][0] * w10, p[2 * kk + 1][1] * w11, ah[2], al[2]);
-    split2_f16(p[2 * kk + 1][2] * w10, p[2 * kk + 1][3] * w11, ah[3], al[3]);
+    split_scaled_weights<SN>(p, v_scales, e, kk, qd, ah, al);
 #pragma unroll
     for (int np = 0; np < DH / 16; ++np) {
       uint32_t bh[4], bl[4];

@@ -46,6 +46,7 @@ namespace wg {
 
 constexpr int kStepK = 64;       // k per pipeline step: one quantisation group
 constexpr int kWideTokens = 64;  // N of dense products and of grouped tiles of up to 64 tokens
+constexpr int kThreads = 128;    // one warpgroup
 static_assert(kWideTokens >= kMatmulTileTokens, "grouped tiles must fit one block");
 
 // F16: x's terms are fp16 with a per-token scale σ (one term, or hi + lo), else bf16 (hi + lo). Defer: the next
@@ -60,7 +61,6 @@ struct Shape {
   // unchanged).
   static constexpr bool kSmallFirst = Terms == 2 && F16;
   static constexpr int kTokens = Tokens;                  // N: tokens per block and wgmma
-  static constexpr int kThreads = 128;                    // one warpgroup
   static constexpr int kRows = 64 * MT;                   // weight rows per block
   static constexpr int kWBytes = kRows * 32;              // 4-bit: 32 bytes per row and group
   static constexpr int kXBytes = kTokens * 128 * Terms;   // 16-bit: 128 bytes per token, group and term
@@ -120,11 +120,11 @@ __device__ __forceinline__ uint32_t nibble_pair(uint32_t w, int t) {
 }
 
 template <class S, bool SwiGLU>
-__global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
+__global__ void __launch_bounds__(kThreads, S::kMinBlocks)
     matmul_wgmma_kernel(MatmulArgs a, DMat up, const void* xsrc, int64_t xrow_bytes, int64_t sums_off) {
   static_assert(!SwiGLU || S::kMTiles % 2 == 0, "SwiGLU pairs gate and up row tiles");
   constexpr int kStages = S::kStages, MT = S::kMTiles, Terms = S::kTerms, N = S::kTokens, NT = N / 8;
-  constexpr int kThreads = S::kThreads, kAhead = S::kAhead;
+  constexpr int kAhead = S::kAhead;
   constexpr bool kF16 = S::kF16;  // fp16 terms with a per-token scale, else bf16 hi + lo
   constexpr int kOutRows = SwiGLU ? S::kRows / 2 : S::kRows;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -165,7 +165,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks)
     if (s < steps) issue_weights(s);
   if (!grouped) pdl_wait();
 
-  // x: copy q = tid + m·kThreads is chunk q % (8·Terms) of token q / (8·Terms); tokens past the tile read nothing
+  // x: copy q = tid + m·128 is chunk q % (8·Terms) of token q / (8·Terms); tokens past the tile read nothing
   // (zero-filled: they add nothing and their outputs are dropped).
   const unsigned char* const xq = static_cast<const unsigned char*>(xsrc);
   auto x_row = [&](int n) { return a.gather ? int64_t(a.gather[p0 + n]) : p0 + n; };
@@ -409,7 +409,7 @@ void launch(const MatmulArgs& a, const DMat& up, const void* x, int64_t row_byte
   const int64_t tiles = grouped ? a.max_tiles : (a.tokens + S::kTokens - 1) / S::kTokens;
   TERN_CHECK(tiles <= 65535, "matmul_wgmma: ", tiles, " token tiles exceed the grid limit");
   const dim3 grid(blocks_for(a.w.rows, SwiGLU ? S::kRows / 2 : S::kRows), unsigned(tiles));
-  launch_pdl(SwiGLU ? "matmul_swiglu (wgmma)" : "matmul (wgmma)", kernel, grid, dim3(S::kThreads), smem, stream, a, up,
+  launch_pdl(SwiGLU ? "matmul_swiglu (wgmma)" : "matmul (wgmma)", kernel, grid, dim3(kThreads), smem, stream, a, up,
              x, row_bytes, sums_off);
 }
 
