@@ -243,6 +243,20 @@ TEST(CudaAttentionI16, PrefillOnTheMmaSyncKernelMatchesFp64) {
   run_prefill_cases(rng);
 }
 
+// The warpgroup kernel's other form of the scores (attn_prefill_set_i16_stack: the K tile's planes stacked, or not),
+// held to the reference too.
+TEST(CudaAttentionI16, PrefillOnTheOtherScoresFormMatchesFp64) {
+  TERN_REQUIRE_GPU();
+  if (!attn_prefill_wgmma_available(KvDtype::i16)) GTEST_SKIP() << "no warpgroup-MMA prefill kernel here";
+  std::mt19937_64 rng(fresh_seed("CudaAttentionI16.PrefillOtherScores"));
+  struct OtherForm {
+    const bool was = attn_prefill_i16_stack();
+    OtherForm() { attn_prefill_set_i16_stack(!was); }
+    ~OtherForm() { attn_prefill_set_i16_stack(was); }
+  } const other;
+  run_prefill_cases(rng);
+}
+
 TEST(CudaAttentionI16, DecodeMatchesFp64OverTheDequantisedCache) {
   TERN_REQUIRE_GPU();
   std::mt19937_64 rng(fresh_seed("CudaAttentionI16.Decode"));

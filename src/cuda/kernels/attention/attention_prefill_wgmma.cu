@@ -221,6 +221,13 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 // 32 keys (I16 below), so that Q's two planes fit: Q hi and lo (128 KB), the tile's K and V as hi and lo planes
 // (64 KB), a staging area that cp.async fills with the next tile's int16 rows and scales (32 KB), split into the
 // planes once a tile by the whole block: 224.5 KB, one block an SM.
+//
+// Stacked K (kStackK, the default; TERN_ATTN_PREFILL_I16_STACK=0 keeps three m64n32k16): the tile's K hi and lo
+// planes one [64][256] panel tile (hi on rows 0-31, lo on 32-63), so that Qhi·Khi and Qhi·Klo are one m64n64k16
+// (columns j and j + 32 of its accumulators) and Qlo·Khi an m64n32k16 into the first 32 columns: 7 KB of
+// shared-memory operands a k-step where three m64n32k16 read 9 KB (the kernel keeps shared memory about half busy and
+// the tensor pipe about a third; 6% faster, docs/benchmarks.md). A score is then (Qhi·Khi + Qlo·Khi) + Qhi·Klo,
+// summed in another order (not the same bits).
 struct I16 {
   static constexpr int kKeys = 32;
   static constexpr uint32_t kTile = kKeys * kWgDh * 2;           // 16 KB: one K or V tile, one plane
@@ -233,6 +240,7 @@ struct I16 {
   static constexpr size_t kSmem = 1024 + kStageScales + 2 * kKeys * 4;
 };
 
+template <bool kStackK>
 __global__ void __launch_bounds__(kWgThreads, 1)
     attention_prefill_wgmma_i16_kernel(const float* q, const float* qg, const void* cache_k, const void* cache_v,
                                        const int* pos0_ptr, AttnDims d, float* out) {
@@ -279,8 +287,17 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       split_i16x2_near(raw.y, hi.y, lo.y);
       split_i16x2_near(raw.z, hi.z, lo.z);
       split_i16x2_near(raw.w, hi.w, lo.w);
-      *reinterpret_cast<uint4*>(smem + I16::kHi + at) = hi;
-      *reinterpret_cast<uint4*>(smem + I16::kLo + at) = lo;
+      if constexpr (kStackK) {
+        // K: panel at / 4 KB of the stacked tile (8 KB a panel), lo 32 rows below hi; V: its planes at kLo.
+        const uint32_t k_hi = I16::kHi + at + (at & ~4095u);
+        const uint32_t dh = i < BN * CH / kWgThreads ? k_hi : I16::kLo + at - I16::kTile;
+        const uint32_t dl = i < BN * CH / kWgThreads ? k_hi + 4096 : I16::kLo + at;
+        *reinterpret_cast<uint4*>(smem + dh) = hi;
+        *reinterpret_cast<uint4*>(smem + dl) = lo;
+      } else {
+        *reinterpret_cast<uint4*>(smem + I16::kHi + at) = hi;
+        *reinterpret_cast<uint4*>(smem + I16::kLo + at) = lo;
+      }
     }
     if (tid < 2 * BN)
       reinterpret_cast<float*>(smem + I16::kScales)[tid] =
@@ -304,7 +321,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   const KeyLimits lim(span.pos0 + t0, kv_end, wrow0, row0, g);
   const bool wg_rows = wrow0 < rows;  // a warpgroup of rows all past T computes nothing
   const uint32_t qh = s0 + I16::kQ + uint32_t(wrow0) * 128, ql = qh + kWgQBytes;
-  const uint32_t kh = s0 + I16::kHi, kl = s0 + I16::kLo, vh = kh + I16::kTile, vl = kl + I16::kTile;
+  // kStackK: the stacked K tile at kHi (32 KB), V hi and lo at kLo.
+  const uint32_t kh = s0 + I16::kHi, kl = s0 + I16::kLo;
+  const uint32_t vh = kStackK ? kl : kh + I16::kTile, vl = kl + I16::kTile;
   const float* k_scales = reinterpret_cast<const float*>(smem + I16::kScales);
   const float* v_scales = k_scales + BN;
 
@@ -329,19 +348,37 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     // S = Qhi·Khi + Qhi·Klo + Qlo·Khi over 16 k-steps of 16 head dims.
     float s[SN][4];
     float(&sf)[4 * SN] = reinterpret_cast<float(&)[4 * SN]>(s);
-    wgmma::fence();
+    if constexpr (kStackK) {
+      float st[2 * 4 * SN];  // columns 0-31: Qhi·Khi + Qlo·Khi; 32-63: Qhi·Klo
+      float(&st_hi)[4 * SN] = reinterpret_cast<float(&)[4 * SN]>(st[0]);
+      wgmma::fence();
 #pragma unroll
-    for (int ks = 0; ks < DH / 16; ++ks) {
-      const uint32_t qa = uint32_t(ks / 4) * (BM * 128) + uint32_t(ks % 4) * 32;
-      const uint32_t ka = uint32_t(ks / 4) * (BN * 128) + uint32_t(ks % 4) * 32;
-      const uint64_t dqh = wgmma::sw128_desc(qh + qa, 16, 1024), dkh = wgmma::sw128_desc(kh + ka, 16, 1024);
-      wgmma::mma_ss<true>(sf, dqh, dkh, ks > 0 ? 1 : 0);
-      wgmma::mma_ss<true>(sf, dqh, wgmma::sw128_desc(kl + ka, 16, 1024), 1);
-      wgmma::mma_ss<true>(sf, wgmma::sw128_desc(ql + qa, 16, 1024), dkh, 1);
+      for (int ks = 0; ks < DH / 16; ++ks) {
+        const uint32_t qa = uint32_t(ks / 4) * (BM * 128) + uint32_t(ks % 4) * 32;
+        const uint64_t dk = wgmma::sw128_desc(kh + uint32_t(ks / 4) * (2 * BN * 128) + uint32_t(ks % 4) * 32, 16, 1024);
+        wgmma::mma_ss<true>(st, wgmma::sw128_desc(qh + qa, 16, 1024), dk, ks > 0 ? 1 : 0);
+        wgmma::mma_ss<true>(st_hi, wgmma::sw128_desc(ql + qa, 16, 1024), dk, 1);
+      }
+      wgmma::commit();
+      wgmma::wait<0>();
+      wgmma::fence_regs(st);
+#pragma unroll
+      for (int i = 0; i < 4 * SN; ++i) sf[i] = st[i] + st[i + 4 * SN];
+    } else {
+      wgmma::fence();
+#pragma unroll
+      for (int ks = 0; ks < DH / 16; ++ks) {
+        const uint32_t qa = uint32_t(ks / 4) * (BM * 128) + uint32_t(ks % 4) * 32;
+        const uint32_t ka = uint32_t(ks / 4) * (BN * 128) + uint32_t(ks % 4) * 32;
+        const uint64_t dqh = wgmma::sw128_desc(qh + qa, 16, 1024), dkh = wgmma::sw128_desc(kh + ka, 16, 1024);
+        wgmma::mma_ss<true>(sf, dqh, dkh, ks > 0 ? 1 : 0);
+        wgmma::mma_ss<true>(sf, dqh, wgmma::sw128_desc(kl + ka, 16, 1024), 1);
+        wgmma::mma_ss<true>(sf, wgmma::sw128_desc(ql + qa, 16, 1024), dkh, 1);
+      }
+      wgmma::commit();
+      wgmma::wait<0>();
+      wgmma::fence_regs(sf);
     }
-    wgmma::commit();
-    wgmma::wait<0>();
-    wgmma::fence_regs(sf);
 
     i16_scale_scores<SN>(s, k_scales, qd);
     if (k0 + BN - 1 > lim.warp_first) {
@@ -395,6 +432,13 @@ bool& prefill_wgmma_on() {
   return on;
 }
 
+// The i16 kernel's scores over the stacked K tile (kStackK) unless TERN_ATTN_PREFILL_I16_STACK=0; read once, then
+// attn_prefill_set_i16_stack's.
+bool& i16_stack_k() {
+  static bool on = !env_is("TERN_ATTN_PREFILL_I16_STACK", "0");
+  return on;
+}
+
 // Whether this binary holds the sm_90a kernels and the GPU is a Hopper with the shared memory they need: the 16-bit
 // caches' kernels, the i16 cache's (set once).
 bool wgmma_16bit_usable = false, wgmma_i16_usable = false;
@@ -426,7 +470,8 @@ void prefill_wgmma_setup(int optin) {
   const auto kernel = [](auto k) { return reinterpret_cast<const void*>(k); };
   wgmma_16bit_usable = setup_kernel(kernel(attention_prefill_wgmma_kernel<KvDtype::f16>), kWgSmem, optin) &&
                        setup_kernel(kernel(attention_prefill_wgmma_kernel<KvDtype::bf16>), kWgSmem, optin);
-  wgmma_i16_usable = setup_kernel(kernel(attention_prefill_wgmma_i16_kernel), I16::kSmem, optin);
+  wgmma_i16_usable = setup_kernel(kernel(attention_prefill_wgmma_i16_kernel<false>), I16::kSmem, optin) &&
+                     setup_kernel(kernel(attention_prefill_wgmma_i16_kernel<true>), I16::kSmem, optin);
 }
 
 bool prefill_wgmma_takes(const AttnDims& d) {
@@ -444,8 +489,9 @@ void attention_prefill_wgmma(const float* q, const float* qg, const void* cache_
   TERN_CHECK(tiles <= 65535, "attention: ", d.T, " tokens in one call exceed the grid limit");
   const dim3 grid(unsigned(d.Hq), unsigned(tiles));
   if (d.kv == KvDtype::i16)
-    launch_pdl("attention_prefill (wgmma, i16)", attention_prefill_wgmma_i16_kernel, grid, dim3(kWgThreads),
-               I16::kSmem, stream, q, qg, cache_k, cache_v, pos0, d, out);
+    launch_pdl("attention_prefill (wgmma, i16)",
+               i16_stack_k() ? attention_prefill_wgmma_i16_kernel<true> : attention_prefill_wgmma_i16_kernel<false>,
+               grid, dim3(kWgThreads), I16::kSmem, stream, q, qg, cache_k, cache_v, pos0, d, out);
   else if (d.kv == KvDtype::f16)
     launch_pdl("attention_prefill (wgmma)", attention_prefill_wgmma_kernel<KvDtype::f16>, grid, dim3(kWgThreads),
                kWgSmem, stream, q, qg, cache_k, cache_v, pos0, d, out);
@@ -457,6 +503,8 @@ void attention_prefill_wgmma(const float* q, const float* qg, const void* cache_
 }  // namespace attn
 
 void attn_prefill_set_wgmma(bool on) { prefill_wgmma_on() = on; }
+void attn_prefill_set_i16_stack(bool on) { i16_stack_k() = on; }
+bool attn_prefill_i16_stack() { return i16_stack_k(); }
 bool attn_prefill_wgmma() { return prefill_wgmma_on(); }
 
 bool attn_prefill_wgmma_available(KvDtype kv) {
