@@ -247,7 +247,8 @@ TEST(CudaAttentionI16, PrefillOnTheMmaSyncKernelMatchesFp64) {
 // held to the reference too.
 TEST(CudaAttentionI16, PrefillOnTheOtherScoresFormMatchesFp64) {
   TERN_REQUIRE_GPU();
-  if (!attn_prefill_wgmma_available(KvDtype::i16)) GTEST_SKIP() << "no warpgroup-MMA prefill kernel here";
+  if (!attn_prefill_wgmma_available(KvDtype::i16) || !attn_prefill_wgmma())
+    GTEST_SKIP() << "the prefill does not run the warpgroup-MMA kernel here";
   std::mt19937_64 rng(fresh_seed("CudaAttentionI16.PrefillOtherScores"));
   struct OtherForm {
     const bool was = attn_prefill_i16_stack();

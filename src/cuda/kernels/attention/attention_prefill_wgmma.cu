@@ -222,18 +222,19 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 // (64 KB), a staging area that cp.async fills with the next tile's int16 rows and scales (32 KB), split into the
 // planes once a tile by the whole block: 224.5 KB, one block an SM.
 //
-// Stacked K (kStackK, the default; TERN_ATTN_PREFILL_I16_STACK=0 keeps three m64n32k16): the tile's K hi and lo
-// planes one [64][256] panel tile (hi on rows 0-31, lo on 32-63), so that Qhi·Khi and Qhi·Klo are one m64n64k16
-// (columns j and j + 32 of its accumulators) and Qlo·Khi an m64n32k16 into the first 32 columns: 7 KB of
-// shared-memory operands a k-step where three m64n32k16 read 9 KB (the kernel keeps shared memory about half busy and
-// the tensor pipe about a third; 6% faster, docs/benchmarks.md). A score is then (Qhi·Khi + Qlo·Khi) + Qhi·Klo,
-// summed in another order (not the same bits).
+// Stacked K (kStackK, opt-in: TERN_ATTN_PREFILL_I16_STACK=1; the default reads three m64n32k16 a k-step): the
+// tile's K hi and lo planes one [64][256] panel tile (hi on rows 0-31, lo on 32-63), so that Qhi·Khi and Qhi·Klo are
+// one m64n64k16 (columns j and j + 32 of its accumulators) and Qlo·Khi an m64n32k16 with its own accumulators (each
+// chain one shape, as the PTX ISA asks of accumulators shared without a wgmma.fence): 7 KB of shared-memory operands
+// a k-step where three m64n32k16 read 9 KB. The kernel keeps shared memory about half busy and the tensor pipe about
+// 40%; a first form that chained Qlo·Khi into the m64n64k16's first 32 columns measured 6% faster than three products
+// (docs/benchmarks.md, fifty-third session). A score is (Qhi·Khi + Qlo·Khi) + Qhi·Klo: not the default's bits.
 struct I16 {
   static constexpr int kKeys = 32;
   static constexpr uint32_t kTile = kKeys * kWgDh * 2;           // 16 KB: one K or V tile, one plane
   static constexpr uint32_t kQ = 0;                              // Q hi, then Q lo (kWgQBytes each)
-  static constexpr uint32_t kHi = 2 * kWgQBytes;                 // K hi, V hi
-  static constexpr uint32_t kLo = kHi + 2 * kTile;               // K lo, V lo
+  static constexpr uint32_t kHi = 2 * kWgQBytes;                 // K hi, V hi (kStackK: K hi and lo stacked)
+  static constexpr uint32_t kLo = kHi + 2 * kTile;               // K lo, V lo (kStackK: V hi, V lo)
   static constexpr uint32_t kStage = kLo + 2 * kTile;            // int16 K, V rows
   static constexpr uint32_t kScales = kStage + 2 * kTile;        // twice the rows' scales: K's 32, V's 32
   static constexpr uint32_t kStageScales = kScales + 2 * kKeys * 4;  // the staged rows' scales
@@ -275,8 +276,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       cp_async_4(s0 + I16::kStageScales + 4 * tid, r < valid ? src + r : src, r < valid ? 4u : 0u);
     }
   };
-  // The staged tile into the planes (every thread its 16-byte chunks: the same offsets in the staging and the planes)
-  // and the scales, doubled.
+  // The staged tile into the planes (every thread its 16-byte chunks: the same offsets in the staging and the planes,
+  // or with kStackK the stacked K tile's and V's planes at kLo) and the scales, doubled.
   auto unstage = [&]() {
 #pragma unroll
     for (int i = 0; i < 2 * BN * CH / kWgThreads; ++i) {
@@ -349,21 +350,21 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     float s[SN][4];
     float(&sf)[4 * SN] = reinterpret_cast<float(&)[4 * SN]>(s);
     if constexpr (kStackK) {
-      float st[2 * 4 * SN];  // columns 0-31: Qhi·Khi + Qlo·Khi; 32-63: Qhi·Klo
-      float(&st_hi)[4 * SN] = reinterpret_cast<float(&)[4 * SN]>(st[0]);
+      float st[2 * 4 * SN];  // columns 0-31: Qhi·Khi; 32-63: Qhi·Klo
       wgmma::fence();
 #pragma unroll
       for (int ks = 0; ks < DH / 16; ++ks) {
         const uint32_t qa = uint32_t(ks / 4) * (BM * 128) + uint32_t(ks % 4) * 32;
         const uint64_t dk = wgmma::sw128_desc(kh + uint32_t(ks / 4) * (2 * BN * 128) + uint32_t(ks % 4) * 32, 16, 1024);
         wgmma::mma_ss<true>(st, wgmma::sw128_desc(qh + qa, 16, 1024), dk, ks > 0 ? 1 : 0);
-        wgmma::mma_ss<true>(st_hi, wgmma::sw128_desc(ql + qa, 16, 1024), dk, 1);
+        wgmma::mma_ss<true>(sf, wgmma::sw128_desc(ql + qa, 16, 1024), dk, ks > 0 ? 1 : 0);  // Qlo·Khi
       }
       wgmma::commit();
       wgmma::wait<0>();
       wgmma::fence_regs(st);
+      wgmma::fence_regs(sf);
 #pragma unroll
-      for (int i = 0; i < 4 * SN; ++i) sf[i] = st[i] + st[i + 4 * SN];
+      for (int i = 0; i < 4 * SN; ++i) sf[i] = (st[i] + sf[i]) + st[i + 4 * SN];
     } else {
       wgmma::fence();
 #pragma unroll
@@ -432,10 +433,10 @@ bool& prefill_wgmma_on() {
   return on;
 }
 
-// The i16 kernel's scores over the stacked K tile (kStackK) unless TERN_ATTN_PREFILL_I16_STACK=0; read once, then
+// TERN_ATTN_PREFILL_I16_STACK=1: the i16 kernel's scores over the stacked K tile (kStackK); read once, then
 // attn_prefill_set_i16_stack's.
 bool& i16_stack_k() {
-  static bool on = !env_is("TERN_ATTN_PREFILL_I16_STACK", "0");
+  static bool on = env_is("TERN_ATTN_PREFILL_I16_STACK", "1");
   return on;
 }
 
