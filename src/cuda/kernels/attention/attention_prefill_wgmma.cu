@@ -226,9 +226,10 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 // tile's K hi and lo planes one [64][256] panel tile (hi on rows 0-31, lo on 32-63), so that Qhi·Khi and Qhi·Klo are
 // one m64n64k16 (columns j and j + 32 of its accumulators) and Qlo·Khi an m64n32k16 with its own accumulators (each
 // chain one shape, as the PTX ISA asks of accumulators shared without a wgmma.fence): 7 KB of shared-memory operands
-// a k-step where three m64n32k16 read 9 KB. The kernel keeps shared memory about half busy and the tensor pipe about
-// 40%; a first form that chained Qlo·Khi into the m64n64k16's first 32 columns measured 6% faster than three products
-// (docs/benchmarks.md, fifty-third session). A score is (Qhi·Khi + Qlo·Khi) + Qhi·Klo: not the default's bits.
+// a k-step where three m64n32k16 read 9 KB. This form has not run on a GPU. The kernel keeps shared memory about
+// half busy and the tensor pipe 38-40%; a first form that chained Qlo·Khi into the m64n64k16's first 32 columns
+// measured 6% faster than three products (docs/benchmarks.md, fifty-third session). A score is (Qhi·Khi + Qlo·Khi) +
+// Qhi·Klo: not the default's bits.
 struct I16 {
   static constexpr int kKeys = 32;
   static constexpr uint32_t kTile = kKeys * kWgDh * 2;           // 16 KB: one K or V tile, one plane
@@ -277,7 +278,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     }
   };
   // The staged tile into the planes (every thread its 16-byte chunks: the same offsets in the staging and the planes,
-  // or with kStackK the stacked K tile's and V's planes at kLo) and the scales, doubled.
+  // or with kStackK the stacked K tile at kHi and V's planes at kLo) and the scales, doubled.
   auto unstage = [&]() {
 #pragma unroll
     for (int i = 0; i < 2 * BN * CH / kWgThreads; ++i) {
