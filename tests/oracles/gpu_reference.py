@@ -26,6 +26,7 @@ import contextlib
 import json
 import math
 import pathlib
+import re
 import struct
 import sys
 import time
@@ -141,11 +142,35 @@ def default_layer_types(layers):
     return ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)]
 
 
-def build_model(args, seed, dev, mdir=None, layer_types=None, lean_experts=False):
+def fp64_model_class():
+    """transformers' Qwen3_5MoeForCausalLM run in fp64 throughout: its modeling file, with every cast to fp32 in it
+    (the norms, the Gated DeltaNet's recurrence, the softmaxes, rotary embeddings) made a cast to fp64, loaded as a
+    module of its own beside the original. The fp32 reference's own rounding is then measurable: the difference between
+    the two runs on the same values is how far transformers in fp32 is from the exact result."""
+    import importlib.util
+
+    from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as original
+
+    src = pathlib.Path(original.__file__).read_text()
+    src = src.replace("torch.float32", "torch.float64").replace(".float()", ".double()")
+    src = re.sub(r"torch\.float\b", "torch.float64", src)  # dtype=torch.float (not torch.float64: no boundary)
+    name = original.__name__ + "_fp64"
+    spec = importlib.util.spec_from_loader(name, loader=None)
+    module = importlib.util.module_from_spec(spec)
+    module.__package__ = original.__package__
+    module.__file__ = original.__file__
+    sys.modules[name] = module
+    module.fp64_source = src  # what ran (tests/py/test_gpu_reference_fp64.py reads it)
+    exec(compile(src, original.__file__ + " (fp64)", "exec"), module.__dict__)  # noqa: S102 (transformers' own code)
+    return module.Qwen3_5MoeForCausalLM
+
+
+def build_model(args, seed, dev, mdir=None, layer_types=None, lean_experts=False, fp64=False):
     """The random model of args (preset, layers, scales, weights, lm_head_std) drawn from `seed`, as transformers'
-    Qwen3_5MoeForCausalLM in fp32 on `dev` holding the values tern reads (dequantised where quantised). With mdir,
-    the MLX-layout checkpoint is written there too (config.json + model.safetensors); without it only the model is
-    made (less memory: nothing packed). layer_types: default_layer_types(args.layers) unless given.
+    Qwen3_5MoeForCausalLM in fp32 on `dev` holding the values tern reads (dequantised where quantised). With fp64 (no
+    mdir), the same values in fp64_model_class(): the model in fp64 throughout (every value drawn is exact in it).
+    With mdir, the MLX-layout checkpoint is written there too (config.json + model.safetensors); without it only the
+    model is made (less memory: nothing packed). layer_types: default_layer_types(args.layers) unless given.
     lean_experts (4-bit weights, no mdir): the routed experts are kept as their 4-bit codes instead, in each experts
     module's `codes` (name -> expert_codes' q, s, b), their fp32 parameters left empty (a quarter of the memory: 8
     layers fit a 24 GB machine), so only a forward that dequantises them (rounding_effect.py's) can run the model.
@@ -155,6 +180,10 @@ def build_model(args, seed, dev, mdir=None, layer_types=None, lean_experts=False
 
     if lean_experts and (mdir is not None or args.weights != "q4"):
         raise ValueError("lean_experts holds 4-bit codes: q4 weights and no checkpoint (mdir None) only")
+    if fp64 and (mdir is not None or lean_experts):
+        raise ValueError("fp64: the model alone (no checkpoint, no lean experts)")
+    dtype = torch.float64 if fp64 else torch.float32
+    model_class = fp64_model_class() if fp64 else Qwen3_5MoeForCausalLM
 
     trained = args.scales == "trained"
     norm_std = 0.05 if trained else 0.1
@@ -175,9 +204,16 @@ def build_model(args, seed, dev, mdir=None, layer_types=None, lean_experts=False
             from transformers.modeling_utils import no_init_weights
         except ImportError:
             no_init_weights = contextlib.nullcontext
-    with dev, no_init_weights():
-        model = Qwen3_5MoeForCausalLM(cfg)
-    model = model.to(device=dev, dtype=torch.float32).eval()
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # the parameters made in their dtype (fp64: no fp32 copy beside them)
+    try:
+        with dev, no_init_weights():
+            model = model_class(cfg)
+    finally:
+        torch.set_default_dtype(default_dtype)  # the draws below stay fp32, the same values whatever the dtype
+    if fp64:
+        model.config._experts_implementation = "eager"  # grouped_mm has no fp64 form; the per-expert loop has
+    model = model.to(device=dev, dtype=dtype).eval()
     log("model built")
 
     g = torch.Generator(device=dev).manual_seed(seed)
@@ -284,6 +320,10 @@ def main():
     ap.add_argument("--weights", choices=("q4", "bf16"), default="q4",
                     help="q4: MLX 4-bit (8-bit router and shared-expert gate); bf16: every matrix in BF16 (the "
                          "unquantised path, as --dtype bf16 runs the original checkpoint)")
+    ap.add_argument("--fp64", metavar="DIR",
+                    help="also run the same model in fp64 throughout (fp64_model_class) and write DIR/tokens.bin, "
+                         "DIR/logits.bin and DIR/model (a link to OUT/model): a reference without transformers' fp32 "
+                         "rounding, for TERN_GPU_REF_DIR; the fp32 logits' distance from it is printed")
     args = ap.parse_args()
 
     import torch
@@ -330,6 +370,55 @@ def main():
     ent = float(-(probs * probs.clamp_min(1e-30).log()).sum(-1).mean())
     log(f"reference logits [{logits.shape[0]}, {logits.shape[1]}] written; mean entropy {ent:.3f} nats "
         f"(uniform {math.log(V):.3f})")
+    if args.fp64:
+        del model, probs
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+        model = build_model(args, seed, dev, None, fp64=True)
+        with torch.no_grad():
+            exact = model(input_ids=tokens[None].to(dev), use_cache=False).logits[0].double().cpu().numpy()
+        out64 = pathlib.Path(args.fp64)
+        out64.mkdir(parents=True, exist_ok=True)
+        link = out64 / "model"
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(mdir.resolve(), target_is_directory=True)
+        tokens.numpy().astype(np.int32).tofile(out64 / "tokens.bin")
+        exact.astype(np.float32).tofile(out64 / "logits.bin")
+        f = compare_logits(exact, logits, tokens.numpy())
+        log(f"fp64 reference written to {out64}; transformers in fp32 against it: mean KL {f['kl']:.3g} nats, "
+            f"perplexity {100.0 * (f['ppl'] / f['ppl_ref'] - 1.0):+.4f}%, top-1 {100.0 * f['top1']:.2f}%, "
+            f"max |dlogit| {f['max_abs']:.3g}; worst positions: " +
+            ", ".join(f"{i} (KL {kl:.3g}, top-1 {'same' if same else 'differs'}, margin {m:.3g})"
+                      for i, kl, same, m in f["worst"]))
+
+
+def compare_logits(ref, got, tokens, worst=5):
+    """tests/cuda/runner/fidelity_util.h's compare_logits in fp64 over positions 0 .. n − 2 (position i predicts
+    token i + 1): mean KL(ref ‖ got), both perplexities, top-1 agreement, the largest |logit difference| and the
+    `worst` positions by KL as (position, KL, same top-1, the reference's top-2 margin there)."""
+    n = len(tokens)
+    kls, nll_ref, nll, same, max_abs, margins = [], 0.0, 0.0, [], 0.0, []
+    for i0 in range(0, n - 1, 64):
+        a = ref[i0:min(i0 + 64, n - 1)].astype(np.float64)
+        b = got[i0:min(i0 + 64, n - 1)].astype(np.float64)
+        la = a - (a.max(-1, keepdims=True) + np.log(np.exp(a - a.max(-1, keepdims=True)).sum(-1, keepdims=True)))
+        lb = b - (b.max(-1, keepdims=True) + np.log(np.exp(b - b.max(-1, keepdims=True)).sum(-1, keepdims=True)))
+        kls += list((np.exp(la) * (la - lb)).sum(-1))
+        rows = np.arange(a.shape[0])
+        nxt = tokens[i0 + 1:i0 + 1 + a.shape[0]]
+        nll_ref -= float(la[rows, nxt].sum())
+        nll -= float(lb[rows, nxt].sum())
+        ta, tb = a.argmax(-1), b.argmax(-1)
+        same += list(ta == tb)
+        top2 = np.partition(a, -2, axis=-1)[:, -2:]
+        margins += list(top2.max(-1) - top2.min(-1))
+        max_abs = max(max_abs, float(np.abs(a - b).max()))
+    m = n - 1
+    order = np.argsort(kls)[::-1][:worst]
+    return {"kl": float(np.mean(kls)), "ppl_ref": math.exp(nll_ref / m), "ppl": math.exp(nll / m),
+            "top1": float(np.mean(same)), "max_abs": max_abs,
+            "worst": [(int(i), float(kls[i]), bool(same[i]), float(margins[i])) for i in order]}
 
 
 if __name__ == "__main__":
