@@ -100,10 +100,47 @@ __device__ __forceinline__ int live_n8_tiles(int64_t count, int wtok0) {
 // Writes a warp's outputs: acc[mi][ni] are the C fragments (c0, c1 = row g, tokens 2t, 2t + 1; c2, c3 = row g + 8)
 // of output rows wrow0 + 16·mi and tokens wtok0 + 8·ni of the block's tile (SwiGLU: silu(gate tile mi) · up tile
 // mi + kMTiles/2). Rows past the matrix and tokens past the tile are dropped; y (+)= as a.accumulate says.
-template <bool SwiGLU, int kMTiles, int kNTiles>
+// LoadFirst (the warpgroup kernel's): with a.accumulate a row tile's old values are all loaded before its first store.
+// Loads and stores interleaved (y + v, store, the next load) are one memory round trip per output, since the compiler
+// cannot tell that a store does not alias the next load: 64 round trips a thread in the warpgroup kernel's 2 x 8-tile
+// warp, 2 this way (docs/benchmarks.md, fifty-fourth session). The other kernels keep the interleaved form: their
+// register budgets (ptxas: spills in the mma.sync kernels' wide shapes) leave no room for a tile's old values.
+template <bool SwiGLU, int kMTiles, int kNTiles, bool LoadFirst = false>
 __device__ __forceinline__ void store_warp_tile(const MatmulArgs& a, const float (&acc)[kMTiles][kNTiles][4],
                                                 int64_t wrow0, int wtok0, int g, int t, int64_t p0, int64_t count) {
   constexpr int kOutTiles = SwiGLU ? kMTiles / 2 : kMTiles;
+  auto out = [&](int mi, int ni, int c, float*& yp) {  // the output of fragment (mi, ni, c): false past the tile
+    const int64_t r = wrow0 + 16 * mi + g + (c / 2) * 8;
+    const int n = wtok0 + 8 * ni + 2 * t + c % 2;
+    yp = a.y + (p0 + n) * a.ldy + r;
+    return r < a.w.rows && n < count;
+  };
+  auto value = [&](int mi, int ni, int c) {
+    float v = acc[mi][ni][c];
+    if constexpr (SwiGLU) v = v / (1.0f + expf(-v)) * acc[mi + kOutTiles][ni][c];
+    return v;
+  };
+  if (LoadFirst && a.accumulate) {
+#pragma unroll
+    for (int mi = 0; mi < kOutTiles; ++mi) {  // a row tile at a time: 4·kNTiles registers for the old values
+      float old[kNTiles][4];
+#pragma unroll
+      for (int ni = 0; ni < kNTiles; ++ni)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          float* yp;
+          old[ni][c] = out(mi, ni, c, yp) ? *yp : 0.0f;
+        }
+#pragma unroll
+      for (int ni = 0; ni < kNTiles; ++ni)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          float* yp;
+          if (out(mi, ni, c, yp)) *yp = old[ni][c] + value(mi, ni, c);
+        }
+    }
+    return;
+  }
 #pragma unroll
   for (int mi = 0; mi < kOutTiles; ++mi) {
 #pragma unroll

@@ -18,7 +18,7 @@
 //
 // Shared memory (1024-byte aligned), per pipeline stage: weights [kRows][32 bytes] (16-byte chunks swizzled by row,
 // as the int8 kernel), then per x term a tile [N tokens][128 bytes] (one group); then, once, the block rows'
-// scales. The x tiles are in the 128-byte-swizzle K-major layout (chunk c of token n at 16·(c ^ n % 8); k-step i's
+// scales and the tile's x rows (the epilogue's). The x tiles are in the 128-byte-swizzle K-major layout (chunk c of token n at 16·(c ^ n % 8); k-step i's
 // descriptor starts 32·i bytes in, 8-token groups 1024 bytes apart, whatever N); the no-swizzle layout measured
 // 1.2–1.5x slower (docs/benchmarks.md). cp.async fills the stages kAhead steps ahead, one barrier a step.
 #include "cuda/kernels/qmatmul/qmatmul_wgmma.cuh"
@@ -72,9 +72,10 @@ struct Shape {
   // MMAs every thread waited for before that barrier.
   static constexpr int kAhead = Defer ? Stages - 2 : Stages - 1;
   static constexpr int ld_scales(int G) { return G + 8; }  // bf16
-  // + 1024: the stages start at the first 1024-byte boundary of the dynamic shared memory.
+  // + 1024: the stages start at the first 1024-byte boundary of the dynamic shared memory. After the scales: the
+  // tile's x rows (int [kTokens]).
   static constexpr size_t smem(int G) {
-    return 1024 + size_t(kStages) * kSlotBytes + size_t(kRows) * ld_scales(G) * 2;
+    return 1024 + size_t(kStages) * kSlotBytes + size_t(kRows) * ld_scales(G) * 2 + size_t(kTokens) * 4;
   }
   static_assert(Tokens == 16 || Tokens == 32 || Tokens == 64, "the wgmma forms below: N = 16, 32 or 64");
   static_assert(kRows * 2 % kThreads == 0 && kTokens * 8 * Terms % kThreads == 0, "even copies");
@@ -171,10 +172,14 @@ __global__ void __launch_bounds__(kThreads, S::kMinBlocks)
   auto x_row = [&](int n) { return a.gather ? int64_t(a.gather[p0 + n]) : p0 + n; };
   constexpr int kChunksPerToken = 8 * Terms;
   int xrow[S::kXCopies];
+  // The tile's x rows for the epilogue (after the scales), from the copies' own (the thread of each token's chunk 0):
+  // the bias term and σ then read no gather entry, one dependent round trip a token before.
+  int* const xrow_s = reinterpret_cast<int*>(smem + scales_at + S::kRows * S::ld_scales(G) * 2);
 #pragma unroll
   for (int m = 0; m < S::kXCopies; ++m) {
-    const int n = (tid + m * kThreads) / kChunksPerToken;
+    const int q = tid + m * kThreads, n = q / kChunksPerToken;
     xrow[m] = n < count ? int(x_row(n)) : 0;
+    if (q % kChunksPerToken == 0) xrow_s[n] = xrow[m];
   }
   auto issue_x = [&](int step) {
     const uint32_t st = smem0 + stage(step) + S::kWBytes;
@@ -296,7 +301,18 @@ __global__ void __launch_bounds__(kThreads, S::kMinBlocks)
   pdl_trigger();
 
   // The bias term: acc += Σ_g b[r][g]·Σx[n][g] (the sums of the x the MMAs saw, after the layout's groups); then,
-  // for the fp16 forms, the token's scale σ (after the sums).
+  // for the fp16 forms, the token's scale σ (after the sums), loaded before the bias term's own loads so that its
+  // round trip overlaps theirs.
+  float sigma[NT][2];
+  if constexpr (kF16) {
+#pragma unroll
+    for (int ni = 0; ni < NT; ++ni)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int n = 8 * ni + 2 * t + e;
+        sigma[ni][e] = n < count ? reinterpret_cast<const float*>(xq + xrow_s[n] * xrow_bytes + sums_off)[G] : 0.0f;
+      }
+  }
   {
     const uint32_t* brow[MT][2];
 #pragma unroll
@@ -311,26 +327,20 @@ __global__ void __launch_bounds__(kThreads, S::kMinBlocks)
 #pragma unroll
     for (int ni = 0; ni < NT; ++ni) {
       const int n = 8 * ni + g;
-      beta[ni] = n < count ? reinterpret_cast<const float*>(xq + x_row(n) * xrow_bytes + sums_off) : nullptr;
+      beta[ni] = n < count ? reinterpret_cast<const float*>(xq + xrow_s[n] * xrow_bytes + sums_off) : nullptr;
     }
     mm::add_bias_term(acc, brow, beta, G, t);
   }
   if constexpr (kF16) {
 #pragma unroll
-    for (int ni = 0; ni < NT; ++ni) {
-      float sc[2];
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int n = 8 * ni + 2 * t + e;
-        sc[e] = n < count ? reinterpret_cast<const float*>(xq + x_row(n) * xrow_bytes + sums_off)[G] : 0.0f;
-      }
+    for (int ni = 0; ni < NT; ++ni)
 #pragma unroll
       for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
-        for (int c = 0; c < 4; ++c) acc[mi][ni][c] *= sc[c % 2];
-    }
+        for (int c = 0; c < 4; ++c) acc[mi][ni][c] *= sigma[ni][c % 2];
   }
-  mm::store_warp_tile<SwiGLU>(a, acc, row0 + warp * 16 * (SwiGLU ? MT / 2 : MT), 0, g, t, p0, count);
+  mm::store_warp_tile<SwiGLU, MT, NT, /*LoadFirst=*/true>(a, acc, row0 + warp * 16 * (SwiGLU ? MT / 2 : MT), 0, g, t, p0,
+                                                          count);
 }
 
 // The fp16 forms of x that prepare_x_f16_kernel writes: one term of x (matmul_prepare_x_f16) or x as fp16 hi + lo
