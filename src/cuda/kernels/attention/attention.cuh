@@ -185,8 +185,8 @@ void attn_prefill_set_wgmma(bool on);
 bool attn_prefill_wgmma();  // the switch (true unless set off)
 bool attn_prefill_wgmma_available(KvDtype kv);
 // The i16 cache's warpgroup kernel with its K tile's hi and lo planes stacked into one m64n64k16 operand
-// (attention_prefill_wgmma.cu): opt-in, TERN_ATTN_PREFILL_I16_STACK=1 or attn_prefill_set_i16_stack(true) (tests;
-// outside capture); the default takes three m64n32k16 products a k-step.
+// (attention_prefill_wgmma.cu): the default; TERN_ATTN_PREFILL_I16_STACK=0 or attn_prefill_set_i16_stack(false)
+// (tests; outside capture) takes three m64n32k16 products a k-step.
 void attn_prefill_set_i16_stack(bool on);
 bool attn_prefill_i16_stack();
 

@@ -222,14 +222,13 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 // (64 KB), a staging area that cp.async fills with the next tile's int16 rows and scales (32 KB), split into the
 // planes once a tile by the whole block: 224.5 KB, one block an SM.
 //
-// Stacked K (kStackK, opt-in: TERN_ATTN_PREFILL_I16_STACK=1; the default reads three m64n32k16 a k-step): the
-// tile's K hi and lo planes one [64][256] panel tile (hi on rows 0-31, lo on 32-63), so that Qhi·Khi and Qhi·Klo are
-// one m64n64k16 (columns j and j + 32 of its accumulators) and Qlo·Khi an m64n32k16 with its own accumulators (each
-// chain one shape, as the PTX ISA asks of accumulators shared without a wgmma.fence): 7 KB of shared-memory operands
-// a k-step where three m64n32k16 read 9 KB. This form has not run on a GPU. The kernel keeps shared memory about
-// half busy and the tensor pipe 38-40%; a first form that chained Qlo·Khi into the m64n64k16's first 32 columns
-// measured 6% faster than three products (docs/benchmarks.md, fifty-third session). A score is (Qhi·Khi + Qlo·Khi) +
-// Qhi·Klo: not the default's bits.
+// Stacked K (kStackK, the default; TERN_ATTN_PREFILL_I16_STACK=0 reads three m64n32k16 a k-step): the tile's K hi
+// and lo planes one [64][256] panel tile (hi on rows 0-31, lo on 32-63), so that Qhi·Khi and Qhi·Klo are one
+// m64n64k16 (columns j and j + 32 of its accumulators) and Qlo·Khi an m64n32k16 with its own accumulators (each chain
+// one shape, as the PTX ISA asks of accumulators shared without a wgmma.fence): 7 KB of shared-memory operands a
+// k-step where three m64n32k16 read 9 KB. The kernel keeps shared memory about half busy and the tensor pipe 38-40%;
+// stacked, it took 1,064 µs at T = 4096 against the three products' 1,129-1,138 (−6%; H100, docs/benchmarks.md,
+// fifty-fourth session). A score is (Qhi·Khi + Qlo·Khi) + Qhi·Klo: not the three products' bits.
 struct I16 {
   static constexpr int kKeys = 32;
   static constexpr uint32_t kTile = kKeys * kWgDh * 2;           // 16 KB: one K or V tile, one plane
@@ -434,10 +433,10 @@ bool& prefill_wgmma_on() {
   return on;
 }
 
-// TERN_ATTN_PREFILL_I16_STACK=1: the i16 kernel's scores over the stacked K tile (kStackK); read once, then
+// The i16 kernel's scores over the stacked K tile (kStackK) unless TERN_ATTN_PREFILL_I16_STACK=0; read once, then
 // attn_prefill_set_i16_stack's.
 bool& i16_stack_k() {
-  static bool on = env_is("TERN_ATTN_PREFILL_I16_STACK", "1");
+  static bool on = !env_is("TERN_ATTN_PREFILL_I16_STACK", "0");
   return on;
 }
 
