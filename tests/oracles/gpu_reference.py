@@ -151,6 +151,12 @@ def fp64_model_class():
 
     from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as original
 
+    # transformers takes these packages' kernels (fp32 / bf16 only) over its own PyTorch code where they import
+    for package in ("fla", "causal_conv1d"):
+        if importlib.util.find_spec(package) is not None:
+            raise SystemExit(f"gpu_reference.py --fp64: `{package}` is installed, and transformers would run its "
+                             "kernels (not fp64) instead of its PyTorch code; run it where it is not")
+
     src = pathlib.Path(original.__file__).read_text()
     src = src.replace("torch.float32", "torch.float64").replace(".float()", ".double()")
     src = re.sub(r"torch\.float\b", "torch.float64", src)  # dtype=torch.float (not torch.float64: no boundary)
@@ -359,6 +365,7 @@ def main():
         logits = model(input_ids=tokens[None].to(dev), use_cache=False).logits[0].float().cpu().numpy()
     for h in handles:
         h.remove()
+    handles = layer = gate = None  # the loop's references to the model's last layer: --fp64 frees the whole model
     if gaps:
         allg = torch.cat(list(gaps.values()))
         log(f"router: 8th-9th logit gap median {float(allg.median()):.4f}, below 0.01 in "

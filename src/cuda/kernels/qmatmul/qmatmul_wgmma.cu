@@ -18,9 +18,10 @@
 //
 // Shared memory (1024-byte aligned), per pipeline stage: weights [kRows][32 bytes] (16-byte chunks swizzled by row,
 // as the int8 kernel), then per x term a tile [N tokens][128 bytes] (one group); then, once, the block rows'
-// scales and the tile's x rows (the epilogue's). The x tiles are in the 128-byte-swizzle K-major layout (chunk c of token n at 16·(c ^ n % 8); k-step i's
-// descriptor starts 32·i bytes in, 8-token groups 1024 bytes apart, whatever N); the no-swizzle layout measured
-// 1.2–1.5x slower (docs/benchmarks.md). cp.async fills the stages kAhead steps ahead, one barrier a step.
+// scales and the tile's x rows (the epilogue's). The x tiles are in the 128-byte-swizzle K-major layout (chunk c of
+// token n at 16·(c ^ n % 8); k-step i's descriptor starts 32·i bytes in, 8-token groups 1024 bytes apart, whatever
+// N); the no-swizzle layout measured 1.2–1.5x slower (docs/benchmarks.md). cp.async fills the stages kAhead steps
+// ahead, one barrier a step.
 #include "cuda/kernels/qmatmul/qmatmul_wgmma.cuh"
 
 #include <cuda_bf16.h>
@@ -339,8 +340,8 @@ __global__ void __launch_bounds__(kThreads, S::kMinBlocks)
 #pragma unroll
         for (int c = 0; c < 4; ++c) acc[mi][ni][c] *= sigma[ni][c % 2];
   }
-  mm::store_warp_tile<SwiGLU, MT, NT, /*LoadFirst=*/true>(a, acc, row0 + warp * 16 * (SwiGLU ? MT / 2 : MT), 0, g, t, p0,
-                                                          count);
+  mm::store_warp_tile<SwiGLU, MT, NT, /*LoadFirst=*/true>(a, acc, row0 + warp * 16 * (SwiGLU ? MT / 2 : MT), 0, g, t,
+                                                          p0, count);
 }
 
 // The fp16 forms of x that prepare_x_f16_kernel writes: one term of x (matmul_prepare_x_f16) or x as fp16 hi + lo
