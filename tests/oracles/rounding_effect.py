@@ -60,13 +60,12 @@ or more takes the model's own pattern, gated attention every fourth layer.
 """
 import argparse
 import gc
-import math
 import pathlib
 import sys
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from gpu_reference import build_model, default_layer_types  # noqa: E402
+from gpu_reference import build_model, compare_logits, default_layer_types  # noqa: E402
 from make_model import PRESETS  # noqa: E402
 
 
@@ -321,34 +320,6 @@ def attention_and_products(kind):
     return att, next((p for p in parts if p in MOE_KINDS), None)
 
 
-def compare(ref, got, tokens, torch):
-    """compare_logits of tests/cuda/runner/fidelity_util.h: teacher-forced over positions 0..n-2 (in fp64, 32
-    positions at a time: a 248,320-word vocabulary makes each position's row 2 MB)."""
-    parts = {"kl": [], "nll_ref": [], "nll": [], "margin": [], "same": []}
-    n = ref.shape[0] - 1
-    for i0 in range(0, n, 32):
-        i1 = min(n, i0 + 32)
-        a, b = ref[i0:i1].double(), got[i0:i1].double()
-        la, lb = a.log_softmax(-1), b.log_softmax(-1)
-        parts["kl"].append((la.exp() * (la - lb)).sum(-1))
-        nxt = tokens[i0 + 1:i1 + 1, None]
-        parts["nll_ref"].append(-la.gather(1, nxt).squeeze(1))
-        parts["nll"].append(-lb.gather(1, nxt).squeeze(1))
-        top2 = a.topk(2, dim=-1).values
-        parts["margin"].append(top2[:, 0] - top2[:, 1])
-        parts["same"].append(a.argmax(-1) == b.argmax(-1))
-    kl, nll_ref, nll, margin, same = (torch.cat(parts[k]) for k in ("kl", "nll_ref", "nll", "margin", "same"))
-    worst = kl.argsort(descending=True)[:5].tolist()
-    one_percent = max(1, kl.numel() // 100)
-    return {
-        "kl": float(kl.mean()), "median_kl": float(kl.median()),
-        "ppl": 100.0 * (math.exp(float(nll.mean()) - float(nll_ref.mean())) - 1.0),
-        "top1": 100.0 * float(same.double().mean()),
-        "worst_share": float(kl.sort(descending=True).values[:one_percent].sum() / kl.sum()) if kl.sum() > 0 else 0.0,
-        "worst": [(i, float(kl[i]), bool(same[i]), float(margin[i])) for i in worst],
-    }
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", required=True, help="comma-separated")
@@ -430,7 +401,7 @@ def main():
         del model
         gc.collect()
         for k in kinds:
-            f = compare(runs["eager"], runs["tern_" + k], tokens, torch)
+            f = compare_logits(runs["eager"], runs["tern_" + k], tokens, torch)
             worst = " ".join(f"{i} (KL {kl:.3g}, top-1 {'same' if s else 'differs'}, margin {m:.3g})"
                              for i, kl, s, m in f["worst"])
             print(f"seed {seed} {k}: mean KL {f['kl']:.3g} (median {f['median_kl']:.3g}), perplexity "

@@ -1,8 +1,8 @@
 """tests/oracles/gpu_reference.py's fp64 model (issue 29: a reference without transformers' own fp32 rounding, to tell
 how far that rounding alone moves the trained-scale oracle) on a small model of the real head widths, fresh seed each
 run: every parameter is the fp32 model's value exactly, every floating value any module makes is fp64, and its logits
-sit at fp32's noise from the fp32 model's without being the same bits. Also the script's compare_logits, the figures
-the CUDA whole-model tests print, on logits whose answer is known."""
+sit at fp32's noise from the fp32 model's without being the same bits. Also the script's compare_logits (the figures
+the CUDA whole-model tests print; rounding_effect.py's too) on logits whose answer is known."""
 import math
 import pathlib
 import re
@@ -49,7 +49,7 @@ def test_fp64_model_holds_the_same_values_and_computes_in_fp64(seed):
         fp32 = m32(input_ids=tokens, use_cache=False).logits[0]
     assert exact.dtype == torch.float64
     assert set(dtypes) == {torch.float64}, f"a module made another dtype: {dtypes}"
-    f = gpu_reference.compare_logits(exact.numpy(), fp32.double().numpy(), tokens[0].numpy())
+    f = gpu_reference.compare_logits(exact, fp32, tokens[0], torch)
     assert f["kl"] < 1e-8, f
     assert f["max_abs"] > 0, "fp32 and fp64 gave the same bits: the fp64 model is not computing in fp64"
 
@@ -57,27 +57,29 @@ def test_fp64_model_holds_the_same_values_and_computes_in_fp64(seed):
 def test_compare_logits_on_known_answers():
     rng = np.random.default_rng(7)
     n, V = 70, 50
-    ref = rng.normal(size=(n, V)) * 3
-    tokens = rng.integers(0, V, size=n)
-    same = gpu_reference.compare_logits(ref, ref.copy(), tokens)
-    assert same["kl"] == 0 and same["top1"] == 1 and same["ppl"] == same["ppl_ref"] and same["max_abs"] == 0
+    ref_np = rng.normal(size=(n, V)) * 3
+    tokens = torch.from_numpy(rng.integers(0, V, size=n))
+    ref = torch.from_numpy(ref_np)
+    same = gpu_reference.compare_logits(ref, ref.clone(), tokens, torch)
+    assert same["kl"] == 0 and same["top1"] == 100 and same["ppl"] == 0 and same["max_abs"] == 0
     # a constant shift of a row changes nothing but |dlogit|
-    shifted = gpu_reference.compare_logits(ref, ref + 2.5, tokens)
-    assert shifted["kl"] < 1e-12 and shifted["top1"] == 1 and math.isclose(shifted["ppl"], shifted["ppl_ref"])
+    shifted = gpu_reference.compare_logits(ref, ref + 2.5, tokens, torch)
+    assert shifted["kl"] < 1e-12 and shifted["top1"] == 100 and abs(shifted["ppl"]) < 1e-9
     assert math.isclose(shifted["max_abs"], 2.5)
     # position 3's top token pushed below its second: one top-1 differs, the worst position, with its margin
-    got = ref.copy()
-    top = int(ref[3].argmax())
-    second = np.partition(ref[3], -2)[-2]
-    got[3, top] = second - 1.0
-    f = gpu_reference.compare_logits(ref, got, tokens)
-    assert math.isclose(f["top1"], 1 - 1 / (n - 1))
+    got_np = ref_np.copy()
+    top = int(ref_np[3].argmax())
+    second = np.partition(ref_np[3], -2)[-2]
+    got_np[3, top] = second - 1.0
+    f = gpu_reference.compare_logits(ref, torch.from_numpy(got_np), tokens, torch)
+    assert math.isclose(f["top1"], 100 * (1 - 1 / (n - 1)))
     assert f["worst"][0][0] == 3 and not f["worst"][0][2]
-    assert math.isclose(f["worst"][0][3], ref[3, top] - second)
+    assert math.isclose(f["worst"][0][3], ref_np[3, top] - second)
     # the KL of that one row, by its definition, averaged over the n − 1 positions
-    la = ref[3] - np.log(np.exp(ref[3]).sum())
-    lb = got[3] - np.log(np.exp(got[3]).sum())
+    la = ref_np[3] - np.log(np.exp(ref_np[3]).sum())
+    lb = got_np[3] - np.log(np.exp(got_np[3]).sum())
     assert math.isclose(f["kl"], float((np.exp(la) * (la - lb)).sum()) / (n - 1), rel_tol=1e-9)
-    # perplexity over tokens 1 .. n − 1 from positions 0 .. n − 2
-    nll = -sum(float(ref[i, tokens[i + 1]] - np.log(np.exp(ref[i]).sum())) for i in range(n - 1))
-    assert math.isclose(same["ppl_ref"], math.exp(nll / (n - 1)), rel_tol=1e-12)
+    # perplexity's change over tokens 1 .. n − 1 from positions 0 .. n − 2, in %
+    def nll(x):
+        return -sum(float(x[i, tokens[i + 1]] - np.log(np.exp(x[i]).sum())) for i in range(n - 1)) / (n - 1)
+    assert math.isclose(f["ppl"], 100 * (math.exp(nll(got_np) - nll(ref_np)) - 1), rel_tol=1e-9)
