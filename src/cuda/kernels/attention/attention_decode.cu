@@ -619,8 +619,9 @@ __global__ void __launch_bounds__(128, 1)
   cp_async_wait<0>();
 }
 
-// The merge kernel's partial-o loads a round: kMergeHeld float4 a thread (74 registers in all at DH = 256, 3 blocks of
-// 256 threads an SM: 16 sequences' 256 blocks at Qwen3.6's 16 heads are one wave; a bound of 4 blocks spills).
+// The merge kernel's partial-o loads a round: kMergeHeld float4 a thread (64 registers in all at DH = 256, 4 blocks of
+// 256 threads an SM: 32 sequences' 512 blocks at Qwen3.6's 16 heads are one wave on 132 SMs; 74 and 3 blocks at DH =
+// 64 and 128, where a bound of 4 blocks spills).
 constexpr int kMergeHeld = 9;
 static_assert(kAttnMaxSplits % 32 == 0, "the merge's warp 0 holds whole rounds of 32 splits' m and l");
 
