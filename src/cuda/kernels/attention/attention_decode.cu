@@ -123,16 +123,30 @@ __device__ __forceinline__ void decode_load_tile(const DecodeKv<DH, KV>& kv, int
 }
 
 // The item's query rows r = t·G + hg (token t, head kvh·G + hg; q: the sequence's rows [T, Hq, DH]), fp32 -> 16 bits,
-// into sQ [16·RW][DH] swizzled; rows past R are zero.
+// into sQ [16·RW][DH] swizzled; rows past R are zero. Up to four chunks' loads a thread are issued before any is
+// converted (one memory round trip for them, not one each).
 template <int DH, int RW, bool F16>
 __device__ __forceinline__ void decode_load_q(uint8_t* sQ, const float* q, int Hq, int kvh, int G, int R, int tid) {
-  constexpr int CH = DH / 8, QROWS = 16 * RW;
+  constexpr int CH = DH / 8, QROWS = 16 * RW, IT = QROWS * CH / 128, GRP = IT < 4 ? IT : 4;
 #pragma unroll
-  for (int it = 0; it < QROWS * CH / 128; ++it) {
-    const int i = tid + it * 128, r = i / CH, c = i % CH;
-    uint4 val = make_uint4(0u, 0u, 0u, 0u);
-    if (r < R) val = load8_as16<F16>(q + ((int64_t(r / G) * Hq + kvh * G + r % G) * DH + c * 8));
-    *reinterpret_cast<uint4*>(sQ + swz<DH>(r, c)) = val;
+  for (int it0 = 0; it0 < IT; it0 += GRP) {
+    float4 v[GRP][2];
+#pragma unroll
+    for (int k = 0; k < GRP; ++k) {
+      const int i = tid + (it0 + k) * 128, r = i / CH, c = i % CH;
+      v[k][0] = v[k][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (r < R) {
+        const float4* src = reinterpret_cast<const float4*>(q + ((int64_t(r / G) * Hq + kvh * G + r % G) * DH + c * 8));
+        v[k][0] = src[0];
+        v[k][1] = src[1];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < GRP; ++k) {
+      const int i = tid + (it0 + k) * 128, r = i / CH, c = i % CH;
+      *reinterpret_cast<uint4*>(sQ + swz<DH>(r, c)) =
+          r < R ? pack8_as16<F16>(v[k][0], v[k][1]) : make_uint4(0u, 0u, 0u, 0u);
+    }
   }
 }
 
@@ -183,11 +197,14 @@ __device__ __forceinline__ void decode_limits(int64_t (&limit)[2], const DecodeI
 }
 
 // One tile j of the item (K at sk, V at sk + TILE): this warp's rows row0.. against its keys kb..kb+KPW-1 of the tile,
-// scores, masks, online softmax and O += P·V.
-template <int DH, int RW, bool F16>
+// scores, masks, online softmax and O += P·V. upper: whether rows row0 + 8.. hold a query row (row0 + 8 < R); where
+// they do not (the one-token decode's 8 query heads of a KV head), their softmax is skipped: their o, m and l are then
+// not the softmax's, and nothing reads them (a row's sums never mix with another row's). Only with SKIP (the 16-bit
+// caches' one-row-warp kernels: the second form of the softmax would make the others spill).
+template <int DH, int RW, bool F16, bool SKIP>
 __device__ __forceinline__ void decode_tile(float (&m)[2], float (&l)[2], float (&o)[DH / 8][4],
                                             const int64_t (&limit)[2], uint32_t sq, uint32_t sk, int64_t j,
-                                            int64_t pos0, int row0, int kb, float sl, int lane, int qd) {
+                                            int64_t pos0, int row0, int kb, float sl, int lane, int qd, bool upper) {
   constexpr int KW = 4 / RW, KPW = kBlockKeys / KW, SN = KPW / 8, TILE = kBlockKeys * DH * 2;
   float s[SN][4];
   scores_qk<DH, SN, F16>(s, sq, row0, sk, kb, lane);
@@ -196,7 +213,10 @@ __device__ __forceinline__ void decode_tile(float (&m)[2], float (&l)[2], float 
     const int rel[2] = {clamp_rel(limit[0] - k0, KPW), clamp_rel(limit[1] - k0, KPW)};
     mask_scores<SN>(s, rel, qd);
   }
-  online_softmax<SN, DH / 8>(s, m, l, o, sl);
+  if (!SKIP || upper)
+    online_softmax<SN, DH / 8>(s, m, l, o, sl);
+  else
+    online_softmax<SN, DH / 8, 1>(s, m, l, o, sl);
   accumulate_pv<DH, SN, F16>(o, s, sk + TILE, kb, lane);
 }
 
@@ -219,9 +239,9 @@ __device__ __forceinline__ void decode_tile_i16(float (&m)[2], float (&l)[2], fl
     const int rel[2] = {clamp_rel(limit[0] - k0, KPW), clamp_rel(limit[1] - k0, KPW)};
     mask_scores<SN>(s, rel, qd);
   }
-  online_softmax<SN, DH / 8>(s, m, l, o, sl);
+  online_softmax<SN, DH / 8, STACK ? 1 : 2>(s, m, l, o, sl);
   const int e = i16_tile_exponent(v_scales, lane);
-  i16_rescale_o<DH / 8>(o, e_v, e);
+  i16_rescale_o<DH / 8, STACK ? 1 : 2>(o, e_v, e);
   accumulate_pv_i16<DH, SN, STACK>(o, s, sk + I16Stage<DH>::kTile, v_scales + kb, e, kb, lane);
 }
 
@@ -405,12 +425,12 @@ __global__ void __launch_bounds__(128, 1)
       decode_tile_i16<DH, RW, STACK>(m, l, o, e_v, limit, sq, Q_LO, sring + uint32_t(i % stages) * STAGE,
                                      ring + size_t(i % stages) * STAGE, j, pos0, row0, kb, sl, lane, qd);
     else
-      decode_tile<DH, RW, F16>(m, l, o, limit, sq, sring + uint32_t(i % stages) * STAGE, j, pos0, row0, kb, sl, lane,
-                               qd);
+      decode_tile<DH, RW, F16, RW == 1 && !kFp8<KV>>(m, l, o, limit, sq, sring + uint32_t(i % stages) * STAGE, j,
+                                                     pos0, row0, kb, sl, lane, qd, row0 + 8 < R);
     __syncthreads();  // every warp is done with this stage before it is refilled
   }
   cp_async_wait<0>();
-  if constexpr (kI16<KV>) i16_rescale_o<NT>(o, e_v, 0);  // back to units of 1
+  if constexpr (kI16<KV>) i16_rescale_o<NT, STACK ? 1 : 2>(o, e_v, 0);  // back to units of 1
 
   // Combine the KW key-warps of each row group through shared memory (the ring is free now).
   decode_combine_stage<DH>(m, l, o, s_m, s_l, sO, warp, g, qd);
@@ -579,8 +599,8 @@ __global__ void __launch_bounds__(128, 1)
       cp_async_commit();
       cp_async_wait_dyn(stages - 1);
       __syncthreads();  // tile j is in for every thread (and this item's sQ)
-      decode_tile<DH, RW, F16>(m, l, o, limit, sq, sring + uint32_t(consumed % stages) * STAGE, j, x.pos0, row0, kb,
-                               sl, lane, qd);
+      decode_tile<DH, RW, F16, RW == 1 && !kFp8<KV>>(m, l, o, limit, sq, sring + uint32_t(consumed % stages) * STAGE,
+                                                     j, x.pos0, row0, kb, sl, lane, qd, row0 + 8 < R);
       __syncthreads();  // every warp is done with this stage before it is refilled
       ++consumed;
     }
@@ -599,9 +619,19 @@ __global__ void __launch_bounds__(128, 1)
   cp_async_wait<0>();
 }
 
+// The merge kernel's partial-o loads a round: kMergeHeld float4 a thread (64 registers in all at DH = 256, 4 blocks of
+// 256 threads an SM: 32 sequences' 512 blocks at Qwen3.6's 16 heads are one wave on 132 SMs; 74 and 3 blocks at DH =
+// 64 and 128, where a bound of 4 blocks spills).
+constexpr int kMergeHeld = 9;
+static_assert(kAttnMaxSplits % 32 == 0, "the merge's warp 0 holds whole rounds of 32 splits' m and l");
+
 // out[i, h·dh + j] = (Σ_s 2^{m_s−M} o_s[j]) / (Σ_s 2^{m_s−M} l_s) · sigmoid(gate[i, h, j]) for row i = b·T + t;
 // one block per (t, h, sequence b) over the sequence's own split count. Row i of qg at qg + i·ld_qg ([Hq][q | gate]).
-// Thread (split group sg, column quad c) sums splits sg, sg + SG, ...; splits of weight 0 (empty) are not read.
+// Thread (split group sg, column quad c) sums splits sg, sg + SG, ...; splits of weight 0 are not summed.
+// Loads are issued a round at a time before any of the round is used, not one memory round trip each: the first round
+// (the thread's o of its first kMergeHeld splits, warp 0's m and l of every split, the gate) before the weights are
+// formed; the next kMergeHeld splits' o (more than kMergeHeld·SG splits: long contexts, a server's capacity) a round
+// each after. An empty split's o (no tiles) is not read: it writes none.
 // With tables (attention_batched's AttnBatch::out_tables; d.T = 1): o_proj's activation tables of row i too, from the
 // block's head (DH / 8 whole words of whole groups of 64: warp 0's lane l takes word l), as the pre-quantising kernel
 // would make them from out.
@@ -610,7 +640,7 @@ __global__ void __launch_bounds__(256)
     attention_decode_merge_kernel(Partials part, const float* qg, int64_t ld_qg, Seqs<const void> seqs,
                                   AttnDims d, float* out, uint8_t* tables) {
   static_assert(DH % 64 == 0 && DH <= 256, "a head is whole groups of 64, at most a warp's words");
-  constexpr int C4 = DH / 4, SG = 256 / C4;
+  constexpr int C4 = DH / 4, SG = 256 / C4, ML = kAttnMaxSplits / 32;
   __shared__ float wts[kAttnMaxSplits];
   __shared__ float inv_sum;
   __shared__ float4 red[256];
@@ -622,33 +652,73 @@ __global__ void __launch_bounds__(256)
   const float* const part_o = part.o + b * part.stride * DH;
   const float* const part_m = part.m + b * part.stride;
   const float* const part_l = part.l + b * part.stride;
+  const int c = tid % C4, sg = tid / C4;
+  // The sequence's n key tiles (decode_item's; the position written by earlier steps, read before the wait as the split
+  // kernel reads it). Split s has tiles [⌊s·n / splits⌋, ⌊(s + 1)·n / splits⌋): with s·n = q·splits + r, it is empty
+  // unless r + n >= splits. r is carried from split to split (+ SG·n mod splits), not divided for each; in 32 bits
+  // (s·n < kAttnMaxSplits·n: n under 2^24 tiles, a billion positions).
+  const int n_tiles = int((seq_at(seqs, b).pos0 + d.T + kBlockKeys - 1) / kBlockKeys);
+  const int r_step = SG * n_tiles % splits;
   pdl_wait();
   pdl_trigger();
+  float4 held[kMergeHeld];  // this thread's o of splits base + sg + i·SG, a round
+  auto load_round = [&](int base) {
+    unsigned has = 0;  // bit i: split base + sg + i·SG has tiles (an empty one writes no o)
+    int r = (base + sg) * n_tiles % splits;  // of the round's first split
+#pragma unroll
+    for (int i = 0; i < kMergeHeld; ++i) {
+      has |= unsigned(base + sg + i * SG < splits && r + n_tiles >= splits) << i;
+      r += r_step;
+      if (r >= splits) r -= splits;
+    }
+    const float4* src = reinterpret_cast<const float4*>(part_o + (th * splits + base + sg) * DH + 4 * c);
+#pragma unroll
+    for (int i = 0; i < kMergeHeld; ++i)
+      if (has >> i & 1u) held[i] = src[i * SG * DH / 4];
+  };
+  load_round(0);
+  float4 gv = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (sg == 0) gv = *reinterpret_cast<const float4*>(qg + row * ld_qg + int64_t(h) * 2 * DH + DH + 4 * c);
   if (tid < 32) {
+    float ms[ML], ls[ML];
+#pragma unroll
+    for (int k = 0; k < ML; ++k) {
+      const int s = tid + 32 * k;
+      ms[k] = s < splits ? part_m[th * splits + s] : -INFINITY;
+      ls[k] = s < splits ? part_l[th * splits + s] : 0.0f;
+    }
     float M = -INFINITY;
-    for (int s = tid; s < splits; s += 32) M = fmaxf(M, part_m[th * splits + s]);
+#pragma unroll
+    for (int k = 0; k < ML; ++k) M = fmaxf(M, ms[k]);
     M = warp_max(M);
     float L = 0.0f;
-    for (int s = tid; s < splits; s += 32) {
-      const float ms = part_m[th * splits + s];
-      const float w = ms == -INFINITY ? 0.0f : exp2f(ms - M);
+#pragma unroll
+    for (int k = 0; k < ML; ++k) {
+      const int s = tid + 32 * k;
+      if (s >= splits) break;
+      const float w = ms[k] == -INFINITY ? 0.0f : exp2f(ms[k] - M);
       wts[s] = w;
-      if (w != 0.0f) L += w * part_l[th * splits + s];
+      if (w != 0.0f) L += w * ls[k];
     }
     L = warp_sum(L);
     if (tid == 0) inv_sum = 1.0f / L;
   }
   __syncthreads();
-  const int c = tid % C4, sg = tid / C4;
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  for (int s = sg; s < splits; s += SG) {
-    const float w = wts[s];
-    if (w != 0.0f) {
-      const float4 v = *reinterpret_cast<const float4*>(part_o + (th * splits + s) * DH + 4 * c);
-      acc.x += w * v.x;
-      acc.y += w * v.y;
-      acc.z += w * v.z;
-      acc.w += w * v.w;
+  for (int base = 0; base < splits; base += kMergeHeld * SG) {
+    if (base > 0) load_round(base);
+#pragma unroll
+    for (int i = 0; i < kMergeHeld; ++i) {
+      const int s = base + sg + i * SG;
+      if (s < splits) {
+        const float w = wts[s];
+        if (w != 0.0f) {
+          acc.x += w * held[i].x;
+          acc.y += w * held[i].y;
+          acc.z += w * held[i].z;
+          acc.w += w * held[i].w;
+        }
+      }
     }
   }
   red[tid] = acc;
@@ -663,7 +733,6 @@ __global__ void __launch_bounds__(256)
       acc.w += v.w;
     }
     const float inv = inv_sum;
-    const float4 gv = *reinterpret_cast<const float4*>(qg + row * ld_qg + int64_t(h) * 2 * DH + DH + 4 * c);
     const float4 y = make_float4(acc.x * inv * sigmoidf(gv.x), acc.y * inv * sigmoidf(gv.y),
                                  acc.z * inv * sigmoidf(gv.z), acc.w * inv * sigmoidf(gv.w));
     *reinterpret_cast<float4*>(out + (row * d.Hq + h) * DH + 4 * c) = y;

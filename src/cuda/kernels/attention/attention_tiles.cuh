@@ -261,14 +261,15 @@ __device__ __forceinline__ int i16_tile_exponent(const float* scales, int lane) 
 }
 
 // The output accumulators from units of 2^e_cur to units of 2^e (the next V tile's power of two); e_cur becomes e.
-template <int NT>
+// HALVES = 1: rows g only (o[n][0..1]; the stacked rows g + 8 are 0 here).
+template <int NT, int HALVES = 2>
 __device__ __forceinline__ void i16_rescale_o(float (&o)[NT][4], int& e_cur, int e) {
   if (e == e_cur) return;
   const int k = e_cur - e;
 #pragma unroll
   for (int n = 0; n < NT; ++n)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) o[n][i] = pow2_scale(o[n][i], k);
+    for (int i = 0; i < 2 * HALVES; ++i) o[n][i] = pow2_scale(o[n][i], k);
   e_cur = e;
 }
 
@@ -288,11 +289,15 @@ __device__ __forceinline__ void i16_scale_scores(float (&s)[SN][4], const float*
 // One online-softmax step for a warp's 16 rows (this thread: rows g and g+8, hf = 0/1) over SN·8 new scores s (raw
 // q·k, −inf where masked). m: running raw max; l: this thread's partial row sum (its own columns; the 4 threads of a
 // row are summed at the end); o: the output accumulators, rescaled. On return s holds p = 2^(s·sl − m·sl).
-template <int SN, int NT>
+// HALVES = 1: rows g only (the i16 decode's stacked rows, whose rows g + 8 hold no query: their scores −inf and their
+// accumulators 0, so the step would leave m = −inf, l = 0 and o = 0 as they are; s's rows g + 8 stay −inf, not p:
+// accumulate_pv_i16<STACK> reads rows g only); or rows g + 8 that hold no query row at all (decode_tile's SKIP), whose
+// m, l, o and s are then left as they are and read by nothing.
+template <int SN, int NT, int HALVES = 2>
 __device__ __forceinline__ void online_softmax(float (&s)[SN][4], float (&m)[2], float (&l)[2], float (&o)[NT][4],
                                                float sl) {
 #pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
+  for (int hf = 0; hf < HALVES; ++hf) {
     float mx = -INFINITY;
 #pragma unroll
     for (int n = 0; n < SN; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * hf], s[n][2 * hf + 1]));
