@@ -63,22 +63,31 @@ struct DownBatch {
 
 // Output row r: segment s < kTopK reads routed expert ids[s], segment kTopK the shared expert; lane l its columns
 // [16·l, +16) (two words).
+// Every segment's loads are issued before any is used (the scale and bias halves joined after the branch: see
+// qmv_dp4a.cu's load_batch).
 __device__ __forceinline__ void load_down(const DownParams& p, const int* ids, int r, int lane, DownBatch& out) {
+  uint32_t scale[kSeg], bias[kSeg];
+  if (r < p.D) {
 #pragma unroll
-  for (int s = 0; s < kSeg; ++s) {
-    if (r >= p.D) {
-      out.w[s] = make_uint2(0, 0);
-      out.sb[s] = 0;
-      continue;
+    for (int s = 0; s < kSeg; ++s) {
+      const bool sh = s == kTopK;
+      const Q4 M = pick(sh, p.sdown, p.down);
+      const int64_t e = sh ? 0 : ids[s];
+      const uint32_t* row = M.words + e * M.expert_words + int64_t(r) * p.row_words;
+      out.w[s] = qtile::ld_weights_u2(row + 2 * lane);
+      const int64_t g = e * M.expert_groups + int64_t(r) * p.gpr + lane / 4;
+      scale[s] = qtile::ld_const_u16(M.scales + g);
+      bias[s] = qtile::ld_const_u16(M.biases + g);
     }
-    const bool sh = s == kTopK;
-    const Q4 M = pick(sh, p.sdown, p.down);
-    const int64_t e = sh ? 0 : ids[s];
-    const uint32_t* row = M.words + e * M.expert_words + int64_t(r) * p.row_words;
-    out.w[s] = qtile::ld_weights_u2(row + 2 * lane);
-    const int64_t g = e * M.expert_groups + int64_t(r) * p.gpr + lane / 4;
-    out.sb[s] = qtile::ld_const_u16(M.scales + g) | (qtile::ld_const_u16(M.biases + g) << 16);
+  } else {
+#pragma unroll
+    for (int s = 0; s < kSeg; ++s) {
+      out.w[s] = make_uint2(0, 0);
+      scale[s] = bias[s] = 0;
+    }
   }
+#pragma unroll
+  for (int s = 0; s < kSeg; ++s) out.sb[s] = scale[s] | (bias[s] << 16);
 }
 
 template <bool kWide>

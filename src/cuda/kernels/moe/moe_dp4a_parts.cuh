@@ -193,11 +193,17 @@ __device__ __forceinline__ void read_gate_up_stage(const uint8_t* st, int lane, 
 }
 
 // What a lane reads of one gate_up batch (one intermediate row of one slot: its gate row and its up row): a uint4 of
-// words per 1024-column slice j and the group's bf16 scale (low half) and bias (high half).
+// words per 1024-column slice j and the group's bf16 scale and bias, kept apart (joined by sb() where used: joined
+// as they were loaded, the next batch's loads would be waited for before the current batch's dot products).
 template <int S>
 struct GateUpBatch {
   uint4 g[S], u[S];
-  uint32_t gsb[S], usb[S];
+  uint32_t g_scale[S], g_bias[S], u_scale[S], u_bias[S];
+  // The packed scale (low half) and bias (high half) of slice j's gate (up: false) group, as dot_row takes them.
+  __device__ __forceinline__ void sb(bool gate, uint32_t (&out)[S]) const {
+#pragma unroll
+    for (int j = 0; j < S; ++j) out[j] = gate ? g_scale[j] | (g_bias[j] << 16) : u_scale[j] | (u_bias[j] << 16);
+  }
 };
 
 // Loads batch b of one token: slot pair = b / F (0: the shared expert, whose rows need no routing), intermediate row
@@ -209,7 +215,7 @@ __device__ __forceinline__ void load_gate_up(const GateUpParams& p, const int* i
 #pragma unroll
     for (int j = 0; j < S; ++j) {
       out.g[j] = out.u[j] = make_uint4(0, 0, 0, 0);
-      out.gsb[j] = out.usb[j] = 0;
+      out.g_scale[j] = out.g_bias[j] = out.u_scale[j] = out.u_bias[j] = 0;
     }
     return;
   }
@@ -225,8 +231,10 @@ __device__ __forceinline__ void load_gate_up(const GateUpParams& p, const int* i
     out.g[j] = qtile::ld_weights_u4(gw + 32 * j);
     out.u[j] = qtile::ld_weights_u4(uw + 32 * j);
     const int64_t g = go + 16 * j + lane / 2;
-    out.gsb[j] = qtile::ld_const_u16(G.scales + g) | (qtile::ld_const_u16(G.biases + g) << 16);
-    out.usb[j] = qtile::ld_const_u16(U.scales + g) | (qtile::ld_const_u16(U.biases + g) << 16);
+    out.g_scale[j] = qtile::ld_const_u16(G.scales + g);
+    out.g_bias[j] = qtile::ld_const_u16(G.biases + g);
+    out.u_scale[j] = qtile::ld_const_u16(U.scales + g);
+    out.u_bias[j] = qtile::ld_const_u16(U.biases + g);
   }
 }
 
@@ -239,8 +247,11 @@ __device__ __forceinline__ int gate_up_rows(const GateUpParams& p, const int* id
   for (; batch < end; batch += warps) {
     GateUpBatch<S> nxt;
     load_gate_up<S>(p, ids, batch + warps, end, lane, nxt);
-    const float g = warp_sum(dot_row<S, kWide>(cur.g, cur.gsb, x));
-    const float u = warp_sum(dot_row<S, kWide>(cur.u, cur.usb, x));
+    uint32_t gsb[S], usb[S];
+    cur.sb(true, gsb);
+    cur.sb(false, usb);
+    const float g = warp_sum(dot_row<S, kWide>(cur.g, gsb, x));
+    const float u = warp_sum(dot_row<S, kWide>(cur.u, usb, x));
     if (lane == 0) {
       const int pair = batch / p.F, i = batch - pair * p.F;
       const int slot = pair == 0 ? p.k : pair - 1;

@@ -59,32 +59,35 @@ struct Dp4aParams {
   L2Ranges ahead;         // asked of L2 for later kernels, before pdl_wait, spread over the grid
 };
 
-// The weights, scales and biases of rows [row0, row0 + R) that this lane reads (zeros past the last row).
+// The weights of rows [row0, row0 + R) that this lane reads, and the scales and biases (bf16 bits) of the rows it
+// folds, 2k + (lane & 1) (zeros past the last row).
 template <int S, int R>
 struct Batch {
   uint4 w[R][S];
-  uint32_t sb[R][S];  // bf16 scale (low half) and bias (high half)
+  uint32_t scale[R / 2][S], bias[R / 2][S];
 };
 
+// Every row's loads are issued before any is used: predicated, not branched (see ld_weights_u4_if), and the scales
+// and biases kept apart until lane_dots uses them, so that nothing waits on a load here.
 template <int S, int R>
 __device__ __forceinline__ void load_batch(const Dp4aParams& p, int row0, int lane, Batch<S, R>& b) {
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int row = row0 + r;
-    if (row < p.rows) {
-      const uint4* wr = p.w + int64_t(row) * p.row_u4 + lane;
-      const int64_t g = int64_t(row) * p.gpr + lane / 2;
+    const bool on = row < p.rows;
+    const uint4* wr = p.w + int64_t(row) * p.row_u4 + lane;
 #pragma unroll
-      for (int j = 0; j < S; ++j) {
-        b.w[r][j] = qtile::ld_weights_u4(wr + 32 * j);
-        b.sb[r][j] = qtile::ld_const_u16(p.scales + g + 16 * j) | (qtile::ld_const_u16(p.biases + g + 16 * j) << 16);
-      }
-    } else {
+    for (int j = 0; j < S; ++j) b.w[r][j] = qtile::ld_weights_u4_if(wr + 32 * j, on);
+  }
 #pragma unroll
-      for (int j = 0; j < S; ++j) {
-        b.w[r][j] = make_uint4(0, 0, 0, 0);
-        b.sb[r][j] = 0;
-      }
+  for (int k = 0; k < R / 2; ++k) {
+    const int row = row0 + 2 * k + (lane & 1);
+    const bool on = row < p.rows;
+    const int64_t g = int64_t(row) * p.gpr + lane / 2;
+#pragma unroll
+    for (int j = 0; j < S; ++j) {
+      b.scale[k][j] = qtile::ld_const_u16_if(p.scales + g + 16 * j, on);
+      b.bias[k][j] = qtile::ld_const_u16_if(p.biases + g + 16 * j, on);
     }
   }
 }
@@ -161,8 +164,7 @@ __device__ __forceinline__ void lane_dots(const Batch<S, R>& cur, const LaneX<S,
       } else {
         dot = float(dh * 256 + dl);
       }
-      const uint32_t sb = odd ? cur.sb[2 * k + 1][j] : cur.sb[2 * k][j];
-      const float s = dp4a::scale_of(sb), b = dp4a::bias_of(sb);
+      const float s = __uint_as_float(cur.scale[k][j] << 16), b = __uint_as_float(cur.bias[k][j] << 16);
       acc[k] = fmaf(s * x.sig[j], dot, acc[k]);
       acc[k] = fmaf(b, x.sx[j], acc[k]);
     }
@@ -212,13 +214,21 @@ __global__ void __launch_bounds__(kThreads) qmv_dp4a_kernel(const Dp4aParams p) 
   for (; batch < batches; batch += warps) {
     Batch<S, R> nxt;
     load_batch<S, R>(p, (batch + warps) * R, lane, nxt);  // rows past the end load nothing
+    // With accumulate, the outputs' old values are loaded before the dots, all of them before the first store: a
+    // store may alias the next load, so load, add and store row by row would be one round trip a row.
+    float old[R / 2];
+#pragma unroll
+    for (int k = 0; k < R / 2; ++k) {
+      const int row = batch * R + 2 * k + lane;  // lanes 0 and 1: rows 2k, 2k + 1
+      old[k] = p.accumulate && lane < 2 && row < p.rows ? p.y[row] : 0.0f;
+    }
     float acc[R / 2];
     lane_dots<S, R, kWide>(cur, x, lane, acc);
 #pragma unroll
     for (int k = 0; k < R / 2; ++k) {
       const float v = warp_sum_groups(acc[k]) * rinv;
-      const int row = batch * R + 2 * k + lane;  // lanes 0 and 1: rows 2k, 2k + 1
-      if (lane < 2 && row < p.rows) p.y[row] = p.accumulate ? p.y[row] + v : v;
+      const int row = batch * R + 2 * k + lane;
+      if (lane < 2 && row < p.rows) p.y[row] = p.accumulate ? old[k] + v : v;
     }
     cur = nxt;
   }

@@ -91,6 +91,29 @@ __device__ __forceinline__ uint32_t ld_const_u16(const uint16_t* p) {
   return v;
 }
 
+// The same loads where `on`, zeros elsewhere, without a branch: an instruction inside a branch that uses the branch's
+// own loads waits for them there, so a batch of rows each behind its own `if` costs one memory round trip a row.
+__device__ __forceinline__ uint4 ld_weights_u4_if(const void* p, bool on) {
+  uint4 v;  // loaded into the asm's own registers, the outputs written last (one may share an input's register)
+  asm volatile(
+      "{\n .reg .pred q;\n .reg .b32 a, b, c, d;\n setp.ne.b32 q, %5, 0;\n"
+      " mov.b32 a, 0;\n mov.b32 b, 0;\n mov.b32 c, 0;\n mov.b32 d, 0;\n"
+      " @q ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {a, b, c, d}, [%4];\n"
+      " mov.b32 %0, a;\n mov.b32 %1, b;\n mov.b32 %2, c;\n mov.b32 %3, d;\n}"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p), "r"(int(on)));
+  return v;
+}
+__device__ __forceinline__ uint32_t ld_const_u16_if(const uint16_t* p, bool on) {
+  unsigned short v;
+  asm volatile(
+      "{\n .reg .pred q;\n .reg .b16 a;\n setp.ne.b32 q, %2, 0;\n mov.b16 a, 0;\n @q ld.global.nc.u16 a, [%1];\n"
+      " mov.b16 %0, a;\n}"
+      : "=h"(v)
+      : "l"(p), "r"(int(on)));
+  return v;
+}
+
 // [base, base + bytes) in 32 KB pieces, lane l taking pieces l, l + 32, ... (nullptr: nothing).
 __device__ inline void prefetch_l2_range(const void* base, int64_t bytes, int lane) {
   if (!base) return;
