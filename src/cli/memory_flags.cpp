@@ -19,9 +19,9 @@ void kv_dtype_flag_add(CLI::App* sub, std::string& kv_dtype) {
                   "The KV cache's type on the GPU: f16, bf16, fp8 (e4m3 with a scale per token and head: half the "
                   "memory, so about twice the context, at a fidelity cost: mean KL ~7e-3 against ~6e-5 with f16 on a "
                   "reference model) or i16 (16-bit integers with a scale per token and head, f16's memory, and the "
-                  "attention's products in fp16 hi + lo: over 100 times nearer exact attention, ~6% slower prefill "
-                  "and ~3% slower decode on an H100 at 4K; Hopper-class shared memory). The CPU keeps fp32 and "
-                  "takes only f16")
+                  "attention's products in fp16 hi + lo: over 100 times nearer exact attention; on an H100 ~7% slower "
+                  "prefill and ~2% slower decode at 4K, ~22% slower prefill at 32K; Hopper-class shared memory). The "
+                  "CPU keeps fp32 and takes only f16")
       ->check(CLI::IsMember({"f16", "bf16", "fp8", "i16"}))
       ->capture_default_str();
 }
