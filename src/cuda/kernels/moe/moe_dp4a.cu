@@ -56,17 +56,16 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_dp4a_kernel(const GateUp
 
 // ---- down + weighted sum + residual -------------------------------------------------------------------------------
 
+// The weights and the group's bf16 scale and bias (apart: packed inside load_down, they would be waited for there,
+// the next row's before the current row's dot products) of one row's segments.
 struct DownBatch {
   uint2 w[kSeg];
-  uint32_t sb[kSeg];
+  uint32_t scale[kSeg], bias[kSeg];
 };
 
 // Output row r: segment s < kTopK reads routed expert ids[s], segment kTopK the shared expert; lane l its columns
-// [16·l, +16) (two words).
-// Every segment's loads are issued before any is used (the scale and bias halves joined after the branch: see
-// qmv_dp4a.cu's load_batch).
+// [16·l, +16) (two words). Every segment's loads are issued before any is used.
 __device__ __forceinline__ void load_down(const DownParams& p, const int* ids, int r, int lane, DownBatch& out) {
-  uint32_t scale[kSeg], bias[kSeg];
   if (r < p.D) {
 #pragma unroll
     for (int s = 0; s < kSeg; ++s) {
@@ -76,18 +75,16 @@ __device__ __forceinline__ void load_down(const DownParams& p, const int* ids, i
       const uint32_t* row = M.words + e * M.expert_words + int64_t(r) * p.row_words;
       out.w[s] = qtile::ld_weights_u2(row + 2 * lane);
       const int64_t g = e * M.expert_groups + int64_t(r) * p.gpr + lane / 4;
-      scale[s] = qtile::ld_const_u16(M.scales + g);
-      bias[s] = qtile::ld_const_u16(M.biases + g);
+      out.scale[s] = qtile::ld_const_u16(M.scales + g);
+      out.bias[s] = qtile::ld_const_u16(M.biases + g);
     }
   } else {
 #pragma unroll
     for (int s = 0; s < kSeg; ++s) {
       out.w[s] = make_uint2(0, 0);
-      scale[s] = bias[s] = 0;
+      out.scale[s] = out.bias[s] = 0;
     }
   }
-#pragma unroll
-  for (int s = 0; s < kSeg; ++s) out.sb[s] = scale[s] | (bias[s] << 16);
 }
 
 template <bool kWide>
@@ -135,8 +132,8 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_dp4a_kernel(const DownPa
       const int w0 = dp4a::xs_slot(s * 64 + 2 * lane), w1 = dp4a::xs_slot(s * 64 + 2 * lane + 1);
       const uint2 l0 = kWide ? xs_lo[w0] : make_uint2(0u, 0u), l1 = kWide ? xs_lo[w1] : make_uint2(0u, 0u);
       const float dot = down_dot<kWide>(cur.w[s], xs[w0], xs[w1], l0, l1);
-      acc = fmaf(dp4a::scale_of(cur.sb[s]) * sig[s], dot, acc);
-      acc = fmaf(dp4a::bias_of(cur.sb[s]), sx[s], acc);
+      acc = fmaf(__uint_as_float(cur.scale[s] << 16) * sig[s], dot, acc);
+      acc = fmaf(__uint_as_float(cur.bias[s] << 16), sx[s], acc);
     }
     acc = warp_sum(acc);
     if (lane == 0) hidden[row] = hid + acc;

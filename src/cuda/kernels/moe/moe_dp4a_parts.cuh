@@ -193,16 +193,20 @@ __device__ __forceinline__ void read_gate_up_stage(const uint8_t* st, int lane, 
 }
 
 // What a lane reads of one gate_up batch (one intermediate row of one slot: its gate row and its up row): a uint4 of
-// words per 1024-column slice j and the group's bf16 scale and bias, kept apart (joined by sb() where used: joined
-// as they were loaded, the next batch's loads would be waited for before the current batch's dot products).
+// words per 1024-column slice j and the group's bf16 scale and bias, kept apart (packed where used: packed as they
+// were loaded, the next batch's would be waited for before the current batch's dot products).
 template <int S>
 struct GateUpBatch {
   uint4 g[S], u[S];
   uint32_t g_scale[S], g_bias[S], u_scale[S], u_bias[S];
-  // The packed scale (low half) and bias (high half) of slice j's gate (up: false) group, as dot_row takes them.
-  __device__ __forceinline__ void sb(bool gate, uint32_t (&out)[S]) const {
+  // Each slice's packed scale (low half) and bias (high half), as dot_row takes them: the gate row's, the up row's.
+  __device__ __forceinline__ void gate_sb(uint32_t (&out)[S]) const {
 #pragma unroll
-    for (int j = 0; j < S; ++j) out[j] = gate ? g_scale[j] | (g_bias[j] << 16) : u_scale[j] | (u_bias[j] << 16);
+    for (int j = 0; j < S; ++j) out[j] = g_scale[j] | (g_bias[j] << 16);
+  }
+  __device__ __forceinline__ void up_sb(uint32_t (&out)[S]) const {
+#pragma unroll
+    for (int j = 0; j < S; ++j) out[j] = u_scale[j] | (u_bias[j] << 16);
   }
 };
 
@@ -248,8 +252,8 @@ __device__ __forceinline__ int gate_up_rows(const GateUpParams& p, const int* id
     GateUpBatch<S> nxt;
     load_gate_up<S>(p, ids, batch + warps, end, lane, nxt);
     uint32_t gsb[S], usb[S];
-    cur.sb(true, gsb);
-    cur.sb(false, usb);
+    cur.gate_sb(gsb);
+    cur.up_sb(usb);
     const float g = warp_sum(dot_row<S, kWide>(cur.g, gsb, x));
     const float u = warp_sum(dot_row<S, kWide>(cur.u, usb, x));
     if (lane == 0) {

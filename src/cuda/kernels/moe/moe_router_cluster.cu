@@ -90,23 +90,22 @@ __global__ void __launch_bounds__(kWarps * 32) moe_router_cluster_kernel(const C
   const int token = int(blockIdx.y);
   const float* hidden = p.hidden + int64_t(token) * p.D;
 
-  // Weights first (launch constants): rows gw, gw + 128, gw + 256 of [router; shared gate], gw = rank·16 + warp;
-  // zeros past row E. Predicated, not branched: a branch per row waited for each row's loads before the next row's.
+  // Weights first (launch constants): rows gw, gw + 128, gw + 256 of [router; shared gate], gw = rank·16 + warp.
   uint4 wq[kRowsPerWarp][NCH];
   uint32_t wsb[kRowsPerWarp][NCH];  // bf16 scale (low half), bias (high half)
 #pragma unroll
   for (int i = 0; i < kRowsPerWarp; ++i) {
     const int row = rank * kWarps + warp + kCluster * kWarps * i;
-    const bool on = row <= p.E, sh = row == p.E;
+    if (row > p.E) continue;
+    const bool sh = row == p.E;
     const DMat& m = sh ? p.sgate : p.router;
-    const int64_t mrow = sh || !on ? 0 : row;
+    const int64_t mrow = sh ? 0 : row;
     const uint32_t* words = static_cast<const uint32_t*>(m.data) + mrow * m.row_words + 4 * lane;
     const int64_t g0 = mrow * m.groups_per_row + lane / 4;
 #pragma unroll
     for (int c = 0; c < NCH; ++c) {
-      wq[i][c] = qtile::ld_weights_u4_if(words + c * 128, on);
-      wsb[i][c] = qtile::ld_const_u16_if(m.scales + g0 + 8 * c, on) |
-                  (qtile::ld_const_u16_if(m.biases + g0 + 8 * c, on) << 16);
+      wq[i][c] = qtile::ld_weights_u4(words + c * 128);
+      wsb[i][c] = qtile::ld_const_u16(m.scales + g0 + 8 * c) | (qtile::ld_const_u16(m.biases + g0 + 8 * c) << 16);
     }
   }
   pdl_wait();

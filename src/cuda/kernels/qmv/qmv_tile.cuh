@@ -94,7 +94,7 @@ __device__ __forceinline__ uint32_t ld_const_u16(const uint16_t* p) {
 // The same loads where `on`, zeros elsewhere, without a branch: an instruction inside a branch that uses the branch's
 // own loads waits for them there, so a batch of rows each behind its own `if` costs one memory round trip a row.
 __device__ __forceinline__ uint4 ld_weights_u4_if(const void* p, bool on) {
-  uint4 v;  // loaded into the asm's own registers, the outputs written last (one may share an input's register)
+  uint4 v;
   asm volatile(
       "{\n .reg .pred q;\n .reg .b32 a, b, c, d;\n setp.ne.b32 q, %5, 0;\n"
       " mov.b32 a, 0;\n mov.b32 b, 0;\n mov.b32 c, 0;\n mov.b32 d, 0;\n"
