@@ -56,8 +56,8 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_dp4a_kernel(const GateUp
 
 // ---- down + weighted sum + residual -------------------------------------------------------------------------------
 
-// The weights and the group's bf16 scale and bias (apart: packed inside load_down, they would be waited for there,
-// the next row's before the current row's dot products) of one row's segments.
+// One row's segments: each its lane's weights and its group's bf16 scale and bias, kept apart until used (packed as
+// loaded, the next row's loads were waited for among the current row's dot products).
 struct DownBatch {
   uint2 w[kSeg];
   uint32_t scale[kSeg], bias[kSeg];

@@ -189,8 +189,8 @@ __global__ void __launch_bounds__(kThreads) qmv_dp4a_kernel(const Dp4aParams p) 
   Batch<S, R> cur;
   load_batch<S, R>(p, batch * R, lane, cur);  // weights are launch constants: read before the wait
   if (p.ahead.pieces) l2_prefetch_share(p.ahead, grid_thread(), grid_threads());
-  // ptxas may move the wait above branch-free loads just before it (it did in the cluster router, fifty-sixth
-  // session); here the branch above keeps the loads ahead of it in the SASS. Check the SASS when changing this.
+  // The `if (p.ahead.pieces)` branch keeps load_batch's loads ahead of the wait: without it ptxas moves the wait
+  // above the predicated loads (checked in the SASS), and the weights are no longer read while the kernel before runs.
   pdl_wait();
 
   // Activations, once per block: thread t quantises words t, t + 256, ... (8 columns each) of x̂ = x (·norm_w) per
