@@ -132,8 +132,8 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_dp4a_kernel(const DownPa
       const int w0 = dp4a::xs_slot(s * 64 + 2 * lane), w1 = dp4a::xs_slot(s * 64 + 2 * lane + 1);
       const uint2 l0 = kWide ? xs_lo[w0] : make_uint2(0u, 0u), l1 = kWide ? xs_lo[w1] : make_uint2(0u, 0u);
       const float dot = down_dot<kWide>(cur.w[s], xs[w0], xs[w1], l0, l1);
-      acc = fmaf(__uint_as_float(cur.scale[s] << 16) * sig[s], dot, acc);
-      acc = fmaf(__uint_as_float(cur.bias[s] << 16), sx[s], acc);
+      acc = fmaf(bf16_bits_to_float(uint16_t(cur.scale[s])) * sig[s], dot, acc);
+      acc = fmaf(bf16_bits_to_float(uint16_t(cur.bias[s])), sx[s], acc);
     }
     acc = warp_sum(acc);
     if (lane == 0) hidden[row] = hid + acc;

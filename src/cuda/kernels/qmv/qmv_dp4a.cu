@@ -164,7 +164,7 @@ __device__ __forceinline__ void lane_dots(const Batch<S, R>& cur, const LaneX<S,
       } else {
         dot = float(dh * 256 + dl);
       }
-      const float s = __uint_as_float(cur.scale[k][j] << 16), b = __uint_as_float(cur.bias[k][j] << 16);
+      const float s = bf16_bits_to_float(uint16_t(cur.scale[k][j])), b = bf16_bits_to_float(uint16_t(cur.bias[k][j]));
       acc[k] = fmaf(s * x.sig[j], dot, acc[k]);
       acc[k] = fmaf(b, x.sx[j], acc[k]);
     }
