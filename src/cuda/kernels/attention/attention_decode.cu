@@ -123,11 +123,11 @@ __device__ __forceinline__ void decode_load_tile(const DecodeKv<DH, KV>& kv, int
 }
 
 // The item's query rows r = t·G + hg (token t, head kvh·G + hg; q: the sequence's rows [T, Hq, DH]), fp32 -> 16 bits,
-// into sQ [16·RW][DH] swizzled; rows past R are zero. Up to four chunks' loads a thread are issued before any is
-// converted (one memory round trip for them, not one each).
+// into sQ [16·RW][DH] swizzled; rows past R are zero. Up to eight chunks' loads a thread (all of them at head dim 256,
+// RW 2: the 4-token verify) are issued before any is converted (one memory round trip for them, not one each).
 template <int DH, int RW, bool F16>
 __device__ __forceinline__ void decode_load_q(uint8_t* sQ, const float* q, int Hq, int kvh, int G, int R, int tid) {
-  constexpr int CH = DH / 8, QROWS = 16 * RW, IT = QROWS * CH / 128, GRP = IT < 4 ? IT : 4;
+  constexpr int CH = DH / 8, QROWS = 16 * RW, IT = QROWS * CH / 128, GRP = IT < 8 ? IT : 8;
 #pragma unroll
   for (int it0 = 0; it0 < IT; it0 += GRP) {
     float4 v[GRP][2];

@@ -190,6 +190,14 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocks) gdn_decode_kernel(GdnDeco
     }
   };
   if constexpr (!kChunked) load_weights();
+  // The gates' constants of the thread's v-head (step 2) and the norm weights of its outputs (step 7), launch
+  // constants too: loaded here, so that neither step waits for a round trip of its own between the barriers (loaded
+  // where they are used, thread 0 fetched the two gate constants one after the other while the block waited).
+  const int gate_head = head0 + tid % kHeads;
+  const float dt_bias = a.dt_bias[gate_head], a_log = a.A_log[gate_head];
+  float out_norm_w[kOutPerThread];
+#pragma unroll
+  for (int q = 0; q < kOutPerThread; ++q) out_norm_w[q] = a.norm_w[(j00 + (tid + q * kNt) % kRows) % kDecodeDv];
 
   pdl_wait();
   pdl_trigger();
@@ -271,10 +279,10 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocks) gdn_decode_kernel(GdnDeco
     }
     // 2. gates of the block's v-heads
     if (tid < Tc * kHeads) {
-      const int t = tid / kHeads, hs = tid % kHeads, h = head0 + hs;
-      const float x = gate_a + a.dt_bias[h];
+      const int t = tid / kHeads, hs = tid % kHeads, h = head0 + hs;  // h == gate_head
+      const float x = gate_a + dt_bias;
       const float sp = x > 20.0f ? x : log1pf(expf(x));
-      s_decay[t][hs] = expf(-expf(a.A_log[h]) * sp);
+      s_decay[t][hs] = expf(-expf(a_log) * sp);
       s_beta[t][hs] = 1.0f / (1.0f + expf(-gate_b));
       // the head's decay, by the block that holds its first row
       if (kReplay && rec_keep && j00 == 0) replay_slot(c0 + t)[replay.g_at + h] = s_decay[t][hs];
@@ -434,7 +442,7 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocks) gdn_decode_kernel(GdnDeco
       const int hs = (j00 + r) / kDecodeDv, j = (j00 + r) % kDecodeDv;
       const int64_t col = int64_t(head0 + hs) * kDecodeDv + j;
       const float zz = zin[q];
-      const float y = s_o[t][r] * s_inv[t][hs] * a.norm_w[j] * (zz / (1.0f + expf(-zz)));
+      const float y = s_o[t][r] * s_inv[t][hs] * out_norm_w[q] * (zz / (1.0f + expf(-zz)));  // norm_w[j]
       cout[t * int64_t(Hv) * kDecodeDv + col] = y;
       if constexpr (kTables) s_o[t][r] = y;  // the thread's own entry: read above, by no one else since step 6
     }

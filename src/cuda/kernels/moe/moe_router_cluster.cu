@@ -91,8 +91,11 @@ __global__ void __launch_bounds__(kWarps * 32) moe_router_cluster_kernel(const C
   const float* hidden = p.hidden + int64_t(token) * p.D;
 
   // Weights first (launch constants): rows gw, gw + 128, gw + 256 of [router; shared gate], gw = rank·16 + warp.
+  // Only loads inside each row's branch, scale and bias apart until their use: an instruction there that used the
+  // loads (packing the halves) would wait for them in the branch, one round trip a row. The branches also keep the
+  // loads ahead of pdl_wait: clamping the row instead (no branch) let ptxas move the wait above them (in the SASS).
   uint4 wq[kRowsPerWarp][NCH];
-  uint32_t wsb[kRowsPerWarp][NCH];  // bf16 scale (low half), bias (high half)
+  uint32_t ws[kRowsPerWarp][NCH], wb[kRowsPerWarp][NCH];  // bf16 bits of the group's scale, bias
 #pragma unroll
   for (int i = 0; i < kRowsPerWarp; ++i) {
     const int row = rank * kWarps + warp + kCluster * kWarps * i;
@@ -105,7 +108,8 @@ __global__ void __launch_bounds__(kWarps * 32) moe_router_cluster_kernel(const C
 #pragma unroll
     for (int c = 0; c < NCH; ++c) {
       wq[i][c] = qtile::ld_weights_u4(words + c * 128);
-      wsb[i][c] = qtile::ld_const_u16(m.scales + g0 + 8 * c) | (qtile::ld_const_u16(m.biases + g0 + 8 * c) << 16);
+      ws[i][c] = qtile::ld_const_u16(m.scales + g0 + 8 * c);
+      wb[i][c] = qtile::ld_const_u16(m.biases + g0 + 8 * c);
     }
   }
   pdl_wait();
@@ -151,8 +155,7 @@ __global__ void __launch_bounds__(kWarps * 32) moe_router_cluster_kernel(const C
       if (rank * kWarps + warp + kCluster * kWarps * i > p.E) continue;
       float qf[16];
       router_unpack16(wq[i][c], qf);
-      acc[i] = router_dot16_regs(qf, xv, sx, __uint_as_float(wsb[i][c] << 16),
-                                 __uint_as_float(wsb[i][c] & 0xffff0000u), acc[i]);
+      acc[i] = router_dot16_regs(qf, xv, sx, bf16_bits_to_float(ws[i][c]), bf16_bits_to_float(wb[i][c]), acc[i]);
     }
   }
   asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // block 0 has started: its logits may be written
