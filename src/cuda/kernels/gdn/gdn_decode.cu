@@ -191,8 +191,8 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocks) gdn_decode_kernel(GdnDeco
   };
   if constexpr (!kChunked) load_weights();
   // The gates' constants of the thread's v-head (step 2) and the norm weights of its outputs (step 7), launch
-  // constants too: loaded here, so that neither step waits for a round trip of its own between the barriers (loaded
-  // where they are used, thread 0 fetched the two gate constants one after the other while the block waited).
+  // constants too: loaded here, so that neither step waits for a round trip of its own between the barriers (at
+  // their use, the gate threads would fetch both after step 1, one after the other, while the block waits).
   const int gate_head = head0 + tid % kHeads;
   const float dt_bias = a.dt_bias[gate_head], a_log = a.A_log[gate_head];
   float out_norm_w[kOutPerThread];

@@ -93,7 +93,7 @@ __global__ void __launch_bounds__(kWarps * 32) moe_router_cluster_kernel(const C
   // Weights first (launch constants): rows gw, gw + 128, gw + 256 of [router; shared gate], gw = rank·16 + warp.
   // Only loads inside each row's branch, scale and bias apart until their use: an instruction there that used the
   // loads (packing the halves) would wait for them in the branch, one round trip a row. The branches also keep the
-  // loads ahead of pdl_wait: clamping the row instead (no branch) let ptxas move the wait above them (in the SASS).
+  // loads ahead of pdl_wait: with the row clamped instead (no branch), ptxas moves the wait above them (in the SASS).
   uint4 wq[kRowsPerWarp][NCH];
   uint32_t ws[kRowsPerWarp][NCH], wb[kRowsPerWarp][NCH];  // bf16 bits of the group's scale, bias
 #pragma unroll
