@@ -122,67 +122,58 @@ __device__ __forceinline__ void decode_load_tile(const DecodeKv<DH, KV>& kv, int
   }
 }
 
-// The item's query rows r = t·G + hg (token t, head kvh·G + hg; q: the sequence's rows [T, Hq, DH]), fp32 -> 16 bits,
-// into sQ [16·RW][DH] swizzled; rows past R are zero. Up to eight chunks' loads a thread (all of them at head dim 256,
-// RW 2: the 4-token verify) are issued before any is converted (one memory round trip for them, not one each).
-template <int DH, int RW, bool F16>
-__device__ __forceinline__ void decode_load_q(uint8_t* sQ, const float* q, int Hq, int kvh, int G, int R, int tid) {
-  constexpr int CH = DH / 8, QROWS = 16 * RW, IT = QROWS * CH / 128, GRP = IT < 8 ? IT : 8;
-#pragma unroll
-  for (int it0 = 0; it0 < IT; it0 += GRP) {
-    float4 v[GRP][2];
-#pragma unroll
-    for (int k = 0; k < GRP; ++k) {
-      const int i = tid + (it0 + k) * 128, r = i / CH, c = i % CH;
-      v[k][0] = v[k][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      if (r < R) {
-        const float4* src = reinterpret_cast<const float4*>(q + ((int64_t(r / G) * Hq + kvh * G + r % G) * DH + c * 8));
-        v[k][0] = src[0];
-        v[k][1] = src[1];
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < GRP; ++k) {
-      const int i = tid + (it0 + k) * 128, r = i / CH, c = i % CH;
-      *reinterpret_cast<uint4*>(sQ + swz<DH>(r, c)) =
-          r < R ? pack8_as16<F16>(v[k][0], v[k][1]) : make_uint4(0u, 0u, 0u, 0u);
-    }
-  }
-}
-
-// decode_load_q in two halves, for the items kernel to fetch an item's rows while it combines the item before: this
-// thread's fp32 values of them (decode_load_q's chunks, rows past R not read) into registers, then into sQ as
-// decode_load_q stores them (pack8_as16: the same conversion).
-template <int DH, int RW>
-struct DecodeQRows {
-  float4 v[16 * RW * (DH / 8) / 128][2];
+// The item's query rows r = t·G + hg (token t, head kvh·G + hg; q: the sequence's rows [T, Hq, DH]) in chunks of 8
+// values: this thread's chunk it is i = tid + it·128, row i / CH, columns 8·(i % CH) (CH = DH / 8). N chunks from it0,
+// fp32, in registers.
+template <int N>
+struct DecodeQChunks {
+  float4 v[N][2];
 };
 
+// A thread's chunks of the item's 16·RW query rows, all of them (the items kernel's registers).
 template <int DH, int RW>
-__device__ __forceinline__ void decode_fetch_q(DecodeQRows<DH, RW>& f, const float* q, int Hq, int kvh, int G, int R,
-                                               int tid) {
-  constexpr int CH = DH / 8, QROWS = 16 * RW;
+using DecodeQRows = DecodeQChunks<16 * RW * (DH / 8) / 128>;
+
+// This thread's chunks it0 .. it0 + N − 1 of the query rows into f; rows past R are not read (zeros).
+template <int DH, int N>
+__device__ __forceinline__ void decode_fetch_q(DecodeQChunks<N>& f, const float* q, int Hq, int kvh, int G, int R,
+                                               int tid, int it0 = 0) {
+  constexpr int CH = DH / 8;
 #pragma unroll
-  for (int it = 0; it < QROWS * CH / 128; ++it) {
-    const int i = tid + it * 128, r = i / CH, c = i % CH;
-    f.v[it][0] = f.v[it][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int k = 0; k < N; ++k) {
+    const int i = tid + (it0 + k) * 128, r = i / CH, c = i % CH;
+    f.v[k][0] = f.v[k][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (r < R) {
       const float4* src = reinterpret_cast<const float4*>(q + ((int64_t(r / G) * Hq + kvh * G + r % G) * DH + c * 8));
-      f.v[it][0] = src[0];
-      f.v[it][1] = src[1];
+      f.v[k][0] = src[0];
+      f.v[k][1] = src[1];
     }
   }
 }
 
-template <int DH, int RW, bool F16>
-__device__ __forceinline__ void decode_store_q(uint8_t* sQ, const DecodeQRows<DH, RW>& f, int R, int tid) {
-  constexpr int CH = DH / 8, QROWS = 16 * RW;
+// decode_fetch_q's chunks it0 .. it0 + N − 1 into sQ [16·RW][DH] swizzled, fp32 -> 16 bits; rows past R are zero.
+template <int DH, bool F16, int N>
+__device__ __forceinline__ void decode_store_q(uint8_t* sQ, const DecodeQChunks<N>& f, int R, int tid, int it0 = 0) {
+  constexpr int CH = DH / 8;
 #pragma unroll
-  for (int it = 0; it < QROWS * CH / 128; ++it) {
-    const int i = tid + it * 128, r = i / CH, c = i % CH;
-    uint4 val = make_uint4(0u, 0u, 0u, 0u);
-    if (r < R) val = pack8_as16<F16>(f.v[it][0], f.v[it][1]);
-    *reinterpret_cast<uint4*>(sQ + swz<DH>(r, c)) = val;
+  for (int k = 0; k < N; ++k) {
+    const int i = tid + (it0 + k) * 128, r = i / CH, c = i % CH;
+    *reinterpret_cast<uint4*>(sQ + swz<DH>(r, c)) =
+        r < R ? pack8_as16<F16>(f.v[k][0], f.v[k][1]) : make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
+// The item's query rows into sQ: up to eight chunks' loads a thread (all of them at head dim 256, RW 2: the 4-token
+// verify) are issued before any is converted (one memory round trip for them, not one each). The items kernel fetches
+// and stores apart instead, to fetch an item's rows while it combines the item before.
+template <int DH, int RW, bool F16>
+__device__ __forceinline__ void decode_load_q(uint8_t* sQ, const float* q, int Hq, int kvh, int G, int R, int tid) {
+  constexpr int IT = 16 * RW * (DH / 8) / 128, GRP = IT < 8 ? IT : 8;
+#pragma unroll
+  for (int it0 = 0; it0 < IT; it0 += GRP) {
+    DecodeQChunks<GRP> f;
+    decode_fetch_q<DH>(f, q, Hq, kvh, G, R, tid, it0);
+    decode_store_q<DH, F16>(sQ, f, R, tid, it0);
   }
 }
 
@@ -571,7 +562,7 @@ __global__ void __launch_bounds__(128, 1)
   };
   auto fetch_q = [&](DecodeQRows<DH, RW>& f, int it) {  // item it's query rows (after the wait)
     const int b = it / (d.Hkv * columns);
-    decode_fetch_q<DH, RW>(f, q + int64_t(b) * d.T * d.Hq * DH, d.Hq, it % d.Hkv, G, R, tid);
+    decode_fetch_q<DH>(f, q + int64_t(b) * d.T * d.Hq * DH, d.Hq, it % d.Hkv, G, R, tid);
   };
 
   const float sl = rsqrtf(float(DH)) * kLog2e;
@@ -585,7 +576,7 @@ __global__ void __launch_bounds__(128, 1)
     const int splits = e.splits;
     const DecodeItem x = decode_item(e.pos0, d.T, split, splits);
     // sQ is free: every warp read the last one before the barrier that ended the block's previous item.
-    decode_store_q<DH, RW, F16>(sQ, qrows, R, tid);
+    decode_store_q<DH, F16>(sQ, qrows, R, tid);
     int64_t limit[2];
     decode_limits(limit, x, row0, g, G, R);
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};

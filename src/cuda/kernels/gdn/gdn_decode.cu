@@ -279,13 +279,13 @@ __global__ void __launch_bounds__(NW * 32, kMinBlocks) gdn_decode_kernel(GdnDeco
     }
     // 2. gates of the block's v-heads
     if (tid < Tc * kHeads) {
-      const int t = tid / kHeads, hs = tid % kHeads, h = head0 + hs;  // h == gate_head
+      const int t = tid / kHeads, hs = tid % kHeads;  // the v-head gate_head = head0 + hs
       const float x = gate_a + dt_bias;
       const float sp = x > 20.0f ? x : log1pf(expf(x));
       s_decay[t][hs] = expf(-expf(a_log) * sp);
       s_beta[t][hs] = 1.0f / (1.0f + expf(-gate_b));
       // the head's decay, by the block that holds its first row
-      if (kReplay && rec_keep && j00 == 0) replay_slot(c0 + t)[replay.g_at + h] = s_decay[t][hs];
+      if (kReplay && rec_keep && j00 == 0) replay_slot(c0 + t)[replay.g_at + gate_head] = s_decay[t][hs];
     }
     __syncthreads();
     // The group's ticket (kTicket, first chunk; [sequence][key head] in a.tickets, 0 at every launch's start): every
